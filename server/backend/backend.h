@@ -1,0 +1,189 @@
+// The device seam: everything ferryd asks of a GPU goes through these interfaces.
+//
+// Two implementations exist: host/ (a CPU emulation with the same semantics, the default
+// where no GPU is visible) and cuda/ (CUDA runtime/driver). Nothing outside this folder
+// includes CUDA headers or touches device addresses other than as opaque DevicePtr values.
+//
+// Semantics every backend honours (the conformance suite in tests/conformance checks them):
+//  * A Stream executes enqueued work asynchronously, in FIFO order.
+//  * Enqueue methods return an error for what is wrong at enqueue time (bad argument, launch
+//    configuration, allocation failure); such an error enqueues nothing and is not sticky.
+//  * An error that happens while the work runs (a device fault) is sticky: the stream skips
+//    all later work, and every later completion reports that first error.
+//  * OnComplete(fn) calls fn exactly once, on a backend-owned completion thread, after all
+//    work enqueued before it has finished, with OK or the stream's sticky error. fn must not
+//    block: it posts to the owner's executor.
+//  * Host memory passed to a copy must stay valid until the completion that follows the copy.
+//  * Device memory freed with Free() is released only after all work enqueued before the
+//    Free() has finished, so in-flight work never touches freed memory.
+//
+// Thread-safety: a Device is safe for concurrent use from many threads. A Stream is used by
+// one owner at a time (the session's executor); its completion callbacks run elsewhere.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ferry/dtype.h"
+#include "ferry/status.h"
+
+namespace ferry::backend {
+
+/// An address in device memory. Opaque outside the backend; never sent to clients.
+using DevicePtr = uint64_t;
+
+enum class BinaryOp { kAdd, kSub, kMul, kDiv };
+
+/// Arguments of a row-major GEMM: C[m,n] = alpha * op(A) * op(B) + beta * C, where op(A) is
+/// m x k (A is stored k x m when trans_a) and op(B) is k x n (B is n x k when trans_b).
+struct GemmArgs {
+  DType dtype = DType::kF32;
+  bool trans_a = false;
+  bool trans_b = false;
+  uint64_t m = 0, n = 0, k = 0;
+  double alpha = 1.0;
+  double beta = 0.0;
+  DevicePtr a = 0, b = 0, c = 0;
+};
+
+enum class ModuleFormat { kPtx, kCubin, kCudaSource };
+
+/// One argument of a raw kernel launch: a device pointer or a scalar passed by value.
+struct KernelArg {
+  enum class Kind { kPointer, kScalar } kind = Kind::kScalar;
+  DevicePtr pointer = 0;
+  std::vector<uint8_t> scalar;  // the scalar's bytes, little-endian, as the kernel expects
+};
+
+struct LaunchConfig {
+  std::array<uint32_t, 3> grid{1, 1, 1};
+  std::array<uint32_t, 3> block{1, 1, 1};
+  uint32_t shared_bytes = 0;
+};
+
+/// A loaded module of device code. Thread-safe; shared by the sessions that use it.
+class Module {
+ public:
+  virtual ~Module() = default;
+  /// Return the sizes of the named function's parameters in bytes, in order, or an empty
+  /// vector when the backend cannot tell; INVALID_ARGUMENT if there is no such function.
+  virtual Result<std::vector<size_t>> ParameterSizes(std::string_view function) const = 0;
+};
+
+/// A recorded sequence of stream work that can be replayed with one call.
+class Graph {
+ public:
+  virtual ~Graph() = default;
+  /// Return the number of operations (nodes) the graph holds.
+  virtual size_t node_count() const = 0;
+};
+
+/// Called once, on the backend's completion thread, with OK or the stream's sticky error.
+using CompletionFn = std::function<void(Status)>;
+
+/// An in-order queue of device work. See the file comment for the contract.
+class Stream {
+ public:
+  /// Destroying a stream waits for its enqueued work and pending completions to finish.
+  virtual ~Stream() = default;
+
+  /// Allocate `bytes` (> 0) of device memory usable by work enqueued after this call.
+  /// OUT_OF_DEVICE_MEMORY when the device cannot provide it.
+  virtual Result<DevicePtr> Allocate(uint64_t bytes) = 0;
+  /// Release memory from Allocate once all work enqueued before this call has finished.
+  virtual void Free(DevicePtr ptr) = 0;
+
+  virtual Status CopyHostToDevice(DevicePtr dst, const void* src, uint64_t bytes) = 0;
+  virtual Status CopyDeviceToHost(void* dst, DevicePtr src, uint64_t bytes) = 0;
+  virtual Status CopyDeviceToDevice(DevicePtr dst, DevicePtr src, uint64_t bytes) = 0;
+
+  /// Set `count` elements at dst to `value` (converted to dtype).
+  virtual Status Fill(DType dtype, DevicePtr dst, uint64_t count, double value) = 0;
+  /// out[i] = a[i] op b[i] for i < count. out may alias a or b.
+  virtual Status Binary(BinaryOp op, DType dtype, DevicePtr a, DevicePtr b, DevicePtr out,
+                        uint64_t count) = 0;
+  /// out[i] = alpha * x[i]. out may alias x.
+  virtual Status Scale(DType dtype, DevicePtr x, double alpha, DevicePtr out,
+                       uint64_t count) = 0;
+  /// y[i] += alpha * x[i].
+  virtual Status Axpy(DType dtype, double alpha, DevicePtr x, DevicePtr y, uint64_t count) = 0;
+  /// out[0] = sum of in[0..count). count may be 0 (the sum is then 0).
+  virtual Status ReduceSum(DType dtype, DevicePtr in, uint64_t count, DevicePtr out) = 0;
+  /// Row-major matrix product; see GemmArgs.
+  virtual Status Gemm(const GemmArgs& args) = 0;
+
+  /// Launch `function` of `module`. UNSUPPORTED where the backend runs no device code.
+  virtual Status Launch(const Module& module, std::string_view function,
+                        const LaunchConfig& config, const std::vector<KernelArg>& args) = 0;
+
+  /// Start recording: work enqueued until EndCapture is recorded into a graph, not run.
+  virtual Status BeginCapture() = 0;
+  /// Stop recording and return the graph of the work enqueued since BeginCapture.
+  virtual Result<std::unique_ptr<Graph>> EndCapture() = 0;
+  /// Enqueue one replay of `graph`.
+  virtual Status LaunchGraph(const Graph& graph) = 0;
+
+  /// Call `done` once all work enqueued before this call has finished; see file comment.
+  virtual void OnComplete(CompletionFn done) = 0;
+
+  /// Return nanoseconds the device spent executing this stream's work so far (0 where the
+  /// backend cannot measure it).
+  virtual uint64_t busy_ns() const = 0;
+};
+
+struct DeviceInfo {
+  std::string backend;  // "host" or "cuda"
+  int ordinal = 0;
+  std::string name;
+  std::string uuid;
+  std::string driver_version;
+  uint64_t total_memory = 0;
+  int compute_major = 0;
+  int compute_minor = 0;
+};
+
+/// One device (one CUDA context, or the CPU emulation of one).
+class Device {
+ public:
+  virtual ~Device() = default;
+
+  virtual const DeviceInfo& info() const = 0;
+  /// Create a new stream; each session gets its own.
+  virtual Result<std::unique_ptr<Stream>> CreateStream() = 0;
+
+  /// Pin host memory for fast copies (cudaHostRegister); a no-op on the host backend.
+  virtual Status RegisterHostMemory(void* ptr, uint64_t bytes) = 0;
+  virtual Status UnregisterHostMemory(void* ptr) = 0;
+
+  /// Load a module. COMPILE_ERROR (with the log) when it does not build or load;
+  /// UNSUPPORTED where the backend runs no device code.
+  virtual Result<std::shared_ptr<Module>> LoadModule(ModuleFormat format,
+                                                     std::string_view image) = 0;
+
+  /// Return the device bytes currently allocated through Stream::Allocate and not yet
+  /// released.
+  virtual uint64_t bytes_in_use() const = 0;
+  /// Return the device memory still free, as the device reports it.
+  virtual uint64_t free_memory() const = 0;
+};
+
+struct HostDeviceOptions {
+  int ordinal = 0;
+  /// Emulated device memory size; Allocate fails with OUT_OF_DEVICE_MEMORY beyond it.
+  uint64_t memory_bytes = 8ull << 30;
+};
+
+/// Create the CPU emulation backend.
+Result<std::unique_ptr<Device>> CreateHostDevice(const HostDeviceOptions& options);
+
+/// Return the number of CUDA devices visible, or 0 when none (or built without CUDA).
+int CudaDeviceCount();
+/// Create the CUDA backend for device `ordinal`. UNSUPPORTED when built without CUDA.
+Result<std::unique_ptr<Device>> CreateCudaDevice(int ordinal);
+
+}  // namespace ferry::backend
