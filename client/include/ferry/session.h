@@ -1,0 +1,186 @@
+// A session with a ferry daemon: tensors, recorded work, submits, transfers.
+//
+// One Session = one gRPC stream = one device stream in the daemon. A Session has one owner:
+// it is move-only and not thread-safe (use one per thread). Work is recorded into the
+// session and sent, as one message, at the boundary the caller chooses with submit().
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ferry/dtype.h"
+#include "ferry/status.h"
+
+namespace ferry {
+
+namespace internal {
+class SessionState;
+}  // namespace internal
+
+/// Counters of one session, as close() returns them.
+struct SessionStats {
+  uint64_t submits = 0;
+  uint64_t failed_submits = 0;
+  uint64_t ops = 0;
+  uint64_t kernel_launches = 0;
+  uint64_t bytes_uploaded = 0;
+  uint64_t bytes_downloaded = 0;
+  uint64_t tensors_created = 0;
+  uint64_t peak_device_bytes = 0;
+  uint64_t device_busy_ns = 0;
+};
+
+struct SessionOptions {
+  /// Device-memory quota to ask for; 0 takes the daemon's default.
+  uint64_t device_bytes_quota = 0;
+  /// Submits in flight before the daemon pushes back; 0 takes the daemon's default.
+  uint32_t max_in_flight_submits = 0;
+};
+
+/// A tensor in the daemon's device memory, named by a handle the client chose.
+///
+/// Move-only. Destroying a live Tensor records its release into the session's next submit
+/// (no message of its own); session.free() does the same explicitly. A moved-from Tensor
+/// has handle 0, which the daemon rejects as INVALID_HANDLE wherever it is used.
+class Tensor {
+ public:
+  Tensor() = default;
+  Tensor(Tensor&& other) noexcept;
+  Tensor& operator=(Tensor&& other) noexcept;
+  Tensor(const Tensor&) = delete;
+  Tensor& operator=(const Tensor&) = delete;
+  ~Tensor();
+
+  uint64_t handle() const { return handle_; }
+  DType dtype() const { return dtype_; }
+  const Shape& shape() const { return shape_; }
+  uint64_t element_count() const { return elements_; }
+  uint64_t byte_size() const { return elements_ * DTypeSize(dtype_); }
+  /// Return false for a moved-from or default-constructed Tensor.
+  bool valid() const { return handle_ != 0; }
+
+ private:
+  friend class Session;
+  Tensor(std::weak_ptr<internal::SessionState> session, uint64_t handle, DType dtype,
+         Shape shape, uint64_t elements)
+      : session_(std::move(session)), handle_(handle), dtype_(dtype), shape_(std::move(shape)),
+        elements_(elements) {}
+  void Release();
+
+  std::weak_ptr<internal::SessionState> session_;
+  uint64_t handle_ = 0;
+  DType dtype_ = DType::kInvalid;
+  Shape shape_;
+  uint64_t elements_ = 0;
+};
+
+struct GemmOptions {
+  bool trans_a = false;
+  bool trans_b = false;
+  double alpha = 1.0;
+  double beta = 0.0;
+};
+
+class Session {
+ public:
+  Session(Session&&) noexcept;
+  Session& operator=(Session&&) noexcept;
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+  /// End the stream without waiting for the device; never throws, never blocks on device
+  /// work. The daemon finishes in-flight work and releases everything.
+  ~Session();
+
+  /// Return the id the daemon gave this session.
+  uint64_t id() const;
+  /// Return the backend serving this session ("host" or "cuda").
+  const std::string& backend() const;
+  /// Return the device-memory quota the daemon granted.
+  uint64_t device_bytes_quota() const;
+
+  // --- recording: nothing is sent until submit() ----------------------------------------
+  /// Record the creation of a tensor (contents undefined until written).
+  Tensor create_tensor(DType dtype, const Shape& shape);
+  template <typename T>
+  Tensor create_tensor(const Shape& shape) {
+    return create_tensor(DTypeOf<T>(), shape);
+  }
+  /// Record the release of a tensor.
+  void free(Tensor&& tensor);
+  /// Record tensor[:] = value.
+  void fill(const Tensor& tensor, double value);
+  /// Record dst = src (same dtype and element count).
+  void copy(const Tensor& src, const Tensor& dst);
+  /// Record out = a + b (and -, *, / below), elementwise, f32 or f64, equal shapes.
+  void add(const Tensor& a, const Tensor& b, const Tensor& out);
+  void sub(const Tensor& a, const Tensor& b, const Tensor& out);
+  void mul(const Tensor& a, const Tensor& b, const Tensor& out);
+  void div(const Tensor& a, const Tensor& b, const Tensor& out);
+  /// Record out = alpha * x.
+  void scale(const Tensor& x, double alpha, const Tensor& out);
+  /// Record y += alpha * x.
+  void axpy(double alpha, const Tensor& x, const Tensor& y);
+  /// Record out (one element) = sum of in.
+  void sum(const Tensor& in, const Tensor& out);
+  /// Record c = alpha * op(a) @ op(b) + beta * c for rank-2 row-major tensors.
+  void gemm(const Tensor& a, const Tensor& b, const Tensor& c, const GemmOptions& options = {});
+  /// Record a write of `bytes` at byte `offset` of the tensor (bytes copied now).
+  void write_bytes(const Tensor& tensor, uint64_t offset, const void* data, uint64_t bytes);
+
+  /// Return how many ops are recorded and not yet submitted.
+  size_t recorded_ops() const;
+
+  // --- boundaries -----------------------------------------------------------------------
+  /// Send everything recorded since the last submit as one message. Returns once sent;
+  /// the outcome arrives later and is reported by synchronize(). SESSION_CLOSED when the
+  /// session is gone. An empty record sends nothing.
+  Status submit();
+  /// Submit what is recorded, then block until all submitted work has completed. Returns
+  /// the first failure among the submits completed since the previous synchronize().
+  Status synchronize();
+  /// Submit, wait, release everything and end the session; return its counters.
+  Result<SessionStats> close();
+
+  // --- blocking transfers (bytes travel inline in the stream) ---------------------------
+  /// Write `data` into the whole tensor and wait until it is there. The span's element type
+  /// must match the tensor's dtype and its size the tensor's element count.
+  template <typename T>
+  Status upload(const Tensor& tensor, std::span<const T> data) {
+    if (DTypeOf<T>() != tensor.dtype()) return DtypeMismatch(tensor);
+    return upload_bytes(tensor, data.data(), data.size_bytes());
+  }
+  template <typename T>
+  Status upload(const Tensor& tensor, const std::vector<T>& data) {
+    return upload(tensor, std::span<const T>(data));
+  }
+  /// Read the whole tensor.
+  template <typename T>
+  Result<std::vector<T>> download(const Tensor& tensor) {
+    std::vector<T> out;
+    FERRY_RETURN_IF_ERROR(download_into(tensor, out));
+    return out;
+  }
+  /// Read the whole tensor into `out`, reusing its capacity.
+  template <typename T>
+  Status download_into(const Tensor& tensor, std::vector<T>& out) {
+    if (DTypeOf<T>() != tensor.dtype()) return DtypeMismatch(tensor);
+    out.resize(tensor.element_count());
+    return download_bytes(tensor, out.data(), tensor.byte_size());
+  }
+  /// Write `bytes` bytes into the tensor (which must hold exactly that many) and wait.
+  Status upload_bytes(const Tensor& tensor, const void* data, uint64_t bytes);
+  /// Read `bytes` bytes (the tensor's size) into `out` and wait.
+  Status download_bytes(const Tensor& tensor, void* out, uint64_t bytes);
+
+ private:
+  friend class Client;
+  explicit Session(std::shared_ptr<internal::SessionState> state);
+  static Status DtypeMismatch(const Tensor& tensor);
+
+  std::shared_ptr<internal::SessionState> state_;
+};
+
+}  // namespace ferry

@@ -1,0 +1,84 @@
+#include "rpc/admin_service.h"
+
+#include "ferry/version.h"
+#include "rpc/convert.h"
+
+namespace ferry::rpc {
+
+grpc::ServerUnaryReactor* AdminService::Status(grpc::CallbackServerContext* ctx,
+                                               const v1::StatusRequest*,
+                                               v1::StatusReply* reply) {
+  const backend::DeviceInfo& info = context_->device->info();
+  session::DaemonTotals t = context_->registry->Totals();
+  reply->set_version(std::string(kVersion) + "+" + kGitCommit);
+  reply->set_backend(info.backend);
+  reply->set_device_ordinal(info.ordinal);
+  reply->set_device_name(info.name);
+  reply->set_device_uuid(info.uuid);
+  reply->set_device_total_bytes(info.total_memory);
+  reply->set_device_free_bytes(context_->device->free_memory());
+  reply->set_device_bytes_in_use(context_->device->bytes_in_use());
+  reply->set_uptime_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
+                           std::chrono::steady_clock::now() - started_at_)
+                           .count());
+  reply->set_sessions_open(static_cast<uint32_t>(t.sessions_open));
+  reply->set_sessions_total(t.sessions_total);
+  reply->set_submits_in_flight(t.submits_in_flight);
+  reply->set_submits_total(t.submits);
+  reply->set_ops_total(t.ops);
+  reply->set_bytes_uploaded_total(t.bytes_uploaded);
+  reply->set_bytes_downloaded_total(t.bytes_downloaded);
+  reply->set_draining(context_->draining);
+  reply->set_live_tensors(t.live_tensors);
+  auto* reactor = ctx->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AdminService::ListSessions(grpc::CallbackServerContext* ctx,
+                                                     const v1::ListSessionsRequest*,
+                                                     v1::ListSessionsReply* reply) {
+  auto now = std::chrono::steady_clock::now();
+  for (const session::SessionEntry& e : context_->registry->List()) {
+    v1::SessionInfo* s = reply->add_sessions();
+    const session::SessionCounters& c = *e.counters;
+    s->set_session_id(e.id);
+    s->set_client_name(e.client_name);
+    s->set_peer(e.peer);
+    s->set_age_ms(
+        std::chrono::duration_cast<std::chrono::milliseconds>(now - e.opened_at).count());
+    s->set_submits_in_flight(c.submits_in_flight);
+    s->set_device_bytes(c.device_bytes);
+    s->set_live_tensors(c.live_tensors);
+    session::SessionStatsSnapshot snap;
+    snap.submits = c.submits;
+    snap.failed_submits = c.failed_submits;
+    snap.ops = c.ops;
+    snap.kernel_launches = c.kernel_launches;
+    snap.bytes_uploaded = c.bytes_uploaded;
+    snap.bytes_downloaded = c.bytes_downloaded;
+    snap.tensors_created = c.tensors_created;
+    snap.peak_device_bytes = c.peak_device_bytes;
+    snap.device_busy_ns = c.device_busy_ns;
+    ToProto(snap, s->mutable_stats());
+  }
+  auto* reactor = ctx->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AdminService::Drain(grpc::CallbackServerContext* ctx,
+                                              const v1::DrainRequest*, v1::DrainReply*) {
+  context_->draining = true;
+  std::function<void()> handler;
+  {
+    std::lock_guard lock(mu_);
+    handler = drain_handler_;
+  }
+  if (handler) handler();
+  auto* reactor = ctx->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+}  // namespace ferry::rpc

@@ -1,0 +1,42 @@
+// ferry.v1.Admin: daemon status, the open sessions, drain. Read-only except Drain.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <mutex>
+
+#include <grpcpp/grpcpp.h>
+
+#include "ferry/v1/admin.grpc.pb.h"
+#include "rpc/session_service.h"
+
+namespace ferry::rpc {
+
+class AdminService final : public v1::Admin::CallbackService {
+ public:
+  AdminService(SessionServiceContext* context, std::chrono::steady_clock::time_point started_at)
+      : context_(context), started_at_(started_at) {}
+
+  grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* ctx,
+                                   const v1::StatusRequest* request,
+                                   v1::StatusReply* reply) override;
+  grpc::ServerUnaryReactor* ListSessions(grpc::CallbackServerContext* ctx,
+                                         const v1::ListSessionsRequest* request,
+                                         v1::ListSessionsReply* reply) override;
+  grpc::ServerUnaryReactor* Drain(grpc::CallbackServerContext* ctx,
+                                  const v1::DrainRequest* request,
+                                  v1::DrainReply* reply) override;
+
+  void SetDrainHandler(std::function<void()> fn) {
+    std::lock_guard lock(mu_);
+    drain_handler_ = std::move(fn);
+  }
+
+ private:
+  SessionServiceContext* context_;
+  std::chrono::steady_clock::time_point started_at_;
+  std::mutex mu_;
+  std::function<void()> drain_handler_;  // guarded by mu_
+};
+
+}  // namespace ferry::rpc

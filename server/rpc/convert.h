@@ -1,0 +1,20 @@
+// Conversions between ferry.v1 messages and the daemon's own types. The only place (with
+// the services) that knows the wire format.
+#pragma once
+
+#include "ferry/status.h"
+#include "ferry/v1/session.pb.h"
+#include "session/ops.h"
+#include "session/session.h"
+
+namespace ferry::rpc {
+
+/// Decode a submit's ops. Never fails: an op that cannot be decoded becomes a MalformedOp
+/// that admission refuses. Upload bytes are referenced, not copied: `message` must outlive
+/// the request (the request's payload keeps it alive).
+session::SubmitRequest ToSubmitRequest(std::shared_ptr<const v1::ClientMessage> message);
+
+void ToProto(const Status& status, v1::Error* out);
+void ToProto(const session::SessionStatsSnapshot& stats, v1::SessionStats* out);
+
+}  // namespace ferry::rpc

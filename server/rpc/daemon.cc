@@ -1,0 +1,165 @@
+#include "rpc/daemon.h"
+
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <spdlog/spdlog.h>
+
+#include <grpcpp/grpcpp.h>
+
+#include "rpc/admin_service.h"
+#include "rpc/session_service.h"
+
+namespace ferry::rpc {
+namespace {
+
+struct TcpEndpoint {
+  std::string host;
+  std::string port;
+};
+
+Result<TcpEndpoint> ParseHostPort(const std::string& hp) {
+  size_t colon = hp.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == hp.size()) {
+    return Status(ErrorKind::kInvalidArgument, "expected tcp:HOST:PORT, got tcp:" + hp);
+  }
+  TcpEndpoint e{hp.substr(0, colon), hp.substr(colon + 1)};
+  for (char c : e.port) {
+    if (c < '0' || c > '9') return Status(ErrorKind::kInvalidArgument, "bad port in " + hp);
+  }
+  return e;
+}
+
+bool IsLoopback(const std::string& host) {
+  return host == "localhost" || host == "[::1]" || host.rfind("127.", 0) == 0;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<backend::Device> device,
+                                              const DaemonOptions& options) {
+  if (options.listen.empty()) {
+    return Status(ErrorKind::kInvalidArgument, "no endpoint to listen on");
+  }
+  std::unique_ptr<Daemon> d(new Daemon());
+  d->started_at_ = std::chrono::steady_clock::now();
+  d->device_ = std::move(device);
+  uint64_t cap = options.device_bytes_cap ? options.device_bytes_cap
+                                          : d->device_->info().total_memory;
+  d->registry_ = std::make_unique<session::SessionRegistry>(cap, options.max_sessions);
+
+  d->context_ = std::make_unique<SessionServiceContext>();
+  SessionServiceContext& ctx = *d->context_;
+  ctx.device = d->device_.get();
+  ctx.registry = d->registry_.get();
+  ctx.io = &d->io_;
+  ctx.defaults = options.session_defaults;
+  ctx.max_device_bytes_quota =
+      std::max(options.max_device_bytes_quota, options.session_defaults.device_bytes_quota);
+  ctx.max_in_flight_submits =
+      std::max(options.max_in_flight_submits, options.session_defaults.max_in_flight_submits);
+  ctx.max_message_bytes = options.max_message_bytes;
+
+  d->session_service_ = std::make_unique<SessionService>(d->context_.get());
+  d->admin_service_ = std::make_unique<AdminService>(d->context_.get(), d->started_at_);
+
+  grpc::ServerBuilder builder;
+  builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
+  builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
+  // Sessions are long-lived streams; keep idle connections open.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  std::vector<int> ports(options.listen.size(), 0);
+  std::vector<std::string> unix_paths;
+  for (size_t i = 0; i < options.listen.size(); ++i) {
+    const std::string& ep = options.listen[i];
+    if (ep.rfind("unix:", 0) == 0) {
+      std::string path = ep.substr(5);
+      if (path.empty()) return Status(ErrorKind::kInvalidArgument, "empty unix socket path");
+      std::error_code ec;
+      std::filesystem::path parent = std::filesystem::path(path).parent_path();
+      if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+      builder.AddListeningPort("unix:" + path, grpc::InsecureServerCredentials());
+      unix_paths.push_back(path);
+    } else if (ep.rfind("tcp:", 0) == 0) {
+      FERRY_ASSIGN_OR_RETURN(TcpEndpoint tcp, ParseHostPort(ep.substr(4)));
+      if (!IsLoopback(tcp.host) && !options.allow_insecure_remote) {
+        return Status(ErrorKind::kInvalidArgument,
+                      "refusing plaintext TCP on non-loopback address " + tcp.host +
+                          " (pass --allow-insecure-remote for development only)");
+      }
+      builder.AddListeningPort(tcp.host + ":" + tcp.port, grpc::InsecureServerCredentials(),
+                               &ports[i]);
+    } else {
+      return Status(ErrorKind::kInvalidArgument,
+                    "endpoint must be unix:PATH or tcp:HOST:PORT, got " + ep);
+    }
+  }
+  builder.RegisterService(d->session_service_.get());
+  builder.RegisterService(d->admin_service_.get());
+
+  d->work_ = std::make_unique<
+      boost::asio::executor_work_guard<boost::asio::io_context::executor_type>>(
+      d->io_.get_executor());
+  int threads = options.executor_threads > 0
+                    ? options.executor_threads
+                    : std::max(2, static_cast<int>(std::thread::hardware_concurrency()));
+  for (int i = 0; i < threads; ++i) d->threads_.emplace_back([io = &d->io_] { io->run(); });
+
+  d->server_ = builder.BuildAndStart();
+  if (!d->server_) {
+    return Status(ErrorKind::kUnavailable, "could not bind the listening endpoints");
+  }
+  for (size_t i = 0; i < options.listen.size(); ++i) {
+    const std::string& ep = options.listen[i];
+    if (ep.rfind("tcp:", 0) == 0) {
+      if (ports[i] == 0) return Status(ErrorKind::kUnavailable, "could not bind " + ep);
+      auto tcp = *ParseHostPort(ep.substr(4));
+      d->endpoints_.push_back("tcp:" + tcp.host + ":" + std::to_string(ports[i]));
+    } else {
+      d->endpoints_.push_back(ep);
+    }
+  }
+  for (const std::string& path : unix_paths) ::chmod(path.c_str(), 0660);
+  return d;
+}
+
+void Daemon::SetDrainHandler(std::function<void()> fn) {
+  admin_service_->SetDrainHandler(std::move(fn));
+}
+
+void Daemon::Shutdown(std::chrono::milliseconds grace) {
+  std::call_once(shutdown_once_, [&] {
+    // New sessions are refused from here on. Work already accepted runs on: wait, up to
+    // the grace period, until no submit is in flight, then end every stream.
+    context_->draining = true;
+    auto grace_end = std::chrono::steady_clock::now() + grace;
+    while (registry_->Totals().submits_in_flight > 0 &&
+           std::chrono::steady_clock::now() < grace_end) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    if (server_) {
+      // A short deadline: idle client connections must not hold the daemon up.
+      server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(100));
+      spdlog::debug("gRPC server shut down");
+    }
+    // Cancelled sessions finish their in-flight work and release their memory on the
+    // executor; wait for that before the device goes away.
+    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (registry_->Totals().sessions_open > 0 && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    if (registry_->Totals().sessions_open > 0) {
+      spdlog::error("{} sessions did not finish within 30 s of shutdown",
+                    registry_->Totals().sessions_open);
+    }
+    spdlog::debug("all sessions released");
+    work_.reset();
+    io_.stop();
+    for (std::thread& t : threads_) t.join();
+    threads_.clear();
+  });
+}
+
+Daemon::~Daemon() { Shutdown(std::chrono::milliseconds(0)); }
+
+}  // namespace ferry::rpc

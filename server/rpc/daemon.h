@@ -1,0 +1,78 @@
+// The daemon as one object: the gRPC server with its services, the executor threads that
+// run sessions, and the registry. main.cc builds one from flags; tests can build one too.
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backend/backend.h"
+#include "ferry/status.h"
+#include "session/registry.h"
+#include "session/session.h"
+
+namespace grpc {
+class Server;
+}
+
+namespace ferry::rpc {
+
+struct SessionServiceContext;
+class SessionService;
+class AdminService;
+
+struct DaemonOptions {
+  /// Endpoints: "unix:PATH" or "tcp:HOST:PORT" (port 0 picks a free port).
+  std::vector<std::string> listen;
+  /// Allow TCP on addresses other than loopback without TLS (development only).
+  bool allow_insecure_remote = false;
+  session::SessionConfig session_defaults;
+  uint64_t max_device_bytes_quota = 16ull << 30;
+  uint32_t max_in_flight_submits = 1024;
+  uint64_t device_bytes_cap = 0;  // 0: the device's total memory
+  uint32_t max_sessions = 1024;
+  uint64_t max_message_bytes = 64ull << 20;
+  int executor_threads = 0;  // 0: one per core, at least 2
+};
+
+class Daemon {
+ public:
+  /// Start serving `device` on every endpoint of `options`.
+  static Result<std::unique_ptr<Daemon>> Start(std::unique_ptr<backend::Device> device,
+                                               const DaemonOptions& options);
+  ~Daemon();
+
+  /// The endpoints actually bound, with TCP port 0 resolved ("tcp:127.0.0.1:40123").
+  const std::vector<std::string>& endpoints() const { return endpoints_; }
+  const backend::Device& device() const { return *device_; }
+  const session::SessionRegistry& registry() const { return *registry_; }
+
+  /// Stop accepting sessions, let open ones run until `deadline`, then cancel them and wait
+  /// until every session released its device resources. Idempotent; thread-safe.
+  void Shutdown(std::chrono::milliseconds grace);
+  /// Call `fn` (from a gRPC thread) when a client asks the daemon to drain.
+  void SetDrainHandler(std::function<void()> fn);
+
+ private:
+  Daemon() = default;
+
+  std::unique_ptr<backend::Device> device_;
+  std::unique_ptr<session::SessionRegistry> registry_;
+  boost::asio::io_context io_;
+  std::unique_ptr<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>>
+      work_;
+  std::vector<std::thread> threads_;
+  std::unique_ptr<SessionServiceContext> context_;
+  std::unique_ptr<SessionService> session_service_;
+  std::unique_ptr<AdminService> admin_service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::vector<std::string> endpoints_;
+  std::chrono::steady_clock::time_point started_at_;
+  std::once_flag shutdown_once_;
+};
+
+}  // namespace ferry::rpc

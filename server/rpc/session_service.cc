@@ -1,0 +1,290 @@
+#include "rpc/session_service.h"
+
+#include <boost/asio/post.hpp>
+#include <deque>
+#include <spdlog/spdlog.h>
+
+#include "rpc/convert.h"
+
+namespace ferry::rpc {
+namespace {
+
+using Reactor = grpc::ServerBidiReactor<v1::ClientMessage, v1::ServerMessage>;
+
+// The state of one session stream; lives on its strand. The reactor (owned by gRPC) is
+// used only until Finish is called on it.
+class SessionConnection : public session::SessionEvents,
+                          public std::enable_shared_from_this<SessionConnection> {
+ public:
+  SessionConnection(SessionServiceContext* context, Reactor* reactor, std::string peer)
+      : context_(context),
+        strand_(boost::asio::make_strand(*context->io)),
+        reactor_(reactor),
+        peer_(std::move(peer)) {}
+
+  const session::Executor& strand() const { return strand_; }
+  v1::ClientMessage* read_buffer() { return &read_buffer_; }
+
+  void Start() { MaybeStartRead(); }
+
+  // A read finished; `message` is null when the client ended or broke the stream.
+  void HandleRead(std::shared_ptr<v1::ClientMessage> message) {
+    reading_ = false;
+    if (!message) {
+      read_closed_ = true;
+      if (!close_requested_) ClientGone("the client ended the stream without Close");
+      return;
+    }
+    Dispatch(std::move(message));
+    MaybeStartRead();
+  }
+
+  void HandleWriteDone(bool ok) {
+    write_in_flight_ = false;
+    if (!ok) {
+      outbox_.clear();
+      ClientGone("a write to the client failed");
+      return;
+    }
+    if (!outbox_.empty()) outbox_.pop_front();
+    PumpWrites();
+    TryFinish();
+  }
+
+  void HandleCancel() { ClientGone("the client cancelled the stream"); }
+
+  void HandleDone() {
+    if (session_ && !session_done_) session_->Abort();
+    session_done_ = true;
+    session_.reset();
+    reactor_ = nullptr;
+  }
+
+  // --- session::SessionEvents ------------------------------------------------------
+  void OnDownloadChunk(uint64_t submit_id, uint32_t op_index, uint64_t offset,
+                       std::string data) override {
+    auto m = std::make_unique<v1::ServerMessage>();
+    auto* c = m->mutable_download_chunk();
+    c->set_submit_id(submit_id);
+    c->set_op_index(op_index);
+    c->set_offset(offset);
+    *c->mutable_data() = std::move(data);
+    Send(std::move(m));
+  }
+  void OnCompleted(uint64_t submit_id, const Status& status) override {
+    auto m = std::make_unique<v1::ServerMessage>();
+    m->mutable_completed()->set_submit_id(submit_id);
+    if (!status.ok()) ToProto(status, m->mutable_completed()->mutable_error());
+    Send(std::move(m));
+    MaybeStartRead();
+  }
+  void OnSynchronized(uint64_t sync_id) override {
+    auto m = std::make_unique<v1::ServerMessage>();
+    m->mutable_synchronized()->set_sync_id(sync_id);
+    Send(std::move(m));
+  }
+  void OnClosed(const session::SessionStatsSnapshot& stats) override {
+    auto m = std::make_unique<v1::ServerMessage>();
+    ToProto(stats, m->mutable_closed()->mutable_stats());
+    Send(std::move(m));
+    session_done_ = true;
+    spdlog::info("session {} closed ({} submits, {} ops)", session_id_, stats.submits,
+                 stats.ops);
+    FinishWith(grpc::Status::OK);
+  }
+
+ private:
+  void Dispatch(std::shared_ptr<v1::ClientMessage> message) {
+    switch (message->kind_case()) {
+      case v1::ClientMessage::kOpen:
+        if (session_ || session_done_) return ProtocolViolation("Open sent twice");
+        return Open(message->open());
+      case v1::ClientMessage::kSubmit: {
+        if (!session_) return ProtocolViolation("Submit before Open");
+        uint64_t id = message->submit().submit_id();
+        if (id <= last_submit_id_) {
+          return ProtocolViolation("submit ids must increase: got " + std::to_string(id) +
+                                   " after " + std::to_string(last_submit_id_));
+        }
+        last_submit_id_ = id;
+        session_->Submit(ToSubmitRequest(std::move(message)));
+        return;
+      }
+      case v1::ClientMessage::kSynchronize:
+        if (!session_) return ProtocolViolation("Synchronize before Open");
+        session_->Synchronize(message->synchronize().sync_id());
+        return;
+      case v1::ClientMessage::kClose:
+        if (!session_) return ProtocolViolation("Close before Open");
+        close_requested_ = true;
+        session_->Close();
+        return;
+      case v1::ClientMessage::KIND_NOT_SET:
+        return ProtocolViolation("a message with no kind");
+    }
+  }
+
+  void Open(const v1::Open& open) {
+    if (open.protocol_version() != v1::PROTOCOL_VERSION_CURRENT) {
+      return ProtocolViolation("protocol version " + std::to_string(open.protocol_version()) +
+                               " is not supported; this daemon speaks " +
+                               std::to_string(v1::PROTOCOL_VERSION_CURRENT));
+    }
+    if (context_->draining) {
+      return Fail(Status(ErrorKind::kUnavailable, "the daemon is draining"),
+                  grpc::Status(grpc::StatusCode::UNAVAILABLE, "draining"));
+    }
+    session::SessionConfig config = context_->defaults;
+    if (open.device_bytes_quota()) {
+      config.device_bytes_quota =
+          std::min<uint64_t>(open.device_bytes_quota(), context_->max_device_bytes_quota);
+    }
+    if (open.max_in_flight_submits()) {
+      config.max_in_flight_submits =
+          std::min<uint32_t>(open.max_in_flight_submits(), context_->max_in_flight_submits);
+    }
+    auto created = session::Session::Create(context_->device, context_->registry, strand_,
+                                            config, open.client_name(), peer_, this);
+    if (!created.ok()) {
+      return Fail(created.status(),
+                  grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, created.status().message()));
+    }
+    session_ = std::move(*created);
+    session_id_ = session_->id();
+    spdlog::info("session {} opened by '{}' from {}", session_id_, open.client_name(), peer_);
+    auto m = std::make_unique<v1::ServerMessage>();
+    auto* o = m->mutable_opened();
+    o->set_session_id(session_id_);
+    o->set_protocol_version(v1::PROTOCOL_VERSION_CURRENT);
+    o->set_backend(context_->device->info().backend);
+    o->set_device_name(context_->device->info().name);
+    o->set_device_bytes_quota(config.device_bytes_quota);
+    o->set_max_in_flight_submits(config.max_in_flight_submits);
+    o->set_max_message_bytes(context_->max_message_bytes);
+    Send(std::move(m));
+  }
+
+  // Report a session-level error to the client, then end the stream with `rpc_status`.
+  void Fail(const Status& status, const grpc::Status& rpc_status) {
+    auto m = std::make_unique<v1::ServerMessage>();
+    ToProto(status, m->mutable_error());
+    Send(std::move(m));
+    if (session_ && !session_done_) session_->Abort();
+    session_done_ = true;
+    FinishWith(rpc_status);
+  }
+
+  void ProtocolViolation(const std::string& what) {
+    spdlog::warn("session {} from {}: protocol violation: {}", session_id_, peer_, what);
+    Fail(Status(ErrorKind::kProtocolViolation, what),
+         grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, what));
+  }
+
+  void ClientGone(const char* why) {
+    if (session_ && !session_done_) {
+      spdlog::info("session {}: {}; cleaning up", session_id_, why);
+      session_->Abort();
+    }
+    session_done_ = true;
+    // Drop what is not yet written, but keep the message gRPC may still be writing.
+    while (outbox_.size() > (write_in_flight_ ? 1u : 0u)) outbox_.pop_back();
+    FinishWith(grpc::Status::CANCELLED);
+  }
+
+  void Send(std::unique_ptr<v1::ServerMessage> message) {
+    if (finishing_) return;
+    outbox_.push_back(std::move(message));
+    PumpWrites();
+  }
+
+  void PumpWrites() {
+    if (write_in_flight_ || outbox_.empty() || finished_ || !reactor_) return;
+    write_in_flight_ = true;
+    reactor_->StartWrite(outbox_.front().get());
+  }
+
+  void MaybeStartRead() {
+    if (reading_ || read_closed_ || close_requested_ || finishing_ || !reactor_) return;
+    if (session_ && !session_->CanAcceptSubmit()) return;  // resumed by OnCompleted
+    reading_ = true;
+    reactor_->StartRead(&read_buffer_);
+  }
+
+  void FinishWith(const grpc::Status& status) {
+    if (finishing_) return;
+    finishing_ = true;
+    finish_status_ = status;
+    TryFinish();
+  }
+
+  void TryFinish() {
+    if (!finishing_ || finished_ || write_in_flight_ || !outbox_.empty() || !reactor_) return;
+    finished_ = true;
+    reactor_->Finish(finish_status_);
+  }
+
+  SessionServiceContext* context_;
+  session::Executor strand_;
+  Reactor* reactor_;  // valid until Finish; null after OnDone
+  std::string peer_;
+  v1::ClientMessage read_buffer_;  // written by gRPC between StartRead and OnReadDone
+
+  std::shared_ptr<session::Session> session_;
+  uint64_t session_id_ = 0;
+  bool session_done_ = false;  // closed, aborted or failed: no more session calls
+  uint64_t last_submit_id_ = 0;
+  std::deque<std::unique_ptr<v1::ServerMessage>> outbox_;
+  bool reading_ = false;
+  bool read_closed_ = false;
+  bool close_requested_ = false;
+  bool write_in_flight_ = false;
+  bool finishing_ = false;
+  bool finished_ = false;
+  grpc::Status finish_status_;
+};
+
+class SessionReactor final : public Reactor {
+ public:
+  SessionReactor(SessionServiceContext* context, std::string peer)
+      : connection_(std::make_shared<SessionConnection>(context, this, std::move(peer))) {
+    Post([](SessionConnection& c) { c.Start(); });
+  }
+
+  void OnReadDone(bool ok) override {
+    std::shared_ptr<v1::ClientMessage> message;
+    if (ok) {
+      message = std::make_shared<v1::ClientMessage>(std::move(*connection_->read_buffer()));
+    }
+    Post([message = std::move(message)](SessionConnection& c) mutable {
+      c.HandleRead(std::move(message));
+    });
+  }
+  void OnWriteDone(bool ok) override {
+    Post([ok](SessionConnection& c) { c.HandleWriteDone(ok); });
+  }
+  void OnCancel() override {
+    Post([](SessionConnection& c) { c.HandleCancel(); });
+  }
+  void OnDone() override {
+    Post([](SessionConnection& c) { c.HandleDone(); });
+    delete this;
+  }
+
+ private:
+  template <typename F>
+  void Post(F&& f) {
+    boost::asio::post(connection_->strand(),
+                      [c = connection_, f = std::forward<F>(f)]() mutable { f(*c); });
+  }
+
+  std::shared_ptr<SessionConnection> connection_;
+};
+
+}  // namespace
+
+grpc::ServerBidiReactor<v1::ClientMessage, v1::ServerMessage>* SessionService::Session(
+    grpc::CallbackServerContext* context) {
+  return new SessionReactor(context_, context->peer());
+}
+
+}  // namespace ferry::rpc

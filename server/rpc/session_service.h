@@ -1,0 +1,48 @@
+// The gRPC session stream: one ServerBidiReactor per session, speaking ferry.v1.Session.
+//
+// Threading: the reactor's gRPC reactions only post into the connection's strand; all
+// connection and session state is touched there. One write in flight at a time; reads stop
+// while the session's in-flight limit is reached (backpressure on the client).
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <grpcpp/grpcpp.h>
+
+#include "backend/backend.h"
+#include "ferry/v1/session.grpc.pb.h"
+#include "session/registry.h"
+#include "session/session.h"
+
+namespace ferry::rpc {
+
+/// What every session stream needs from the daemon. Outlives all sessions.
+struct SessionServiceContext {
+  backend::Device* device = nullptr;
+  session::SessionRegistry* registry = nullptr;
+  boost::asio::io_context* io = nullptr;
+  /// Defaults granted when the client asks for 0, and the most a client may ask for.
+  session::SessionConfig defaults;
+  uint64_t max_device_bytes_quota = 0;
+  uint32_t max_in_flight_submits = 0;
+  uint64_t max_message_bytes = 0;
+  /// Set while draining: new sessions are refused with UNAVAILABLE.
+  std::atomic<bool> draining{false};
+};
+
+class SessionService final : public v1::SessionService::CallbackService {
+ public:
+  explicit SessionService(SessionServiceContext* context) : context_(context) {}
+
+  grpc::ServerBidiReactor<v1::ClientMessage, v1::ServerMessage>* Session(
+      grpc::CallbackServerContext* context) override;
+
+ private:
+  SessionServiceContext* context_;
+};
+
+}  // namespace ferry::rpc

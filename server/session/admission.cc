@@ -1,0 +1,247 @@
+#include "session/admission.h"
+
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace ferry::session {
+namespace {
+
+std::string H(uint64_t handle) { return "tensor " + std::to_string(handle); }
+
+// The session's tensors as the ops admitted so far leave them, without touching the table.
+class TableOverlay {
+ public:
+  explicit TableOverlay(const HandleTable& table) : table_(table), bytes_(table.bytes()) {}
+
+  const TensorRecord* Find(uint64_t handle) const {
+    if (auto it = created_.find(handle); it != created_.end()) return &it->second;
+    if (freed_.count(handle)) return nullptr;
+    return table_.Find(handle);
+  }
+  void Create(uint64_t handle, TensorRecord r) {
+    bytes_ += r.bytes;
+    created_[handle] = std::move(r);
+  }
+  void Free(uint64_t handle) {
+    const TensorRecord* r = Find(handle);
+    bytes_ -= r->bytes;
+    if (created_.erase(handle) == 0) freed_.insert(handle);
+  }
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  const HandleTable& table_;
+  std::unordered_map<uint64_t, TensorRecord> created_;
+  std::unordered_set<uint64_t> freed_;
+  uint64_t bytes_;
+};
+
+class Admitter {
+ public:
+  Admitter(const HandleTable& table, const AdmissionLimits& limits)
+      : overlay_(table), limits_(limits) {
+    result_.peak_device_bytes = table.bytes();
+  }
+
+  Status Check(const Op& op) { return std::visit([this](const auto& o) { return Do(o); }, op); }
+  AdmissionResult result() const { return result_; }
+
+ private:
+  Result<const TensorRecord*> Live(uint64_t handle) {
+    if (handle == 0) return Status(ErrorKind::kInvalidHandle, "handle 0 is never valid");
+    const TensorRecord* r = overlay_.Find(handle);
+    if (!r) return Status(ErrorKind::kInvalidHandle, H(handle) + " does not exist");
+    return r;
+  }
+  Result<const TensorRecord*> LiveFloat(uint64_t handle) {
+    FERRY_ASSIGN_OR_RETURN(const TensorRecord* r, Live(handle));
+    if (!IsFloatingPoint(r->dtype)) {
+      return Status(ErrorKind::kDtypeMismatch, H(handle) + " is " +
+                                                   std::string(DTypeName(r->dtype)) +
+                                                   "; this op takes f32 or f64");
+    }
+    return r;
+  }
+  static Status SameLayout(uint64_t ha, const TensorRecord* a, uint64_t hb,
+                           const TensorRecord* b) {
+    if (a->dtype != b->dtype) {
+      return Status(ErrorKind::kDtypeMismatch,
+                    H(ha) + " is " + std::string(DTypeName(a->dtype)) + " but " + H(hb) +
+                        " is " + std::string(DTypeName(b->dtype)));
+    }
+    if (!(a->shape == b->shape)) {
+      return Status(ErrorKind::kShapeMismatch, H(ha) + " has shape " + a->shape.ToString() +
+                                                   " but " + H(hb) + " has shape " +
+                                                   b->shape.ToString());
+    }
+    return Status::Ok();
+  }
+  static Status InRange(uint64_t handle, const TensorRecord* r, uint64_t offset,
+                        uint64_t length) {
+    uint64_t end = 0;
+    if (!CheckedAdd(offset, length, &end) || end > r->bytes) {
+      return Status(ErrorKind::kOutOfRange,
+                    "bytes [" + std::to_string(offset) + ", +" + std::to_string(length) +
+                        ") are outside " + H(handle) + " of " + std::to_string(r->bytes) +
+                        " bytes");
+    }
+    return Status::Ok();
+  }
+
+  Status Do(const CreateTensorOp& op) {
+    if (op.handle == 0) return Status(ErrorKind::kInvalidHandle, "handle 0 is never valid");
+    if (overlay_.Find(op.handle)) {
+      return Status(ErrorKind::kInvalidHandle, H(op.handle) + " already exists");
+    }
+    TensorRecord r;
+    r.dtype = op.dtype;
+    r.shape = op.shape;
+    FERRY_ASSIGN_OR_RETURN(r.bytes, TensorBytes(op.dtype, op.shape, &r.elements));
+    if (overlay_.bytes() + r.bytes > limits_.device_bytes_quota) {
+      return Status(ErrorKind::kQuotaExceeded,
+                    "creating " + H(op.handle) + " (" + std::to_string(r.bytes) +
+                        " bytes) would take the session to " +
+                        std::to_string(overlay_.bytes() + r.bytes) +
+                        " bytes, over its device quota of " +
+                        std::to_string(limits_.device_bytes_quota));
+    }
+    result_.bytes_created += r.bytes;
+    overlay_.Create(op.handle, std::move(r));
+    if (overlay_.bytes() > result_.peak_device_bytes) {
+      result_.peak_device_bytes = overlay_.bytes();
+    }
+    return Status::Ok();
+  }
+  Status Do(const FreeTensorOp& op) {
+    FERRY_ASSIGN_OR_RETURN([[maybe_unused]] const TensorRecord* r, Live(op.handle));
+    overlay_.Free(op.handle);
+    return Status::Ok();
+  }
+  Status Do(const UploadOp& op) {
+    FERRY_ASSIGN_OR_RETURN(const TensorRecord* r, Live(op.tensor));
+    FERRY_RETURN_IF_ERROR(InRange(op.tensor, r, op.offset, op.data.size()));
+    result_.upload_bytes += op.data.size();
+    return Status::Ok();
+  }
+  Status Do(const DownloadOp& op) {
+    FERRY_ASSIGN_OR_RETURN(const TensorRecord* r, Live(op.tensor));
+    FERRY_RETURN_IF_ERROR(InRange(op.tensor, r, op.offset, op.length));
+    result_.download_bytes += op.length;
+    if (limits_.max_download_bytes && result_.download_bytes > limits_.max_download_bytes) {
+      return Status(ErrorKind::kQuotaExceeded,
+                    "the submit downloads more than " +
+                        std::to_string(limits_.max_download_bytes) + " bytes");
+    }
+    return Status::Ok();
+  }
+  Status Do(const FillOp& op) {
+    FERRY_ASSIGN_OR_RETURN([[maybe_unused]] const TensorRecord* r, Live(op.tensor));
+    return Status::Ok();
+  }
+  Status Do(const CopyOp& op) {
+    FERRY_ASSIGN_OR_RETURN(const TensorRecord* src, Live(op.src));
+    FERRY_ASSIGN_OR_RETURN(const TensorRecord* dst, Live(op.dst));
+    if (src->dtype != dst->dtype) return SameLayout(op.src, src, op.dst, dst);
+    if (src->elements != dst->elements) {
+      return Status(ErrorKind::kShapeMismatch, H(op.src) + " has " +
+                                                   std::to_string(src->elements) +
+                                                   " elements but " + H(op.dst) + " has " +
+                                                   std::to_string(dst->elements));
+    }
+    return Status::Ok();
+  }
+  Status Do(const BinaryOpArgs& op) {
+    FERRY_ASSIGN_OR_RETURN(const TensorRecord* a, LiveFloat(op.a));
+    FERRY_ASSIGN_OR_RETURN(const TensorRecord* b, LiveFloat(op.b));
+    FERRY_ASSIGN_OR_RETURN(const TensorRecord* out, Live(op.out));
+    FERRY_RETURN_IF_ERROR(SameLayout(op.a, a, op.b, b));
+    return SameLayout(op.a, a, op.out, out);
+  }
+  Status Do(const ScaleOp& op) {
+    FERRY_ASSIGN_OR_RETURN(const TensorRecord* x, LiveFloat(op.x));
+    FERRY_ASSIGN_OR_RETURN(const TensorRecord* out, Live(op.out));
+    return SameLayout(op.x, x, op.out, out);
+  }
+  Status Do(const AxpyOp& op) {
+    FERRY_ASSIGN_OR_RETURN(const TensorRecord* x, LiveFloat(op.x));
+    FERRY_ASSIGN_OR_RETURN(const TensorRecord* y, Live(op.y));
+    return SameLayout(op.x, x, op.y, y);
+  }
+  Status Do(const ReduceSumOp& op) {
+    FERRY_ASSIGN_OR_RETURN(const TensorRecord* in, LiveFloat(op.in));
+    FERRY_ASSIGN_OR_RETURN(const TensorRecord* out, Live(op.out));
+    if (in->dtype != out->dtype) {
+      return Status(ErrorKind::kDtypeMismatch, H(op.out) + " must have the dtype of " +
+                                                   H(op.in));
+    }
+    if (out->elements != 1) {
+      return Status(ErrorKind::kShapeMismatch,
+                    H(op.out) + " must hold exactly one element, it has " +
+                        std::to_string(out->elements));
+    }
+    if (op.in == op.out && in->elements != 1) {
+      return Status(ErrorKind::kInvalidArgument, "the output of a sum may not be its input");
+    }
+    return Status::Ok();
+  }
+  Status Do(const GemmOp& op) {
+    FERRY_ASSIGN_OR_RETURN(const TensorRecord* a, LiveFloat(op.a));
+    FERRY_ASSIGN_OR_RETURN(const TensorRecord* b, LiveFloat(op.b));
+    FERRY_ASSIGN_OR_RETURN(const TensorRecord* c, LiveFloat(op.c));
+    if (a->dtype != b->dtype || a->dtype != c->dtype) {
+      return Status(ErrorKind::kDtypeMismatch, "gemm operands must share one dtype");
+    }
+    if (a->shape.rank() != 2 || b->shape.rank() != 2 || c->shape.rank() != 2) {
+      return Status(ErrorKind::kShapeMismatch, "gemm operands must be rank 2");
+    }
+    if (op.c == op.a || op.c == op.b) {
+      return Status(ErrorKind::kInvalidArgument, "gemm output may not alias an input");
+    }
+    int64_t m = op.trans_a ? a->shape.dim(1) : a->shape.dim(0);
+    int64_t ka = op.trans_a ? a->shape.dim(0) : a->shape.dim(1);
+    int64_t kb = op.trans_b ? b->shape.dim(1) : b->shape.dim(0);
+    int64_t n = op.trans_b ? b->shape.dim(0) : b->shape.dim(1);
+    if (ka != kb || c->shape.dim(0) != m || c->shape.dim(1) != n) {
+      return Status(ErrorKind::kShapeMismatch,
+                    "gemm shapes do not fit: op(a) " + std::to_string(m) + "x" +
+                        std::to_string(ka) + ", op(b) " + std::to_string(kb) + "x" +
+                        std::to_string(n) + ", c " + c->shape.ToString());
+    }
+    return Status::Ok();
+  }
+  Status Do(const MalformedOp& op) { return op.reason; }
+
+  TableOverlay overlay_;
+  const AdmissionLimits& limits_;
+  AdmissionResult result_;
+};
+
+}  // namespace
+
+Result<uint64_t> TensorBytes(DType dtype, const Shape& shape, uint64_t* elements) {
+  size_t elem = DTypeSize(dtype);
+  if (elem == 0) return Status(ErrorKind::kInvalidArgument, "invalid dtype");
+  // Cap at 2^48 bytes: far above any device, far below overflow.
+  constexpr uint64_t kMaxBytes = 1ull << 48;
+  FERRY_ASSIGN_OR_RETURN(uint64_t count, shape.ElementCount(kMaxBytes / elem));
+  *elements = count;
+  return count * elem;
+}
+
+Result<AdmissionResult> AdmitSubmit(const SubmitRequest& request, const HandleTable& table,
+                                    const AdmissionLimits& limits) {
+  if (limits.max_ops_per_submit && request.ops.size() > limits.max_ops_per_submit) {
+    return Status(ErrorKind::kQuotaExceeded,
+                  "a submit may carry at most " + std::to_string(limits.max_ops_per_submit) +
+                      " ops, this one has " + std::to_string(request.ops.size()));
+  }
+  Admitter admitter(table, limits);
+  for (size_t i = 0; i < request.ops.size(); ++i) {
+    Status s = admitter.Check(request.ops[i]);
+    if (!s.ok()) return s.WithOpIndex(static_cast<int>(i));
+  }
+  return admitter.result();
+}
+
+}  // namespace ferry::session

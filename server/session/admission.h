@@ -1,0 +1,37 @@
+// Admission: the whole-submit check that runs before anything of a submit is enqueued.
+//
+// A submit is admitted only if every op in it is valid given the session's tensors as the
+// earlier ops of the same submit leave them (a submit may create, use and free a tensor),
+// and if the session's device-memory quota holds at every point of it. A refused submit
+// changes nothing.
+#pragma once
+
+#include <cstdint>
+
+#include "ferry/status.h"
+#include "session/handle_table.h"
+#include "session/ops.h"
+
+namespace ferry::session {
+
+struct AdmissionLimits {
+  uint64_t device_bytes_quota = 0;    // the session's quota for live tensor bytes
+  uint64_t max_ops_per_submit = 0;    // 0: no limit
+  uint64_t max_download_bytes = 0;    // total Download bytes one submit may ask for; 0: none
+};
+
+struct AdmissionResult {
+  uint64_t peak_device_bytes = 0;   // the most the session's tensors hold during the submit
+  uint64_t bytes_created = 0;       // bytes of the tensors the submit creates
+  uint64_t upload_bytes = 0;
+  uint64_t download_bytes = 0;
+};
+
+/// Check `request` against `table` and `limits`. On failure the Status names the op.
+Result<AdmissionResult> AdmitSubmit(const SubmitRequest& request, const HandleTable& table,
+                                    const AdmissionLimits& limits);
+
+/// Return the byte size of a tensor of `dtype` and `shape`, or a typed error.
+Result<uint64_t> TensorBytes(DType dtype, const Shape& shape, uint64_t* elements);
+
+}  // namespace ferry::session

@@ -1,0 +1,52 @@
+// The tensors a session holds, keyed by the handles its client chose.
+//
+// Not thread-safe: owned and used by one session on its executor.
+#pragma once
+
+#include <cstdint>
+#include <unordered_map>
+
+#include "backend/backend.h"
+#include "ferry/dtype.h"
+
+namespace ferry::session {
+
+struct TensorRecord {
+  backend::DevicePtr ptr = 0;  // 0 for an empty tensor (no elements)
+  DType dtype = DType::kInvalid;
+  Shape shape;
+  uint64_t elements = 0;
+  uint64_t bytes = 0;
+};
+
+class HandleTable {
+ public:
+  /// Return the tensor for `handle`, or nullptr when no live tensor has it.
+  const TensorRecord* Find(uint64_t handle) const {
+    auto it = tensors_.find(handle);
+    return it == tensors_.end() ? nullptr : &it->second;
+  }
+  /// Insert a tensor; the handle must not be live (admission checked it).
+  void Insert(uint64_t handle, TensorRecord record) {
+    bytes_ += record.bytes;
+    tensors_.emplace(handle, std::move(record));
+  }
+  /// Remove and return a live tensor.
+  TensorRecord Remove(uint64_t handle) {
+    auto it = tensors_.find(handle);
+    TensorRecord r = std::move(it->second);
+    tensors_.erase(it);
+    bytes_ -= r.bytes;
+    return r;
+  }
+  size_t size() const { return tensors_.size(); }
+  /// Return the device bytes held by live tensors.
+  uint64_t bytes() const { return bytes_; }
+  const std::unordered_map<uint64_t, TensorRecord>& tensors() const { return tensors_; }
+
+ private:
+  std::unordered_map<uint64_t, TensorRecord> tensors_;
+  uint64_t bytes_ = 0;
+};
+
+}  // namespace ferry::session

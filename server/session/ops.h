@@ -1,0 +1,83 @@
+// The ops a submit carries, in the daemon's own types (the rpc layer converts from ferry.v1
+// messages without copying bulk bytes). Everything here is untrusted client input until
+// ValidateSubmit has accepted it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "backend/backend.h"
+#include "ferry/dtype.h"
+#include "ferry/status.h"
+
+namespace ferry::session {
+
+struct CreateTensorOp {
+  uint64_t handle = 0;
+  DType dtype = DType::kInvalid;
+  Shape shape;
+};
+struct FreeTensorOp {
+  uint64_t handle = 0;
+};
+/// Write `data` at byte `offset` of the tensor. `data` points into a message the submit
+/// keeps alive until its completion.
+struct UploadOp {
+  uint64_t tensor = 0;
+  uint64_t offset = 0;
+  std::string_view data;
+};
+struct DownloadOp {
+  uint64_t tensor = 0;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+struct FillOp {
+  uint64_t tensor = 0;
+  double value = 0;
+};
+struct CopyOp {
+  uint64_t src = 0;
+  uint64_t dst = 0;
+};
+struct BinaryOpArgs {
+  backend::BinaryOp kind = backend::BinaryOp::kAdd;
+  uint64_t a = 0, b = 0, out = 0;
+};
+struct ScaleOp {
+  uint64_t x = 0;
+  double alpha = 1;
+  uint64_t out = 0;
+};
+struct AxpyOp {
+  double alpha = 1;
+  uint64_t x = 0, y = 0;
+};
+struct ReduceSumOp {
+  uint64_t in = 0, out = 0;
+};
+struct GemmOp {
+  uint64_t a = 0, b = 0, c = 0;
+  bool trans_a = false, trans_b = false;
+  double alpha = 1, beta = 0;
+};
+/// An op the rpc layer could not even decode (unknown kind, bad enum); admission rejects
+/// the submit with `reason`.
+struct MalformedOp {
+  Status reason;
+};
+
+using Op = std::variant<CreateTensorOp, FreeTensorOp, UploadOp, DownloadOp, FillOp, CopyOp,
+                        BinaryOpArgs, ScaleOp, AxpyOp, ReduceSumOp, GemmOp, MalformedOp>;
+
+struct SubmitRequest {
+  uint64_t submit_id = 0;
+  std::vector<Op> ops;
+  /// Owns the bytes UploadOp::data points into; released when the submit completes.
+  std::shared_ptr<const void> payload;
+};
+
+}  // namespace ferry::session

@@ -1,0 +1,136 @@
+// One client session in the daemon: its tensors, its device stream, its submits in flight.
+//
+// Threading: every method runs on the session's executor (a strand), and so do the events
+// it raises. Backend completions arrive on the backend's completion thread and are posted
+// into the executor. The session keeps itself alive (shared_from_this) while device work
+// is in flight, so a client that goes away never frees memory the device may still touch.
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/strand.hpp>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "session/admission.h"
+#include "session/handle_table.h"
+#include "session/ops.h"
+#include "session/registry.h"
+
+namespace ferry::session {
+
+using Executor = boost::asio::strand<boost::asio::io_context::executor_type>;
+
+/// The largest chunk of download bytes sent in one message.
+inline constexpr uint64_t kMaxChunkBytes = 1ull << 20;
+
+struct SessionConfig {
+  uint64_t device_bytes_quota = 1ull << 30;
+  uint32_t max_in_flight_submits = 64;
+  uint64_t max_ops_per_submit = 1u << 20;
+  uint64_t max_download_bytes_per_submit = 1ull << 30;
+};
+
+/// Plain copy of a session's counters, as Closed reports them.
+struct SessionStatsSnapshot {
+  uint64_t submits = 0, failed_submits = 0, ops = 0, kernel_launches = 0;
+  uint64_t bytes_uploaded = 0, bytes_downloaded = 0, tensors_created = 0;
+  uint64_t peak_device_bytes = 0, device_busy_ns = 0;
+};
+
+/// What a session tells its connection. Called on the session's executor.
+class SessionEvents {
+ public:
+  virtual ~SessionEvents() = default;
+  /// Bytes of a Download op; all chunks of a submit come before its OnCompleted.
+  virtual void OnDownloadChunk(uint64_t submit_id, uint32_t op_index, uint64_t offset,
+                               std::string data) = 0;
+  /// The one completion of a submit, in submit order.
+  virtual void OnCompleted(uint64_t submit_id, const Status& status) = 0;
+  virtual void OnSynchronized(uint64_t sync_id) = 0;
+  /// The session released everything; the last event.
+  virtual void OnClosed(const SessionStatsSnapshot& stats) = 0;
+};
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  /// Create a session on `device`. Fails with QUOTA_EXCEEDED when the daemon holds its
+  /// maximum number of sessions, or with the backend's error when no stream can be made.
+  static Result<std::shared_ptr<Session>> Create(backend::Device* device,
+                                                 SessionRegistry* registry, Executor executor,
+                                                 const SessionConfig& config,
+                                                 std::string client_name, std::string peer,
+                                                 SessionEvents* events);
+  ~Session();
+
+  uint64_t id() const { return id_; }
+  const SessionConfig& config() const { return config_; }
+  const Executor& executor() const { return executor_; }
+
+  /// Admit and enqueue a submit, or refuse it whole; either way exactly one OnCompleted
+  /// follows, after those of all earlier submits.
+  void Submit(SubmitRequest request);
+  /// Raise OnSynchronized once every earlier submit has completed.
+  void Synchronize(uint64_t sync_id);
+  /// Finish in-flight work, free every tensor, then raise OnClosed.
+  void Close();
+  /// The client is gone: like Close, but raise no more events.
+  void Abort();
+
+  /// Return true while another submit fits under the in-flight limit (for backpressure).
+  bool CanAcceptSubmit() const { return queue_.size() < config_.max_in_flight_submits; }
+  bool closing() const { return closing_; }
+  size_t in_flight() const { return queue_.size(); }
+
+ private:
+  struct PendingDownload {
+    uint32_t op_index = 0;
+    std::vector<std::string> chunks;  // filled by the device, each <= kMaxChunkBytes
+  };
+  // One submit between Submit() and its OnCompleted, in submit order.
+  struct InFlight {
+    uint64_t submit_id = 0;
+    bool on_device = false;          // waits for a backend completion
+    Status status;                   // the refusal or enqueue error, if any
+    std::shared_ptr<const void> payload;
+    std::vector<PendingDownload> downloads;
+    uint64_t download_bytes = 0;
+    std::vector<uint64_t> syncs_after;  // Synchronize ids answered after this completes
+  };
+
+  Session(backend::Device* device, SessionRegistry* registry, Executor executor,
+          const SessionConfig& config, std::unique_ptr<backend::Stream> stream,
+          SessionEvents* events);
+
+  // Enqueue an admitted submit; returns the first enqueue error (with op index).
+  Status Enqueue(SubmitRequest& request, const AdmissionResult& admitted, InFlight& record);
+  Status EnqueueOp(const Op& op, backend::DevicePtr fresh, InFlight& record, uint32_t index);
+  void OnDeviceComplete(Status status);
+  void DeliverReady();
+  void Deliver(InFlight& record);
+  void MaybeTearDown();
+  void Finalize();
+  void ReleaseTensor(uint64_t handle);
+  SessionStatsSnapshot Snapshot() const;
+
+  backend::Device* device_;
+  SessionRegistry* registry_;
+  Executor executor_;
+  SessionConfig config_;
+  AdmissionLimits limits_;
+  std::unique_ptr<backend::Stream> stream_;
+  SessionEvents* events_;  // null once the client is gone
+  std::shared_ptr<SessionCounters> counters_;
+  uint64_t id_ = 0;
+
+  HandleTable tensors_;
+  std::deque<InFlight> queue_;
+  Status broken_;  // a sticky device error: every later submit fails with it
+  bool closing_ = false;
+  bool torn_down_ = false;
+};
+
+}  // namespace ferry::session

@@ -1,0 +1,321 @@
+// A misbehaving client gets typed errors, never crashes the daemon, never disturbs another
+// session, and leaks nothing. Uses the raw ferry.v1 protocol where the library would not
+// let a client misbehave.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "ferry/client.h"
+#include "ferry/v1/session.grpc.pb.h"
+#include "ferryd_process.h"
+
+namespace ferry {
+namespace {
+
+using testing::FerrydProcess;
+
+// A raw session stream for sending arbitrary messages.
+class RawStream {
+ public:
+  explicit RawStream(const std::string& target) {
+    channel_ = grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
+    stub_ = v1::SessionService::NewStub(channel_);
+    stream_ = stub_->Session(&ctx_);
+  }
+  ~RawStream() {
+    ctx_.TryCancel();
+    if (!finished_) stream_->Finish();
+  }
+  bool Send(const v1::ClientMessage& m) { return stream_->Write(m); }
+  bool Open(uint32_t version = v1::PROTOCOL_VERSION_CURRENT) {
+    v1::ClientMessage m;
+    m.mutable_open()->set_protocol_version(version);
+    m.mutable_open()->set_client_name("raw");
+    return Send(m);
+  }
+  std::optional<v1::ServerMessage> Read() {
+    v1::ServerMessage m;
+    if (!stream_->Read(&m)) return std::nullopt;
+    return m;
+  }
+  bool Submit(uint64_t id, std::vector<v1::Op> ops) {
+    v1::ClientMessage m;
+    m.mutable_submit()->set_submit_id(id);
+    for (auto& op : ops) *m.mutable_submit()->add_ops() = op;
+    return Send(m);
+  }
+  // Read until the Completed for `id`; return its error (kind NONE on success).
+  v1::Error Completion(uint64_t id) {
+    while (auto m = Read()) {
+      if (m->has_completed() && m->completed().submit_id() == id) return m->completed().error();
+      if (m->has_error()) return m->error();
+    }
+    v1::Error e;
+    e.set_kind(v1::SESSION_CLOSED);
+    return e;
+  }
+  grpc::Status Finish() {
+    finished_ = true;
+    return stream_->Finish();
+  }
+
+ private:
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::SessionService::Stub> stub_;
+  grpc::ClientContext ctx_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::ClientMessage, v1::ServerMessage>> stream_;
+  bool finished_ = false;
+};
+
+v1::Op Create(uint64_t h, v1::DType dtype, std::vector<int64_t> shape) {
+  v1::Op op;
+  auto* c = op.mutable_create_tensor();
+  c->set_handle(h);
+  c->set_dtype(dtype);
+  for (auto d : shape) c->add_shape(d);
+  return op;
+}
+v1::Op Fill(uint64_t h, double v) {
+  v1::Op op;
+  op.mutable_fill()->set_tensor(h);
+  op.mutable_fill()->set_value(v);
+  return op;
+}
+v1::Op Download(uint64_t h, uint64_t off, uint64_t len) {
+  v1::Op op;
+  op.mutable_download()->set_tensor(h);
+  op.mutable_download()->set_offset(off);
+  op.mutable_download()->set_length(len);
+  return op;
+}
+v1::Op Upload(uint64_t h, uint64_t off, std::string data) {
+  v1::Op op;
+  op.mutable_upload()->set_tensor(h);
+  op.mutable_upload()->set_offset(off);
+  op.mutable_upload()->set_data(std::move(data));
+  return op;
+}
+v1::Op Binary(v1::BinaryKind kind, uint64_t a, uint64_t b, uint64_t out) {
+  v1::Op op;
+  op.mutable_binary()->set_kind(kind);
+  op.mutable_binary()->set_a(a);
+  op.mutable_binary()->set_b(b);
+  op.mutable_binary()->set_out(out);
+  return op;
+}
+
+class BadInputTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    daemon_ = std::make_unique<FerrydProcess>(
+        std::vector<std::string>{"--session-quota", "1M", "--max-session-quota", "2M"});
+    ASSERT_TRUE(daemon_->ok()) << daemon_->log();
+  }
+  void TearDown() override {
+    if (!daemon_->ok()) return;
+    auto s = daemon_->WaitIdle();
+    EXPECT_EQ(s.sessions_open(), 0u);
+    EXPECT_EQ(s.live_tensors(), 0u);
+    EXPECT_EQ(s.device_bytes_in_use(), 0u) << "device memory leaked";
+    EXPECT_EQ(daemon_->Stop(), 0) << "ferryd did not exit cleanly:\n" << daemon_->log();
+  }
+
+  // Open a well-behaved session that must keep working beside the bad ones.
+  void StartBystander() {
+    auto c = Client::connect(daemon_->unix_target());
+    ASSERT_TRUE(c.ok());
+    bystander_client_.emplace(std::move(*c));
+    auto s = bystander_client_->open_session();
+    ASSERT_TRUE(s.ok());
+    bystander_.emplace(std::move(*s));
+    bystander_tensor_ = bystander_->create_tensor<double>({64});
+    bystander_->fill(bystander_tensor_, 1.0);
+    ASSERT_TRUE(bystander_->synchronize().ok());
+  }
+  void CheckBystander() {
+    bystander_->axpy(1.0, bystander_tensor_, bystander_tensor_);
+    auto v = bystander_->download<double>(bystander_tensor_);
+    ASSERT_TRUE(v.ok()) << v.status().ToString();
+    EXPECT_EQ((*v)[0], 2.0);
+    bystander_tensor_ = Tensor();
+    ASSERT_TRUE(bystander_->close().ok());
+  }
+
+  std::unique_ptr<FerrydProcess> daemon_;
+  std::optional<Client> bystander_client_;
+  std::optional<Session> bystander_;
+  Tensor bystander_tensor_;
+};
+
+TEST_F(BadInputTest, InvalidHandlesShapesAndDtypesAreTypedAndAtomic) {
+  StartBystander();
+  RawStream raw(daemon_->unix_target());
+  ASSERT_TRUE(raw.Open());
+  ASSERT_TRUE(raw.Read()->has_opened());
+
+  // A submit that creates a tensor and then uses an invalid handle: refused whole.
+  ASSERT_TRUE(raw.Submit(1, {Create(1, v1::DTYPE_F32, {8}), Fill(99, 1.0)}));
+  v1::Error e = raw.Completion(1);
+  EXPECT_EQ(e.kind(), v1::INVALID_HANDLE);
+  EXPECT_EQ(e.op_index(), 1);
+  // Nothing of it happened: handle 1 does not exist.
+  ASSERT_TRUE(raw.Submit(2, {Fill(1, 1.0)}));
+  EXPECT_EQ(raw.Completion(2).kind(), v1::INVALID_HANDLE);
+
+  ASSERT_TRUE(raw.Submit(3, {Create(1, v1::DTYPE_F32, {8}), Create(2, v1::DTYPE_F64, {8}),
+                             Create(3, v1::DTYPE_F32, {2, 4})}));
+  EXPECT_EQ(raw.Completion(3).kind(), v1::ERROR_KIND_NONE);
+  ASSERT_TRUE(raw.Submit(4, {Binary(v1::ADD, 1, 2, 1)}));
+  EXPECT_EQ(raw.Completion(4).kind(), v1::DTYPE_MISMATCH);
+  ASSERT_TRUE(raw.Submit(5, {Binary(v1::MUL, 1, 3, 1)}));
+  EXPECT_EQ(raw.Completion(5).kind(), v1::SHAPE_MISMATCH);
+  ASSERT_TRUE(raw.Submit(6, {Binary(v1::BINARY_INVALID, 1, 1, 1)}));
+  EXPECT_EQ(raw.Completion(6).kind(), v1::INVALID_ARGUMENT);
+  ASSERT_TRUE(raw.Submit(7, {Create(9, v1::DTYPE_INVALID, {1})}));
+  EXPECT_EQ(raw.Completion(7).kind(), v1::INVALID_ARGUMENT);
+  ASSERT_TRUE(raw.Submit(8, {Create(9, v1::DTYPE_F32, {1, 1, 1, 1, 1, 1, 1, 1, 1})}));
+  EXPECT_EQ(raw.Completion(8).kind(), v1::SHAPE_MISMATCH);
+  ASSERT_TRUE(raw.Submit(9, {Create(9, v1::DTYPE_F32, {-4})}));
+  EXPECT_EQ(raw.Completion(9).kind(), v1::SHAPE_MISMATCH);
+  ASSERT_TRUE(raw.Submit(10, {v1::Op()}));  // an op with no kind
+  EXPECT_EQ(raw.Completion(10).kind(), v1::INVALID_ARGUMENT);
+  CheckBystander();
+}
+
+TEST_F(BadInputTest, OversizeLengthsAndOffsetsAreOutOfRange) {
+  RawStream raw(daemon_->unix_target());
+  ASSERT_TRUE(raw.Open());
+  ASSERT_TRUE(raw.Read()->has_opened());
+  ASSERT_TRUE(raw.Submit(1, {Create(1, v1::DTYPE_U8, {100})}));
+  EXPECT_EQ(raw.Completion(1).kind(), v1::ERROR_KIND_NONE);
+  ASSERT_TRUE(raw.Submit(2, {Download(1, 0, 101)}));
+  EXPECT_EQ(raw.Completion(2).kind(), v1::OUT_OF_RANGE);
+  ASSERT_TRUE(raw.Submit(3, {Download(1, UINT64_MAX, 2)}));
+  EXPECT_EQ(raw.Completion(3).kind(), v1::OUT_OF_RANGE);
+  ASSERT_TRUE(raw.Submit(4, {Upload(1, 95, std::string(6, 'x'))}));
+  EXPECT_EQ(raw.Completion(4).kind(), v1::OUT_OF_RANGE);
+  ASSERT_TRUE(raw.Submit(5, {Upload(1, UINT64_MAX - 2, std::string(6, 'x'))}));
+  EXPECT_EQ(raw.Completion(5).kind(), v1::OUT_OF_RANGE);
+  // In range works.
+  ASSERT_TRUE(raw.Submit(6, {Upload(1, 95, std::string(5, 'x')), Download(1, 94, 6)}));
+  std::string got;
+  while (auto m = raw.Read()) {
+    if (m->has_download_chunk()) got += m->download_chunk().data();
+    if (m->has_completed()) {
+      EXPECT_FALSE(m->completed().has_error());
+      break;
+    }
+  }
+  EXPECT_EQ(got.substr(1), "xxxxx");
+}
+
+TEST_F(BadInputTest, SubmitOverQuotaIsRefusedAndLosesNothing) {
+  auto client = Client::connect(daemon_->unix_target());
+  ASSERT_TRUE(client.ok());
+  auto session = client->open_session();
+  ASSERT_TRUE(session.ok());
+  EXPECT_EQ(session->device_bytes_quota(), 1u << 20);
+  Tensor a = session->create_tensor<uint8_t>({600 << 10});
+  session->fill(a, 7);
+  ASSERT_TRUE(session->synchronize().ok());
+  Tensor b = session->create_tensor<uint8_t>({600 << 10});  // 1.2 MiB in all: over quota
+  session->fill(a, 9);                                       // refused with it
+  ASSERT_TRUE(session->submit().ok());
+  Status s = session->synchronize();
+  EXPECT_EQ(s.kind(), ErrorKind::kQuotaExceeded);
+  EXPECT_EQ(s.code(), Code::kResourceExhausted);
+  EXPECT_EQ(s.op_index(), 0);
+  // The refused submit changed nothing: `a` still holds 7 everywhere.
+  auto got = session->download<uint8_t>(a);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ((*got)[0], 7);
+  EXPECT_EQ((*got)[(600 << 10) - 1], 7);
+  // A quota above the daemon's maximum is capped.
+  auto big = client->open_session({.device_bytes_quota = 1ull << 40});
+  ASSERT_TRUE(big.ok());
+  EXPECT_EQ(big->device_bytes_quota(), 2u << 20);
+}
+
+TEST_F(BadInputTest, MessagesOutOfOrderAreProtocolViolations) {
+  StartBystander();
+  {
+    RawStream raw(daemon_->unix_target());
+    ASSERT_TRUE(raw.Submit(1, {Fill(1, 0)}));  // before Open
+    auto m = raw.Read();
+    ASSERT_TRUE(m && m->has_error());
+    EXPECT_EQ(m->error().kind(), v1::PROTOCOL_VIOLATION);
+    EXPECT_EQ(raw.Finish().error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  {
+    RawStream raw(daemon_->unix_target());
+    ASSERT_TRUE(raw.Open(7));  // unknown version
+    auto m = raw.Read();
+    ASSERT_TRUE(m && m->has_error());
+    EXPECT_EQ(m->error().kind(), v1::PROTOCOL_VIOLATION);
+  }
+  {
+    RawStream raw(daemon_->unix_target());
+    ASSERT_TRUE(raw.Open());
+    ASSERT_TRUE(raw.Read()->has_opened());
+    ASSERT_TRUE(raw.Open());  // twice
+    auto m = raw.Read();
+    ASSERT_TRUE(m && m->has_error());
+    EXPECT_EQ(m->error().kind(), v1::PROTOCOL_VIOLATION);
+  }
+  {
+    RawStream raw(daemon_->unix_target());
+    ASSERT_TRUE(raw.Open());
+    ASSERT_TRUE(raw.Read()->has_opened());
+    ASSERT_TRUE(raw.Submit(5, {Create(1, v1::DTYPE_F64, {1024})}));
+    EXPECT_EQ(raw.Completion(5).kind(), v1::ERROR_KIND_NONE);
+    ASSERT_TRUE(raw.Submit(5, {Fill(1, 1)}));  // submit ids must increase
+    v1::Error e = raw.Completion(5);
+    EXPECT_EQ(e.kind(), v1::PROTOCOL_VIOLATION);
+  }
+  {
+    RawStream raw(daemon_->unix_target());
+    ASSERT_TRUE(raw.Open());
+    ASSERT_TRUE(raw.Read()->has_opened());
+    ASSERT_TRUE(raw.Send(v1::ClientMessage()));  // a message with no kind
+    auto m = raw.Read();
+    ASSERT_TRUE(m && m->has_error());
+    EXPECT_EQ(m->error().kind(), v1::PROTOCOL_VIOLATION);
+  }
+  CheckBystander();
+}
+
+TEST_F(BadInputTest, ClientThatVanishesMidStreamIsCleanedUp) {
+  StartBystander();
+  for (int i = 0; i < 5; ++i) {
+    RawStream raw(daemon_->unix_target());
+    ASSERT_TRUE(raw.Open());
+    ASSERT_TRUE(raw.Read()->has_opened());
+    std::vector<v1::Op> ops = {Create(1, v1::DTYPE_F64, {64 << 10})};
+    for (int k = 0; k < 50; ++k) ops.push_back(Fill(1, k));
+    ops.push_back(Download(1, 0, 512 << 10));
+    for (uint64_t id = 1; id <= 10; ++id) ASSERT_TRUE(raw.Submit(id, ops));
+    // RawStream's destructor cancels the call with submits in flight.
+  }
+  CheckBystander();
+}
+
+TEST_F(BadInputTest, KilledClientProcessIsCleanedUp) {
+  StartBystander();
+  // A child process opens a session, queues work, and is killed with SIGKILL.
+  pid_t pid = testing::Spawn(FERRY_TEST_CLIENT_PATH, {daemon_->unix_target(), "hang"});
+  ASSERT_GT(pid, 0);
+  // Wait until the daemon sees its session and tensors.
+  bool seen = false;
+  for (int i = 0; i < 1000 && !seen; ++i) {
+    auto s = daemon_->AdminStatus();
+    seen = s.sessions_open() >= 2 && s.live_tensors() >= 2;
+    if (!seen) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(seen);
+  kill(pid, SIGKILL);
+  testing::WaitExit(pid, std::chrono::seconds(10));
+  CheckBystander();
+}
+
+}  // namespace
+}  // namespace ferry

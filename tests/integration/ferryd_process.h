@@ -1,0 +1,158 @@
+// Test harness: a real ferryd process on real sockets in a temp dir, and helpers to reach
+// its Admin service.
+#pragma once
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "ferry/v1/admin.grpc.pb.h"
+
+namespace ferry::testing {
+
+/// Start `program` with `args`; return its pid (or -1).
+inline pid_t Spawn(const std::string& program, const std::vector<std::string>& args,
+                   const std::string& log_path = "") {
+  std::vector<char*> argv;
+  argv.push_back(const_cast<char*>(program.c_str()));
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  if (!log_path.empty()) {
+    posix_spawn_file_actions_addopen(&actions, 1, log_path.c_str(),
+                                     O_WRONLY | O_CREAT | O_APPEND, 0644);
+    posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  }
+  pid_t pid = -1;
+  int rc = posix_spawn(&pid, program.c_str(), &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  return rc == 0 ? pid : -1;
+}
+
+/// Wait for `pid` to exit, up to `timeout`; return its wait status, or -1 on timeout.
+inline int WaitExit(pid_t pid, std::chrono::milliseconds timeout) {
+  auto until = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < until) {
+    int status = 0;
+    pid_t r = waitpid(pid, &status, WNOHANG);
+    if (r == pid) return status;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return -1;
+}
+
+/// A ferryd child process. Starts in the constructor (check ok()); SIGTERM in Stop() and in
+/// the destructor.
+class FerrydProcess {
+ public:
+  explicit FerrydProcess(std::vector<std::string> extra_args = {}, bool tcp = false) {
+    char tmpl[] = "/tmp/ferry-test-XXXXXX";
+    dir_ = mkdtemp(tmpl);
+    socket_ = dir_ + "/ferryd.sock";
+    std::vector<std::string> args = {"--backend", "host", "--listen", "unix:" + socket_,
+                                     "--ready-file", dir_ + "/ready", "--log-level", "info"};
+    if (tcp) {
+      args.push_back("--listen");
+      args.push_back("tcp:127.0.0.1:0");
+    }
+    for (auto& a : extra_args) args.push_back(a);
+    pid_ = Spawn(FERRYD_PATH, args, dir_ + "/ferryd.log");
+    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (pid_ > 0 && std::chrono::steady_clock::now() < until) {
+      std::ifstream in(dir_ + "/ready");
+      std::string line;
+      std::vector<std::string> eps;
+      while (std::getline(in, line)) eps.push_back(line);
+      if (!eps.empty()) {
+        endpoints_ = eps;
+        break;
+      }
+      int status;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  ~FerrydProcess() {
+    Stop();
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+
+  bool ok() const { return pid_ > 0 && !endpoints_.empty(); }
+  pid_t pid() const { return pid_; }
+  std::string unix_target() const { return "unix:" + socket_; }
+  std::string tcp_target() const {
+    for (const auto& e : endpoints_) {
+      if (e.rfind("tcp:", 0) == 0) return e;
+    }
+    return "";
+  }
+  std::string log() const {
+    std::ifstream in(dir_ + "/ferryd.log");
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  /// SIGTERM and wait; return the exit status (-1 when it did not exit in time).
+  int Stop(int sig = SIGTERM) {
+    if (pid_ <= 0) return exit_status_;
+    kill(pid_, sig);
+    exit_status_ = WaitExit(pid_, std::chrono::seconds(30));
+    if (exit_status_ == -1) {
+      kill(pid_, SIGKILL);
+      WaitExit(pid_, std::chrono::seconds(5));
+    }
+    pid_ = -1;
+    return exit_status_;
+  }
+
+  /// Fetch the daemon's Admin status.
+  v1::StatusReply AdminStatus() const {
+    auto channel = grpc::CreateChannel(unix_target(), grpc::InsecureChannelCredentials());
+    auto stub = v1::Admin::NewStub(channel);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::StatusReply reply;
+    grpc::Status s = stub->Status(&ctx, v1::StatusRequest(), &reply);
+    if (!s.ok()) reply.set_version("ERROR: " + s.error_message());
+    return reply;
+  }
+
+  /// Wait until the daemon holds no sessions, tensors or device bytes; return the last
+  /// status seen.
+  v1::StatusReply WaitIdle(std::chrono::milliseconds timeout = std::chrono::seconds(20)) const {
+    auto until = std::chrono::steady_clock::now() + timeout;
+    v1::StatusReply s;
+    do {
+      s = AdminStatus();
+      if (s.sessions_open() == 0 && s.live_tensors() == 0 && s.device_bytes_in_use() == 0 &&
+          s.submits_in_flight() == 0) {
+        return s;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    } while (std::chrono::steady_clock::now() < until);
+    return s;
+  }
+
+ private:
+  std::string dir_;
+  std::string socket_;
+  pid_t pid_ = -1;
+  int exit_status_ = -1;
+  std::vector<std::string> endpoints_;
+};
+
+}  // namespace ferry::testing

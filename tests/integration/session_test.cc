@@ -1,0 +1,278 @@
+// End to end through a real ferryd: sessions, ops checked against CPU references, batching,
+// synchronize, close counters, many concurrent clients on Unix and TCP sockets.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <thread>
+
+#include "ferry/client.h"
+#include "ferryd_process.h"
+
+namespace ferry {
+namespace {
+
+using testing::FerrydProcess;
+
+std::vector<double> RandomVector(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> dist(-1.0, 1.0);
+  std::vector<double> v(n);
+  for (double& x : v) x = dist(rng);
+  return v;
+}
+
+class SessionTest : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override {
+    daemon_ = std::make_unique<FerrydProcess>(std::vector<std::string>{}, /*tcp=*/true);
+    ASSERT_TRUE(daemon_->ok()) << daemon_->log();
+    target_ = GetParam() ? daemon_->tcp_target() : daemon_->unix_target();
+    auto client = Client::connect(target_);
+    ASSERT_TRUE(client.ok()) << client.status().ToString();
+    client_ = std::make_unique<Client>(std::move(*client));
+  }
+  void TearDown() override {
+    if (!daemon_ || !daemon_->ok()) return;
+    // Nothing leaks: every session's memory comes back.
+    auto s = daemon_->WaitIdle();
+    EXPECT_EQ(s.sessions_open(), 0u);
+    EXPECT_EQ(s.live_tensors(), 0u);
+    EXPECT_EQ(s.device_bytes_in_use(), 0u);
+    client_.reset();
+    EXPECT_EQ(daemon_->Stop(), 0) << daemon_->log();
+  }
+
+  std::unique_ptr<FerrydProcess> daemon_;
+  std::string target_;
+  std::unique_ptr<Client> client_;
+};
+
+TEST_P(SessionTest, UploadComputeDownloadMatchesCpuReference) {
+  auto session = client_->open_session();
+  ASSERT_TRUE(session.ok()) << session.status().ToString();
+  const size_t n = 100'003;
+  auto a = RandomVector(n, 1), b = RandomVector(n, 2);
+  Tensor ta = session->create_tensor<double>({static_cast<int64_t>(n)});
+  Tensor tb = session->create_tensor<double>({static_cast<int64_t>(n)});
+  Tensor tc = session->create_tensor<double>({static_cast<int64_t>(n)});
+  Tensor total = session->create_tensor<double>({1});
+  ASSERT_TRUE(session->upload(ta, a).ok());
+  ASSERT_TRUE(session->upload(tb, b).ok());
+  session->mul(ta, tb, tc);    // c = a * b
+  session->axpy(2.0, ta, tc);  // c += 2a
+  session->sub(tc, tb, tc);    // c -= b
+  session->scale(tc, 0.5, tc); // c *= 0.5
+  session->sum(tc, total);
+  auto c = session->download<double>(tc);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  auto sum = session->download<double>(total);
+  ASSERT_TRUE(sum.ok()) << sum.status().ToString();
+  double ref_sum = 0;
+  for (size_t i = 0; i < n; ++i) {
+    double ref = 0.5 * (a[i] * b[i] + 2.0 * a[i] - b[i]);
+    ASSERT_NEAR((*c)[i], ref, 1e-12 * std::max(1.0, std::abs(ref))) << "element " << i;
+    ref_sum += ref;
+  }
+  EXPECT_NEAR((*sum)[0], ref_sum, 1e-9 * n);
+  auto stats = session->close();
+  ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+}
+
+TEST_P(SessionTest, Float32GemmAndDivide) {
+  auto session = client_->open_session();
+  ASSERT_TRUE(session.ok());
+  const int m = 37, k = 19, n = 23;
+  std::vector<float> a(m * k), b(k * n), c0(m * n);
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> dist(-1, 1);
+  for (auto& x : a) x = dist(rng);
+  for (auto& x : b) x = dist(rng);
+  for (auto& x : c0) x = dist(rng);
+  Tensor ta = session->create_tensor<float>({m, k});
+  Tensor tb = session->create_tensor<float>({k, n});
+  Tensor tc = session->create_tensor<float>({m, n});
+  ASSERT_TRUE(session->upload(ta, a).ok());
+  ASSERT_TRUE(session->upload(tb, b).ok());
+  ASSERT_TRUE(session->upload(tc, c0).ok());
+  session->gemm(ta, tb, tc, {.alpha = 2.0, .beta = 0.5});
+  auto c = session->download<float>(tc);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  for (int i = 0; i < m; ++i) {
+    for (int j = 0; j < n; ++j) {
+      double ref = 0.5 * c0[i * n + j];
+      for (int p = 0; p < k; ++p) ref += 2.0 * a[i * k + p] * b[p * n + j];
+      ASSERT_NEAR((*c)[i * n + j], ref, 1e-5 * k) << i << "," << j;
+    }
+  }
+  // Elementwise divide on f32.
+  Tensor ones = session->create_tensor<float>({m, n});
+  Tensor q = session->create_tensor<float>({m, n});
+  session->fill(ones, 4.0);
+  session->div(tc, ones, q);
+  auto qv = session->download<float>(q);
+  ASSERT_TRUE(qv.ok());
+  for (size_t i = 0; i < qv->size(); ++i) ASSERT_FLOAT_EQ((*qv)[i], (*c)[i] / 4.0f);
+  ASSERT_TRUE(session->close().ok());
+}
+
+TEST_P(SessionTest, OneSubmitCreatesComputesAndFrees) {
+  auto session = client_->open_session();
+  ASSERT_TRUE(session.ok());
+  Tensor keep = session->create_tensor<double>({4});
+  {
+    Tensor x = session->create_tensor<double>({4});
+    Tensor y = session->create_tensor<double>({4});
+    session->fill(x, 3.0);
+    session->fill(y, 1.0);
+    session->axpy(2.0, x, y);  // y = 7
+    session->copy(y, keep);
+    session->free(std::move(x));
+  }  // y's destructor records its free into the same batch
+  EXPECT_EQ(session->recorded_ops(), 9u);
+  ASSERT_TRUE(session->submit().ok());
+  EXPECT_EQ(session->recorded_ops(), 0u);
+  ASSERT_TRUE(session->synchronize().ok());
+  auto v = session->download<double>(keep);
+  ASSERT_TRUE(v.ok());
+  EXPECT_EQ(*v, std::vector<double>(4, 7.0));
+  auto stats = session->close();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->tensors_created, 3u);
+}
+
+TEST_P(SessionTest, SynchronizeWaitsForEverySubmitInOrder) {
+  auto session = client_->open_session();
+  ASSERT_TRUE(session.ok());
+  Tensor acc = session->create_tensor<double>({1024});
+  Tensor one = session->create_tensor<double>({1024});
+  session->fill(acc, 0.0);
+  session->fill(one, 1.0);
+  ASSERT_TRUE(session->submit().ok());
+  for (int i = 0; i < 200; ++i) {
+    session->axpy(1.0, one, acc);
+    ASSERT_TRUE(session->submit().ok());
+  }
+  ASSERT_TRUE(session->synchronize().ok());
+  auto v = session->download<double>(acc);
+  ASSERT_TRUE(v.ok());
+  EXPECT_EQ(*v, std::vector<double>(1024, 200.0));
+  ASSERT_TRUE(session->close().ok());
+}
+
+TEST_P(SessionTest, CloseCountersMatchWhatWasDone) {
+  auto session = client_->open_session();
+  ASSERT_TRUE(session.ok());
+  std::vector<float> data(1000, 1.5f);
+  Tensor t = session->create_tensor<float>({1000});
+  Tensor u = session->create_tensor<float>({1000});
+  ASSERT_TRUE(session->upload(t, data).ok());  // submit 1: create t, create u; submit 2: upload
+  session->scale(t, 2.0, u);
+  session->add(t, u, u);
+  auto out = session->download<float>(u);  // submit 3: scale, add; submit 4: download
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ((*out)[999], 4.5f);
+  session->fill(t, 0.0);
+  session->fill(Tensor(), 0.0);  // an invalid handle: this submit fails
+  ASSERT_TRUE(session->submit().ok());
+  Status sync = session->synchronize();
+  EXPECT_EQ(sync.kind(), ErrorKind::kInvalidHandle);
+  EXPECT_EQ(sync.op_index(), 1);
+  auto stats = session->close();  // the destructors' frees go in the final submit
+  ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+  EXPECT_EQ(stats->submits, 5u);
+  EXPECT_EQ(stats->failed_submits, 1u);
+  EXPECT_EQ(stats->ops, 2u + 1u + 2u + 1u);  // the failed submit's ops are not counted
+  EXPECT_EQ(stats->kernel_launches, 2u);
+  EXPECT_EQ(stats->bytes_uploaded, 4000u);
+  EXPECT_EQ(stats->bytes_downloaded, 4000u);
+  EXPECT_EQ(stats->tensors_created, 2u);
+  EXPECT_EQ(stats->peak_device_bytes, 8000u);
+}
+
+TEST_P(SessionTest, WithSessionOpensRunsAndCloses) {
+  std::vector<double> got;
+  Status s = client_->with_session([&](Session& session) -> Status {
+    Tensor t = session.create_tensor<double>({3});
+    session.fill(t, 2.5);
+    return session.download_into(t, got);
+  });
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(got, std::vector<double>(3, 2.5));
+  // A failing body's error comes back, and the session is still closed.
+  Status bad = client_->with_session([&](Session& session) {
+    Tensor t = session.create_tensor<double>({3});
+    return session.upload(t, std::vector<double>(4, 1.0));
+  });
+  EXPECT_EQ(bad.kind(), ErrorKind::kShapeMismatch);
+}
+
+TEST_P(SessionTest, LargeTransfersAreChunked) {
+  auto session = client_->open_session();
+  ASSERT_TRUE(session.ok());
+  const size_t n = (24u << 20) / sizeof(float) + 17;  // 24 MiB and change
+  std::vector<float> data(n);
+  std::iota(data.begin(), data.end(), 0.0f);
+  Tensor t = session->create_tensor<float>({static_cast<int64_t>(n)});
+  ASSERT_TRUE(session->upload(t, data).ok());
+  std::vector<float> back;
+  back.reserve(n);
+  const float* before = back.data();
+  ASSERT_TRUE(session->download_into(t, back).ok());
+  EXPECT_EQ(back.data(), before);  // capacity was reused
+  EXPECT_EQ(back, data);
+  ASSERT_TRUE(session->close().ok());
+}
+
+TEST_P(SessionTest, ManyConcurrentClients) {
+  constexpr int kClients = 40;
+  std::atomic<int> good{0};
+  std::vector<std::thread> threads;
+  for (int c = 0; c < kClients; ++c) {
+    threads.emplace_back([&, c] {
+      // Half share this test's connection, half bring their own.
+      std::optional<Client> own;
+      if (c % 2) {
+        auto cl = Client::connect(target_);
+        if (!cl.ok()) return;
+        own.emplace(std::move(*cl));
+      }
+      Client& client = own ? *own : *client_;
+      auto session = client.open_session();
+      if (!session.ok()) return;
+      const size_t n = 4096 + c;
+      auto x = RandomVector(n, 100 + c);
+      Tensor t = session->create_tensor<double>({static_cast<int64_t>(n)});
+      Tensor s = session->create_tensor<double>({1});
+      if (!session->upload(t, x).ok()) return;
+      for (int round = 0; round < 10; ++round) {
+        session->scale(t, 1.0 + c, t);
+        session->scale(t, 1.0 / (1.0 + c), t);
+        if (!session->submit().ok()) return;
+      }
+      session->sum(t, s);
+      auto got = session->download<double>(t);
+      auto sum = session->download<double>(s);
+      if (!got.ok() || !sum.ok()) return;
+      double ref = std::accumulate(x.begin(), x.end(), 0.0);
+      for (size_t i = 0; i < n; ++i) {
+        if (std::abs((*got)[i] - x[i]) > 1e-12) return;
+      }
+      if (std::abs((*sum)[0] - ref) > 1e-9) return;
+      auto stats = session->close();
+      if (stats.ok() && stats->failed_submits == 0) ++good;
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(good.load(), kClients);
+  auto s = daemon_->AdminStatus();
+  EXPECT_GE(s.sessions_total(), static_cast<uint64_t>(kClients));
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, SessionTest, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "Tcp" : "Unix"; });
+
+}  // namespace
+}  // namespace ferry

@@ -1,0 +1,132 @@
+// Admission: whole-submit validation against the session's tensors and quota.
+#include "session/admission.h"
+
+#include <gtest/gtest.h>
+
+namespace ferry::session {
+namespace {
+
+class AdmissionTest : public ::testing::Test {
+ protected:
+  AdmissionTest() { limits_.device_bytes_quota = 1 << 20; }
+
+  void AddTensor(uint64_t handle, DType dtype, Shape shape) {
+    TensorRecord r;
+    r.dtype = dtype;
+    r.shape = shape;
+    r.ptr = 0x1000 * handle;
+    r.bytes = *TensorBytes(dtype, shape, &r.elements);
+    table_.Insert(handle, r);
+  }
+  Status Admit(std::vector<Op> ops) {
+    SubmitRequest req;
+    req.submit_id = 1;
+    req.ops = std::move(ops);
+    return AdmitSubmit(req, table_, limits_).status();
+  }
+
+  HandleTable table_;
+  AdmissionLimits limits_;
+};
+
+TEST_F(AdmissionTest, CreateUseFreeInOneSubmitIsAdmitted) {
+  EXPECT_TRUE(Admit({CreateTensorOp{1, DType::kF32, {16}}, FillOp{1, 2.0},
+                     ScaleOp{1, 3.0, 1}, DownloadOp{1, 0, 64}, FreeTensorOp{1}})
+                  .ok());
+}
+
+TEST_F(AdmissionTest, HandleZeroIsInvalid) {
+  Status s = Admit({FillOp{0, 1.0}});
+  EXPECT_EQ(s.kind(), ErrorKind::kInvalidHandle);
+  EXPECT_EQ(s.op_index(), 0);
+  EXPECT_EQ(Admit({CreateTensorOp{0, DType::kF32, {1}}}).kind(), ErrorKind::kInvalidHandle);
+}
+
+TEST_F(AdmissionTest, UseAfterFreeInSameSubmitNamesTheOp) {
+  Status s = Admit({CreateTensorOp{1, DType::kF32, {4}}, FreeTensorOp{1}, FillOp{1, 0}});
+  EXPECT_EQ(s.kind(), ErrorKind::kInvalidHandle);
+  EXPECT_EQ(s.op_index(), 2);
+}
+
+TEST_F(AdmissionTest, DuplicateCreateIsRefused) {
+  AddTensor(7, DType::kF32, {4});
+  EXPECT_EQ(Admit({CreateTensorOp{7, DType::kF32, {4}}}).kind(), ErrorKind::kInvalidHandle);
+  // Freed then created again in one submit is fine.
+  EXPECT_TRUE(Admit({FreeTensorOp{7}, CreateTensorOp{7, DType::kF64, {2}}}).ok());
+}
+
+TEST_F(AdmissionTest, DtypeAndShapeMismatches) {
+  AddTensor(1, DType::kF32, {8});
+  AddTensor(2, DType::kF64, {8});
+  AddTensor(3, DType::kF32, {4, 2});
+  AddTensor(4, DType::kI32, {8});
+  EXPECT_EQ(Admit({BinaryOpArgs{backend::BinaryOp::kAdd, 1, 2, 1}}).kind(),
+            ErrorKind::kDtypeMismatch);
+  EXPECT_EQ(Admit({BinaryOpArgs{backend::BinaryOp::kAdd, 1, 3, 1}}).kind(),
+            ErrorKind::kShapeMismatch);
+  EXPECT_EQ(Admit({AxpyOp{1.0, 4, 4}}).kind(), ErrorKind::kDtypeMismatch);
+  EXPECT_EQ(Admit({ReduceSumOp{1, 3}}).kind(), ErrorKind::kShapeMismatch);
+  // Copy only needs equal element counts.
+  EXPECT_TRUE(Admit({CopyOp{1, 3}}).ok());
+  EXPECT_EQ(Admit({CopyOp{1, 2}}).kind(), ErrorKind::kDtypeMismatch);
+}
+
+TEST_F(AdmissionTest, GemmShapesAreChecked) {
+  AddTensor(1, DType::kF32, {2, 3});
+  AddTensor(2, DType::kF32, {3, 4});
+  AddTensor(3, DType::kF32, {2, 4});
+  AddTensor(4, DType::kF32, {4, 3});
+  AddTensor(5, DType::kF32, {24});
+  EXPECT_TRUE(Admit({GemmOp{1, 2, 3}}).ok());
+  EXPECT_TRUE(Admit({GemmOp{1, 4, 3, false, true}}).ok());
+  EXPECT_EQ(Admit({GemmOp{1, 4, 3}}).kind(), ErrorKind::kShapeMismatch);
+  EXPECT_EQ(Admit({GemmOp{1, 2, 5}}).kind(), ErrorKind::kShapeMismatch);
+  EXPECT_EQ(Admit({GemmOp{1, 2, 1}}).kind(), ErrorKind::kInvalidArgument);
+}
+
+TEST_F(AdmissionTest, OffsetsAndLengthsThatOverflowAreOutOfRange) {
+  AddTensor(1, DType::kU8, {100});
+  EXPECT_TRUE(Admit({DownloadOp{1, 0, 100}}).ok());
+  EXPECT_EQ(Admit({DownloadOp{1, 1, 100}}).kind(), ErrorKind::kOutOfRange);
+  EXPECT_EQ(Admit({DownloadOp{1, UINT64_MAX, 2}}).kind(), ErrorKind::kOutOfRange);
+  std::string data(10, 'x');
+  EXPECT_EQ(Admit({UploadOp{1, UINT64_MAX - 5, data}}).kind(), ErrorKind::kOutOfRange);
+  EXPECT_TRUE(Admit({UploadOp{1, 90, data}}).ok());
+}
+
+TEST_F(AdmissionTest, QuotaHoldsAtEveryPointOfTheSubmit) {
+  limits_.device_bytes_quota = 1000;
+  EXPECT_TRUE(Admit({CreateTensorOp{1, DType::kU8, {600}}, FreeTensorOp{1},
+                     CreateTensorOp{2, DType::kU8, {600}}})
+                  .ok());
+  Status s = Admit({CreateTensorOp{1, DType::kU8, {600}}, CreateTensorOp{2, DType::kU8, {600}}});
+  EXPECT_EQ(s.kind(), ErrorKind::kQuotaExceeded);
+  EXPECT_EQ(s.op_index(), 1);
+}
+
+TEST_F(AdmissionTest, HugeAndNegativeShapesAreRefused) {
+  EXPECT_EQ(Admit({CreateTensorOp{1, DType::kF64, {1ll << 40, 1ll << 40}}}).kind(),
+            ErrorKind::kQuotaExceeded);
+  EXPECT_EQ(Admit({CreateTensorOp{1, DType::kF64, {-1}}}).kind(), ErrorKind::kShapeMismatch);
+  EXPECT_EQ(Admit({CreateTensorOp{1, DType::kInvalid, {1}}}).kind(),
+            ErrorKind::kInvalidArgument);
+}
+
+TEST_F(AdmissionTest, MalformedOpIsRefusedWithItsReason) {
+  Status s = Admit({FillOp{0, 0}});
+  Status m = Admit({CreateTensorOp{1, DType::kF32, {1}},
+                    MalformedOp{Status(ErrorKind::kInvalidArgument, "bad kind")}});
+  EXPECT_EQ(m.kind(), ErrorKind::kInvalidArgument);
+  EXPECT_EQ(m.message(), "bad kind");
+  EXPECT_EQ(m.op_index(), 1);
+}
+
+TEST_F(AdmissionTest, OpsPerSubmitLimit) {
+  limits_.max_ops_per_submit = 2;
+  AddTensor(1, DType::kF32, {1});
+  EXPECT_EQ(Admit({FillOp{1, 0}, FillOp{1, 0}, FillOp{1, 0}}).kind(),
+            ErrorKind::kQuotaExceeded);
+}
+
+}  // namespace
+}  // namespace ferry::session
