@@ -1,0 +1,667 @@
+#include "backend/host/host_device.h"
+
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <new>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backend/host/host_kernels.h"
+
+namespace ferry::backend {
+namespace {
+
+constexpr std::align_val_t kAlignment{256};
+
+Status InvalidArgument(std::string message) {
+  return Status(ErrorKind::kInvalidArgument, std::move(message));
+}
+
+Status OutOfDeviceMemory(std::string message) {
+  return Status(ErrorKind::kOutOfDeviceMemory, std::move(message));
+}
+
+void* HostAddress(DevicePtr ptr) { return reinterpret_cast<void*>(static_cast<uintptr_t>(ptr)); }
+
+DevicePtr DeviceAddress(const void* ptr) {
+  return static_cast<DevicePtr>(reinterpret_cast<uintptr_t>(ptr));
+}
+
+bool IsKnownDType(DType dtype) {
+  return dtype == DType::kF32 || dtype == DType::kF64 || dtype == DType::kI32 ||
+         dtype == DType::kU8;
+}
+
+Status CheckArithmeticDType(DType dtype, std::string_view op) {
+  if (dtype == DType::kF32 || dtype == DType::kF64) return Status::Ok();
+  return InvalidArgument(std::string(op) + " takes f32 or f64, not " +
+                         (IsKnownDType(dtype)
+                              ? std::string(DTypeName(dtype))
+                              : "dtype " + std::to_string(static_cast<int>(dtype))));
+}
+
+/// Return count * size of dtype, or INVALID_ARGUMENT when that overflows.
+Result<uint64_t> ByteSize(DType dtype, uint64_t count, std::string_view op) {
+  uint64_t bytes = 0;
+  if (!CheckedMul(count, DTypeSize(dtype), &bytes)) {
+    return InvalidArgument(std::string(op) + ": " + std::to_string(count) +
+                           " elements overflow the address space");
+  }
+  return bytes;
+}
+
+/// Return rows * cols elements of dtype in bytes, or INVALID_ARGUMENT when that overflows.
+Result<uint64_t> MatrixBytes(DType dtype, uint64_t rows, uint64_t cols, std::string_view what) {
+  uint64_t count = 0;
+  if (!CheckedMul(rows, cols, &count)) {
+    return InvalidArgument(std::string(what) + ": " + std::to_string(rows) + " x " +
+                           std::to_string(cols) + " overflows the address space");
+  }
+  return ByteSize(dtype, count, what);
+}
+
+}  // namespace
+
+/// One op as enqueued or recorded: the device ranges it touches (checked at enqueue and at
+/// every replay of a graph) and the closure that does the work on the worker.
+struct HostOp {
+  struct Access {
+    DevicePtr ptr = 0;
+    uint64_t bytes = 0;
+    const char* what = "";
+  };
+
+  void Touch(DevicePtr ptr, uint64_t bytes, const char* what) {
+    accesses[access_count++] = Access{ptr, bytes, what};
+  }
+
+  std::function<Status()> run;
+  std::array<Access, 3> accesses{};
+  size_t access_count = 0;
+};
+
+/// The recorded ops of one capture. Immutable; replayable on any stream of its device.
+class HostGraph final : public Graph {
+ public:
+  HostGraph(const HostDevice* device, std::vector<HostOp> ops)
+      : device_(device), ops_(std::move(ops)) {}
+
+  size_t node_count() const override { return ops_.size(); }
+  const HostDevice* device() const { return device_; }
+  const std::vector<HostOp>& ops() const { return ops_; }
+
+ private:
+  const HostDevice* const device_;
+  const std::vector<HostOp> ops_;
+};
+
+/// A stream of the host backend: a FIFO queue drained by one worker thread.
+///
+/// The owner (one thread at a time, per backend.h) calls the Stream methods; the capture
+/// state is touched by the owner only. The worker owns sticky_. mu_ guards queue_ and
+/// stop_.
+class HostStream final : public Stream {
+ public:
+  explicit HostStream(HostDevice* device)
+      : device_(device), tracker_(std::make_shared<HostDevice::CompletionTracker>()) {
+    worker_ = std::thread([this] { WorkerLoop(); });
+  }
+
+  ~HostStream() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_one();
+    worker_.join();
+    if (!device_->OnCompletionThread()) device_->WaitForCompletions(tracker_);
+  }
+
+  Result<DevicePtr> Allocate(uint64_t bytes) override {
+    if (capturing_) {
+      return InvalidArgument("Allocate during graph capture; allocate before BeginCapture");
+    }
+    return device_->AllocateMemory(bytes);
+  }
+
+  void Free(DevicePtr ptr) override {
+    if (capturing_ && capture_error_.empty()) {
+      capture_error_ = "Free during graph capture (the memory is released, not recorded)";
+    }
+    // A pointer that is not a live allocation of this device has nothing to release.
+    if (!device_->MarkFreePending(ptr)) return;
+    Task task;
+    task.kind = Task::Kind::kFree;
+    task.ptr = ptr;
+    Push(std::move(task));
+  }
+
+  Status CopyHostToDevice(DevicePtr dst, const void* src, uint64_t bytes) override {
+    if (src == nullptr) return InvalidArgument("CopyHostToDevice: null host pointer");
+    HostOp op;
+    op.Touch(dst, bytes, "CopyHostToDevice destination");
+    void* d = HostAddress(dst);
+    op.run = [d, src, bytes] {
+      std::memcpy(d, src, bytes);
+      return Status::Ok();
+    };
+    return Enqueue(std::move(op));
+  }
+
+  Status CopyDeviceToHost(void* dst, DevicePtr src, uint64_t bytes) override {
+    if (dst == nullptr) return InvalidArgument("CopyDeviceToHost: null host pointer");
+    HostOp op;
+    op.Touch(src, bytes, "CopyDeviceToHost source");
+    const void* s = HostAddress(src);
+    op.run = [dst, s, bytes] {
+      std::memcpy(dst, s, bytes);
+      return Status::Ok();
+    };
+    return Enqueue(std::move(op));
+  }
+
+  Status CopyDeviceToDevice(DevicePtr dst, DevicePtr src, uint64_t bytes) override {
+    HostOp op;
+    op.Touch(dst, bytes, "CopyDeviceToDevice destination");
+    op.Touch(src, bytes, "CopyDeviceToDevice source");
+    void* d = HostAddress(dst);
+    const void* s = HostAddress(src);
+    op.run = [d, s, bytes] {
+      std::memmove(d, s, bytes);  // the ranges may overlap
+      return Status::Ok();
+    };
+    return Enqueue(std::move(op));
+  }
+
+  Status Fill(DType dtype, DevicePtr dst, uint64_t count, double value) override {
+    if (!IsKnownDType(dtype)) {
+      return InvalidArgument("Fill: unsupported dtype " + std::to_string(static_cast<int>(dtype)));
+    }
+    if (dtype == DType::kI32 || dtype == DType::kU8) {
+      const double lo = dtype == DType::kI32 ? std::numeric_limits<int32_t>::min() : 0.0;
+      const double hi = dtype == DType::kI32 ? std::numeric_limits<int32_t>::max() : 255.0;
+      if (!std::isfinite(value) || value < lo || value > hi) {
+        return InvalidArgument("Fill: " + std::to_string(value) + " is not representable as " +
+                               std::string(DTypeName(dtype)));
+      }
+    }
+    FERRY_ASSIGN_OR_RETURN(uint64_t bytes, ByteSize(dtype, count, "Fill"));
+    HostOp op;
+    op.Touch(dst, bytes, "Fill destination");
+    void* d = HostAddress(dst);
+    op.run = [dtype, d, count, value] {
+      host_kernels::Fill(dtype, d, count, value);
+      return Status::Ok();
+    };
+    return Enqueue(std::move(op));
+  }
+
+  Status Binary(BinaryOp bop, DType dtype, DevicePtr a, DevicePtr b, DevicePtr out,
+                uint64_t count) override {
+    FERRY_RETURN_IF_ERROR(CheckArithmeticDType(dtype, "Binary"));
+    if (bop != BinaryOp::kAdd && bop != BinaryOp::kSub && bop != BinaryOp::kMul &&
+        bop != BinaryOp::kDiv) {
+      return InvalidArgument("Binary: unknown op " + std::to_string(static_cast<int>(bop)));
+    }
+    FERRY_ASSIGN_OR_RETURN(uint64_t bytes, ByteSize(dtype, count, "Binary"));
+    HostOp op;
+    op.Touch(a, bytes, "Binary operand a");
+    op.Touch(b, bytes, "Binary operand b");
+    op.Touch(out, bytes, "Binary output");
+    const void* pa = HostAddress(a);
+    const void* pb = HostAddress(b);
+    void* po = HostAddress(out);
+    op.run = [bop, dtype, pa, pb, po, count] {
+      host_kernels::Binary(bop, dtype, pa, pb, po, count);
+      return Status::Ok();
+    };
+    return Enqueue(std::move(op));
+  }
+
+  Status Scale(DType dtype, DevicePtr x, double alpha, DevicePtr out, uint64_t count) override {
+    FERRY_RETURN_IF_ERROR(CheckArithmeticDType(dtype, "Scale"));
+    FERRY_ASSIGN_OR_RETURN(uint64_t bytes, ByteSize(dtype, count, "Scale"));
+    HostOp op;
+    op.Touch(x, bytes, "Scale input");
+    op.Touch(out, bytes, "Scale output");
+    const void* px = HostAddress(x);
+    void* po = HostAddress(out);
+    op.run = [dtype, px, alpha, po, count] {
+      host_kernels::Scale(dtype, px, alpha, po, count);
+      return Status::Ok();
+    };
+    return Enqueue(std::move(op));
+  }
+
+  Status Axpy(DType dtype, double alpha, DevicePtr x, DevicePtr y, uint64_t count) override {
+    FERRY_RETURN_IF_ERROR(CheckArithmeticDType(dtype, "Axpy"));
+    FERRY_ASSIGN_OR_RETURN(uint64_t bytes, ByteSize(dtype, count, "Axpy"));
+    HostOp op;
+    op.Touch(x, bytes, "Axpy x");
+    op.Touch(y, bytes, "Axpy y");
+    const void* px = HostAddress(x);
+    void* py = HostAddress(y);
+    op.run = [dtype, alpha, px, py, count] {
+      host_kernels::Axpy(dtype, alpha, px, py, count);
+      return Status::Ok();
+    };
+    return Enqueue(std::move(op));
+  }
+
+  Status ReduceSum(DType dtype, DevicePtr in, uint64_t count, DevicePtr out) override {
+    FERRY_RETURN_IF_ERROR(CheckArithmeticDType(dtype, "ReduceSum"));
+    FERRY_ASSIGN_OR_RETURN(uint64_t bytes, ByteSize(dtype, count, "ReduceSum"));
+    HostOp op;
+    op.Touch(in, bytes, "ReduceSum input");
+    op.Touch(out, DTypeSize(dtype), "ReduceSum output");
+    const void* pi = HostAddress(in);
+    void* po = HostAddress(out);
+    op.run = [dtype, pi, count, po] {
+      host_kernels::ReduceSum(dtype, pi, count, po);
+      return Status::Ok();
+    };
+    return Enqueue(std::move(op));
+  }
+
+  Status Gemm(const GemmArgs& args) override {
+    FERRY_RETURN_IF_ERROR(CheckArithmeticDType(args.dtype, "Gemm"));
+    FERRY_ASSIGN_OR_RETURN(uint64_t a_bytes, MatrixBytes(args.dtype, args.m, args.k, "Gemm A"));
+    FERRY_ASSIGN_OR_RETURN(uint64_t b_bytes, MatrixBytes(args.dtype, args.k, args.n, "Gemm B"));
+    FERRY_ASSIGN_OR_RETURN(uint64_t c_bytes, MatrixBytes(args.dtype, args.m, args.n, "Gemm C"));
+    // With m or n zero nothing is read; with k zero A and B are not read (C = beta * C).
+    const bool empty = args.m == 0 || args.n == 0;
+    HostOp op;
+    op.Touch(args.a, empty ? 0 : a_bytes, "Gemm A");
+    op.Touch(args.b, empty ? 0 : b_bytes, "Gemm B");
+    op.Touch(args.c, c_bytes, "Gemm C");
+    op.run = [args] {
+      host_kernels::Gemm(args);
+      return Status::Ok();
+    };
+    return Enqueue(std::move(op));
+  }
+
+  Status Launch(const Module& /*module*/, std::string_view /*function*/,
+                const LaunchConfig& /*config*/, const std::vector<KernelArg>& /*args*/) override {
+    return Status(ErrorKind::kUnsupported, "raw kernels need the CUDA backend");
+  }
+
+  Status BeginCapture() override {
+    if (capturing_) return InvalidArgument("BeginCapture: the stream is already capturing");
+    capturing_ = true;
+    captured_.clear();
+    capture_error_.clear();
+    return Status::Ok();
+  }
+
+  Result<std::unique_ptr<Graph>> EndCapture() override {
+    if (!capturing_) return InvalidArgument("EndCapture without BeginCapture");
+    capturing_ = false;
+    std::vector<HostOp> ops = std::move(captured_);
+    captured_.clear();
+    if (!capture_error_.empty()) {
+      std::string why = std::move(capture_error_);
+      capture_error_.clear();
+      return InvalidArgument("graph capture invalidated: " + why);
+    }
+    return std::unique_ptr<Graph>(std::make_unique<HostGraph>(device_, std::move(ops)));
+  }
+
+  Status LaunchGraph(const Graph& graph) override {
+    const auto* host_graph = dynamic_cast<const HostGraph*>(&graph);
+    if (host_graph == nullptr || host_graph->device() != device_) {
+      return InvalidArgument("LaunchGraph: the graph was not captured on this device");
+    }
+    // Memory may have been freed since the capture: check everything before enqueueing any.
+    for (const HostOp& op : host_graph->ops()) FERRY_RETURN_IF_ERROR(CheckAccesses(op));
+    if (capturing_) {
+      captured_.insert(captured_.end(), host_graph->ops().begin(), host_graph->ops().end());
+      return Status::Ok();
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const HostOp& op : host_graph->ops()) {
+        Task task;
+        task.kind = Task::Kind::kRun;
+        task.run = op.run;
+        queue_.push_back(std::move(task));
+      }
+    }
+    cv_.notify_one();
+    return Status::Ok();
+  }
+
+  void OnComplete(CompletionFn done) override {
+    Task task;
+    task.kind = Task::Kind::kComplete;
+    task.done = std::move(done);
+    if (capturing_) {
+      task.status_override = InvalidArgument(
+          "OnComplete during graph capture is not recorded; call it after "
+          "EndCapture");
+    }
+    device_->AddPendingCompletion(tracker_);
+    Push(std::move(task));
+  }
+
+  uint64_t busy_ns() const override { return busy_ns_.load(std::memory_order_relaxed); }
+
+ private:
+  struct Task {
+    enum class Kind { kRun, kFree, kComplete } kind = Kind::kRun;
+    std::function<Status()> run;  // kRun
+    DevicePtr ptr = 0;            // kFree
+    CompletionFn done;            // kComplete
+    Status status_override;       // kComplete: reported instead, when not OK
+  };
+
+  Status CheckAccesses(const HostOp& op) const {
+    for (size_t i = 0; i < op.access_count; ++i) {
+      const HostOp::Access& access = op.accesses[i];
+      FERRY_RETURN_IF_ERROR(device_->CheckRange(access.ptr, access.bytes, access.what));
+    }
+    return Status::Ok();
+  }
+
+  /// Check `op` and record it (while capturing) or queue it for the worker.
+  Status Enqueue(HostOp op) {
+    FERRY_RETURN_IF_ERROR(CheckAccesses(op));
+    if (capturing_) {
+      captured_.push_back(std::move(op));
+      return Status::Ok();
+    }
+    Task task;
+    task.kind = Task::Kind::kRun;
+    task.run = std::move(op.run);
+    Push(std::move(task));
+    return Status::Ok();
+  }
+
+  void Push(Task task) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(std::move(task));
+    }
+    cv_.notify_one();
+  }
+
+  void WorkerLoop() {
+    std::deque<Task> batch;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stopping, and everything enqueued has run
+        batch.swap(queue_);
+      }
+      for (Task& task : batch) RunTask(task);
+      batch.clear();
+    }
+  }
+
+  void RunTask(Task& task) {
+    switch (task.kind) {
+      case Task::Kind::kFree:
+        // Released even after a fault, so a faulted stream leaks nothing.
+        device_->ReleaseMemory(task.ptr);
+        return;
+      case Task::Kind::kComplete:
+        device_->PostCompletion(HostDevice::PendingCompletion{
+            std::move(task.done), task.status_override.ok() ? sticky_ : task.status_override,
+            tracker_});
+        return;
+      case Task::Kind::kRun:
+        break;
+    }
+    if (!sticky_.ok()) return;  // a run-time error earlier on this stream: skip
+    const auto start = std::chrono::steady_clock::now();
+    const auto delay = device_->op_delay();
+    if (delay.count() > 0) std::this_thread::sleep_for(delay);
+    if (std::optional<Status> fault = device_->TakeInjectedFault()) {
+      sticky_ = std::move(*fault);
+    } else {
+      Status status = task.run();
+      if (!status.ok()) sticky_ = std::move(status);
+    }
+    const auto elapsed = std::chrono::steady_clock::now() - start;
+    busy_ns_.fetch_add(static_cast<uint64_t>(
+                           std::chrono::duration_cast<std::chrono::nanoseconds>(elapsed).count()),
+                       std::memory_order_relaxed);
+  }
+
+  HostDevice* const device_;
+  const std::shared_ptr<HostDevice::CompletionTracker> tracker_;
+
+  // Owner-only capture state.
+  bool capturing_ = false;
+  std::vector<HostOp> captured_;
+  std::string capture_error_;  // why EndCapture must fail; empty while the capture is valid
+
+  std::mutex mu_;               // guards queue_ and stop_
+  std::condition_variable cv_;  // queue_ grew or stop_ was set
+  std::deque<Task> queue_;
+  bool stop_ = false;
+
+  Status sticky_;  // worker-only: the first run-time error
+  std::atomic<uint64_t> busy_ns_{0};
+  std::thread worker_;  // started last in the constructor
+};
+
+// --- HostDevice ----------------------------------------------------------------------------
+
+Result<std::unique_ptr<HostDevice>> HostDevice::Create(const HostDeviceOptions& options) {
+  if (options.memory_bytes == 0) {
+    return InvalidArgument("host device: memory_bytes must be positive");
+  }
+  if (options.ordinal < 0) return InvalidArgument("host device: negative ordinal");
+  return std::unique_ptr<HostDevice>(new HostDevice(options));
+}
+
+Result<std::unique_ptr<Device>> CreateHostDevice(const HostDeviceOptions& options) {
+  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<HostDevice> device, HostDevice::Create(options));
+  return std::unique_ptr<Device>(std::move(device));
+}
+
+HostDevice::HostDevice(const HostDeviceOptions& options) : options_(options) {
+  info_.backend = "host";
+  info_.ordinal = options.ordinal;
+  info_.name = "ferry host emulation (CPU)";
+  info_.uuid = "HOST-" + std::to_string(options.ordinal);
+  info_.driver_version = "none";
+  info_.total_memory = options.memory_bytes;
+  completion_thread_ = std::thread([this] { CompletionLoop(); });
+}
+
+HostDevice::~HostDevice() {
+  {
+    std::lock_guard<std::mutex> lock(completion_mu_);
+    completion_stop_ = true;
+  }
+  completion_cv_.notify_all();
+  completion_thread_.join();
+  // Memory a caller allocated and never freed.
+  for (const auto& [base, allocation] : allocations_) {
+    ::operator delete(HostAddress(base), kAlignment);
+  }
+}
+
+Result<std::unique_ptr<Stream>> HostDevice::CreateStream() {
+  return std::unique_ptr<Stream>(std::make_unique<HostStream>(this));
+}
+
+Status HostDevice::RegisterHostMemory(void* ptr, uint64_t bytes) {
+  if (ptr == nullptr || bytes == 0) {
+    return InvalidArgument("RegisterHostMemory: null pointer or zero length");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!registered_.emplace(ptr, bytes).second) {
+    return InvalidArgument("RegisterHostMemory: the range is already registered");
+  }
+  return Status::Ok();
+}
+
+Status HostDevice::UnregisterHostMemory(void* ptr) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (ptr == nullptr || registered_.erase(ptr) == 0) {
+    return InvalidArgument("UnregisterHostMemory: the pointer was not registered");
+  }
+  return Status::Ok();
+}
+
+size_t HostDevice::registered_host_ranges_for_test() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return registered_.size();
+}
+
+Result<std::shared_ptr<Module>> HostDevice::LoadModule(ModuleFormat /*format*/,
+                                                       std::string_view /*image*/) {
+  return Status(ErrorKind::kUnsupported, "raw kernels need the CUDA backend");
+}
+
+uint64_t HostDevice::bytes_in_use() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return bytes_in_use_;
+}
+
+uint64_t HostDevice::free_memory() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return options_.memory_bytes - bytes_in_use_;
+}
+
+void HostDevice::InjectFaultForTest(uint64_t after_ops, Status fault) {
+  std::lock_guard<std::mutex> lock(mu_);
+  fault_countdown_ = after_ops;
+  injected_fault_ = std::move(fault);
+  fault_armed_.store(true, std::memory_order_release);
+}
+
+void HostDevice::FailNextAllocationForTest() {
+  std::lock_guard<std::mutex> lock(mu_);
+  fail_next_allocation_ = true;
+}
+
+void HostDevice::SetOpDelayForTest(std::chrono::microseconds delay) {
+  op_delay_us_.store(delay.count(), std::memory_order_relaxed);
+}
+
+Result<DevicePtr> HostDevice::AllocateMemory(uint64_t bytes) {
+  if (bytes == 0) return InvalidArgument("Allocate: bytes must be positive");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (fail_next_allocation_) {
+      fail_next_allocation_ = false;
+      return OutOfDeviceMemory("Allocate: injected failure (FailNextAllocationForTest)");
+    }
+    if (bytes > options_.memory_bytes - bytes_in_use_) {
+      return OutOfDeviceMemory("Allocate: " + std::to_string(bytes) + " bytes requested, " +
+                               std::to_string(options_.memory_bytes - bytes_in_use_) + " of " +
+                               std::to_string(options_.memory_bytes) + " free");
+    }
+    bytes_in_use_ += bytes;  // reserved; the host allocation below may still fail
+  }
+  void* memory = ::operator new(static_cast<size_t>(bytes), kAlignment, std::nothrow);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (memory == nullptr) {
+    bytes_in_use_ -= bytes;
+    return OutOfDeviceMemory("Allocate: the host could not provide " + std::to_string(bytes) +
+                             " bytes");
+  }
+  const DevicePtr ptr = DeviceAddress(memory);
+  allocations_.emplace(ptr, Allocation{bytes, false});
+  return ptr;
+}
+
+bool HostDevice::MarkFreePending(DevicePtr ptr) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = allocations_.find(ptr);
+  if (it == allocations_.end() || it->second.free_pending) return false;
+  it->second.free_pending = true;
+  return true;
+}
+
+void HostDevice::ReleaseMemory(DevicePtr ptr) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = allocations_.find(ptr);
+    if (it == allocations_.end()) return;
+    bytes_in_use_ -= it->second.bytes;
+    allocations_.erase(it);
+  }
+  ::operator delete(HostAddress(ptr), kAlignment);
+}
+
+Status HostDevice::CheckRange(DevicePtr ptr, uint64_t bytes, std::string_view what) const {
+  if (ptr == 0) return InvalidArgument(std::string(what) + ": null device pointer");
+  if (bytes == 0) return Status::Ok();
+  uint64_t end = 0;
+  const bool fits = CheckedAdd(ptr, bytes, &end);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = allocations_.upper_bound(ptr);
+  if (fits && it != allocations_.begin()) {
+    --it;
+    if (end <= it->first + it->second.bytes) {
+      if (!it->second.free_pending) return Status::Ok();
+      return Status(ErrorKind::kOutOfRange, std::string(what) + ": the memory was freed");
+    }
+  }
+  return Status(ErrorKind::kOutOfRange, std::string(what) + ": " + std::to_string(bytes) +
+                                            " bytes are not inside one allocation");
+}
+
+std::optional<Status> HostDevice::TakeInjectedFault() {
+  if (!fault_armed_.load(std::memory_order_acquire)) return std::nullopt;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!injected_fault_.has_value()) return std::nullopt;
+  if (fault_countdown_ > 0) {
+    --fault_countdown_;
+    return std::nullopt;
+  }
+  std::optional<Status> fault = std::move(injected_fault_);
+  injected_fault_.reset();
+  fault_armed_.store(false, std::memory_order_relaxed);
+  return fault;
+}
+
+void HostDevice::AddPendingCompletion(const std::shared_ptr<CompletionTracker>& tracker) {
+  std::lock_guard<std::mutex> lock(completion_mu_);
+  ++tracker->pending;
+}
+
+void HostDevice::PostCompletion(PendingCompletion completion) {
+  {
+    std::lock_guard<std::mutex> lock(completion_mu_);
+    completions_.push_back(std::move(completion));
+  }
+  completion_cv_.notify_one();
+}
+
+void HostDevice::WaitForCompletions(const std::shared_ptr<CompletionTracker>& tracker) {
+  std::unique_lock<std::mutex> lock(completion_mu_);
+  delivered_cv_.wait(lock, [&tracker] { return tracker->pending == 0; });
+}
+
+bool HostDevice::OnCompletionThread() const {
+  return std::this_thread::get_id() == completion_thread_.get_id();
+}
+
+void HostDevice::CompletionLoop() {
+  std::unique_lock<std::mutex> lock(completion_mu_);
+  for (;;) {
+    completion_cv_.wait(lock, [this] { return completion_stop_ || !completions_.empty(); });
+    if (completions_.empty()) return;  // stopping, and everything posted was delivered
+    PendingCompletion completion = std::move(completions_.front());
+    completions_.pop_front();
+    lock.unlock();
+    if (completion.fn) completion.fn(std::move(completion.status));
+    completion.fn = nullptr;  // destroy the callback's state outside the lock
+    lock.lock();
+    --completion.tracker->pending;
+    delivered_cv_.notify_all();
+  }
+}
+
+}  // namespace ferry::backend

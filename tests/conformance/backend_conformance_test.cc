@@ -1,0 +1,781 @@
+// The backend conformance suite: the contract of server/backend/backend.h, checked through
+// the Device and Stream interfaces only, against every backend ("host", "cuda"). The CUDA
+// run is skipped, with the reason printed, where no CUDA device is visible.
+//
+// Numeric checks compare against references computed here in long double on random inputs.
+// Bounds: elementwise ops within a few units in the last place (relative 1e-6 for f32,
+// 1e-15 for f64, against max(|ref|, 1) with inputs of magnitude about 1); ReduceSum within
+// 4 * eps * (log2(n) + 2) * sum|x| plus one rounding of the result; GEMM within
+// (k + 4) * eps * (|alpha| * sum_p |a_ip * b_pj| + |beta * c_ij|) per element.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <future>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "backend/backend.h"
+
+namespace ferry::backend {
+namespace {
+
+constexpr auto kSyncTimeout = std::chrono::seconds(120);
+
+/// Wait for everything enqueued on `stream` so far; return the completion's status.
+Status Sync(Stream& stream) {
+  auto promise = std::make_shared<std::promise<Status>>();
+  std::future<Status> future = promise->get_future();
+  stream.OnComplete([promise](Status status) { promise->set_value(std::move(status)); });
+  if (future.wait_for(kSyncTimeout) != std::future_status::ready) {
+    ADD_FAILURE() << "OnComplete was not called within the timeout";
+    std::abort();  // the callback still references the stream's work; nothing safe is left
+  }
+  return future.get();
+}
+
+/// Device memory freed (stream-ordered) on the owning stream when it goes out of scope.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(Stream* stream, DevicePtr ptr) : stream_(stream), ptr_(ptr) {}
+  DeviceBuffer(DeviceBuffer&& other) noexcept
+      : stream_(other.stream_), ptr_(std::exchange(other.ptr_, 0)) {}
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
+    Reset();
+    stream_ = other.stream_;
+    ptr_ = std::exchange(other.ptr_, 0);
+    return *this;
+  }
+  ~DeviceBuffer() { Reset(); }
+
+  DevicePtr ptr() const { return ptr_; }
+  DevicePtr at(uint64_t byte_offset) const { return ptr_ + byte_offset; }
+
+ private:
+  void Reset() {
+    if (ptr_ != 0) stream_->Free(ptr_);
+    ptr_ = 0;
+  }
+  Stream* stream_ = nullptr;
+  DevicePtr ptr_ = 0;
+};
+
+DeviceBuffer MustAllocate(Stream& stream, uint64_t bytes) {
+  Result<DevicePtr> ptr = stream.Allocate(bytes);
+  EXPECT_TRUE(ptr.ok()) << ptr.status().ToString();
+  return ptr.ok() ? DeviceBuffer(&stream, *ptr) : DeviceBuffer();
+}
+
+/// Allocate room for `count` elements of T (at least one, so the pointer is never null).
+template <typename T>
+DeviceBuffer AllocateElements(Stream& stream, uint64_t count) {
+  return MustAllocate(stream, std::max<uint64_t>(count, 1) * sizeof(T));
+}
+
+template <typename T>
+void Upload(Stream& stream, const DeviceBuffer& dst, const std::vector<T>& src) {
+  if (src.empty()) return;  // data() may be null
+  ASSERT_TRUE(stream.CopyHostToDevice(dst.ptr(), src.data(), src.size() * sizeof(T)).ok());
+  ASSERT_TRUE(Sync(stream).ok());  // src must stay valid until the copy's completion
+}
+
+template <typename T>
+std::vector<T> Download(Stream& stream, DevicePtr src, uint64_t count) {
+  std::vector<T> out(std::max<uint64_t>(count, 1));
+  Status status = stream.CopyDeviceToHost(out.data(), src, count * sizeof(T));
+  EXPECT_TRUE(status.ok()) << status.ToString();
+  status = Sync(stream);
+  EXPECT_TRUE(status.ok()) << status.ToString();
+  out.resize(count);
+  return out;
+}
+
+template <typename T>
+std::vector<T> RandomVector(std::mt19937_64& rng, uint64_t count, double lo, double hi) {
+  std::uniform_real_distribution<double> dist(lo, hi);
+  std::vector<T> out(count);
+  for (T& v : out) v = static_cast<T>(dist(rng));
+  return out;
+}
+
+/// Divisors: magnitude in [0.5, 2], random sign.
+template <typename T>
+std::vector<T> RandomDivisors(std::mt19937_64& rng, uint64_t count) {
+  std::vector<T> out = RandomVector<T>(rng, count, 0.5, 2.0);
+  std::bernoulli_distribution negative(0.5);
+  for (T& v : out) v = negative(rng) ? -v : v;
+  return out;
+}
+
+template <typename T>
+constexpr DType kDType = DTypeOf<T>();
+
+template <typename T>
+double ElementwiseTolerance() {
+  return std::is_same_v<T, float> ? 1e-6 : 1e-15;
+}
+
+/// Check got[i] against ref[i] with a relative bound against max(|ref|, 1).
+template <typename T>
+void ExpectNear(const std::vector<T>& got, const std::vector<long double>& ref, double rel,
+                const std::string& what) {
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  size_t failures = 0;
+  for (size_t i = 0; i < got.size() && failures < 5; ++i) {
+    const long double bound = rel * std::max<long double>(std::fabs(ref[i]), 1.0L);
+    if (!(std::fabs(static_cast<long double>(got[i]) - ref[i]) <= bound)) {
+      ++failures;
+      ADD_FAILURE() << what << ": element " << i << " is " << got[i] << ", expected "
+                    << static_cast<double>(ref[i]) << " (bound " << static_cast<double>(bound)
+                    << ")";
+    }
+  }
+}
+
+class BackendConformanceTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == "host") {
+      HostDeviceOptions options;
+      options.memory_bytes = 1ull << 30;
+      Result<std::unique_ptr<Device>> device = CreateHostDevice(options);
+      ASSERT_TRUE(device.ok()) << device.status().ToString();
+      device_ = std::move(device).value();
+    } else {
+      if (CudaDeviceCount() == 0) {
+        Result<std::unique_ptr<Device>> attempt = CreateCudaDevice(0);
+        GTEST_SKIP() << "no CUDA device visible: CudaDeviceCount() is 0"
+                     << (attempt.ok() ? std::string() : " (" + attempt.status().ToString() + ")");
+      }
+      Result<std::unique_ptr<Device>> device = CreateCudaDevice(0);
+      ASSERT_TRUE(device.ok()) << device.status().ToString();
+      device_ = std::move(device).value();
+    }
+    Result<std::unique_ptr<Stream>> stream = device_->CreateStream();
+    ASSERT_TRUE(stream.ok()) << stream.status().ToString();
+    stream_ = std::move(stream).value();
+  }
+
+  void TearDown() override {
+    stream_.reset();  // waits for its work, so memory it frees is released before the device
+    device_.reset();
+  }
+
+  Stream& stream() { return *stream_; }
+  Device& device() { return *device_; }
+
+  template <typename T>
+  void CheckElementwise(uint64_t count, uint64_t seed);
+  template <typename T>
+  void CheckReduceSum(uint64_t count, uint64_t seed);
+  template <typename T>
+  void CheckGemm(bool trans_a, bool trans_b, uint64_t m, uint64_t n, uint64_t k, double alpha,
+                 double beta, uint64_t seed);
+
+  std::unique_ptr<Device> device_;
+  std::unique_ptr<Stream> stream_;
+};
+
+const std::vector<uint64_t> kSizes = {0, 1, 7, 255, 256, 257, 1000, 4099, 1u << 20};
+
+TEST_P(BackendConformanceTest, InfoDescribesTheDevice) {
+  const DeviceInfo& info = device().info();
+  EXPECT_EQ(info.backend, GetParam());
+  EXPECT_GT(info.total_memory, 0u);
+  EXPECT_FALSE(info.name.empty());
+  EXPECT_LE(device().free_memory(), info.total_memory);
+}
+
+TEST_P(BackendConformanceTest, FifoFillCopyDownload) {
+  constexpr uint64_t kCount = 100003;
+  DeviceBuffer a = AllocateElements<float>(stream(), kCount);
+  DeviceBuffer b = AllocateElements<float>(stream(), kCount);
+  // No synchronization between the steps: FIFO order alone makes the result right.
+  ASSERT_TRUE(stream().Fill(DType::kF32, a.ptr(), kCount, 3.5).ok());
+  ASSERT_TRUE(stream().CopyDeviceToDevice(b.ptr(), a.ptr(), kCount * sizeof(float)).ok());
+  ASSERT_TRUE(stream().Fill(DType::kF32, a.ptr(), kCount, -1.0).ok());
+  std::vector<float> host_b(kCount, 0.0f), host_a(kCount, 0.0f);
+  ASSERT_TRUE(stream().CopyDeviceToHost(host_b.data(), b.ptr(), kCount * sizeof(float)).ok());
+  ASSERT_TRUE(stream().CopyDeviceToHost(host_a.data(), a.ptr(), kCount * sizeof(float)).ok());
+  ASSERT_TRUE(Sync(stream()).ok());
+  EXPECT_EQ(std::count(host_b.begin(), host_b.end(), 3.5f), static_cast<long>(kCount));
+  EXPECT_EQ(std::count(host_a.begin(), host_a.end(), -1.0f), static_cast<long>(kCount));
+}
+
+TEST_P(BackendConformanceTest, FillEveryDType) {
+  constexpr uint64_t kCount = 1001;
+  DeviceBuffer buf = MustAllocate(stream(), kCount * 8);
+  ASSERT_TRUE(stream().Fill(DType::kF64, buf.ptr(), kCount, -2.25).ok());
+  for (double v : Download<double>(stream(), buf.ptr(), kCount)) ASSERT_EQ(v, -2.25);
+  ASSERT_TRUE(stream().Fill(DType::kI32, buf.ptr(), kCount, -123456).ok());
+  for (int32_t v : Download<int32_t>(stream(), buf.ptr(), kCount)) ASSERT_EQ(v, -123456);
+  ASSERT_TRUE(stream().Fill(DType::kU8, buf.ptr(), kCount, 200).ok());
+  for (uint8_t v : Download<uint8_t>(stream(), buf.ptr(), kCount)) ASSERT_EQ(v, 200);
+  // Count 0 touches nothing.
+  ASSERT_TRUE(stream().Fill(DType::kU8, buf.ptr(), 0, 7).ok());
+  EXPECT_EQ(Download<uint8_t>(stream(), buf.ptr(), 1)[0], 200);
+}
+
+TEST_P(BackendConformanceTest, CopiesAtOffsetsAndSizes) {
+  std::mt19937_64 rng(7);
+  for (uint64_t bytes : {uint64_t{1}, uint64_t{3}, uint64_t{255}, uint64_t{257}, uint64_t{65537},
+                         uint64_t{4} << 20}) {
+    std::vector<uint8_t> src(bytes);
+    for (uint8_t& v : src) v = static_cast<uint8_t>(rng());
+    DeviceBuffer a = MustAllocate(stream(), bytes + 64);
+    DeviceBuffer b = MustAllocate(stream(), bytes + 64);
+    ASSERT_TRUE(stream().CopyHostToDevice(a.at(3), src.data(), bytes).ok());
+    ASSERT_TRUE(stream().CopyDeviceToDevice(b.at(17), a.at(3), bytes).ok());
+    std::vector<uint8_t> out(bytes, 0);
+    ASSERT_TRUE(stream().CopyDeviceToHost(out.data(), b.at(17), bytes).ok());
+    ASSERT_TRUE(Sync(stream()).ok());
+    EXPECT_EQ(out, src) << bytes << " bytes";
+  }
+}
+
+TEST_P(BackendConformanceTest, ZeroByteCopiesSucceed) {
+  DeviceBuffer a = MustAllocate(stream(), 16);
+  uint8_t host = 9;
+  EXPECT_TRUE(stream().CopyHostToDevice(a.ptr(), &host, 0).ok());
+  EXPECT_TRUE(stream().CopyDeviceToHost(&host, a.ptr(), 0).ok());
+  EXPECT_TRUE(stream().CopyDeviceToDevice(a.ptr(), a.ptr(), 0).ok());
+  EXPECT_TRUE(Sync(stream()).ok());
+  EXPECT_EQ(host, 9);
+}
+
+TEST_P(BackendConformanceTest, OnCompleteComesAfterTheWork) {
+  constexpr uint64_t kCount = 1u << 22;
+  DeviceBuffer buf = AllocateElements<float>(stream(), kCount);
+  std::vector<float> host(kCount, 0.0f);
+  ASSERT_TRUE(stream().Fill(DType::kF32, buf.ptr(), kCount, 1.5).ok());
+  ASSERT_TRUE(stream().CopyDeviceToHost(host.data(), buf.ptr(), kCount * sizeof(float)).ok());
+  auto promise = std::make_shared<std::promise<std::pair<bool, std::thread::id>>>();
+  auto future = promise->get_future();
+  const std::thread::id caller = std::this_thread::get_id();
+  stream().OnComplete([promise, &host](Status status) {
+    // The download is complete when the callback runs.
+    const bool all =
+        status.ok() && std::all_of(host.begin(), host.end(), [](float v) { return v == 1.5f; });
+    promise->set_value({all, std::this_thread::get_id()});
+  });
+  ASSERT_EQ(future.wait_for(kSyncTimeout), std::future_status::ready);
+  auto [all_done, thread] = future.get();
+  EXPECT_TRUE(all_done);
+  EXPECT_NE(thread, caller) << "callbacks run on a backend-owned thread";
+}
+
+TEST_P(BackendConformanceTest, CompletionsExactlyOnceInOrder) {
+  constexpr int kCompletions = 2000;
+  DeviceBuffer buf = AllocateElements<float>(stream(), 1024);
+  std::mutex mu;
+  std::vector<int> order;  // guarded by mu
+  const std::thread::id self = std::this_thread::get_id();
+  for (int i = 0; i < kCompletions; ++i) {
+    if (i % 3 == 0) {
+      ASSERT_TRUE(stream().Fill(DType::kF32, buf.ptr(), 1024, i).ok());
+    }
+    stream().OnComplete([i, &mu, &order, self](Status status) {
+      EXPECT_TRUE(status.ok()) << status.ToString();
+      EXPECT_NE(std::this_thread::get_id(), self);
+      std::lock_guard<std::mutex> lock(mu);
+      order.push_back(i);
+    });
+  }
+  ASSERT_TRUE(Sync(stream()).ok());
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_EQ(order.size(), static_cast<size_t>(kCompletions));
+  for (int i = 0; i < kCompletions; ++i) ASSERT_EQ(order[i], i);
+}
+
+template <typename T>
+void BackendConformanceTest::CheckElementwise(uint64_t count, uint64_t seed) {
+  SCOPED_TRACE(std::string(DTypeName(kDType<T>)) + " count " + std::to_string(count));
+  std::mt19937_64 rng(seed);
+  const std::vector<T> a = RandomVector<T>(rng, count, -4.0, 4.0);
+  const std::vector<T> b = RandomDivisors<T>(rng, count);
+  DeviceBuffer da = AllocateElements<T>(stream(), count);
+  DeviceBuffer db = AllocateElements<T>(stream(), count);
+  DeviceBuffer dout = AllocateElements<T>(stream(), count);
+  Upload(stream(), da, a);
+  Upload(stream(), db, b);
+  const double rel = ElementwiseTolerance<T>();
+  const DType dt = kDType<T>;
+
+  struct Case {
+    BinaryOp op;
+    const char* name;
+  };
+  for (Case c : {Case{BinaryOp::kAdd, "add"}, Case{BinaryOp::kSub, "sub"},
+                 Case{BinaryOp::kMul, "mul"}, Case{BinaryOp::kDiv, "div"}}) {
+    ASSERT_TRUE(stream().Binary(c.op, dt, da.ptr(), db.ptr(), dout.ptr(), count).ok());
+    std::vector<long double> ref(count);
+    for (uint64_t i = 0; i < count; ++i) {
+      const long double x = a[i], y = b[i];
+      switch (c.op) {
+        case BinaryOp::kAdd:
+          ref[i] = x + y;
+          break;
+        case BinaryOp::kSub:
+          ref[i] = x - y;
+          break;
+        case BinaryOp::kMul:
+          ref[i] = x * y;
+          break;
+        case BinaryOp::kDiv:
+          ref[i] = x / y;
+          break;
+      }
+    }
+    ExpectNear(Download<T>(stream(), dout.ptr(), count), ref, rel, c.name);
+  }
+
+  // Scale, and Scale in place (out aliases x).
+  ASSERT_TRUE(stream().Scale(dt, da.ptr(), -1.75, dout.ptr(), count).ok());
+  std::vector<long double> ref(count);
+  for (uint64_t i = 0; i < count; ++i) ref[i] = -1.75L * a[i];
+  ExpectNear(Download<T>(stream(), dout.ptr(), count), ref, rel, "scale");
+  ASSERT_TRUE(stream().Scale(dt, dout.ptr(), 0.5, dout.ptr(), count).ok());
+  for (uint64_t i = 0; i < count; ++i) ref[i] *= 0.5L;
+  ExpectNear(Download<T>(stream(), dout.ptr(), count), ref, rel, "scale in place");
+
+  // Axpy: dout = b; dout += 0.3 * a.
+  ASSERT_TRUE(stream().CopyDeviceToDevice(dout.ptr(), db.ptr(), count * sizeof(T)).ok());
+  ASSERT_TRUE(stream().Axpy(dt, 0.3, da.ptr(), dout.ptr(), count).ok());
+  for (uint64_t i = 0; i < count; ++i) {
+    ref[i] = static_cast<long double>(b[i]) + static_cast<long double>(static_cast<T>(0.3)) * a[i];
+  }
+  ExpectNear(Download<T>(stream(), dout.ptr(), count), ref, rel, "axpy");
+
+  // Binary with out aliasing a: a = a * b.
+  ASSERT_TRUE(stream().Binary(BinaryOp::kMul, dt, da.ptr(), db.ptr(), da.ptr(), count).ok());
+  for (uint64_t i = 0; i < count; ++i) ref[i] = static_cast<long double>(a[i]) * b[i];
+  ExpectNear(Download<T>(stream(), da.ptr(), count), ref, rel, "mul in place");
+}
+
+TEST_P(BackendConformanceTest, ElementwiseOpsF32) {
+  for (uint64_t count : kSizes) CheckElementwise<float>(count, 100 + count);
+}
+
+TEST_P(BackendConformanceTest, ElementwiseOpsF64) {
+  for (uint64_t count : kSizes) CheckElementwise<double>(count, 200 + count);
+}
+
+template <typename T>
+void BackendConformanceTest::CheckReduceSum(uint64_t count, uint64_t seed) {
+  SCOPED_TRACE(std::string(DTypeName(kDType<T>)) + " count " + std::to_string(count));
+  std::mt19937_64 rng(seed);
+  // An offset so the sum does not cancel to nothing.
+  const std::vector<T> x = RandomVector<T>(rng, count, -1.0, 1.5);
+  DeviceBuffer dx = AllocateElements<T>(stream(), count);
+  DeviceBuffer dsum = AllocateElements<T>(stream(), 1);
+  Upload(stream(), dx, x);
+  ASSERT_TRUE(stream().Fill(kDType<T>, dsum.ptr(), 1, 12345.0).ok());
+  ASSERT_TRUE(stream().ReduceSum(kDType<T>, dx.ptr(), count, dsum.ptr()).ok());
+  const T got = Download<T>(stream(), dsum.ptr(), 1)[0];
+  long double ref = 0, abs_sum = 0;
+  for (T v : x) {
+    ref += v;
+    abs_sum += std::fabs(static_cast<long double>(v));
+  }
+  const long double eps = std::numeric_limits<T>::epsilon();
+  const long double bound =
+      4 * eps * (std::log2(static_cast<long double>(count) + 1) + 2) * abs_sum +
+      eps * std::fabs(ref);
+  EXPECT_LE(std::fabs(static_cast<long double>(got) - ref), bound)
+      << "got " << got << ", expected " << static_cast<double>(ref);
+}
+
+TEST_P(BackendConformanceTest, ReduceSumF32) {
+  for (uint64_t count : kSizes) CheckReduceSum<float>(count, 300 + count);
+}
+
+TEST_P(BackendConformanceTest, ReduceSumF64) {
+  for (uint64_t count : kSizes) CheckReduceSum<double>(count, 400 + count);
+}
+
+template <typename T>
+void BackendConformanceTest::CheckGemm(bool trans_a, bool trans_b, uint64_t m, uint64_t n,
+                                       uint64_t k, double alpha, double beta, uint64_t seed) {
+  SCOPED_TRACE(std::string(DTypeName(kDType<T>)) + (trans_a ? " A^T" : " A") +
+               (trans_b ? " B^T" : " B") + " m=" + std::to_string(m) + " n=" + std::to_string(n) +
+               " k=" + std::to_string(k) + " alpha=" + std::to_string(alpha) +
+               " beta=" + std::to_string(beta));
+  std::mt19937_64 rng(seed);
+  const std::vector<T> a = RandomVector<T>(rng, m * k, -1.0, 1.0);
+  const std::vector<T> b = RandomVector<T>(rng, k * n, -1.0, 1.0);
+  const std::vector<T> c0 = RandomVector<T>(rng, m * n, -1.0, 1.0);
+  DeviceBuffer da = AllocateElements<T>(stream(), m * k);
+  DeviceBuffer db = AllocateElements<T>(stream(), k * n);
+  DeviceBuffer dc = AllocateElements<T>(stream(), m * n);
+  Upload(stream(), da, a);
+  Upload(stream(), db, b);
+  Upload(stream(), dc, c0);
+
+  GemmArgs args;
+  args.dtype = kDType<T>;
+  args.trans_a = trans_a;
+  args.trans_b = trans_b;
+  args.m = m;
+  args.n = n;
+  args.k = k;
+  args.alpha = alpha;
+  args.beta = beta;
+  args.a = da.ptr();
+  args.b = db.ptr();
+  args.c = dc.ptr();
+  Status status = stream().Gemm(args);
+  ASSERT_TRUE(status.ok()) << status.ToString();
+  const std::vector<T> got = Download<T>(stream(), dc.ptr(), m * n);
+
+  // op(A)[i][p]: A is m x k, or k x m when transposed; op(B)[p][j]: B is k x n or n x k.
+  auto op_a = [&](uint64_t i, uint64_t p) { return trans_a ? a[p * m + i] : a[i * k + p]; };
+  auto op_b = [&](uint64_t p, uint64_t j) { return trans_b ? b[j * k + p] : b[p * n + j]; };
+  const long double eps = std::numeric_limits<T>::epsilon();
+  size_t failures = 0;
+  for (uint64_t i = 0; i < m && failures < 5; ++i) {
+    for (uint64_t j = 0; j < n && failures < 5; ++j) {
+      long double dot = 0, dot_abs = 0;
+      for (uint64_t p = 0; p < k; ++p) {
+        const long double prod = static_cast<long double>(op_a(i, p)) * op_b(p, j);
+        dot += prod;
+        dot_abs += std::fabs(prod);
+      }
+      const long double c = c0[i * n + j];
+      const long double ref = alpha * dot + beta * c;
+      const long double bound =
+          (k + 4) * eps * (std::fabs(alpha) * dot_abs + std::fabs(beta * c)) + 1e-300L;
+      const long double err = std::fabs(static_cast<long double>(got[i * n + j]) - ref);
+      if (!(err <= bound)) {
+        ++failures;
+        ADD_FAILURE() << "C[" << i << "][" << j << "] is " << got[i * n + j] << ", expected "
+                      << static_cast<double>(ref) << " (bound " << static_cast<double>(bound)
+                      << ")";
+      }
+    }
+  }
+}
+
+struct GemmShape {
+  uint64_t m, n, k;
+};
+const std::vector<GemmShape> kGemmShapes = {{0, 3, 4},   {3, 0, 4},     {3, 4, 0},
+                                            {1, 1, 1},   {1, 7, 5},     {6, 1, 9},
+                                            {17, 33, 9}, {64, 65, 257}, {130, 257, 31}};
+const std::vector<std::pair<double, double>> kAlphaBeta = {{1, 0}, {0.5, 2}, {-1.25, 1}, {0, 0.5}};
+
+TEST_P(BackendConformanceTest, GemmF32AllTransposes) {
+  uint64_t seed = 500;
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      for (const GemmShape& s : kGemmShapes) {
+        for (auto [alpha, beta] : kAlphaBeta) {
+          CheckGemm<float>(ta, tb, s.m, s.n, s.k, alpha, beta, ++seed);
+        }
+      }
+    }
+  }
+}
+
+TEST_P(BackendConformanceTest, GemmF64AllTransposes) {
+  uint64_t seed = 900;
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      for (const GemmShape& s : kGemmShapes) {
+        for (auto [alpha, beta] : kAlphaBeta) {
+          CheckGemm<double>(ta, tb, s.m, s.n, s.k, alpha, beta, ++seed);
+        }
+      }
+    }
+  }
+}
+
+TEST_P(BackendConformanceTest, GemmWithBetaZeroDoesNotReadC) {
+  constexpr uint64_t kM = 5, kN = 6, kK = 7;
+  DeviceBuffer a = AllocateElements<double>(stream(), kM * kK);
+  DeviceBuffer b = AllocateElements<double>(stream(), kK * kN);
+  DeviceBuffer c = AllocateElements<double>(stream(), kM * kN);
+  ASSERT_TRUE(stream().Fill(DType::kF64, a.ptr(), kM * kK, 1.0).ok());
+  ASSERT_TRUE(stream().Fill(DType::kF64, b.ptr(), kK * kN, 2.0).ok());
+  ASSERT_TRUE(
+      stream().Fill(DType::kF64, c.ptr(), kM * kN, std::numeric_limits<double>::quiet_NaN()).ok());
+  GemmArgs args;
+  args.dtype = DType::kF64;
+  args.m = kM;
+  args.n = kN;
+  args.k = kK;
+  args.alpha = 1.0;
+  args.beta = 0.0;
+  args.a = a.ptr();
+  args.b = b.ptr();
+  args.c = c.ptr();
+  ASSERT_TRUE(stream().Gemm(args).ok());
+  for (double v : Download<double>(stream(), c.ptr(), kM * kN)) ASSERT_EQ(v, 2.0 * kK);
+}
+
+TEST_P(BackendConformanceTest, StreamOrderedFreeReleasesMemory) {
+  const uint64_t start = device().bytes_in_use();
+  constexpr uint64_t kBytes = 64ull << 20;
+  Result<DevicePtr> ptr = stream().Allocate(kBytes);
+  ASSERT_TRUE(ptr.ok()) << ptr.status().ToString();
+  EXPECT_GE(device().bytes_in_use(), start + kBytes);
+  // Work in flight, then the Free: the work finishes before the memory is released.
+  ASSERT_TRUE(stream().Fill(DType::kF32, *ptr, kBytes / 4, 1.0).ok());
+  std::vector<float> tail(16);
+  ASSERT_TRUE(stream().CopyDeviceToHost(tail.data(), *ptr + kBytes - 64, tail.size() * 4).ok());
+  stream().Free(*ptr);
+  ASSERT_TRUE(Sync(stream()).ok());
+  EXPECT_EQ(device().bytes_in_use(), start);
+  for (float v : tail) EXPECT_EQ(v, 1.0f);
+}
+
+TEST_P(BackendConformanceTest, OutOfMemoryIsATypedError) {
+  const uint64_t start = device().bytes_in_use();
+  Result<DevicePtr> ptr = stream().Allocate(device().info().total_memory * 2);
+  ASSERT_FALSE(ptr.ok());
+  EXPECT_EQ(ptr.status().kind(), ErrorKind::kOutOfDeviceMemory) << ptr.status().ToString();
+  EXPECT_EQ(ptr.status().code(), CanonicalCode(ErrorKind::kOutOfDeviceMemory));
+  EXPECT_EQ(device().bytes_in_use(), start);
+  // Not sticky: the stream still works.
+  DeviceBuffer buf = MustAllocate(stream(), 1024);
+  EXPECT_TRUE(stream().Fill(DType::kU8, buf.ptr(), 1024, 1).ok());
+  EXPECT_TRUE(Sync(stream()).ok());
+}
+
+TEST_P(BackendConformanceTest, AllocateZeroIsInvalid) {
+  Result<DevicePtr> ptr = stream().Allocate(0);
+  ASSERT_FALSE(ptr.ok());
+  EXPECT_EQ(ptr.status().code(), Code::kInvalidArgument) << ptr.status().ToString();
+}
+
+TEST_P(BackendConformanceTest, InvalidArgumentsAreRejectedAtEnqueue) {
+  constexpr uint64_t kCount = 64;
+  DeviceBuffer a = AllocateElements<float>(stream(), kCount);
+  DeviceBuffer b = AllocateElements<float>(stream(), kCount);
+  ASSERT_TRUE(stream().Fill(DType::kF32, a.ptr(), kCount, 1.0).ok());
+  ASSERT_TRUE(stream().Fill(DType::kF32, b.ptr(), kCount, 2.0).ok());
+  ASSERT_TRUE(Sync(stream()).ok());
+  std::vector<float> host(kCount, 0.0f);
+
+  auto expect_invalid = [](const Status& status, const char* what) {
+    EXPECT_FALSE(status.ok()) << what;
+    EXPECT_EQ(status.code(), Code::kInvalidArgument) << what << ": " << status.ToString();
+  };
+  const DType f32 = DType::kF32;
+  expect_invalid(stream().CopyHostToDevice(0, host.data(), 4), "H2D null dst");
+  expect_invalid(stream().CopyHostToDevice(a.ptr(), nullptr, 4), "H2D null src");
+  expect_invalid(stream().CopyDeviceToHost(host.data(), 0, 4), "D2H null src");
+  expect_invalid(stream().CopyDeviceToHost(nullptr, a.ptr(), 4), "D2H null dst");
+  expect_invalid(stream().CopyDeviceToDevice(0, a.ptr(), 4), "D2D null dst");
+  expect_invalid(stream().CopyDeviceToDevice(a.ptr(), 0, 4), "D2D null src");
+  expect_invalid(stream().Fill(f32, 0, kCount, 1.0), "fill null");
+  expect_invalid(stream().Fill(DType::kInvalid, a.ptr(), kCount, 1.0), "fill bad dtype");
+  expect_invalid(stream().Binary(BinaryOp::kAdd, f32, 0, b.ptr(), a.ptr(), kCount), "a null");
+  expect_invalid(stream().Binary(BinaryOp::kAdd, f32, a.ptr(), 0, a.ptr(), kCount), "b null");
+  expect_invalid(stream().Binary(BinaryOp::kAdd, f32, a.ptr(), b.ptr(), 0, kCount), "out null");
+  expect_invalid(stream().Binary(BinaryOp::kAdd, DType::kI32, a.ptr(), b.ptr(), a.ptr(), kCount),
+                 "binary i32");
+  expect_invalid(stream().Binary(BinaryOp::kAdd, DType::kU8, a.ptr(), b.ptr(), a.ptr(), kCount),
+                 "binary u8");
+  expect_invalid(stream().Scale(f32, 0, 2.0, a.ptr(), kCount), "scale null x");
+  expect_invalid(stream().Scale(DType::kI32, a.ptr(), 2.0, a.ptr(), kCount), "scale i32");
+  expect_invalid(stream().Axpy(f32, 2.0, a.ptr(), 0, kCount), "axpy null y");
+  expect_invalid(stream().Axpy(DType::kU8, 2.0, a.ptr(), b.ptr(), kCount), "axpy u8");
+  expect_invalid(stream().ReduceSum(f32, 0, kCount, a.ptr()), "reduce null in");
+  expect_invalid(stream().ReduceSum(f32, a.ptr(), kCount, 0), "reduce null out");
+  expect_invalid(stream().ReduceSum(DType::kI32, a.ptr(), kCount, b.ptr()), "reduce i32");
+  GemmArgs args;
+  args.dtype = f32;
+  args.m = args.n = args.k = 8;
+  args.a = a.ptr();
+  args.b = b.ptr();
+  args.c = 0;
+  expect_invalid(stream().Gemm(args), "gemm null c");
+  args.c = a.ptr();
+  args.dtype = DType::kI32;
+  expect_invalid(stream().Gemm(args), "gemm i32");
+  args.dtype = f32;
+  args.m = args.n = args.k = 0;
+  args.a = 0;
+  expect_invalid(stream().Gemm(args), "empty gemm with null a");
+
+  // Nothing was enqueued and nothing is sticky: the buffers are untouched.
+  ASSERT_TRUE(Sync(stream()).ok());
+  for (float v : Download<float>(stream(), a.ptr(), kCount)) ASSERT_EQ(v, 1.0f);
+  for (float v : Download<float>(stream(), b.ptr(), kCount)) ASSERT_EQ(v, 2.0f);
+}
+
+TEST_P(BackendConformanceTest, GraphCaptureAndReplay) {
+  constexpr uint64_t kCount = 1000;
+  DeviceBuffer x = AllocateElements<float>(stream(), kCount);
+  DeviceBuffer y = AllocateElements<float>(stream(), kCount);
+  ASSERT_TRUE(stream().Fill(DType::kF32, x.ptr(), kCount, 0.0).ok());
+  ASSERT_TRUE(stream().Fill(DType::kF32, y.ptr(), kCount, 1.0).ok());
+  ASSERT_TRUE(Sync(stream()).ok());
+
+  ASSERT_TRUE(stream().BeginCapture().ok());
+  ASSERT_TRUE(stream().Fill(DType::kF32, x.ptr(), kCount, 2.0).ok());
+  ASSERT_TRUE(stream().Axpy(DType::kF32, 1.5, x.ptr(), y.ptr(), kCount).ok());
+  Result<std::unique_ptr<Graph>> graph = stream().EndCapture();
+  ASSERT_TRUE(graph.ok()) << graph.status().ToString();
+  if (GetParam() == "host") {
+    EXPECT_EQ((*graph)->node_count(), 2u);
+  } else {
+    EXPECT_GE((*graph)->node_count(), 2u);
+  }
+  // Capturing recorded the work without running it.
+  for (float v : Download<float>(stream(), x.ptr(), kCount)) ASSERT_EQ(v, 0.0f);
+  for (float v : Download<float>(stream(), y.ptr(), kCount)) ASSERT_EQ(v, 1.0f);
+
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(stream().LaunchGraph(**graph).ok());
+  for (float v : Download<float>(stream(), x.ptr(), kCount)) ASSERT_EQ(v, 2.0f);
+  for (float v : Download<float>(stream(), y.ptr(), kCount)) ASSERT_EQ(v, 1.0f + 3 * 3.0f);
+
+  // The graph can be replayed on another stream of the same device.
+  Result<std::unique_ptr<Stream>> other = device().CreateStream();
+  ASSERT_TRUE(other.ok());
+  ASSERT_TRUE((*other)->LaunchGraph(**graph).ok());
+  ASSERT_TRUE(Sync(**other).ok());
+  for (float v : Download<float>(stream(), y.ptr(), kCount)) ASSERT_EQ(v, 1.0f + 4 * 3.0f);
+}
+
+TEST_P(BackendConformanceTest, CaptureMisuseIsRejected) {
+  EXPECT_FALSE(stream().EndCapture().ok()) << "EndCapture without BeginCapture";
+  ASSERT_TRUE(stream().BeginCapture().ok());
+  EXPECT_FALSE(stream().BeginCapture().ok()) << "BeginCapture twice";
+  Result<DevicePtr> ptr = stream().Allocate(256);
+  EXPECT_FALSE(ptr.ok()) << "Allocate during capture";
+  if (ptr.ok()) stream().Free(*ptr);
+  Result<std::unique_ptr<Graph>> graph = stream().EndCapture();
+  ASSERT_TRUE(graph.ok()) << graph.status().ToString();
+  EXPECT_EQ((*graph)->node_count(), 0u);
+  EXPECT_FALSE(stream().EndCapture().ok()) << "EndCapture twice";
+  // The stream works normally afterwards.
+  DeviceBuffer buf = AllocateElements<double>(stream(), 4);
+  ASSERT_TRUE(stream().Fill(DType::kF64, buf.ptr(), 4, 8.0).ok());
+  for (double v : Download<double>(stream(), buf.ptr(), 4)) EXPECT_EQ(v, 8.0);
+}
+
+TEST_P(BackendConformanceTest, ManyStreamsFromManyThreads) {
+  constexpr int kThreads = 16;
+  constexpr int kRounds = 10;
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([this, t, &failures] {
+      Result<std::unique_ptr<Stream>> created = device().CreateStream();
+      if (!created.ok()) {
+        ++failures;
+        return;
+      }
+      Stream& s = **created;
+      const uint64_t count = 4096 + 37 * t;
+      for (int round = 0; round < kRounds; ++round) {
+        DeviceBuffer x = AllocateElements<double>(s, count);
+        DeviceBuffer y = AllocateElements<double>(s, count);
+        DeviceBuffer sum = AllocateElements<double>(s, 1);
+        bool ok = s.Fill(DType::kF64, x.ptr(), count, t + 1).ok() &&
+                  s.Fill(DType::kF64, y.ptr(), count, round).ok() &&
+                  s.Axpy(DType::kF64, 2.0, x.ptr(), y.ptr(), count).ok() &&
+                  s.ReduceSum(DType::kF64, y.ptr(), count, sum.ptr()).ok();
+        std::vector<double> host_y(count), host_sum(1);
+        ok = ok && s.CopyDeviceToHost(host_y.data(), y.ptr(), count * 8).ok() &&
+             s.CopyDeviceToHost(host_sum.data(), sum.ptr(), 8).ok();
+        ok = ok && Sync(s).ok();
+        const double expect = round + 2.0 * (t + 1);
+        ok = ok &&
+             std::all_of(host_y.begin(), host_y.end(), [expect](double v) { return v == expect; });
+        ok = ok && host_sum[0] == expect * count;
+        if (!ok) ++failures;
+      }
+      // Completions of this stream are delivered before its destructor returns.
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(failures.load(), 0);
+}
+
+TEST_P(BackendConformanceTest, DestroyingAStreamWaitsForItsWork) {
+  Result<std::unique_ptr<Stream>> created = device().CreateStream();
+  ASSERT_TRUE(created.ok());
+  std::unique_ptr<Stream> s = std::move(created).value();
+  constexpr uint64_t kCount = 1u << 22;
+  Result<DevicePtr> buf = s->Allocate(kCount * 4);
+  ASSERT_TRUE(buf.ok());
+  std::vector<float> host(kCount, 0.0f);
+  std::atomic<int> called{0};
+  ASSERT_TRUE(s->Fill(DType::kF32, *buf, kCount, 4.0).ok());
+  ASSERT_TRUE(s->CopyDeviceToHost(host.data(), *buf, kCount * 4).ok());
+  s->Free(*buf);
+  s->OnComplete([&called](Status status) {
+    EXPECT_TRUE(status.ok());
+    ++called;
+  });
+  s.reset();
+  EXPECT_EQ(called.load(), 1);
+  EXPECT_EQ(host[0], 4.0f);
+  EXPECT_EQ(host[kCount - 1], 4.0f);
+}
+
+TEST_P(BackendConformanceTest, BusyTimeNeverDecreases) {
+  const uint64_t before = stream().busy_ns();
+  DeviceBuffer buf = AllocateElements<float>(stream(), 1u << 20);
+  ASSERT_TRUE(stream().Fill(DType::kF32, buf.ptr(), 1u << 20, 1.0).ok());
+  ASSERT_TRUE(Sync(stream()).ok());
+  EXPECT_GE(stream().busy_ns(), before);
+}
+
+TEST_P(BackendConformanceTest, RegisterHostMemory) {
+  std::vector<float> host(4096, 5.0f);
+  ASSERT_TRUE(device().RegisterHostMemory(host.data(), host.size() * 4).ok());
+  DeviceBuffer buf = AllocateElements<float>(stream(), host.size());
+  ASSERT_TRUE(stream().CopyHostToDevice(buf.ptr(), host.data(), host.size() * 4).ok());
+  ASSERT_TRUE(stream().Scale(DType::kF32, buf.ptr(), 2.0, buf.ptr(), host.size()).ok());
+  ASSERT_TRUE(stream().CopyDeviceToHost(host.data(), buf.ptr(), host.size() * 4).ok());
+  ASSERT_TRUE(Sync(stream()).ok());
+  for (float v : host) ASSERT_EQ(v, 10.0f);
+  EXPECT_TRUE(device().UnregisterHostMemory(host.data()).ok());
+  EXPECT_FALSE(device().UnregisterHostMemory(host.data()).ok()) << "not registered any more";
+  EXPECT_FALSE(device().RegisterHostMemory(nullptr, 64).ok());
+  EXPECT_FALSE(device().RegisterHostMemory(host.data(), 0).ok());
+}
+
+/// A module the host backend never produced, to call Launch with.
+class FakeModule final : public Module {
+ public:
+  Result<std::vector<size_t>> ParameterSizes(std::string_view) const override {
+    return std::vector<size_t>{};
+  }
+};
+
+TEST_P(BackendConformanceTest, RawKernelsAreUnsupportedOnHost) {
+  if (GetParam() != "host") {
+    GTEST_SKIP() << "modules and launches on CUDA are covered by the CUDA backend's module "
+                    "tests, not by this host-only check";
+  }
+  Result<std::shared_ptr<Module>> module =
+      device().LoadModule(ModuleFormat::kCudaSource, "__global__ void f() {}");
+  ASSERT_FALSE(module.ok());
+  EXPECT_EQ(module.status().kind(), ErrorKind::kUnsupported);
+  FakeModule fake;
+  Status status = stream().Launch(fake, "f", LaunchConfig{}, {});
+  EXPECT_EQ(status.kind(), ErrorKind::kUnsupported) << status.ToString();
+  EXPECT_TRUE(Sync(stream()).ok()) << "an enqueue-time error is not sticky";
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, BackendConformanceTest, ::testing::Values("host", "cuda"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
+
+}  // namespace
+}  // namespace ferry::backend
