@@ -210,10 +210,12 @@ class SessionConnection : public session::SessionEvents,
     reactor_->StartRead(&read_buffer_);
   }
 
+  // End the stream with `status` (the first one asked for wins) once writes have drained.
   void FinishWith(const grpc::Status& status) {
-    if (finishing_) return;
-    finishing_ = true;
-    finish_status_ = status;
+    if (!finishing_) {
+      finishing_ = true;
+      finish_status_ = status;
+    }
     TryFinish();
   }
 

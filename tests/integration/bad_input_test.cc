@@ -284,6 +284,8 @@ TEST_F(BadInputTest, MessagesOutOfOrderAreProtocolViolations) {
   CheckBystander();
 }
 
+// Also the regression test for a cancel that arrived while a write was in flight: the
+// stream was never finished and the daemon hung in shutdown.
 TEST_F(BadInputTest, ClientThatVanishesMidStreamIsCleanedUp) {
   StartBystander();
   for (int i = 0; i < 5; ++i) {

@@ -1,0 +1,34 @@
+#!/bin/bash
+# Build ferry, start ferryd (the CUDA backend where a GPU is visible, the host backend
+# otherwise), and show it working by running the example client against it.
+#
+#   bash deploy/quickstart.sh            # daemon keeps running in the background
+#   FERRY_SOCKET=/path/x.sock bash deploy/quickstart.sh
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build="$root/build-release"
+sock=${FERRY_SOCKET:-/tmp/ferry/ferryd-0.sock}
+rundir=$(dirname "$sock")
+
+bash "$root/deploy/install-deps.sh"
+cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFERRY_BUILD_TESTS=OFF >/dev/null
+cmake --build "$build" --target ferryd ferry_quickstart
+
+mkdir -p "$rundir"
+if [[ -f "$rundir/ferryd.pid" ]] && kill -0 "$(cat "$rundir/ferryd.pid")" 2>/dev/null; then
+  echo "stopping the ferryd started earlier (pid $(cat "$rundir/ferryd.pid"))"
+  kill "$(cat "$rundir/ferryd.pid")"
+  sleep 1
+fi
+rm -f "$rundir/ready"
+nohup "$build/server/ferryd" --backend auto --listen "unix:$sock" --ready-file "$rundir/ready" \
+  >"$rundir/ferryd.log" 2>&1 &
+echo $! >"$rundir/ferryd.pid"
+for _ in $(seq 100); do [[ -s "$rundir/ready" ]] && break; sleep 0.1; done
+[[ -s "$rundir/ready" ]] || { cat "$rundir/ferryd.log"; echo "ferryd did not start"; exit 1; }
+head -n 3 "$rundir/ferryd.log"
+
+echo "--- example client (client/examples/quickstart.cc):"
+"$build/client/ferry_quickstart" "unix:$sock"
+echo "--- ferryd is running: pid $(cat "$rundir/ferryd.pid"), socket unix:$sock, log $rundir/ferryd.log"
+echo "    stop it with: kill $(cat "$rundir/ferryd.pid")"

@@ -1,0 +1,194 @@
+#include "backend/cuda/completion_watcher.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "backend/cuda/cuda_internal.h"
+
+namespace ferry::backend {
+
+using cuda_internal::CudaStatus;
+
+CompletionWatcher::CompletionWatcher(int ordinal) : ordinal_(ordinal) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+CompletionWatcher::~CompletionWatcher() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  wake_cv_.notify_all();
+  thread_.join();
+  for (cudaEvent_t event : free_events_) (void)cudaEventDestroy(event);
+  (void)cudaGetLastError();
+}
+
+Result<cudaEvent_t> CompletionWatcher::AcquireEvent() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!free_events_.empty()) {
+      cudaEvent_t event = free_events_.back();
+      free_events_.pop_back();
+      return event;
+    }
+  }
+  cudaEvent_t event = nullptr;
+  FERRY_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  return event;
+}
+
+void CompletionWatcher::ReleaseEvent(cudaEvent_t event) {
+  std::lock_guard<std::mutex> lock(mu_);
+  free_events_.push_back(event);
+}
+
+void CompletionWatcher::Watch(const std::shared_ptr<Queue>& queue, cudaEvent_t event,
+                              CompletionFn done) {
+  Entry entry;
+  entry.event = event;
+  entry.done = std::move(done);
+  Push(queue, std::move(entry));
+}
+
+void CompletionWatcher::WatchResolved(const std::shared_ptr<Queue>& queue, Status status,
+                                      CompletionFn done) {
+  Entry entry;
+  entry.status = std::move(status);
+  entry.done = std::move(done);
+  Push(queue, std::move(entry));
+}
+
+void CompletionWatcher::Push(const std::shared_ptr<Queue>& queue, Entry entry) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++queue->pending_;
+    incoming_.emplace_back(queue, std::move(entry));
+  }
+  wake_cv_.notify_one();
+}
+
+void CompletionWatcher::WaitForQueue(const std::shared_ptr<Queue>& queue) {
+  std::unique_lock<std::mutex> lock(mu_);
+  delivered_cv_.wait(lock, [&queue] { return queue->pending_ == 0; });
+}
+
+bool CompletionWatcher::OnWatcherThread() const {
+  return std::this_thread::get_id() == thread_.get_id();
+}
+
+Status CompletionWatcher::fault() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return fault_;
+}
+
+void CompletionWatcher::ReportFault(const Status& fault) {
+  if (fault.ok()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (fault_.ok()) fault_ = fault;
+}
+
+void CompletionWatcher::Loop() {
+  // Events belong to the device's primary context; make it current on this thread.
+  (void)cudaSetDevice(ordinal_);
+  (void)cudaGetLastError();
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point idle_since = Clock::now();
+  std::vector<std::pair<std::shared_ptr<Queue>, Entry>> batch;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (streams_pending_ == 0 && incoming_.empty()) {
+        // Idle. Spin a little before blocking: an owner that submits again right after its
+        // completion then finds the watcher awake, saving a thread wake-up (several µs).
+        if (!stop_ && Clock::now() - idle_since < kSpin) {
+          lock.unlock();
+          std::this_thread::yield();
+          continue;
+        }
+        wake_cv_.wait(lock, [this] { return stop_ || !incoming_.empty(); });
+        if (incoming_.empty()) return;  // stopping, and every callback has run
+      }
+      if (!incoming_.empty()) {
+        batch.swap(incoming_);
+        idle_since = Clock::now();  // new work: spin again, it may finish within µs
+      }
+    }
+    for (auto& [queue, entry] : batch) {
+      StreamQueue& stream = streams_[queue.get()];
+      if (!stream.queue) stream.queue = queue;
+      stream.entries.push_back(std::move(entry));
+      ++streams_pending_;
+    }
+    batch.clear();
+
+    if (PollOnce() > 0) {
+      idle_since = Clock::now();
+      continue;
+    }
+    if (streams_pending_ == 0) continue;  // block on the condition variable
+    const auto idle = Clock::now() - idle_since;
+    if (idle < kSpin) {
+      std::this_thread::yield();
+      continue;
+    }
+    // Back off: sleep a quarter of the time already waited, between 10 µs and kMaxSleep,
+    // and wake at once for newly watched work.
+    const auto sleep = std::clamp(std::chrono::duration_cast<std::chrono::microseconds>(idle / 4),
+                                  std::chrono::microseconds(10), kMaxSleep);
+    std::unique_lock<std::mutex> lock(mu_);
+    wake_cv_.wait_for(lock, sleep, [this] { return !incoming_.empty(); });
+  }
+}
+
+size_t CompletionWatcher::PollOnce() {
+  size_t ran = 0;
+  Status fault = this->fault();
+  for (auto it = streams_.begin(); it != streams_.end();) {
+    StreamQueue& stream = it->second;
+    while (!stream.entries.empty()) {
+      Entry& head = stream.entries.front();
+      Status status;
+      if (head.event == nullptr) {
+        status = head.status.value_or(Status::Ok());
+      } else if (!fault.ok()) {
+        status = fault;  // the context is broken: report the first fault, query nothing
+      } else {
+        const cudaError_t error = cudaEventQuery(head.event);
+        if (error == cudaErrorNotReady) break;
+        if (error != cudaSuccess) {
+          status = CudaStatus(error, "stream work");
+          if (status.kind() == ErrorKind::kDeviceFault) {
+            ReportFault(status);
+            fault = this->fault();
+            status = fault;
+          }
+        }
+      }
+      Entry entry = std::move(head);
+      stream.entries.pop_front();
+      Deliver(stream, std::move(entry), std::move(status));
+      ++ran;
+    }
+    if (stream.entries.empty()) {
+      it = streams_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return ran;
+}
+
+void CompletionWatcher::Deliver(StreamQueue& stream, Entry entry, Status status) {
+  if (entry.done) entry.done(std::move(status));
+  entry.done = nullptr;  // destroy the callback's state before counting it delivered
+  if (entry.event != nullptr) ReleaseEvent(entry.event);
+  --streams_pending_;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    --stream.queue->pending_;
+  }
+  delivered_cv_.notify_all();
+}
+
+}  // namespace ferry::backend

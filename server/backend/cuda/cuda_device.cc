@@ -1,0 +1,1155 @@
+// The CUDA backend: one CudaDevice per GPU ordinal, on the device's primary context.
+//
+// Private to server/backend/cuda; the rest of ferryd sees it only as backend::Device,
+// through CreateCudaDevice. Semantics are those of backend.h, on these CUDA mechanisms:
+//  * Stream: one non-blocking cudaStream_t, one cuBLAS handle bound to it (own workspace,
+//    so GEMMs can be captured into graphs), and a small device scratch buffer for the
+//    two-pass ReduceSum. Every entry point first makes the device current on the calling
+//    thread (cudaSetDevice), so any executor thread may drive a stream.
+//  * Memory: stream-ordered (cudaMallocFromPoolAsync / cudaFreeAsync) from the device's
+//    default pool, whose release threshold is raised so freed memory stays cached. Every
+//    device range an op touches is checked against the live allocations (OUT_OF_RANGE
+//    otherwise, as on the host backend), so a client's bad offset is a typed error, not a
+//    device fault that would take down every session.
+//  * Completion: OnComplete records a pooled event; the device's CompletionWatcher polls it
+//    and runs the callback (no cudaLaunchHostFunc; see completion_watcher.h).
+//  * Errors: see cuda_internal.h. A sticky fault breaks the whole context; from then on
+//    every completion of every stream of the device reports DEVICE_FAULT. Rebuilding the
+//    context (cudaDeviceReset) is the owner's job, after destroying this device.
+//  * Raw kernels: modules are loaded into the primary context with the driver API
+//    (cuModuleLoadDataEx, through entry points; libcuda is never linked); CUDA C++ source
+//    is compiled by NVRTC to a CUBIN for the device's architecture. Modules are cached by
+//    content (format + bytes) while some caller still holds them.
+//  * Graphs: stream capture in relaxed mode (a session's executor may be a thread pool; in
+//    the stricter modes an unrelated cudaMalloc on the capturing thread would invalidate
+//    the capture), instantiated into a cudaGraphExec_t. A graph keeps its capturing
+//    stream's scratch and cuBLAS workspace alive; replay it on the stream that captured it,
+//    or at least never concurrently with that stream's own ReduceSum or Gemm work.
+//  * busy_ns() returns 0: measuring it would need timing events around every op.
+//
+// Lifetime: a CudaDevice must outlive its streams; modules and graphs may outlive it (they
+// unload from the primary context, which stays). A callback must not destroy the device.
+
+
+#include <algorithm>
+#include <array>
+#include <climits>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cuda/completion_watcher.h"
+#include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_kernels.h"
+
+namespace ferry::backend {
+namespace {
+
+using cuda_internal::CublasStatus;
+using cuda_internal::CudaStatus;
+using cuda_internal::DriverApi;
+using cuda_internal::DriverStatus;
+using cuda_internal::NvrtcStatus;
+
+/// cuBLAS workspace per stream: set explicitly so captured GEMMs never allocate.
+constexpr size_t kCublasWorkspaceBytes = 8ull << 20;
+/// Dynamic shared memory a kernel gets without opting in.
+constexpr uint32_t kDefaultSharedLimit = 48u << 10;
+/// Size of the buffer the JIT writes its error log into.
+constexpr size_t kJitLogBytes = 64u << 10;
+
+Status InvalidArgument(std::string message) {
+  return Status(ErrorKind::kInvalidArgument, std::move(message));
+}
+
+Status CompileError(std::string message) {
+  return Status(ErrorKind::kCompileError, std::move(message));
+}
+
+void* Address(DevicePtr ptr) { return reinterpret_cast<void*>(static_cast<uintptr_t>(ptr)); }
+
+bool IsKnownDType(DType dtype) {
+  return dtype == DType::kF32 || dtype == DType::kF64 || dtype == DType::kI32 ||
+         dtype == DType::kU8;
+}
+
+Status CheckArithmeticDType(DType dtype, std::string_view op) {
+  if (dtype == DType::kF32 || dtype == DType::kF64) return Status::Ok();
+  return InvalidArgument(std::string(op) + " takes f32 or f64, not " +
+                         (IsKnownDType(dtype) ? std::string(DTypeName(dtype))
+                                              : "dtype " + std::to_string(static_cast<int>(dtype))));
+}
+
+/// Return count * size of dtype, or INVALID_ARGUMENT when that overflows.
+Result<uint64_t> ByteSize(DType dtype, uint64_t count, std::string_view op) {
+  uint64_t bytes = 0;
+  if (!CheckedMul(count, DTypeSize(dtype), &bytes)) {
+    return InvalidArgument(std::string(op) + ": " + std::to_string(count) +
+                           " elements overflow the address space");
+  }
+  return bytes;
+}
+
+Result<uint64_t> MatrixBytes(DType dtype, uint64_t rows, uint64_t cols, std::string_view what) {
+  uint64_t count = 0;
+  if (!CheckedMul(rows, cols, &count)) {
+    return InvalidArgument(std::string(what) + ": " + std::to_string(rows) + " x " +
+                           std::to_string(cols) + " overflows the address space");
+  }
+  return ByteSize(dtype, count, what);
+}
+
+/// A device range an op touches, checked against the live allocations at enqueue (and
+/// again at every replay of a graph that recorded it).
+struct Access {
+  DevicePtr ptr = 0;
+  uint64_t bytes = 0;
+  const char* what = "";
+};
+
+/// Format a CUDA UUID the way nvidia-smi does: GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx.
+std::string FormatUuid(const cudaUUID_t& uuid) {
+  const auto* b = reinterpret_cast<const unsigned char*>(uuid.bytes);
+  char out[64];
+  std::snprintf(out, sizeof(out),
+                "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
+                b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
+                b[14], b[15]);
+  return out;
+}
+
+/// Return the kernel driver's version ("580.95.05") where the system exposes it, with the
+/// CUDA version the driver supports, e.g. "580.95.05 (CUDA 13.0)".
+std::string DriverVersionString() {
+  int cuda_version = 0;
+  if (cudaDriverGetVersion(&cuda_version) != cudaSuccess) (void)cudaGetLastError();
+  const std::string cuda = "CUDA " + std::to_string(cuda_version / 1000) + "." +
+                           std::to_string((cuda_version % 1000) / 10);
+  std::string kernel_driver;
+  std::ifstream in("/sys/module/nvidia/version");
+  if (in && std::getline(in, kernel_driver) && !kernel_driver.empty()) {
+    return kernel_driver + " (" + cuda + ")";
+  }
+  return cuda;
+}
+
+// --- modules ---------------------------------------------------------------------------------
+
+/// A module loaded into the device's primary context. Thread-safe.
+class CudaModule final : public Module {
+ public:
+  CudaModule(int ordinal, const DriverApi* api, CUmodule module)
+      : ordinal_(ordinal), api_(api), module_(module) {}
+
+  ~CudaModule() override {
+    if (cudaSetDevice(ordinal_) == cudaSuccess) (void)api_->ModuleUnload(module_);
+    (void)cudaGetLastError();
+  }
+
+  CudaModule(const CudaModule&) = delete;
+  CudaModule& operator=(const CudaModule&) = delete;
+
+  int ordinal() const { return ordinal_; }
+  const DriverApi& api() const { return *api_; }
+
+  /// A function of the module and what the driver says about its parameters.
+  struct FunctionInfo {
+    CUfunction function = nullptr;
+    bool sizes_known = false;         // the driver reported the parameters
+    std::vector<size_t> param_sizes;  // in order; empty when unknown or none
+  };
+
+  /// Return the named function (cached), INVALID_ARGUMENT when the module has none.
+  Result<FunctionInfo> Lookup(std::string_view name) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    FERRY_ASSIGN_OR_RETURN(const FunctionInfo* info, InfoLocked(name));
+    return *info;
+  }
+
+  Result<std::vector<size_t>> ParameterSizes(std::string_view function) const override {
+    FERRY_ASSIGN_OR_RETURN(FunctionInfo info, Lookup(function));
+    return std::move(info.param_sizes);
+  }
+
+ private:
+  Result<FunctionInfo*> InfoLocked(std::string_view name) const {
+    const std::string key(name);
+    if (auto it = functions_.find(key); it != functions_.end()) return &it->second;
+    FERRY_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
+    FunctionInfo info;
+    const CUresult found = api_->ModuleGetFunction(&info.function, module_, key.c_str());
+    if (found == CUDA_ERROR_NOT_FOUND || found == CUDA_ERROR_INVALID_VALUE) {
+      return InvalidArgument("the module has no function named '" + key +
+                             "' (CUDA C++ kernels need extern \"C\" for unmangled names)");
+    }
+    FERRY_RETURN_IF_ERROR(DriverStatus(found, "cuModuleGetFunction"));
+    if (api_->FuncGetParamInfo != nullptr) {
+      // Parameters are numbered from 0; the first index past the last one answers
+      // CUDA_ERROR_INVALID_VALUE. Any other error (or a driver that never stops) means the
+      // sizes are unknown, which does not fail the lookup.
+      constexpr size_t kMaxParams = 4096;
+      for (size_t index = 0; index < kMaxParams; ++index) {
+        size_t offset = 0, size = 0;
+        const CUresult result = api_->FuncGetParamInfo(info.function, index, &offset, &size);
+        if (result == CUDA_ERROR_INVALID_VALUE) {
+          info.sizes_known = true;
+          break;
+        }
+        if (result != CUDA_SUCCESS) break;
+        info.param_sizes.push_back(size);
+      }
+      if (!info.sizes_known) info.param_sizes.clear();
+    }
+    auto [it, inserted] = functions_.emplace(key, std::move(info));
+    return &it->second;
+  }
+
+  const int ordinal_;
+  const DriverApi* const api_;
+  const CUmodule module_;
+  mutable std::mutex mu_;
+  mutable std::unordered_map<std::string, FunctionInfo> functions_;  // guarded by mu_
+};
+
+/// Compile CUDA C++ with NVRTC for compute capability major.minor. Return the image to
+/// load: a CUBIN when NVRTC knows the architecture, else PTX for the newest one it knows
+/// below it (the driver then JIT-compiles it).
+Result<std::string> CompileCudaSource(std::string_view source, int major, int minor) {
+  const int device_arch = major * 10 + minor;
+  int num_archs = 0;
+  FERRY_RETURN_IF_ERROR(NvrtcStatus(nvrtcGetNumSupportedArchs(&num_archs),
+                                    "nvrtcGetNumSupportedArchs"));
+  std::vector<int> archs(static_cast<size_t>(std::max(num_archs, 0)));
+  if (num_archs > 0) {
+    FERRY_RETURN_IF_ERROR(
+        NvrtcStatus(nvrtcGetSupportedArchs(archs.data()), "nvrtcGetSupportedArchs"));
+  }
+  bool exact = false;
+  int arch = 0;
+  for (int a : archs) {
+    if (a == device_arch) exact = true;
+    if (a <= device_arch) arch = std::max(arch, a);
+  }
+  if (arch == 0) {
+    return Status(ErrorKind::kUnsupported, "NVRTC cannot compile for compute capability " +
+                                               std::to_string(major) + "." +
+                                               std::to_string(minor));
+  }
+  const std::string arch_option =
+      std::string("--gpu-architecture=") + (exact ? "sm_" : "compute_") + std::to_string(arch);
+
+  const std::string text(source);  // NVRTC wants a NUL-terminated string
+  nvrtcProgram program = nullptr;
+  FERRY_RETURN_IF_ERROR(NvrtcStatus(
+      nvrtcCreateProgram(&program, text.c_str(), "ferry_module.cu", 0, nullptr, nullptr),
+      "nvrtcCreateProgram"));
+  struct ProgramGuard {
+    nvrtcProgram* program;
+    ~ProgramGuard() { (void)nvrtcDestroyProgram(program); }
+  } guard{&program};
+
+  const std::array<const char*, 3> options = {arch_option.c_str(), "-default-device",
+                                              "--std=c++17"};
+  const nvrtcResult compiled =
+      nvrtcCompileProgram(program, static_cast<int>(options.size()), options.data());
+  std::string log;
+  size_t log_size = 0;
+  if (nvrtcGetProgramLogSize(program, &log_size) == NVRTC_SUCCESS && log_size > 1) {
+    log.resize(log_size);
+    if (nvrtcGetProgramLog(program, log.data()) != NVRTC_SUCCESS) log.clear();
+    while (!log.empty() && (log.back() == '\0' || log.back() == '\n')) log.pop_back();
+  }
+  if (compiled == NVRTC_ERROR_COMPILATION) {
+    return CompileError("NVRTC compilation failed (" + arch_option + "):\n" + log);
+  }
+  if (compiled != NVRTC_SUCCESS) {
+    return Status(ErrorKind::kInternal,
+                  std::string("nvrtcCompileProgram: ") + nvrtcGetErrorString(compiled) +
+                      (log.empty() ? "" : "\n" + log));
+  }
+
+  std::string image;
+  size_t size = 0;
+  if (exact) {
+    FERRY_RETURN_IF_ERROR(NvrtcStatus(nvrtcGetCUBINSize(program, &size), "nvrtcGetCUBINSize"));
+    image.resize(size);
+    FERRY_RETURN_IF_ERROR(NvrtcStatus(nvrtcGetCUBIN(program, image.data()), "nvrtcGetCUBIN"));
+  } else {
+    FERRY_RETURN_IF_ERROR(NvrtcStatus(nvrtcGetPTXSize(program, &size), "nvrtcGetPTXSize"));
+    image.resize(size);  // includes the terminating NUL
+    FERRY_RETURN_IF_ERROR(NvrtcStatus(nvrtcGetPTX(program, image.data()), "nvrtcGetPTX"));
+  }
+  return image;
+}
+
+/// Load a PTX or CUBIN/fatbin image into the current context, with the JIT's error log in
+/// the COMPILE_ERROR message when it fails.
+Result<CUmodule> LoadImage(const DriverApi& api, const std::string& image) {
+  std::string error_log(kJitLogBytes, '\0');
+  std::array<CUjit_option, 2> options = {CU_JIT_ERROR_LOG_BUFFER,
+                                         CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
+  std::array<void*, 2> values = {error_log.data(),
+                                 reinterpret_cast<void*>(static_cast<uintptr_t>(kJitLogBytes))};
+  CUmodule module = nullptr;
+  const CUresult result =
+      api.ModuleLoadDataEx(&module, image.c_str(), static_cast<unsigned>(options.size()),
+                           options.data(), values.data());
+  if (result == CUDA_SUCCESS) return module;
+  error_log.resize(std::strlen(error_log.c_str()));
+  Status status = DriverStatus(result, "loading the module");
+  if (status.kind() == ErrorKind::kDeviceFault) return status;
+  return CompileError(status.message() + (error_log.empty() ? "" : ":\n" + error_log));
+}
+
+// --- graphs ----------------------------------------------------------------------------------
+
+/// Device buffers a stream's built-in ops use besides their operands. Shared with the
+/// graphs captured on the stream, since their nodes point into them.
+struct StreamScratch {
+  int ordinal = 0;
+  double* reduce_partials = nullptr;  // cuda_kernels::kReduceMaxBlocks doubles
+  void* cublas_workspace = nullptr;   // kCublasWorkspaceBytes
+
+  ~StreamScratch() {
+    // cudaFree waits for work using the memory; it fails harmlessly on a dead context.
+    if (cudaSetDevice(ordinal) == cudaSuccess) {
+      if (reduce_partials != nullptr) (void)cudaFree(reduce_partials);
+      if (cublas_workspace != nullptr) (void)cudaFree(cublas_workspace);
+    }
+    (void)cudaGetLastError();
+  }
+};
+
+class CudaGraph final : public Graph {
+ public:
+  CudaGraph(const void* device, int ordinal, cudaGraphExec_t exec, size_t node_count,
+            std::vector<Access> accesses, std::shared_ptr<StreamScratch> scratch)
+      : device_(device), ordinal_(ordinal), exec_(exec), node_count_(node_count),
+        accesses_(std::move(accesses)), scratch_(std::move(scratch)) {}
+
+  ~CudaGraph() override {
+    if (cudaSetDevice(ordinal_) == cudaSuccess) (void)cudaGraphExecDestroy(exec_);
+    (void)cudaGetLastError();
+  }
+
+  CudaGraph(const CudaGraph&) = delete;
+  CudaGraph& operator=(const CudaGraph&) = delete;
+
+  size_t node_count() const override { return node_count_; }
+  const void* device() const { return device_; }
+  cudaGraphExec_t exec() const { return exec_; }
+  const std::vector<Access>& accesses() const { return accesses_; }
+
+ private:
+  const void* const device_;
+  const int ordinal_;
+  const cudaGraphExec_t exec_;
+  const size_t node_count_;
+  const std::vector<Access> accesses_;
+  const std::shared_ptr<StreamScratch> scratch_;  // kept alive for the graph's nodes
+};
+
+class CudaStream;
+
+// --- device ----------------------------------------------------------------------------------
+
+class CudaDevice final : public Device {
+ public:
+  static Result<std::unique_ptr<CudaDevice>> Create(int ordinal) {
+    int count = 0;
+    FERRY_RETURN_IF_ERROR(CudaStatus(cudaGetDeviceCount(&count), "cudaGetDeviceCount")
+                              .WithContext("CUDA is not usable"));
+    if (ordinal < 0 || ordinal >= count) {
+      return InvalidArgument("CUDA device " + std::to_string(ordinal) + " does not exist (" +
+                             std::to_string(count) + " visible)");
+    }
+    std::unique_ptr<CudaDevice> device(new CudaDevice(ordinal));
+    FERRY_RETURN_IF_ERROR(device->Init());
+    return device;
+  }
+
+  ~CudaDevice() override {
+    watcher_.reset();  // runs the callbacks still pending
+  }
+
+  CudaDevice(const CudaDevice&) = delete;
+  CudaDevice& operator=(const CudaDevice&) = delete;
+
+  const DeviceInfo& info() const override { return info_; }
+  Result<std::unique_ptr<Stream>> CreateStream() override;
+
+  Status RegisterHostMemory(void* ptr, uint64_t bytes) override {
+    if (ptr == nullptr || bytes == 0) {
+      return InvalidArgument("RegisterHostMemory: null pointer or zero length");
+    }
+    FERRY_RETURN_IF_ERROR(MakeCurrent());
+    return CudaStatus(cudaHostRegister(ptr, bytes, cudaHostRegisterPortable),
+                      "cudaHostRegister");
+  }
+
+  Status UnregisterHostMemory(void* ptr) override {
+    if (ptr == nullptr) return InvalidArgument("UnregisterHostMemory: null pointer");
+    FERRY_RETURN_IF_ERROR(MakeCurrent());
+    return CudaStatus(cudaHostUnregister(ptr), "cudaHostUnregister");
+  }
+
+  Result<std::shared_ptr<Module>> LoadModule(ModuleFormat format,
+                                             std::string_view image) override;
+
+  uint64_t bytes_in_use() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return bytes_in_use_;
+  }
+
+  uint64_t free_memory() const override {
+    if (!MakeCurrent().ok()) return 0;
+    size_t free = 0, total = 0;
+    if (cudaMemGetInfo(&free, &total) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    // Memory the pool holds but no allocation uses is free for this process too.
+    uint64_t reserved = 0, used = 0;
+    if (cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrReservedMemCurrent, &reserved) ==
+            cudaSuccess &&
+        cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrUsedMemCurrent, &used) == cudaSuccess &&
+        reserved > used) {
+      free += reserved - used;
+    }
+    (void)cudaGetLastError();
+    return free;
+  }
+
+  // --- for CudaStream ---
+
+  int ordinal() const { return info_.ordinal; }
+  CompletionWatcher& watcher() { return *watcher_; }
+  const cuda_kernels::LaunchLimits& limits() const { return limits_; }
+  const cudaDeviceProp& props() const { return props_; }
+
+  /// Make this device's primary context current on the calling thread.
+  Status MakeCurrent() const { return CudaStatus(cudaSetDevice(info_.ordinal), "cudaSetDevice"); }
+
+  /// Map a CUDA error of an enqueue and remember it when it broke the context.
+  Status Check(cudaError_t error, std::string_view what) {
+    Status status = CudaStatus(error, what);
+    if (status.kind() == ErrorKind::kDeviceFault) watcher_->ReportFault(status);
+    return status;
+  }
+  Status CheckStatus(Status status) {
+    if (status.kind() == ErrorKind::kDeviceFault) watcher_->ReportFault(status);
+    return status;
+  }
+
+  Result<DevicePtr> AllocateMemory(uint64_t bytes, cudaStream_t stream) {
+    if (bytes == 0) return InvalidArgument("Allocate: bytes must be positive");
+    FERRY_RETURN_IF_ERROR(watcher_->fault());
+    void* ptr = nullptr;
+    cudaError_t error = cudaMallocFromPoolAsync(&ptr, bytes, pool_, stream);
+    if (error == cudaErrorMemoryAllocation) {
+      // The pool may cache memory freed earlier: give it back to the device and retry.
+      (void)cudaGetLastError();
+      (void)cudaMemPoolTrimTo(pool_, 0);
+      (void)cudaGetLastError();
+      error = cudaMallocFromPoolAsync(&ptr, bytes, pool_, stream);
+    }
+    if (error == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();  // not sticky: clear it
+      return Status(ErrorKind::kOutOfDeviceMemory,
+                    "Allocate: the device cannot provide " + std::to_string(bytes) +
+                        " bytes (cudaErrorMemoryAllocation)");
+    }
+    FERRY_RETURN_IF_ERROR(Check(error, "cudaMallocFromPoolAsync"));
+    const auto base = static_cast<DevicePtr>(reinterpret_cast<uintptr_t>(ptr));
+    std::lock_guard<std::mutex> lock(mu_);
+    allocations_[base] = bytes;
+    bytes_in_use_ += bytes;
+    return base;
+  }
+
+  /// Forget the live allocation at `ptr` (no new work may use it) and return its size, or
+  /// 0 when `ptr` is not a live allocation of this device. The memory itself is released
+  /// by the cudaFreeAsync the caller enqueues next: bytes_in_use drops at enqueue, which
+  /// is safe because the stream orders the release after all earlier work.
+  uint64_t ForgetAllocation(DevicePtr ptr) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = allocations_.find(ptr);
+    if (it == allocations_.end()) return 0;
+    const uint64_t bytes = it->second;
+    bytes_in_use_ -= bytes;
+    allocations_.erase(it);
+    return bytes;
+  }
+
+  /// Return OK when [ptr, ptr+bytes) lies inside one live allocation (or bytes is 0 and
+  /// ptr is not null).
+  Status CheckRange(const Access& access) const {
+    if (access.ptr == 0) return InvalidArgument(std::string(access.what) + ": null device pointer");
+    if (access.bytes == 0) return Status::Ok();
+    uint64_t end = 0;
+    const bool fits = CheckedAdd(access.ptr, access.bytes, &end);
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = allocations_.upper_bound(access.ptr);
+    if (fits && it != allocations_.begin()) {
+      --it;
+      if (end <= it->first + it->second) return Status::Ok();
+    }
+    return Status(ErrorKind::kOutOfRange, std::string(access.what) + ": " +
+                                              std::to_string(access.bytes) +
+                                              " bytes are not inside one live allocation");
+  }
+
+ private:
+  friend class CudaStream;
+
+  explicit CudaDevice(int ordinal) { info_.ordinal = ordinal; }
+
+  Status Init() {
+    const int ordinal = info_.ordinal;
+    FERRY_RETURN_IF_ERROR(MakeCurrent());
+    FERRY_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&props_, ordinal));
+    info_.backend = "cuda";
+    info_.name = props_.name;
+    info_.uuid = FormatUuid(props_.uuid);
+    info_.driver_version = DriverVersionString();
+    info_.total_memory = props_.totalGlobalMem;
+    info_.compute_major = props_.major;
+    info_.compute_minor = props_.minor;
+    limits_.max_blocks =
+        static_cast<uint32_t>(std::clamp(props_.multiProcessorCount * 16, 64, 65535));
+
+    FERRY_CUDA_RETURN_IF_ERROR(cudaDeviceGetDefaultMemPool(&pool_, ordinal));
+    uint64_t threshold = UINT64_MAX;  // keep freed memory cached in the pool
+    FERRY_CUDA_RETURN_IF_ERROR(
+        cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &threshold));
+
+    // Raw kernels need the driver API; without it the device still serves built-in ops.
+    auto api = cuda_internal::GetDriverApi();
+    if (api.ok()) {
+      driver_api_ = *api;
+    } else {
+      driver_api_status_ = api.status();
+    }
+    watcher_ = std::make_unique<CompletionWatcher>(ordinal);
+    return Status::Ok();
+  }
+
+  DeviceInfo info_;
+  cudaDeviceProp props_{};
+  cuda_kernels::LaunchLimits limits_;
+  cudaMemPool_t pool_ = nullptr;
+  const DriverApi* driver_api_ = nullptr;
+  Status driver_api_status_;
+
+  mutable std::mutex mu_;                   // guards allocations_ and bytes_in_use_
+  std::map<uint64_t, uint64_t> allocations_;  // base address -> bytes
+  uint64_t bytes_in_use_ = 0;
+
+  std::mutex modules_mu_;  // guards modules_
+  // Loaded modules by format + image bytes (the full key, so no hash collision can hand a
+  // session another's code); entries expire when no caller holds the module any more.
+  std::unordered_map<std::string, std::weak_ptr<CudaModule>> modules_;
+
+  std::unique_ptr<CompletionWatcher> watcher_;
+};
+
+// --- stream ----------------------------------------------------------------------------------
+
+class CudaStream final : public Stream {
+ public:
+  static Result<std::unique_ptr<CudaStream>> Create(CudaDevice* device) {
+    std::unique_ptr<CudaStream> stream(new CudaStream(device));
+    FERRY_RETURN_IF_ERROR(stream->Init());
+    return stream;
+  }
+
+  ~CudaStream() override {
+    (void)device_->MakeCurrent();
+    if (capturing_) {
+      cudaGraph_t graph = nullptr;
+      if (cudaStreamEndCapture(stream_, &graph) == cudaSuccess && graph != nullptr) {
+        (void)cudaGraphDestroy(graph);
+      }
+      capturing_ = false;
+      FreeDeferred();
+    }
+    if (stream_ != nullptr) (void)cudaStreamSynchronize(stream_);
+    if (!watcher().OnWatcherThread()) watcher().WaitForQueue(queue_);
+    if (cublas_ != nullptr) (void)cublasDestroy(cublas_);
+    if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
+    (void)cudaGetLastError();
+    // scratch_ goes last: graphs captured here may still hold it.
+  }
+
+  CudaStream(const CudaStream&) = delete;
+  CudaStream& operator=(const CudaStream&) = delete;
+
+  Result<DevicePtr> Allocate(uint64_t bytes) override {
+    if (capturing_) {
+      return InvalidArgument("Allocate during graph capture; allocate before BeginCapture");
+    }
+    FERRY_RETURN_IF_ERROR(device_->MakeCurrent());
+    return device_->AllocateMemory(bytes, stream_);
+  }
+
+  void Free(DevicePtr ptr) override {
+    if (device_->ForgetAllocation(ptr) == 0) return;  // not a live allocation: nothing to do
+    if (capturing_) {
+      // Not recorded: released once the capture ends, and the capture is invalid.
+      if (capture_error_.empty()) {
+        capture_error_ = "Free during graph capture (the memory is released, not recorded)";
+      }
+      deferred_frees_.push_back(ptr);
+      return;
+    }
+    if (!device_->MakeCurrent().ok()) return;
+    // On a broken context this fails; the memory goes with the context.
+    (void)device_->Check(cudaFreeAsync(Address(ptr), stream_), "cudaFreeAsync");
+  }
+
+  Status CopyHostToDevice(DevicePtr dst, const void* src, uint64_t bytes) override {
+    if (src == nullptr) return InvalidArgument("CopyHostToDevice: null host pointer");
+    return Enqueue({Access{dst, bytes, "CopyHostToDevice destination"}}, [&] {
+      if (bytes == 0) return Status::Ok();
+      return device_->Check(
+          cudaMemcpyAsync(Address(dst), src, bytes, cudaMemcpyHostToDevice, stream_),
+          "cudaMemcpyAsync (host to device)");
+    });
+  }
+
+  Status CopyDeviceToHost(void* dst, DevicePtr src, uint64_t bytes) override {
+    if (dst == nullptr) return InvalidArgument("CopyDeviceToHost: null host pointer");
+    return Enqueue({Access{src, bytes, "CopyDeviceToHost source"}}, [&] {
+      if (bytes == 0) return Status::Ok();
+      return device_->Check(
+          cudaMemcpyAsync(dst, Address(src), bytes, cudaMemcpyDeviceToHost, stream_),
+          "cudaMemcpyAsync (device to host)");
+    });
+  }
+
+  Status CopyDeviceToDevice(DevicePtr dst, DevicePtr src, uint64_t bytes) override {
+    return Enqueue({Access{dst, bytes, "CopyDeviceToDevice destination"},
+                    Access{src, bytes, "CopyDeviceToDevice source"}},
+                   [&] { return CopyDeviceToDeviceChecked(dst, src, bytes); });
+  }
+
+  Status Fill(DType dtype, DevicePtr dst, uint64_t count, double value) override {
+    if (!IsKnownDType(dtype)) {
+      return InvalidArgument("Fill: unsupported dtype " + std::to_string(static_cast<int>(dtype)));
+    }
+    if (dtype == DType::kI32 || dtype == DType::kU8) {
+      const double lo = dtype == DType::kI32 ? std::numeric_limits<int32_t>::min() : 0.0;
+      const double hi = dtype == DType::kI32 ? std::numeric_limits<int32_t>::max() : 255.0;
+      if (!std::isfinite(value) || value < lo || value > hi) {
+        return InvalidArgument("Fill: " + std::to_string(value) + " is not representable as " +
+                               std::string(DTypeName(dtype)));
+      }
+    }
+    FERRY_ASSIGN_OR_RETURN(uint64_t bytes, ByteSize(dtype, count, "Fill"));
+    return Enqueue({Access{dst, bytes, "Fill destination"}}, [&] {
+      void* d = Address(dst);
+      const auto& limits = device_->limits();
+      cudaError_t error = cudaSuccess;
+      switch (dtype) {
+        case DType::kF32:
+          error = cuda_kernels::FillF32(stream_, limits, d, count, static_cast<float>(value));
+          break;
+        case DType::kF64:
+          error = cuda_kernels::FillF64(stream_, limits, d, count, value);
+          break;
+        case DType::kI32:
+          error = cuda_kernels::FillI32(stream_, limits, d, count, static_cast<int32_t>(value));
+          break;
+        default:
+          error = cuda_kernels::FillU8(stream_, limits, d, count, static_cast<uint8_t>(value));
+          break;
+      }
+      return device_->Check(error, "Fill kernel launch");
+    });
+  }
+
+  Status Binary(BinaryOp bop, DType dtype, DevicePtr a, DevicePtr b, DevicePtr out,
+                uint64_t count) override {
+    FERRY_RETURN_IF_ERROR(CheckArithmeticDType(dtype, "Binary"));
+    if (bop != BinaryOp::kAdd && bop != BinaryOp::kSub && bop != BinaryOp::kMul &&
+        bop != BinaryOp::kDiv) {
+      return InvalidArgument("Binary: unknown op " + std::to_string(static_cast<int>(bop)));
+    }
+    FERRY_ASSIGN_OR_RETURN(uint64_t bytes, ByteSize(dtype, count, "Binary"));
+    return Enqueue({Access{a, bytes, "Binary operand a"}, Access{b, bytes, "Binary operand b"},
+                    Access{out, bytes, "Binary output"}},
+                   [&] {
+                     return device_->Check(
+                         cuda_kernels::Binary(stream_, device_->limits(), bop, dtype, Address(a),
+                                              Address(b), Address(out), count),
+                         "Binary kernel launch");
+                   });
+  }
+
+  Status Scale(DType dtype, DevicePtr x, double alpha, DevicePtr out, uint64_t count) override {
+    FERRY_RETURN_IF_ERROR(CheckArithmeticDType(dtype, "Scale"));
+    FERRY_ASSIGN_OR_RETURN(uint64_t bytes, ByteSize(dtype, count, "Scale"));
+    return Enqueue({Access{x, bytes, "Scale input"}, Access{out, bytes, "Scale output"}}, [&] {
+      return device_->Check(cuda_kernels::Scale(stream_, device_->limits(), dtype, Address(x),
+                                                alpha, Address(out), count),
+                            "Scale kernel launch");
+    });
+  }
+
+  Status Axpy(DType dtype, double alpha, DevicePtr x, DevicePtr y, uint64_t count) override {
+    FERRY_RETURN_IF_ERROR(CheckArithmeticDType(dtype, "Axpy"));
+    FERRY_ASSIGN_OR_RETURN(uint64_t bytes, ByteSize(dtype, count, "Axpy"));
+    return Enqueue({Access{x, bytes, "Axpy x"}, Access{y, bytes, "Axpy y"}}, [&] {
+      return device_->Check(cuda_kernels::Axpy(stream_, device_->limits(), dtype, alpha,
+                                               Address(x), Address(y), count),
+                            "Axpy kernel launch");
+    });
+  }
+
+  Status ReduceSum(DType dtype, DevicePtr in, uint64_t count, DevicePtr out) override {
+    FERRY_RETURN_IF_ERROR(CheckArithmeticDType(dtype, "ReduceSum"));
+    FERRY_ASSIGN_OR_RETURN(uint64_t bytes, ByteSize(dtype, count, "ReduceSum"));
+    return Enqueue({Access{in, bytes, "ReduceSum input"},
+                    Access{out, DTypeSize(dtype), "ReduceSum output"}},
+                   [&] {
+                     return device_->Check(
+                         cuda_kernels::ReduceSum(stream_, dtype, Address(in), count,
+                                                 Address(out), scratch_->reduce_partials),
+                         "ReduceSum kernel launch");
+                   });
+  }
+
+  Status Gemm(const GemmArgs& args) override {
+    FERRY_RETURN_IF_ERROR(CheckArithmeticDType(args.dtype, "Gemm"));
+    FERRY_ASSIGN_OR_RETURN(uint64_t a_bytes, MatrixBytes(args.dtype, args.m, args.k, "Gemm A"));
+    FERRY_ASSIGN_OR_RETURN(uint64_t b_bytes, MatrixBytes(args.dtype, args.k, args.n, "Gemm B"));
+    FERRY_ASSIGN_OR_RETURN(uint64_t c_bytes, MatrixBytes(args.dtype, args.m, args.n, "Gemm C"));
+    constexpr uint64_t kMaxDim = static_cast<uint64_t>(INT_MAX);
+    if (args.m > kMaxDim || args.n > kMaxDim || args.k > kMaxDim) {
+      return InvalidArgument("Gemm: dimensions above 2^31-1 are not supported");
+    }
+    // With m or n zero nothing is read; with k zero A and B are not read (C = beta * C).
+    const bool empty = args.m == 0 || args.n == 0;
+    return Enqueue({Access{args.a, empty ? 0 : a_bytes, "Gemm A"},
+                    Access{args.b, empty ? 0 : b_bytes, "Gemm B"},
+                    Access{args.c, c_bytes, "Gemm C"}},
+                   [&] { return GemmChecked(args); });
+  }
+
+  Status Launch(const Module& module, std::string_view function, const LaunchConfig& config,
+                const std::vector<KernelArg>& args) override;
+
+  Status BeginCapture() override {
+    if (capturing_) return InvalidArgument("BeginCapture: the stream is already capturing");
+    FERRY_RETURN_IF_ERROR(device_->MakeCurrent());
+    FERRY_RETURN_IF_ERROR(device_->Check(
+        cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture"));
+    capturing_ = true;
+    captured_.clear();
+    capture_error_.clear();
+    return Status::Ok();
+  }
+
+  Result<std::unique_ptr<Graph>> EndCapture() override {
+    if (!capturing_) return InvalidArgument("EndCapture without BeginCapture");
+    FERRY_RETURN_IF_ERROR(device_->MakeCurrent());
+    capturing_ = false;
+    std::vector<Access> accesses = std::move(captured_);
+    captured_.clear();
+    std::string capture_error = std::move(capture_error_);
+    capture_error_.clear();
+    cudaGraph_t graph = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
+    FreeDeferred();  // after the capture ended, so the frees are enqueued, not recorded
+    struct GraphGuard {
+      cudaGraph_t graph;
+      ~GraphGuard() {
+        if (graph != nullptr) (void)cudaGraphDestroy(graph);
+      }
+    } guard{graph};
+    FERRY_RETURN_IF_ERROR(device_->Check(ended, "cudaStreamEndCapture")
+                              .WithContext("graph capture invalidated"));
+    if (!capture_error.empty()) return InvalidArgument("graph capture invalidated: " + capture_error);
+    if (graph == nullptr) return Status(ErrorKind::kInternal, "cudaStreamEndCapture: no graph");
+    size_t node_count = 0;
+    FERRY_RETURN_IF_ERROR(
+        device_->Check(cudaGraphGetNodes(graph, nullptr, &node_count), "cudaGraphGetNodes"));
+    cudaGraphExec_t exec = nullptr;
+    FERRY_RETURN_IF_ERROR(
+        device_->Check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate"));
+    return std::unique_ptr<Graph>(std::make_unique<CudaGraph>(
+        device_, device_->ordinal(), exec, node_count, std::move(accesses), scratch_));
+  }
+
+  Status LaunchGraph(const Graph& graph) override {
+    const auto* cuda_graph = dynamic_cast<const CudaGraph*>(&graph);
+    if (cuda_graph == nullptr || cuda_graph->device() != device_) {
+      return InvalidArgument("LaunchGraph: the graph was not captured on this device");
+    }
+    // Memory may have been freed since the capture: check everything before enqueueing.
+    for (const Access& access : cuda_graph->accesses()) {
+      FERRY_RETURN_IF_ERROR(device_->CheckRange(access));
+    }
+    FERRY_RETURN_IF_ERROR(device_->MakeCurrent());
+    FERRY_RETURN_IF_ERROR(
+        device_->Check(cudaGraphLaunch(cuda_graph->exec(), stream_), "cudaGraphLaunch"));
+    if (capturing_) {
+      captured_.insert(captured_.end(), cuda_graph->accesses().begin(),
+                       cuda_graph->accesses().end());
+    }
+    return Status::Ok();
+  }
+
+  void OnComplete(CompletionFn done) override {
+    if (capturing_) {
+      watcher().WatchResolved(
+          queue_,
+          InvalidArgument("OnComplete during graph capture is not recorded; call it after "
+                          "EndCapture"),
+          std::move(done));
+      return;
+    }
+    Status fault = watcher().fault();
+    if (!fault.ok()) {
+      watcher().WatchResolved(queue_, std::move(fault), std::move(done));
+      return;
+    }
+    Status current = device_->MakeCurrent();
+    if (!current.ok()) {
+      watcher().WatchResolved(queue_, device_->CheckStatus(std::move(current)), std::move(done));
+      return;
+    }
+    Result<cudaEvent_t> event = watcher().AcquireEvent();
+    if (!event.ok()) {
+      watcher().WatchResolved(queue_, device_->CheckStatus(event.status()), std::move(done));
+      return;
+    }
+    Status recorded = device_->Check(cudaEventRecord(*event, stream_), "cudaEventRecord");
+    if (!recorded.ok()) {
+      watcher().ReleaseEvent(*event);
+      watcher().WatchResolved(queue_, std::move(recorded), std::move(done));
+      return;
+    }
+    watcher().Watch(queue_, *event, std::move(done));
+  }
+
+  uint64_t busy_ns() const override { return 0; }  // not measured; see the file comment
+
+ private:
+  explicit CudaStream(CudaDevice* device)
+      : device_(device), queue_(device->watcher().NewQueue()),
+        scratch_(std::make_shared<StreamScratch>()) {
+    scratch_->ordinal = device->ordinal();
+  }
+
+  Status Init() {
+    FERRY_RETURN_IF_ERROR(device_->MakeCurrent());
+    FERRY_RETURN_IF_ERROR(device_->Check(
+        cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags"));
+    FERRY_RETURN_IF_ERROR(device_->Check(
+        cudaMalloc(reinterpret_cast<void**>(&scratch_->reduce_partials),
+                   cuda_kernels::kReduceMaxBlocks * sizeof(double)),
+        "cudaMalloc (reduction scratch)"));
+    FERRY_RETURN_IF_ERROR(device_->Check(
+        cudaMalloc(&scratch_->cublas_workspace, kCublasWorkspaceBytes),
+        "cudaMalloc (cuBLAS workspace)"));
+    FERRY_RETURN_IF_ERROR(CublasStatus(cublasCreate(&cublas_), "cublasCreate"));
+    FERRY_RETURN_IF_ERROR(CublasStatus(cublasSetStream(cublas_, stream_), "cublasSetStream"));
+    // After cublasSetStream, which resets the workspace to the library's default.
+    FERRY_RETURN_IF_ERROR(CublasStatus(
+        cublasSetWorkspace(cublas_, scratch_->cublas_workspace, kCublasWorkspaceBytes),
+        "cublasSetWorkspace"));
+    // Plain FP32/FP64 arithmetic: no TF32 tensor-core shortcuts for f32 GEMMs.
+    FERRY_RETURN_IF_ERROR(
+        CublasStatus(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH), "cublasSetMathMode"));
+    return Status::Ok();
+  }
+
+  CompletionWatcher& watcher() { return device_->watcher(); }
+
+  /// Check `accesses`, make the device current, run `launch` (which enqueues the work and
+  /// returns its launch status) and, while capturing, record the accesses for replays.
+  template <typename LaunchFn>
+  Status Enqueue(std::initializer_list<Access> accesses, LaunchFn&& launch) {
+    for (const Access& access : accesses) FERRY_RETURN_IF_ERROR(device_->CheckRange(access));
+    FERRY_RETURN_IF_ERROR(device_->MakeCurrent());
+    FERRY_RETURN_IF_ERROR(launch());
+    if (capturing_) captured_.insert(captured_.end(), accesses.begin(), accesses.end());
+    return Status::Ok();
+  }
+
+  Status CopyDeviceToDeviceChecked(DevicePtr dst, DevicePtr src, uint64_t bytes) {
+    if (bytes == 0 || dst == src) return Status::Ok();
+    const bool overlap = dst < src ? dst + bytes > src : src + bytes > dst;
+    if (!overlap) {
+      return device_->Check(
+          cudaMemcpyAsync(Address(dst), Address(src), bytes, cudaMemcpyDeviceToDevice, stream_),
+          "cudaMemcpyAsync (device to device)");
+    }
+    // Overlapping ranges (memmove semantics): move in chunks no longer than the distance
+    // between the ranges, in the direction that never overwrites unread source bytes. At
+    // most 64 chunks; a closer overlap goes through a temporary buffer.
+    const uint64_t distance = dst < src ? src - dst : dst - src;
+    if (bytes / distance < 64) {
+      for (uint64_t done = 0; done < bytes;) {
+        const uint64_t n = std::min(distance, bytes - done);
+        const uint64_t offset = dst < src ? done : bytes - done - n;
+        FERRY_RETURN_IF_ERROR(device_->Check(
+            cudaMemcpyAsync(Address(dst + offset), Address(src + offset), n,
+                            cudaMemcpyDeviceToDevice, stream_),
+            "cudaMemcpyAsync (device to device)"));
+        done += n;
+      }
+      return Status::Ok();
+    }
+    if (capturing_) {
+      return InvalidArgument("CopyDeviceToDevice: closely overlapping ranges during capture");
+    }
+    FERRY_ASSIGN_OR_RETURN(DevicePtr temp, device_->AllocateMemory(bytes, stream_));
+    Status status = device_->Check(
+        cudaMemcpyAsync(Address(temp), Address(src), bytes, cudaMemcpyDeviceToDevice, stream_),
+        "cudaMemcpyAsync (device to device)");
+    if (status.ok()) {
+      status = device_->Check(
+          cudaMemcpyAsync(Address(dst), Address(temp), bytes, cudaMemcpyDeviceToDevice, stream_),
+          "cudaMemcpyAsync (device to device)");
+    }
+    device_->ForgetAllocation(temp);
+    (void)device_->Check(cudaFreeAsync(Address(temp), stream_), "cudaFreeAsync");
+    return status;
+  }
+
+  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: pass B as cuBLAS's
+  // first operand and A as its second, with m and n swapped. A row-major r x c matrix is a
+  // column-major c x r one with leading dimension c.
+  Status GemmChecked(const GemmArgs& g) {
+    if (g.m == 0 || g.n == 0) return Status::Ok();
+    const int m = static_cast<int>(g.m), n = static_cast<int>(g.n), k = static_cast<int>(g.k);
+    const cublasOperation_t op_first = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t op_second = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const int ld_b = std::max(1, g.trans_b ? k : n);  // B is n x k (trans) or k x n
+    const int ld_a = std::max(1, g.trans_a ? m : k);  // A is k x m (trans) or m x k
+    const int ld_c = std::max(1, n);
+    cublasStatus_t status;
+    if (g.dtype == DType::kF32) {
+      const float alpha = static_cast<float>(g.alpha), beta = static_cast<float>(g.beta);
+      status = cublasSgemm(cublas_, op_first, op_second, n, m, k, &alpha,
+                           static_cast<const float*>(Address(g.b)), ld_b,
+                           static_cast<const float*>(Address(g.a)), ld_a, &beta,
+                           static_cast<float*>(Address(g.c)), ld_c);
+    } else {
+      const double alpha = g.alpha, beta = g.beta;
+      status = cublasDgemm(cublas_, op_first, op_second, n, m, k, &alpha,
+                           static_cast<const double*>(Address(g.b)), ld_b,
+                           static_cast<const double*>(Address(g.a)), ld_a, &beta,
+                           static_cast<double*>(Address(g.c)), ld_c);
+    }
+    return device_->CheckStatus(CublasStatus(status, "cuBLAS gemm"));
+  }
+
+  void FreeDeferred() {
+    for (DevicePtr ptr : deferred_frees_) {
+      (void)device_->Check(cudaFreeAsync(Address(ptr), stream_), "cudaFreeAsync");
+    }
+    deferred_frees_.clear();
+  }
+
+  CudaDevice* const device_;
+  const std::shared_ptr<CompletionWatcher::Queue> queue_;
+  const std::shared_ptr<StreamScratch> scratch_;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+
+  // Owner-only capture state.
+  bool capturing_ = false;
+  std::vector<Access> captured_;        // ranges the captured work touches
+  std::string capture_error_;           // why EndCapture must fail; empty while valid
+  std::vector<DevicePtr> deferred_frees_;  // freed during capture, released after it
+};
+
+Status CudaStream::Launch(const Module& module, std::string_view function,
+                          const LaunchConfig& config, const std::vector<KernelArg>& args) {
+  const auto* cuda_module = dynamic_cast<const CudaModule*>(&module);
+  if (cuda_module == nullptr || cuda_module->ordinal() != device_->ordinal()) {
+    return InvalidArgument("Launch: the module was not loaded on this device");
+  }
+  FERRY_RETURN_IF_ERROR(device_->MakeCurrent());
+  FERRY_ASSIGN_OR_RETURN(CudaModule::FunctionInfo info, cuda_module->Lookup(function));
+  const CUfunction func = info.function;
+  const std::vector<size_t>& sizes = info.param_sizes;
+  const std::string name(function);
+
+  // Arguments: count and sizes must match the kernel's parameters where the driver tells
+  // them (otherwise it would read past our buffers or pass garbage).
+  if (info.sizes_known) {
+    if (sizes.size() != args.size()) {
+      return InvalidArgument("Launch " + name + ": " + std::to_string(args.size()) +
+                             " arguments given, the kernel takes " +
+                             std::to_string(sizes.size()));
+    }
+  }
+  std::vector<uint64_t> pointers(args.size());
+  std::vector<void*> params(args.size());
+  for (size_t i = 0; i < args.size(); ++i) {
+    const KernelArg& arg = args[i];
+    size_t given = 0;
+    if (arg.kind == KernelArg::Kind::kPointer) {
+      pointers[i] = arg.pointer;
+      params[i] = &pointers[i];
+      given = sizeof(uint64_t);
+    } else {
+      if (arg.scalar.empty()) {
+        return InvalidArgument("Launch " + name + ": argument " + std::to_string(i) +
+                               " is an empty scalar");
+      }
+      params[i] = const_cast<uint8_t*>(arg.scalar.data());
+      given = arg.scalar.size();
+    }
+    if (info.sizes_known && sizes[i] != given) {
+      return InvalidArgument("Launch " + name + ": argument " + std::to_string(i) + " has " +
+                             std::to_string(given) + " bytes, the kernel's parameter has " +
+                             std::to_string(sizes[i]));
+    }
+  }
+
+  // Launch configuration: reject what the device cannot run before the driver sees it.
+  const cudaDeviceProp& props = device_->props();
+  uint64_t threads = 1;
+  for (int d = 0; d < 3; ++d) {
+    if (config.grid[d] == 0 || config.block[d] == 0) {
+      return InvalidArgument("Launch " + name + ": grid and block dimensions must be positive");
+    }
+    if (config.block[d] > static_cast<uint32_t>(props.maxThreadsDim[d]) ||
+        config.grid[d] > static_cast<uint32_t>(props.maxGridSize[d])) {
+      return InvalidArgument("Launch " + name + ": grid or block dimension " +
+                             std::to_string(d) + " exceeds the device's limit");
+    }
+    threads *= config.block[d];
+  }
+  const DriverApi& api = cuda_module->api();
+  int max_threads = props.maxThreadsPerBlock;
+  if (api.FuncGetAttribute(&max_threads, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, func) !=
+      CUDA_SUCCESS) {
+    max_threads = props.maxThreadsPerBlock;
+  }
+  if (threads > static_cast<uint64_t>(max_threads)) {
+    return InvalidArgument("Launch " + name + ": " + std::to_string(threads) +
+                           " threads per block, the kernel allows " +
+                           std::to_string(max_threads));
+  }
+  if (config.shared_bytes > kDefaultSharedLimit) {
+    if (config.shared_bytes > props.sharedMemPerBlockOptin) {
+      return InvalidArgument("Launch " + name + ": " + std::to_string(config.shared_bytes) +
+                             " bytes of shared memory, the device allows " +
+                             std::to_string(props.sharedMemPerBlockOptin));
+    }
+    FERRY_RETURN_IF_ERROR(device_->CheckStatus(DriverStatus(
+        api.FuncSetAttribute(func, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                             static_cast<int>(config.shared_bytes)),
+        "cuFuncSetAttribute (dynamic shared memory)")));
+  }
+
+  const CUresult launched = api.LaunchKernel(
+      func, config.grid[0], config.grid[1], config.grid[2], config.block[0], config.block[1],
+      config.block[2], config.shared_bytes, stream_, params.empty() ? nullptr : params.data(),
+      nullptr);
+  return device_->CheckStatus(DriverStatus(launched, "cuLaunchKernel " + name));
+}
+
+Result<std::unique_ptr<Stream>> CudaDevice::CreateStream() {
+  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<CudaStream> stream, CudaStream::Create(this));
+  return std::unique_ptr<Stream>(std::move(stream));
+}
+
+Result<std::shared_ptr<Module>> CudaDevice::LoadModule(ModuleFormat format,
+                                                       std::string_view image) {
+  if (format != ModuleFormat::kPtx && format != ModuleFormat::kCubin &&
+      format != ModuleFormat::kCudaSource) {
+    return InvalidArgument("LoadModule: unknown format " +
+                           std::to_string(static_cast<int>(format)));
+  }
+  if (image.empty()) return CompileError("LoadModule: the module image is empty");
+  if (driver_api_ == nullptr) return driver_api_status_;
+
+  std::string key;
+  key.reserve(image.size() + 1);
+  key.push_back(static_cast<char>('0' + static_cast<int>(format)));
+  key.append(image);
+  {
+    std::lock_guard<std::mutex> lock(modules_mu_);
+    if (auto it = modules_.find(key); it != modules_.end()) {
+      if (std::shared_ptr<CudaModule> module = it->second.lock()) {
+        return std::shared_ptr<Module>(std::move(module));
+      }
+    }
+  }
+
+  std::string loadable;
+  switch (format) {
+    case ModuleFormat::kCudaSource: {
+      FERRY_ASSIGN_OR_RETURN(loadable, CompileCudaSource(image, info_.compute_major,
+                                                         info_.compute_minor));
+      break;
+    }
+    case ModuleFormat::kCubin: {
+      // An ELF cubin or a fatbin; anything else is refused before the driver parses it.
+      static constexpr char kElf[] = {'\x7f', 'E', 'L', 'F'};
+      static constexpr char kFatbin[] = {'\x50', '\xed', '\x55', '\xba'};
+      const bool elf = image.size() >= 4 && std::memcmp(image.data(), kElf, 4) == 0;
+      const bool fatbin = image.size() >= 4 && std::memcmp(image.data(), kFatbin, 4) == 0;
+      if (!elf && !fatbin) return CompileError("LoadModule: the image is not a CUBIN or fatbin");
+      loadable.assign(image);
+      break;
+    }
+    default:
+      loadable.assign(image);  // PTX: std::string adds the NUL the driver needs
+      break;
+  }
+
+  FERRY_RETURN_IF_ERROR(MakeCurrent());
+  FERRY_ASSIGN_OR_RETURN(CUmodule handle, LoadImage(*driver_api_, loadable));
+  auto module = std::make_shared<CudaModule>(info_.ordinal, driver_api_, handle);
+
+  std::lock_guard<std::mutex> lock(modules_mu_);
+  // Drop entries whose modules are gone, so the cache holds only live modules' keys.
+  for (auto it = modules_.begin(); it != modules_.end();) {
+    it = it->second.expired() ? modules_.erase(it) : std::next(it);
+  }
+  auto [it, inserted] = modules_.try_emplace(std::move(key), module);
+  if (!inserted) {
+    // Another caller loaded the same image meanwhile: share theirs, drop ours.
+    if (std::shared_ptr<CudaModule> existing = it->second.lock()) {
+      return std::shared_ptr<Module>(std::move(existing));
+    }
+    it->second = module;
+  }
+  return std::shared_ptr<Module>(std::move(module));
+}
+
+}  // namespace
+
+int CudaDeviceCount() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
+Result<std::unique_ptr<Device>> CreateCudaDevice(int ordinal) {
+  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<CudaDevice> device, CudaDevice::Create(ordinal));
+  return std::unique_ptr<Device>(std::move(device));
+}
+
+}  // namespace ferry::backend

@@ -1,0 +1,69 @@
+// Private helpers of the CUDA backend: the one place CUDA, driver, cuBLAS and NVRTC status
+// codes become ferry::Status values, and the driver-API entry points.
+//
+// Every CUDA call in server/backend/cuda goes through FERRY_CUDA_RETURN_IF_ERROR (or
+// CudaStatus when the caller needs the Status value), so the error mapping lives here only:
+//  * cudaErrorMemoryAllocation (CUDA_ERROR_OUT_OF_MEMORY)  -> OUT_OF_DEVICE_MEMORY
+//  * a sticky error that leaves the context unusable (illegal address, launch failure,
+//    assert, ...)                                          -> DEVICE_FAULT
+//  * anything else (bad value, bad launch configuration, capture misuse, ...)
+//                                                          -> INVALID_ARGUMENT
+// The message always names the CUDA error (e.g. "cudaErrorIllegalAddress"). A non-sticky
+// runtime error is also cleared from the thread's last-error slot, so it cannot leak into a
+// later, unrelated check.
+//
+// The driver (libcuda) is never linked: ferryd must start on a machine without a GPU driver.
+// Driver-API functions (modules, raw launches) are looked up at run time through the static
+// runtime's cudaGetDriverEntryPointByVersion; see DriverApi.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#include <cublas_v2.h>
+#include <nvrtc.h>
+
+#include <string>
+#include <string_view>
+
+#include "ferry/status.h"
+
+namespace ferry::backend::cuda_internal {
+
+/// Return true for the CUDA errors after which the context is unusable (every later call
+/// in it fails with the same error). The values of these codes are the same for the
+/// runtime (cudaError_t) and the driver (CUresult).
+bool IsStickyError(int code);
+
+/// Map a runtime error to a Status; OK for cudaSuccess. `what` names the call.
+Status CudaStatus(cudaError_t error, std::string_view what);
+/// Map a driver-API result to a Status; OK for CUDA_SUCCESS.
+Status DriverStatus(CUresult result, std::string_view what);
+/// Map a cuBLAS status to a Status; OK for CUBLAS_STATUS_SUCCESS.
+Status CublasStatus(cublasStatus_t status, std::string_view what);
+/// Map an NVRTC result to a Status (INTERNAL: NVRTC failing other than by the program).
+Status NvrtcStatus(nvrtcResult result, std::string_view what);
+
+/// Driver-API functions, resolved once through the runtime (never by linking libcuda).
+/// A member is null when the installed driver does not export that function.
+struct DriverApi {
+  decltype(&::cuGetErrorName) GetErrorName = nullptr;
+  decltype(&::cuModuleLoadDataEx) ModuleLoadDataEx = nullptr;
+  decltype(&::cuModuleUnload) ModuleUnload = nullptr;
+  decltype(&::cuModuleGetFunction) ModuleGetFunction = nullptr;
+  decltype(&::cuFuncGetAttribute) FuncGetAttribute = nullptr;
+  decltype(&::cuFuncSetAttribute) FuncSetAttribute = nullptr;
+  decltype(&::cuFuncGetParamInfo) FuncGetParamInfo = nullptr;  // driver 12.4+
+  decltype(&::cuLaunchKernel) LaunchKernel = nullptr;
+};
+
+/// Return the driver-API table, resolving it on first use (thread-safe). Call only after
+/// the runtime has initialized a device (cudaSetDevice succeeded). Fails when a required
+/// entry point is missing; FuncGetParamInfo is optional.
+Result<const DriverApi*> GetDriverApi();
+
+}  // namespace ferry::backend::cuda_internal
+
+/// Evaluate a CUDA runtime call; return its mapped Status from the enclosing function when
+/// it fails.
+#define FERRY_CUDA_RETURN_IF_ERROR(call) \
+  FERRY_RETURN_IF_ERROR(::ferry::backend::cuda_internal::CudaStatus((call), #call))
