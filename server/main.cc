@@ -11,6 +11,7 @@
 #include "config.h"
 #include "ferry/version.h"
 #include "rpc/daemon.h"
+#include "session/device_supervisor.h"
 
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
@@ -31,15 +32,20 @@ int main(int argc, char** argv) {
   spdlog::set_level(spdlog::level::from_str(config.log_level));
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ ferryd[%P] %v");
 
-  std::string why;
-  auto device = ferry::backend::CreateDevice(config.backend, config.device, config.host, &why);
+  auto factory = ferry::backend::MakeDeviceFactory(config.backend, config.device, config.host,
+                                                   config.host_fault_after_ops_for_test);
+  if (!factory.ok()) {
+    spdlog::critical("cannot open device {}: {}", config.device, factory.status().ToString());
+    return 1;
+  }
+  auto device = ferry::session::DeviceSupervisor::Create(factory->create, factory->reset_context);
   if (!device.ok()) {
     spdlog::critical("cannot open device {}: {}", config.device, device.status().ToString());
     return 1;
   }
-  const auto& info = (*device)->info();
+  const auto info = (*device)->info();
   spdlog::info("ferryd {} ({}): device {} '{}' on the {} backend ({})", ferry::kVersion,
-               ferry::kGitCommit, info.ordinal, info.name, info.backend, why);
+               ferry::kGitCommit, info.ordinal, info.name, info.backend, factory->why);
 
   auto daemon = ferry::rpc::Daemon::Start(std::move(*device), config.daemon);
   if (!daemon.ok()) {

@@ -60,6 +60,7 @@ SessionStats FromProto(const v1::SessionStats& s) {
   out.tensors_created = s.tensors_created();
   out.peak_device_bytes = s.peak_device_bytes();
   out.device_busy_ns = s.device_busy_ns();
+  out.graph_launches = s.graph_launches();
   return out;
 }
 
@@ -363,6 +364,44 @@ void Tensor::Release() {
   handle_ = 0;
 }
 
+// --- Module, Graph -------------------------------------------------------------------------
+
+Module::Module(Module&& o) noexcept
+    : session_(std::move(o.session_)), handle_(std::exchange(o.handle_, 0)) {}
+Module& Module::operator=(Module&& o) noexcept {
+  if (this != &o) {
+    this->~Module();
+    session_ = std::move(o.session_);
+    handle_ = std::exchange(o.handle_, 0);
+  }
+  return *this;
+}
+Module::~Module() {
+  if (handle_ == 0) return;
+  if (auto s = session_.lock(); s && !s->closed()) {
+    s->Record()->mutable_unload_module()->set_handle(handle_);
+  }
+  handle_ = 0;
+}
+
+Graph::Graph(Graph&& o) noexcept
+    : session_(std::move(o.session_)), handle_(std::exchange(o.handle_, 0)) {}
+Graph& Graph::operator=(Graph&& o) noexcept {
+  if (this != &o) {
+    this->~Graph();
+    session_ = std::move(o.session_);
+    handle_ = std::exchange(o.handle_, 0);
+  }
+  return *this;
+}
+Graph::~Graph() {
+  if (handle_ == 0) return;
+  if (auto s = session_.lock(); s && !s->closed()) {
+    s->Record()->mutable_free_graph()->set_handle(handle_);
+  }
+  handle_ = 0;
+}
+
 // --- Session -----------------------------------------------------------------------------
 
 Session::Session(std::shared_ptr<internal::SessionState> state) : state_(std::move(state)) {}
@@ -461,6 +500,49 @@ void Session::write_bytes(const Tensor& t, uint64_t offset, const void* data, ui
   op->set_tensor(t.handle());
   op->set_offset(offset);
   op->set_data(data, bytes);
+}
+
+Module Session::load_module(ModuleFormat format, std::string_view image) {
+  uint64_t handle = state_->NextHandle();
+  auto* op = state_->Record()->mutable_load_module();
+  op->set_handle(handle);
+  op->set_format(static_cast<v1::ModuleFormat>(format));
+  op->set_image(image.data(), image.size());
+  return Module(state_, handle);
+}
+
+void Session::launch(const Module& module, std::string_view function, Dim3 grid, Dim3 block,
+                     const std::vector<KernelArg>& args, uint32_t shared_bytes) {
+  auto* op = state_->Record()->mutable_launch();
+  op->set_module(module.handle());
+  op->set_function(function.data(), function.size());
+  for (uint32_t d : {grid.x, grid.y, grid.z}) op->add_grid(d);
+  for (uint32_t d : {block.x, block.y, block.z}) op->add_block(d);
+  op->set_shared_bytes(shared_bytes);
+  for (const KernelArg& a : args) {
+    v1::KernelArg* k = op->add_args();
+    switch (a.kind()) {
+      case KernelArg::Kind::kTensor: k->set_tensor(a.integer()); break;
+      case KernelArg::Kind::kI32: k->set_i32(static_cast<int32_t>(a.real())); break;
+      case KernelArg::Kind::kU32: k->set_u32(static_cast<uint32_t>(a.integer())); break;
+      case KernelArg::Kind::kI64: k->set_i64(static_cast<int64_t>(a.integer())); break;
+      case KernelArg::Kind::kU64: k->set_u64(a.integer()); break;
+      case KernelArg::Kind::kF32: k->set_f32(static_cast<float>(a.real())); break;
+      case KernelArg::Kind::kF64: k->set_f64(a.real()); break;
+    }
+  }
+}
+
+Graph Session::begin_graph() {
+  uint64_t handle = state_->NextHandle();
+  state_->Record()->mutable_begin_graph()->set_handle(handle);
+  return Graph(state_, handle);
+}
+
+void Session::end_graph() { state_->Record()->mutable_end_graph(); }
+
+void Session::launch_graph(const Graph& graph) {
+  state_->Record()->mutable_launch_graph()->set_graph(graph.handle());
 }
 
 size_t Session::recorded_ops() const { return state_->recorded(); }

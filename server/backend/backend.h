@@ -185,5 +185,8 @@ Result<std::unique_ptr<Device>> CreateHostDevice(const HostDeviceOptions& option
 int CudaDeviceCount();
 /// Create the CUDA backend for device `ordinal`. UNSUPPORTED when built without CUDA.
 Result<std::unique_ptr<Device>> CreateCudaDevice(int ordinal);
+/// Destroy and re-create the primary context of CUDA device `ordinal` (cudaDeviceReset),
+/// after a sticky fault. Every Device, Stream, Module and Graph of it must be gone.
+Status ResetCudaContext(int ordinal);
 
 }  // namespace ferry::backend

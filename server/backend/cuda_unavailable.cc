@@ -9,4 +9,8 @@ Result<std::unique_ptr<Device>> CreateCudaDevice(int /*ordinal*/) {
   return Status(ErrorKind::kUnsupported, "this ferryd was built without the CUDA backend");
 }
 
+Status ResetCudaContext(int /*ordinal*/) {
+  return Status(ErrorKind::kUnsupported, "this ferryd was built without the CUDA backend");
+}
+
 }  // namespace ferry::backend

@@ -1,6 +1,9 @@
 #include "backend/select.h"
 
+#include <atomic>
 #include <string>
+
+#include "backend/host/host_device.h"
 
 namespace ferry::backend {
 
@@ -33,6 +36,47 @@ Result<std::unique_ptr<Device>> CreateDevice(std::string_view kind, int ordinal,
   }
   return Status(ErrorKind::kInvalidArgument,
                 "--backend must be host, cuda or auto, got " + std::string(kind));
+}
+
+Result<DeviceFactory> MakeDeviceFactory(std::string_view kind, int ordinal,
+                                        const HostDeviceOptions& host_options,
+                                        uint64_t host_fault_after_ops_for_test) {
+  if (ordinal < 0) return Status(ErrorKind::kInvalidArgument, "device ordinal must be >= 0");
+  DeviceFactory f;
+  bool cuda = false;
+  if (kind == "cuda") {
+    cuda = true;
+    f.why = "cuda backend requested";
+  } else if (kind == "host") {
+    f.why = "host backend requested";
+  } else if (kind == "auto") {
+    int count = CudaDeviceCount();
+    cuda = count > ordinal;
+    f.why = cuda ? "auto: " + std::to_string(count) + " CUDA device(s) visible"
+            : count == 0 ? "auto: no CUDA device visible"
+                         : "auto: CUDA device " + std::to_string(ordinal) +
+                               " not visible (" + std::to_string(count) + " present)";
+  } else {
+    return Status(ErrorKind::kInvalidArgument,
+                  "--backend must be host, cuda or auto, got " + std::string(kind));
+  }
+  if (cuda) {
+    f.create = [ordinal] { return CreateCudaDevice(ordinal); };
+    f.reset_context = [ordinal] { return ResetCudaContext(ordinal); };
+    return f;
+  }
+  HostDeviceOptions options = host_options;
+  options.ordinal = ordinal;
+  auto armed = std::make_shared<std::atomic<uint64_t>>(host_fault_after_ops_for_test);
+  f.create = [options, armed]() -> Result<std::unique_ptr<Device>> {
+    FERRY_ASSIGN_OR_RETURN(std::unique_ptr<HostDevice> device, HostDevice::Create(options));
+    if (uint64_t after = armed->exchange(0)) {
+      device->InjectFaultForTest(
+          after, Status(ErrorKind::kDeviceFault, "injected host device fault (test)"));
+    }
+    return std::unique_ptr<Device>(std::move(device));
+  };
+  return f;
 }
 
 }  // namespace ferry::backend

@@ -8,7 +8,7 @@ namespace ferry::rpc {
 grpc::ServerUnaryReactor* AdminService::Status(grpc::CallbackServerContext* ctx,
                                                const v1::StatusRequest*,
                                                v1::StatusReply* reply) {
-  const backend::DeviceInfo& info = context_->device->info();
+  const backend::DeviceInfo info = context_->device->info();
   session::DaemonTotals t = context_->registry->Totals();
   reply->set_version(std::string(kVersion) + "+" + kGitCommit);
   reply->set_backend(info.backend);
@@ -30,6 +30,9 @@ grpc::ServerUnaryReactor* AdminService::Status(grpc::CallbackServerContext* ctx,
   reply->set_bytes_downloaded_total(t.bytes_downloaded);
   reply->set_draining(context_->draining);
   reply->set_live_tensors(t.live_tensors);
+  reply->set_device_resets(context_->device->resets());
+  reply->set_last_fault(context_->device->last_fault());
+  reply->set_last_recovery_ms(context_->device->last_recovery_ms());
   auto* reactor = ctx->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;
@@ -60,6 +63,7 @@ grpc::ServerUnaryReactor* AdminService::ListSessions(grpc::CallbackServerContext
     snap.tensors_created = c.tensors_created;
     snap.peak_device_bytes = c.peak_device_bytes;
     snap.device_busy_ns = c.device_busy_ns;
+    snap.graph_launches = c.graph_launches;
     ToProto(snap, s->mutable_stats());
   }
   auto* reactor = ctx->DefaultReactor();

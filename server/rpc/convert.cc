@@ -1,5 +1,9 @@
 #include "rpc/convert.h"
 
+#include <cstring>
+
+#include "session/admission.h"
+
 namespace ferry::rpc {
 namespace {
 
@@ -62,6 +66,56 @@ session::Op FromProto(const v1::Op& op) {
       const auto& g = op.gemm();
       return GemmOp{g.a(), g.b(), g.c(), g.trans_a(), g.trans_b(), g.alpha(), g.beta()};
     }
+    case v1::Op::kLoadModule: {
+      const auto& m = op.load_module();
+      backend::ModuleFormat format;
+      switch (m.format()) {
+        case v1::PTX: format = backend::ModuleFormat::kPtx; break;
+        case v1::CUBIN: format = backend::ModuleFormat::kCubin; break;
+        case v1::CUDA_SOURCE: format = backend::ModuleFormat::kCudaSource; break;
+        default: return Malformed("load_module: invalid format");
+      }
+      return LoadModuleOp{m.handle(), format, std::string_view(m.image())};
+    }
+    case v1::Op::kUnloadModule: return UnloadModuleOp{op.unload_module().handle()};
+    case v1::Op::kLaunch: {
+      const auto& l = op.launch();
+      LaunchOp out;
+      out.module = l.module();
+      out.function = l.function();
+      if (l.grid_size() < 1 || l.grid_size() > 3 || l.block_size() < 1 || l.block_size() > 3) {
+        return Malformed("launch: grid and block need 1 to 3 dimensions");
+      }
+      for (int i = 0; i < l.grid_size(); ++i) out.config.grid[i] = l.grid(i);
+      for (int i = 0; i < l.block_size(); ++i) out.config.block[i] = l.block(i);
+      out.config.shared_bytes = l.shared_bytes();
+      if (l.args_size() > static_cast<int>(kMaxKernelArgs)) {
+        return Malformed("launch: too many arguments");
+      }
+      for (const v1::KernelArg& a : l.args()) {
+        LaunchArg arg;
+        auto bytes = [&arg](const auto& v) {
+          arg.scalar.resize(sizeof(v));
+          std::memcpy(arg.scalar.data(), &v, sizeof(v));
+        };
+        switch (a.kind_case()) {
+          case v1::KernelArg::kTensor: arg.is_tensor = true; arg.tensor = a.tensor(); break;
+          case v1::KernelArg::kI32: bytes(a.i32()); break;
+          case v1::KernelArg::kU32: bytes(a.u32()); break;
+          case v1::KernelArg::kI64: bytes(a.i64()); break;
+          case v1::KernelArg::kU64: bytes(a.u64()); break;
+          case v1::KernelArg::kF32: bytes(a.f32()); break;
+          case v1::KernelArg::kF64: bytes(a.f64()); break;
+          case v1::KernelArg::KIND_NOT_SET: return Malformed("launch: an argument with no kind");
+        }
+        out.args.push_back(std::move(arg));
+      }
+      return out;
+    }
+    case v1::Op::kBeginGraph: return BeginGraphOp{op.begin_graph().handle()};
+    case v1::Op::kEndGraph: return EndGraphOp{};
+    case v1::Op::kLaunchGraph: return LaunchGraphOp{op.launch_graph().graph()};
+    case v1::Op::kFreeGraph: return FreeGraphOp{op.free_graph().handle()};
     case v1::Op::KIND_NOT_SET: break;
   }
   return Malformed("op has no kind this daemon knows");
@@ -96,6 +150,7 @@ void ToProto(const session::SessionStatsSnapshot& s, v1::SessionStats* out) {
   out->set_tensors_created(s.tensors_created);
   out->set_peak_device_bytes(s.peak_device_bytes);
   out->set_device_busy_ns(s.device_busy_ns);
+  out->set_graph_launches(s.graph_launches);
 }
 
 }  // namespace ferry::rpc

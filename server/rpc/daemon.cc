@@ -36,7 +36,7 @@ bool IsLoopback(const std::string& host) {
 
 }  // namespace
 
-Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<backend::Device> device,
+Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSupervisor> device,
                                               const DaemonOptions& options) {
   if (options.listen.empty()) {
     return Status(ErrorKind::kInvalidArgument, "no endpoint to listen on");

@@ -12,6 +12,7 @@
 
 #include "backend/backend.h"
 #include "ferry/status.h"
+#include "session/device_supervisor.h"
 #include "session/registry.h"
 #include "session/session.h"
 
@@ -41,14 +42,14 @@ struct DaemonOptions {
 
 class Daemon {
  public:
-  /// Start serving `device` on every endpoint of `options`.
-  static Result<std::unique_ptr<Daemon>> Start(std::unique_ptr<backend::Device> device,
+  /// Start serving the supervised device on every endpoint of `options`.
+  static Result<std::unique_ptr<Daemon>> Start(std::unique_ptr<session::DeviceSupervisor> device,
                                                const DaemonOptions& options);
   ~Daemon();
 
   /// The endpoints actually bound, with TCP port 0 resolved ("tcp:127.0.0.1:40123").
   const std::vector<std::string>& endpoints() const { return endpoints_; }
-  const backend::Device& device() const { return *device_; }
+  const session::DeviceSupervisor& device() const { return *device_; }
   const session::SessionRegistry& registry() const { return *registry_; }
 
   /// Stop accepting sessions, let open ones run until `deadline`, then cancel them and wait
@@ -60,7 +61,7 @@ class Daemon {
  private:
   Daemon() = default;
 
-  std::unique_ptr<backend::Device> device_;
+  std::unique_ptr<session::DeviceSupervisor> device_;
   std::unique_ptr<session::SessionRegistry> registry_;
   boost::asio::io_context io_;
   std::unique_ptr<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>>

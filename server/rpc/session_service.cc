@@ -156,8 +156,9 @@ class SessionConnection : public session::SessionEvents,
     auto* o = m->mutable_opened();
     o->set_session_id(session_id_);
     o->set_protocol_version(v1::PROTOCOL_VERSION_CURRENT);
-    o->set_backend(context_->device->info().backend);
-    o->set_device_name(context_->device->info().name);
+    backend::DeviceInfo info = context_->device->info();
+    o->set_backend(info.backend);
+    o->set_device_name(info.name);
     o->set_device_bytes_quota(config.device_bytes_quota);
     o->set_max_in_flight_submits(config.max_in_flight_submits);
     o->set_max_message_bytes(context_->max_message_bytes);

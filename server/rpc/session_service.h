@@ -15,6 +15,7 @@
 
 #include "backend/backend.h"
 #include "ferry/v1/session.grpc.pb.h"
+#include "session/device_supervisor.h"
 #include "session/registry.h"
 #include "session/session.h"
 
@@ -22,7 +23,7 @@ namespace ferry::rpc {
 
 /// What every session stream needs from the daemon. Outlives all sessions.
 struct SessionServiceContext {
-  backend::Device* device = nullptr;
+  session::DeviceSupervisor* device = nullptr;
   session::SessionRegistry* registry = nullptr;
   boost::asio::io_context* io = nullptr;
   /// Defaults granted when the client asks for 0, and the most a client may ask for.

@@ -1,8 +1,11 @@
 #include "session/admission.h"
 
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
+#include <vector>
 
 namespace ferry::session {
 namespace {
@@ -21,6 +24,8 @@ class TableOverlay {
   }
   void Create(uint64_t handle, TensorRecord r) {
     bytes_ += r.bytes;
+    // A generation no real tensor has, distinct for every create of this submit.
+    r.generation = (1ull << 63) + (++creates_);
     created_[handle] = std::move(r);
   }
   void Free(uint64_t handle) {
@@ -35,23 +40,96 @@ class TableOverlay {
   std::unordered_map<uint64_t, TensorRecord> created_;
   std::unordered_set<uint64_t> freed_;
   uint64_t bytes_;
+  uint64_t creates_ = 0;
+};
+
+using TensorRefs = std::vector<std::pair<uint64_t, uint64_t>>;  // (handle, generation)
+
+// Modules and graphs as the ops admitted so far leave them.
+class ObjectOverlay {
+ public:
+  explicit ObjectOverlay(const HandleTable& table) : table_(table) {}
+
+  bool ModuleLive(uint64_t h) const {
+    if (modules_created_.count(h)) return true;
+    if (modules_freed_.count(h)) return false;
+    return table_.modules().count(h) > 0;
+  }
+  void CreateModule(uint64_t h) {
+    modules_freed_.erase(h);
+    modules_created_.insert(h);
+  }
+  void FreeModule(uint64_t h) {
+    if (!modules_created_.erase(h)) modules_freed_.insert(h);
+  }
+  // Return the tensors graph `h` uses, or nullptr when no live graph has that handle.
+  const TensorRefs* Graph(uint64_t h) const {
+    if (auto it = graphs_created_.find(h); it != graphs_created_.end()) return &it->second;
+    if (graphs_freed_.count(h)) return nullptr;
+    auto it = table_.graphs().find(h);
+    return it == table_.graphs().end() ? nullptr : &it->second.tensors;
+  }
+  void CreateGraph(uint64_t h, TensorRefs refs) {
+    graphs_freed_.erase(h);
+    graphs_created_[h] = std::move(refs);
+  }
+  void FreeGraph(uint64_t h) {
+    if (!graphs_created_.erase(h)) graphs_freed_.insert(h);
+  }
+
+ private:
+  const HandleTable& table_;
+  std::unordered_set<uint64_t> modules_created_, modules_freed_;
+  std::unordered_map<uint64_t, TensorRefs> graphs_created_;
+  std::unordered_set<uint64_t> graphs_freed_;
 };
 
 class Admitter {
  public:
   Admitter(const HandleTable& table, const AdmissionLimits& limits)
-      : overlay_(table), limits_(limits) {
+      : overlay_(table), objects_(table), limits_(limits) {
     result_.peak_device_bytes = table.bytes();
   }
 
-  Status Check(const Op& op) { return std::visit([this](const auto& o) { return Do(o); }, op); }
+  Status Check(const Op& op, int index) {
+    index_ = index;
+    return std::visit(
+        [this](const auto& o) -> Status {
+          using T = std::decay_t<decltype(o)>;
+          if (capturing_ && !IsGraphable<T>()) {
+            return Status(ErrorKind::kInvalidArgument,
+                          "only device work (fill, copy, arithmetic, reductions, gemm, "
+                          "launch) may be recorded into a graph");
+          }
+          return Do(o);
+        },
+        op);
+  }
+  // Check what only the end of the submit can tell.
+  Status Finish() {
+    if (capturing_) {
+      return Status(ErrorKind::kInvalidArgument, "BeginGraph without EndGraph")
+          .WithOpIndex(capture_begin_);
+    }
+    return Status::Ok();
+  }
   AdmissionResult result() const { return result_; }
 
  private:
+  template <typename T>
+  static constexpr bool IsGraphable() {
+    return std::is_same_v<T, FillOp> || std::is_same_v<T, CopyOp> ||
+           std::is_same_v<T, BinaryOpArgs> || std::is_same_v<T, ScaleOp> ||
+           std::is_same_v<T, AxpyOp> || std::is_same_v<T, ReduceSumOp> ||
+           std::is_same_v<T, GemmOp> || std::is_same_v<T, LaunchOp> ||
+           std::is_same_v<T, EndGraphOp> || std::is_same_v<T, MalformedOp>;
+  }
+
   Result<const TensorRecord*> Live(uint64_t handle) {
     if (handle == 0) return Status(ErrorKind::kInvalidHandle, "handle 0 is never valid");
     const TensorRecord* r = overlay_.Find(handle);
     if (!r) return Status(ErrorKind::kInvalidHandle, H(handle) + " does not exist");
+    if (capturing_) capture_refs_.emplace_back(handle, r->generation);
     return r;
   }
   Result<const TensorRecord*> LiveFloat(uint64_t handle) {
@@ -210,11 +288,101 @@ class Admitter {
     }
     return Status::Ok();
   }
+  Status Do(const LoadModuleOp& op) {
+    if (op.handle == 0) return Status(ErrorKind::kInvalidHandle, "module handle 0 is never valid");
+    if (objects_.ModuleLive(op.handle)) {
+      return Status(ErrorKind::kInvalidHandle, "module " + std::to_string(op.handle) +
+                                                   " already exists");
+    }
+    if (op.image.empty()) return Status(ErrorKind::kInvalidArgument, "empty module image");
+    if (op.image.size() > kMaxModuleBytes) {
+      return Status(ErrorKind::kQuotaExceeded, "module image above " +
+                                                   std::to_string(kMaxModuleBytes) + " bytes");
+    }
+    objects_.CreateModule(op.handle);
+    return Status::Ok();
+  }
+  Status Do(const UnloadModuleOp& op) {
+    if (!objects_.ModuleLive(op.handle)) {
+      return Status(ErrorKind::kInvalidHandle,
+                    "module " + std::to_string(op.handle) + " does not exist");
+    }
+    objects_.FreeModule(op.handle);
+    return Status::Ok();
+  }
+  Status Do(const LaunchOp& op) {
+    if (!objects_.ModuleLive(op.module)) {
+      return Status(ErrorKind::kInvalidHandle,
+                    "module " + std::to_string(op.module) + " does not exist");
+    }
+    if (op.function.empty() || op.function.size() > 1024) {
+      return Status(ErrorKind::kInvalidArgument, "bad kernel function name");
+    }
+    if (op.args.size() > kMaxKernelArgs) {
+      return Status(ErrorKind::kInvalidArgument,
+                    "more than " + std::to_string(kMaxKernelArgs) + " kernel arguments");
+    }
+    for (const LaunchArg& a : op.args) {
+      if (a.is_tensor) FERRY_RETURN_IF_ERROR(Live(a.tensor).status());
+    }
+    if (result_.first_launch_op < 0) result_.first_launch_op = index_;
+    return Status::Ok();
+  }
+  Status Do(const BeginGraphOp& op) {
+    if (capturing_) return Status(ErrorKind::kInvalidArgument, "BeginGraph inside a graph");
+    if (op.handle == 0) return Status(ErrorKind::kInvalidHandle, "graph handle 0 is never valid");
+    if (objects_.Graph(op.handle)) {
+      return Status(ErrorKind::kInvalidHandle,
+                    "graph " + std::to_string(op.handle) + " already exists");
+    }
+    capturing_ = true;
+    capture_handle_ = op.handle;
+    capture_begin_ = index_;
+    capture_refs_.clear();
+    return Status::Ok();
+  }
+  Status Do(const EndGraphOp&) {
+    if (!capturing_) return Status(ErrorKind::kInvalidArgument, "EndGraph without BeginGraph");
+    capturing_ = false;
+    objects_.CreateGraph(capture_handle_, std::move(capture_refs_));
+    capture_refs_.clear();
+    return Status::Ok();
+  }
+  Status Do(const LaunchGraphOp& op) {
+    const TensorRefs* refs = objects_.Graph(op.graph);
+    if (!refs) {
+      return Status(ErrorKind::kInvalidHandle,
+                    "graph " + std::to_string(op.graph) + " does not exist");
+    }
+    for (const auto& [handle, generation] : *refs) {
+      const TensorRecord* r = overlay_.Find(handle);
+      if (!r || r->generation != generation) {
+        return Status(ErrorKind::kInvalidHandle,
+                      "graph " + std::to_string(op.graph) + " uses " + H(handle) +
+                          ", which was freed after the graph was recorded");
+      }
+    }
+    return Status::Ok();
+  }
+  Status Do(const FreeGraphOp& op) {
+    if (!objects_.Graph(op.handle)) {
+      return Status(ErrorKind::kInvalidHandle,
+                    "graph " + std::to_string(op.handle) + " does not exist");
+    }
+    objects_.FreeGraph(op.handle);
+    return Status::Ok();
+  }
   Status Do(const MalformedOp& op) { return op.reason; }
 
   TableOverlay overlay_;
+  ObjectOverlay objects_;
   const AdmissionLimits& limits_;
   AdmissionResult result_;
+  int index_ = 0;
+  bool capturing_ = false;
+  uint64_t capture_handle_ = 0;
+  int capture_begin_ = 0;
+  TensorRefs capture_refs_;
 };
 
 }  // namespace
@@ -238,9 +406,10 @@ Result<AdmissionResult> AdmitSubmit(const SubmitRequest& request, const HandleTa
   }
   Admitter admitter(table, limits);
   for (size_t i = 0; i < request.ops.size(); ++i) {
-    Status s = admitter.Check(request.ops[i]);
+    Status s = admitter.Check(request.ops[i], static_cast<int>(i));
     if (!s.ok()) return s.WithOpIndex(static_cast<int>(i));
   }
+  FERRY_RETURN_IF_ERROR(admitter.Finish());
   return admitter.result();
 }
 

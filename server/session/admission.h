@@ -25,7 +25,13 @@ struct AdmissionResult {
   uint64_t bytes_created = 0;       // bytes of the tensors the submit creates
   uint64_t upload_bytes = 0;
   uint64_t download_bytes = 0;
+  int first_launch_op = -1;         // index of the first raw kernel launch, -1 if none
 };
+
+/// The most bytes of device code one LoadModule may carry.
+inline constexpr uint64_t kMaxModuleBytes = 64ull << 20;
+/// The most arguments one kernel launch may pass.
+inline constexpr size_t kMaxKernelArgs = 256;
 
 /// Check `request` against `table` and `limits`. On failure the Status names the op.
 Result<AdmissionResult> AdmitSubmit(const SubmitRequest& request, const HandleTable& table,

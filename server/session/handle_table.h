@@ -4,7 +4,10 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "backend/backend.h"
 #include "ferry/dtype.h"
@@ -17,6 +20,16 @@ struct TensorRecord {
   Shape shape;
   uint64_t elements = 0;
   uint64_t bytes = 0;
+  /// Unique per creation within the session, so a graph can tell a tensor from a later
+  /// one that reuses its handle.
+  uint64_t generation = 0;
+};
+
+/// A recorded graph and the tensors (handle, generation) its ops use.
+struct GraphRecord {
+  std::shared_ptr<backend::Graph> graph;
+  std::vector<std::pair<uint64_t, uint64_t>> tensors;
+  bool has_raw_kernels = false;
 };
 
 class HandleTable {
@@ -44,7 +57,25 @@ class HandleTable {
   uint64_t bytes() const { return bytes_; }
   const std::unordered_map<uint64_t, TensorRecord>& tensors() const { return tensors_; }
 
+  /// Loaded modules and recorded graphs, by client handle.
+  std::unordered_map<uint64_t, std::shared_ptr<backend::Module>>& modules() { return modules_; }
+  const std::unordered_map<uint64_t, std::shared_ptr<backend::Module>>& modules() const {
+    return modules_;
+  }
+  std::unordered_map<uint64_t, GraphRecord>& graphs() { return graphs_; }
+  const std::unordered_map<uint64_t, GraphRecord>& graphs() const { return graphs_; }
+
+  /// Forget every tensor, module and graph (the device context they lived in is gone).
+  void Clear() {
+    tensors_.clear();
+    modules_.clear();
+    graphs_.clear();
+    bytes_ = 0;
+  }
+
  private:
+  std::unordered_map<uint64_t, std::shared_ptr<backend::Module>> modules_;
+  std::unordered_map<uint64_t, GraphRecord> graphs_;
   std::unordered_map<uint64_t, TensorRecord> tensors_;
   uint64_t bytes_ = 0;
 };

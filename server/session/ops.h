@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <string_view>
 #include <variant>
 #include <vector>
@@ -64,6 +65,37 @@ struct GemmOp {
   bool trans_a = false, trans_b = false;
   double alpha = 1, beta = 0;
 };
+/// Load device code; `image` points into the submit's payload.
+struct LoadModuleOp {
+  uint64_t handle = 0;
+  backend::ModuleFormat format = backend::ModuleFormat::kPtx;
+  std::string_view image;
+};
+struct UnloadModuleOp {
+  uint64_t handle = 0;
+};
+/// A kernel argument as the client sent it: a tensor handle or a scalar's bytes.
+struct LaunchArg {
+  bool is_tensor = false;
+  uint64_t tensor = 0;
+  std::vector<uint8_t> scalar;
+};
+struct LaunchOp {
+  uint64_t module = 0;
+  std::string function;
+  backend::LaunchConfig config;
+  std::vector<LaunchArg> args;
+};
+struct BeginGraphOp {
+  uint64_t handle = 0;
+};
+struct EndGraphOp {};
+struct LaunchGraphOp {
+  uint64_t graph = 0;
+};
+struct FreeGraphOp {
+  uint64_t handle = 0;
+};
 /// An op the rpc layer could not even decode (unknown kind, bad enum); admission rejects
 /// the submit with `reason`.
 struct MalformedOp {
@@ -71,7 +103,9 @@ struct MalformedOp {
 };
 
 using Op = std::variant<CreateTensorOp, FreeTensorOp, UploadOp, DownloadOp, FillOp, CopyOp,
-                        BinaryOpArgs, ScaleOp, AxpyOp, ReduceSumOp, GemmOp, MalformedOp>;
+                        BinaryOpArgs, ScaleOp, AxpyOp, ReduceSumOp, GemmOp, LoadModuleOp,
+                        UnloadModuleOp, LaunchOp, BeginGraphOp, EndGraphOp, LaunchGraphOp,
+                        FreeGraphOp, MalformedOp>;
 
 struct SubmitRequest {
   uint64_t submit_id = 0;

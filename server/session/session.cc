@@ -7,7 +7,7 @@ namespace ferry::session {
 
 using backend::DevicePtr;
 
-Result<std::shared_ptr<Session>> Session::Create(backend::Device* device,
+Result<std::shared_ptr<Session>> Session::Create(DeviceSupervisor* device,
                                                  SessionRegistry* registry, Executor executor,
                                                  const SessionConfig& config,
                                                  std::string client_name, std::string peer,
@@ -17,19 +17,21 @@ Result<std::shared_ptr<Session>> Session::Create(backend::Device* device,
   if (id == 0) {
     return Status(ErrorKind::kQuotaExceeded, "the daemon holds its maximum number of sessions");
   }
-  auto stream = device->CreateStream();
-  if (!stream.ok()) {
-    registry->Remove(id);
-    return stream.status().WithContext("creating the session's stream");
-  }
   std::shared_ptr<Session> session(
-      new Session(device, registry, std::move(executor), config, std::move(*stream), events));
+      new Session(device, registry, std::move(executor), config, nullptr, events));
   session->id_ = id;
   session->counters_ = std::move(counters);
+  auto lease = device->Join(id, session);
+  if (!lease.ok()) {
+    registry->Remove(id);
+    return lease.status().WithContext("creating the session's stream");
+  }
+  session->stream_ = std::move(lease->stream);
+  session->generation_ = lease->generation;
   return session;
 }
 
-Session::Session(backend::Device* device, SessionRegistry* registry, Executor executor,
+Session::Session(DeviceSupervisor* device, SessionRegistry* registry, Executor executor,
                  const SessionConfig& config, std::unique_ptr<backend::Stream> stream,
                  SessionEvents* events)
     : device_(device),
@@ -43,7 +45,17 @@ Session::Session(backend::Device* device, SessionRegistry* registry, Executor ex
   limits_.max_download_bytes = config.max_download_bytes_per_submit;
 }
 
-Session::~Session() = default;
+Session::~Session() {
+  // Normally released in Finalize; this covers a session dropped before it was closed.
+  ReleaseStream();
+  device_->Leave(id_);
+}
+
+void Session::ReleaseStream() {
+  if (!stream_) return;
+  stream_.reset();
+  device_->ReleaseStream(generation_);
+}
 
 void Session::Submit(SubmitRequest request) {
   InFlight record;
@@ -78,25 +90,42 @@ Status Session::Enqueue(SubmitRequest& request, const AdmissionResult& admitted,
   }
   std::vector<DevicePtr> fresh(ops.size(), 0);
   std::vector<uint64_t> fresh_bytes(ops.size(), 0);
+  std::vector<std::shared_ptr<backend::Module>> loaded(ops.size());
   auto release_from = [&](size_t first) {
     for (size_t j = first; j < ops.size(); ++j) {
       if (fresh[j]) stream_->Free(fresh[j]);
       registry_->ReleaseDeviceBytes(fresh_bytes[j]);
       fresh[j] = 0;
+      fresh_bytes[j] = 0;
+      loaded[j].reset();
     }
   };
   for (size_t i = 0; i < ops.size(); ++i) {
-    auto* create = std::get_if<CreateTensorOp>(&ops[i]);
-    if (!create) continue;
-    uint64_t elements = 0;
-    fresh_bytes[i] = *TensorBytes(create->dtype, create->shape, &elements);  // admitted
-    if (fresh_bytes[i] == 0) continue;
-    auto ptr = stream_->Allocate(fresh_bytes[i]);
-    if (!ptr.ok()) {
-      release_from(0);
-      return ptr.status().WithOpIndex(static_cast<int>(i));
+    Status failed;
+    if (auto* create = std::get_if<CreateTensorOp>(&ops[i])) {
+      uint64_t elements = 0;
+      fresh_bytes[i] = *TensorBytes(create->dtype, create->shape, &elements);  // admitted
+      if (fresh_bytes[i] == 0) continue;
+      auto ptr = stream_->Allocate(fresh_bytes[i]);
+      if (ptr.ok()) {
+        fresh[i] = *ptr;
+      } else {
+        failed = ptr.status();
+      }
+    } else if (auto* load = std::get_if<LoadModuleOp>(&ops[i])) {
+      // Modules load (and CUDA C++ compiles) here, before anything is enqueued, so a
+      // compile error refuses the submit whole.
+      auto module = device_->device()->LoadModule(load->format, load->image);
+      if (module.ok()) {
+        loaded[i] = std::move(*module);
+      } else {
+        failed = module.status();
+      }
     }
-    fresh[i] = *ptr;
+    if (!failed.ok()) {
+      release_from(0);
+      return failed.WithOpIndex(static_cast<int>(i));
+    }
   }
 
   record.on_device = true;
@@ -106,28 +135,52 @@ Status Session::Enqueue(SubmitRequest& request, const AdmissionResult& admitted,
   if (admitted.peak_device_bytes > counters_->peak_device_bytes) {
     counters_->peak_device_bytes = admitted.peak_device_bytes;
   }
+  if (admitted.first_launch_op >= 0) {
+    record.first_launch_op = admitted.first_launch_op;
+    record.first_launch_name = std::get<LaunchOp>(ops[admitted.first_launch_op]).function;
+    ++raw_launches_in_flight_;
+    device_->RawLaunchesEnqueued(1);
+  }
   Status first_error;
   for (size_t i = 0; i < ops.size(); ++i) {
-    Status s = EnqueueOp(ops[i], fresh[i], record, static_cast<uint32_t>(i));
+    Status s = EnqueueOp(ops[i], fresh[i], std::move(loaded[i]), record,
+                         static_cast<uint32_t>(i));
     if (!s.ok()) {
       release_from(i + 1);
       first_error = s.WithOpIndex(static_cast<int>(i));
       break;
     }
   }
-  auto self = shared_from_this();
-  stream_->OnComplete([self = std::move(self)](Status status) mutable {
-    Executor executor = self->executor_;
-    boost::asio::post(executor, [self = std::move(self), status = std::move(status)]() mutable {
-      self->OnDeviceComplete(std::move(status));
-    });
-  });
+  if (capturing_) {  // an enqueue error inside a graph: abandon the capture
+    capturing_ = false;
+    (void)stream_->EndCapture();
+  }
+  WatchCompletion();
   return first_error;
 }
 
-Status Session::EnqueueOp(const Op& any, DevicePtr fresh, InFlight& record, uint32_t index) {
-  auto ptr = [this](uint64_t handle) { return tensors_.Find(handle)->ptr; };
-  auto rec = [this](uint64_t handle) { return tensors_.Find(handle); };
+// Ask the stream for one completion covering everything enqueued so far.
+void Session::WatchCompletion() {
+  stream_->OnComplete([self = shared_from_this(), epoch = epoch_](Status status) mutable {
+    Executor executor = self->executor_;
+    boost::asio::post(executor,
+                      [self = std::move(self), epoch, status = std::move(status)]() mutable {
+                        self->OnDeviceComplete(epoch, std::move(status));
+                      });
+  });
+}
+
+Status Session::EnqueueOp(const Op& any, DevicePtr fresh,
+                          std::shared_ptr<backend::Module> loaded, InFlight& record,
+                          uint32_t index) {
+  // Every tensor an op touches goes through here, so a graph being recorded learns which
+  // tensors (and which generation of each handle) it uses.
+  auto rec = [this](uint64_t handle) {
+    const TensorRecord* r = tensors_.Find(handle);
+    if (capturing_) capture_refs_.emplace_back(handle, r->generation);
+    return r;
+  };
+  auto ptr = [&rec](uint64_t handle) { return rec(handle)->ptr; };
   auto launch = [this] { ++counters_->kernel_launches; };
 
   return std::visit(
@@ -139,6 +192,7 @@ Status Session::EnqueueOp(const Op& any, DevicePtr fresh, InFlight& record, uint
           r.dtype = op.dtype;
           r.shape = op.shape;
           r.bytes = *TensorBytes(op.dtype, op.shape, &r.elements);
+          r.generation = next_generation_++;
           tensors_.Insert(op.handle, std::move(r));
           ++counters_->tensors_created;
           counters_->live_tensors = tensors_.size();
@@ -222,6 +276,55 @@ Status Session::EnqueueOp(const Op& any, DevicePtr fresh, InFlight& record, uint
             return stream_->Scale(c->dtype, c->ptr, op.beta, c->ptr, c->elements);
           }
           return stream_->Gemm(g);
+        } else if constexpr (std::is_same_v<T, LoadModuleOp>) {
+          tensors_.modules()[op.handle] = std::move(loaded);
+          return Status::Ok();
+        } else if constexpr (std::is_same_v<T, UnloadModuleOp>) {
+          // Work already enqueued keeps the module alive through the graph or the backend.
+          tensors_.modules().erase(op.handle);
+          return Status::Ok();
+        } else if constexpr (std::is_same_v<T, LaunchOp>) {
+          std::vector<backend::KernelArg> args;
+          args.reserve(op.args.size());
+          for (const LaunchArg& a : op.args) {
+            backend::KernelArg k;
+            if (a.is_tensor) {
+              k.kind = backend::KernelArg::Kind::kPointer;
+              k.pointer = ptr(a.tensor);
+            } else {
+              k.kind = backend::KernelArg::Kind::kScalar;
+              k.scalar = a.scalar;
+            }
+            args.push_back(std::move(k));
+          }
+          launch();
+          if (capturing_) capture_raw_ = true;
+          return stream_->Launch(*tensors_.modules().at(op.module), op.function, op.config,
+                                 args);
+        } else if constexpr (std::is_same_v<T, BeginGraphOp>) {
+          FERRY_RETURN_IF_ERROR(stream_->BeginCapture());
+          capturing_ = true;
+          capture_handle_ = op.handle;
+          capture_refs_.clear();
+          capture_raw_ = false;
+          return Status::Ok();
+        } else if constexpr (std::is_same_v<T, EndGraphOp>) {
+          capturing_ = false;
+          FERRY_ASSIGN_OR_RETURN(std::unique_ptr<backend::Graph> graph, stream_->EndCapture());
+          GraphRecord g;
+          g.graph = std::move(graph);
+          g.tensors = std::move(capture_refs_);
+          g.has_raw_kernels = capture_raw_;
+          capture_refs_.clear();
+          tensors_.graphs()[capture_handle_] = std::move(g);
+          return Status::Ok();
+        } else if constexpr (std::is_same_v<T, LaunchGraphOp>) {
+          const GraphRecord& g = tensors_.graphs().at(op.graph);
+          ++counters_->graph_launches;
+          return stream_->LaunchGraph(*g.graph);
+        } else if constexpr (std::is_same_v<T, FreeGraphOp>) {
+          tensors_.graphs().erase(op.handle);
+          return Status::Ok();
         } else {
           return Status(ErrorKind::kInternal, "malformed op reached the device");
         }
@@ -237,21 +340,74 @@ void Session::ReleaseTensor(uint64_t handle) {
   counters_->device_bytes = tensors_.bytes();
 }
 
-void Session::OnDeviceComplete(Status status) {
-  if (torn_down_) {  // the completion that follows the final frees
+void Session::OnDeviceComplete(uint64_t epoch, Status status) {
+  if (epoch != epoch_) return;  // the device was lost since; OnDeviceLost settled it
+  if (torn_down_) {             // the completion that follows the final frees
     Finalize();
+    return;
+  }
+  if (status.kind() == ErrorKind::kDeviceFault) {
+    // The context is gone for every session: the supervisor tells them all, this one
+    // included (OnDeviceLost), and rebuilds the device.
+    device_->ReportFault(generation_, id_, status);
     return;
   }
   InFlight& front = queue_.front();
   front.on_device = false;
+  if (front.first_launch_op >= 0) {
+    --raw_launches_in_flight_;
+    device_->RawLaunchesEnqueued(-1);
+  }
   if (!status.ok()) {
     // An asynchronous error names no single op.
-    Status device_error = status.WithOpIndex(-1);
-    if (front.status.ok()) front.status = device_error;
-    if (status.kind() == ErrorKind::kDeviceFault || status.kind() == ErrorKind::kDeviceReset) {
-      broken_ = device_error;
+    if (front.status.ok()) front.status = status.WithOpIndex(-1);
+    if (status.kind() == ErrorKind::kDeviceReset) broken_ = status.WithOpIndex(-1);
+  }
+  DeliverReady();
+}
+
+void Session::NotifyDeviceLost(const DeviceLoss& loss) {
+  Executor executor = executor_;
+  boost::asio::post(executor, [self = shared_from_this(), loss] { self->OnDeviceLost(loss); });
+}
+
+void Session::OnDeviceLost(const DeviceLoss& loss) {
+  if (loss.generation != generation_ || !stream_) return;
+  // Blame this session if it had raw kernels in flight, or, when nobody had, if it is the
+  // one whose own work reported the fault; every other session lost its state to a reset.
+  bool faulted = raw_launches_in_flight_ > 0 || (!loss.raw_kernels_in_flight && loss.reporter == id_);
+  Status lost = faulted ? Status(ErrorKind::kDeviceFault,
+                                 "this session's work faulted the device (" +
+                                     loss.fault.message() + "); its tensors are gone")
+                        : Status(ErrorKind::kDeviceReset,
+                                 "another session faulted the device; the context was "
+                                 "rebuilt and this session's tensors are gone");
+  ++epoch_;
+  broken_ = lost;
+  for (InFlight& r : queue_) {
+    if (!r.on_device) continue;
+    r.on_device = false;
+    if (r.status.ok()) {
+      r.status = lost;
+      if (faulted && r.first_launch_op >= 0) {
+        r.status = Status(ErrorKind::kDeviceFault,
+                          "kernel '" + r.first_launch_name + "' faulted the device (" +
+                              loss.fault.message() + ")",
+                          r.first_launch_op);
+      }
     }
   }
+  device_->RawLaunchesEnqueued(-raw_launches_in_flight_);
+  raw_launches_in_flight_ = 0;
+  // The memory went with the context: forget it without freeing.
+  for (const auto& [handle, record] : tensors_.tensors()) {
+    registry_->ReleaseDeviceBytes(record.bytes);
+  }
+  tensors_.Clear();
+  counters_->live_tensors = 0;
+  counters_->device_bytes = 0;
+  capturing_ = false;
+  ReleaseStream();
   DeliverReady();
 }
 
@@ -310,17 +466,19 @@ void Session::MaybeTearDown() {
   std::vector<uint64_t> handles;
   handles.reserve(tensors_.size());
   for (const auto& [handle, record] : tensors_.tensors()) handles.push_back(handle);
+  if (!stream_) {  // the device was lost: nothing left on it
+    Finalize();
+    return;
+  }
   for (uint64_t h : handles) ReleaseTensor(h);
+  tensors_.Clear();  // modules and graphs
   // Report closed only once the device has finished with everything, frees included.
-  stream_->OnComplete([self = shared_from_this()](Status status) mutable {
-    Executor executor = self->executor_;
-    boost::asio::post(executor, [self = std::move(self)]() { self->OnDeviceComplete(Status()); });
-  });
+  WatchCompletion();
 }
 
 void Session::Finalize() {
-  counters_->device_busy_ns = stream_->busy_ns();
-  stream_.reset();
+  if (stream_) counters_->device_busy_ns = stream_->busy_ns();
+  ReleaseStream();
   SessionStatsSnapshot stats = Snapshot();
   registry_->Remove(id_);
   if (events_) events_->OnClosed(stats);
@@ -338,6 +496,7 @@ SessionStatsSnapshot Session::Snapshot() const {
   s.tensors_created = counters_->tensors_created;
   s.peak_device_bytes = counters_->peak_device_bytes;
   s.device_busy_ns = counters_->device_busy_ns;
+  s.graph_launches = counters_->graph_launches;
   return s;
 }
 

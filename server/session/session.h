@@ -16,6 +16,7 @@
 
 #include "backend/backend.h"
 #include "session/admission.h"
+#include "session/device_supervisor.h"
 #include "session/handle_table.h"
 #include "session/ops.h"
 #include "session/registry.h"
@@ -38,7 +39,7 @@ struct SessionConfig {
 struct SessionStatsSnapshot {
   uint64_t submits = 0, failed_submits = 0, ops = 0, kernel_launches = 0;
   uint64_t bytes_uploaded = 0, bytes_downloaded = 0, tensors_created = 0;
-  uint64_t peak_device_bytes = 0, device_busy_ns = 0;
+  uint64_t peak_device_bytes = 0, device_busy_ns = 0, graph_launches = 0;
 };
 
 /// What a session tells its connection. Called on the session's executor.
@@ -55,11 +56,12 @@ class SessionEvents {
   virtual void OnClosed(const SessionStatsSnapshot& stats) = 0;
 };
 
-class Session : public std::enable_shared_from_this<Session> {
+class Session : public DeviceLostListener, public std::enable_shared_from_this<Session> {
  public:
-  /// Create a session on `device`. Fails with QUOTA_EXCEEDED when the daemon holds its
-  /// maximum number of sessions, or with the backend's error when no stream can be made.
-  static Result<std::shared_ptr<Session>> Create(backend::Device* device,
+  /// Create a session on the supervised device. Fails with QUOTA_EXCEEDED when the daemon
+  /// holds its maximum number of sessions, or with the backend's error when no stream can
+  /// be made.
+  static Result<std::shared_ptr<Session>> Create(DeviceSupervisor* device,
                                                  SessionRegistry* registry, Executor executor,
                                                  const SessionConfig& config,
                                                  std::string client_name, std::string peer,
@@ -85,6 +87,9 @@ class Session : public std::enable_shared_from_this<Session> {
   bool closing() const { return closing_; }
   size_t in_flight() const { return queue_.size(); }
 
+  /// DeviceLostListener: posts OnDeviceLost to the session's executor.
+  void NotifyDeviceLost(const DeviceLoss& loss) override;
+
  private:
   struct PendingDownload {
     uint32_t op_index = 0;
@@ -98,17 +103,23 @@ class Session : public std::enable_shared_from_this<Session> {
     std::shared_ptr<const void> payload;
     std::vector<PendingDownload> downloads;
     uint64_t download_bytes = 0;
+    int first_launch_op = -1;         // the first raw kernel launch of the submit
+    std::string first_launch_name;
     std::vector<uint64_t> syncs_after;  // Synchronize ids answered after this completes
   };
 
-  Session(backend::Device* device, SessionRegistry* registry, Executor executor,
+  Session(DeviceSupervisor* device, SessionRegistry* registry, Executor executor,
           const SessionConfig& config, std::unique_ptr<backend::Stream> stream,
           SessionEvents* events);
 
   // Enqueue an admitted submit; returns the first enqueue error (with op index).
   Status Enqueue(SubmitRequest& request, const AdmissionResult& admitted, InFlight& record);
-  Status EnqueueOp(const Op& op, backend::DevicePtr fresh, InFlight& record, uint32_t index);
-  void OnDeviceComplete(Status status);
+  Status EnqueueOp(const Op& op, backend::DevicePtr fresh,
+                   std::shared_ptr<backend::Module> loaded, InFlight& record, uint32_t index);
+  void WatchCompletion();
+  void OnDeviceComplete(uint64_t epoch, Status status);
+  void OnDeviceLost(const DeviceLoss& loss);
+  void ReleaseStream();
   void DeliverReady();
   void Deliver(InFlight& record);
   void MaybeTearDown();
@@ -116,17 +127,26 @@ class Session : public std::enable_shared_from_this<Session> {
   void ReleaseTensor(uint64_t handle);
   SessionStatsSnapshot Snapshot() const;
 
-  backend::Device* device_;
+  DeviceSupervisor* device_;
   SessionRegistry* registry_;
   Executor executor_;
   SessionConfig config_;
   AdmissionLimits limits_;
-  std::unique_ptr<backend::Stream> stream_;
+  std::unique_ptr<backend::Stream> stream_;  // null once released (closed or device lost)
+  uint64_t generation_ = 0;                  // the device generation stream_ belongs to
+  uint64_t epoch_ = 0;                       // bumped on device loss: stale completions drop
   SessionEvents* events_;  // null once the client is gone
   std::shared_ptr<SessionCounters> counters_;
   uint64_t id_ = 0;
 
   HandleTable tensors_;
+  uint64_t next_generation_ = 1;
+  // While recording a graph: its handle, and the tensors its ops use.
+  bool capturing_ = false;
+  uint64_t capture_handle_ = 0;
+  std::vector<std::pair<uint64_t, uint64_t>> capture_refs_;
+  bool capture_raw_ = false;
+  int64_t raw_launches_in_flight_ = 0;  // submits in flight that launch raw kernels
   std::deque<InFlight> queue_;
   Status broken_;  // a sticky device error: every later submit fails with it
   bool closing_ = false;

@@ -304,7 +304,7 @@ TEST_F(BadInputTest, ClientThatVanishesMidStreamIsCleanedUp) {
 TEST_F(BadInputTest, KilledClientProcessIsCleanedUp) {
   StartBystander();
   // A child process opens a session, queues work, and is killed with SIGKILL.
-  pid_t pid = testing::Spawn(FERRY_TEST_CLIENT_PATH, {daemon_->unix_target(), "hang"});
+  pid_t pid = testing::Spawn(testing::ProgramPath("FERRY_TEST_CLIENT", FERRY_TEST_CLIENT_PATH), {daemon_->unix_target(), "hang"});
   ASSERT_GT(pid, 0);
   // Wait until the daemon sees its session and tensors.
   bool seen = false;

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -53,6 +54,21 @@ inline int WaitExit(pid_t pid, std::chrono::milliseconds timeout) {
   return -1;
 }
 
+/// The backend integration tests run ferryd with: $FERRY_TEST_BACKEND (host, cuda or
+/// auto), default host. tests/gpu/run.sh sets cuda to run the same suite on a GPU.
+inline std::string TestBackend() {
+  const char* b = std::getenv("FERRY_TEST_BACKEND");
+  return b && *b ? b : "host";
+}
+
+/// Path of a program the tests start: $ENV_NAME when set (tests/gpu/run.sh points these
+/// into a bundle), else the path the build baked in.
+inline std::string ProgramPath(const char* env_name, const char* built) {
+  const char* p = std::getenv(env_name);
+  return p && *p ? p : built;
+}
+inline std::string FerrydPath() { return ProgramPath("FERRY_TEST_FERRYD", FERRYD_PATH); }
+
 /// A ferryd child process. Starts in the constructor (check ok()); SIGTERM in Stop() and in
 /// the destructor.
 class FerrydProcess {
@@ -61,14 +77,14 @@ class FerrydProcess {
     char tmpl[] = "/tmp/ferry-test-XXXXXX";
     dir_ = mkdtemp(tmpl);
     socket_ = dir_ + "/ferryd.sock";
-    std::vector<std::string> args = {"--backend", "host", "--listen", "unix:" + socket_,
+    std::vector<std::string> args = {"--backend", TestBackend(), "--listen", "unix:" + socket_,
                                      "--ready-file", dir_ + "/ready", "--log-level", "info"};
     if (tcp) {
       args.push_back("--listen");
       args.push_back("tcp:127.0.0.1:0");
     }
     for (auto& a : extra_args) args.push_back(a);
-    pid_ = Spawn(FERRYD_PATH, args, dir_ + "/ferryd.log");
+    pid_ = Spawn(FerrydPath(), args, dir_ + "/ferryd.log");
     auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
     while (pid_ > 0 && std::chrono::steady_clock::now() < until) {
       std::ifstream in(dir_ + "/ready");

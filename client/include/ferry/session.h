@@ -9,6 +9,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ferry/dtype.h"
@@ -31,6 +32,7 @@ struct SessionStats {
   uint64_t tensors_created = 0;
   uint64_t peak_device_bytes = 0;
   uint64_t device_busy_ns = 0;
+  uint64_t graph_launches = 0;
 };
 
 struct SessionOptions {
@@ -75,6 +77,72 @@ class Tensor {
   DType dtype_ = DType::kInvalid;
   Shape shape_;
   uint64_t elements_ = 0;
+};
+
+/// Format of device code for Session::load_module.
+enum class ModuleFormat { kPtx = 1, kCubin = 2, kCudaSource = 3 };
+
+/// A grid or block size.
+struct Dim3 {
+  uint32_t x = 1, y = 1, z = 1;
+};
+
+/// One argument of a raw kernel launch: a tensor (its device address) or a scalar.
+class KernelArg {
+ public:
+  static KernelArg tensor(const Tensor& t) { return KernelArg(Kind::kTensor, t.handle(), 0); }
+  static KernelArg i32(int32_t v) { return KernelArg(Kind::kI32, 0, static_cast<double>(v)); }
+  static KernelArg u32(uint32_t v) { return KernelArg(Kind::kU32, v, 0); }
+  static KernelArg i64(int64_t v) { return KernelArg(Kind::kI64, static_cast<uint64_t>(v), 0); }
+  static KernelArg u64(uint64_t v) { return KernelArg(Kind::kU64, v, 0); }
+  static KernelArg f32(float v) { return KernelArg(Kind::kF32, 0, v); }
+  static KernelArg f64(double v) { return KernelArg(Kind::kF64, 0, v); }
+
+  enum class Kind { kTensor, kI32, kU32, kI64, kU64, kF32, kF64 };
+  Kind kind() const { return kind_; }
+  uint64_t integer() const { return integer_; }
+  double real() const { return real_; }
+
+ private:
+  KernelArg(Kind kind, uint64_t integer, double real)
+      : kind_(kind), integer_(integer), real_(real) {}
+  Kind kind_;
+  uint64_t integer_;
+  double real_;
+};
+
+/// A module of device code loaded in the daemon (CUDA backend only). Move-only;
+/// destroying it records its unload into the next submit.
+class Module {
+ public:
+  Module() = default;
+  Module(Module&& o) noexcept;
+  Module& operator=(Module&& o) noexcept;
+  ~Module();
+  uint64_t handle() const { return handle_; }
+
+ private:
+  friend class Session;
+  Module(std::weak_ptr<internal::SessionState> s, uint64_t h) : session_(std::move(s)), handle_(h) {}
+  std::weak_ptr<internal::SessionState> session_;
+  uint64_t handle_ = 0;
+};
+
+/// A recorded sequence of device work, replayed with one op. Move-only; destroying it
+/// records its release into the next submit.
+class Graph {
+ public:
+  Graph() = default;
+  Graph(Graph&& o) noexcept;
+  Graph& operator=(Graph&& o) noexcept;
+  ~Graph();
+  uint64_t handle() const { return handle_; }
+
+ private:
+  friend class Session;
+  Graph(std::weak_ptr<internal::SessionState> s, uint64_t h) : session_(std::move(s)), handle_(h) {}
+  std::weak_ptr<internal::SessionState> session_;
+  uint64_t handle_ = 0;
 };
 
 struct GemmOptions {
@@ -129,6 +197,20 @@ class Session {
   void gemm(const Tensor& a, const Tensor& b, const Tensor& c, const GemmOptions& options = {});
   /// Record a write of `bytes` at byte `offset` of the tensor (bytes copied now).
   void write_bytes(const Tensor& tensor, uint64_t offset, const void* data, uint64_t bytes);
+
+  // --- raw kernels and graphs (CUDA backend; UNSUPPORTED on the host backend) ----------
+  /// Record the loading of a module; compile errors (COMPILE_ERROR, with the log) refuse
+  /// the submit that carries it.
+  Module load_module(ModuleFormat format, std::string_view image);
+  /// Record a launch of `function` from `module`.
+  void launch(const Module& module, std::string_view function, Dim3 grid, Dim3 block,
+              const std::vector<KernelArg>& args, uint32_t shared_bytes = 0);
+  /// Start recording a graph: device work recorded until end_graph() goes into it instead
+  /// of running. Begin and end must be in the same submit.
+  Graph begin_graph();
+  void end_graph();
+  /// Record one replay of `graph`.
+  void launch_graph(const Graph& graph);
 
   /// Return how many ops are recorded and not yet submitted.
   size_t recorded_ops() const;

@@ -1152,4 +1152,16 @@ Result<std::unique_ptr<Device>> CreateCudaDevice(int ordinal) {
   return std::unique_ptr<Device>(std::move(device));
 }
 
+Status ResetCudaContext(int ordinal) {
+  FERRY_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(ordinal), "cudaSetDevice"));
+  // After a sticky fault cudaDeviceReset itself may report that fault; what matters is that
+  // the next call gets a fresh context, which the caller checks by creating a device.
+  cudaError_t err = cudaDeviceReset();
+  (void)cudaGetLastError();
+  if (err != cudaSuccess && err != cudaErrorIllegalAddress && err != cudaErrorLaunchFailure) {
+    return CudaStatus(err, "cudaDeviceReset");
+  }
+  return Status::Ok();
+}
+
 }  // namespace ferry::backend

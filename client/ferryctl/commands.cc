@@ -1,0 +1,550 @@
+#include "commands.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <future>
+#include <memory>
+#include <ostream>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+
+#include "ferry/client.h"
+#include "ferry/v1/admin.grpc.pb.h"
+#include "output.h"
+
+namespace ferry::ctl {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double MillisSince(Clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+bool AllDigits(const std::string& s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// One connection to a daemon's Admin service; every call has the options' deadline.
+class AdminConnection {
+ public:
+  explicit AdminConnection(const Options& options) : options_(options) {
+    channel_ = grpc::CreateChannel(GrpcTarget(options.target), grpc::InsecureChannelCredentials());
+    stub_ = v1::Admin::NewStub(channel_);
+  }
+
+  template <typename Reply, typename Method, typename Request>
+  grpc::Status Call(Method method, const Request& request, Reply* reply) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + options_.timeout);
+    return ((*stub_).*method)(&ctx, request, reply);
+  }
+
+  grpc::Status Status(v1::StatusReply* reply) {
+    return Call(&v1::Admin::Stub::Status, v1::StatusRequest(), reply);
+  }
+
+  // Ask grpc.health.v1.Health/Check about `service` through a generic call (no generated
+  // code needed). Return the status number (1 SERVING, 2 NOT_SERVING, 3 SERVICE_UNKNOWN).
+  grpc::Status HealthCheck(const std::string& service, int* serving_status) {
+    // HealthCheckRequest { string service = 1; }
+    std::string request;
+    if (!service.empty()) {
+      request.push_back(0x0a);
+      request.push_back(static_cast<char>(service.size()));  // names are < 128 bytes
+      request += service;
+    }
+    grpc::Slice slice(request);
+    grpc::ByteBuffer request_buffer(&slice, 1);
+    grpc::ByteBuffer response_buffer;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + options_.timeout);
+    grpc::GenericStub stub(channel_);
+    std::promise<grpc::Status> done;
+    stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request_buffer,
+                   &response_buffer, [&done](grpc::Status s) { done.set_value(std::move(s)); });
+    grpc::Status s = done.get_future().get();
+    if (!s.ok()) return s;
+    // HealthCheckResponse { ServingStatus status = 1; } (a varint; absent means UNKNOWN).
+    std::vector<grpc::Slice> slices;
+    std::string bytes;
+    if (response_buffer.Dump(&slices).ok()) {
+      for (const auto& sl : slices) bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+    }
+    *serving_status = 0;
+    if (bytes.size() >= 2 && bytes[0] == 0x08) *serving_status = static_cast<unsigned char>(bytes[1]);
+    return s;
+  }
+
+  grpc::Channel* channel() { return channel_.get(); }
+
+ private:
+  const Options& options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Admin::Stub> stub_;
+};
+
+// Report a failed Admin call; return the exit code (always critical).
+int ReportRpcFailure(const Options& options, const grpc::Status& s, std::ostream& err) {
+  if (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+      s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    err << "ferryctl: cannot reach ferryd at " << options.target << ": " << s.error_message()
+        << "\n";
+  } else {
+    err << "ferryctl: ferryd at " << options.target << " answered " << s.error_code() << ": "
+        << s.error_message() << "\n";
+  }
+  return kExitCritical;
+}
+
+std::string StatusJson(const Options& options, const v1::StatusReply& r) {
+  return JsonObject()
+      .Add("target", options.target)
+      .Add("version", r.version())
+      .Add("backend", r.backend())
+      .Add("device_ordinal", r.device_ordinal())
+      .Add("device_name", r.device_name())
+      .Add("device_uuid", r.device_uuid())
+      .Add("device_total_bytes", r.device_total_bytes())
+      .Add("device_free_bytes", r.device_free_bytes())
+      .Add("device_bytes_in_use", r.device_bytes_in_use())
+      .Add("uptime_ms", r.uptime_ms())
+      .Add("sessions_open", r.sessions_open())
+      .Add("sessions_total", r.sessions_total())
+      .Add("submits_in_flight", r.submits_in_flight())
+      .Add("submits_total", r.submits_total())
+      .Add("ops_total", r.ops_total())
+      .Add("bytes_uploaded_total", r.bytes_uploaded_total())
+      .Add("bytes_downloaded_total", r.bytes_downloaded_total())
+      .Add("live_tensors", r.live_tensors())
+      .Add("draining", r.draining())
+      .Add("device_resets", r.device_resets())
+      .Add("last_fault", r.last_fault())
+      .Add("last_recovery_ms", r.last_recovery_ms())
+      .str();
+}
+
+std::string Percent(uint64_t part, uint64_t whole) {
+  if (whole == 0) return "-";
+  char buf[16];
+  std::snprintf(buf, sizeof(buf), "%.1f%%", 100.0 * static_cast<double>(part) / whole);
+  return buf;
+}
+
+// --- health ------------------------------------------------------------------------------
+
+enum class Level { kOk = 0, kWarning = 1, kCritical = 2 };
+
+const char* LevelName(Level l) {
+  switch (l) {
+    case Level::kOk: return "OK";
+    case Level::kWarning: return "WARNING";
+    case Level::kCritical: return "CRITICAL";
+  }
+  return "?";
+}
+
+struct Check {
+  std::string name;
+  Level level = Level::kOk;
+  std::string detail;
+  std::string extra_json;  // more fields for --json, as ",\"k\":v..." (the canary's)
+};
+
+struct CanaryResult {
+  bool ok = false;
+  std::string detail;
+  uint64_t elements = 0;
+  uint64_t mismatches = 0;
+  double connect_ms = 0, open_ms = 0, upload_ms = 0, compute_download_ms = 0, close_ms = 0;
+  double total_ms = 0;
+};
+
+// Upload two known f32 patterns, z = 2x + 0.5y on the device (scale then axpy), download z
+// and compare every element. The patterns are multiples of 1/4 well inside f32's exact
+// range, so the result is exact on every backend: any difference is corruption.
+CanaryResult RunCanary(const Options& options) {
+  CanaryResult r;
+  const uint64_t n = options.canary_elements;
+  r.elements = n;
+  auto start = Clock::now();
+  std::vector<float> x(n), y(n), expect(n);
+  for (uint64_t i = 0; i < n; ++i) {
+    x[i] = static_cast<float>(i % 1021) * 0.25f - 127.5f;
+    y[i] = static_cast<float>(i % 509) * 0.5f - 64.0f;
+    expect[i] = 2.0f * x[i] + 0.5f * y[i];
+  }
+  auto t = Clock::now();
+  ClientOptions client_options;
+  client_options.client_name = "ferryctl-canary";
+  client_options.connect_timeout = options.timeout;
+  auto client = Client::connect(FerryTarget(options.target), client_options);
+  r.connect_ms = MillisSince(t);
+  if (!client.ok()) {
+    r.detail = "connect: " + client.status().ToString();
+    return r;
+  }
+  t = Clock::now();
+  SessionOptions session_options;
+  session_options.device_bytes_quota = 3 * n * sizeof(float) + (1u << 20);
+  auto session = client->open_session(session_options);
+  r.open_ms = MillisSince(t);
+  if (!session.ok()) {
+    r.detail = "open session: " + session.status().ToString();
+    return r;
+  }
+  const Shape shape({static_cast<int64_t>(n)});
+  Tensor tx = session->create_tensor<float>(shape);
+  Tensor ty = session->create_tensor<float>(shape);
+  Tensor tz = session->create_tensor<float>(shape);
+  t = Clock::now();
+  if (Status s = session->upload(tx, x); !s.ok()) {
+    r.detail = "upload: " + s.ToString();
+    return r;
+  }
+  if (Status s = session->upload(ty, y); !s.ok()) {
+    r.detail = "upload: " + s.ToString();
+    return r;
+  }
+  r.upload_ms = MillisSince(t);
+  t = Clock::now();
+  session->scale(tx, 2.0, tz);
+  session->axpy(0.5, ty, tz);
+  auto z = session->download<float>(tz);
+  r.compute_download_ms = MillisSince(t);
+  if (!z.ok()) {
+    r.detail = "scale+axpy+download: " + z.status().ToString();
+    return r;
+  }
+  if (Status s = session->synchronize(); !s.ok()) {
+    r.detail = "synchronize: " + s.ToString();
+    return r;
+  }
+  uint64_t first_bad = n;
+  for (uint64_t i = 0; i < n; ++i) {
+    if ((*z)[i] != expect[i]) {
+      if (r.mismatches++ == 0) first_bad = i;
+    }
+  }
+  t = Clock::now();
+  auto closed = session->close();
+  r.close_ms = MillisSince(t);
+  r.total_ms = MillisSince(start);
+  if (r.mismatches > 0) {
+    char buf[160];
+    std::snprintf(buf, sizeof(buf), "%llu of %llu elements wrong; first at %llu: got %g, want %g",
+                  static_cast<unsigned long long>(r.mismatches),
+                  static_cast<unsigned long long>(n), static_cast<unsigned long long>(first_bad),
+                  static_cast<double>((*z)[first_bad]), static_cast<double>(expect[first_bad]));
+    r.detail = buf;
+    return r;
+  }
+  if (!closed.ok()) {
+    r.detail = "close: " + closed.status().ToString();
+    return r;
+  }
+  r.ok = true;
+  r.detail = std::to_string(n) + " f32 elements: uploaded " +
+             HumanBytes(2 * n * sizeof(float)) + ", ran scale+axpy, downloaded " +
+             HumanBytes(n * sizeof(float)) + ", every element matches; took " +
+             HumanMillis(r.total_ms) + " (connect " + HumanMillis(r.connect_ms) + ", open " +
+             HumanMillis(r.open_ms) + ", upload " + HumanMillis(r.upload_ms) +
+             ", compute+download " + HumanMillis(r.compute_download_ms) + ", close " +
+             HumanMillis(r.close_ms) + ")";
+  return r;
+}
+
+Check CanaryCheck(const Options& options, std::ostream& out) {
+  Check c{"canary"};
+  // Run it on a thread of its own so a daemon that hangs mid-transfer cannot hang a
+  // monitoring probe: past the deadline ferryctl reports and exits.
+  auto promise = std::make_shared<std::promise<CanaryResult>>();
+  std::future<CanaryResult> future = promise->get_future();
+  std::thread([promise, options] { promise->set_value(RunCanary(options)); }).detach();
+  if (future.wait_for(options.canary_timeout) != std::future_status::ready) {
+    c.level = Level::kCritical;
+    c.detail = "no result within " + HumanMillis(options.canary_timeout.count());
+    if (options.json) {
+      out << JsonObject()
+                 .Add("target", options.target)
+                 .Add("status", "critical")
+                 .Add("exit_code", kExitCritical)
+                 .AddRaw("checks", JsonArray({JsonObject()
+                                                  .Add("name", c.name)
+                                                  .Add("status", "critical")
+                                                  .Add("detail", c.detail)
+                                                  .str()}))
+                 .str()
+          << "\n";
+    } else {
+      out << "CRITICAL  canary  " << c.detail << "\nhealth: CRITICAL\n";
+    }
+    out.flush();
+    std::fflush(nullptr);
+    std::_Exit(kExitCritical);  // the canary thread is stuck in a call: do not wait for it
+  }
+  CanaryResult r = future.get();
+  c.level = r.ok ? Level::kOk : Level::kCritical;
+  c.detail = r.detail;
+  char timing[256];
+  std::snprintf(timing, sizeof(timing),
+                ",\"elements\":%llu,\"mismatches\":%llu,\"total_ms\":%.3f,\"connect_ms\":%.3f,"
+                "\"open_ms\":%.3f,\"upload_ms\":%.3f,\"compute_download_ms\":%.3f,"
+                "\"close_ms\":%.3f",
+                static_cast<unsigned long long>(r.elements),
+                static_cast<unsigned long long>(r.mismatches), r.total_ms, r.connect_ms,
+                r.open_ms, r.upload_ms, r.compute_download_ms, r.close_ms);
+  c.extra_json = timing;
+  return c;
+}
+
+}  // namespace
+
+std::string GrpcTarget(const std::string& target) {
+  std::string t = FerryTarget(target);
+  if (t.rfind("tcp:", 0) == 0) return t.substr(4);
+  return t;
+}
+
+std::string FerryTarget(const std::string& target) {
+  if (AllDigits(target)) return "unix:/run/ferry/ferryd-" + target + ".sock";
+  if (!target.empty() && target[0] == '/') return "unix:" + target;
+  return target;
+}
+
+int RunStatus(const Options& options, std::ostream& out, std::ostream& err) {
+  AdminConnection admin(options);
+  v1::StatusReply r;
+  grpc::Status s = admin.Status(&r);
+  if (!s.ok()) return ReportRpcFailure(options, s, err);
+  if (options.json) {
+    out << StatusJson(options, r) << "\n";
+    return kExitOk;
+  }
+  out << RenderKeyValues({
+      {"target", options.target},
+      {"device", std::to_string(r.device_ordinal()) + "  " + r.device_name()},
+      {"uuid", r.device_uuid().empty() ? "-" : r.device_uuid()},
+      {"backend", r.backend()},
+      {"memory total", HumanBytes(r.device_total_bytes())},
+      {"memory free", HumanBytes(r.device_free_bytes()) + " (" +
+                          Percent(r.device_free_bytes(), r.device_total_bytes()) + ")"},
+      {"memory in use", HumanBytes(r.device_bytes_in_use()) + " by sessions"},
+      {"uptime", HumanDuration(r.uptime_ms())},
+      {"version", r.version()},
+      {"sessions", std::to_string(r.sessions_open()) + " open, " +
+                       std::to_string(r.sessions_total()) + " total"},
+      {"submits", std::to_string(r.submits_in_flight()) + " in flight, " +
+                      std::to_string(r.submits_total()) + " total"},
+      {"ops", std::to_string(r.ops_total()) + " total"},
+      {"bytes up", HumanBytes(r.bytes_uploaded_total())},
+      {"bytes down", HumanBytes(r.bytes_downloaded_total())},
+      {"tensors", std::to_string(r.live_tensors()) + " live"},
+      {"draining", r.draining() ? "yes" : "no"},
+      {"device resets", std::to_string(r.device_resets())},
+      {"last fault", r.last_fault().empty()
+                         ? "-"
+                         : r.last_fault() + " (recovered in " +
+                               HumanDuration(r.last_recovery_ms()) + ")"},
+  });
+  return kExitOk;
+}
+
+int RunSessions(const Options& options, std::ostream& out, std::ostream& err) {
+  AdminConnection admin(options);
+  v1::ListSessionsReply reply;
+  grpc::Status s =
+      admin.Call(&v1::Admin::Stub::ListSessions, v1::ListSessionsRequest(), &reply);
+  if (!s.ok()) return ReportRpcFailure(options, s, err);
+  if (options.json) {
+    std::vector<std::string> items;
+    for (const v1::SessionInfo& i : reply.sessions()) {
+      const v1::SessionStats& st = i.stats();
+      std::string stats = JsonObject()
+                              .Add("submits", st.submits())
+                              .Add("failed_submits", st.failed_submits())
+                              .Add("ops", st.ops())
+                              .Add("kernel_launches", st.kernel_launches())
+                              .Add("bytes_uploaded", st.bytes_uploaded())
+                              .Add("bytes_downloaded", st.bytes_downloaded())
+                              .Add("tensors_created", st.tensors_created())
+                              .Add("peak_device_bytes", st.peak_device_bytes())
+                              .Add("device_busy_ns", st.device_busy_ns())
+                              .Add("graph_launches", st.graph_launches())
+                              .str();
+      items.push_back(JsonObject()
+                          .Add("session_id", i.session_id())
+                          .Add("client_name", i.client_name())
+                          .Add("peer", i.peer())
+                          .Add("age_ms", i.age_ms())
+                          .Add("submits_in_flight", i.submits_in_flight())
+                          .Add("device_bytes", i.device_bytes())
+                          .Add("live_tensors", i.live_tensors())
+                          .AddRaw("stats", stats)
+                          .str());
+    }
+    out << JsonArray(items) << "\n";
+    return kExitOk;
+  }
+  if (reply.sessions().empty()) {
+    out << "no open sessions on " << options.target << "\n";
+    return kExitOk;
+  }
+  Table table;
+  table.AddColumn("ID", true);
+  table.AddColumn("CLIENT");
+  table.AddColumn("PEER");
+  table.AddColumn("AGE", true);
+  table.AddColumn("IN-FLIGHT", true);
+  table.AddColumn("DEVICE", true);
+  table.AddColumn("TENSORS", true);
+  table.AddColumn("OPS", true);
+  table.AddColumn("UP", true);
+  table.AddColumn("DOWN", true);
+  for (const v1::SessionInfo& i : reply.sessions()) {
+    table.AddRow({std::to_string(i.session_id()), i.client_name().empty() ? "-" : i.client_name(),
+                  i.peer(), HumanDuration(i.age_ms()), std::to_string(i.submits_in_flight()),
+                  HumanBytes(i.device_bytes()), std::to_string(i.live_tensors()),
+                  std::to_string(i.stats().ops()), HumanBytes(i.stats().bytes_uploaded()),
+                  HumanBytes(i.stats().bytes_downloaded())});
+  }
+  out << table.Render();
+  return kExitOk;
+}
+
+int RunHealth(const Options& options, std::ostream& out, std::ostream& err) {
+  (void)err;
+  std::vector<Check> checks;
+  AdminConnection admin(options);
+  v1::StatusReply r;
+  auto t = Clock::now();
+  grpc::Status s = admin.Status(&r);
+  double rtt = MillisSince(t);
+  if (!s.ok()) {
+    checks.push_back({"reachable", Level::kCritical,
+                      "cannot reach ferryd at " + options.target + ": " + s.error_message()});
+  } else {
+    checks.push_back({"reachable", Level::kOk,
+                      "ferryd " + r.version() + " answered in " + HumanMillis(rtt) + " (device " +
+                          std::to_string(r.device_ordinal()) + " " + r.device_name() + ", " +
+                          r.backend() + " backend)"});
+
+    int serving = 0;
+    grpc::Status hs = admin.HealthCheck("", &serving);
+    if (hs.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
+      checks.push_back({"grpc-health", Level::kOk, "grpc.health.v1 not offered by this ferryd"});
+    } else if (!hs.ok()) {
+      checks.push_back({"grpc-health", Level::kCritical,
+                        "grpc.health.v1 Check failed: " + hs.error_message()});
+    } else if (serving == 1) {
+      checks.push_back({"grpc-health", Level::kOk, "SERVING"});
+    } else {
+      // Not serving while draining is expected (the draining check warns); otherwise the
+      // daemon refuses sessions for a reason of its own (device lost).
+      checks.push_back({"grpc-health", r.draining() ? Level::kWarning : Level::kCritical,
+                        serving == 2 ? "NOT_SERVING" : "status " + std::to_string(serving)});
+    }
+
+    checks.push_back({"draining", r.draining() ? Level::kWarning : Level::kOk,
+                      r.draining() ? "draining: new sessions are refused"
+                                   : "accepting sessions (" + std::to_string(r.sessions_open()) +
+                                         " open)"});
+
+    uint64_t total = r.device_total_bytes(), free = r.device_free_bytes();
+    bool low = total == 0 || static_cast<double>(free) < options.min_free_fraction * total;
+    checks.push_back({"memory-headroom", low ? Level::kWarning : Level::kOk,
+                      HumanBytes(free) + " of " + HumanBytes(total) + " free (" +
+                          Percent(free, total) + (low ? ", under " : ", threshold ") +
+                          Percent(static_cast<uint64_t>(options.min_free_fraction * 1000), 1000) +
+                          ")"});
+
+    if (options.canary) {
+      if (r.draining()) {
+        checks.push_back({"canary", Level::kWarning, "skipped: the daemon is draining"});
+      } else {
+        checks.push_back(CanaryCheck(options, out));
+      }
+    }
+  }
+
+  Level worst = Level::kOk;
+  for (const Check& c : checks) worst = std::max(worst, c.level);
+  if (options.json) {
+    std::vector<std::string> items;
+    for (const Check& c : checks) {
+      std::string obj = JsonObject()
+                            .Add("name", c.name)
+                            .Add("status", c.level == Level::kOk        ? "ok"
+                                           : c.level == Level::kWarning ? "warning"
+                                                                        : "critical")
+                            .Add("detail", c.detail)
+                            .str();
+      if (!c.extra_json.empty()) obj = obj.substr(0, obj.size() - 1) + c.extra_json + "}";
+      items.push_back(obj);
+    }
+    out << JsonObject()
+               .Add("target", options.target)
+               .Add("status", worst == Level::kOk        ? "ok"
+                              : worst == Level::kWarning ? "warning"
+                                                         : "critical")
+               .Add("exit_code", static_cast<int>(worst))
+               .AddRaw("checks", JsonArray(items))
+               .str()
+        << "\n";
+  } else {
+    Table table;
+    table.AddColumn("STATUS");
+    table.AddColumn("CHECK");
+    table.AddColumn("DETAIL");
+    for (const Check& c : checks) table.AddRow({LevelName(c.level), c.name, c.detail});
+    out << table.Render() << "health: " << LevelName(worst) << "\n";
+  }
+  return static_cast<int>(worst);
+}
+
+int RunDrain(const Options& options, std::ostream& out, std::ostream& err) {
+  AdminConnection admin(options);
+  v1::DrainReply reply;
+  grpc::Status s = admin.Call(&v1::Admin::Stub::Drain, v1::DrainRequest(), &reply);
+  if (!s.ok()) return ReportRpcFailure(options, s, err);
+  bool stopped = false;
+  auto start = Clock::now();
+  if (options.wait) {
+    // The daemon lets in-flight work finish (up to its --drain-timeout), then exits: wait
+    // until it no longer answers.
+    while (Clock::now() - start < options.wait_timeout) {
+      v1::StatusReply r;
+      grpc::Status st = admin.Status(&r);
+      if (st.error_code() == grpc::StatusCode::UNAVAILABLE) {
+        stopped = true;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+  if (options.json) {
+    JsonObject o;
+    o.Add("target", options.target).Add("draining", true);
+    if (options.wait) o.Add("stopped", stopped).Add("waited_ms", MillisSince(start));
+    out << o.str() << "\n";
+  } else {
+    out << "ferryd at " << options.target << " is draining";
+    if (options.wait) {
+      out << (stopped ? "; it stopped after " + HumanMillis(MillisSince(start))
+                      : "; still answering after " + HumanMillis(MillisSince(start)));
+    }
+    out << "\n";
+  }
+  if (options.wait && !stopped) {
+    err << "ferryctl: ferryd at " << options.target << " did not stop within "
+        << HumanMillis(options.wait_timeout.count()) << "\n";
+    return kExitCritical;
+  }
+  return kExitOk;
+}
+
+}  // namespace ferry::ctl

@@ -1,0 +1,52 @@
+// ferryctl's commands. Each writes its report to `out`, problems to `err`, and returns the
+// process exit code:
+//   0  ok
+//   1  warning (health only: draining, low device-memory headroom)
+//   2  critical: the daemon is unreachable, an RPC failed, the canary failed
+//   3  usage error (UNKNOWN in monitoring terms)
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+
+namespace ferry::ctl {
+
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitWarning = 1;
+inline constexpr int kExitCritical = 2;
+inline constexpr int kExitUsage = 3;
+
+inline constexpr const char* kDefaultTarget = "unix:/run/ferry/ferryd-0.sock";
+
+struct Options {
+  /// unix:PATH, tcp:HOST:PORT, an absolute socket path, or a device index N (the default
+  /// socket of ferryd@N).
+  std::string target = kDefaultTarget;
+  bool json = false;
+  /// How long to wait for the daemon to answer one call.
+  std::chrono::milliseconds timeout{3000};
+  // health
+  bool canary = false;
+  uint64_t canary_elements = 1u << 20;
+  std::chrono::milliseconds canary_timeout{20000};
+  /// Warn when less than this fraction of device memory is free.
+  double min_free_fraction = 0.05;
+  // drain
+  bool wait = false;
+  std::chrono::milliseconds wait_timeout{120000};
+};
+
+/// Return the target in gRPC's syntax ("unix:PATH" or "HOST:PORT"), expanding a device
+/// index and a bare path.
+std::string GrpcTarget(const std::string& target);
+/// Return the target in ferry's syntax (what libferry's Client::connect takes).
+std::string FerryTarget(const std::string& target);
+
+int RunStatus(const Options& options, std::ostream& out, std::ostream& err);
+int RunSessions(const Options& options, std::ostream& out, std::ostream& err);
+int RunHealth(const Options& options, std::ostream& out, std::ostream& err);
+int RunDrain(const Options& options, std::ostream& out, std::ostream& err);
+
+}  // namespace ferry::ctl

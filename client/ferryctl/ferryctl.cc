@@ -1,0 +1,146 @@
+// ferryctl: the operator's view of a ferry daemon. Parses the command line and runs one
+// command (commands.h); exit codes are monitoring-style (0 ok, 1 warning, 2 critical).
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cstdlib>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "ferry/version.h"
+
+namespace {
+
+constexpr const char* kUsage = R"(usage: ferryctl [options] COMMAND
+
+commands:
+  status             the daemon: device, memory, uptime, version, sessions, totals
+  sessions           one row per open session
+  health [--canary]  checks, with exit codes 0 ok / 1 warning / 2 critical:
+                     reachable, grpc.health.v1, draining, device-memory headroom, and
+                     with --canary an upload -> scale+axpy -> download through the
+                     daemon, every element checked
+  drain [--wait]     ask the daemon to drain (finish in-flight work, then exit);
+                     --wait: until it has stopped
+
+options:
+  --target T           unix:PATH, tcp:HOST:PORT, a socket path, or a device index N
+                       (unix:/run/ferry/ferryd-N.sock); default unix:/run/ferry/ferryd-0.sock
+  --json               one JSON value instead of a table (scripts)
+  --timeout SECONDS    how long the daemon has to answer (default 3)
+  --canary-elements N  f32 elements the canary moves (default 1048576)
+  --canary-timeout S   how long the canary may take (default 20)
+  --min-free PERCENT   health warns below this much free device memory (default 5)
+  --wait-timeout S     drain --wait gives up after this long (default 120)
+  --version, --help
+
+exit codes: 0 ok, 1 warning, 2 critical or unreachable, 3 usage error
+)";
+
+int Usage(const std::string& problem) {
+  std::cerr << "ferryctl: " << problem << "\n(see ferryctl --help)\n";
+  return ferry::ctl::kExitUsage;
+}
+
+bool ParseSeconds(const std::string& text, std::chrono::milliseconds* out) {
+  double v = 0;
+  auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || p != text.data() + text.size() || !(v > 0) || v > 86400) return false;
+  *out = std::chrono::milliseconds(static_cast<int64_t>(v * 1000));
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace ferry::ctl;
+  std::vector<std::string> args(argv + 1, argv + argc);
+  Options options;
+  std::string command;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string a = args[i];
+    if (a.rfind("--", 0) != 0) {
+      if (!command.empty()) return Usage("unexpected argument: " + a);
+      command = a;
+      continue;
+    }
+    std::string name = a.substr(2), value;
+    bool has_value = false;
+    if (size_t eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+      has_value = true;
+    }
+    auto switch_flag = [&](bool* out) {
+      if (has_value) return false;
+      *out = true;
+      return true;
+    };
+    if (name == "help") {
+      std::cout << kUsage;
+      return kExitOk;
+    }
+    if (name == "version") {
+      std::cout << "ferryctl " << ferry::kVersion << " (" << ferry::kGitCommit << ")\n";
+      return kExitOk;
+    }
+    if (name == "json") {
+      if (!switch_flag(&options.json)) return Usage("--json takes no value");
+      continue;
+    }
+    if (name == "canary") {
+      if (!switch_flag(&options.canary)) return Usage("--canary takes no value");
+      continue;
+    }
+    if (name == "wait") {
+      if (!switch_flag(&options.wait)) return Usage("--wait takes no value");
+      continue;
+    }
+    static const std::vector<std::string> kValued = {"target",         "timeout",
+                                                      "canary-elements", "canary-timeout",
+                                                      "min-free",       "wait-timeout"};
+    if (std::find(kValued.begin(), kValued.end(), name) == kValued.end()) {
+      return Usage("unknown option --" + name);
+    }
+    if (!has_value) {
+      if (i + 1 >= args.size()) return Usage("--" + name + " needs a value");
+      value = args[++i];
+    }
+    if (name == "target") {
+      if (value.empty()) return Usage("--target: empty");
+      options.target = value;
+    } else if (name == "timeout") {
+      if (!ParseSeconds(value, &options.timeout)) return Usage("--timeout: seconds, > 0");
+    } else if (name == "canary-timeout") {
+      if (!ParseSeconds(value, &options.canary_timeout)) {
+        return Usage("--canary-timeout: seconds, > 0");
+      }
+    } else if (name == "wait-timeout") {
+      if (!ParseSeconds(value, &options.wait_timeout)) return Usage("--wait-timeout: seconds, > 0");
+    } else if (name == "canary-elements") {
+      uint64_t n = 0;
+      auto [p, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
+      if (ec != std::errc() || p != value.data() + value.size() || n == 0 || n > (1u << 26)) {
+        return Usage("--canary-elements: 1..67108864");
+      }
+      options.canary_elements = n;
+    } else if (name == "min-free") {
+      double v = -1;
+      auto [p, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
+      if (ec != std::errc() || p != value.data() + value.size() || v < 0 || v > 100) {
+        return Usage("--min-free: a percentage, 0..100");
+      }
+      options.min_free_fraction = v / 100.0;
+    }
+  }
+  if (command.empty()) return Usage("no command given");
+  if (options.canary && command != "health") return Usage("--canary belongs to health");
+  if (options.wait && command != "drain") return Usage("--wait belongs to drain");
+  if (command == "status") return RunStatus(options, std::cout, std::cerr);
+  if (command == "sessions") return RunSessions(options, std::cout, std::cerr);
+  if (command == "health") return RunHealth(options, std::cout, std::cerr);
+  if (command == "drain") return RunDrain(options, std::cout, std::cerr);
+  return Usage("unknown command '" + command + "'");
+}

@@ -1,0 +1,131 @@
+#include "session/device_supervisor.h"
+
+#include <spdlog/spdlog.h>
+
+#include <vector>
+
+namespace ferry::session {
+
+Result<std::unique_ptr<DeviceSupervisor>> DeviceSupervisor::Create(Factory factory,
+                                                                   ContextReset reset) {
+  std::unique_ptr<DeviceSupervisor> s(new DeviceSupervisor(std::move(factory), std::move(reset)));
+  FERRY_ASSIGN_OR_RETURN(s->device_, s->factory_());
+  return s;
+}
+
+DeviceSupervisor::~DeviceSupervisor() {
+  std::thread rebuilder;
+  {
+    std::lock_guard lock(mu_);
+    rebuilder = std::move(rebuilder_);
+  }
+  if (rebuilder.joinable()) rebuilder.join();
+}
+
+Result<DeviceSupervisor::Lease> DeviceSupervisor::Join(
+    uint64_t session_id, std::weak_ptr<DeviceLostListener> listener,
+    std::chrono::milliseconds wait) {
+  std::unique_lock lock(mu_);
+  if (!cv_.wait_for(lock, wait, [&] { return !lost_ && device_; })) {
+    return Status(ErrorKind::kUnavailable, "the device is being rebuilt after a fault");
+  }
+  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<backend::Stream> stream, device_->CreateStream());
+  ++streams_;
+  listeners_[session_id] = std::move(listener);
+  return Lease{std::move(stream), generation_};
+}
+
+backend::Device* DeviceSupervisor::device() {
+  std::lock_guard lock(mu_);
+  return device_.get();
+}
+
+void DeviceSupervisor::ReleaseStream(uint64_t generation) {
+  std::unique_lock lock(mu_);
+  if (generation != generation_) return;
+  --streams_;
+  if (lost_ && streams_ == 0) RebuildLocked(lock);
+}
+
+void DeviceSupervisor::Leave(uint64_t session_id) {
+  std::lock_guard lock(mu_);
+  listeners_.erase(session_id);
+}
+
+void DeviceSupervisor::ReportFault(uint64_t generation, uint64_t session_id,
+                                   const Status& fault) {
+  std::vector<std::shared_ptr<DeviceLostListener>> notify;
+  DeviceLoss loss;
+  {
+    std::unique_lock lock(mu_);
+    if (generation != generation_ || lost_) return;  // already being handled
+    lost_ = true;
+    lost_at_ = std::chrono::steady_clock::now();
+    last_fault_ = fault.ToString();
+    loss.generation = generation;
+    loss.fault = fault;
+    loss.reporter = session_id;
+    loss.raw_kernels_in_flight = raw_in_flight_ > 0;
+    for (auto& [id, weak] : listeners_) {
+      if (auto l = weak.lock()) notify.push_back(std::move(l));
+    }
+    spdlog::error("device fault reported by session {}: {}; rebuilding the device for {} "
+                  "session(s)",
+                  session_id, fault.ToString(), notify.size());
+    if (streams_ == 0) RebuildLocked(lock);
+  }
+  for (auto& l : notify) l->NotifyDeviceLost(loss);
+}
+
+// Every stream of the lost generation is gone: rebuild on a thread of its own, so that no
+// session executor blocks on it.
+void DeviceSupervisor::RebuildLocked(std::unique_lock<std::mutex>&) {
+  std::unique_ptr<backend::Device> old = std::move(device_);
+  if (rebuilder_.joinable()) rebuilder_.detach();  // the previous rebuild has finished
+  rebuilder_ = std::thread([this, old = std::move(old)]() mutable {
+    old.reset();
+    Status reset = reset_ ? reset_() : Status::Ok();
+    if (!reset.ok()) spdlog::error("device context reset failed: {}", reset.ToString());
+    auto fresh = factory_();
+    std::lock_guard lock(mu_);
+    if (!fresh.ok()) {
+      spdlog::critical("cannot rebuild the device: {}", fresh.status().ToString());
+      cv_.notify_all();
+      return;  // stays lost: new sessions get UNAVAILABLE
+    }
+    device_ = std::move(*fresh);
+    ++generation_;
+    streams_ = 0;
+    lost_ = false;
+    ++resets_;
+    last_recovery_ms_ = std::chrono::duration_cast<std::chrono::milliseconds>(
+                            std::chrono::steady_clock::now() - lost_at_)
+                            .count();
+    spdlog::warn("device rebuilt after the fault in {} ms (generation {})",
+                 last_recovery_ms_.load(), generation_);
+    cv_.notify_all();
+  });
+}
+
+backend::DeviceInfo DeviceSupervisor::info() const {
+  std::lock_guard lock(mu_);
+  if (!device_) return backend::DeviceInfo{};
+  return device_->info();
+}
+
+uint64_t DeviceSupervisor::bytes_in_use() const {
+  std::lock_guard lock(mu_);
+  return device_ ? device_->bytes_in_use() : 0;
+}
+
+uint64_t DeviceSupervisor::free_memory() const {
+  std::lock_guard lock(mu_);
+  return device_ ? device_->free_memory() : 0;
+}
+
+std::string DeviceSupervisor::last_fault() const {
+  std::lock_guard lock(mu_);
+  return last_fault_;
+}
+
+}  // namespace ferry::session

@@ -1,0 +1,107 @@
+// DeviceSupervisor: owns the daemon's Device and rebuilds it after a device fault.
+//
+// A sticky device error (an illegal address in a raw kernel, ...) leaves the CUDA context
+// unusable for everyone. The first session that sees one reports it; the supervisor then
+// tells every session (DeviceLostListener::OnDeviceLost, on the session's own executor),
+// waits until each has dropped its stream, destroys the device, resets the context and
+// creates a new device. Sessions opened meanwhile wait for the new device.
+//
+// Thread-safe.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "backend/backend.h"
+
+namespace ferry::session {
+
+/// What a session is told when the device it runs on is lost.
+struct DeviceLoss {
+  uint64_t generation = 0;
+  Status fault;                 // the error the reporting session saw
+  uint64_t reporter = 0;        // id of the session that reported it first
+  bool raw_kernels_in_flight = false;  // some session had raw kernels in flight then
+};
+
+class DeviceLostListener {
+ public:
+  virtual ~DeviceLostListener() = default;
+  /// Called from any thread; implementations post to their own executor.
+  virtual void NotifyDeviceLost(const DeviceLoss& loss) = 0;
+};
+
+class DeviceSupervisor {
+ public:
+  using Factory = std::function<Result<std::unique_ptr<backend::Device>>()>;
+  /// Reset the device context after the device object is destroyed (cudaDeviceReset); may
+  /// be empty where there is nothing to reset (the host backend).
+  using ContextReset = std::function<Status()>;
+
+  static Result<std::unique_ptr<DeviceSupervisor>> Create(Factory factory,
+                                                          ContextReset reset);
+  ~DeviceSupervisor();
+
+  /// A stream on the current device, and the generation it belongs to.
+  struct Lease {
+    std::unique_ptr<backend::Stream> stream;
+    uint64_t generation = 0;
+  };
+  /// Create a stream for a new session and register `listener` (until Leave). Waits up to
+  /// `wait` while the device is being rebuilt; UNAVAILABLE if it is not back by then.
+  Result<Lease> Join(uint64_t session_id, std::weak_ptr<DeviceLostListener> listener,
+                     std::chrono::milliseconds wait = std::chrono::seconds(60));
+  /// Return the current device, for calls a session makes while it holds a stream of
+  /// `generation` (the device stays alive until that stream is released).
+  backend::Device* device();
+  /// The session destroyed its stream of `generation`.
+  void ReleaseStream(uint64_t generation);
+  /// The session is gone.
+  void Leave(uint64_t session_id);
+
+  /// A session saw a sticky device error on a stream of `generation`.
+  void ReportFault(uint64_t generation, uint64_t session_id, const Status& fault);
+
+  /// Count raw kernel launches in flight, device-wide (to tell the faulting session).
+  void RawLaunchesEnqueued(int64_t n) { raw_in_flight_ += n; }
+
+  // For status reporting.
+  backend::DeviceInfo info() const;
+  uint64_t bytes_in_use() const;
+  uint64_t free_memory() const;
+  uint64_t resets() const { return resets_; }
+  std::string last_fault() const;
+  uint64_t last_recovery_ms() const { return last_recovery_ms_; }
+
+ private:
+  DeviceSupervisor(Factory factory, ContextReset reset)
+      : factory_(std::move(factory)), reset_(std::move(reset)) {}
+  void RebuildLocked(std::unique_lock<std::mutex>& lock);
+
+  Factory factory_;
+  ContextReset reset_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::unique_ptr<backend::Device> device_;           // guarded by mu_
+  uint64_t generation_ = 1;                           // guarded by mu_
+  uint64_t streams_ = 0;                              // of generation_, guarded by mu_
+  bool lost_ = false;                                 // generation_ is lost; guarded by mu_
+  std::chrono::steady_clock::time_point lost_at_;     // guarded by mu_
+  std::string last_fault_;                            // guarded by mu_
+  std::map<uint64_t, std::weak_ptr<DeviceLostListener>> listeners_;  // guarded by mu_
+  std::thread rebuilder_;                             // guarded by mu_
+  std::atomic<int64_t> raw_in_flight_{0};
+  std::atomic<uint64_t> resets_{0};
+  std::atomic<uint64_t> last_recovery_ms_{0};
+};
+
+}  // namespace ferry::session

@@ -1,0 +1,140 @@
+// Smoke test of ferry-bench: run it in quick mode, with the in-process baseline, against a
+// real host-backend ferryd, and check that it succeeds and writes a sane JSON report.
+//
+// Built by bench/CMakeLists.txt as ferry_bench_smoke_test, which defines FERRY_BENCH_PATH.
+// tests/CMakeLists.txt also globs this file into ferry_integration_tests, where that path is
+// not defined: there the file compiles to nothing.
+#ifdef FERRY_BENCH_PATH
+
+#include <gtest/gtest.h>
+
+#include <cctype>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "ferryd_process.h"
+
+namespace ferry {
+namespace {
+
+using testing::FerrydProcess;
+
+/// A minimal JSON syntax check (objects, arrays, strings, numbers, literals): return true
+/// when `text` is exactly one well-formed JSON value.
+class JsonChecker {
+ public:
+  explicit JsonChecker(const std::string& text) : s_(text) {}
+  bool Check() {
+    if (!Value()) return false;
+    Space();
+    return i_ == s_.size();
+  }
+
+ private:
+  void Space() {
+    while (i_ < s_.size() && std::isspace(static_cast<unsigned char>(s_[i_]))) ++i_;
+  }
+  bool Eat(char c) {
+    Space();
+    if (i_ < s_.size() && s_[i_] == c) {
+      ++i_;
+      return true;
+    }
+    return false;
+  }
+  bool String() {
+    if (!Eat('"')) return false;
+    while (i_ < s_.size() && s_[i_] != '"') i_ += s_[i_] == '\\' ? 2 : 1;
+    return i_++ < s_.size();
+  }
+  bool Value() {
+    Space();
+    if (i_ >= s_.size()) return false;
+    char c = s_[i_];
+    if (c == '{') {
+      ++i_;
+      if (Eat('}')) return true;
+      do {
+        if (!String() || !Eat(':') || !Value()) return false;
+      } while (Eat(','));
+      return Eat('}');
+    }
+    if (c == '[') {
+      ++i_;
+      if (Eat(']')) return true;
+      do {
+        if (!Value()) return false;
+      } while (Eat(','));
+      return Eat(']');
+    }
+    if (c == '"') return String();
+    for (const char* lit : {"true", "false", "null"}) {
+      if (s_.compare(i_, std::strlen(lit), lit) == 0) {
+        i_ += std::strlen(lit);
+        return true;
+      }
+    }
+    size_t start = i_;
+    while (i_ < s_.size() && (std::isdigit(static_cast<unsigned char>(s_[i_])) ||
+                              std::strchr("+-.eE", s_[i_]) != nullptr)) {
+      ++i_;
+    }
+    return i_ > start;
+  }
+
+  const std::string& s_;
+  size_t i_ = 0;
+};
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+TEST(BenchSmokeTest, QuickRunWithBaselineWritesJson) {
+  FerrydProcess daemon;
+  ASSERT_TRUE(daemon.ok()) << daemon.log();
+  char tmpl[] = "/tmp/ferry-bench-test-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  std::string dir = tmpl;
+  std::string json = dir + "/bench.json", svg = dir + "/bench.svg", log = dir + "/bench.log";
+
+  pid_t pid = testing::Spawn(FERRY_BENCH_PATH, {"--target", daemon.unix_target(), "--quick",
+                                                "--baseline", "--json", json, "--svg", svg},
+                             log);
+  ASSERT_GT(pid, 0);
+  int status = testing::WaitExit(pid, std::chrono::seconds(240));
+  if (status == -1) {
+    kill(pid, SIGKILL);
+    testing::WaitExit(pid, std::chrono::seconds(5));
+  }
+  std::string output = ReadFile(log);
+  ASSERT_NE(status, -1) << "ferry-bench did not finish; its output:\n" << output;
+  ASSERT_TRUE(WIFEXITED(status)) << "status " << status << "\n" << output;
+  ASSERT_EQ(WEXITSTATUS(status), 0) << output;
+
+  std::string text = ReadFile(json);
+  ASSERT_FALSE(text.empty()) << output;
+  EXPECT_TRUE(JsonChecker(text).Check()) << text;
+  EXPECT_NE(text.find("\"machine\": {"), std::string::npos);
+  for (const char* scenario : {"transfers", "latency", "throughput", "concurrency",
+                               "open_close", "sharing", "transports"}) {
+    EXPECT_NE(text.find("\"" + std::string(scenario) + "\": ["), std::string::npos)
+        << scenario << " missing from the JSON";
+  }
+  // The tables were printed, with the baseline and its backend named.
+  EXPECT_NE(output.find("== transfers"), std::string::npos) << output;
+  EXPECT_NE(output.find("host backend"), std::string::npos) << output;
+  EXPECT_NE(ReadFile(svg).find("<svg"), std::string::npos);
+
+  // Everything the bench opened on the daemon was released.
+  EXPECT_EQ(daemon.WaitIdle().sessions_open(), 0u);
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
+
+}  // namespace
+}  // namespace ferry
+
+#endif  // FERRY_BENCH_PATH

@@ -1,0 +1,312 @@
+// ferryctl against a real ferryd: status, sessions and health (with the canary) in table and
+// JSON form, their exit codes, drain, and exit code 2 once the daemon is gone.
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <sstream>
+
+#include <google/protobuf/struct.pb.h>
+#include <google/protobuf/util/json_util.h>
+
+#include "ferry/client.h"
+#include "ferryd_process.h"
+
+namespace ferry {
+namespace {
+
+#ifndef FERRYCTL_PATH
+
+TEST(FerryctlTest, NotConfigured) {
+  GTEST_SKIP() << "FERRYCTL_PATH is not defined: add FERRYCTL_PATH=\"$<TARGET_FILE:ferryctl>\" "
+                  "to the integration tests' compile definitions in tests/CMakeLists.txt";
+}
+
+#else
+
+using testing::FerrydProcess;
+
+struct Run {
+  int exit_code = -1;  // -1: did not exit normally
+  std::string out;
+  std::string err;
+};
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+std::string FerryctlPath() { return testing::ProgramPath("FERRY_TEST_FERRYCTL", FERRYCTL_PATH); }
+
+/// Run ferryctl with `args`; capture stdout and stderr apart.
+Run Ferryctl(const std::vector<std::string>& args) {
+  char tmpl[] = "/tmp/ferryctl-run-XXXXXX";
+  std::string dir = mkdtemp(tmpl);
+  std::string program = FerryctlPath();
+  std::vector<char*> argv = {const_cast<char*>(program.c_str())};
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, (dir + "/out").c_str(),
+                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&actions, 2, (dir + "/err").c_str(),
+                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  pid_t pid = -1;
+  Run r;
+  if (posix_spawn(&pid, program.c_str(), &actions, nullptr, argv.data(), environ) == 0) {
+    int status = testing::WaitExit(pid, std::chrono::seconds(60));
+    if (status == -1) {
+      kill(pid, SIGKILL);
+      testing::WaitExit(pid, std::chrono::seconds(5));
+    } else if (WIFEXITED(status)) {
+      r.exit_code = WEXITSTATUS(status);
+    }
+  }
+  posix_spawn_file_actions_destroy(&actions);
+  r.out = ReadAll(dir + "/out");
+  r.err = ReadAll(dir + "/err");
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  return r;
+}
+
+// Parse ferryctl's JSON through protobuf's JSON reader (objects into Struct, arrays into
+// ListValue): a strict check that the output is JSON at all.
+google::protobuf::Struct ParseObject(const std::string& json) {
+  google::protobuf::Struct s;
+  auto status = google::protobuf::util::JsonStringToMessage(json, &s);
+  EXPECT_TRUE(status.ok()) << status.ToString() << "\n" << json;
+  return s;
+}
+google::protobuf::ListValue ParseArray(const std::string& json) {
+  google::protobuf::ListValue l;
+  auto status = google::protobuf::util::JsonStringToMessage(json, &l);
+  EXPECT_TRUE(status.ok()) << status.ToString() << "\n" << json;
+  return l;
+}
+const google::protobuf::Value& Field(const google::protobuf::Struct& s, const std::string& k) {
+  static const google::protobuf::Value kMissing;
+  auto it = s.fields().find(k);
+  EXPECT_NE(it, s.fields().end()) << "no field " << k;
+  return it == s.fields().end() ? kMissing : it->second;
+}
+
+class FerryctlTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    daemon_ = std::make_unique<FerrydProcess>(extra_args_);
+    ASSERT_TRUE(daemon_->ok()) << daemon_->log();
+  }
+  void TearDown() override {
+    if (daemon_ && daemon_->ok()) {
+      EXPECT_EQ(daemon_->Stop(), 0) << daemon_->log();
+    }
+  }
+  Run Ctl(std::vector<std::string> args) {
+    args.insert(args.begin(), "--target=" + daemon_->unix_target());
+    return Ferryctl(args);
+  }
+
+  std::vector<std::string> extra_args_;
+  std::unique_ptr<FerrydProcess> daemon_;
+};
+
+TEST_F(FerryctlTest, StatusTable) {
+  Run r = Ctl({"status"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_TRUE(r.err.empty()) << r.err;
+  for (const char* key : {"device", "uuid", "backend", "memory total", "memory free",
+                          "memory in use", "uptime", "version", "sessions", "submits",
+                          "draining"}) {
+    EXPECT_NE(r.out.find(std::string("\n") + key + " "), std::string::npos) << key << "\n" << r.out;
+  }
+  EXPECT_NE(r.out.find(testing::TestBackend() == "host" ? "host" : ""), std::string::npos);
+  // Aligned: every value starts in the same column.
+  std::istringstream lines(r.out);
+  std::string line;
+  size_t column = std::string::npos;
+  while (std::getline(lines, line)) {
+    size_t gap = line.find("  ");
+    size_t value = line.find_first_not_of(' ', gap);
+    if (column == std::string::npos) column = value;
+    EXPECT_EQ(value, column) << line;
+  }
+}
+
+TEST_F(FerryctlTest, StatusJson) {
+  Run r = Ctl({"--json", "status"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  auto s = ParseObject(r.out);
+  EXPECT_EQ(Field(s, "draining").bool_value(), false);
+  EXPECT_EQ(Field(s, "sessions_open").number_value(), 0);
+  EXPECT_GT(Field(s, "device_total_bytes").number_value(), 0);
+  EXPECT_FALSE(Field(s, "version").string_value().empty());
+  EXPECT_FALSE(Field(s, "device_name").string_value().empty());
+  EXPECT_EQ(Field(s, "target").string_value(), daemon_->unix_target());
+}
+
+TEST_F(FerryctlTest, SessionsListsOpenSessions) {
+  Run empty = Ctl({"sessions"});
+  ASSERT_EQ(empty.exit_code, 0) << empty.err;
+  EXPECT_NE(empty.out.find("no open sessions"), std::string::npos) << empty.out;
+  Run empty_json = Ctl({"sessions", "--json"});
+  ASSERT_EQ(empty_json.exit_code, 0) << empty_json.err;
+  EXPECT_EQ(ParseArray(empty_json.out).values_size(), 0);
+
+  ClientOptions options;
+  options.client_name = "ferryctl-test-client";
+  auto client = Client::connect(daemon_->unix_target(), options);
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  auto session = client->open_session();
+  ASSERT_TRUE(session.ok()) << session.status().ToString();
+  Tensor t = session->create_tensor<float>({4096});
+  ASSERT_TRUE(session->upload(t, std::vector<float>(4096, 1.0f)).ok());
+
+  Run table = Ctl({"sessions"});
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_NE(table.out.find("ID"), std::string::npos);
+  EXPECT_NE(table.out.find("CLIENT"), std::string::npos);
+  EXPECT_NE(table.out.find("ferryctl-test-client"), std::string::npos) << table.out;
+  EXPECT_NE(table.out.find("16.0 KiB"), std::string::npos) << table.out;  // device bytes, up
+
+  Run json = Ctl({"sessions", "--json"});
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  auto list = ParseArray(json.out);
+  ASSERT_EQ(list.values_size(), 1) << json.out;
+  const auto& s = list.values(0).struct_value();
+  EXPECT_EQ(Field(s, "session_id").number_value(), static_cast<double>(session->id()));
+  EXPECT_EQ(Field(s, "client_name").string_value(), "ferryctl-test-client");
+  EXPECT_EQ(Field(s, "device_bytes").number_value(), 4096 * 4);
+  EXPECT_EQ(Field(s, "live_tensors").number_value(), 1);
+  EXPECT_EQ(Field(Field(s, "stats").struct_value(), "bytes_uploaded").number_value(), 4096 * 4);
+  ASSERT_TRUE(session->close().ok());
+}
+
+TEST_F(FerryctlTest, HealthWithCanaryIsOk) {
+  Run r = Ctl({"health", "--canary", "--canary-elements", "100003"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  for (const char* check : {"reachable", "draining", "memory-headroom", "canary"}) {
+    EXPECT_NE(r.out.find(check), std::string::npos) << check << "\n" << r.out;
+  }
+  EXPECT_NE(r.out.find("100003 f32 elements"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("every element matches"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("health: OK"), std::string::npos) << r.out;
+
+  Run j = Ctl({"health", "--canary", "--json"});
+  ASSERT_EQ(j.exit_code, 0) << j.out << j.err;
+  auto s = ParseObject(j.out);
+  EXPECT_EQ(Field(s, "status").string_value(), "ok");
+  EXPECT_EQ(Field(s, "exit_code").number_value(), 0);
+  bool saw_canary = false;
+  for (const auto& v : Field(s, "checks").list_value().values()) {
+    const auto& c = v.struct_value();
+    EXPECT_EQ(Field(c, "status").string_value(), "ok") << j.out;
+    if (Field(c, "name").string_value() == "canary") {
+      saw_canary = true;
+      EXPECT_EQ(Field(c, "elements").number_value(), 1 << 20);
+      EXPECT_EQ(Field(c, "mismatches").number_value(), 0);
+      EXPECT_GT(Field(c, "total_ms").number_value(), 0);
+    }
+  }
+  EXPECT_TRUE(saw_canary) << j.out;
+  // The canary cleaned up after itself.
+  auto idle = daemon_->WaitIdle();
+  EXPECT_EQ(idle.sessions_open(), 0u);
+  EXPECT_EQ(idle.device_bytes_in_use(), 0u);
+}
+
+TEST_F(FerryctlTest, DaemonGoneIsCritical) {
+  ASSERT_EQ(daemon_->Stop(), 0) << daemon_->log();
+  Run health = Ctl({"health"});
+  EXPECT_EQ(health.exit_code, 2) << health.out << health.err;
+  EXPECT_NE(health.out.find("CRITICAL"), std::string::npos) << health.out;
+  EXPECT_NE(health.out.find("cannot reach ferryd"), std::string::npos) << health.out;
+  Run health_json = Ctl({"health", "--canary", "--json"});
+  EXPECT_EQ(health_json.exit_code, 2);
+  EXPECT_EQ(Field(ParseObject(health_json.out), "status").string_value(), "critical");
+  for (const char* command : {"status", "sessions", "drain"}) {
+    auto start = std::chrono::steady_clock::now();
+    Run r = Ctl({command});
+    EXPECT_EQ(r.exit_code, 2) << command;
+    EXPECT_NE(r.err.find("cannot reach ferryd at " + daemon_->unix_target()), std::string::npos)
+        << command << ": " << r.err;
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  }
+}
+
+TEST_F(FerryctlTest, UnansweringTargetTimesOut) {
+  // A socket that accepts connections but never speaks HTTP/2.
+  std::string path = "/tmp/ferryctl-mute-" + std::to_string(getpid()) + ".sock";
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  unlink(path.c_str());
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(fd, 8), 0);
+  auto start = std::chrono::steady_clock::now();
+  Run r = Ferryctl({"--target", "unix:" + path, "--timeout", "0.5", "health"});
+  auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_LT(took, std::chrono::seconds(5));
+  close(fd);
+  unlink(path.c_str());
+}
+
+TEST_F(FerryctlTest, DrainStopsTheDaemon) {
+  Run r = Ctl({"drain", "--wait", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  auto s = ParseObject(r.out);
+  EXPECT_TRUE(Field(s, "draining").bool_value());
+  EXPECT_TRUE(Field(s, "stopped").bool_value());
+  int status = daemon_->Stop();  // already gone: reaps it
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status << daemon_->log();
+  EXPECT_EQ(Ctl({"status"}).exit_code, 2);
+}
+
+TEST_F(FerryctlTest, UsageErrorsExitThree) {
+  EXPECT_EQ(Ctl({}).exit_code, 3);
+  EXPECT_EQ(Ctl({"frobnicate"}).exit_code, 3);
+  EXPECT_EQ(Ctl({"status", "--bogus"}).exit_code, 3);
+  EXPECT_EQ(Ctl({"status", "--canary"}).exit_code, 3);
+  EXPECT_EQ(Ctl({"--timeout", "-1", "status"}).exit_code, 3);
+  Run help = Ferryctl({"--help"});
+  EXPECT_EQ(help.exit_code, 0);
+  EXPECT_NE(help.out.find("usage: ferryctl"), std::string::npos);
+}
+
+// A nearly full device warns (exit 1) and says why.
+class FerryctlLowMemoryTest : public FerryctlTest {
+ protected:
+  void SetUp() override {
+    if (testing::TestBackend() != "host") GTEST_SKIP() << "needs the host backend's --host-memory";
+    extra_args_ = {"--host-memory", "16M"};
+    FerryctlTest::SetUp();
+  }
+};
+
+TEST_F(FerryctlLowMemoryTest, LowHeadroomWarns) {
+  auto client = Client::connect(daemon_->unix_target());
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  auto session = client->open_session();
+  ASSERT_TRUE(session.ok()) << session.status().ToString();
+  Tensor t = session->create_tensor<uint8_t>({(16 << 20) - (256 << 10)});
+  ASSERT_TRUE(session->synchronize().ok());
+  Run r = Ctl({"health"});
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_NE(r.out.find("WARNING"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("health: WARNING"), std::string::npos) << r.out;
+  ASSERT_TRUE(session->close().ok());
+  EXPECT_EQ(Ctl({"health"}).exit_code, 0);
+}
+
+#endif  // FERRYCTL_PATH
+
+}  // namespace
+}  // namespace ferry

@@ -1,0 +1,368 @@
+// ferryd under a stand-in for systemd: the notify protocol (READY once the socket accepts,
+// STATUS lines, WATCHDOG pings, STOPPING on drain) over a NOTIFY_SOCKET the test binds, socket
+// activation through LISTEN_FDS with a listening socket the test creates, and the
+// operator-facing gRPC services (grpc.health.v1, server reflection).
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include <grpcpp/generic/generic_stub.h>
+
+#include "ferry/client.h"
+#include "ferryd_process.h"
+
+namespace ferry {
+namespace {
+
+#ifndef FERRY_SYSTEMD_TESTS
+
+TEST(SystemdTest, NotConfigured) {
+  GTEST_SKIP() << "FERRY_SYSTEMD_TESTS is not defined: ferryd's main.cc does not speak the "
+                  "systemd protocols yet (tests/CMakeLists.txt turns these tests on)";
+}
+
+#else
+
+using testing::FerrydProcess;
+
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/ferry-sd-XXXXXX";
+    path_ = mkdtemp(tmpl);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+sockaddr_un UnixAddress(const std::string& path) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  return addr;
+}
+
+// The service manager's end of NOTIFY_SOCKET.
+class NotifyListener {
+ public:
+  explicit NotifyListener(const std::string& path) : path_(path) {
+    fd_ = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr = UnixAddress(path);
+    EXPECT_EQ(bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  }
+  ~NotifyListener() { close(fd_); }
+  const std::string& path() const { return path_; }
+
+  /// Wait up to `timeout` for the next datagram; "" when none came.
+  std::string Next(std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+    pollfd p = {fd_, POLLIN, 0};
+    if (poll(&p, 1, static_cast<int>(timeout.count())) != 1) return "";
+    char buf[4096];
+    ssize_t n = recv(fd_, buf, sizeof(buf), 0);
+    return n > 0 ? std::string(buf, n) : "";
+  }
+  /// Wait for a datagram containing `needle`; return it ("" on timeout).
+  std::string WaitFor(const std::string& needle,
+                      std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+    auto until = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < until) {
+      std::string m = Next(std::chrono::duration_cast<std::chrono::milliseconds>(
+          until - std::chrono::steady_clock::now()));
+      if (m.find(needle) != std::string::npos) return m;
+    }
+    return "";
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+// Set environment variables for the ferryd started in this scope (posix_spawn copies environ).
+class ScopedEnv {
+ public:
+  ScopedEnv(std::initializer_list<std::pair<const char*, std::string>> vars) {
+    for (const auto& [k, v] : vars) {
+      setenv(k, v.c_str(), 1);
+      names_.push_back(k);
+    }
+  }
+  ~ScopedEnv() {
+    for (const char* k : names_) unsetenv(k);
+  }
+
+ private:
+  std::vector<const char*> names_;
+};
+
+grpc::Status AdminDrain(const std::string& target) {
+  auto stub = v1::Admin::NewStub(grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::DrainReply reply;
+  return stub->Drain(&ctx, v1::DrainRequest(), &reply);
+}
+
+std::string Flatten(grpc::ByteBuffer& buffer) {
+  std::vector<grpc::Slice> slices;
+  std::string out;
+  if (buffer.Dump(&slices).ok()) {
+    for (const auto& s : slices) out.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  return out;
+}
+
+// grpc.health.v1.Health/Check for `service`: the ServingStatus number (1 SERVING,
+// 2 NOT_SERVING), or -1 with the call's error in `error`.
+int HealthCheck(const std::string& target, const std::string& service, std::string* error) {
+  auto channel = grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
+  std::string request;
+  if (!service.empty()) {
+    request = std::string("\x0a", 1) + static_cast<char>(service.size()) + service;
+  }
+  grpc::Slice slice(request);
+  grpc::ByteBuffer req(&slice, 1), resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::GenericStub stub(channel);
+  std::promise<grpc::Status> done;
+  stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &req, &resp,
+                 [&](grpc::Status s) { done.set_value(s); });
+  grpc::Status s = done.get_future().get();
+  if (!s.ok()) {
+    *error = s.error_message();
+    return -1;
+  }
+  std::string bytes = Flatten(resp);
+  return bytes.size() >= 2 && bytes[0] == 0x08 ? bytes[1] : 0;
+}
+
+// grpc.reflection.v1alpha ServerReflectionInfo with list_services; return the raw reply.
+std::string ReflectionListServices(const std::string& target, std::string* error) {
+  auto channel = grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  grpc::CompletionQueue cq;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  auto call = stub.PrepareCall(
+      &ctx, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
+  void* tag;
+  bool ok;
+  auto step = [&](intptr_t want) {
+    return cq.Next(&tag, &ok) && ok && reinterpret_cast<intptr_t>(tag) == want;
+  };
+  call->StartCall(reinterpret_cast<void*>(1));
+  if (!step(1)) return (*error = "start failed", "");
+  // ServerReflectionRequest { string list_services = 7; } with an empty value.
+  std::string request("\x3a\x00", 2);
+  grpc::Slice slice(request);
+  grpc::ByteBuffer req(&slice, 1), resp;
+  call->Write(req, reinterpret_cast<void*>(2));
+  if (!step(2)) return (*error = "write failed", "");
+  call->Read(&resp, reinterpret_cast<void*>(3));
+  bool read_ok = step(3);
+  call->WritesDone(reinterpret_cast<void*>(4));
+  step(4);
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(5));
+  step(5);
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  if (!read_ok) return (*error = "read failed: " + status.error_message(), "");
+  return Flatten(resp);
+}
+
+TEST(SystemdNotifyTest, ReadyStatusWatchdogStopping) {
+  TempDir dir;
+  NotifyListener manager(dir.path() + "/notify");
+  std::unique_ptr<FerrydProcess> daemon;
+  {
+    ScopedEnv env({{"NOTIFY_SOCKET", manager.path()}, {"WATCHDOG_USEC", "400000"}});
+    daemon = std::make_unique<FerrydProcess>();
+  }
+  ASSERT_TRUE(daemon->ok()) << daemon->log();
+
+  std::string ready = manager.Next();
+  EXPECT_EQ(ready.rfind("READY=1\n", 0), 0u) << ready;
+  EXPECT_NE(ready.find("STATUS=serving device 0"), std::string::npos) << ready;
+  EXPECT_NE(ready.find(daemon->unix_target()), std::string::npos) << ready;
+  // READY means the socket accepts.
+  EXPECT_EQ(daemon->AdminStatus().version().rfind("ERROR", 0), std::string::npos);
+
+  // Pings at half of WatchdogSec (200 ms here), with the load in a STATUS line.
+  auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 3; ++i) {
+    std::string ping = manager.Next(std::chrono::seconds(2));
+    EXPECT_EQ(ping.rfind("WATCHDOG=1\n", 0), 0u) << ping;
+    EXPECT_NE(ping.find("STATUS=serving: 0 sessions"), std::string::npos) << ping;
+  }
+  auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_GT(took, std::chrono::milliseconds(400));
+  EXPECT_LT(took, std::chrono::milliseconds(1500));
+
+  EXPECT_EQ(daemon->Stop(), 0) << daemon->log();
+  std::string stopping = manager.WaitFor("STOPPING=1");
+  EXPECT_NE(stopping.find("STATUS=draining"), std::string::npos) << stopping;
+  EXPECT_EQ(manager.WaitFor("STATUS=stopped"), "STATUS=stopped");
+}
+
+TEST(SystemdNotifyTest, WatchdogForAnotherPidIsIgnored) {
+  TempDir dir;
+  NotifyListener manager(dir.path() + "/notify");
+  std::unique_ptr<FerrydProcess> daemon;
+  {
+    ScopedEnv env({{"NOTIFY_SOCKET", manager.path()},
+                   {"WATCHDOG_USEC", "200000"},
+                   {"WATCHDOG_PID", "1"}});
+    daemon = std::make_unique<FerrydProcess>();
+  }
+  ASSERT_TRUE(daemon->ok()) << daemon->log();
+  EXPECT_EQ(manager.Next().rfind("READY=1", 0), 0u);
+  EXPECT_EQ(manager.Next(std::chrono::milliseconds(600)), "") << "no watchdog armed";
+  EXPECT_EQ(daemon->Stop(), 0);
+}
+
+TEST(SystemdNotifyTest, AdminDrainSendsStopping) {
+  TempDir dir;
+  NotifyListener manager(dir.path() + "/notify");
+  std::unique_ptr<FerrydProcess> daemon;
+  {
+    ScopedEnv env({{"NOTIFY_SOCKET", manager.path()}});
+    daemon = std::make_unique<FerrydProcess>();
+  }
+  ASSERT_TRUE(daemon->ok()) << daemon->log();
+  EXPECT_EQ(manager.Next().rfind("READY=1", 0), 0u);
+  ASSERT_TRUE(AdminDrain(daemon->unix_target()).ok());
+  EXPECT_NE(manager.WaitFor("STOPPING=1"), "");
+  int status = testing::WaitExit(daemon->pid(), std::chrono::seconds(30));
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status << daemon->log();
+}
+
+TEST(SystemdServicesTest, HealthAndReflection) {
+  FerrydProcess daemon;
+  ASSERT_TRUE(daemon.ok()) << daemon.log();
+  std::string error;
+  EXPECT_EQ(HealthCheck(daemon.unix_target(), "", &error), 1) << error;
+  EXPECT_EQ(HealthCheck(daemon.unix_target(), "ferry.v1.SessionService", &error), 1) << error;
+  EXPECT_EQ(HealthCheck(daemon.unix_target(), "ferry.v1.Admin", &error), 1) << error;
+  EXPECT_EQ(HealthCheck(daemon.unix_target(), "no.such.Service", &error), -1);
+  std::string services = ReflectionListServices(daemon.unix_target(), &error);
+  EXPECT_NE(services.find("ferry.v1.Admin"), std::string::npos) << error;
+  EXPECT_NE(services.find("ferry.v1.SessionService"), std::string::npos) << error;
+  EXPECT_NE(services.find("grpc.health.v1.Health"), std::string::npos) << error;
+  EXPECT_EQ(daemon.Stop(), 0);
+}
+
+// Socket activation: the test plays systemd, binding the socket and passing it as fd 3.
+TEST(SystemdActivationTest, ServesTheInheritedSocket) {
+  TempDir dir;
+  std::string path = dir.path() + "/ferryd.sock";
+  int listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr = UnixAddress(path);
+  ASSERT_EQ(bind(listen_fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(listen_fd, 64), 0);
+  struct stat before {};
+  ASSERT_EQ(stat(path.c_str(), &before), 0);
+
+  // Everything the child needs is prepared before fork(): it only dup2s, formats its pid and
+  // execs (async-signal-safe).
+  std::string ferryd = testing::FerrydPath();
+  std::vector<std::string> args = {ferryd,        "--backend",  testing::TestBackend(),
+                                   "--listen",    "unix:" + path, "--ready-file",
+                                   dir.path() + "/ready", "--log-level", "debug"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e; ++e) env_strings.push_back(*e);
+  env_strings.push_back("LISTEN_FDS=1");
+  env_strings.push_back("LISTEN_PID=0000000000");  // filled in by the child
+  std::vector<char*> envp;
+  for (auto& e : env_strings) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  char* pid_var = envp[envp.size() - 2];
+  std::string log_path = dir.path() + "/ferryd.log";
+  int log_fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  ASSERT_GE(log_fd, 0);
+
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    dup2(log_fd, 1);
+    dup2(log_fd, 2);
+    if (dup2(listen_fd, 3) != 3) _exit(120);  // dup2 clears CLOEXEC on the copy
+    char digits[16];
+    int n = 0;
+    for (pid_t p = getpid(); p > 0; p /= 10) digits[n++] = static_cast<char>('0' + p % 10);
+    char* out = pid_var + std::strlen("LISTEN_PID=");
+    while (n > 0) *out++ = digits[--n];
+    *out = '\0';
+    execve(argv[0], argv.data(), envp.data());
+    _exit(121);
+  }
+  close(log_fd);
+  close(listen_fd);  // the daemon owns it now
+  auto log = [&] {
+    std::ifstream in(log_path);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+
+  // Ready when the ready file names the inherited socket.
+  std::string ready;
+  for (auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+       ready.empty() && std::chrono::steady_clock::now() < until;) {
+    std::ifstream in(dir.path() + "/ready");
+    std::getline(in, ready);
+    if (ready.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(ready, "unix:" + path) << log();
+  // The daemon accepted on the inherited socket: it did not bind a new one over it.
+  struct stat after {};
+  ASSERT_EQ(stat(path.c_str(), &after), 0);
+  EXPECT_EQ(after.st_ino, before.st_ino);
+
+  // Sessions work through connections the daemon accepted itself.
+  for (int round = 0; round < 3; ++round) {
+    auto client = Client::connect("unix:" + path);
+    ASSERT_TRUE(client.ok()) << client.status().ToString() << log();
+    auto session = client->open_session();
+    ASSERT_TRUE(session.ok()) << session.status().ToString();
+    Tensor x = session->create_tensor<double>({1000});
+    std::vector<double> data(1000);
+    for (int i = 0; i < 1000; ++i) data[i] = i * 0.5;
+    ASSERT_TRUE(session->upload(x, data).ok());
+    session->scale(x, 4.0, x);
+    auto back = session->download<double>(x);
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    for (int i = 0; i < 1000; ++i) ASSERT_EQ((*back)[i], i * 2.0);
+    ASSERT_TRUE(session->close().ok());
+  }
+
+  kill(pid, SIGTERM);
+  int status = testing::WaitExit(pid, std::chrono::seconds(30));
+  if (status == -1) {
+    kill(pid, SIGKILL);
+    testing::WaitExit(pid, std::chrono::seconds(5));
+  }
+  EXPECT_TRUE(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << status << "\n" << log();
+}
+
+#endif  // FERRY_SYSTEMD_TESTS
+
+}  // namespace
+}  // namespace ferry
