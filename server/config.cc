@@ -1,25 +1,263 @@
 #include "config.h"
 
 #include <charconv>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
+#include <optional>
+#include <set>
+#include <sstream>
 
 namespace ferry {
 namespace {
 
-Result<uint64_t> ParseUnsigned(const std::string& name, const std::string& text) {
+// Where a setting came from; a later source overrides an earlier one.
+enum class Source { kDefault, kFile, kFlags };
+
+Status Invalid(std::string message) {
+  return Status(ErrorKind::kInvalidArgument, std::move(message));
+}
+
+Result<uint64_t> ParseUnsigned(const std::string& text) {
   uint64_t v = 0;
   auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
   if (ec != std::errc() || p != text.data() + text.size() || text.empty()) {
-    return Status(ErrorKind::kInvalidArgument, "--" + name + ": not a number: " + text);
+    return Invalid("not a number: " + text);
   }
   return v;
+}
+
+Result<bool> ParseBool(const std::string& text) {
+  static const std::set<std::string> yes = {"true", "yes", "on", "1"};
+  static const std::set<std::string> no = {"false", "no", "off", "0"};
+  if (yes.count(text)) return true;
+  if (no.count(text)) return false;
+  return Invalid("expected true or false, got '" + text + "'");
+}
+
+Status CheckEndpoint(const std::string& ep) {
+  if (ep.rfind("unix:", 0) == 0) {
+    if (ep.size() == 5) return Invalid("empty unix socket path");
+    return Status::Ok();
+  }
+  if (ep.rfind("tcp:", 0) == 0) {
+    std::string hp = ep.substr(4);
+    size_t colon = hp.rfind(':');
+    if (colon == std::string::npos || colon == 0 || colon + 1 == hp.size()) {
+      return Invalid("expected tcp:HOST:PORT, got " + ep);
+    }
+    auto port = ParseUnsigned(hp.substr(colon + 1));
+    if (!port.ok() || *port > 65535) return Invalid("bad port in " + ep);
+    return Status::Ok();
+  }
+  return Invalid("endpoint must be unix:PATH or tcp:HOST:PORT, got " + ep);
+}
+
+std::string Trim(const std::string& s) {
+  size_t b = s.find_first_not_of(" \t\r");
+  if (b == std::string::npos) return "";
+  size_t e = s.find_last_not_of(" \t\r");
+  return s.substr(b, e - b + 1);
+}
+
+// The settings every source can give, with their parsers. Holds the config being built;
+// not copyable (the setters point into it).
+class Settings {
+ public:
+  Settings() {
+    c_.daemon.session_defaults.device_bytes_quota = 1ull << 30;
+    c_.daemon.session_defaults.max_in_flight_submits = 64;
+    auto bytes = [](uint64_t* out) {
+      return [out](const std::string& v) -> Status {
+        FERRY_ASSIGN_OR_RETURN(*out, ParseBytes(v));
+        return Status::Ok();
+      };
+    };
+    auto bounded = [](uint64_t lo, uint64_t hi, auto assign) {
+      return [=](const std::string& v) -> Status {
+        FERRY_ASSIGN_OR_RETURN(uint64_t n, ParseUnsigned(v));
+        if (n < lo || n > hi) {
+          return Invalid("out of range " + std::to_string(lo) + ".." + std::to_string(hi));
+        }
+        assign(n);
+        return Status::Ok();
+      };
+    };
+    setters_ = {
+        {"device", bounded(0, 1024, [this](uint64_t n) { c_.device = static_cast<int>(n); })},
+        {"backend",
+         [this](const std::string& v) -> Status {
+           if (v != "host" && v != "cuda" && v != "auto") return Invalid("host, cuda or auto");
+           c_.backend = v;
+           return Status::Ok();
+         }},
+        {"listen",
+         [this](const std::string& v) -> Status {
+           FERRY_RETURN_IF_ERROR(CheckEndpoint(v));
+           // The first endpoint from a source replaces those of earlier sources.
+           if (listen_source_ != current_) c_.daemon.listen.clear();
+           listen_source_ = current_;
+           c_.daemon.listen.push_back(v);
+           return Status::Ok();
+         }},
+        {"allow-insecure-remote",
+         [this](const std::string& v) -> Status {
+           FERRY_ASSIGN_OR_RETURN(c_.daemon.allow_insecure_remote, ParseBool(v));
+           return Status::Ok();
+         }},
+        {"session-quota", bytes(&c_.daemon.session_defaults.device_bytes_quota)},
+        {"max-session-quota", bytes(&c_.daemon.max_device_bytes_quota)},
+        {"device-memory-cap", bytes(&c_.daemon.device_bytes_cap)},
+        {"host-memory", bytes(&c_.host.memory_bytes)},
+        {"max-message",
+         [this](const std::string& v) -> Status {
+           FERRY_ASSIGN_OR_RETURN(uint64_t n, ParseBytes(v));
+           // gRPC takes the limit as an int.
+           if (n < 4096 || n > (1ull << 31) - 1) return Invalid("out of range 4K..2G-1");
+           c_.daemon.max_message_bytes = n;
+           return Status::Ok();
+         }},
+        {"max-in-flight", bounded(1, 65536, [this](uint64_t n) {
+           c_.daemon.session_defaults.max_in_flight_submits = static_cast<uint32_t>(n);
+         })},
+        {"max-sessions", bounded(1, 1000000, [this](uint64_t n) {
+           c_.daemon.max_sessions = static_cast<uint32_t>(n);
+         })},
+        {"executor-threads", bounded(0, 1024, [this](uint64_t n) {
+           c_.daemon.executor_threads = static_cast<int>(n);
+         })},
+        {"slab-size",
+         [this](const std::string& v) -> Status {
+           FERRY_ASSIGN_OR_RETURN(uint64_t n, ParseBytes(v));
+           if (n == 0 || n % 4096 != 0 || n > (1ull << 40)) {
+             return Invalid("a non-zero multiple of 4K");
+           }
+           c_.daemon.slab_pool.slab_size = n;
+           return Status::Ok();
+         }},
+        {"pinned-budget", bytes(&c_.daemon.slab_pool.budget)},
+        {"initial-slabs", bounded(0, 65536, [this](uint64_t n) {
+           c_.daemon.slab_pool.initial_slabs = static_cast<uint32_t>(n);
+         })},
+        {"drain-timeout", bounded(0, 24ull * 3600 * 1000, [this](uint64_t n) {
+           c_.drain_timeout = std::chrono::milliseconds(n);
+         })},
+        // Hidden (not in --help): arms a device fault on the host backend after N ops, for
+        // the fault-recovery integration tests. 0: off.
+        {"host-fault-after-ops-for-test",
+         [this](const std::string& v) -> Status {
+           FERRY_ASSIGN_OR_RETURN(c_.host_fault_after_ops_for_test, ParseUnsigned(v));
+           return Status::Ok();
+         }},
+        {"ready-file",
+         [this](const std::string& v) -> Status {
+           c_.ready_file = v;
+           return Status::Ok();
+         }},
+        {"log-level",
+         [this](const std::string& v) -> Status {
+           static const std::set<std::string> levels = {"trace", "debug", "info", "warn",
+                                                        "error", "critical", "off"};
+           if (!levels.count(v)) return Invalid("trace|debug|info|warn|error|critical|off");
+           c_.log_level = v;
+           return Status::Ok();
+         }},
+    };
+  }
+  Settings(const Settings&) = delete;
+  Settings& operator=(const Settings&) = delete;
+
+  static bool IsSwitch(const std::string& name) {
+    return name == "allow-insecure-remote" || name == "help" || name == "version" ||
+           name == "check-config";
+  }
+  bool Known(const std::string& name) const { return setters_.count(name) > 0; }
+
+  /// Apply one setting (a switch's value is "true" or "false"); the message of an error
+  /// does not name the setting (the caller knows how it was spelled).
+  Status Set(const std::string& name, const std::string& value, Source source) {
+    current_ = source;
+    if (name == "help" || name == "version" || name == "check-config") {
+      // Command-line switches only: ParseFlags passes "true".
+      (name == "help" ? c_.show_help : name == "version" ? c_.show_version : c_.check_config) =
+          true;
+      return Status::Ok();
+    }
+    auto it = setters_.find(name);
+    if (it == setters_.end()) return Invalid("unknown setting");
+    return it->second(value);
+  }
+
+  DaemonConfig Finish() {
+    if (listen_source_ == Source::kDefault) {
+      c_.daemon.listen = {"unix:/run/ferry/ferryd-" + std::to_string(c_.device) + ".sock"};
+    }
+    return c_;
+  }
+
+ private:
+  DaemonConfig c_;
+  Source current_ = Source::kDefault;
+  Source listen_source_ = Source::kDefault;
+  std::map<std::string, std::function<Status(const std::string&)>> setters_;
+};
+
+// Apply a config file's text to `settings`; errors say "ORIGIN:LINE: ...".
+Status ApplyConfigText(const std::string& text, const std::string& origin, Settings& settings) {
+  std::istringstream in(text);
+  std::string raw;
+  std::map<std::string, int> seen;  // setting -> line it was set on
+  for (int line_no = 1; std::getline(in, raw); ++line_no) {
+    std::string where = origin + ":" + std::to_string(line_no) + ": ";
+    std::string line = Trim(raw);
+    if (line.empty() || line[0] == '#') continue;
+    for (size_t i = 1; i < line.size(); ++i) {  // a trailing comment needs whitespace before
+      if (line[i] == '#' && (line[i - 1] == ' ' || line[i - 1] == '\t')) {
+        line = Trim(line.substr(0, i));
+        break;
+      }
+    }
+    size_t eq = line.find('=');
+    if (eq == std::string::npos) return Invalid(where + "expected 'name = value', got '" + line + "'");
+    std::string name = Trim(line.substr(0, eq));
+    std::string value = Trim(line.substr(eq + 1));
+    if (value.size() >= 2 && value.front() == '"' && value.back() == '"') {
+      value = value.substr(1, value.size() - 2);
+    }
+    if (name.rfind("--", 0) == 0) name = name.substr(2);
+    if (name == "config" || name == "help" || name == "version" || name == "check-config") {
+      return Invalid(where + "'" + name + "' can only be given on the command line");
+    }
+    if (!settings.Known(name)) return Invalid(where + "unknown setting '" + name + "'");
+    if (name != "listen") {
+      auto [it, fresh] = seen.emplace(name, line_no);
+      if (!fresh) {
+        return Invalid(where + "'" + name + "' is already set on line " +
+                       std::to_string(it->second));
+      }
+    }
+    Status s = settings.Set(name, value, Source::kFile);
+    if (!s.ok()) return Invalid(where + name + ": " + s.message());
+  }
+  return Status::Ok();
+}
+
+Result<std::string> ReadFile(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) return Invalid(path + ": is a directory");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Invalid("cannot read config file " + path);
+  std::ostringstream out;
+  out << in.rdbuf();
+  if (in.bad()) return Invalid("cannot read config file " + path);
+  return out.str();
 }
 
 }  // namespace
 
 Result<uint64_t> ParseBytes(const std::string& text) {
-  if (text.empty()) return Status(ErrorKind::kInvalidArgument, "empty size");
+  if (text.empty()) return Invalid("empty size");
   uint64_t mult = 1;
   std::string digits = text;
   switch (text.back()) {
@@ -28,15 +266,29 @@ Result<uint64_t> ParseBytes(const std::string& text) {
     case 'G': case 'g': mult = 1ull << 30; digits.pop_back(); break;
     default: break;
   }
-  FERRY_ASSIGN_OR_RETURN(uint64_t v, ParseUnsigned("size", digits));
+  FERRY_ASSIGN_OR_RETURN(uint64_t v, ParseUnsigned(digits));
   uint64_t out = 0;
-  if (!CheckedMul(v, mult, &out)) return Status(ErrorKind::kInvalidArgument, "size overflows");
+  if (!CheckedMul(v, mult, &out)) return Invalid("size overflows");
   return out;
+}
+
+std::string FormatBytes(uint64_t bytes) {
+  if (bytes != 0) {
+    if (bytes % (1ull << 30) == 0) return std::to_string(bytes >> 30) + "G";
+    if (bytes % (1ull << 20) == 0) return std::to_string(bytes >> 20) + "M";
+    if (bytes % (1ull << 10) == 0) return std::to_string(bytes >> 10) + "K";
+  }
+  return std::to_string(bytes);
 }
 
 std::string FlagsHelp() {
   return R"(ferryd: the ferry GPU daemon (one process per GPU)
 
+  --config PATH              read settings from PATH first (default /etc/ferry/ferryd.conf
+                             when it exists; --config= reads none). Lines are
+                             "name = value" with the flag names below; flags win
+  --check-config             validate flags and config file, print the effective
+                             configuration and exit (0 valid, 2 invalid)
   --device N                 GPU ordinal to serve (default 0)
   --backend host|cuda|auto   device backend (default auto: CUDA when a GPU is visible)
   --listen ENDPOINT          unix:PATH or tcp:HOST:PORT (port 0 picks one); repeatable
@@ -50,107 +302,26 @@ std::string FlagsHelp() {
   --host-memory SIZE         emulated device memory of the host backend (default 8G)
   --max-message SIZE         largest gRPC message (default 64M)
   --executor-threads N       session executor threads (default: one per core, >= 2)
+  --slab-size SIZE           size of a shared-memory slab for local clients (default 64M)
+  --pinned-budget SIZE       pinned shared memory all slabs may take (default 1G)
+  --initial-slabs N          slabs made and registered at start (default 1)
   --drain-timeout MS         on SIGTERM, how long open sessions may run on (default 10000)
   --ready-file PATH          write the bound endpoints there once serving
-  --log-level LEVEL          trace|debug|info|warn|error (default info)
+  --log-level LEVEL          trace|debug|info|warn|error|critical|off (default info)
   --version, --help
 )";
 }
 
-Result<DaemonConfig> ParseFlags(const std::vector<std::string>& args) {
-  DaemonConfig c;
-  c.daemon.session_defaults.device_bytes_quota = 1ull << 30;
-  c.daemon.session_defaults.max_in_flight_submits = 64;
-  bool listen_given = false;
-
-  using Setter = std::function<Status(const std::string&)>;
-  auto bytes = [](uint64_t* out) {
-    return [out](const std::string& v) -> Status {
-      FERRY_ASSIGN_OR_RETURN(*out, ParseBytes(v));
-      return Status::Ok();
-    };
-  };
-  std::map<std::string, Setter> with_value = {
-      {"device",
-       [&](const std::string& v) -> Status {
-         FERRY_ASSIGN_OR_RETURN(uint64_t n, ParseUnsigned("device", v));
-         if (n > 1024) return Status(ErrorKind::kInvalidArgument, "--device: out of range");
-         c.device = static_cast<int>(n);
-         return Status::Ok();
-       }},
-      {"backend",
-       [&](const std::string& v) -> Status {
-         if (v != "host" && v != "cuda" && v != "auto") {
-           return Status(ErrorKind::kInvalidArgument, "--backend: host, cuda or auto");
-         }
-         c.backend = v;
-         return Status::Ok();
-       }},
-      {"listen",
-       [&](const std::string& v) -> Status {
-         if (!listen_given) c.daemon.listen.clear();
-         listen_given = true;
-         c.daemon.listen.push_back(v);
-         return Status::Ok();
-       }},
-      {"session-quota", bytes(&c.daemon.session_defaults.device_bytes_quota)},
-      {"max-session-quota", bytes(&c.daemon.max_device_bytes_quota)},
-      {"device-memory-cap", bytes(&c.daemon.device_bytes_cap)},
-      {"host-memory", bytes(&c.host.memory_bytes)},
-      {"max-message", bytes(&c.daemon.max_message_bytes)},
-      {"max-in-flight",
-       [&](const std::string& v) -> Status {
-         FERRY_ASSIGN_OR_RETURN(uint64_t n, ParseUnsigned("max-in-flight", v));
-         if (n == 0 || n > 65536) {
-           return Status(ErrorKind::kInvalidArgument, "--max-in-flight: 1..65536");
-         }
-         c.daemon.session_defaults.max_in_flight_submits = static_cast<uint32_t>(n);
-         return Status::Ok();
-       }},
-      {"max-sessions",
-       [&](const std::string& v) -> Status {
-         FERRY_ASSIGN_OR_RETURN(uint64_t n, ParseUnsigned("max-sessions", v));
-         if (n == 0 || n > 1000000) {
-           return Status(ErrorKind::kInvalidArgument, "--max-sessions: 1..1000000");
-         }
-         c.daemon.max_sessions = static_cast<uint32_t>(n);
-         return Status::Ok();
-       }},
-      {"executor-threads",
-       [&](const std::string& v) -> Status {
-         FERRY_ASSIGN_OR_RETURN(uint64_t n, ParseUnsigned("executor-threads", v));
-         if (n > 1024) return Status(ErrorKind::kInvalidArgument, "--executor-threads");
-         c.daemon.executor_threads = static_cast<int>(n);
-         return Status::Ok();
-       }},
-      {"drain-timeout",
-       [&](const std::string& v) -> Status {
-         FERRY_ASSIGN_OR_RETURN(uint64_t n, ParseUnsigned("drain-timeout", v));
-         c.drain_timeout = std::chrono::milliseconds(n);
-         return Status::Ok();
-       }},
-      {"ready-file",
-       [&](const std::string& v) -> Status {
-         c.ready_file = v;
-         return Status::Ok();
-       }},
-      {"log-level",
-       [&](const std::string& v) -> Status {
-         c.log_level = v;
-         return Status::Ok();
-       }},
-  };
-  std::map<std::string, std::function<void()>> switches = {
-      {"allow-insecure-remote", [&] { c.daemon.allow_insecure_remote = true; }},
-      {"help", [&] { c.show_help = true; }},
-      {"version", [&] { c.show_version = true; }},
-  };
-
+Result<DaemonConfig> ParseFlags(const std::vector<std::string>& args,
+                                const std::string& default_config) {
+  // Pass 1: split the command line into (name, value) pairs, so --config is known before
+  // anything else is applied.
+  Settings settings;
+  std::vector<std::pair<std::string, std::string>> flags;
+  std::optional<std::string> config_flag;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
-    if (a.rfind("--", 0) != 0) {
-      return Status(ErrorKind::kInvalidArgument, "unexpected argument: " + a);
-    }
+    if (a.rfind("--", 0) != 0) return Invalid("unexpected argument: " + a);
     std::string name = a.substr(2);
     std::string value;
     bool has_value = false;
@@ -159,27 +330,81 @@ Result<DaemonConfig> ParseFlags(const std::vector<std::string>& args) {
       name = name.substr(0, eq);
       has_value = true;
     }
-    if (auto s = switches.find(name); s != switches.end()) {
-      if (has_value) return Status(ErrorKind::kInvalidArgument, "--" + name + " takes no value");
-      s->second();
+    if (Settings::IsSwitch(name)) {
+      if (has_value) return Invalid("--" + name + " takes no value");
+      flags.emplace_back(name, "true");
       continue;
     }
-    auto f = with_value.find(name);
-    if (f == with_value.end()) {
-      return Status(ErrorKind::kInvalidArgument, "unknown flag --" + name);
-    }
+    if (name != "config" && !settings.Known(name)) return Invalid("unknown flag --" + name);
     if (!has_value) {
-      if (i + 1 >= args.size()) {
-        return Status(ErrorKind::kInvalidArgument, "--" + name + " needs a value");
-      }
+      if (i + 1 >= args.size()) return Invalid("--" + name + " needs a value");
       value = args[++i];
     }
-    FERRY_RETURN_IF_ERROR(f->second(value));
+    if (name == "config") {
+      if (config_flag) return Invalid("--config given twice");
+      config_flag = value;
+    } else {
+      flags.emplace_back(name, value);
+    }
   }
-  if (!listen_given) {
-    c.daemon.listen = {"unix:/run/ferry/ferryd-" + std::to_string(c.device) + ".sock"};
+
+  // Pass 2: the file, then the flags over it.
+  std::string config_path;
+  if (config_flag) {
+    config_path = *config_flag;
+  } else if (!default_config.empty()) {
+    std::error_code ec;
+    if (std::filesystem::exists(default_config, ec)) config_path = default_config;
   }
+  if (!config_path.empty()) {
+    FERRY_ASSIGN_OR_RETURN(std::string text, ReadFile(config_path));
+    FERRY_RETURN_IF_ERROR(ApplyConfigText(text, config_path, settings));
+  }
+  for (const auto& [name, value] : flags) {
+    Status s = settings.Set(name, value, Source::kFlags);
+    if (!s.ok()) return Invalid("--" + name + ": " + s.message());
+  }
+  DaemonConfig c = settings.Finish();
+  c.config_path = config_path;
   return c;
+}
+
+Result<DaemonConfig> ParseConfigText(const std::string& text, const std::string& origin) {
+  Settings settings;
+  FERRY_RETURN_IF_ERROR(ApplyConfigText(text, origin, settings));
+  return settings.Finish();
+}
+
+std::string FormatConfig(const DaemonConfig& c) {
+  std::ostringstream out;
+  out << "# ferryd effective configuration";
+  if (!c.config_path.empty()) out << " (flags over " << c.config_path << ")";
+  out << "\n";
+  out << "device = " << c.device << "\n";
+  out << "backend = " << c.backend << "\n";
+  for (const std::string& ep : c.daemon.listen) out << "listen = " << ep << "\n";
+  out << "allow-insecure-remote = " << (c.daemon.allow_insecure_remote ? "true" : "false")
+      << "\n";
+  out << "session-quota = " << FormatBytes(c.daemon.session_defaults.device_bytes_quota) << "\n";
+  out << "max-session-quota = " << FormatBytes(c.daemon.max_device_bytes_quota) << "\n";
+  out << "max-in-flight = " << c.daemon.session_defaults.max_in_flight_submits << "\n";
+  out << "max-sessions = " << c.daemon.max_sessions << "\n";
+  out << "device-memory-cap = " << FormatBytes(c.daemon.device_bytes_cap)
+      << (c.daemon.device_bytes_cap == 0 ? "  # all of the device's memory" : "") << "\n";
+  out << "host-memory = " << FormatBytes(c.host.memory_bytes) << "\n";
+  out << "max-message = " << FormatBytes(c.daemon.max_message_bytes) << "\n";
+  out << "executor-threads = " << c.daemon.executor_threads
+      << (c.daemon.executor_threads == 0 ? "  # one per core, at least 2" : "") << "\n";
+  out << "slab-size = " << FormatBytes(c.daemon.slab_pool.slab_size) << "\n";
+  out << "pinned-budget = " << FormatBytes(c.daemon.slab_pool.budget) << "\n";
+  out << "initial-slabs = " << c.daemon.slab_pool.initial_slabs << "\n";
+  out << "drain-timeout = " << c.drain_timeout.count() << "\n";
+  out << "ready-file =" << (c.ready_file.empty() ? "" : " \"" + c.ready_file + "\"") << "\n";
+  out << "log-level = " << c.log_level << "\n";
+  if (c.host_fault_after_ops_for_test != 0) {
+    out << "host-fault-after-ops-for-test = " << c.host_fault_after_ops_for_test << "\n";
+  }
+  return out.str();
 }
 
 }  // namespace ferry

@@ -1,4 +1,11 @@
-// ferryd's configuration: flags, parsed into one struct main.cc composes the daemon from.
+// ferryd's configuration: flags and the config file, parsed into one struct main.cc composes
+// the daemon from.
+//
+// The config file holds "name = value" lines with the flags' names (no leading dashes);
+// '#' starts a comment (at the start of a line, or after whitespace); blank lines are
+// ignored; `listen` may repeat; switches take true/false (also yes/no, on/off, 1/0). Flags
+// win over the file: a flag replaces the file's value, and any --listen replaces every
+// `listen` line of the file.
 #pragma once
 
 #include <chrono>
@@ -11,6 +18,9 @@
 
 namespace ferry {
 
+/// Where ferryd looks for its config file when --config is not given.
+inline constexpr const char* kDefaultConfigPath = "/etc/ferry/ferryd.conf";
+
 struct DaemonConfig {
   int device = 0;
   std::string backend = "auto";  // host | cuda | auto
@@ -19,18 +29,40 @@ struct DaemonConfig {
   std::string log_level = "info";
   std::string ready_file;  // written with the bound endpoints once serving
   std::chrono::milliseconds drain_timeout{10000};
+  /// The config file that was read ("" when none).
+  std::string config_path;
+  /// --check-config: validate, print the effective configuration, exit.
+  bool check_config = false;
+  uint64_t host_fault_after_ops_for_test = 0;  // hidden flag, for fault-recovery tests
   bool show_help = false;
   bool show_version = false;
 };
 
 /// Parse ferryd's command line. Flags take "--name value" or "--name=value"; sizes accept
 /// K, M, G suffixes (powers of 1024). Unknown flags and bad values are errors.
-Result<DaemonConfig> ParseFlags(const std::vector<std::string>& args);
+///
+/// Settings are read first from the config file: the one named by --config (an error when it
+/// cannot be read; "--config=" reads none), else `default_config` when that file exists
+/// (main passes kDefaultConfigPath; "" reads none). Flags then override the file.
+Result<DaemonConfig> ParseFlags(const std::vector<std::string>& args,
+                                const std::string& default_config = "");
+
+/// Parse the text of a config file on its own (defaults for everything it does not set).
+/// `origin` names the file in error messages ("PATH:LINE: ...").
+Result<DaemonConfig> ParseConfigText(const std::string& text,
+                                     const std::string& origin = "config");
+
+/// Return `config` as config-file text that ParseConfigText reads back to the same settings:
+/// every setting, one per line, defaults included (what --check-config prints).
+std::string FormatConfig(const DaemonConfig& config);
 
 /// Return the --help text.
 std::string FlagsHelp();
 
 /// Parse a byte size such as "4096", "64M" or "2G".
 Result<uint64_t> ParseBytes(const std::string& text);
+
+/// Format a byte size the way ParseBytes reads it, with the largest exact suffix ("64M").
+std::string FormatBytes(uint64_t bytes);
 
 }  // namespace ferry

@@ -2,6 +2,9 @@
 // signal, drains. No logic here that a test would need.
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -11,11 +14,12 @@
 #include "config.h"
 #include "ferry/version.h"
 #include "rpc/daemon.h"
+#include "rpc/systemd_notify.h"
 #include "session/device_supervisor.h"
 
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
-  auto parsed = ferry::ParseFlags(args);
+  auto parsed = ferry::ParseFlags(args, ferry::kDefaultConfigPath);
   if (!parsed.ok()) {
     std::cerr << "ferryd: " << parsed.status().message() << "\n(see ferryd --help)\n";
     return 2;
@@ -29,8 +33,29 @@ int main(int argc, char** argv) {
     std::cout << "ferryd " << ferry::kVersion << " (" << ferry::kGitCommit << ")\n";
     return 0;
   }
+  if (config.check_config) {
+    std::cout << ferry::FormatConfig(config);
+    return 0;
+  }
+  // Socket activation: adopt the inherited listening sockets (before any thread starts: this
+  // edits the environment). One that matches a --listen endpoint replaces it.
+  namespace sd = ferry::rpc::systemd;
+  auto inherited = sd::ListenFds();
+  if (!inherited.ok()) {
+    std::cerr << "ferryd: socket activation: " << inherited.status().message() << "\n";
+    return 1;
+  }
+  for (int fd : *inherited) {
+    auto& listen = config.daemon.listen;
+    listen.erase(std::remove(listen.begin(), listen.end(), sd::SocketEndpoint(fd)), listen.end());
+    config.daemon.inherited_listen_fds.push_back(fd);
+  }
+  auto notify = [](const std::string& state) {
+    if (ferry::Status s = sd::Notify(state); !s.ok()) spdlog::warn("sd_notify: {}", s.ToString());
+  };
   spdlog::set_level(spdlog::level::from_str(config.log_level));
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ ferryd[%P] %v");
+  if (!config.config_path.empty()) spdlog::info("configuration read from {}", config.config_path);
 
   auto factory = ferry::backend::MakeDeviceFactory(config.backend, config.device, config.host,
                                                    config.host_fault_after_ops_for_test);
@@ -50,9 +75,14 @@ int main(int argc, char** argv) {
   auto daemon = ferry::rpc::Daemon::Start(std::move(*device), config.daemon);
   if (!daemon.ok()) {
     spdlog::critical("cannot start: {}", daemon.status().ToString());
+    notify("STATUS=cannot start: " + daemon.status().ToString());
     return 1;
   }
-  for (const auto& ep : (*daemon)->endpoints()) spdlog::info("listening on {}", ep);
+  std::string endpoints;
+  for (const auto& ep : (*daemon)->endpoints()) {
+    spdlog::info("listening on {}", ep);
+    endpoints += (endpoints.empty() ? "" : " ") + ep;
+  }
   if (!config.ready_file.empty()) {
     std::string tmp = config.ready_file + ".tmp";
     {
@@ -62,17 +92,46 @@ int main(int argc, char** argv) {
     std::rename(tmp.c_str(), config.ready_file.c_str());
   }
 
+  // Serving: tell systemd (Type=notify), then keep it told: WATCHDOG=1 at half of
+  // WatchdogSec with a STATUS line of the current load (STATUS alone every 30 s without one).
+  notify("READY=1\nSTATUS=serving device " + std::to_string(info.ordinal) + " (" + info.name +
+         ") on " + endpoints);
+  auto watchdog = sd::WatchdogInterval();
+  if (watchdog) spdlog::info("systemd watchdog: a ping every {} ms", watchdog->count() / 2000);
+  std::chrono::microseconds tick = watchdog ? *watchdog / 2 : std::chrono::seconds(30);
   boost::asio::io_context signals_io;
+  boost::asio::steady_timer ticker(signals_io);
+  std::function<void()> arm_ticker = [&] {
+    ticker.expires_after(tick);
+    ticker.async_wait([&](const boost::system::error_code& ec) {
+      if (ec) return;
+      auto t = (*daemon)->registry().Totals();
+      notify(std::string(watchdog ? "WATCHDOG=1\n" : "") + "STATUS=serving: " +
+             std::to_string(t.sessions_open) + " sessions, " +
+             std::to_string(t.submits_in_flight) + " submits in flight");
+      arm_ticker();
+    });
+  };
+  if (sd::NotifyEnabled()) arm_ticker();
   boost::asio::signal_set signals(signals_io, SIGINT, SIGTERM);
   signals.async_wait([&](const boost::system::error_code& ec, int sig) {
-    if (!ec) spdlog::info("signal {}: draining (up to {} ms)", sig, config.drain_timeout.count());
+    if (ec) return;
+    spdlog::info("signal {}: draining (up to {} ms)", sig, config.drain_timeout.count());
+    signals_io.stop();
   });
   (*daemon)->SetDrainHandler([&signals_io] {
     spdlog::info("drain requested through the Admin service");
     signals_io.stop();
   });
   signals_io.run();
+  // Draining from here on: a second SIGINT/SIGTERM must not kill the drain or the exit.
+  signals.clear();
+  std::signal(SIGINT, SIG_IGN);
+  std::signal(SIGTERM, SIG_IGN);
+  notify("STOPPING=1\nSTATUS=draining: finishing in-flight work (up to " +
+         std::to_string(config.drain_timeout.count()) + " ms)");
   (*daemon)->Shutdown(config.drain_timeout);
+  notify("STATUS=stopped");
   spdlog::info("stopped");
   return 0;
 }

@@ -28,7 +28,7 @@ std::string GrpcTarget(const std::string& target) {
 
 Status FromProto(const v1::Error& e) {
   int kind = e.kind();
-  if (kind < 0 || kind > static_cast<int>(ErrorKind::kUnavailable)) {
+  if (kind < 0 || kind > static_cast<int>(ErrorKind::kBusy)) {
     kind = static_cast<int>(ErrorKind::kInternal);
   }
   int code = e.code();

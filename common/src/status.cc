@@ -43,6 +43,7 @@ std::string_view ErrorKindName(ErrorKind kind) {
     case ErrorKind::kInvalidArgument: return "INVALID_ARGUMENT";
     case ErrorKind::kInternal: return "INTERNAL";
     case ErrorKind::kUnavailable: return "UNAVAILABLE";
+    case ErrorKind::kBusy: return "BUSY";
   }
   return "UNKNOWN_KIND";
 }
@@ -65,6 +66,7 @@ Code CanonicalCode(ErrorKind kind) {
     case ErrorKind::kSessionClosed: return Code::kFailedPrecondition;
     case ErrorKind::kInternal: return Code::kInternal;
     case ErrorKind::kUnavailable: return Code::kUnavailable;
+    case ErrorKind::kBusy: return Code::kFailedPrecondition;
   }
   return Code::kUnknown;
 }

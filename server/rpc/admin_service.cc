@@ -33,6 +33,15 @@ grpc::ServerUnaryReactor* AdminService::Status(grpc::CallbackServerContext* ctx,
   reply->set_device_resets(context_->device->resets());
   reply->set_last_fault(context_->device->last_fault());
   reply->set_last_recovery_ms(context_->device->last_recovery_ms());
+  if (context_->slab_pool) {
+    pool::SlabPoolStats p = context_->slab_pool->stats();
+    reply->set_slabs_total(p.slabs_total);
+    reply->set_slabs_in_use(p.slabs_in_use);
+    reply->set_slab_bytes(p.bytes_total);
+    reply->set_slab_fds_open(p.fds_open);
+    reply->set_slab_size(context_->slab_pool->slab_size());
+  }
+  if (context_->slab_broker) reply->set_slab_connections(context_->slab_broker->connections());
   auto* reactor = ctx->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;

@@ -116,6 +116,14 @@ session::Op FromProto(const v1::Op& op) {
     case v1::Op::kEndGraph: return EndGraphOp{};
     case v1::Op::kLaunchGraph: return LaunchGraphOp{op.launch_graph().graph()};
     case v1::Op::kFreeGraph: return FreeGraphOp{op.free_graph().handle()};
+    case v1::Op::kUploadFromSlab: {
+      const auto& u = op.upload_from_slab();
+      return UploadFromSlabOp{u.tensor(), u.offset(), u.slab(), u.slab_offset(), u.length()};
+    }
+    case v1::Op::kDownloadToSlab: {
+      const auto& d = op.download_to_slab();
+      return DownloadToSlabOp{d.tensor(), d.offset(), d.slab(), d.slab_offset(), d.length()};
+    }
     case v1::Op::KIND_NOT_SET: break;
   }
   return Malformed("op has no kind this daemon knows");

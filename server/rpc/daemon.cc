@@ -5,10 +5,14 @@
 #include <filesystem>
 #include <spdlog/spdlog.h>
 
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/server_posix.h>
 
 #include "rpc/admin_service.h"
+#include "rpc/health_service.h"
 #include "rpc/session_service.h"
+#include "rpc/systemd_notify.h"
 
 namespace ferry::rpc {
 namespace {
@@ -38,7 +42,7 @@ bool IsLoopback(const std::string& host) {
 
 Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSupervisor> device,
                                               const DaemonOptions& options) {
-  if (options.listen.empty()) {
+  if (options.listen.empty() && options.inherited_listen_fds.empty()) {
     return Status(ErrorKind::kInvalidArgument, "no endpoint to listen on");
   }
   std::unique_ptr<Daemon> d(new Daemon());
@@ -63,6 +67,9 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
   d->session_service_ = std::make_unique<SessionService>(d->context_.get());
   d->admin_service_ = std::make_unique<AdminService>(d->context_.get(), d->started_at_);
 
+  // grpc.health.v1 (status follows draining) and server reflection, for operators' tools.
+  EnableHealthService();
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
@@ -105,6 +112,24 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
                     : std::max(2, static_cast<int>(std::thread::hardware_concurrency()));
   for (int i = 0; i < threads; ++i) d->threads_.emplace_back([io = &d->io_] { io->run(); });
 
+  if (options.slab_pool_enabled && !unix_paths.empty()) {
+    // Slabs are registered with whatever device is current; a rebuilt device gets them all
+    // registered again.
+    session::DeviceSupervisor* sup = d->device_.get();
+    pool::HostRegistration reg;
+    reg.register_memory = [sup](void* p, uint64_t n) -> Status {
+      backend::Device* dev = sup->device();
+      return dev ? dev->RegisterHostMemory(p, n) : Status::Ok();  // rebuilding: the hook will
+    };
+    reg.unregister_memory = [sup](void* p) {
+      if (backend::Device* dev = sup->device()) (void)dev->UnregisterHostMemory(p);
+    };
+    FERRY_ASSIGN_OR_RETURN(d->slab_pool_, pool::SlabPool::Create(options.slab_pool, reg));
+    sup->SetRebuiltHook([pool = d->slab_pool_.get()] { pool->ReregisterAll(); });
+    FERRY_ASSIGN_OR_RETURN(d->slab_broker_, pool::SlabBroker::Start(unix_paths[0] + ".slabs"));
+    ctx.slab_pool = d->slab_pool_.get();
+    ctx.slab_broker = d->slab_broker_.get();
+  }
   d->server_ = builder.BuildAndStart();
   if (!d->server_) {
     return Status(ErrorKind::kUnavailable, "could not bind the listening endpoints");
@@ -120,6 +145,18 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
     }
   }
   for (const std::string& path : unix_paths) ::chmod(path.c_str(), 0660);
+  for (int fd : options.inherited_listen_fds) {
+    // gRPC 1.51 cannot adopt a listening fd: accept on it ourselves, hand each connection over.
+    d->endpoints_.push_back(systemd::SocketEndpoint(fd));
+    FERRY_ASSIGN_OR_RETURN(
+        auto acceptor,
+        systemd::SocketAcceptor::Start(fd, [server = d->server_.get()](
+                                               int conn, const systemd::PeerCredentials&) {
+          grpc::AddInsecureChannelFromFd(server, conn);
+        }));
+    d->acceptors_.push_back(std::move(acceptor));
+  }
+  SetAcceptingSessions(d->server_.get(), true);
   return d;
 }
 
@@ -132,12 +169,15 @@ void Daemon::Shutdown(std::chrono::milliseconds grace) {
     // New sessions are refused from here on. Work already accepted runs on: wait, up to
     // the grace period, until no submit is in flight, then end every stream.
     context_->draining = true;
+    SetAcceptingSessions(server_.get(), false);
     auto grace_end = std::chrono::steady_clock::now() + grace;
     while (registry_->Totals().submits_in_flight > 0 &&
            std::chrono::steady_clock::now() < grace_end) {
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
+    acceptors_.clear();  // inherited sockets: no new connections
     if (server_) {
+      ShutdownHealth(server_.get());
       // A short deadline: idle client connections must not hold the daemon up.
       server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(100));
       spdlog::debug("gRPC server shut down");

@@ -12,6 +12,8 @@
 
 #include "backend/backend.h"
 #include "ferry/status.h"
+#include "pool/slab_broker.h"
+#include "pool/slab_pool.h"
 #include "session/device_supervisor.h"
 #include "session/registry.h"
 #include "session/session.h"
@@ -25,10 +27,16 @@ namespace ferry::rpc {
 struct SessionServiceContext;
 class SessionService;
 class AdminService;
+namespace systemd {
+class SocketAcceptor;
+}
 
 struct DaemonOptions {
   /// Endpoints: "unix:PATH" or "tcp:HOST:PORT" (port 0 picks a free port).
   std::vector<std::string> listen;
+  /// Listening sockets inherited through socket activation (systemd's LISTEN_FDS). The
+  /// daemon accepts on them itself and owns them from Start on.
+  std::vector<int> inherited_listen_fds;
   /// Allow TCP on addresses other than loopback without TLS (development only).
   bool allow_insecure_remote = false;
   session::SessionConfig session_defaults;
@@ -38,6 +46,10 @@ struct DaemonOptions {
   uint32_t max_sessions = 1024;
   uint64_t max_message_bytes = 64ull << 20;
   int executor_threads = 0;  // 0: one per core, at least 2
+  /// The shared-memory slab pool, served on PATH.slabs beside the first unix:PATH
+  /// endpoint. No pool without a unix endpoint (remote clients send bytes inline).
+  bool slab_pool_enabled = true;
+  pool::SlabPoolOptions slab_pool;
 };
 
 class Daemon {
@@ -63,6 +75,8 @@ class Daemon {
 
   std::unique_ptr<session::DeviceSupervisor> device_;
   std::unique_ptr<session::SessionRegistry> registry_;
+  std::unique_ptr<pool::SlabPool> slab_pool_;      // outlives every session
+  std::unique_ptr<pool::SlabBroker> slab_broker_;
   boost::asio::io_context io_;
   std::unique_ptr<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>>
       work_;
@@ -71,6 +85,7 @@ class Daemon {
   std::unique_ptr<SessionService> session_service_;
   std::unique_ptr<AdminService> admin_service_;
   std::unique_ptr<grpc::Server> server_;
+  std::vector<std::unique_ptr<systemd::SocketAcceptor>> acceptors_;
   std::vector<std::string> endpoints_;
   std::chrono::steady_clock::time_point started_at_;
   std::once_flag shutdown_once_;

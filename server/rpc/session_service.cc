@@ -54,6 +54,7 @@ class SessionConnection : public session::SessionEvents,
   void HandleCancel() { ClientGone("the client cancelled the stream"); }
 
   void HandleDone() {
+    if (!slab_token_.empty()) context_->slab_broker->RevokeToken(slab_token_);
     if (session_ && !session_done_) session_->Abort();
     session_done_ = true;
     session_.reset();
@@ -147,7 +148,8 @@ class SessionConnection : public session::SessionEvents,
                                             config, open.client_name(), peer_, this);
     if (!created.ok()) {
       return Fail(created.status(),
-                  grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, created.status().message()));
+                  grpc::Status(static_cast<grpc::StatusCode>(created.status().code()),
+                               created.status().message()));
     }
     session_ = std::move(*created);
     session_id_ = session_->id();
@@ -162,6 +164,16 @@ class SessionConnection : public session::SessionEvents,
     o->set_device_bytes_quota(config.device_bytes_quota);
     o->set_max_in_flight_submits(config.max_in_flight_submits);
     o->set_max_message_bytes(context_->max_message_bytes);
+    // Shared memory for a local client: a slab set, and the one-time token that binds a
+    // connection on the slab socket to it.
+    if (context_->slab_pool && context_->slab_broker && peer_.rfind("unix:", 0) == 0) {
+      auto slabs = std::make_shared<pool::SessionSlabs>(context_->slab_pool);
+      session_->AttachSlabs(slabs);
+      slab_token_ = context_->slab_broker->IssueToken(slabs);
+      o->set_slab_socket(context_->slab_broker->path());
+      o->set_slab_token(slab_token_);
+      o->set_slab_size(context_->slab_pool->slab_size());
+    }
     Send(std::move(m));
   }
 
@@ -234,6 +246,7 @@ class SessionConnection : public session::SessionEvents,
 
   std::shared_ptr<session::Session> session_;
   uint64_t session_id_ = 0;
+  std::string slab_token_;  // issued at Open; revoked when the stream ends
   bool session_done_ = false;  // closed, aborted or failed: no more session calls
   uint64_t last_submit_id_ = 0;
   std::deque<std::unique_ptr<v1::ServerMessage>> outbox_;

@@ -14,6 +14,8 @@
 #include <grpcpp/grpcpp.h>
 
 #include "backend/backend.h"
+#include "pool/slab_broker.h"
+#include "pool/slab_pool.h"
 #include "ferry/v1/session.grpc.pb.h"
 #include "session/device_supervisor.h"
 #include "session/registry.h"
@@ -31,6 +33,9 @@ struct SessionServiceContext {
   uint64_t max_device_bytes_quota = 0;
   uint32_t max_in_flight_submits = 0;
   uint64_t max_message_bytes = 0;
+  /// The shared-memory pool and its socket; null when the daemon has no local endpoint.
+  pool::SlabPool* slab_pool = nullptr;
+  pool::SlabBroker* slab_broker = nullptr;
   /// Set while draining: new sessions are refused with UNAVAILABLE.
   std::atomic<bool> draining{false};
 };

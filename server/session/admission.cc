@@ -86,8 +86,9 @@ class ObjectOverlay {
 
 class Admitter {
  public:
-  Admitter(const HandleTable& table, const AdmissionLimits& limits)
-      : overlay_(table), objects_(table), limits_(limits) {
+  Admitter(const HandleTable& table, const AdmissionLimits& limits,
+           const pool::SessionSlabs* slabs)
+      : overlay_(table), objects_(table), limits_(limits), slabs_(slabs) {
     result_.peak_device_bytes = table.bytes();
   }
 
@@ -325,7 +326,6 @@ class Admitter {
     for (const LaunchArg& a : op.args) {
       if (a.is_tensor) FERRY_RETURN_IF_ERROR(Live(a.tensor).status());
     }
-    if (result_.first_launch_op < 0) result_.first_launch_op = index_;
     return Status::Ok();
   }
   Status Do(const BeginGraphOp& op) {
@@ -373,10 +373,49 @@ class Admitter {
     return Status::Ok();
   }
   Status Do(const MalformedOp& op) { return op.reason; }
+  Status Do(const UploadFromSlabOp& op) {
+    FERRY_ASSIGN_OR_RETURN(const TensorRecord* r, Live(op.tensor));
+    FERRY_RETURN_IF_ERROR(InRange(op.tensor, r, op.offset, op.length));
+    FERRY_RETURN_IF_ERROR(SlabRange({op.slab, op.slab_offset, op.length}, false));
+    result_.upload_bytes += op.length;
+    return Status::Ok();
+  }
+  Status Do(const DownloadToSlabOp& op) {
+    FERRY_ASSIGN_OR_RETURN(const TensorRecord* r, Live(op.tensor));
+    FERRY_RETURN_IF_ERROR(InRange(op.tensor, r, op.offset, op.length));
+    FERRY_RETURN_IF_ERROR(SlabRange({op.slab, op.slab_offset, op.length}, true));
+    result_.download_bytes += op.length;
+    return Status::Ok();
+  }
+  // Check a slab range against the session's slabs (owned, in bounds, not busy) and against
+  // the ranges earlier ops of this submit use: a range the device writes may overlap no
+  // other; ranges it only reads may overlap each other.
+  Status SlabRange(const pool::SlabRange& r, bool written) {
+    if (!slabs_) {
+      return Status(ErrorKind::kInvalidHandle, "slab " + std::to_string(r.slab) +
+                                                   " is not held by this session (it holds none)");
+    }
+    FERRY_RETURN_IF_ERROR(slabs_->Check(r));
+    if (r.length == 0) return Status::Ok();
+    for (const auto& [other, other_written] : slab_ranges_) {
+      if (other.slab != r.slab || !(written || other_written)) continue;
+      if (r.offset < other.offset + other.length && other.offset < r.offset + r.length) {
+        return Status(ErrorKind::kBusy, "slab " + std::to_string(r.slab) + " bytes [" +
+                                            std::to_string(r.offset) + ", +" +
+                                            std::to_string(r.length) +
+                                            ") overlap a range an earlier op of this submit "
+                                            "uses");
+      }
+    }
+    slab_ranges_.emplace_back(r, written);
+    return Status::Ok();
+  }
 
   TableOverlay overlay_;
   ObjectOverlay objects_;
   const AdmissionLimits& limits_;
+  const pool::SessionSlabs* slabs_;
+  std::vector<std::pair<pool::SlabRange, bool>> slab_ranges_;  // (range, written)
   AdmissionResult result_;
   int index_ = 0;
   bool capturing_ = false;
@@ -398,13 +437,14 @@ Result<uint64_t> TensorBytes(DType dtype, const Shape& shape, uint64_t* elements
 }
 
 Result<AdmissionResult> AdmitSubmit(const SubmitRequest& request, const HandleTable& table,
-                                    const AdmissionLimits& limits) {
+                                    const AdmissionLimits& limits,
+                                    const pool::SessionSlabs* slabs) {
   if (limits.max_ops_per_submit && request.ops.size() > limits.max_ops_per_submit) {
     return Status(ErrorKind::kQuotaExceeded,
                   "a submit may carry at most " + std::to_string(limits.max_ops_per_submit) +
                       " ops, this one has " + std::to_string(request.ops.size()));
   }
-  Admitter admitter(table, limits);
+  Admitter admitter(table, limits, slabs);
   for (size_t i = 0; i < request.ops.size(); ++i) {
     Status s = admitter.Check(request.ops[i], static_cast<int>(i));
     if (!s.ok()) return s.WithOpIndex(static_cast<int>(i));

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "ferry/status.h"
+#include "pool/session_slabs.h"
 #include "session/handle_table.h"
 #include "session/ops.h"
 
@@ -25,7 +26,6 @@ struct AdmissionResult {
   uint64_t bytes_created = 0;       // bytes of the tensors the submit creates
   uint64_t upload_bytes = 0;
   uint64_t download_bytes = 0;
-  int first_launch_op = -1;         // index of the first raw kernel launch, -1 if none
 };
 
 /// The most bytes of device code one LoadModule may carry.
@@ -33,9 +33,11 @@ inline constexpr uint64_t kMaxModuleBytes = 64ull << 20;
 /// The most arguments one kernel launch may pass.
 inline constexpr size_t kMaxKernelArgs = 256;
 
-/// Check `request` against `table` and `limits`. On failure the Status names the op.
+/// Check `request` against `table`, `limits` and the session's slabs (null: it holds none,
+/// so every slab op is refused). On failure the Status names the op.
 Result<AdmissionResult> AdmitSubmit(const SubmitRequest& request, const HandleTable& table,
-                                    const AdmissionLimits& limits);
+                                    const AdmissionLimits& limits,
+                                    const pool::SessionSlabs* slabs = nullptr);
 
 /// Return the byte size of a tensor of `dtype` and `shape`, or a typed error.
 Result<uint64_t> TensorBytes(DType dtype, const Shape& shape, uint64_t* elements);

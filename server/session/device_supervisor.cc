@@ -83,11 +83,14 @@ void DeviceSupervisor::RebuildLocked(std::unique_lock<std::mutex>&) {
   std::unique_ptr<backend::Device> old = std::move(device_);
   if (rebuilder_.joinable()) rebuilder_.detach();  // the previous rebuild has finished
   rebuilder_ = std::thread([this, old = std::move(old)]() mutable {
+    spdlog::warn("rebuilding the device: destroying the old one");
     old.reset();
+    spdlog::warn("rebuilding the device: resetting the context");
     Status reset = reset_ ? reset_() : Status::Ok();
     if (!reset.ok()) spdlog::error("device context reset failed: {}", reset.ToString());
+    spdlog::warn("rebuilding the device: creating the new one");
     auto fresh = factory_();
-    std::lock_guard lock(mu_);
+    std::unique_lock lock(mu_);
     if (!fresh.ok()) {
       spdlog::critical("cannot rebuild the device: {}", fresh.status().ToString());
       cv_.notify_all();
@@ -104,6 +107,10 @@ void DeviceSupervisor::RebuildLocked(std::unique_lock<std::mutex>&) {
     spdlog::warn("device rebuilt after the fault in {} ms (generation {})",
                  last_recovery_ms_.load(), generation_);
     cv_.notify_all();
+    if (rebuilt_hook_) {
+      lock.unlock();  // the hook calls back into device()
+      rebuilt_hook_();
+    }
   });
 }
 

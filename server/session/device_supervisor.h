@@ -70,6 +70,10 @@ class DeviceSupervisor {
   /// A session saw a sticky device error on a stream of `generation`.
   void ReportFault(uint64_t generation, uint64_t session_id, const Status& fault);
 
+  /// Call `fn` (on the rebuild thread, no lock held) each time a new device replaced a lost
+  /// one, e.g. to register host memory with it again. Set before serving.
+  void SetRebuiltHook(std::function<void()> fn) { rebuilt_hook_ = std::move(fn); }
+
   /// Count raw kernel launches in flight, device-wide (to tell the faulting session).
   void RawLaunchesEnqueued(int64_t n) { raw_in_flight_ += n; }
 
@@ -88,6 +92,7 @@ class DeviceSupervisor {
 
   Factory factory_;
   ContextReset reset_;
+  std::function<void()> rebuilt_hook_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

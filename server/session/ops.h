@@ -1,6 +1,6 @@
 // The ops a submit carries, in the daemon's own types (the rpc layer converts from ferry.v1
 // messages without copying bulk bytes). Everything here is untrusted client input until
-// ValidateSubmit has accepted it.
+// AdmitSubmit has accepted it.
 #pragma once
 
 #include <cstdint>
@@ -96,6 +96,22 @@ struct LaunchGraphOp {
 struct FreeGraphOp {
   uint64_t handle = 0;
 };
+/// Copy `length` bytes at `slab_offset` of a slab the session holds into the tensor.
+struct UploadFromSlabOp {
+  uint64_t tensor = 0;
+  uint64_t offset = 0;
+  uint64_t slab = 0;
+  uint64_t slab_offset = 0;
+  uint64_t length = 0;
+};
+/// Copy `length` bytes of the tensor at `offset` into a slab range the session holds.
+struct DownloadToSlabOp {
+  uint64_t tensor = 0;
+  uint64_t offset = 0;
+  uint64_t slab = 0;
+  uint64_t slab_offset = 0;
+  uint64_t length = 0;
+};
 /// An op the rpc layer could not even decode (unknown kind, bad enum); admission rejects
 /// the submit with `reason`.
 struct MalformedOp {
@@ -105,7 +121,7 @@ struct MalformedOp {
 using Op = std::variant<CreateTensorOp, FreeTensorOp, UploadOp, DownloadOp, FillOp, CopyOp,
                         BinaryOpArgs, ScaleOp, AxpyOp, ReduceSumOp, GemmOp, LoadModuleOp,
                         UnloadModuleOp, LaunchOp, BeginGraphOp, EndGraphOp, LaunchGraphOp,
-                        FreeGraphOp, MalformedOp>;
+                        FreeGraphOp, UploadFromSlabOp, DownloadToSlabOp, MalformedOp>;
 
 struct SubmitRequest {
   uint64_t submit_id = 0;

@@ -48,7 +48,12 @@ Session::Session(DeviceSupervisor* device, SessionRegistry* registry, Executor e
 Session::~Session() {
   // Normally released in Finalize; this covers a session dropped before it was closed.
   ReleaseStream();
+  ReleaseSlabs();
   device_->Leave(id_);
+}
+
+void Session::ReleaseSlabs() {
+  if (slabs_) slabs_->Close();
 }
 
 void Session::ReleaseStream() {
@@ -66,7 +71,7 @@ void Session::Submit(SubmitRequest request) {
   } else if (!broken_.ok()) {
     record.status = broken_;
   } else {
-    auto admitted = AdmitSubmit(request, tensors_, limits_);
+    auto admitted = AdmitSubmit(request, tensors_, limits_, slabs_.get());
     if (!admitted.ok()) {
       record.status = admitted.status();
     } else {
@@ -100,11 +105,17 @@ Status Session::Enqueue(SubmitRequest& request, const AdmissionResult& admitted,
       loaded[j].reset();
     }
   };
+  // Every create's reservation is known before anything can fail, so a failure gives all
+  // of it back.
   for (size_t i = 0; i < ops.size(); ++i) {
-    Status failed;
     if (auto* create = std::get_if<CreateTensorOp>(&ops[i])) {
       uint64_t elements = 0;
       fresh_bytes[i] = *TensorBytes(create->dtype, create->shape, &elements);  // admitted
+    }
+  }
+  for (size_t i = 0; i < ops.size(); ++i) {
+    Status failed;
+    if (std::get_if<CreateTensorOp>(&ops[i])) {
       if (fresh_bytes[i] == 0) continue;
       auto ptr = stream_->Allocate(fresh_bytes[i]);
       if (ptr.ok()) {
@@ -135,12 +146,6 @@ Status Session::Enqueue(SubmitRequest& request, const AdmissionResult& admitted,
   if (admitted.peak_device_bytes > counters_->peak_device_bytes) {
     counters_->peak_device_bytes = admitted.peak_device_bytes;
   }
-  if (admitted.first_launch_op >= 0) {
-    record.first_launch_op = admitted.first_launch_op;
-    record.first_launch_name = std::get<LaunchOp>(ops[admitted.first_launch_op]).function;
-    ++raw_launches_in_flight_;
-    device_->RawLaunchesEnqueued(1);
-  }
   Status first_error;
   for (size_t i = 0; i < ops.size(); ++i) {
     Status s = EnqueueOp(ops[i], fresh[i], std::move(loaded[i]), record,
@@ -154,6 +159,10 @@ Status Session::Enqueue(SubmitRequest& request, const AdmissionResult& admitted,
   if (capturing_) {  // an enqueue error inside a graph: abandon the capture
     capturing_ = false;
     (void)stream_->EndCapture();
+  }
+  if (record.first_launch_op >= 0) {  // raw kernels run: this session is a fault suspect
+    ++raw_launches_in_flight_;
+    device_->RawLaunchesEnqueued(1);
   }
   WatchCompletion();
   return first_error;
@@ -220,6 +229,19 @@ Status Session::EnqueueOp(const Op& any, DevicePtr fresh,
           record.download_bytes += op.length;
           record.downloads.push_back(std::move(pd));
           return Status::Ok();
+        } else if constexpr (std::is_same_v<T, UploadFromSlabOp>) {
+          pool::SlabRange r{op.slab, op.slab_offset, op.length};
+          const char* src = slabs_->MarkBusy(r);
+          record.slab_ranges.push_back(r);
+          if (op.length == 0) return Status::Ok();
+          return stream_->CopyHostToDevice(ptr(op.tensor) + op.offset, src, op.length);
+        } else if constexpr (std::is_same_v<T, DownloadToSlabOp>) {
+          pool::SlabRange r{op.slab, op.slab_offset, op.length};
+          char* dst = slabs_->MarkBusy(r);
+          record.slab_ranges.push_back(r);
+          record.download_bytes += op.length;
+          if (op.length == 0) return Status::Ok();
+          return stream_->CopyDeviceToHost(dst, ptr(op.tensor) + op.offset, op.length);
         } else if constexpr (std::is_same_v<T, FillOp>) {
           const TensorRecord* t = rec(op.tensor);
           if (t->elements == 0) return Status::Ok();
@@ -298,7 +320,12 @@ Status Session::EnqueueOp(const Op& any, DevicePtr fresh,
             args.push_back(std::move(k));
           }
           launch();
-          if (capturing_) capture_raw_ = true;
+          if (capturing_) {
+            capture_raw_ = true;
+          } else if (record.first_launch_op < 0) {
+            record.first_launch_op = static_cast<int>(index);
+            record.first_launch_name = op.function;
+          }
           return stream_->Launch(*tensors_.modules().at(op.module), op.function, op.config,
                                  args);
         } else if constexpr (std::is_same_v<T, BeginGraphOp>) {
@@ -321,6 +348,10 @@ Status Session::EnqueueOp(const Op& any, DevicePtr fresh,
         } else if constexpr (std::is_same_v<T, LaunchGraphOp>) {
           const GraphRecord& g = tensors_.graphs().at(op.graph);
           ++counters_->graph_launches;
+          if (g.has_raw_kernels && record.first_launch_op < 0) {
+            record.first_launch_op = static_cast<int>(index);
+            record.first_launch_name = "graph " + std::to_string(op.graph);
+          }
           return stream_->LaunchGraph(*g.graph);
         } else if constexpr (std::is_same_v<T, FreeGraphOp>) {
           tensors_.graphs().erase(op.handle);
@@ -343,6 +374,7 @@ void Session::ReleaseTensor(uint64_t handle) {
 void Session::OnDeviceComplete(uint64_t epoch, Status status) {
   if (epoch != epoch_) return;  // the device was lost since; OnDeviceLost settled it
   if (torn_down_) {             // the completion that follows the final frees
+    if (status.kind() == ErrorKind::kDeviceFault) device_->ReportFault(generation_, id_, status);
     Finalize();
     return;
   }
@@ -408,6 +440,10 @@ void Session::OnDeviceLost(const DeviceLoss& loss) {
   counters_->device_bytes = 0;
   capturing_ = false;
   ReleaseStream();
+  if (torn_down_) {  // closing, and waiting for the final frees that will never complete
+    Finalize();
+    return;
+  }
   DeliverReady();
 }
 
@@ -416,6 +452,9 @@ void Session::DeliverReady() {
     InFlight record = std::move(queue_.front());
     queue_.pop_front();
     counters_->submits_in_flight = queue_.size();
+    // The device is done with the submit's slab ranges: free them, or quarantine them
+    // when the submit failed (their bytes are of unknown state).
+    for (const pool::SlabRange& r : record.slab_ranges) slabs_->Finish(r, !record.status.ok());
     Deliver(record);
   }
   MaybeTearDown();
@@ -479,6 +518,7 @@ void Session::MaybeTearDown() {
 void Session::Finalize() {
   if (stream_) counters_->device_busy_ns = stream_->busy_ns();
   ReleaseStream();
+  ReleaseSlabs();  // no device work touches them any more
   SessionStatsSnapshot stats = Snapshot();
   registry_->Remove(id_);
   if (events_) events_->OnClosed(stats);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "pool/session_slabs.h"
 #include "session/admission.h"
 #include "session/device_supervisor.h"
 #include "session/handle_table.h"
@@ -87,6 +88,10 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   bool closing() const { return closing_; }
   size_t in_flight() const { return queue_.size(); }
 
+  /// Give the session its shared-memory slab set (local clients); call before the first
+  /// Submit. The session gives the slabs back to the pool once its device work is done.
+  void AttachSlabs(std::shared_ptr<pool::SessionSlabs> slabs) { slabs_ = std::move(slabs); }
+
   /// DeviceLostListener: posts OnDeviceLost to the session's executor.
   void NotifyDeviceLost(const DeviceLoss& loss) override;
 
@@ -106,6 +111,7 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
     int first_launch_op = -1;         // the first raw kernel launch of the submit
     std::string first_launch_name;
     std::vector<uint64_t> syncs_after;  // Synchronize ids answered after this completes
+    std::vector<pool::SlabRange> slab_ranges;  // busy until this submit completes
   };
 
   Session(DeviceSupervisor* device, SessionRegistry* registry, Executor executor,
@@ -125,6 +131,7 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   void MaybeTearDown();
   void Finalize();
   void ReleaseTensor(uint64_t handle);
+  void ReleaseSlabs();
   SessionStatsSnapshot Snapshot() const;
 
   DeviceSupervisor* device_;
@@ -140,6 +147,7 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   uint64_t id_ = 0;
 
   HandleTable tensors_;
+  std::shared_ptr<pool::SessionSlabs> slabs_;  // null: no shared memory (remote client)
   uint64_t next_generation_ = 1;
   // While recording a graph: its handle, and the tensors its ops use.
   bool capturing_ = false;

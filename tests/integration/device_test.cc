@@ -177,7 +177,7 @@ extern "C" __global__ void wild(float* p) { *(float*)((unsigned long long)p ^ 0x
 
   // A new session works on the rebuilt device.
   auto fresh = client_->open_session();
-  ASSERT_TRUE(fresh.ok()) << fresh.status().ToString();
+  ASSERT_TRUE(fresh.ok()) << fresh.status().ToString() << "\n" << daemon_->log();
   Tensor f = fresh->create_tensor<float>({1024});
   fresh->fill(f, 5.0);
   auto v = fresh->download<float>(f);

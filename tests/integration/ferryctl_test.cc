@@ -30,7 +30,7 @@ TEST(FerryctlTest, NotConfigured) {
 
 using testing::FerrydProcess;
 
-struct Run {
+struct CtlRun {
   int exit_code = -1;  // -1: did not exit normally
   std::string out;
   std::string err;
@@ -44,7 +44,7 @@ std::string ReadAll(const std::string& path) {
 std::string FerryctlPath() { return testing::ProgramPath("FERRY_TEST_FERRYCTL", FERRYCTL_PATH); }
 
 /// Run ferryctl with `args`; capture stdout and stderr apart.
-Run Ferryctl(const std::vector<std::string>& args) {
+CtlRun Ferryctl(const std::vector<std::string>& args) {
   char tmpl[] = "/tmp/ferryctl-run-XXXXXX";
   std::string dir = mkdtemp(tmpl);
   std::string program = FerryctlPath();
@@ -58,7 +58,7 @@ Run Ferryctl(const std::vector<std::string>& args) {
   posix_spawn_file_actions_addopen(&actions, 2, (dir + "/err").c_str(),
                                    O_WRONLY | O_CREAT | O_TRUNC, 0644);
   pid_t pid = -1;
-  Run r;
+  CtlRun r;
   if (posix_spawn(&pid, program.c_str(), &actions, nullptr, argv.data(), environ) == 0) {
     int status = testing::WaitExit(pid, std::chrono::seconds(60));
     if (status == -1) {
@@ -108,7 +108,7 @@ class FerryctlTest : public ::testing::Test {
       EXPECT_EQ(daemon_->Stop(), 0) << daemon_->log();
     }
   }
-  Run Ctl(std::vector<std::string> args) {
+  CtlRun Ctl(std::vector<std::string> args) {
     args.insert(args.begin(), "--target=" + daemon_->unix_target());
     return Ferryctl(args);
   }
@@ -118,7 +118,7 @@ class FerryctlTest : public ::testing::Test {
 };
 
 TEST_F(FerryctlTest, StatusTable) {
-  Run r = Ctl({"status"});
+  CtlRun r = Ctl({"status"});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_TRUE(r.err.empty()) << r.err;
   for (const char* key : {"device", "uuid", "backend", "memory total", "memory free",
@@ -140,7 +140,7 @@ TEST_F(FerryctlTest, StatusTable) {
 }
 
 TEST_F(FerryctlTest, StatusJson) {
-  Run r = Ctl({"--json", "status"});
+  CtlRun r = Ctl({"--json", "status"});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   auto s = ParseObject(r.out);
   EXPECT_EQ(Field(s, "draining").bool_value(), false);
@@ -152,10 +152,10 @@ TEST_F(FerryctlTest, StatusJson) {
 }
 
 TEST_F(FerryctlTest, SessionsListsOpenSessions) {
-  Run empty = Ctl({"sessions"});
+  CtlRun empty = Ctl({"sessions"});
   ASSERT_EQ(empty.exit_code, 0) << empty.err;
   EXPECT_NE(empty.out.find("no open sessions"), std::string::npos) << empty.out;
-  Run empty_json = Ctl({"sessions", "--json"});
+  CtlRun empty_json = Ctl({"sessions", "--json"});
   ASSERT_EQ(empty_json.exit_code, 0) << empty_json.err;
   EXPECT_EQ(ParseArray(empty_json.out).values_size(), 0);
 
@@ -168,14 +168,14 @@ TEST_F(FerryctlTest, SessionsListsOpenSessions) {
   Tensor t = session->create_tensor<float>({4096});
   ASSERT_TRUE(session->upload(t, std::vector<float>(4096, 1.0f)).ok());
 
-  Run table = Ctl({"sessions"});
+  CtlRun table = Ctl({"sessions"});
   ASSERT_EQ(table.exit_code, 0) << table.err;
   EXPECT_NE(table.out.find("ID"), std::string::npos);
   EXPECT_NE(table.out.find("CLIENT"), std::string::npos);
   EXPECT_NE(table.out.find("ferryctl-test-client"), std::string::npos) << table.out;
   EXPECT_NE(table.out.find("16.0 KiB"), std::string::npos) << table.out;  // device bytes, up
 
-  Run json = Ctl({"sessions", "--json"});
+  CtlRun json = Ctl({"sessions", "--json"});
   ASSERT_EQ(json.exit_code, 0) << json.err;
   auto list = ParseArray(json.out);
   ASSERT_EQ(list.values_size(), 1) << json.out;
@@ -189,7 +189,7 @@ TEST_F(FerryctlTest, SessionsListsOpenSessions) {
 }
 
 TEST_F(FerryctlTest, HealthWithCanaryIsOk) {
-  Run r = Ctl({"health", "--canary", "--canary-elements", "100003"});
+  CtlRun r = Ctl({"health", "--canary", "--canary-elements", "100003"});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   for (const char* check : {"reachable", "draining", "memory-headroom", "canary"}) {
     EXPECT_NE(r.out.find(check), std::string::npos) << check << "\n" << r.out;
@@ -198,7 +198,7 @@ TEST_F(FerryctlTest, HealthWithCanaryIsOk) {
   EXPECT_NE(r.out.find("every element matches"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("health: OK"), std::string::npos) << r.out;
 
-  Run j = Ctl({"health", "--canary", "--json"});
+  CtlRun j = Ctl({"health", "--canary", "--json"});
   ASSERT_EQ(j.exit_code, 0) << j.out << j.err;
   auto s = ParseObject(j.out);
   EXPECT_EQ(Field(s, "status").string_value(), "ok");
@@ -223,16 +223,16 @@ TEST_F(FerryctlTest, HealthWithCanaryIsOk) {
 
 TEST_F(FerryctlTest, DaemonGoneIsCritical) {
   ASSERT_EQ(daemon_->Stop(), 0) << daemon_->log();
-  Run health = Ctl({"health"});
+  CtlRun health = Ctl({"health"});
   EXPECT_EQ(health.exit_code, 2) << health.out << health.err;
   EXPECT_NE(health.out.find("CRITICAL"), std::string::npos) << health.out;
   EXPECT_NE(health.out.find("cannot reach ferryd"), std::string::npos) << health.out;
-  Run health_json = Ctl({"health", "--canary", "--json"});
+  CtlRun health_json = Ctl({"health", "--canary", "--json"});
   EXPECT_EQ(health_json.exit_code, 2);
   EXPECT_EQ(Field(ParseObject(health_json.out), "status").string_value(), "critical");
   for (const char* command : {"status", "sessions", "drain"}) {
     auto start = std::chrono::steady_clock::now();
-    Run r = Ctl({command});
+    CtlRun r = Ctl({command});
     EXPECT_EQ(r.exit_code, 2) << command;
     EXPECT_NE(r.err.find("cannot reach ferryd at " + daemon_->unix_target()), std::string::npos)
         << command << ": " << r.err;
@@ -251,7 +251,7 @@ TEST_F(FerryctlTest, UnansweringTargetTimesOut) {
   ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
   ASSERT_EQ(listen(fd, 8), 0);
   auto start = std::chrono::steady_clock::now();
-  Run r = Ferryctl({"--target", "unix:" + path, "--timeout", "0.5", "health"});
+  CtlRun r = Ferryctl({"--target", "unix:" + path, "--timeout", "0.5", "health"});
   auto took = std::chrono::steady_clock::now() - start;
   EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
   EXPECT_LT(took, std::chrono::seconds(5));
@@ -260,7 +260,7 @@ TEST_F(FerryctlTest, UnansweringTargetTimesOut) {
 }
 
 TEST_F(FerryctlTest, DrainStopsTheDaemon) {
-  Run r = Ctl({"drain", "--wait", "--json"});
+  CtlRun r = Ctl({"drain", "--wait", "--json"});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   auto s = ParseObject(r.out);
   EXPECT_TRUE(Field(s, "draining").bool_value());
@@ -276,7 +276,7 @@ TEST_F(FerryctlTest, UsageErrorsExitThree) {
   EXPECT_EQ(Ctl({"status", "--bogus"}).exit_code, 3);
   EXPECT_EQ(Ctl({"status", "--canary"}).exit_code, 3);
   EXPECT_EQ(Ctl({"--timeout", "-1", "status"}).exit_code, 3);
-  Run help = Ferryctl({"--help"});
+  CtlRun help = Ferryctl({"--help"});
   EXPECT_EQ(help.exit_code, 0);
   EXPECT_NE(help.out.find("usage: ferryctl"), std::string::npos);
 }
@@ -298,7 +298,7 @@ TEST_F(FerryctlLowMemoryTest, LowHeadroomWarns) {
   ASSERT_TRUE(session.ok()) << session.status().ToString();
   Tensor t = session->create_tensor<uint8_t>({(16 << 20) - (256 << 10)});
   ASSERT_TRUE(session->synchronize().ok());
-  Run r = Ctl({"health"});
+  CtlRun r = Ctl({"health"});
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
   EXPECT_NE(r.out.find("WARNING"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("health: WARNING"), std::string::npos) << r.out;

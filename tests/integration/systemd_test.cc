@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <future>
 
 #include <grpcpp/generic/generic_stub.h>
 
@@ -248,8 +249,19 @@ TEST(SystemdNotifyTest, AdminDrainSendsStopping) {
   EXPECT_EQ(manager.Next().rfind("READY=1", 0), 0u);
   ASSERT_TRUE(AdminDrain(daemon->unix_target()).ok());
   EXPECT_NE(manager.WaitFor("STOPPING=1"), "");
-  int status = testing::WaitExit(daemon->pid(), std::chrono::seconds(30));
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status << daemon->log();
+  // It exits by itself; wait for that (the process turns zombie), then reap it through Stop().
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (std::chrono::steady_clock::now() < until) {
+    std::ifstream stat("/proc/" + std::to_string(daemon->pid()) + "/stat");
+    std::string line;
+    std::getline(stat, line);
+    size_t paren = line.rfind(')');
+    if (paren != std::string::npos && line.compare(paren, 3, ") Z") == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  int status = daemon->Stop();
+  EXPECT_TRUE(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << status << daemon->log();
 }
 
 TEST(SystemdServicesTest, HealthAndReflection) {
@@ -304,7 +316,8 @@ TEST(SystemdActivationTest, ServesTheInheritedSocket) {
   if (pid == 0) {
     dup2(log_fd, 1);
     dup2(log_fd, 2);
-    if (dup2(listen_fd, 3) != 3) _exit(120);  // dup2 clears CLOEXEC on the copy
+    // dup2 clears CLOEXEC on the copy; when the socket already is fd 3, clear it directly.
+    if (listen_fd == 3 ? fcntl(3, F_SETFD, 0) != 0 : dup2(listen_fd, 3) != 3) _exit(120);
     char digits[16];
     int n = 0;
     for (pid_t p = getpid(); p > 0; p /= 10) digits[n++] = static_cast<char>('0' + p % 10);
@@ -327,6 +340,10 @@ TEST(SystemdActivationTest, ServesTheInheritedSocket) {
        ready.empty() && std::chrono::steady_clock::now() < until;) {
     std::ifstream in(dir.path() + "/ready");
     std::getline(in, ready);
+    int early = 0;
+    if (ready.empty() && waitpid(pid, &early, WNOHANG) == pid) {
+      FAIL() << "ferryd exited (status " << early << ") before serving:\n" << log();
+    }
     if (ready.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   ASSERT_EQ(ready, "unix:" + path) << log();

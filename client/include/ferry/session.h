@@ -198,7 +198,7 @@ class Session {
   /// Record a write of `bytes` at byte `offset` of the tensor (bytes copied now).
   void write_bytes(const Tensor& tensor, uint64_t offset, const void* data, uint64_t bytes);
 
-  // --- raw kernels and graphs (CUDA backend; UNSUPPORTED on the host backend) ----------
+  // --- raw kernels (CUDA backend; UNSUPPORTED on the host backend) and graphs ----------
   /// Record the loading of a module; compile errors (COMPILE_ERROR, with the log) refuse
   /// the submit that carries it.
   Module load_module(ModuleFormat format, std::string_view image);

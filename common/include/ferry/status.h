@@ -55,6 +55,7 @@ enum class ErrorKind : int {
   kInvalidArgument = 13,     // any other malformed argument (bad dtype, zero-sized grid, ...)
   kInternal = 14,            // a broken invariant of ferry's own
   kUnavailable = 15,         // the daemon cannot be reached or is draining
+  kBusy = 16,                // a shared-memory range a copy in flight still uses
 };
 
 std::string_view CodeName(Code code);

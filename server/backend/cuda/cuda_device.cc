@@ -1153,15 +1153,20 @@ Result<std::unique_ptr<Device>> CreateCudaDevice(int ordinal) {
 }
 
 Status ResetCudaContext(int ordinal) {
-  FERRY_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(ordinal), "cudaSetDevice"));
-  // After a sticky fault cudaDeviceReset itself may report that fault; what matters is that
-  // the next call gets a fresh context, which the caller checks by creating a device.
+  // After a sticky fault most runtime calls, cudaSetDevice among them, report that fault
+  // until the context is reset; so select the device, reset, and only then check.
+  (void)cudaSetDevice(ordinal);
+  (void)cudaGetLastError();
   cudaError_t err = cudaDeviceReset();
   (void)cudaGetLastError();
-  if (err != cudaSuccess && err != cudaErrorIllegalAddress && err != cudaErrorLaunchFailure) {
-    return CudaStatus(err, "cudaDeviceReset");
+  FERRY_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(ordinal), "cudaSetDevice after reset"));
+  if (err != cudaSuccess) {
+    // The reset may report the fault it cleared; the fresh context is what matters, and
+    // the caller checks it by creating a device.
+    (void)err;
   }
-  return Status::Ok();
+  int count = 0;
+  return CudaStatus(cudaGetDeviceCount(&count), "cudaGetDeviceCount after reset");
 }
 
 }  // namespace ferry::backend

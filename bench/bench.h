@@ -1,0 +1,240 @@
+// ferry-bench: shared types of the benchmark driver.
+//
+// Every scenario measures the same work twice: through one or more ferryd daemons (the
+// "daemon" figures, one set per --target) and, with --baseline, in this process straight
+// against the device seam (server/backend/backend.h) with no daemon (the "baseline"
+// figures). A scenario returns Tables; report.cc prints them, writes the JSON and the SVG.
+//
+// Threading: the driver runs scenarios one after another on the main thread; a scenario
+// may start its own threads or processes and joins them before it returns.
+#pragma once
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "ferry/client.h"
+
+namespace ferry::bench {
+
+// --- options ------------------------------------------------------------------------------
+
+struct Options {
+  std::vector<std::string> targets;    // "unix:PATH" / "tcp:HOST:PORT"
+  std::vector<std::string> scenarios;  // empty: all
+  bool baseline = false;
+  bool quick = false;
+  std::string json_path;
+  std::string svg_path;
+  std::vector<uint64_t> sizes;         // transfers sizes in bytes; empty: defaults
+  int iterations = 0;                  // samples per small case; 0: default
+  std::vector<int> sessions;           // concurrency session counts; empty: defaults
+  std::vector<int> processes;          // sharing process counts; empty: defaults
+  std::string spawn_daemon;            // path to ferryd, or empty
+  bool spawn_tcp = false;              // the spawned daemon also listens on TCP loopback
+  std::string baseline_backend = "auto";  // auto|cuda|host for the in-process baseline
+  std::string command_line;            // as run, for the JSON
+};
+
+/// The scenario names, in the order they run.
+const std::vector<std::string>& AllScenarios();
+
+// --- samples and their summary ------------------------------------------------------------
+
+using Clock = std::chrono::steady_clock;
+
+inline double NsSince(Clock::time_point start) {
+  return std::chrono::duration<double, std::nano>(Clock::now() - start).count();
+}
+
+/// Durations of repeated runs of one case, in nanoseconds. Pooling the samples of several
+/// targets (Append) is how the "all targets" figures are made.
+struct Samples {
+  std::vector<double> ns;
+  void Add(double v) { ns.push_back(v); }
+  void Append(const Samples& o) { ns.insert(ns.end(), o.ns.begin(), o.ns.end()); }
+  bool empty() const { return ns.empty(); }
+};
+
+/// Order statistics of Samples (nearest-rank percentiles: with fewer than 100 samples p99
+/// is the maximum, and so on).
+struct Summary {
+  size_t n = 0;
+  double min = NAN, p50 = NAN, p99 = NAN, p999 = NAN, mean = NAN, max = NAN;
+};
+Summary Summarize(const Samples& samples);
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// --- result tables ------------------------------------------------------------------------
+
+/// One figure of a row: what the daemon achieved and what the in-process baseline did for
+/// the same work. Either may be NaN (not measured). ratio() is daemon / baseline.
+struct Figure {
+  std::string metric;  // column header, with its unit: "p50 us", "GB/s"
+  double daemon = kNaN;
+  double baseline = kNaN;
+  double ratio() const {
+    return (std::isnan(daemon) || std::isnan(baseline) || baseline == 0) ? kNaN
+                                                                           : daemon / baseline;
+  }
+};
+
+struct Row {
+  Row() = default;
+  Row(std::string l, std::vector<Figure> f) : label(std::move(l)), figures(std::move(f)) {}
+
+  std::string label;  // the case: "upload blocking 8 MiB"
+  std::vector<Figure> figures;
+  // Machine-readable case parameters for the JSON and the chart (e.g. bytes, direction).
+  std::vector<std::pair<std::string, double>> params;
+  std::vector<std::pair<std::string, std::string>> tags;
+  // Full order statistics of the samples behind the figures ("daemon", "baseline", ...).
+  std::vector<std::pair<std::string, Summary>> summaries;
+};
+
+struct Table {
+  std::string scenario;  // "transfers"
+  std::string target;    // the daemon target, "all targets", or "" where not per target
+  std::string daemon_label = "ferryd";
+  std::string baseline_label = "baseline";
+  std::string baseline_description;  // replaces the in-process device's in the title
+  std::vector<Row> rows;
+  std::vector<std::string> notes;  // printed under the table: what the numbers mean
+};
+
+// --- what every scenario gets -------------------------------------------------------------
+
+/// One daemon under test, with what its Admin service says about it.
+struct TargetInfo {
+  std::string target;
+  std::string backend;      // "host" or "cuda"
+  std::string device_name;
+  std::string version;
+};
+
+/// The in-process baseline device (shared by all scenarios of the run).
+struct BaselineInfo {
+  std::unique_ptr<backend::Device> device;
+  std::string backend;  // "host" or "cuda"
+  std::string why;      // why this backend was chosen, from backend::CreateDevice
+};
+
+/// Figures of the bare transports, measured once per socket kind (see transports.h).
+struct TransportFigures {
+  bool measured = false;
+  Samples socketpair_rtt;          // 16 B ping-pong between two processes
+  Samples grpc_small_rtt;          // 16 B echo, one stream, sync client / callback server
+  Samples grpc_bulk_up;            // 8 MiB request, 16 B reply
+  Samples grpc_bulk_down;          // 16 B request, 8 MiB reply
+  uint64_t bulk_bytes = 0;
+};
+
+class Progress;
+
+struct Context {
+  Options options;
+  std::vector<TargetInfo> targets;
+  BaselineInfo* baseline = nullptr;  // null without --baseline
+  std::string self_exe;              // this program, for worker processes
+  std::string temp_dir;              // removed at exit
+  Progress* progress = nullptr;
+  /// Bare transports by socket kind ("unix", "tcp"); filled by RunTransports.
+  TransportFigures unix_transport;
+  TransportFigures tcp_transport;
+  const TransportFigures& TransportFor(const std::string& target) const {
+    return target.rfind("tcp:", 0) == 0 ? tcp_transport : unix_transport;
+  }
+  int Iterations(int full_default, int quick_default) const {
+    if (options.iterations > 0) return options.iterations;
+    return options.quick ? quick_default : full_default;
+  }
+};
+
+/// Progress lines on stderr: one per case, overwritten in place on a terminal.
+class Progress {
+ public:
+  void Scenario(const std::string& name);
+  void Case(const std::string& what);
+  void Done();
+
+ private:
+  std::string scenario_;
+  Clock::time_point scenario_start_;
+  bool tty_ = false;
+  bool initialized_ = false;
+};
+
+// --- scenarios (one file per family) ------------------------------------------------------
+
+std::vector<Table> RunTransfers(Context& ctx);    // scenario_transfers.cc
+std::vector<Table> RunLatency(Context& ctx);      // scenario_ops.cc
+std::vector<Table> RunThroughput(Context& ctx);   // scenario_ops.cc
+std::vector<Table> RunConcurrency(Context& ctx);  // scenario_sessions.cc
+std::vector<Table> RunOpenClose(Context& ctx);    // scenario_sessions.cc
+std::vector<Table> RunSharing(Context& ctx);      // scenario_sharing.cc
+/// Measure the bare transports (socketpair, gRPC echo) for the socket kinds the targets
+/// use; returns the "transports" table. transports.cc.
+std::vector<Table> RunTransports(Context& ctx);
+
+/// The hidden --worker modes (sharing client, echo server); return the exit code.
+int SharingWorkerMain(const std::vector<std::string>& args);  // scenario_sharing.cc
+int EchoServerMain(const std::vector<std::string>& args);     // transports.cc
+int PongWorkerMain();                                         // transports.cc
+
+// --- small helpers shared by scenarios ----------------------------------------------------
+
+/// Which daemon figures a table shows: one target's (its index), all targets pooled, or
+/// none (a baseline-only run).
+constexpr int kAllTargets = -1;
+constexpr int kNoTarget = -2;
+/// Make a scenario's tables: one per target, one for all targets pooled when there are
+/// several, or one baseline-only table when there is no target. `rows(which)` and
+/// `notes(which)` fill each (which is a target index, kAllTargets or kNoTarget).
+std::vector<Table> BuildTables(const Context& ctx, const std::string& scenario,
+                               const std::function<std::vector<Row>(int which)>& rows,
+                               const std::function<std::vector<std::string>(int which)>& notes);
+
+/// Block until all work enqueued on `stream` so far has completed (OnComplete + wait).
+Status WaitStream(backend::Stream& stream);
+
+/// "16 B", "64 KiB", "8 MiB".
+std::string FormatBytes(uint64_t bytes);
+/// Parse "16", "64K", "64KiB", "8M", "1G" into bytes.
+std::optional<uint64_t> ParseBytes(const std::string& text);
+
+/// A sized, page-aligned host buffer (for copies and registration).
+class HostBuffer {
+ public:
+  explicit HostBuffer(uint64_t bytes);
+  ~HostBuffer();
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+  uint8_t* data() { return data_; }
+  uint64_t size() const { return size_; }
+
+ private:
+  uint8_t* data_ = nullptr;
+  uint64_t size_ = 0;
+};
+
+/// Fail loudly: a benchmark that cannot do its work must not print numbers.
+[[noreturn]] void Die(const std::string& what);
+/// Return the value or Die with `what` and the status.
+template <typename T>
+T Check(Result<T> r, const std::string& what) {
+  if (!r.ok()) Die(what + ": " + r.status().ToString());
+  return std::move(r).value();
+}
+inline void Check(const Status& s, const std::string& what) {
+  if (!s.ok()) Die(what + ": " + s.ToString());
+}
+
+}  // namespace ferry::bench

@@ -1,0 +1,299 @@
+// ferry-bench: measure what ferry delivers on this machine, against an in-process baseline.
+//
+//   ferry-bench --target unix:/run/ferry/ferryd-0.sock --baseline --json out.json --svg out.svg
+//   ferry-bench --spawn-daemon build/server/ferryd --quick --baseline
+//
+// This file is the composition root: flags, targets, the baseline device, which scenarios
+// run, and the output. The scenarios live in scenario_*.cc, the bare transports in
+// transports.cc, the tables/JSON/SVG in report.cc.
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <iostream>
+#include <sstream>
+#include <thread>
+
+#include "backend/select.h"
+#include "bench.h"
+#include "ferry/v1/admin.grpc.pb.h"
+#include "ferry/version.h"
+#include "process.h"
+#include "report.h"
+
+namespace ferry::bench {
+namespace {
+
+constexpr const char* kUsage = R"(usage: ferry-bench [options]
+
+Drive one or more ferryd daemons through ferry's client library and print, per scenario, a
+table of what they achieved; with --baseline, beside each figure the same work done in this
+process straight against the device (CUDA when a GPU is visible, else the host backend) and
+the ratio daemon/baseline.
+
+targets:
+  --target unix:PATH|tcp:HOST:PORT   a daemon to measure; repeatable (results per target and
+                                     for all targets pooled)
+  --spawn-daemon PATH_TO_FERRYD      start a ferryd (--backend auto) on a temporary Unix
+                                     socket for this run, and stop it at the end
+  --tcp                              with --spawn-daemon: also listen on TCP loopback (port 0)
+                                     and measure that endpoint too
+what to run:
+  --scenario NAME                    transfers, latency, throughput, concurrency, open_close,
+                                     sharing; repeatable (default: all)
+  --baseline                         also run every scenario in process, plus the bare
+                                     transports (socketpair ping-pong, gRPC echo)
+  --baseline-backend auto|cuda|host  device of the in-process baseline (default auto)
+  --quick                            small sizes and few iterations: finishes in seconds
+  --sizes LIST                       transfer sizes, e.g. 16,64K,1M,8M,64M,256M
+  --iterations N                     samples per small case (large transfers take fewer)
+  --sessions LIST                    concurrency session counts (default 1,8,64)
+  --processes LIST                   sharing process counts (default 1,4,8; quick 1,2)
+output:
+  --json FILE                        every table with the samples' summaries, the machine,
+                                     ferry version and commit, and the date
+  --svg FILE                         chart of transfer bandwidth against size
+  --help
+)";
+
+[[noreturn]] void Usage(const std::string& error) {
+  std::cerr << "ferry-bench: " << error << "\n(see ferry-bench --help)\n";
+  std::exit(2);
+}
+
+std::vector<std::string> SplitList(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+std::vector<int> ParseCounts(const std::string& flag, const std::string& s) {
+  std::vector<int> out;
+  for (const auto& item : SplitList(s)) {
+    int n = std::atoi(item.c_str());
+    if (n < 1 || n > 4096) Usage(flag + ": counts are 1..4096, got " + item);
+    out.push_back(n);
+  }
+  if (out.empty()) Usage(flag + " needs a list");
+  return out;
+}
+
+Options ParseFlags(const std::vector<std::string>& args) {
+  Options o;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto value = [&]() -> const std::string& {
+      if (i + 1 >= args.size()) Usage(a + " needs a value");
+      return args[++i];
+    };
+    if (a == "--help" || a == "-h") {
+      std::cout << kUsage;
+      std::exit(0);
+    } else if (a == "--target") {
+      std::string t = value();
+      if (t.rfind("unix:", 0) != 0 && t.rfind("tcp:", 0) != 0) {
+        Usage("--target: unix:PATH or tcp:HOST:PORT, got " + t);
+      }
+      o.targets.push_back(t);
+    } else if (a == "--scenario") {
+      std::string s = value();
+      const auto& all = AllScenarios();
+      if (std::find(all.begin(), all.end(), s) == all.end()) Usage("unknown scenario " + s);
+      o.scenarios.push_back(s);
+    } else if (a == "--baseline") {
+      o.baseline = true;
+    } else if (a == "--baseline-backend") {
+      o.baseline_backend = value();
+    } else if (a == "--quick") {
+      o.quick = true;
+    } else if (a == "--json") {
+      o.json_path = value();
+    } else if (a == "--svg") {
+      o.svg_path = value();
+    } else if (a == "--sizes") {
+      for (const auto& item : SplitList(value())) {
+        auto b = ParseBytes(item);
+        if (!b) Usage("--sizes: not a size: " + item);
+        o.sizes.push_back(*b);
+      }
+    } else if (a == "--iterations") {
+      o.iterations = std::atoi(value().c_str());
+      if (o.iterations < 1) Usage("--iterations must be >= 1");
+    } else if (a == "--sessions") {
+      o.sessions = ParseCounts(a, value());
+    } else if (a == "--processes") {
+      o.processes = ParseCounts(a, value());
+    } else if (a == "--spawn-daemon") {
+      o.spawn_daemon = value();
+    } else if (a == "--tcp") {
+      o.spawn_tcp = true;
+    } else {
+      Usage("unknown flag " + a);
+    }
+  }
+  if (o.targets.empty() && o.spawn_daemon.empty() && !o.baseline) {
+    Usage("nothing to measure: pass --target, --spawn-daemon and/or --baseline");
+  }
+  if (o.spawn_tcp && o.spawn_daemon.empty()) Usage("--tcp goes with --spawn-daemon");
+  return o;
+}
+
+/// Ask a daemon's Admin service what it is (version, backend, device).
+TargetInfo DescribeTarget(const std::string& target) {
+  TargetInfo info;
+  info.target = target;
+  std::string grpc_target = target.rfind("tcp:", 0) == 0 ? target.substr(4) : target;
+  auto channel = grpc::CreateChannel(grpc_target, grpc::InsecureChannelCredentials());
+  auto stub = v1::Admin::NewStub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  ctx.set_wait_for_ready(true);
+  v1::StatusReply reply;
+  grpc::Status s = stub->Status(&ctx, v1::StatusRequest(), &reply);
+  if (!s.ok()) Die("no ferry daemon answers at " + target + ": " + s.error_message());
+  info.backend = reply.backend();
+  info.device_name = reply.device_name();
+  info.version = reply.version();
+  return info;
+}
+
+// Cleanup at exit (also after Die): stop the spawned daemon, remove the temp dir.
+SpawnedDaemon* g_daemon = nullptr;
+std::string g_temp_dir;
+void CleanUp() {
+  if (g_daemon) g_daemon->Stop();
+  if (!g_temp_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::remove_all(g_temp_dir, ec);
+  }
+}
+// On SIGINT/SIGTERM: only async-signal-safe calls. Stop the spawned daemon, leave. (Workers
+// notice their parent is gone: the sharing workers and the ping-pong peer by EOF on stdin,
+// the echo server by its parent-death signal.)
+volatile pid_t g_daemon_pid = -1;
+void OnSignal(int) {
+  if (g_daemon_pid > 0) kill(g_daemon_pid, SIGTERM);
+  _exit(130);
+}
+
+int Main(const std::vector<std::string>& args) {
+  // Hidden worker modes: this program re-executed by itself.
+  if (!args.empty() && args[0] == "--worker") {
+    std::vector<std::string> rest(args.begin() + 2, args.end());
+    std::string mode = args.size() > 1 ? args[1] : "";
+    if (mode == "sharing") return SharingWorkerMain(rest);
+    if (mode == "echo-server") return EchoServerMain(rest);
+    if (mode == "pong") return PongWorkerMain();
+    std::cerr << "ferry-bench: unknown worker " << mode << "\n";
+    return 2;
+  }
+
+  Context ctx;
+  ctx.options = ParseFlags(args);
+  ctx.options.command_line = "ferry-bench";
+  for (const auto& a : args) ctx.options.command_line += " " + a;
+  signal(SIGPIPE, SIG_IGN);
+  signal(SIGINT, OnSignal);
+  signal(SIGTERM, OnSignal);
+  char tmpl[] = "/tmp/ferry-bench-XXXXXX";
+  if (!mkdtemp(tmpl)) Die("cannot make a temp dir");
+  ctx.temp_dir = tmpl;
+  g_temp_dir = ctx.temp_dir;
+  std::atexit(CleanUp);
+  ctx.self_exe = SelfExe();
+  Progress progress;
+  ctx.progress = &progress;
+
+  SpawnedDaemon daemon;
+  if (!ctx.options.spawn_daemon.empty()) {
+    std::cerr << "ferry-bench: starting " << ctx.options.spawn_daemon << "\n";
+    if (!daemon.Start(ctx.options.spawn_daemon, ctx.temp_dir, ctx.options.spawn_tcp)) return 2;
+    g_daemon = &daemon;
+    g_daemon_pid = daemon.pid();
+    for (const auto& ep : daemon.endpoints()) ctx.options.targets.push_back(ep);
+  }
+  for (const auto& t : ctx.options.targets) ctx.targets.push_back(DescribeTarget(t));
+
+  BaselineInfo baseline;
+  if (ctx.options.baseline) {
+    baseline.device = Check(backend::CreateDevice(ctx.options.baseline_backend, 0,
+                                                  backend::HostDeviceOptions{}, &baseline.why),
+                            "baseline device");
+    baseline.backend = baseline.device->info().backend;
+    ctx.baseline = &baseline;
+  }
+
+  std::vector<std::string> scenarios =
+      ctx.options.scenarios.empty() ? AllScenarios() : ctx.options.scenarios;
+  std::cout << "ferry-bench " << kVersion << " (" << kGitCommit << ")"
+            << (ctx.options.quick ? ", quick mode" : "") << "\n";
+  for (const auto& t : ctx.targets) {
+    std::cout << "  target   " << t.target << ": ferryd " << t.version << ", " << t.backend
+              << " backend, " << t.device_name << "\n";
+  }
+  if (ctx.baseline) {
+    std::cout << "  baseline in process, " << baseline.backend << " backend ("
+              << baseline.device->info().name << "): " << baseline.why << "\n";
+    if (baseline.backend == "host") {
+      std::cout << "  NOTE: no GPU visible: the baseline is the host backend (CPU emulation)\n";
+    }
+  } else {
+    std::cout << "  no baseline (pass --baseline for in-process figures and ratios)\n";
+  }
+  std::cout << "  " << std::thread::hardware_concurrency() << " cores; scenarios:";
+  for (const auto& s : scenarios) std::cout << " " << s;
+  std::cout << std::endl;
+
+  std::vector<Table> all;
+  auto emit = [&](std::vector<Table> tables) {
+    for (const Table& t : tables) PrintTable(std::cout, ctx, t);
+    std::cout << std::flush;
+    for (auto& t : tables) all.push_back(std::move(t));
+  };
+  // The bare transports feed the latency floor and the transfers' gRPC rows: first.
+  bool wants_transports =
+      std::find_if(scenarios.begin(), scenarios.end(), [](const std::string& s) {
+        return s == "transfers" || s == "latency";
+      }) != scenarios.end();
+  if (ctx.baseline && wants_transports) {
+    progress.Scenario("transports");
+    auto t = RunTransports(ctx);
+    progress.Done();
+    emit(std::move(t));
+  }
+  for (const std::string& name : scenarios) {
+    progress.Scenario(name);
+    std::vector<Table> tables;
+    if (name == "transfers") tables = RunTransfers(ctx);
+    if (name == "latency") tables = RunLatency(ctx);
+    if (name == "throughput") tables = RunThroughput(ctx);
+    if (name == "concurrency") tables = RunConcurrency(ctx);
+    if (name == "open_close") tables = RunOpenClose(ctx);
+    if (name == "sharing") tables = RunSharing(ctx);
+    progress.Done();
+    emit(std::move(tables));
+  }
+
+  int rc = 0;
+  if (!ctx.options.json_path.empty() && !WriteJson(ctx.options.json_path, ctx, all)) rc = 1;
+  if (!ctx.options.svg_path.empty() && !WriteSvg(ctx.options.svg_path, ctx, all)) rc = 1;
+  g_daemon_pid = -1;
+  daemon.Stop();
+  g_daemon = nullptr;
+  return rc;
+}
+
+}  // namespace
+}  // namespace ferry::bench
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  return ferry::bench::Main(args);
+}

@@ -1,0 +1,496 @@
+// ferry-bench output: aligned text tables, JSON and SVG, all written by hand (no deps).
+#include "report.h"
+
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "ferry/version.h"
+
+namespace ferry::bench {
+namespace {
+
+// --- text tables --------------------------------------------------------------------------
+
+std::string FormatValue(double v) {
+  if (std::isnan(v)) return "-";
+  char buf[64];
+  double a = std::fabs(v);
+  if (a == 0) {
+    std::snprintf(buf, sizeof buf, "0");
+  } else if (a >= 1e6) {
+    std::snprintf(buf, sizeof buf, "%.3gM", v / 1e6);
+  } else if (a >= 1000) {
+    std::snprintf(buf, sizeof buf, "%.0f", v);
+  } else if (a >= 100) {
+    std::snprintf(buf, sizeof buf, "%.1f", v);
+  } else if (a >= 10) {
+    std::snprintf(buf, sizeof buf, "%.2f", v);
+  } else if (a >= 0.01) {
+    std::snprintf(buf, sizeof buf, "%.3f", v);
+  } else {
+    std::snprintf(buf, sizeof buf, "%.2e", v);
+  }
+  return buf;
+}
+
+std::string FormatRatio(double r) {
+  if (std::isnan(r)) return "-";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, r >= 100 ? "%.0fx" : "%.2fx", r);
+  return buf;
+}
+
+std::string Pad(const std::string& s, size_t width, bool right) {
+  if (s.size() >= width) return s;
+  std::string fill(width - s.size(), ' ');
+  return right ? fill + s : s + fill;
+}
+
+std::string DescribeBaseline(const Context& ctx) {
+  if (!ctx.baseline) return "no baseline (pass --baseline)";
+  std::string s = "in process, " + ctx.baseline->backend + " backend";
+  if (ctx.baseline->device) s += " (" + ctx.baseline->device->info().name + ")";
+  if (ctx.baseline->backend == "host") s += ", no GPU visible";
+  return s;
+}
+
+std::string DescribeTarget(const Context& ctx, const std::string& target) {
+  for (const auto& t : ctx.targets) {
+    if (t.target == target) {
+      return t.target + " (ferryd " + t.version + ", " + t.backend + " backend, " +
+             t.device_name + ")";
+    }
+  }
+  return target;
+}
+
+// --- JSON ---------------------------------------------------------------------------------
+
+std::string JsonString(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (c < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", c);
+          out += buf;
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  return out + "\"";
+}
+
+std::string JsonNumber(double v) {
+  if (std::isnan(v) || std::isinf(v)) return "null";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.9g", v);
+  return buf;
+}
+
+std::string JsonSummary(const Summary& s) {
+  std::ostringstream o;
+  o << "{\"n\": " << s.n << ", \"min_ns\": " << JsonNumber(s.min)
+    << ", \"p50_ns\": " << JsonNumber(s.p50) << ", \"p99_ns\": " << JsonNumber(s.p99)
+    << ", \"p999_ns\": " << JsonNumber(s.p999) << ", \"mean_ns\": " << JsonNumber(s.mean)
+    << ", \"max_ns\": " << JsonNumber(s.max) << "}";
+  return o.str();
+}
+
+std::string IsoDate() {
+  std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+std::string HostName() {
+  char buf[256] = {};
+  gethostname(buf, sizeof buf - 1);
+  return buf;
+}
+
+}  // namespace
+
+void PrintTable(std::ostream& out, const Context& ctx, const Table& table) {
+  // Columns: the case label, then per metric (in order of first appearance) the daemon
+  // figure, the baseline figure and daemon/baseline; a sub-column nobody filled is left out.
+  std::vector<std::string> metrics;
+  std::map<std::string, std::pair<bool, bool>> has;  // metric -> (daemon, baseline)
+  for (const Row& r : table.rows) {
+    for (const Figure& f : r.figures) {
+      if (!has.count(f.metric)) metrics.push_back(f.metric);
+      auto& h = has[f.metric];
+      h.first |= !std::isnan(f.daemon);
+      h.second |= !std::isnan(f.baseline);
+    }
+  }
+  struct Column {
+    std::string group, header;
+    std::vector<std::string> cells;
+    bool right = true;
+  };
+  std::vector<Column> cols;
+  Column label{"", "case", {}, false};
+  for (const Row& r : table.rows) label.cells.push_back(r.label);
+  cols.push_back(label);
+  for (const std::string& m : metrics) {
+    auto [d, b] = has[m];
+    auto cell = [&](const Row& r, int which) {
+      for (const Figure& f : r.figures) {
+        if (f.metric != m) continue;
+        if (which == 0) return FormatValue(f.daemon);
+        if (which == 1) return FormatValue(f.baseline);
+        return FormatRatio(f.ratio());
+      }
+      return std::string();
+    };
+    bool first = true;
+    for (int which = 0; which < 3; ++which) {
+      if (which == 0 && !d) continue;
+      if (which == 1 && !b) continue;
+      if (which == 2 && !(d && b)) continue;
+      Column c;
+      c.group = first ? m : "";
+      first = false;
+      c.header = which == 0 ? table.daemon_label
+                            : which == 1 ? table.baseline_label : "ratio";
+      for (const Row& r : table.rows) c.cells.push_back(cell(r, which));
+      cols.push_back(c);
+    }
+  }
+  std::vector<size_t> width;
+  for (const Column& c : cols) {
+    size_t w = c.header.size();
+    for (const auto& s : c.cells) w = std::max(w, s.size());
+    width.push_back(w);
+  }
+  // A metric name longer than its columns widens the group's first column.
+  for (size_t i = 0; i < cols.size(); ++i) {
+    if (cols[i].group.empty()) continue;
+    size_t span = width[i], j = i + 1;
+    while (j < cols.size() && cols[j].group.empty()) span += 2 + width[j++];
+    if (cols[i].group.size() > span) width[i] += cols[i].group.size() - span;
+  }
+
+  out << "\n== " << table.scenario;
+  if (!table.target.empty()) out << " | ferryd: " << DescribeTarget(ctx, table.target);
+  out << "\n   baseline: "
+      << (table.baseline_description.empty() ? DescribeBaseline(ctx) : table.baseline_description)
+      << "\n";
+  // Line 1: each metric's name over its sub-columns; line 2: the sub-column headers.
+  auto sep = [&](size_t i) { return i == 0 ? "" : (cols[i].group.empty() ? "  " : "   "); };
+  std::string line1 = std::string(width[0], ' ');
+  for (size_t i = 1; i < cols.size();) {
+    size_t span = width[i], j = i + 1;
+    while (j < cols.size() && cols[j].group.empty()) span += 2 + width[j++];
+    line1 += sep(i) + Pad(cols[i].group, span, false);
+    i = j;
+  }
+  std::string header;
+  for (size_t i = 0; i < cols.size(); ++i) {
+    header += sep(i) + Pad(cols[i].header, width[i], cols[i].right);
+  }
+  auto rtrim = [](std::string line) {
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    return line;
+  };
+  out << rtrim(line1) << "\n" << rtrim(header) << "\n";
+  for (size_t r = 0; r < table.rows.size(); ++r) {
+    std::string row;
+    for (size_t i = 0; i < cols.size(); ++i) {
+      row += sep(i) + Pad(cols[i].cells[r], width[i], cols[i].right);
+    }
+    out << rtrim(row) << "\n";
+  }
+  for (const std::string& n : table.notes) out << "   * " << n << "\n";
+}
+
+bool WriteJson(const std::string& path, const Context& ctx, const std::vector<Table>& tables) {
+  std::ostringstream o;
+  struct utsname u {};
+  uname(&u);
+  o << "{\n  \"tool\": \"ferry-bench\",\n";
+  o << "  \"machine\": {\n";
+  o << "    \"hostname\": " << JsonString(HostName()) << ",\n";
+  o << "    \"cores\": " << std::thread::hardware_concurrency() << ",\n";
+  o << "    \"os\": " << JsonString(std::string(u.sysname) + " " + u.release + " " + u.machine)
+    << ",\n";
+  o << "    \"date\": " << JsonString(IsoDate()) << ",\n";
+  o << "    \"ferry_version\": " << JsonString(kVersion) << ",\n";
+  o << "    \"ferry_commit\": " << JsonString(kGitCommit) << ",\n";
+  // The device the figures are about: the first daemon's, else the baseline's.
+  std::string dev_name, dev_backend;
+  if (!ctx.targets.empty()) {
+    dev_name = ctx.targets[0].device_name;
+    dev_backend = ctx.targets[0].backend;
+  } else if (ctx.baseline && ctx.baseline->device) {
+    dev_name = ctx.baseline->device->info().name;
+    dev_backend = ctx.baseline->backend;
+  }
+  o << "    \"device\": {\"name\": " << JsonString(dev_name)
+    << ", \"backend\": " << JsonString(dev_backend) << "},\n";
+  o << "    \"baseline\": ";
+  if (ctx.baseline && ctx.baseline->device) {
+    o << "{\"backend\": " << JsonString(ctx.baseline->backend)
+      << ", \"device_name\": " << JsonString(ctx.baseline->device->info().name)
+      << ", \"why\": " << JsonString(ctx.baseline->why) << "},\n";
+  } else {
+    o << "null,\n";
+  }
+  o << "    \"targets\": [";
+  for (size_t i = 0; i < ctx.targets.size(); ++i) {
+    const auto& t = ctx.targets[i];
+    o << (i ? ", " : "") << "{\"target\": " << JsonString(t.target)
+      << ", \"backend\": " << JsonString(t.backend)
+      << ", \"device_name\": " << JsonString(t.device_name)
+      << ", \"ferryd_version\": " << JsonString(t.version) << "}";
+  }
+  o << "]\n  },\n";
+  o << "  \"command\": " << JsonString(ctx.options.command_line) << ",\n";
+  o << "  \"options\": {\"quick\": " << (ctx.options.quick ? "true" : "false")
+    << ", \"baseline\": " << (ctx.options.baseline ? "true" : "false")
+    << ", \"iterations\": " << ctx.options.iterations << "},\n";
+
+  // Scenarios: name -> list of tables (one per target, "all targets", ...).
+  std::vector<std::string> order;
+  std::map<std::string, std::vector<const Table*>> by_scenario;
+  for (const Table& t : tables) {
+    if (!by_scenario.count(t.scenario)) order.push_back(t.scenario);
+    by_scenario[t.scenario].push_back(&t);
+  }
+  o << "  \"scenarios\": {";
+  for (size_t si = 0; si < order.size(); ++si) {
+    o << (si ? "," : "") << "\n    " << JsonString(order[si]) << ": [";
+    const auto& list = by_scenario[order[si]];
+    for (size_t ti = 0; ti < list.size(); ++ti) {
+      const Table& t = *list[ti];
+      o << (ti ? "," : "") << "\n      {\"target\": " << JsonString(t.target)
+        << ", \"daemon_label\": " << JsonString(t.daemon_label)
+        << ", \"baseline_label\": " << JsonString(t.baseline_label) << ", \"notes\": [";
+      for (size_t n = 0; n < t.notes.size(); ++n) o << (n ? ", " : "") << JsonString(t.notes[n]);
+      o << "],\n       \"rows\": [";
+      for (size_t ri = 0; ri < t.rows.size(); ++ri) {
+        const Row& r = t.rows[ri];
+        o << (ri ? "," : "") << "\n        {\"case\": " << JsonString(r.label);
+        for (const auto& [k, v] : r.params) o << ", " << JsonString(k) << ": " << JsonNumber(v);
+        for (const auto& [k, v] : r.tags) o << ", " << JsonString(k) << ": " << JsonString(v);
+        o << ",\n         \"figures\": [";
+        for (size_t fi = 0; fi < r.figures.size(); ++fi) {
+          const Figure& f = r.figures[fi];
+          o << (fi ? ", " : "") << "{\"metric\": " << JsonString(f.metric)
+            << ", \"daemon\": " << JsonNumber(f.daemon)
+            << ", \"baseline\": " << JsonNumber(f.baseline)
+            << ", \"ratio\": " << JsonNumber(f.ratio()) << "}";
+        }
+        o << "],\n         \"samples\": {";
+        for (size_t k = 0; k < r.summaries.size(); ++k) {
+          o << (k ? ", " : "") << JsonString(r.summaries[k].first) << ": "
+            << JsonSummary(r.summaries[k].second);
+        }
+        o << "}}";
+      }
+      o << "]}";
+    }
+    o << "]";
+  }
+  o << "\n  }\n}\n";
+  std::ofstream f(path);
+  f << o.str();
+  f.close();
+  if (!f) {
+    std::cerr << "ferry-bench: cannot write " << path << "\n";
+    return false;
+  }
+  return true;
+}
+
+bool WriteSvg(const std::string& path, const Context& ctx, const std::vector<Table>& tables) {
+  // One series per (who, route, direction): who is a daemon target or the baseline. Colour
+  // says the direction (and, with several targets, which one); the baseline is dashed.
+  struct Point {
+    double bytes, gbps;
+  };
+  struct Series {
+    std::string name, color;
+    bool dashed = false;
+    std::vector<Point> points;
+  };
+  std::vector<Series> series;
+  auto add = [&](const std::string& name, const std::string& color, bool dashed, double bytes,
+                 double gbps) {
+    if (std::isnan(gbps) || gbps <= 0) return;
+    for (Series& s : series) {
+      if (s.name == name) {
+        s.points.push_back({bytes, gbps});
+        return;
+      }
+    }
+    series.push_back({name, color, dashed, {{bytes, gbps}}});
+  };
+  // Upload colours, download colours; target i uses entry i (mod 4).
+  const char* up_colors[] = {"#1f77b4", "#2ca02c", "#9467bd", "#17becf"};
+  const char* down_colors[] = {"#d62728", "#ff7f0e", "#8c564b", "#e377c2"};
+  bool several = ctx.targets.size() > 1;
+  bool baseline_done = false;
+  int target_index = 0;
+  for (const Table& t : tables) {
+    if (t.scenario != "transfers" || t.target == "all targets") continue;
+    for (const Row& r : t.rows) {
+      double bytes = kNaN;
+      std::string dir, route;
+      bool other_baseline = false;  // rows against another baseline (gRPC bulk)
+      for (const auto& [k, v] : r.params) {
+        if (k == "bytes") bytes = v;
+      }
+      for (const auto& [k, v] : r.tags) {
+        if (k == "direction") dir = v;
+        if (k == "route") route = v;
+        if (k == "baseline") other_baseline = true;
+      }
+      if (std::isnan(bytes) || dir.empty() || other_baseline) continue;
+      bool up = dir == "upload";
+      for (const Figure& f : r.figures) {
+        if (f.metric != "GB/s") continue;
+        std::string who = several ? "ferryd " + std::to_string(target_index + 1) + " "
+                                  : "ferryd ";
+        add(who + dir + " (" + route + ")",
+            (up ? up_colors : down_colors)[target_index % 4], false, bytes, f.daemon);
+        if (!baseline_done) {
+          add("in process " + dir, up ? up_colors[0] : down_colors[0], true, bytes, f.baseline);
+        }
+      }
+    }
+    baseline_done = true;
+    ++target_index;
+  }
+  if (series.empty()) {
+    std::cerr << "ferry-bench: no transfers figures to chart; " << path << " not written\n";
+    return false;
+  }
+  double xmin = 1e300, xmax = 0, ymin = 1e300, ymax = 0;
+  for (const Series& se : series) {
+    for (const Point& p : se.points) {
+      xmin = std::min(xmin, p.bytes);
+      xmax = std::max(xmax, p.bytes);
+      ymin = std::min(ymin, p.gbps);
+      ymax = std::max(ymax, p.gbps);
+    }
+  }
+  double lx0 = std::floor(std::log2(xmin)), lx1 = std::ceil(std::log2(xmax));
+  if (lx1 <= lx0) lx1 = lx0 + 1;
+  double ly0 = std::floor(std::log10(ymin)), ly1 = std::ceil(std::log10(ymax));
+  if (ly1 <= ly0) ly1 = ly0 + 1;
+  const double W = 960, H = 580, L = 80, R = 260, T = 80, B = 60;
+  const double pw = W - L - R, ph = H - T - B;
+  auto X = [&](double bytes) { return L + (std::log2(bytes) - lx0) / (lx1 - lx0) * pw; };
+  auto Y = [&](double gbps) { return T + ph - (std::log10(gbps) - ly0) / (ly1 - ly0) * ph; };
+  auto escape = [](const std::string& in) {
+    std::string out;
+    for (char c : in) {
+      if (c == '<') out += "&lt;";
+      else if (c == '>') out += "&gt;";
+      else if (c == '&') out += "&amp;";
+      else out += c;
+    }
+    return out;
+  };
+  std::string subtitle;
+  for (size_t i = 0; i < ctx.targets.size(); ++i) {
+    const auto& t = ctx.targets[i];
+    subtitle += (i ? "; " : "") + std::string("ferryd") +
+                (several ? " " + std::to_string(i + 1) : std::string()) + ": " + t.target +
+                " (" + t.backend + ", " + t.device_name + ")";
+  }
+  std::string subtitle2 = "dashed: " + DescribeBaseline(ctx);
+
+  std::ostringstream s;
+  s << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H
+    << "\" font-family=\"sans-serif\" font-size=\"12\">\n";
+  s << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+  s << "<text x=\"" << L << "\" y=\"26\" font-size=\"16\">ferry-bench transfers: bandwidth vs "
+       "size (ferry "
+    << kVersion << " " << kGitCommit << ", " << IsoDate() << ")</text>\n";
+  s << "<text x=\"" << L << "\" y=\"46\" font-size=\"11\" fill=\"#555\">" << escape(subtitle)
+    << "</text>\n";
+  s << "<text x=\"" << L << "\" y=\"60\" font-size=\"11\" fill=\"#555\">" << escape(subtitle2)
+    << "</text>\n";
+  // Grid: a vertical line per power of two (labelled every other one when crowded), a
+  // horizontal line per decade.
+  for (double lx = lx0; lx <= lx1; lx += 1) {
+    double x = X(std::pow(2.0, lx));
+    s << "<line x1=\"" << x << "\" y1=\"" << T << "\" x2=\"" << x << "\" y2=\"" << T + ph
+      << "\" stroke=\"#eee\"/>\n";
+    if (lx1 - lx0 <= 10 || static_cast<int>(lx - lx0) % 2 == 0) {
+      s << "<text x=\"" << x << "\" y=\"" << T + ph + 18 << "\" text-anchor=\"middle\">"
+        << FormatBytes(static_cast<uint64_t>(std::pow(2.0, lx))) << "</text>\n";
+    }
+  }
+  for (double ly = ly0; ly <= ly1; ly += 1) {
+    double y = Y(std::pow(10.0, ly));
+    char label[32];
+    std::snprintf(label, sizeof label, "%g", std::pow(10.0, ly));
+    s << "<line x1=\"" << L << "\" y1=\"" << y << "\" x2=\"" << L + pw << "\" y2=\"" << y
+      << "\" stroke=\"#ddd\"/>\n";
+    s << "<text x=\"" << L - 8 << "\" y=\"" << y + 4 << "\" text-anchor=\"end\">" << label
+      << "</text>\n";
+  }
+  s << "<rect x=\"" << L << "\" y=\"" << T << "\" width=\"" << pw << "\" height=\"" << ph
+    << "\" fill=\"none\" stroke=\"#444\"/>\n";
+  s << "<text x=\"" << L + pw / 2 << "\" y=\"" << H - 18
+    << "\" text-anchor=\"middle\">transfer size (log scale)</text>\n";
+  s << "<text transform=\"translate(22," << T + ph / 2
+    << ") rotate(-90)\" text-anchor=\"middle\">GB/s = bytes / median time (log scale)</text>\n";
+  for (size_t i = 0; i < series.size(); ++i) {
+    Series& se = series[i];
+    std::sort(se.points.begin(), se.points.end(),
+              [](const Point& a, const Point& b) { return a.bytes < b.bytes; });
+    std::string dash = se.dashed ? " stroke-dasharray=\"6,4\"" : "";
+    s << "<polyline fill=\"none\" stroke=\"" << se.color << "\" stroke-width=\"2\"" << dash
+      << " points=\"";
+    for (const Point& p : se.points) s << X(p.bytes) << "," << Y(p.gbps) << " ";
+    s << "\"/>\n";
+    for (const Point& p : se.points) {
+      s << "<circle cx=\"" << X(p.bytes) << "\" cy=\"" << Y(p.gbps) << "\" r=\"3\" fill=\""
+        << se.color << "\"><title>" << escape(se.name) << " "
+        << FormatBytes(static_cast<uint64_t>(p.bytes)) << ": " << FormatValue(p.gbps)
+        << " GB/s</title></circle>\n";
+    }
+    double ly = T + 10 + 20 * static_cast<double>(i);
+    s << "<line x1=\"" << L + pw + 16 << "\" y1=\"" << ly << "\" x2=\"" << L + pw + 46
+      << "\" y2=\"" << ly << "\" stroke=\"" << se.color << "\" stroke-width=\"2\"" << dash
+      << "/>\n";
+    s << "<text x=\"" << L + pw + 52 << "\" y=\"" << ly + 4 << "\" font-size=\"11\">"
+      << escape(se.name) << "</text>\n";
+  }
+  s << "</svg>\n";
+  std::ofstream f(path);
+  f << s.str();
+  f.close();
+  if (!f) {
+    std::cerr << "ferry-bench: cannot write " << path << "\n";
+    return false;
+  }
+  return true;
+}
+
+}  // namespace ferry::bench

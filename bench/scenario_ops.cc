@@ -1,0 +1,252 @@
+// Scenarios "latency" and "throughput": what one tiny op costs, and how many tiny ops per
+// second a session sustains.
+//
+// latency: one op, submit to completion seen by the caller, N times, one at a time.
+//   * "fill, synchronize()": fill a 1-element f32 tensor, then Session::synchronize() (which
+//     sends the Submit and a Synchronize, and returns on Synchronized).
+//   * "fill + 1-elt download": fill, then Session::download_bytes of the 4-byte element (the
+//     fill goes as one Submit, the download as a second; returns when its bytes and
+//     Completed arrived) — the path of a program that reads a result back.
+//   Baseline: in process, Stream::Fill (+ a 4-byte CopyDeviceToHost) then OnComplete, waited
+//   on ("launch + completion"). The "floor" row compares the daemon's p50 with the bare
+//   gRPC echo round trip + the in-process launch + completion: what the transport and the
+//   device cost with nothing of ferry's own in between (issue 5 targets <= 1.2x).
+//
+// throughput: axpy on 256-element f32 tensors, K ops recorded per submit (K = 1, 8, 64,
+//   512), submits pipelined (no waiting between them), one synchronize() at the end; ops/s =
+//   ops / time from the first record to synchronize() returning. Baseline: the same number
+//   of Stream::Axpy launches back to back on one stream, then one wait (ops per submit does
+//   not apply in process, so every K row shows the same baseline).
+#include <algorithm>
+
+#include "bench.h"
+
+namespace ferry::bench {
+namespace {
+
+constexpr int64_t kAxpyElements = 256;
+
+struct LatencyCase {
+  std::string label;
+  bool download;  // read the element back instead of synchronize()
+};
+const LatencyCase kLatencyCases[] = {{"fill 1 elt, synchronize()", false},
+                                     {"fill 1 elt + 1-elt download", true}};
+
+Samples DaemonLatency(Session& s, const LatencyCase& c, int iterations) {
+  Tensor t = s.create_tensor<float>({1});
+  Check(s.synchronize(), "create");
+  float value = 0;
+  Samples out;
+  int warmup = std::max(5, iterations / 20);
+  for (int i = 0; i < warmup + iterations; ++i) {
+    auto t0 = Clock::now();
+    s.fill(t, i);
+    Status st = c.download ? s.download_bytes(t, &value, sizeof value) : s.synchronize();
+    double ns = NsSince(t0);
+    Check(st, c.label);
+    if (i >= warmup) out.Add(ns);
+  }
+  if (c.download && value != static_cast<float>(warmup + iterations - 1)) {
+    Die("latency: the downloaded element is wrong");
+  }
+  return out;
+}
+
+Samples BaselineLatency(backend::Stream& stream, const LatencyCase& c, int iterations) {
+  backend::DevicePtr d = Check(stream.Allocate(sizeof(float)), "Allocate");
+  float value = 0;
+  Samples out;
+  int warmup = std::max(5, iterations / 20);
+  for (int i = 0; i < warmup + iterations; ++i) {
+    auto t0 = Clock::now();
+    Check(stream.Fill(DType::kF32, d, 1, i), "Fill");
+    if (c.download) Check(stream.CopyDeviceToHost(&value, d, sizeof value), "copy");
+    Check(WaitStream(stream), "wait");
+    double ns = NsSince(t0);
+    if (i >= warmup) out.Add(ns);
+  }
+  stream.Free(d);
+  Check(WaitStream(stream), "free");
+  return out;
+}
+
+Row LatencyRow(const std::string& label, const Samples* d, const Samples* b) {
+  Summary ds = d ? Summarize(*d) : Summary{}, bs = b ? Summarize(*b) : Summary{};
+  Row r{label,
+        {{"p50 us", ds.p50 / 1e3, bs.p50 / 1e3},
+         {"p99 us", ds.p99 / 1e3, bs.p99 / 1e3},
+         {"p99.9 us", ds.p999 / 1e3, bs.p999 / 1e3}}};
+  if (d) r.summaries.push_back({"daemon", ds});
+  if (b) r.summaries.push_back({"baseline", bs});
+  return r;
+}
+
+/// Ops recorded per submit, and the total ops of one timed run.
+std::vector<int> OpsPerSubmit() { return {1, 8, 64, 512}; }
+int TotalOps(const Context& ctx) { return ctx.options.quick ? 1024 : 16384; }
+
+Samples DaemonThroughput(Session& s, int per_submit, int total, int runs) {
+  Tensor x = s.create_tensor<float>({kAxpyElements});
+  Tensor y = s.create_tensor<float>({kAxpyElements});
+  s.fill(x, 1.0);
+  s.fill(y, 0.0);
+  Check(s.synchronize(), "setup");
+  Samples out;
+  for (int run = -1; run < runs; ++run) {  // run -1 warms up
+    auto t0 = Clock::now();
+    for (int done = 0; done < total;) {
+      for (int k = 0; k < per_submit && done < total; ++k, ++done) s.axpy(1e-6, x, y);
+      Check(s.submit(), "submit");
+    }
+    Check(s.synchronize(), "throughput synchronize");
+    if (run >= 0) out.Add(NsSince(t0));
+  }
+  return out;
+}
+
+Samples BaselineThroughput(backend::Stream& stream, int total, int runs) {
+  auto x = Check(stream.Allocate(kAxpyElements * sizeof(float)), "Allocate");
+  auto y = Check(stream.Allocate(kAxpyElements * sizeof(float)), "Allocate");
+  Check(stream.Fill(DType::kF32, x, kAxpyElements, 1.0), "Fill");
+  Check(stream.Fill(DType::kF32, y, kAxpyElements, 0.0), "Fill");
+  Check(WaitStream(stream), "setup");
+  Samples out;
+  for (int run = -1; run < runs; ++run) {
+    auto t0 = Clock::now();
+    for (int i = 0; i < total; ++i) {
+      Check(stream.Axpy(DType::kF32, 1e-6, x, y, kAxpyElements), "Axpy");
+    }
+    Check(WaitStream(stream), "wait");
+    if (run >= 0) out.Add(NsSince(t0));
+  }
+  stream.Free(x);
+  stream.Free(y);
+  Check(WaitStream(stream), "free");
+  return out;
+}
+
+}  // namespace
+
+std::vector<Table> RunLatency(Context& ctx) {
+  int iterations = ctx.Iterations(5000, 300);
+  const size_t n = std::size(kLatencyCases);
+  std::vector<Samples> base(n);
+  if (ctx.baseline) {
+    auto stream = Check(ctx.baseline->device->CreateStream(), "CreateStream");
+    for (size_t i = 0; i < n; ++i) {
+      ctx.progress->Case("baseline " + kLatencyCases[i].label);
+      base[i] = BaselineLatency(*stream, kLatencyCases[i], iterations);
+    }
+  }
+  std::vector<std::vector<Samples>> daemon(ctx.targets.size());
+  for (size_t t = 0; t < ctx.targets.size(); ++t) {
+    auto client = Check(Client::connect(ctx.targets[t].target), "connect");
+    auto session = Check(client.open_session(), "open_session");
+    for (size_t i = 0; i < n; ++i) {
+      ctx.progress->Case(ctx.targets[t].target + " " + kLatencyCases[i].label);
+      daemon[t].push_back(DaemonLatency(session, kLatencyCases[i], iterations));
+    }
+    Check(session.close().status(), "close");
+  }
+
+  return BuildTables(
+      ctx, "latency",
+      [&](int which) {
+        std::vector<Row> rows;
+        std::vector<Samples> d(n);
+        for (size_t i = 0; i < n; ++i) {
+          if (which >= 0) d[i] = daemon[which][i];
+          if (which == kAllTargets) {
+            for (auto& t : daemon) d[i].Append(t[i]);
+          }
+          rows.push_back(LatencyRow(kLatencyCases[i].label, which == kNoTarget ? nullptr : &d[i],
+                                    ctx.baseline ? &base[i] : nullptr));
+        }
+        // The floor: bare gRPC echo round trip (same socket kind) + in-process launch.
+        std::string target = which >= 0 ? ctx.targets[which].target
+                                        : (ctx.targets.empty() ? "" : ctx.targets[0].target);
+        const TransportFigures& tf = ctx.TransportFor(target);
+        if (ctx.baseline && tf.measured && which != kNoTarget) {
+          double floor = (Summarize(tf.grpc_small_rtt).p50 + Summarize(base[0]).p50) / 1e3;
+          Row r{"fill, synchronize() vs floor (gRPC echo + launch)",
+                {{"p50 us", Summarize(d[0]).p50 / 1e3, floor}}};
+          r.tags.push_back({"baseline", "grpc_echo_plus_launch"});
+          rows.push_back(std::move(r));
+        }
+        return rows;
+      },
+      [&](int which) {
+        std::vector<std::string> notes = {
+            "time = op recorded until the caller sees it complete, one op at a time, " +
+                std::to_string(iterations) + " samples (p99.9 is the maximum below 1000)",
+            "baseline = in-process Stream::Fill (+ 4 B CopyDeviceToHost) + OnComplete, waited "
+            "on"};
+        if (which != kNoTarget && ctx.baseline) {
+          notes.push_back("floor = bare gRPC 16 B echo p50 (transports table, same socket "
+                          "kind) + in-process fill+completion p50");
+        }
+        if (which == kAllTargets) notes.push_back("all targets: samples pooled");
+        return notes;
+      });
+}
+
+std::vector<Table> RunThroughput(Context& ctx) {
+  int total = TotalOps(ctx);
+  int runs = ctx.options.quick ? 3 : 10;
+  Samples base;
+  if (ctx.baseline) {
+    ctx.progress->Case("baseline axpy launches");
+    auto stream = Check(ctx.baseline->device->CreateStream(), "CreateStream");
+    base = BaselineThroughput(*stream, total, runs);
+  }
+  std::vector<int> ks = OpsPerSubmit();
+  std::vector<std::vector<Samples>> daemon(ctx.targets.size());
+  for (size_t t = 0; t < ctx.targets.size(); ++t) {
+    auto client = Check(Client::connect(ctx.targets[t].target), "connect");
+    auto session = Check(client.open_session(), "open_session");
+    for (int k : ks) {
+      ctx.progress->Case(ctx.targets[t].target + " " + std::to_string(k) + " ops per submit");
+      daemon[t].push_back(DaemonThroughput(session, k, total, runs));
+    }
+    Check(session.close().status(), "close");
+  }
+  auto row = [&](int k, const Samples* d) {
+    Summary ds = d ? Summarize(*d) : Summary{};
+    Summary bs = ctx.baseline ? Summarize(base) : Summary{};
+    // ops/s from the median run; us/op likewise.
+    Row r{"axpy 256 f32, " + std::to_string(k) + " ops/submit",
+          {{"ops/s", total / (ds.p50 / 1e9), total / (bs.p50 / 1e9)},
+           {"us/op", ds.p50 / 1e3 / total, bs.p50 / 1e3 / total}}};
+    r.params = {{"ops_per_submit", k}, {"ops_per_run", total}};
+    if (d) r.summaries.push_back({"daemon", ds});
+    if (ctx.baseline) r.summaries.push_back({"baseline", bs});
+    return r;
+  };
+  return BuildTables(
+      ctx, "throughput",
+      [&](int which) {
+        std::vector<Row> rows;
+        for (size_t i = 0; i < ks.size(); ++i) {
+          Samples d;
+          if (which >= 0) d = daemon[which][i];
+          if (which == kAllTargets) {
+            for (auto& t : daemon) d.Append(t[i]);
+          }
+          rows.push_back(row(ks[i], which == kNoTarget ? nullptr : &d));
+        }
+        return rows;
+      },
+      [&](int which) {
+        std::vector<std::string> notes = {
+            "one run = " + std::to_string(total) +
+                " axpy ops submitted without waiting, then synchronize(); ops/s = ops / p50 "
+                "run time over " + std::to_string(runs) + " runs",
+            "baseline = the same launches back to back on one in-process stream, one wait "
+            "(same figure for every row)"};
+        if (which == kAllTargets) notes.push_back("all targets: run times pooled");
+        return notes;
+      });
+}
+
+}  // namespace ferry::bench

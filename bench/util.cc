@@ -1,0 +1,149 @@
+// Small helpers shared by the scenarios: statistics, progress lines, buffers, waiting.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <future>
+#include <iostream>
+
+#include "bench.h"
+
+namespace ferry::bench {
+
+const std::vector<std::string>& AllScenarios() {
+  static const std::vector<std::string> kAll = {"transfers",   "latency",    "throughput",
+                                                "concurrency", "open_close", "sharing"};
+  return kAll;
+}
+
+Summary Summarize(const Samples& samples) {
+  Summary s;
+  if (samples.ns.empty()) return s;
+  std::vector<double> v = samples.ns;
+  std::sort(v.begin(), v.end());
+  s.n = v.size();
+  // Nearest rank: the smallest sample with at least q of all samples at or below it.
+  auto rank = [&](double q) {
+    size_t r = static_cast<size_t>(std::ceil(q * static_cast<double>(v.size())));
+    return v[std::clamp<size_t>(r, 1, v.size()) - 1];
+  };
+  s.min = v.front();
+  s.max = v.back();
+  s.p50 = rank(0.50);
+  s.p99 = rank(0.99);
+  s.p999 = rank(0.999);
+  double sum = 0;
+  for (double x : v) sum += x;
+  s.mean = sum / static_cast<double>(v.size());
+  return s;
+}
+
+void Progress::Scenario(const std::string& name) {
+  if (!initialized_) {
+    tty_ = isatty(STDERR_FILENO) != 0;
+    initialized_ = true;
+  }
+  scenario_ = name;
+  scenario_start_ = Clock::now();
+  std::fprintf(stderr, "[%s] starting\n", name.c_str());
+}
+
+void Progress::Case(const std::string& what) {
+  double s = NsSince(scenario_start_) / 1e9;
+  if (tty_) {
+    std::fprintf(stderr, "\r\033[K[%s %5.1fs] %s", scenario_.c_str(), s, what.c_str());
+  } else {
+    std::fprintf(stderr, "[%s %5.1fs] %s\n", scenario_.c_str(), s, what.c_str());
+  }
+  std::fflush(stderr);
+}
+
+void Progress::Done() {
+  double s = NsSince(scenario_start_) / 1e9;
+  if (tty_) std::fprintf(stderr, "\r\033[K");
+  std::fprintf(stderr, "[%s] done in %.1f s\n", scenario_.c_str(), s);
+}
+
+std::vector<Table> BuildTables(const Context& ctx, const std::string& scenario,
+                               const std::function<std::vector<Row>(int which)>& rows,
+                               const std::function<std::vector<std::string>(int which)>& notes) {
+  std::vector<Table> tables;
+  auto make = [&](int which, std::string target) {
+    Table t;
+    t.scenario = scenario;
+    t.target = std::move(target);
+    t.rows = rows(which);
+    t.notes = notes(which);
+    tables.push_back(std::move(t));
+  };
+  for (size_t i = 0; i < ctx.targets.size(); ++i) {
+    make(static_cast<int>(i), ctx.targets[i].target);
+  }
+  if (ctx.targets.size() > 1) make(kAllTargets, "all targets");
+  if (ctx.targets.empty() && ctx.baseline) make(kNoTarget, "");
+  return tables;
+}
+
+Status WaitStream(backend::Stream& stream) {
+  // The daemon learns of completion the same way: OnComplete on the backend's completion
+  // thread, then a hand-off to another thread. Here the hand-off is a promise.
+  std::promise<Status> done;
+  auto f = done.get_future();
+  stream.OnComplete([&done](Status s) { done.set_value(std::move(s)); });
+  return f.get();
+}
+
+std::string FormatBytes(uint64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB"};
+  int u = 0;
+  while (u < 3 && bytes >= 1024 && bytes % 1024 == 0) {
+    bytes /= 1024;
+    ++u;
+  }
+  return std::to_string(bytes) + " " + units[u];
+}
+
+std::optional<uint64_t> ParseBytes(const std::string& text) {
+  if (text.empty()) return std::nullopt;
+  char* end = nullptr;
+  errno = 0;
+  unsigned long long n = std::strtoull(text.c_str(), &end, 10);
+  if (errno != 0 || end == text.c_str()) return std::nullopt;
+  std::string unit(end);
+  for (char& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  uint64_t mult = 1;
+  if (unit.empty() || unit == "B") {
+    mult = 1;
+  } else if (unit == "K" || unit == "KB" || unit == "KIB") {
+    mult = 1ull << 10;
+  } else if (unit == "M" || unit == "MB" || unit == "MIB") {
+    mult = 1ull << 20;
+  } else if (unit == "G" || unit == "GB" || unit == "GIB") {
+    mult = 1ull << 30;
+  } else {
+    return std::nullopt;
+  }
+  uint64_t out = 0;
+  if (!CheckedMul(n, mult, &out) || out == 0) return std::nullopt;
+  return out;
+}
+
+HostBuffer::HostBuffer(uint64_t bytes) : size_(bytes) {
+  size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  size_t rounded = (std::max<uint64_t>(bytes, 1) + page - 1) / page * page;
+  data_ = static_cast<uint8_t*>(std::aligned_alloc(page, rounded));
+  if (!data_) Die("out of host memory for a " + FormatBytes(bytes) + " buffer");
+  // Touch every page now so page faults are not measured as transfer time.
+  std::memset(data_, 0x5a, rounded);
+}
+
+HostBuffer::~HostBuffer() { std::free(data_); }
+
+void Die(const std::string& what) {
+  std::cerr << "\nferry-bench: " << what << std::endl;
+  std::exit(2);
+}
+
+}  // namespace ferry::bench

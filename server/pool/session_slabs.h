@@ -1,0 +1,70 @@
+// SessionSlabs: the slabs one session holds, and which byte ranges of them the device is
+// still reading or writing.
+//
+// Shared by the session (its executor: checks, marks and releases ranges) and the slab
+// acceptor (a connection thread: binds the uid, acquires slabs). Thread-safe: one mutex.
+// Slabs are only ever added until Close, so a range checked on the executor stays owned
+// until the same executor marks it.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include "ferry/status.h"
+#include "pool/slab_pool.h"
+
+namespace ferry::pool {
+
+/// A byte range of one slab, as a transfer names it.
+struct SlabRange {
+  uint64_t slab = 0;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
+class SessionSlabs {
+ public:
+  explicit SessionSlabs(SlabPool* pool) : pool_(pool) {}
+  ~SessionSlabs() { Close(); }
+  SessionSlabs(const SessionSlabs&) = delete;
+  SessionSlabs& operator=(const SessionSlabs&) = delete;
+
+  /// Fix the session's uid (the first slab connection does); false when already bound.
+  bool Bind(uid_t uid);
+  /// Acquire one more slab for the session. SESSION_CLOSED once closed.
+  Result<SlabRef> Acquire();
+
+  /// Check that `r` lies inside a slab this session holds and overlaps no busy range.
+  Status Check(const SlabRange& r) const;
+  /// Mark `r` busy (checked before) and return where its bytes are.
+  char* MarkBusy(const SlabRange& r);
+  /// The copy of `r` completed: free the range, or keep it busy for ever when the copy
+  /// failed (quarantined: the slab is destroyed, not pooled, at Close).
+  void Finish(const SlabRange& r, bool failed);
+
+  /// Give every slab back to the pool (quarantined ones are destroyed). Call only once no
+  /// device work touches them. Idempotent.
+  void Close();
+
+  size_t slab_count() const;
+
+ private:
+  struct Held {
+    SlabRef ref;
+    std::map<uint64_t, uint64_t> busy;  // offset -> end, disjoint
+    bool quarantined = false;
+  };
+
+  SlabPool* pool_;
+  mutable std::mutex mu_;
+  std::optional<uid_t> uid_;        // guarded by mu_
+  std::map<uint64_t, Held> slabs_;  // guarded by mu_
+  bool closed_ = false;             // guarded by mu_
+};
+
+}  // namespace ferry::pool

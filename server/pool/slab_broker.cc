@@ -1,0 +1,219 @@
+#include "pool/slab_broker.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <spdlog/spdlog.h>
+#include <vector>
+
+namespace ferry::pool {
+namespace {
+
+constexpr size_t kHelloBytes = sizeof(kSlabMagic) + kSlabTokenBytes;
+constexpr size_t kRequestBytes = 8;
+
+void Put32(char* p, uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<char>(v >> (8 * i));
+}
+void Put64(char* p, uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<char>(v >> (8 * i));
+}
+uint32_t Get32(const char* p) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(static_cast<unsigned char>(p[i])) << (8 * i);
+  return v;
+}
+
+// Send `bytes` with `fd` attached (when >= 0); false when the peer cannot take it now.
+bool SendWithFd(int sock, const char* bytes, size_t n, int fd) {
+  struct iovec iov = {const_cast<char*>(bytes), n};
+  struct msghdr msg = {};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  if (fd >= 0) {
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    struct cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+  }
+  ssize_t r = ::sendmsg(sock, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+  return r == static_cast<ssize_t>(n);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<SlabBroker>> SlabBroker::Start(const std::string& path) {
+  std::unique_ptr<SlabBroker> b(new SlabBroker());
+  b->path_ = path;
+  struct sockaddr_un addr = {};
+  addr.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(addr.sun_path)) {
+    return Status(ErrorKind::kInvalidArgument, "slab socket path too long: " + path);
+  }
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  ::unlink(path.c_str());
+  b->listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (b->listen_fd_ < 0 ||
+      ::bind(b->listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      ::listen(b->listen_fd_, 64) != 0) {
+    return Status(ErrorKind::kUnavailable,
+                  "cannot listen on slab socket " + path + ": " + std::strerror(errno));
+  }
+  ::chmod(path.c_str(), 0660);
+  if (::pipe2(b->wake_, O_CLOEXEC | O_NONBLOCK) != 0) {
+    return Status(ErrorKind::kInternal, std::string("pipe2: ") + std::strerror(errno));
+  }
+  b->thread_ = std::thread([raw = b.get()] { raw->Run(); });
+  return b;
+}
+
+SlabBroker::~SlabBroker() {
+  stop_ = true;
+  if (wake_[1] >= 0) {
+    char c = 1;
+    (void)!::write(wake_[1], &c, 1);
+  }
+  if (thread_.joinable()) thread_.join();
+  if (listen_fd_ >= 0) {
+    ::close(listen_fd_);
+    ::unlink(path_.c_str());
+  }
+  for (int fd : wake_) {
+    if (fd >= 0) ::close(fd);
+  }
+}
+
+std::string SlabBroker::IssueToken(std::weak_ptr<SessionSlabs> slabs) {
+  unsigned char raw[kSlabTokenBytes / 2];
+  size_t got = 0;
+  while (got < sizeof(raw)) {
+    ssize_t r = ::getrandom(raw + got, sizeof(raw) - got, 0);
+    if (r > 0) got += static_cast<size_t>(r);
+  }
+  static const char* hex = "0123456789abcdef";
+  std::string token;
+  for (unsigned char c : raw) {
+    token += hex[c >> 4];
+    token += hex[c & 15];
+  }
+  std::lock_guard lock(mu_);
+  tokens_[token] = std::move(slabs);
+  return token;
+}
+
+void SlabBroker::RevokeToken(const std::string& token) {
+  std::lock_guard lock(mu_);
+  tokens_.erase(token);
+}
+
+void SlabBroker::Run() {
+  std::map<int, Connection> conns;
+  std::vector<pollfd> fds;
+  while (!stop_) {
+    fds.clear();
+    fds.push_back({wake_[0], POLLIN, 0});
+    fds.push_back({listen_fd_, POLLIN, 0});
+    for (auto& [fd, c] : conns) fds.push_back({fd, POLLIN, 0});
+    if (::poll(fds.data(), fds.size(), -1) < 0) {
+      if (errno == EINTR) continue;
+      spdlog::error("slab socket poll: {}", std::strerror(errno));
+      return;
+    }
+    if (stop_) break;
+    for (size_t i = 2; i < fds.size(); ++i) {
+      if (!fds[i].revents) continue;
+      auto it = conns.find(fds[i].fd);
+      if (!Serve(it->second)) {
+        ::close(it->first);
+        conns.erase(it);
+        connections_ = conns.size();
+      }
+    }
+    if (fds[1].revents & POLLIN) {
+      for (;;) {
+        int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) break;
+        struct ucred cred = {};
+        socklen_t len = sizeof(cred);
+        if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+          ::close(fd);
+          continue;
+        }
+        Connection& c = conns[fd];
+        c.fd = fd;
+        c.uid = cred.uid;
+        connections_ = conns.size();
+      }
+    }
+  }
+  for (auto& [fd, c] : conns) ::close(fd);
+  connections_ = 0;
+}
+
+bool SlabBroker::Serve(Connection& c) {
+  char buf[256];
+  ssize_t n = ::recv(c.fd, buf, sizeof(buf), MSG_DONTWAIT);
+  if (n == 0) return false;
+  if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
+  c.in.append(buf, static_cast<size_t>(n));
+  if (c.in.size() > 4096) return false;  // a peer that does not wait for answers
+  for (;;) {
+    if (!c.bound) {
+      if (c.in.size() < kHelloBytes) return true;
+      char reply[8] = {};
+      std::shared_ptr<SessionSlabs> slabs;
+      if (std::memcmp(c.in.data(), kSlabMagic, sizeof(kSlabMagic)) == 0) {
+        std::string token = c.in.substr(sizeof(kSlabMagic), kSlabTokenBytes);
+        std::lock_guard lock(mu_);
+        auto it = tokens_.find(token);
+        if (it != tokens_.end()) {
+          slabs = it->second.lock();
+          tokens_.erase(it);  // one connection per token, whatever happens next
+        }
+      }
+      if (!slabs || !slabs->Bind(c.uid)) {
+        Put32(reply, static_cast<uint32_t>(ErrorKind::kInvalidArgument));
+        (void)SendWithFd(c.fd, reply, sizeof(reply), -1);
+        return false;
+      }
+      c.slabs = slabs;
+      c.bound = true;
+      c.in.erase(0, kHelloBytes);
+      if (!SendWithFd(c.fd, reply, sizeof(reply), -1)) return false;
+      continue;
+    }
+    if (c.in.size() < kRequestBytes) return true;
+    uint32_t op = Get32(c.in.data());
+    c.in.erase(0, kRequestBytes);
+    char reply[24] = {};
+    if (op != kSlabRequestAcquire) {
+      Put32(reply, static_cast<uint32_t>(ErrorKind::kProtocolViolation));
+      (void)SendWithFd(c.fd, reply, sizeof(reply), -1);
+      return false;
+    }
+    auto slabs = c.slabs.lock();
+    Result<SlabRef> ref = slabs ? slabs->Acquire()
+                                : Result<SlabRef>(Status(ErrorKind::kSessionClosed, "closed"));
+    if (!ref.ok()) {
+      Put32(reply, static_cast<uint32_t>(ref.status().kind()));
+      if (!SendWithFd(c.fd, reply, sizeof(reply), -1)) return false;
+      continue;
+    }
+    Put64(reply + 8, ref->id);
+    Put64(reply + 16, ref->size);
+    if (!SendWithFd(c.fd, reply, sizeof(reply), ref->fd)) return false;
+  }
+}
+
+}  // namespace ferry::pool

@@ -1,0 +1,74 @@
+// SlabBroker: hands slab fds to local clients over a Unix socket of its own (gRPC owns the
+// session's connection), with SCM_RIGHTS.
+//
+// Every connection's peer uid is read with SO_PEERCRED at accept. The first message names
+// a one-time token the session stream issued (Opened.slab_token); it binds the connection
+// to that session and fixes the session's uid (the token is then spent). After that, each
+// request acquires one slab from the pool for the session and answers its id and size with
+// the fd. The wire format is in docs/protocol.md ("slab socket").
+//
+// Thread-safe. One thread polls the listening socket and every connection (non-blocking);
+// requests are a few bytes, answered at once. Sessions' slab sets are reached through weak
+// pointers, so a session that ends first simply makes its connection's requests fail.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "ferry/status.h"
+#include "pool/session_slabs.h"
+
+namespace ferry::pool {
+
+/// Wire constants of the slab socket (all integers little-endian).
+inline constexpr char kSlabMagic[4] = {'F', 'S', 'L', '1'};
+inline constexpr size_t kSlabTokenBytes = 32;  // ASCII hex
+inline constexpr uint32_t kSlabRequestAcquire = 1;
+
+class SlabBroker {
+ public:
+  /// Listen on `path` (replacing a stale socket file; mode 0660).
+  static Result<std::unique_ptr<SlabBroker>> Start(const std::string& path);
+  ~SlabBroker();
+
+  /// Issue a one-time token binding the next connection that presents it to `slabs`.
+  std::string IssueToken(std::weak_ptr<SessionSlabs> slabs);
+  /// Forget a session's token if it was never used.
+  void RevokeToken(const std::string& token);
+
+  const std::string& path() const { return path_; }
+  /// Connections open now (for leak accounting).
+  uint64_t connections() const { return connections_; }
+
+ private:
+  struct Connection {
+    int fd = -1;
+    uid_t uid = 0;
+    std::weak_ptr<SessionSlabs> slabs;
+    bool bound = false;
+    std::string in;  // bytes received, not yet a whole message
+  };
+
+  SlabBroker() = default;
+  void Run();
+  // Handle what `c` sent; false closes the connection.
+  bool Serve(Connection& c);
+
+  std::string path_;
+  int listen_fd_ = -1;
+  int wake_[2] = {-1, -1};
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> connections_{0};
+  std::mutex mu_;
+  std::map<std::string, std::weak_ptr<SessionSlabs>> tokens_;  // guarded by mu_
+};
+
+}  // namespace ferry::pool

@@ -1,0 +1,777 @@
+// Session: the daemon's per-session state machine, in process, on a supervised HostDevice.
+//
+// Every Session call runs on the session's strand (posted and waited for, as the rpc layer
+// does); the events land in a thread-safe recorder that also checks they are raised on
+// that strand. Tests wait for events on a condition variable with a generous timeout and
+// never sleep; the order of events, not their timing, is what they check.
+#include "session/session.h"
+
+#include <gtest/gtest.h>
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/strand.hpp>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <functional>
+#include <future>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "backend/host/host_device.h"
+#include "session/device_supervisor.h"
+#include "session/registry.h"
+
+namespace ferry::session {
+namespace {
+
+using std::chrono::milliseconds;
+
+constexpr milliseconds kTimeout{10000};  // generous: nothing here should take more than ms
+
+// --- Recording fake --------------------------------------------------------------------------
+
+struct Event {
+  enum class Kind { kChunk, kCompleted, kSynchronized, kClosed };
+  Kind kind = Kind::kCompleted;
+  uint64_t id = 0;             // the submit id (chunks, completions) or the sync id
+  uint32_t op_index = 0;       // chunks
+  uint64_t offset = 0;         // chunks
+  std::string data;            // chunks
+  Status status;               // completions
+  SessionStatsSnapshot stats;  // OnClosed
+};
+
+size_t CountOf(const std::vector<Event>& events, Event::Kind kind) {
+  size_t n = 0;
+  for (const Event& e : events) n += e.kind == kind;
+  return n;
+}
+
+/// Record every event, in order, and let the test thread wait for them. Thread-safe.
+class RecordingEvents final : public SessionEvents {
+ public:
+  explicit RecordingEvents(Executor strand) : strand_(std::move(strand)) {}
+
+  void OnDownloadChunk(uint64_t submit_id, uint32_t op_index, uint64_t offset,
+                       std::string data) override {
+    Event e;
+    e.kind = Event::Kind::kChunk;
+    e.id = submit_id;
+    e.op_index = op_index;
+    e.offset = offset;
+    e.data = std::move(data);
+    Record(std::move(e));
+  }
+  void OnCompleted(uint64_t submit_id, const Status& status) override {
+    Event e;
+    e.kind = Event::Kind::kCompleted;
+    e.id = submit_id;
+    e.status = status;
+    Record(std::move(e));
+  }
+  void OnSynchronized(uint64_t sync_id) override {
+    Event e;
+    e.kind = Event::Kind::kSynchronized;
+    e.id = sync_id;
+    Record(std::move(e));
+  }
+  void OnClosed(const SessionStatsSnapshot& stats) override {
+    Event e;
+    e.kind = Event::Kind::kClosed;
+    e.stats = stats;
+    Record(std::move(e));
+  }
+
+  /// Wait until `done(events)` holds; false after `timeout`.
+  bool WaitUntil(const std::function<bool(const std::vector<Event>&)>& done,
+                 milliseconds timeout = kTimeout) {
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(lock, timeout, [&] { return done(events_); });
+  }
+  bool WaitForCompletions(size_t n) {
+    return WaitUntil([n](const auto& ev) { return CountOf(ev, Event::Kind::kCompleted) >= n; });
+  }
+  bool WaitForClosed(milliseconds timeout = kTimeout) {
+    return WaitUntil([](const auto& ev) { return CountOf(ev, Event::Kind::kClosed) > 0; }, timeout);
+  }
+
+  std::vector<Event> events() const {
+    std::lock_guard lock(mu_);
+    return events_;
+  }
+  std::vector<Event> completions() const {
+    std::vector<Event> out;
+    for (Event& e : events()) {
+      if (e.kind == Event::Kind::kCompleted) out.push_back(std::move(e));
+    }
+    return out;
+  }
+  /// Return the status the completion of `submit_id` carried (a failure when none came).
+  Status CompletionOf(uint64_t submit_id) const {
+    for (const Event& e : completions()) {
+      if (e.id == submit_id) return e.status;
+    }
+    ADD_FAILURE() << "no completion for submit " << submit_id;
+    return Status(ErrorKind::kInternal, "no completion");
+  }
+  /// Return the bytes the Download op `op_index` of `submit_id` delivered, checking that
+  /// its chunks came in offset order without gaps.
+  std::string Downloaded(uint64_t submit_id, uint32_t op_index) const {
+    std::string out;
+    for (const Event& e : events()) {
+      if (e.kind != Event::Kind::kChunk || e.id != submit_id || e.op_index != op_index) continue;
+      EXPECT_EQ(e.offset, out.size()) << "chunk of submit " << submit_id << " op " << op_index;
+      out += e.data;
+    }
+    return out;
+  }
+  int calls_off_strand() const {
+    std::lock_guard lock(mu_);
+    return calls_off_strand_;
+  }
+
+ private:
+  void Record(Event e) {
+    {
+      std::lock_guard lock(mu_);
+      if (!strand_.running_in_this_thread()) ++calls_off_strand_;
+      events_.push_back(std::move(e));
+    }
+    cv_.notify_all();
+  }
+
+  const Executor strand_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Event> events_;  // guarded by mu_
+  int calls_off_strand_ = 0;   // guarded by mu_
+};
+
+// --- Helpers ---------------------------------------------------------------------------------
+
+template <typename T>
+std::vector<T> Decode(const std::string& bytes) {
+  std::vector<T> out(bytes.size() / sizeof(T));
+  if (!out.empty()) std::memcpy(out.data(), bytes.data(), out.size() * sizeof(T));
+  return out;
+}
+
+template <typename T>
+std::shared_ptr<const std::string> Encode(const std::vector<T>& values) {
+  auto bytes = std::make_shared<std::string>(values.size() * sizeof(T), '\0');
+  if (!values.empty()) std::memcpy(bytes->data(), values.data(), bytes->size());
+  return bytes;
+}
+
+SubmitRequest Request(uint64_t id, std::vector<Op> ops,
+                      std::shared_ptr<const void> payload = nullptr) {
+  SubmitRequest r;
+  r.submit_id = id;
+  r.ops = std::move(ops);
+  r.payload = std::move(payload);
+  return r;
+}
+
+/// Wait until `done()` holds, polling: for state that raises no event (an aborted session
+/// going away, the device being rebuilt). False after `timeout`.
+bool WaitUntil(const std::function<bool()>& done, milliseconds timeout = kTimeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(milliseconds(1));
+  }
+  return true;
+}
+
+struct Client {
+  std::shared_ptr<Session> session;
+  RecordingEvents* events = nullptr;
+};
+
+class SessionTest : public ::testing::Test {
+ protected:
+  static constexpr uint64_t kDeviceBytes = 64ull << 20;
+
+  void SetUp() override {
+    auto supervisor = DeviceSupervisor::Create(
+        [] {
+          backend::HostDeviceOptions options;
+          options.memory_bytes = kDeviceBytes;
+          return backend::CreateHostDevice(options);
+        },
+        nullptr);
+    ASSERT_TRUE(supervisor.ok()) << supervisor.status().ToString();
+    supervisor_ = std::move(*supervisor);
+    registry_ = std::make_unique<SessionRegistry>(1ull << 30, 16);
+    for (int i = 0; i < 2; ++i) threads_.emplace_back([this] { io_.run(); });
+  }
+
+  void TearDown() override {
+    if (!registry_) return;  // SetUp failed
+    // Let every session a test left open go away (Abort raises nothing, so poll).
+    for (const auto& s : sessions_) {
+      EXPECT_TRUE(OnStrand(s->executor(), [&s] { s->Abort(); }));
+    }
+    EXPECT_TRUE(WaitUntil([this] { return registry_->Totals().sessions_open == 0; },
+                          HasFailure() ? milliseconds(500) : kTimeout))
+        << "a session never finished closing";
+    for (const auto& e : events_) EXPECT_EQ(e->calls_off_strand(), 0);
+    work_.reset();
+    for (std::thread& t : threads_) t.join();
+    sessions_.clear();
+    events_.clear();
+  }
+
+  /// Open a session on its own strand, with a recorder for its events.
+  Client Open(SessionConfig config = {}) {
+    Executor strand = boost::asio::make_strand(io_);
+    auto events = std::make_unique<RecordingEvents>(strand);
+    auto created = Session::Create(supervisor_.get(), registry_.get(), strand, config,
+                                   "session_test", "in-process", events.get());
+    EXPECT_TRUE(created.ok()) << created.status().ToString();
+    if (!created.ok()) return {};
+    Client c{*created, events.get()};
+    events_.push_back(std::move(events));
+    sessions_.push_back(c.session);
+    return c;
+  }
+
+  /// Run `fn` on `strand` and wait for it to return.
+  [[nodiscard]] bool OnStrand(const Executor& strand, std::function<void()> fn) {
+    auto done = std::make_shared<std::promise<void>>();
+    std::future<void> finished = done->get_future();
+    boost::asio::post(strand, [fn = std::move(fn), done] {
+      fn();
+      done->set_value();
+    });
+    return finished.wait_for(kTimeout) == std::future_status::ready;
+  }
+
+  /// Submit on the session's strand (and return once Submit has returned).
+  void Submit(const Client& c, uint64_t id, std::vector<Op> ops,
+              std::shared_ptr<const void> payload = nullptr) {
+    SubmitRequest request = Request(id, std::move(ops), std::move(payload));
+    ASSERT_TRUE(OnStrand(c.session->executor(), [&] { c.session->Submit(std::move(request)); }));
+  }
+
+  /// Submit and wait for its completion; return its status.
+  Status SubmitAndWait(const Client& c, uint64_t id, std::vector<Op> ops,
+                       std::shared_ptr<const void> payload = nullptr) {
+    const size_t before = c.events->completions().size();
+    Submit(c, id, std::move(ops), std::move(payload));
+    EXPECT_TRUE(c.events->WaitForCompletions(before + 1)) << "submit " << id;
+    return c.events->CompletionOf(id);
+  }
+
+  /// Close and wait for OnClosed; return the stats it reported.
+  SessionStatsSnapshot CloseAndWait(const Client& c) {
+    EXPECT_TRUE(OnStrand(c.session->executor(), [&c] { c.session->Close(); }));
+    EXPECT_TRUE(c.events->WaitForClosed());
+    std::vector<Event> events = c.events->events();
+    if (events.empty() || events.back().kind != Event::Kind::kClosed) {
+      ADD_FAILURE() << "OnClosed is not the last event";
+      return {};
+    }
+    return events.back().stats;
+  }
+
+  backend::HostDevice* host() {
+    auto* device = dynamic_cast<backend::HostDevice*>(supervisor_->device());
+    EXPECT_NE(device, nullptr);
+    return device;
+  }
+  uint64_t reserved() const { return registry_->Totals().device_bytes_reserved; }
+
+  // Destroyed in reverse: the sessions, then their recorders (which a session calls), then
+  // the io_context (every strand, held by both, must go before it), registry and device.
+  std::unique_ptr<DeviceSupervisor> supervisor_;
+  std::unique_ptr<SessionRegistry> registry_;
+  boost::asio::io_context io_;
+  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work_ =
+      boost::asio::make_work_guard(io_);
+  std::vector<std::thread> threads_;
+  std::vector<std::unique_ptr<RecordingEvents>> events_;
+  std::vector<std::shared_ptr<Session>> sessions_;
+};
+
+// --- The happy path --------------------------------------------------------------------------
+
+TEST_F(SessionTest, CreateFillDownloadFreeDeliversChunksThenOneCompletion) {
+  Client c = Open();
+  Status s = SubmitAndWait(
+      c, 1,
+      {CreateTensorOp{1, DType::kF64, {4}}, FillOp{1, 2.5}, DownloadOp{1, 8, 24}, FreeTensorOp{1}});
+  EXPECT_TRUE(s.ok()) << s.ToString();
+
+  std::vector<Event> events = c.events->events();
+  ASSERT_GE(events.size(), 2u);
+  EXPECT_EQ(CountOf(events, Event::Kind::kCompleted), 1u);
+  EXPECT_EQ(events.back().kind, Event::Kind::kCompleted);
+  EXPECT_EQ(events.back().id, 1u);
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    EXPECT_EQ(events[i].kind, Event::Kind::kChunk);
+    EXPECT_EQ(events[i].id, 1u);
+    EXPECT_EQ(events[i].op_index, 2u);
+  }
+  // Chunk offsets are relative to the Download's own offset.
+  EXPECT_EQ(Decode<double>(c.events->Downloaded(1, 2)), (std::vector<double>{2.5, 2.5, 2.5}));
+  EXPECT_EQ(reserved(), 0u);  // the submit freed what it created
+}
+
+TEST_F(SessionTest, LargeDownloadArrivesInChunksInOffsetOrder) {
+  Client c = Open();
+  const uint64_t bytes = kMaxChunkBytes + 100;
+  ASSERT_TRUE(SubmitAndWait(c, 1,
+                            {CreateTensorOp{1, DType::kU8, {static_cast<int64_t>(bytes)}},
+                             FillOp{1, 7}, DownloadOp{1, 0, bytes}})
+                  .ok());
+  std::vector<Event> events = c.events->events();
+  ASSERT_EQ(events.size(), 3u);
+  EXPECT_EQ(events[0].offset, 0u);
+  EXPECT_EQ(events[0].data.size(), kMaxChunkBytes);
+  EXPECT_EQ(events[1].offset, kMaxChunkBytes);
+  EXPECT_EQ(events[1].data.size(), 100u);
+  EXPECT_EQ(events[2].kind, Event::Kind::kCompleted);
+  std::string all = c.events->Downloaded(1, 2);
+  ASSERT_EQ(all.size(), bytes);
+  EXPECT_EQ(all, std::string(bytes, '\x07'));
+}
+
+// --- Ordering --------------------------------------------------------------------------------
+
+TEST_F(SessionTest, RefusedSubmitCompletesBetweenTheInFlightOnesAroundIt) {
+  Client c = Open();
+  ASSERT_TRUE(SubmitAndWait(c, 1, {CreateTensorOp{1, DType::kF32, {64}}}).ok());
+  host()->SetOpDelayForTest(milliseconds(2));
+  size_t in_flight = 0;
+  ASSERT_TRUE(OnStrand(c.session->executor(), [&] {
+    c.session->Submit(Request(10, {FillOp{1, 1.0}, FillOp{1, 2.0}, FillOp{1, 3.0}}));
+    c.session->Submit(Request(11, {FillOp{1, 4.0}, FillOp{99, 5.0}}));  // 99 does not exist
+    c.session->Submit(Request(12, {FillOp{1, 6.0}, FillOp{1, 7.0}, FillOp{1, 8.0}}));
+    in_flight = c.session->in_flight();
+  }));
+  // No completion can run inside that handler: the refusal waits behind submit 10.
+  EXPECT_EQ(in_flight, 3u);
+  ASSERT_TRUE(c.events->WaitForCompletions(4));
+
+  std::vector<Event> done = c.events->completions();
+  ASSERT_EQ(done.size(), 4u);
+  EXPECT_EQ(done[0].id, 1u);
+  EXPECT_EQ(done[1].id, 10u);
+  EXPECT_EQ(done[2].id, 11u);
+  EXPECT_EQ(done[3].id, 12u);
+  EXPECT_TRUE(done[1].status.ok()) << done[1].status.ToString();
+  EXPECT_EQ(done[2].status.kind(), ErrorKind::kInvalidHandle) << done[2].status.ToString();
+  EXPECT_EQ(done[2].status.op_index(), 1);
+  EXPECT_TRUE(done[3].status.ok()) << done[3].status.ToString();
+}
+
+TEST_F(SessionTest, SynchronizeWithNothingInFlightAnswersAtOnce) {
+  Client c = Open();
+  ASSERT_TRUE(OnStrand(c.session->executor(), [&] { c.session->Synchronize(5); }));
+  std::vector<Event> events = c.events->events();  // raised inside Synchronize itself
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].kind, Event::Kind::kSynchronized);
+  EXPECT_EQ(events[0].id, 5u);
+}
+
+TEST_F(SessionTest, SynchronizeComesAfterEveryEarlierCompletion) {
+  Client c = Open();
+  host()->SetOpDelayForTest(milliseconds(2));
+  ASSERT_TRUE(OnStrand(c.session->executor(), [&] {
+    c.session->Submit(
+        Request(1, {CreateTensorOp{1, DType::kF32, {8}}, FillOp{1, 1.0}, FillOp{1, 2.0}}));
+    c.session->Submit(Request(2, {FillOp{77, 1.0}}));  // refused, queued behind submit 1
+    c.session->Synchronize(7);
+    c.session->Submit(Request(3, {FillOp{1, 3.0}, FillOp{1, 4.0}}));
+    c.session->Synchronize(8);
+  }));
+  ASSERT_TRUE(c.events->WaitUntil(
+      [](const auto& ev) { return CountOf(ev, Event::Kind::kSynchronized) == 2; }));
+
+  std::vector<Event> events = c.events->events();
+  auto position = [&events](Event::Kind kind, uint64_t id) {
+    for (size_t i = 0; i < events.size(); ++i) {
+      if (events[i].kind == kind && events[i].id == id) return static_cast<int>(i);
+    }
+    return -1;
+  };
+  const int sync7 = position(Event::Kind::kSynchronized, 7);
+  const int sync8 = position(Event::Kind::kSynchronized, 8);
+  const int done1 = position(Event::Kind::kCompleted, 1);
+  const int done2 = position(Event::Kind::kCompleted, 2);
+  const int done3 = position(Event::Kind::kCompleted, 3);
+  ASSERT_GE(done1, 0);
+  ASSERT_GE(done2, 0);
+  ASSERT_GE(done3, 0);
+  EXPECT_GT(sync7, done1);
+  EXPECT_GT(sync7, done2);
+  EXPECT_GT(sync8, done3);
+  EXPECT_GT(sync8, sync7);
+}
+
+TEST_F(SessionTest, BackpressureFollowsTheInFlightLimit) {
+  SessionConfig config;
+  config.max_in_flight_submits = 2;
+  Client c = Open(config);
+  host()->SetOpDelayForTest(milliseconds(2));
+  bool before = false, after_one = false, after_two = false;
+  ASSERT_TRUE(OnStrand(c.session->executor(), [&] {
+    before = c.session->CanAcceptSubmit();
+    c.session->Submit(Request(1, {CreateTensorOp{1, DType::kF32, {8}}, FillOp{1, 1.0}}));
+    after_one = c.session->CanAcceptSubmit();
+    c.session->Submit(Request(2, {FillOp{1, 2.0}, FillOp{1, 3.0}}));
+    after_two = c.session->CanAcceptSubmit();
+  }));
+  EXPECT_TRUE(before);
+  EXPECT_TRUE(after_one);
+  EXPECT_FALSE(after_two);
+
+  ASSERT_TRUE(c.events->WaitForCompletions(1));
+  bool after_completion = false;
+  ASSERT_TRUE(
+      OnStrand(c.session->executor(), [&] { after_completion = c.session->CanAcceptSubmit(); }));
+  EXPECT_TRUE(after_completion);
+  ASSERT_TRUE(c.events->WaitForCompletions(2));
+}
+
+// --- Device errors ---------------------------------------------------------------------------
+
+// A device fault loses the context for every session (DeviceSupervisor): the session whose
+// work faulted gets DEVICE_FAULT for that submit and every later one; every other session
+// gets DEVICE_RESET from then on; sessions opened after the rebuild work.
+TEST_F(SessionTest, DeviceFaultFailsTheFaultingSessionForGood) {
+  Client a = Open();
+  Client b = Open();
+  ASSERT_TRUE(SubmitAndWait(a, 1, {CreateTensorOp{1, DType::kF32, {16}}}).ok());
+  ASSERT_TRUE(SubmitAndWait(b, 1, {CreateTensorOp{1, DType::kF32, {16}}, FillOp{1, 2.0}}).ok());
+
+  host()->InjectFaultForTest(0, Status(ErrorKind::kDeviceFault, "injected fault"));
+  Status faulted = SubmitAndWait(a, 2, {FillOp{1, 1.0}, FillOp{1, 2.0}});
+  EXPECT_EQ(faulted.kind(), ErrorKind::kDeviceFault) << faulted.ToString();
+  EXPECT_EQ(faulted.op_index(), -1);
+
+  Status later = SubmitAndWait(a, 3, {FillOp{1, 1.0}});
+  EXPECT_EQ(later.kind(), ErrorKind::kDeviceFault) << later.ToString();
+  later = SubmitAndWait(a, 4, {CreateTensorOp{2, DType::kF32, {4}}});
+  EXPECT_EQ(later.kind(), ErrorKind::kDeviceFault) << later.ToString();
+
+  // Once both sessions dropped their streams the device is rebuilt; their tensors are gone.
+  ASSERT_TRUE(WaitUntil([this] { return supervisor_->resets() == 1; }));
+  EXPECT_EQ(reserved(), 0u);
+  Status other = SubmitAndWait(b, 2, {FillOp{1, 3.0}});
+  EXPECT_EQ(other.kind(), ErrorKind::kDeviceReset) << other.ToString();
+
+  Client fresh = Open();
+  ASSERT_TRUE(SubmitAndWait(fresh, 1,
+                            {CreateTensorOp{1, DType::kF32, {4}}, FillOp{1, 1.5},
+                             DownloadOp{1, 0, 16}, FreeTensorOp{1}})
+                  .ok());
+  EXPECT_EQ(Decode<float>(fresh.events->Downloaded(1, 2)), std::vector<float>(4, 1.5f));
+
+  for (const Client* c : {&a, &b, &fresh}) {
+    SessionStatsSnapshot stats = CloseAndWait(*c);
+    (void)stats;
+  }
+  EXPECT_EQ(supervisor_->bytes_in_use(), 0u);
+  EXPECT_EQ(reserved(), 0u);
+}
+
+// A run-time error that is not a device fault stays on the stream that hit it (per-stream
+// sticky): that session's later submits fail with it, other sessions are untouched.
+TEST_F(SessionTest, StickyStreamErrorFailsOnlyItsOwnSession) {
+  Client a = Open();
+  Client b = Open();
+  ASSERT_TRUE(SubmitAndWait(a, 1, {CreateTensorOp{1, DType::kF32, {16}}}).ok());
+  ASSERT_TRUE(SubmitAndWait(b, 1, {CreateTensorOp{1, DType::kF32, {16}}}).ok());
+
+  host()->InjectFaultForTest(0, Status(ErrorKind::kInternal, "injected stream error"));
+  Status failed = SubmitAndWait(a, 2, {FillOp{1, 1.0}});
+  EXPECT_EQ(failed.kind(), ErrorKind::kInternal) << failed.ToString();
+  EXPECT_EQ(failed.op_index(), -1);
+  Status later = SubmitAndWait(a, 3, {FillOp{1, 2.0}});
+  EXPECT_EQ(later.kind(), ErrorKind::kInternal) << later.ToString();
+
+  ASSERT_TRUE(SubmitAndWait(b, 2, {FillOp{1, 4.0}, DownloadOp{1, 0, 64}}).ok());
+  EXPECT_EQ(Decode<float>(b.events->Downloaded(2, 1)), std::vector<float>(16, 4.0f));
+  EXPECT_EQ(supervisor_->resets(), 0u);
+}
+
+TEST_F(SessionTest, FailedAllocationRefusesTheSubmitWhole) {
+  Client c = Open();
+  ASSERT_TRUE(SubmitAndWait(c, 1, {CreateTensorOp{1, DType::kF32, {16}}, FillOp{1, 3.0}}).ok());
+  ASSERT_EQ(reserved(), 64u);
+  ASSERT_EQ(supervisor_->bytes_in_use(), 64u);
+
+  host()->FailNextAllocationForTest();
+  Status refused =
+      SubmitAndWait(c, 2, {CreateTensorOp{2, DType::kF32, {32}}, FillOp{2, 1.0}, FillOp{1, 5.0}});
+  EXPECT_EQ(refused.kind(), ErrorKind::kOutOfDeviceMemory) << refused.ToString();
+  EXPECT_EQ(refused.op_index(), 0);
+  EXPECT_EQ(reserved(), 64u);
+  EXPECT_EQ(supervisor_->bytes_in_use(), 64u);
+
+  // Tensor 2 never entered the table, and nothing of the submit ran.
+  EXPECT_EQ(SubmitAndWait(c, 3, {DownloadOp{2, 0, 4}}).kind(), ErrorKind::kInvalidHandle);
+  ASSERT_TRUE(SubmitAndWait(c, 4, {DownloadOp{1, 0, 64}}).ok());
+  EXPECT_EQ(Decode<float>(c.events->Downloaded(4, 0)), std::vector<float>(16, 3.0f));
+
+  // A later submit works, and may use the handle.
+  ASSERT_TRUE(
+      SubmitAndWait(c, 5,
+                    {CreateTensorOp{2, DType::kF32, {32}}, FillOp{2, 1.5}, DownloadOp{2, 0, 128}})
+          .ok());
+  EXPECT_EQ(Decode<float>(c.events->Downloaded(5, 2)), std::vector<float>(32, 1.5f));
+  EXPECT_EQ(reserved(), 64u + 128u);
+
+  SessionStatsSnapshot stats = CloseAndWait(c);
+  EXPECT_EQ(stats.submits, 5u);
+  EXPECT_EQ(stats.failed_submits, 2u);
+  EXPECT_EQ(reserved(), 0u);
+  EXPECT_EQ(supervisor_->bytes_in_use(), 0u);
+}
+
+// Regression: Session::Enqueue reserves the bytes of every create of a submit up front, but
+// on a failed allocation (or module load) it used to give back only the creates it had
+// reached, so the daemon-wide reservation of the later creates leaked for good.
+TEST_F(SessionTest, RefusedEnqueueReleasesTheReservationOfEveryCreate) {
+  Client c = Open();
+  ASSERT_TRUE(SubmitAndWait(c, 1, {CreateTensorOp{1, DType::kF32, {16}}}).ok());
+  ASSERT_EQ(reserved(), 64u);
+
+  host()->FailNextAllocationForTest();
+  Status refused = SubmitAndWait(
+      c, 2, {CreateTensorOp{2, DType::kF32, {32}}, CreateTensorOp{3, DType::kF32, {8}}});
+  EXPECT_EQ(refused.kind(), ErrorKind::kOutOfDeviceMemory) << refused.ToString();
+  EXPECT_EQ(refused.op_index(), 0);
+  EXPECT_EQ(reserved(), 64u) << "the 32 bytes of tensor 3 stay reserved";
+
+  // The host backend loads no modules: the same refusal path, before any allocation.
+  static constexpr char kImage[] = "not a module";
+  Status unsupported = SubmitAndWait(
+      c, 3,
+      {LoadModuleOp{1, backend::ModuleFormat::kPtx, kImage}, CreateTensorOp{4, DType::kF32, {8}}});
+  EXPECT_EQ(unsupported.kind(), ErrorKind::kUnsupported) << unsupported.ToString();
+  EXPECT_EQ(unsupported.op_index(), 0);
+  EXPECT_EQ(reserved(), 64u) << "the 32 bytes of tensor 4 stay reserved";
+
+  CloseAndWait(c);
+  EXPECT_EQ(supervisor_->bytes_in_use(), 0u);
+  EXPECT_EQ(reserved(), 0u) << "reservations leaked past the session";
+}
+
+TEST_F(SessionTest, DaemonWideCapRefusesWithQuotaExceeded) {
+  registry_ = std::make_unique<SessionRegistry>(1024, 16);
+  SessionConfig config;
+  config.device_bytes_quota = 1 << 20;  // the session's own quota would allow it
+  Client a = Open(config);
+  Client b = Open(config);
+
+  Status over = SubmitAndWait(a, 1, {CreateTensorOp{1, DType::kU8, {2048}}});
+  EXPECT_EQ(over.kind(), ErrorKind::kQuotaExceeded) << over.ToString();
+  EXPECT_EQ(reserved(), 0u);
+  EXPECT_EQ(supervisor_->bytes_in_use(), 0u);
+
+  ASSERT_TRUE(SubmitAndWait(a, 2, {CreateTensorOp{1, DType::kU8, {1024}}}).ok());
+  EXPECT_EQ(reserved(), 1024u);
+  // The cap is shared by every session.
+  over = SubmitAndWait(b, 1, {CreateTensorOp{1, DType::kU8, {1}}});
+  EXPECT_EQ(over.kind(), ErrorKind::kQuotaExceeded) << over.ToString();
+
+  ASSERT_TRUE(SubmitAndWait(a, 3, {FreeTensorOp{1}}).ok());
+  EXPECT_EQ(reserved(), 0u);
+  EXPECT_TRUE(SubmitAndWait(b, 2, {CreateTensorOp{1, DType::kU8, {1}}}).ok());
+}
+
+// --- Close and Abort -------------------------------------------------------------------------
+
+TEST_F(SessionTest, CloseWithWorkInFlightReportsStatsAndReleasesEverything) {
+  Client c = Open();
+  std::vector<float> ramp(256);
+  for (size_t i = 0; i < ramp.size(); ++i) ramp[i] = static_cast<float>(i);
+  std::shared_ptr<const std::string> upload = Encode(ramp);
+  host()->SetOpDelayForTest(milliseconds(1));
+  size_t in_flight = 0;
+  ASSERT_TRUE(OnStrand(c.session->executor(), [&] {
+    // 4 ops, 1 launch, 1024 bytes up and down; 1 tensor of 1024 bytes.
+    c.session->Submit(Request(1,
+                              {CreateTensorOp{1, DType::kF32, {256}}, UploadOp{1, 0, *upload},
+                               ScaleOp{1, 2.0, 1}, DownloadOp{1, 0, 1024}},
+                              upload));
+    // 7 ops, 3 launches, 4 bytes down; 2 tensors, peak 1024 + 1024 + 4 bytes.
+    c.session->Submit(Request(
+        2, {CreateTensorOp{2, DType::kF32, {256}}, CopyOp{1, 2},
+            BinaryOpArgs{backend::BinaryOp::kAdd, 1, 2, 2}, CreateTensorOp{3, DType::kF32, {}},
+            ReduceSumOp{2, 3}, DownloadOp{3, 0, 4}, FreeTensorOp{2}}));
+    c.session->Submit(Request(3, {FillOp{99, 1.0}}));  // refused: no tensor 99
+    c.session->Close();
+    c.session->Submit(Request(4, {FillOp{1, 1.0}}));  // refused: the session is closing
+    in_flight = c.session->in_flight();
+  }));
+  EXPECT_EQ(in_flight, 4u);
+  ASSERT_TRUE(c.events->WaitForClosed());
+
+  std::vector<Event> events = c.events->events();
+  ASSERT_EQ(events.back().kind, Event::Kind::kClosed);
+  EXPECT_EQ(CountOf(events, Event::Kind::kClosed), 1u);
+  std::vector<Event> done = c.events->completions();
+  ASSERT_EQ(done.size(), 4u);
+  for (uint64_t i = 0; i < 4; ++i) EXPECT_EQ(done[i].id, i + 1);
+  EXPECT_TRUE(done[0].status.ok()) << done[0].status.ToString();
+  EXPECT_TRUE(done[1].status.ok()) << done[1].status.ToString();
+  EXPECT_EQ(done[2].status.kind(), ErrorKind::kInvalidHandle);
+  EXPECT_EQ(done[3].status.kind(), ErrorKind::kSessionClosed);
+
+  std::vector<float> doubled(256);
+  for (size_t i = 0; i < doubled.size(); ++i) doubled[i] = 2.0f * static_cast<float>(i);
+  EXPECT_EQ(Decode<float>(c.events->Downloaded(1, 3)), doubled);
+  EXPECT_EQ(Decode<float>(c.events->Downloaded(2, 5)), std::vector<float>{4.0f * 32640.0f});
+
+  const SessionStatsSnapshot& stats = events.back().stats;
+  EXPECT_EQ(stats.submits, 4u);
+  EXPECT_EQ(stats.failed_submits, 2u);
+  EXPECT_EQ(stats.ops, 11u);
+  EXPECT_EQ(stats.kernel_launches, 4u);
+  EXPECT_EQ(stats.bytes_uploaded, 1024u);
+  EXPECT_EQ(stats.bytes_downloaded, 1028u);
+  EXPECT_EQ(stats.tensors_created, 3u);
+  EXPECT_EQ(stats.peak_device_bytes, 2052u);
+
+  EXPECT_EQ(supervisor_->bytes_in_use(), 0u);
+  DaemonTotals totals = registry_->Totals();
+  EXPECT_EQ(totals.sessions_open, 0u);
+  EXPECT_EQ(totals.device_bytes_reserved, 0u);
+  EXPECT_EQ(totals.submits, 4u);  // folded into the daemon totals
+  EXPECT_TRUE(registry_->List().empty());
+}
+
+TEST_F(SessionTest, AbortWithWorkInFlightRaisesNothingButReleasesEverything) {
+  Client c = Open();
+  ASSERT_TRUE(SubmitAndWait(c, 1, {CreateTensorOp{1, DType::kF32, {16}}}).ok());
+  host()->SetOpDelayForTest(milliseconds(2));
+  uint64_t in_use = 0;
+  size_t in_flight = 0;
+  ASSERT_TRUE(OnStrand(c.session->executor(), [&] {
+    c.session->Submit(Request(2, {CreateTensorOp{2, DType::kF32, {1024}}, FillOp{2, 1.0},
+                                  FillOp{2, 2.0}, DownloadOp{2, 0, 4096}}));
+    c.session->Submit(Request(3, {FillOp{1, 3.0}, DownloadOp{1, 0, 64}}));
+    c.session->Abort();
+    in_flight = c.session->in_flight();
+    in_use = supervisor_->bytes_in_use();
+  }));
+  EXPECT_EQ(in_flight, 2u);
+  EXPECT_EQ(in_use, 64u + 4096u);
+
+  ASSERT_TRUE(WaitUntil([this] { return registry_->Totals().sessions_open == 0; }));
+  EXPECT_EQ(supervisor_->bytes_in_use(), 0u);
+  EXPECT_EQ(reserved(), 0u);
+  EXPECT_TRUE(registry_->List().empty());
+  bool closing = false;
+  ASSERT_TRUE(OnStrand(c.session->executor(), [&] {
+    in_flight = c.session->in_flight();
+    closing = c.session->closing();
+  }));
+  EXPECT_EQ(in_flight, 0u);
+  EXPECT_TRUE(closing);
+  // Only the completion of submit 1, from before the Abort.
+  std::vector<Event> events = c.events->events();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].kind, Event::Kind::kCompleted);
+  EXPECT_EQ(events[0].id, 1u);
+}
+
+// Regression: a session in teardown (Close with nothing in flight: frees enqueued, the final
+// completion awaited) that was told the device is lost before that completion reached it
+// dropped the completion as stale (the epoch moved on) and never called Finalize, so
+// OnClosed never came and the registry kept the session.
+TEST_F(SessionTest, DeviceLossDuringTeardownStillRaisesOnClosed) {
+  Client a = Open();
+  ASSERT_TRUE(SubmitAndWait(a, 1, {CreateTensorOp{1, DType::kF32, {16}}}).ok());
+
+  // A stream of the same device, outside any session: it holds the device's completion
+  // thread (so the teardown's completion waits) and keeps the device from being rebuilt.
+  constexpr uint64_t kOtherSession = 1000;
+  auto lease = supervisor_->Join(kOtherSession, std::weak_ptr<DeviceLostListener>());
+  ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+  std::mutex mu;
+  std::condition_variable cv;
+  bool holding = false, release = false;
+  lease->stream->OnComplete([&](Status) {
+    std::unique_lock lock(mu);
+    holding = true;
+    cv.notify_all();
+    cv.wait(lock, [&] { return release; });
+  });
+  {
+    std::unique_lock lock(mu);
+    EXPECT_TRUE(cv.wait_for(lock, kTimeout, [&] { return holding; }));
+  }
+
+  // The teardown's completion is now queued behind the held one.
+  EXPECT_TRUE(OnStrand(a.session->executor(), [&] { a.session->Close(); }));
+  // Another session reports a fault: the device-lost notice is posted to a's strand before
+  // its final completion can be.
+  supervisor_->ReportFault(lease->generation, kOtherSession,
+                           Status(ErrorKind::kDeviceFault, "injected fault elsewhere"));
+  {
+    std::lock_guard lock(mu);
+    release = true;
+  }
+  cv.notify_all();
+
+  // Everything is already done once the completion thread runs again: a short wait.
+  EXPECT_TRUE(a.events->WaitForClosed(milliseconds(2000))) << "OnClosed never came";
+  EXPECT_EQ(registry_->Totals().sessions_open, 0u);
+  EXPECT_EQ(reserved(), 0u);
+
+  lease->stream.reset();
+  supervisor_->ReleaseStream(lease->generation);
+  supervisor_->Leave(kOtherSession);
+}
+
+// --- Op semantics through the session --------------------------------------------------------
+
+TEST_F(SessionTest, GemmWithZeroInnerDimensionGivesBetaTimesC) {
+  Client c = Open();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  Status s = SubmitAndWait(
+      c, 1,
+      {CreateTensorOp{1, DType::kF32, {2, 0}},  // A: 2 x 0
+       CreateTensorOp{2, DType::kF32, {0, 3}},  // B: 0 x 3
+       CreateTensorOp{3, DType::kF32, {2, 3}},  // C
+       FillOp{3, 4.0}, GemmOp{1, 2, 3, false, false, 1.0, 0.5}, DownloadOp{3, 0, 24},
+       // beta == 0: C is overwritten, not read (NaN does not survive).
+       CreateTensorOp{4, DType::kF32, {2, 3}}, FillOp{4, nan},
+       GemmOp{1, 2, 4, false, false, 1.0, 0.0}, DownloadOp{4, 0, 24},
+       // Transposed A stored k x m = 0 x 2.
+       CreateTensorOp{5, DType::kF32, {0, 2}}, CreateTensorOp{6, DType::kF32, {2, 3}},
+       FillOp{6, -2.0}, GemmOp{5, 2, 6, true, false, 3.0, 1.5}, DownloadOp{6, 0, 24}});
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(Decode<float>(c.events->Downloaded(1, 5)), std::vector<float>(6, 2.0f));
+  EXPECT_EQ(Decode<float>(c.events->Downloaded(1, 9)), std::vector<float>(6, 0.0f));
+  EXPECT_EQ(Decode<float>(c.events->Downloaded(1, 14)), std::vector<float>(6, -3.0f));
+}
+
+TEST_F(SessionTest, ReduceSumOfEmptyTensorIsZero) {
+  Client c = Open();
+  Status s =
+      SubmitAndWait(c, 1,
+                    {CreateTensorOp{1, DType::kF64, {0}}, CreateTensorOp{2, DType::kF64, {}},
+                     FillOp{2, 7.0}, ReduceSumOp{1, 2}, DownloadOp{2, 0, 8},
+                     CreateTensorOp{3, DType::kF32, {4, 0}}, CreateTensorOp{4, DType::kF32, {1}},
+                     FillOp{4, -1.0}, ReduceSumOp{3, 4}, DownloadOp{4, 0, 4}});
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(Decode<double>(c.events->Downloaded(1, 4)), std::vector<double>{0.0});
+  EXPECT_EQ(Decode<float>(c.events->Downloaded(1, 9)), std::vector<float>{0.0f});
+}
+
+}  // namespace
+}  // namespace ferry::session
