@@ -150,6 +150,13 @@ class Settings {
            FERRY_ASSIGN_OR_RETURN(c_.host_fault_after_ops_for_test, ParseUnsigned(v));
            return Status::Ok();
          }},
+        // Hidden: the host device cannot be rebuilt after a fault, so ferryd takes the
+        // restart path a CUDA context needs (tests of that path). Takes true/false.
+        {"host-rebuild-fails-for-test",
+         [this](const std::string& v) -> Status {
+           FERRY_ASSIGN_OR_RETURN(c_.host_rebuild_fails_for_test, ParseBool(v));
+           return Status::Ok();
+         }},
         {"ready-file",
          [this](const std::string& v) -> Status {
            c_.ready_file = v;

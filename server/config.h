@@ -33,6 +33,7 @@ struct DaemonConfig {
   std::string config_path;
   /// --check-config: validate, print the effective configuration, exit.
   bool check_config = false;
+  bool host_rebuild_fails_for_test = false;   // hidden flag, for the restart-after-fault path
   uint64_t host_fault_after_ops_for_test = 0;  // hidden flag, for fault-recovery tests
   bool show_help = false;
   bool show_version = false;

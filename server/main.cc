@@ -4,7 +4,13 @@
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <algorithm>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
 #include <csignal>
+#include <cstdlib>
+#include <cstring>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -58,7 +64,8 @@ int main(int argc, char** argv) {
   if (!config.config_path.empty()) spdlog::info("configuration read from {}", config.config_path);
 
   auto factory = ferry::backend::MakeDeviceFactory(config.backend, config.device, config.host,
-                                                   config.host_fault_after_ops_for_test);
+                                                   config.host_fault_after_ops_for_test,
+                                                   config.host_rebuild_fails_for_test);
   if (!factory.ok()) {
     spdlog::critical("cannot open device {}: {}", config.device, factory.status().ToString());
     return 1;
@@ -68,6 +75,23 @@ int main(int argc, char** argv) {
     spdlog::critical("cannot open device {}: {}", config.device, device.status().ToString());
     return 1;
   }
+  // After a device fault that cannot be repaired in this process (CUDA refuses a new context
+  // in a process whose context took a sticky fault), ferryd drains and re-executes itself
+  // on the same flags; the fault history travels in the environment.
+  boost::asio::io_context signals_io;
+  std::atomic<bool> restart{false};
+  if (const char* resets = std::getenv("FERRY_DEVICE_RESETS")) {
+    const char* fault = std::getenv("FERRY_LAST_FAULT");
+    (*device)->SetHistory(std::strtoull(resets, nullptr, 10), fault ? fault : "");
+    unsetenv("FERRY_DEVICE_RESETS");
+    unsetenv("FERRY_LAST_FAULT");
+  }
+  (*device)->SetUnrecoverableHandler([&](const ferry::Status& why) {
+    spdlog::critical("the device cannot be rebuilt in this process ({}); restarting ferryd",
+                     why.ToString());
+    restart = true;
+    signals_io.stop();
+  });
   const auto info = (*device)->info();
   spdlog::info("ferryd {} ({}): device {} '{}' on the {} backend ({})", ferry::kVersion,
                ferry::kGitCommit, info.ordinal, info.name, info.backend, factory->why);
@@ -99,7 +123,6 @@ int main(int argc, char** argv) {
   auto watchdog = sd::WatchdogInterval();
   if (watchdog) spdlog::info("systemd watchdog: a ping every {} ms", watchdog->count() / 2000);
   std::chrono::microseconds tick = watchdog ? *watchdog / 2 : std::chrono::seconds(30);
-  boost::asio::io_context signals_io;
   boost::asio::steady_timer ticker(signals_io);
   std::function<void()> arm_ticker = [&] {
     ticker.expires_after(tick);
@@ -128,6 +151,23 @@ int main(int argc, char** argv) {
   signals.clear();
   std::signal(SIGINT, SIG_IGN);
   std::signal(SIGTERM, SIG_IGN);
+  if (restart) {
+    notify("STATUS=restarting after a device fault");
+    uint64_t resets = (*daemon)->device().resets() + 1;
+    std::string fault = (*daemon)->device().last_fault();
+    // The sessions already hold their DEVICE_FAULT / DEVICE_RESET completions.
+    (*daemon)->Shutdown(std::chrono::milliseconds(200));
+    daemon->reset();
+    setenv("FERRY_DEVICE_RESETS", std::to_string(resets).c_str(), 1);
+    setenv("FERRY_LAST_FAULT", fault.c_str(), 1);
+    std::signal(SIGINT, SIG_DFL);
+    std::signal(SIGTERM, SIG_DFL);
+    spdlog::warn("re-executing ferryd (device resets so far: {})", resets);
+    spdlog::default_logger()->flush();
+    execv("/proc/self/exe", argv);
+    spdlog::critical("re-exec failed: {}", std::strerror(errno));
+    return 1;
+  }
   notify("STOPPING=1\nSTATUS=draining: finishing in-flight work (up to " +
          std::to_string(config.drain_timeout.count()) + " ms)");
   (*daemon)->Shutdown(config.drain_timeout);

@@ -40,7 +40,8 @@ Result<std::unique_ptr<Device>> CreateDevice(std::string_view kind, int ordinal,
 
 Result<DeviceFactory> MakeDeviceFactory(std::string_view kind, int ordinal,
                                         const HostDeviceOptions& host_options,
-                                        uint64_t host_fault_after_ops_for_test) {
+                                        uint64_t host_fault_after_ops_for_test,
+                                        bool host_rebuild_fails_for_test) {
   if (ordinal < 0) return Status(ErrorKind::kInvalidArgument, "device ordinal must be >= 0");
   DeviceFactory f;
   bool cuda = false;
@@ -68,7 +69,12 @@ Result<DeviceFactory> MakeDeviceFactory(std::string_view kind, int ordinal,
   HostDeviceOptions options = host_options;
   options.ordinal = ordinal;
   auto armed = std::make_shared<std::atomic<uint64_t>>(host_fault_after_ops_for_test);
-  f.create = [options, armed]() -> Result<std::unique_ptr<Device>> {
+  auto created = std::make_shared<std::atomic<int>>(0);
+  f.create = [options, armed, created,
+              host_rebuild_fails_for_test]() -> Result<std::unique_ptr<Device>> {
+    if (created->fetch_add(1) > 0 && host_rebuild_fails_for_test) {
+      return Status(ErrorKind::kUnavailable, "host device rebuild refused (test)");
+    }
     FERRY_ASSIGN_OR_RETURN(std::unique_ptr<HostDevice> device, HostDevice::Create(options));
     if (uint64_t after = armed->exchange(0)) {
       device->InjectFaultForTest(

@@ -92,9 +92,13 @@ void DeviceSupervisor::RebuildLocked(std::unique_lock<std::mutex>&) {
     auto fresh = factory_();
     std::unique_lock lock(mu_);
     if (!fresh.ok()) {
-      spdlog::critical("cannot rebuild the device: {}", fresh.status().ToString());
+      spdlog::critical("cannot rebuild the device in this process: {}",
+                       fresh.status().ToString());
       cv_.notify_all();
-      return;  // stays lost: new sessions get UNAVAILABLE
+      auto handler = unrecoverable_;
+      lock.unlock();
+      if (handler) handler(fresh.status());
+      return;  // stays lost: new sessions get UNAVAILABLE until the owner restarts us
     }
     device_ = std::move(*fresh);
     ++generation_;

@@ -74,6 +74,20 @@ class DeviceSupervisor {
   /// one, e.g. to register host memory with it again. Set before serving.
   void SetRebuiltHook(std::function<void()> fn) { rebuilt_hook_ = std::move(fn); }
 
+  /// Call `fn` (from the rebuild thread) when the device cannot be rebuilt in this process
+  /// after a fault (seen on CUDA: after a sticky fault the driver refuses a new context in
+  /// the same process). The owner then restarts the process (main.cc re-executes ferryd).
+  void SetUnrecoverableHandler(std::function<void(const Status&)> fn) {
+    std::lock_guard lock(mu_);
+    unrecoverable_ = std::move(fn);
+  }
+  /// Carry the fault history over a process restart.
+  void SetHistory(uint64_t resets, std::string last_fault) {
+    std::lock_guard lock(mu_);
+    resets_ = resets;
+    last_fault_ = std::move(last_fault);
+  }
+
   /// Count raw kernel launches in flight, device-wide (to tell the faulting session).
   void RawLaunchesEnqueued(int64_t n) { raw_in_flight_ += n; }
 
@@ -104,6 +118,7 @@ class DeviceSupervisor {
   std::string last_fault_;                            // guarded by mu_
   std::map<uint64_t, std::weak_ptr<DeviceLostListener>> listeners_;  // guarded by mu_
   std::thread rebuilder_;                             // guarded by mu_
+  std::function<void(const Status&)> unrecoverable_;  // guarded by mu_
   std::atomic<int64_t> raw_in_flight_{0};
   std::atomic<uint64_t> resets_{0};
   std::atomic<uint64_t> last_recovery_ms_{0};
