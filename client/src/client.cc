@@ -1,7 +1,12 @@
 // libferry's implementation: the session stream, its reader thread, and the recording of
 // ops into ferry.v1 messages.
 #include <grpcpp/grpcpp.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <condition_variable>
 #include <cstring>
 #include <map>
@@ -64,7 +69,106 @@ SessionStats FromProto(const v1::SessionStats& s) {
   return out;
 }
 
+constexpr uint64_t kBufferAlign = 256;
+constexpr uint64_t kStagingBytes = 16ull << 20;  // blocking transfers: two halves
+
+uint64_t AlignUp(uint64_t v) { return (v + kBufferAlign - 1) / kBufferAlign * kBufferAlign; }
+
 }  // namespace
+
+// One slab mapped into this process; unmapped when the last buffer carved from it and the
+// session's arena are gone.
+struct SlabMapping {
+  uint64_t id = 0;
+  char* base = nullptr;
+  uint64_t size = 0;
+  ~SlabMapping() {
+    if (base) ::munmap(base, size);
+  }
+};
+
+// First-fit sub-allocator over the session's mapped slabs. Thread-safe (a buffer may be
+// dropped on any thread).
+class SlabArena {
+ public:
+  void Add(std::shared_ptr<SlabMapping> m) {
+    std::lock_guard lock(mu_);
+    Entry e;
+    e.free[0] = m->size;
+    e.map = std::move(m);
+    slabs_.push_back(std::move(e));
+  }
+  // Carve `bytes` (aligned) out of some slab; false when none has room.
+  bool Allocate(uint64_t bytes, std::shared_ptr<SlabMapping>* map, uint64_t* offset) {
+    std::lock_guard lock(mu_);
+    for (Entry& e : slabs_) {
+      for (auto it = e.free.begin(); it != e.free.end(); ++it) {
+        if (it->second < bytes) continue;
+        *offset = it->first;
+        *map = e.map;
+        uint64_t rest = it->second - bytes, at = it->first + bytes;
+        e.free.erase(it);
+        if (rest) e.free[at] = rest;
+        return true;
+      }
+    }
+    return false;
+  }
+  void Free(uint64_t slab, uint64_t offset, uint64_t bytes) {
+    std::lock_guard lock(mu_);
+    for (Entry& e : slabs_) {
+      if (e.map->id != slab) continue;
+      auto next = e.free.lower_bound(offset);
+      if (next != e.free.end() && next->first == offset + bytes) {  // merge with the next
+        bytes += next->second;
+        next = e.free.erase(next);
+      }
+      if (next != e.free.begin()) {  // merge with the previous
+        auto prev = std::prev(next);
+        if (prev->first + prev->second == offset) {
+          prev->second += bytes;
+          return;
+        }
+      }
+      e.free[offset] = bytes;
+      return;
+    }
+  }
+
+ private:
+  struct Entry {
+    std::shared_ptr<SlabMapping> map;
+    std::map<uint64_t, uint64_t> free;  // offset -> bytes
+  };
+  std::mutex mu_;
+  std::vector<Entry> slabs_;
+};
+
+// The memory of one PinnedBuffer: a range of a slab, or heap memory.
+struct BufferBlock {
+  char* data = nullptr;
+  uint64_t size = 0;
+  std::shared_ptr<SlabMapping> slab;  // null: heap
+  uint64_t slab_offset = 0;
+  uint64_t reserved = 0;              // bytes taken from the slab
+  std::weak_ptr<SlabArena> arena;
+  std::unique_ptr<char[]> heap;
+  ~BufferBlock() {
+    if (!slab) return;
+    if (auto a = arena.lock()) a->Free(slab->id, slab_offset, reserved);
+  }
+};
+
+// A pending transfer: its submits [first_id, last_id] (0: refused before sending), and the
+// values it holds until the outcome is known.
+struct PendingState {
+  uint64_t first_id = 0, last_id = 0;
+  Status refused;
+  Tensor tensor;
+  PinnedBuffer buffer;
+  std::weak_ptr<SessionState> session;
+  bool waited = false;
+};
 
 class ClientState {
  public:
@@ -80,7 +184,11 @@ class SessionState {
  public:
   using Stream = grpc::ClientReaderWriter<v1::ClientMessage, v1::ServerMessage>;
 
-  ~SessionState() { Shutdown(); }
+  ~SessionState() {
+    Shutdown();
+    detached_.clear();
+    staging_ = PinnedBuffer();
+  }
 
   Status Open(std::shared_ptr<ClientState> client, const SessionOptions& options) {
     client_ = std::move(client);
@@ -116,9 +224,12 @@ class SessionState {
   size_t recorded() const { return pending_.ops_size(); }
   bool closed() const { return closed_; }
 
-  /// Send the recorded ops as one Submit; `downloads` are where Download op bytes go.
+  /// Send the recorded ops as one Submit; `downloads` are where Download op bytes go;
+  /// `track`: keep its outcome for a pending transfer.
   Result<uint64_t> Submit(std::vector<std::pair<uint32_t, std::pair<void*, uint64_t>>> downloads =
-                              {}) {
+                              {},
+                          bool track = false) {
+    ReapDetached();
     if (closed_) return Status(ErrorKind::kSessionClosed, "the session is closed");
     if (pending_.ops_size() == 0) return uint64_t{0};
     uint64_t id = next_submit_id_++;
@@ -128,7 +239,11 @@ class SessionState {
     pending_.Clear();
     {
       std::lock_guard lock(mu_);
-      if (!dead_.ok()) return dead_;
+      if (!dead_.ok()) {
+        pending_.Clear();
+        return dead_;
+      }
+      if (track) tracked_[id];
       if (!downloads.empty()) {
         auto& targets = download_targets_[id];
         for (auto& [op, dest] : downloads) targets[op] = dest;
@@ -137,6 +252,7 @@ class SessionState {
     if (!stream_->Write(m)) {
       std::lock_guard lock(mu_);
       download_targets_.erase(id);
+      tracked_.erase(id);
       return dead_.ok() ? Status(ErrorKind::kSessionClosed, "the session stream is gone") : dead_;
     }
     last_submitted_ = id;
@@ -189,6 +305,7 @@ class SessionState {
       stats = closed_stats_;
     }
     Shutdown();
+    detached_.clear();  // every completion has arrived (or the stream is gone)
     if (!stats) return DeadOr("the session stream ended before Closed");
     return *stats;
   }
@@ -212,7 +329,199 @@ class SessionState {
     }
     if (reader_.joinable()) reader_.join();
     if (stream_) stream_->Finish();
+    if (slab_fd_ >= 0) ::close(slab_fd_);
+    slab_fd_ = -1;
   }
+
+  // --- pending transfers ------------------------------------------------------------
+  /// Return whether submits [first, last] have all completed, and the first failure.
+  bool Outcome(uint64_t first, uint64_t last, Status* status) {
+    std::lock_guard lock(mu_);
+    return OutcomeLocked(first, last, status);
+  }
+  Status WaitOutcome(uint64_t first, uint64_t last) {
+    std::unique_lock lock(mu_);
+    Status s;
+    cv_.wait(lock, [&] { return OutcomeLocked(first, last, &s); });
+    for (uint64_t id = first; id <= last; ++id) tracked_.erase(id);
+    return s;
+  }
+  void Detach(std::shared_ptr<PendingState> p) {
+    if (shut_down_) return;  // every completion is in (or never will be): release now
+    detached_.push_back(std::move(p));
+  }
+  /// Release detached transfers whose completion arrived (owner thread).
+  void ReapDetached() {
+    for (size_t i = 0; i < detached_.size();) {
+      Status s;
+      auto& p = detached_[i];
+      if (p->first_id == 0 || Outcome(p->first_id, p->last_id, &s)) {
+        {
+          std::lock_guard lock(mu_);
+          for (uint64_t id = p->first_id; id && id <= p->last_id; ++id) tracked_.erase(id);
+        }
+        auto done = std::move(p);
+        detached_.erase(detached_.begin() + static_cast<long>(i));
+        done.reset();  // records the tensor's release into the current record
+      } else {
+        ++i;
+      }
+    }
+  }
+
+  // --- shared memory ---------------------------------------------------------------
+  bool local() const { return !opened_.slab_socket().empty(); }
+  uint64_t slab_size() const { return opened_.slab_size(); }
+
+  Result<PinnedBuffer> Allocate(uint64_t bytes) {
+    ReapDetached();
+    if (closed_) return Status(ErrorKind::kSessionClosed, "the session is closed");
+    auto block = std::make_shared<BufferBlock>();
+    block->size = bytes;
+    if (!local()) {
+      block->heap = std::make_unique<char[]>(std::max<uint64_t>(bytes, 1));
+      block->data = block->heap.get();
+      return PinnedBuffer(std::move(block));
+    }
+    uint64_t need = AlignUp(std::max<uint64_t>(bytes, 1));
+    if (need > slab_size()) {
+      return Status(ErrorKind::kQuotaExceeded,
+                    "a pinned buffer of " + std::to_string(bytes) +
+                        " bytes does not fit in one slab of " + std::to_string(slab_size()) +
+                        " bytes (the daemon's --slab-size)");
+    }
+    if (!arena_->Allocate(need, &block->slab, &block->slab_offset)) {
+      FERRY_RETURN_IF_ERROR(AcquireSlab());
+      if (!arena_->Allocate(need, &block->slab, &block->slab_offset)) {
+        return Status(ErrorKind::kInternal, "a fresh slab has no room");
+      }
+    }
+    block->reserved = need;
+    block->arena = arena_;
+    block->data = block->slab->base + block->slab_offset;
+    return PinnedBuffer(std::move(block));
+  }
+
+  /// The reused buffer blocking transfers stage through; invalid when none can be had.
+  PinnedBuffer* Staging() {
+    if (!staging_.valid() && !staging_failed_) {
+      auto b = Allocate(std::min(kStagingBytes, slab_size()) / (2 * kBufferAlign) *
+                        (2 * kBufferAlign));
+      if (b.ok() && b->size() >= 2 * kBufferAlign) {
+        staging_ = std::move(*b);
+      } else {
+        staging_failed_ = true;
+      }
+    }
+    return staging_.valid() ? &staging_ : nullptr;
+  }
+
+ private:
+  Status SlabSocketError(const std::string& what) {
+    if (slab_fd_ >= 0) ::close(slab_fd_);
+    slab_fd_ = -1;
+    return Status(ErrorKind::kUnavailable, "slab socket " + opened_.slab_socket() + ": " + what);
+  }
+
+  // Ask the daemon for one more slab over the slab socket (connecting on first use) and
+  // map it.
+  Status AcquireSlab() {
+    if (slab_fd_ < 0) {
+      if (slab_token_used_) return SlabSocketError("the connection was lost");
+      slab_token_used_ = true;
+      slab_fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      sockaddr_un addr = {};
+      addr.sun_family = AF_UNIX;
+      const std::string& path = opened_.slab_socket();
+      if (slab_fd_ < 0 || path.size() >= sizeof(addr.sun_path)) return SlabSocketError("bad path");
+      std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+      if (::connect(slab_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+        return SlabSocketError(std::strerror(errno));
+      }
+      std::string hello = "FSL1" + opened_.slab_token();
+      char reply[8];
+      if (::send(slab_fd_, hello.data(), hello.size(), MSG_NOSIGNAL) !=
+              static_cast<ssize_t>(hello.size()) ||
+          ::recv(slab_fd_, reply, sizeof(reply), MSG_WAITALL) != sizeof(reply)) {
+        return SlabSocketError("no answer to the token");
+      }
+      if (Get32(reply) != 0) return SlabSocketError("the daemon refused the token");
+    }
+    char request[8] = {1, 0, 0, 0, 0, 0, 0, 0};
+    if (::send(slab_fd_, request, sizeof(request), MSG_NOSIGNAL) != sizeof(request)) {
+      return SlabSocketError("send failed");
+    }
+    char reply[24];
+    iovec iov = {reply, sizeof(reply)};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+    msghdr msg = {};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    ssize_t n = ::recvmsg(slab_fd_, &msg, MSG_WAITALL | MSG_CMSG_CLOEXEC);
+    int fd = -1;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+        std::memcpy(&fd, CMSG_DATA(c), sizeof(int));
+      }
+    }
+    if (n != sizeof(reply)) {
+      if (fd >= 0) ::close(fd);
+      return SlabSocketError("short answer");
+    }
+    uint32_t kind = Get32(reply);
+    if (kind != 0) {
+      if (fd >= 0) ::close(fd);
+      if (kind > static_cast<uint32_t>(ErrorKind::kBusy)) kind = static_cast<uint32_t>(ErrorKind::kInternal);
+      return Status(static_cast<ErrorKind>(kind),
+                    "the daemon gave no slab (" +
+                        std::string(ErrorKindName(static_cast<ErrorKind>(kind))) +
+                        (kind == static_cast<uint32_t>(ErrorKind::kQuotaExceeded)
+                             ? ": its pinned-memory budget is held by slabs in use)"
+                             : ")"));
+    }
+    if (fd < 0) return SlabSocketError("no fd came with the slab");
+    auto m = std::make_shared<SlabMapping>();
+    m->id = Get64(reply + 8);
+    m->size = Get64(reply + 16);
+    void* p = ::mmap(nullptr, m->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ::close(fd);
+    if (p == MAP_FAILED) return Status(ErrorKind::kInternal, "mmap of a slab failed");
+    m->base = static_cast<char*>(p);
+    arena_->Add(std::move(m));
+    return Status::Ok();
+  }
+  static uint32_t Get32(const char* p) {
+    uint32_t v = 0;
+    for (int i = 0; i < 4; ++i) v |= uint32_t{static_cast<unsigned char>(p[i])} << (8 * i);
+    return v;
+  }
+  static uint64_t Get64(const char* p) {
+    uint64_t v = 0;
+    for (int i = 0; i < 8; ++i) v |= uint64_t{static_cast<unsigned char>(p[i])} << (8 * i);
+    return v;
+  }
+
+  bool OutcomeLocked(uint64_t first, uint64_t last, Status* status) {
+    Status first_failure;
+    for (uint64_t id = first; id <= last; ++id) {
+      auto it = tracked_.find(id);
+      if (it != tracked_.end() && it->second) {
+        if (first_failure.ok() && !it->second->ok()) first_failure = *it->second;
+        continue;
+      }
+      if (!dead_.ok()) {  // the stream ended before this completion
+        *status = dead_;
+        return true;
+      }
+      return false;
+    }
+    *status = first_failure;
+    return true;
+  }
+
+ public:
 
  private:
   Status StreamFailure(const char* what) {
@@ -251,6 +560,9 @@ class SessionState {
           const auto& c = m.completed();
           last_completed_ = c.submit_id();
           download_targets_.erase(c.submit_id());
+          if (auto t = tracked_.find(c.submit_id()); t != tracked_.end()) {
+            t->second = c.has_error() ? FromProto(c.error()) : Status::Ok();
+          }
           if (c.has_error()) failures_[c.submit_id()] = FromProto(c.error());
           cv_.notify_all();
           break;
@@ -305,6 +617,15 @@ class SessionState {
       download_targets_;                         // guarded by mu_
   std::optional<SessionStats> closed_stats_;     // guarded by mu_
   Status dead_;                                  // guarded by mu_; set once the stream ends
+  std::map<uint64_t, std::optional<Status>> tracked_;  // pending transfers' submits; mu_
+
+  // Shared memory and pending transfers (owner thread).
+  std::shared_ptr<SlabArena> arena_ = std::make_shared<SlabArena>();
+  int slab_fd_ = -1;
+  bool slab_token_used_ = false;
+  PinnedBuffer staging_;
+  bool staging_failed_ = false;
+  std::vector<std::shared_ptr<PendingState>> detached_;
 };
 
 }  // namespace internal
@@ -318,6 +639,9 @@ Result<Client> Client::connect(const std::string& target, const ClientOptions& o
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(static_cast<int>(internal::kMaxMessageBytes));
   args.SetMaxSendMessageSize(static_cast<int>(internal::kMaxMessageBytes));
+  // Reconnect quickly to a daemon that restarted (gRPC's default first backoff is 1 s).
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   state->channel = grpc::CreateCustomChannel(internal::GrpcTarget(target),
                                              grpc::InsecureChannelCredentials(), args);
   if (!state->channel->WaitForConnected(std::chrono::system_clock::now() +
@@ -329,6 +653,12 @@ Result<Client> Client::connect(const std::string& target, const ClientOptions& o
 }
 
 Result<Session> Client::open_session(const SessionOptions& options) {
+  // A daemon that restarted (after a device fault, say) is reconnected to transparently:
+  // give the channel up to the connect timeout to become ready again.
+  if (state_->channel->GetState(/*try_to_connect=*/true) != GRPC_CHANNEL_READY) {
+    state_->channel->WaitForConnected(std::chrono::system_clock::now() +
+                                      state_->options.connect_timeout);
+  }
   auto state = std::make_shared<internal::SessionState>();
   FERRY_RETURN_IF_ERROR(state->Open(state_, options));
   return Session(std::move(state));
@@ -370,13 +700,15 @@ Module::Module(Module&& o) noexcept
     : session_(std::move(o.session_)), handle_(std::exchange(o.handle_, 0)) {}
 Module& Module::operator=(Module&& o) noexcept {
   if (this != &o) {
-    this->~Module();
+    Release();
     session_ = std::move(o.session_);
     handle_ = std::exchange(o.handle_, 0);
   }
   return *this;
 }
-Module::~Module() {
+Module::~Module() { Release(); }
+
+void Module::Release() {
   if (handle_ == 0) return;
   if (auto s = session_.lock(); s && !s->closed()) {
     s->Record()->mutable_unload_module()->set_handle(handle_);
@@ -388,13 +720,15 @@ Graph::Graph(Graph&& o) noexcept
     : session_(std::move(o.session_)), handle_(std::exchange(o.handle_, 0)) {}
 Graph& Graph::operator=(Graph&& o) noexcept {
   if (this != &o) {
-    this->~Graph();
+    Release();
     session_ = std::move(o.session_);
     handle_ = std::exchange(o.handle_, 0);
   }
   return *this;
 }
-Graph::~Graph() {
+Graph::~Graph() { Release(); }
+
+void Graph::Release() {
   if (handle_ == 0) return;
   if (auto s = session_.lock(); s && !s->closed()) {
     s->Record()->mutable_free_graph()->set_handle(handle_);
@@ -559,11 +893,234 @@ Status Session::DtypeMismatch(const Tensor& t) {
                                                std::string(DTypeName(t.dtype())) + ")");
 }
 
+// --- PinnedBuffer, PendingTransfer ----------------------------------------------------------
+
+PinnedBuffer::PinnedBuffer(PinnedBuffer&& o) noexcept : block_(std::move(o.block_)) {}
+PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& o) noexcept {
+  if (this != &o) block_ = std::move(o.block_);
+  return *this;
+}
+PinnedBuffer::~PinnedBuffer() = default;
+void* PinnedBuffer::data() { return block_ ? block_->data : nullptr; }
+const void* PinnedBuffer::data() const { return block_ ? block_->data : nullptr; }
+uint64_t PinnedBuffer::size() const { return block_ ? block_->size : 0; }
+bool PinnedBuffer::is_shared() const { return block_ && block_->slab; }
+
+PendingTransfer::PendingTransfer(PendingTransfer&& o) noexcept : state_(std::move(o.state_)) {}
+PendingTransfer& PendingTransfer::operator=(PendingTransfer&& o) noexcept {
+  if (this != &o) {
+    Detach();
+    state_ = std::move(o.state_);
+  }
+  return *this;
+}
+PendingTransfer::~PendingTransfer() { Detach(); }
+
+void PendingTransfer::Detach() {
+  if (!state_ || state_->waited) return;
+  if (state_->first_id != 0) {
+    if (auto s = state_->session.lock()) s->Detach(std::move(state_));
+  }
+  state_.reset();
+}
+
+Result<bool> PendingTransfer::is_ready() const {
+  if (!state_ || state_->waited) {
+    return Status(ErrorKind::kInvalidArgument, "no transfer: moved from or already waited for");
+  }
+  if (state_->first_id == 0) return state_->refused;
+  auto s = state_->session.lock();
+  if (!s) return Status(ErrorKind::kSessionClosed, "the session is gone");
+  Status outcome;
+  if (!s->Outcome(state_->first_id, state_->last_id, &outcome)) return false;
+  if (!outcome.ok()) return outcome;
+  return true;
+}
+
+Transfer PendingTransfer::wait() {
+  Transfer t;
+  if (!state_ || state_->waited) {
+    t.status = Status(ErrorKind::kInvalidArgument, "no transfer: moved from or already waited for");
+    return t;
+  }
+  if (state_->first_id == 0) {
+    t.status = state_->refused;
+  } else if (auto s = state_->session.lock()) {
+    t.status = s->WaitOutcome(state_->first_id, state_->last_id);
+  } else {
+    t.status = Status(ErrorKind::kSessionClosed, "the session is gone");
+  }
+  state_->waited = true;
+  t.tensor = std::move(state_->tensor);
+  t.buffer = std::move(state_->buffer);
+  state_.reset();
+  return t;
+}
+
+// --- Session: shared memory and pending transfers ----------------------------------------
+
+Result<PinnedBuffer> Session::pinned_buffer(uint64_t bytes) { return state_->Allocate(bytes); }
+
+uint64_t Session::slab_size() const { return state_->slab_size(); }
+
+namespace {
+
+// Check what a pending transfer is given; OK means it may be sent.
+Status CheckTransfer(const std::shared_ptr<internal::SessionState>& session,
+                     const std::weak_ptr<internal::SessionState>& tensor_session,
+                     const Tensor& tensor, const PinnedBuffer& buffer) {
+  if (!tensor.valid()) {
+    return Status(ErrorKind::kInvalidHandle, "the tensor was moved from (or never created)");
+  }
+  if (!buffer.valid()) {
+    return Status(ErrorKind::kInvalidArgument, "the buffer was moved from (or never allocated)");
+  }
+  if (tensor_session.lock() != session) {
+    return Status(ErrorKind::kInvalidHandle, "the tensor belongs to another session");
+  }
+  if (buffer.size() < tensor.byte_size()) {
+    return Status(ErrorKind::kOutOfRange, "a buffer of " + std::to_string(buffer.size()) +
+                                              " bytes cannot hold tensor " +
+                                              std::to_string(tensor.handle()) + " of " +
+                                              std::to_string(tensor.byte_size()) + " bytes");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+PendingUpload Session::upload_pending(PinnedBuffer&& buffer, Tensor&& tensor) {
+  auto p = std::make_shared<internal::PendingState>();
+  p->session = state_;
+  p->tensor = std::move(tensor);
+  p->buffer = std::move(buffer);
+  p->refused = CheckTransfer(state_, p->tensor.session_, p->tensor, p->buffer);
+  if (p->refused.ok()) p->refused = state_->Submit().status();  // what was recorded first
+  if (!p->refused.ok()) return PendingUpload(std::move(p));
+  const uint64_t bytes = p->tensor.byte_size();
+  const uint64_t h = p->tensor.handle();
+  const char* data = static_cast<const char*>(p->buffer.data());
+  uint64_t off = 0;
+  do {
+    if (p->buffer.is_shared()) {
+      auto* op = state_->Record()->mutable_upload_from_slab();
+      op->set_tensor(h);
+      op->set_slab(p->buffer.block_->slab->id);
+      op->set_slab_offset(p->buffer.block_->slab_offset);
+      op->set_length(bytes);
+      off = bytes;
+    } else {  // inline, 1 MiB per op, a few MiB per submit
+      uint64_t window_end = std::min(bytes, off + internal::kUploadSubmitBytes);
+      do {
+        uint64_t n = std::min(internal::kUploadChunkBytes, window_end - off);
+        write_bytes(p->tensor, off, data + off, n);
+        off += n;
+      } while (off < window_end);
+    }
+    auto id = state_->Submit({}, true);
+    if (!id.ok()) {
+      p->refused = id.status();
+      break;
+    }
+    if (!p->first_id) p->first_id = *id;
+    p->last_id = *id;
+  } while (off < bytes);
+  if (!p->refused.ok() && p->first_id) {
+    // Part of it was sent: the outcome of what was sent decides; report the send error.
+    p->refused = Status::Ok();
+  }
+  return PendingUpload(std::move(p));
+}
+
+PendingDownload Session::download_pending(Tensor&& tensor, PinnedBuffer&& buffer) {
+  auto p = std::make_shared<internal::PendingState>();
+  p->session = state_;
+  p->tensor = std::move(tensor);
+  p->buffer = std::move(buffer);
+  p->refused = CheckTransfer(state_, p->tensor.session_, p->tensor, p->buffer);
+  if (p->refused.ok()) p->refused = state_->Submit().status();
+  if (!p->refused.ok()) return PendingDownload(std::move(p));
+  const uint64_t bytes = p->tensor.byte_size();
+  const uint64_t h = p->tensor.handle();
+  char* out = static_cast<char*>(p->buffer.data());
+  uint64_t off = 0;
+  do {
+    std::vector<std::pair<uint32_t, std::pair<void*, uint64_t>>> targets;
+    if (p->buffer.is_shared()) {
+      auto* op = state_->Record()->mutable_download_to_slab();
+      op->set_tensor(h);
+      op->set_slab(p->buffer.block_->slab->id);
+      op->set_slab_offset(p->buffer.block_->slab_offset);
+      op->set_length(bytes);
+      off = bytes;
+    } else {  // the bytes come inline, written by the reader straight into the buffer
+      uint64_t n = std::min(internal::kDownloadSubmitBytes, bytes - off);
+      auto* d = state_->Record()->mutable_download();
+      d->set_tensor(h);
+      d->set_offset(off);
+      d->set_length(n);
+      targets.push_back({0u, {out + off, n}});
+      off += n;
+    }
+    auto id = state_->Submit(std::move(targets), true);
+    if (!id.ok()) {
+      p->refused = id.status();
+      break;
+    }
+    if (!p->first_id) p->first_id = *id;
+    p->last_id = *id;
+  } while (off < bytes);
+  if (!p->refused.ok() && p->first_id) p->refused = Status::Ok();
+  return PendingDownload(std::move(p));
+}
+
 Status Session::upload_bytes(const Tensor& t, const void* data, uint64_t bytes) {
   if (t.valid() && bytes != t.byte_size()) {
     return Status(ErrorKind::kShapeMismatch,
                   "upload of " + std::to_string(bytes) + " bytes into tensor " +
                       std::to_string(t.handle()) + " of " + std::to_string(t.byte_size()));
+  }
+  if (state_->local() && bytes > 0) {
+    if (PinnedBuffer* staging = state_->Staging()) {
+      // Through shared memory: copy a half of the staging buffer while the daemon DMAs
+      // from the other one.
+      FERRY_RETURN_IF_ERROR(state_->Submit().status());
+      const uint64_t half = staging->size() / 2;
+      char* base = static_cast<char*>(staging->data());
+      uint64_t ids[2] = {0, 0};
+      Status result;
+      uint64_t k = 0;
+      for (uint64_t off = 0; off < bytes && result.ok(); off += half, k ^= 1) {
+        if (ids[k]) {
+          Status s = state_->WaitSubmit(ids[k]);
+          ids[k] = 0;
+          if (!s.ok()) {
+            result = s;
+            break;
+          }
+        }
+        uint64_t n = std::min(half, bytes - off);
+        std::memcpy(base + k * half, static_cast<const char*>(data) + off, n);
+        auto* op = state_->Record()->mutable_upload_from_slab();
+        op->set_tensor(t.handle());
+        op->set_offset(off);
+        op->set_slab(staging->block_->slab->id);
+        op->set_slab_offset(staging->block_->slab_offset + k * half);
+        op->set_length(n);
+        auto id = state_->Submit();
+        if (!id.ok()) {
+          result = id.status();
+          break;
+        }
+        ids[k] = *id;
+      }
+      for (uint64_t id : {std::min(ids[0], ids[1]), std::max(ids[0], ids[1])}) {
+        if (!id) continue;
+        Status s = state_->WaitSubmit(id);
+        if (result.ok() && !s.ok()) result = s;
+      }
+      return result;
+    }
   }
   // Flush what is recorded, then send the bytes in submits of a few MiB each, each made of
   // Upload ops of at most 1 MiB; wait for all of them.
@@ -594,6 +1151,45 @@ Status Session::download_bytes(const Tensor& t, void* out, uint64_t bytes) {
     return Status(ErrorKind::kShapeMismatch,
                   "download of " + std::to_string(bytes) + " bytes from tensor " +
                       std::to_string(t.handle()) + " of " + std::to_string(t.byte_size()));
+  }
+  if (state_->local() && bytes > 0) {
+    if (PinnedBuffer* staging = state_->Staging()) {
+      // Through shared memory: the daemon fills one half while the other is copied out.
+      FERRY_RETURN_IF_ERROR(state_->Submit().status());
+      const uint64_t half = staging->size() / 2;
+      char* base = static_cast<char*>(staging->data());
+      struct Chunk {
+        uint64_t id = 0, off = 0, n = 0;
+      } chunks[2];
+      Status result;
+      uint64_t next = 0;
+      auto send = [&](int k) -> Status {
+        uint64_t n = std::min(half, bytes - next);
+        auto* op = state_->Record()->mutable_download_to_slab();
+        op->set_tensor(t.handle());
+        op->set_offset(next);
+        op->set_slab(staging->block_->slab->id);
+        op->set_slab_offset(staging->block_->slab_offset + k * half);
+        op->set_length(n);
+        FERRY_ASSIGN_OR_RETURN(chunks[k].id, state_->Submit());
+        chunks[k].off = next;
+        chunks[k].n = n;
+        next += n;
+        return Status::Ok();
+      };
+      for (int k = 0; k < 2 && next < bytes && result.ok(); ++k) result = send(k);
+      for (int k = 0; chunks[k].id; k ^= 1) {
+        Status s = state_->WaitSubmit(chunks[k].id);
+        chunks[k].id = 0;
+        if (result.ok() && !s.ok()) result = s;
+        if (result.ok()) {
+          std::memcpy(static_cast<char*>(out) + chunks[k].off, base + k * half, chunks[k].n);
+          if (next < bytes) result = send(k);
+        }
+        if (!chunks[k ^ 1].id) break;
+      }
+      return result;
+    }
   }
   FERRY_RETURN_IF_ERROR(state_->Submit().status());
   uint64_t first = 0, last = 0;

@@ -91,6 +91,26 @@ TEST_F(DeviceTest, GraphReplayAfterItsTensorWasFreedIsInvalidHandle) {
   ASSERT_TRUE(s->close().ok());
 }
 
+// Regression: Module/Graph move-assignment ran the destructor on a live object, corrupting
+// the session's reference count (gRPC then aborted in close()).
+TEST_F(DeviceTest, MoveAssigningModulesAndGraphsReleasesEachOnce) {
+  Start();
+  auto s = client_->open_session();
+  ASSERT_TRUE(s.ok());
+  Tensor x = s->create_tensor<float>({8});
+  Graph g = s->begin_graph();
+  s->fill(x, 1.0);
+  s->end_graph();
+  ASSERT_TRUE(s->synchronize().ok());
+  g = Graph();  // releases the graph once
+  g = Graph();
+  ASSERT_TRUE(s->synchronize().ok());
+  Module m;
+  m = Module();
+  auto stats = s->close();
+  ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+}
+
 constexpr const char* kScaleSource = R"(
 extern "C" __global__ void scale_add(float* y, const float* x, float a, int n) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;

@@ -1,10 +1,16 @@
 // A small client program for tests that need a separate process: it opens a session,
 // queues work, and then (mode "hang") waits to be killed, or (mode "exit") exits without
-// closing.
+// closing. Shared-memory modes:
+//   pending-drop: start a pending download, drop the handle, exit at once;
+//   fill-slabs N: take N slab-sized pinned buffers, fill them with 0xA5, close;
+//   zero-slabs N: take N slab-sized pinned buffers; exit 0 if every byte is 0, 3 if not.
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include "ferry/client.h"
 
@@ -17,6 +23,36 @@ int main(int argc, char** argv) {
   if (!client.ok()) return 1;
   auto session = client->open_session();
   if (!session.ok()) return 1;
+  std::string mode = argv[2];
+  if (mode == "fill-slabs" || mode == "zero-slabs") {
+    int n = argc > 3 ? std::atoi(argv[3]) : 1;
+    std::vector<ferry::PinnedBuffer> held;
+    for (int i = 0; i < n; ++i) {
+      auto b = session->pinned_buffer(session->slab_size());
+      if (!b.ok() || !b->is_shared()) {
+        std::fprintf(stderr, "pinned_buffer: %s\n", b.status().ToString().c_str());
+        return 1;
+      }
+      auto bytes = b->span<unsigned char>();
+      if (mode == "fill-slabs") {
+        std::memset(bytes.data(), 0xA5, bytes.size());
+      } else {
+        for (unsigned char c : bytes) {
+          if (c != 0) return 3;
+        }
+      }
+      held.push_back(std::move(*b));
+    }
+    return session->close().ok() ? 0 : 1;
+  }
+  if (mode == "pending-drop") {
+    ferry::Tensor t = session->create_tensor<float>({1 << 20});
+    session->fill(t, 2.0);
+    auto buf = session->pinned_buffer(t.byte_size());
+    if (!buf.ok()) return 1;
+    { auto pending = session->download_pending(std::move(t), std::move(*buf)); }
+    _exit(0);
+  }
   ferry::Tensor a = session->create_tensor<double>({1 << 16});
   ferry::Tensor b = session->create_tensor<double>({1 << 16});
   session->fill(a, 1.0);

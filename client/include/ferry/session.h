@@ -19,6 +19,8 @@ namespace ferry {
 
 namespace internal {
 class SessionState;
+struct BufferBlock;
+struct PendingState;
 }  // namespace internal
 
 /// Counters of one session, as close() returns them.
@@ -79,6 +81,80 @@ class Tensor {
   uint64_t elements_ = 0;
 };
 
+/// Host memory for transfers, from Session::pinned_buffer. For a local session it is carved
+/// from a shared-memory slab the daemon DMAs straight from (no copy, no message); for a
+/// remote one it is ordinary memory whose bytes travel inline.
+///
+/// Move-only. A moved-from or default-constructed buffer is invalid (size 0, data null);
+/// passing one to a transfer is a typed error. The memory stays valid while the buffer
+/// lives, even past the session's end.
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  PinnedBuffer(PinnedBuffer&& other) noexcept;
+  PinnedBuffer& operator=(PinnedBuffer&& other) noexcept;
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  ~PinnedBuffer();
+
+  void* data();
+  const void* data() const;
+  uint64_t size() const;
+  bool valid() const { return block_ != nullptr; }
+  /// Return true when the bytes live in shared memory the daemon maps.
+  bool is_shared() const;
+  /// View the buffer as elements of T (size() / sizeof(T) of them).
+  template <typename T>
+  std::span<T> span() {
+    return std::span<T>(static_cast<T*>(data()), size() / sizeof(T));
+  }
+
+ private:
+  friend class Session;
+  friend class internal::SessionState;
+  explicit PinnedBuffer(std::shared_ptr<internal::BufferBlock> block) : block_(std::move(block)) {}
+  std::shared_ptr<internal::BufferBlock> block_;
+};
+
+/// What a pending transfer hands back: its outcome, and always both values.
+struct Transfer {
+  Status status;
+  Tensor tensor;
+  PinnedBuffer buffer;
+};
+
+/// A transfer in flight (Session::upload_pending / download_pending).
+///
+/// Move-only. Dropping it without wait() detaches it: the library keeps the tensor and the
+/// buffer until the daemon reports the copy done, then releases them (on the owner's next
+/// call into the session, or at its close), so nothing is freed while the device may
+/// still touch it.
+class PendingTransfer {
+ public:
+  PendingTransfer() = default;
+  PendingTransfer(PendingTransfer&& other) noexcept;
+  PendingTransfer& operator=(PendingTransfer&& other) noexcept;
+  PendingTransfer(const PendingTransfer&) = delete;
+  PendingTransfer& operator=(const PendingTransfer&) = delete;
+  ~PendingTransfer();
+
+  /// Return false while in flight, true once done and OK, or the error when refused or
+  /// failed. Never blocks, never sends a message.
+  Result<bool> is_ready() const;
+  /// Block until done; return the outcome with the tensor and the buffer. A second call
+  /// (or a call on a moved-from handle) returns INVALID_ARGUMENT and empty values.
+  Transfer wait();
+
+ private:
+  friend class Session;
+  explicit PendingTransfer(std::shared_ptr<internal::PendingState> state)
+      : state_(std::move(state)) {}
+  void Detach();
+  std::shared_ptr<internal::PendingState> state_;
+};
+using PendingUpload = PendingTransfer;
+using PendingDownload = PendingTransfer;
+
 /// Format of device code for Session::load_module.
 enum class ModuleFormat { kPtx = 1, kCubin = 2, kCudaSource = 3 };
 
@@ -124,6 +200,7 @@ class Module {
  private:
   friend class Session;
   Module(std::weak_ptr<internal::SessionState> s, uint64_t h) : session_(std::move(s)), handle_(h) {}
+  void Release();
   std::weak_ptr<internal::SessionState> session_;
   uint64_t handle_ = 0;
 };
@@ -141,6 +218,7 @@ class Graph {
  private:
   friend class Session;
   Graph(std::weak_ptr<internal::SessionState> s, uint64_t h) : session_(std::move(s)), handle_(h) {}
+  void Release();
   std::weak_ptr<internal::SessionState> session_;
   uint64_t handle_ = 0;
 };
@@ -226,7 +304,22 @@ class Session {
   /// Submit, wait, release everything and end the session; return its counters.
   Result<SessionStats> close();
 
-  // --- blocking transfers (bytes travel inline in the stream) ---------------------------
+  // --- pinned buffers and pending transfers ----------------------------------------------
+  /// Allocate a buffer of `bytes` (256-byte aligned) from the session's shared-memory
+  /// slabs; a new slab is asked for only when none has room. QUOTA_EXCEEDED above one
+  /// slab's size or when the daemon's pinned budget is spent. Remote sessions get
+  /// ordinary memory.
+  Result<PinnedBuffer> pinned_buffer(uint64_t bytes);
+  /// Return the size of one slab (0 for a remote session).
+  uint64_t slab_size() const;
+  /// Submit what is recorded, then copy the first tensor.byte_size() bytes of `buffer` into
+  /// the tensor as a submit of its own. A refusal (moved-from buffer or tensor, a buffer
+  /// too small, a closed session) comes back from wait() with both values untouched.
+  PendingUpload upload_pending(PinnedBuffer&& buffer, Tensor&& tensor);
+  /// Submit what is recorded, then copy the whole tensor into the start of `buffer`.
+  PendingDownload download_pending(Tensor&& tensor, PinnedBuffer&& buffer);
+
+  // --- blocking transfers (local: through shared memory; remote: inline) -----------------
   /// Write `data` into the whole tensor and wait until it is there. The span's element type
   /// must match the tensor's dtype and its size the tensor's element count.
   template <typename T>

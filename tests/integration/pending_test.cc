@@ -1,0 +1,342 @@
+// Pinned shared-memory buffers and pending transfers against real ferryd processes: local
+// (slabs over the slab socket) and remote (TCP, bytes inline) routes, ownership, leaks.
+#include <gtest/gtest.h>
+#include <grp.h>
+#include <pwd.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+
+#include <cstring>
+#include <thread>
+
+#include "ferry/client.h"
+#include "ferry/v1/session.grpc.pb.h"
+#include "ferryd_process.h"
+
+namespace ferry {
+namespace {
+
+using testing::FerrydProcess;
+
+constexpr float kPoison = -12345.0f;
+
+Session Open(const std::string& target) {
+  auto client = Client::connect(target);
+  EXPECT_TRUE(client.ok()) << client.status().ToString();
+  auto s = client->open_session();
+  EXPECT_TRUE(s.ok()) << s.status().ToString();
+  return std::move(*s);
+}
+
+std::vector<std::string> SmallPool() {
+  return {"--slab-size", "4M", "--pinned-budget", "16M", "--initial-slabs", "1"};
+}
+
+void RoundTrip(Session& s, bool expect_shared) {
+  const uint64_t n = 300000;  // not a multiple of anything in particular
+  auto up = s.pinned_buffer(n * sizeof(float));
+  ASSERT_TRUE(up.ok()) << up.status().ToString();
+  EXPECT_EQ(up->is_shared(), expect_shared);
+  auto in = up->span<float>();
+  for (uint64_t i = 0; i < n; ++i) in[i] = static_cast<float>(i) * 0.5f + 1.0f;
+  Tensor t = s.create_tensor<float>({static_cast<int64_t>(n)});
+  auto pending_up = s.upload_pending(std::move(*up), std::move(t));
+  EXPECT_FALSE(up->valid());  // moved in
+  Transfer done = pending_up.wait();
+  ASSERT_TRUE(done.status.ok()) << done.status.ToString();
+  ASSERT_TRUE(done.tensor.valid());
+  ASSERT_TRUE(done.buffer.valid());
+
+  auto down = s.pinned_buffer(n * sizeof(float));
+  ASSERT_TRUE(down.ok());
+  for (float& f : down->span<float>()) f = kPoison;
+  auto pending_down = s.download_pending(std::move(done.tensor), std::move(*down));
+  Transfer got = pending_down.wait();
+  ASSERT_TRUE(got.status.ok()) << got.status.ToString();
+  auto out = got.buffer.span<float>();
+  for (uint64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(out[i], static_cast<float>(i) * 0.5f + 1.0f) << "element " << i;
+  }
+  auto ready = pending_down.is_ready();  // waited already: a typed error, not UB
+  EXPECT_EQ(ready.status().kind(), ErrorKind::kInvalidArgument);
+}
+
+TEST(PendingTest, LocalRoundTripThroughSharedMemory) {
+  FerrydProcess d(SmallPool());
+  ASSERT_TRUE(d.ok());
+  Session s = Open(d.unix_target());
+  EXPECT_EQ(s.slab_size(), 4u << 20);
+  RoundTrip(s, true);
+  EXPECT_TRUE(s.close().ok());
+  auto st = d.WaitIdle();
+  EXPECT_EQ(st.slabs_in_use(), 0u);
+}
+
+TEST(PendingTest, RemoteRoundTripInline) {
+  FerrydProcess d(SmallPool(), /*tcp=*/true);
+  ASSERT_TRUE(d.ok());
+  Session s = Open(d.tcp_target());
+  EXPECT_EQ(s.slab_size(), 0u);
+  RoundTrip(s, false);
+  EXPECT_TRUE(s.close().ok());
+  EXPECT_EQ(d.WaitIdle().slabs_in_use(), 0u);
+}
+
+TEST(PendingTest, BlockingTransfersLargerThanTheStagingBuffer) {
+  FerrydProcess d(SmallPool());
+  ASSERT_TRUE(d.ok());
+  Session s = Open(d.unix_target());
+  const int64_t n = 3 * (1 << 20) + 17;  // 12 MiB of floats: many staging halves
+  std::vector<float> in(n);
+  for (int64_t i = 0; i < n; ++i) in[i] = static_cast<float>(i % 100003);
+  Tensor t = s.create_tensor<float>({n});
+  ASSERT_TRUE(s.upload(t, in).ok());
+  std::vector<float> out(n, kPoison);
+  ASSERT_TRUE(s.download_into(t, out).ok());
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(out[i], in[i]) << "element " << i;
+  auto stats = s.close();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->bytes_uploaded, n * sizeof(float));
+  EXPECT_EQ(stats->bytes_downloaded, n * sizeof(float));
+}
+
+TEST(PendingTest, DownloadOverlapsHostWork) {
+  FerrydProcess d(SmallPool());
+  ASSERT_TRUE(d.ok());
+  Session s = Open(d.unix_target());
+  const int64_t n = 1 << 20;
+  Tensor t = s.create_tensor<float>({n});
+  s.fill(t, 3.25);
+  auto buf = s.pinned_buffer(n * sizeof(float));
+  ASSERT_TRUE(buf.ok());
+  for (float& f : buf->span<float>()) f = kPoison;
+  auto pending = s.download_pending(std::move(t), std::move(*buf));
+  // Host work between enqueue and wait.
+  double acc = 0;
+  for (int i = 0; i < 2000000; ++i) acc += i * 1e-9;
+  EXPECT_GT(acc, 0);
+  auto r = pending.is_ready();
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  Transfer got = pending.wait();
+  ASSERT_TRUE(got.status.ok()) << got.status.ToString();
+  for (float f : got.buffer.span<float>()) ASSERT_EQ(f, 3.25f);
+  EXPECT_TRUE(s.close().ok());
+}
+
+TEST(PendingTest, MovedFromValuesAreTypedErrors) {
+  FerrydProcess d(SmallPool());
+  ASSERT_TRUE(d.ok());
+  Session s = Open(d.unix_target());
+  Tensor t = s.create_tensor<float>({16});
+  auto buf = s.pinned_buffer(64);
+  ASSERT_TRUE(buf.ok());
+  PinnedBuffer stolen = std::move(*buf);
+  Transfer r = s.upload_pending(std::move(*buf), std::move(t)).wait();
+  EXPECT_EQ(r.status.kind(), ErrorKind::kInvalidArgument) << r.status.ToString();
+  EXPECT_TRUE(r.tensor.valid());  // handed back untouched
+  Tensor moved_from;
+  Transfer r2 = s.download_pending(std::move(moved_from), std::move(stolen)).wait();
+  EXPECT_EQ(r2.status.kind(), ErrorKind::kInvalidHandle) << r2.status.ToString();
+  EXPECT_TRUE(r2.buffer.valid());
+  // Too small a buffer: refused, both back.
+  Transfer r3 = s.download_pending(std::move(r.tensor), s.pinned_buffer(8).value()).wait();
+  EXPECT_EQ(r3.status.kind(), ErrorKind::kOutOfRange);
+  EXPECT_TRUE(r3.tensor.valid() && r3.buffer.valid());
+  // Above one slab.
+  EXPECT_EQ(s.pinned_buffer(5u << 20).status().kind(), ErrorKind::kQuotaExceeded);
+  PendingTransfer empty;
+  EXPECT_EQ(empty.wait().status.kind(), ErrorKind::kInvalidArgument);
+  EXPECT_TRUE(s.close().ok());
+}
+
+TEST(PendingTest, RefusedByTheDaemonReturnsBothValues) {
+  FerrydProcess d(SmallPool());
+  ASSERT_TRUE(d.ok());
+  Session s = Open(d.unix_target());
+  // A tensor too big for the session's quota: its create is refused, so is the upload.
+  Tensor huge = s.create_tensor<uint8_t>({static_cast<int64_t>(4) << 30});
+  ASSERT_TRUE(s.submit().ok());
+  Tensor t = s.create_tensor<float>({16});
+  auto buf = s.pinned_buffer(64);
+  ASSERT_TRUE(buf.ok());
+  std::memset(buf->data(), 0x11, 64);
+  Transfer r = s.upload_pending(std::move(*buf), std::move(huge)).wait();
+  EXPECT_FALSE(r.status.ok());
+  EXPECT_EQ(r.status.kind(), ErrorKind::kOutOfRange) << r.status.ToString();  // buffer < tensor
+  EXPECT_TRUE(r.tensor.valid() && r.buffer.valid());
+  EXPECT_EQ(static_cast<unsigned char*>(r.buffer.data())[63], 0x11);
+  (void)s.synchronize();
+  EXPECT_TRUE(s.close().ok());
+}
+
+TEST(PendingTest, WaitAfterTheDaemonDiedIsATypedError) {
+  FerrydProcess d(SmallPool());
+  ASSERT_TRUE(d.ok());
+  Session s = Open(d.unix_target());
+  Tensor t = s.create_tensor<float>({1 << 20});
+  s.fill(t, 1.0);
+  ASSERT_TRUE(s.synchronize().ok());
+  auto buf = s.pinned_buffer(4u << 20);
+  ASSERT_TRUE(buf.ok());
+  d.Stop(SIGKILL);
+  auto pending = s.download_pending(std::move(t), std::move(*buf));
+  Transfer r = pending.wait();
+  EXPECT_FALSE(r.status.ok());
+  EXPECT_TRUE(r.status.kind() == ErrorKind::kUnavailable ||
+              r.status.kind() == ErrorKind::kSessionClosed)
+      << r.status.ToString();
+  EXPECT_TRUE(r.tensor.valid() && r.buffer.valid());
+}
+
+TEST(PendingTest, DropWithoutWaitThenExitLeaksNothing) {
+  FerrydProcess d(SmallPool());
+  ASSERT_TRUE(d.ok());
+  auto start = d.AdminStatus();
+  for (int i = 0; i < 3; ++i) {
+    pid_t pid = testing::Spawn(FERRY_TEST_CLIENT_PATH, {d.unix_target(), "pending-drop"});
+    ASSERT_GT(pid, 0);
+    int status = testing::WaitExit(pid, std::chrono::seconds(30));
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  }
+  // Dropped in-process too: the handle detaches, close() releases.
+  {
+    Session s = Open(d.unix_target());
+    Tensor t = s.create_tensor<float>({1024});
+    s.fill(t, 1.0);
+    { auto p = s.download_pending(std::move(t), s.pinned_buffer(4096).value()); }
+    EXPECT_TRUE(s.close().ok());
+  }
+  auto end = d.WaitIdle();
+  EXPECT_EQ(end.sessions_open(), 0u);
+  EXPECT_EQ(end.live_tensors(), 0u);
+  EXPECT_EQ(end.slabs_in_use(), 0u);
+  EXPECT_EQ(end.slab_connections(), 0u);
+  EXPECT_LE(end.slabs_total(), 4u);
+  EXPECT_EQ(end.slab_fds_open(), end.slabs_total());
+  EXPECT_EQ(start.slabs_in_use(), 0u);
+}
+
+TEST(PendingTest, ThousandOpenCloseCyclesLeakNothing) {
+  FerrydProcess d(SmallPool());
+  ASSERT_TRUE(d.ok());
+  auto client = Client::connect(d.unix_target());
+  ASSERT_TRUE(client.ok());
+  auto start = d.AdminStatus();
+  for (int i = 0; i < 1000; ++i) {
+    auto s = client->open_session();
+    ASSERT_TRUE(s.ok()) << i << ": " << s.status().ToString();
+    if (i % 10 == 0) {  // a slab every tenth session
+      auto b = s->pinned_buffer(1024);
+      ASSERT_TRUE(b.ok()) << b.status().ToString();
+    }
+    ASSERT_TRUE(s->close().ok());
+  }
+  auto end = d.WaitIdle();
+  EXPECT_EQ(end.slabs_in_use(), 0u);
+  EXPECT_EQ(end.slabs_total(), start.slabs_total());
+  EXPECT_EQ(end.slab_fds_open(), start.slab_fds_open());
+  EXPECT_EQ(end.slab_connections(), 0u);
+}
+
+TEST(PendingTest, RawSlabOpsWithSlabsNotHeldAreRefused) {
+  FerrydProcess d(SmallPool());
+  ASSERT_TRUE(d.ok());
+  // Session A holds a slab; a raw session B names it.
+  Session a = Open(d.unix_target());
+  auto buf = a.pinned_buffer(4096);
+  ASSERT_TRUE(buf.ok());
+  auto channel = grpc::CreateChannel(d.unix_target(), grpc::InsecureChannelCredentials());
+  auto stub = v1::SessionService::NewStub(channel);
+  grpc::ClientContext ctx;
+  auto stream = stub->Session(&ctx);
+  v1::ClientMessage open;
+  open.mutable_open()->set_protocol_version(v1::PROTOCOL_VERSION_CURRENT);
+  ASSERT_TRUE(stream->Write(open));
+  v1::ServerMessage m;
+  ASSERT_TRUE(stream->Read(&m));
+  ASSERT_TRUE(m.has_opened());
+  EXPECT_FALSE(m.opened().slab_token().empty());
+  uint64_t id = 0;
+  for (uint64_t slab : {uint64_t{1}, uint64_t{2}, uint64_t{999}, ~uint64_t{0}}) {
+    v1::ClientMessage sub;
+    sub.mutable_submit()->set_submit_id(++id);
+    auto* c = sub.mutable_submit()->add_ops()->mutable_create_tensor();
+    c->set_handle(id);
+    c->set_dtype(v1::DTYPE_U8);
+    c->add_shape(16);
+    auto* u = sub.mutable_submit()->add_ops()->mutable_upload_from_slab();
+    u->set_tensor(id);
+    u->set_slab(slab);
+    u->set_slab_offset(~uint64_t{0} - 3);  // would overflow too
+    u->set_length(16);
+    ASSERT_TRUE(stream->Write(sub));
+    ASSERT_TRUE(stream->Read(&m));
+    ASSERT_TRUE(m.has_completed());
+    EXPECT_EQ(m.completed().error().kind(), v1::INVALID_HANDLE) << m.completed().error().message();
+    EXPECT_EQ(m.completed().error().op_index(), 1);
+  }
+  ctx.TryCancel();
+  EXPECT_TRUE(a.close().ok());
+  EXPECT_EQ(d.WaitIdle().slabs_in_use(), 0u);
+}
+
+// Run the test client as `user` (fork, setgid, setuid, execv; only async-signal-safe calls
+// in the child). Return its wait status, or -1.
+int RunAs(const std::string& user, const std::vector<std::string>& args) {
+  struct passwd* pw = getpwnam(user.c_str());
+  if (!pw) return -1;
+  uid_t uid = pw->pw_uid;
+  gid_t gid = pw->pw_gid;
+  std::string program = FERRY_TEST_CLIENT_PATH;
+  std::vector<char*> argv;
+  argv.push_back(const_cast<char*>(program.c_str()));
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  pid_t pid = fork();
+  if (pid == 0) {
+    if (setgroups(0, nullptr) != 0 || setgid(gid) != 0 || setuid(uid) != 0) _exit(120);
+    execv(program.c_str(), argv.data());
+    _exit(121);
+  }
+  if (pid < 0) return -1;
+  return testing::WaitExit(pid, std::chrono::seconds(60));
+}
+
+bool EnsureUser(const std::string& user) {
+  if (getpwnam(user.c_str())) return true;
+  std::string cmd = "useradd -M -r " + user + " >/dev/null 2>&1";
+  return std::system(cmd.c_str()) == 0 && getpwnam(user.c_str());
+}
+
+TEST(PendingTest, AnotherUserNeverSeesBytesOneUserWrote) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to create and switch to two test users";
+  if (!EnsureUser("ferrytest_a") || !EnsureUser("ferrytest_b")) {
+    GTEST_SKIP() << "useradd could not create the test users";
+  }
+  // Budget of two slabs: B's slabs can only come from evicting A's.
+  FerrydProcess d({"--slab-size", "4M", "--pinned-budget", "8M", "--initial-slabs", "0"});
+  ASSERT_TRUE(d.ok());
+  std::string sock = d.unix_target().substr(5);
+  std::string dir = sock.substr(0, sock.rfind('/'));
+  ASSERT_EQ(chmod(dir.c_str(), 0755), 0);
+  ASSERT_EQ(chmod(sock.c_str(), 0666), 0);
+  ASSERT_EQ(chmod((sock + ".slabs").c_str(), 0666), 0);
+  int a = RunAs("ferrytest_a", {d.unix_target(), "fill-slabs", "2"});
+  ASSERT_TRUE(WIFEXITED(a) && WEXITSTATUS(a) == 0) << "user A: " << a << "\n" << d.log();
+  auto mid = d.WaitIdle();
+  EXPECT_EQ(mid.slabs_total(), 2u);
+  EXPECT_EQ(mid.slabs_in_use(), 0u);
+  int b = RunAs("ferrytest_b", {d.unix_target(), "zero-slabs", "2"});
+  ASSERT_TRUE(WIFEXITED(b)) << b;
+  EXPECT_EQ(WEXITSTATUS(b), 0) << "user B saw non-zero bytes (3) or failed (1)";
+  // A again: its own slabs are zeroed before reuse too.
+  int a2 = RunAs("ferrytest_a", {d.unix_target(), "zero-slabs", "2"});
+  ASSERT_TRUE(WIFEXITED(a2));
+  EXPECT_EQ(WEXITSTATUS(a2), 0);
+  EXPECT_EQ(d.WaitIdle().slabs_in_use(), 0u);
+}
+
+}  // namespace
+}  // namespace ferry
