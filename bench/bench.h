@@ -118,6 +118,7 @@ struct TargetInfo {
   std::string backend;      // "host" or "cuda"
   std::string device_name;
   std::string version;
+  int pid = -1;             // the daemon's process id when known (--spawn-daemon), else -1
 };
 
 /// The in-process baseline device (shared by all scenarios of the run).
@@ -180,6 +181,8 @@ std::vector<Table> RunThroughput(Context& ctx);   // scenario_ops.cc
 std::vector<Table> RunConcurrency(Context& ctx);  // scenario_sessions.cc
 std::vector<Table> RunOpenClose(Context& ctx);    // scenario_sessions.cc
 std::vector<Table> RunSharing(Context& ctx);      // scenario_sharing.cc
+std::vector<Table> RunOverlap(Context& ctx);      // scenario_overlap.cc
+std::vector<Table> RunMemory(Context& ctx);       // scenario_memory.cc
 /// Measure the bare transports (socketpair, gRPC echo) for the socket kinds the targets
 /// use; returns the "transports" table. transports.cc.
 std::vector<Table> RunTransports(Context& ctx);

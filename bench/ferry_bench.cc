@@ -42,8 +42,8 @@ targets:
   --tcp                              with --spawn-daemon: also listen on TCP loopback (port 0)
                                      and measure that endpoint too
 what to run:
-  --scenario NAME                    transfers, latency, throughput, concurrency, open_close,
-                                     sharing; repeatable (default: all)
+  --scenario NAME                    transfers, latency, throughput, overlap, concurrency,
+                                     open_close, sharing, memory; repeatable (default: all)
   --baseline                         also run every scenario in process, plus the bare
                                      transports (socketpair ping-pong, gRPC echo)
   --baseline-backend auto|cuda|host  device of the in-process baseline (default auto)
@@ -219,7 +219,11 @@ int Main(const std::vector<std::string>& args) {
     g_daemon_pid = daemon.pid();
     for (const auto& ep : daemon.endpoints()) ctx.options.targets.push_back(ep);
   }
-  for (const auto& t : ctx.options.targets) ctx.targets.push_back(DescribeTarget(t));
+  for (const auto& t : ctx.options.targets) {
+    ctx.targets.push_back(DescribeTarget(t));
+    const auto& eps = daemon.endpoints();
+    if (std::find(eps.begin(), eps.end(), t) != eps.end()) ctx.targets.back().pid = daemon.pid();
+  }
 
   BaselineInfo baseline;
   if (ctx.options.baseline) {
@@ -277,6 +281,8 @@ int Main(const std::vector<std::string>& args) {
     if (name == "concurrency") tables = RunConcurrency(ctx);
     if (name == "open_close") tables = RunOpenClose(ctx);
     if (name == "sharing") tables = RunSharing(ctx);
+    if (name == "overlap") tables = RunOverlap(ctx);
+    if (name == "memory") tables = RunMemory(ctx);
     progress.Done();
     emit(std::move(tables));
   }

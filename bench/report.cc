@@ -341,13 +341,18 @@ bool WriteSvg(const std::string& path, const Context& ctx, const std::vector<Tab
     if (std::isnan(gbps) || gbps <= 0) return;
     for (Series& s : series) {
       if (s.name == name) {
+        // The baseline appears in the rows of every route: one point per size.
+        for (const Point& p : s.points) {
+          if (p.bytes == bytes) return;
+        }
         s.points.push_back({bytes, gbps});
         return;
       }
     }
     series.push_back({name, color, dashed, {{bytes, gbps}}});
   };
-  // Upload colours, download colours; target i uses entry i (mod 4).
+  // Upload colours (blues/greens), download colours (reds/oranges); entry 2 * target + route
+  // (mod 4), route 0 = pending, 1 = blocking. The baseline is dashed, in greys.
   const char* up_colors[] = {"#1f77b4", "#2ca02c", "#9467bd", "#17becf"};
   const char* down_colors[] = {"#d62728", "#ff7f0e", "#8c564b", "#e377c2"};
   bool several = ctx.targets.size() > 1;
@@ -373,10 +378,13 @@ bool WriteSvg(const std::string& path, const Context& ctx, const std::vector<Tab
         if (f.metric != "GB/s") continue;
         std::string who = several ? "ferryd " + std::to_string(target_index + 1) + " "
                                   : "ferryd ";
+        int route_index = route.rfind("pending", 0) == 0 ? 0 : 1;
         add(who + dir + " (" + route + ")",
-            (up ? up_colors : down_colors)[target_index % 4], false, bytes, f.daemon);
+            (up ? up_colors : down_colors)[(2 * target_index + route_index) % 4], false, bytes,
+            f.daemon);
         if (!baseline_done) {
-          add("in process " + dir, up ? up_colors[0] : down_colors[0], true, bytes, f.baseline);
+          add("in process " + dir + " (pinned copy)", up ? "#222222" : "#999999", true, bytes,
+              f.baseline);
         }
       }
     }

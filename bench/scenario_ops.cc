@@ -17,6 +17,11 @@
 //   ops / time from the first record to synchronize() returning. Baseline: the same number
 //   of Stream::Axpy launches back to back on one stream, then one wait (ops per submit does
 //   not apply in process, so every K row shows the same baseline).
+//   Prepared graph replay: a graph of 100 axpy(256 f32) is recorded once
+//   (begin_graph()/end_graph(), one submit), then replayed R times pipelined (launch_graph +
+//   submit, no waiting), one synchronize(); kernels/s = 100 R / time. Baseline: the same 100
+//   Stream::Axpy captured in process (BeginCapture/EndCapture) and LaunchGraph'ed R times
+//   back to back on one stream, one wait.
 #include <algorithm>
 
 #include "bench.h"
@@ -126,6 +131,56 @@ Samples BaselineThroughput(backend::Stream& stream, int total, int runs) {
   return out;
 }
 
+constexpr int kGraphOps = 100;
+int GraphReplays(const Context& ctx) { return ctx.options.quick ? 20 : 200; }
+
+Samples DaemonGraphReplay(Session& s, int replays, int runs) {
+  Tensor x = s.create_tensor<float>({kAxpyElements});
+  Tensor y = s.create_tensor<float>({kAxpyElements});
+  s.fill(x, 1.0);
+  s.fill(y, 0.0);
+  Graph g = s.begin_graph();
+  for (int i = 0; i < kGraphOps; ++i) s.axpy(1e-6, x, y);
+  s.end_graph();
+  Check(s.synchronize(), "recording a graph of " + std::to_string(kGraphOps) + " axpy");
+  Samples out;
+  for (int run = -1; run < runs; ++run) {  // run -1 warms up
+    auto t0 = Clock::now();
+    for (int r = 0; r < replays; ++r) {
+      s.launch_graph(g);
+      Check(s.submit(), "submit graph launch");
+    }
+    Check(s.synchronize(), "graph replay synchronize");
+    if (run >= 0) out.Add(NsSince(t0));
+  }
+  return out;
+}
+
+Samples BaselineGraphReplay(backend::Stream& stream, int replays, int runs) {
+  auto x = Check(stream.Allocate(kAxpyElements * sizeof(float)), "Allocate");
+  auto y = Check(stream.Allocate(kAxpyElements * sizeof(float)), "Allocate");
+  Check(stream.Fill(DType::kF32, x, kAxpyElements, 1.0), "Fill");
+  Check(stream.Fill(DType::kF32, y, kAxpyElements, 0.0), "Fill");
+  Check(WaitStream(stream), "setup");
+  Check(stream.BeginCapture(), "BeginCapture");
+  for (int i = 0; i < kGraphOps; ++i) {
+    Check(stream.Axpy(DType::kF32, 1e-6, x, y, kAxpyElements), "Axpy (captured)");
+  }
+  auto graph = Check(stream.EndCapture(), "EndCapture");
+  Samples out;
+  for (int run = -1; run < runs; ++run) {
+    auto t0 = Clock::now();
+    for (int r = 0; r < replays; ++r) Check(stream.LaunchGraph(*graph), "LaunchGraph");
+    Check(WaitStream(stream), "wait");
+    if (run >= 0) out.Add(NsSince(t0));
+  }
+  graph.reset();
+  stream.Free(x);
+  stream.Free(y);
+  Check(WaitStream(stream), "free");
+  return out;
+}
+
 }  // namespace
 
 std::vector<Table> RunLatency(Context& ctx) {
@@ -194,11 +249,14 @@ std::vector<Table> RunLatency(Context& ctx) {
 std::vector<Table> RunThroughput(Context& ctx) {
   int total = TotalOps(ctx);
   int runs = ctx.options.quick ? 3 : 10;
-  Samples base;
+  int replays = GraphReplays(ctx);
+  Samples base, base_graph;
   if (ctx.baseline) {
     ctx.progress->Case("baseline axpy launches");
     auto stream = Check(ctx.baseline->device->CreateStream(), "CreateStream");
     base = BaselineThroughput(*stream, total, runs);
+    ctx.progress->Case("baseline graph replay");
+    base_graph = BaselineGraphReplay(*stream, replays, runs);
   }
   std::vector<int> ks = OpsPerSubmit();
   std::vector<std::vector<Samples>> daemon(ctx.targets.size());
@@ -209,6 +267,8 @@ std::vector<Table> RunThroughput(Context& ctx) {
       ctx.progress->Case(ctx.targets[t].target + " " + std::to_string(k) + " ops per submit");
       daemon[t].push_back(DaemonThroughput(session, k, total, runs));
     }
+    ctx.progress->Case(ctx.targets[t].target + " graph replay");
+    daemon[t].push_back(DaemonGraphReplay(session, replays, runs));
     Check(session.close().status(), "close");
   }
   auto row = [&](int k, const Samples* d) {
@@ -235,6 +295,23 @@ std::vector<Table> RunThroughput(Context& ctx) {
           }
           rows.push_back(row(ks[i], which == kNoTarget ? nullptr : &d));
         }
+        // Prepared graph replay: the entry after the K rows.
+        Samples g;
+        if (which >= 0) g = daemon[which][ks.size()];
+        if (which == kAllTargets) {
+          for (auto& t : daemon) g.Append(t[ks.size()]);
+        }
+        Summary gs = which == kNoTarget ? Summary{} : Summarize(g);
+        Summary bs = ctx.baseline ? Summarize(base_graph) : Summary{};
+        double kernels = static_cast<double>(kGraphOps) * replays;
+        Row r{"graph of " + std::to_string(kGraphOps) + " axpy, replayed",
+              {{"ops/s", kernels / (gs.p50 / 1e9), kernels / (bs.p50 / 1e9)},
+               {"us/op", gs.p50 / 1e3 / kernels, bs.p50 / 1e3 / kernels}}};
+        r.params = {{"graph_ops", kGraphOps}, {"replays_per_run", replays}};
+        r.tags = {{"case", "graph_replay"}};
+        if (which != kNoTarget) r.summaries.push_back({"daemon", gs});
+        if (ctx.baseline) r.summaries.push_back({"baseline", bs});
+        rows.push_back(std::move(r));
         return rows;
       },
       [&](int which) {
@@ -243,7 +320,11 @@ std::vector<Table> RunThroughput(Context& ctx) {
                 " axpy ops submitted without waiting, then synchronize(); ops/s = ops / p50 "
                 "run time over " + std::to_string(runs) + " runs",
             "baseline = the same launches back to back on one in-process stream, one wait "
-            "(same figure for every row)"};
+            "(same figure for every axpy row)",
+            "graph row: " + std::to_string(kGraphOps) + " axpy recorded once as a graph, " +
+                std::to_string(replays) + " launch_graph + submit per run, pipelined, one "
+                "synchronize(); ops/s counts kernels; baseline = in-process "
+                "BeginCapture/EndCapture, LaunchGraph back to back, one wait"};
         if (which == kAllTargets) notes.push_back("all targets: run times pooled");
         return notes;
       });

@@ -2,36 +2,51 @@
 // one transfer at a time, and time each from the call until the bytes are there.
 //
 // Daemon side, per route:
-//   blocking  Session::upload_bytes / download_bytes: the bytes ride inline in the session
-//             stream (in Upload ops / DownloadChunk messages); the call returns once the
-//             daemon reports the transfer complete. This is also the only route a remote
-//             (TCP) client has.
-//   pending   (not yet measurable) upload_pending / download_pending through a PinnedBuffer
-//             in shared memory. When the client API has them, add Route::kPending below: fill
-//             one PinnedBuffer (reused across iterations, as the contract intends), time
-//             upload_pending(std::move(buffer), std::move(tensor)).wait(), take the buffer
-//             and tensor back from wait(), and the same for download_pending.
+//   blocking  Session::upload_bytes / download_bytes from/to ordinary host memory; the call
+//             returns once the daemon reports the transfer complete (local sessions: the
+//             library stages through its shared-memory slabs; remote: bytes inline).
+//   pending   Session::upload_pending / download_pending through PinnedBuffers, reused
+//             across iterations as the contract intends: allocated once per size, then each
+//             iteration upload_pending(std::move(buffer), std::move(tensor)) -> wait() ->
+//             take both back. For a local (unix) target the buffer lives in a shared-memory
+//             slab the daemon DMAs from; for a remote (tcp) target the same API sends the
+//             bytes inline, and the route is labelled "pending-inline". A size above one
+//             slab (Opened's slab_size, default 64 MiB; or a QUOTA_EXCEEDED from
+//             pinned_buffer) is split into slab-sized parts (a buffer and a tensor each),
+//             issued back to back and waited together; the time covers all parts.
 // Baseline: in process, a host buffer registered once with Device::RegisterHostMemory
 // (cudaHostRegister on CUDA: pinned), then Stream::CopyHostToDevice / CopyDeviceToHost and
-// OnComplete, waited on — what a program owning the GPU itself does at best.
+// OnComplete, waited on — what a program owning the GPU itself does at best. Both routes
+// are compared with the same baseline samples.
 //
 // Figures: p50 and p99 of the per-transfer time (us), and bandwidth = bytes / p50 time
 // (GB/s, 1 GB = 1e9 B).
 #include <algorithm>
+#include <cstring>
+#include <map>
 
 #include "bench.h"
 
 namespace ferry::bench {
 namespace {
 
-enum class Route { kBlocking };
+enum class Route { kBlocking, kPending };
 const char* RouteName(Route r) {
   switch (r) {
     case Route::kBlocking: return "blocking";
+    case Route::kPending: return "pending";
   }
   return "?";
 }
-const Route kRoutes[] = {Route::kBlocking};
+const Route kRoutes[] = {Route::kPending, Route::kBlocking};
+
+bool IsRemote(const std::string& target) { return target.rfind("tcp:", 0) == 0; }
+
+/// The route as measured on `target`: the pending API goes inline for a remote session.
+std::string RouteLabel(Route r, const std::string& target) {
+  if (r == Route::kPending && IsRemote(target)) return "pending-inline";
+  return RouteName(r);
+}
 
 enum class Direction { kUpload, kDownload };
 const char* DirName(Direction d) { return d == Direction::kUpload ? "upload" : "download"; }
@@ -41,8 +56,9 @@ struct Case {
   Direction dir;
   uint64_t bytes;
   int iterations;
-  std::string label() const {
-    return std::string(DirName(dir)) + " " + RouteName(route) + " " + FormatBytes(bytes);
+  std::string label(const std::string& route_label = "") const {
+    std::string route_name = route_label.empty() ? RouteName(route) : route_label;
+    return std::string(DirName(dir)) + " " + route_name + " " + FormatBytes(bytes);
   }
 };
 
@@ -81,6 +97,71 @@ Samples DaemonCase(Session& s, const Case& c) {
   return out;
 }
 
+/// What a pending case did besides its samples: into how many parts it was split.
+struct PendingInfo {
+  int parts = 1;
+  uint64_t part_bytes = 0;
+};
+
+/// The pending route: PinnedBuffers allocated once, moved into each transfer and taken back
+/// from wait(). Sizes above one slab go as slab-sized parts issued back to back.
+Samples DaemonPendingCase(Session& s, const Case& c, PendingInfo* info) {
+  uint64_t slab = s.slab_size();  // 0: remote, ordinary memory, no per-buffer limit
+  uint64_t part = slab > 0 && c.bytes > slab ? slab : c.bytes;
+  std::vector<PinnedBuffer> bufs;
+  auto allocate = [&](uint64_t part_bytes) -> Status {
+    bufs.clear();
+    for (uint64_t done = 0; done < c.bytes; done += part_bytes) {
+      uint64_t n = std::min(part_bytes, c.bytes - done);
+      auto b = s.pinned_buffer(n);
+      if (!b.ok()) return b.status();
+      bufs.push_back(std::move(b).value());
+    }
+    return Status::Ok();
+  };
+  Status st = allocate(part);
+  // A buffer of `part` bytes does not fit (a slab's bookkeeping, another buffer in it):
+  // halve the parts until it does.
+  while (!st.ok() && st.kind() == ErrorKind::kQuotaExceeded && part > (1ull << 20)) {
+    part = (part / 2 + 255) & ~uint64_t{255};
+    st = allocate(part);
+  }
+  Check(st, "pinned_buffer for " + c.label());
+  for (auto& b : bufs) std::memset(b.data(), 0x5a, b.size());  // touch once, untimed
+  std::vector<Tensor> tensors;
+  for (auto& b : bufs) {
+    tensors.push_back(s.create_tensor<uint8_t>({static_cast<int64_t>(b.size())}));
+  }
+  Check(s.synchronize(), "creating " + FormatBytes(c.bytes) + " of tensors");
+  info->parts = static_cast<int>(bufs.size());
+  info->part_bytes = part;
+
+  Samples out;
+  std::vector<PendingTransfer> pending(bufs.size());
+  int warmup = c.bytes >= (64ull << 20) ? 1 : 2;
+  for (int i = 0; i < warmup + c.iterations; ++i) {
+    auto t0 = Clock::now();
+    for (size_t k = 0; k < bufs.size(); ++k) {
+      pending[k] = c.dir == Direction::kUpload
+                       ? s.upload_pending(std::move(bufs[k]), std::move(tensors[k]))
+                       : s.download_pending(std::move(tensors[k]), std::move(bufs[k]));
+    }
+    Status first;
+    for (size_t k = 0; k < bufs.size(); ++k) {
+      Transfer done = pending[k].wait();
+      if (first.ok() && !done.status.ok()) first = done.status;
+      bufs[k] = std::move(done.buffer);
+      tensors[k] = std::move(done.tensor);
+    }
+    double ns = NsSince(t0);
+    Check(first, c.label());
+    if (i >= warmup) out.Add(ns);
+  }
+  for (auto& t : tensors) s.free(std::move(t));
+  Check(s.synchronize(), "freeing tensors");
+  return out;
+}
+
 Samples BaselineCase(backend::Device& dev, backend::Stream& stream, const Case& c) {
   HostBuffer buf(c.bytes);
   // Registered once, outside the timed loop: registration is never on the hot path.
@@ -103,16 +184,19 @@ Samples BaselineCase(backend::Device& dev, backend::Stream& stream, const Case& 
   return out;
 }
 
-Row MakeRow(const Case& c, const Samples* daemon, const Samples* base) {
+/// `route_label`: the route as measured (RouteLabel), or "" for the plain route name.
+Row MakeRow(const Case& c, const Samples* daemon, const Samples* base,
+            const std::string& route_label = "") {
   Summary d = daemon ? Summarize(*daemon) : Summary{};
   Summary b = base ? Summarize(*base) : Summary{};
   double bytes = static_cast<double>(c.bytes);
-  Row r{c.label(),
+  std::string route = route_label.empty() ? RouteName(c.route) : route_label;
+  Row r{c.label(route),
         {{"p50 us", d.p50 / 1e3, b.p50 / 1e3},
          {"p99 us", d.p99 / 1e3, b.p99 / 1e3},
          {"GB/s", bytes / d.p50, bytes / b.p50}}};
   r.params = {{"bytes", bytes}, {"iterations", static_cast<double>(c.iterations)}};
-  r.tags = {{"direction", DirName(c.dir)}, {"route", RouteName(c.route)}};
+  r.tags = {{"direction", DirName(c.dir)}, {"route", route}};
   if (daemon) r.summaries.push_back({"daemon", d});
   if (base) r.summaries.push_back({"baseline", b});
   return r;
@@ -124,56 +208,100 @@ std::vector<Table> RunTransfers(Context& ctx) {
   std::vector<Case> cases;
   for (Route route : kRoutes) {
     for (Direction dir : {Direction::kUpload, Direction::kDownload}) {
-      for (uint64_t bytes : Sizes(ctx)) cases.push_back({route, dir, bytes, IterationsFor(ctx, bytes)});
+      for (uint64_t bytes : Sizes(ctx)) {
+        cases.push_back({route, dir, bytes, IterationsFor(ctx, bytes)});
+      }
     }
   }
 
-  // Baseline first: one stream on the in-process device.
-  std::vector<Samples> base(cases.size());
+  // Baseline first: one stream on the in-process device, one measurement per direction and
+  // size, shared by both routes' rows.
+  std::map<std::pair<Direction, uint64_t>, Samples> base;
   if (ctx.baseline) {
     auto stream = Check(ctx.baseline->device->CreateStream(), "baseline CreateStream");
-    for (size_t i = 0; i < cases.size(); ++i) {
-      ctx.progress->Case("baseline " + cases[i].label());
-      base[i] = BaselineCase(*ctx.baseline->device, *stream, cases[i]);
+    for (const Case& c : cases) {
+      if (base.count({c.dir, c.bytes})) continue;
+      ctx.progress->Case("baseline " + std::string(DirName(c.dir)) + " " + FormatBytes(c.bytes));
+      base[{c.dir, c.bytes}] = BaselineCase(*ctx.baseline->device, *stream, c);
     }
   }
+  auto base_of = [&](const Case& c) -> const Samples* {
+    auto it = base.find({c.dir, c.bytes});
+    return it == base.end() ? nullptr : &it->second;
+  };
 
   // Each target in turn, one session for all its cases.
   std::vector<std::vector<Samples>> daemon(ctx.targets.size());
+  // Split pending transfers, per target: "256 MiB as 4 x 64 MiB".
+  std::vector<std::vector<std::string>> splits(ctx.targets.size());
+  std::vector<uint64_t> slab_sizes(ctx.targets.size(), 0);
   for (size_t t = 0; t < ctx.targets.size(); ++t) {
-    auto client = Check(Client::connect(ctx.targets[t].target), "connect " + ctx.targets[t].target);
+    const std::string& target = ctx.targets[t].target;
+    auto client = Check(Client::connect(target), "connect " + target);
     auto session = Check(client.open_session(), "open_session");
+    slab_sizes[t] = session.slab_size();
     for (const Case& c : cases) {
-      ctx.progress->Case(ctx.targets[t].target + " " + c.label());
-      daemon[t].push_back(DaemonCase(session, c));
+      ctx.progress->Case(target + " " + c.label(RouteLabel(c.route, target)));
+      if (c.route == Route::kPending) {
+        PendingInfo info;
+        daemon[t].push_back(DaemonPendingCase(session, c, &info));
+        std::string split = FormatBytes(c.bytes) + " as " + std::to_string(info.parts) + " x " +
+                            FormatBytes(info.part_bytes);
+        if (info.parts > 1 && c.dir == Direction::kUpload) splits[t].push_back(split);
+      } else {
+        daemon[t].push_back(DaemonCase(session, c));
+      }
     }
     Check(session.close().status(), "close");
   }
 
-  auto notes = [&](const std::string& target) {
+  auto notes = [&](int which) {
+    std::string target = which >= 0 ? ctx.targets[which].target : "";
     std::vector<std::string> n = {
         "time = call until the bytes are there, one transfer at a time; GB/s = bytes / p50 "
         "time (1 GB = 1e9 B)",
-        "blocking = Session::upload_bytes/download_bytes, bytes inline in the gRPC stream; "
-        "baseline = registered (pinned) host buffer, backend copy + OnComplete",
-        "pending route (shared-memory PinnedBuffer) not measured: the client API has no "
-        "upload_pending/download_pending yet"};
+        "pending = upload_pending/download_pending with PinnedBuffers allocated once per size "
+        "and moved through every transfer (buffer and tensor taken back from wait()); "
+        "through a shared-memory slab on a unix target, bytes inline on a tcp target "
+        "(pending-inline)",
+        "blocking = Session::upload_bytes/download_bytes from ordinary host memory",
+        "baseline = registered (pinned) host buffer, backend copy + OnComplete, waited on; the "
+        "same baseline samples for both routes"};
+    if (which >= 0) {
+      if (slab_sizes[which] > 0) {
+        std::string s = "slab size " + FormatBytes(slab_sizes[which]) + "; ";
+        if (splits[which].empty()) {
+          s += "every pending transfer fit one pinned buffer";
+        } else {
+          s += "pending transfers above it go as slab-sized parts issued back to back and "
+               "waited together (the time covers all parts):";
+          for (const auto& x : splits[which]) s += " " + x + ";";
+          s.pop_back();
+        }
+        n.push_back(s);
+      } else if (IsRemote(target)) {
+        n.push_back("remote target: no slabs; pending buffers are ordinary memory");
+      }
+    }
     const TransportFigures& tf = ctx.TransportFor(target);
-    if (tf.measured && !target.empty()) {
+    bool has_bulk_size = std::any_of(cases.begin(), cases.end(),
+                                     [&](const Case& c) { return c.bytes == tf.bulk_bytes; });
+    if (tf.measured && !target.empty() && has_bulk_size) {
       n.push_back("'vs gRPC' rows: the same 8 MiB transfer against a bare gRPC 8 MiB message "
                   "(transports table), same socket kind");
     }
+    if (which == kAllTargets) n.push_back("all targets: the samples of every target pooled");
     return n;
   };
-  // Rows comparing 8 MiB blocking transfers with bare gRPC bulk messages of the same size.
+  // Rows comparing 8 MiB transfers with bare gRPC bulk messages of the same size.
   auto grpc_rows = [&](const std::string& target, const std::vector<Samples>& d,
                        std::vector<Row>* rows) {
     const TransportFigures& tf = ctx.TransportFor(target);
     if (!tf.measured) return;
     for (size_t i = 0; i < cases.size(); ++i) {
-      if (cases[i].bytes != tf.bulk_bytes || cases[i].route != Route::kBlocking) continue;
+      if (cases[i].bytes != tf.bulk_bytes) continue;
       const Samples& g = cases[i].dir == Direction::kUpload ? tf.grpc_bulk_up : tf.grpc_bulk_down;
-      Row r = MakeRow(cases[i], &d[i], &g);
+      Row r = MakeRow(cases[i], &d[i], &g, RouteLabel(cases[i].route, target));
       r.label += " vs gRPC";
       r.tags.push_back({"baseline", "grpc_bulk"});
       r.summaries.back().first = "grpc_bulk";
@@ -181,31 +309,29 @@ std::vector<Table> RunTransfers(Context& ctx) {
     }
   };
 
-  const Samples* no_samples = nullptr;
   return BuildTables(
       ctx, "transfers",
       [&](int which) {
         std::vector<Row> rows;
         for (size_t i = 0; i < cases.size(); ++i) {
-          const Samples* b = ctx.baseline ? &base[i] : no_samples;
+          const Samples* b = base_of(cases[i]);
           if (which >= 0) {
-            rows.push_back(MakeRow(cases[i], &daemon[which][i], b));
+            rows.push_back(MakeRow(cases[i], &daemon[which][i], b,
+                                   RouteLabel(cases[i].route, ctx.targets[which].target)));
           } else if (which == kAllTargets) {
             Samples pooled;  // every target's samples of this case
             for (auto& d : daemon) pooled.Append(d[i]);
             rows.push_back(MakeRow(cases[i], &pooled, b));
-          } else {
-            rows.push_back(MakeRow(cases[i], nullptr, b));
+          } else if (cases[i].route == Route::kBlocking) {  // baseline only: once per size
+            Row r = MakeRow(cases[i], nullptr, b);
+            r.label = std::string(DirName(cases[i].dir)) + " " + FormatBytes(cases[i].bytes);
+            rows.push_back(std::move(r));
           }
         }
         if (which >= 0) grpc_rows(ctx.targets[which].target, daemon[which], &rows);
         return rows;
       },
-      [&](int which) {
-        auto n = notes(which >= 0 ? ctx.targets[which].target : "");
-        if (which == kAllTargets) n.push_back("all targets: the samples of every target pooled");
-        return n;
-      });
+      notes);
 }
 
 }  // namespace ferry::bench

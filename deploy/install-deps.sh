@@ -8,6 +8,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libspdlog-dev libfmt-dev libboost-dev libboost-system-dev
   libgtest-dev libgmock-dev
+  openssl  # the TLS tests make a test CA at test time
 )
 missing=()
 for p in "${packages[@]}"; do

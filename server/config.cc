@@ -74,6 +74,12 @@ class Settings {
         return Status::Ok();
       };
     };
+    auto path = [](std::string* out) {
+      return [out](const std::string& v) -> Status {
+        *out = v;
+        return Status::Ok();
+      };
+    };
     auto bounded = [](uint64_t lo, uint64_t hi, auto assign) {
       return [=](const std::string& v) -> Status {
         FERRY_ASSIGN_OR_RETURN(uint64_t n, ParseUnsigned(v));
@@ -104,6 +110,26 @@ class Settings {
         {"allow-insecure-remote",
          [this](const std::string& v) -> Status {
            FERRY_ASSIGN_OR_RETURN(c_.daemon.allow_insecure_remote, ParseBool(v));
+           return Status::Ok();
+         }},
+        {"allow-remote-raw-kernels",
+         [this](const std::string& v) -> Status {
+           FERRY_ASSIGN_OR_RETURN(c_.daemon.allow_remote_raw_kernels, ParseBool(v));
+           return Status::Ok();
+         }},
+        {"tls-cert", path(&c_.daemon.tls.cert)},
+        {"tls-key", path(&c_.daemon.tls.key)},
+        {"tls-client-ca", path(&c_.daemon.tls.client_ca)},
+        {"token-file", path(&c_.daemon.token_file)},
+        {"metrics-listen",
+         [this](const std::string& v) -> Status {
+           if (!v.empty()) {
+             size_t colon = v.rfind(':');
+             if (colon == std::string::npos || colon == 0) return Invalid("expected HOST:PORT");
+             auto port = ParseUnsigned(v.substr(colon + 1));
+             if (!port.ok() || *port > 65535) return Invalid("bad port in " + v);
+           }
+           c_.daemon.metrics_listen = v;
            return Status::Ok();
          }},
         {"session-quota", bytes(&c_.daemon.session_defaults.device_bytes_quota)},
@@ -176,7 +202,7 @@ class Settings {
   Settings& operator=(const Settings&) = delete;
 
   static bool IsSwitch(const std::string& name) {
-    return name == "allow-insecure-remote" || name == "help" || name == "version" ||
+    return name == "allow-insecure-remote" || name == "allow-remote-raw-kernels" || name == "help" || name == "version" ||
            name == "check-config";
   }
   bool Known(const std::string& name) const { return setters_.count(name) > 0; }
@@ -301,6 +327,15 @@ std::string FlagsHelp() {
   --listen ENDPOINT          unix:PATH or tcp:HOST:PORT (port 0 picks one); repeatable
                              (default unix:/run/ferry/ferryd-<N>.sock)
   --allow-insecure-remote    allow plaintext TCP on non-loopback addresses (development)
+  --tls-cert PATH            PEM certificate chain: TCP endpoints speak TLS (default: none)
+  --tls-key PATH             PEM private key of --tls-cert (default: none)
+  --tls-client-ca PATH       PEM CA bundle: TCP clients must present a certificate it signed
+                             (mutual TLS; default: none)
+  --token-file PATH          TCP clients must send "authorization: Bearer <token>" with the
+                             token in PATH (default: none). Unix endpoints stay plain
+  --allow-remote-raw-kernels let TCP clients load and launch raw kernels (default: refused)
+  --metrics-listen HOST:PORT serve Prometheus metrics at http://HOST:PORT/metrics
+                             (port 0 picks one; default: off)
   --session-quota SIZE       default device-memory quota per session (default 1G)
   --max-session-quota SIZE   largest quota a client may ask for (default 16G)
   --max-in-flight N          default submits in flight per session (default 64)
@@ -392,6 +427,14 @@ std::string FormatConfig(const DaemonConfig& c) {
   for (const std::string& ep : c.daemon.listen) out << "listen = " << ep << "\n";
   out << "allow-insecure-remote = " << (c.daemon.allow_insecure_remote ? "true" : "false")
       << "\n";
+  auto quoted = [](const std::string& v) { return v.empty() ? std::string() : " \"" + v + "\""; };
+  out << "tls-cert =" << quoted(c.daemon.tls.cert) << "\n";
+  out << "tls-key =" << quoted(c.daemon.tls.key) << "\n";
+  out << "tls-client-ca =" << quoted(c.daemon.tls.client_ca) << "\n";
+  out << "token-file =" << quoted(c.daemon.token_file) << "\n";
+  out << "allow-remote-raw-kernels = " << (c.daemon.allow_remote_raw_kernels ? "true" : "false")
+      << "\n";
+  out << "metrics-listen =" << quoted(c.daemon.metrics_listen) << "\n";
   out << "session-quota = " << FormatBytes(c.daemon.session_defaults.device_bytes_quota) << "\n";
   out << "max-session-quota = " << FormatBytes(c.daemon.max_device_bytes_quota) << "\n";
   out << "max-in-flight = " << c.daemon.session_defaults.max_in_flight_submits << "\n";

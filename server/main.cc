@@ -107,11 +107,15 @@ int main(int argc, char** argv) {
     spdlog::info("listening on {}", ep);
     endpoints += (endpoints.empty() ? "" : " ") + ep;
   }
+  if (std::string m = (*daemon)->metrics_endpoint(); !m.empty()) {
+    spdlog::info("metrics at http://{}/metrics", m);
+  }
   if (!config.ready_file.empty()) {
     std::string tmp = config.ready_file + ".tmp";
     {
       std::ofstream out(tmp);
       for (const auto& ep : (*daemon)->endpoints()) out << ep << "\n";
+      if (std::string m = (*daemon)->metrics_endpoint(); !m.empty()) out << "metrics:" << m << "\n";
     }
     std::rename(tmp.c_str(), config.ready_file.c_str());
   }

@@ -1,9 +1,16 @@
 #include "commands.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <future>
+#include <sstream>
 #include <memory>
 #include <ostream>
 #include <thread>
@@ -11,6 +18,7 @@
 
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/security/credentials.h>
 
 #include "ferry/client.h"
 #include "ferry/v1/admin.grpc.pb.h"
@@ -29,11 +37,38 @@ bool AllDigits(const std::string& s) {
   return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
+// The contents of a file ("" for an empty path or one that cannot be read).
+std::string ReadAll(const std::string& path) {
+  if (path.empty()) return "";
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
+
+// --token: the token itself, or "@PATH" / a readable file holding it.
+std::string Token(const Options& options) {
+  std::string t = options.token;
+  if (!t.empty() && t[0] == '@') t = ReadAll(t.substr(1));
+  else if (std::ifstream probe(t); probe.good()) t = ReadAll(t);
+  size_t b = t.find_first_not_of(" \t\r\n"), e = t.find_last_not_of(" \t\r\n");
+  return b == std::string::npos ? "" : t.substr(b, e - b + 1);
+}
+
 // One connection to a daemon's Admin service; every call has the options' deadline.
 class AdminConnection {
  public:
   explicit AdminConnection(const Options& options) : options_(options) {
-    channel_ = grpc::CreateChannel(GrpcTarget(options.target), grpc::InsecureChannelCredentials());
+    std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+    remote_ = GrpcTarget(options.target).rfind("unix:", 0) != 0;
+    if (remote_ && (!options.tls_ca.empty() || !options.tls_cert.empty())) {
+      grpc::SslCredentialsOptions ssl;
+      ssl.pem_root_certs = ReadAll(options.tls_ca);
+      ssl.pem_cert_chain = ReadAll(options.tls_cert);
+      ssl.pem_private_key = ReadAll(options.tls_key);
+      credentials = grpc::SslCredentials(ssl);
+    }
+    channel_ = grpc::CreateChannel(GrpcTarget(options.target), credentials);
     stub_ = v1::Admin::NewStub(channel_);
   }
 
@@ -41,6 +76,7 @@ class AdminConnection {
   grpc::Status Call(Method method, const Request& request, Reply* reply) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + options_.timeout);
+    if (remote_ && !options_.token.empty()) ctx.AddMetadata("authorization", "Bearer " + Token(options_));
     return ((*stub_).*method)(&ctx, request, reply);
   }
 
@@ -84,6 +120,7 @@ class AdminConnection {
 
  private:
   const Options& options_;
+  bool remote_ = false;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Admin::Stub> stub_;
 };
@@ -182,6 +219,10 @@ CanaryResult RunCanary(const Options& options) {
   ClientOptions client_options;
   client_options.client_name = "ferryctl-canary";
   client_options.connect_timeout = options.timeout;
+  client_options.tls_ca_cert = options.tls_ca;
+  client_options.tls_client_cert = options.tls_cert;
+  client_options.tls_client_key = options.tls_key;
+  client_options.bearer_token = Token(options);
   auto client = Client::connect(FerryTarget(options.target), client_options);
   r.connect_ms = MillisSince(t);
   if (!client.ok()) {
@@ -544,6 +585,65 @@ int RunDrain(const Options& options, std::ostream& out, std::ostream& err) {
         << HumanMillis(options.wait_timeout.count()) << "\n";
     return kExitCritical;
   }
+  return kExitOk;
+}
+
+int RunMetrics(const Options& options, std::ostream& out, std::ostream& err) {
+  // A plain HTTP/1.1 GET of ferryd's --metrics-listen endpoint.
+  std::string ep = options.metrics_endpoint;
+  if (ep.rfind("http://", 0) == 0) ep = ep.substr(7);
+  std::string path = "/metrics";
+  if (size_t slash = ep.find('/'); slash != std::string::npos) {
+    path = ep.substr(slash);
+    ep = ep.substr(0, slash);
+  }
+  size_t colon = ep.rfind(':');
+  if (ep.empty() || colon == std::string::npos) {
+    err << "ferryctl: metrics needs --metrics HOST:PORT (ferryd's --metrics-listen)\n";
+    return kExitUsage;
+  }
+  std::string host = ep.substr(0, colon), port = ep.substr(colon + 1);
+  if (host.size() > 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(host.c_str(), port.c_str(), &hints, &res) != 0 || !res) {
+    err << "ferryctl: cannot resolve " << ep << "\n";
+    return kExitCritical;
+  }
+  int fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  timeval tv{static_cast<time_t>(options.timeout.count() / 1000),
+             static_cast<suseconds_t>((options.timeout.count() % 1000) * 1000)};
+  if (fd >= 0) {
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  }
+  bool connected = fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) == 0;
+  freeaddrinfo(res);
+  if (!connected) {
+    if (fd >= 0) ::close(fd);
+    err << "ferryctl: cannot reach metrics at " << ep << "\n";
+    return kExitCritical;
+  }
+  std::string request = "GET " + path + " HTTP/1.1\r\nHost: " + ep +
+                        "\r\nAccept: text/plain\r\nConnection: close\r\n\r\n";
+  bool sent = ::send(fd, request.data(), request.size(), MSG_NOSIGNAL) ==
+              static_cast<ssize_t>(request.size());
+  std::string response;
+  char buf[16384];
+  for (ssize_t n; sent && (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) response.append(buf, n);
+  ::close(fd);
+  size_t header_end = response.find("\r\n\r\n");
+  if (header_end == std::string::npos || response.rfind("HTTP/1.", 0) != 0) {
+    err << "ferryctl: no HTTP reply from " << ep << "\n";
+    return kExitCritical;
+  }
+  std::string status_line = response.substr(0, response.find("\r\n"));
+  if (status_line.find(" 200 ") == std::string::npos) {
+    err << "ferryctl: " << ep << path << ": " << status_line << "\n";
+    return kExitCritical;
+  }
+  out << response.substr(header_end + 4);
   return kExitOk;
 }
 

@@ -33,6 +33,13 @@ struct Options {
   std::chrono::milliseconds canary_timeout{20000};
   /// Warn when less than this fraction of device memory is free.
   double min_free_fraction = 0.05;
+  // remote access (tcp: targets): PEM paths, and the bearer token (or a file holding it)
+  std::string tls_ca;
+  std::string tls_cert;
+  std::string tls_key;
+  std::string token;
+  // metrics: where ferryd's --metrics-listen serves ("HOST:PORT" or http://HOST:PORT[/metrics])
+  std::string metrics_endpoint;
   // drain
   bool wait = false;
   std::chrono::milliseconds wait_timeout{120000};
@@ -48,5 +55,6 @@ int RunStatus(const Options& options, std::ostream& out, std::ostream& err);
 int RunSessions(const Options& options, std::ostream& out, std::ostream& err);
 int RunHealth(const Options& options, std::ostream& out, std::ostream& err);
 int RunDrain(const Options& options, std::ostream& out, std::ostream& err);
+int RunMetrics(const Options& options, std::ostream& out, std::ostream& err);
 
 }  // namespace ferry::ctl

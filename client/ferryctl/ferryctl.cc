@@ -24,6 +24,7 @@ commands:
                      daemon, every element checked
   drain [--wait]     ask the daemon to drain (finish in-flight work, then exit);
                      --wait: until it has stopped
+  metrics            fetch and print the Prometheus metrics of --metrics HOST:PORT
 
 options:
   --target T           unix:PATH, tcp:HOST:PORT, a socket path, or a device index N
@@ -34,6 +35,11 @@ options:
   --canary-timeout S   how long the canary may take (default 20)
   --min-free PERCENT   health warns below this much free device memory (default 5)
   --wait-timeout S     drain --wait gives up after this long (default 120)
+  --metrics HOST:PORT  ferryd's --metrics-listen endpoint (metrics)
+  --tls-ca PATH        PEM CA of the daemon's certificate: speak TLS (tcp: targets)
+  --tls-cert PATH      PEM client certificate, for mutual TLS
+  --tls-key PATH       PEM key of --tls-cert
+  --token T            bearer token for tcp: targets: the token, @PATH, or a file path
   --version, --help
 
 exit codes: 0 ok, 1 warning, 2 critical or unreachable, 3 usage error
@@ -100,7 +106,10 @@ int main(int argc, char** argv) {
     }
     static const std::vector<std::string> kValued = {"target",         "timeout",
                                                       "canary-elements", "canary-timeout",
-                                                      "min-free",       "wait-timeout"};
+                                                      "min-free",       "wait-timeout",
+                                                      "metrics",        "tls-ca",
+                                                      "tls-cert",       "tls-key",
+                                                      "token"};
     if (std::find(kValued.begin(), kValued.end(), name) == kValued.end()) {
       return Usage("unknown option --" + name);
     }
@@ -111,6 +120,16 @@ int main(int argc, char** argv) {
     if (name == "target") {
       if (value.empty()) return Usage("--target: empty");
       options.target = value;
+    } else if (name == "metrics") {
+      options.metrics_endpoint = value;
+    } else if (name == "tls-ca") {
+      options.tls_ca = value;
+    } else if (name == "tls-cert") {
+      options.tls_cert = value;
+    } else if (name == "tls-key") {
+      options.tls_key = value;
+    } else if (name == "token") {
+      options.token = value;
     } else if (name == "timeout") {
       if (!ParseSeconds(value, &options.timeout)) return Usage("--timeout: seconds, > 0");
     } else if (name == "canary-timeout") {
@@ -142,5 +161,6 @@ int main(int argc, char** argv) {
   if (command == "sessions") return RunSessions(options, std::cout, std::cerr);
   if (command == "health") return RunHealth(options, std::cout, std::cerr);
   if (command == "drain") return RunDrain(options, std::cout, std::cerr);
+  if (command == "metrics") return RunMetrics(options, std::cout, std::cerr);
   return Usage("unknown command '" + command + "'");
 }

@@ -1,12 +1,16 @@
 // libferry's implementation: the session stream, its reader thread, and the recording of
 // ops into ferry.v1 messages.
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/security/credentials.h>
+#include <grpcpp/support/client_interceptor.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <sstream>
+#include <fstream>
 #include <condition_variable>
 #include <cstring>
 #include <map>
@@ -274,13 +278,12 @@ class SessionState {
   Status Synchronize() {
     auto submitted = Submit();
     if (!submitted.ok()) return submitted.status();
-    uint64_t sync_id = next_sync_id_++;
-    v1::ClientMessage m;
-    m.mutable_synchronize()->set_sync_id(sync_id);
-    if (!stream_->Write(m)) return DeadOr("the session stream is gone");
+    // Every submit gets exactly one Completed, in order: once the last one submitted has
+    // completed, all have, and no Synchronize message (a round trip) is needed.
+    uint64_t last = last_submitted_;
     std::unique_lock lock(mu_);
-    cv_.wait(lock, [&] { return last_synchronized_ >= sync_id || !dead_.ok(); });
-    if (last_synchronized_ < sync_id) return dead_;
+    cv_.wait(lock, [&] { return last_completed_ >= last || !dead_.ok(); });
+    if (last_completed_ < last) return dead_;
     Status first;
     if (!failures_.empty()) first = failures_.begin()->second;
     failures_.clear();
@@ -602,7 +605,6 @@ class SessionState {
   v1::Submit pending_;
   uint64_t next_handle_ = 1;
   uint64_t next_submit_id_ = 1;
-  uint64_t next_sync_id_ = 1;
   uint64_t last_submitted_ = 0;
   bool closed_ = false;
   bool shut_down_ = false;
@@ -632,18 +634,76 @@ class SessionState {
 
 // --- Client ------------------------------------------------------------------------------
 
+namespace {
+
+// Adds "authorization: Bearer <token>" to every call of a channel (call credentials would
+// need TLS; a token also guards plaintext loopback TCP).
+class BearerTokenInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  explicit BearerTokenInterceptor(const std::string* header) : header_(header) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
+      methods->GetSendInitialMetadata()->insert({"authorization", *header_});
+    }
+    methods->Proceed();
+  }
+
+ private:
+  const std::string* header_;
+};
+
+class BearerTokenInterceptorFactory final
+    : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  explicit BearerTokenInterceptorFactory(std::string token) : header_("Bearer " + token) {}
+  grpc::experimental::Interceptor* CreateClientInterceptor(
+      grpc::experimental::ClientRpcInfo*) override {
+    return new BearerTokenInterceptor(&header_);
+  }
+
+ private:
+  const std::string header_;  // lives as long as the channel that owns the factory
+};
+
+// PEM text as given, or the contents of the file it names.
+Result<std::string> PemOrFile(const std::string& value, const char* what) {
+  if (value.empty() || value.find("-----BEGIN") != std::string::npos) return value;
+  std::ifstream in(value, std::ios::binary);
+  if (!in) return Status(ErrorKind::kInvalidArgument, std::string("cannot read ") + what + " " + value);
+  std::ostringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
+
+}  // namespace
+
 Result<Client> Client::connect(const std::string& target, const ClientOptions& options) {
   auto state = std::make_shared<internal::ClientState>();
   state->target = target;
   state->options = options;
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  const bool tcp = target.rfind("unix:", 0) != 0;
+  if (tcp && (!options.tls_ca_cert.empty() || !options.tls_client_cert.empty())) {
+    grpc::SslCredentialsOptions ssl;
+    FERRY_ASSIGN_OR_RETURN(ssl.pem_root_certs, PemOrFile(options.tls_ca_cert, "TLS CA"));
+    FERRY_ASSIGN_OR_RETURN(ssl.pem_cert_chain,
+                           PemOrFile(options.tls_client_cert, "TLS client certificate"));
+    FERRY_ASSIGN_OR_RETURN(ssl.pem_private_key, PemOrFile(options.tls_client_key, "TLS client key"));
+    credentials = grpc::SslCredentials(ssl);
+  }
+  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
+  if (tcp && !options.bearer_token.empty()) {
+    interceptors.push_back(std::make_unique<BearerTokenInterceptorFactory>(options.bearer_token));
+  }
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(static_cast<int>(internal::kMaxMessageBytes));
   args.SetMaxSendMessageSize(static_cast<int>(internal::kMaxMessageBytes));
   // Reconnect quickly to a daemon that restarted (gRPC's default first backoff is 1 s).
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-  state->channel = grpc::CreateCustomChannel(internal::GrpcTarget(target),
-                                             grpc::InsecureChannelCredentials(), args);
+  state->channel = grpc::experimental::CreateCustomChannelWithInterceptors(
+      internal::GrpcTarget(target), credentials, args, std::move(interceptors));
   if (!state->channel->WaitForConnected(std::chrono::system_clock::now() +
                                         options.connect_timeout)) {
     return Status(ErrorKind::kUnavailable, "no ferry daemon answers at " + target);
@@ -653,15 +713,21 @@ Result<Client> Client::connect(const std::string& target, const ClientOptions& o
 }
 
 Result<Session> Client::open_session(const SessionOptions& options) {
-  // A daemon that restarted (after a device fault, say) is reconnected to transparently:
-  // give the channel up to the connect timeout to become ready again.
-  if (state_->channel->GetState(/*try_to_connect=*/true) != GRPC_CHANNEL_READY) {
-    state_->channel->WaitForConnected(std::chrono::system_clock::now() +
-                                      state_->options.connect_timeout);
+  // A daemon that is restarting or rebuilding its device (after a device fault) answers
+  // UNAVAILABLE for a moment: retry, reconnecting, for up to the connect timeout.
+  auto deadline = std::chrono::system_clock::now() + state_->options.connect_timeout;
+  for (;;) {
+    if (state_->channel->GetState(/*try_to_connect=*/true) != GRPC_CHANNEL_READY) {
+      state_->channel->WaitForConnected(deadline);
+    }
+    auto state = std::make_shared<internal::SessionState>();
+    Status opened = state->Open(state_, options);
+    if (opened.ok()) return Session(std::move(state));
+    if (opened.kind() != ErrorKind::kUnavailable || std::chrono::system_clock::now() >= deadline) {
+      return opened;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  auto state = std::make_shared<internal::SessionState>();
-  FERRY_RETURN_IF_ERROR(state->Open(state_, options));
-  return Session(std::move(state));
 }
 
 const std::string& Client::target() const { return state_->target; }

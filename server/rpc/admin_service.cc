@@ -4,10 +4,24 @@
 #include "rpc/convert.h"
 
 namespace ferry::rpc {
+namespace {
+
+// Finish the call UNAUTHENTICATED when a TCP peer lacks the bearer token; null when it may go on.
+grpc::ServerUnaryReactor* RejectUnauthenticated(const SessionServiceContext& context,
+                                                grpc::CallbackServerContext* ctx) {
+  ferry::Status s = CheckToken(context.token, *ctx);
+  if (s.ok()) return nullptr;
+  auto* reactor = ctx->DefaultReactor();
+  reactor->Finish(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, s.message()));
+  return reactor;
+}
+
+}  // namespace
 
 grpc::ServerUnaryReactor* AdminService::Status(grpc::CallbackServerContext* ctx,
                                                const v1::StatusRequest*,
                                                v1::StatusReply* reply) {
+  if (auto* rejected = RejectUnauthenticated(*context_, ctx)) return rejected;
   const backend::DeviceInfo info = context_->device->info();
   session::DaemonTotals t = context_->registry->Totals();
   reply->set_version(std::string(kVersion) + "+" + kGitCommit);
@@ -50,6 +64,7 @@ grpc::ServerUnaryReactor* AdminService::Status(grpc::CallbackServerContext* ctx,
 grpc::ServerUnaryReactor* AdminService::ListSessions(grpc::CallbackServerContext* ctx,
                                                      const v1::ListSessionsRequest*,
                                                      v1::ListSessionsReply* reply) {
+  if (auto* rejected = RejectUnauthenticated(*context_, ctx)) return rejected;
   auto now = std::chrono::steady_clock::now();
   for (const session::SessionEntry& e : context_->registry->List()) {
     v1::SessionInfo* s = reply->add_sessions();
@@ -82,6 +97,7 @@ grpc::ServerUnaryReactor* AdminService::ListSessions(grpc::CallbackServerContext
 
 grpc::ServerUnaryReactor* AdminService::Drain(grpc::CallbackServerContext* ctx,
                                               const v1::DrainRequest*, v1::DrainReply*) {
+  if (auto* rejected = RejectUnauthenticated(*context_, ctx)) return rejected;
   context_->draining = true;
   std::function<void()> handler;
   {

@@ -63,6 +63,14 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
   ctx.max_in_flight_submits =
       std::max(options.max_in_flight_submits, options.session_defaults.max_in_flight_submits);
   ctx.max_message_bytes = options.max_message_bytes;
+  ctx.allow_remote_raw_kernels = options.allow_remote_raw_kernels;
+  ctx.submit_latency = &d->submit_latency_;
+  if (!options.token_file.empty()) {
+    FERRY_ASSIGN_OR_RETURN(d->token_, TokenChecker::Load(options.token_file));
+    ctx.token = d->token_.get();
+  }
+  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> tcp_credentials,
+                         MakeTcpCredentials(options.tls));
 
   d->session_service_ = std::make_unique<SessionService>(d->context_.get());
   d->admin_service_ = std::make_unique<AdminService>(d->context_.get(), d->started_at_);
@@ -89,13 +97,14 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
       unix_paths.push_back(path);
     } else if (ep.rfind("tcp:", 0) == 0) {
       FERRY_ASSIGN_OR_RETURN(TcpEndpoint tcp, ParseHostPort(ep.substr(4)));
-      if (!IsLoopback(tcp.host) && !options.allow_insecure_remote) {
+      if (!IsLoopback(tcp.host) && !options.tls.enabled() && options.token_file.empty() &&
+          !options.allow_insecure_remote) {
         return Status(ErrorKind::kInvalidArgument,
-                      "refusing plaintext TCP on non-loopback address " + tcp.host +
-                          " (pass --allow-insecure-remote for development only)");
+                      "refusing TCP on non-loopback address " + tcp.host +
+                          " without --tls-cert/--tls-key or --token-file (or "
+                          "--allow-insecure-remote, for development only)");
       }
-      builder.AddListeningPort(tcp.host + ":" + tcp.port, grpc::InsecureServerCredentials(),
-                               &ports[i]);
+      builder.AddListeningPort(tcp.host + ":" + tcp.port, tcp_credentials, &ports[i]);
     } else {
       return Status(ErrorKind::kInvalidArgument,
                     "endpoint must be unix:PATH or tcp:HOST:PORT, got " + ep);
@@ -155,6 +164,13 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
           grpc::AddInsecureChannelFromFd(server, conn);
         }));
     d->acceptors_.push_back(std::move(acceptor));
+  }
+  if (!options.metrics_listen.empty()) {
+    FERRY_ASSIGN_OR_RETURN(d->metrics_,
+                           MetricsServer::Start(options.metrics_listen,
+                                                [ctx = d->context_.get(), t = d->started_at_] {
+                                                  return RenderMetrics(*ctx, t);
+                                                }));
   }
   SetAcceptingSessions(d->server_.get(), true);
   return d;

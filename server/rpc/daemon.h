@@ -14,6 +14,8 @@
 #include "ferry/status.h"
 #include "pool/slab_broker.h"
 #include "pool/slab_pool.h"
+#include "rpc/auth.h"
+#include "rpc/metrics.h"
 #include "session/device_supervisor.h"
 #include "session/registry.h"
 #include "session/session.h"
@@ -39,6 +41,14 @@ struct DaemonOptions {
   std::vector<int> inherited_listen_fds;
   /// Allow TCP on addresses other than loopback without TLS (development only).
   bool allow_insecure_remote = false;
+  /// TLS for every TCP endpoint (unix endpoints stay plain); mutual with tls.client_ca.
+  TlsFiles tls;
+  /// A file holding the bearer token TCP clients must send ("" none).
+  std::string token_file;
+  /// Let TCP peers load and launch raw kernels (LoadModule/Launch ops).
+  bool allow_remote_raw_kernels = false;
+  /// Serve Prometheus metrics over HTTP on "HOST:PORT" (port 0 picks one); "" none.
+  std::string metrics_listen;
   session::SessionConfig session_defaults;
   uint64_t max_device_bytes_quota = 16ull << 30;
   uint32_t max_in_flight_submits = 1024;
@@ -61,6 +71,8 @@ class Daemon {
 
   /// The endpoints actually bound, with TCP port 0 resolved ("tcp:127.0.0.1:40123").
   const std::vector<std::string>& endpoints() const { return endpoints_; }
+  /// The metrics endpoint actually bound ("HOST:PORT"), "" when metrics are off.
+  std::string metrics_endpoint() const { return metrics_ ? metrics_->endpoint() : ""; }
   const session::DeviceSupervisor& device() const { return *device_; }
   const session::SessionRegistry& registry() const { return *registry_; }
 
@@ -88,7 +100,10 @@ class Daemon {
   std::vector<std::unique_ptr<systemd::SocketAcceptor>> acceptors_;
   std::vector<std::string> endpoints_;
   std::chrono::steady_clock::time_point started_at_;
+  std::unique_ptr<TokenChecker> token_;
+  LatencyHistogram submit_latency_;
   std::once_flag shutdown_once_;
+  std::unique_ptr<MetricsServer> metrics_;  // first to go: it reads everything above
 };
 
 }  // namespace ferry::rpc

@@ -73,6 +73,19 @@ class SessionConnection : public session::SessionEvents,
     Send(std::move(m));
   }
   void OnCompleted(uint64_t submit_id, const Status& status) override {
+    // Completions come in submit order: the oldest received submit is this one.
+    while (!received_at_.empty() && received_at_.front().first <= submit_id) {
+      if (received_at_.front().first == submit_id) {
+        context_->submit_latency->Record(std::chrono::steady_clock::now() -
+                                         received_at_.front().second);
+      }
+      received_at_.pop_front();
+    }
+    last_completed_ = submit_id;
+    SendCompleted(submit_id, status);
+    FlushRejected();
+  }
+  void SendCompleted(uint64_t submit_id, const Status& status) {
     auto m = std::make_unique<v1::ServerMessage>();
     m->mutable_completed()->set_submit_id(submit_id);
     if (!status.ok()) ToProto(status, m->mutable_completed()->mutable_error());
@@ -85,6 +98,8 @@ class SessionConnection : public session::SessionEvents,
     Send(std::move(m));
   }
   void OnClosed(const session::SessionStatsSnapshot& stats) override {
+    last_completed_ = last_forwarded_;
+    FlushRejected();
     auto m = std::make_unique<v1::ServerMessage>();
     ToProto(stats, m->mutable_closed()->mutable_stats());
     Send(std::move(m));
@@ -108,6 +123,13 @@ class SessionConnection : public session::SessionEvents,
                                    " after " + std::to_string(last_submit_id_));
         }
         last_submit_id_ = id;
+        if (remote_ && !context_->allow_remote_raw_kernels && HasRawKernelOps(message->submit())) {
+          return RejectInOrder(id, Status(ErrorKind::kUnsupported,
+                                          "raw kernels are disabled for remote sessions "
+                                          "(ferryd --allow-remote-raw-kernels enables them)"));
+        }
+        if (context_->submit_latency) received_at_.emplace_back(id, std::chrono::steady_clock::now());
+        last_forwarded_ = id;
         session_->Submit(ToSubmitRequest(std::move(message)));
         return;
       }
@@ -122,6 +144,26 @@ class SessionConnection : public session::SessionEvents,
         return;
       case v1::ClientMessage::KIND_NOT_SET:
         return ProtocolViolation("a message with no kind");
+    }
+  }
+
+  // Raw kernels: LoadModule and Launch ops (what a remote session may be refused).
+  static bool HasRawKernelOps(const v1::Submit& submit) {
+    for (const v1::Op& op : submit.ops()) {
+      if (op.has_load_module() || op.has_launch()) return true;
+    }
+    return false;
+  }
+
+  // Complete a submit the session never saw with `status`, after every earlier one.
+  void RejectInOrder(uint64_t submit_id, const Status& status) {
+    rejected_.push_back({submit_id, last_forwarded_, status});
+    FlushRejected();
+  }
+  void FlushRejected() {
+    while (!rejected_.empty() && rejected_.front().after <= last_completed_) {
+      SendCompleted(rejected_.front().submit_id, rejected_.front().status);
+      rejected_.pop_front();
     }
   }
 
@@ -242,6 +284,7 @@ class SessionConnection : public session::SessionEvents,
   session::Executor strand_;
   Reactor* reactor_;  // valid until Finish; null after OnDone
   std::string peer_;
+  bool remote_ = IsRemotePeer(peer_);  // came in over TCP
   v1::ClientMessage read_buffer_;  // written by gRPC between StartRead and OnReadDone
 
   std::shared_ptr<session::Session> session_;
@@ -249,6 +292,15 @@ class SessionConnection : public session::SessionEvents,
   std::string slab_token_;  // issued at Open; revoked when the stream ends
   bool session_done_ = false;  // closed, aborted or failed: no more session calls
   uint64_t last_submit_id_ = 0;
+  uint64_t last_forwarded_ = 0;  // the last submit handed to the session
+  uint64_t last_completed_ = 0;  // the last submit the session completed
+  struct Rejected {
+    uint64_t submit_id;
+    uint64_t after;  // completes once the session completed this submit
+    Status status;
+  };
+  std::deque<Rejected> rejected_;
+  std::deque<std::pair<uint64_t, std::chrono::steady_clock::time_point>> received_at_;
   std::deque<std::unique_ptr<v1::ServerMessage>> outbox_;
   bool reading_ = false;
   bool read_closed_ = false;
@@ -298,8 +350,18 @@ class SessionReactor final : public Reactor {
 
 }  // namespace
 
+// Ends a stream the daemon will not serve (a TCP peer without the bearer token).
+class RejectedReactor final : public Reactor {
+ public:
+  explicit RejectedReactor(const grpc::Status& status) { Finish(status); }
+  void OnDone() override { delete this; }
+};
+
 grpc::ServerBidiReactor<v1::ClientMessage, v1::ServerMessage>* SessionService::Session(
     grpc::CallbackServerContext* context) {
+  if (Status s = CheckToken(context_->token, *context); !s.ok()) {
+    return new RejectedReactor(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, s.message()));
+  }
   return new SessionReactor(context_, context->peer());
 }
 

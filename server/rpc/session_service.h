@@ -20,6 +20,8 @@
 #include "session/device_supervisor.h"
 #include "session/registry.h"
 #include "session/session.h"
+#include "rpc/auth.h"
+#include "rpc/metrics.h"
 
 namespace ferry::rpc {
 
@@ -38,6 +40,12 @@ struct SessionServiceContext {
   pool::SlabBroker* slab_broker = nullptr;
   /// Set while draining: new sessions are refused with UNAVAILABLE.
   std::atomic<bool> draining{false};
+  /// Remote access: the bearer token TCP peers must send (null: none), and whether TCP
+  /// peers may load and launch raw kernels.
+  const TokenChecker* token = nullptr;
+  bool allow_remote_raw_kernels = false;
+  /// Submit round trips (received to completion sent) are recorded here; may be null.
+  LatencyHistogram* submit_latency = nullptr;
 };
 
 class SessionService final : public v1::SessionService::CallbackService {

@@ -26,8 +26,13 @@ Result<DeviceSupervisor::Lease> DeviceSupervisor::Join(
     uint64_t session_id, std::weak_ptr<DeviceLostListener> listener,
     std::chrono::milliseconds wait) {
   std::unique_lock lock(mu_);
-  if (!cv_.wait_for(lock, wait, [&] { return !lost_ && device_; })) {
-    return Status(ErrorKind::kUnavailable, "the device is being rebuilt after a fault");
+  // The wait blocks the caller's executor thread, so it is short: an in-process rebuild
+  // takes milliseconds, and one that cannot happen fails at once.
+  if (!cv_.wait_for(lock, wait, [&] { return (!lost_ && device_) || unrecoverable_now_; }) ||
+      unrecoverable_now_) {
+    return Status(ErrorKind::kUnavailable,
+                  unrecoverable_now_ ? "the daemon is restarting after a device fault"
+                                     : "the device is being rebuilt after a fault");
   }
   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<backend::Stream> stream, device_->CreateStream());
   ++streams_;
@@ -94,6 +99,7 @@ void DeviceSupervisor::RebuildLocked(std::unique_lock<std::mutex>&) {
     if (!fresh.ok()) {
       spdlog::critical("cannot rebuild the device in this process: {}",
                        fresh.status().ToString());
+      unrecoverable_now_ = true;
       cv_.notify_all();
       auto handler = unrecoverable_;
       lock.unlock();

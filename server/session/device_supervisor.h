@@ -58,7 +58,7 @@ class DeviceSupervisor {
   /// Create a stream for a new session and register `listener` (until Leave). Waits up to
   /// `wait` while the device is being rebuilt; UNAVAILABLE if it is not back by then.
   Result<Lease> Join(uint64_t session_id, std::weak_ptr<DeviceLostListener> listener,
-                     std::chrono::milliseconds wait = std::chrono::seconds(60));
+                     std::chrono::milliseconds wait = std::chrono::seconds(5));
   /// Return the current device, for calls a session makes while it holds a stream of
   /// `generation` (the device stays alive until that stream is released).
   backend::Device* device();
@@ -114,6 +114,7 @@ class DeviceSupervisor {
   uint64_t generation_ = 1;                           // guarded by mu_
   uint64_t streams_ = 0;                              // of generation_, guarded by mu_
   bool lost_ = false;                                 // generation_ is lost; guarded by mu_
+  bool unrecoverable_now_ = false;  // rebuilding failed: only a restart helps; guarded by mu_
   std::chrono::steady_clock::time_point lost_at_;     // guarded by mu_
   std::string last_fault_;                            // guarded by mu_
   std::map<uint64_t, std::weak_ptr<DeviceLostListener>> listeners_;  // guarded by mu_

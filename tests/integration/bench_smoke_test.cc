@@ -118,13 +118,21 @@ TEST(BenchSmokeTest, QuickRunWithBaselineWritesJson) {
   ASSERT_FALSE(text.empty()) << output;
   EXPECT_TRUE(JsonChecker(text).Check()) << text;
   EXPECT_NE(text.find("\"machine\": {"), std::string::npos);
-  for (const char* scenario : {"transfers", "latency", "throughput", "concurrency",
-                               "open_close", "sharing", "transports"}) {
+  for (const char* scenario : {"transfers", "latency", "throughput", "overlap", "concurrency",
+                               "open_close", "sharing", "memory", "transports"}) {
     EXPECT_NE(text.find("\"" + std::string(scenario) + "\": ["), std::string::npos)
         << scenario << " missing from the JSON";
   }
   // The tables were printed, with the baseline and its backend named.
   EXPECT_NE(output.find("== transfers"), std::string::npos) << output;
+  // Both transfer routes, prepared graph replay, the overlap arms and the daemon's memory
+  // (the test's ferryd is found by SO_PEERCRED on its unix socket).
+  EXPECT_NE(output.find("upload pending 8 MiB"), std::string::npos) << output;
+  EXPECT_NE(output.find("download blocking 8 MiB"), std::string::npos) << output;
+  EXPECT_NE(output.find("graph of 100 axpy, replayed"), std::string::npos) << output;
+  EXPECT_NE(output.find("overlapped (enqueue, work, wait)"), std::string::npos) << output;
+  EXPECT_NE(output.find("64 sessions, pools excluded"), std::string::npos) << output;
+  EXPECT_NE(ReadFile(svg).find("(pending)"), std::string::npos);
   EXPECT_NE(output.find("host backend"), std::string::npos) << output;
   EXPECT_NE(ReadFile(svg).find("<svg"), std::string::npos);
 

@@ -111,6 +111,8 @@ class FerrydProcess {
 
   bool ok() const { return pid_ > 0 && !endpoints_.empty(); }
   pid_t pid() const { return pid_; }
+  /// Every line of the ready file ("unix:...", "tcp:...", "metrics:HOST:PORT").
+  const std::vector<std::string>& endpoints() const { return endpoints_; }
   std::string unix_target() const { return "unix:" + socket_; }
   std::string tcp_target() const {
     for (const auto& e : endpoints_) {

@@ -28,6 +28,15 @@ struct ClientOptions {
   std::string client_name = "libferry";
   /// How long connect() waits for the daemon to answer.
   std::chrono::milliseconds connect_timeout{5000};
+  // Remote access (tcp: targets only; unix: targets ignore these). Each PEM field takes a
+  // file path or the PEM text itself.
+  /// CA that signed the daemon's certificate; set: speak TLS to the daemon.
+  std::string tls_ca_cert;
+  /// Client certificate and key, for a daemon that requires mutual TLS.
+  std::string tls_client_cert;
+  std::string tls_client_key;
+  /// Sent as "authorization: Bearer <token>" on every call when not empty.
+  std::string bearer_token;
 };
 
 class Client {
@@ -36,8 +45,9 @@ class Client {
   /// does not answer within options.connect_timeout.
   static Result<Client> connect(const std::string& target, const ClientOptions& options = {});
 
-  /// Open a session. UNAVAILABLE when the daemon is gone or draining, QUOTA_EXCEEDED when
-  /// it holds its maximum number of sessions.
+  /// Open a session. While the daemon is restarting or rebuilding its device after a fault,
+  /// retries for up to options.connect_timeout. UNAVAILABLE when the daemon is gone or
+  /// draining, QUOTA_EXCEEDED when it holds its maximum number of sessions.
   Result<Session> open_session(const SessionOptions& options = {});
 
   /// Open a session, run fn(session), close it; return fn's failure, else close()'s.

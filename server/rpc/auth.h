@@ -1,0 +1,55 @@
+// Remote access: TLS credentials for TCP endpoints, the bearer-token check, and what counts
+// as a remote peer. Unix endpoints (and sockets inherited through systemd) stay plain: the
+// file system guards them.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "ferry/status.h"
+
+namespace grpc {
+class ServerCredentials;
+class ServerContextBase;
+}  // namespace grpc
+
+namespace ferry::rpc {
+
+struct TlsFiles {
+  std::string cert;       // PEM server certificate chain
+  std::string key;        // PEM private key
+  std::string client_ca;  // PEM CA bundle; set: clients must present a certificate it signed
+  bool enabled() const { return !cert.empty() || !key.empty(); }
+};
+
+/// Return the credentials for TCP endpoints: TLS (mutual when `tls.client_ca` is set) when
+/// `tls` is enabled, else insecure. INVALID_ARGUMENT when a file cannot be read or only one
+/// of cert and key is given.
+Result<std::shared_ptr<grpc::ServerCredentials>> MakeTcpCredentials(const TlsFiles& tls);
+
+/// True for a gRPC peer that came in over TCP ("ipv4:..." or "ipv6:...").
+bool IsRemotePeer(std::string_view peer);
+
+/// Compare in time that depends only on the lengths, not on where the bytes differ.
+bool ConstantTimeEquals(std::string_view a, std::string_view b);
+
+/// The bearer token TCP clients must send as "authorization: Bearer <token>" metadata.
+/// Immutable after Load; thread-safe.
+class TokenChecker {
+ public:
+  /// Read the token from `path` (surrounding whitespace ignored; empty is an error).
+  static Result<std::unique_ptr<TokenChecker>> Load(const std::string& path);
+
+  /// OK for local peers and for remote ones that sent the token; UNAUTHENTICATED otherwise.
+  Status Check(const grpc::ServerContextBase& context) const;
+
+ private:
+  explicit TokenChecker(std::string token) : token_(std::move(token)) {}
+  const std::string token_;
+};
+
+/// Check `context` against `checker` (null: no token configured, everything passes).
+Status CheckToken(const TokenChecker* checker, const grpc::ServerContextBase& context);
+
+}  // namespace ferry::rpc

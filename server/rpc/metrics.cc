@@ -1,0 +1,327 @@
+#include "rpc/metrics.h"
+
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/read_until.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/streambuf.hpp>
+#include <boost/asio/write.hpp>
+#include <sstream>
+#include <thread>
+
+#include <spdlog/spdlog.h>
+
+#include "ferry/version.h"
+#include "rpc/session_service.h"
+
+namespace ferry::rpc {
+
+// --- LatencyHistogram ----------------------------------------------------------------------
+
+void LatencyHistogram::Record(std::chrono::nanoseconds latency) {
+  double s = std::chrono::duration<double>(latency).count();
+  size_t i = 0;
+  while (i < kBoundsSeconds.size() && s > kBoundsSeconds[i]) ++i;
+  buckets_[i].fetch_add(1, std::memory_order_relaxed);
+  sum_ns_.fetch_add(static_cast<uint64_t>(std::max<int64_t>(0, latency.count())),
+                    std::memory_order_relaxed);
+  count_.fetch_add(1, std::memory_order_relaxed);
+}
+
+LatencyHistogram::Snapshot LatencyHistogram::snapshot() const {
+  Snapshot s;
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    s.buckets[i] = buckets_[i].load(std::memory_order_relaxed);
+    s.count += s.buckets[i];  // consistent with the buckets, unlike count_ mid-record
+  }
+  s.sum_seconds = static_cast<double>(sum_ns_.load(std::memory_order_relaxed)) / 1e9;
+  return s;
+}
+
+// --- exposition ----------------------------------------------------------------------------
+
+namespace {
+
+std::string EscapeLabel(const std::string& v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\') out += "\\\\";
+    else if (c == '"') out += "\\\"";
+    else if (c == '\n') out += "\\n";
+    else out += c;
+  }
+  return out;
+}
+
+class Exposition {
+ public:
+  explicit Exposition(std::string labels) : labels_(std::move(labels)) {}
+
+  void Family(const char* name, const char* type, const char* help) {
+    out_ << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n";
+  }
+  void Sample(const std::string& name, double value, const std::string& extra_labels = "") {
+    out_ << name << "{" << labels_ << (extra_labels.empty() ? "" : "," + extra_labels) << "} ";
+    if (value == static_cast<double>(static_cast<uint64_t>(value)) && value >= 0 &&
+        value < 1e18) {
+      out_ << static_cast<uint64_t>(value);
+    } else {
+      out_ << value;
+    }
+    out_ << "\n";
+  }
+  void Metric(const char* name, const char* type, const char* help, double value) {
+    Family(name, type, help);
+    Sample(name, value);
+  }
+  std::string str() const { return out_.str(); }
+
+ private:
+  std::string labels_;
+  std::ostringstream out_;
+};
+
+}  // namespace
+
+std::string RenderMetrics(const SessionServiceContext& c,
+                          std::chrono::steady_clock::time_point started_at) {
+  const backend::DeviceInfo info = c.device->info();
+  const session::DaemonTotals t = c.registry->Totals();
+  Exposition e("gpu=\"" + std::to_string(info.ordinal) + "\",UUID=\"" + EscapeLabel(info.uuid) +
+               "\"");
+  e.Family("ferry_build_info", "gauge", "ferryd's version and device backend (always 1).");
+  e.Sample("ferry_build_info", 1,
+           "version=\"" + EscapeLabel(kVersion) + "\",commit=\"" + EscapeLabel(kGitCommit) +
+               "\",backend=\"" + EscapeLabel(info.backend) + "\",device_name=\"" +
+               EscapeLabel(info.name) + "\"");
+  e.Metric("ferry_uptime_seconds", "gauge", "Seconds since ferryd started serving.",
+           std::chrono::duration<double>(std::chrono::steady_clock::now() - started_at).count());
+  e.Metric("ferry_draining", "gauge", "1 while the daemon drains (refuses new sessions).",
+           c.draining ? 1 : 0);
+  e.Metric("ferry_sessions_open", "gauge", "Sessions open now.", t.sessions_open);
+  e.Metric("ferry_sessions_total", "counter", "Sessions opened since start.", t.sessions_total);
+  e.Metric("ferry_submits_total", "counter", "Submits accepted since start.", t.submits);
+  e.Metric("ferry_submits_in_flight", "gauge", "Submits accepted and not yet completed.",
+           t.submits_in_flight);
+  e.Metric("ferry_ops_total", "counter", "Ops executed since start.", t.ops);
+  e.Family("ferry_transfer_bytes_total", "counter",
+           "Tensor bytes moved between clients and the device, by direction.");
+  e.Sample("ferry_transfer_bytes_total", t.bytes_uploaded, "direction=\"upload\"");
+  e.Sample("ferry_transfer_bytes_total", t.bytes_downloaded, "direction=\"download\"");
+  e.Metric("ferry_live_tensors", "gauge", "Tensors all sessions hold.", t.live_tensors);
+  const uint64_t free_bytes = c.device->free_memory();
+  e.Metric("ferry_device_memory_total_bytes", "gauge", "Device memory.", info.total_memory);
+  e.Metric("ferry_device_memory_free_bytes", "gauge", "Device memory free (driver's view).",
+           free_bytes);
+  e.Metric("ferry_device_memory_used_bytes", "gauge", "Device memory used (total - free).",
+           info.total_memory >= free_bytes ? info.total_memory - free_bytes : 0);
+  e.Metric("ferry_device_memory_allocated_bytes", "gauge",
+           "Device memory allocated through sessions and not yet released.",
+           c.device->bytes_in_use());
+  e.Metric("ferry_device_memory_reserved_bytes", "gauge",
+           "Device memory reserved under the daemon-wide cap.", t.device_bytes_reserved);
+  e.Metric("ferry_device_memory_cap_bytes", "gauge",
+           "The most device memory all sessions together may hold.",
+           c.registry->device_bytes_cap());
+  // Every device fault rebuilds the device (in process, or by re-executing ferryd), so the
+  // two counters move together; both are exported for alerting rules' sake.
+  e.Metric("ferry_device_faults_total", "counter",
+           "Sticky device faults since the first start (carried across a fault restart).",
+           c.device->resets());
+  e.Metric("ferry_device_resets_total", "counter",
+           "Device contexts rebuilt after a fault (carried across a fault restart).",
+           c.device->resets());
+  e.Metric("ferry_device_last_recovery_seconds", "gauge",
+           "Fault to rebuilt device, for the last fault (0: none).",
+           static_cast<double>(c.device->last_recovery_ms()) / 1000.0);
+  pool::SlabPoolStats p;
+  uint64_t slab_size = 0, slab_connections = 0;
+  if (c.slab_pool) {
+    p = c.slab_pool->stats();
+    slab_size = c.slab_pool->slab_size();
+  }
+  if (c.slab_broker) slab_connections = c.slab_broker->connections();
+  e.Metric("ferry_slab_pool_slabs", "gauge", "Shared-memory slabs that exist (free or held).",
+           p.slabs_total);
+  e.Metric("ferry_slab_pool_slabs_in_use", "gauge", "Shared-memory slabs sessions hold.",
+           p.slabs_in_use);
+  e.Metric("ferry_slab_pool_bytes", "gauge", "Bytes of all shared-memory slabs.", p.bytes_total);
+  e.Metric("ferry_slab_pool_slab_size_bytes", "gauge", "Size of one slab.", slab_size);
+  e.Metric("ferry_slab_pool_fds_open", "gauge", "memfds the slab pool holds open.", p.fds_open);
+  e.Metric("ferry_slab_pool_connections", "gauge", "Connections open on the slab socket.",
+           slab_connections);
+  if (c.submit_latency) {
+    const LatencyHistogram::Snapshot h = c.submit_latency->snapshot();
+    e.Family("ferry_submit_latency_seconds", "histogram",
+             "Submit round trip inside ferryd: received from the client to completion sent.");
+    uint64_t cumulative = 0;
+    for (size_t i = 0; i < LatencyHistogram::kBoundsSeconds.size(); ++i) {
+      cumulative += h.buckets[i];
+      std::ostringstream le;
+      le << LatencyHistogram::kBoundsSeconds[i];
+      e.Sample("ferry_submit_latency_seconds_bucket", cumulative, "le=\"" + le.str() + "\"");
+    }
+    e.Sample("ferry_submit_latency_seconds_bucket", h.count, "le=\"+Inf\"");
+    e.Sample("ferry_submit_latency_seconds_sum", h.sum_seconds);
+    e.Sample("ferry_submit_latency_seconds_count", h.count);
+  }
+  return e.str();
+}
+
+// --- MetricsServer -------------------------------------------------------------------------
+
+namespace {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+
+constexpr size_t kMaxRequestBytes = 8192;
+constexpr auto kRequestTimeout = std::chrono::seconds(5);
+
+class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
+ public:
+  HttpConnection(tcp::socket socket, const std::function<std::string()>* render)
+      : socket_(std::move(socket)),
+        timer_(socket_.get_executor()),
+        request_(kMaxRequestBytes),
+        render_(render) {}
+
+  void Start() {
+    auto self = shared_from_this();
+    timer_.expires_after(kRequestTimeout);
+    timer_.async_wait([self](const boost::system::error_code& ec) {
+      if (!ec) self->Close();
+    });
+    asio::async_read_until(socket_, request_, "\r\n\r\n",
+                           [self](const boost::system::error_code& ec, size_t) {
+                             if (ec) {
+                               // Too large a request, or the peer went away.
+                               if (ec == asio::error::not_found) {
+                                 self->Reply("431 Request Header Fields Too Large",
+                                             "text/plain", "request too large\n");
+                               } else {
+                                 self->Close();
+                               }
+                               return;
+                             }
+                             self->HandleRequest();
+                           });
+  }
+
+ private:
+  void HandleRequest() {
+    std::istream in(&request_);
+    std::string line;
+    std::getline(in, line);
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    std::istringstream words(line);
+    std::string method, target, version;
+    words >> method >> target >> version;
+    if (version.rfind("HTTP/1.", 0) != 0) {
+      return Reply("400 Bad Request", "text/plain", "bad request\n");
+    }
+    std::string path = target.substr(0, target.find('?'));
+    if (path != "/metrics") return Reply("404 Not Found", "text/plain", "not found\n");
+    if (method != "GET" && method != "HEAD") {
+      return Reply("405 Method Not Allowed", "text/plain", "GET only\n");
+    }
+    std::string body = (*render_)();
+    Reply("200 OK", "text/plain; version=0.0.4; charset=utf-8", method == "HEAD" ? "" : body,
+          body.size());
+  }
+
+  void Reply(const std::string& status, const std::string& type, std::string body,
+             size_t length = std::string::npos) {
+    response_ = "HTTP/1.1 " + status + "\r\nContent-Type: " + type +
+                "\r\nContent-Length: " +
+                std::to_string(length == std::string::npos ? body.size() : length) +
+                "\r\nConnection: close\r\n\r\n" + body;
+    auto self = shared_from_this();
+    asio::async_write(socket_, asio::buffer(response_),
+                      [self](const boost::system::error_code&, size_t) { self->Close(); });
+  }
+
+  void Close() {
+    boost::system::error_code ec;
+    timer_.cancel();
+    socket_.shutdown(tcp::socket::shutdown_both, ec);
+    socket_.close(ec);
+  }
+
+  tcp::socket socket_;
+  asio::steady_timer timer_;
+  asio::streambuf request_;
+  std::string response_;
+  const std::function<std::string()>* render_;
+};
+
+}  // namespace
+
+struct MetricsServer::Impl {
+  asio::io_context io;
+  tcp::acceptor acceptor{io};
+  std::function<std::string()> render;
+  std::string endpoint;
+  std::thread thread;
+
+  void Accept() {
+    acceptor.async_accept([this](const boost::system::error_code& ec, tcp::socket socket) {
+      if (ec == asio::error::operation_aborted || !acceptor.is_open()) return;
+      if (!ec) std::make_shared<HttpConnection>(std::move(socket), &render)->Start();
+      Accept();
+    });
+  }
+};
+
+MetricsServer::MetricsServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Result<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& host_port,
+                                                            std::function<std::string()> render) {
+  size_t colon = host_port.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == host_port.size()) {
+    return Status(ErrorKind::kInvalidArgument, "metrics: expected HOST:PORT, got " + host_port);
+  }
+  std::string host = host_port.substr(0, colon);
+  std::string port = host_port.substr(colon + 1);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->render = std::move(render);
+  boost::system::error_code ec;
+  tcp::resolver resolver(impl->io);
+  auto results = resolver.resolve(host, port, tcp::resolver::passive, ec);
+  if (ec || results.empty()) {
+    return Status(ErrorKind::kInvalidArgument,
+                  "metrics: cannot resolve " + host_port + ": " + ec.message());
+  }
+  tcp::endpoint ep = results.begin()->endpoint();
+  impl->acceptor.open(ep.protocol(), ec);
+  if (!ec) impl->acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
+  if (!ec) impl->acceptor.bind(ep, ec);
+  if (!ec) impl->acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) {
+    return Status(ErrorKind::kUnavailable, "metrics: cannot listen on " + host_port + ": " +
+                                               ec.message());
+  }
+  tcp::endpoint bound = impl->acceptor.local_endpoint(ec);
+  std::string bound_host = bound.address().to_string();
+  if (bound.address().is_v6()) bound_host = "[" + bound_host + "]";
+  impl->endpoint = bound_host + ":" + std::to_string(bound.port());
+  impl->Accept();
+  impl->thread = std::thread([io = &impl->io] { io->run(); });
+  return std::unique_ptr<MetricsServer>(new MetricsServer(std::move(impl)));
+}
+
+MetricsServer::~MetricsServer() {
+  asio::post(impl_->io, [impl = impl_.get()] {
+    boost::system::error_code ec;
+    impl->acceptor.close(ec);
+  });
+  impl_->io.stop();
+  if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+const std::string& MetricsServer::endpoint() const { return impl_->endpoint; }
+
+}  // namespace ferry::rpc

@@ -1,0 +1,150 @@
+// ferryd's --metrics-listen: a real daemon scraped over TCP loopback.
+#include <gtest/gtest.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "ferry/client.h"
+#include "ferryd_process.h"
+
+namespace ferry {
+namespace {
+
+std::string MetricsEndpoint(const testing::FerrydProcess& d) {
+  for (const auto& e : d.endpoints()) {
+    if (e.rfind("metrics:", 0) == 0) return e.substr(8);
+  }
+  return "";
+}
+
+// A raw HTTP exchange: return the whole response ("" when the connection failed).
+std::string HttpExchange(const std::string& host_port, const std::string& request) {
+  size_t colon = host_port.rfind(':');
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(host_port.substr(0, colon).c_str(), host_port.substr(colon + 1).c_str(),
+                  &hints, &res) != 0) {
+    return "";
+  }
+  int fd = ::socket(res->ai_family, SOCK_STREAM, 0);
+  bool ok = ::connect(fd, res->ai_addr, res->ai_addrlen) == 0;
+  freeaddrinfo(res);
+  std::string response;
+  if (ok && ::send(fd, request.data(), request.size(), MSG_NOSIGNAL) ==
+                static_cast<ssize_t>(request.size())) {
+    char buf[8192];
+    for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) response.append(buf, n);
+  }
+  ::close(fd);
+  return response;
+}
+
+std::string Get(const std::string& host_port, const std::string& path) {
+  return HttpExchange(host_port, "GET " + path + " HTTP/1.1\r\nHost: x\r\n\r\n");
+}
+
+// The value of the sample `name{labels...}` whose label set contains `label` ("" any).
+double Value(const std::string& body, const std::string& name, const std::string& label = "") {
+  std::istringstream in(body);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(name + "{", 0) != 0) continue;
+    if (!label.empty() && line.find(label) == std::string::npos) continue;
+    return std::stod(line.substr(line.rfind(' ') + 1));
+  }
+  return -1;
+}
+
+TEST(MetricsTest, ServesPrometheusTextThatMovesWithWork) {
+  testing::FerrydProcess daemon({"--metrics-listen", "127.0.0.1:0"});
+  ASSERT_TRUE(daemon.ok()) << daemon.log();
+  std::string ep = MetricsEndpoint(daemon);
+  ASSERT_FALSE(ep.empty()) << "no metrics: line in the ready file";
+  ASSERT_EQ(ep.rfind("127.0.0.1:", 0), 0u) << ep;
+  EXPECT_NE(ep, "127.0.0.1:0");
+
+  std::string before = Get(ep, "/metrics");
+  ASSERT_EQ(before.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << before;
+  EXPECT_NE(before.find("Content-Type: text/plain; version=0.0.4"), std::string::npos);
+  std::string body = before.substr(before.find("\r\n\r\n") + 4);
+  // DCGM-style labels on every series.
+  EXPECT_TRUE(std::regex_search(body, std::regex(R"(ferry_sessions_open\{gpu="0",UUID="[^"]+"\} 0)")))
+      << body;
+  for (const char* family :
+       {"ferry_sessions_total", "ferry_submits_total", "ferry_ops_total",
+        "ferry_transfer_bytes_total", "ferry_device_memory_used_bytes",
+        "ferry_device_memory_free_bytes", "ferry_slab_pool_slabs", "ferry_device_faults_total",
+        "ferry_device_resets_total", "ferry_submit_latency_seconds"}) {
+    EXPECT_NE(body.find("# TYPE " + std::string(family) + " "), std::string::npos) << family;
+  }
+  EXPECT_EQ(Value(body, "ferry_submits_total"), 0);
+  EXPECT_EQ(Value(body, "ferry_transfer_bytes_total", "direction=\"upload\""), 0);
+
+  auto client = Client::connect(daemon.unix_target());
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  auto session = client->open_session();
+  ASSERT_TRUE(session.ok()) << session.status().ToString();
+  std::vector<float> x(4096, 1.0f);
+  Tensor a = session->create_tensor<float>({4096});
+  ASSERT_TRUE(session->upload(a, x).ok());
+  auto back = session->download<float>(a);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+
+  // A session open: the gauge says so; the counters moved.
+  std::string during = Get(ep, "/metrics");
+  during = during.substr(during.find("\r\n\r\n") + 4);
+  EXPECT_EQ(Value(during, "ferry_sessions_open"), 1) << during;
+  EXPECT_GE(Value(during, "ferry_submits_total"), 2) << during;
+  EXPECT_GE(Value(during, "ferry_ops_total"), 2) << during;
+  EXPECT_GE(Value(during, "ferry_transfer_bytes_total", "direction=\"upload\""), 4096 * 4) << during;
+  EXPECT_GE(Value(during, "ferry_transfer_bytes_total", "direction=\"download\""), 4096 * 4)
+      << during;
+  EXPECT_GE(Value(during, "ferry_submit_latency_seconds_count"), 2) << during;
+  EXPECT_EQ(Value(during, "ferry_submit_latency_seconds_bucket", "le=\"+Inf\""),
+            Value(during, "ferry_submit_latency_seconds_count"));
+  ASSERT_TRUE(session->close().ok());
+  daemon.WaitIdle();
+  std::string after = Get(ep, "/metrics");
+  after = after.substr(after.find("\r\n\r\n") + 4);
+  EXPECT_EQ(Value(after, "ferry_sessions_open"), 0) << after;
+  EXPECT_EQ(Value(after, "ferry_sessions_total"), 1) << after;
+}
+
+TEST(MetricsTest, AnswersOtherPathsAndMethodsWithErrors) {
+  testing::FerrydProcess daemon({"--metrics-listen", "127.0.0.1:0"});
+  ASSERT_TRUE(daemon.ok()) << daemon.log();
+  std::string ep = MetricsEndpoint(daemon);
+  EXPECT_EQ(Get(ep, "/").rfind("HTTP/1.1 404", 0), 0u);
+  EXPECT_EQ(Get(ep, "/metricsx").rfind("HTTP/1.1 404", 0), 0u);
+  EXPECT_EQ(HttpExchange(ep, "POST /metrics HTTP/1.1\r\nHost: x\r\n\r\n").rfind("HTTP/1.1 405", 0),
+            0u);
+  EXPECT_EQ(HttpExchange(ep, "garbage\r\n\r\n").rfind("HTTP/1.1 400", 0), 0u);
+  // Still serving after the bad requests.
+  EXPECT_EQ(Get(ep, "/metrics").rfind("HTTP/1.1 200", 0), 0u);
+}
+
+TEST(MetricsTest, FerryctlMetricsPrintsTheExposition) {
+  testing::FerrydProcess daemon({"--metrics-listen", "127.0.0.1:0"});
+  ASSERT_TRUE(daemon.ok()) << daemon.log();
+  std::string out_path = ::testing::TempDir() + "/ferryctl_metrics.out";
+  std::string cmd = testing::ProgramPath("FERRY_TEST_FERRYCTL", FERRYCTL_PATH) + " metrics --metrics " +
+                    MetricsEndpoint(daemon) + " > " + out_path;
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  std::ifstream in(out_path);
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_NE(text.find("# TYPE ferry_sessions_open gauge"), std::string::npos) << text;
+  EXPECT_EQ(std::system((testing::ProgramPath("FERRY_TEST_FERRYCTL", FERRYCTL_PATH) +
+                         " metrics > /dev/null 2>&1").c_str()) >> 8 & 0xff,
+            3);  // usage: no endpoint
+}
+
+}  // namespace
+}  // namespace ferry
