@@ -195,7 +195,7 @@ TEST(PendingTest, DropWithoutWaitThenExitLeaksNothing) {
   ASSERT_TRUE(d.ok());
   auto start = d.AdminStatus();
   for (int i = 0; i < 3; ++i) {
-    pid_t pid = testing::Spawn(FERRY_TEST_CLIENT_PATH, {d.unix_target(), "pending-drop"});
+    pid_t pid = testing::Spawn(testing::ProgramPath("FERRY_TEST_CLIENT", FERRY_TEST_CLIENT_PATH), {d.unix_target(), "pending-drop"});
     ASSERT_GT(pid, 0);
     int status = testing::WaitExit(pid, std::chrono::seconds(30));
     ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
@@ -289,7 +289,7 @@ int RunAs(const std::string& user, const std::vector<std::string>& args) {
   if (!pw) return -1;
   uid_t uid = pw->pw_uid;
   gid_t gid = pw->pw_gid;
-  std::string program = FERRY_TEST_CLIENT_PATH;
+  std::string program = testing::ProgramPath("FERRY_TEST_CLIENT", FERRY_TEST_CLIENT_PATH);
   std::vector<char*> argv;
   argv.push_back(const_cast<char*>(program.c_str()));
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
