@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <sstream>
 #include <fstream>
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <map>
@@ -221,6 +222,7 @@ class SessionState {
   }
 
   const v1::Opened& opened() const { return opened_; }
+  bool draining() const { return draining_; }
 
   // --- recording (owner thread) -----------------------------------------------------
   uint64_t NextHandle() { return next_handle_++; }
@@ -582,6 +584,9 @@ class SessionState {
           dead_ = FromProto(m.error());
           cv_.notify_all();
           break;
+        case v1::ServerMessage::kDraining:
+          draining_ = true;
+          break;
         default:
           break;
       }
@@ -619,6 +624,7 @@ class SessionState {
       download_targets_;                         // guarded by mu_
   std::optional<SessionStats> closed_stats_;     // guarded by mu_
   Status dead_;                                  // guarded by mu_; set once the stream ends
+  std::atomic<bool> draining_{false};            // the daemon said it is draining
   std::map<uint64_t, std::optional<Status>> tracked_;  // pending transfers' submits; mu_
 
   // Shared memory and pending transfers (owner thread).
@@ -810,6 +816,7 @@ Session& Session::operator=(Session&&) noexcept = default;
 Session::~Session() = default;
 
 uint64_t Session::id() const { return state_->opened().session_id(); }
+bool Session::draining() const { return state_->draining(); }
 const std::string& Session::backend() const { return state_->opened().backend(); }
 uint64_t Session::device_bytes_quota() const { return state_->opened().device_bytes_quota(); }
 

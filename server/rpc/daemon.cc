@@ -182,12 +182,14 @@ void Daemon::SetDrainHandler(std::function<void()> fn) {
 
 void Daemon::Shutdown(std::chrono::milliseconds grace) {
   std::call_once(shutdown_once_, [&] {
-    // New sessions are refused from here on. Work already accepted runs on: wait, up to
-    // the grace period, until no submit is in flight, then end every stream.
+    // New sessions are refused from here on; open ones are told (Draining). Work already
+    // accepted runs on: wait, up to the grace period, until no submit is in flight and
+    // everything it produced (downloads, completions) is written, then end every stream.
     context_->draining = true;
     SetAcceptingSessions(server_.get(), false);
     auto grace_end = std::chrono::steady_clock::now() + grace;
-    while (registry_->Totals().submits_in_flight > 0 &&
+    BroadcastDraining(context_.get(), static_cast<uint64_t>(grace.count()));
+    while ((registry_->Totals().submits_in_flight > 0 || context_->unsent > 0) &&
            std::chrono::steady_clock::now() < grace_end) {
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }

@@ -14,6 +14,7 @@ using Reactor = grpc::ServerBidiReactor<v1::ClientMessage, v1::ServerMessage>;
 // The state of one session stream; lives on its strand. The reactor (owned by gRPC) is
 // used only until Finish is called on it.
 class SessionConnection : public session::SessionEvents,
+                          public DrainListener,
                           public std::enable_shared_from_this<SessionConnection> {
  public:
   SessionConnection(SessionServiceContext* context, Reactor* reactor, std::string peer)
@@ -25,7 +26,21 @@ class SessionConnection : public session::SessionEvents,
   const session::Executor& strand() const { return strand_; }
   v1::ClientMessage* read_buffer() { return &read_buffer_; }
 
-  void Start() { MaybeStartRead(); }
+  void Start() {
+    {
+      std::lock_guard lock(context_->streams_mu);
+      context_->streams[this] = shared_from_this();
+    }
+    MaybeStartRead();
+  }
+
+  void NotifyDraining(uint64_t grace_ms) override {
+    boost::asio::post(strand_, [self = shared_from_this(), grace_ms] {
+      auto m = std::make_unique<v1::ServerMessage>();
+      m->mutable_draining()->set_grace_ms(grace_ms);
+      self->Send(std::move(m));
+    });
+  }
 
   // A read finished; `message` is null when the client ended or broke the stream.
   void HandleRead(std::shared_ptr<v1::ClientMessage> message) {
@@ -42,11 +57,14 @@ class SessionConnection : public session::SessionEvents,
   void HandleWriteDone(bool ok) {
     write_in_flight_ = false;
     if (!ok) {
-      outbox_.clear();
+      DropUnsent(0);
       ClientGone("a write to the client failed");
       return;
     }
-    if (!outbox_.empty()) outbox_.pop_front();
+    if (!outbox_.empty()) {
+      outbox_.pop_front();
+      --context_->unsent;
+    }
     PumpWrites();
     TryFinish();
   }
@@ -54,6 +72,11 @@ class SessionConnection : public session::SessionEvents,
   void HandleCancel() { ClientGone("the client cancelled the stream"); }
 
   void HandleDone() {
+    {
+      std::lock_guard lock(context_->streams_mu);
+      context_->streams.erase(this);
+    }
+    DropUnsent(0);
     if (!slab_token_.empty()) context_->slab_broker->RevokeToken(slab_token_);
     if (session_ && !session_done_) session_->Abort();
     session_done_ = true;
@@ -242,14 +265,23 @@ class SessionConnection : public session::SessionEvents,
     }
     session_done_ = true;
     // Drop what is not yet written, but keep the message gRPC may still be writing.
-    while (outbox_.size() > (write_in_flight_ ? 1u : 0u)) outbox_.pop_back();
+    DropUnsent(write_in_flight_ ? 1u : 0u);
     FinishWith(grpc::Status::CANCELLED);
   }
 
   void Send(std::unique_ptr<v1::ServerMessage> message) {
     if (finishing_) return;
     outbox_.push_back(std::move(message));
+    ++context_->unsent;
     PumpWrites();
+  }
+
+  // Drop queued messages, keeping the first `keep` (one gRPC may still be writing).
+  void DropUnsent(size_t keep) {
+    while (outbox_.size() > keep) {
+      outbox_.pop_back();
+      --context_->unsent;
+    }
   }
 
   void PumpWrites() {
@@ -349,6 +381,17 @@ class SessionReactor final : public Reactor {
 };
 
 }  // namespace
+
+void BroadcastDraining(SessionServiceContext* context, uint64_t grace_ms) {
+  std::vector<std::shared_ptr<DrainListener>> streams;
+  {
+    std::lock_guard lock(context->streams_mu);
+    for (auto& [key, weak] : context->streams) {
+      if (auto s = weak.lock()) streams.push_back(std::move(s));
+    }
+  }
+  for (auto& s : streams) s->NotifyDraining(grace_ms);
+}
 
 // Ends a stream the daemon will not serve (a TCP peer without the bearer token).
 class RejectedReactor final : public Reactor {

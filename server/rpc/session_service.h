@@ -8,7 +8,9 @@
 #include <boost/asio/io_context.hpp>
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include <grpcpp/grpcpp.h>
@@ -25,8 +27,22 @@
 
 namespace ferry::rpc {
 
+/// A session stream, as the drain broadcast sees it.
+class DrainListener {
+ public:
+  virtual ~DrainListener() = default;
+  /// Tell the client the daemon is draining; called from any thread.
+  virtual void NotifyDraining(uint64_t grace_ms) = 0;
+};
+
 /// What every session stream needs from the daemon. Outlives all sessions.
 struct SessionServiceContext {
+  /// Open session streams, for the drain broadcast.
+  std::mutex streams_mu;
+  std::map<const DrainListener*, std::weak_ptr<DrainListener>> streams;  // guarded by streams_mu
+  /// Server messages queued and not yet written, over all streams: a drain waits for 0.
+  std::atomic<int64_t> unsent{0};
+
   session::DeviceSupervisor* device = nullptr;
   session::SessionRegistry* registry = nullptr;
   boost::asio::io_context* io = nullptr;
@@ -47,6 +63,9 @@ struct SessionServiceContext {
   /// Submit round trips (received to completion sent) are recorded here; may be null.
   LatencyHistogram* submit_latency = nullptr;
 };
+
+/// Send Draining to every open session stream.
+void BroadcastDraining(SessionServiceContext* context, uint64_t grace_ms);
 
 class SessionService final : public v1::SessionService::CallbackService {
  public:

@@ -242,6 +242,9 @@ class Session {
 
   /// Return the id the daemon gave this session.
   uint64_t id() const;
+  /// Return true once the daemon announced it is draining: work already submitted still
+  /// completes, then the session ends; open a new one elsewhere.
+  bool draining() const;
   /// Return the backend serving this session ("host" or "cuda").
   const std::string& backend() const;
   /// Return the device-memory quota the daemon granted.
