@@ -214,7 +214,17 @@ int Main(const std::vector<std::string>& args) {
   SpawnedDaemon daemon;
   if (!ctx.options.spawn_daemon.empty()) {
     std::cerr << "ferry-bench: starting " << ctx.options.spawn_daemon << "\n";
-    if (!daemon.Start(ctx.options.spawn_daemon, ctx.temp_dir, ctx.options.spawn_tcp)) return 2;
+    // The concurrency scenario's pending route holds one slab (64 MiB by default) per
+    // session at once: give the spawned daemon a pinned budget for the most sessions plus
+    // a margin (a budget is a ceiling; slabs are made on demand), never below its 1 GiB
+    // default.
+    int most_sessions = 64;
+    for (int n : ctx.options.sessions) most_sessions = std::max(most_sessions, n);
+    uint64_t budget_mib = std::max<uint64_t>(1024, (static_cast<uint64_t>(most_sessions) + 4) * 64);
+    if (!daemon.Start(ctx.options.spawn_daemon, ctx.temp_dir, ctx.options.spawn_tcp,
+                      budget_mib)) {
+      return 2;
+    }
     g_daemon = &daemon;
     g_daemon_pid = daemon.pid();
     for (const auto& ep : daemon.endpoints()) ctx.options.targets.push_back(ep);

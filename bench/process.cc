@@ -126,13 +126,18 @@ std::string SelfExe() {
   return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
 }
 
-bool SpawnedDaemon::Start(const std::string& ferryd, const std::string& dir, bool tcp) {
+bool SpawnedDaemon::Start(const std::string& ferryd, const std::string& dir, bool tcp,
+                          uint64_t pinned_budget_mib) {
   log_ = dir + "/ferryd.log";
   std::vector<std::string> args = {"--backend",    "auto", "--listen",    "unix:" + dir + "/ferryd.sock",
                                    "--ready-file", dir + "/ferryd.ready", "--log-level", "warn"};
   if (tcp) {
     args.push_back("--listen");
     args.push_back("tcp:127.0.0.1:0");
+  }
+  if (pinned_budget_mib > 0) {
+    args.push_back("--pinned-budget");
+    args.push_back(std::to_string(pinned_budget_mib) + "M");
   }
   Child c = SpawnChild(ferryd, args, false, false, log_);
   if (c.pid <= 0) {

@@ -5,6 +5,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -48,7 +49,10 @@ std::string SelfExe();
 class SpawnedDaemon {
  public:
   /// Start it and wait for its ready file; false (with the log on stderr) on failure.
-  bool Start(const std::string& ferryd, const std::string& dir, bool tcp);
+  /// `pinned_budget_mib` > 0 passes --pinned-budget (the concurrency scenario's pending
+  /// route holds one slab per session); 0 keeps the daemon's default.
+  bool Start(const std::string& ferryd, const std::string& dir, bool tcp,
+             uint64_t pinned_budget_mib = 0);
   ~SpawnedDaemon() { Stop(); }
   void Stop();
   const std::vector<std::string>& endpoints() const { return endpoints_; }

@@ -3,16 +3,26 @@
 // concurrency: S sessions at once (S = 1, 8, 64; one thread each, all sessions opened from
 //   one Client, i.e. one connection, as threads of one program would). After every session
 //   is set up, all start together; each runs R rounds of
-//     upload X bytes (blocking) | download X bytes (blocking) | 8 axpy(256) + synchronize()
-//   with X = 8 MiB (quick: 1 MiB). Figures over the whole run (start signal to last
-//   session done = wall):
+//     upload X bytes | download X bytes | 8 axpy(256) + synchronize()
+//   with X = 8 MiB (quick: 1 MiB), once per transfer route:
+//     blocking  upload_bytes / download_bytes from ordinary memory
+//     pending   upload_pending / download_pending through one PinnedBuffer per session,
+//               allocated before the start and moved through every transfer (buffer and
+//               tensor taken back from wait()): the route the contract intends for bulk
+//               data; through the session's shared-memory slab on a unix target, bytes
+//               inline on a tcp target ("pending-inline"). Every local session holds a slab
+//               of its own, so 64 sessions need 64 slabs of the daemon's pinned budget
+//               (--spawn-daemon passes one large enough); where the budget is spent the
+//               row is not measured and the notes say why.
+//   Figures over the whole run (start signal to last session done = wall):
 //     GB/s      all sessions' bytes moved / wall
 //     ops/s     all sessions' small ops / wall
 //     max/min   per-session fairness: highest / lowest per-session rate (bytes / its own
 //               elapsed time); 1.0 is perfectly fair
 //     xfer p99  p99 of single transfers (ms), all sessions pooled: latency under load
 //     ops p99   p99 of one 8-op submit + synchronize() (us), pooled
-//   Baseline: the same S threads in process, each with its own Stream on the one device.
+//   Baseline: the same S threads in process, each with its own Stream on the one device
+//   and a registered host buffer (one baseline for both routes).
 //
 // open_close: Client::open_session() and Session::close() (which waits for the daemon's
 //   Closed) timed separately, N times on one Client. Baseline: Device::CreateStream() and
@@ -20,8 +30,12 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstring>
+#include <iterator>
+#include <memory>
 #include <mutex>
 #include <thread>
+#include <utility>
 
 #include "bench.h"
 
@@ -52,6 +66,17 @@ class StartGate {
   Clock::time_point start_;
 };
 
+enum class Route { kBlocking, kPending };
+const Route kRoutes[] = {Route::kBlocking, Route::kPending};
+
+bool IsRemote(const std::string& target) { return target.rfind("tcp:", 0) == 0; }
+
+/// The route as measured on `target`: the pending API goes inline for a remote session.
+std::string RouteLabel(Route r, const std::string& target) {
+  if (r == Route::kBlocking) return "blocking";
+  return IsRemote(target) ? "pending-inline" : "pending";
+}
+
 /// What one session did.
 struct SessionRun {
   double bytes = 0, ops = 0;
@@ -64,8 +89,14 @@ struct ConcurrencyRun {
   double bytes = 0, ops = 0, wall_ns = 0;
   double fairness = kNaN;  // max/min per-session rate
   Samples transfers, small_ops;
+  std::string skipped;     // non-empty: not measured, and why
 
   void Merge(const ConcurrencyRun& o) {
+    if (!o.skipped.empty()) {
+      skipped = o.skipped;
+      return;
+    }
+    if (!skipped.empty()) return;
     bytes += o.bytes;
     ops += o.ops;
     wall_ns += o.wall_ns;
@@ -94,12 +125,15 @@ ConcurrencyRun Combine(std::vector<SessionRun>& runs, Clock::time_point start) {
   return c;
 }
 
-ConcurrencyRun DaemonConcurrency(const std::string& target, int sessions, uint64_t bytes,
-                                 int rounds) {
+ConcurrencyRun DaemonConcurrency(const std::string& target, Route route, int sessions,
+                                 uint64_t bytes, int rounds) {
   auto client = Check(Client::connect(target), "connect " + target);
   StartGate gate(sessions);
   std::vector<SessionRun> runs(sessions);
   std::vector<std::thread> threads;
+  std::mutex skip_mu;
+  std::string skipped;  // the first session that could not get its pinned buffer
+  int no_buffer = 0;
   for (int i = 0; i < sessions; ++i) {
     threads.emplace_back([&, i] {
       auto s = Check(client.open_session(), "open_session");
@@ -108,15 +142,53 @@ ConcurrencyRun DaemonConcurrency(const std::string& target, int sessions, uint64
       Tensor y = s.create_tensor<float>({kAxpyElements});
       s.fill(x, 1.0);
       s.fill(y, 0.0);
-      HostBuffer buf(bytes);
+      std::unique_ptr<HostBuffer> buf;  // blocking route
+      PinnedBuffer pinned;              // pending route
+      bool have_buffer = true;
+      if (route == Route::kBlocking) {
+        buf = std::make_unique<HostBuffer>(bytes);
+      } else {
+        auto b = s.pinned_buffer(bytes);
+        if (b.ok()) {
+          pinned = std::move(b).value();
+          std::memset(pinned.data(), 0x5a, pinned.size());  // touch once, untimed
+        } else if (b.status().kind() == ErrorKind::kQuotaExceeded) {
+          // Every session must still reach the start line; the run is then discarded.
+          have_buffer = false;
+          std::lock_guard lock(skip_mu);
+          ++no_buffer;
+          if (skipped.empty()) skipped = b.status().ToString();
+        } else {
+          Die("pinned_buffer(" + FormatBytes(bytes) + "): " + b.status().ToString());
+        }
+      }
       Check(s.synchronize(), "setup");
       SessionRun& r = runs[i];
       gate.ArriveAndWait();
-      for (int round = 0; round < rounds; ++round) {
+      // Leave as soon as any session lacks its buffer: the run is not measured.
+      {
+        std::lock_guard lock(skip_mu);
+        if (!skipped.empty()) have_buffer = false;
+      }
+      for (int round = 0; have_buffer && round < rounds; ++round) {
         auto t0 = Clock::now();
-        Check(s.upload_bytes(t, buf.data(), bytes), "upload");
+        if (route == Route::kBlocking) {
+          Check(s.upload_bytes(t, buf->data(), bytes), "upload");
+        } else {
+          Transfer done = s.upload_pending(std::move(pinned), std::move(t)).wait();
+          pinned = std::move(done.buffer);
+          t = std::move(done.tensor);
+          Check(done.status, "upload_pending");
+        }
         auto t1 = Clock::now();
-        Check(s.download_bytes(t, buf.data(), bytes), "download");
+        if (route == Route::kBlocking) {
+          Check(s.download_bytes(t, buf->data(), bytes), "download");
+        } else {
+          Transfer done = s.download_pending(std::move(t), std::move(pinned)).wait();
+          pinned = std::move(done.buffer);
+          t = std::move(done.tensor);
+          Check(done.status, "download_pending");
+        }
         auto t2 = Clock::now();
         for (int k = 0; k < kSmallOps; ++k) s.axpy(1e-6, x, y);
         Check(s.synchronize(), "small ops");
@@ -132,6 +204,14 @@ ConcurrencyRun DaemonConcurrency(const std::string& target, int sessions, uint64
     });
   }
   for (auto& t : threads) t.join();
+  if (!skipped.empty()) {
+    ConcurrencyRun c;
+    c.skipped = std::to_string(no_buffer) + " of " + std::to_string(sessions) +
+                " sessions got no " + FormatBytes(bytes) + " pinned buffer (" + skipped +
+                "): the daemon's pinned budget is spent; start it with a larger "
+                "--pinned-budget";
+    return c;
+  }
   return Combine(runs, gate.start());
 }
 
@@ -184,8 +264,9 @@ ConcurrencyRun BaselineConcurrency(backend::Device& dev, int sessions, uint64_t 
   return Combine(runs, gate.start());
 }
 
-Row ConcurrencyRow(int sessions, uint64_t bytes, const ConcurrencyRun* d,
-                   const ConcurrencyRun* b) {
+Row ConcurrencyRow(int sessions, uint64_t bytes, const std::string& route,
+                   const ConcurrencyRun* d, const ConcurrencyRun* b) {
+  if (d && !d->skipped.empty()) d = nullptr;
   auto gbps = [](const ConcurrencyRun* r) { return r ? r->bytes / r->wall_ns : kNaN; };
   auto opss = [](const ConcurrencyRun* r) { return r ? r->ops / (r->wall_ns / 1e9) : kNaN; };
   auto fair = [](const ConcurrencyRun* r) { return r ? r->fairness : kNaN; };
@@ -193,7 +274,7 @@ Row ConcurrencyRow(int sessions, uint64_t bytes, const ConcurrencyRun* d,
     return r ? Summarize(r->*s).p99 / unit : kNaN;
   };
   Row row{std::to_string(sessions) + (sessions == 1 ? " session, " : " sessions, ") +
-              FormatBytes(bytes),
+              FormatBytes(bytes) + ", " + route,
           {{"GB/s", gbps(d), gbps(b)},
            {"ops/s", opss(d), opss(b)},
            {"max/min", fair(d), fair(b)},
@@ -202,6 +283,7 @@ Row ConcurrencyRow(int sessions, uint64_t bytes, const ConcurrencyRun* d,
            {"ops p99 us", p99(d, &ConcurrencyRun::small_ops, 1e3),
             p99(b, &ConcurrencyRun::small_ops, 1e3)}}};
   row.params = {{"sessions", sessions}, {"bytes", static_cast<double>(bytes)}};
+  row.tags = {{"route", route}};
   if (d) {
     row.summaries.push_back({"daemon_transfers", Summarize(d->transfers)});
     row.summaries.push_back({"daemon_small_ops", Summarize(d->small_ops)});
@@ -227,33 +309,56 @@ std::vector<Table> RunConcurrency(Context& ctx) {
       base[i] = BaselineConcurrency(*ctx.baseline->device, counts[i], bytes, rounds);
     }
   }
-  std::vector<std::vector<ConcurrencyRun>> daemon(ctx.targets.size());
+  // daemon[target][route][count]
+  std::vector<std::vector<std::vector<ConcurrencyRun>>> daemon(ctx.targets.size());
   for (size_t t = 0; t < ctx.targets.size(); ++t) {
-    for (int n : counts) {
-      ctx.progress->Case(ctx.targets[t].target + " " + std::to_string(n) + " sessions");
-      daemon[t].push_back(DaemonConcurrency(ctx.targets[t].target, n, bytes, rounds));
+    const std::string& target = ctx.targets[t].target;
+    for (Route route : kRoutes) {
+      daemon[t].emplace_back();
+      for (int n : counts) {
+        ctx.progress->Case(target + " " + RouteLabel(route, target) + " " + std::to_string(n) +
+                           " sessions");
+        daemon[t].back().push_back(DaemonConcurrency(target, route, n, bytes, rounds));
+      }
     }
   }
+  // The route's label in a table: per target, or for all targets pooled ("pending" when
+  // any target took the slab route, the notes saying which went inline).
+  auto route_label = [&](Route route, int which) {
+    if (which >= 0) return RouteLabel(route, ctx.targets[which].target);
+    if (route == Route::kBlocking) return std::string("blocking");
+    bool all_remote = !ctx.targets.empty();
+    for (const auto& t : ctx.targets) all_remote = all_remote && IsRemote(t.target);
+    return std::string(all_remote ? "pending-inline" : "pending");
+  };
   return BuildTables(
       ctx, "concurrency",
       [&](int which) {
         std::vector<Row> rows;
-        for (size_t i = 0; i < counts.size(); ++i) {
-          ConcurrencyRun d;
-          if (which >= 0) d = daemon[which][i];
-          if (which == kAllTargets) {
-            for (auto& t : daemon) d.Merge(t[i]);
+        for (size_t r = 0; r < std::size(kRoutes); ++r) {
+          for (size_t i = 0; i < counts.size(); ++i) {
+            ConcurrencyRun d;
+            if (which >= 0) d = daemon[which][r][i];
+            if (which == kAllTargets) {
+              for (auto& t : daemon) d.Merge(t[r][i]);
+            }
+            rows.push_back(ConcurrencyRow(counts[i], bytes, route_label(kRoutes[r], which),
+                                          which == kNoTarget ? nullptr : &d,
+                                          ctx.baseline ? &base[i] : nullptr));
           }
-          rows.push_back(ConcurrencyRow(counts[i], bytes, which == kNoTarget ? nullptr : &d,
-                                        ctx.baseline ? &base[i] : nullptr));
         }
         return rows;
       },
       [&](int which) {
         std::vector<std::string> notes = {
             "each session: " + std::to_string(rounds) + " rounds of upload + download of " +
-                FormatBytes(bytes) + " (blocking) + " + std::to_string(kSmallOps) +
-                " axpy(256) and synchronize(); all start together",
+                FormatBytes(bytes) + " + " + std::to_string(kSmallOps) +
+                " axpy(256) and synchronize(); all start together; one run per route",
+            "blocking = upload_bytes/download_bytes from ordinary memory; pending = "
+            "upload_pending/download_pending + wait() with one PinnedBuffer per session "
+            "reused for every transfer (shared-memory slab on a unix target; bytes inline "
+            "on a tcp target: pending-inline); the baseline (registered buffer, "
+            "CopyHostToDevice/CopyDeviceToHost) is the same for both routes",
             "GB/s, ops/s: everything all sessions did / wall time; max/min: fastest / "
             "slowest session's bytes per second (1.0 = fair)",
             "xfer p99: one transfer; ops p99: one 8-op submit + synchronize(); under load, all "
@@ -263,6 +368,24 @@ std::vector<Table> RunConcurrency(Context& ctx) {
         if (which == kAllTargets) {
           notes.push_back("all targets: work summed over summed wall time (targets ran one "
                           "after another), max/min the worst target's, samples pooled");
+          for (const auto& t : ctx.targets) {
+            if (IsRemote(t.target)) {
+              notes.push_back("pending rows: " + t.target + " went inline (pending-inline)");
+            }
+          }
+        }
+        for (size_t t = 0; t < ctx.targets.size(); ++t) {
+          if (which != kAllTargets && which != static_cast<int>(t)) continue;
+          for (size_t r = 0; r < std::size(kRoutes); ++r) {
+            for (size_t i = 0; i < counts.size(); ++i) {
+              const std::string& why = daemon[t][r][i].skipped;
+              if (why.empty()) continue;
+              notes.push_back((which == kAllTargets ? ctx.targets[t].target + ": " : "") +
+                              std::to_string(counts[i]) + " sessions, " +
+                              RouteLabel(kRoutes[r], ctx.targets[t].target) +
+                              ": not measured: " + why);
+            }
+          }
         }
         return notes;
       });

@@ -93,7 +93,9 @@ std::string ReadFile(const std::string& path) {
 }
 
 TEST(BenchSmokeTest, QuickRunWithBaselineWritesJson) {
-  FerrydProcess daemon;
+  // The concurrency scenario's pending route holds one 64 MiB slab per session: 64 sessions
+  // need more than the default 1 GiB pinned budget (slabs are made on demand).
+  FerrydProcess daemon({"--pinned-budget", "4352M"});
   ASSERT_TRUE(daemon.ok()) << daemon.log();
   char tmpl[] = "/tmp/ferry-bench-test-XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
@@ -131,6 +133,12 @@ TEST(BenchSmokeTest, QuickRunWithBaselineWritesJson) {
   EXPECT_NE(output.find("download blocking 8 MiB"), std::string::npos) << output;
   EXPECT_NE(output.find("graph of 100 axpy, replayed"), std::string::npos) << output;
   EXPECT_NE(output.find("overlapped (enqueue, work, wait)"), std::string::npos) << output;
+  EXPECT_NE(output.find("x longer arm"), std::string::npos) << output;
+  EXPECT_NE(output.find("sized to the in-process copy"), std::string::npos) << output;
+  // Concurrency on both routes, every pending row measured.
+  EXPECT_NE(output.find("64 sessions, 1 MiB, blocking"), std::string::npos) << output;
+  EXPECT_NE(output.find("64 sessions, 1 MiB, pending"), std::string::npos) << output;
+  EXPECT_EQ(output.find("not measured"), std::string::npos) << output;
   EXPECT_NE(output.find("64 sessions, pools excluded"), std::string::npos) << output;
   EXPECT_NE(ReadFile(svg).find("(pending)"), std::string::npos);
   EXPECT_NE(output.find("host backend"), std::string::npos) << output;
