@@ -163,8 +163,12 @@ class Settings {
            return Status::Ok();
          }},
         {"pinned-budget", bytes(&c_.daemon.slab_pool.budget)},
+        {"session-pinned-quota", bytes(&c_.daemon.session_pinned_quota)},
         {"initial-slabs", bounded(0, 65536, [this](uint64_t n) {
            c_.daemon.slab_pool.initial_slabs = static_cast<uint32_t>(n);
+         })},
+        {"staging-slabs", bounded(0, 65536, [this](uint64_t n) {
+           c_.daemon.staging_slabs = static_cast<uint32_t>(n);
          })},
         {"drain-timeout", bounded(0, 24ull * 3600 * 1000, [this](uint64_t n) {
            c_.drain_timeout = std::chrono::milliseconds(n);
@@ -347,6 +351,9 @@ std::string FlagsHelp() {
   --slab-size SIZE           size of a shared-memory slab for local clients (default 64M)
   --pinned-budget SIZE       pinned shared memory all slabs may take (default 1G)
   --initial-slabs N          slabs made and registered at start (default 1)
+  --session-pinned-quota SIZE  slab bytes one session may hold (default 256M; 0: no limit)
+  --staging-slabs N          pool slabs the daemon takes to stage remote (TCP) clients'
+                             inline transfers (default 1; 0: no staging)
   --drain-timeout MS         on SIGTERM, how long open sessions may run on (default 10000)
   --ready-file PATH          write the bound endpoints there once serving
   --log-level LEVEL          trace|debug|info|warn|error|critical|off (default info)
@@ -448,6 +455,8 @@ std::string FormatConfig(const DaemonConfig& c) {
   out << "slab-size = " << FormatBytes(c.daemon.slab_pool.slab_size) << "\n";
   out << "pinned-budget = " << FormatBytes(c.daemon.slab_pool.budget) << "\n";
   out << "initial-slabs = " << c.daemon.slab_pool.initial_slabs << "\n";
+  out << "session-pinned-quota = " << FormatBytes(c.daemon.session_pinned_quota) << "\n";
+  out << "staging-slabs = " << c.daemon.staging_slabs << "\n";
   out << "drain-timeout = " << c.drain_timeout.count() << "\n";
   out << "ready-file =" << (c.ready_file.empty() ? "" : " \"" + c.ready_file + "\"") << "\n";
   out << "log-level = " << c.log_level << "\n";

@@ -483,7 +483,8 @@ class SessionState {
                     "the daemon gave no slab (" +
                         std::string(ErrorKindName(static_cast<ErrorKind>(kind))) +
                         (kind == static_cast<uint32_t>(ErrorKind::kQuotaExceeded)
-                             ? ": its pinned-memory budget is held by slabs in use)"
+                             ? ": the session's --session-pinned-quota is reached, or the "
+                               "daemon's --pinned-budget is held by slabs in use)"
                              : ")"));
     }
     if (fd < 0) return SlabSocketError("no fd came with the slab");

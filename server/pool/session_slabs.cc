@@ -15,6 +15,12 @@ Result<SlabRef> SessionSlabs::Acquire() {
   std::lock_guard lock(mu_);
   if (closed_) return Status(ErrorKind::kSessionClosed, "the session is closed");
   if (!uid_) return Status(ErrorKind::kInternal, "no uid bound to the session's slabs");
+  if (pinned_quota_ && (slabs_.size() + 1) * pool_->slab_size() > pinned_quota_) {
+    return Status(ErrorKind::kQuotaExceeded,
+                  "the session's pinned-memory quota (" + std::to_string(pinned_quota_) +
+                      " bytes, --session-pinned-quota) is held by its " +
+                      std::to_string(slabs_.size()) + " slabs");
+  }
   FERRY_ASSIGN_OR_RETURN(SlabRef ref, pool_->Acquire(*uid_));
   slabs_[ref.id].ref = ref;
   return ref;

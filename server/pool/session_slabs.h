@@ -29,14 +29,18 @@ struct SlabRange {
 
 class SessionSlabs {
  public:
-  explicit SessionSlabs(SlabPool* pool) : pool_(pool) {}
+  /// `pinned_quota`: the most slab bytes the session may hold (0: no limit but the pool's).
+  explicit SessionSlabs(SlabPool* pool, uint64_t pinned_quota = 0)
+      : pool_(pool), pinned_quota_(pinned_quota) {}
   ~SessionSlabs() { Close(); }
   SessionSlabs(const SessionSlabs&) = delete;
   SessionSlabs& operator=(const SessionSlabs&) = delete;
 
   /// Fix the session's uid (the first slab connection does); false when already bound.
   bool Bind(uid_t uid);
-  /// Acquire one more slab for the session. SESSION_CLOSED once closed.
+  /// Acquire one more slab for the session. SESSION_CLOSED once closed; QUOTA_EXCEEDED when
+  /// one more slab would take the session past its pinned quota, or the pool's budget is
+  /// held by slabs in use.
   Result<SlabRef> Acquire();
 
   /// Check that `r` lies inside a slab this session holds and overlaps no busy range.
@@ -61,6 +65,7 @@ class SessionSlabs {
   };
 
   SlabPool* pool_;
+  const uint64_t pinned_quota_;
   mutable std::mutex mu_;
   std::optional<uid_t> uid_;        // guarded by mu_
   std::map<uint64_t, Held> slabs_;  // guarded by mu_

@@ -132,10 +132,18 @@ Result<SlabRef> SlabPool::Acquire(uid_t uid) {
   return SlabRef{chosen->id, chosen->fd, chosen->data, options_.slab_size};
 }
 
+Result<SlabRef> SlabPool::AcquireDaemon() {
+  FERRY_ASSIGN_OR_RETURN(SlabRef ref, Acquire(static_cast<uid_t>(-1)));
+  std::lock_guard lock(mu_);
+  slabs_.at(ref.id).daemon = true;
+  return ref;
+}
+
 void SlabPool::Release(uint64_t id, bool quarantined) {
   std::lock_guard lock(mu_);
   auto it = slabs_.find(id);
   if (it == slabs_.end()) return;
+  it->second.daemon = false;
   if (quarantined) {
     DestroySlabLocked(id);
     return;
@@ -157,9 +165,13 @@ SlabPoolStats SlabPool::stats() const {
   SlabPoolStats s;
   s.slabs_total = slabs_.size();
   for (const auto& [id, slab] : slabs_) {
-    if (slab.in_use) ++s.slabs_in_use;
+    if (slab.in_use && slab.daemon) {
+      ++s.slabs_daemon;
+    } else if (slab.in_use) {
+      ++s.slabs_in_use;
+    }
   }
-  s.slabs_free = s.slabs_total - s.slabs_in_use;
+  s.slabs_free = s.slabs_total - s.slabs_in_use - s.slabs_daemon;
   s.bytes_total = s.slabs_total * options_.slab_size;
   s.fds_open = s.slabs_total;
   s.zeroed_total = zeroed_;

@@ -52,6 +52,7 @@ struct SlabRef {
 struct SlabPoolStats {
   uint64_t slabs_total = 0;
   uint64_t slabs_in_use = 0;  // held by sessions
+  uint64_t slabs_daemon = 0;  // held by the daemon itself (staging for remote clients)
   uint64_t slabs_free = 0;
   uint64_t bytes_total = 0;   // slabs_total * slab size
   uint64_t fds_open = 0;      // memfds the pool holds open
@@ -73,6 +74,10 @@ class SlabPool {
   /// or one made by evicting another uid's free slab. QUOTA_EXCEEDED when the budget is
   /// held by slabs in use.
   Result<SlabRef> Acquire(uid_t uid);
+  /// Take a slab for the daemon's own use (staging): held by no session, counted against
+  /// no client uid (it is tagged with a uid no client has, so a client only ever gets it
+  /// after it was destroyed and made afresh), not in slabs_in_use. Errors as Acquire.
+  Result<SlabRef> AcquireDaemon();
   /// Give a slab back. `quarantined`: its memory is of unknown state (a failed copy): the
   /// slab is destroyed instead of pooled.
   void Release(uint64_t id, bool quarantined);
@@ -90,6 +95,7 @@ class SlabPool {
     int fd = -1;
     char* data = nullptr;
     bool in_use = false;
+    bool daemon = false;  // held by the daemon (AcquireDaemon)
     bool fresh = true;  // never handed out: all zeros, any uid may take it
     uid_t uid = 0;      // the last holder's uid (when !fresh)
   };

@@ -56,6 +56,13 @@ grpc::ServerUnaryReactor* AdminService::Status(grpc::CallbackServerContext* ctx,
     reply->set_slab_size(context_->slab_pool->slab_size());
   }
   if (context_->slab_broker) reply->set_slab_connections(context_->slab_broker->connections());
+  if (context_->staging) {
+    pool::StagingStats st = context_->staging->stats();
+    reply->set_staging_slabs(st.slabs);
+    reply->set_staging_bytes_in_use(st.bytes_in_use);
+    reply->set_staged_bytes_total(st.staged_total);
+    reply->set_staging_fallbacks_total(st.fallbacks_total);
+  }
   auto* reactor = ctx->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;

@@ -138,6 +138,11 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
     FERRY_ASSIGN_OR_RETURN(d->slab_broker_, pool::SlabBroker::Start(unix_paths[0] + ".slabs"));
     ctx.slab_pool = d->slab_pool_.get();
     ctx.slab_broker = d->slab_broker_.get();
+    ctx.session_pinned_quota = options.session_pinned_quota;
+    if (options.staging_slabs > 0) {
+      d->staging_ = std::make_unique<pool::StagingArea>(d->slab_pool_.get(), options.staging_slabs);
+      ctx.staging = d->staging_.get();
+    }
   }
   d->server_ = builder.BuildAndStart();
   if (!d->server_) {

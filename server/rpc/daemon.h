@@ -14,6 +14,7 @@
 #include "ferry/status.h"
 #include "pool/slab_broker.h"
 #include "pool/slab_pool.h"
+#include "pool/staging.h"
 #include "rpc/auth.h"
 #include "rpc/metrics.h"
 #include "session/device_supervisor.h"
@@ -60,6 +61,11 @@ struct DaemonOptions {
   /// endpoint. No pool without a unix endpoint (remote clients send bytes inline).
   bool slab_pool_enabled = true;
   pool::SlabPoolOptions slab_pool;
+  /// Daemon-owned slabs (from the pool) that stage remote clients' inline transfers; 0:
+  /// remote transfers copy straight between the messages and the device.
+  uint32_t staging_slabs = 1;
+  /// The most slab bytes one session may hold (0: no limit but --pinned-budget).
+  uint64_t session_pinned_quota = 256ull << 20;
 };
 
 class Daemon {
@@ -89,6 +95,7 @@ class Daemon {
   std::unique_ptr<session::SessionRegistry> registry_;
   std::unique_ptr<pool::SlabPool> slab_pool_;      // outlives every session
   std::unique_ptr<pool::SlabBroker> slab_broker_;
+  std::unique_ptr<pool::StagingArea> staging_;     // gives its slabs back before the pool goes
   boost::asio::io_context io_;
   std::unique_ptr<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>>
       work_;

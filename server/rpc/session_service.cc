@@ -232,12 +232,15 @@ class SessionConnection : public session::SessionEvents,
     // Shared memory for a local client: a slab set, and the one-time token that binds a
     // connection on the slab socket to it.
     if (context_->slab_pool && context_->slab_broker && peer_.rfind("unix:", 0) == 0) {
-      auto slabs = std::make_shared<pool::SessionSlabs>(context_->slab_pool);
+      auto slabs = std::make_shared<pool::SessionSlabs>(context_->slab_pool,
+                                                          context_->session_pinned_quota);
       session_->AttachSlabs(slabs);
       slab_token_ = context_->slab_broker->IssueToken(slabs);
       o->set_slab_socket(context_->slab_broker->path());
       o->set_slab_token(slab_token_);
       o->set_slab_size(context_->slab_pool->slab_size());
+    } else if (context_->staging) {
+      session_->AttachStaging(context_->staging);  // remote: inline bytes staged, pinned
     }
     Send(std::move(m));
   }

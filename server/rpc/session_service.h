@@ -18,6 +18,7 @@
 #include "backend/backend.h"
 #include "pool/slab_broker.h"
 #include "pool/slab_pool.h"
+#include "pool/staging.h"
 #include "ferry/v1/session.grpc.pb.h"
 #include "session/device_supervisor.h"
 #include "session/registry.h"
@@ -54,6 +55,8 @@ struct SessionServiceContext {
   /// The shared-memory pool and its socket; null when the daemon has no local endpoint.
   pool::SlabPool* slab_pool = nullptr;
   pool::SlabBroker* slab_broker = nullptr;
+  uint64_t session_pinned_quota = 0;     // slab bytes one session may hold (0: no limit)
+  pool::StagingArea* staging = nullptr;  // stages remote clients' inline transfers; may be null
   /// Set while draining: new sessions are refused with UNAVAILABLE.
   std::atomic<bool> draining{false};
   /// Remote access: the bearer token TCP peers must send (null: none), and whether TCP

@@ -1,5 +1,7 @@
 #include "session/session.h"
 
+#include <cstring>
+
 #include <boost/asio/post.hpp>
 #include <type_traits>
 
@@ -212,11 +214,36 @@ Status Session::EnqueueOp(const Op& any, DevicePtr fresh,
           return Status::Ok();
         } else if constexpr (std::is_same_v<T, UploadOp>) {
           if (op.data.empty()) return Status::Ok();
-          return stream_->CopyHostToDevice(ptr(op.tensor) + op.offset, op.data.data(),
-                                           op.data.size());
+          const char* src = op.data.data();
+          if (staging_) {  // a remote client: DMA from the daemon's pinned staging
+            pool::StagingLease lease = staging_->Allocate(op.data.size());
+            if (lease) {
+              std::memcpy(lease.data(), src, op.data.size());
+              src = lease.data();
+              record.staging.push_back(std::move(lease));
+            } else {
+              staging_->CountFallback();
+            }
+          }
+          return stream_->CopyHostToDevice(ptr(op.tensor) + op.offset, src, op.data.size());
         } else if constexpr (std::is_same_v<T, DownloadOp>) {
           PendingDownload pd;
           pd.op_index = index;
+          if (staging_ && op.length > 0) {  // a remote client: land in pinned staging
+            pool::StagingLease lease = staging_->Allocate(op.length);
+            if (lease) {
+              pd.staged = lease.data();
+              pd.staged_length = op.length;
+              record.staging.push_back(std::move(lease));
+              FERRY_RETURN_IF_ERROR(
+                  stream_->CopyDeviceToHost(const_cast<char*>(pd.staged),
+                                            ptr(op.tensor) + op.offset, op.length));
+              record.download_bytes += op.length;
+              record.downloads.push_back(std::move(pd));
+              return Status::Ok();
+            }
+            staging_->CountFallback();
+          }
           pd.chunks.reserve((op.length + kMaxChunkBytes - 1) / kMaxChunkBytes);
           DevicePtr src = ptr(op.tensor) + op.offset;
           for (uint64_t off = 0; off < op.length; off += kMaxChunkBytes) {
@@ -470,6 +497,12 @@ void Session::Deliver(InFlight& record) {
   if (record.status.ok()) {
     for (PendingDownload& d : record.downloads) {
       uint64_t offset = 0;
+      // Staged: copied from the staging range into the outgoing chunks.
+      for (; offset < d.staged_length; offset += kMaxChunkBytes) {
+        uint64_t n = std::min(kMaxChunkBytes, d.staged_length - offset);
+        events_->OnDownloadChunk(record.submit_id, d.op_index, offset,
+                                 std::string(d.staged + offset, n));
+      }
       for (std::string& chunk : d.chunks) {
         uint64_t n = chunk.size();
         events_->OnDownloadChunk(record.submit_id, d.op_index, offset, std::move(chunk));

@@ -16,6 +16,7 @@
 
 #include "backend/backend.h"
 #include "pool/session_slabs.h"
+#include "pool/staging.h"
 #include "session/admission.h"
 #include "session/device_supervisor.h"
 #include "session/handle_table.h"
@@ -91,6 +92,8 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   /// Give the session its shared-memory slab set (local clients); call before the first
   /// Submit. The session gives the slabs back to the pool once its device work is done.
   void AttachSlabs(std::shared_ptr<pool::SessionSlabs> slabs) { slabs_ = std::move(slabs); }
+  /// Stage this (remote) session's inline transfers through the daemon's pinned staging.
+  void AttachStaging(pool::StagingArea* staging) { staging_ = staging; }
 
   /// DeviceLostListener: posts OnDeviceLost to the session's executor.
   void NotifyDeviceLost(const DeviceLoss& loss) override;
@@ -99,6 +102,8 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   struct PendingDownload {
     uint32_t op_index = 0;
     std::vector<std::string> chunks;  // filled by the device, each <= kMaxChunkBytes
+    const char* staged = nullptr;     // or: the device fills this staging range, cut into
+    uint64_t staged_length = 0;       // chunks at delivery
   };
   // One submit between Submit() and its OnCompleted, in submit order.
   struct InFlight {
@@ -112,6 +117,7 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
     std::string first_launch_name;
     std::vector<uint64_t> syncs_after;  // Synchronize ids answered after this completes
     std::vector<pool::SlabRange> slab_ranges;  // busy until this submit completes
+    std::vector<pool::StagingLease> staging;   // freed when the submit is delivered
   };
 
   Session(DeviceSupervisor* device, SessionRegistry* registry, Executor executor,
@@ -148,6 +154,7 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
 
   HandleTable tensors_;
   std::shared_ptr<pool::SessionSlabs> slabs_;  // null: no shared memory (remote client)
+  pool::StagingArea* staging_ = nullptr;       // remote clients' inline transfers; may be null
   uint64_t next_generation_ = 1;
   // While recording a graph: its handle, and the tensors its ops use.
   bool capturing_ = false;

@@ -9,6 +9,8 @@
 #include <cstdlib>
 
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "ferry/client.h"
@@ -216,6 +218,198 @@ TEST(PendingTest, DropWithoutWaitThenExitLeaksNothing) {
   EXPECT_LE(end.slabs_total(), 4u);
   EXPECT_EQ(end.slab_fds_open(), end.slabs_total());
   EXPECT_EQ(start.slabs_in_use(), 0u);
+}
+
+TEST(PendingTest, RemoteInlineTransfersAreStagedThroughDaemonSlabs) {
+  FerrydProcess d(SmallPool(), /*tcp=*/true);
+  ASSERT_TRUE(d.ok());
+  // Local sessions never stage: their bytes are in shared memory already.
+  {
+    Session local = Open(d.unix_target());
+    RoundTrip(local, true);
+    EXPECT_TRUE(local.close().ok());
+  }
+  auto before = d.WaitIdle();
+  EXPECT_EQ(before.staged_bytes_total(), 0u);
+  Session s = Open(d.tcp_target());
+  RoundTrip(s, false);
+  // Blocking transfers larger than a chunk.
+  std::vector<int32_t> in(3 << 18);  // 3 MiB
+  for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<int32_t>(i * 3 + 1);
+  Tensor t = s.create_tensor<int32_t>({static_cast<int64_t>(in.size())});
+  ASSERT_TRUE(s.upload(t, in).ok());
+  auto out = s.download<int32_t>(t);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  ASSERT_EQ(*out, in);
+  auto mid = d.AdminStatus();
+  EXPECT_EQ(mid.staging_slabs(), 1u);
+  EXPECT_GE(mid.staged_bytes_total(), 2 * in.size() * sizeof(int32_t));
+  EXPECT_EQ(mid.slabs_in_use(), 0u) << "staging slabs count against no session";
+  uint64_t fallbacks = mid.staging_fallbacks_total();
+
+  // A download larger than a staging slab takes the direct path, counted; bytes still right.
+  auto channel = grpc::CreateChannel(d.tcp_target().substr(4), grpc::InsecureChannelCredentials());
+  auto stub = v1::SessionService::NewStub(channel);
+  grpc::ClientContext ctx;
+  auto stream = stub->Session(&ctx);
+  v1::ClientMessage m;
+  m.mutable_open()->set_protocol_version(v1::PROTOCOL_VERSION_CURRENT);
+  ASSERT_TRUE(stream->Write(m));
+  v1::ServerMessage r;
+  ASSERT_TRUE(stream->Read(&r) && r.has_opened());
+  EXPECT_TRUE(r.opened().slab_socket().empty());
+  const uint64_t big = 6u << 20;
+  m.Clear();
+  m.mutable_submit()->set_submit_id(1);
+  auto* c = m.mutable_submit()->add_ops()->mutable_create_tensor();
+  c->set_handle(1);
+  c->set_dtype(v1::DTYPE_U8);
+  c->add_shape(static_cast<int64_t>(big));
+  auto* f = m.mutable_submit()->add_ops()->mutable_fill();
+  f->set_tensor(1);
+  f->set_value(7);
+  auto* dl = m.mutable_submit()->add_ops()->mutable_download();
+  dl->set_tensor(1);
+  dl->set_length(big);
+  auto* dl2 = m.mutable_submit()->add_ops()->mutable_download();  // small: staged
+  dl2->set_tensor(1);
+  dl2->set_offset(big - 100);
+  dl2->set_length(100);
+  ASSERT_TRUE(stream->Write(m));
+  uint64_t got[2] = {0, 0};
+  bool all_sevens = true;
+  while (stream->Read(&r)) {
+    if (r.has_download_chunk()) {
+      EXPECT_LE(r.download_chunk().data().size(), 1u << 20);
+      got[r.download_chunk().op_index() - 2] += r.download_chunk().data().size();
+      for (char ch : r.download_chunk().data()) all_sevens &= ch == 7;
+    }
+    if (r.has_completed()) {
+      EXPECT_FALSE(r.completed().has_error()) << r.completed().error().message();
+      break;
+    }
+  }
+  EXPECT_EQ(got[0], big);
+  EXPECT_EQ(got[1], 100u);
+  EXPECT_TRUE(all_sevens);
+  EXPECT_EQ(d.AdminStatus().staging_fallbacks_total(), fallbacks + 1);
+  ctx.TryCancel();
+  stream->Finish();
+  t = Tensor();
+  EXPECT_TRUE(s.close().ok());
+  auto end = d.WaitIdle();
+  EXPECT_EQ(end.staging_bytes_in_use(), 0u);
+  EXPECT_EQ(end.slabs_in_use(), 0u);
+  EXPECT_EQ(end.slab_fds_open(), end.slabs_total());
+}
+
+TEST(PendingTest, NoStagingSlabsMeansDirectRemoteTransfers) {
+  auto args = SmallPool();
+  args.insert(args.end(), {"--staging-slabs", "0"});
+  FerrydProcess d(args, /*tcp=*/true);
+  ASSERT_TRUE(d.ok());
+  Session s = Open(d.tcp_target());
+  RoundTrip(s, false);
+  EXPECT_TRUE(s.close().ok());
+  auto end = d.WaitIdle();
+  EXPECT_EQ(end.staging_slabs(), 0u);
+  EXPECT_EQ(end.staged_bytes_total(), 0u);
+}
+
+TEST(PendingTest, PinnedBuffersBeyondTheSessionQuotaAreQuotaExceeded) {
+  auto args = SmallPool();  // 4M slabs, 16M budget
+  args.insert(args.end(), {"--session-pinned-quota", "8M"});
+  FerrydProcess d(args);
+  ASSERT_TRUE(d.ok());
+  Session s = Open(d.unix_target());
+  auto a = s.pinned_buffer(s.slab_size());
+  auto b = s.pinned_buffer(s.slab_size());
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto c = s.pinned_buffer(s.slab_size());  // a third slab: 12M > 8M
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().kind(), ErrorKind::kQuotaExceeded) << c.status().ToString();
+  EXPECT_NE(c.status().message().find("session-pinned-quota"), std::string::npos)
+      << c.status().ToString();
+  EXPECT_EQ(d.AdminStatus().slabs_in_use(), 2u);
+  // The budget still has room: another session gets its slabs.
+  Session other = Open(d.unix_target());
+  auto o = other.pinned_buffer(other.slab_size());
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  // A buffer freed makes room again in the slabs already held; the session keeps working.
+  *a = PinnedBuffer();
+  auto again = s.pinned_buffer(1 << 20);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  RoundTrip(s, true);
+  EXPECT_EQ(d.AdminStatus().slabs_in_use(), 3u);
+  *o = PinnedBuffer();
+  EXPECT_TRUE(other.close().ok());
+  EXPECT_TRUE(s.close().ok());
+  EXPECT_EQ(d.WaitIdle().slabs_in_use(), 0u);
+}
+
+// Open fds of process `pid` (-1 when /proc cannot tell).
+int OpenFds(pid_t pid) {
+  std::error_code ec;
+  int n = 0;
+  for (auto it = std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    ++n;
+  }
+  return ec ? -1 : n;
+}
+
+TEST(PendingTest, ClientKilledMidTransferLeaksNothing) {
+  FerrydProcess d(SmallPool());
+  ASSERT_TRUE(d.ok());
+  auto start = d.WaitIdle();
+  // The daemon's fds apart from the pool's memfds (the pool may grow; its fds are counted
+  // by slab_fds_open).
+  const int start_other_fds = OpenFds(d.pid()) - static_cast<int>(start.slab_fds_open());
+  char tmpl[] = "/tmp/ferry-killed-XXXXXX";
+  std::string dir = mkdtemp(tmpl);
+  for (int round = 0; round < 3; ++round) {
+    std::string log = dir + "/client" + std::to_string(round) + ".log";
+    pid_t pid = testing::Spawn(testing::ProgramPath("FERRY_TEST_CLIENT", FERRY_TEST_CLIENT_PATH),
+                               {d.unix_target(), "pending-loop"}, log);
+    ASSERT_GT(pid, 0);
+    // Ready: the client printed so, and the daemon shows its slabs in use.
+    bool ready = false;
+    for (int i = 0; i < 2000 && !ready; ++i) {
+      std::ifstream in(log);
+      std::string text((std::istreambuf_iterator<char>(in)), {});
+      ready = text.find("ready") != std::string::npos && d.AdminStatus().slabs_in_use() >= 1;
+      if (!ready) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ASSERT_TRUE(ready) << "the client never started its transfers";
+    std::this_thread::sleep_for(std::chrono::milliseconds(20 * round));
+    auto mid = d.AdminStatus();
+    EXPECT_GE(mid.sessions_open(), 1u);
+    EXPECT_GE(mid.slab_connections(), 1u);
+    ASSERT_EQ(kill(pid, SIGKILL), 0);
+    int status = testing::WaitExit(pid, std::chrono::seconds(10));
+    ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
+  }
+  // Everything comes back: sessions, tensors, device bytes, slabs, slab connections, fds.
+  v1::StatusReply end;
+  int other_fds = -1;
+  for (int i = 0; i < 1000; ++i) {
+    end = d.WaitIdle();
+    other_fds = OpenFds(d.pid()) - static_cast<int>(end.slab_fds_open());
+    if (end.slabs_in_use() == 0 && end.slab_connections() == 0 && other_fds == start_other_fds) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(end.sessions_open(), 0u);
+  EXPECT_EQ(end.live_tensors(), 0u);
+  EXPECT_EQ(end.device_bytes_in_use(), start.device_bytes_in_use());
+  EXPECT_EQ(end.submits_in_flight(), 0u);
+  EXPECT_EQ(end.slabs_in_use(), 0u);
+  EXPECT_EQ(end.slab_connections(), 0u);
+  EXPECT_EQ(end.slab_fds_open(), end.slabs_total());
+  EXPECT_LE(end.slabs_total(), 4u);  // the budget: 16M of 4M slabs
+  EXPECT_EQ(other_fds, start_other_fds) << "the daemon leaked fds";
+  std::filesystem::remove_all(dir);
 }
 
 TEST(PendingTest, ThousandOpenCloseCyclesLeakNothing) {

@@ -3,7 +3,9 @@
 // closing. Shared-memory modes:
 //   pending-drop: start a pending download, drop the handle, exit at once;
 //   fill-slabs N: take N slab-sized pinned buffers, fill them with 0xA5, close;
-//   zero-slabs N: take N slab-sized pinned buffers; exit 0 if every byte is 0, 3 if not.
+//   zero-slabs N: take N slab-sized pinned buffers; exit 0 if every byte is 0, 3 if not;
+//   pending-loop: pending uploads and downloads through pinned buffers in a loop, for ever;
+//     prints "ready" (and flushes stdout) once transfers are going, to be killed.
 #include <unistd.h>
 
 #include <cstdio>
@@ -44,6 +46,32 @@ int main(int argc, char** argv) {
       held.push_back(std::move(*b));
     }
     return session->close().ok() ? 0 : 1;
+  }
+  if (mode == "pending-loop") {
+    const int64_t n = 1 << 19;  // 2 MiB of f32 per buffer
+    ferry::Tensor up_t = session->create_tensor<float>({n});
+    ferry::Tensor down_t = session->create_tensor<float>({n});
+    session->fill(down_t, 3.0);
+    auto up_b = session->pinned_buffer(n * sizeof(float));
+    auto down_b = session->pinned_buffer(n * sizeof(float));
+    if (!up_b.ok() || !down_b.ok()) return 1;
+    ferry::PinnedBuffer ub = std::move(*up_b), db = std::move(*down_b);
+    for (uint64_t i = 0;; ++i) {
+      for (float& f : ub.span<float>()) f = static_cast<float>(i);
+      auto pu = session->upload_pending(std::move(ub), std::move(up_t));
+      auto pd = session->download_pending(std::move(down_t), std::move(db));
+      if (i == 2) {
+        std::printf("ready\n");
+        std::fflush(stdout);
+      }
+      ferry::Transfer u = pu.wait();
+      ferry::Transfer d = pd.wait();
+      if (!u.status.ok() || !d.status.ok()) return 1;
+      ub = std::move(u.buffer);
+      up_t = std::move(u.tensor);
+      db = std::move(d.buffer);
+      down_t = std::move(d.tensor);
+    }
   }
   if (mode == "pending-drop") {
     ferry::Tensor t = session->create_tensor<float>({1 << 20});

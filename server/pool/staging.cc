@@ -1,0 +1,95 @@
+#include "pool/staging.h"
+
+#include <spdlog/spdlog.h>
+
+namespace ferry::pool {
+namespace {
+constexpr uint64_t kAlign = 4096;
+uint64_t AlignUp(uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+}  // namespace
+
+StagingLease& StagingLease::operator=(StagingLease&& o) noexcept {
+  if (this != &o) {
+    Reset();
+    area_ = o.area_;
+    slab_index_ = o.slab_index_;
+    offset_ = o.offset_;
+    length_ = o.length_;
+    reserved_ = o.reserved_;
+    data_ = o.data_;
+    o.area_ = nullptr;
+    o.data_ = nullptr;
+  }
+  return *this;
+}
+
+void StagingLease::Reset() {
+  if (area_ && data_) area_->Free(slab_index_, offset_, reserved_);
+  area_ = nullptr;
+  data_ = nullptr;
+}
+
+StagingArea::~StagingArea() {
+  std::lock_guard lock(mu_);
+  if (stats_.bytes_in_use) spdlog::error("staging destroyed with {} bytes leased", stats_.bytes_in_use);
+  for (Slab& s : slabs_) pool_->Release(s.ref.id, /*quarantined=*/false);
+}
+
+StagingLease StagingArea::Allocate(uint64_t bytes) {
+  StagingLease lease;
+  if (bytes == 0 || bytes > pool_->slab_size()) return lease;
+  const uint64_t need = AlignUp(bytes);
+  std::lock_guard lock(mu_);
+  auto place = [&](size_t index) -> bool {
+    Slab& s = slabs_[index];
+    uint64_t at = 0;
+    for (const auto& [begin, end] : s.used) {
+      if (begin - at >= need) break;
+      at = end;
+    }
+    if (at + need > s.ref.size) return false;
+    s.used[at] = at + need;
+    lease.area_ = this;
+    lease.slab_index_ = index;
+    lease.offset_ = at;
+    lease.length_ = bytes;
+    lease.reserved_ = need;
+    lease.data_ = s.ref.data + at;
+    return true;
+  };
+  bool placed = false;
+  for (size_t i = 0; i < slabs_.size() && !placed; ++i) placed = place(i);
+  if (!placed && slabs_.size() < max_slabs_) {
+    auto ref = pool_->AcquireDaemon();
+    if (ref.ok()) {
+      slabs_.push_back(Slab{*ref, {}});
+      stats_.slabs = slabs_.size();
+      placed = place(slabs_.size() - 1);
+    } else {
+      spdlog::debug("no slab for staging: {}", ref.status().ToString());
+    }
+  }
+  if (placed) {
+    stats_.bytes_in_use += need;
+    stats_.staged_total += bytes;
+  }
+  return lease;
+}
+
+void StagingArea::Free(size_t slab_index, uint64_t offset, uint64_t reserved) {
+  std::lock_guard lock(mu_);
+  slabs_[slab_index].used.erase(offset);
+  stats_.bytes_in_use -= reserved;
+}
+
+void StagingArea::CountFallback() {
+  std::lock_guard lock(mu_);
+  ++stats_.fallbacks_total;
+}
+
+StagingStats StagingArea::stats() const {
+  std::lock_guard lock(mu_);
+  return stats_;
+}
+
+}  // namespace ferry::pool

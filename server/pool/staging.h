@@ -1,0 +1,86 @@
+// StagingArea: the daemon's own pinned staging for remote (TCP) clients' inline transfers.
+//
+// Bytes of an inline Upload are copied from the message into a staging range and the device
+// copies from there; an inline Download lands in a staging range and is copied into the
+// outgoing chunks once the submit completes. The ranges come from slabs the daemon takes
+// from its own slab pool (SlabPool::AcquireDaemon: pinned and registered like every slab,
+// held by no session and counted against no client uid), at most `max_slabs` of them,
+// taken when first needed and kept until the daemon exits.
+//
+// A first-fit allocator over those slabs. A range is held by a StagingLease and freed when
+// the lease is destroyed (the submit's completion). When no range fits (a transfer larger
+// than a slab, or every slab full), Allocate returns an empty lease and the caller uses the
+// direct path, counted with CountFallback.
+//
+// Thread-safe: sessions' executors allocate and free concurrently; Admin reads the stats.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "pool/slab_pool.h"
+
+namespace ferry::pool {
+
+class StagingArea;
+
+/// One staging range; frees it when destroyed. Move-only; empty when `data()` is null.
+class StagingLease {
+ public:
+  StagingLease() = default;
+  StagingLease(StagingLease&& o) noexcept { *this = std::move(o); }
+  StagingLease& operator=(StagingLease&& o) noexcept;
+  ~StagingLease() { Reset(); }
+  char* data() const { return data_; }
+  uint64_t length() const { return length_; }
+  explicit operator bool() const { return data_ != nullptr; }
+  void Reset();
+
+ private:
+  friend class StagingArea;
+  StagingArea* area_ = nullptr;
+  size_t slab_index_ = 0;
+  uint64_t offset_ = 0;
+  uint64_t length_ = 0;  // as asked
+  uint64_t reserved_ = 0;
+  char* data_ = nullptr;
+};
+
+struct StagingStats {
+  uint64_t slabs = 0;           // daemon-owned slabs taken for staging
+  uint64_t bytes_in_use = 0;    // staging bytes leased now
+  uint64_t staged_total = 0;    // bytes that went through staging
+  uint64_t fallbacks_total = 0; // transfers that took the direct path: no staging space
+};
+
+class StagingArea {
+ public:
+  StagingArea(SlabPool* pool, uint32_t max_slabs) : pool_(pool), max_slabs_(max_slabs) {}
+  ~StagingArea();  // gives the slabs back to the pool; every lease must be gone
+  StagingArea(const StagingArea&) = delete;
+  StagingArea& operator=(const StagingArea&) = delete;
+
+  /// A range of `bytes` (> 0), or an empty lease when none fits.
+  StagingLease Allocate(uint64_t bytes);
+  void CountFallback();
+  StagingStats stats() const;
+
+ private:
+  friend class StagingLease;
+  void Free(size_t slab_index, uint64_t offset, uint64_t reserved);
+
+  struct Slab {
+    SlabRef ref;
+    std::map<uint64_t, uint64_t> used;  // offset -> end, disjoint
+  };
+  SlabPool* pool_;
+  const uint32_t max_slabs_;
+  mutable std::mutex mu_;
+  std::vector<Slab> slabs_;  // guarded by mu_
+  StagingStats stats_;       // guarded by mu_ (slabs is slabs_.size())
+};
+
+}  // namespace ferry::pool

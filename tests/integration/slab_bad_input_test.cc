@@ -1,0 +1,444 @@
+// Bad input through the raw protocol with slabs a session really holds: a raw client opens a
+// session over gRPC, binds the slab socket with the token from Opened and acquires slabs
+// itself (no library), then names out-of-range, overflowing, busy and unknown ranges, and
+// uses a slab connection closed before acquire. Every one gets its typed error, the daemon
+// keeps serving, and the Admin accounting returns to where it started.
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <optional>
+#include <thread>
+
+#include "ferry/client.h"
+#include "ferry/v1/session.grpc.pb.h"
+#include "ferryd_process.h"
+
+namespace ferry {
+namespace {
+
+using testing::FerrydProcess;
+
+uint32_t Get32(const char* p) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; ++i) v |= uint32_t{static_cast<unsigned char>(p[i])} << (8 * i);
+  return v;
+}
+uint64_t Get64(const char* p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= uint64_t{static_cast<unsigned char>(p[i])} << (8 * i);
+  return v;
+}
+
+// One connection on the slab socket, spoken byte by byte (docs/protocol.md, "slab socket").
+class RawSlabConnection {
+ public:
+  explicit RawSlabConnection(const std::string& path) {
+    fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr = {};
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path, path.c_str(), std::min(path.size() + 1, sizeof(addr.sun_path)));
+    if (::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) Close();
+  }
+  ~RawSlabConnection() { Close(); }
+  bool connected() const { return fd_ >= 0; }
+  void Close() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+  // Present the token; the daemon's answer kind (0: bound), or -1 when it sent nothing.
+  int Hello(const std::string& token) {
+    std::string hello = "FSL1" + token;
+    if (::send(fd_, hello.data(), hello.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(hello.size())) {
+      return -1;
+    }
+    char reply[8];
+    if (::recv(fd_, reply, sizeof(reply), MSG_WAITALL) != sizeof(reply)) return -1;
+    return static_cast<int>(Get32(reply));
+  }
+  struct Slab {
+    uint32_t kind = 0;  // 0: granted
+    uint64_t id = 0, size = 0;
+    int fd = -1;
+  };
+  // Ask for one slab; nullopt when the connection broke.
+  std::optional<Slab> Acquire() {
+    char request[8] = {1, 0, 0, 0, 0, 0, 0, 0};
+    if (::send(fd_, request, sizeof(request), MSG_NOSIGNAL) != sizeof(request)) return std::nullopt;
+    char reply[24];
+    iovec iov = {reply, sizeof(reply)};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+    msghdr msg = {};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    ssize_t n = ::recvmsg(fd_, &msg, MSG_WAITALL | MSG_CMSG_CLOEXEC);
+    Slab s;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+        std::memcpy(&s.fd, CMSG_DATA(c), sizeof(int));
+      }
+    }
+    if (n != sizeof(reply)) {
+      if (s.fd >= 0) ::close(s.fd);
+      return std::nullopt;
+    }
+    s.kind = Get32(reply);
+    s.id = Get64(reply + 8);
+    s.size = Get64(reply + 16);
+    return s;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+// A raw session stream.
+class RawStream {
+ public:
+  explicit RawStream(const std::string& target) {
+    channel_ = grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
+    stub_ = v1::SessionService::NewStub(channel_);
+    stream_ = stub_->Session(&ctx_);
+  }
+  ~RawStream() {
+    if (!finished_) {
+      ctx_.TryCancel();
+      stream_->Finish();
+    }
+  }
+  std::optional<v1::Opened> Open() {
+    v1::ClientMessage m;
+    m.mutable_open()->set_protocol_version(v1::PROTOCOL_VERSION_CURRENT);
+    m.mutable_open()->set_client_name("raw-slabs");
+    if (!stream_->Write(m)) return std::nullopt;
+    v1::ServerMessage r;
+    if (!stream_->Read(&r) || !r.has_opened()) return std::nullopt;
+    return r.opened();
+  }
+  bool Submit(uint64_t id, std::vector<v1::Op> ops) {
+    v1::ClientMessage m;
+    m.mutable_submit()->set_submit_id(id);
+    for (auto& op : ops) *m.mutable_submit()->add_ops() = op;
+    return stream_->Write(m);
+  }
+  // Read until the Completed for `id`; its error (kind NONE on success). Inline download
+  // chunks on the way are appended to `chunks` when given.
+  v1::Error Completion(uint64_t id, std::string* chunks = nullptr) {
+    v1::ServerMessage m;
+    while (stream_->Read(&m)) {
+      if (m.has_download_chunk() && chunks) *chunks += m.download_chunk().data();
+      if (m.has_completed() && m.completed().submit_id() == id) return m.completed().error();
+      if (m.has_error()) return m.error();
+    }
+    v1::Error e;
+    e.set_kind(v1::SESSION_CLOSED);
+    return e;
+  }
+  void Close() {
+    v1::ClientMessage m;
+    m.mutable_close();
+    stream_->Write(m);
+    stream_->WritesDone();
+    v1::ServerMessage r;
+    while (stream_->Read(&r)) {
+    }
+    finished_ = true;
+    stream_->Finish();
+  }
+
+ private:
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::SessionService::Stub> stub_;
+  grpc::ClientContext ctx_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::ClientMessage, v1::ServerMessage>> stream_;
+  bool finished_ = false;
+};
+
+v1::Op Create(uint64_t h, v1::DType dtype, std::vector<int64_t> shape) {
+  v1::Op op;
+  auto* c = op.mutable_create_tensor();
+  c->set_handle(h);
+  c->set_dtype(dtype);
+  for (auto d : shape) c->add_shape(d);
+  return op;
+}
+v1::Op Fill(uint64_t h, double v) {
+  v1::Op op;
+  op.mutable_fill()->set_tensor(h);
+  op.mutable_fill()->set_value(v);
+  return op;
+}
+v1::Op Download(uint64_t h, uint64_t off, uint64_t len) {
+  v1::Op op;
+  op.mutable_download()->set_tensor(h);
+  op.mutable_download()->set_offset(off);
+  op.mutable_download()->set_length(len);
+  return op;
+}
+v1::Op FromSlab(uint64_t t, uint64_t off, uint64_t slab, uint64_t slab_off, uint64_t len) {
+  v1::Op op;
+  auto* u = op.mutable_upload_from_slab();
+  u->set_tensor(t);
+  u->set_offset(off);
+  u->set_slab(slab);
+  u->set_slab_offset(slab_off);
+  u->set_length(len);
+  return op;
+}
+v1::Op ToSlab(uint64_t t, uint64_t off, uint64_t slab, uint64_t slab_off, uint64_t len) {
+  v1::Op op;
+  auto* d = op.mutable_download_to_slab();
+  d->set_tensor(t);
+  d->set_offset(off);
+  d->set_slab(slab);
+  d->set_slab_offset(slab_off);
+  d->set_length(len);
+  return op;
+}
+
+constexpr uint64_t kSlab = 4u << 20;
+
+class SlabBadInputTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    daemon_ = std::make_unique<FerrydProcess>(std::vector<std::string>{
+        "--slab-size", "4M", "--pinned-budget", "32M", "--initial-slabs", "1"});
+    ASSERT_TRUE(daemon_->ok()) << daemon_->log();
+    start_ = daemon_->AdminStatus();
+  }
+  void TearDown() override {
+    if (!daemon_->ok()) return;
+    // Accounting returns to start: no session, tensor, device byte, held slab or slab
+    // connection is left, and the pool holds an fd for each slab it has and no more.
+    v1::StatusReply s;
+    for (int i = 0; i < 500; ++i) {
+      s = daemon_->WaitIdle();
+      if (s.slabs_in_use() == 0 && s.slab_connections() == 0) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_EQ(s.sessions_open(), start_.sessions_open());
+    EXPECT_EQ(s.live_tensors(), start_.live_tensors());
+    EXPECT_EQ(s.device_bytes_in_use(), start_.device_bytes_in_use()) << "device memory leaked";
+    EXPECT_EQ(s.slabs_in_use(), start_.slabs_in_use());
+    EXPECT_EQ(s.slab_connections(), start_.slab_connections());
+    EXPECT_EQ(s.slab_fds_open(), s.slabs_total());
+    EXPECT_EQ(daemon_->Stop(), 0) << "ferryd did not exit cleanly:\n" << daemon_->log();
+  }
+
+  // The daemon still serves a well-behaved library session.
+  void CheckServing() {
+    auto c = Client::connect(daemon_->unix_target());
+    ASSERT_TRUE(c.ok());
+    auto s = c->open_session();
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    Tensor t = s->create_tensor<float>({1000});
+    s->fill(t, 2.5f);
+    auto v = s->download<float>(t);
+    ASSERT_TRUE(v.ok()) << v.status().ToString();
+    EXPECT_EQ((*v)[999], 2.5f);
+    t = Tensor();
+    ASSERT_TRUE(s->close().ok());
+  }
+
+  std::unique_ptr<FerrydProcess> daemon_;
+  v1::StatusReply start_;
+};
+
+TEST_F(SlabBadInputTest, RangesOfAHeldSlabAreCheckedTyped) {
+  RawStream raw(daemon_->unix_target());
+  auto opened = raw.Open();
+  ASSERT_TRUE(opened);
+  ASSERT_FALSE(opened->slab_socket().empty());
+  ASSERT_EQ(opened->slab_size(), kSlab);
+  RawSlabConnection conn(opened->slab_socket());
+  ASSERT_TRUE(conn.connected());
+  ASSERT_EQ(conn.Hello(opened->slab_token()), 0);
+  auto slab = conn.Acquire();
+  ASSERT_TRUE(slab);
+  ASSERT_EQ(slab->kind, 0u);
+  ASSERT_EQ(slab->size, kSlab);
+  ASSERT_GE(slab->fd, 0);
+  void* map = ::mmap(nullptr, slab->size, PROT_READ | PROT_WRITE, MAP_SHARED, slab->fd, 0);
+  ASSERT_NE(map, MAP_FAILED);
+  ::close(slab->fd);
+  auto* bytes = static_cast<unsigned char*>(map);
+  const uint64_t id = slab->id;
+  EXPECT_EQ(daemon_->AdminStatus().slabs_in_use(), start_.slabs_in_use() + 1);
+
+  uint64_t sub = 0;
+  ASSERT_TRUE(raw.Submit(++sub, {Create(1, v1::DTYPE_U8, {static_cast<int64_t>(kSlab)})}));
+  ASSERT_EQ(raw.Completion(sub).kind(), v1::ERROR_KIND_NONE);
+
+  struct Case {
+    const char* what;
+    v1::Op op;
+    v1::ErrorKind kind;
+  };
+  const Case cases[] = {
+      {"end past the slab", FromSlab(1, 0, id, kSlab - 8, 16), v1::OUT_OF_RANGE},
+      {"offset at the end", ToSlab(1, 0, id, kSlab, 1), v1::OUT_OF_RANGE},
+      {"offset far past", FromSlab(1, 0, id, 1ull << 40, 1), v1::OUT_OF_RANGE},
+      {"offset + length wraps", FromSlab(1, 0, id, ~uint64_t{0} - 3, 16), v1::OUT_OF_RANGE},
+      {"length wraps", ToSlab(1, 0, id, 8, ~uint64_t{0} - 4), v1::OUT_OF_RANGE},
+      {"unknown slab id", FromSlab(1, 0, id + 1000, 0, 16), v1::INVALID_HANDLE},
+      {"slab id 0", ToSlab(1, 0, 0, 0, 16), v1::INVALID_HANDLE},
+  };
+  for (const Case& c : cases) {
+    // A create before the bad op: the refusal is whole, the create never happens.
+    ASSERT_TRUE(raw.Submit(++sub, {Create(50 + sub, v1::DTYPE_U8, {4}), c.op}));
+    v1::Error e = raw.Completion(sub);
+    EXPECT_EQ(e.kind(), c.kind) << c.what << ": " << e.message();
+    EXPECT_EQ(e.op_index(), 1) << c.what;
+  }
+  EXPECT_EQ(daemon_->AdminStatus().live_tensors(), start_.live_tensors() + 1);
+
+  // In range works both ways, to the last byte of the slab.
+  for (uint64_t i = 0; i < 4096; ++i) bytes[kSlab - 4096 + i] = static_cast<unsigned char>(i * 7);
+  ASSERT_TRUE(raw.Submit(++sub, {FromSlab(1, 100, id, kSlab - 4096, 4096), ToSlab(1, 100, id, 0, 4096)}));
+  ASSERT_EQ(raw.Completion(sub).kind(), v1::ERROR_KIND_NONE);
+  EXPECT_EQ(std::memcmp(bytes, bytes + kSlab - 4096, 4096), 0);
+
+  ::munmap(map, kSlab);
+  raw.Close();
+  CheckServing();
+}
+
+TEST_F(SlabBadInputTest, OverlappingRangeInFlightIsBusyAndLosesNothing) {
+  RawStream raw(daemon_->unix_target());
+  auto opened = raw.Open();
+  ASSERT_TRUE(opened);
+  RawSlabConnection conn(opened->slab_socket());
+  ASSERT_EQ(conn.Hello(opened->slab_token()), 0);
+  auto slab = conn.Acquire();
+  ASSERT_TRUE(slab && slab->kind == 0);
+  void* map = ::mmap(nullptr, slab->size, PROT_READ | PROT_WRITE, MAP_SHARED, slab->fd, 0);
+  ASSERT_NE(map, MAP_FAILED);
+  ::close(slab->fd);
+  auto* doubles = static_cast<double*>(map);
+  const uint64_t id = slab->id;
+
+  // Tensor 1: big enough that many fills of it keep submit A on the device for a while.
+  const int64_t n = 4 << 20;  // 32 MiB of f64
+  ASSERT_TRUE(raw.Submit(1, {Create(1, v1::DTYPE_F64, {n}), Create(2, v1::DTYPE_F64, {1024}),
+                             Fill(2, 1.0)}));
+  ASSERT_EQ(raw.Completion(1).kind(), v1::ERROR_KIND_NONE);
+  for (uint64_t i = 0; i < kSlab / 8; ++i) doubles[i] = -1.0;
+
+  // A: many fills, then a download into slab bytes [0, 1 MiB).
+  std::vector<v1::Op> a;
+  for (int k = 0; k < 200; ++k) a.push_back(Fill(1, 3.0));
+  a.push_back(ToSlab(1, 0, id, 0, 1 << 20));
+  ASSERT_TRUE(raw.Submit(2, a));
+  // B, while A is in flight: fill tensor 2, then read slab bytes [512 KiB, 1.5 MiB) that
+  // A is still writing: refused whole with BUSY.
+  ASSERT_TRUE(raw.Submit(3, {Fill(2, 9.0), FromSlab(2, 0, id, 512 << 10, 8192)}));
+  // C: a range A does not touch is fine meanwhile.
+  ASSERT_TRUE(raw.Submit(4, {FromSlab(2, 0, id, 2 << 20, 8)}));
+  v1::Error ea = raw.Completion(2);
+  EXPECT_EQ(ea.kind(), v1::ERROR_KIND_NONE) << ea.message();
+  v1::Error eb = raw.Completion(3);
+  EXPECT_EQ(eb.kind(), v1::BUSY) << eb.message();
+  EXPECT_EQ(eb.op_index(), 1);
+  v1::Error ec = raw.Completion(4);
+  EXPECT_EQ(ec.kind(), v1::ERROR_KIND_NONE) << ec.message();
+
+  // A's bytes all landed; B changed nothing (tensor 2 still 1.0, except C's first element,
+  // which C set from slab bytes A never touched: -1.0).
+  for (uint64_t i = 0; i < (1u << 20) / 8; ++i) ASSERT_EQ(doubles[i], 3.0) << "element " << i;
+  EXPECT_EQ(doubles[(1 << 20) / 8], -1.0);
+  std::string got;
+  ASSERT_TRUE(raw.Submit(5, {Download(2, 0, 1024 * 8)}));
+  ASSERT_EQ(raw.Completion(5, &got).kind(), v1::ERROR_KIND_NONE);
+  ASSERT_EQ(got.size(), 1024u * 8);
+  const double* t2 = reinterpret_cast<const double*>(got.data());
+  EXPECT_EQ(t2[0], -1.0);
+  for (int i = 1; i < 1024; ++i) ASSERT_EQ(t2[i], 1.0) << "element " << i;
+
+  // Once A completed, the range is free again.
+  ASSERT_TRUE(raw.Submit(6, {FromSlab(2, 0, id, 512 << 10, 8192)}));
+  EXPECT_EQ(raw.Completion(6).kind(), v1::ERROR_KIND_NONE);
+  ::munmap(map, kSlab);
+  raw.Close();
+  CheckServing();
+}
+
+TEST_F(SlabBadInputTest, AcquireBeyondTheSessionPinnedQuotaIsQuotaExceeded) {
+  // Restart with a quota of two 4M slabs per session.
+  ASSERT_EQ(daemon_->Stop(), 0);
+  daemon_ = std::make_unique<FerrydProcess>(std::vector<std::string>{
+      "--slab-size", "4M", "--pinned-budget", "32M", "--session-pinned-quota", "8M"});
+  ASSERT_TRUE(daemon_->ok()) << daemon_->log();
+  start_ = daemon_->AdminStatus();
+  RawStream raw(daemon_->unix_target());
+  auto opened = raw.Open();
+  ASSERT_TRUE(opened);
+  RawSlabConnection conn(opened->slab_socket());
+  ASSERT_EQ(conn.Hello(opened->slab_token()), 0);
+  for (int i = 0; i < 2; ++i) {
+    auto slab = conn.Acquire();
+    ASSERT_TRUE(slab && slab->kind == 0);
+    ::close(slab->fd);
+  }
+  for (int i = 0; i < 3; ++i) {  // refused, typed, and the connection stays usable
+    auto slab = conn.Acquire();
+    ASSERT_TRUE(slab);
+    EXPECT_EQ(slab->kind, static_cast<uint32_t>(ErrorKind::kQuotaExceeded));
+    EXPECT_LT(slab->fd, 0) << "a refused acquire passed an fd";
+  }
+  EXPECT_EQ(daemon_->AdminStatus().slabs_in_use(), 2u);
+  raw.Close();
+  CheckServing();
+}
+
+TEST_F(SlabBadInputTest, SlabConnectionClosedBeforeAcquire) {
+  {
+    RawStream raw(daemon_->unix_target());
+    auto opened = raw.Open();
+    ASSERT_TRUE(opened);
+    {
+      RawSlabConnection conn(opened->slab_socket());
+      ASSERT_EQ(conn.Hello(opened->slab_token()), 0);
+      conn.Close();  // closed before any acquire
+    }
+    // The token is spent: a second connection with it is refused, typed.
+    RawSlabConnection again(opened->slab_socket());
+    ASSERT_TRUE(again.connected());
+    EXPECT_EQ(again.Hello(opened->slab_token()), static_cast<int>(ErrorKind::kInvalidArgument));
+    EXPECT_FALSE(again.Acquire().has_value()) << "the daemon kept a refused connection";
+    // The session holds no slab: any slab op names an unknown slab.
+    ASSERT_TRUE(raw.Submit(1, {Create(1, v1::DTYPE_U8, {64}), FromSlab(1, 0, 1, 0, 64)}));
+    EXPECT_EQ(raw.Completion(1).kind(), v1::INVALID_HANDLE);
+    // Inline transfers still work.
+    ASSERT_TRUE(raw.Submit(2, {Create(1, v1::DTYPE_U8, {64}), Fill(1, 5)}));
+    EXPECT_EQ(raw.Completion(2).kind(), v1::ERROR_KIND_NONE);
+    raw.Close();
+  }
+  {
+    // Closed before even presenting the token: the token still binds a later connection.
+    RawStream raw(daemon_->unix_target());
+    auto opened = raw.Open();
+    ASSERT_TRUE(opened);
+    { RawSlabConnection conn(opened->slab_socket()); }
+    RawSlabConnection conn(opened->slab_socket());
+    ASSERT_EQ(conn.Hello(opened->slab_token()), 0);
+    // A slab whose fd and connection the client closed stays the session's until it ends.
+    auto slab = conn.Acquire();
+    ASSERT_TRUE(slab && slab->kind == 0);
+    ::close(slab->fd);
+    conn.Close();
+    ASSERT_TRUE(raw.Submit(1, {Create(1, v1::DTYPE_U8, {64}), Fill(1, 5),
+                               ToSlab(1, 0, slab->id, 0, 64)}));
+    EXPECT_EQ(raw.Completion(1).kind(), v1::ERROR_KIND_NONE);
+    EXPECT_EQ(daemon_->AdminStatus().slabs_in_use(), start_.slabs_in_use() + 1);
+    raw.Close();
+  }
+  CheckServing();
+}
+
+}  // namespace
+}  // namespace ferry

@@ -1,0 +1,70 @@
+#include "pool/staging.h"
+
+#include <gtest/gtest.h>
+
+#include "pool/session_slabs.h"
+#include "pool/slab_pool.h"
+
+namespace ferry::pool {
+namespace {
+
+constexpr uint64_t kSlab = 1ull << 20;
+
+std::unique_ptr<SlabPool> MakePool(uint64_t budget_slabs) {
+  auto pool = SlabPool::Create({kSlab, budget_slabs * kSlab, 0}, HostRegistration{});
+  EXPECT_TRUE(pool.ok()) << pool.status().ToString();
+  return std::move(*pool);
+}
+
+TEST(StagingTest, RangesAreDisjointFreedByLeasesAndCountNoSession) {
+  auto pool = MakePool(4);
+  {
+    StagingArea area(pool.get(), 1);
+    StagingLease a = area.Allocate(1000);
+    StagingLease b = area.Allocate(kSlab / 2);
+    ASSERT_TRUE(a && b);
+    EXPECT_GE(b.data(), a.data() + 1000);
+    EXPECT_EQ(pool->stats().slabs_in_use, 0u);  // a daemon slab, held by no session
+    EXPECT_EQ(pool->stats().slabs_daemon, 1u);
+    // No room left for another half slab (4K granules), nor for more than a slab.
+    EXPECT_FALSE(area.Allocate(kSlab / 2));
+    EXPECT_FALSE(area.Allocate(kSlab + 1));
+    EXPECT_FALSE(area.Allocate(0));
+    StagingStats s = area.stats();
+    EXPECT_EQ(s.slabs, 1u);
+    EXPECT_EQ(s.bytes_in_use, 4096 + kSlab / 2);
+    EXPECT_EQ(s.staged_total, 1000 + kSlab / 2);
+    b = StagingLease();  // freed
+    StagingLease c = area.Allocate(kSlab / 2);
+    ASSERT_TRUE(c);
+    StagingLease moved = std::move(c);
+    EXPECT_FALSE(c);
+    EXPECT_TRUE(moved);
+    area.CountFallback();
+    EXPECT_EQ(area.stats().fallbacks_total, 1u);
+    a.Reset();
+    moved.Reset();
+    EXPECT_EQ(area.stats().bytes_in_use, 0u);
+  }
+  // The area gave its slab back; a client uid never gets the daemon's bytes without a
+  // fresh slab.
+  EXPECT_EQ(pool->stats().slabs_daemon, 0u);
+  EXPECT_EQ(pool->stats().slabs_in_use, 0u);
+}
+
+TEST(StagingTest, SessionPinnedQuotaCountsWholeSlabs) {
+  auto pool = MakePool(8);
+  SessionSlabs slabs(pool.get(), 2 * kSlab + 100);
+  ASSERT_TRUE(slabs.Bind(1000));
+  ASSERT_TRUE(slabs.Acquire().ok());
+  ASSERT_TRUE(slabs.Acquire().ok());
+  auto third = slabs.Acquire();
+  EXPECT_EQ(third.status().kind(), ErrorKind::kQuotaExceeded);
+  EXPECT_EQ(slabs.slab_count(), 2u);
+  EXPECT_EQ(pool->stats().slabs_in_use, 2u);
+  slabs.Close();
+  EXPECT_EQ(pool->stats().slabs_in_use, 0u);
+}
+
+}  // namespace
+}  // namespace ferry::pool
