@@ -178,6 +178,10 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
                                                 }));
   }
   SetAcceptingSessions(d->server_.get(), true);
+  // grpc.health.v1 follows device loss: NOT_SERVING while the device is rebuilt.
+  d->device_->SetServingHook([server = d->server_.get(), ctx = d->context_.get()](bool up) {
+    SetAcceptingSessions(server, up && !ctx->draining);
+  });
   return d;
 }
 

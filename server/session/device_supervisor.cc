@@ -77,6 +77,9 @@ void DeviceSupervisor::ReportFault(uint64_t generation, uint64_t session_id,
     spdlog::error("device fault reported by session {}: {}; rebuilding the device for {} "
                   "session(s)",
                   session_id, fault.ToString(), notify.size());
+    // Before any rebuild can start, so that "back" always follows "lost". The hook does
+    // not call back into the supervisor, so it may run under mu_.
+    if (serving_hook_) serving_hook_(false);
     if (streams_ == 0) RebuildLocked(lock);
   }
   for (auto& l : notify) l->NotifyDeviceLost(loss);
@@ -117,10 +120,10 @@ void DeviceSupervisor::RebuildLocked(std::unique_lock<std::mutex>&) {
     spdlog::warn("device rebuilt after the fault in {} ms (generation {})",
                  last_recovery_ms_.load(), generation_);
     cv_.notify_all();
-    if (rebuilt_hook_) {
-      lock.unlock();  // the hook calls back into device()
-      rebuilt_hook_();
-    }
+    auto serving = serving_hook_;
+    lock.unlock();  // the hooks call back into device()
+    if (rebuilt_hook_) rebuilt_hook_();
+    if (serving) serving(true);
   });
 }
 

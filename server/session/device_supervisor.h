@@ -73,6 +73,13 @@ class DeviceSupervisor {
   /// Call `fn` (on the rebuild thread, no lock held) each time a new device replaced a lost
   /// one, e.g. to register host memory with it again. Set before serving.
   void SetRebuiltHook(std::function<void()> fn) { rebuilt_hook_ = std::move(fn); }
+  /// Call `fn(false)` when the device is lost and `fn(true)` when it is back (from the
+  /// reporting or the rebuild thread), e.g. for the health service. `fn` must not call
+  /// back into the supervisor.
+  void SetServingHook(std::function<void(bool)> fn) {
+    std::lock_guard lock(mu_);
+    serving_hook_ = std::move(fn);
+  }
 
   /// Call `fn` (from the rebuild thread) when the device cannot be rebuilt in this process
   /// after a fault (seen on CUDA: after a sticky fault the driver refuses a new context in
@@ -107,6 +114,7 @@ class DeviceSupervisor {
   Factory factory_;
   ContextReset reset_;
   std::function<void()> rebuilt_hook_;
+  std::function<void(bool)> serving_hook_;  // guarded by mu_
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
