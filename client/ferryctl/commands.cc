@@ -162,6 +162,12 @@ std::string StatusJson(const Options& options, const v1::StatusReply& r) {
       .Add("device_resets", r.device_resets())
       .Add("last_fault", r.last_fault())
       .Add("last_recovery_ms", r.last_recovery_ms())
+      .Add("slabs_total", r.slabs_total())
+      .Add("slabs_in_use", r.slabs_in_use())
+      .Add("slab_bytes", r.slab_bytes())
+      .Add("slab_size", r.slab_size())
+      .Add("staging_slabs", r.staging_slabs())
+      .Add("staging_bytes_in_use", r.staging_bytes_in_use())
       .str();
 }
 
@@ -385,6 +391,11 @@ int RunStatus(const Options& options, std::ostream& out, std::ostream& err) {
       {"bytes up", HumanBytes(r.bytes_uploaded_total())},
       {"bytes down", HumanBytes(r.bytes_downloaded_total())},
       {"tensors", std::to_string(r.live_tensors()) + " live"},
+      {"pinned pool", std::to_string(r.slabs_total()) + " slabs (" +
+                          std::to_string(r.slabs_in_use()) + " held by sessions), " +
+                          HumanBytes(r.slab_bytes()) + "; staging " +
+                          std::to_string(r.staging_slabs()) + " slabs, " +
+                          HumanBytes(r.staging_bytes_in_use()) + " in use"},
       {"draining", r.draining() ? "yes" : "no"},
       {"device resets", std::to_string(r.device_resets())},
       {"last fault", r.last_fault().empty()

@@ -65,6 +65,7 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
   ctx.max_message_bytes = options.max_message_bytes;
   ctx.allow_remote_raw_kernels = options.allow_remote_raw_kernels;
   ctx.submit_latency = &d->submit_latency_;
+  ctx.transfer_latency = &d->transfer_latency_;
   if (!options.token_file.empty()) {
     FERRY_ASSIGN_OR_RETURN(d->token_, TokenChecker::Load(options.token_file));
     ctx.token = d->token_.get();

@@ -109,6 +109,7 @@ class Daemon {
   std::chrono::steady_clock::time_point started_at_;
   std::unique_ptr<TokenChecker> token_;
   LatencyHistogram submit_latency_;
+  LatencyHistogram transfer_latency_;
   std::once_flag shutdown_once_;
   std::unique_ptr<MetricsServer> metrics_;  // first to go: it reads everything above
 };

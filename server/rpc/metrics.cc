@@ -150,21 +150,27 @@ std::string RenderMetrics(const SessionServiceContext& c,
   e.Metric("ferry_slab_pool_fds_open", "gauge", "memfds the slab pool holds open.", p.fds_open);
   e.Metric("ferry_slab_pool_connections", "gauge", "Connections open on the slab socket.",
            slab_connections);
-  if (c.submit_latency) {
-    const LatencyHistogram::Snapshot h = c.submit_latency->snapshot();
-    e.Family("ferry_submit_latency_seconds", "histogram",
-             "Submit round trip inside ferryd: received from the client to completion sent.");
+  auto histogram = [&e](const LatencyHistogram* hist, const std::string& name,
+                        const char* help) {
+    if (!hist) return;
+    const LatencyHistogram::Snapshot h = hist->snapshot();
+    e.Family(name.c_str(), "histogram", help);
     uint64_t cumulative = 0;
     for (size_t i = 0; i < LatencyHistogram::kBoundsSeconds.size(); ++i) {
       cumulative += h.buckets[i];
       std::ostringstream le;
       le << LatencyHistogram::kBoundsSeconds[i];
-      e.Sample("ferry_submit_latency_seconds_bucket", cumulative, "le=\"" + le.str() + "\"");
+      e.Sample(name + "_bucket", cumulative, "le=\"" + le.str() + "\"");
     }
-    e.Sample("ferry_submit_latency_seconds_bucket", h.count, "le=\"+Inf\"");
-    e.Sample("ferry_submit_latency_seconds_sum", h.sum_seconds);
-    e.Sample("ferry_submit_latency_seconds_count", h.count);
-  }
+    e.Sample(name + "_bucket", h.count, "le=\"+Inf\"");
+    e.Sample(name + "_sum", h.sum_seconds);
+    e.Sample(name + "_count", h.count);
+  };
+  histogram(c.submit_latency, "ferry_submit_latency_seconds",
+            "Submit round trip inside ferryd: received from the client to completion sent.");
+  histogram(c.transfer_latency, "ferry_transfer_latency_seconds",
+            "The same, for submits that move bytes (uploads and downloads, inline or through "
+            "shared memory).");
   return e.str();
 }
 

@@ -97,10 +97,12 @@ class SessionConnection : public session::SessionEvents,
   }
   void OnCompleted(uint64_t submit_id, const Status& status) override {
     // Completions come in submit order: the oldest received submit is this one.
-    while (!received_at_.empty() && received_at_.front().first <= submit_id) {
-      if (received_at_.front().first == submit_id) {
-        context_->submit_latency->Record(std::chrono::steady_clock::now() -
-                                         received_at_.front().second);
+    while (!received_at_.empty() && received_at_.front().id <= submit_id) {
+      const Received& r = received_at_.front();
+      if (r.id == submit_id) {
+        auto latency = std::chrono::steady_clock::now() - r.at;
+        context_->submit_latency->Record(latency);
+        if (r.transfer && context_->transfer_latency) context_->transfer_latency->Record(latency);
       }
       received_at_.pop_front();
     }
@@ -151,7 +153,10 @@ class SessionConnection : public session::SessionEvents,
                                           "raw kernels are disabled for remote sessions "
                                           "(ferryd --allow-remote-raw-kernels enables them)"));
         }
-        if (context_->submit_latency) received_at_.emplace_back(id, std::chrono::steady_clock::now());
+        if (context_->submit_latency) {
+          received_at_.push_back(
+              {id, std::chrono::steady_clock::now(), MovesBytes(message->submit())});
+        }
         last_forwarded_ = id;
         session_->Submit(ToSubmitRequest(std::move(message)));
         return;
@@ -171,7 +176,23 @@ class SessionConnection : public session::SessionEvents,
   }
 
   // Raw kernels: LoadModule and Launch ops (what a remote session may be refused).
-  static bool HasRawKernelOps(const v1::Submit& submit) {
+  static // Return true when the submit moves bytes between host and device.
+bool MovesBytes(const v1::Submit& submit) {
+  for (const v1::Op& op : submit.ops()) {
+    switch (op.kind_case()) {
+      case v1::Op::kUpload:
+      case v1::Op::kDownload:
+      case v1::Op::kUploadFromSlab:
+      case v1::Op::kDownloadToSlab:
+        return true;
+      default:
+        break;
+    }
+  }
+  return false;
+}
+
+bool HasRawKernelOps(const v1::Submit& submit) {
     for (const v1::Op& op : submit.ops()) {
       if (op.has_load_module() || op.has_launch()) return true;
     }
@@ -335,7 +356,12 @@ class SessionConnection : public session::SessionEvents,
     Status status;
   };
   std::deque<Rejected> rejected_;
-  std::deque<std::pair<uint64_t, std::chrono::steady_clock::time_point>> received_at_;
+  struct Received {
+    uint64_t id;
+    std::chrono::steady_clock::time_point at;
+    bool transfer;  // the submit uploads or downloads bytes
+  };
+  std::deque<Received> received_at_;
   std::deque<std::unique_ptr<v1::ServerMessage>> outbox_;
   bool reading_ = false;
   bool read_closed_ = false;

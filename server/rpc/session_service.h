@@ -65,6 +65,8 @@ struct SessionServiceContext {
   bool allow_remote_raw_kernels = false;
   /// Submit round trips (received to completion sent) are recorded here; may be null.
   LatencyHistogram* submit_latency = nullptr;
+  /// The same, for submits that move bytes; may be null.
+  LatencyHistogram* transfer_latency = nullptr;
 };
 
 /// Send Draining to every open session stream.

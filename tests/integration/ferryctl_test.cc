@@ -149,6 +149,10 @@ TEST_F(FerryctlTest, StatusJson) {
   EXPECT_FALSE(Field(s, "version").string_value().empty());
   EXPECT_FALSE(Field(s, "device_name").string_value().empty());
   EXPECT_EQ(Field(s, "target").string_value(), daemon_->unix_target());
+  // The pinned pool is reported: a local daemon starts with its initial slab.
+  EXPECT_GE(Field(s, "slabs_total").number_value(), 1);
+  EXPECT_EQ(Field(s, "slabs_in_use").number_value(), 0);
+  EXPECT_GT(Field(s, "slab_size").number_value(), 0);
 }
 
 TEST_F(FerryctlTest, SessionsListsOpenSessions) {

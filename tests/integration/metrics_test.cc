@@ -110,6 +110,10 @@ TEST(MetricsTest, ServesPrometheusTextThatMovesWithWork) {
   EXPECT_GE(Value(during, "ferry_submit_latency_seconds_count"), 2) << during;
   EXPECT_EQ(Value(during, "ferry_submit_latency_seconds_bucket", "le=\"+Inf\""),
             Value(during, "ferry_submit_latency_seconds_count"));
+  // The upload and the download are transfers; the create alone was not.
+  EXPECT_GE(Value(during, "ferry_transfer_latency_seconds_count"), 2) << during;
+  EXPECT_LT(Value(during, "ferry_transfer_latency_seconds_count"),
+            Value(during, "ferry_submit_latency_seconds_count")) << during;
   ASSERT_TRUE(session->close().ok());
   daemon.WaitIdle();
   std::string after = Get(ep, "/metrics");
