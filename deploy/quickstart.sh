@@ -12,7 +12,7 @@ rundir=$(dirname "$sock")
 
 bash "$root/deploy/install-deps.sh"
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFERRY_BUILD_TESTS=OFF >/dev/null
-cmake --build "$build" --target ferryd ferry_quickstart
+cmake --build "$build" --target ferryd ferry_quickstart ferryctl
 
 mkdir -p "$rundir"
 if [[ -f "$rundir/ferryd.pid" ]] && kill -0 "$(cat "$rundir/ferryd.pid")" 2>/dev/null; then
@@ -30,5 +30,7 @@ head -n 3 "$rundir/ferryd.log"
 
 echo "--- example client (client/examples/quickstart.cc):"
 "$build/client/ferry_quickstart" "unix:$sock"
+echo "--- ferryctl status:"
+"$build/client/ferryctl" --target "unix:$sock" status
 echo "--- ferryd is running: pid $(cat "$rundir/ferryd.pid"), socket unix:$sock, log $rundir/ferryd.log"
 echo "    stop it with: kill $(cat "$rundir/ferryd.pid")"
