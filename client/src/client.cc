@@ -739,6 +739,18 @@ Result<Session> Client::open_session(const SessionOptions& options) {
 
 const std::string& Client::target() const { return state_->target; }
 
+namespace {
+// Record the release of `*handle` into its session's next submit (no message of its own)
+// while the session is open, and forget the handle. `record` fills the op.
+template <typename RecordFn>
+void RecordRelease(const std::weak_ptr<internal::SessionState>& session, uint64_t* handle,
+                   RecordFn record) {
+  if (*handle == 0) return;
+  if (auto s = session.lock(); s && !s->closed()) record(*s->Record(), *handle);
+  *handle = 0;
+}
+}  // namespace
+
 // --- Tensor ------------------------------------------------------------------------------
 
 Tensor::Tensor(Tensor&& o) noexcept
@@ -760,11 +772,8 @@ Tensor& Tensor::operator=(Tensor&& o) noexcept {
 Tensor::~Tensor() { Release(); }
 
 void Tensor::Release() {
-  if (handle_ == 0) return;
-  if (auto s = session_.lock(); s && !s->closed()) {
-    s->Record()->mutable_free_tensor()->set_handle(handle_);
-  }
-  handle_ = 0;
+  RecordRelease(session_, &handle_,
+                [](v1::Op& op, uint64_t h) { op.mutable_free_tensor()->set_handle(h); });
 }
 
 // --- Module, Graph -------------------------------------------------------------------------
@@ -782,11 +791,8 @@ Module& Module::operator=(Module&& o) noexcept {
 Module::~Module() { Release(); }
 
 void Module::Release() {
-  if (handle_ == 0) return;
-  if (auto s = session_.lock(); s && !s->closed()) {
-    s->Record()->mutable_unload_module()->set_handle(handle_);
-  }
-  handle_ = 0;
+  RecordRelease(session_, &handle_,
+                [](v1::Op& op, uint64_t h) { op.mutable_unload_module()->set_handle(h); });
 }
 
 Graph::Graph(Graph&& o) noexcept
@@ -802,11 +808,8 @@ Graph& Graph::operator=(Graph&& o) noexcept {
 Graph::~Graph() { Release(); }
 
 void Graph::Release() {
-  if (handle_ == 0) return;
-  if (auto s = session_.lock(); s && !s->closed()) {
-    s->Record()->mutable_free_graph()->set_handle(handle_);
-  }
-  handle_ = 0;
+  RecordRelease(session_, &handle_,
+                [](v1::Op& op, uint64_t h) { op.mutable_free_graph()->set_handle(h); });
 }
 
 // --- Session -----------------------------------------------------------------------------

@@ -16,6 +16,7 @@
 #include "ferry/client.h"
 #include "ferry/v1/session.grpc.pb.h"
 #include "ferryd_process.h"
+#include "raw_ops.h"
 
 namespace ferry {
 namespace {
@@ -159,27 +160,9 @@ class RawStream {
   bool finished_ = false;
 };
 
-v1::Op Create(uint64_t h, v1::DType dtype, std::vector<int64_t> shape) {
-  v1::Op op;
-  auto* c = op.mutable_create_tensor();
-  c->set_handle(h);
-  c->set_dtype(dtype);
-  for (auto d : shape) c->add_shape(d);
-  return op;
-}
-v1::Op Fill(uint64_t h, double v) {
-  v1::Op op;
-  op.mutable_fill()->set_tensor(h);
-  op.mutable_fill()->set_value(v);
-  return op;
-}
-v1::Op Download(uint64_t h, uint64_t off, uint64_t len) {
-  v1::Op op;
-  op.mutable_download()->set_tensor(h);
-  op.mutable_download()->set_offset(off);
-  op.mutable_download()->set_length(len);
-  return op;
-}
+using testing::Create;
+using testing::Download;
+using testing::Fill;
 v1::Op FromSlab(uint64_t t, uint64_t off, uint64_t slab, uint64_t slab_off, uint64_t len) {
   v1::Op op;
   auto* u = op.mutable_upload_from_slab();

@@ -49,6 +49,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/completion_watcher.h"
+#include "backend/enqueue_checks.h"
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_kernels.h"
 
@@ -78,36 +79,6 @@ Status CompileError(std::string message) {
 
 void* Address(DevicePtr ptr) { return reinterpret_cast<void*>(static_cast<uintptr_t>(ptr)); }
 
-bool IsKnownDType(DType dtype) {
-  return dtype == DType::kF32 || dtype == DType::kF64 || dtype == DType::kI32 ||
-         dtype == DType::kU8;
-}
-
-Status CheckArithmeticDType(DType dtype, std::string_view op) {
-  if (dtype == DType::kF32 || dtype == DType::kF64) return Status::Ok();
-  return InvalidArgument(std::string(op) + " takes f32 or f64, not " +
-                         (IsKnownDType(dtype) ? std::string(DTypeName(dtype))
-                                              : "dtype " + std::to_string(static_cast<int>(dtype))));
-}
-
-/// Return count * size of dtype, or INVALID_ARGUMENT when that overflows.
-Result<uint64_t> ByteSize(DType dtype, uint64_t count, std::string_view op) {
-  uint64_t bytes = 0;
-  if (!CheckedMul(count, DTypeSize(dtype), &bytes)) {
-    return InvalidArgument(std::string(op) + ": " + std::to_string(count) +
-                           " elements overflow the address space");
-  }
-  return bytes;
-}
-
-Result<uint64_t> MatrixBytes(DType dtype, uint64_t rows, uint64_t cols, std::string_view what) {
-  uint64_t count = 0;
-  if (!CheckedMul(rows, cols, &count)) {
-    return InvalidArgument(std::string(what) + ": " + std::to_string(rows) + " x " +
-                           std::to_string(cols) + " overflows the address space");
-  }
-  return ByteSize(dtype, count, what);
-}
 
 /// A device range an op touches, checked against the live allocations at enqueue (and
 /// again at every replay of a graph that recorded it).

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/enqueue_checks.h"
 #include "backend/host/host_kernels.h"
 
 namespace ferry::backend {
@@ -31,38 +32,6 @@ DevicePtr DeviceAddress(const void* ptr) {
   return static_cast<DevicePtr>(reinterpret_cast<uintptr_t>(ptr));
 }
 
-bool IsKnownDType(DType dtype) {
-  return dtype == DType::kF32 || dtype == DType::kF64 || dtype == DType::kI32 ||
-         dtype == DType::kU8;
-}
-
-Status CheckArithmeticDType(DType dtype, std::string_view op) {
-  if (dtype == DType::kF32 || dtype == DType::kF64) return Status::Ok();
-  return InvalidArgument(std::string(op) + " takes f32 or f64, not " +
-                         (IsKnownDType(dtype)
-                              ? std::string(DTypeName(dtype))
-                              : "dtype " + std::to_string(static_cast<int>(dtype))));
-}
-
-/// Return count * size of dtype, or INVALID_ARGUMENT when that overflows.
-Result<uint64_t> ByteSize(DType dtype, uint64_t count, std::string_view op) {
-  uint64_t bytes = 0;
-  if (!CheckedMul(count, DTypeSize(dtype), &bytes)) {
-    return InvalidArgument(std::string(op) + ": " + std::to_string(count) +
-                           " elements overflow the address space");
-  }
-  return bytes;
-}
-
-/// Return rows * cols elements of dtype in bytes, or INVALID_ARGUMENT when that overflows.
-Result<uint64_t> MatrixBytes(DType dtype, uint64_t rows, uint64_t cols, std::string_view what) {
-  uint64_t count = 0;
-  if (!CheckedMul(rows, cols, &count)) {
-    return InvalidArgument(std::string(what) + ": " + std::to_string(rows) + " x " +
-                           std::to_string(cols) + " overflows the address space");
-  }
-  return ByteSize(dtype, count, what);
-}
 
 }  // namespace
 
