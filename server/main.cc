@@ -4,6 +4,7 @@
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <algorithm>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -51,10 +52,17 @@ int main(int argc, char** argv) {
     std::cerr << "ferryd: socket activation: " << inherited.status().message() << "\n";
     return 1;
   }
+  // Copies that survive the daemon (which closes the originals), for a re-exec after a
+  // device fault to inherit in turn: systemd still holds the sockets, and their paths must
+  // stay theirs. Placed above the numbers they will be moved back to.
+  std::vector<int> reexec_listen_fds;
   for (int fd : *inherited) {
     auto& listen = config.daemon.listen;
     listen.erase(std::remove(listen.begin(), listen.end(), sd::SocketEndpoint(fd)), listen.end());
     config.daemon.inherited_listen_fds.push_back(fd);
+    int copy = ::fcntl(fd, F_DUPFD_CLOEXEC,
+                       sd::kListenFdsStart + static_cast<int>(inherited->size()));
+    if (copy >= 0) reexec_listen_fds.push_back(copy);
   }
   auto notify = [](const std::string& state) {
     if (ferry::Status s = sd::Notify(state); !s.ok()) spdlog::warn("sd_notify: {}", s.ToString());
@@ -166,6 +174,13 @@ int main(int argc, char** argv) {
     setenv("FERRY_LAST_FAULT", fault.c_str(), 1);
     std::signal(SIGINT, SIG_DFL);
     std::signal(SIGTERM, SIG_DFL);
+    if (!reexec_listen_fds.empty()) {  // hand systemd's sockets on, as LISTEN_FDS does
+      for (size_t i = 0; i < reexec_listen_fds.size(); ++i) {
+        ::dup2(reexec_listen_fds[i], sd::kListenFdsStart + static_cast<int>(i));  // no CLOEXEC
+      }
+      setenv("LISTEN_FDS", std::to_string(reexec_listen_fds.size()).c_str(), 1);
+      setenv("LISTEN_PID", std::to_string(::getpid()).c_str(), 1);  // exec keeps the pid
+    }
     spdlog::warn("re-executing ferryd (device resets so far: {})", resets);
     spdlog::default_logger()->flush();
     execv("/proc/self/exe", argv);

@@ -146,6 +146,7 @@ std::string StatusJson(const Options& options, const v1::StatusReply& r) {
       .Add("device_ordinal", r.device_ordinal())
       .Add("device_name", r.device_name())
       .Add("device_uuid", r.device_uuid())
+      .Add("driver_version", r.driver_version())
       .Add("device_total_bytes", r.device_total_bytes())
       .Add("device_free_bytes", r.device_free_bytes())
       .Add("device_bytes_in_use", r.device_bytes_in_use())
@@ -377,6 +378,7 @@ int RunStatus(const Options& options, std::ostream& out, std::ostream& err) {
       {"device", std::to_string(r.device_ordinal()) + "  " + r.device_name()},
       {"uuid", r.device_uuid().empty() ? "-" : r.device_uuid()},
       {"backend", r.backend()},
+      {"driver", r.driver_version().empty() ? "-" : r.driver_version()},
       {"memory total", HumanBytes(r.device_total_bytes())},
       {"memory free", HumanBytes(r.device_free_bytes()) + " (" +
                           Percent(r.device_free_bytes(), r.device_total_bytes()) + ")"},
@@ -428,11 +430,14 @@ int RunSessions(const Options& options, std::ostream& out, std::ostream& err) {
                               .Add("device_busy_ns", st.device_busy_ns())
                               .Add("graph_launches", st.graph_launches())
                               .str();
-      items.push_back(JsonObject()
-                          .Add("session_id", i.session_id())
-                          .Add("client_name", i.client_name())
-                          .Add("peer", i.peer())
-                          .Add("age_ms", i.age_ms())
+      JsonObject item;
+      item.Add("session_id", i.session_id())
+          .Add("client_name", i.client_name())
+          .Add("peer", i.peer());
+      // Known only for local (Unix-socket) clients; absent from the object otherwise.
+      if (i.has_uid()) item.Add("uid", i.uid());
+      if (i.has_pid()) item.Add("pid", i.pid());
+      items.push_back(item.Add("age_ms", i.age_ms())
                           .Add("submits_in_flight", i.submits_in_flight())
                           .Add("device_bytes", i.device_bytes())
                           .Add("live_tensors", i.live_tensors())
@@ -450,6 +455,8 @@ int RunSessions(const Options& options, std::ostream& out, std::ostream& err) {
   table.AddColumn("ID", true);
   table.AddColumn("CLIENT");
   table.AddColumn("PEER");
+  table.AddColumn("UID", true);
+  table.AddColumn("PID", true);
   table.AddColumn("AGE", true);
   table.AddColumn("IN-FLIGHT", true);
   table.AddColumn("DEVICE", true);
@@ -459,7 +466,8 @@ int RunSessions(const Options& options, std::ostream& out, std::ostream& err) {
   table.AddColumn("DOWN", true);
   for (const v1::SessionInfo& i : reply.sessions()) {
     table.AddRow({std::to_string(i.session_id()), i.client_name().empty() ? "-" : i.client_name(),
-                  i.peer(), HumanDuration(i.age_ms()), std::to_string(i.submits_in_flight()),
+                  i.peer(), i.has_uid() ? std::to_string(i.uid()) : "-",
+                  i.has_pid() ? std::to_string(i.pid()) : "-", HumanDuration(i.age_ms()), std::to_string(i.submits_in_flight()),
                   HumanBytes(i.device_bytes()), std::to_string(i.live_tensors()),
                   std::to_string(i.stats().ops()), HumanBytes(i.stats().bytes_uploaded()),
                   HumanBytes(i.stats().bytes_downloaded())});

@@ -29,6 +29,7 @@ grpc::ServerUnaryReactor* AdminService::Status(grpc::CallbackServerContext* ctx,
   reply->set_device_ordinal(info.ordinal);
   reply->set_device_name(info.name);
   reply->set_device_uuid(info.uuid);
+  reply->set_driver_version(info.driver_version);
   reply->set_device_total_bytes(info.total_memory);
   reply->set_device_free_bytes(context_->device->free_memory());
   reply->set_device_bytes_in_use(context_->device->bytes_in_use());
@@ -78,7 +79,9 @@ grpc::ServerUnaryReactor* AdminService::ListSessions(grpc::CallbackServerContext
     const session::SessionCounters& c = *e.counters;
     s->set_session_id(e.id);
     s->set_client_name(e.client_name);
-    s->set_peer(e.peer);
+    s->set_peer(e.peer.address);
+    if (e.peer.uid) s->set_uid(*e.peer.uid);
+    if (e.peer.pid) s->set_pid(*e.peer.pid);
     s->set_age_ms(
         std::chrono::duration_cast<std::chrono::milliseconds>(now - e.opened_at).count());
     s->set_submits_in_flight(c.submits_in_flight);

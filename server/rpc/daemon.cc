@@ -1,6 +1,7 @@
 #include "rpc/daemon.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <spdlog/spdlog.h>
@@ -11,6 +12,7 @@
 
 #include "rpc/admin_service.h"
 #include "rpc/health_service.h"
+#include "rpc/local_connections.h"
 #include "rpc/session_service.h"
 #include "rpc/systemd_notify.h"
 
@@ -84,8 +86,36 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
   builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
   // Sessions are long-lived streams; keep idle connections open.
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // Unix endpoints: listening sockets of ferryd's own, or inherited from systemd. ferryd
+  // accepts their connections itself (LocalConnections says why).
+  struct UnixListener {
+    std::string path;
+    int fd;
+  };
+  std::vector<UnixListener> unix_listeners;
+  // Close what was made so far when Start fails half way.
+  struct CloseOnFailure {
+    std::vector<UnixListener>* listeners;
+    std::vector<std::string>* owned;
+    bool armed = true;
+    ~CloseOnFailure() {
+      if (!armed) return;
+      for (const UnixListener& l : *listeners) ::close(l.fd);
+      for (const std::string& p : *owned) ::unlink(p.c_str());
+    }
+  } close_on_failure{&unix_listeners, &d->owned_socket_paths_};
+  for (int fd : options.inherited_listen_fds) {
+    std::string ep = systemd::SocketEndpoint(fd);
+    if (ep.rfind("unix:", 0) != 0) {
+      ::close(fd);
+      return Status(ErrorKind::kInvalidArgument,
+                    "socket activation: inherited fd " + std::to_string(fd) + " is " + ep +
+                        "; ferryd adopts Unix stream sockets only (a TCP endpoint needs the "
+                        "TLS and token checks of --listen tcp:HOST:PORT)");
+    }
+    unix_listeners.push_back({ep.substr(5), fd});
+  }
   std::vector<int> ports(options.listen.size(), 0);
-  std::vector<std::string> unix_paths;
   for (size_t i = 0; i < options.listen.size(); ++i) {
     const std::string& ep = options.listen[i];
     if (ep.rfind("unix:", 0) == 0) {
@@ -94,8 +124,9 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
       std::error_code ec;
       std::filesystem::path parent = std::filesystem::path(path).parent_path();
       if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-      builder.AddListeningPort("unix:" + path, grpc::InsecureServerCredentials());
-      unix_paths.push_back(path);
+      FERRY_ASSIGN_OR_RETURN(int fd, ListenUnix(path));
+      unix_listeners.push_back({path, fd});
+      d->owned_socket_paths_.push_back(path);
     } else if (ep.rfind("tcp:", 0) == 0) {
       FERRY_ASSIGN_OR_RETURN(TcpEndpoint tcp, ParseHostPort(ep.substr(4)));
       if (!IsLoopback(tcp.host) && !options.tls.enabled() && options.token_file.empty() &&
@@ -122,7 +153,7 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
                     : std::max(2, static_cast<int>(std::thread::hardware_concurrency()));
   for (int i = 0; i < threads; ++i) d->threads_.emplace_back([io = &d->io_] { io->run(); });
 
-  if (options.slab_pool_enabled && !unix_paths.empty()) {
+  if (options.slab_pool_enabled && !unix_listeners.empty()) {
     // Slabs are registered with whatever device is current; a rebuilt device gets them all
     // registered again.
     session::DeviceSupervisor* sup = d->device_.get();
@@ -136,7 +167,7 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
     };
     FERRY_ASSIGN_OR_RETURN(d->slab_pool_, pool::SlabPool::Create(options.slab_pool, reg));
     sup->SetRebuiltHook([pool = d->slab_pool_.get()] { pool->ReregisterAll(); });
-    FERRY_ASSIGN_OR_RETURN(d->slab_broker_, pool::SlabBroker::Start(unix_paths[0] + ".slabs"));
+    FERRY_ASSIGN_OR_RETURN(d->slab_broker_, pool::SlabBroker::Start(unix_listeners[0].path + ".slabs"));
     ctx.slab_pool = d->slab_pool_.get();
     ctx.slab_broker = d->slab_broker_.get();
     ctx.session_pinned_quota = options.session_pinned_quota;
@@ -149,27 +180,34 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
   if (!d->server_) {
     return Status(ErrorKind::kUnavailable, "could not bind the listening endpoints");
   }
-  for (size_t i = 0; i < options.listen.size(); ++i) {
+  for (size_t i = 0; i < options.listen.size(); ++i) {  // in the order they were given
     const std::string& ep = options.listen[i];
-    if (ep.rfind("tcp:", 0) == 0) {
-      if (ports[i] == 0) return Status(ErrorKind::kUnavailable, "could not bind " + ep);
-      auto tcp = *ParseHostPort(ep.substr(4));
-      d->endpoints_.push_back("tcp:" + tcp.host + ":" + std::to_string(ports[i]));
-    } else {
+    if (ep.rfind("tcp:", 0) != 0) {
       d->endpoints_.push_back(ep);
+      continue;
     }
+    if (ports[i] == 0) return Status(ErrorKind::kUnavailable, "could not bind " + ep);
+    auto tcp = *ParseHostPort(ep.substr(4));
+    d->endpoints_.push_back("tcp:" + tcp.host + ":" + std::to_string(ports[i]));
   }
-  for (const std::string& path : unix_paths) ::chmod(path.c_str(), 0660);
-  for (int fd : options.inherited_listen_fds) {
-    // gRPC 1.51 cannot adopt a listening fd: accept on it ourselves, hand each connection over.
-    d->endpoints_.push_back(systemd::SocketEndpoint(fd));
-    FERRY_ASSIGN_OR_RETURN(
-        auto acceptor,
-        systemd::SocketAcceptor::Start(fd, [server = d->server_.get()](
-                                               int conn, const systemd::PeerCredentials&) {
+  for (int fd : options.inherited_listen_fds) d->endpoints_.push_back(systemd::SocketEndpoint(fd));
+  d->local_connections_ = std::make_unique<LocalConnections>();
+  ctx.local_connections = d->local_connections_.get();
+  close_on_failure.armed = false;  // each acceptor owns its listening fd from here on
+  for (size_t i = 0; i < unix_listeners.size(); ++i) {
+    const UnixListener& l = unix_listeners[i];
+    std::string endpoint = "unix:" + l.path;
+    auto acceptor = systemd::SocketAcceptor::Start(
+        l.fd, [server = d->server_.get(), local = d->local_connections_.get(), endpoint](
+                  int conn, const systemd::PeerCredentials& peer) {
+          local->Add(conn, endpoint, peer);  // before gRPC can start a stream on it
           grpc::AddInsecureChannelFromFd(server, conn);
-        }));
-    d->acceptors_.push_back(std::move(acceptor));
+        });
+    if (!acceptor.ok()) {
+      for (size_t j = i; j < unix_listeners.size(); ++j) ::close(unix_listeners[j].fd);
+      return acceptor.status();
+    }
+    d->acceptors_.push_back(std::move(*acceptor));
   }
   if (!options.metrics_listen.empty()) {
     FERRY_ASSIGN_OR_RETURN(d->metrics_,
@@ -203,7 +241,8 @@ void Daemon::Shutdown(std::chrono::milliseconds grace) {
            std::chrono::steady_clock::now() < grace_end) {
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
-    acceptors_.clear();  // inherited sockets: no new connections
+    acceptors_.clear();  // Unix endpoints: no new connections
+    for (const std::string& path : owned_socket_paths_) ::unlink(path.c_str());
     if (server_) {
       ShutdownHealth(server_.get());
       // A short deadline: idle client connections must not hold the daemon up.

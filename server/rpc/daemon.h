@@ -30,6 +30,7 @@ namespace ferry::rpc {
 struct SessionServiceContext;
 class SessionService;
 class AdminService;
+class LocalConnections;
 namespace systemd {
 class SocketAcceptor;
 }
@@ -37,8 +38,9 @@ class SocketAcceptor;
 struct DaemonOptions {
   /// Endpoints: "unix:PATH" or "tcp:HOST:PORT" (port 0 picks a free port).
   std::vector<std::string> listen;
-  /// Listening sockets inherited through socket activation (systemd's LISTEN_FDS). The
-  /// daemon accepts on them itself and owns them from Start on.
+  /// Listening Unix sockets inherited through socket activation (systemd's LISTEN_FDS).
+  /// The daemon accepts on them itself and owns them from Start on; any other kind of
+  /// socket is refused (TCP goes through `listen`, with its TLS and token checks).
   std::vector<int> inherited_listen_fds;
   /// Allow TCP on addresses other than loopback without TLS (development only).
   bool allow_insecure_remote = false;
@@ -57,8 +59,8 @@ struct DaemonOptions {
   uint32_t max_sessions = 1024;
   uint64_t max_message_bytes = 64ull << 20;
   int executor_threads = 0;  // 0: one per core, at least 2
-  /// The shared-memory slab pool, served on PATH.slabs beside the first unix:PATH
-  /// endpoint. No pool without a unix endpoint (remote clients send bytes inline).
+  /// The shared-memory slab pool, served on PATH.slabs beside the first Unix endpoint (own
+  /// or inherited). No pool without one (remote clients send bytes inline).
   bool slab_pool_enabled = true;
   pool::SlabPoolOptions slab_pool;
   /// Daemon-owned slabs (from the pool) that stage remote clients' inline transfers; 0:
@@ -104,7 +106,10 @@ class Daemon {
   std::unique_ptr<SessionService> session_service_;
   std::unique_ptr<AdminService> admin_service_;
   std::unique_ptr<grpc::Server> server_;
+  // Accept the Unix endpoints' connections (own and inherited listening sockets).
+  std::unique_ptr<LocalConnections> local_connections_;
   std::vector<std::unique_ptr<systemd::SocketAcceptor>> acceptors_;
+  std::vector<std::string> owned_socket_paths_;  // bound here: removed at shutdown
   std::vector<std::string> endpoints_;
   std::chrono::steady_clock::time_point started_at_;
   std::unique_ptr<TokenChecker> token_;

@@ -17,7 +17,8 @@ class SessionConnection : public session::SessionEvents,
                           public DrainListener,
                           public std::enable_shared_from_this<SessionConnection> {
  public:
-  SessionConnection(SessionServiceContext* context, Reactor* reactor, std::string peer)
+  SessionConnection(SessionServiceContext* context, Reactor* reactor,
+                    session::PeerIdentity peer)
       : context_(context),
         strand_(boost::asio::make_strand(*context->io)),
         reactor_(reactor),
@@ -175,24 +176,24 @@ class SessionConnection : public session::SessionEvents,
     }
   }
 
-  // Raw kernels: LoadModule and Launch ops (what a remote session may be refused).
-  static // Return true when the submit moves bytes between host and device.
-bool MovesBytes(const v1::Submit& submit) {
-  for (const v1::Op& op : submit.ops()) {
-    switch (op.kind_case()) {
-      case v1::Op::kUpload:
-      case v1::Op::kDownload:
-      case v1::Op::kUploadFromSlab:
-      case v1::Op::kDownloadToSlab:
-        return true;
-      default:
-        break;
+  // Return true when the submit moves bytes between host and device.
+  static bool MovesBytes(const v1::Submit& submit) {
+    for (const v1::Op& op : submit.ops()) {
+      switch (op.kind_case()) {
+        case v1::Op::kUpload:
+        case v1::Op::kDownload:
+        case v1::Op::kUploadFromSlab:
+        case v1::Op::kDownloadToSlab:
+          return true;
+        default:
+          break;
+      }
     }
+    return false;
   }
-  return false;
-}
 
-bool HasRawKernelOps(const v1::Submit& submit) {
+  // Raw kernels: LoadModule and Launch ops (what a remote session may be refused).
+  static bool HasRawKernelOps(const v1::Submit& submit) {
     for (const v1::Op& op : submit.ops()) {
       if (op.has_load_module() || op.has_launch()) return true;
     }
@@ -239,7 +240,13 @@ bool HasRawKernelOps(const v1::Submit& submit) {
     }
     session_ = std::move(*created);
     session_id_ = session_->id();
-    spdlog::info("session {} opened by '{}' from {}", session_id_, open.client_name(), peer_);
+    if (peer_.local()) {
+      spdlog::info("session {} opened by '{}' from {} (uid {}, pid {})", session_id_,
+                   open.client_name(), peer_.address, *peer_.uid, *peer_.pid);
+    } else {
+      spdlog::info("session {} opened by '{}' from {}", session_id_, open.client_name(),
+                   peer_.address);
+    }
     auto m = std::make_unique<v1::ServerMessage>();
     auto* o = m->mutable_opened();
     o->set_session_id(session_id_);
@@ -252,7 +259,7 @@ bool HasRawKernelOps(const v1::Submit& submit) {
     o->set_max_message_bytes(context_->max_message_bytes);
     // Shared memory for a local client: a slab set, and the one-time token that binds a
     // connection on the slab socket to it.
-    if (context_->slab_pool && context_->slab_broker && peer_.rfind("unix:", 0) == 0) {
+    if (context_->slab_pool && context_->slab_broker && peer_.local()) {
       auto slabs = std::make_shared<pool::SessionSlabs>(context_->slab_pool,
                                                           context_->session_pinned_quota);
       session_->AttachSlabs(slabs);
@@ -277,7 +284,8 @@ bool HasRawKernelOps(const v1::Submit& submit) {
   }
 
   void ProtocolViolation(const std::string& what) {
-    spdlog::warn("session {} from {}: protocol violation: {}", session_id_, peer_, what);
+    spdlog::warn("session {} from {}: protocol violation: {}", session_id_, peer_.address,
+                 what);
     Fail(Status(ErrorKind::kProtocolViolation, what),
          grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, what));
   }
@@ -339,8 +347,8 @@ bool HasRawKernelOps(const v1::Submit& submit) {
   SessionServiceContext* context_;
   session::Executor strand_;
   Reactor* reactor_;  // valid until Finish; null after OnDone
-  std::string peer_;
-  bool remote_ = IsRemotePeer(peer_);  // came in over TCP
+  session::PeerIdentity peer_;
+  bool remote_ = IsRemotePeer(peer_.address);  // came in over TCP
   v1::ClientMessage read_buffer_;  // written by gRPC between StartRead and OnReadDone
 
   std::shared_ptr<session::Session> session_;
@@ -374,7 +382,7 @@ bool HasRawKernelOps(const v1::Submit& submit) {
 
 class SessionReactor final : public Reactor {
  public:
-  SessionReactor(SessionServiceContext* context, std::string peer)
+  SessionReactor(SessionServiceContext* context, session::PeerIdentity peer)
       : connection_(std::make_shared<SessionConnection>(context, this, std::move(peer))) {
     Post([](SessionConnection& c) { c.Start(); });
   }
@@ -434,7 +442,10 @@ grpc::ServerBidiReactor<v1::ClientMessage, v1::ServerMessage>* SessionService::S
   if (Status s = CheckToken(context_->token, *context); !s.ok()) {
     return new RejectedReactor(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, s.message()));
   }
-  return new SessionReactor(context_, context->peer());
+  session::PeerIdentity peer = context_->local_connections
+                                   ? context_->local_connections->Identify(context->peer())
+                                   : session::PeerIdentity{context->peer()};
+  return new SessionReactor(context_, std::move(peer));
 }
 
 }  // namespace ferry::rpc

@@ -24,6 +24,7 @@
 #include "session/registry.h"
 #include "session/session.h"
 #include "rpc/auth.h"
+#include "rpc/local_connections.h"
 #include "rpc/metrics.h"
 
 namespace ferry::rpc {
@@ -63,6 +64,8 @@ struct SessionServiceContext {
   /// peers may load and launch raw kernels.
   const TokenChecker* token = nullptr;
   bool allow_remote_raw_kernels = false;
+  /// Local (Unix-socket) connections and their peers' credentials; may be null.
+  const LocalConnections* local_connections = nullptr;
   /// Submit round trips (received to completion sent) are recorded here; may be null.
   LatencyHistogram* submit_latency = nullptr;
   /// The same, for submits that move bytes; may be null.

@@ -2,7 +2,7 @@
 
 namespace ferry::session {
 
-uint64_t SessionRegistry::Add(std::string client_name, std::string peer,
+uint64_t SessionRegistry::Add(std::string client_name, PeerIdentity peer,
                               std::shared_ptr<const SessionCounters> counters) {
   std::lock_guard lock(mu_);
   if (sessions_.size() >= max_sessions_) return 0;

@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,11 +35,21 @@ struct SessionCounters {
   std::atomic<uint64_t> live_tensors{0};
 };
 
+/// Who opened a session: its transport address and, for a local client, the credentials
+/// the kernel reported for its Unix-socket connection (SO_PEERCRED).
+struct PeerIdentity {
+  std::string address;           // "unix:/run/ferry/ferryd-0.sock", "ipv4:127.0.0.1:51234", ...
+  std::optional<uint32_t> uid;   // set only for local clients
+  std::optional<int32_t> pid;
+  /// A client on this machine, reached through a Unix socket: it may use shared memory.
+  bool local() const { return uid.has_value(); }
+};
+
 /// What the registry knows of one open session.
 struct SessionEntry {
   uint64_t id = 0;
   std::string client_name;
-  std::string peer;
+  PeerIdentity peer;
   std::chrono::steady_clock::time_point opened_at;
   std::shared_ptr<const SessionCounters> counters;
 };
@@ -63,7 +74,7 @@ class SessionRegistry {
       : device_bytes_cap_(device_bytes_cap), max_sessions_(max_sessions) {}
 
   /// Register a new session and return its id, or 0 when max_sessions are open.
-  uint64_t Add(std::string client_name, std::string peer,
+  uint64_t Add(std::string client_name, PeerIdentity peer,
                std::shared_ptr<const SessionCounters> counters);
   /// Unregister a session, folding its counters into the daemon totals.
   void Remove(uint64_t id);

@@ -12,7 +12,7 @@ using backend::DevicePtr;
 Result<std::shared_ptr<Session>> Session::Create(DeviceSupervisor* device,
                                                  SessionRegistry* registry, Executor executor,
                                                  const SessionConfig& config,
-                                                 std::string client_name, std::string peer,
+                                                 std::string client_name, PeerIdentity peer,
                                                  SessionEvents* events) {
   auto counters = std::make_shared<SessionCounters>();
   uint64_t id = registry->Add(std::move(client_name), std::move(peer), counters);

@@ -66,7 +66,7 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   static Result<std::shared_ptr<Session>> Create(DeviceSupervisor* device,
                                                  SessionRegistry* registry, Executor executor,
                                                  const SessionConfig& config,
-                                                 std::string client_name, std::string peer,
+                                                 std::string client_name, PeerIdentity peer,
                                                  SessionEvents* events);
   ~Session();
 

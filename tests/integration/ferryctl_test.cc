@@ -121,7 +121,7 @@ TEST_F(FerryctlTest, StatusTable) {
   CtlRun r = Ctl({"status"});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_TRUE(r.err.empty()) << r.err;
-  for (const char* key : {"device", "uuid", "backend", "memory total", "memory free",
+  for (const char* key : {"device", "uuid", "backend", "driver", "memory total", "memory free",
                           "memory in use", "uptime", "version", "sessions", "submits",
                           "draining"}) {
     EXPECT_NE(r.out.find(std::string("\n") + key + " "), std::string::npos) << key << "\n" << r.out;
@@ -148,6 +148,7 @@ TEST_F(FerryctlTest, StatusJson) {
   EXPECT_GT(Field(s, "device_total_bytes").number_value(), 0);
   EXPECT_FALSE(Field(s, "version").string_value().empty());
   EXPECT_FALSE(Field(s, "device_name").string_value().empty());
+  EXPECT_FALSE(Field(s, "driver_version").string_value().empty());
   EXPECT_EQ(Field(s, "target").string_value(), daemon_->unix_target());
   // The pinned pool is reported: a local daemon starts with its initial slab.
   EXPECT_GE(Field(s, "slabs_total").number_value(), 1);
@@ -178,6 +179,8 @@ TEST_F(FerryctlTest, SessionsListsOpenSessions) {
   EXPECT_NE(table.out.find("CLIENT"), std::string::npos);
   EXPECT_NE(table.out.find("ferryctl-test-client"), std::string::npos) << table.out;
   EXPECT_NE(table.out.find("16.0 KiB"), std::string::npos) << table.out;  // device bytes, up
+  EXPECT_NE(table.out.find("UID"), std::string::npos) << table.out;
+  EXPECT_NE(table.out.find(" " + std::to_string(getuid()) + " "), std::string::npos) << table.out;
 
   CtlRun json = Ctl({"sessions", "--json"});
   ASSERT_EQ(json.exit_code, 0) << json.err;
@@ -186,6 +189,10 @@ TEST_F(FerryctlTest, SessionsListsOpenSessions) {
   const auto& s = list.values(0).struct_value();
   EXPECT_EQ(Field(s, "session_id").number_value(), static_cast<double>(session->id()));
   EXPECT_EQ(Field(s, "client_name").string_value(), "ferryctl-test-client");
+  // The client is this process, on the Unix socket: the daemon knows who it is.
+  EXPECT_EQ(Field(s, "uid").number_value(), static_cast<double>(getuid()));
+  EXPECT_EQ(Field(s, "pid").number_value(), static_cast<double>(getpid()));
+  EXPECT_EQ(Field(s, "peer").string_value(), daemon_->unix_target());
   EXPECT_EQ(Field(s, "device_bytes").number_value(), 4096 * 4);
   EXPECT_EQ(Field(s, "live_tensors").number_value(), 1);
   EXPECT_EQ(Field(Field(s, "stats").struct_value(), "bytes_uploaded").number_value(), 4096 * 4);

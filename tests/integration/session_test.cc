@@ -275,4 +275,59 @@ INSTANTIATE_TEST_SUITE_P(Transports, SessionTest, ::testing::Values(false, true)
                          [](const auto& info) { return info.param ? "Tcp" : "Unix"; });
 
 }  // namespace
+// ferryd binds its Unix socket itself: it replaces a socket file a dead daemon left behind,
+// and refuses a path where a daemon still accepts connections (which keeps serving).
+TEST(DaemonSocketTest, LivePathIsRefusedStalePathIsReplaced) {
+  FerrydProcess first;
+  ASSERT_TRUE(first.ok()) << first.log();
+  std::string path = first.unix_target().substr(5);
+  std::string log_path = path + ".second.log";
+  pid_t second = testing::Spawn(testing::FerrydPath(),
+                                {"--backend", testing::TestBackend(), "--listen",
+                                 first.unix_target(), "--ready-file", path + ".second.ready"},
+                                log_path);
+  ASSERT_GT(second, 0);
+  int status = testing::WaitExit(second, std::chrono::seconds(20));
+  if (status == -1) kill(second, SIGKILL);
+  ASSERT_NE(status, -1) << "a second ferryd started on a live socket path";
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << status;
+  std::ifstream in(log_path);
+  std::string log((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_NE(log.find("another process is accepting connections"), std::string::npos) << log;
+  auto client = Client::connect(first.unix_target());
+  ASSERT_TRUE(client.ok());
+  auto session = client->open_session();
+  ASSERT_TRUE(session.ok()) << "the first daemon stopped serving: "
+                            << session.status().ToString();
+  ASSERT_TRUE(session->close().ok());
+
+  // A socket file nobody accepts on (its daemon was killed): the next daemon takes the path.
+  int killed = first.Stop(SIGKILL);
+  ASSERT_TRUE(killed != -1 && WIFSIGNALED(killed)) << killed;
+  ASSERT_TRUE(std::filesystem::exists(path));
+  pid_t third = testing::Spawn(testing::FerrydPath(),
+                               {"--backend", testing::TestBackend(), "--listen",
+                                "unix:" + path, "--ready-file", path + ".third.ready"},
+                               path + ".third.log");
+  ASSERT_GT(third, 0);
+  bool served = false;
+  for (auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+       !served && std::chrono::steady_clock::now() < until;) {
+    served = std::filesystem::exists(path + ".third.ready");
+    if (!served) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(served) << "ferryd did not replace a stale socket file";
+  if (served) {
+    auto again = Client::connect("unix:" + path);
+    ASSERT_TRUE(again.ok());
+    auto s2 = again->open_session();
+    EXPECT_TRUE(s2.ok()) << s2.status().ToString();
+    if (s2.ok()) EXPECT_TRUE(s2->close().ok());
+  }
+  kill(third, SIGTERM);
+  EXPECT_NE(testing::WaitExit(third, std::chrono::seconds(30)), -1);
+  // A daemon that stops normally removes the socket file it made.
+  EXPECT_FALSE(std::filesystem::exists(path));
+}
+
 }  // namespace ferry

@@ -2,7 +2,9 @@
 // STATUS lines, WATCHDOG pings, STOPPING on drain) over a NOTIFY_SOCKET the test binds, socket
 // activation through LISTEN_FDS with a listening socket the test creates, and the
 // operator-facing gRPC services (grpc.health.v1, server reflection).
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -280,24 +282,16 @@ TEST(SystemdServicesTest, HealthAndReflection) {
 }
 
 // Socket activation: the test plays systemd, binding the socket and passing it as fd 3.
-TEST(SystemdActivationTest, ServesTheInheritedSocket) {
-  TempDir dir;
-  std::string path = dir.path() + "/ferryd.sock";
-  int listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_un addr = UnixAddress(path);
-  ASSERT_EQ(bind(listen_fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(listen(listen_fd, 64), 0);
-  struct stat before {};
-  ASSERT_EQ(stat(path.c_str(), &before), 0);
-
-  // Everything the child needs is prepared before fork(): it only dup2s, formats its pid and
-  // execs (async-signal-safe).
-  std::string ferryd = testing::FerrydPath();
-  std::vector<std::string> args = {ferryd,        "--backend",  testing::TestBackend(),
-                                   "--listen",    "unix:" + path, "--ready-file",
-                                   dir.path() + "/ready", "--log-level", "debug"};
+// Start ferryd with `listen_fd` passed the way systemd passes sockets (fd 3, LISTEN_FDS=1,
+// LISTEN_PID=its pid) and its output in `log_path`; return its pid. Everything the child
+// needs is prepared before fork(): it only dup2s, formats its pid and execs
+// (async-signal-safe).
+pid_t SpawnActivated(int listen_fd, const std::vector<std::string>& args,
+                     const std::string& log_path) {
+  std::vector<std::string> argv_strings = {testing::FerrydPath()};
+  argv_strings.insert(argv_strings.end(), args.begin(), args.end());
   std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
+  for (auto& a : argv_strings) argv.push_back(a.data());
   argv.push_back(nullptr);
   std::vector<std::string> env_strings;
   for (char** e = environ; *e; ++e) env_strings.push_back(*e);
@@ -307,12 +301,10 @@ TEST(SystemdActivationTest, ServesTheInheritedSocket) {
   for (auto& e : env_strings) envp.push_back(e.data());
   envp.push_back(nullptr);
   char* pid_var = envp[envp.size() - 2];
-  std::string log_path = dir.path() + "/ferryd.log";
   int log_fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  ASSERT_GE(log_fd, 0);
+  if (log_fd < 0) return -1;
 
   pid_t pid = fork();
-  ASSERT_GE(pid, 0);
   if (pid == 0) {
     dup2(log_fd, 1);
     dup2(log_fd, 2);
@@ -328,11 +320,32 @@ TEST(SystemdActivationTest, ServesTheInheritedSocket) {
     _exit(121);
   }
   close(log_fd);
+  return pid;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+TEST(SystemdActivationTest, ServesTheInheritedSocket) {
+  TempDir dir;
+  std::string path = dir.path() + "/ferryd.sock";
+  int listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr = UnixAddress(path);
+  ASSERT_EQ(bind(listen_fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(listen_fd, 64), 0);
+  struct stat before {};
+  ASSERT_EQ(stat(path.c_str(), &before), 0);
+
+  std::string log_path = dir.path() + "/ferryd.log";
+  pid_t pid = SpawnActivated(listen_fd,
+                             {"--backend", testing::TestBackend(), "--listen", "unix:" + path,
+                              "--ready-file", dir.path() + "/ready", "--log-level", "debug"},
+                             log_path);
+  ASSERT_GT(pid, 0);
   close(listen_fd);  // the daemon owns it now
-  auto log = [&] {
-    std::ifstream in(log_path);
-    return std::string(std::istreambuf_iterator<char>(in), {});
-  };
+  auto log = [&] { return ReadFile(log_path); };
 
   // Ready when the ready file names the inherited socket.
   std::string ready;
@@ -369,6 +382,26 @@ TEST(SystemdActivationTest, ServesTheInheritedSocket) {
     ASSERT_TRUE(session->close().ok());
   }
 
+  // Local clients of an activated daemon get the shared-memory route too: the slab pool
+  // sits beside the inherited socket.
+  {
+    auto client = Client::connect("unix:" + path);
+    ASSERT_TRUE(client.ok()) << client.status().ToString();
+    auto session = client->open_session();
+    ASSERT_TRUE(session.ok()) << session.status().ToString();
+    auto buffer = session->pinned_buffer(4096);
+    ASSERT_TRUE(buffer.ok()) << buffer.status().ToString();
+    EXPECT_TRUE(buffer->is_shared()) << "no shared memory under socket activation\n" << log();
+    std::memset(buffer->data(), 7, 4096);
+    Tensor t = session->create_tensor<uint8_t>({4096});
+    auto up = session->upload_pending(std::move(*buffer), std::move(t)).wait();
+    ASSERT_TRUE(up.status.ok()) << up.status.ToString();
+    auto down = session->download_pending(std::move(up.tensor), std::move(up.buffer)).wait();
+    ASSERT_TRUE(down.status.ok()) << down.status.ToString();
+    EXPECT_EQ(static_cast<const uint8_t*>(down.buffer.data())[4095], 7);
+    ASSERT_TRUE(session->close().ok());
+  }
+
   kill(pid, SIGTERM);
   int status = testing::WaitExit(pid, std::chrono::seconds(30));
   if (status == -1) {
@@ -377,6 +410,32 @@ TEST(SystemdActivationTest, ServesTheInheritedSocket) {
   }
   EXPECT_TRUE(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0)
       << status << "\n" << log();
+}
+
+// An inherited TCP socket would bypass the TLS and token checks of ferryd's own TCP
+// listener: ferryd refuses to start on one.
+TEST(SystemdActivationTest, RefusesAnInheritedTcpSocket) {
+  TempDir dir;
+  int listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(listen_fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(listen_fd, 8), 0);
+  std::string log_path = dir.path() + "/ferryd.log";
+  pid_t pid = SpawnActivated(listen_fd,
+                             {"--backend", testing::TestBackend(), "--ready-file",
+                              dir.path() + "/ready"},
+                             log_path);
+  ASSERT_GT(pid, 0);
+  close(listen_fd);
+  int status = testing::WaitExit(pid, std::chrono::seconds(20));
+  if (status == -1) kill(pid, SIGKILL);
+  ASSERT_NE(status, -1) << "ferryd kept running on an inherited TCP socket";
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << status;
+  EXPECT_NE(ReadFile(log_path).find("Unix stream sockets only"), std::string::npos)
+      << ReadFile(log_path);
+  EXPECT_FALSE(std::filesystem::exists(dir.path() + "/ready"));
 }
 
 #endif  // FERRY_SYSTEMD_TESTS

@@ -235,7 +235,7 @@ class SessionTest : public ::testing::Test {
     Executor strand = boost::asio::make_strand(io_);
     auto events = std::make_unique<RecordingEvents>(strand);
     auto created = Session::Create(supervisor_.get(), registry_.get(), strand, config,
-                                   "session_test", "in-process", events.get());
+                                   "session_test", PeerIdentity{"in-process"}, events.get());
     EXPECT_TRUE(created.ok()) << created.status().ToString();
     if (!created.ok()) return {};
     Client c{*created, events.get()};
