@@ -351,8 +351,8 @@ bool WriteSvg(const std::string& path, const Context& ctx, const std::vector<Tab
     }
     series.push_back({name, color, dashed, {{bytes, gbps}}});
   };
-  // Upload colours (blues/greens), download colours (reds/oranges); entry 2 * target + route
-  // (mod 4), route 0 = pending, 1 = blocking. The baseline is dashed, in greys.
+  // Upload colours (blues/greens), download colours (reds/oranges); entry 3 * target + route
+  // (mod 4), route 0 = pending, 1 = blocking, 2 = streamed. The baselines are dashed, in greys.
   const char* up_colors[] = {"#1f77b4", "#2ca02c", "#9467bd", "#17becf"};
   const char* down_colors[] = {"#d62728", "#ff7f0e", "#8c564b", "#e377c2"};
   bool several = ctx.targets.size() > 1;
@@ -378,13 +378,15 @@ bool WriteSvg(const std::string& path, const Context& ctx, const std::vector<Tab
         if (f.metric != "GB/s") continue;
         std::string who = several ? "ferryd " + std::to_string(target_index + 1) + " "
                                   : "ferryd ";
-        int route_index = route.rfind("pending", 0) == 0 ? 0 : 1;
+        bool streamed = route.rfind("streamed", 0) == 0;
+        int route_index = route.rfind("pending", 0) == 0 ? 0 : streamed ? 2 : 1;
         add(who + dir + " (" + route + ")",
-            (up ? up_colors : down_colors)[(2 * target_index + route_index) % 4], false, bytes,
+            (up ? up_colors : down_colors)[(3 * target_index + route_index) % 4], false, bytes,
             f.daemon);
         if (!baseline_done) {
-          add("in process " + dir + " (pinned copy)", up ? "#222222" : "#999999", true, bytes,
-              f.baseline);
+          add("in process " + dir + (streamed ? " (pinned copies back to back)" : " (pinned copy)"),
+              up ? (streamed ? "#555555" : "#222222") : (streamed ? "#bbbbbb" : "#999999"), true,
+              bytes, f.baseline);
         }
       }
     }

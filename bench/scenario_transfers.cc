@@ -14,6 +14,13 @@
 //             slab (Opened's slab_size, default 64 MiB; or a QUOTA_EXCEEDED from
 //             pinned_buffer) is split into slab-sized parts (a buffer and a tensor each),
 //             issued back to back and waited together; the time covers all parts.
+//   streamed  the pending route kept kStreamDepth transfers deep, as a program streaming
+//             data through the GPU uses it: kStreamDepth PinnedBuffers and tensors; each
+//             round issues kStreamRound(bytes) transfers, waiting for the oldest before
+//             issuing into its buffer again. Sizes from 64 KiB up to 8 MiB (above that one
+//             pending transfer already is split into parts issued back to back). Time =
+//             round time / transfers in it. Baseline: the same number of copies enqueued
+//             back to back on one stream from one registered buffer, one wait.
 // Baseline: in process, a host buffer registered once with Device::RegisterHostMemory
 // (cudaHostRegister on CUDA: pinned), then Stream::CopyHostToDevice / CopyDeviceToHost and
 // OnComplete, waited on — what a program owning the GPU itself does at best. Both routes
@@ -24,27 +31,38 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <tuple>
 
 #include "bench.h"
 
 namespace ferry::bench {
 namespace {
 
-enum class Route { kBlocking, kPending };
+enum class Route { kBlocking, kPending, kStreamed };
 const char* RouteName(Route r) {
   switch (r) {
     case Route::kBlocking: return "blocking";
     case Route::kPending: return "pending";
+    case Route::kStreamed: return "streamed";
   }
   return "?";
 }
-const Route kRoutes[] = {Route::kPending, Route::kBlocking};
+const Route kRoutes[] = {Route::kPending, Route::kStreamed, Route::kBlocking};
+
+/// The streamed route: transfers in flight, and the sizes it runs at.
+constexpr int kStreamDepth = 4;
+bool Streams(uint64_t bytes) { return bytes >= (64ull << 10) && bytes <= (8ull << 20); }
+/// Transfers per streamed round: at least 16, about 512 MiB per round, at most 256.
+int StreamRound(uint64_t bytes) {
+  return static_cast<int>(std::clamp<uint64_t>((512ull << 20) / bytes, 16, 256));
+}
 
 bool IsRemote(const std::string& target) { return target.rfind("tcp:", 0) == 0; }
 
 /// The route as measured on `target`: the pending API goes inline for a remote session.
 std::string RouteLabel(Route r, const std::string& target) {
   if (r == Route::kPending && IsRemote(target)) return "pending-inline";
+  if (r == Route::kStreamed && IsRemote(target)) return "streamed-inline";
   return RouteName(r);
 }
 
@@ -162,6 +180,73 @@ Samples DaemonPendingCase(Session& s, const Case& c, PendingInfo* info) {
   return out;
 }
 
+/// The streamed route: kStreamDepth pending transfers in flight, each buffer reissued as soon
+/// as its transfer is waited for. One sample per round: round time / transfers in it.
+Samples DaemonStreamedCase(Session& s, const Case& c) {
+  std::vector<PinnedBuffer> bufs;
+  std::vector<Tensor> tensors;
+  for (int k = 0; k < kStreamDepth; ++k) {
+    bufs.push_back(Check(s.pinned_buffer(c.bytes), "pinned_buffer for " + c.label()));
+    std::memset(bufs.back().data(), 0x5a, c.bytes);  // touch once, untimed
+    tensors.push_back(s.create_tensor<uint8_t>({static_cast<int64_t>(c.bytes)}));
+  }
+  Check(s.synchronize(), "creating tensors for " + c.label());
+  std::vector<PendingTransfer> pending(kStreamDepth);
+  auto issue = [&](int k) {
+    pending[k] = c.dir == Direction::kUpload
+                     ? s.upload_pending(std::move(bufs[k]), std::move(tensors[k]))
+                     : s.download_pending(std::move(tensors[k]), std::move(bufs[k]));
+  };
+  auto reap = [&](int k) {
+    Transfer done = pending[k].wait();
+    Check(done.status, c.label());
+    bufs[k] = std::move(done.buffer);
+    tensors[k] = std::move(done.tensor);
+  };
+  const int per_round = StreamRound(c.bytes);
+  Samples out;
+  for (int round = 0; round < 1 + c.iterations; ++round) {  // the first warms up
+    auto t0 = Clock::now();
+    for (int i = 0; i < per_round; ++i) {
+      int k = i % kStreamDepth;
+      if (i >= kStreamDepth) reap(k);
+      issue(k);
+    }
+    for (int i = per_round; i < per_round + kStreamDepth; ++i) {
+      if (i - kStreamDepth >= 0) reap(i % kStreamDepth);
+    }
+    double ns = NsSince(t0) / per_round;
+    if (round > 0) out.Add(ns);
+  }
+  for (auto& t : tensors) s.free(std::move(t));
+  Check(s.synchronize(), "freeing tensors");
+  return out;
+}
+
+/// In-process counterpart of the streamed route: a round's copies enqueued back to back.
+Samples BaselineStreamedCase(backend::Device& dev, backend::Stream& stream, const Case& c) {
+  HostBuffer buf(c.bytes);
+  Check(dev.RegisterHostMemory(buf.data(), c.bytes), "RegisterHostMemory");
+  backend::DevicePtr d = Check(stream.Allocate(c.bytes), "Allocate");
+  const int per_round = StreamRound(c.bytes);
+  Samples out;
+  for (int round = 0; round < 1 + c.iterations; ++round) {
+    auto t0 = Clock::now();
+    for (int i = 0; i < per_round; ++i) {
+      Status st = c.dir == Direction::kUpload ? stream.CopyHostToDevice(d, buf.data(), c.bytes)
+                                              : stream.CopyDeviceToHost(buf.data(), d, c.bytes);
+      Check(st, "baseline " + c.label());
+    }
+    Check(WaitStream(stream), "baseline " + c.label());
+    double ns = NsSince(t0) / per_round;
+    if (round > 0) out.Add(ns);
+  }
+  stream.Free(d);
+  Check(WaitStream(stream), "baseline free");
+  Check(dev.UnregisterHostMemory(buf.data()), "UnregisterHostMemory");
+  return out;
+}
+
 Samples BaselineCase(backend::Device& dev, backend::Stream& stream, const Case& c) {
   HostBuffer buf(c.bytes);
   // Registered once, outside the timed loop: registration is never on the hot path.
@@ -209,6 +294,10 @@ std::vector<Table> RunTransfers(Context& ctx) {
   for (Route route : kRoutes) {
     for (Direction dir : {Direction::kUpload, Direction::kDownload}) {
       for (uint64_t bytes : Sizes(ctx)) {
+        if (route == Route::kStreamed) {
+          if (Streams(bytes)) cases.push_back({route, dir, bytes, ctx.Iterations(10, 3)});
+          continue;
+        }
         cases.push_back({route, dir, bytes, IterationsFor(ctx, bytes)});
       }
     }
@@ -216,17 +305,24 @@ std::vector<Table> RunTransfers(Context& ctx) {
 
   // Baseline first: one stream on the in-process device, one measurement per direction and
   // size, shared by both routes' rows.
-  std::map<std::pair<Direction, uint64_t>, Samples> base;
+  // Key: direction, size, streamed.
+  std::map<std::tuple<Direction, uint64_t, bool>, Samples> base;
+  auto base_key = [](const Case& c) {
+    return std::make_tuple(c.dir, c.bytes, c.route == Route::kStreamed);
+  };
   if (ctx.baseline) {
     auto stream = Check(ctx.baseline->device->CreateStream(), "baseline CreateStream");
     for (const Case& c : cases) {
-      if (base.count({c.dir, c.bytes})) continue;
-      ctx.progress->Case("baseline " + std::string(DirName(c.dir)) + " " + FormatBytes(c.bytes));
-      base[{c.dir, c.bytes}] = BaselineCase(*ctx.baseline->device, *stream, c);
+      if (base.count(base_key(c))) continue;
+      ctx.progress->Case("baseline " + std::string(DirName(c.dir)) + " " +
+                         (c.route == Route::kStreamed ? "streamed " : "") + FormatBytes(c.bytes));
+      base[base_key(c)] = c.route == Route::kStreamed
+                              ? BaselineStreamedCase(*ctx.baseline->device, *stream, c)
+                              : BaselineCase(*ctx.baseline->device, *stream, c);
     }
   }
   auto base_of = [&](const Case& c) -> const Samples* {
-    auto it = base.find({c.dir, c.bytes});
+    auto it = base.find(base_key(c));
     return it == base.end() ? nullptr : &it->second;
   };
 
@@ -242,7 +338,9 @@ std::vector<Table> RunTransfers(Context& ctx) {
     slab_sizes[t] = session.slab_size();
     for (const Case& c : cases) {
       ctx.progress->Case(target + " " + c.label(RouteLabel(c.route, target)));
-      if (c.route == Route::kPending) {
+      if (c.route == Route::kStreamed) {
+        daemon[t].push_back(DaemonStreamedCase(session, c));
+      } else if (c.route == Route::kPending) {
         PendingInfo info;
         daemon[t].push_back(DaemonPendingCase(session, c, &info));
         std::string split = FormatBytes(c.bytes) + " as " + std::to_string(info.parts) + " x " +
@@ -258,12 +356,16 @@ std::vector<Table> RunTransfers(Context& ctx) {
   auto notes = [&](int which) {
     std::string target = which >= 0 ? ctx.targets[which].target : "";
     std::vector<std::string> n = {
-        "time = call until the bytes are there, one transfer at a time; GB/s = bytes / p50 "
-        "time (1 GB = 1e9 B)",
+        "time = call until the bytes are there, one transfer at a time (streamed: see below); "
+        "GB/s = bytes / p50 time (1 GB = 1e9 B)",
         "pending = upload_pending/download_pending with PinnedBuffers allocated once per size "
         "and moved through every transfer (buffer and tensor taken back from wait()); "
         "through a shared-memory slab on a unix target, bytes inline on a tcp target "
         "(pending-inline)",
+        "streamed = the pending route kept " + std::to_string(kStreamDepth) +
+            " transfers deep (the oldest waited for, its buffer reissued); time = round time "
+            "/ transfers; baseline: the same copies enqueued back to back on one stream, one "
+            "wait",
         "blocking = Session::upload_bytes/download_bytes from ordinary host memory",
         "baseline = registered (pinned) host buffer, backend copy + OnComplete, waited on; the "
         "same baseline samples for both routes"};
@@ -322,9 +424,11 @@ std::vector<Table> RunTransfers(Context& ctx) {
             Samples pooled;  // every target's samples of this case
             for (auto& d : daemon) pooled.Append(d[i]);
             rows.push_back(MakeRow(cases[i], &pooled, b));
-          } else if (cases[i].route == Route::kBlocking) {  // baseline only: once per size
+          } else if (cases[i].route != Route::kPending) {  // baseline only: once per kind
             Row r = MakeRow(cases[i], nullptr, b);
-            r.label = std::string(DirName(cases[i].dir)) + " " + FormatBytes(cases[i].bytes);
+            r.label = std::string(DirName(cases[i].dir)) + " " +
+                      (cases[i].route == Route::kStreamed ? "streamed " : "") +
+                      FormatBytes(cases[i].bytes);
             rows.push_back(std::move(r));
           }
         }
