@@ -205,9 +205,15 @@ class Settings {
   Settings(const Settings&) = delete;
   Settings& operator=(const Settings&) = delete;
 
+  /// True for the command-line actions (--help, --version, --check-config): switches that
+  /// take no value and cannot be set in the file.
+  static bool IsAction(const std::string& name) {
+    return name == "help" || name == "version" || name == "check-config";
+  }
+  /// True for switches: on the command line a bare --NAME means true; the settings among them
+  /// (not the actions) also take --NAME=true|false, with the words the file takes.
   static bool IsSwitch(const std::string& name) {
-    return name == "allow-insecure-remote" || name == "allow-remote-raw-kernels" || name == "help" || name == "version" ||
-           name == "check-config";
+    return IsAction(name) || name == "allow-insecure-remote" || name == "allow-remote-raw-kernels";
   }
   bool Known(const std::string& name) const { return setters_.count(name) > 0; }
 
@@ -215,7 +221,7 @@ class Settings {
   /// does not name the setting (the caller knows how it was spelled).
   Status Set(const std::string& name, const std::string& value, Source source) {
     current_ = source;
-    if (name == "help" || name == "version" || name == "check-config") {
+    if (IsAction(name)) {
       // Command-line switches only: ParseFlags passes "true".
       (name == "help" ? c_.show_help : name == "version" ? c_.show_version : c_.check_config) =
           true;
@@ -226,9 +232,23 @@ class Settings {
     return it->second(value);
   }
 
-  DaemonConfig Finish() {
+  /// Return the config built, after the checks that span settings (those ferryd would
+  /// otherwise fail at start on). Opens no file: an unreadable TLS or token file is found at
+  /// start.
+  Result<DaemonConfig> Finish() {
     if (listen_source_ == Source::kDefault) {
       c_.daemon.listen = {"unix:/run/ferry/ferryd-" + std::to_string(c_.device) + ".sock"};
+    }
+    const auto& pool = c_.daemon.slab_pool;
+    if (pool.budget < pool.slab_size) {
+      return Invalid("pinned-budget (" + FormatBytes(pool.budget) + ") is below slab-size (" +
+                     FormatBytes(pool.slab_size) + "): the pool could not hold one slab");
+    }
+    const auto& tls = c_.daemon.tls;
+    if (!tls.cert.empty() && tls.key.empty()) return Invalid("tls-cert needs tls-key");
+    if (tls.cert.empty() && !tls.key.empty()) return Invalid("tls-key needs tls-cert");
+    if (!tls.client_ca.empty() && tls.cert.empty()) {
+      return Invalid("tls-client-ca needs tls-cert and tls-key");
     }
     return c_;
   }
@@ -256,14 +276,16 @@ Status ApplyConfigText(const std::string& text, const std::string& origin, Setti
       }
     }
     size_t eq = line.find('=');
-    if (eq == std::string::npos) return Invalid(where + "expected 'name = value', got '" + line + "'");
+    if (eq == std::string::npos) {
+      return Invalid(where + "expected 'name = value', got '" + line + "'");
+    }
     std::string name = Trim(line.substr(0, eq));
     std::string value = Trim(line.substr(eq + 1));
     if (value.size() >= 2 && value.front() == '"' && value.back() == '"') {
       value = value.substr(1, value.size() - 2);
     }
     if (name.rfind("--", 0) == 0) name = name.substr(2);
-    if (name == "config" || name == "help" || name == "version" || name == "check-config") {
+    if (name == "config" || Settings::IsAction(name)) {
       return Invalid(where + "'" + name + "' can only be given on the command line");
     }
     if (!settings.Known(name)) return Invalid(where + "unknown setting '" + name + "'");
@@ -320,6 +342,9 @@ std::string FormatBytes(uint64_t bytes) {
 
 std::string FlagsHelp() {
   return R"(ferryd: the ferry GPU daemon (one process per GPU)
+
+Flags take "--name VALUE" or "--name=VALUE". A switch (a flag shown without VALUE) alone
+means true; --allow-insecure-remote and --allow-remote-raw-kernels also take =true or =false.
 
   --config PATH              read settings from PATH first (default /etc/ferry/ferryd.conf
                              when it exists; --config= reads none). Lines are
@@ -380,8 +405,9 @@ Result<DaemonConfig> ParseFlags(const std::vector<std::string>& args,
       has_value = true;
     }
     if (Settings::IsSwitch(name)) {
-      if (has_value) return Invalid("--" + name + " takes no value");
-      flags.emplace_back(name, "true");
+      // A bare switch never takes the next argument as its value.
+      if (has_value && Settings::IsAction(name)) return Invalid("--" + name + " takes no value");
+      flags.emplace_back(name, has_value ? value : "true");
       continue;
     }
     if (name != "config" && !settings.Known(name)) return Invalid("unknown flag --" + name);
@@ -413,7 +439,7 @@ Result<DaemonConfig> ParseFlags(const std::vector<std::string>& args,
     Status s = settings.Set(name, value, Source::kFlags);
     if (!s.ok()) return Invalid("--" + name + ": " + s.message());
   }
-  DaemonConfig c = settings.Finish();
+  FERRY_ASSIGN_OR_RETURN(DaemonConfig c, settings.Finish());
   c.config_path = config_path;
   return c;
 }
@@ -421,7 +447,9 @@ Result<DaemonConfig> ParseFlags(const std::vector<std::string>& args,
 Result<DaemonConfig> ParseConfigText(const std::string& text, const std::string& origin) {
   Settings settings;
   FERRY_RETURN_IF_ERROR(ApplyConfigText(text, origin, settings));
-  return settings.Finish();
+  auto c = settings.Finish();
+  if (!c.ok()) return Invalid(origin + ": " + c.status().message());
+  return c;
 }
 
 std::string FormatConfig(const DaemonConfig& c) {
@@ -460,9 +488,11 @@ std::string FormatConfig(const DaemonConfig& c) {
   out << "drain-timeout = " << c.drain_timeout.count() << "\n";
   out << "ready-file =" << (c.ready_file.empty() ? "" : " \"" + c.ready_file + "\"") << "\n";
   out << "log-level = " << c.log_level << "\n";
+  // Hidden test-only settings, only when set (--help and the docs leave them out).
   if (c.host_fault_after_ops_for_test != 0) {
     out << "host-fault-after-ops-for-test = " << c.host_fault_after_ops_for_test << "\n";
   }
+  if (c.host_rebuild_fails_for_test) out << "host-rebuild-fails-for-test = true\n";
   return out.str();
 }
 

@@ -3,9 +3,15 @@
 //
 // The config file holds "name = value" lines with the flags' names (no leading dashes);
 // '#' starts a comment (at the start of a line, or after whitespace); blank lines are
-// ignored; `listen` may repeat; switches take true/false (also yes/no, on/off, 1/0). Flags
-// win over the file: a flag replaces the file's value, and any --listen replaces every
-// `listen` line of the file.
+// ignored; `listen` may repeat; switches take true/false (also yes/no, on/off, 1/0), in the
+// file and, as --switch=VALUE, on the command line (a bare --switch means true). Flags win
+// over the file: a flag replaces the file's value, and any --listen replaces every `listen`
+// line of the file.
+//
+// Besides each value's own range, both parsers check the settings that depend on each other
+// (pinned-budget at least slab-size; tls-cert and tls-key together; tls-client-ca only with
+// both), so --check-config reports what ferryd would fail to start on. Neither opens a file
+// a setting names (TLS, token): that is left to start-up.
 #pragma once
 
 #include <chrono>
@@ -39,8 +45,11 @@ struct DaemonConfig {
   bool show_version = false;
 };
 
-/// Parse ferryd's command line. Flags take "--name value" or "--name=value"; sizes accept
-/// K, M, G suffixes (powers of 1024). Unknown flags and bad values are errors.
+/// Parse ferryd's command line. Flags take "--name value" or "--name=value"; switches take
+/// no value (true) or "--name=true|false" (the words the file takes), except the actions
+/// --help, --version and --check-config, which take none; sizes accept K, M, G suffixes
+/// (powers of 1024). Unknown flags, bad values and inconsistent settings are errors
+/// (INVALID_ARGUMENT).
 ///
 /// Settings are read first from the config file: the one named by --config (an error when it
 /// cannot be read; "--config=" reads none), else `default_config` when that file exists
@@ -49,12 +58,14 @@ Result<DaemonConfig> ParseFlags(const std::vector<std::string>& args,
                                 const std::string& default_config = "");
 
 /// Parse the text of a config file on its own (defaults for everything it does not set).
-/// `origin` names the file in error messages ("PATH:LINE: ...").
+/// `origin` names the file in error messages ("PATH:LINE: ...", or "PATH: ..." for settings
+/// inconsistent with each other).
 Result<DaemonConfig> ParseConfigText(const std::string& text,
                                      const std::string& origin = "config");
 
 /// Return `config` as config-file text that ParseConfigText reads back to the same settings:
-/// every setting, one per line, defaults included (what --check-config prints).
+/// every setting, one per line, defaults included (what --check-config prints). The hidden
+/// test-only settings (names ending in -for-test) are printed only when not at their default.
 std::string FormatConfig(const DaemonConfig& config);
 
 /// Return the --help text.

@@ -4,8 +4,16 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#ifndef FERRY_SOURCE_DIR
+#error "FERRY_SOURCE_DIR must name the source tree (tests/CMakeLists.txt defines it)"
+#endif
 
 namespace ferry {
 namespace {
@@ -194,6 +202,239 @@ TEST(ConfigTest, FormatConfigReadsBackTheSame) {
   auto d_back = ParseConfigText(FormatConfig(*d));
   ASSERT_TRUE(d_back.ok()) << d_back.status().ToString() << "\n" << FormatConfig(*d);
   EXPECT_EQ(FormatConfig(*d_back), FormatConfig(*d));
+}
+
+// Split config text into its "name = value" lines, in order: comments and a trailing
+// "  # note" dropped, values unquoted.
+std::vector<std::pair<std::string, std::string>> SettingLines(const std::string& text) {
+  std::vector<std::pair<std::string, std::string>> out;
+  std::istringstream in(text);
+  std::string line;
+  auto trim = [](const std::string& v) {
+    size_t b = v.find_first_not_of(" \t");
+    return b == std::string::npos ? std::string() : v.substr(b, v.find_last_not_of(" \t") - b + 1);
+  };
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    size_t eq = line.find('=');
+    if (eq == std::string::npos) continue;
+    std::string value = line.substr(eq + 1);
+    if (size_t note = value.find("  #"); note != std::string::npos) value.resize(note);
+    value = trim(value);
+    if (value.size() >= 2 && value.front() == '"' && value.back() == '"') {
+      value = value.substr(1, value.size() - 2);
+    }
+    out.emplace_back(trim(line.substr(0, eq)), value);
+  }
+  return out;
+}
+
+TEST(ConfigTest, FormatConfigRoundTripsEverySetting) {
+  // Every setting away from its default, the hidden test-only ones included.
+  const char* text = R"(device = 2
+backend = host
+listen = unix:/tmp/every.sock
+listen = tcp:0.0.0.0:7531
+allow-insecure-remote = true
+tls-cert = "/etc/ferry/tls/a b.crt"
+tls-key = /etc/ferry/tls/a.key
+tls-client-ca = /etc/ferry/tls/ca.crt
+token-file = /etc/ferry/token
+allow-remote-raw-kernels = true
+metrics-listen = 127.0.0.1:9402
+session-quota = 2G
+max-session-quota = 3G
+max-in-flight = 7
+max-sessions = 9
+device-memory-cap = 5000
+host-memory = 2G
+max-message = 1M
+executor-threads = 3
+slab-size = 8M
+pinned-budget = 64M
+initial-slabs = 2
+session-pinned-quota = 16M
+staging-slabs = 0
+drain-timeout = 250
+host-fault-after-ops-for-test = 99
+host-rebuild-fails-for-test = true
+ready-file = /tmp/ready
+log-level = debug
+)";
+  auto c = ParseConfigText(text, "every");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  std::string formatted = FormatConfig(*c);
+  auto back = ParseConfigText(formatted, "formatted");
+  ASSERT_TRUE(back.ok()) << back.status().ToString() << "\n" << formatted;
+  EXPECT_EQ(FormatConfig(*back), formatted);
+  EXPECT_TRUE(back->host_rebuild_fails_for_test);
+  EXPECT_EQ(back->host_fault_after_ops_for_test, 99u);
+
+  // The text above sets every setting FormatConfig knows, each away from its default:
+  // FormatConfig prints each of its lines, and no line of the defaults' output.
+  auto defaults = ParseConfigText("");
+  ASSERT_TRUE(defaults.ok()) << defaults.status().ToString();
+  std::map<std::string, std::string> default_values;
+  for (const auto& [name, value] : SettingLines(FormatConfig(*defaults))) {
+    default_values[name] = value;
+  }
+  std::set<std::string> printed;
+  for (const auto& [name, value] : SettingLines(formatted)) {
+    printed.insert(name);
+    auto it = default_values.find(name);
+    if (it != default_values.end()) EXPECT_NE(value, it->second) << name << " is at its default";
+  }
+  for (const auto& [name, value] : SettingLines(text)) {
+    EXPECT_TRUE(printed.count(name)) << name << " is missing from\n" << formatted;
+  }
+  for (const auto& [name, value] : default_values) {
+    EXPECT_TRUE(printed.count(name)) << name << " is missing from\n" << formatted;
+  }
+}
+
+TEST(ConfigTest, HiddenSettingsArePrintedOnlyWhenSet) {
+  auto c = ParseFlags({});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(FormatConfig(*c).find("-for-test"), std::string::npos) << FormatConfig(*c);
+  c = ParseFlags({"--host-rebuild-fails-for-test=true"});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_NE(FormatConfig(*c).find("\nhost-rebuild-fails-for-test = true\n"), std::string::npos)
+      << FormatConfig(*c);
+  EXPECT_EQ(FormatConfig(*c).find("host-fault-after-ops-for-test"), std::string::npos);
+}
+
+TEST(ConfigTest, SettingsThatDependOnEachOtherAreChecked) {
+  struct Case {
+    std::string text;
+    std::string expect;  // in the message
+  };
+  std::vector<Case> cases = {
+      {"pinned-budget = 32M\n", "pinned-budget (32M) is below slab-size (64M)"},
+      {"slab-size = 2G\n", "pinned-budget (1G) is below slab-size (2G)"},
+      {"tls-cert = /c.pem\n", "tls-cert needs tls-key"},
+      {"tls-key = /k.pem\n", "tls-key needs tls-cert"},
+      {"tls-client-ca = /ca.pem\n", "tls-client-ca needs tls-cert and tls-key"},
+      {"tls-client-ca = /ca.pem\ntls-cert = /c.pem\n", "tls-cert needs tls-key"},
+      {"tls-client-ca = /ca.pem\ntls-key = /k.pem\n", "tls-key needs tls-cert"},
+  };
+  for (const Case& k : cases) {
+    auto c = ParseConfigText(k.text, "f.conf");
+    ASSERT_FALSE(c.ok()) << k.text;
+    EXPECT_EQ(c.status().kind(), ErrorKind::kInvalidArgument);
+    EXPECT_NE(c.status().message().find("f.conf: " + k.expect), std::string::npos)
+        << "text: " << k.text << "message: " << c.status().message();
+  }
+  // The same on the command line, --check-config included (main exits 2 on any error).
+  auto flags = ParseFlags({"--check-config", "--pinned-budget", "4M", "--slab-size", "8M"});
+  ASSERT_FALSE(flags.ok());
+  EXPECT_EQ(flags.status().kind(), ErrorKind::kInvalidArgument);
+  EXPECT_NE(flags.status().message().find("pinned-budget (4M) is below slab-size (8M)"),
+            std::string::npos)
+      << flags.status().message();
+  flags = ParseFlags({"--tls-cert", "/c.pem"});
+  ASSERT_FALSE(flags.ok());
+  EXPECT_NE(flags.status().message().find("tls-cert needs tls-key"), std::string::npos);
+  flags = ParseFlags({"--check-config", "--tls-client-ca", "/ca.pem"});
+  ASSERT_FALSE(flags.ok());
+  EXPECT_NE(flags.status().message().find("tls-client-ca needs tls-cert and tls-key"),
+            std::string::npos);
+
+  // Consistent combinations pass; the files are not opened (these do not exist).
+  for (const char* ok : {"pinned-budget = 64M\n", "slab-size = 1G\npinned-budget = 1G\n",
+                         "tls-cert = /nonexistent/c.pem\ntls-key = /nonexistent/k.pem\n"
+                         "tls-client-ca = /nonexistent/ca.pem\n"}) {
+    auto c = ParseConfigText(ok);
+    EXPECT_TRUE(c.ok()) << ok << c.status().ToString();
+  }
+}
+
+TEST_F(ConfigFileTest, TheCheckSpansFileAndFlags) {
+  // The file's tls-cert with the flag's tls-key is whole; the file's slab-size with a flag's
+  // smaller pinned-budget is not.
+  std::string path = Write("ferryd.conf", "tls-cert = /c.pem\nslab-size = 128M\n");
+  auto c = ParseFlags({"--config", path, "--tls-key", "/k.pem"});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->daemon.tls.key, "/k.pem");
+  c = ParseFlags({"--config", path, "--tls-key", "/k.pem", "--pinned-budget", "64M"});
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("below slab-size (128M)"), std::string::npos)
+      << c.status().message();
+}
+
+TEST(ConfigTest, SwitchesTakeTrueOrFalseOnTheCommandLine) {
+  auto c = ParseFlags({"--allow-insecure-remote", "--allow-remote-raw-kernels"});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_TRUE(c->daemon.allow_insecure_remote);
+  EXPECT_TRUE(c->daemon.allow_remote_raw_kernels);
+
+  c = ParseFlags({"--allow-insecure-remote=false", "--allow-remote-raw-kernels=true"});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_FALSE(c->daemon.allow_insecure_remote);
+  EXPECT_TRUE(c->daemon.allow_remote_raw_kernels);
+
+  // The file's words, and a flag's false overrides the file's true.
+  c = ParseFlags({"--allow-insecure-remote=yes", "--allow-remote-raw-kernels=off"});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_TRUE(c->daemon.allow_insecure_remote);
+  EXPECT_FALSE(c->daemon.allow_remote_raw_kernels);
+
+  auto bad = ParseFlags({"--allow-insecure-remote=maybe"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().kind(), ErrorKind::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("--allow-insecure-remote: expected true or false"),
+            std::string::npos)
+      << bad.status().message();
+  EXPECT_FALSE(ParseFlags({"--allow-insecure-remote="}).ok());
+  // A bare switch does not take the next argument as its value.
+  EXPECT_FALSE(ParseFlags({"--allow-insecure-remote", "false"}).ok());
+  // The actions take no value at all.
+  EXPECT_FALSE(ParseFlags({"--help=true"}).ok());
+  EXPECT_FALSE(ParseFlags({"--version=false"}).ok());
+  EXPECT_FALSE(ParseFlags({"--check-config=true"}).ok());
+}
+
+TEST_F(ConfigFileTest, FlagSwitchFalseOverridesTheFile) {
+  std::string path = Write("ferryd.conf", "allow-insecure-remote = true\n");
+  auto c = ParseFlags({"--config", path, "--allow-insecure-remote=false"});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_FALSE(c->daemon.allow_insecure_remote);
+}
+
+// deploy/ferryd.conf.example shows every setting as a "#name = value" line (prose comments
+// are "# ..."): with those lines uncommented it must parse, set every setting --check-config
+// prints (not the hidden ones), and show the default of each whose default is not empty.
+TEST(ConfigTest, ExampleFileShowsEverySettingWithItsDefault) {
+  const std::string example_path = FERRY_SOURCE_DIR "/deploy/ferryd.conf.example";
+  std::ifstream in(example_path);
+  ASSERT_TRUE(in.is_open()) << "cannot read " << example_path;
+  std::string uncommented;
+  for (std::string line; std::getline(in, line);) {
+    if (line.size() > 1 && line[0] == '#' && std::islower(static_cast<unsigned char>(line[1]))) {
+      line = line.substr(1);
+    }
+    uncommented += line + "\n";
+  }
+  auto c = ParseConfigText(uncommented, example_path);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+
+  std::map<std::string, std::string> example;  // the first value shown for each setting
+  for (const auto& [name, value] : SettingLines(uncommented)) example.emplace(name, value);
+  auto defaults = ParseConfigText("");
+  ASSERT_TRUE(defaults.ok()) << defaults.status().ToString();
+  for (const auto& [name, value] : SettingLines(FormatConfig(*defaults))) {
+    auto it = example.find(name);
+    if (it == example.end()) {
+      ADD_FAILURE() << example_path << " does not show '" << name << "'";
+      continue;
+    }
+    if (!value.empty()) {
+      EXPECT_EQ(it->second, value) << example_path << ": '" << name << "' is not its default";
+    }
+  }
+  for (const auto& [name, value] : example) {
+    EXPECT_EQ(name.find("-for-test"), std::string::npos)
+        << example_path << " shows the hidden setting '" << name << "'";
+  }
 }
 
 TEST(ConfigTest, FormatBytes) {
