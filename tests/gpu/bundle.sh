@@ -14,3 +14,6 @@ rm -rf "$root/.gpu/bundle"
 bins=()
 for t in "${targets[@]}"; do bins+=("$(find "$build" -type f -name "$t" -perm -u+x | head -1)"); done
 bash "$root/../shared/gpu/bundle.sh" "$root/.gpu/bundle" "${bins[@]}"
+# The commit the bundle was built from ("-dirty": with uncommitted changes), for the reports.
+echo "$(git -C "$root" rev-parse --short HEAD)$(git -C "$root" diff --quiet HEAD -- . ':!docs' || echo -dirty)" \
+  >"$root/.gpu/bundle/COMMIT"

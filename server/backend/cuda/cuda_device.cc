@@ -56,10 +56,14 @@
 namespace ferry::backend {
 namespace {
 
+using cuda_internal::CublasApi;
 using cuda_internal::CublasStatus;
 using cuda_internal::CudaStatus;
 using cuda_internal::DriverApi;
 using cuda_internal::DriverStatus;
+using cuda_internal::GetCublasApi;
+using cuda_internal::GetNvrtcApi;
+using cuda_internal::NvrtcApi;
 using cuda_internal::NvrtcStatus;
 
 /// cuBLAS workspace per stream: set explicitly so captured GEMMs never allocate.
@@ -197,13 +201,14 @@ class CudaModule final : public Module {
 /// below it (the driver then JIT-compiles it).
 Result<std::string> CompileCudaSource(std::string_view source, int major, int minor) {
   const int device_arch = major * 10 + minor;
+  FERRY_ASSIGN_OR_RETURN(const NvrtcApi* nvrtc, GetNvrtcApi());
   int num_archs = 0;
-  FERRY_RETURN_IF_ERROR(NvrtcStatus(nvrtcGetNumSupportedArchs(&num_archs),
+  FERRY_RETURN_IF_ERROR(NvrtcStatus(nvrtc->GetNumSupportedArchs(&num_archs),
                                     "nvrtcGetNumSupportedArchs"));
   std::vector<int> archs(static_cast<size_t>(std::max(num_archs, 0)));
   if (num_archs > 0) {
     FERRY_RETURN_IF_ERROR(
-        NvrtcStatus(nvrtcGetSupportedArchs(archs.data()), "nvrtcGetSupportedArchs"));
+        NvrtcStatus(nvrtc->GetSupportedArchs(archs.data()), "nvrtcGetSupportedArchs"));
   }
   bool exact = false;
   int arch = 0;
@@ -222,22 +227,23 @@ Result<std::string> CompileCudaSource(std::string_view source, int major, int mi
   const std::string text(source);  // NVRTC wants a NUL-terminated string
   nvrtcProgram program = nullptr;
   FERRY_RETURN_IF_ERROR(NvrtcStatus(
-      nvrtcCreateProgram(&program, text.c_str(), "ferry_module.cu", 0, nullptr, nullptr),
+      nvrtc->CreateProgram(&program, text.c_str(), "ferry_module.cu", 0, nullptr, nullptr),
       "nvrtcCreateProgram"));
   struct ProgramGuard {
+    const NvrtcApi* nvrtc;
     nvrtcProgram* program;
-    ~ProgramGuard() { (void)nvrtcDestroyProgram(program); }
-  } guard{&program};
+    ~ProgramGuard() { (void)nvrtc->DestroyProgram(program); }
+  } guard{nvrtc, &program};
 
   const std::array<const char*, 3> options = {arch_option.c_str(), "-default-device",
                                               "--std=c++17"};
   const nvrtcResult compiled =
-      nvrtcCompileProgram(program, static_cast<int>(options.size()), options.data());
+      nvrtc->CompileProgram(program, static_cast<int>(options.size()), options.data());
   std::string log;
   size_t log_size = 0;
-  if (nvrtcGetProgramLogSize(program, &log_size) == NVRTC_SUCCESS && log_size > 1) {
+  if (nvrtc->GetProgramLogSize(program, &log_size) == NVRTC_SUCCESS && log_size > 1) {
     log.resize(log_size);
-    if (nvrtcGetProgramLog(program, log.data()) != NVRTC_SUCCESS) log.clear();
+    if (nvrtc->GetProgramLog(program, log.data()) != NVRTC_SUCCESS) log.clear();
     while (!log.empty() && (log.back() == '\0' || log.back() == '\n')) log.pop_back();
   }
   if (compiled == NVRTC_ERROR_COMPILATION) {
@@ -245,20 +251,20 @@ Result<std::string> CompileCudaSource(std::string_view source, int major, int mi
   }
   if (compiled != NVRTC_SUCCESS) {
     return Status(ErrorKind::kInternal,
-                  std::string("nvrtcCompileProgram: ") + nvrtcGetErrorString(compiled) +
+                  std::string("nvrtcCompileProgram: ") + nvrtc->GetErrorString(compiled) +
                       (log.empty() ? "" : "\n" + log));
   }
 
   std::string image;
   size_t size = 0;
   if (exact) {
-    FERRY_RETURN_IF_ERROR(NvrtcStatus(nvrtcGetCUBINSize(program, &size), "nvrtcGetCUBINSize"));
+    FERRY_RETURN_IF_ERROR(NvrtcStatus(nvrtc->GetCUBINSize(program, &size), "nvrtcGetCUBINSize"));
     image.resize(size);
-    FERRY_RETURN_IF_ERROR(NvrtcStatus(nvrtcGetCUBIN(program, image.data()), "nvrtcGetCUBIN"));
+    FERRY_RETURN_IF_ERROR(NvrtcStatus(nvrtc->GetCUBIN(program, image.data()), "nvrtcGetCUBIN"));
   } else {
-    FERRY_RETURN_IF_ERROR(NvrtcStatus(nvrtcGetPTXSize(program, &size), "nvrtcGetPTXSize"));
+    FERRY_RETURN_IF_ERROR(NvrtcStatus(nvrtc->GetPTXSize(program, &size), "nvrtcGetPTXSize"));
     image.resize(size);  // includes the terminating NUL
-    FERRY_RETURN_IF_ERROR(NvrtcStatus(nvrtcGetPTX(program, image.data()), "nvrtcGetPTX"));
+    FERRY_RETURN_IF_ERROR(NvrtcStatus(nvrtc->GetPTX(program, image.data()), "nvrtcGetPTX"));
   }
   return image;
 }
@@ -556,7 +562,7 @@ class CudaStream final : public Stream {
     }
     if (stream_ != nullptr) (void)cudaStreamSynchronize(stream_);
     if (!watcher().OnWatcherThread()) watcher().WaitForQueue(queue_);
-    if (cublas_ != nullptr) (void)cublasDestroy(cublas_);
+    if (cublas_ != nullptr) (void)cublas_api_->Destroy(cublas_);
     if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
     (void)cudaGetLastError();
     // scratch_ goes last: graphs captured here may still hold it.
@@ -723,6 +729,7 @@ class CudaStream final : public Stream {
   Status BeginCapture() override {
     if (capturing_) return InvalidArgument("BeginCapture: the stream is already capturing");
     FERRY_RETURN_IF_ERROR(device_->MakeCurrent());
+    FERRY_RETURN_IF_ERROR(EnsureCublas());  // never created inside a capture
     FERRY_RETURN_IF_ERROR(device_->Check(
         cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture"));
     capturing_ = true;
@@ -831,18 +838,36 @@ class CudaStream final : public Stream {
         cudaMalloc(reinterpret_cast<void**>(&scratch_->reduce_partials),
                    cuda_kernels::kReduceMaxBlocks * sizeof(double)),
         "cudaMalloc (reduction scratch)"));
-    FERRY_RETURN_IF_ERROR(device_->Check(
-        cudaMalloc(&scratch_->cublas_workspace, kCublasWorkspaceBytes),
-        "cudaMalloc (cuBLAS workspace)"));
-    FERRY_RETURN_IF_ERROR(CublasStatus(cublasCreate(&cublas_), "cublasCreate"));
-    FERRY_RETURN_IF_ERROR(CublasStatus(cublasSetStream(cublas_, stream_), "cublasSetStream"));
-    // After cublasSetStream, which resets the workspace to the library's default.
-    FERRY_RETURN_IF_ERROR(CublasStatus(
-        cublasSetWorkspace(cublas_, scratch_->cublas_workspace, kCublasWorkspaceBytes),
-        "cublasSetWorkspace"));
-    // Plain FP32/FP64 arithmetic: no TF32 tensor-core shortcuts for f32 GEMMs.
-    FERRY_RETURN_IF_ERROR(
-        CublasStatus(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH), "cublasSetMathMode"));
+    return Status::Ok();
+  }
+
+  // cuBLAS for this stream, made on its first GEMM (or before a capture starts): a session
+  // that never multiplies matrices costs no handle and no workspace.
+  Status EnsureCublas() {
+    if (cublas_ != nullptr) return Status::Ok();
+    if (scratch_->cublas_workspace == nullptr) {
+      FERRY_RETURN_IF_ERROR(device_->Check(
+          cudaMalloc(&scratch_->cublas_workspace, kCublasWorkspaceBytes),
+          "cudaMalloc (cuBLAS workspace)"));
+    }
+    FERRY_ASSIGN_OR_RETURN(const CublasApi* api, GetCublasApi());
+    cublasHandle_t handle = nullptr;
+    FERRY_RETURN_IF_ERROR(CublasStatus(api->Create(&handle), "cublasCreate"));
+    auto configure = [&]() -> Status {
+      FERRY_RETURN_IF_ERROR(CublasStatus(api->SetStream(handle, stream_), "cublasSetStream"));
+      // After cublasSetStream, which resets the workspace to the library's default.
+      FERRY_RETURN_IF_ERROR(CublasStatus(
+          api->SetWorkspace(handle, scratch_->cublas_workspace, kCublasWorkspaceBytes),
+          "cublasSetWorkspace"));
+      // Plain FP32/FP64 arithmetic: no TF32 tensor-core shortcuts for f32 GEMMs.
+      return CublasStatus(api->SetMathMode(handle, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+    };
+    if (Status s = configure(); !s.ok()) {
+      (void)api->Destroy(handle);
+      return s;
+    }
+    cublas_api_ = api;
+    cublas_ = handle;
     return Status::Ok();
   }
 
@@ -905,6 +930,7 @@ class CudaStream final : public Stream {
   // column-major c x r one with leading dimension c.
   Status GemmChecked(const GemmArgs& g) {
     if (g.m == 0 || g.n == 0) return Status::Ok();
+    FERRY_RETURN_IF_ERROR(EnsureCublas());
     const int m = static_cast<int>(g.m), n = static_cast<int>(g.n), k = static_cast<int>(g.k);
     const cublasOperation_t op_first = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t op_second = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -914,13 +940,13 @@ class CudaStream final : public Stream {
     cublasStatus_t status;
     if (g.dtype == DType::kF32) {
       const float alpha = static_cast<float>(g.alpha), beta = static_cast<float>(g.beta);
-      status = cublasSgemm(cublas_, op_first, op_second, n, m, k, &alpha,
+      status = cublas_api_->Sgemm(cublas_, op_first, op_second, n, m, k, &alpha,
                            static_cast<const float*>(Address(g.b)), ld_b,
                            static_cast<const float*>(Address(g.a)), ld_a, &beta,
                            static_cast<float*>(Address(g.c)), ld_c);
     } else {
       const double alpha = g.alpha, beta = g.beta;
-      status = cublasDgemm(cublas_, op_first, op_second, n, m, k, &alpha,
+      status = cublas_api_->Dgemm(cublas_, op_first, op_second, n, m, k, &alpha,
                            static_cast<const double*>(Address(g.b)), ld_b,
                            static_cast<const double*>(Address(g.a)), ld_a, &beta,
                            static_cast<double*>(Address(g.c)), ld_c);
@@ -939,7 +965,8 @@ class CudaStream final : public Stream {
   const std::shared_ptr<CompletionWatcher::Queue> queue_;
   const std::shared_ptr<StreamScratch> scratch_;
   cudaStream_t stream_ = nullptr;
-  cublasHandle_t cublas_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;  // made by EnsureCublas
+  const CublasApi* cublas_api_ = nullptr;
 
   // Owner-only capture state.
   bool capturing_ = false;

@@ -1,5 +1,7 @@
 #include "backend/cuda/cuda_internal.h"
 
+#include <dlfcn.h>
+
 #include <mutex>
 #include <string>
 
@@ -89,8 +91,12 @@ Status DriverStatus(CUresult result, std::string_view what) {
 
 Status CublasStatus(cublasStatus_t status, std::string_view what) {
   if (status == CUBLAS_STATUS_SUCCESS) return Status::Ok();
-  std::string message = std::string(what) + ": " + cublasGetStatusName(status) + " (" +
-                        cublasGetStatusString(status) + ")";
+  auto api = GetCublasApi();  // loaded: the status came from it
+  std::string message =
+      std::string(what) + ": " +
+      (api.ok() ? std::string((*api)->GetStatusName(status)) + " (" +
+                      (*api)->GetStatusString(status) + ")"
+                : "cublasStatus_t " + std::to_string(static_cast<int>(status)));
   switch (status) {
     case CUBLAS_STATUS_ALLOC_FAILED:
       return Status(ErrorKind::kOutOfDeviceMemory, std::move(message));
@@ -113,8 +119,11 @@ Status CublasStatus(cublasStatus_t status, std::string_view what) {
 
 Status NvrtcStatus(nvrtcResult result, std::string_view what) {
   if (result == NVRTC_SUCCESS) return Status::Ok();
+  auto api = GetNvrtcApi();  // loaded: the result came from it
   return Status(ErrorKind::kInternal,
-                std::string(what) + ": " + nvrtcGetErrorString(result));
+                std::string(what) + ": " +
+                    (api.ok() ? std::string((*api)->GetErrorString(result))
+                              : "nvrtcResult " + std::to_string(static_cast<int>(result))));
 }
 
 namespace {
@@ -161,6 +170,88 @@ Result<const DriverApi*> GetDriverApi() {
   std::call_once(once, [] { status = LoadDriverApi(&api); });
   if (!status.ok()) return status;
   return static_cast<const DriverApi*>(&api);
+}
+
+namespace {
+
+// dlopen `soname`, else the same file in the toolkit's library directory of the build.
+Result<void*> OpenLibrary(const std::string& soname) {
+  void* handle = ::dlopen(soname.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (handle != nullptr) return handle;
+  std::string first_error = ::dlerror();
+  const std::string fallback = std::string(FERRY_CUDA_LIBRARY_DIR) + "/" + soname;
+  handle = ::dlopen(fallback.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (handle != nullptr) return handle;
+  return Status(ErrorKind::kUnsupported,
+                "cannot load " + soname + ": " + first_error + "; " + ::dlerror());
+}
+
+// Resolve `name` in `handle` into `fn`; when it is absent, add its name to `missing`.
+template <typename Fn>
+void Resolve(void* handle, const char* name, Fn* fn, std::string* missing) {
+  *fn = reinterpret_cast<Fn>(::dlsym(handle, name));
+  if (*fn == nullptr) *missing += std::string(missing->empty() ? "" : ", ") + name;
+}
+
+Status LoadCublas(CublasApi* api) {
+  const std::string soname = "libcublas.so." + std::to_string(CUBLAS_VER_MAJOR);
+  FERRY_ASSIGN_OR_RETURN(void* h, OpenLibrary(soname));  // kept for the process's life
+  std::string missing;
+  Resolve(h, "cublasCreate_v2", &api->Create, &missing);
+  Resolve(h, "cublasDestroy_v2", &api->Destroy, &missing);
+  Resolve(h, "cublasSetStream_v2", &api->SetStream, &missing);
+  Resolve(h, "cublasSetWorkspace_v2", &api->SetWorkspace, &missing);
+  Resolve(h, "cublasSetMathMode", &api->SetMathMode, &missing);
+  Resolve(h, "cublasSgemm_v2", &api->Sgemm, &missing);
+  Resolve(h, "cublasDgemm_v2", &api->Dgemm, &missing);
+  Resolve(h, "cublasGetStatusName", &api->GetStatusName, &missing);
+  Resolve(h, "cublasGetStatusString", &api->GetStatusString, &missing);
+  if (!missing.empty()) {
+    return Status(ErrorKind::kUnsupported, soname + " lacks " + missing);
+  }
+  return Status::Ok();
+}
+
+Status LoadNvrtc(NvrtcApi* api) {
+  const std::string soname = "libnvrtc.so." + std::to_string(CUDART_VERSION / 1000);
+  FERRY_ASSIGN_OR_RETURN(void* h, OpenLibrary(soname));  // kept for the process's life
+  std::string missing;
+  Resolve(h, "nvrtcGetErrorString", &api->GetErrorString, &missing);
+  Resolve(h, "nvrtcGetNumSupportedArchs", &api->GetNumSupportedArchs, &missing);
+  Resolve(h, "nvrtcGetSupportedArchs", &api->GetSupportedArchs, &missing);
+  Resolve(h, "nvrtcCreateProgram", &api->CreateProgram, &missing);
+  Resolve(h, "nvrtcDestroyProgram", &api->DestroyProgram, &missing);
+  Resolve(h, "nvrtcCompileProgram", &api->CompileProgram, &missing);
+  Resolve(h, "nvrtcGetProgramLogSize", &api->GetProgramLogSize, &missing);
+  Resolve(h, "nvrtcGetProgramLog", &api->GetProgramLog, &missing);
+  Resolve(h, "nvrtcGetCUBINSize", &api->GetCUBINSize, &missing);
+  Resolve(h, "nvrtcGetCUBIN", &api->GetCUBIN, &missing);
+  Resolve(h, "nvrtcGetPTXSize", &api->GetPTXSize, &missing);
+  Resolve(h, "nvrtcGetPTX", &api->GetPTX, &missing);
+  if (!missing.empty()) {
+    return Status(ErrorKind::kUnsupported, soname + " lacks " + missing);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<const CublasApi*> GetCublasApi() {
+  static std::once_flag once;
+  static CublasApi api;
+  static Status status;
+  std::call_once(once, [] { status = LoadCublas(&api); });
+  if (!status.ok()) return status;
+  return static_cast<const CublasApi*>(&api);
+}
+
+Result<const NvrtcApi*> GetNvrtcApi() {
+  static std::once_flag once;
+  static NvrtcApi api;
+  static Status status;
+  std::call_once(once, [] { status = LoadNvrtc(&api); });
+  if (!status.ok()) return status;
+  return static_cast<const NvrtcApi*>(&api);
 }
 
 }  // namespace ferry::backend::cuda_internal

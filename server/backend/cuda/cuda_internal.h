@@ -61,6 +61,43 @@ struct DriverApi {
 /// entry point is missing; FuncGetParamInfo is optional.
 Result<const DriverApi*> GetDriverApi();
 
+/// cuBLAS and NVRTC are loaded with dlopen on first use, never linked: linked, their
+/// libraries' relocated data alone adds ~180 MiB to ferryd's resident memory (libcublasLt
+/// 150 MiB, libnvrtc 29 MiB; measured by dlopen of CUDA 13.0's libraries), paid by every
+/// daemon whether or not a session multiplies a matrix or compiles CUDA C++. The first GEMM
+/// or CUDA C++ module of a daemon's life pays the load instead.
+struct CublasApi {
+  decltype(&::cublasCreate_v2) Create = nullptr;
+  decltype(&::cublasDestroy_v2) Destroy = nullptr;
+  decltype(&::cublasSetStream_v2) SetStream = nullptr;
+  decltype(&::cublasSetWorkspace_v2) SetWorkspace = nullptr;
+  decltype(&::cublasSetMathMode) SetMathMode = nullptr;
+  decltype(&::cublasSgemm_v2) Sgemm = nullptr;
+  decltype(&::cublasDgemm_v2) Dgemm = nullptr;
+  decltype(&::cublasGetStatusName) GetStatusName = nullptr;
+  decltype(&::cublasGetStatusString) GetStatusString = nullptr;
+};
+struct NvrtcApi {
+  decltype(&::nvrtcGetErrorString) GetErrorString = nullptr;
+  decltype(&::nvrtcGetNumSupportedArchs) GetNumSupportedArchs = nullptr;
+  decltype(&::nvrtcGetSupportedArchs) GetSupportedArchs = nullptr;
+  decltype(&::nvrtcCreateProgram) CreateProgram = nullptr;
+  decltype(&::nvrtcDestroyProgram) DestroyProgram = nullptr;
+  decltype(&::nvrtcCompileProgram) CompileProgram = nullptr;
+  decltype(&::nvrtcGetProgramLogSize) GetProgramLogSize = nullptr;
+  decltype(&::nvrtcGetProgramLog) GetProgramLog = nullptr;
+  decltype(&::nvrtcGetCUBINSize) GetCUBINSize = nullptr;
+  decltype(&::nvrtcGetCUBIN) GetCUBIN = nullptr;
+  decltype(&::nvrtcGetPTXSize) GetPTXSize = nullptr;
+  decltype(&::nvrtcGetPTX) GetPTX = nullptr;
+};
+
+/// Return the library's table, loading it on first use (thread-safe; later calls are
+/// cheap). Fails with UNSUPPORTED, naming the library and dlopen's reason, when it cannot be
+/// loaded (looked up by soname, then in the toolkit's library directory of the build).
+Result<const CublasApi*> GetCublasApi();
+Result<const NvrtcApi*> GetNvrtcApi();
+
 }  // namespace ferry::backend::cuda_internal
 
 /// Evaluate a CUDA runtime call; return its mapped Status from the enclosing function when
