@@ -71,10 +71,6 @@ int main(int argc, char** argv) {
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ ferryd[%P] %v");
   if (!config.config_path.empty()) spdlog::info("configuration read from {}", config.config_path);
 
-  // One daemon multiplexes many sessions' streams onto the GPU: give the context the most
-  // hardware work queues (CUDA's default is 8, so sessions' streams share queues and wait
-  // behind each other's copies). Set before CUDA initializes; an operator's value wins.
-  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", /*overwrite=*/0);
   auto factory = ferry::backend::MakeDeviceFactory(config.backend, config.device, config.host,
                                                    config.host_fault_after_ops_for_test,
                                                    config.host_rebuild_fails_for_test);

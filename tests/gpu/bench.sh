@@ -3,9 +3,10 @@
 # measurements behind its notes, from a bundle made by tests/gpu/bundle.sh.
 #   tests/gpu/bench.sh [BUNDLE_DIR] [quick]     (outputs in $OUT or /tmp/ferry-bench-out)
 #  1. ferry-bench --spawn-daemon --baseline, every scenario, --json and --svg;
-#  2. the concurrency scenario again with CUDA_DEVICE_MAX_CONNECTIONS=8 (CUDA's default) for
-#     the daemon and the baseline alike, against 1.'s daemon at ferryd's default of 32;
-#  3. where an idle ferryd's resident memory is: the largest mappings of /proc/PID/smaps.
+#  2. the concurrency scenario again with CUDA_DEVICE_MAX_CONNECTIONS=32 (CUDA's default: 8
+#     hardware work queues) for the daemon and the baseline alike;
+#  3. where an idle ferryd's resident memory is: the largest mappings of /proc/PID/smaps,
+#     with CUDA's default work queues and with 32.
 set -uo pipefail
 bundle=$(cd "${1:-.gpu/bundle}" && pwd)
 quick=${2:-}
@@ -22,24 +23,30 @@ echo "=== 1. full run ($stamp)"
   --json "$out/$stamp.json" --svg "$out/$stamp.svg" >"$out/$stamp.txt" 2>"$out/$stamp.err"
 echo "exit $?"
 
-echo "=== 2. concurrency with CUDA_DEVICE_MAX_CONNECTIONS=8 for both"
-CUDA_DEVICE_MAX_CONNECTIONS=8 "$bench" --spawn-daemon "$ferryd" --baseline ${quick:+--quick} \
-  --scenario concurrency >"$out/$stamp-connections8.txt" 2>&1
+echo "=== 2. concurrency with CUDA_DEVICE_MAX_CONNECTIONS=32 for both"
+CUDA_DEVICE_MAX_CONNECTIONS=32 "$bench" --spawn-daemon "$ferryd" --baseline ${quick:+--quick} \
+  --scenario concurrency >"$out/$stamp-connections32.txt" 2>&1
 echo "exit $?"
 
+idle_rss() {  # LABEL [ENV=VALUE]: start ferryd, print its memory by mapping, stop it
+  local sock pid
+  sock=$(mktemp -d)/ferryd.sock
+  echo "--- $1"
+  env ${2:-} "$ferryd" --listen "unix:$sock" --ready-file "$sock.ready" --log-level warn &
+  pid=$!
+  for _ in $(seq 200); do [[ -s "$sock.ready" ]] && break; sleep 0.1; done
+  grep -E "VmRSS|RssAnon|RssFile|RssShmem" /proc/$pid/status
+  awk '/^[0-9a-f]+-[0-9a-f]+ /{name=($6==""?"[anon]":$6)} /^Rss:/{rss[name]+=$2}
+       END{for(n in rss) printf "%8.1f MiB  %s\n", rss[n]/1024, n}' /proc/$pid/smaps |
+    sort -rn | head -8
+  kill $pid; wait $pid
+}
 echo "=== 3. idle ferryd: resident memory by mapping"
-sock=$(mktemp -d)/ferryd.sock
-"$ferryd" --listen "unix:$sock" --ready-file "$sock.ready" --log-level warn &
-pid=$!
-for _ in $(seq 200); do [[ -s "$sock.ready" ]] && break; sleep 0.1; done
-grep -E "VmRSS|RssAnon|RssFile|RssShmem" /proc/$pid/status | tee "$out/$stamp-rss.txt"
-awk '/^[0-9a-f]+-[0-9a-f]+ /{name=($6==""?"[anon]":$6)} /^Rss:/{rss[name]+=$2}
-     END{for(n in rss) printf "%8.1f MiB  %s\n", rss[n]/1024, n}' /proc/$pid/smaps |
-  sort -rn | head -12 | tee -a "$out/$stamp-rss.txt"
-kill $pid; wait $pid
+{ idle_rss "CUDA default work queues"; idle_rss "CUDA_DEVICE_MAX_CONNECTIONS=32" \
+    CUDA_DEVICE_MAX_CONNECTIONS=32; } 2>&1 | tee "$out/$stamp-rss.txt"
 
 echo "=== summary"
 
 awk '/^== /{print} /(pending|streamed) (8 MiB|256 MiB)( |$)|tiny op|floor|64 ops|graph|overlap|64 sessions|memory|RSS/' \
   "$out/$stamp.txt" | head -60
-grep -E "64 sessions" "$out/$stamp-connections8.txt"
+grep -E "64 sessions" "$out/$stamp-connections32.txt"
