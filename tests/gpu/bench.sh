@@ -5,6 +5,7 @@
 #  1. ferry-bench --spawn-daemon --baseline, every scenario, --json and --svg;
 #  2. the concurrency scenario again with CUDA_DEVICE_MAX_CONNECTIONS=32 (CUDA's default: 8
 #     hardware work queues) for the daemon and the baseline alike;
+#  4. (below 3.) the remote inline route over TCP loopback against bare gRPC on TCP;
 #  3. where an idle ferryd's resident memory is: the largest mappings of /proc/PID/smaps,
 #     with CUDA's default work queues and with 32.
 set -uo pipefail
@@ -45,8 +46,14 @@ echo "=== 3. idle ferryd: resident memory by mapping"
 { idle_rss "CUDA default work queues"; idle_rss "CUDA_DEVICE_MAX_CONNECTIONS=32" \
     CUDA_DEVICE_MAX_CONNECTIONS=32; } 2>&1 | tee "$out/$stamp-rss.txt"
 
+echo "=== 4. remote inline route over TCP loopback"
+"$bench" --spawn-daemon "$ferryd" --tcp --baseline --scenario transfers --sizes 8M,256M \
+  >"$out/$stamp-tcp.txt" 2>&1
+echo "exit $?"
+
 echo "=== summary"
 
 awk '/^== /{print} /(pending|streamed) (8 MiB|256 MiB)( |$)|tiny op|floor|64 ops|graph|overlap|64 sessions|memory|RSS/' \
   "$out/$stamp.txt" | head -60
 grep -E "64 sessions" "$out/$stamp-connections32.txt"
+grep -E "^== transfers|inline|bulk" "$out/$stamp-tcp.txt"
