@@ -51,6 +51,14 @@ class SessionConnection : public session::SessionEvents,
       if (!close_requested_) ClientGone("the client ended the stream without Close");
       return;
     }
+    // Read ahead: ask for the next message before this one is enqueued (which may launch
+    // many kernels), so that it is already here when the strand is done, instead of the
+    // device idling through a read's wake-ups between submits. A submit counts against the
+    // in-flight limit already, so the limit holds exactly.
+    const bool submit = message->kind_case() == v1::ClientMessage::kSubmit;
+    if (submit || message->kind_case() == v1::ClientMessage::kSynchronize) {
+      MaybeStartRead(submit ? 1 : 0);
+    }
     Dispatch(std::move(message));
     MaybeStartRead();
   }
@@ -322,9 +330,11 @@ class SessionConnection : public session::SessionEvents,
     reactor_->StartWrite(outbox_.front().get());
   }
 
-  void MaybeStartRead() {
+  // Start the next read unless one is outstanding, the stream is ending, or the session's
+  // in-flight limit is reached counting `arriving` submits not yet handed to it.
+  void MaybeStartRead(size_t arriving = 0) {
     if (reading_ || read_closed_ || close_requested_ || finishing_ || !reactor_) return;
-    if (session_ && !session_->CanAcceptSubmit()) return;  // resumed by OnCompleted
+    if (session_ && !session_->CanAcceptSubmit(arriving)) return;  // resumed by OnCompleted
     reading_ = true;
     reactor_->StartRead(&read_buffer_);
   }

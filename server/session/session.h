@@ -84,8 +84,11 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   /// The client is gone: like Close, but raise no more events.
   void Abort();
 
-  /// Return true while another submit fits under the in-flight limit (for backpressure).
-  bool CanAcceptSubmit() const { return queue_.size() < config_.max_in_flight_submits; }
+  /// Return true while another submit fits under the in-flight limit (for backpressure),
+  /// besides `arriving` ones already read and about to be submitted.
+  bool CanAcceptSubmit(size_t arriving = 0) const {
+    return queue_.size() + arriving < config_.max_in_flight_submits;
+  }
   bool closing() const { return closing_; }
   size_t in_flight() const { return queue_.size(); }
 

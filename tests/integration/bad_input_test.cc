@@ -3,6 +3,9 @@
 // let a client misbehave.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <thread>
+
 #include <thread>
 
 #include "ferry/client.h"
@@ -163,6 +166,52 @@ TEST_F(BadInputTest, InvalidHandlesShapesAndDtypesAreTypedAndAtomic) {
   ASSERT_TRUE(raw.Submit(10, {v1::Op()}));  // an op with no kind
   EXPECT_EQ(raw.Completion(10).kind(), v1::INVALID_ARGUMENT);
   CheckBystander();
+}
+
+// The daemon reads a stream's next message while it enqueues the current one (read-ahead),
+// yet never holds more submits of a session in flight than the session's limit: a client
+// that sends faster than the device runs is held back by the stream.
+TEST_F(BadInputTest, InFlightLimitHoldsAgainstAFastSender) {
+  RawStream raw(daemon_->unix_target());
+  v1::ClientMessage open;
+  open.mutable_open()->set_protocol_version(v1::PROTOCOL_VERSION_CURRENT);
+  open.mutable_open()->set_max_in_flight_submits(2);
+  ASSERT_TRUE(raw.Send(open));
+  auto opened = raw.Read();
+  ASSERT_TRUE(opened && opened->has_opened());
+  ASSERT_EQ(opened->opened().max_in_flight_submits(), 2u);
+  ASSERT_TRUE(raw.Submit(1, {Create(1, v1::DTYPE_F32, {1 << 18})}));  // 1 MiB
+  EXPECT_EQ(raw.Completion(1).kind(), v1::ERROR_KIND_NONE);
+
+  std::atomic<bool> done{false};
+  std::atomic<uint64_t> most_in_flight{0};
+  std::thread sampler([&] {
+    while (!done) {
+      uint64_t n = daemon_->AdminStatus().submits_in_flight();
+      if (n > most_in_flight) most_in_flight = n;
+    }
+  });
+  constexpr int kSubmits = 8;
+  std::thread sender([&] {  // as fast as the stream lets it
+    for (uint64_t id = 2; id < 2 + kSubmits; ++id) {
+      std::vector<v1::Op> fills(200, Fill(1, static_cast<double>(id)));
+      if (!raw.Submit(id, std::move(fills))) return;
+    }
+  });
+  for (uint64_t id = 2; id < 2 + kSubmits; ++id) {
+    EXPECT_EQ(raw.Completion(id).kind(), v1::ERROR_KIND_NONE) << "submit " << id;
+  }
+  sender.join();
+  done = true;
+  sampler.join();
+  EXPECT_LE(most_in_flight.load(), 2u);
+  EXPECT_GE(most_in_flight.load(), 1u) << "the sampler never saw work in flight";
+  v1::ClientMessage close;
+  close.mutable_close();
+  ASSERT_TRUE(raw.Send(close));
+  while (auto m = raw.Read()) {
+    if (m->has_closed()) break;
+  }
 }
 
 TEST_F(BadInputTest, OversizeLengthsAndOffsetsAreOutOfRange) {

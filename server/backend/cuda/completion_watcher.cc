@@ -1,5 +1,7 @@
 #include "backend/cuda/completion_watcher.h"
 
+#include <sys/prctl.h>
+
 #include <algorithm>
 #include <utility>
 
@@ -91,6 +93,7 @@ void CompletionWatcher::ReportFault(const Status& fault) {
 void CompletionWatcher::Loop() {
   // Events belong to the device's primary context; make it current on this thread.
   (void)cudaSetDevice(ordinal_);
+  ::prctl(PR_SET_TIMERSLACK, 1000UL);  // 1 µs: the back-off sleeps are tens of µs
   (void)cudaGetLastError();
   using Clock = std::chrono::steady_clock;
   Clock::time_point idle_since = Clock::now();
@@ -101,7 +104,7 @@ void CompletionWatcher::Loop() {
       if (streams_pending_ == 0 && incoming_.empty()) {
         // Idle. Spin a little before blocking: an owner that submits again right after its
         // completion then finds the watcher awake, saving a thread wake-up (several µs).
-        if (!stop_ && Clock::now() - idle_since < kSpin) {
+        if (!stop_ && Clock::now() - idle_since < kIdleSpin) {
           lock.unlock();
           std::this_thread::yield();
           continue;
@@ -128,7 +131,7 @@ void CompletionWatcher::Loop() {
     }
     if (streams_pending_ == 0) continue;  // block on the condition variable
     const auto idle = Clock::now() - idle_since;
-    if (idle < kSpin) {
+    if (idle < kBusySpin) {
       std::this_thread::yield();
       continue;
     }

@@ -3,10 +3,13 @@
 //
 // Why polling: design.md measured event polling 3x faster than cudaLaunchHostFunc. The
 // watcher queries the event at the head of each stream's queue with cudaEventQuery; while
-// anything is pending it spins for kSpin, then sleeps in growing steps up to kMaxSleep;
-// with nothing pending it spins for kSpin more (an owner often submits again right after
-// its completion), then blocks on a condition variable. New work wakes it and restarts the
-// spin, since a freshly submitted small op usually completes within µs.
+// anything is pending it spins for kBusySpin since the last completion (an 8 MiB copy takes
+// ~160 µs: a sleeping watcher would add its oversleep to every such transfer), then sleeps
+// in growing steps up to kMaxSleep; with nothing pending it spins for kIdleSpin more (an
+// owner often submits again right after its completion: a client's round trip is ~100 µs),
+// then blocks on a condition variable. New work wakes it and restarts the spin. The cost is
+// one core while the device has work whose completion is due soon; an idle daemon sleeps.
+// Sleeps use a 1 µs timer slack (Linux's default of 50 µs would dominate them).
 //
 // Ordering and errors: callbacks of one stream run in the order they were watched, each
 // exactly once. A stream's event that reports a CUDA error (a sticky fault: the context is
@@ -43,7 +46,8 @@ namespace ferry::backend {
 
 class CompletionWatcher {
  public:
-  static constexpr std::chrono::microseconds kSpin{50};
+  static constexpr std::chrono::microseconds kBusySpin{2000};
+  static constexpr std::chrono::microseconds kIdleSpin{250};
   static constexpr std::chrono::microseconds kMaxSleep{200};
 
   /// One watched stream's bookkeeping: its callbacks watched and not yet run.
