@@ -1,6 +1,5 @@
 #include "rpc/session_service.h"
 
-#include <boost/asio/post.hpp>
 #include <deque>
 #include <spdlog/spdlog.h>
 
@@ -20,7 +19,7 @@ class SessionConnection : public session::SessionEvents,
   SessionConnection(SessionServiceContext* context, Reactor* reactor,
                     session::PeerIdentity peer)
       : context_(context),
-        strand_(boost::asio::make_strand(*context->io)),
+        strand_(*context->io),
         reactor_(reactor),
         peer_(std::move(peer)) {}
 
@@ -36,7 +35,7 @@ class SessionConnection : public session::SessionEvents,
   }
 
   void NotifyDraining(uint64_t grace_ms) override {
-    boost::asio::post(strand_, [self = shared_from_this(), grace_ms] {
+    strand_.Post([self = shared_from_this(), grace_ms] {
       auto m = std::make_unique<v1::ServerMessage>();
       m->mutable_draining()->set_grace_ms(grace_ms);
       self->Send(std::move(m));
@@ -402,12 +401,18 @@ class SessionReactor final : public Reactor {
     if (ok) {
       message = std::make_shared<v1::ClientMessage>(std::move(*connection_->read_buffer()));
     }
-    Post([message = std::move(message)](SessionConnection& c) mutable {
+    const bool quick = message && IsQuick(*message);
+    auto handle = [message = std::move(message)](SessionConnection& c) mutable {
       c.HandleRead(std::move(message));
-    });
+    };
+    if (quick) {
+      RunOrPost(std::move(handle));  // on this gRPC thread when the session is idle
+    } else {
+      Post(std::move(handle));
+    }
   }
   void OnWriteDone(bool ok) override {
-    Post([ok](SessionConnection& c) { c.HandleWriteDone(ok); });
+    RunOrPost([ok](SessionConnection& c) { c.HandleWriteDone(ok); });
   }
   void OnCancel() override {
     Post([](SessionConnection& c) { c.HandleCancel(); });
@@ -418,10 +423,28 @@ class SessionReactor final : public Reactor {
   }
 
  private:
+  // A message whose handling is short and never blocks may be handled on the gRPC thread
+  // that read it (gRPC's reactions must not block): a submit of at most kQuickOps ops that
+  // loads no module (NVRTC compiles take up to seconds), or a Synchronize. Open (it may wait
+  // for a device rebuild) and Close (teardown) go to the executor's threads.
+  static constexpr int kQuickOps = 64;
+  static bool IsQuick(const v1::ClientMessage& m) {
+    if (m.has_synchronize()) return true;
+    if (!m.has_submit() || m.submit().ops_size() > kQuickOps) return false;
+    for (const v1::Op& op : m.submit().ops()) {
+      if (op.has_load_module()) return false;
+    }
+    return true;
+  }
+
   template <typename F>
   void Post(F&& f) {
-    boost::asio::post(connection_->strand(),
-                      [c = connection_, f = std::forward<F>(f)]() mutable { f(*c); });
+    connection_->strand().Post([c = connection_, f = std::forward<F>(f)]() mutable { f(*c); });
+  }
+  template <typename F>
+  void RunOrPost(F&& f) {
+    connection_->strand().RunOrPost(
+        [c = connection_, f = std::forward<F>(f)]() mutable { f(*c); });
   }
 
   std::shared_ptr<SessionConnection> connection_;

@@ -1,7 +1,9 @@
 // The gRPC session stream: one ServerBidiReactor per session, speaking ferry.v1.Session.
 //
-// Threading: the reactor's gRPC reactions only post into the connection's strand; all
-// connection and session state is touched there. One write in flight at a time; reads stop
+// Threading: all connection and session state is touched on the connection's serial
+// executor (session::SerialExecutor), shared with its session. A reaction hands its work to
+// it, running it on the gRPC thread itself when the executor is idle and the work is short
+// (a small submit, a Synchronize, a write done), else posting it to the executor's threads. One write in flight at a time; reads stop
 // while the session's in-flight limit is reached (backpressure on the client).
 #pragma once
 

@@ -2,7 +2,6 @@
 
 #include <cstring>
 
-#include <boost/asio/post.hpp>
 #include <type_traits>
 
 namespace ferry::session {
@@ -174,10 +173,19 @@ Status Session::Enqueue(SubmitRequest& request, const AdmissionResult& admitted,
 void Session::WatchCompletion() {
   stream_->OnComplete([self = shared_from_this(), epoch = epoch_](Status status) mutable {
     Executor executor = self->executor_;
-    boost::asio::post(executor,
-                      [self = std::move(self), epoch, status = std::move(status)]() mutable {
-                        self->OnDeviceComplete(epoch, std::move(status));
-                      });
+    // A plain completion runs on the completion thread itself when the session is idle (no
+    // wake-up of an executor thread), unless delivering it copies staged bytes (remote
+    // sessions). A fault goes to the executor: handling it rebuilds the device, which must
+    // not happen on the device's own completion thread.
+    const bool inline_ok = status.ok() && self->staging_ == nullptr;
+    auto handle = [self = std::move(self), epoch, status = std::move(status)]() mutable {
+      self->OnDeviceComplete(epoch, std::move(status));
+    };
+    if (inline_ok) {
+      executor.RunOrPost(std::move(handle));
+    } else {
+      executor.Post(std::move(handle));
+    }
   });
 }
 
@@ -426,8 +434,7 @@ void Session::OnDeviceComplete(uint64_t epoch, Status status) {
 }
 
 void Session::NotifyDeviceLost(const DeviceLoss& loss) {
-  Executor executor = executor_;
-  boost::asio::post(executor, [self = shared_from_this(), loss] { self->OnDeviceLost(loss); });
+  executor_.Post([self = shared_from_this(), loss] { self->OnDeviceLost(loss); });
 }
 
 void Session::OnDeviceLost(const DeviceLoss& loss) {

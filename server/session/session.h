@@ -1,13 +1,12 @@
 // One client session in the daemon: its tensors, its device stream, its submits in flight.
 //
-// Threading: every method runs on the session's executor (a strand), and so do the events
-// it raises. Backend completions arrive on the backend's completion thread and are posted
-// into the executor. The session keeps itself alive (shared_from_this) while device work
+// Threading: every method runs on the session's executor (a SerialExecutor: one at a time,
+// in order), and so do the events it raises. Backend completions arrive on the backend's
+// completion thread, which runs them itself when the executor is idle (RunOrPost) or hands
+// them to the executor's threads. The session keeps itself alive (shared_from_this) while device work
 // is in flight, so a client that goes away never frees memory the device may still touch.
 #pragma once
 
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/strand.hpp>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -22,10 +21,11 @@
 #include "session/handle_table.h"
 #include "session/ops.h"
 #include "session/registry.h"
+#include "session/serial_executor.h"
 
 namespace ferry::session {
 
-using Executor = boost::asio::strand<boost::asio::io_context::executor_type>;
+using Executor = SerialExecutor;
 
 /// The largest chunk of download bytes sent in one message.
 inline constexpr uint64_t kMaxChunkBytes = 1ull << 20;

@@ -232,7 +232,7 @@ class SessionTest : public ::testing::Test {
 
   /// Open a session on its own strand, with a recorder for its events.
   Client Open(SessionConfig config = {}) {
-    Executor strand = boost::asio::make_strand(io_);
+    Executor strand(io_);
     auto events = std::make_unique<RecordingEvents>(strand);
     auto created = Session::Create(supervisor_.get(), registry_.get(), strand, config,
                                    "session_test", PeerIdentity{"in-process"}, events.get());
@@ -248,7 +248,7 @@ class SessionTest : public ::testing::Test {
   [[nodiscard]] bool OnStrand(const Executor& strand, std::function<void()> fn) {
     auto done = std::make_shared<std::promise<void>>();
     std::future<void> finished = done->get_future();
-    boost::asio::post(strand, [fn = std::move(fn), done] {
+    strand.Post([fn = std::move(fn), done] {
       fn();
       done->set_value();
     });

@@ -1,0 +1,66 @@
+#include "session/serial_executor.h"
+
+#include <boost/asio/post.hpp>
+
+namespace ferry::session {
+
+SerialExecutor::SerialExecutor(boost::asio::io_context& io)
+    : state_(std::make_shared<State>(io)) {}
+
+void SerialExecutor::Post(std::function<void()> fn) const {
+  std::lock_guard lock(state_->mu);
+  state_->queue.push_back(std::move(fn));
+  if (!state_->active) {
+    state_->active = true;
+    boost::asio::post(state_->io, [state = state_] { Drain(state); });
+  }
+}
+
+void SerialExecutor::RunOrPost(std::function<void()> fn) const {
+  {
+    std::lock_guard lock(state_->mu);
+    if (state_->active) {  // running or scheduled: keep the order
+      state_->queue.push_back(std::move(fn));
+      return;
+    }
+    state_->active = true;
+    state_->runner = std::this_thread::get_id();
+  }
+  fn();
+  std::lock_guard lock(state_->mu);
+  state_->runner = std::thread::id();
+  ScheduleOrIdle(state_);  // what arrived meanwhile runs on the io_context, not here
+}
+
+bool SerialExecutor::running_in_this_thread() const {
+  std::lock_guard lock(state_->mu);
+  return state_->runner == std::this_thread::get_id();
+}
+
+void SerialExecutor::Drain(const std::shared_ptr<State>& state) {
+  for (int i = 0; i < kBatch; ++i) {
+    std::function<void()> fn;
+    {
+      std::lock_guard lock(state->mu);
+      if (state->queue.empty()) break;
+      fn = std::move(state->queue.front());
+      state->queue.pop_front();
+      state->runner = std::this_thread::get_id();
+    }
+    fn();
+    std::lock_guard lock(state->mu);
+    state->runner = std::thread::id();
+  }
+  std::lock_guard lock(state->mu);
+  ScheduleOrIdle(state);
+}
+
+void SerialExecutor::ScheduleOrIdle(const std::shared_ptr<State>& state) {
+  if (state->queue.empty()) {
+    state->active = false;
+    return;
+  }
+  boost::asio::post(state->io, [state] { Drain(state); });  // stays active
+}
+
+}  // namespace ferry::session

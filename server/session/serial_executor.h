@@ -1,0 +1,58 @@
+// SerialExecutor: runs the functions given to it one at a time, in the order given, like an
+// Asio strand; and, unlike a strand, can run one on the calling thread when it is idle.
+//
+// Why: a tiny op's round trip crosses threads — gRPC's reader, the session's executor, the
+// completion watcher, back to the executor — and each crossing is a thread wake-up (5–15 µs
+// on a VM). RunOrPost lets the reader and the watcher run the session's handler themselves
+// when nothing else of the session runs or waits, saving those wake-ups; Post always hands
+// the function to the io_context's threads (for work that may block: module compiles,
+// session setup, teardown).
+//
+// Contract: functions of one executor never run concurrently, and run in the order they
+// were accepted (a RunOrPost that finds the executor busy queues behind what is queued).
+// Copies share one executor. Thread-safe.
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+namespace ferry::session {
+
+class SerialExecutor {
+ public:
+  explicit SerialExecutor(boost::asio::io_context& io);
+
+  /// Run `fn` later on one of the io_context's threads, after everything accepted before.
+  void Post(std::function<void()> fn) const;
+  /// Run `fn` now on this thread when the executor is idle (nothing running or queued),
+  /// else queue it like Post. The calling thread must hold no lock `fn` may take.
+  void RunOrPost(std::function<void()> fn) const;
+  /// True on the thread running one of this executor's functions now.
+  bool running_in_this_thread() const;
+
+  /// The most functions one io_context turn runs before it yields to other executors.
+  static constexpr int kBatch = 16;
+
+ private:
+  struct State {
+    explicit State(boost::asio::io_context& io) : io(io) {}
+    boost::asio::io_context& io;
+    std::mutex mu;
+    std::deque<std::function<void()>> queue;  // guarded by mu
+    bool active = false;  // a thread runs or is scheduled to run the queue; guarded by mu
+    std::thread::id runner;  // the thread running a function now; guarded by mu
+  };
+  // Run queued functions on an io_context thread, up to kBatch, then reschedule or go idle.
+  static void Drain(const std::shared_ptr<State>& state);
+  // Hand the rest of the queue to the io_context, or go idle; call with mu held.
+  static void ScheduleOrIdle(const std::shared_ptr<State>& state);
+
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace ferry::session
