@@ -301,7 +301,9 @@ std::vector<Table> RunConcurrency(Context& ctx) {
   std::vector<int> counts = ctx.options.sessions.empty() ? std::vector<int>{1, 8, 64}
                                                          : ctx.options.sessions;
   uint64_t bytes = ctx.options.quick ? (1ull << 20) : (8ull << 20);
-  int rounds = ctx.options.quick ? 2 : 8;
+  // Enough rounds that the per-session rates measure sharing, not the start-up skew of 64
+  // threads (8 rounds at 64 sessions last ~0.2 s).
+  int rounds = ctx.options.quick ? 2 : 32;
   std::vector<ConcurrencyRun> base(counts.size());
   if (ctx.baseline) {
     for (size_t i = 0; i < counts.size(); ++i) {

@@ -268,7 +268,7 @@ class SessionState {
   /// Wait for submit `id`'s completion and return its outcome (consuming it).
   Status WaitSubmit(uint64_t id) {
     std::unique_lock lock(mu_);
-    cv_.wait(lock, [&] { return last_completed_ >= id || !dead_.ok(); });
+    Wait(lock, [&] { return last_completed_ >= id || !dead_.ok(); });
     if (last_completed_ < id) return dead_;
     auto it = failures_.find(id);
     if (it == failures_.end()) return Status::Ok();
@@ -284,7 +284,7 @@ class SessionState {
     // completed, all have, and no Synchronize message (a round trip) is needed.
     uint64_t last = last_submitted_;
     std::unique_lock lock(mu_);
-    cv_.wait(lock, [&] { return last_completed_ >= last || !dead_.ok(); });
+    Wait(lock, [&] { return last_completed_ >= last || !dead_.ok(); });
     if (last_completed_ < last) return dead_;
     Status first;
     if (!failures_.empty()) first = failures_.begin()->second;
@@ -347,7 +347,7 @@ class SessionState {
   Status WaitOutcome(uint64_t first, uint64_t last) {
     std::unique_lock lock(mu_);
     Status s;
-    cv_.wait(lock, [&] { return OutcomeLocked(first, last, &s); });
+    Wait(lock, [&] { return OutcomeLocked(first, last, &s); });
     for (uint64_t id = first; id <= last; ++id) tracked_.erase(id);
     return s;
   }
@@ -541,10 +541,34 @@ class SessionState {
     return dead_.ok() ? Status(ErrorKind::kSessionClosed, what) : dead_;
   }
 
+  // Wait on cv_ until `done()` (evaluated with mu_ held, as `lock` holds it). For up to the
+  // client's wait_spin, poll the reader's message count instead of sleeping, so an answer
+  // that comes quickly is seen without waking this thread.
+  template <typename Done>
+  void Wait(std::unique_lock<std::mutex>& lock, Done done) {
+    if (done()) return;
+    const auto until = std::chrono::steady_clock::now() + client_->options.wait_spin;
+    uint64_t seen = answers_.load(std::memory_order_acquire);
+    lock.unlock();
+    while (std::chrono::steady_clock::now() < until) {
+      if (answers_.load(std::memory_order_acquire) == seen) {
+        std::this_thread::yield();
+        continue;
+      }
+      lock.lock();
+      if (done()) return;
+      seen = answers_.load(std::memory_order_acquire);
+      lock.unlock();
+    }
+    lock.lock();
+    cv_.wait(lock, done);
+  }
+
   void ReadLoop() {
     v1::ServerMessage m;
     while (stream_->Read(&m)) {
       std::lock_guard lock(mu_);
+      answers_.fetch_add(1, std::memory_order_release);  // for waiters polling (Wait)
       switch (m.kind_case()) {
         case v1::ServerMessage::kDownloadChunk: {
           const auto& c = m.download_chunk();
@@ -619,6 +643,7 @@ class SessionState {
   std::mutex mu_;
   std::condition_variable cv_;
   uint64_t last_completed_ = 0;                  // guarded by mu_
+  std::atomic<uint64_t> answers_{0};             // messages the reader applied, for Wait
   uint64_t last_synchronized_ = 0;               // guarded by mu_
   std::map<uint64_t, Status> failures_;          // guarded by mu_
   std::map<uint64_t, std::map<uint32_t, std::pair<void*, uint64_t>>>
