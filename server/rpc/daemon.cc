@@ -205,7 +205,7 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
         });
     if (!acceptor.ok()) {
       for (size_t j = i; j < unix_listeners.size(); ++j) ::close(unix_listeners[j].fd);
-      return acceptor.status();
+      return acceptor.status();  // ~Daemon removes the socket files made so far
     }
     d->acceptors_.push_back(std::move(*acceptor));
   }

@@ -10,8 +10,8 @@ namespace {
 
 using Reactor = grpc::ServerBidiReactor<v1::ClientMessage, v1::ServerMessage>;
 
-// The state of one session stream; lives on its strand. The reactor (owned by gRPC) is
-// used only until Finish is called on it.
+// The state of one session stream; touched only on its serial executor (shared with its
+// session). The reactor (owned by gRPC) is used only until Finish is called on it.
 class SessionConnection : public session::SessionEvents,
                           public DrainListener,
                           public std::enable_shared_from_this<SessionConnection> {
@@ -19,11 +19,11 @@ class SessionConnection : public session::SessionEvents,
   SessionConnection(SessionServiceContext* context, Reactor* reactor,
                     session::PeerIdentity peer)
       : context_(context),
-        strand_(*context->io),
+        executor_(*context->io),
         reactor_(reactor),
         peer_(std::move(peer)) {}
 
-  const session::Executor& strand() const { return strand_; }
+  const session::Executor& executor() const { return executor_; }
   v1::ClientMessage* read_buffer() { return &read_buffer_; }
 
   void Start() {
@@ -35,7 +35,7 @@ class SessionConnection : public session::SessionEvents,
   }
 
   void NotifyDraining(uint64_t grace_ms) override {
-    strand_.Post([self = shared_from_this(), grace_ms] {
+    executor_.Post([self = shared_from_this(), grace_ms] {
       auto m = std::make_unique<v1::ServerMessage>();
       m->mutable_draining()->set_grace_ms(grace_ms);
       self->Send(std::move(m));
@@ -51,7 +51,7 @@ class SessionConnection : public session::SessionEvents,
       return;
     }
     // Read ahead: ask for the next message before this one is enqueued (which may launch
-    // many kernels), so that it is already here when the strand is done, instead of the
+    // many kernels), so that it is already here when the executor is done, instead of the
     // device idling through a read's wake-ups between submits. A submit counts against the
     // in-flight limit already, so the limit holds exactly.
     const bool submit = message->kind_case() == v1::ClientMessage::kSubmit;
@@ -238,7 +238,7 @@ class SessionConnection : public session::SessionEvents,
       config.max_in_flight_submits =
           std::min<uint32_t>(open.max_in_flight_submits(), context_->max_in_flight_submits);
     }
-    auto created = session::Session::Create(context_->device, context_->registry, strand_,
+    auto created = session::Session::Create(context_->device, context_->registry, executor_,
                                             config, open.client_name(), peer_, this);
     if (!created.ok()) {
       return Fail(created.status(),
@@ -354,7 +354,7 @@ class SessionConnection : public session::SessionEvents,
   }
 
   SessionServiceContext* context_;
-  session::Executor strand_;
+  session::Executor executor_;
   Reactor* reactor_;  // valid until Finish; null after OnDone
   session::PeerIdentity peer_;
   bool remote_ = IsRemotePeer(peer_.address);  // came in over TCP
@@ -424,26 +424,31 @@ class SessionReactor final : public Reactor {
 
  private:
   // A message whose handling is short and never blocks may be handled on the gRPC thread
-  // that read it (gRPC's reactions must not block): a submit of at most kQuickOps ops that
-  // loads no module (NVRTC compiles take up to seconds), or a Synchronize. Open (it may wait
-  // for a device rebuild) and Close (teardown) go to the executor's threads.
+  // that read it (gRPC's reactions must not block): a Synchronize, or a submit of at most
+  // kQuickOps ops with at most kQuickUploadBytes of inline bytes that neither loads a module
+  // (NVRTC compiles take up to seconds) nor may create cuBLAS state (a GEMM, a graph
+  // capture: the first loads the library). Open (it may wait for a device rebuild) and
+  // Close (teardown) go to the executor's threads.
   static constexpr int kQuickOps = 64;
+  static constexpr uint64_t kQuickUploadBytes = 64 << 10;
   static bool IsQuick(const v1::ClientMessage& m) {
     if (m.has_synchronize()) return true;
     if (!m.has_submit() || m.submit().ops_size() > kQuickOps) return false;
+    uint64_t upload_bytes = 0;
     for (const v1::Op& op : m.submit().ops()) {
-      if (op.has_load_module()) return false;
+      if (op.has_load_module() || op.has_gemm() || op.has_begin_graph()) return false;
+      if (op.has_upload()) upload_bytes += op.upload().data().size();
     }
-    return true;
+    return upload_bytes <= kQuickUploadBytes;
   }
 
   template <typename F>
   void Post(F&& f) {
-    connection_->strand().Post([c = connection_, f = std::forward<F>(f)]() mutable { f(*c); });
+    connection_->executor().Post([c = connection_, f = std::forward<F>(f)]() mutable { f(*c); });
   }
   template <typename F>
   void RunOrPost(F&& f) {
-    connection_->strand().RunOrPost(
+    connection_->executor().RunOrPost(
         [c = connection_, f = std::forward<F>(f)]() mutable { f(*c); });
   }
 

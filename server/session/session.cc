@@ -165,23 +165,22 @@ Status Session::Enqueue(SubmitRequest& request, const AdmissionResult& admitted,
     ++raw_launches_in_flight_;
     device_->RawLaunchesEnqueued(1);
   }
-  WatchCompletion();
+  WatchCompletion(/*may_run_inline=*/staging_ == nullptr || record.download_bytes == 0);
   return first_error;
 }
 
-// Ask the stream for one completion covering everything enqueued so far.
-void Session::WatchCompletion() {
-  stream_->OnComplete([self = shared_from_this(), epoch = epoch_](Status status) mutable {
+void Session::WatchCompletion(bool may_run_inline) {
+  stream_->OnComplete([self = shared_from_this(), epoch = epoch_,
+                       may_run_inline](Status status) mutable {
     Executor executor = self->executor_;
-    // A plain completion runs on the completion thread itself when the session is idle (no
-    // wake-up of an executor thread), unless delivering it copies staged bytes (remote
-    // sessions). A fault goes to the executor: handling it rebuilds the device, which must
-    // not happen on the device's own completion thread.
-    const bool inline_ok = status.ok() && self->staging_ == nullptr;
+    // A cheap completion runs on the completion thread itself when the session is idle (no
+    // wake-up of an executor thread). A fault goes to the executor: handling it rebuilds the
+    // device, which must not happen on the device's own completion thread.
+    const bool run_here = may_run_inline && status.ok();
     auto handle = [self = std::move(self), epoch, status = std::move(status)]() mutable {
       self->OnDeviceComplete(epoch, std::move(status));
     };
-    if (inline_ok) {
+    if (run_here) {
       executor.RunOrPost(std::move(handle));
     } else {
       executor.Post(std::move(handle));
@@ -552,7 +551,8 @@ void Session::MaybeTearDown() {
   for (uint64_t h : handles) ReleaseTensor(h);
   tensors_.Clear();  // modules and graphs
   // Report closed only once the device has finished with everything, frees included.
-  WatchCompletion();
+  // Finalize destroys the stream: never on the completion thread.
+  WatchCompletion(/*may_run_inline=*/false);
 }
 
 void Session::Finalize() {

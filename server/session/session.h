@@ -131,7 +131,10 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   Status Enqueue(SubmitRequest& request, const AdmissionResult& admitted, InFlight& record);
   Status EnqueueOp(const Op& op, backend::DevicePtr fresh,
                    std::shared_ptr<backend::Module> loaded, InFlight& record, uint32_t index);
-  void WatchCompletion();
+  // Ask the stream for one completion covering everything enqueued so far. `may_run_inline`:
+  // handling it is cheap (no staged bytes to copy out, no teardown), so the completion
+  // thread may run it itself when the executor is idle.
+  void WatchCompletion(bool may_run_inline);
   void OnDeviceComplete(uint64_t epoch, Status status);
   void OnDeviceLost(const DeviceLoss& loss);
   void ReleaseStream();

@@ -648,6 +648,44 @@ TEST_P(BackendConformanceTest, GraphCaptureAndReplay) {
   for (float v : Download<float>(stream(), y.ptr(), kCount)) ASSERT_EQ(v, 1.0f + 4 * 3.0f);
 }
 
+// A stream's first GEMM may come inside a capture (the CUDA backend then makes its cuBLAS
+// state during the capture); the graph replays it.
+TEST_P(BackendConformanceTest, FirstGemmOfAStreamInsideAGraph) {
+  Result<std::unique_ptr<Stream>> fresh = device().CreateStream();
+  ASSERT_TRUE(fresh.ok()) << fresh.status().ToString();
+  Stream& s = **fresh;
+  constexpr uint64_t kN = 4;
+  DeviceBuffer a = AllocateElements<float>(s, kN * kN);
+  DeviceBuffer b = AllocateElements<float>(s, kN * kN);
+  DeviceBuffer c = AllocateElements<float>(s, kN * kN);
+  std::vector<float> a_host(kN * kN, 0.0f), b_host(kN * kN);
+  for (uint64_t i = 0; i < kN; ++i) a_host[i * kN + i] = 2.0f;  // A = 2 I
+  for (uint64_t i = 0; i < kN * kN; ++i) b_host[i] = static_cast<float>(i);
+  Upload(s, a, a_host);
+  Upload(s, b, b_host);
+  ASSERT_TRUE(s.Fill(DType::kF32, c.ptr(), kN * kN, -1.0).ok());
+  ASSERT_TRUE(Sync(s).ok());
+
+  ASSERT_TRUE(s.BeginCapture().ok());
+  GemmArgs g;
+  g.dtype = DType::kF32;
+  g.m = g.n = g.k = kN;
+  g.alpha = 1.0;
+  g.beta = 0.0;
+  g.a = a.ptr();
+  g.b = b.ptr();
+  g.c = c.ptr();
+  Status gemm = s.Gemm(g);
+  Result<std::unique_ptr<Graph>> graph = s.EndCapture();
+  ASSERT_TRUE(gemm.ok()) << gemm.ToString();
+  ASSERT_TRUE(graph.ok()) << graph.status().ToString();
+  for (float v : Download<float>(s, c.ptr(), kN * kN)) ASSERT_EQ(v, -1.0f) << "ran at capture";
+
+  ASSERT_TRUE(s.LaunchGraph(**graph).ok());
+  std::vector<float> got = Download<float>(s, c.ptr(), kN * kN);
+  for (uint64_t i = 0; i < kN * kN; ++i) ASSERT_EQ(got[i], 2.0f * b_host[i]) << "element " << i;
+}
+
 TEST_P(BackendConformanceTest, CaptureMisuseIsRejected) {
   EXPECT_FALSE(stream().EndCapture().ok()) << "EndCapture without BeginCapture";
   ASSERT_TRUE(stream().BeginCapture().ok());

@@ -1,8 +1,8 @@
 // Session: the daemon's per-session state machine, in process, on a supervised HostDevice.
 //
-// Every Session call runs on the session's strand (posted and waited for, as the rpc layer
+// Every Session call runs on the session's executor (posted and waited for, as the rpc layer
 // does); the events land in a thread-safe recorder that also checks they are raised on
-// that strand. Tests wait for events on a condition variable with a generous timeout and
+// that executor. Tests wait for events on a condition variable with a generous timeout and
 // never sleep; the order of events, not their timing, is what they check.
 #include "session/session.h"
 
@@ -11,7 +11,6 @@
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
-#include <boost/asio/strand.hpp>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>

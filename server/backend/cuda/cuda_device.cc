@@ -729,7 +729,6 @@ class CudaStream final : public Stream {
   Status BeginCapture() override {
     if (capturing_) return InvalidArgument("BeginCapture: the stream is already capturing");
     FERRY_RETURN_IF_ERROR(device_->MakeCurrent());
-    FERRY_RETURN_IF_ERROR(EnsureCublas());  // never created inside a capture
     FERRY_RETURN_IF_ERROR(device_->Check(
         cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture"));
     capturing_ = true;
@@ -841,8 +840,9 @@ class CudaStream final : public Stream {
     return Status::Ok();
   }
 
-  // cuBLAS for this stream, made on its first GEMM (or before a capture starts): a session
-  // that never multiplies matrices costs no handle and no workspace.
+  // cuBLAS for this stream, made on its first GEMM: a session that never multiplies matrices
+  // costs no handle and no workspace. A first GEMM inside a graph capture makes it there:
+  // the capture is relaxed, so the workspace's cudaMalloc is allowed (and not captured).
   Status EnsureCublas() {
     if (cublas_ != nullptr) return Status::Ok();
     if (scratch_->cublas_workspace == nullptr) {
