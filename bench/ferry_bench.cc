@@ -7,6 +7,7 @@
 // run, and the output. The scenarios live in scenario_*.cc, the bare transports in
 // transports.cc, the tables/JSON/SVG in report.cc.
 #include <grpcpp/grpcpp.h>
+#include <malloc.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -310,6 +311,10 @@ int Main(const std::vector<std::string>& args) {
 }  // namespace ferry::bench
 
 int main(int argc, char** argv) {
+  // The same malloc tuning as ferryd (server/main.cc says why), as a client moving bulk bytes
+  // inline should do; the bare gRPC baseline runs in this process, so it has it too.
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 128 << 20);
   std::vector<std::string> args(argv + 1, argv + argc);
   return ferry::bench::Main(args);
 }

@@ -5,6 +5,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <algorithm>
 #include <fcntl.h>
+#include <malloc.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -25,6 +26,13 @@
 #include "session/device_supervisor.h"
 
 int main(int argc, char** argv) {
+  // Remote clients' bytes arrive in messages of up to 64 MiB that are parsed, staged and
+  // freed many times a second. glibc's defaults hand such buffers back to the kernel on every
+  // free, so each message pays its page faults again (measured: building or serializing an
+  // 8 MiB message takes 3 ms that way, 0.9 ms on reused heap). Keep buffers up to 32 MiB on
+  // the heap, and up to 128 MiB of free heap before trimming.
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 128 << 20);
   std::vector<std::string> args(argv + 1, argv + argc);
   auto parsed = ferry::ParseFlags(args, ferry::kDefaultConfigPath);
   if (!parsed.ok()) {
