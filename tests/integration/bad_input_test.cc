@@ -6,74 +6,20 @@
 #include <atomic>
 #include <thread>
 
-#include <thread>
-
 #include "ferry/client.h"
 #include "ferry/v1/session.grpc.pb.h"
 #include "ferryd_process.h"
-#include "raw_ops.h"
+#include "raw_protocol.h"
 
 namespace ferry {
 namespace {
 
-using testing::FerrydProcess;
-
-// A raw session stream for sending arbitrary messages.
-class RawStream {
- public:
-  explicit RawStream(const std::string& target) {
-    channel_ = grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
-    stub_ = v1::SessionService::NewStub(channel_);
-    stream_ = stub_->Session(&ctx_);
-  }
-  ~RawStream() {
-    ctx_.TryCancel();
-    if (!finished_) stream_->Finish();
-  }
-  bool Send(const v1::ClientMessage& m) { return stream_->Write(m); }
-  bool Open(uint32_t version = v1::PROTOCOL_VERSION_CURRENT) {
-    v1::ClientMessage m;
-    m.mutable_open()->set_protocol_version(version);
-    m.mutable_open()->set_client_name("raw");
-    return Send(m);
-  }
-  std::optional<v1::ServerMessage> Read() {
-    v1::ServerMessage m;
-    if (!stream_->Read(&m)) return std::nullopt;
-    return m;
-  }
-  bool Submit(uint64_t id, std::vector<v1::Op> ops) {
-    v1::ClientMessage m;
-    m.mutable_submit()->set_submit_id(id);
-    for (auto& op : ops) *m.mutable_submit()->add_ops() = op;
-    return Send(m);
-  }
-  // Read until the Completed for `id`; return its error (kind NONE on success).
-  v1::Error Completion(uint64_t id) {
-    while (auto m = Read()) {
-      if (m->has_completed() && m->completed().submit_id() == id) return m->completed().error();
-      if (m->has_error()) return m->error();
-    }
-    v1::Error e;
-    e.set_kind(v1::SESSION_CLOSED);
-    return e;
-  }
-  grpc::Status Finish() {
-    finished_ = true;
-    return stream_->Finish();
-  }
-
- private:
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::SessionService::Stub> stub_;
-  grpc::ClientContext ctx_;
-  std::unique_ptr<grpc::ClientReaderWriter<v1::ClientMessage, v1::ServerMessage>> stream_;
-  bool finished_ = false;
-};
-
 using testing::Create;
 using testing::Download;
+using testing::FerrydProcess;
 using testing::Fill;
+using testing::RawStream;
+
 v1::Op Upload(uint64_t h, uint64_t off, std::string data) {
   v1::Op op;
   op.mutable_upload()->set_tensor(h);
@@ -137,7 +83,6 @@ TEST_F(BadInputTest, InvalidHandlesShapesAndDtypesAreTypedAndAtomic) {
   StartBystander();
   RawStream raw(daemon_->unix_target());
   ASSERT_TRUE(raw.Open());
-  ASSERT_TRUE(raw.Read()->has_opened());
 
   // A submit that creates a tensor and then uses an invalid handle: refused whole.
   ASSERT_TRUE(raw.Submit(1, {Create(1, v1::DTYPE_F32, {8}), Fill(99, 1.0)}));
@@ -217,7 +162,6 @@ TEST_F(BadInputTest, InFlightLimitHoldsAgainstAFastSender) {
 TEST_F(BadInputTest, OversizeLengthsAndOffsetsAreOutOfRange) {
   RawStream raw(daemon_->unix_target());
   ASSERT_TRUE(raw.Open());
-  ASSERT_TRUE(raw.Read()->has_opened());
   ASSERT_TRUE(raw.Submit(1, {Create(1, v1::DTYPE_U8, {100})}));
   EXPECT_EQ(raw.Completion(1).kind(), v1::ERROR_KIND_NONE);
   ASSERT_TRUE(raw.Submit(2, {Download(1, 0, 101)}));
@@ -280,7 +224,7 @@ TEST_F(BadInputTest, MessagesOutOfOrderAreProtocolViolations) {
   }
   {
     RawStream raw(daemon_->unix_target());
-    ASSERT_TRUE(raw.Open(7));  // unknown version
+    ASSERT_TRUE(raw.SendOpen(7));  // unknown version
     auto m = raw.Read();
     ASSERT_TRUE(m && m->has_error());
     EXPECT_EQ(m->error().kind(), v1::PROTOCOL_VIOLATION);
@@ -288,8 +232,7 @@ TEST_F(BadInputTest, MessagesOutOfOrderAreProtocolViolations) {
   {
     RawStream raw(daemon_->unix_target());
     ASSERT_TRUE(raw.Open());
-    ASSERT_TRUE(raw.Read()->has_opened());
-    ASSERT_TRUE(raw.Open());  // twice
+    ASSERT_TRUE(raw.SendOpen());  // twice
     auto m = raw.Read();
     ASSERT_TRUE(m && m->has_error());
     EXPECT_EQ(m->error().kind(), v1::PROTOCOL_VIOLATION);
@@ -297,7 +240,6 @@ TEST_F(BadInputTest, MessagesOutOfOrderAreProtocolViolations) {
   {
     RawStream raw(daemon_->unix_target());
     ASSERT_TRUE(raw.Open());
-    ASSERT_TRUE(raw.Read()->has_opened());
     ASSERT_TRUE(raw.Submit(5, {Create(1, v1::DTYPE_F64, {1024})}));
     EXPECT_EQ(raw.Completion(5).kind(), v1::ERROR_KIND_NONE);
     ASSERT_TRUE(raw.Submit(5, {Fill(1, 1)}));  // submit ids must increase
@@ -307,7 +249,6 @@ TEST_F(BadInputTest, MessagesOutOfOrderAreProtocolViolations) {
   {
     RawStream raw(daemon_->unix_target());
     ASSERT_TRUE(raw.Open());
-    ASSERT_TRUE(raw.Read()->has_opened());
     ASSERT_TRUE(raw.Send(v1::ClientMessage()));  // a message with no kind
     auto m = raw.Read();
     ASSERT_TRUE(m && m->has_error());
@@ -323,7 +264,6 @@ TEST_F(BadInputTest, ClientThatVanishesMidStreamIsCleanedUp) {
   for (int i = 0; i < 5; ++i) {
     RawStream raw(daemon_->unix_target());
     ASSERT_TRUE(raw.Open());
-    ASSERT_TRUE(raw.Read()->has_opened());
     std::vector<v1::Op> ops = {Create(1, v1::DTYPE_F64, {64 << 10})};
     for (int k = 0; k < 50; ++k) ops.push_back(Fill(1, k));
     ops.push_back(Download(1, 0, 512 << 10));

@@ -16,7 +16,7 @@
 #include "ferry/client.h"
 #include "ferry/v1/session.grpc.pb.h"
 #include "ferryd_process.h"
-#include "raw_ops.h"
+#include "raw_protocol.h"
 
 namespace ferry {
 namespace {
@@ -98,71 +98,11 @@ class RawSlabConnection {
   int fd_ = -1;
 };
 
-// A raw session stream.
-class RawStream {
- public:
-  explicit RawStream(const std::string& target) {
-    channel_ = grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
-    stub_ = v1::SessionService::NewStub(channel_);
-    stream_ = stub_->Session(&ctx_);
-  }
-  ~RawStream() {
-    if (!finished_) {
-      ctx_.TryCancel();
-      stream_->Finish();
-    }
-  }
-  std::optional<v1::Opened> Open() {
-    v1::ClientMessage m;
-    m.mutable_open()->set_protocol_version(v1::PROTOCOL_VERSION_CURRENT);
-    m.mutable_open()->set_client_name("raw-slabs");
-    if (!stream_->Write(m)) return std::nullopt;
-    v1::ServerMessage r;
-    if (!stream_->Read(&r) || !r.has_opened()) return std::nullopt;
-    return r.opened();
-  }
-  bool Submit(uint64_t id, std::vector<v1::Op> ops) {
-    v1::ClientMessage m;
-    m.mutable_submit()->set_submit_id(id);
-    for (auto& op : ops) *m.mutable_submit()->add_ops() = op;
-    return stream_->Write(m);
-  }
-  // Read until the Completed for `id`; its error (kind NONE on success). Inline download
-  // chunks on the way are appended to `chunks` when given.
-  v1::Error Completion(uint64_t id, std::string* chunks = nullptr) {
-    v1::ServerMessage m;
-    while (stream_->Read(&m)) {
-      if (m.has_download_chunk() && chunks) *chunks += m.download_chunk().data();
-      if (m.has_completed() && m.completed().submit_id() == id) return m.completed().error();
-      if (m.has_error()) return m.error();
-    }
-    v1::Error e;
-    e.set_kind(v1::SESSION_CLOSED);
-    return e;
-  }
-  void Close() {
-    v1::ClientMessage m;
-    m.mutable_close();
-    stream_->Write(m);
-    stream_->WritesDone();
-    v1::ServerMessage r;
-    while (stream_->Read(&r)) {
-    }
-    finished_ = true;
-    stream_->Finish();
-  }
-
- private:
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::SessionService::Stub> stub_;
-  grpc::ClientContext ctx_;
-  std::unique_ptr<grpc::ClientReaderWriter<v1::ClientMessage, v1::ServerMessage>> stream_;
-  bool finished_ = false;
-};
-
 using testing::Create;
 using testing::Download;
 using testing::Fill;
+using testing::RawStream;
+
 v1::Op FromSlab(uint64_t t, uint64_t off, uint64_t slab, uint64_t slab_off, uint64_t len) {
   v1::Op op;
   auto* u = op.mutable_upload_from_slab();
