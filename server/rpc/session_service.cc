@@ -50,14 +50,13 @@ class SessionConnection : public session::SessionEvents,
       if (!close_requested_) ClientGone("the client ended the stream without Close");
       return;
     }
-    // Read ahead: ask for the next message before a long submit is enqueued (it may launch
-    // many kernels), so that the next one is already here when the executor is done,
-    // instead of the device idling through a read's wake-ups between submits. A short
-    // submit is enqueued in a few µs; starting a read costs about as much (measured on the
-    // H200: ~5 µs) and would sit on its round trip, so its read starts after. The arriving
-    // submit counts against the in-flight limit already, so the limit holds exactly.
-    if (message->has_submit() && message->submit().ops_size() > kReadAheadOps) {
-      MaybeStartRead(/*arriving=*/1);
+    // Read ahead: ask for the next message before this one is enqueued (which may launch
+    // many kernels), so that it is already here when the executor is done, instead of the
+    // device idling through a read's wake-ups between submits. A submit counts against the
+    // in-flight limit already, so the limit holds exactly.
+    const bool submit = message->kind_case() == v1::ClientMessage::kSubmit;
+    if (submit || message->kind_case() == v1::ClientMessage::kSynchronize) {
+      MaybeStartRead(submit ? 1 : 0);
     }
     Dispatch(std::move(message));
     MaybeStartRead();
@@ -183,8 +182,6 @@ class SessionConnection : public session::SessionEvents,
         return ProtocolViolation("a message with no kind");
     }
   }
-
-  static constexpr int kReadAheadOps = 8;
 
   // Return true when the submit moves bytes between host and device.
   static bool MovesBytes(const v1::Submit& submit) {
