@@ -33,14 +33,14 @@ struct Options {
   bool quick = false;
   std::string json_path;
   std::string svg_path;
-  std::vector<uint64_t> sizes;         // transfers sizes in bytes; empty: defaults
-  int iterations = 0;                  // samples per small case; 0: default
-  std::vector<int> sessions;           // concurrency session counts; empty: defaults
-  std::vector<int> processes;          // sharing process counts; empty: defaults
-  std::string spawn_daemon;            // path to ferryd, or empty
-  bool spawn_tcp = false;              // the spawned daemon also listens on TCP loopback
+  std::vector<uint64_t> sizes;            // transfers sizes in bytes; empty: defaults
+  int iterations = 0;                     // samples per small case; 0: default
+  std::vector<int> sessions;              // concurrency session counts; empty: defaults
+  std::vector<int> processes;             // sharing process counts; empty: defaults
+  std::string spawn_daemon;               // path to ferryd, or empty
+  bool spawn_tcp = false;                 // the spawned daemon also listens on TCP loopback
   std::string baseline_backend = "auto";  // auto|cuda|host for the in-process baseline
-  std::string command_line;            // as run, for the JSON
+  std::string command_line;               // as run, for the JSON
 };
 
 /// The scenario names, in the order they run.
@@ -82,8 +82,7 @@ struct Figure {
   double daemon = kNaN;
   double baseline = kNaN;
   double ratio() const {
-    return (std::isnan(daemon) || std::isnan(baseline) || baseline == 0) ? kNaN
-                                                                           : daemon / baseline;
+    return (std::isnan(daemon) || std::isnan(baseline) || baseline == 0) ? kNaN : daemon / baseline;
   }
 };
 
@@ -115,10 +114,10 @@ struct Table {
 /// One daemon under test, with what its Admin service says about it.
 struct TargetInfo {
   std::string target;
-  std::string backend;      // "host" or "cuda"
+  std::string backend;  // "host" or "cuda"
   std::string device_name;
   std::string version;
-  int pid = -1;             // the daemon's process id when known (--spawn-daemon), else -1
+  int pid = -1;  // the daemon's process id when known (--spawn-daemon), else -1
 };
 
 /// The in-process baseline device (shared by all scenarios of the run).
@@ -131,10 +130,10 @@ struct BaselineInfo {
 /// Figures of the bare transports, measured once per socket kind (see transports.h).
 struct TransportFigures {
   bool measured = false;
-  Samples socketpair_rtt;          // 16 B ping-pong between two processes
-  Samples grpc_small_rtt;          // 16 B echo, one stream, sync client / callback server
-  Samples grpc_bulk_up;            // 8 MiB request, 16 B reply
-  Samples grpc_bulk_down;          // 16 B request, 8 MiB reply
+  Samples socketpair_rtt;  // 16 B ping-pong between two processes
+  Samples grpc_small_rtt;  // 16 B echo, one stream, sync client / callback server
+  Samples grpc_bulk_up;    // 8 MiB request, 16 B reply
+  Samples grpc_bulk_down;  // 16 B request, 8 MiB reply
   uint64_t bulk_bytes = 0;
 };
 

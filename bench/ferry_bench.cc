@@ -222,8 +222,7 @@ int Main(const std::vector<std::string>& args) {
     int most_sessions = 64;
     for (int n : ctx.options.sessions) most_sessions = std::max(most_sessions, n);
     uint64_t budget_mib = std::max<uint64_t>(1024, (static_cast<uint64_t>(most_sessions) + 4) * 64);
-    if (!daemon.Start(ctx.options.spawn_daemon, ctx.temp_dir, ctx.options.spawn_tcp,
-                      budget_mib)) {
+    if (!daemon.Start(ctx.options.spawn_daemon, ctx.temp_dir, ctx.options.spawn_tcp, budget_mib)) {
       return 2;
     }
     g_daemon = &daemon;

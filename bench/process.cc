@@ -16,9 +16,8 @@ extern char** environ;
 
 namespace ferry::bench {
 
-Child SpawnChild(const std::string& program, const std::vector<std::string>& args,
-                 bool pipe_stdin, bool pipe_stdout, const std::string& log_path,
-                 int stdin_from_fd) {
+Child SpawnChild(const std::string& program, const std::vector<std::string>& args, bool pipe_stdin,
+                 bool pipe_stdout, const std::string& log_path, int stdin_from_fd) {
   Child c;
   int in[2] = {-1, -1}, out[2] = {-1, -1};
   if (pipe_stdin && pipe2(in, O_CLOEXEC) != 0) return c;
@@ -34,8 +33,8 @@ Child SpawnChild(const std::string& program, const std::vector<std::string>& arg
   if (stdin_from_fd >= 0) posix_spawn_file_actions_adddup2(&actions, stdin_from_fd, 0);
   if (pipe_stdout) posix_spawn_file_actions_adddup2(&actions, out[1], 1);
   if (!log_path.empty()) {
-    posix_spawn_file_actions_addopen(&actions, 2, log_path.c_str(),
-                                     O_WRONLY | O_CREAT | O_APPEND, 0644);
+    posix_spawn_file_actions_addopen(&actions, 2, log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND,
+                                     0644);
     if (!pipe_stdout) posix_spawn_file_actions_adddup2(&actions, 2, 1);
   }
   pid_t pid = -1;
@@ -129,8 +128,10 @@ std::string SelfExe() {
 bool SpawnedDaemon::Start(const std::string& ferryd, const std::string& dir, bool tcp,
                           uint64_t pinned_budget_mib) {
   log_ = dir + "/ferryd.log";
-  std::vector<std::string> args = {"--backend",    "auto", "--listen",    "unix:" + dir + "/ferryd.sock",
-                                   "--ready-file", dir + "/ferryd.ready", "--log-level", "warn"};
+  std::vector<std::string> args = {"--backend",    "auto",
+                                   "--listen",     "unix:" + dir + "/ferryd.sock",
+                                   "--ready-file", dir + "/ferryd.ready",
+                                   "--log-level",  "warn"};
   if (tcp) {
     args.push_back("--listen");
     args.push_back("tcp:127.0.0.1:0");

@@ -21,9 +21,8 @@ struct Child {
 /// Start `program args...`. stdin/stdout are piped when asked, else inherited; stderr is
 /// inherited, or appended to `log_path` (with stdout) when given. `stdin_from_fd` >= 0
 /// becomes the child's stdin instead (the socketpair ping-pong uses it).
-Child SpawnChild(const std::string& program, const std::vector<std::string>& args,
-                 bool pipe_stdin, bool pipe_stdout, const std::string& log_path = "",
-                 int stdin_from_fd = -1);
+Child SpawnChild(const std::string& program, const std::vector<std::string>& args, bool pipe_stdin,
+                 bool pipe_stdout, const std::string& log_path = "", int stdin_from_fd = -1);
 
 /// Wait up to `timeout` for `pid`; return its wait status, or -1 when it did not exit.
 int WaitChild(pid_t pid, std::chrono::milliseconds timeout);

@@ -68,8 +68,8 @@ std::string DescribeBaseline(const Context& ctx) {
 std::string DescribeTarget(const Context& ctx, const std::string& target) {
   for (const auto& t : ctx.targets) {
     if (t.target == target) {
-      return t.target + " (ferryd " + t.version + ", " + t.backend + " backend, " +
-             t.device_name + ")";
+      return t.target + " (ferryd " + t.version + ", " + t.backend + " backend, " + t.device_name +
+             ")";
     }
   }
   return target;
@@ -81,10 +81,18 @@ std::string JsonString(const std::string& s) {
   std::string out = "\"";
   for (unsigned char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (c < 0x20) {
           char buf[8];
@@ -172,8 +180,7 @@ void PrintTable(std::ostream& out, const Context& ctx, const Table& table) {
       Column c;
       c.group = first ? m : "";
       first = false;
-      c.header = which == 0 ? table.daemon_label
-                            : which == 1 ? table.baseline_label : "ratio";
+      c.header = which == 0 ? table.daemon_label : which == 1 ? table.baseline_label : "ratio";
       for (const Row& r : table.rows) c.cells.push_back(cell(r, which));
       cols.push_back(c);
     }
@@ -376,8 +383,7 @@ bool WriteSvg(const std::string& path, const Context& ctx, const std::vector<Tab
       bool up = dir == "upload";
       for (const Figure& f : r.figures) {
         if (f.metric != "GB/s") continue;
-        std::string who = several ? "ferryd " + std::to_string(target_index + 1) + " "
-                                  : "ferryd ";
+        std::string who = several ? "ferryd " + std::to_string(target_index + 1) + " " : "ferryd ";
         bool streamed = route.rfind("streamed", 0) == 0;
         int route_index = route.rfind("pending", 0) == 0 ? 0 : streamed ? 2 : 1;
         add(who + dir + " (" + route + ")",
@@ -417,10 +423,14 @@ bool WriteSvg(const std::string& path, const Context& ctx, const std::vector<Tab
   auto escape = [](const std::string& in) {
     std::string out;
     for (char c : in) {
-      if (c == '<') out += "&lt;";
-      else if (c == '>') out += "&gt;";
-      else if (c == '&') out += "&amp;";
-      else out += c;
+      if (c == '<')
+        out += "&lt;";
+      else if (c == '>')
+        out += "&gt;";
+      else if (c == '&')
+        out += "&amp;";
+      else
+        out += c;
     }
     return out;
   };
@@ -428,8 +438,8 @@ bool WriteSvg(const std::string& path, const Context& ctx, const std::vector<Tab
   for (size_t i = 0; i < ctx.targets.size(); ++i) {
     const auto& t = ctx.targets[i];
     subtitle += (i ? "; " : "") + std::string("ferryd") +
-                (several ? " " + std::to_string(i + 1) : std::string()) + ": " + t.target +
-                " (" + t.backend + ", " + t.device_name + ")";
+                (several ? " " + std::to_string(i + 1) : std::string()) + ": " + t.target + " (" +
+                t.backend + ", " + t.device_name + ")";
   }
   std::string subtitle2 = "dashed: " + DescribeBaseline(ctx);
 
@@ -437,7 +447,8 @@ bool WriteSvg(const std::string& path, const Context& ctx, const std::vector<Tab
   s << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H
     << "\" font-family=\"sans-serif\" font-size=\"12\">\n";
   s << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
-  s << "<text x=\"" << L << "\" y=\"26\" font-size=\"16\">ferry-bench transfers: bandwidth vs "
+  s << "<text x=\"" << L
+    << "\" y=\"26\" font-size=\"16\">ferry-bench transfers: bandwidth vs "
        "size (ferry "
     << kVersion << " " << kGitCommit << ", " << IsoDate() << ")</text>\n";
   s << "<text x=\"" << L << "\" y=\"46\" font-size=\"11\" fill=\"#555\">" << escape(subtitle)
@@ -486,9 +497,8 @@ bool WriteSvg(const std::string& path, const Context& ctx, const std::vector<Tab
         << " GB/s</title></circle>\n";
     }
     double ly = T + 10 + 20 * static_cast<double>(i);
-    s << "<line x1=\"" << L + pw + 16 << "\" y1=\"" << ly << "\" x2=\"" << L + pw + 46
-      << "\" y2=\"" << ly << "\" stroke=\"" << se.color << "\" stroke-width=\"2\"" << dash
-      << "/>\n";
+    s << "<line x1=\"" << L + pw + 16 << "\" y1=\"" << ly << "\" x2=\"" << L + pw + 46 << "\" y2=\""
+      << ly << "\" stroke=\"" << se.color << "\" stroke-width=\"2\"" << dash << "/>\n";
     s << "<text x=\"" << L + pw + 52 << "\" y=\"" << ly + 4 << "\" font-size=\"11\">"
       << escape(se.name) << "</text>\n";
   }

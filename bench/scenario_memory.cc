@@ -176,8 +176,8 @@ std::vector<Table> RunMemory(Context& ctx) {
         rows.push_back(Row{"VmRSS, " + n, {{"MiB", m.rss / kMiB, kNaN}}});
         rows.push_back(Row{"  of which RssShmem", {{"MiB", m.shmem / kMiB, kNaN}}});
         rows.push_back(Row{"slab pool (Admin slab_bytes)", {{"MiB", m.slab_bytes / kMiB, kNaN}}});
-        rows.push_back(Row{"no bench session, pools excluded",
-                           {{"MiB", m.idle_excluded() / kMiB, kNaN}}});
+        rows.push_back(
+            Row{"no bench session, pools excluded", {{"MiB", m.idle_excluded() / kMiB, kNaN}}});
         Row r{n + ", pools excluded", {{"MiB", m.excluded() / kMiB, kTargetMiB}}};
         r.tags = {{"target", "rss_pools_excluded"}};
         rows.push_back(std::move(r));
@@ -188,16 +188,18 @@ std::vector<Table> RunMemory(Context& ctx) {
       [&](int which) {
         std::vector<std::string> notes;
         if (which == kNoTarget) {
-          notes.push_back("no daemon target: nothing to measure (there is no in-process "
-                          "equivalent)");
+          notes.push_back(
+              "no daemon target: nothing to measure (there is no in-process "
+              "equivalent)");
           return notes;
         }
         notes.push_back("ferryd's /proc/PID/status with " + std::to_string(kSessions) +
                         " sessions open (one Client), each holding a 256 f32 tensor; pools "
                         "excluded = VmRSS - Admin slab_bytes (every slab, free or held)");
         notes.push_back("target column: issue 5's bound, <= 64 MiB; ratio = figure / target");
-        notes.push_back("VmRSS includes what the daemon served before (other clients, earlier "
-                        "scenarios when not run first; host backend: device memory is heap)");
+        notes.push_back(
+            "VmRSS includes what the daemon served before (other clients, earlier "
+            "scenarios when not run first; host backend: device memory is heap)");
         for (size_t i = 0; i < runs.size(); ++i) {
           if (which >= 0 && static_cast<int>(i) != which) continue;
           if (runs[i].measured) {

@@ -238,8 +238,9 @@ std::vector<Table> RunLatency(Context& ctx) {
             "baseline = in-process Stream::Fill (+ 4 B CopyDeviceToHost) + OnComplete, waited "
             "on"};
         if (which != kNoTarget && ctx.baseline) {
-          notes.push_back("floor = bare gRPC 16 B echo p50 (transports table, same socket "
-                          "kind) + in-process fill+completion p50");
+          notes.push_back(
+              "floor = bare gRPC 16 B echo p50 (transports table, same socket "
+              "kind) + in-process fill+completion p50");
         }
         if (which == kAllTargets) notes.push_back("all targets: samples pooled");
         return notes;
@@ -318,11 +319,13 @@ std::vector<Table> RunThroughput(Context& ctx) {
         std::vector<std::string> notes = {
             "one run = " + std::to_string(total) +
                 " axpy ops submitted without waiting, then synchronize(); ops/s = ops / p50 "
-                "run time over " + std::to_string(runs) + " runs",
+                "run time over " +
+                std::to_string(runs) + " runs",
             "baseline = the same launches back to back on one in-process stream, one wait "
             "(same figure for every axpy row)",
             "graph row: " + std::to_string(kGraphOps) + " axpy recorded once as a graph, " +
-                std::to_string(replays) + " launch_graph + submit per run, pipelined, one "
+                std::to_string(replays) +
+                " launch_graph + submit per run, pipelined, one "
                 "synchronize(); ops/s counts kernels; baseline = in-process "
                 "BeginCapture/EndCapture, LaunchGraph back to back, one wait"};
         if (which == kAllTargets) notes.push_back("all targets: run times pooled");

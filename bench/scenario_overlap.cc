@@ -4,8 +4,8 @@
 // back from wait()), and compute-bound host work (a dependent floating-point loop, no memory
 // traffic) sized to last as long as the in-process copy of the same 8 MiB: the baseline's
 // copy-only p50, measured first. Without --baseline each target's host work is sized to
-// that target's own copy-only p50 (round trip included), and the notes say so. Four arms, interleaved per
-// iteration so that drift hits all of them alike:
+// that target's own copy-only p50 (round trip included), and the notes say so. Four arms,
+// interleaved per iteration so that drift hits all of them alike:
 //   copy only    download_pending(tensor, buffer) -> wait()
 //   host only    the host work alone
 //   serial       download_pending -> wait() -> host work
@@ -71,8 +71,8 @@ struct ArmSamples {
 /// the host work runs `work_iters` iterations, or when that is 0, as many as last about
 /// this side's copy time.
 template <typename Start, typename Wait>
-ArmSamples RunArms(int iterations, uint64_t work_iters, double work_target_ns,
-                   Start copy_start, Wait copy_wait) {
+ArmSamples RunArms(int iterations, uint64_t work_iters, double work_target_ns, Start copy_start,
+                   Wait copy_wait) {
   ArmSamples out;
   Samples calib;
   for (int i = 0; i < 5; ++i) {
@@ -93,10 +93,23 @@ ArmSamples RunArms(int iterations, uint64_t work_iters, double work_target_ns,
     for (int a = 0; a < kArms; ++a) {
       auto t0 = Clock::now();
       switch (a) {
-        case kCopy: copy_start(); copy_wait(); break;
-        case kHost: HostWork(out.work_iters); break;
-        case kSerial: copy_start(); copy_wait(); HostWork(out.work_iters); break;
-        case kOverlapped: copy_start(); HostWork(out.work_iters); copy_wait(); break;
+        case kCopy:
+          copy_start();
+          copy_wait();
+          break;
+        case kHost:
+          HostWork(out.work_iters);
+          break;
+        case kSerial:
+          copy_start();
+          copy_wait();
+          HostWork(out.work_iters);
+          break;
+        case kOverlapped:
+          copy_start();
+          HostWork(out.work_iters);
+          copy_wait();
+          break;
       }
       out.arm[a].Add(NsSince(t0));
     }
@@ -180,16 +193,15 @@ std::vector<Table> RunOverlap(Context& ctx) {
         double d_copy = has_d ? Summarize(d[kCopy]).p50 : kNaN;
         double b_copy = ctx.baseline ? Summarize(base.arm[kCopy]).p50 : kNaN;
         double d_longer = has_d ? std::max(d_copy, Summarize(d[kHost]).p50) : kNaN;
-        double b_longer =
-            ctx.baseline ? std::max(b_copy, Summarize(base.arm[kHost]).p50) : kNaN;
+        double b_longer = ctx.baseline ? std::max(b_copy, Summarize(base.arm[kHost]).p50) : kNaN;
         std::vector<Row> rows;
         for (int a = 0; a < kArms; ++a) {
           Summary ds = has_d ? Summarize(d[a]) : Summary{};
           Summary bs = ctx.baseline ? Summarize(base.arm[a]) : Summary{};
           std::string label = kArmLabels[a];
           if (a == kCopy) {
-            label += remote(which) ? " (8 MiB pending-inline download)"
-                                   : " (8 MiB pending download)";
+            label +=
+                remote(which) ? " (8 MiB pending-inline download)" : " (8 MiB pending download)";
           }
           Row r{label,
                 {{"p50 us", ds.p50 / 1e3, bs.p50 / 1e3},
@@ -197,8 +209,10 @@ std::vector<Table> RunOverlap(Context& ctx) {
                  {"x copy only", ds.p50 / d_copy, bs.p50 / b_copy},
                  {"x longer arm", ds.p50 / d_longer, bs.p50 / b_longer}}};
           r.params = {{"bytes", static_cast<double>(kBytes)}};
-          r.tags = {{"arm", a == kCopy ? "copy" : a == kHost ? "host" : a == kSerial ? "serial"
-                                                                                   : "overlapped"}};
+          r.tags = {{"arm", a == kCopy     ? "copy"
+                            : a == kHost   ? "host"
+                            : a == kSerial ? "serial"
+                                           : "overlapped"}};
           if (has_d) r.summaries.push_back({"daemon", ds});
           if (ctx.baseline) r.summaries.push_back({"baseline", bs});
           rows.push_back(std::move(r));
@@ -240,8 +254,9 @@ std::vector<Table> RunOverlap(Context& ctx) {
                  o = Summarize(arm[kOverlapped]).p50;
           return 100.0 * (c + h - o) / std::min(c, h);
         };
-        std::string hid = "shorter arm hidden, (copy + host - overlapped) / min(copy, host) at "
-                          "p50: ";
+        std::string hid =
+            "shorter arm hidden, (copy + host - overlapped) / min(copy, host) at "
+            "p50: ";
         if (which != kNoTarget) {
           Samples d[kArms];
           for (int a = 0; a < kArms; ++a) {

@@ -89,7 +89,7 @@ struct ConcurrencyRun {
   double bytes = 0, ops = 0, wall_ns = 0;
   double fairness = kNaN;  // max/min per-session rate
   Samples transfers, small_ops;
-  std::string skipped;     // non-empty: not measured, and why
+  std::string skipped;  // non-empty: not measured, and why
 
   void Merge(const ConcurrencyRun& o) {
     if (!o.skipped.empty()) {
@@ -215,8 +215,7 @@ ConcurrencyRun DaemonConcurrency(const std::string& target, Route route, int ses
   return Combine(runs, gate.start());
 }
 
-ConcurrencyRun BaselineConcurrency(backend::Device& dev, int sessions, uint64_t bytes,
-                                   int rounds) {
+ConcurrencyRun BaselineConcurrency(backend::Device& dev, int sessions, uint64_t bytes, int rounds) {
   StartGate gate(sessions);
   std::vector<SessionRun> runs(sessions);
   std::vector<std::thread> threads;
@@ -264,8 +263,8 @@ ConcurrencyRun BaselineConcurrency(backend::Device& dev, int sessions, uint64_t 
   return Combine(runs, gate.start());
 }
 
-Row ConcurrencyRow(int sessions, uint64_t bytes, const std::string& route,
-                   const ConcurrencyRun* d, const ConcurrencyRun* b) {
+Row ConcurrencyRow(int sessions, uint64_t bytes, const std::string& route, const ConcurrencyRun* d,
+                   const ConcurrencyRun* b) {
   if (d && !d->skipped.empty()) d = nullptr;
   auto gbps = [](const ConcurrencyRun* r) { return r ? r->bytes / r->wall_ns : kNaN; };
   auto opss = [](const ConcurrencyRun* r) { return r ? r->ops / (r->wall_ns / 1e9) : kNaN; };
@@ -298,8 +297,8 @@ Row ConcurrencyRow(int sessions, uint64_t bytes, const std::string& route,
 }  // namespace
 
 std::vector<Table> RunConcurrency(Context& ctx) {
-  std::vector<int> counts = ctx.options.sessions.empty() ? std::vector<int>{1, 8, 64}
-                                                         : ctx.options.sessions;
+  std::vector<int> counts =
+      ctx.options.sessions.empty() ? std::vector<int>{1, 8, 64} : ctx.options.sessions;
   uint64_t bytes = ctx.options.quick ? (1ull << 20) : (8ull << 20);
   // Enough rounds that the per-session rates measure sharing, not the start-up skew of 64
   // threads (8 rounds at 64 sessions last ~0.2 s).
@@ -368,8 +367,9 @@ std::vector<Table> RunConcurrency(Context& ctx) {
             "daemon: one thread and session each, one Client (one connection); baseline: one "
             "thread and in-process stream each"};
         if (which == kAllTargets) {
-          notes.push_back("all targets: work summed over summed wall time (targets ran one "
-                          "after another), max/min the worst target's, samples pooled");
+          notes.push_back(
+              "all targets: work summed over summed wall time (targets ran one "
+              "after another), max/min the worst target's, samples pooled");
           for (const auto& t : ctx.targets) {
             if (IsRemote(t.target)) {
               notes.push_back("pending rows: " + t.target + " went inline (pending-inline)");
@@ -455,8 +455,9 @@ std::vector<Table> RunOpenClose(Context& ctx) {
       },
       [&](int which) {
         std::vector<std::string> notes = {
-            std::to_string(iterations) + " sessions opened and closed one after another on "
-            "one Client; close() waits for the daemon's Closed",
+            std::to_string(iterations) +
+                " sessions opened and closed one after another on "
+                "one Client; close() waits for the daemon's Closed",
             "baseline = in-process Device::CreateStream() / destroying the stream"};
         if (which == kAllTargets) notes.push_back("all targets: samples pooled");
         return notes;

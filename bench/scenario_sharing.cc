@@ -83,10 +83,9 @@ SharingRun RunWorkers(const Context& ctx, int n, const std::vector<std::string>&
   return run;
 }
 
-std::vector<std::string> WorkerArgs(const std::string& mode, const std::string& where,
-                                    int rounds) {
-  return {"--worker", "sharing", "--mode", mode, "--where", where, "--rounds",
-          std::to_string(rounds)};
+std::vector<std::string> WorkerArgs(const std::string& mode, const std::string& where, int rounds) {
+  return {"--worker", "sharing", "--mode",   mode,
+          "--where",  where,     "--rounds", std::to_string(rounds)};
 }
 
 /// Wait for the parent's go byte on stdin.
@@ -190,15 +189,14 @@ Row SharingRow(int n, const SharingRun* d, const SharingRun* b) {
 
 std::vector<Table> RunSharing(Context& ctx) {
   std::vector<int> counts = !ctx.options.processes.empty() ? ctx.options.processes
-                            : ctx.options.quick ? std::vector<int>{1, 2}
-                                                : std::vector<int>{1, 4, 8};
+                            : ctx.options.quick            ? std::vector<int>{1, 2}
+                                                           : std::vector<int>{1, 4, 8};
   int rounds = ctx.options.quick ? 5 : 100;
   std::vector<SharingRun> base(counts.size());
   if (ctx.baseline) {
     for (size_t i = 0; i < counts.size(); ++i) {
       ctx.progress->Case("baseline " + std::to_string(counts[i]) + " processes, own device each");
-      base[i] = RunWorkers(ctx, counts[i],
-                           WorkerArgs("inprocess", ctx.baseline->backend, rounds));
+      base[i] = RunWorkers(ctx, counts[i], WorkerArgs("inprocess", ctx.baseline->backend, rounds));
     }
   }
   std::vector<std::vector<SharingRun>> daemon(ctx.targets.size());
@@ -226,7 +224,8 @@ std::vector<Table> RunSharing(Context& ctx) {
       [&](int which) {
         std::vector<std::string> notes = {
             "each process: " + std::to_string(rounds) + " rounds of " +
-                std::to_string(kOpsPerRound) + " axpy(256) in one submit + upload and "
+                std::to_string(kOpsPerRound) +
+                " axpy(256) in one submit + upload and "
                 "download of 1 MiB (blocking); all processes start together",
             "ops/s (small ops), GB/s: all processes' work / the slowest process's time; round "
             "p50/p99 over all rounds of all processes",

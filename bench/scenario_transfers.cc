@@ -41,9 +41,12 @@ namespace {
 enum class Route { kBlocking, kPending, kStreamed };
 const char* RouteName(Route r) {
   switch (r) {
-    case Route::kBlocking: return "blocking";
-    case Route::kPending: return "pending";
-    case Route::kStreamed: return "streamed";
+    case Route::kBlocking:
+      return "blocking";
+    case Route::kPending:
+      return "pending";
+    case Route::kStreamed:
+      return "streamed";
   }
   return "?";
 }
@@ -389,8 +392,9 @@ std::vector<Table> RunTransfers(Context& ctx) {
     bool has_bulk_size = std::any_of(cases.begin(), cases.end(),
                                      [&](const Case& c) { return c.bytes == tf.bulk_bytes; });
     if (tf.measured && !target.empty() && has_bulk_size) {
-      n.push_back("'vs gRPC' rows: the same 8 MiB transfer against a bare gRPC 8 MiB message "
-                  "(transports table), same socket kind");
+      n.push_back(
+          "'vs gRPC' rows: the same 8 MiB transfer against a bare gRPC 8 MiB message "
+          "(transports table), same socket kind");
     }
     if (which == kAllTargets) n.push_back("all targets: the samples of every target pooled");
     return n;

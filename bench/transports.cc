@@ -73,8 +73,9 @@ struct EchoServer {
 EchoServer StartEchoServer(const Context& ctx, bool tcp) {
   EchoServer s;
   std::string ready = ctx.temp_dir + "/echo.ready";
-  std::vector<std::string> args = {"--worker", "echo-server", "--listen",
-                                   "unix:" + ctx.temp_dir + "/echo.sock", "--ready-file", ready};
+  std::vector<std::string> args = {"--worker",     "echo-server",
+                                   "--listen",     "unix:" + ctx.temp_dir + "/echo.sock",
+                                   "--ready-file", ready};
   if (tcp) {
     args.push_back("--listen");
     args.push_back("tcp:127.0.0.1:0");
@@ -88,8 +89,7 @@ EchoServer StartEchoServer(const Context& ctx, bool tcp) {
 
 /// Drive one echo stream: `iterations` requests of `send` bytes answered with `reply`
 /// bytes, one at a time; return each round trip's time.
-Samples EchoRoundTrips(const std::string& endpoint, uint64_t send, uint64_t reply,
-                       int iterations) {
+Samples EchoRoundTrips(const std::string& endpoint, uint64_t send, uint64_t reply, int iterations) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kClientMaxMessage);
   args.SetMaxSendMessageSize(kClientMaxMessage);
@@ -158,8 +158,7 @@ void MeasureEcho(const Context& ctx, const std::string& endpoint, TransportFigur
 void AddTransportRows(const std::string& kind, const TransportFigures& f, Table* t) {
   auto us = [](const Samples& s, double Summary::*q) { return Summarize(s).*q / 1e3; };
   auto gbps = [&](const Samples& s) { return f.bulk_bytes / Summarize(s).p50; };
-  auto row = [&](std::string label, std::vector<Figure> figs, const char* key,
-                 const Samples& s) {
+  auto row = [&](std::string label, std::vector<Figure> figs, const char* key, const Samples& s) {
     Row r{std::move(label), std::move(figs)};
     r.tags.push_back({"socket", kind});
     r.summaries.push_back({key, Summarize(s)});
@@ -208,9 +207,10 @@ std::vector<Table> RunTransports(Context& ctx) {
   t.baseline_description = "bare transports between two processes, nothing of ferry's";
   AddTransportRows("unix", ctx.unix_transport, &t);
   if (ctx.tcp_transport.measured) AddTransportRows("tcp", ctx.tcp_transport, &t);
-  t.notes = {"round trip = request written until reply read, one in flight; GB/s = 8 MiB / "
-             "p50 round trip (1 GB = 1e9 B)",
-             "gRPC: callback server reactor + sync client stream, ferry's message-size limits"};
+  t.notes = {
+      "round trip = request written until reply read, one in flight; GB/s = 8 MiB / "
+      "p50 round trip (1 GB = 1e9 B)",
+      "gRPC: callback server reactor + sync client stream, ferry's message-size limits"};
   return {t};
 }
 

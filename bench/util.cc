@@ -14,9 +14,9 @@ namespace ferry::bench {
 
 const std::vector<std::string>& AllScenarios() {
   // memory first: it measures the daemon before this run's other work has grown its heap.
-  static const std::vector<std::string> kAll = {"memory",      "transfers",  "latency",
-                                                "throughput",  "overlap",    "concurrency",
-                                                "open_close",  "sharing"};
+  static const std::vector<std::string> kAll = {"memory",     "transfers", "latency",
+                                                "throughput", "overlap",   "concurrency",
+                                                "open_close", "sharing"};
   return kAll;
 }
 

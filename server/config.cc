@@ -144,15 +144,17 @@ class Settings {
            c_.daemon.max_message_bytes = n;
            return Status::Ok();
          }},
-        {"max-in-flight", bounded(1, 65536, [this](uint64_t n) {
-           c_.daemon.session_defaults.max_in_flight_submits = static_cast<uint32_t>(n);
-         })},
-        {"max-sessions", bounded(1, 1000000, [this](uint64_t n) {
-           c_.daemon.max_sessions = static_cast<uint32_t>(n);
-         })},
-        {"executor-threads", bounded(0, 1024, [this](uint64_t n) {
-           c_.daemon.executor_threads = static_cast<int>(n);
-         })},
+        {"max-in-flight", bounded(1, 65536,
+                                  [this](uint64_t n) {
+                                    c_.daemon.session_defaults.max_in_flight_submits =
+                                        static_cast<uint32_t>(n);
+                                  })},
+        {"max-sessions",
+         bounded(1, 1000000,
+                 [this](uint64_t n) { c_.daemon.max_sessions = static_cast<uint32_t>(n); })},
+        {"executor-threads",
+         bounded(0, 1024,
+                 [this](uint64_t n) { c_.daemon.executor_threads = static_cast<int>(n); })},
         {"slab-size",
          [this](const std::string& v) -> Status {
            FERRY_ASSIGN_OR_RETURN(uint64_t n, ParseBytes(v));
@@ -164,15 +166,16 @@ class Settings {
          }},
         {"pinned-budget", bytes(&c_.daemon.slab_pool.budget)},
         {"session-pinned-quota", bytes(&c_.daemon.session_pinned_quota)},
-        {"initial-slabs", bounded(0, 65536, [this](uint64_t n) {
-           c_.daemon.slab_pool.initial_slabs = static_cast<uint32_t>(n);
-         })},
-        {"staging-slabs", bounded(0, 65536, [this](uint64_t n) {
-           c_.daemon.staging_slabs = static_cast<uint32_t>(n);
-         })},
-        {"drain-timeout", bounded(0, 24ull * 3600 * 1000, [this](uint64_t n) {
-           c_.drain_timeout = std::chrono::milliseconds(n);
-         })},
+        {"initial-slabs", bounded(0, 65536,
+                                  [this](uint64_t n) {
+                                    c_.daemon.slab_pool.initial_slabs = static_cast<uint32_t>(n);
+                                  })},
+        {"staging-slabs",
+         bounded(0, 65536,
+                 [this](uint64_t n) { c_.daemon.staging_slabs = static_cast<uint32_t>(n); })},
+        {"drain-timeout",
+         bounded(0, 24ull * 3600 * 1000,
+                 [this](uint64_t n) { c_.drain_timeout = std::chrono::milliseconds(n); })},
         // Hidden (not in --help): arms a device fault on the host backend after N ops, for
         // the fault-recovery integration tests. 0: off.
         {"host-fault-after-ops-for-test",
@@ -194,7 +197,7 @@ class Settings {
          }},
         {"log-level",
          [this](const std::string& v) -> Status {
-           static const std::set<std::string> levels = {"trace", "debug", "info", "warn",
+           static const std::set<std::string> levels = {"trace", "debug",    "info", "warn",
                                                         "error", "critical", "off"};
            if (!levels.count(v)) return Invalid("trace|debug|info|warn|error|critical|off");
            c_.log_level = v;
@@ -223,8 +226,9 @@ class Settings {
     current_ = source;
     if (IsAction(name)) {
       // Command-line switches only: ParseFlags passes "true".
-      (name == "help" ? c_.show_help : name == "version" ? c_.show_version : c_.check_config) =
-          true;
+      (name == "help"      ? c_.show_help
+       : name == "version" ? c_.show_version
+                           : c_.check_config) = true;
       return Status::Ok();
     }
     auto it = setters_.find(name);
@@ -320,10 +324,23 @@ Result<uint64_t> ParseBytes(const std::string& text) {
   uint64_t mult = 1;
   std::string digits = text;
   switch (text.back()) {
-    case 'K': case 'k': mult = 1ull << 10; digits.pop_back(); break;
-    case 'M': case 'm': mult = 1ull << 20; digits.pop_back(); break;
-    case 'G': case 'g': mult = 1ull << 30; digits.pop_back(); break;
-    default: break;
+    case 'K':
+    case 'k':
+      mult = 1ull << 10;
+      digits.pop_back();
+      break;
+    case 'M':
+    case 'm':
+      mult = 1ull << 20;
+      digits.pop_back();
+      break;
+    case 'G':
+    case 'g':
+      mult = 1ull << 30;
+      digits.pop_back();
+      break;
+    default:
+      break;
   }
   FERRY_ASSIGN_OR_RETURN(uint64_t v, ParseUnsigned(digits));
   uint64_t out = 0;
@@ -460,8 +477,7 @@ std::string FormatConfig(const DaemonConfig& c) {
   out << "device = " << c.device << "\n";
   out << "backend = " << c.backend << "\n";
   for (const std::string& ep : c.daemon.listen) out << "listen = " << ep << "\n";
-  out << "allow-insecure-remote = " << (c.daemon.allow_insecure_remote ? "true" : "false")
-      << "\n";
+  out << "allow-insecure-remote = " << (c.daemon.allow_insecure_remote ? "true" : "false") << "\n";
   auto quoted = [](const std::string& v) { return v.empty() ? std::string() : " \"" + v + "\""; };
   out << "tls-cert =" << quoted(c.daemon.tls.cert) << "\n";
   out << "tls-key =" << quoted(c.daemon.tls.key) << "\n";

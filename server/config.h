@@ -39,7 +39,7 @@ struct DaemonConfig {
   std::string config_path;
   /// --check-config: validate, print the effective configuration, exit.
   bool check_config = false;
-  bool host_rebuild_fails_for_test = false;   // hidden flag, for the restart-after-fault path
+  bool host_rebuild_fails_for_test = false;    // hidden flag, for the restart-after-fault path
   uint64_t host_fault_after_ops_for_test = 0;  // hidden flag, for fault-recovery tests
   bool show_help = false;
   bool show_version = false;
@@ -60,8 +60,7 @@ Result<DaemonConfig> ParseFlags(const std::vector<std::string>& args,
 /// Parse the text of a config file on its own (defaults for everything it does not set).
 /// `origin` names the file in error messages ("PATH:LINE: ...", or "PATH: ..." for settings
 /// inconsistent with each other).
-Result<DaemonConfig> ParseConfigText(const std::string& text,
-                                     const std::string& origin = "config");
+Result<DaemonConfig> ParseConfigText(const std::string& text, const std::string& origin = "config");
 
 /// Return `config` as config-file text that ParseConfigText reads back to the same settings:
 /// every setting, one per line, defaults included (what --check-config prints). The hidden

@@ -1,22 +1,22 @@
 // ferryd: composition root. Parses flags, builds the device and the daemon, waits for a
 // signal, drains. No logic here that a test would need.
+#include <fcntl.h>
+#include <malloc.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
-#include <algorithm>
-#include <fcntl.h>
-#include <malloc.h>
-#include <unistd.h>
-
-#include <atomic>
 #include <cerrno>
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <cstdio>
 #include <fstream>
 #include <iostream>
-#include <spdlog/spdlog.h>
 
 #include "backend/select.h"
 #include "config.h"
@@ -68,8 +68,8 @@ int main(int argc, char** argv) {
     auto& listen = config.daemon.listen;
     listen.erase(std::remove(listen.begin(), listen.end(), sd::SocketEndpoint(fd)), listen.end());
     config.daemon.inherited_listen_fds.push_back(fd);
-    int copy = ::fcntl(fd, F_DUPFD_CLOEXEC,
-                       sd::kListenFdsStart + static_cast<int>(inherited->size()));
+    int copy =
+        ::fcntl(fd, F_DUPFD_CLOEXEC, sd::kListenFdsStart + static_cast<int>(inherited->size()));
     if (copy >= 0) reexec_listen_fds.push_back(copy);
   }
   auto notify = [](const std::string& state) {
@@ -149,8 +149,8 @@ int main(int argc, char** argv) {
     ticker.async_wait([&](const boost::system::error_code& ec) {
       if (ec) return;
       auto t = (*daemon)->registry().Totals();
-      notify(std::string(watchdog ? "WATCHDOG=1\n" : "") + "STATUS=serving: " +
-             std::to_string(t.sessions_open) + " sessions, " +
+      notify(std::string(watchdog ? "WATCHDOG=1\n" : "") +
+             "STATUS=serving: " + std::to_string(t.sessions_open) + " sessions, " +
              std::to_string(t.submits_in_flight) + " submits in flight");
       arm_ticker();
     });

@@ -16,7 +16,7 @@ int main(int argc, char** argv) {
     s.scale(a, 2.0, b);                     // recorded, not sent yet
     s.axpy(1.0, a, b);                      // b = 2a + a
     s.sum(b, total);
-    auto sum = s.download<float>(total);    // one submit for the three ops, then the read
+    auto sum = s.download<float>(total);  // one submit for the three ops, then the read
     if (!sum.ok()) return sum.status();
     std::printf("backend %s: sum = %.1f (expected %.1f)\n", s.backend().c_str(), (*sum)[0],
                 4.5 * x.size());

@@ -1,5 +1,8 @@
 #include "commands.h"
 
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/security/credentials.h>
 #include <netdb.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -10,15 +13,11 @@
 #include <cstdlib>
 #include <fstream>
 #include <future>
-#include <sstream>
 #include <memory>
 #include <ostream>
+#include <sstream>
 #include <thread>
 #include <vector>
-
-#include <grpcpp/generic/generic_stub.h>
-#include <grpcpp/grpcpp.h>
-#include <grpcpp/security/credentials.h>
 
 #include "ferry/client.h"
 #include "ferry/v1/admin.grpc.pb.h"
@@ -49,8 +48,10 @@ std::string ReadAll(const std::string& path) {
 // --token: the token itself, or "@PATH" / a readable file holding it.
 std::string Token(const Options& options) {
   std::string t = options.token;
-  if (!t.empty() && t[0] == '@') t = ReadAll(t.substr(1));
-  else if (std::ifstream probe(t); probe.good()) t = ReadAll(t);
+  if (!t.empty() && t[0] == '@')
+    t = ReadAll(t.substr(1));
+  else if (std::ifstream probe(t); probe.good())
+    t = ReadAll(t);
   size_t b = t.find_first_not_of(" \t\r\n"), e = t.find_last_not_of(" \t\r\n");
   return b == std::string::npos ? "" : t.substr(b, e - b + 1);
 }
@@ -76,7 +77,8 @@ class AdminConnection {
   grpc::Status Call(Method method, const Request& request, Reply* reply) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + options_.timeout);
-    if (remote_ && !options_.token.empty()) ctx.AddMetadata("authorization", "Bearer " + Token(options_));
+    if (remote_ && !options_.token.empty())
+      ctx.AddMetadata("authorization", "Bearer " + Token(options_));
     return ((*stub_).*method)(&ctx, request, reply);
   }
 
@@ -109,10 +111,12 @@ class AdminConnection {
     std::vector<grpc::Slice> slices;
     std::string bytes;
     if (response_buffer.Dump(&slices).ok()) {
-      for (const auto& sl : slices) bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+      for (const auto& sl : slices)
+        bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
     }
     *serving_status = 0;
-    if (bytes.size() >= 2 && bytes[0] == 0x08) *serving_status = static_cast<unsigned char>(bytes[1]);
+    if (bytes.size() >= 2 && bytes[0] == 0x08)
+      *serving_status = static_cast<unsigned char>(bytes[1]);
     return s;
   }
 
@@ -185,9 +189,12 @@ enum class Level { kOk = 0, kWarning = 1, kCritical = 2 };
 
 const char* LevelName(Level l) {
   switch (l) {
-    case Level::kOk: return "OK";
-    case Level::kWarning: return "WARNING";
-    case Level::kCritical: return "CRITICAL";
+    case Level::kOk:
+      return "OK";
+    case Level::kWarning:
+      return "WARNING";
+    case Level::kCritical:
+      return "CRITICAL";
   }
   return "?";
 }
@@ -285,9 +292,9 @@ CanaryResult RunCanary(const Options& options) {
   if (r.mismatches > 0) {
     char buf[160];
     std::snprintf(buf, sizeof(buf), "%llu of %llu elements wrong; first at %llu: got %g, want %g",
-                  static_cast<unsigned long long>(r.mismatches),
-                  static_cast<unsigned long long>(n), static_cast<unsigned long long>(first_bad),
-                  static_cast<double>((*z)[first_bad]), static_cast<double>(expect[first_bad]));
+                  static_cast<unsigned long long>(r.mismatches), static_cast<unsigned long long>(n),
+                  static_cast<unsigned long long>(first_bad), static_cast<double>((*z)[first_bad]),
+                  static_cast<double>(expect[first_bad]));
     r.detail = buf;
     return r;
   }
@@ -296,13 +303,12 @@ CanaryResult RunCanary(const Options& options) {
     return r;
   }
   r.ok = true;
-  r.detail = std::to_string(n) + " f32 elements: uploaded " +
-             HumanBytes(2 * n * sizeof(float)) + ", ran scale+axpy, downloaded " +
-             HumanBytes(n * sizeof(float)) + ", every element matches; took " +
-             HumanMillis(r.total_ms) + " (connect " + HumanMillis(r.connect_ms) + ", open " +
-             HumanMillis(r.open_ms) + ", upload " + HumanMillis(r.upload_ms) +
-             ", compute+download " + HumanMillis(r.compute_download_ms) + ", close " +
-             HumanMillis(r.close_ms) + ")";
+  r.detail = std::to_string(n) + " f32 elements: uploaded " + HumanBytes(2 * n * sizeof(float)) +
+             ", ran scale+axpy, downloaded " + HumanBytes(n * sizeof(float)) +
+             ", every element matches; took " + HumanMillis(r.total_ms) + " (connect " +
+             HumanMillis(r.connect_ms) + ", open " + HumanMillis(r.open_ms) + ", upload " +
+             HumanMillis(r.upload_ms) + ", compute+download " + HumanMillis(r.compute_download_ms) +
+             ", close " + HumanMillis(r.close_ms) + ")";
   return r;
 }
 
@@ -344,8 +350,8 @@ Check CanaryCheck(const Options& options, std::ostream& out) {
                 "\"open_ms\":%.3f,\"upload_ms\":%.3f,\"compute_download_ms\":%.3f,"
                 "\"close_ms\":%.3f",
                 static_cast<unsigned long long>(r.elements),
-                static_cast<unsigned long long>(r.mismatches), r.total_ms, r.connect_ms,
-                r.open_ms, r.upload_ms, r.compute_download_ms, r.close_ms);
+                static_cast<unsigned long long>(r.mismatches), r.total_ms, r.connect_ms, r.open_ms,
+                r.upload_ms, r.compute_download_ms, r.close_ms);
   c.extra_json = timing;
   return c;
 }
@@ -400,10 +406,9 @@ int RunStatus(const Options& options, std::ostream& out, std::ostream& err) {
                           HumanBytes(r.staging_bytes_in_use()) + " in use"},
       {"draining", r.draining() ? "yes" : "no"},
       {"device resets", std::to_string(r.device_resets())},
-      {"last fault", r.last_fault().empty()
-                         ? "-"
-                         : r.last_fault() + " (recovered in " +
-                               HumanDuration(r.last_recovery_ms()) + ")"},
+      {"last fault", r.last_fault().empty() ? "-"
+                                            : r.last_fault() + " (recovered in " +
+                                                  HumanDuration(r.last_recovery_ms()) + ")"},
   });
   return kExitOk;
 }
@@ -411,8 +416,7 @@ int RunStatus(const Options& options, std::ostream& out, std::ostream& err) {
 int RunSessions(const Options& options, std::ostream& out, std::ostream& err) {
   AdminConnection admin(options);
   v1::ListSessionsReply reply;
-  grpc::Status s =
-      admin.Call(&v1::Admin::Stub::ListSessions, v1::ListSessionsRequest(), &reply);
+  grpc::Status s = admin.Call(&v1::Admin::Stub::ListSessions, v1::ListSessionsRequest(), &reply);
   if (!s.ok()) return ReportRpcFailure(options, s, err);
   if (options.json) {
     std::vector<std::string> items;
@@ -467,9 +471,10 @@ int RunSessions(const Options& options, std::ostream& out, std::ostream& err) {
   for (const v1::SessionInfo& i : reply.sessions()) {
     table.AddRow({std::to_string(i.session_id()), i.client_name().empty() ? "-" : i.client_name(),
                   i.peer(), i.has_uid() ? std::to_string(i.uid()) : "-",
-                  i.has_pid() ? std::to_string(i.pid()) : "-", HumanDuration(i.age_ms()), std::to_string(i.submits_in_flight()),
-                  HumanBytes(i.device_bytes()), std::to_string(i.live_tensors()),
-                  std::to_string(i.stats().ops()), HumanBytes(i.stats().bytes_uploaded()),
+                  i.has_pid() ? std::to_string(i.pid()) : "-", HumanDuration(i.age_ms()),
+                  std::to_string(i.submits_in_flight()), HumanBytes(i.device_bytes()),
+                  std::to_string(i.live_tensors()), std::to_string(i.stats().ops()),
+                  HumanBytes(i.stats().bytes_uploaded()),
                   HumanBytes(i.stats().bytes_downloaded())});
   }
   out << table.Render();
@@ -498,8 +503,8 @@ int RunHealth(const Options& options, std::ostream& out, std::ostream& err) {
     if (hs.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
       checks.push_back({"grpc-health", Level::kOk, "grpc.health.v1 not offered by this ferryd"});
     } else if (!hs.ok()) {
-      checks.push_back({"grpc-health", Level::kCritical,
-                        "grpc.health.v1 Check failed: " + hs.error_message()});
+      checks.push_back(
+          {"grpc-health", Level::kCritical, "grpc.health.v1 Check failed: " + hs.error_message()});
     } else if (serving == 1) {
       checks.push_back({"grpc-health", Level::kOk, "SERVING"});
     } else {
@@ -510,9 +515,9 @@ int RunHealth(const Options& options, std::ostream& out, std::ostream& err) {
     }
 
     checks.push_back({"draining", r.draining() ? Level::kWarning : Level::kOk,
-                      r.draining() ? "draining: new sessions are refused"
-                                   : "accepting sessions (" + std::to_string(r.sessions_open()) +
-                                         " open)"});
+                      r.draining()
+                          ? "draining: new sessions are refused"
+                          : "accepting sessions (" + std::to_string(r.sessions_open()) + " open)"});
 
     uint64_t total = r.device_total_bytes(), free = r.device_free_bytes();
     bool low = total == 0 || static_cast<double>(free) < options.min_free_fraction * total;

@@ -104,12 +104,9 @@ int main(int argc, char** argv) {
       if (!switch_flag(&options.wait)) return Usage("--wait takes no value");
       continue;
     }
-    static const std::vector<std::string> kValued = {"target",         "timeout",
-                                                      "canary-elements", "canary-timeout",
-                                                      "min-free",       "wait-timeout",
-                                                      "metrics",        "tls-ca",
-                                                      "tls-cert",       "tls-key",
-                                                      "token"};
+    static const std::vector<std::string> kValued = {
+        "target",  "timeout", "canary-elements", "canary-timeout", "min-free", "wait-timeout",
+        "metrics", "tls-ca",  "tls-cert",        "tls-key",        "token"};
     if (std::find(kValued.begin(), kValued.end(), name) == kValued.end()) {
       return Usage("unknown option --" + name);
     }

@@ -50,11 +50,21 @@ std::string JsonString(std::string_view s) {
   std::string out = "\"";
   for (unsigned char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (c < 0x20) {
           char buf[8];
@@ -134,8 +144,11 @@ std::string HumanBytes(uint64_t bytes) {
     ++u;
   }
   char buf[32];
-  std::snprintf(buf, sizeof(buf), v >= 100 ? "%.0f %s" : v >= 10 ? "%.1f %s" : "%.2f %s", v,
-                kUnits[u]);
+  std::snprintf(buf, sizeof(buf),
+                v >= 100  ? "%.0f %s"
+                : v >= 10 ? "%.1f %s"
+                          : "%.2f %s",
+                v, kUnits[u]);
   return buf;
 }
 
@@ -146,8 +159,7 @@ std::string HumanDuration(uint64_t ms) {
   } else if (ms < 60'000) {
     std::snprintf(buf, sizeof(buf), "%.1f s", ms / 1000.0);
   } else if (ms < 3'600'000) {
-    std::snprintf(buf, sizeof(buf), "%llum %02llus",
-                  static_cast<unsigned long long>(ms / 60'000),
+    std::snprintf(buf, sizeof(buf), "%llum %02llus", static_cast<unsigned long long>(ms / 60'000),
                   static_cast<unsigned long long>(ms / 1000 % 60));
   } else if (ms < 86'400'000) {
     std::snprintf(buf, sizeof(buf), "%lluh %02llum",

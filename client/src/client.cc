@@ -1,5 +1,7 @@
 // libferry's implementation: the session stream, its reader thread, and the recording of
 // ops into ferry.v1 messages.
+#include "ferry/client.h"
+
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/support/client_interceptor.h>
@@ -8,27 +10,26 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include <cerrno>
-#include <sstream>
-#include <fstream>
 #include <atomic>
+#include <cerrno>
 #include <condition_variable>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <sstream>
 #include <thread>
 
-#include "ferry/client.h"
 #include "ferry/v1/session.grpc.pb.h"
 
 namespace ferry {
 namespace internal {
 namespace {
 
-constexpr uint64_t kUploadChunkBytes = 1ull << 20;      // bytes per Upload op
-constexpr uint64_t kUploadSubmitBytes = 8ull << 20;     // upload bytes per submit message
-constexpr uint64_t kDownloadSubmitBytes = 256ull << 20; // download bytes per submit
+constexpr uint64_t kUploadChunkBytes = 1ull << 20;       // bytes per Upload op
+constexpr uint64_t kUploadSubmitBytes = 8ull << 20;      // upload bytes per submit message
+constexpr uint64_t kDownloadSubmitBytes = 256ull << 20;  // download bytes per submit
 constexpr uint64_t kMaxMessageBytes = 80ull << 20;
 
 std::string GrpcTarget(const std::string& target) {
@@ -45,17 +46,21 @@ Status FromProto(const v1::Error& e) {
   if (code <= 0 || code > static_cast<int>(Code::kUnauthenticated)) {
     code = static_cast<int>(Code::kUnknown);
   }
-  return Status(static_cast<Code>(code), static_cast<ErrorKind>(kind), e.message(),
-                e.op_index());
+  return Status(static_cast<Code>(code), static_cast<ErrorKind>(kind), e.message(), e.op_index());
 }
 
 v1::DType ToProto(DType d) {
   switch (d) {
-    case DType::kF32: return v1::DTYPE_F32;
-    case DType::kF64: return v1::DTYPE_F64;
-    case DType::kI32: return v1::DTYPE_I32;
-    case DType::kU8: return v1::DTYPE_U8;
-    default: return v1::DTYPE_INVALID;
+    case DType::kF32:
+      return v1::DTYPE_F32;
+    case DType::kF64:
+      return v1::DTYPE_F64;
+    case DType::kI32:
+      return v1::DTYPE_I32;
+    case DType::kU8:
+      return v1::DTYPE_U8;
+    default:
+      return v1::DTYPE_INVALID;
   }
 }
 
@@ -155,7 +160,7 @@ struct BufferBlock {
   uint64_t size = 0;
   std::shared_ptr<SlabMapping> slab;  // null: heap
   uint64_t slab_offset = 0;
-  uint64_t reserved = 0;              // bytes taken from the slab
+  uint64_t reserved = 0;  // bytes taken from the slab
   std::weak_ptr<SlabArena> arena;
   std::unique_ptr<char[]> heap;
   ~BufferBlock() {
@@ -232,9 +237,9 @@ class SessionState {
 
   /// Send the recorded ops as one Submit; `downloads` are where Download op bytes go;
   /// `track`: keep its outcome for a pending transfer.
-  Result<uint64_t> Submit(std::vector<std::pair<uint32_t, std::pair<void*, uint64_t>>> downloads =
-                              {},
-                          bool track = false) {
+  Result<uint64_t> Submit(
+      std::vector<std::pair<uint32_t, std::pair<void*, uint64_t>>> downloads = {},
+      bool track = false) {
     ReapDetached();
     if (closed_) return Status(ErrorKind::kSessionClosed, "the session is closed");
     if (pending_.ops_size() == 0) return uint64_t{0};
@@ -390,10 +395,10 @@ class SessionState {
     }
     uint64_t need = AlignUp(std::max<uint64_t>(bytes, 1));
     if (need > slab_size()) {
-      return Status(ErrorKind::kQuotaExceeded,
-                    "a pinned buffer of " + std::to_string(bytes) +
-                        " bytes does not fit in one slab of " + std::to_string(slab_size()) +
-                        " bytes (the daemon's --slab-size)");
+      return Status(ErrorKind::kQuotaExceeded, "a pinned buffer of " + std::to_string(bytes) +
+                                                   " bytes does not fit in one slab of " +
+                                                   std::to_string(slab_size()) +
+                                                   " bytes (the daemon's --slab-size)");
     }
     if (!arena_->Allocate(need, &block->slab, &block->slab_offset)) {
       FERRY_RETURN_IF_ERROR(AcquireSlab());
@@ -410,8 +415,8 @@ class SessionState {
   /// The reused buffer blocking transfers stage through; invalid when none can be had.
   PinnedBuffer* Staging() {
     if (!staging_.valid() && !staging_failed_) {
-      auto b = Allocate(std::min(kStagingBytes, slab_size()) / (2 * kBufferAlign) *
-                        (2 * kBufferAlign));
+      auto b =
+          Allocate(std::min(kStagingBytes, slab_size()) / (2 * kBufferAlign) * (2 * kBufferAlign));
       if (b.ok() && b->size() >= 2 * kBufferAlign) {
         staging_ = std::move(*b);
       } else {
@@ -478,7 +483,8 @@ class SessionState {
     uint32_t kind = Get32(reply);
     if (kind != 0) {
       if (fd >= 0) ::close(fd);
-      if (kind > static_cast<uint32_t>(ErrorKind::kBusy)) kind = static_cast<uint32_t>(ErrorKind::kInternal);
+      if (kind > static_cast<uint32_t>(ErrorKind::kBusy))
+        kind = static_cast<uint32_t>(ErrorKind::kInternal);
       return Status(static_cast<ErrorKind>(kind),
                     "the daemon gave no slab (" +
                         std::string(ErrorKindName(static_cast<ErrorKind>(kind))) +
@@ -528,7 +534,6 @@ class SessionState {
   }
 
  public:
-
  private:
   Status StreamFailure(const char* what) {
     grpc::Status s = stream_->Finish();
@@ -642,15 +647,15 @@ class SessionState {
   // Shared with the reader thread.
   std::mutex mu_;
   std::condition_variable cv_;
-  uint64_t last_completed_ = 0;                  // guarded by mu_
-  std::atomic<uint64_t> answers_{0};             // messages the reader applied, for Wait
-  uint64_t last_synchronized_ = 0;               // guarded by mu_
-  std::map<uint64_t, Status> failures_;          // guarded by mu_
+  uint64_t last_completed_ = 0;          // guarded by mu_
+  std::atomic<uint64_t> answers_{0};     // messages the reader applied, for Wait
+  uint64_t last_synchronized_ = 0;       // guarded by mu_
+  std::map<uint64_t, Status> failures_;  // guarded by mu_
   std::map<uint64_t, std::map<uint32_t, std::pair<void*, uint64_t>>>
-      download_targets_;                         // guarded by mu_
-  std::optional<SessionStats> closed_stats_;     // guarded by mu_
-  Status dead_;                                  // guarded by mu_; set once the stream ends
-  std::atomic<bool> draining_{false};            // the daemon said it is draining
+      download_targets_;                               // guarded by mu_
+  std::optional<SessionStats> closed_stats_;           // guarded by mu_
+  Status dead_;                                        // guarded by mu_; set once the stream ends
+  std::atomic<bool> draining_{false};                  // the daemon said it is draining
   std::map<uint64_t, std::optional<Status>> tracked_;  // pending transfers' submits; mu_
 
   // Shared memory and pending transfers (owner thread).
@@ -702,7 +707,8 @@ class BearerTokenInterceptorFactory final
 Result<std::string> PemOrFile(const std::string& value, const char* what) {
   if (value.empty() || value.find("-----BEGIN") != std::string::npos) return value;
   std::ifstream in(value, std::ios::binary);
-  if (!in) return Status(ErrorKind::kInvalidArgument, std::string("cannot read ") + what + " " + value);
+  if (!in)
+    return Status(ErrorKind::kInvalidArgument, std::string("cannot read ") + what + " " + value);
   std::ostringstream out;
   out << in.rdbuf();
   return out.str();
@@ -721,7 +727,8 @@ Result<Client> Client::connect(const std::string& target, const ClientOptions& o
     FERRY_ASSIGN_OR_RETURN(ssl.pem_root_certs, PemOrFile(options.tls_ca_cert, "TLS CA"));
     FERRY_ASSIGN_OR_RETURN(ssl.pem_cert_chain,
                            PemOrFile(options.tls_client_cert, "TLS client certificate"));
-    FERRY_ASSIGN_OR_RETURN(ssl.pem_private_key, PemOrFile(options.tls_client_key, "TLS client key"));
+    FERRY_ASSIGN_OR_RETURN(ssl.pem_private_key,
+                           PemOrFile(options.tls_client_key, "TLS client key"));
     credentials = grpc::SslCredentials(ssl);
   }
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
@@ -779,8 +786,11 @@ void RecordRelease(const std::weak_ptr<internal::SessionState>& session, uint64_
 // --- Tensor ------------------------------------------------------------------------------
 
 Tensor::Tensor(Tensor&& o) noexcept
-    : session_(std::move(o.session_)), handle_(std::exchange(o.handle_, 0)), dtype_(o.dtype_),
-      shape_(std::move(o.shape_)), elements_(std::exchange(o.elements_, 0)) {}
+    : session_(std::move(o.session_)),
+      handle_(std::exchange(o.handle_, 0)),
+      dtype_(o.dtype_),
+      shape_(std::move(o.shape_)),
+      elements_(std::exchange(o.elements_, 0)) {}
 
 Tensor& Tensor::operator=(Tensor&& o) noexcept {
   if (this != &o) {
@@ -877,8 +887,8 @@ void Session::copy(const Tensor& src, const Tensor& dst) {
 }
 
 namespace {
-void RecordBinary(internal::SessionState& s, v1::BinaryKind kind, const Tensor& a,
-                  const Tensor& b, const Tensor& out) {
+void RecordBinary(internal::SessionState& s, v1::BinaryKind kind, const Tensor& a, const Tensor& b,
+                  const Tensor& out) {
   auto* op = s.Record()->mutable_binary();
   op->set_kind(kind);
   op->set_a(a.handle());
@@ -958,13 +968,27 @@ void Session::launch(const Module& module, std::string_view function, Dim3 grid,
   for (const KernelArg& a : args) {
     v1::KernelArg* k = op->add_args();
     switch (a.kind()) {
-      case KernelArg::Kind::kTensor: k->set_tensor(a.integer()); break;
-      case KernelArg::Kind::kI32: k->set_i32(static_cast<int32_t>(a.real())); break;
-      case KernelArg::Kind::kU32: k->set_u32(static_cast<uint32_t>(a.integer())); break;
-      case KernelArg::Kind::kI64: k->set_i64(static_cast<int64_t>(a.integer())); break;
-      case KernelArg::Kind::kU64: k->set_u64(a.integer()); break;
-      case KernelArg::Kind::kF32: k->set_f32(static_cast<float>(a.real())); break;
-      case KernelArg::Kind::kF64: k->set_f64(a.real()); break;
+      case KernelArg::Kind::kTensor:
+        k->set_tensor(a.integer());
+        break;
+      case KernelArg::Kind::kI32:
+        k->set_i32(static_cast<int32_t>(a.real()));
+        break;
+      case KernelArg::Kind::kU32:
+        k->set_u32(static_cast<uint32_t>(a.integer()));
+        break;
+      case KernelArg::Kind::kI64:
+        k->set_i64(static_cast<int64_t>(a.integer()));
+        break;
+      case KernelArg::Kind::kU64:
+        k->set_u64(a.integer());
+        break;
+      case KernelArg::Kind::kF32:
+        k->set_f32(static_cast<float>(a.real()));
+        break;
+      case KernelArg::Kind::kF64:
+        k->set_f64(a.real());
+        break;
     }
   }
 }

@@ -4,22 +4,32 @@ namespace ferry {
 
 size_t DTypeSize(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return 4;
-    case DType::kF64: return 8;
-    case DType::kI32: return 4;
-    case DType::kU8: return 1;
-    case DType::kInvalid: return 0;
+    case DType::kF32:
+      return 4;
+    case DType::kF64:
+      return 8;
+    case DType::kI32:
+      return 4;
+    case DType::kU8:
+      return 1;
+    case DType::kInvalid:
+      return 0;
   }
   return 0;
 }
 
 std::string_view DTypeName(DType dtype) {
   switch (dtype) {
-    case DType::kF32: return "f32";
-    case DType::kF64: return "f64";
-    case DType::kI32: return "i32";
-    case DType::kU8: return "u8";
-    case DType::kInvalid: return "invalid";
+    case DType::kF32:
+      return "f32";
+    case DType::kF64:
+      return "f64";
+    case DType::kI32:
+      return "i32";
+    case DType::kU8:
+      return "u8";
+    case DType::kInvalid:
+      return "invalid";
   }
   return "invalid";
 }
@@ -28,9 +38,9 @@ bool IsFloatingPoint(DType dtype) { return dtype == DType::kF32 || dtype == DTyp
 
 Result<uint64_t> Shape::ElementCount(uint64_t limit) const {
   if (dims_.size() > kMaxRank) {
-    return Status(ErrorKind::kShapeMismatch,
-                  "rank " + std::to_string(dims_.size()) + " is above the limit of " +
-                      std::to_string(kMaxRank));
+    return Status(ErrorKind::kShapeMismatch, "rank " + std::to_string(dims_.size()) +
+                                                 " is above the limit of " +
+                                                 std::to_string(kMaxRank));
   }
   uint64_t count = 1;
   for (int64_t d : dims_) {

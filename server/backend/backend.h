@@ -108,8 +108,7 @@ class Stream {
   virtual Status Binary(BinaryOp op, DType dtype, DevicePtr a, DevicePtr b, DevicePtr out,
                         uint64_t count) = 0;
   /// out[i] = alpha * x[i]. out may alias x.
-  virtual Status Scale(DType dtype, DevicePtr x, double alpha, DevicePtr out,
-                       uint64_t count) = 0;
+  virtual Status Scale(DType dtype, DevicePtr x, double alpha, DevicePtr out, uint64_t count) = 0;
   /// y[i] += alpha * x[i].
   virtual Status Axpy(DType dtype, double alpha, DevicePtr x, DevicePtr y, uint64_t count) = 0;
   /// out[0] = sum of in[0..count). count may be 0 (the sum is then 0).
@@ -118,8 +117,8 @@ class Stream {
   virtual Status Gemm(const GemmArgs& args) = 0;
 
   /// Launch `function` of `module`. UNSUPPORTED where the backend runs no device code.
-  virtual Status Launch(const Module& module, std::string_view function,
-                        const LaunchConfig& config, const std::vector<KernelArg>& args) = 0;
+  virtual Status Launch(const Module& module, std::string_view function, const LaunchConfig& config,
+                        const std::vector<KernelArg>& args) = 0;
 
   /// Start recording: work enqueued until EndCapture is recorded into a graph, not run.
   virtual Status BeginCapture() = 0;

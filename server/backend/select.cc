@@ -53,10 +53,10 @@ Result<DeviceFactory> MakeDeviceFactory(std::string_view kind, int ordinal,
   } else if (kind == "auto") {
     int count = CudaDeviceCount();
     cuda = count > ordinal;
-    f.why = cuda ? "auto: " + std::to_string(count) + " CUDA device(s) visible"
+    f.why = cuda         ? "auto: " + std::to_string(count) + " CUDA device(s) visible"
             : count == 0 ? "auto: no CUDA device visible"
-                         : "auto: CUDA device " + std::to_string(ordinal) +
-                               " not visible (" + std::to_string(count) + " present)";
+                         : "auto: CUDA device " + std::to_string(ordinal) + " not visible (" +
+                               std::to_string(count) + " present)";
   } else {
     return Status(ErrorKind::kInvalidArgument,
                   "--backend must be host, cuda or auto, got " + std::string(kind));

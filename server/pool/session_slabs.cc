@@ -16,10 +16,10 @@ Result<SlabRef> SessionSlabs::Acquire() {
   if (closed_) return Status(ErrorKind::kSessionClosed, "the session is closed");
   if (!uid_) return Status(ErrorKind::kInternal, "no uid bound to the session's slabs");
   if (pinned_quota_ && (slabs_.size() + 1) * pool_->slab_size() > pinned_quota_) {
-    return Status(ErrorKind::kQuotaExceeded,
-                  "the session's pinned-memory quota (" + std::to_string(pinned_quota_) +
-                      " bytes, --session-pinned-quota) is held by its " +
-                      std::to_string(slabs_.size()) + " slabs");
+    return Status(ErrorKind::kQuotaExceeded, "the session's pinned-memory quota (" +
+                                                 std::to_string(pinned_quota_) +
+                                                 " bytes, --session-pinned-quota) is held by its " +
+                                                 std::to_string(slabs_.size()) + " slabs");
   }
   FERRY_ASSIGN_OR_RETURN(SlabRef ref, pool_->Acquire(*uid_));
   slabs_[ref.id].ref = ref;
@@ -36,10 +36,10 @@ Status SessionSlabs::Check(const SlabRange& r) const {
   const Held& h = it->second;
   uint64_t end = 0;
   if (__builtin_add_overflow(r.offset, r.length, &end) || end > h.ref.size) {
-    return Status(ErrorKind::kOutOfRange,
-                  "bytes [" + std::to_string(r.offset) + ", +" + std::to_string(r.length) +
-                      ") are outside slab " + std::to_string(r.slab) + " of " +
-                      std::to_string(h.ref.size) + " bytes");
+    return Status(ErrorKind::kOutOfRange, "bytes [" + std::to_string(r.offset) + ", +" +
+                                              std::to_string(r.length) + ") are outside slab " +
+                                              std::to_string(r.slab) + " of " +
+                                              std::to_string(h.ref.size) + " bytes");
   }
   if (r.length == 0) return Status::Ok();
   // The busy range starting last before `end` is the only candidate for an overlap.
@@ -47,10 +47,11 @@ Status SessionSlabs::Check(const SlabRange& r) const {
   if (b != h.busy.begin()) {
     --b;
     if (b->second > r.offset) {
-      return Status(ErrorKind::kBusy,
-                    std::string(h.quarantined ? "a failed copy quarantined" : "a copy in flight uses") +
-                        " bytes [" + std::to_string(b->first) + ", " + std::to_string(b->second) +
-                        ") of slab " + std::to_string(r.slab));
+      return Status(
+          ErrorKind::kBusy,
+          std::string(h.quarantined ? "a failed copy quarantined" : "a copy in flight uses") +
+              " bytes [" + std::to_string(b->first) + ", " + std::to_string(b->second) +
+              ") of slab " + std::to_string(r.slab));
     }
   }
   return Status::Ok();

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <spdlog/spdlog.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -10,7 +11,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <spdlog/spdlog.h>
 #include <vector>
 
 namespace ferry::pool {
@@ -27,7 +27,8 @@ void Put64(char* p, uint64_t v) {
 }
 uint32_t Get32(const char* p) {
   uint32_t v = 0;
-  for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(static_cast<unsigned char>(p[i])) << (8 * i);
+  for (int i = 0; i < 4; ++i)
+    v |= static_cast<uint32_t>(static_cast<unsigned char>(p[i])) << (8 * i);
   return v;
 }
 
@@ -203,8 +204,8 @@ bool SlabBroker::Serve(Connection& c) {
       return false;
     }
     auto slabs = c.slabs.lock();
-    Result<SlabRef> ref = slabs ? slabs->Acquire()
-                                : Result<SlabRef>(Status(ErrorKind::kSessionClosed, "closed"));
+    Result<SlabRef> ref =
+        slabs ? slabs->Acquire() : Result<SlabRef>(Status(ErrorKind::kSessionClosed, "closed"));
     if (!ref.ok()) {
       Put32(reply, static_cast<uint32_t>(ref.status().kind()));
       if (!SendWithFd(c.fd, reply, sizeof(reply), -1)) return false;

@@ -1,12 +1,12 @@
 #include "pool/slab_pool.h"
 
 #include <fcntl.h>
+#include <spdlog/spdlog.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
-#include <spdlog/spdlog.h>
 
 namespace ferry::pool {
 namespace {
@@ -54,8 +54,8 @@ Result<SlabPool::Slab*> SlabPool::MakeSlabLocked() {
     ::close(fd);
     return s;
   }
-  void* p = ::mmap(nullptr, options_.slab_size, PROT_READ | PROT_WRITE,
-                   MAP_SHARED | MAP_POPULATE, fd, 0);
+  void* p =
+      ::mmap(nullptr, options_.slab_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   if (p == MAP_FAILED) {
     Status s = Errno("mmap of a slab");
     ::close(fd);
@@ -117,9 +117,9 @@ Result<SlabRef> SlabPool::Acquire(uid_t uid) {
         }
       }
       if (victim == 0) {
-        return Status(ErrorKind::kQuotaExceeded,
-                      "the pinned-memory budget (" + std::to_string(options_.budget) +
-                          " bytes) is held by slabs in use");
+        return Status(ErrorKind::kQuotaExceeded, "the pinned-memory budget (" +
+                                                     std::to_string(options_.budget) +
+                                                     " bytes) is held by slabs in use");
       }
       DestroySlabLocked(victim);
       ++evicted_;

@@ -54,10 +54,10 @@ struct SlabPoolStats {
   uint64_t slabs_in_use = 0;  // held by sessions
   uint64_t slabs_daemon = 0;  // held by the daemon itself (staging for remote clients)
   uint64_t slabs_free = 0;
-  uint64_t bytes_total = 0;   // slabs_total * slab size
-  uint64_t fds_open = 0;      // memfds the pool holds open
-  uint64_t zeroed_total = 0;  // reuses that zeroed a slab
-  uint64_t evicted_total = 0; // free slabs destroyed to make room for another uid
+  uint64_t bytes_total = 0;    // slabs_total * slab size
+  uint64_t fds_open = 0;       // memfds the pool holds open
+  uint64_t zeroed_total = 0;   // reuses that zeroed a slab
+  uint64_t evicted_total = 0;  // free slabs destroyed to make room for another uid
 };
 
 class SlabPool {
@@ -96,8 +96,8 @@ class SlabPool {
     char* data = nullptr;
     bool in_use = false;
     bool daemon = false;  // held by the daemon (AcquireDaemon)
-    bool fresh = true;  // never handed out: all zeros, any uid may take it
-    uid_t uid = 0;      // the last holder's uid (when !fresh)
+    bool fresh = true;    // never handed out: all zeros, any uid may take it
+    uid_t uid = 0;        // the last holder's uid (when !fresh)
   };
 
   SlabPool(const SlabPoolOptions& options, HostRegistration registration)
@@ -108,8 +108,8 @@ class SlabPool {
   const SlabPoolOptions options_;
   const HostRegistration registration_;
   mutable std::mutex mu_;
-  std::map<uint64_t, Slab> slabs_;  // guarded by mu_
-  uint64_t next_id_ = 1;            // guarded by mu_
+  std::map<uint64_t, Slab> slabs_;     // guarded by mu_
+  uint64_t next_id_ = 1;               // guarded by mu_
   uint64_t zeroed_ = 0, evicted_ = 0;  // guarded by mu_
 };
 

@@ -31,7 +31,8 @@ void StagingLease::Reset() {
 
 StagingArea::~StagingArea() {
   std::lock_guard lock(mu_);
-  if (stats_.bytes_in_use) spdlog::error("staging destroyed with {} bytes leased", stats_.bytes_in_use);
+  if (stats_.bytes_in_use)
+    spdlog::error("staging destroyed with {} bytes leased", stats_.bytes_in_use);
   for (Slab& s : slabs_) pool_->Release(s.ref.id, /*quarantined=*/false);
 }
 

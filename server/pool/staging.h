@@ -50,10 +50,10 @@ class StagingLease {
 };
 
 struct StagingStats {
-  uint64_t slabs = 0;           // daemon-owned slabs taken for staging
-  uint64_t bytes_in_use = 0;    // staging bytes leased now
-  uint64_t staged_total = 0;    // bytes that went through staging
-  uint64_t fallbacks_total = 0; // transfers that took the direct path: no staging space
+  uint64_t slabs = 0;            // daemon-owned slabs taken for staging
+  uint64_t bytes_in_use = 0;     // staging bytes leased now
+  uint64_t staged_total = 0;     // bytes that went through staging
+  uint64_t fallbacks_total = 0;  // transfers that took the direct path: no staging space
 };
 
 class StagingArea {

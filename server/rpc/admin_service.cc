@@ -19,8 +19,7 @@ grpc::ServerUnaryReactor* RejectUnauthenticated(const SessionServiceContext& con
 }  // namespace
 
 grpc::ServerUnaryReactor* AdminService::Status(grpc::CallbackServerContext* ctx,
-                                               const v1::StatusRequest*,
-                                               v1::StatusReply* reply) {
+                                               const v1::StatusRequest*, v1::StatusReply* reply) {
   if (auto* rejected = RejectUnauthenticated(*context_, ctx)) return rejected;
   const backend::DeviceInfo info = context_->device->info();
   session::DaemonTotals t = context_->registry->Totals();
@@ -82,8 +81,7 @@ grpc::ServerUnaryReactor* AdminService::ListSessions(grpc::CallbackServerContext
     s->set_peer(e.peer.address);
     if (e.peer.uid) s->set_uid(*e.peer.uid);
     if (e.peer.pid) s->set_pid(*e.peer.pid);
-    s->set_age_ms(
-        std::chrono::duration_cast<std::chrono::milliseconds>(now - e.opened_at).count());
+    s->set_age_ms(std::chrono::duration_cast<std::chrono::milliseconds>(now - e.opened_at).count());
     s->set_submits_in_flight(c.submits_in_flight);
     s->set_device_bytes(c.device_bytes);
     s->set_live_tensors(c.live_tensors);

@@ -1,11 +1,11 @@
 // ferry.v1.Admin: daemon status, the open sessions, drain. Read-only except Drain.
 #pragma once
 
+#include <grpcpp/grpcpp.h>
+
 #include <chrono>
 #include <functional>
 #include <mutex>
-
-#include <grpcpp/grpcpp.h>
 
 #include "ferry/v1/admin.grpc.pb.h"
 #include "rpc/session_service.h"
@@ -23,8 +23,7 @@ class AdminService final : public v1::Admin::CallbackService {
   grpc::ServerUnaryReactor* ListSessions(grpc::CallbackServerContext* ctx,
                                          const v1::ListSessionsRequest* request,
                                          v1::ListSessionsReply* reply) override;
-  grpc::ServerUnaryReactor* Drain(grpc::CallbackServerContext* ctx,
-                                  const v1::DrainRequest* request,
+  grpc::ServerUnaryReactor* Drain(grpc::CallbackServerContext* ctx, const v1::DrainRequest* request,
                                   v1::DrainReply* reply) override;
 
   void SetDrainHandler(std::function<void()> fn) {

@@ -1,17 +1,18 @@
 #include "rpc/auth.h"
 
-#include <fstream>
-#include <sstream>
-
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/security/server_credentials.h>
+
+#include <fstream>
+#include <sstream>
 
 namespace ferry::rpc {
 namespace {
 
 Result<std::string> ReadPem(const std::string& path, const char* what) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) return Status(ErrorKind::kInvalidArgument, std::string("cannot read ") + what + " " + path);
+  if (!in)
+    return Status(ErrorKind::kInvalidArgument, std::string("cannot read ") + what + " " + path);
   std::ostringstream out;
   out << in.rdbuf();
   if (out.str().empty()) {
@@ -81,8 +82,7 @@ Status TokenChecker::Check(const grpc::ServerContextBase& context) const {
   }
   std::string_view value(it->second.data(), it->second.size());
   constexpr std::string_view kBearer = "Bearer ";
-  if (value.rfind(kBearer, 0) != 0 ||
-      !ConstantTimeEquals(value.substr(kBearer.size()), token_)) {
+  if (value.rfind(kBearer, 0) != 0 || !ConstantTimeEquals(value.substr(kBearer.size()), token_)) {
     return Status(ErrorKind::kInvalidArgument, "the bearer token is not valid");
   }
   return Status::Ok();

@@ -9,11 +9,16 @@ namespace {
 
 DType FromProto(v1::DType d) {
   switch (d) {
-    case v1::DTYPE_F32: return DType::kF32;
-    case v1::DTYPE_F64: return DType::kF64;
-    case v1::DTYPE_I32: return DType::kI32;
-    case v1::DTYPE_U8: return DType::kU8;
-    default: return DType::kInvalid;
+    case v1::DTYPE_F32:
+      return DType::kF32;
+    case v1::DTYPE_F64:
+      return DType::kF64;
+    case v1::DTYPE_I32:
+      return DType::kI32;
+    case v1::DTYPE_U8:
+      return DType::kU8;
+    default:
+      return DType::kInvalid;
   }
 }
 
@@ -29,14 +34,15 @@ session::Op FromProto(const v1::Op& op) {
       DType dtype = FromProto(c.dtype());
       if (dtype == DType::kInvalid) return Malformed("create_tensor: invalid dtype");
       if (static_cast<size_t>(c.shape_size()) > Shape::kMaxRank) {
-        return session::MalformedOp{Status(ErrorKind::kShapeMismatch,
-                                           "create_tensor: rank above " +
-                                               std::to_string(Shape::kMaxRank))};
+        return session::MalformedOp{
+            Status(ErrorKind::kShapeMismatch,
+                   "create_tensor: rank above " + std::to_string(Shape::kMaxRank))};
       }
       return CreateTensorOp{c.handle(), dtype,
                             Shape(std::vector<int64_t>(c.shape().begin(), c.shape().end()))};
     }
-    case v1::Op::kFreeTensor: return FreeTensorOp{op.free_tensor().handle()};
+    case v1::Op::kFreeTensor:
+      return FreeTensorOp{op.free_tensor().handle()};
     case v1::Op::kUpload: {
       const auto& u = op.upload();
       return UploadOp{u.tensor(), u.offset(), std::string_view(u.data())};
@@ -45,23 +51,37 @@ session::Op FromProto(const v1::Op& op) {
       const auto& d = op.download();
       return DownloadOp{d.tensor(), d.offset(), d.length()};
     }
-    case v1::Op::kFill: return FillOp{op.fill().tensor(), op.fill().value()};
-    case v1::Op::kCopy: return CopyOp{op.copy().src(), op.copy().dst()};
+    case v1::Op::kFill:
+      return FillOp{op.fill().tensor(), op.fill().value()};
+    case v1::Op::kCopy:
+      return CopyOp{op.copy().src(), op.copy().dst()};
     case v1::Op::kBinary: {
       const auto& b = op.binary();
       backend::BinaryOp kind;
       switch (b.kind()) {
-        case v1::ADD: kind = backend::BinaryOp::kAdd; break;
-        case v1::SUB: kind = backend::BinaryOp::kSub; break;
-        case v1::MUL: kind = backend::BinaryOp::kMul; break;
-        case v1::DIV: kind = backend::BinaryOp::kDiv; break;
-        default: return Malformed("binary: invalid kind");
+        case v1::ADD:
+          kind = backend::BinaryOp::kAdd;
+          break;
+        case v1::SUB:
+          kind = backend::BinaryOp::kSub;
+          break;
+        case v1::MUL:
+          kind = backend::BinaryOp::kMul;
+          break;
+        case v1::DIV:
+          kind = backend::BinaryOp::kDiv;
+          break;
+        default:
+          return Malformed("binary: invalid kind");
       }
       return BinaryOpArgs{kind, b.a(), b.b(), b.out()};
     }
-    case v1::Op::kScale: return ScaleOp{op.scale().x(), op.scale().alpha(), op.scale().out()};
-    case v1::Op::kAxpy: return AxpyOp{op.axpy().alpha(), op.axpy().x(), op.axpy().y()};
-    case v1::Op::kReduceSum: return ReduceSumOp{op.reduce_sum().in(), op.reduce_sum().out()};
+    case v1::Op::kScale:
+      return ScaleOp{op.scale().x(), op.scale().alpha(), op.scale().out()};
+    case v1::Op::kAxpy:
+      return AxpyOp{op.axpy().alpha(), op.axpy().x(), op.axpy().y()};
+    case v1::Op::kReduceSum:
+      return ReduceSumOp{op.reduce_sum().in(), op.reduce_sum().out()};
     case v1::Op::kGemm: {
       const auto& g = op.gemm();
       return GemmOp{g.a(), g.b(), g.c(), g.trans_a(), g.trans_b(), g.alpha(), g.beta()};
@@ -70,14 +90,22 @@ session::Op FromProto(const v1::Op& op) {
       const auto& m = op.load_module();
       backend::ModuleFormat format;
       switch (m.format()) {
-        case v1::PTX: format = backend::ModuleFormat::kPtx; break;
-        case v1::CUBIN: format = backend::ModuleFormat::kCubin; break;
-        case v1::CUDA_SOURCE: format = backend::ModuleFormat::kCudaSource; break;
-        default: return Malformed("load_module: invalid format");
+        case v1::PTX:
+          format = backend::ModuleFormat::kPtx;
+          break;
+        case v1::CUBIN:
+          format = backend::ModuleFormat::kCubin;
+          break;
+        case v1::CUDA_SOURCE:
+          format = backend::ModuleFormat::kCudaSource;
+          break;
+        default:
+          return Malformed("load_module: invalid format");
       }
       return LoadModuleOp{m.handle(), format, std::string_view(m.image())};
     }
-    case v1::Op::kUnloadModule: return UnloadModuleOp{op.unload_module().handle()};
+    case v1::Op::kUnloadModule:
+      return UnloadModuleOp{op.unload_module().handle()};
     case v1::Op::kLaunch: {
       const auto& l = op.launch();
       LaunchOp out;
@@ -99,23 +127,43 @@ session::Op FromProto(const v1::Op& op) {
           std::memcpy(arg.scalar.data(), &v, sizeof(v));
         };
         switch (a.kind_case()) {
-          case v1::KernelArg::kTensor: arg.is_tensor = true; arg.tensor = a.tensor(); break;
-          case v1::KernelArg::kI32: bytes(a.i32()); break;
-          case v1::KernelArg::kU32: bytes(a.u32()); break;
-          case v1::KernelArg::kI64: bytes(a.i64()); break;
-          case v1::KernelArg::kU64: bytes(a.u64()); break;
-          case v1::KernelArg::kF32: bytes(a.f32()); break;
-          case v1::KernelArg::kF64: bytes(a.f64()); break;
-          case v1::KernelArg::KIND_NOT_SET: return Malformed("launch: an argument with no kind");
+          case v1::KernelArg::kTensor:
+            arg.is_tensor = true;
+            arg.tensor = a.tensor();
+            break;
+          case v1::KernelArg::kI32:
+            bytes(a.i32());
+            break;
+          case v1::KernelArg::kU32:
+            bytes(a.u32());
+            break;
+          case v1::KernelArg::kI64:
+            bytes(a.i64());
+            break;
+          case v1::KernelArg::kU64:
+            bytes(a.u64());
+            break;
+          case v1::KernelArg::kF32:
+            bytes(a.f32());
+            break;
+          case v1::KernelArg::kF64:
+            bytes(a.f64());
+            break;
+          case v1::KernelArg::KIND_NOT_SET:
+            return Malformed("launch: an argument with no kind");
         }
         out.args.push_back(std::move(arg));
       }
       return out;
     }
-    case v1::Op::kBeginGraph: return BeginGraphOp{op.begin_graph().handle()};
-    case v1::Op::kEndGraph: return EndGraphOp{};
-    case v1::Op::kLaunchGraph: return LaunchGraphOp{op.launch_graph().graph()};
-    case v1::Op::kFreeGraph: return FreeGraphOp{op.free_graph().handle()};
+    case v1::Op::kBeginGraph:
+      return BeginGraphOp{op.begin_graph().handle()};
+    case v1::Op::kEndGraph:
+      return EndGraphOp{};
+    case v1::Op::kLaunchGraph:
+      return LaunchGraphOp{op.launch_graph().graph()};
+    case v1::Op::kFreeGraph:
+      return FreeGraphOp{op.free_graph().handle()};
     case v1::Op::kUploadFromSlab: {
       const auto& u = op.upload_from_slab();
       return UploadFromSlabOp{u.tensor(), u.offset(), u.slab(), u.slab_offset(), u.length()};
@@ -124,7 +172,8 @@ session::Op FromProto(const v1::Op& op) {
       const auto& d = op.download_to_slab();
       return DownloadToSlabOp{d.tensor(), d.offset(), d.slab(), d.slab_offset(), d.length()};
     }
-    case v1::Op::KIND_NOT_SET: break;
+    case v1::Op::KIND_NOT_SET:
+      break;
   }
   return Malformed("op has no kind this daemon knows");
 }

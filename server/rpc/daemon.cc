@@ -1,14 +1,13 @@
 #include "rpc/daemon.h"
 
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/server_posix.h>
+#include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
-#include <spdlog/spdlog.h>
-
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
-#include <grpcpp/grpcpp.h>
-#include <grpcpp/server_posix.h>
 
 #include "rpc/admin_service.h"
 #include "rpc/health_service.h"
@@ -50,8 +49,8 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
   std::unique_ptr<Daemon> d(new Daemon());
   d->started_at_ = std::chrono::steady_clock::now();
   d->device_ = std::move(device);
-  uint64_t cap = options.device_bytes_cap ? options.device_bytes_cap
-                                          : d->device_->info().total_memory;
+  uint64_t cap =
+      options.device_bytes_cap ? options.device_bytes_cap : d->device_->info().total_memory;
   d->registry_ = std::make_unique<session::SessionRegistry>(cap, options.max_sessions);
 
   d->context_ = std::make_unique<SessionServiceContext>();
@@ -145,9 +144,9 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
   builder.RegisterService(d->session_service_.get());
   builder.RegisterService(d->admin_service_.get());
 
-  d->work_ = std::make_unique<
-      boost::asio::executor_work_guard<boost::asio::io_context::executor_type>>(
-      d->io_.get_executor());
+  d->work_ =
+      std::make_unique<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>>(
+          d->io_.get_executor());
   int threads = options.executor_threads > 0
                     ? options.executor_threads
                     : std::max(2, static_cast<int>(std::thread::hardware_concurrency()));
@@ -167,7 +166,8 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
     };
     FERRY_ASSIGN_OR_RETURN(d->slab_pool_, pool::SlabPool::Create(options.slab_pool, reg));
     sup->SetRebuiltHook([pool = d->slab_pool_.get()] { pool->ReregisterAll(); });
-    FERRY_ASSIGN_OR_RETURN(d->slab_broker_, pool::SlabBroker::Start(unix_listeners[0].path + ".slabs"));
+    FERRY_ASSIGN_OR_RETURN(d->slab_broker_,
+                           pool::SlabBroker::Start(unix_listeners[0].path + ".slabs"));
     ctx.slab_pool = d->slab_pool_.get();
     ctx.slab_broker = d->slab_broker_.get();
     ctx.session_pinned_quota = options.session_pinned_quota;
@@ -210,11 +210,11 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
     d->acceptors_.push_back(std::move(*acceptor));
   }
   if (!options.metrics_listen.empty()) {
-    FERRY_ASSIGN_OR_RETURN(d->metrics_,
-                           MetricsServer::Start(options.metrics_listen,
-                                                [ctx = d->context_.get(), t = d->started_at_] {
-                                                  return RenderMetrics(*ctx, t);
-                                                }));
+    FERRY_ASSIGN_OR_RETURN(
+        d->metrics_,
+        MetricsServer::Start(options.metrics_listen, [ctx = d->context_.get(), t = d->started_at_] {
+          return RenderMetrics(*ctx, t);
+        }));
   }
   SetAcceptingSessions(d->server_.get(), true);
   // grpc.health.v1 follows device loss: NOT_SERVING while the device is rebuilt.

@@ -95,12 +95,11 @@ class Daemon {
 
   std::unique_ptr<session::DeviceSupervisor> device_;
   std::unique_ptr<session::SessionRegistry> registry_;
-  std::unique_ptr<pool::SlabPool> slab_pool_;      // outlives every session
+  std::unique_ptr<pool::SlabPool> slab_pool_;  // outlives every session
   std::unique_ptr<pool::SlabBroker> slab_broker_;
-  std::unique_ptr<pool::StagingArea> staging_;     // gives its slabs back before the pool goes
+  std::unique_ptr<pool::StagingArea> staging_;  // gives its slabs back before the pool goes
   boost::asio::io_context io_;
-  std::unique_ptr<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>>
-      work_;
+  std::unique_ptr<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> work_;
   std::vector<std::thread> threads_;
   std::unique_ptr<SessionServiceContext> context_;
   std::unique_ptr<SessionService> session_service_;

@@ -56,9 +56,9 @@ session::PeerIdentity LocalConnections::Identify(const std::string& grpc_peer) c
 Result<int> ListenUnix(const std::string& path) {
   sockaddr_un addr;
   if (!UnixAddress(path, &addr)) {
-    return Status(ErrorKind::kInvalidArgument,
-                  "unix socket path is empty or longer than " +
-                      std::to_string(sizeof(addr.sun_path) - 1) + " bytes: " + path);
+    return Status(ErrorKind::kInvalidArgument, "unix socket path is empty or longer than " +
+                                                   std::to_string(sizeof(addr.sun_path) - 1) +
+                                                   " bytes: " + path);
   }
   struct stat st {};
   if (::lstat(path.c_str(), &st) == 0) {
@@ -72,8 +72,7 @@ Result<int> ListenUnix(const std::string& path) {
     bool live = ::connect(probe, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0;
     ::close(probe);
     if (live) {
-      return Status(ErrorKind::kUnavailable,
-                    "another process is accepting connections on " + path);
+      return Status(ErrorKind::kUnavailable, "another process is accepting connections on " + path);
     }
     if (::unlink(path.c_str()) < 0 && errno != ENOENT) {
       return SocketError("removing the stale socket " + path);

@@ -1,5 +1,7 @@
 #include "rpc/metrics.h"
 
+#include <spdlog/spdlog.h>
+
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/read_until.hpp>
@@ -8,8 +10,6 @@
 #include <boost/asio/write.hpp>
 #include <sstream>
 #include <thread>
-
-#include <spdlog/spdlog.h>
 
 #include "ferry/version.h"
 #include "rpc/session_service.h"
@@ -45,10 +45,14 @@ namespace {
 std::string EscapeLabel(const std::string& v) {
   std::string out;
   for (char c : v) {
-    if (c == '\\') out += "\\\\";
-    else if (c == '"') out += "\\\"";
-    else if (c == '\n') out += "\\n";
-    else out += c;
+    if (c == '\\')
+      out += "\\\\";
+    else if (c == '"')
+      out += "\\\"";
+    else if (c == '\n')
+      out += "\\n";
+    else
+      out += c;
   }
   return out;
 }
@@ -62,8 +66,7 @@ class Exposition {
   }
   void Sample(const std::string& name, double value, const std::string& extra_labels = "") {
     out_ << name << "{" << labels_ << (extra_labels.empty() ? "" : "," + extra_labels) << "} ";
-    if (value == static_cast<double>(static_cast<uint64_t>(value)) && value >= 0 &&
-        value < 1e18) {
+    if (value == static_cast<double>(static_cast<uint64_t>(value)) && value >= 0 && value < 1e18) {
       out_ << static_cast<uint64_t>(value);
     } else {
       out_ << value;
@@ -150,8 +153,7 @@ std::string RenderMetrics(const SessionServiceContext& c,
   e.Metric("ferry_slab_pool_fds_open", "gauge", "memfds the slab pool holds open.", p.fds_open);
   e.Metric("ferry_slab_pool_connections", "gauge", "Connections open on the slab socket.",
            slab_connections);
-  auto histogram = [&e](const LatencyHistogram* hist, const std::string& name,
-                        const char* help) {
+  auto histogram = [&e](const LatencyHistogram* hist, const std::string& name, const char* help) {
     if (!hist) return;
     const LatencyHistogram::Snapshot h = hist->snapshot();
     e.Family(name.c_str(), "histogram", help);
@@ -203,8 +205,8 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
                              if (ec) {
                                // Too large a request, or the peer went away.
                                if (ec == asio::error::not_found) {
-                                 self->Reply("431 Request Header Fields Too Large",
-                                             "text/plain", "request too large\n");
+                                 self->Reply("431 Request Header Fields Too Large", "text/plain",
+                                             "request too large\n");
                                } else {
                                  self->Close();
                                }
@@ -238,8 +240,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
 
   void Reply(const std::string& status, const std::string& type, std::string body,
              size_t length = std::string::npos) {
-    response_ = "HTTP/1.1 " + status + "\r\nContent-Type: " + type +
-                "\r\nContent-Length: " +
+    response_ = "HTTP/1.1 " + status + "\r\nContent-Type: " + type + "\r\nContent-Length: " +
                 std::to_string(length == std::string::npos ? body.size() : length) +
                 "\r\nConnection: close\r\n\r\n" + body;
     auto self = shared_from_this();
@@ -307,8 +308,8 @@ Result<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& h
   if (!ec) impl->acceptor.bind(ep, ec);
   if (!ec) impl->acceptor.listen(asio::socket_base::max_listen_connections, ec);
   if (ec) {
-    return Status(ErrorKind::kUnavailable, "metrics: cannot listen on " + host_port + ": " +
-                                               ec.message());
+    return Status(ErrorKind::kUnavailable,
+                  "metrics: cannot listen on " + host_port + ": " + ec.message());
   }
   tcp::endpoint bound = impl->acceptor.local_endpoint(ec);
   std::string bound_host = bound.address().to_string();

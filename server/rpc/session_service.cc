@@ -1,7 +1,8 @@
 #include "rpc/session_service.h"
 
-#include <deque>
 #include <spdlog/spdlog.h>
+
+#include <deque>
 
 #include "rpc/convert.h"
 
@@ -16,12 +17,8 @@ class SessionConnection : public session::SessionEvents,
                           public DrainListener,
                           public std::enable_shared_from_this<SessionConnection> {
  public:
-  SessionConnection(SessionServiceContext* context, Reactor* reactor,
-                    session::PeerIdentity peer)
-      : context_(context),
-        executor_(*context->io),
-        reactor_(reactor),
-        peer_(std::move(peer)) {}
+  SessionConnection(SessionServiceContext* context, Reactor* reactor, session::PeerIdentity peer)
+      : context_(context), executor_(*context->io), reactor_(reactor), peer_(std::move(peer)) {}
 
   const session::Executor& executor() const { return executor_; }
   v1::ClientMessage* read_buffer() { return &read_buffer_; }
@@ -137,8 +134,7 @@ class SessionConnection : public session::SessionEvents,
     ToProto(stats, m->mutable_closed()->mutable_stats());
     Send(std::move(m));
     session_done_ = true;
-    spdlog::info("session {} closed ({} submits, {} ops)", session_id_, stats.submits,
-                 stats.ops);
+    spdlog::info("session {} closed ({} submits, {} ops)", session_id_, stats.submits, stats.ops);
     FinishWith(grpc::Status::OK);
   }
 
@@ -238,8 +234,8 @@ class SessionConnection : public session::SessionEvents,
       config.max_in_flight_submits =
           std::min<uint32_t>(open.max_in_flight_submits(), context_->max_in_flight_submits);
     }
-    auto created = session::Session::Create(context_->device, context_->registry, executor_,
-                                            config, open.client_name(), peer_, this);
+    auto created = session::Session::Create(context_->device, context_->registry, executor_, config,
+                                            open.client_name(), peer_, this);
     if (!created.ok()) {
       return Fail(created.status(),
                   grpc::Status(static_cast<grpc::StatusCode>(created.status().code()),
@@ -267,8 +263,8 @@ class SessionConnection : public session::SessionEvents,
     // Shared memory for a local client: a slab set, and the one-time token that binds a
     // connection on the slab socket to it.
     if (context_->slab_pool && context_->slab_broker && peer_.local()) {
-      auto slabs = std::make_shared<pool::SessionSlabs>(context_->slab_pool,
-                                                          context_->session_pinned_quota);
+      auto slabs =
+          std::make_shared<pool::SessionSlabs>(context_->slab_pool, context_->session_pinned_quota);
       session_->AttachSlabs(slabs);
       slab_token_ = context_->slab_broker->IssueToken(slabs);
       o->set_slab_socket(context_->slab_broker->path());
@@ -291,8 +287,7 @@ class SessionConnection : public session::SessionEvents,
   }
 
   void ProtocolViolation(const std::string& what) {
-    spdlog::warn("session {} from {}: protocol violation: {}", session_id_, peer_.address,
-                 what);
+    spdlog::warn("session {} from {}: protocol violation: {}", session_id_, peer_.address, what);
     Fail(Status(ErrorKind::kProtocolViolation, what),
          grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, what));
   }
@@ -358,11 +353,11 @@ class SessionConnection : public session::SessionEvents,
   Reactor* reactor_;  // valid until Finish; null after OnDone
   session::PeerIdentity peer_;
   bool remote_ = IsRemotePeer(peer_.address);  // came in over TCP
-  v1::ClientMessage read_buffer_;  // written by gRPC between StartRead and OnReadDone
+  v1::ClientMessage read_buffer_;              // written by gRPC between StartRead and OnReadDone
 
   std::shared_ptr<session::Session> session_;
   uint64_t session_id_ = 0;
-  std::string slab_token_;  // issued at Open; revoked when the stream ends
+  std::string slab_token_;     // issued at Open; revoked when the stream ends
   bool session_done_ = false;  // closed, aborted or failed: no more session calls
   uint64_t last_submit_id_ = 0;
   uint64_t last_forwarded_ = 0;  // the last submit handed to the session

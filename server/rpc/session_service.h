@@ -3,31 +3,32 @@
 // Threading: all connection and session state is touched on the connection's serial
 // executor (session::SerialExecutor), shared with its session. A reaction hands its work to
 // it, running it on the gRPC thread itself when the executor is idle and the work is short
-// (a small submit, a Synchronize, a write done), else posting it to the executor's threads. One write in flight at a time; reads stop
-// while the session's in-flight limit is reached (backpressure on the client).
+// (a small submit, a Synchronize, a write done), else posting it to the executor's threads. One
+// write in flight at a time; reads stop while the session's in-flight limit is reached
+// (backpressure on the client).
 #pragma once
 
-#include <boost/asio/io_context.hpp>
+#include <grpcpp/grpcpp.h>
+
 #include <atomic>
+#include <boost/asio/io_context.hpp>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 
-#include <grpcpp/grpcpp.h>
-
 #include "backend/backend.h"
+#include "ferry/v1/session.grpc.pb.h"
 #include "pool/slab_broker.h"
 #include "pool/slab_pool.h"
 #include "pool/staging.h"
-#include "ferry/v1/session.grpc.pb.h"
-#include "session/device_supervisor.h"
-#include "session/registry.h"
-#include "session/session.h"
 #include "rpc/auth.h"
 #include "rpc/local_connections.h"
 #include "rpc/metrics.h"
+#include "session/device_supervisor.h"
+#include "session/registry.h"
+#include "session/session.h"
 
 namespace ferry::rpc {
 

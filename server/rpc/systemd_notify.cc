@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <spdlog/spdlog.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -14,14 +15,11 @@
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
-#include <spdlog/spdlog.h>
 
 namespace ferry::rpc::systemd {
 namespace {
 
-std::string Errno(std::string_view what) {
-  return std::string(what) + ": " + std::strerror(errno);
-}
+std::string Errno(std::string_view what) { return std::string(what) + ": " + std::strerror(errno); }
 
 // Parse a whole decimal string; nullopt when it is not one.
 std::optional<uint64_t> ParseDecimal(const char* text) {
@@ -128,9 +126,8 @@ std::string SocketEndpoint(int fd) {
   if (::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) == 0) {
     if (ss.ss_family == AF_UNIX) {
       const auto* un = reinterpret_cast<const sockaddr_un*>(&ss);
-      size_t path_len = len > offsetof(sockaddr_un, sun_path)
-                            ? len - offsetof(sockaddr_un, sun_path)
-                            : 0;
+      size_t path_len =
+          len > offsetof(sockaddr_un, sun_path) ? len - offsetof(sockaddr_un, sun_path) : 0;
       if (path_len > 0 && un->sun_path[0] != '\0') {
         return "unix:" + std::string(un->sun_path, strnlen(un->sun_path, path_len));
       }

@@ -86,8 +86,7 @@ class ObjectOverlay {
 
 class Admitter {
  public:
-  Admitter(const HandleTable& table, const AdmissionLimits& limits,
-           const pool::SessionSlabs* slabs)
+  Admitter(const HandleTable& table, const AdmissionLimits& limits, const pool::SessionSlabs* slabs)
       : overlay_(table), objects_(table), limits_(limits), slabs_(slabs) {
     result_.peak_device_bytes = table.bytes();
   }
@@ -136,18 +135,17 @@ class Admitter {
   Result<const TensorRecord*> LiveFloat(uint64_t handle) {
     FERRY_ASSIGN_OR_RETURN(const TensorRecord* r, Live(handle));
     if (!IsFloatingPoint(r->dtype)) {
-      return Status(ErrorKind::kDtypeMismatch, H(handle) + " is " +
-                                                   std::string(DTypeName(r->dtype)) +
-                                                   "; this op takes f32 or f64");
+      return Status(
+          ErrorKind::kDtypeMismatch,
+          H(handle) + " is " + std::string(DTypeName(r->dtype)) + "; this op takes f32 or f64");
     }
     return r;
   }
-  static Status SameLayout(uint64_t ha, const TensorRecord* a, uint64_t hb,
-                           const TensorRecord* b) {
+  static Status SameLayout(uint64_t ha, const TensorRecord* a, uint64_t hb, const TensorRecord* b) {
     if (a->dtype != b->dtype) {
-      return Status(ErrorKind::kDtypeMismatch,
-                    H(ha) + " is " + std::string(DTypeName(a->dtype)) + " but " + H(hb) +
-                        " is " + std::string(DTypeName(b->dtype)));
+      return Status(ErrorKind::kDtypeMismatch, H(ha) + " is " + std::string(DTypeName(a->dtype)) +
+                                                   " but " + H(hb) + " is " +
+                                                   std::string(DTypeName(b->dtype)));
     }
     if (!(a->shape == b->shape)) {
       return Status(ErrorKind::kShapeMismatch, H(ha) + " has shape " + a->shape.ToString() +
@@ -156,14 +154,13 @@ class Admitter {
     }
     return Status::Ok();
   }
-  static Status InRange(uint64_t handle, const TensorRecord* r, uint64_t offset,
-                        uint64_t length) {
+  static Status InRange(uint64_t handle, const TensorRecord* r, uint64_t offset, uint64_t length) {
     uint64_t end = 0;
     if (!CheckedAdd(offset, length, &end) || end > r->bytes) {
-      return Status(ErrorKind::kOutOfRange,
-                    "bytes [" + std::to_string(offset) + ", +" + std::to_string(length) +
-                        ") are outside " + H(handle) + " of " + std::to_string(r->bytes) +
-                        " bytes");
+      return Status(ErrorKind::kOutOfRange, "bytes [" + std::to_string(offset) + ", +" +
+                                                std::to_string(length) + ") are outside " +
+                                                H(handle) + " of " + std::to_string(r->bytes) +
+                                                " bytes");
     }
     return Status::Ok();
   }
@@ -178,12 +175,11 @@ class Admitter {
     r.shape = op.shape;
     FERRY_ASSIGN_OR_RETURN(r.bytes, TensorBytes(op.dtype, op.shape, &r.elements));
     if (overlay_.bytes() + r.bytes > limits_.device_bytes_quota) {
-      return Status(ErrorKind::kQuotaExceeded,
-                    "creating " + H(op.handle) + " (" + std::to_string(r.bytes) +
-                        " bytes) would take the session to " +
-                        std::to_string(overlay_.bytes() + r.bytes) +
-                        " bytes, over its device quota of " +
-                        std::to_string(limits_.device_bytes_quota));
+      return Status(
+          ErrorKind::kQuotaExceeded,
+          "creating " + H(op.handle) + " (" + std::to_string(r.bytes) +
+              " bytes) would take the session to " + std::to_string(overlay_.bytes() + r.bytes) +
+              " bytes, over its device quota of " + std::to_string(limits_.device_bytes_quota));
     }
     result_.bytes_created += r.bytes;
     overlay_.Create(op.handle, std::move(r));
@@ -208,9 +204,9 @@ class Admitter {
     FERRY_RETURN_IF_ERROR(InRange(op.tensor, r, op.offset, op.length));
     result_.download_bytes += op.length;
     if (limits_.max_download_bytes && result_.download_bytes > limits_.max_download_bytes) {
-      return Status(ErrorKind::kQuotaExceeded,
-                    "the submit downloads more than " +
-                        std::to_string(limits_.max_download_bytes) + " bytes");
+      return Status(ErrorKind::kQuotaExceeded, "the submit downloads more than " +
+                                                   std::to_string(limits_.max_download_bytes) +
+                                                   " bytes");
     }
     return Status::Ok();
   }
@@ -223,8 +219,7 @@ class Admitter {
     FERRY_ASSIGN_OR_RETURN(const TensorRecord* dst, Live(op.dst));
     if (src->dtype != dst->dtype) return SameLayout(op.src, src, op.dst, dst);
     if (src->elements != dst->elements) {
-      return Status(ErrorKind::kShapeMismatch, H(op.src) + " has " +
-                                                   std::to_string(src->elements) +
+      return Status(ErrorKind::kShapeMismatch, H(op.src) + " has " + std::to_string(src->elements) +
                                                    " elements but " + H(op.dst) + " has " +
                                                    std::to_string(dst->elements));
     }
@@ -251,13 +246,12 @@ class Admitter {
     FERRY_ASSIGN_OR_RETURN(const TensorRecord* in, LiveFloat(op.in));
     FERRY_ASSIGN_OR_RETURN(const TensorRecord* out, Live(op.out));
     if (in->dtype != out->dtype) {
-      return Status(ErrorKind::kDtypeMismatch, H(op.out) + " must have the dtype of " +
-                                                   H(op.in));
+      return Status(ErrorKind::kDtypeMismatch, H(op.out) + " must have the dtype of " + H(op.in));
     }
     if (out->elements != 1) {
-      return Status(ErrorKind::kShapeMismatch,
-                    H(op.out) + " must hold exactly one element, it has " +
-                        std::to_string(out->elements));
+      return Status(
+          ErrorKind::kShapeMismatch,
+          H(op.out) + " must hold exactly one element, it has " + std::to_string(out->elements));
     }
     if (op.in == op.out && in->elements != 1) {
       return Status(ErrorKind::kInvalidArgument, "the output of a sum may not be its input");
@@ -292,13 +286,13 @@ class Admitter {
   Status Do(const LoadModuleOp& op) {
     if (op.handle == 0) return Status(ErrorKind::kInvalidHandle, "module handle 0 is never valid");
     if (objects_.ModuleLive(op.handle)) {
-      return Status(ErrorKind::kInvalidHandle, "module " + std::to_string(op.handle) +
-                                                   " already exists");
+      return Status(ErrorKind::kInvalidHandle,
+                    "module " + std::to_string(op.handle) + " already exists");
     }
     if (op.image.empty()) return Status(ErrorKind::kInvalidArgument, "empty module image");
     if (op.image.size() > kMaxModuleBytes) {
-      return Status(ErrorKind::kQuotaExceeded, "module image above " +
-                                                   std::to_string(kMaxModuleBytes) + " bytes");
+      return Status(ErrorKind::kQuotaExceeded,
+                    "module image above " + std::to_string(kMaxModuleBytes) + " bytes");
     }
     objects_.CreateModule(op.handle);
     return Status::Ok();

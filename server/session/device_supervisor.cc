@@ -22,17 +22,17 @@ DeviceSupervisor::~DeviceSupervisor() {
   if (rebuilder.joinable()) rebuilder.join();
 }
 
-Result<DeviceSupervisor::Lease> DeviceSupervisor::Join(
-    uint64_t session_id, std::weak_ptr<DeviceLostListener> listener,
-    std::chrono::milliseconds wait) {
+Result<DeviceSupervisor::Lease> DeviceSupervisor::Join(uint64_t session_id,
+                                                       std::weak_ptr<DeviceLostListener> listener,
+                                                       std::chrono::milliseconds wait) {
   std::unique_lock lock(mu_);
   // The wait blocks the caller's executor thread, so it is short: an in-process rebuild
   // takes milliseconds, and one that cannot happen fails at once.
   if (!cv_.wait_for(lock, wait, [&] { return (!lost_ && device_) || unrecoverable_now_; }) ||
       unrecoverable_now_) {
-    return Status(ErrorKind::kUnavailable,
-                  unrecoverable_now_ ? "the daemon is restarting after a device fault"
-                                     : "the device is being rebuilt after a fault");
+    return Status(ErrorKind::kUnavailable, unrecoverable_now_
+                                               ? "the daemon is restarting after a device fault"
+                                               : "the device is being rebuilt after a fault");
   }
   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<backend::Stream> stream, device_->CreateStream());
   ++streams_;
@@ -57,8 +57,7 @@ void DeviceSupervisor::Leave(uint64_t session_id) {
   listeners_.erase(session_id);
 }
 
-void DeviceSupervisor::ReportFault(uint64_t generation, uint64_t session_id,
-                                   const Status& fault) {
+void DeviceSupervisor::ReportFault(uint64_t generation, uint64_t session_id, const Status& fault) {
   std::vector<std::shared_ptr<DeviceLostListener>> notify;
   DeviceLoss loss;
   {
@@ -74,9 +73,10 @@ void DeviceSupervisor::ReportFault(uint64_t generation, uint64_t session_id,
     for (auto& [id, weak] : listeners_) {
       if (auto l = weak.lock()) notify.push_back(std::move(l));
     }
-    spdlog::error("device fault reported by session {}: {}; rebuilding the device for {} "
-                  "session(s)",
-                  session_id, fault.ToString(), notify.size());
+    spdlog::error(
+        "device fault reported by session {}: {}; rebuilding the device for {} "
+        "session(s)",
+        session_id, fault.ToString(), notify.size());
     // Before any rebuild can start, so that "back" always follows "lost". The hook does
     // not call back into the supervisor, so it may run under mu_.
     if (serving_hook_) serving_hook_(false);
@@ -100,8 +100,7 @@ void DeviceSupervisor::RebuildLocked(std::unique_lock<std::mutex>&) {
     auto fresh = factory_();
     std::unique_lock lock(mu_);
     if (!fresh.ok()) {
-      spdlog::critical("cannot rebuild the device in this process: {}",
-                       fresh.status().ToString());
+      spdlog::critical("cannot rebuild the device in this process: {}", fresh.status().ToString());
       unrecoverable_now_ = true;
       cv_.notify_all();
       auto handler = unrecoverable_;

@@ -27,8 +27,8 @@ namespace ferry::session {
 /// What a session is told when the device it runs on is lost.
 struct DeviceLoss {
   uint64_t generation = 0;
-  Status fault;                 // the error the reporting session saw
-  uint64_t reporter = 0;        // id of the session that reported it first
+  Status fault;                        // the error the reporting session saw
+  uint64_t reporter = 0;               // id of the session that reported it first
   bool raw_kernels_in_flight = false;  // some session had raw kernels in flight then
 };
 
@@ -46,8 +46,7 @@ class DeviceSupervisor {
   /// be empty where there is nothing to reset (the host backend).
   using ContextReset = std::function<Status()>;
 
-  static Result<std::unique_ptr<DeviceSupervisor>> Create(Factory factory,
-                                                          ContextReset reset);
+  static Result<std::unique_ptr<DeviceSupervisor>> Create(Factory factory, ContextReset reset);
   ~DeviceSupervisor();
 
   /// A stream on the current device, and the generation it belongs to.
@@ -118,16 +117,16 @@ class DeviceSupervisor {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::unique_ptr<backend::Device> device_;           // guarded by mu_
-  uint64_t generation_ = 1;                           // guarded by mu_
-  uint64_t streams_ = 0;                              // of generation_, guarded by mu_
-  bool lost_ = false;                                 // generation_ is lost; guarded by mu_
+  std::unique_ptr<backend::Device> device_;  // guarded by mu_
+  uint64_t generation_ = 1;                  // guarded by mu_
+  uint64_t streams_ = 0;                     // of generation_, guarded by mu_
+  bool lost_ = false;                        // generation_ is lost; guarded by mu_
   bool unrecoverable_now_ = false;  // rebuilding failed: only a restart helps; guarded by mu_
-  std::chrono::steady_clock::time_point lost_at_;     // guarded by mu_
-  std::string last_fault_;                            // guarded by mu_
+  std::chrono::steady_clock::time_point lost_at_;                    // guarded by mu_
+  std::string last_fault_;                                           // guarded by mu_
   std::map<uint64_t, std::weak_ptr<DeviceLostListener>> listeners_;  // guarded by mu_
-  std::thread rebuilder_;                             // guarded by mu_
-  std::function<void(const Status&)> unrecoverable_;  // guarded by mu_
+  std::thread rebuilder_;                                            // guarded by mu_
+  std::function<void(const Status&)> unrecoverable_;                 // guarded by mu_
   std::atomic<int64_t> raw_in_flight_{0};
   std::atomic<uint64_t> resets_{0};
   std::atomic<uint64_t> last_recovery_ms_{0};

@@ -38,8 +38,8 @@ struct SessionCounters {
 /// Who opened a session: its transport address and, for a local client, the credentials
 /// the kernel reported for its Unix-socket connection (SO_PEERCRED).
 struct PeerIdentity {
-  std::string address;           // "unix:/run/ferry/ferryd-0.sock", "ipv4:127.0.0.1:51234", ...
-  std::optional<uint32_t> uid;   // set only for local clients
+  std::string address;          // "unix:/run/ferry/ferryd-0.sock", "ipv4:127.0.0.1:51234", ...
+  std::optional<uint32_t> uid;  // set only for local clients
   std::optional<int32_t> pid;
   /// A client on this machine, reached through a Unix socket: it may use shared memory.
   bool local() const { return uid.has_value(); }

@@ -4,8 +4,7 @@
 
 namespace ferry::session {
 
-SerialExecutor::SerialExecutor(boost::asio::io_context& io)
-    : state_(std::make_shared<State>(io)) {}
+SerialExecutor::SerialExecutor(boost::asio::io_context& io) : state_(std::make_shared<State>(io)) {}
 
 void SerialExecutor::Post(std::function<void()> fn) const {
   std::lock_guard lock(state_->mu);

@@ -14,7 +14,6 @@
 #pragma once
 
 #include <boost/asio/io_context.hpp>
-
 #include <deque>
 #include <functional>
 #include <memory>
@@ -44,7 +43,7 @@ class SerialExecutor {
     boost::asio::io_context& io;
     std::mutex mu;
     std::deque<std::function<void()>> queue;  // guarded by mu
-    bool active = false;  // a thread runs or is scheduled to run the queue; guarded by mu
+    bool active = false;     // a thread runs or is scheduled to run the queue; guarded by mu
     std::thread::id runner;  // the thread running a function now; guarded by mu
   };
   // Run queued functions on an io_context thread, up to kBatch, then reschedule or go idle.

@@ -1,7 +1,6 @@
 #include "session/session.h"
 
 #include <cstring>
-
 #include <type_traits>
 
 namespace ferry::session {
@@ -84,15 +83,14 @@ void Session::Submit(SubmitRequest request) {
   if (!queue_.back().on_device) DeliverReady();
 }
 
-Status Session::Enqueue(SubmitRequest& request, const AdmissionResult& admitted,
-                        InFlight& record) {
+Status Session::Enqueue(SubmitRequest& request, const AdmissionResult& admitted, InFlight& record) {
   auto& ops = request.ops;
   // Allocate everything the submit creates first, so that a device that cannot provide
   // the memory refuses the submit whole.
   if (!registry_->TryReserveDeviceBytes(admitted.bytes_created)) {
-    return Status(ErrorKind::kQuotaExceeded,
-                  "the daemon-wide device memory cap (" +
-                      std::to_string(registry_->device_bytes_cap()) + " bytes) is reached");
+    return Status(ErrorKind::kQuotaExceeded, "the daemon-wide device memory cap (" +
+                                                 std::to_string(registry_->device_bytes_cap()) +
+                                                 " bytes) is reached");
   }
   std::vector<DevicePtr> fresh(ops.size(), 0);
   std::vector<uint64_t> fresh_bytes(ops.size(), 0);
@@ -149,8 +147,7 @@ Status Session::Enqueue(SubmitRequest& request, const AdmissionResult& admitted,
   }
   Status first_error;
   for (size_t i = 0; i < ops.size(); ++i) {
-    Status s = EnqueueOp(ops[i], fresh[i], std::move(loaded[i]), record,
-                         static_cast<uint32_t>(i));
+    Status s = EnqueueOp(ops[i], fresh[i], std::move(loaded[i]), record, static_cast<uint32_t>(i));
     if (!s.ok()) {
       release_from(i + 1);
       first_error = s.WithOpIndex(static_cast<int>(i));
@@ -170,27 +167,26 @@ Status Session::Enqueue(SubmitRequest& request, const AdmissionResult& admitted,
 }
 
 void Session::WatchCompletion(bool may_run_inline) {
-  stream_->OnComplete([self = shared_from_this(), epoch = epoch_,
-                       may_run_inline](Status status) mutable {
-    Executor executor = self->executor_;
-    // A cheap completion runs on the completion thread itself when the session is idle (no
-    // wake-up of an executor thread). A fault goes to the executor: handling it rebuilds the
-    // device, which must not happen on the device's own completion thread.
-    const bool run_here = may_run_inline && status.ok();
-    auto handle = [self = std::move(self), epoch, status = std::move(status)]() mutable {
-      self->OnDeviceComplete(epoch, std::move(status));
-    };
-    if (run_here) {
-      executor.RunOrPost(std::move(handle));
-    } else {
-      executor.Post(std::move(handle));
-    }
-  });
+  stream_->OnComplete(
+      [self = shared_from_this(), epoch = epoch_, may_run_inline](Status status) mutable {
+        Executor executor = self->executor_;
+        // A cheap completion runs on the completion thread itself when the session is idle (no
+        // wake-up of an executor thread). A fault goes to the executor: handling it rebuilds the
+        // device, which must not happen on the device's own completion thread.
+        const bool run_here = may_run_inline && status.ok();
+        auto handle = [self = std::move(self), epoch, status = std::move(status)]() mutable {
+          self->OnDeviceComplete(epoch, std::move(status));
+        };
+        if (run_here) {
+          executor.RunOrPost(std::move(handle));
+        } else {
+          executor.Post(std::move(handle));
+        }
+      });
 }
 
-Status Session::EnqueueOp(const Op& any, DevicePtr fresh,
-                          std::shared_ptr<backend::Module> loaded, InFlight& record,
-                          uint32_t index) {
+Status Session::EnqueueOp(const Op& any, DevicePtr fresh, std::shared_ptr<backend::Module> loaded,
+                          InFlight& record, uint32_t index) {
   // Every tensor an op touches goes through here, so a graph being recorded learns which
   // tensors (and which generation of each handle) it uses.
   auto rec = [this](uint64_t handle) {
@@ -242,9 +238,8 @@ Status Session::EnqueueOp(const Op& any, DevicePtr fresh,
               pd.staged = lease.data();
               pd.staged_length = op.length;
               record.staging.push_back(std::move(lease));
-              FERRY_RETURN_IF_ERROR(
-                  stream_->CopyDeviceToHost(const_cast<char*>(pd.staged),
-                                            ptr(op.tensor) + op.offset, op.length));
+              FERRY_RETURN_IF_ERROR(stream_->CopyDeviceToHost(
+                  const_cast<char*>(pd.staged), ptr(op.tensor) + op.offset, op.length));
               record.download_bytes += op.length;
               record.downloads.push_back(std::move(pd));
               return Status::Ok();
@@ -291,8 +286,7 @@ Status Session::EnqueueOp(const Op& any, DevicePtr fresh,
           const TensorRecord* a = rec(op.a);
           if (a->elements == 0) return Status::Ok();
           launch();
-          return stream_->Binary(op.kind, a->dtype, a->ptr, ptr(op.b), ptr(op.out),
-                                 a->elements);
+          return stream_->Binary(op.kind, a->dtype, a->ptr, ptr(op.b), ptr(op.out), a->elements);
         } else if constexpr (std::is_same_v<T, ScaleOp>) {
           const TensorRecord* x = rec(op.x);
           if (x->elements == 0) return Status::Ok();
@@ -360,8 +354,7 @@ Status Session::EnqueueOp(const Op& any, DevicePtr fresh,
             record.first_launch_op = static_cast<int>(index);
             record.first_launch_name = op.function;
           }
-          return stream_->Launch(*tensors_.modules().at(op.module), op.function, op.config,
-                                 args);
+          return stream_->Launch(*tensors_.modules().at(op.module), op.function, op.config, args);
         } else if constexpr (std::is_same_v<T, BeginGraphOp>) {
           FERRY_RETURN_IF_ERROR(stream_->BeginCapture());
           capturing_ = true;
@@ -440,10 +433,11 @@ void Session::OnDeviceLost(const DeviceLoss& loss) {
   if (loss.generation != generation_ || !stream_) return;
   // Blame this session if it had raw kernels in flight, or, when nobody had, if it is the
   // one whose own work reported the fault; every other session lost its state to a reset.
-  bool faulted = raw_launches_in_flight_ > 0 || (!loss.raw_kernels_in_flight && loss.reporter == id_);
+  bool faulted =
+      raw_launches_in_flight_ > 0 || (!loss.raw_kernels_in_flight && loss.reporter == id_);
   Status lost = faulted ? Status(ErrorKind::kDeviceFault,
-                                 "this session's work faulted the device (" +
-                                     loss.fault.message() + "); its tensors are gone")
+                                 "this session's work faulted the device (" + loss.fault.message() +
+                                     "); its tensors are gone")
                         : Status(ErrorKind::kDeviceReset,
                                  "another session faulted the device; the context was "
                                  "rebuilt and this session's tensors are gone");

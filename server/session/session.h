@@ -3,8 +3,8 @@
 // Threading: every method runs on the session's executor (a SerialExecutor: one at a time,
 // in order), and so do the events it raises. Backend completions arrive on the backend's
 // completion thread, which runs them itself when the executor is idle (RunOrPost) or hands
-// them to the executor's threads. The session keeps itself alive (shared_from_this) while device work
-// is in flight, so a client that goes away never frees memory the device may still touch.
+// them to the executor's threads. The session keeps itself alive (shared_from_this) while device
+// work is in flight, so a client that goes away never frees memory the device may still touch.
 #pragma once
 
 #include <cstdint>
@@ -111,14 +111,14 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   // One submit between Submit() and its OnCompleted, in submit order.
   struct InFlight {
     uint64_t submit_id = 0;
-    bool on_device = false;          // waits for a backend completion
-    Status status;                   // the refusal or enqueue error, if any
+    bool on_device = false;  // waits for a backend completion
+    Status status;           // the refusal or enqueue error, if any
     std::shared_ptr<const void> payload;
     std::vector<PendingDownload> downloads;
     uint64_t download_bytes = 0;
-    int first_launch_op = -1;         // the first raw kernel launch of the submit
+    int first_launch_op = -1;  // the first raw kernel launch of the submit
     std::string first_launch_name;
-    std::vector<uint64_t> syncs_after;  // Synchronize ids answered after this completes
+    std::vector<uint64_t> syncs_after;         // Synchronize ids answered after this completes
     std::vector<pool::SlabRange> slab_ranges;  // busy until this submit completes
     std::vector<pool::StagingLease> staging;   // freed when the submit is delivered
   };
@@ -129,8 +129,8 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
 
   // Enqueue an admitted submit; returns the first enqueue error (with op index).
   Status Enqueue(SubmitRequest& request, const AdmissionResult& admitted, InFlight& record);
-  Status EnqueueOp(const Op& op, backend::DevicePtr fresh,
-                   std::shared_ptr<backend::Module> loaded, InFlight& record, uint32_t index);
+  Status EnqueueOp(const Op& op, backend::DevicePtr fresh, std::shared_ptr<backend::Module> loaded,
+                   InFlight& record, uint32_t index);
   // Ask the stream for one completion covering everything enqueued so far. `may_run_inline`:
   // handling it is cheap (no staged bytes to copy out, no teardown), so the completion
   // thread may run it itself when the executor is idle.
@@ -154,7 +154,7 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   std::unique_ptr<backend::Stream> stream_;  // null once released (closed or device lost)
   uint64_t generation_ = 0;                  // the device generation stream_ belongs to
   uint64_t epoch_ = 0;                       // bumped on device loss: stale completions drop
-  SessionEvents* events_;  // null once the client is gone
+  SessionEvents* events_;                    // null once the client is gone
   std::shared_ptr<SessionCounters> counters_;
   uint64_t id_ = 0;
 

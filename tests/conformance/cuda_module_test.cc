@@ -24,8 +24,8 @@ namespace {
 
 constexpr auto kSyncTimeout = std::chrono::seconds(60);
 
-#define FERRY_SKIP_WITHOUT_CUDA()                                 \
-  do {                                                            \
+#define FERRY_SKIP_WITHOUT_CUDA()                                         \
+  do {                                                                    \
     if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device visible"; \
   } while (0)
 
@@ -189,9 +189,8 @@ TEST_F(CudaModuleTest, PtxKernelRuns) {
   constexpr uint32_t kN = 5000;
   auto d_out = stream_->Allocate(kN * sizeof(uint32_t));
   ASSERT_TRUE(d_out.ok());
-  const Status launched =
-      stream_->Launch(**module, "iota", Config1D((kN + 255) / 256, 256),
-                      {Pointer(*d_out), Scalar(kN)});
+  const Status launched = stream_->Launch(**module, "iota", Config1D((kN + 255) / 256, 256),
+                                          {Pointer(*d_out), Scalar(kN)});
   ASSERT_TRUE(launched.ok()) << launched.ToString();
   std::vector<uint32_t> out(kN);
   ASSERT_TRUE(stream_->CopyDeviceToHost(out.data(), *d_out, kN * sizeof(uint32_t)).ok());
@@ -224,7 +223,8 @@ TEST_F(CudaModuleTest, WrongArgumentsAreInvalidArgument) {
   EXPECT_EQ(s.kind(), ErrorKind::kInvalidArgument) << s.ToString();
   s = stream_->Launch(**module, "iota", Config1D(1, 32), {Pointer(*d_out), Scalar(uint64_t{8})});
   EXPECT_EQ(s.kind(), ErrorKind::kInvalidArgument) << s.ToString();
-  s = stream_->Launch(**module, "iota", Config1D(1, 32), {Scalar(uint32_t{1}), Scalar(uint32_t{8})});
+  s = stream_->Launch(**module, "iota", Config1D(1, 32),
+                      {Scalar(uint32_t{1}), Scalar(uint32_t{8})});
   EXPECT_EQ(s.kind(), ErrorKind::kInvalidArgument) << s.ToString();
 
   // Launch configurations the device cannot run.

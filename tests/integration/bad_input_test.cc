@@ -195,7 +195,7 @@ TEST_F(BadInputTest, SubmitOverQuotaIsRefusedAndLosesNothing) {
   session->fill(a, 7);
   ASSERT_TRUE(session->synchronize().ok());
   Tensor b = session->create_tensor<uint8_t>({600 << 10});  // 1.2 MiB in all: over quota
-  session->fill(a, 9);                                       // refused with it
+  session->fill(a, 9);                                      // refused with it
   ASSERT_TRUE(session->submit().ok());
   Status s = session->synchronize();
   EXPECT_EQ(s.kind(), ErrorKind::kQuotaExceeded);
@@ -276,7 +276,8 @@ TEST_F(BadInputTest, ClientThatVanishesMidStreamIsCleanedUp) {
 TEST_F(BadInputTest, KilledClientProcessIsCleanedUp) {
   StartBystander();
   // A child process opens a session, queues work, and is killed with SIGKILL.
-  pid_t pid = testing::Spawn(testing::ProgramPath("FERRY_TEST_CLIENT", FERRY_TEST_CLIENT_PATH), {daemon_->unix_target(), "hang"});
+  pid_t pid = testing::Spawn(testing::ProgramPath("FERRY_TEST_CLIENT", FERRY_TEST_CLIENT_PATH),
+                             {daemon_->unix_target(), "hang"});
   ASSERT_GT(pid, 0);
   // Wait until the daemon sees its session and tensors.
   bool seen = false;

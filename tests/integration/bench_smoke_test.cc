@@ -102,9 +102,10 @@ TEST(BenchSmokeTest, QuickRunWithBaselineWritesJson) {
   std::string dir = tmpl;
   std::string json = dir + "/bench.json", svg = dir + "/bench.svg", log = dir + "/bench.log";
 
-  pid_t pid = testing::Spawn(FERRY_BENCH_PATH, {"--target", daemon.unix_target(), "--quick",
-                                                "--baseline", "--json", json, "--svg", svg},
-                             log);
+  pid_t pid = testing::Spawn(
+      FERRY_BENCH_PATH,
+      {"--target", daemon.unix_target(), "--quick", "--baseline", "--json", json, "--svg", svg},
+      log);
   ASSERT_GT(pid, 0);
   int status = testing::WaitExit(pid, std::chrono::seconds(240));
   if (status == -1) {

@@ -137,8 +137,7 @@ TEST_F(DeviceTest, RawKernelFromCudaSource) {
   s->fill(x, 2.0);
   s->fill(y, 1.0);
   s->launch(m, "scale_add", {(n + 255) / 256}, {256},
-            {KernelArg::tensor(y), KernelArg::tensor(x), KernelArg::f32(3.0f),
-             KernelArg::i32(n)});
+            {KernelArg::tensor(y), KernelArg::tensor(x), KernelArg::f32(3.0f), KernelArg::i32(n)});
   auto v = s->download<float>(y);
   ASSERT_TRUE(v.ok()) << v.status().ToString();
   EXPECT_EQ(*v, std::vector<float>(n, 7.0f));
@@ -165,7 +164,8 @@ class DeviceFaultTest : public DeviceTest, public ::testing::WithParamInterface<
 // takes the restart path that a CUDA context needs). On CUDA the driver decides.
 TEST_P(DeviceFaultTest, DeviceFaultIsContainedAndTheDaemonRecovers) {
   bool cuda = testing::TestBackend() != "host";
-  if (cuda && !GetParam()) GTEST_SKIP() << "the CUDA driver decides the path; covered by the other case";
+  if (cuda && !GetParam())
+    GTEST_SKIP() << "the CUDA driver decides the path; covered by the other case";
   // On the host backend the fault is injected: the 200th op the device runs faults.
   std::vector<std::string> args;
   if (!cuda) args = {"--host-fault-after-ops-for-test", "200"};

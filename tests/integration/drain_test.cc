@@ -1,7 +1,6 @@
 // Drain: SIGTERM stops new sessions, tells open ones (Draining), finishes the work already
 // accepted, writes its results, then exits 0. Nothing accepted is lost.
 #include <gtest/gtest.h>
-
 #include <signal.h>
 
 #include <thread>
@@ -15,7 +14,8 @@ namespace {
 TEST(DrainTest, WorkAcceptedBeforeTheDrainCompletesAndIsDelivered) {
   testing::FerrydProcess daemon({"--drain-timeout", "60000"});
   ASSERT_TRUE(daemon.ok()) << daemon.log();
-  auto client = Client::connect(daemon.unix_target(), {.connect_timeout = std::chrono::milliseconds(500)});
+  auto client =
+      Client::connect(daemon.unix_target(), {.connect_timeout = std::chrono::milliseconds(500)});
   ASSERT_TRUE(client.ok());
   auto s = client->open_session();
   ASSERT_TRUE(s.ok());

@@ -9,7 +9,8 @@ namespace {
 TEST(ExampleTest, QuickstartRunsAgainstADaemon) {
   testing::FerrydProcess daemon;
   ASSERT_TRUE(daemon.ok()) << daemon.log();
-  pid_t pid = testing::Spawn(testing::ProgramPath("FERRY_QUICKSTART", FERRY_QUICKSTART_PATH), {daemon.unix_target()});
+  pid_t pid = testing::Spawn(testing::ProgramPath("FERRY_QUICKSTART", FERRY_QUICKSTART_PATH),
+                             {daemon.unix_target()});
   ASSERT_GT(pid, 0);
   int status = testing::WaitExit(pid, std::chrono::seconds(60));
   ASSERT_TRUE(WIFEXITED(status)) << "status " << status;

@@ -1,17 +1,15 @@
 // ferryctl against a real ferryd: status, sessions and health (with the canary) in table and
 // JSON form, their exit codes, drain, and exit code 2 once the daemon is gone.
 #include <fcntl.h>
+#include <google/protobuf/struct.pb.h>
+#include <google/protobuf/util/json_util.h>
+#include <gtest/gtest.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 
-#include <gtest/gtest.h>
-
 #include <cstring>
 #include <sstream>
-
-#include <google/protobuf/struct.pb.h>
-#include <google/protobuf/util/json_util.h>
 
 #include "ferry/client.h"
 #include "ferryd_process.h"
@@ -121,9 +119,9 @@ TEST_F(FerryctlTest, StatusTable) {
   CtlRun r = Ctl({"status"});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_TRUE(r.err.empty()) << r.err;
-  for (const char* key : {"device", "uuid", "backend", "driver", "memory total", "memory free",
-                          "memory in use", "uptime", "version", "sessions", "submits",
-                          "draining"}) {
+  for (const char* key :
+       {"device", "uuid", "backend", "driver", "memory total", "memory free", "memory in use",
+        "uptime", "version", "sessions", "submits", "draining"}) {
     EXPECT_NE(r.out.find(std::string("\n") + key + " "), std::string::npos) << key << "\n" << r.out;
   }
   EXPECT_NE(r.out.find(testing::TestBackend() == "host" ? "host" : ""), std::string::npos);

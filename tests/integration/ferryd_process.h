@@ -3,6 +3,7 @@
 #pragma once
 
 #include <fcntl.h>
+#include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -15,8 +16,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
 
 #include "ferry/v1/admin.grpc.pb.h"
 
@@ -32,8 +31,8 @@ inline pid_t Spawn(const std::string& program, const std::vector<std::string>& a
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   if (!log_path.empty()) {
-    posix_spawn_file_actions_addopen(&actions, 1, log_path.c_str(),
-                                     O_WRONLY | O_CREAT | O_APPEND, 0644);
+    posix_spawn_file_actions_addopen(&actions, 1, log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND,
+                                     0644);
     posix_spawn_file_actions_adddup2(&actions, 1, 2);
   }
   pid_t pid = -1;
@@ -77,8 +76,9 @@ class FerrydProcess {
     char tmpl[] = "/tmp/ferry-test-XXXXXX";
     dir_ = mkdtemp(tmpl);
     socket_ = dir_ + "/ferryd.sock";
-    std::vector<std::string> args = {"--backend", TestBackend(), "--listen", "unix:" + socket_,
-                                     "--ready-file", dir_ + "/ready", "--log-level", "info"};
+    std::vector<std::string> args = {"--backend",       TestBackend(),  "--listen",
+                                     "unix:" + socket_, "--ready-file", dir_ + "/ready",
+                                     "--log-level",     "info"};
     if (tcp) {
       args.push_back("--listen");
       args.push_back("tcp:127.0.0.1:0");

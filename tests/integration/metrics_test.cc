@@ -7,8 +7,8 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
-#include <sstream>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -31,8 +31,8 @@ std::string HttpExchange(const std::string& host_port, const std::string& reques
   addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* res = nullptr;
-  if (getaddrinfo(host_port.substr(0, colon).c_str(), host_port.substr(colon + 1).c_str(),
-                  &hints, &res) != 0) {
+  if (getaddrinfo(host_port.substr(0, colon).c_str(), host_port.substr(colon + 1).c_str(), &hints,
+                  &res) != 0) {
     return "";
   }
   int fd = ::socket(res->ai_family, SOCK_STREAM, 0);
@@ -76,7 +76,8 @@ TEST(MetricsTest, ServesPrometheusTextThatMovesWithWork) {
   EXPECT_NE(before.find("Content-Type: text/plain; version=0.0.4"), std::string::npos);
   std::string body = before.substr(before.find("\r\n\r\n") + 4);
   // DCGM-style labels on every series.
-  EXPECT_TRUE(std::regex_search(body, std::regex(R"(ferry_sessions_open\{gpu="0",UUID="[^"]+"\} 0)")))
+  EXPECT_TRUE(
+      std::regex_search(body, std::regex(R"(ferry_sessions_open\{gpu="0",UUID="[^"]+"\} 0)")))
       << body;
   for (const char* family :
        {"ferry_sessions_total", "ferry_submits_total", "ferry_ops_total",
@@ -104,7 +105,8 @@ TEST(MetricsTest, ServesPrometheusTextThatMovesWithWork) {
   EXPECT_EQ(Value(during, "ferry_sessions_open"), 1) << during;
   EXPECT_GE(Value(during, "ferry_submits_total"), 2) << during;
   EXPECT_GE(Value(during, "ferry_ops_total"), 2) << during;
-  EXPECT_GE(Value(during, "ferry_transfer_bytes_total", "direction=\"upload\""), 4096 * 4) << during;
+  EXPECT_GE(Value(during, "ferry_transfer_bytes_total", "direction=\"upload\""), 4096 * 4)
+      << during;
   EXPECT_GE(Value(during, "ferry_transfer_bytes_total", "direction=\"download\""), 4096 * 4)
       << during;
   EXPECT_GE(Value(during, "ferry_submit_latency_seconds_count"), 2) << during;
@@ -113,7 +115,8 @@ TEST(MetricsTest, ServesPrometheusTextThatMovesWithWork) {
   // The upload and the download are transfers; the create alone was not.
   EXPECT_GE(Value(during, "ferry_transfer_latency_seconds_count"), 2) << during;
   EXPECT_LT(Value(during, "ferry_transfer_latency_seconds_count"),
-            Value(during, "ferry_submit_latency_seconds_count")) << during;
+            Value(during, "ferry_submit_latency_seconds_count"))
+      << during;
   ASSERT_TRUE(session->close().ok());
   daemon.WaitIdle();
   std::string after = Get(ep, "/metrics");
@@ -139,14 +142,17 @@ TEST(MetricsTest, FerryctlMetricsPrintsTheExposition) {
   testing::FerrydProcess daemon({"--metrics-listen", "127.0.0.1:0"});
   ASSERT_TRUE(daemon.ok()) << daemon.log();
   std::string out_path = ::testing::TempDir() + "/ferryctl_metrics.out";
-  std::string cmd = testing::ProgramPath("FERRY_TEST_FERRYCTL", FERRYCTL_PATH) + " metrics --metrics " +
-                    MetricsEndpoint(daemon) + " > " + out_path;
+  std::string cmd = testing::ProgramPath("FERRY_TEST_FERRYCTL", FERRYCTL_PATH) +
+                    " metrics --metrics " + MetricsEndpoint(daemon) + " > " + out_path;
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   std::ifstream in(out_path);
   std::string text((std::istreambuf_iterator<char>(in)), {});
   EXPECT_NE(text.find("# TYPE ferry_sessions_open gauge"), std::string::npos) << text;
   EXPECT_EQ(std::system((testing::ProgramPath("FERRY_TEST_FERRYCTL", FERRYCTL_PATH) +
-                         " metrics > /dev/null 2>&1").c_str()) >> 8 & 0xff,
+                         " metrics > /dev/null 2>&1")
+                            .c_str()) >>
+                    8 &
+                0xff,
             3);  // usage: no endpoint
 }
 

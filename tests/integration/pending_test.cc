@@ -1,13 +1,12 @@
 // Pinned shared-memory buffers and pending transfers against real ferryd processes: local
 // (slabs over the slab socket) and remote (TCP, bytes inline) routes, ownership, leaks.
-#include <gtest/gtest.h>
 #include <grp.h>
+#include <gtest/gtest.h>
 #include <pwd.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
-
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -197,7 +196,8 @@ TEST(PendingTest, DropWithoutWaitThenExitLeaksNothing) {
   ASSERT_TRUE(d.ok());
   auto start = d.AdminStatus();
   for (int i = 0; i < 3; ++i) {
-    pid_t pid = testing::Spawn(testing::ProgramPath("FERRY_TEST_CLIENT", FERRY_TEST_CLIENT_PATH), {d.unix_target(), "pending-drop"});
+    pid_t pid = testing::Spawn(testing::ProgramPath("FERRY_TEST_CLIENT", FERRY_TEST_CLIENT_PATH),
+                               {d.unix_target(), "pending-drop"});
     ASSERT_GT(pid, 0);
     int status = testing::WaitExit(pid, std::chrono::seconds(30));
     ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;

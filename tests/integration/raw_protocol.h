@@ -2,13 +2,13 @@
 // between (so a test can send what libferry never would), and builders of ops.
 #pragma once
 
+#include <grpcpp/grpcpp.h>
+
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
 
 #include "ferry/v1/session.grpc.pb.h"
 #include "ferry/v1/session.pb.h"

@@ -61,10 +61,10 @@ TEST_P(SessionTest, UploadComputeDownloadMatchesCpuReference) {
   Tensor total = session->create_tensor<double>({1});
   ASSERT_TRUE(session->upload(ta, a).ok());
   ASSERT_TRUE(session->upload(tb, b).ok());
-  session->mul(ta, tb, tc);    // c = a * b
-  session->axpy(2.0, ta, tc);  // c += 2a
-  session->sub(tc, tb, tc);    // c -= b
-  session->scale(tc, 0.5, tc); // c *= 0.5
+  session->mul(ta, tb, tc);     // c = a * b
+  session->axpy(2.0, ta, tc);   // c += 2a
+  session->sub(tc, tb, tc);     // c -= b
+  session->scale(tc, 0.5, tc);  // c *= 0.5
   session->sum(tc, total);
   auto c = session->download<double>(tc);
   ASSERT_TRUE(c.ok()) << c.status().ToString();
@@ -297,8 +297,7 @@ TEST(DaemonSocketTest, LivePathIsRefusedStalePathIsReplaced) {
   auto client = Client::connect(first.unix_target());
   ASSERT_TRUE(client.ok());
   auto session = client->open_session();
-  ASSERT_TRUE(session.ok()) << "the first daemon stopped serving: "
-                            << session.status().ToString();
+  ASSERT_TRUE(session.ok()) << "the first daemon stopped serving: " << session.status().ToString();
   ASSERT_TRUE(session->close().ok());
 
   // A socket file nobody accepts on (its daemon was killed): the next daemon takes the path.
@@ -306,8 +305,8 @@ TEST(DaemonSocketTest, LivePathIsRefusedStalePathIsReplaced) {
   ASSERT_TRUE(killed != -1 && WIFSIGNALED(killed)) << killed;
   ASSERT_TRUE(std::filesystem::exists(path));
   pid_t third = testing::Spawn(testing::FerrydPath(),
-                               {"--backend", testing::TestBackend(), "--listen",
-                                "unix:" + path, "--ready-file", path + ".third.ready"},
+                               {"--backend", testing::TestBackend(), "--listen", "unix:" + path,
+                                "--ready-file", path + ".third.ready"},
                                path + ".third.log");
   ASSERT_GT(third, 0);
   bool served = false;

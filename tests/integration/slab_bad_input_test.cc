@@ -53,7 +53,8 @@ class RawSlabConnection {
   // Present the token; the daemon's answer kind (0: bound), or -1 when it sent nothing.
   int Hello(const std::string& token) {
     std::string hello = "FSL1" + token;
-    if (::send(fd_, hello.data(), hello.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(hello.size())) {
+    if (::send(fd_, hello.data(), hello.size(), MSG_NOSIGNAL) !=
+        static_cast<ssize_t>(hello.size())) {
       return -1;
     }
     char reply[8];
@@ -222,7 +223,8 @@ TEST_F(SlabBadInputTest, RangesOfAHeldSlabAreCheckedTyped) {
 
   // In range works both ways, to the last byte of the slab.
   for (uint64_t i = 0; i < 4096; ++i) bytes[kSlab - 4096 + i] = static_cast<unsigned char>(i * 7);
-  ASSERT_TRUE(raw.Submit(++sub, {FromSlab(1, 100, id, kSlab - 4096, 4096), ToSlab(1, 100, id, 0, 4096)}));
+  ASSERT_TRUE(
+      raw.Submit(++sub, {FromSlab(1, 100, id, kSlab - 4096, 4096), ToSlab(1, 100, id, 0, 4096)}));
   ASSERT_EQ(raw.Completion(sub).kind(), v1::ERROR_KIND_NONE);
   EXPECT_EQ(std::memcmp(bytes, bytes + kSlab - 4096, 4096), 0);
 
@@ -247,8 +249,8 @@ TEST_F(SlabBadInputTest, OverlappingRangeInFlightIsBusyAndLosesNothing) {
 
   // Tensor 1: big enough that many fills of it keep submit A on the device for a while.
   const int64_t n = 4 << 20;  // 32 MiB of f64
-  ASSERT_TRUE(raw.Submit(1, {Create(1, v1::DTYPE_F64, {n}), Create(2, v1::DTYPE_F64, {1024}),
-                             Fill(2, 1.0)}));
+  ASSERT_TRUE(raw.Submit(
+      1, {Create(1, v1::DTYPE_F64, {n}), Create(2, v1::DTYPE_F64, {1024}), Fill(2, 1.0)}));
   ASSERT_EQ(raw.Completion(1).kind(), v1::ERROR_KIND_NONE);
   for (uint64_t i = 0; i < kSlab / 8; ++i) doubles[i] = -1.0;
 
@@ -354,8 +356,8 @@ TEST_F(SlabBadInputTest, SlabConnectionClosedBeforeAcquire) {
     ASSERT_TRUE(slab && slab->kind == 0);
     ::close(slab->fd);
     conn.Close();
-    ASSERT_TRUE(raw.Submit(1, {Create(1, v1::DTYPE_U8, {64}), Fill(1, 5),
-                               ToSlab(1, 0, slab->id, 0, 64)}));
+    ASSERT_TRUE(
+        raw.Submit(1, {Create(1, v1::DTYPE_U8, {64}), Fill(1, 5), ToSlab(1, 0, slab->id, 0, 64)}));
     EXPECT_EQ(raw.Completion(1).kind(), v1::ERROR_KIND_NONE);
     EXPECT_EQ(daemon_->AdminStatus().slabs_in_use(), start_.slabs_in_use() + 1);
     raw.Close();

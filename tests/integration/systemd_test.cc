@@ -4,6 +4,8 @@
 // operator-facing gRPC services (grpc.health.v1, server reflection).
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -11,12 +13,8 @@
 #include <sys/un.h>
 #include <sys/wait.h>
 
-#include <gtest/gtest.h>
-
 #include <cstring>
 #include <future>
-
-#include <grpcpp/generic/generic_stub.h>
 
 #include "ferry/client.h"
 #include "ferryd_process.h"
@@ -97,7 +95,7 @@ class NotifyListener {
 // Set environment variables for the ferryd started in this scope (posix_spawn copies environ).
 class ScopedEnv {
  public:
-  ScopedEnv(std::initializer_list<std::pair<const char*, std::string>> vars) {
+  ScopedEnv(std::initializer_list<std::pair<const char*, std::string> > vars) {
     for (const auto& [k, v] : vars) {
       setenv(k, v.c_str(), 1);
       names_.push_back(k);
@@ -160,8 +158,8 @@ std::string ReflectionListServices(const std::string& target, std::string* error
   grpc::CompletionQueue cq;
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  auto call = stub.PrepareCall(
-      &ctx, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
+  auto call =
+      stub.PrepareCall(&ctx, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
   void* tag;
   bool ok;
   auto step = [&](intptr_t want) {
@@ -228,9 +226,8 @@ TEST(SystemdNotifyTest, WatchdogForAnotherPidIsIgnored) {
   NotifyListener manager(dir.path() + "/notify");
   std::unique_ptr<FerrydProcess> daemon;
   {
-    ScopedEnv env({{"NOTIFY_SOCKET", manager.path()},
-                   {"WATCHDOG_USEC", "200000"},
-                   {"WATCHDOG_PID", "1"}});
+    ScopedEnv env(
+        {{"NOTIFY_SOCKET", manager.path()}, {"WATCHDOG_USEC", "200000"}, {"WATCHDOG_PID", "1"}});
     daemon = std::make_unique<FerrydProcess>();
   }
   ASSERT_TRUE(daemon->ok()) << daemon->log();
@@ -408,8 +405,8 @@ TEST(SystemdActivationTest, ServesTheInheritedSocket) {
     kill(pid, SIGKILL);
     testing::WaitExit(pid, std::chrono::seconds(5));
   }
-  EXPECT_TRUE(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0)
-      << status << "\n" << log();
+  EXPECT_TRUE(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0) << status << "\n"
+                                                                             << log();
 }
 
 // An inherited TCP socket would bypass the TLS and token checks of ferryd's own TCP
@@ -423,10 +420,9 @@ TEST(SystemdActivationTest, RefusesAnInheritedTcpSocket) {
   ASSERT_EQ(bind(listen_fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
   ASSERT_EQ(listen(listen_fd, 8), 0);
   std::string log_path = dir.path() + "/ferryd.log";
-  pid_t pid = SpawnActivated(listen_fd,
-                             {"--backend", testing::TestBackend(), "--ready-file",
-                              dir.path() + "/ready"},
-                             log_path);
+  pid_t pid = SpawnActivated(
+      listen_fd, {"--backend", testing::TestBackend(), "--ready-file", dir.path() + "/ready"},
+      log_path);
   ASSERT_GT(pid, 0);
   close(listen_fd);
   int status = testing::WaitExit(pid, std::chrono::seconds(20));

@@ -35,8 +35,8 @@ class TestPki {
  private:
   static bool Run(const std::string& cmd) { return std::system(cmd.c_str()) == 0; }
   std::string Key(const std::string& name) const {
-    return "openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out " + path(name + ".key") +
-           " 2>/dev/null";
+    return "openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out " +
+           path(name + ".key") + " 2>/dev/null";
   }
   std::string Ca(const std::string& name) const {
     return Key(name) + " && openssl req -x509 -new -key " + path(name + ".key") + " -out " +
@@ -132,8 +132,8 @@ TEST(TlsTest, BearerTokenIsRequiredOnTcpAndChecked) {
   EXPECT_TRUE(RoundTrip(daemon.unix_target(), Quick()).ok()) << "unix endpoints stay plain";
 
   // ferryctl: the Admin service checks the token too.
-  std::string ctl = testing::ProgramPath("FERRY_TEST_FERRYCTL", FERRYCTL_PATH) + " status --target " +
-                    daemon.tcp_target();
+  std::string ctl = testing::ProgramPath("FERRY_TEST_FERRYCTL", FERRYCTL_PATH) +
+                    " status --target " + daemon.tcp_target();
   EXPECT_NE(std::system((ctl + " > /dev/null 2>&1").c_str()), 0);
   EXPECT_EQ(std::system((ctl + " --token @" + pki.path("token") + " > /dev/null").c_str()), 0);
 }

@@ -30,8 +30,8 @@ class AdmissionTest : public ::testing::Test {
 };
 
 TEST_F(AdmissionTest, CreateUseFreeInOneSubmitIsAdmitted) {
-  EXPECT_TRUE(Admit({CreateTensorOp{1, DType::kF32, {16}}, FillOp{1, 2.0},
-                     ScaleOp{1, 3.0, 1}, DownloadOp{1, 0, 64}, FreeTensorOp{1}})
+  EXPECT_TRUE(Admit({CreateTensorOp{1, DType::kF32, {16}}, FillOp{1, 2.0}, ScaleOp{1, 3.0, 1},
+                     DownloadOp{1, 0, 64}, FreeTensorOp{1}})
                   .ok());
 }
 
@@ -108,8 +108,7 @@ TEST_F(AdmissionTest, HugeAndNegativeShapesAreRefused) {
   EXPECT_EQ(Admit({CreateTensorOp{1, DType::kF64, {1ll << 40, 1ll << 40}}}).kind(),
             ErrorKind::kQuotaExceeded);
   EXPECT_EQ(Admit({CreateTensorOp{1, DType::kF64, {-1}}}).kind(), ErrorKind::kShapeMismatch);
-  EXPECT_EQ(Admit({CreateTensorOp{1, DType::kInvalid, {1}}}).kind(),
-            ErrorKind::kInvalidArgument);
+  EXPECT_EQ(Admit({CreateTensorOp{1, DType::kInvalid, {1}}}).kind(), ErrorKind::kInvalidArgument);
 }
 
 TEST_F(AdmissionTest, MalformedOpIsRefusedWithItsReason) {
@@ -124,8 +123,7 @@ TEST_F(AdmissionTest, MalformedOpIsRefusedWithItsReason) {
 TEST_F(AdmissionTest, OpsPerSubmitLimit) {
   limits_.max_ops_per_submit = 2;
   AddTensor(1, DType::kF32, {1});
-  EXPECT_EQ(Admit({FillOp{1, 0}, FillOp{1, 0}, FillOp{1, 0}}).kind(),
-            ErrorKind::kQuotaExceeded);
+  EXPECT_EQ(Admit({FillOp{1, 0}, FillOp{1, 0}, FillOp{1, 0}}).kind(), ErrorKind::kQuotaExceeded);
 }
 
 }  // namespace

@@ -56,7 +56,6 @@ TEST(ConfigTest, ParseBytes) {
   EXPECT_FALSE(ParseBytes("-1").ok());
 }
 
-
 // A config file in a temp dir, removed at the end of the test.
 class ConfigFileTest : public ::testing::Test {
  protected:
@@ -94,8 +93,7 @@ drain-timeout = 500
   EXPECT_EQ(c->config_path, path);
   EXPECT_EQ(c->device, 2);
   EXPECT_EQ(c->backend, "host");
-  EXPECT_EQ(c->daemon.listen,
-            (std::vector<std::string>{"unix:/tmp/x.sock", "tcp:127.0.0.1:0"}));
+  EXPECT_EQ(c->daemon.listen, (std::vector<std::string>{"unix:/tmp/x.sock", "tcp:127.0.0.1:0"}));
   EXPECT_EQ(c->daemon.session_defaults.device_bytes_quota, 64ull << 20);
   EXPECT_TRUE(c->daemon.allow_insecure_remote);
   EXPECT_EQ(c->ready_file, "/tmp/ready file");
@@ -181,11 +179,27 @@ TEST(ConfigTest, CheckConfigSwitch) {
 }
 
 TEST(ConfigTest, FormatConfigReadsBackTheSame) {
-  auto c = ParseFlags({"--device", "1", "--backend", "host", "--listen", "unix:/tmp/q.sock",
-                       "--listen", "tcp:127.0.0.1:0", "--session-quota", "3M",
-                       "--device-memory-cap", "5000", "--allow-insecure-remote",
-                       "--ready-file", "/tmp/r dy", "--drain-timeout", "250",
-                       "--log-level", "warn", "--executor-threads", "3"});
+  auto c = ParseFlags({"--device",
+                       "1",
+                       "--backend",
+                       "host",
+                       "--listen",
+                       "unix:/tmp/q.sock",
+                       "--listen",
+                       "tcp:127.0.0.1:0",
+                       "--session-quota",
+                       "3M",
+                       "--device-memory-cap",
+                       "5000",
+                       "--allow-insecure-remote",
+                       "--ready-file",
+                       "/tmp/r dy",
+                       "--drain-timeout",
+                       "250",
+                       "--log-level",
+                       "warn",
+                       "--executor-threads",
+                       "3"});
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   std::string text = FormatConfig(*c);
   auto back = ParseConfigText(text);

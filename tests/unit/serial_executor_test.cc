@@ -2,9 +2,8 @@
 
 #include <gtest/gtest.h>
 
-#include <boost/asio/executor_work_guard.hpp>
-
 #include <atomic>
+#include <boost/asio/executor_work_guard.hpp>
 #include <future>
 #include <thread>
 #include <vector>

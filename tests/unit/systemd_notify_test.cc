@@ -4,14 +4,13 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <condition_variable>
 #include <cstdlib>
@@ -182,8 +181,8 @@ TEST_F(SystemdTest, ListenFdsAdoptsInheritedSockets) {
   int status = 0;
   ASSERT_EQ(::waitpid(child, &status, 0), child);
   ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 0) << "failed check " << WEXITSTATUS(status)
-                                    << " (see the test body)";
+  EXPECT_EQ(WEXITSTATUS(status), 0)
+      << "failed check " << WEXITSTATUS(status) << " (see the test body)";
 }
 
 TEST_F(SystemdTest, SocketEndpointNamesTcpAndUnknown) {

@@ -68,9 +68,12 @@ class Tensor {
 
  private:
   friend class Session;
-  Tensor(std::weak_ptr<internal::SessionState> session, uint64_t handle, DType dtype,
-         Shape shape, uint64_t elements)
-      : session_(std::move(session)), handle_(handle), dtype_(dtype), shape_(std::move(shape)),
+  Tensor(std::weak_ptr<internal::SessionState> session, uint64_t handle, DType dtype, Shape shape,
+         uint64_t elements)
+      : session_(std::move(session)),
+        handle_(handle),
+        dtype_(dtype),
+        shape_(std::move(shape)),
         elements_(elements) {}
   void Release();
 
@@ -199,7 +202,8 @@ class Module {
 
  private:
   friend class Session;
-  Module(std::weak_ptr<internal::SessionState> s, uint64_t h) : session_(std::move(s)), handle_(h) {}
+  Module(std::weak_ptr<internal::SessionState> s, uint64_t h)
+      : session_(std::move(s)), handle_(h) {}
   void Release();
   std::weak_ptr<internal::SessionState> session_;
   uint64_t handle_ = 0;

@@ -29,10 +29,22 @@ bool IsFloatingPoint(DType dtype);
 
 template <typename T>
 constexpr DType DTypeOf();
-template <> constexpr DType DTypeOf<float>() { return DType::kF32; }
-template <> constexpr DType DTypeOf<double>() { return DType::kF64; }
-template <> constexpr DType DTypeOf<int32_t>() { return DType::kI32; }
-template <> constexpr DType DTypeOf<uint8_t>() { return DType::kU8; }
+template <>
+constexpr DType DTypeOf<float>() {
+  return DType::kF32;
+}
+template <>
+constexpr DType DTypeOf<double>() {
+  return DType::kF64;
+}
+template <>
+constexpr DType DTypeOf<int32_t>() {
+  return DType::kI32;
+}
+template <>
+constexpr DType DTypeOf<uint8_t>() {
+  return DType::kU8;
+}
 
 /// Dimensions of a tensor, outermost first. A rank-0 shape holds one element.
 class Shape {

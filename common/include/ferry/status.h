@@ -40,22 +40,22 @@ enum class Code : int {
 /// (ferry.v1.ErrorKind has the same numbers).
 enum class ErrorKind : int {
   kNone = 0,
-  kInvalidHandle = 1,        // a handle that does not name a live object of the right kind
-  kDtypeMismatch = 2,        // operands of different element types
-  kShapeMismatch = 3,        // operands whose shapes do not fit the op
-  kOutOfRange = 4,           // an offset or length outside the object it names
-  kQuotaExceeded = 5,        // a per-session or daemon-wide limit would be passed
-  kOutOfDeviceMemory = 6,    // the device could not allocate
-  kCompileError = 7,         // a module failed to compile or load (log in the message)
-  kUnsupported = 8,          // the backend cannot do this (e.g. PTX on the host backend)
-  kDeviceFault = 9,          // this session's work faulted the device
-  kDeviceReset = 10,         // another session faulted the device; the context was rebuilt
-  kSessionClosed = 11,       // the session (or its connection) is gone
-  kProtocolViolation = 12,   // a message the protocol does not allow here
-  kInvalidArgument = 13,     // any other malformed argument (bad dtype, zero-sized grid, ...)
-  kInternal = 14,            // a broken invariant of ferry's own
-  kUnavailable = 15,         // the daemon cannot be reached or is draining
-  kBusy = 16,                // a shared-memory range a copy in flight still uses
+  kInvalidHandle = 1,       // a handle that does not name a live object of the right kind
+  kDtypeMismatch = 2,       // operands of different element types
+  kShapeMismatch = 3,       // operands whose shapes do not fit the op
+  kOutOfRange = 4,          // an offset or length outside the object it names
+  kQuotaExceeded = 5,       // a per-session or daemon-wide limit would be passed
+  kOutOfDeviceMemory = 6,   // the device could not allocate
+  kCompileError = 7,        // a module failed to compile or load (log in the message)
+  kUnsupported = 8,         // the backend cannot do this (e.g. PTX on the host backend)
+  kDeviceFault = 9,         // this session's work faulted the device
+  kDeviceReset = 10,        // another session faulted the device; the context was rebuilt
+  kSessionClosed = 11,      // the session (or its connection) is gone
+  kProtocolViolation = 12,  // a message the protocol does not allow here
+  kInvalidArgument = 13,    // any other malformed argument (bad dtype, zero-sized grid, ...)
+  kInternal = 14,           // a broken invariant of ferry's own
+  kUnavailable = 15,        // the daemon cannot be reached or is draining
+  kBusy = 16,               // a shared-memory range a copy in flight still uses
 };
 
 std::string_view CodeName(Code code);
@@ -69,7 +69,9 @@ class [[nodiscard]] Status {
  public:
   Status() = default;
   Status(ErrorKind kind, std::string message, int op_index = -1)
-      : code_(CanonicalCode(kind)), kind_(kind), message_(std::move(message)),
+      : code_(CanonicalCode(kind)),
+        kind_(kind),
+        message_(std::move(message)),
         op_index_(op_index) {}
   Status(Code code, ErrorKind kind, std::string message, int op_index = -1)
       : code_(code), kind_(kind), message_(std::move(message)), op_index_(op_index) {}
@@ -111,7 +113,7 @@ inline bool operator==(const Status& a, const Status& b) {
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : v_(std::move(value)) {}         // NOLINT: implicit by design
   Result(Status status) : v_(std::move(status)) {}  // NOLINT: implicit by design
 
   bool ok() const { return std::holds_alternative<T>(v_); }
@@ -137,9 +139,9 @@ class [[nodiscard]] Result {
 #define FERRY_CONCAT_(a, b) FERRY_CONCAT_INNER_(a, b)
 
 /// Return from the enclosing function if `expr` (a Status) is not OK.
-#define FERRY_RETURN_IF_ERROR(expr)            \
-  do {                                         \
-    ::ferry::Status ferry_status_ = (expr);    \
+#define FERRY_RETURN_IF_ERROR(expr)                \
+  do {                                             \
+    ::ferry::Status ferry_status_ = (expr);        \
     if (!ferry_status_.ok()) return ferry_status_; \
   } while (0)
 

@@ -95,7 +95,7 @@ class CompletionWatcher {
 
  private:
   struct Entry {
-    cudaEvent_t event = nullptr;    // null: already resolved with `status`
+    cudaEvent_t event = nullptr;   // null: already resolved with `status`
     std::optional<Status> status;  // the fixed status of a resolved entry
     CompletionFn done;
   };

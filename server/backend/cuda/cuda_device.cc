@@ -30,7 +30,6 @@
 // Lifetime: a CudaDevice must outlive its streams; modules and graphs may outlive it (they
 // unload from the primary context, which stays). A callback must not destroy the device.
 
-
 #include <algorithm>
 #include <array>
 #include <climits>
@@ -49,9 +48,9 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/completion_watcher.h"
-#include "backend/enqueue_checks.h"
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/enqueue_checks.h"
 
 namespace ferry::backend {
 namespace {
@@ -82,7 +81,6 @@ Status CompileError(std::string message) {
 }
 
 void* Address(DevicePtr ptr) { return reinterpret_cast<void*>(static_cast<uintptr_t>(ptr)); }
-
 
 /// A device range an op touches, checked against the live allocations at enqueue (and
 /// again at every replay of a graph that recorded it).
@@ -203,8 +201,8 @@ Result<std::string> CompileCudaSource(std::string_view source, int major, int mi
   const int device_arch = major * 10 + minor;
   FERRY_ASSIGN_OR_RETURN(const NvrtcApi* nvrtc, GetNvrtcApi());
   int num_archs = 0;
-  FERRY_RETURN_IF_ERROR(NvrtcStatus(nvrtc->GetNumSupportedArchs(&num_archs),
-                                    "nvrtcGetNumSupportedArchs"));
+  FERRY_RETURN_IF_ERROR(
+      NvrtcStatus(nvrtc->GetNumSupportedArchs(&num_archs), "nvrtcGetNumSupportedArchs"));
   std::vector<int> archs(static_cast<size_t>(std::max(num_archs, 0)));
   if (num_archs > 0) {
     FERRY_RETURN_IF_ERROR(
@@ -218,8 +216,7 @@ Result<std::string> CompileCudaSource(std::string_view source, int major, int mi
   }
   if (arch == 0) {
     return Status(ErrorKind::kUnsupported, "NVRTC cannot compile for compute capability " +
-                                               std::to_string(major) + "." +
-                                               std::to_string(minor));
+                                               std::to_string(major) + "." + std::to_string(minor));
   }
   const std::string arch_option =
       std::string("--gpu-architecture=") + (exact ? "sm_" : "compute_") + std::to_string(arch);
@@ -250,9 +247,9 @@ Result<std::string> CompileCudaSource(std::string_view source, int major, int mi
     return CompileError("NVRTC compilation failed (" + arch_option + "):\n" + log);
   }
   if (compiled != NVRTC_SUCCESS) {
-    return Status(ErrorKind::kInternal,
-                  std::string("nvrtcCompileProgram: ") + nvrtc->GetErrorString(compiled) +
-                      (log.empty() ? "" : "\n" + log));
+    return Status(ErrorKind::kInternal, std::string("nvrtcCompileProgram: ") +
+                                            nvrtc->GetErrorString(compiled) +
+                                            (log.empty() ? "" : "\n" + log));
   }
 
   std::string image;
@@ -278,9 +275,8 @@ Result<CUmodule> LoadImage(const DriverApi& api, const std::string& image) {
   std::array<void*, 2> values = {error_log.data(),
                                  reinterpret_cast<void*>(static_cast<uintptr_t>(kJitLogBytes))};
   CUmodule module = nullptr;
-  const CUresult result =
-      api.ModuleLoadDataEx(&module, image.c_str(), static_cast<unsigned>(options.size()),
-                           options.data(), values.data());
+  const CUresult result = api.ModuleLoadDataEx(
+      &module, image.c_str(), static_cast<unsigned>(options.size()), options.data(), values.data());
   if (result == CUDA_SUCCESS) return module;
   error_log.resize(std::strlen(error_log.c_str()));
   Status status = DriverStatus(result, "loading the module");
@@ -311,8 +307,12 @@ class CudaGraph final : public Graph {
  public:
   CudaGraph(const void* device, int ordinal, cudaGraphExec_t exec, size_t node_count,
             std::vector<Access> accesses, std::shared_ptr<StreamScratch> scratch)
-      : device_(device), ordinal_(ordinal), exec_(exec), node_count_(node_count),
-        accesses_(std::move(accesses)), scratch_(std::move(scratch)) {}
+      : device_(device),
+        ordinal_(ordinal),
+        exec_(exec),
+        node_count_(node_count),
+        accesses_(std::move(accesses)),
+        scratch_(std::move(scratch)) {}
 
   ~CudaGraph() override {
     if (cudaSetDevice(ordinal_) == cudaSuccess) (void)cudaGraphExecDestroy(exec_);
@@ -370,8 +370,7 @@ class CudaDevice final : public Device {
       return InvalidArgument("RegisterHostMemory: null pointer or zero length");
     }
     FERRY_RETURN_IF_ERROR(MakeCurrent());
-    return CudaStatus(cudaHostRegister(ptr, bytes, cudaHostRegisterPortable),
-                      "cudaHostRegister");
+    return CudaStatus(cudaHostRegister(ptr, bytes, cudaHostRegisterPortable), "cudaHostRegister");
   }
 
   Status UnregisterHostMemory(void* ptr) override {
@@ -380,8 +379,7 @@ class CudaDevice final : public Device {
     return CudaStatus(cudaHostUnregister(ptr), "cudaHostUnregister");
   }
 
-  Result<std::shared_ptr<Module>> LoadModule(ModuleFormat format,
-                                             std::string_view image) override;
+  Result<std::shared_ptr<Module>> LoadModule(ModuleFormat format, std::string_view image) override;
 
   uint64_t bytes_in_use() const override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -442,9 +440,9 @@ class CudaDevice final : public Device {
     }
     if (error == cudaErrorMemoryAllocation) {
       (void)cudaGetLastError();  // not sticky: clear it
-      return Status(ErrorKind::kOutOfDeviceMemory,
-                    "Allocate: the device cannot provide " + std::to_string(bytes) +
-                        " bytes (cudaErrorMemoryAllocation)");
+      return Status(ErrorKind::kOutOfDeviceMemory, "Allocate: the device cannot provide " +
+                                                       std::to_string(bytes) +
+                                                       " bytes (cudaErrorMemoryAllocation)");
     }
     FERRY_RETURN_IF_ERROR(Check(error, "cudaMallocFromPoolAsync"));
     const auto base = static_cast<DevicePtr>(reinterpret_cast<uintptr_t>(ptr));
@@ -528,7 +526,7 @@ class CudaDevice final : public Device {
   const DriverApi* driver_api_ = nullptr;
   Status driver_api_status_;
 
-  mutable std::mutex mu_;                   // guards allocations_ and bytes_in_use_
+  mutable std::mutex mu_;                     // guards allocations_ and bytes_in_use_
   std::map<uint64_t, uint64_t> allocations_;  // base address -> bytes
   uint64_t bytes_in_use_ = 0;
 
@@ -687,8 +685,8 @@ class CudaStream final : public Stream {
     FERRY_RETURN_IF_ERROR(CheckArithmeticDType(dtype, "Axpy"));
     FERRY_ASSIGN_OR_RETURN(uint64_t bytes, ByteSize(dtype, count, "Axpy"));
     return Enqueue({Access{x, bytes, "Axpy x"}, Access{y, bytes, "Axpy y"}}, [&] {
-      return device_->Check(cuda_kernels::Axpy(stream_, device_->limits(), dtype, alpha,
-                                               Address(x), Address(y), count),
+      return device_->Check(cuda_kernels::Axpy(stream_, device_->limits(), dtype, alpha, Address(x),
+                                               Address(y), count),
                             "Axpy kernel launch");
     });
   }
@@ -696,14 +694,13 @@ class CudaStream final : public Stream {
   Status ReduceSum(DType dtype, DevicePtr in, uint64_t count, DevicePtr out) override {
     FERRY_RETURN_IF_ERROR(CheckArithmeticDType(dtype, "ReduceSum"));
     FERRY_ASSIGN_OR_RETURN(uint64_t bytes, ByteSize(dtype, count, "ReduceSum"));
-    return Enqueue({Access{in, bytes, "ReduceSum input"},
-                    Access{out, DTypeSize(dtype), "ReduceSum output"}},
-                   [&] {
-                     return device_->Check(
-                         cuda_kernels::ReduceSum(stream_, dtype, Address(in), count,
-                                                 Address(out), scratch_->reduce_partials),
-                         "ReduceSum kernel launch");
-                   });
+    return Enqueue(
+        {Access{in, bytes, "ReduceSum input"}, Access{out, DTypeSize(dtype), "ReduceSum output"}},
+        [&] {
+          return device_->Check(cuda_kernels::ReduceSum(stream_, dtype, Address(in), count,
+                                                        Address(out), scratch_->reduce_partials),
+                                "ReduceSum kernel launch");
+        });
   }
 
   Status Gemm(const GemmArgs& args) override {
@@ -717,10 +714,10 @@ class CudaStream final : public Stream {
     }
     // With m or n zero nothing is read; with k zero A and B are not read (C = beta * C).
     const bool empty = args.m == 0 || args.n == 0;
-    return Enqueue({Access{args.a, empty ? 0 : a_bytes, "Gemm A"},
-                    Access{args.b, empty ? 0 : b_bytes, "Gemm B"},
-                    Access{args.c, c_bytes, "Gemm C"}},
-                   [&] { return GemmChecked(args); });
+    return Enqueue(
+        {Access{args.a, empty ? 0 : a_bytes, "Gemm A"},
+         Access{args.b, empty ? 0 : b_bytes, "Gemm B"}, Access{args.c, c_bytes, "Gemm C"}},
+        [&] { return GemmChecked(args); });
   }
 
   Status Launch(const Module& module, std::string_view function, const LaunchConfig& config,
@@ -754,9 +751,10 @@ class CudaStream final : public Stream {
         if (graph != nullptr) (void)cudaGraphDestroy(graph);
       }
     } guard{graph};
-    FERRY_RETURN_IF_ERROR(device_->Check(ended, "cudaStreamEndCapture")
-                              .WithContext("graph capture invalidated"));
-    if (!capture_error.empty()) return InvalidArgument("graph capture invalidated: " + capture_error);
+    FERRY_RETURN_IF_ERROR(
+        device_->Check(ended, "cudaStreamEndCapture").WithContext("graph capture invalidated"));
+    if (!capture_error.empty())
+      return InvalidArgument("graph capture invalidated: " + capture_error);
     if (graph == nullptr) return Status(ErrorKind::kInternal, "cudaStreamEndCapture: no graph");
     size_t node_count = 0;
     FERRY_RETURN_IF_ERROR(
@@ -824,19 +822,20 @@ class CudaStream final : public Stream {
 
  private:
   explicit CudaStream(CudaDevice* device)
-      : device_(device), queue_(device->watcher().NewQueue()),
+      : device_(device),
+        queue_(device->watcher().NewQueue()),
         scratch_(std::make_shared<StreamScratch>()) {
     scratch_->ordinal = device->ordinal();
   }
 
   Status Init() {
     FERRY_RETURN_IF_ERROR(device_->MakeCurrent());
-    FERRY_RETURN_IF_ERROR(device_->Check(
-        cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags"));
-    FERRY_RETURN_IF_ERROR(device_->Check(
-        cudaMalloc(reinterpret_cast<void**>(&scratch_->reduce_partials),
-                   cuda_kernels::kReduceMaxBlocks * sizeof(double)),
-        "cudaMalloc (reduction scratch)"));
+    FERRY_RETURN_IF_ERROR(device_->Check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
+                                         "cudaStreamCreateWithFlags"));
+    FERRY_RETURN_IF_ERROR(
+        device_->Check(cudaMalloc(reinterpret_cast<void**>(&scratch_->reduce_partials),
+                                  cuda_kernels::kReduceMaxBlocks * sizeof(double)),
+                       "cudaMalloc (reduction scratch)"));
     return Status::Ok();
   }
 
@@ -846,9 +845,9 @@ class CudaStream final : public Stream {
   Status EnsureCublas() {
     if (cublas_ != nullptr) return Status::Ok();
     if (scratch_->cublas_workspace == nullptr) {
-      FERRY_RETURN_IF_ERROR(device_->Check(
-          cudaMalloc(&scratch_->cublas_workspace, kCublasWorkspaceBytes),
-          "cudaMalloc (cuBLAS workspace)"));
+      FERRY_RETURN_IF_ERROR(
+          device_->Check(cudaMalloc(&scratch_->cublas_workspace, kCublasWorkspaceBytes),
+                         "cudaMalloc (cuBLAS workspace)"));
     }
     FERRY_ASSIGN_OR_RETURN(const CublasApi* api, GetCublasApi());
     cublasHandle_t handle = nullptr;
@@ -856,9 +855,9 @@ class CudaStream final : public Stream {
     auto configure = [&]() -> Status {
       FERRY_RETURN_IF_ERROR(CublasStatus(api->SetStream(handle, stream_), "cublasSetStream"));
       // After cublasSetStream, which resets the workspace to the library's default.
-      FERRY_RETURN_IF_ERROR(CublasStatus(
-          api->SetWorkspace(handle, scratch_->cublas_workspace, kCublasWorkspaceBytes),
-          "cublasSetWorkspace"));
+      FERRY_RETURN_IF_ERROR(
+          CublasStatus(api->SetWorkspace(handle, scratch_->cublas_workspace, kCublasWorkspaceBytes),
+                       "cublasSetWorkspace"));
       // Plain FP32/FP64 arithmetic: no TF32 tensor-core shortcuts for f32 GEMMs.
       return CublasStatus(api->SetMathMode(handle, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
     };
@@ -900,10 +899,10 @@ class CudaStream final : public Stream {
       for (uint64_t done = 0; done < bytes;) {
         const uint64_t n = std::min(distance, bytes - done);
         const uint64_t offset = dst < src ? done : bytes - done - n;
-        FERRY_RETURN_IF_ERROR(device_->Check(
-            cudaMemcpyAsync(Address(dst + offset), Address(src + offset), n,
-                            cudaMemcpyDeviceToDevice, stream_),
-            "cudaMemcpyAsync (device to device)"));
+        FERRY_RETURN_IF_ERROR(
+            device_->Check(cudaMemcpyAsync(Address(dst + offset), Address(src + offset), n,
+                                           cudaMemcpyDeviceToDevice, stream_),
+                           "cudaMemcpyAsync (device to device)"));
         done += n;
       }
       return Status::Ok();
@@ -941,15 +940,15 @@ class CudaStream final : public Stream {
     if (g.dtype == DType::kF32) {
       const float alpha = static_cast<float>(g.alpha), beta = static_cast<float>(g.beta);
       status = cublas_api_->Sgemm(cublas_, op_first, op_second, n, m, k, &alpha,
-                           static_cast<const float*>(Address(g.b)), ld_b,
-                           static_cast<const float*>(Address(g.a)), ld_a, &beta,
-                           static_cast<float*>(Address(g.c)), ld_c);
+                                  static_cast<const float*>(Address(g.b)), ld_b,
+                                  static_cast<const float*>(Address(g.a)), ld_a, &beta,
+                                  static_cast<float*>(Address(g.c)), ld_c);
     } else {
       const double alpha = g.alpha, beta = g.beta;
       status = cublas_api_->Dgemm(cublas_, op_first, op_second, n, m, k, &alpha,
-                           static_cast<const double*>(Address(g.b)), ld_b,
-                           static_cast<const double*>(Address(g.a)), ld_a, &beta,
-                           static_cast<double*>(Address(g.c)), ld_c);
+                                  static_cast<const double*>(Address(g.b)), ld_b,
+                                  static_cast<const double*>(Address(g.a)), ld_a, &beta,
+                                  static_cast<double*>(Address(g.c)), ld_c);
     }
     return device_->CheckStatus(CublasStatus(status, "cuBLAS gemm"));
   }
@@ -970,8 +969,8 @@ class CudaStream final : public Stream {
 
   // Owner-only capture state.
   bool capturing_ = false;
-  std::vector<Access> captured_;        // ranges the captured work touches
-  std::string capture_error_;           // why EndCapture must fail; empty while valid
+  std::vector<Access> captured_;           // ranges the captured work touches
+  std::string capture_error_;              // why EndCapture must fail; empty while valid
   std::vector<DevicePtr> deferred_frees_;  // freed during capture, released after it
 };
 
@@ -992,8 +991,7 @@ Status CudaStream::Launch(const Module& module, std::string_view function,
   if (info.sizes_known) {
     if (sizes.size() != args.size()) {
       return InvalidArgument("Launch " + name + ": " + std::to_string(args.size()) +
-                             " arguments given, the kernel takes " +
-                             std::to_string(sizes.size()));
+                             " arguments given, the kernel takes " + std::to_string(sizes.size()));
     }
   }
   std::vector<uint64_t> pointers(args.size());
@@ -1029,8 +1027,8 @@ Status CudaStream::Launch(const Module& module, std::string_view function,
     }
     if (config.block[d] > static_cast<uint32_t>(props.maxThreadsDim[d]) ||
         config.grid[d] > static_cast<uint32_t>(props.maxGridSize[d])) {
-      return InvalidArgument("Launch " + name + ": grid or block dimension " +
-                             std::to_string(d) + " exceeds the device's limit");
+      return InvalidArgument("Launch " + name + ": grid or block dimension " + std::to_string(d) +
+                             " exceeds the device's limit");
     }
     threads *= config.block[d];
   }
@@ -1042,8 +1040,7 @@ Status CudaStream::Launch(const Module& module, std::string_view function,
   }
   if (threads > static_cast<uint64_t>(max_threads)) {
     return InvalidArgument("Launch " + name + ": " + std::to_string(threads) +
-                           " threads per block, the kernel allows " +
-                           std::to_string(max_threads));
+                           " threads per block, the kernel allows " + std::to_string(max_threads));
   }
   if (config.shared_bytes > kDefaultSharedLimit) {
     if (config.shared_bytes > props.sharedMemPerBlockOptin) {
@@ -1051,16 +1048,16 @@ Status CudaStream::Launch(const Module& module, std::string_view function,
                              " bytes of shared memory, the device allows " +
                              std::to_string(props.sharedMemPerBlockOptin));
     }
-    FERRY_RETURN_IF_ERROR(device_->CheckStatus(DriverStatus(
-        api.FuncSetAttribute(func, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                             static_cast<int>(config.shared_bytes)),
-        "cuFuncSetAttribute (dynamic shared memory)")));
+    FERRY_RETURN_IF_ERROR(device_->CheckStatus(
+        DriverStatus(api.FuncSetAttribute(func, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                          static_cast<int>(config.shared_bytes)),
+                     "cuFuncSetAttribute (dynamic shared memory)")));
   }
 
-  const CUresult launched = api.LaunchKernel(
-      func, config.grid[0], config.grid[1], config.grid[2], config.block[0], config.block[1],
-      config.block[2], config.shared_bytes, stream_, params.empty() ? nullptr : params.data(),
-      nullptr);
+  const CUresult launched =
+      api.LaunchKernel(func, config.grid[0], config.grid[1], config.grid[2], config.block[0],
+                       config.block[1], config.block[2], config.shared_bytes, stream_,
+                       params.empty() ? nullptr : params.data(), nullptr);
   return device_->CheckStatus(DriverStatus(launched, "cuLaunchKernel " + name));
 }
 
@@ -1095,8 +1092,8 @@ Result<std::shared_ptr<Module>> CudaDevice::LoadModule(ModuleFormat format,
   std::string loadable;
   switch (format) {
     case ModuleFormat::kCudaSource: {
-      FERRY_ASSIGN_OR_RETURN(loadable, CompileCudaSource(image, info_.compute_major,
-                                                         info_.compute_minor));
+      FERRY_ASSIGN_OR_RETURN(loadable,
+                             CompileCudaSource(image, info_.compute_major, info_.compute_minor));
       break;
     }
     case ModuleFormat::kCubin: {

@@ -30,18 +30,18 @@ bool IsStickyError(int code) {
 }
 
 static_assert(static_cast<int>(CUDA_ERROR_ILLEGAL_ADDRESS) ==
-                  static_cast<int>(cudaErrorIllegalAddress) &&
-              static_cast<int>(CUDA_ERROR_LAUNCH_FAILED) ==
-                  static_cast<int>(cudaErrorLaunchFailure) &&
-              static_cast<int>(CUDA_ERROR_ASSERT) == static_cast<int>(cudaErrorAssert) &&
-              static_cast<int>(CUDA_ERROR_ECC_UNCORRECTABLE) ==
-                  static_cast<int>(cudaErrorECCUncorrectable),
+                      static_cast<int>(cudaErrorIllegalAddress) &&
+                  static_cast<int>(CUDA_ERROR_LAUNCH_FAILED) ==
+                      static_cast<int>(cudaErrorLaunchFailure) &&
+                  static_cast<int>(CUDA_ERROR_ASSERT) == static_cast<int>(cudaErrorAssert) &&
+                  static_cast<int>(CUDA_ERROR_ECC_UNCORRECTABLE) ==
+                      static_cast<int>(cudaErrorECCUncorrectable),
               "IsStickyError relies on runtime and driver codes being equal");
 
 Status CudaStatus(cudaError_t error, std::string_view what) {
   if (error == cudaSuccess) return Status::Ok();
-  std::string message = std::string(what) + ": " + cudaGetErrorName(error) + " (" +
-                        cudaGetErrorString(error) + ")";
+  std::string message =
+      std::string(what) + ": " + cudaGetErrorName(error) + " (" + cudaGetErrorString(error) + ")";
   if (IsStickyError(error)) return Status(ErrorKind::kDeviceFault, std::move(message));
   // Clear the thread's last-error slot: a non-sticky error must not resurface later.
   (void)cudaGetLastError();
@@ -92,11 +92,10 @@ Status DriverStatus(CUresult result, std::string_view what) {
 Status CublasStatus(cublasStatus_t status, std::string_view what) {
   if (status == CUBLAS_STATUS_SUCCESS) return Status::Ok();
   auto api = GetCublasApi();  // loaded: the status came from it
-  std::string message =
-      std::string(what) + ": " +
-      (api.ok() ? std::string((*api)->GetStatusName(status)) + " (" +
-                      (*api)->GetStatusString(status) + ")"
-                : "cublasStatus_t " + std::to_string(static_cast<int>(status)));
+  std::string message = std::string(what) + ": " +
+                        (api.ok() ? std::string((*api)->GetStatusName(status)) + " (" +
+                                        (*api)->GetStatusString(status) + ")"
+                                  : "cublasStatus_t " + std::to_string(static_cast<int>(status)));
   switch (status) {
     case CUBLAS_STATUS_ALLOC_FAILED:
       return Status(ErrorKind::kOutOfDeviceMemory, std::move(message));
@@ -140,10 +139,10 @@ Status Resolve(const char* symbol, Fn* fn, bool required) {
     (void)cudaGetLastError();
     *fn = nullptr;
     if (!required) return Status::Ok();
-    return Status(ErrorKind::kUnavailable,
-                  std::string("the CUDA driver does not provide ") + symbol + " (" +
-                      cudaGetErrorName(error) + ", query result " +
-                      std::to_string(static_cast<int>(found)) + ")");
+    return Status(ErrorKind::kUnavailable, std::string("the CUDA driver does not provide ") +
+                                               symbol + " (" + cudaGetErrorName(error) +
+                                               ", query result " +
+                                               std::to_string(static_cast<int>(found)) + ")");
   }
   *fn = reinterpret_cast<Fn>(ptr);
   return Status::Ok();

@@ -17,9 +17,9 @@
 // runtime's cudaGetDriverEntryPointByVersion; see DriverApi.
 #pragma once
 
+#include <cublas_v2.h>
 #include <cuda.h>
 #include <cuda_runtime_api.h>
-#include <cublas_v2.h>
 #include <nvrtc.h>
 
 #include <string>

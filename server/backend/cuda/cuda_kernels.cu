@@ -1,8 +1,8 @@
-#include "backend/cuda/cuda_kernels.h"
-
 #include <cuda_runtime.h>
 
 #include <algorithm>
+
+#include "backend/cuda/cuda_kernels.h"
 
 namespace ferry::backend::cuda_kernels {
 namespace {
@@ -49,8 +49,7 @@ __global__ void ScaleKernel(const T* x, T alpha, T* out, uint64_t count) {
 }
 
 template <typename T>
-__global__ void AxpyKernel(T alpha, const T* __restrict__ x, T* __restrict__ y,
-                           uint64_t count) {
+__global__ void AxpyKernel(T alpha, const T* __restrict__ x, T* __restrict__ y, uint64_t count) {
   for (uint64_t i = FirstIndex(); i < count; i += GridStride()) y[i] = y[i] + Mul(alpha, x[i]);
 }
 
@@ -97,11 +96,11 @@ unsigned Blocks(uint64_t count, uint32_t max_blocks) {
 cudaError_t LaunchError() { return cudaGetLastError(); }
 
 template <typename T>
-cudaError_t LaunchFill(cudaStream_t stream, const LaunchLimits& limits, void* dst,
-                       uint64_t count, T value) {
+cudaError_t LaunchFill(cudaStream_t stream, const LaunchLimits& limits, void* dst, uint64_t count,
+                       T value) {
   if (count == 0) return cudaSuccess;
-  FillKernel<T><<<Blocks(count, limits.max_blocks), kBlockSize, 0, stream>>>(
-      static_cast<T*>(dst), count, value);
+  FillKernel<T><<<Blocks(count, limits.max_blocks), kBlockSize, 0, stream>>>(static_cast<T*>(dst),
+                                                                             count, value);
   return LaunchError();
 }
 
@@ -135,12 +134,11 @@ cudaError_t LaunchReduce(cudaStream_t stream, const void* in, uint64_t count, vo
   unsigned num_partials = 0;
   if (count > 0) {
     num_partials = Blocks(count, kReduceMaxBlocks);
-    ReducePartialsKernel<T><<<num_partials, kBlockSize, 0, stream>>>(
-        static_cast<const T*>(in), count, partials);
+    ReducePartialsKernel<T>
+        <<<num_partials, kBlockSize, 0, stream>>>(static_cast<const T*>(in), count, partials);
     if (cudaError_t error = LaunchError(); error != cudaSuccess) return error;
   }
-  ReduceFinalKernel<T><<<1, kBlockSize, 0, stream>>>(partials, num_partials,
-                                                     static_cast<T*>(out));
+  ReduceFinalKernel<T><<<1, kBlockSize, 0, stream>>>(partials, num_partials, static_cast<T*>(out));
   return LaunchError();
 }
 
@@ -178,11 +176,10 @@ cudaError_t Scale(cudaStream_t stream, const LaunchLimits& limits, DType dtype, 
   const unsigned blocks = Blocks(count, limits.max_blocks);
   if (dtype == DType::kF32) {
     ScaleKernel<float><<<blocks, kBlockSize, 0, stream>>>(
-        static_cast<const float*>(x), static_cast<float>(alpha), static_cast<float*>(out),
-        count);
+        static_cast<const float*>(x), static_cast<float>(alpha), static_cast<float*>(out), count);
   } else if (dtype == DType::kF64) {
-    ScaleKernel<double><<<blocks, kBlockSize, 0, stream>>>(
-        static_cast<const double*>(x), alpha, static_cast<double*>(out), count);
+    ScaleKernel<double><<<blocks, kBlockSize, 0, stream>>>(static_cast<const double*>(x), alpha,
+                                                           static_cast<double*>(out), count);
   } else {
     return cudaErrorInvalidValue;
   }
@@ -197,16 +194,16 @@ cudaError_t Axpy(cudaStream_t stream, const LaunchLimits& limits, DType dtype, d
     AxpyKernel<float><<<blocks, kBlockSize, 0, stream>>>(
         static_cast<float>(alpha), static_cast<const float*>(x), static_cast<float*>(y), count);
   } else if (dtype == DType::kF64) {
-    AxpyKernel<double><<<blocks, kBlockSize, 0, stream>>>(
-        alpha, static_cast<const double*>(x), static_cast<double*>(y), count);
+    AxpyKernel<double><<<blocks, kBlockSize, 0, stream>>>(alpha, static_cast<const double*>(x),
+                                                          static_cast<double*>(y), count);
   } else {
     return cudaErrorInvalidValue;
   }
   return LaunchError();
 }
 
-cudaError_t ReduceSum(cudaStream_t stream, DType dtype, const void* in, uint64_t count,
-                      void* out, double* partials) {
+cudaError_t ReduceSum(cudaStream_t stream, DType dtype, const void* in, uint64_t count, void* out,
+                      double* partials) {
   if (dtype == DType::kF32) return LaunchReduce<float>(stream, in, count, out, partials);
   if (dtype == DType::kF64) return LaunchReduce<double>(stream, in, count, out, partials);
   return cudaErrorInvalidValue;

@@ -46,7 +46,7 @@ cudaError_t Axpy(cudaStream_t stream, const LaunchLimits& limits, DType dtype, d
 /// out[0] = sum of in[0..count), accumulated in double, in an order that depends on count
 /// only (deterministic). `partials` is device scratch of kReduceMaxBlocks doubles that
 /// no other work on another stream uses concurrently.
-cudaError_t ReduceSum(cudaStream_t stream, DType dtype, const void* in, uint64_t count,
-                      void* out, double* partials);
+cudaError_t ReduceSum(cudaStream_t stream, DType dtype, const void* in, uint64_t count, void* out,
+                      double* partials);
 
 }  // namespace ferry::backend::cuda_kernels

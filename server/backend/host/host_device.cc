@@ -32,7 +32,6 @@ DevicePtr DeviceAddress(const void* ptr) {
   return static_cast<DevicePtr>(reinterpret_cast<uintptr_t>(ptr));
 }
 
-
 }  // namespace
 
 /// One op as enqueued or recorded: the device ranges it touches (checked at enqueue and at
