@@ -9,6 +9,7 @@ packages=(
   libspdlog-dev libfmt-dev libboost-dev libboost-system-dev
   libgtest-dev libgmock-dev
   openssl  # the TLS tests make a test CA at test time
+  clang-format  # tests/deploy/format_test.sh: the sources follow .clang-format
 )
 missing=()
 for p in "${packages[@]}"; do
