@@ -111,9 +111,7 @@ class SessionConnection : public session::SessionEvents,
       }
       received_at_.pop_front();
     }
-    last_completed_ = submit_id;
     SendCompleted(submit_id, status);
-    FlushRejected();
   }
   void SendCompleted(uint64_t submit_id, const Status& status) {
     auto m = std::make_unique<v1::ServerMessage>();
@@ -128,8 +126,6 @@ class SessionConnection : public session::SessionEvents,
     Send(std::move(m));
   }
   void OnClosed(const session::SessionStatsSnapshot& stats) override {
-    last_completed_ = last_forwarded_;
-    FlushRejected();
     auto m = std::make_unique<v1::ServerMessage>();
     ToProto(stats, m->mutable_closed()->mutable_stats());
     Send(std::move(m));
@@ -152,16 +148,19 @@ class SessionConnection : public session::SessionEvents,
                                    " after " + std::to_string(last_submit_id_));
         }
         last_submit_id_ = id;
-        if (remote_ && !context_->allow_remote_raw_kernels && HasRawKernelOps(message->submit())) {
-          return RejectInOrder(id, Status(ErrorKind::kUnsupported,
-                                          "raw kernels are disabled for remote sessions "
-                                          "(ferryd --allow-remote-raw-kernels enables them)"));
-        }
         if (context_->submit_latency) {
           received_at_.push_back(
               {id, std::chrono::steady_clock::now(), MovesBytes(message->submit())});
         }
-        last_forwarded_ = id;
+        if (remote_ && !context_->allow_remote_raw_kernels && HasRawKernelOps(message->submit())) {
+          session::SubmitRequest refused;
+          refused.submit_id = id;
+          refused.refusal = Status(ErrorKind::kUnsupported,
+                                   "raw kernels are disabled for remote sessions "
+                                   "(ferryd --allow-remote-raw-kernels enables them)");
+          session_->Submit(std::move(refused));
+          return;
+        }
         session_->Submit(ToSubmitRequest(std::move(message)));
         return;
       }
@@ -201,18 +200,6 @@ class SessionConnection : public session::SessionEvents,
       if (op.has_load_module() || op.has_launch()) return true;
     }
     return false;
-  }
-
-  // Complete a submit the session never saw with `status`, after every earlier one.
-  void RejectInOrder(uint64_t submit_id, const Status& status) {
-    rejected_.push_back({submit_id, last_forwarded_, status});
-    FlushRejected();
-  }
-  void FlushRejected() {
-    while (!rejected_.empty() && rejected_.front().after <= last_completed_) {
-      SendCompleted(rejected_.front().submit_id, rejected_.front().status);
-      rejected_.pop_front();
-    }
   }
 
   void Open(const v1::Open& open) {
@@ -360,14 +347,6 @@ class SessionConnection : public session::SessionEvents,
   std::string slab_token_;     // issued at Open; revoked when the stream ends
   bool session_done_ = false;  // closed, aborted or failed: no more session calls
   uint64_t last_submit_id_ = 0;
-  uint64_t last_forwarded_ = 0;  // the last submit handed to the session
-  uint64_t last_completed_ = 0;  // the last submit the session completed
-  struct Rejected {
-    uint64_t submit_id;
-    uint64_t after;  // completes once the session completed this submit
-    Status status;
-  };
-  std::deque<Rejected> rejected_;
   struct Received {
     uint64_t id;
     std::chrono::steady_clock::time_point at;

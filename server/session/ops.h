@@ -125,6 +125,10 @@ using Op = std::variant<CreateTensorOp, FreeTensorOp, UploadOp, DownloadOp, Fill
 
 struct SubmitRequest {
   uint64_t submit_id = 0;
+  /// Not OK: the connection refuses this submit whole with this status (a policy the session
+  /// does not know, such as raw kernels from a remote client); it completes in order and
+  /// counts as a failed submit, and its ops are neither admitted nor enqueued.
+  Status refusal;
   std::vector<Op> ops;
   /// Owns the bytes UploadOp::data points into; released when the submit completes.
   std::shared_ptr<const void> payload;

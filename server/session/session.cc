@@ -66,7 +66,9 @@ void Session::Submit(SubmitRequest request) {
   InFlight record;
   record.submit_id = request.submit_id;
   ++counters_->submits;
-  if (closing_) {
+  if (!request.refusal.ok()) {
+    record.status = request.refusal;
+  } else if (closing_) {
     record.status = Status(ErrorKind::kSessionClosed, "the session is closing");
   } else if (!broken_.ok()) {
     record.status = broken_;

@@ -159,7 +159,10 @@ TEST(TlsTest, RawKernelsAreRefusedForRemoteSessions) {
   auto back = session->download<float>(a);
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   EXPECT_EQ(*back, x);
-  EXPECT_TRUE(session->close().ok());
+  // The refusal is the session's like any other: one failed submit in its counters.
+  auto stats = session->close();
+  ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+  EXPECT_EQ(stats->failed_submits, 1u);
 }
 
 TEST(TlsTest, RefusesNonLoopbackTcpWithoutTlsOrToken) {
