@@ -203,7 +203,8 @@ class Admitter {
     FERRY_ASSIGN_OR_RETURN(const TensorRecord* r, Live(op.tensor));
     FERRY_RETURN_IF_ERROR(InRange(op.tensor, r, op.offset, op.length));
     result_.download_bytes += op.length;
-    if (limits_.max_download_bytes && result_.download_bytes > limits_.max_download_bytes) {
+    result_.inline_download_bytes += op.length;
+    if (limits_.max_download_bytes && result_.inline_download_bytes > limits_.max_download_bytes) {
       return Status(ErrorKind::kQuotaExceeded, "the submit downloads more than " +
                                                    std::to_string(limits_.max_download_bytes) +
                                                    " bytes");

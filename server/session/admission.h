@@ -18,14 +18,17 @@ namespace ferry::session {
 struct AdmissionLimits {
   uint64_t device_bytes_quota = 0;  // the session's quota for live tensor bytes
   uint64_t max_ops_per_submit = 0;  // 0: no limit
-  uint64_t max_download_bytes = 0;  // total Download bytes one submit may ask for; 0: none
+  // Total inline Download bytes one submit may ask for (the daemon buffers them until they
+  // are sent); 0: none. DownloadToSlab bytes land in the client's slab and do not count.
+  uint64_t max_download_bytes = 0;
 };
 
 struct AdmissionResult {
   uint64_t peak_device_bytes = 0;  // the most the session's tensors hold during the submit
   uint64_t bytes_created = 0;      // bytes of the tensors the submit creates
   uint64_t upload_bytes = 0;
-  uint64_t download_bytes = 0;
+  uint64_t download_bytes = 0;         // Download and DownloadToSlab
+  uint64_t inline_download_bytes = 0;  // Download only: what max_download_bytes bounds
 };
 
 /// The most bytes of device code one LoadModule may carry.

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "pool/session_slabs.h"
+#include "session/admission.h"
 
 namespace ferry::pool {
 namespace {
@@ -139,6 +140,36 @@ TEST(SessionSlabsTest, RangesAreCheckedAndBusy) {
   EXPECT_EQ(s.Check({ref->id, 0, 1}).kind(), ErrorKind::kBusy);
   s.Close();
   EXPECT_EQ(pool->stats().slabs_total, 0u);  // destroyed, not pooled
+}
+
+// The per-submit download limit bounds the inline Download bytes the daemon buffers; bytes a
+// submit downloads into the client's slabs do not count toward it.
+TEST(SessionSlabsTest, SlabDownloadsDoNotCountTowardTheInlineDownloadLimit) {
+  int registered = 0;
+  auto pool = MakePool(2, 0, &registered);
+  SessionSlabs slabs(pool.get());
+  ASSERT_TRUE(slabs.Bind(7));
+  auto ref = slabs.Acquire();
+  ASSERT_TRUE(ref.ok());
+  session::HandleTable table;
+  session::TensorRecord t;
+  t.dtype = DType::kU8;
+  t.shape = Shape({8192});
+  t.ptr = 0x1000;
+  t.bytes = *session::TensorBytes(t.dtype, t.shape, &t.elements);
+  table.Insert(1, t);
+  session::AdmissionLimits limits;
+  limits.device_bytes_quota = 1 << 20;
+  limits.max_download_bytes = 4096;
+  session::SubmitRequest req;
+  req.submit_id = 1;
+  req.ops = {session::DownloadToSlabOp{1, 0, ref->id, 0, 8192}, session::DownloadOp{1, 0, 4096}};
+  auto admitted = session::AdmitSubmit(req, table, limits, &slabs);
+  ASSERT_TRUE(admitted.ok()) << admitted.status().ToString();
+  EXPECT_EQ(admitted->download_bytes, 8192u + 4096u);
+  req.ops.push_back(session::DownloadOp{1, 4096, 1});  // one inline byte over the limit
+  EXPECT_EQ(session::AdmitSubmit(req, table, limits, &slabs).status().kind(),
+            ErrorKind::kQuotaExceeded);
 }
 
 }  // namespace
