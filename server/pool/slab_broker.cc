@@ -54,24 +54,14 @@ bool SendWithFd(int sock, const char* bytes, size_t n, int fd) {
 
 }  // namespace
 
-Result<std::unique_ptr<SlabBroker>> SlabBroker::Start(const std::string& path) {
+Result<std::unique_ptr<SlabBroker>> SlabBroker::Start(const std::string& path, int listen_fd) {
   std::unique_ptr<SlabBroker> b(new SlabBroker());
   b->path_ = path;
-  struct sockaddr_un addr = {};
-  addr.sun_family = AF_UNIX;
-  if (path.size() >= sizeof(addr.sun_path)) {
-    return Status(ErrorKind::kInvalidArgument, "slab socket path too long: " + path);
+  b->listen_fd_ = listen_fd;
+  int flags = ::fcntl(listen_fd, F_GETFL);
+  if (flags < 0 || ::fcntl(listen_fd, F_SETFL, flags | O_NONBLOCK) != 0) {
+    return Status(ErrorKind::kInternal, std::string("fcntl(O_NONBLOCK): ") + std::strerror(errno));
   }
-  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  ::unlink(path.c_str());
-  b->listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (b->listen_fd_ < 0 ||
-      ::bind(b->listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      ::listen(b->listen_fd_, 64) != 0) {
-    return Status(ErrorKind::kUnavailable,
-                  "cannot listen on slab socket " + path + ": " + std::strerror(errno));
-  }
-  ::chmod(path.c_str(), 0660);
   if (::pipe2(b->wake_, O_CLOEXEC | O_NONBLOCK) != 0) {
     return Status(ErrorKind::kInternal, std::string("pipe2: ") + std::strerror(errno));
   }

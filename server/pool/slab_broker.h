@@ -34,8 +34,10 @@ inline constexpr uint32_t kSlabRequestAcquire = 1;
 
 class SlabBroker {
  public:
-  /// Listen on `path` (replacing a stale socket file; mode 0660).
-  static Result<std::unique_ptr<SlabBroker>> Start(const std::string& path);
+  /// Serve the slab protocol on `listen_fd`, a listening Unix socket bound at `path`
+  /// (rpc::ListenUnix makes it: a live path refused, a stale one replaced). Owns the fd from
+  /// here on, and removes `path` when it stops.
+  static Result<std::unique_ptr<SlabBroker>> Start(const std::string& path, int listen_fd);
   ~SlabBroker();
 
   /// Issue a one-time token binding the next connection that presents it to `slabs`.

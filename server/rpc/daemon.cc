@@ -166,8 +166,9 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
     };
     FERRY_ASSIGN_OR_RETURN(d->slab_pool_, pool::SlabPool::Create(options.slab_pool, reg));
     sup->SetRebuiltHook([pool = d->slab_pool_.get()] { pool->ReregisterAll(); });
-    FERRY_ASSIGN_OR_RETURN(d->slab_broker_,
-                           pool::SlabBroker::Start(unix_listeners[0].path + ".slabs"));
+    const std::string slab_path = unix_listeners[0].path + ".slabs";
+    FERRY_ASSIGN_OR_RETURN(int slab_fd, ListenUnix(slab_path));
+    FERRY_ASSIGN_OR_RETURN(d->slab_broker_, pool::SlabBroker::Start(slab_path, slab_fd));
     ctx.slab_pool = d->slab_pool_.get();
     ctx.slab_broker = d->slab_broker_.get();
     ctx.session_pinned_quota = options.session_pinned_quota;
