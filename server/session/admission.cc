@@ -62,6 +62,17 @@ class ObjectOverlay {
   void FreeModule(uint64_t h) {
     if (!modules_created_.erase(h)) modules_freed_.insert(h);
   }
+  // Live modules and graphs once the ops admitted so far have run.
+  uint64_t module_count() const {
+    return Count(table_.modules().size(), modules_freed_, modules_created_,
+                 [this](uint64_t h) { return table_.modules().count(h) > 0; });
+  }
+  uint64_t graph_count() const {
+    std::unordered_set<uint64_t> created;
+    for (const auto& [h, refs] : graphs_created_) created.insert(h);
+    return Count(table_.graphs().size(), graphs_freed_, created,
+                 [this](uint64_t h) { return table_.graphs().count(h) > 0; });
+  }
   // Return the tensors graph `h` uses, or nullptr when no live graph has that handle.
   const TensorRefs* Graph(uint64_t h) const {
     if (auto it = graphs_created_.find(h); it != graphs_created_.end()) return &it->second;
@@ -78,6 +89,19 @@ class ObjectOverlay {
   }
 
  private:
+  // The table's objects, less those freed, plus those created that the table lacks. (A
+  // table handle freed and created again in one submit leaves `freed` and is in `created`:
+  // counted once, by the table.)
+  template <typename InTable>
+  static uint64_t Count(size_t in_table, const std::unordered_set<uint64_t>& freed,
+                        const std::unordered_set<uint64_t>& created, InTable in_table_has) {
+    uint64_t n = in_table - freed.size();
+    for (uint64_t h : created) {
+      if (!in_table_has(h)) ++n;
+    }
+    return n;
+  }
+
   const HandleTable& table_;
   std::unordered_set<uint64_t> modules_created_, modules_freed_;
   std::unordered_map<uint64_t, TensorRefs> graphs_created_;
@@ -296,6 +320,11 @@ class Admitter {
                     "module image above " + std::to_string(kMaxModuleBytes) + " bytes");
     }
     objects_.CreateModule(op.handle);
+    if (limits_.max_modules && objects_.module_count() > limits_.max_modules) {
+      return Status(
+          ErrorKind::kQuotaExceeded,
+          "the session may hold at most " + std::to_string(limits_.max_modules) + " modules");
+    }
     return Status::Ok();
   }
   Status Do(const UnloadModuleOp& op) {
@@ -341,6 +370,10 @@ class Admitter {
     capturing_ = false;
     objects_.CreateGraph(capture_handle_, std::move(capture_refs_));
     capture_refs_.clear();
+    if (limits_.max_graphs && objects_.graph_count() > limits_.max_graphs) {
+      return Status(ErrorKind::kQuotaExceeded, "the session may hold at most " +
+                                                   std::to_string(limits_.max_graphs) + " graphs");
+    }
     return Status::Ok();
   }
   Status Do(const LaunchGraphOp& op) {

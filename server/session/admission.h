@@ -21,6 +21,8 @@ struct AdmissionLimits {
   // Total inline Download bytes one submit may ask for (the daemon buffers them until they
   // are sent); 0: none. DownloadToSlab bytes land in the client's slab and do not count.
   uint64_t max_download_bytes = 0;
+  uint64_t max_modules = 0;  // live modules a session may hold; 0: no limit
+  uint64_t max_graphs = 0;   // live graphs a session may hold; 0: no limit
 };
 
 struct AdmissionResult {

@@ -43,6 +43,8 @@ Session::Session(DeviceSupervisor* device, SessionRegistry* registry, Executor e
   limits_.device_bytes_quota = config.device_bytes_quota;
   limits_.max_ops_per_submit = config.max_ops_per_submit;
   limits_.max_download_bytes = config.max_download_bytes_per_submit;
+  limits_.max_modules = config.max_modules;
+  limits_.max_graphs = config.max_graphs;
 }
 
 Session::~Session() {

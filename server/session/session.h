@@ -35,6 +35,10 @@ struct SessionConfig {
   uint32_t max_in_flight_submits = 64;
   uint64_t max_ops_per_submit = 1u << 20;
   uint64_t max_download_bytes_per_submit = 1ull << 30;
+  // Each module may carry up to 64 MiB of code and each graph holds device resources: a
+  // client must not be able to pile them up without bound.
+  uint64_t max_modules = 256;
+  uint64_t max_graphs = 4096;
 };
 
 /// Plain copy of a session's counters, as Closed reports them.

@@ -159,6 +159,28 @@ TEST_F(BadInputTest, InFlightLimitHoldsAgainstAFastSender) {
   }
 }
 
+// A session cannot pile up modules (each up to 64 MiB of code) without bound: past 256 live
+// modules a submit is refused whole with QUOTA_EXCEEDED, naming the op; the session goes on.
+TEST_F(BadInputTest, ModulesPerSessionAreLimited) {
+  RawStream raw(daemon_->unix_target());
+  ASSERT_TRUE(raw.Open());
+  std::vector<v1::Op> loads;
+  for (uint64_t h = 1; h <= 257; ++h) {
+    v1::Op op;
+    op.mutable_load_module()->set_handle(h);
+    op.mutable_load_module()->set_format(v1::PTX);
+    op.mutable_load_module()->set_image("not ptx " + std::to_string(h));
+    loads.push_back(std::move(op));
+  }
+  ASSERT_TRUE(raw.Submit(1, loads));
+  v1::Error e = raw.Completion(1);
+  EXPECT_EQ(e.kind(), v1::QUOTA_EXCEEDED) << e.message();
+  EXPECT_EQ(e.op_index(), 256);
+  ASSERT_TRUE(raw.Submit(2, {Create(1, v1::DTYPE_F32, {4}), Fill(1, 2.0)}));
+  EXPECT_EQ(raw.Completion(2).kind(), v1::ERROR_KIND_NONE);
+  raw.Close();
+}
+
 TEST_F(BadInputTest, OversizeLengthsAndOffsetsAreOutOfRange) {
   RawStream raw(daemon_->unix_target());
   ASSERT_TRUE(raw.Open());

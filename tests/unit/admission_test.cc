@@ -126,5 +126,32 @@ TEST_F(AdmissionTest, OpsPerSubmitLimit) {
   EXPECT_EQ(Admit({FillOp{1, 0}, FillOp{1, 0}, FillOp{1, 0}}).kind(), ErrorKind::kQuotaExceeded);
 }
 
+// A session holds at most max_modules modules and max_graphs graphs, counting what it
+// already holds, what the submit frees and what it creates.
+TEST_F(AdmissionTest, ModuleAndGraphCountLimits) {
+  limits_.max_modules = 2;
+  limits_.max_graphs = 1;
+  table_.modules()[7] = nullptr;  // one module held already
+  EXPECT_TRUE(Admit({LoadModuleOp{8, backend::ModuleFormat::kPtx, "x"}}).ok());
+  Status over = Admit({LoadModuleOp{8, backend::ModuleFormat::kPtx, "x"},
+                       LoadModuleOp{9, backend::ModuleFormat::kPtx, "x"}});
+  EXPECT_EQ(over.kind(), ErrorKind::kQuotaExceeded) << over.ToString();
+  EXPECT_EQ(over.op_index(), 1);
+  // Freeing one first makes room; freeing and loading the same handle again counts once.
+  EXPECT_TRUE(Admit({UnloadModuleOp{7}, LoadModuleOp{8, backend::ModuleFormat::kPtx, "x"},
+                     LoadModuleOp{9, backend::ModuleFormat::kPtx, "x"}})
+                  .ok());
+  EXPECT_TRUE(Admit({UnloadModuleOp{7}, LoadModuleOp{7, backend::ModuleFormat::kPtx, "x"},
+                     LoadModuleOp{8, backend::ModuleFormat::kPtx, "x"}})
+                  .ok());
+
+  AddTensor(1, DType::kF32, {4});
+  EXPECT_TRUE(Admit({BeginGraphOp{1}, FillOp{1, 0}, EndGraphOp{}}).ok());
+  Status graphs = Admit(
+      {BeginGraphOp{1}, FillOp{1, 0}, EndGraphOp{}, BeginGraphOp{2}, FillOp{1, 0}, EndGraphOp{}});
+  EXPECT_EQ(graphs.kind(), ErrorKind::kQuotaExceeded) << graphs.ToString();
+  EXPECT_EQ(graphs.op_index(), 5);
+}
+
 }  // namespace
 }  // namespace ferry::session
