@@ -67,11 +67,12 @@ class SessionConnection : public session::SessionEvents,
       return;
     }
     if (!outbox_.empty()) {
+      Unqueue(outbox_.front());
       outbox_.pop_front();
-      --context_->unsent;
     }
     PumpWrites();
     TryFinish();
+    MaybeStartRead();  // reads may have stopped for download bytes not yet written
   }
 
   void HandleCancel() { ClientGone("the client cancelled the stream"); }
@@ -177,6 +178,10 @@ class SessionConnection : public session::SessionEvents,
         return ProtocolViolation("a message with no kind");
     }
   }
+
+  // The most inline download bytes a session makes the daemon hold (in flight and not yet
+  // written) before it stops reading that session's stream; one submit may exceed it.
+  static constexpr uint64_t kMaxBufferedDownloadBytes = 256ull << 20;
 
   // Return true when the submit moves bytes between host and device.
   static bool MovesBytes(const v1::Submit& submit) {
@@ -292,6 +297,9 @@ class SessionConnection : public session::SessionEvents,
 
   void Send(std::unique_ptr<v1::ServerMessage> message) {
     if (finishing_) return;
+    if (message->has_download_chunk()) {
+      outbox_download_bytes_ += message->download_chunk().data().size();
+    }
     outbox_.push_back(std::move(message));
     ++context_->unsent;
     PumpWrites();
@@ -300,9 +308,14 @@ class SessionConnection : public session::SessionEvents,
   // Drop queued messages, keeping the first `keep` (one gRPC may still be writing).
   void DropUnsent(size_t keep) {
     while (outbox_.size() > keep) {
+      Unqueue(outbox_.back());
       outbox_.pop_back();
-      --context_->unsent;
     }
+  }
+  // Account for a message leaving the outbox (written or dropped).
+  void Unqueue(const std::unique_ptr<v1::ServerMessage>& m) {
+    --context_->unsent;
+    if (m->has_download_chunk()) outbox_download_bytes_ -= m->download_chunk().data().size();
   }
 
   void PumpWrites() {
@@ -316,6 +329,13 @@ class SessionConnection : public session::SessionEvents,
   void MaybeStartRead(size_t arriving = 0) {
     if (reading_ || read_closed_ || close_requested_ || finishing_ || !reactor_) return;
     if (session_ && !session_->CanAcceptSubmit(arriving)) return;  // resumed by OnCompleted
+    // A client that does not read its downloads must not make the daemon hold them without
+    // bound: past kMaxBufferedDownloadBytes (in flight plus not yet written), stop reading
+    // until writes drain them (resumed by HandleWriteDone).
+    if (session_ && session_->inline_download_bytes_in_flight() + outbox_download_bytes_ >=
+                        kMaxBufferedDownloadBytes) {
+      return;
+    }
     reading_ = true;
     reactor_->StartRead(&read_buffer_);
   }
@@ -354,6 +374,7 @@ class SessionConnection : public session::SessionEvents,
   };
   std::deque<Received> received_at_;
   std::deque<std::unique_ptr<v1::ServerMessage>> outbox_;
+  uint64_t outbox_download_bytes_ = 0;  // DownloadChunk bytes in outbox_
   bool reading_ = false;
   bool read_closed_ = false;
   bool close_requested_ = false;

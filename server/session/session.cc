@@ -79,6 +79,8 @@ void Session::Submit(SubmitRequest request) {
     if (!admitted.ok()) {
       record.status = admitted.status();
     } else {
+      record.inline_download_bytes = admitted->inline_download_bytes;
+      inline_download_bytes_in_flight_ += record.inline_download_bytes;
       record.status = Enqueue(request, *admitted, record);
     }
   }
@@ -483,6 +485,7 @@ void Session::DeliverReady() {
     InFlight record = std::move(queue_.front());
     queue_.pop_front();
     counters_->submits_in_flight = queue_.size();
+    inline_download_bytes_in_flight_ -= record.inline_download_bytes;
     // The device is done with the submit's slab ranges: free them, or quarantine them
     // when the submit failed (their bytes are of unknown state).
     for (const pool::SlabRange& r : record.slab_ranges) slabs_->Finish(r, !record.status.ok());

@@ -94,6 +94,9 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
     return queue_.size() + arriving < config_.max_in_flight_submits;
   }
   bool closing() const { return closing_; }
+  /// Bytes of inline Download ops of the submits in flight: memory the daemon holds for the
+  /// client until it is delivered (the connection adds what it has not yet written).
+  uint64_t inline_download_bytes_in_flight() const { return inline_download_bytes_in_flight_; }
   size_t in_flight() const { return queue_.size(); }
 
   /// Give the session its shared-memory slab set (local clients); call before the first
@@ -120,7 +123,8 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
     std::shared_ptr<const void> payload;
     std::vector<PendingDownload> downloads;
     uint64_t download_bytes = 0;
-    int first_launch_op = -1;  // the first raw kernel launch of the submit
+    uint64_t inline_download_bytes = 0;  // Download ops' bytes, held by the daemon until sent
+    int first_launch_op = -1;            // the first raw kernel launch of the submit
     std::string first_launch_name;
     std::vector<uint64_t> syncs_after;         // Synchronize ids answered after this completes
     std::vector<pool::SlabRange> slab_ranges;  // busy until this submit completes
@@ -173,6 +177,7 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   bool capture_raw_ = false;
   int64_t raw_launches_in_flight_ = 0;  // submits in flight that launch raw kernels
   std::deque<InFlight> queue_;
+  uint64_t inline_download_bytes_in_flight_ = 0;  // sum over queue_
   Status broken_;  // a sticky device error: every later submit fails with it
   bool closing_ = false;
   bool torn_down_ = false;

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <fstream>
 #include <thread>
 
 #include "ferry/client.h"
@@ -179,6 +180,67 @@ TEST_F(BadInputTest, ModulesPerSessionAreLimited) {
   ASSERT_TRUE(raw.Submit(2, {Create(1, v1::DTYPE_F32, {4}), Fill(1, 2.0)}));
   EXPECT_EQ(raw.Completion(2).kind(), v1::ERROR_KIND_NONE);
   raw.Close();
+}
+
+// Resident memory of a process, in bytes (VmRSS); 0 when unreadable.
+uint64_t ResidentBytes(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string key;
+  while (in >> key) {
+    if (key == "VmRSS:") {
+      uint64_t kib = 0;
+      in >> kib;
+      return kib << 10;
+    }
+    in.ignore(1 << 10, '\n');
+  }
+  return 0;
+}
+
+// A client that asks for downloads and never reads them must not make the daemon hold them
+// without bound: past its buffered-download limit the daemon stops reading that stream. Here
+// 40 submits of 64 MiB each (2.5 GiB) are sent by a client that reads nothing for a while;
+// the daemon's memory grows by far less, then everything arrives once the client reads.
+TEST(BufferedDownloadTest, AClientThatDoesNotReadIsHeldBack) {
+  FerrydProcess daemon({"--session-quota", "64M", "--max-session-quota", "64M"});
+  ASSERT_TRUE(daemon.ok()) << daemon.log();
+  constexpr uint64_t kBytes = 64ull << 20;
+  constexpr int kSubmits = 40;
+  RawStream raw(daemon.unix_target());
+  ASSERT_TRUE(raw.Open());
+  ASSERT_TRUE(raw.Submit(1, {Create(1, v1::DTYPE_U8, {static_cast<int64_t>(kBytes)}), Fill(1, 7)}));
+  EXPECT_EQ(raw.Completion(1).kind(), v1::ERROR_KIND_NONE);
+  const uint64_t before = ResidentBytes(daemon.pid());
+  ASSERT_GT(before, 0u);
+  std::thread sender([&] {  // blocks once the daemon stops reading
+    for (uint64_t id = 2; id < 2 + kSubmits; ++id) {
+      if (!raw.Submit(id, {Download(1, 0, kBytes)})) return;
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  const uint64_t held = ResidentBytes(daemon.pid());
+  EXPECT_LT(held, before + (1ull << 30))
+      << "ferryd grew by " << ((held - before) >> 20) << " MiB for a client that reads nothing";
+  // Reading now: every download arrives, whole and right.
+  uint64_t got = 0;
+  int completed = 0;
+  while (completed < kSubmits) {
+    auto m = raw.Read();
+    ASSERT_TRUE(m.has_value()) << "the stream ended after " << completed << " completions";
+    if (m->has_download_chunk()) {
+      const std::string& d = m->download_chunk().data();
+      got += d.size();
+      ASSERT_TRUE(d.empty() || (d.front() == 7 && d.back() == 7));
+    }
+    if (m->has_completed()) {
+      ASSERT_FALSE(m->completed().has_error()) << m->completed().error().message();
+      ++completed;
+    }
+  }
+  sender.join();
+  EXPECT_EQ(got, kSubmits * kBytes);
+  raw.Close();
+  EXPECT_EQ(daemon.Stop(), 0) << daemon.log();
 }
 
 TEST_F(BadInputTest, OversizeLengthsAndOffsetsAreOutOfRange) {
