@@ -135,6 +135,12 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
                           " without --tls-cert/--tls-key or --token-file (or "
                           "--allow-insecure-remote, for development only)");
       }
+      if (!IsLoopback(tcp.host) && !options.tls.enabled()) {
+        spdlog::warn(
+            "{} is plaintext TCP on a non-loopback address: the bearer token and every "
+            "byte travel unencrypted; configure --tls-cert/--tls-key",
+            ep);
+      }
       builder.AddListeningPort(tcp.host + ":" + tcp.port, tcp_credentials, &ports[i]);
     } else {
       return Status(ErrorKind::kInvalidArgument,
