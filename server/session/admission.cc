@@ -55,23 +55,19 @@ class ObjectOverlay {
     if (modules_freed_.count(h)) return false;
     return table_.modules().count(h) > 0;
   }
-  void CreateModule(uint64_t h) {
-    modules_freed_.erase(h);
-    modules_created_.insert(h);
-  }
+  // `freed` holds table handles freed by this submit and stays so when the handle is created
+  // again (the table's object is gone either way); `created` holds the live new ones.
+  void CreateModule(uint64_t h) { modules_created_.insert(h); }
   void FreeModule(uint64_t h) {
     if (!modules_created_.erase(h)) modules_freed_.insert(h);
   }
-  // Live modules and graphs once the ops admitted so far have run.
+  // Live modules and graphs once the ops admitted so far have run (`freed` is a subset of
+  // the table's handles).
   uint64_t module_count() const {
-    return Count(table_.modules().size(), modules_freed_, modules_created_,
-                 [this](uint64_t h) { return table_.modules().count(h) > 0; });
+    return table_.modules().size() - modules_freed_.size() + modules_created_.size();
   }
   uint64_t graph_count() const {
-    std::unordered_set<uint64_t> created;
-    for (const auto& [h, refs] : graphs_created_) created.insert(h);
-    return Count(table_.graphs().size(), graphs_freed_, created,
-                 [this](uint64_t h) { return table_.graphs().count(h) > 0; });
+    return table_.graphs().size() - graphs_freed_.size() + graphs_created_.size();
   }
   // Return the tensors graph `h` uses, or nullptr when no live graph has that handle.
   const TensorRefs* Graph(uint64_t h) const {
@@ -80,28 +76,12 @@ class ObjectOverlay {
     auto it = table_.graphs().find(h);
     return it == table_.graphs().end() ? nullptr : &it->second.tensors;
   }
-  void CreateGraph(uint64_t h, TensorRefs refs) {
-    graphs_freed_.erase(h);
-    graphs_created_[h] = std::move(refs);
-  }
+  void CreateGraph(uint64_t h, TensorRefs refs) { graphs_created_[h] = std::move(refs); }
   void FreeGraph(uint64_t h) {
     if (!graphs_created_.erase(h)) graphs_freed_.insert(h);
   }
 
  private:
-  // The table's objects, less those freed, plus those created that the table lacks. (A
-  // table handle freed and created again in one submit leaves `freed` and is in `created`:
-  // counted once, by the table.)
-  template <typename InTable>
-  static uint64_t Count(size_t in_table, const std::unordered_set<uint64_t>& freed,
-                        const std::unordered_set<uint64_t>& created, InTable in_table_has) {
-    uint64_t n = in_table - freed.size();
-    for (uint64_t h : created) {
-      if (!in_table_has(h)) ++n;
-    }
-    return n;
-  }
-
   const HandleTable& table_;
   std::unordered_set<uint64_t> modules_created_, modules_freed_;
   std::unordered_map<uint64_t, TensorRefs> graphs_created_;

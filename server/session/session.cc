@@ -360,7 +360,11 @@ Status Session::EnqueueOp(const Op& any, DevicePtr fresh, std::shared_ptr<backen
             record.first_launch_op = static_cast<int>(index);
             record.first_launch_name = op.function;
           }
-          return stream_->Launch(*tensors_.modules().at(op.module), op.function, op.config, args);
+          auto module = tensors_.modules().find(op.module);
+          if (module == tensors_.modules().end() || !module->second) {
+            return Status(ErrorKind::kInternal, "admitted launch of a module that is not loaded");
+          }
+          return stream_->Launch(*module->second, op.function, op.config, args);
         } else if constexpr (std::is_same_v<T, BeginGraphOp>) {
           FERRY_RETURN_IF_ERROR(stream_->BeginCapture());
           capturing_ = true;
@@ -379,7 +383,11 @@ Status Session::EnqueueOp(const Op& any, DevicePtr fresh, std::shared_ptr<backen
           tensors_.graphs()[capture_handle_] = std::move(g);
           return Status::Ok();
         } else if constexpr (std::is_same_v<T, LaunchGraphOp>) {
-          const GraphRecord& g = tensors_.graphs().at(op.graph);
+          auto found = tensors_.graphs().find(op.graph);
+          if (found == tensors_.graphs().end()) {
+            return Status(ErrorKind::kInternal, "admitted launch of a graph that does not exist");
+          }
+          const GraphRecord& g = found->second;
           ++counters_->graph_launches;
           if (g.has_raw_kernels && record.first_launch_op < 0) {
             record.first_launch_op = static_cast<int>(index);

@@ -162,6 +162,34 @@ TEST_F(BadInputTest, InFlightLimitHoldsAgainstAFastSender) {
 
 // A session cannot pile up modules (each up to 64 MiB of code) without bound: past 256 live
 // modules a submit is refused whole with QUOTA_EXCEEDED, naming the op; the session goes on.
+// Free a graph, record one under the same handle, free it, then replay the handle: a stale
+// use the daemon must refuse (INVALID_HANDLE), not reach the device with. The daemon and the
+// session go on.
+TEST_F(BadInputTest, GraphFreedAroundARecreateIsGone) {
+  StartBystander();
+  RawStream raw(daemon_->unix_target());
+  ASSERT_TRUE(raw.Open());
+  auto op = [](auto set) {
+    v1::Op o;
+    set(&o);
+    return o;
+  };
+  auto begin = op([](v1::Op* o) { o->mutable_begin_graph()->set_handle(5); });
+  auto end = op([](v1::Op* o) { o->mutable_end_graph(); });
+  auto free = op([](v1::Op* o) { o->mutable_free_graph()->set_handle(5); });
+  auto replay = op([](v1::Op* o) { o->mutable_launch_graph()->set_graph(5); });
+  ASSERT_TRUE(raw.Submit(1, {Create(1, v1::DTYPE_F32, {4}), begin, Fill(1, 1.0), end}));
+  EXPECT_EQ(raw.Completion(1).kind(), v1::ERROR_KIND_NONE);
+  ASSERT_TRUE(raw.Submit(2, {free, begin, Fill(1, 2.0), end, free, replay}));
+  v1::Error e = raw.Completion(2);
+  EXPECT_EQ(e.kind(), v1::INVALID_HANDLE) << e.message();
+  EXPECT_EQ(e.op_index(), 5);
+  ASSERT_TRUE(raw.Submit(3, {replay}));  // graph 5 still exists: submit 2 was refused whole
+  EXPECT_EQ(raw.Completion(3).kind(), v1::ERROR_KIND_NONE);
+  raw.Close();
+  CheckBystander();
+}
+
 TEST_F(BadInputTest, ModulesPerSessionAreLimited) {
   RawStream raw(daemon_->unix_target());
   ASSERT_TRUE(raw.Open());

@@ -128,6 +128,25 @@ TEST_F(AdmissionTest, OpsPerSubmitLimit) {
 
 // A session holds at most max_modules modules and max_graphs graphs, counting what it
 // already holds, what the submit frees and what it creates.
+// A handle freed, created again and freed again in one submit is gone: using it afterwards is
+// refused at admission (it once reached the device and aborted the daemon).
+TEST_F(AdmissionTest, HandleFreedTwiceAroundARecreateIsGone) {
+  AddTensor(1, DType::kF32, {4});
+  table_.graphs()[5] = GraphRecord{};
+  Status graph = Admit({FreeGraphOp{5}, BeginGraphOp{5}, FillOp{1, 0}, EndGraphOp{}, FreeGraphOp{5},
+                        LaunchGraphOp{5}});
+  EXPECT_EQ(graph.kind(), ErrorKind::kInvalidHandle) << graph.ToString();
+  EXPECT_EQ(graph.op_index(), 5);
+  table_.modules()[7] = nullptr;
+  LaunchOp launch;
+  launch.module = 7;
+  launch.function = "f";
+  Status module = Admit({UnloadModuleOp{7}, LoadModuleOp{7, backend::ModuleFormat::kPtx, "x"},
+                         UnloadModuleOp{7}, launch});
+  EXPECT_EQ(module.kind(), ErrorKind::kInvalidHandle) << module.ToString();
+  EXPECT_EQ(module.op_index(), 3);
+}
+
 TEST_F(AdmissionTest, ModuleAndGraphCountLimits) {
   limits_.max_modules = 2;
   limits_.max_graphs = 1;
