@@ -67,9 +67,12 @@ Result<int> ListenUnix(const std::string& path) {
     }
     // A socket file: live if something still accepts on it, stale (left by a daemon that
     // died) otherwise.
-    int probe = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    // Non-blocking: a live daemon whose backlog is full answers EAGAIN instead of hanging
+    // this start.
+    int probe = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (probe < 0) return SocketError("socket");
-    bool live = ::connect(probe, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0;
+    bool live = ::connect(probe, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0 ||
+                errno == EAGAIN || errno == EINPROGRESS;
     ::close(probe);
     if (live) {
       return Status(ErrorKind::kUnavailable, "another process is accepting connections on " + path);

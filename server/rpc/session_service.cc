@@ -180,8 +180,9 @@ class SessionConnection : public session::SessionEvents,
   }
 
   // The most inline download bytes a session makes the daemon hold (in flight and not yet
-  // written) before it stops reading that session's stream; one submit may exceed it.
-  static constexpr uint64_t kMaxBufferedDownloadBytes = 256ull << 20;
+  // written) before it stops reading that session's stream; one submit may exceed it. Twice
+  // libferry's largest download submit (256 MiB), so its downloads still pipeline.
+  static constexpr uint64_t kMaxBufferedDownloadBytes = 512ull << 20;
 
   // Return true when the submit moves bytes between host and device.
   static bool MovesBytes(const v1::Submit& submit) {
@@ -420,10 +421,13 @@ class SessionReactor final : public Reactor {
  private:
   // A message whose handling is short and never blocks may be handled on the gRPC thread
   // that read it (gRPC's reactions must not block): a Synchronize, or a submit of at most
-  // kQuickOps ops with at most kQuickUploadBytes of inline bytes that neither loads a module
-  // (NVRTC compiles take up to seconds) nor may create cuBLAS state (a GEMM, a graph
-  // capture: the first loads the library). Open (it may wait for a device rebuild) and
-  // Close (teardown) go to the executor's threads.
+  // kQuickOps ops, each of which only enqueues device work that runs asynchronously (and at
+  // most kQuickUploadBytes of inline upload bytes). Everything else goes to the executor's
+  // threads: Open (it may wait for a device rebuild), Close, and submits with an op that
+  // may block the thread: a Download (into pageable chunks the copy waits for the stream),
+  // a create or free (allocation may trim the pool), module loads (NVRTC compiles take up
+  // to seconds) and unloads, GEMMs and graph captures (the first makes cuBLAS state, and
+  // loads the library), graph frees.
   static constexpr int kQuickOps = 64;
   static constexpr uint64_t kQuickUploadBytes = 64 << 10;
   static bool IsQuick(const v1::ClientMessage& m) {
@@ -431,8 +435,24 @@ class SessionReactor final : public Reactor {
     if (!m.has_submit() || m.submit().ops_size() > kQuickOps) return false;
     uint64_t upload_bytes = 0;
     for (const v1::Op& op : m.submit().ops()) {
-      if (op.has_load_module() || op.has_gemm() || op.has_begin_graph()) return false;
-      if (op.has_upload()) upload_bytes += op.upload().data().size();
+      switch (op.kind_case()) {
+        case v1::Op::kUpload:
+          upload_bytes += op.upload().data().size();
+          break;
+        case v1::Op::kFill:
+        case v1::Op::kCopy:
+        case v1::Op::kBinary:
+        case v1::Op::kScale:
+        case v1::Op::kAxpy:
+        case v1::Op::kReduceSum:
+        case v1::Op::kLaunch:
+        case v1::Op::kLaunchGraph:
+        case v1::Op::kUploadFromSlab:
+        case v1::Op::kDownloadToSlab:
+          break;
+        default:
+          return false;
+      }
     }
     return upload_bytes <= kQuickUploadBytes;
   }

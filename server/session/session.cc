@@ -548,7 +548,16 @@ void Session::Abort() {
 }
 
 void Session::MaybeTearDown() {
-  if (!closing_ || !queue_.empty() || torn_down_) return;
+  if (!closing_ || !queue_.empty() || torn_down_ || teardown_posted_) return;
+  // Releasing everything takes a while (frees, module and graph destruction): never on the
+  // completion thread or a gRPC reaction thread, either of which may be running this.
+  teardown_posted_ = true;
+  executor_.Post([self = shared_from_this()] { self->TearDown(); });
+}
+
+void Session::TearDown() {
+  teardown_posted_ = false;
+  if (!closing_ || !queue_.empty() || torn_down_) return;  // MaybeTearDown comes again
   torn_down_ = true;
   std::vector<uint64_t> handles;
   handles.reserve(tensors_.size());

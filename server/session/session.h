@@ -148,7 +148,9 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   void ReleaseStream();
   void DeliverReady();
   void Deliver(InFlight& record);
+  // Once closing and idle, post TearDown (release everything, then Finalize).
   void MaybeTearDown();
+  void TearDown();
   void Finalize();
   void ReleaseTensor(uint64_t handle);
   void ReleaseSlabs();
@@ -181,6 +183,7 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   Status broken_;  // a sticky device error: every later submit fails with it
   bool closing_ = false;
   bool torn_down_ = false;
+  bool teardown_posted_ = false;  // a TearDown is queued on the executor
 };
 
 }  // namespace ferry::session
