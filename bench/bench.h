@@ -209,6 +209,9 @@ Status WaitStream(backend::Stream& stream);
 
 /// "16 B", "64 KiB", "8 MiB".
 std::string FormatBytes(uint64_t bytes);
+
+/// True for a remote target ("tcp:HOST:PORT"): no shared memory, bytes travel inline.
+inline bool IsRemote(const std::string& target) { return target.rfind("tcp:", 0) == 0; }
 /// Parse "16", "64K", "64KiB", "8M", "1G" into bytes.
 std::optional<uint64_t> ParseBytes(const std::string& text);
 

@@ -69,8 +69,6 @@ class StartGate {
 enum class Route { kBlocking, kPending };
 const Route kRoutes[] = {Route::kBlocking, Route::kPending};
 
-bool IsRemote(const std::string& target) { return target.rfind("tcp:", 0) == 0; }
-
 /// The route as measured on `target`: the pending API goes inline for a remote session.
 std::string RouteLabel(Route r, const std::string& target) {
   if (r == Route::kBlocking) return "blocking";

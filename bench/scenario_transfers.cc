@@ -60,8 +60,6 @@ int StreamRound(uint64_t bytes) {
   return static_cast<int>(std::clamp<uint64_t>((512ull << 20) / bytes, 16, 256));
 }
 
-bool IsRemote(const std::string& target) { return target.rfind("tcp:", 0) == 0; }
-
 /// The route as measured on `target`: the pending API goes inline for a remote session.
 std::string RouteLabel(Route r, const std::string& target) {
   if (r == Route::kPending && IsRemote(target)) return "pending-inline";
