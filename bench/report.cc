@@ -15,6 +15,7 @@
 #include <sstream>
 #include <thread>
 
+#include "ferry/json.h"
 #include "ferry/version.h"
 
 namespace ferry::bench {
@@ -76,35 +77,6 @@ std::string DescribeTarget(const Context& ctx, const std::string& target) {
 }
 
 // --- JSON ---------------------------------------------------------------------------------
-
-std::string JsonString(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          out += buf;
-        } else {
-          out += static_cast<char>(c);
-        }
-    }
-  }
-  return out + "\"";
-}
 
 std::string JsonNumber(double v) {
   if (std::isnan(v) || std::isinf(v)) return "null";

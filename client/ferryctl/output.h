@@ -6,6 +6,8 @@
 #include <string_view>
 #include <vector>
 
+#include "ferry/json.h"
+
 namespace ferry::ctl {
 
 /// A table printed with aligned columns. Numeric columns (added with right_align) line up
@@ -56,8 +58,8 @@ class JsonObject {
 /// Return `items` (each already JSON) as a JSON array.
 std::string JsonArray(const std::vector<std::string>& items);
 
-/// Quote and escape a string for JSON.
-std::string JsonString(std::string_view s);
+/// Quote and escape a string for JSON (ferry/json.h, shared with ferry-bench).
+using ::ferry::JsonString;
 
 /// "0 B", "512 B", "1.5 KiB", "7.94 GiB": three significant digits.
 std::string HumanBytes(uint64_t bytes);
