@@ -463,8 +463,11 @@ class SessionReactor final : public Reactor {
   }
   template <typename F>
   void RunOrPost(F&& f) {
+    // gRPC's threads are many and this one would otherwise go back to waiting: it also runs
+    // what queued behind `f` (a completion arriving while a submit's handler finishes).
     connection_->executor().RunOrPost(
-        [c = connection_, f = std::forward<F>(f)]() mutable { f(*c); });
+        [c = connection_, f = std::forward<F>(f)]() mutable { f(*c); },
+        session::SerialExecutor::Followers::kRunHere);
   }
 
   std::shared_ptr<SessionConnection> connection_;

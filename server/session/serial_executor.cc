@@ -8,27 +8,39 @@ SerialExecutor::SerialExecutor(boost::asio::io_context& io) : state_(std::make_s
 
 void SerialExecutor::Post(std::function<void()> fn) const {
   std::lock_guard lock(state_->mu);
-  state_->queue.push_back(std::move(fn));
+  state_->queue.push_back({std::move(fn), /*is_short=*/false});
   if (!state_->active) {
     state_->active = true;
     boost::asio::post(state_->io, [state = state_] { Drain(state); });
   }
 }
 
-void SerialExecutor::RunOrPost(std::function<void()> fn) const {
+void SerialExecutor::RunOrPost(std::function<void()> fn, Followers followers) const {
   {
     std::lock_guard lock(state_->mu);
     if (state_->active) {  // running or scheduled: keep the order
-      state_->queue.push_back(std::move(fn));
+      state_->queue.push_back({std::move(fn), /*is_short=*/true});
       return;
     }
     state_->active = true;
     state_->runner = std::this_thread::get_id();
   }
   fn();
-  std::lock_guard lock(state_->mu);
-  state_->runner = std::thread::id();
-  ScheduleOrIdle(state_);  // what arrived meanwhile runs on the io_context, not here
+  for (int ran = 1;; ++ran) {
+    {
+      std::lock_guard lock(state_->mu);
+      const bool run_next = followers == Followers::kRunHere && ran < kBatch &&
+                            !state_->queue.empty() && state_->queue.front().is_short;
+      if (!run_next) {
+        state_->runner = std::thread::id();
+        ScheduleOrIdle(state_);  // the rest runs on the io_context
+        return;
+      }
+      fn = std::move(state_->queue.front().fn);
+      state_->queue.pop_front();
+    }
+    fn();
+  }
 }
 
 bool SerialExecutor::running_in_this_thread() const {
@@ -42,7 +54,7 @@ void SerialExecutor::Drain(const std::shared_ptr<State>& state) {
     {
       std::lock_guard lock(state->mu);
       if (state->queue.empty()) break;
-      fn = std::move(state->queue.front());
+      fn = std::move(state->queue.front().fn);
       state->queue.pop_front();
       state->runner = std::this_thread::get_id();
     }

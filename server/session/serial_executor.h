@@ -8,6 +8,12 @@
 // the function to the io_context's threads (for work that may block: module compiles,
 // session setup, teardown).
 //
+// A RunOrPost that finds the executor busy queues its function as a short one. A caller that
+// passes Followers::kRunHere then also runs, after its own function, the short functions
+// that queued behind it meanwhile (up to kBatch): a completion that arrives while the gRPC
+// thread is still finishing the submit's handler runs on that thread at once instead of
+// waking an io thread. The completion thread passes kPost: it must get back to watching.
+//
 // Contract: functions of one executor never run concurrently, and run in the order they
 // were accepted (a RunOrPost that finds the executor busy queues behind what is queued).
 // Copies share one executor. Thread-safe.
@@ -28,9 +34,14 @@ class SerialExecutor {
 
   /// Run `fn` later on one of the io_context's threads, after everything accepted before.
   void Post(std::function<void()> fn) const;
+  /// What a RunOrPost that ran its function does with the short functions (those queued by
+  /// RunOrPost) that queued behind it: run them on this thread too, or hand them on.
+  enum class Followers { kPost, kRunHere };
+
   /// Run `fn` now on this thread when the executor is idle (nothing running or queued),
-  /// else queue it like Post. The calling thread must hold no lock `fn` may take.
-  void RunOrPost(std::function<void()> fn) const;
+  /// else queue it (as a short function) like Post. `fn` must not block. The calling thread
+  /// must hold no lock `fn` may take.
+  void RunOrPost(std::function<void()> fn, Followers followers = Followers::kPost) const;
   /// True on the thread running one of this executor's functions now.
   bool running_in_this_thread() const;
 
@@ -38,11 +49,15 @@ class SerialExecutor {
   static constexpr int kBatch = 16;
 
  private:
+  struct Task {
+    std::function<void()> fn;
+    bool is_short = false;  // queued by RunOrPost: it does not block
+  };
   struct State {
     explicit State(boost::asio::io_context& io) : io(io) {}
     boost::asio::io_context& io;
     std::mutex mu;
-    std::deque<std::function<void()>> queue;  // guarded by mu
+    std::deque<Task> queue;  // guarded by mu
     bool active = false;     // a thread runs or is scheduled to run the queue; guarded by mu
     std::thread::id runner;  // the thread running a function now; guarded by mu
   };
