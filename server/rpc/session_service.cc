@@ -47,13 +47,14 @@ class SessionConnection : public session::SessionEvents,
       if (!close_requested_) ClientGone("the client ended the stream without Close");
       return;
     }
-    // Read ahead: ask for the next message before this one is enqueued (which may launch
-    // many kernels), so that it is already here when the executor is done, instead of the
-    // device idling through a read's wake-ups between submits. A submit counts against the
-    // in-flight limit already, so the limit holds exactly.
-    const bool submit = message->kind_case() == v1::ClientMessage::kSubmit;
-    if (submit || message->kind_case() == v1::ClientMessage::kSynchronize) {
-      MaybeStartRead(submit ? 1 : 0);
+    // Read ahead: ask for the next message before a long submit is enqueued (it may launch
+    // many kernels), so that the next one is already here when the executor is done, instead
+    // of the device idling through a read's wake-ups between submits. The submit counts
+    // against the in-flight limit already, so the limit holds exactly. A short submit is
+    // enqueued first: the read is then started while the device runs it, off the round trip.
+    if (message->kind_case() == v1::ClientMessage::kSubmit &&
+        message->submit().ops_size() > kReadAheadOps) {
+      MaybeStartRead(1);
     }
     Dispatch(std::move(message));
     MaybeStartRead();
@@ -355,6 +356,9 @@ class SessionConnection : public session::SessionEvents,
     finished_ = true;
     reactor_->Finish(finish_status_);
   }
+
+  // Submits of more ops than this start the next read before they are enqueued.
+  static constexpr int kReadAheadOps = 4;
 
   SessionServiceContext* context_;
   session::Executor executor_;
