@@ -198,6 +198,7 @@ class SessionState {
     Shutdown();
     detached_.clear();
     staging_ = PinnedBuffer();
+    if (board_map_) ::munmap(board_map_, board_map_bytes_);  // no waiter is left to read it
   }
 
   Status Open(std::shared_ptr<ClientState> client, const SessionOptions& options) {
@@ -222,6 +223,7 @@ class SessionState {
       return Status(ErrorKind::kProtocolViolation, "the daemon did not answer Open with Opened");
     }
     opened_ = reply.opened();
+    if (local() && opened_.completion_board()) MapCompletionBoard();
     reader_ = std::thread([this] { ReadLoop(); });
     return Status::Ok();
   }
@@ -273,7 +275,10 @@ class SessionState {
   /// Wait for submit `id`'s completion and return its outcome (consuming it).
   Status WaitSubmit(uint64_t id) {
     std::unique_lock lock(mu_);
-    Wait(lock, [&] { return last_completed_ >= id || !dead_.ok(); });
+    if (Wait(
+            lock, [&] { return last_completed_ >= id || !dead_.ok(); }, BoardFor(id, id))) {
+      return Status::Ok();  // the board says it succeeded: no failure to consume
+    }
     if (last_completed_ < id) return dead_;
     auto it = failures_.find(id);
     if (it == failures_.end()) return Status::Ok();
@@ -289,8 +294,13 @@ class SessionState {
     // completed, all have, and no Synchronize message (a round trip) is needed.
     uint64_t last = last_submitted_;
     std::unique_lock lock(mu_);
-    Wait(lock, [&] { return last_completed_ >= last || !dead_.ok(); });
-    if (last_completed_ < last) return dead_;
+    // Failures before synchronized_through_ were reported by an earlier Synchronize (or
+    // consumed by a WaitSubmit); the board's word covers the submits since.
+    const bool by_board = Wait(
+        lock, [&] { return last_completed_ >= last || !dead_.ok(); },
+        BoardFor(synchronized_through_ + 1, last));
+    if (!by_board && last_completed_ < last) return dead_;
+    synchronized_through_ = last;
     Status first;
     if (!failures_.empty()) first = failures_.begin()->second;
     failures_.clear();
@@ -347,12 +357,19 @@ class SessionState {
   /// Return whether submits [first, last] have all completed, and the first failure.
   bool Outcome(uint64_t first, uint64_t last, Status* status) {
     std::lock_guard lock(mu_);
+    if (auto board = BoardFor(first, last); board && BoardSaysSucceeded(*board)) {
+      *status = Status::Ok();
+      return true;
+    }
     return OutcomeLocked(first, last, status);
   }
   Status WaitOutcome(uint64_t first, uint64_t last) {
     std::unique_lock lock(mu_);
     Status s;
-    Wait(lock, [&] { return OutcomeLocked(first, last, &s); });
+    if (Wait(
+            lock, [&] { return OutcomeLocked(first, last, &s); }, BoardFor(first, last))) {
+      s = Status::Ok();
+    }
     for (uint64_t id = first; id <= last; ++id) tracked_.erase(id);
     return s;
   }
@@ -433,9 +450,10 @@ class SessionState {
     return Status(ErrorKind::kUnavailable, "slab socket " + opened_.slab_socket() + ": " + what);
   }
 
-  // Ask the daemon for one more slab over the slab socket (connecting on first use) and
-  // map it.
-  Status AcquireSlab() {
+  // Send one request on the slab socket (connecting and presenting the token on first use)
+  // and receive its 24-byte answer and the fd that came with it (-1: none).
+  Status SlabRequest(uint32_t op, char (&reply)[24], int* fd) {
+    *fd = -1;
     if (slab_fd_ < 0) {
       if (slab_token_used_) return SlabSocketError("the connection was lost");
       slab_token_used_ = true;
@@ -449,19 +467,18 @@ class SessionState {
         return SlabSocketError(std::strerror(errno));
       }
       std::string hello = "FSL1" + opened_.slab_token();
-      char reply[8];
+      char answer[8];
       if (::send(slab_fd_, hello.data(), hello.size(), MSG_NOSIGNAL) !=
               static_cast<ssize_t>(hello.size()) ||
-          ::recv(slab_fd_, reply, sizeof(reply), MSG_WAITALL) != sizeof(reply)) {
+          ::recv(slab_fd_, answer, sizeof(answer), MSG_WAITALL) != sizeof(answer)) {
         return SlabSocketError("no answer to the token");
       }
-      if (Get32(reply) != 0) return SlabSocketError("the daemon refused the token");
+      if (Get32(answer) != 0) return SlabSocketError("the daemon refused the token");
     }
-    char request[8] = {1, 0, 0, 0, 0, 0, 0, 0};
+    char request[8] = {static_cast<char>(op), 0, 0, 0, 0, 0, 0, 0};
     if (::send(slab_fd_, request, sizeof(request), MSG_NOSIGNAL) != sizeof(request)) {
       return SlabSocketError("send failed");
     }
-    char reply[24];
     iovec iov = {reply, sizeof(reply)};
     alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
     msghdr msg = {};
@@ -470,16 +487,24 @@ class SessionState {
     msg.msg_control = control;
     msg.msg_controllen = sizeof(control);
     ssize_t n = ::recvmsg(slab_fd_, &msg, MSG_WAITALL | MSG_CMSG_CLOEXEC);
-    int fd = -1;
     for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
       if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-        std::memcpy(&fd, CMSG_DATA(c), sizeof(int));
+        std::memcpy(fd, CMSG_DATA(c), sizeof(int));
       }
     }
     if (n != sizeof(reply)) {
-      if (fd >= 0) ::close(fd);
+      if (*fd >= 0) ::close(*fd);
+      *fd = -1;
       return SlabSocketError("short answer");
     }
+    return Status::Ok();
+  }
+
+  // Ask the daemon for one more slab over the slab socket and map it.
+  Status AcquireSlab() {
+    char reply[24];
+    int fd = -1;
+    FERRY_RETURN_IF_ERROR(SlabRequest(1, reply, &fd));
     uint32_t kind = Get32(reply);
     if (kind != 0) {
       if (fd >= 0) ::close(fd);
@@ -504,6 +529,45 @@ class SessionState {
     arena_->Add(std::move(m));
     return Status::Ok();
   }
+  // Map the session's completion board (read-only), where the daemon posts how far the
+  // session's submits have completed. Without it (an error here) waits take the messages'
+  // word only, as with a remote daemon.
+  void MapCompletionBoard() {
+    char reply[24];
+    int fd = -1;
+    if (!SlabRequest(2, reply, &fd).ok()) return;
+    const uint64_t size = Get64(reply + 16);
+    if (Get32(reply) == 0 && fd >= 0 && size >= 16) {
+      void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+      if (p != MAP_FAILED) {
+        board_map_ = p;
+        board_map_bytes_ = size;
+        board_ = static_cast<const std::atomic<uint64_t>*>(p);
+      }
+    }
+    if (fd >= 0) ::close(fd);
+  }
+
+  // Submits [first, last], as far as the board may answer for them: not while any submit up
+  // to `last` has Download ops, whose bytes come only in messages. Call with mu_ held.
+  struct BoardRange {
+    uint64_t first = 0, last = 0;
+  };
+  std::optional<BoardRange> BoardFor(uint64_t first, uint64_t last) const {
+    if (!board_ || first > last) return std::nullopt;
+    if (!download_targets_.empty() && download_targets_.begin()->first <= last) {
+      return std::nullopt;
+    }
+    return BoardRange{first, last};
+  }
+  // Whether the board says the submits of `r` have all completed and succeeded. False only
+  // means "not known yet": the messages give the full answer. Lock-free.
+  bool BoardSaysSucceeded(const BoardRange& r) const {
+    // The daemon writes last_failed before completed_through (release).
+    if (board_[0].load(std::memory_order_acquire) < r.last) return false;
+    return board_[1].load(std::memory_order_relaxed) < r.first;
+  }
+
   static uint32_t Get32(const char* p) {
     uint32_t v = 0;
     for (int i = 0; i < 4; ++i) v |= uint32_t{static_cast<unsigned char>(p[i])} << (8 * i);
@@ -546,27 +610,36 @@ class SessionState {
     return dead_.ok() ? Status(ErrorKind::kSessionClosed, what) : dead_;
   }
 
-  // Wait on cv_ until `done()` (evaluated with mu_ held, as `lock` holds it). For up to the
-  // client's wait_spin, poll the reader's message count instead of sleeping, so an answer
-  // that comes quickly is seen without waking this thread.
+  // Wait on cv_ until `done()` (evaluated with mu_ held, as `lock` holds it), or until the
+  // completion board says the submits of `board` all succeeded: then return true (and
+  // done() may not hold yet; the messages come later). For up to the client's wait_spin,
+  // poll the board and the reader's message count instead of sleeping, so an answer that
+  // comes quickly is seen without waking this thread. Returns with `lock` held.
   template <typename Done>
-  void Wait(std::unique_lock<std::mutex>& lock, Done done) {
-    if (done()) return;
+  bool Wait(std::unique_lock<std::mutex>& lock, Done done,
+            std::optional<BoardRange> board = std::nullopt) {
+    if (done()) return false;
+    if (board && BoardSaysSucceeded(*board)) return true;
     const auto until = std::chrono::steady_clock::now() + client_->options.wait_spin;
     uint64_t seen = answers_.load(std::memory_order_acquire);
     lock.unlock();
     while (std::chrono::steady_clock::now() < until) {
+      if (board && BoardSaysSucceeded(*board)) {
+        lock.lock();
+        return true;
+      }
       if (answers_.load(std::memory_order_acquire) == seen) {
         std::this_thread::yield();
         continue;
       }
       lock.lock();
-      if (done()) return;
+      if (done()) return false;
       seen = answers_.load(std::memory_order_acquire);
       lock.unlock();
     }
     lock.lock();
     cv_.wait(lock, done);
+    return false;
   }
 
   void ReadLoop() {
@@ -650,6 +723,7 @@ class SessionState {
   uint64_t last_completed_ = 0;          // guarded by mu_
   std::atomic<uint64_t> answers_{0};     // messages the reader applied, for Wait
   uint64_t last_synchronized_ = 0;       // guarded by mu_
+  uint64_t synchronized_through_ = 0;    // the last submit a Synchronize covered; mu_
   std::map<uint64_t, Status> failures_;  // guarded by mu_
   std::map<uint64_t, std::map<uint32_t, std::pair<void*, uint64_t>>>
       download_targets_;                               // guarded by mu_
@@ -662,6 +736,11 @@ class SessionState {
   std::shared_ptr<SlabArena> arena_ = std::make_shared<SlabArena>();
   int slab_fd_ = -1;
   bool slab_token_used_ = false;
+  // The completion board (read-only shared memory; null: none): [0] completed_through,
+  // [1] last_failed (docs/protocol.md). Mapped at Open, unmapped when the state is destroyed.
+  const std::atomic<uint64_t>* board_ = nullptr;
+  void* board_map_ = nullptr;
+  uint64_t board_map_bytes_ = 0;
   PinnedBuffer staging_;
   bool staging_failed_ = false;
   std::vector<std::shared_ptr<PendingState>> detached_;

@@ -11,11 +11,13 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <vector>
 
 #include "ferry/status.h"
+#include "pool/completion_board.h"
 #include "pool/slab_pool.h"
 
 namespace ferry::pool {
@@ -57,6 +59,11 @@ class SessionSlabs {
 
   size_t slab_count() const;
 
+  /// Give the session a completion board (before the slabs are shared with the broker; it is
+  /// never replaced). board() is null for a session without one.
+  void AttachBoard(std::unique_ptr<CompletionBoard> board) { board_ = std::move(board); }
+  CompletionBoard* board() const { return board_.get(); }
+
  private:
   struct Held {
     SlabRef ref;
@@ -66,6 +73,7 @@ class SessionSlabs {
 
   SlabPool* pool_;
   const uint64_t pinned_quota_;
+  std::unique_ptr<CompletionBoard> board_;  // set before sharing; then read-only
   mutable std::mutex mu_;
   std::optional<uid_t> uid_;        // guarded by mu_
   std::map<uint64_t, Held> slabs_;  // guarded by mu_

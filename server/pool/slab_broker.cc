@@ -188,12 +188,24 @@ bool SlabBroker::Serve(Connection& c) {
     uint32_t op = Get32(c.in.data());
     c.in.erase(0, kRequestBytes);
     char reply[24] = {};
-    if (op != kSlabRequestAcquire) {
+    if (op != kSlabRequestAcquire && op != kSlabRequestCompletionBoard) {
       Put32(reply, static_cast<uint32_t>(ErrorKind::kProtocolViolation));
       (void)SendWithFd(c.fd, reply, sizeof(reply), -1);
       return false;
     }
     auto slabs = c.slabs.lock();
+    if (op == kSlabRequestCompletionBoard) {
+      CompletionBoard* board = slabs ? slabs->board() : nullptr;
+      if (!board) {
+        Put32(reply,
+              static_cast<uint32_t>(slabs ? ErrorKind::kUnsupported : ErrorKind::kSessionClosed));
+        if (!SendWithFd(c.fd, reply, sizeof(reply), -1)) return false;
+        continue;
+      }
+      Put64(reply + 16, CompletionBoard::kBytes);
+      if (!SendWithFd(c.fd, reply, sizeof(reply), board->fd())) return false;
+      continue;
+    }
     Result<SlabRef> ref =
         slabs ? slabs->Acquire() : Result<SlabRef>(Status(ErrorKind::kSessionClosed, "closed"));
     if (!ref.ok()) {

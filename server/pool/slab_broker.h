@@ -5,7 +5,8 @@
 // a one-time token the session stream issued (Opened.slab_token); it binds the connection
 // to that session and fixes the session's uid (the token is then spent). After that, each
 // request acquires one slab from the pool for the session and answers its id and size with
-// the fd. The wire format is in docs/protocol.md ("slab socket").
+// the fd, or answers the session's completion board (a read-only fd). The wire format is in
+// docs/protocol.md ("slab socket").
 //
 // Thread-safe. One thread polls the listening socket and every connection (non-blocking);
 // requests are a few bytes, answered at once. Sessions' slab sets are reached through weak
@@ -31,6 +32,7 @@ namespace ferry::pool {
 inline constexpr char kSlabMagic[4] = {'F', 'S', 'L', '1'};
 inline constexpr size_t kSlabTokenBytes = 32;  // ASCII hex
 inline constexpr uint32_t kSlabRequestAcquire = 1;
+inline constexpr uint32_t kSlabRequestCompletionBoard = 2;
 
 class SlabBroker {
  public:

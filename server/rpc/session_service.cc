@@ -259,6 +259,14 @@ class SessionConnection : public session::SessionEvents,
     if (context_->slab_pool && context_->slab_broker && peer_.local()) {
       auto slabs =
           std::make_shared<pool::SessionSlabs>(context_->slab_pool, context_->session_pinned_quota);
+      // And a completion board, where the client sees its submits complete without waiting
+      // for Completed (a session without one still works; only its waits are slower).
+      if (auto board = pool::CompletionBoard::Create(); board.ok()) {
+        slabs->AttachBoard(std::move(*board));
+        o->set_completion_board(true);
+      } else {
+        spdlog::warn("session {}: no completion board: {}", session_id_, board.status().message());
+      }
       session_->AttachSlabs(slabs);
       slab_token_ = context_->slab_broker->IssueToken(slabs);
       o->set_slab_socket(context_->slab_broker->path());

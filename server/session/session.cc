@@ -508,6 +508,8 @@ void Session::Deliver(InFlight& record) {
   } else {
     ++counters_->failed_submits;
   }
+  // Before the Completed message: a client polling the board sees the completion first.
+  if (slabs_ && slabs_->board()) slabs_->board()->Post(record.submit_id, record.status.ok());
   if (!events_) return;
   if (record.status.ok()) {
     for (PendingDownload& d : record.downloads) {

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <thread>
@@ -190,6 +191,58 @@ TEST_P(SessionTest, CloseCountersMatchWhatWasDone) {
   EXPECT_EQ(stats->bytes_downloaded, 4000u);
   EXPECT_EQ(stats->tensors_created, 2u);
   EXPECT_EQ(stats->peak_device_bytes, 8000u);
+}
+
+// Failures among successes are each reported once, by the wait that covers them, and never
+// hide behind a later success; on a local session the waits read the completion board first
+// (docs/protocol.md), so this also checks that the board never answers for a failure.
+TEST_P(SessionTest, FailuresAmongSuccessesAreReportedExactly) {
+  auto session = client_->open_session();
+  ASSERT_TRUE(session.ok());
+  Tensor t = session->create_tensor<float>({256});
+  std::vector<float> data(256);
+  for (int round = 0; round < 150; ++round) {
+    const bool fail = round % 3 == 0;
+    session->fill(t, static_cast<double>(round));
+    ASSERT_TRUE(session->submit().ok());
+    if (fail) {
+      session->fill(Tensor(), 0.0);  // an invalid handle: this submit fails
+      ASSERT_TRUE(session->submit().ok());
+    }
+    session->scale(t, 2.0, t);
+    ASSERT_TRUE(session->submit().ok());
+    Status sync = session->synchronize();
+    if (fail) {
+      EXPECT_EQ(sync.kind(), ErrorKind::kInvalidHandle) << "round " << round;
+    } else {
+      EXPECT_TRUE(sync.ok()) << "round " << round << ": " << sync.ToString();
+    }
+    // A blocking transfer and a pending one after it succeed and carry the right bytes.
+    if (round % 5 == 0) {
+      auto v = session->download<float>(t);
+      ASSERT_TRUE(v.ok()) << "round " << round << ": " << v.status().ToString();
+      EXPECT_EQ((*v)[255], 2.0f * static_cast<float>(round)) << "round " << round;
+      auto buf = session->pinned_buffer(t.byte_size());
+      ASSERT_TRUE(buf.ok());
+      Transfer r = session->download_pending(std::move(t), std::move(*buf)).wait();
+      ASSERT_TRUE(r.status.ok()) << "round " << round << ": " << r.status.ToString();
+      std::memcpy(data.data(), r.buffer.data(), r.tensor.byte_size());
+      EXPECT_EQ(data[255], 2.0f * static_cast<float>(round)) << "round " << round;
+      t = std::move(r.tensor);
+    }
+  }
+  // A failure in a submit waited for alone (a pending upload's own submit) is its own.
+  session->fill(Tensor(), 0.0);
+  ASSERT_TRUE(session->submit().ok());
+  auto buf = session->pinned_buffer(t.byte_size());
+  ASSERT_TRUE(buf.ok());
+  Transfer up = session->upload_pending(std::move(*buf), std::move(t)).wait();
+  EXPECT_TRUE(up.status.ok()) << up.status.ToString();
+  EXPECT_EQ(session->synchronize().kind(), ErrorKind::kInvalidHandle);
+  EXPECT_TRUE(session->synchronize().ok());
+  auto stats = session->close();
+  ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+  EXPECT_EQ(stats->failed_submits, 51u);
 }
 
 TEST_P(SessionTest, WithSessionOpensRunsAndCloses) {

@@ -67,8 +67,12 @@ class RawSlabConnection {
     int fd = -1;
   };
   // Ask for one slab; nullopt when the connection broke.
-  std::optional<Slab> Acquire() {
-    char request[8] = {1, 0, 0, 0, 0, 0, 0, 0};
+  std::optional<Slab> Acquire() { return Request(1); }
+  // Ask for the session's completion board (its size in `size`).
+  std::optional<Slab> Board() { return Request(2); }
+  // Send request `op`; the answer, or nullopt when the connection broke.
+  std::optional<Slab> Request(char op) {
+    char request[8] = {op, 0, 0, 0, 0, 0, 0, 0};
     if (::send(fd_, request, sizeof(request), MSG_NOSIGNAL) != sizeof(request)) return std::nullopt;
     char reply[24];
     iovec iov = {reply, sizeof(reply)};
@@ -229,6 +233,62 @@ TEST_F(SlabBadInputTest, RangesOfAHeldSlabAreCheckedTyped) {
   EXPECT_EQ(std::memcmp(bytes, bytes + kSlab - 4096, 4096), 0);
 
   ::munmap(map, kSlab);
+  raw.Close();
+  CheckServing();
+}
+
+// The completion board (docs/protocol.md): its fd is read-only and sealed, so a client can
+// neither write the page nor shrink it under the daemon; the daemon posts every delivered
+// submit before its Completed, and the last failed one.
+TEST_F(SlabBadInputTest, CompletionBoardIsReadOnlyAndPostsEachDelivery) {
+  RawStream raw(daemon_->unix_target());
+  auto opened = raw.Open();
+  ASSERT_TRUE(opened);
+  ASSERT_TRUE(opened->completion_board());
+  RawSlabConnection conn(opened->slab_socket());
+  ASSERT_EQ(conn.Hello(opened->slab_token()), 0);
+  auto board = conn.Board();
+  ASSERT_TRUE(board);
+  ASSERT_EQ(board->kind, 0u);
+  ASSERT_EQ(board->size, 4096u);
+  ASSERT_GE(board->fd, 0);
+  EXPECT_EQ(::mmap(nullptr, board->size, PROT_READ | PROT_WRITE, MAP_SHARED, board->fd, 0),
+            MAP_FAILED);
+  EXPECT_NE(::ftruncate(board->fd, 0), 0);
+  EXPECT_NE(::write(board->fd, "x", 1), 1);
+  void* map = ::mmap(nullptr, board->size, PROT_READ, MAP_SHARED, board->fd, 0);
+  ASSERT_NE(map, MAP_FAILED);
+  ::close(board->fd);
+  const volatile uint64_t* words = static_cast<const uint64_t*>(map);
+  EXPECT_EQ(words[0], 0u);
+  EXPECT_EQ(words[1], 0u);
+
+  ASSERT_TRUE(raw.Submit(1, {Create(1, v1::DTYPE_F32, {64})}));
+  ASSERT_EQ(raw.Completion(1).kind(), v1::ERROR_KIND_NONE);
+  EXPECT_EQ(words[0], 1u);  // posted before Completed was sent
+  EXPECT_EQ(words[1], 0u);
+  ASSERT_TRUE(raw.Submit(2, {Fill(1, 1.0), Fill(99, 1.0)}));  // tensor 99: none
+  ASSERT_EQ(raw.Completion(2).kind(), v1::INVALID_HANDLE);
+  EXPECT_EQ(words[0], 2u);
+  EXPECT_EQ(words[1], 2u);
+  ASSERT_TRUE(raw.Submit(5, {Fill(1, 2.0)}));  // ids may skip
+  ASSERT_EQ(raw.Completion(5).kind(), v1::ERROR_KIND_NONE);
+  EXPECT_EQ(words[0], 5u);
+  EXPECT_EQ(words[1], 2u) << "a success does not clear the last failure";
+
+  // Asking again gives the same page; the connection still serves slabs.
+  auto again = conn.Board();
+  ASSERT_TRUE(again && again->kind == 0 && again->fd >= 0);
+  void* map2 = ::mmap(nullptr, again->size, PROT_READ, MAP_SHARED, again->fd, 0);
+  ASSERT_NE(map2, MAP_FAILED);
+  ::close(again->fd);
+  EXPECT_EQ(static_cast<const uint64_t*>(map2)[0], 5u);
+  ::munmap(map2, again->size);
+  auto slab = conn.Acquire();
+  ASSERT_TRUE(slab && slab->kind == 0);
+  ::close(slab->fd);
+
+  ::munmap(map, board->size);
   raw.Close();
   CheckServing();
 }

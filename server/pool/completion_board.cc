@@ -1,0 +1,73 @@
+#include "pool/completion_board.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+namespace ferry::pool {
+namespace {
+
+Status Errno(const char* what) {
+  return Status(ErrorKind::kInternal, std::string(what) + ": " + std::strerror(errno));
+}
+
+}  // namespace
+
+static_assert(std::atomic<uint64_t>::is_always_lock_free, "the board's words are shared memory");
+
+Result<std::unique_ptr<CompletionBoard>> CompletionBoard::Create() {
+  std::unique_ptr<CompletionBoard> board(new CompletionBoard());
+  const int fd = ::memfd_create("ferry-board", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return Errno("memfd_create");
+  if (::ftruncate(fd, static_cast<off_t>(kBytes)) != 0) {
+    Status s = Errno("ftruncate of a completion board");
+    ::close(fd);
+    return s;
+  }
+  void* page = ::mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (page == MAP_FAILED) {
+    Status s = Errno("mmap of a completion board");
+    ::close(fd);
+    return s;
+  }
+  board->page_ = page;
+  board->completed_through_ = new (page) std::atomic<uint64_t>(0);
+  board->last_failed_ = new (static_cast<char*>(page) + 8) std::atomic<uint64_t>(0);
+  // The client's fd: opened read-only, so it cannot map the page writable; and sealed so that
+  // no fd can shrink the page under the daemon's mapping (and, where the kernel has it, none
+  // can make a new writable mapping; the daemon's own stays writable).
+  if (::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0) {
+    Status s = Errno("sealing a completion board");
+    ::close(fd);
+    return s;
+  }
+#ifdef F_SEAL_FUTURE_WRITE
+  (void)::fcntl(fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE);  // Linux 5.1 and later
+#endif
+  (void)::fcntl(fd, F_ADD_SEALS, F_SEAL_SEAL);
+  const std::string self = "/proc/self/fd/" + std::to_string(fd);
+  board->read_only_fd_ = ::open(self.c_str(), O_RDONLY | O_CLOEXEC);
+  const int open_errno = errno;
+  ::close(fd);
+  if (board->read_only_fd_ < 0) {
+    errno = open_errno;
+    return Errno("reopening a completion board read-only");
+  }
+  return board;
+}
+
+CompletionBoard::~CompletionBoard() {
+  if (page_) ::munmap(page_, kBytes);
+  if (read_only_fd_ >= 0) ::close(read_only_fd_);
+}
+
+void CompletionBoard::Post(uint64_t submit_id, bool ok) {
+  if (!ok) last_failed_->store(submit_id, std::memory_order_relaxed);
+  completed_through_->store(submit_id, std::memory_order_release);
+}
+
+}  // namespace ferry::pool

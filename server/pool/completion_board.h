@@ -1,0 +1,55 @@
+// CompletionBoard: one page of shared memory per local session where the daemon posts how
+// far the session's submits have completed, so that a client waiting on the same machine
+// sees a completion without the Completed message's trip through gRPC (a write, a socket
+// hop and a read: ~20–40 µs of a tiny op's round trip).
+//
+// Layout (docs/protocol.md, "Completion board"): two little-endian u64 at offset 0 of a
+// 4096-byte sealed memfd:
+//   [0] completed_through: every submit with an id <= this has completed (delivered);
+//   [8] last_failed: the highest submit id delivered with an error (0: none yet).
+// Post writes last_failed before completed_through (release), so a reader that loads
+// completed_through (acquire) >= N and then last_failed < F knows that the submits in
+// [F, N] all succeeded. Anything else the client learns from the messages, which still
+// come for every submit: the board is a shortcut for success, never the only word.
+//
+// The daemon only writes the page, never reads what a client may have written to it. The
+// client gets a read-only fd (F_SEAL_FUTURE_WRITE where the kernel has it: no writable
+// mapping can be made from any fd), sealed against shrinking, so nothing a client does
+// with it can fault the daemon.
+//
+// Thread-safety: Post from one thread at a time (the session's executor); fd() anywhere.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+
+#include "ferry/status.h"
+
+namespace ferry::pool {
+
+class CompletionBoard {
+ public:
+  static constexpr uint64_t kBytes = 4096;
+
+  static Result<std::unique_ptr<CompletionBoard>> Create();
+  ~CompletionBoard();
+  CompletionBoard(const CompletionBoard&) = delete;
+  CompletionBoard& operator=(const CompletionBoard&) = delete;
+
+  /// Submit `submit_id` was delivered, `ok` or not. Ids must increase across calls.
+  void Post(uint64_t submit_id, bool ok);
+
+  /// A read-only fd of the page, for handing to the client (owned by the board).
+  int fd() const { return read_only_fd_; }
+
+ private:
+  CompletionBoard() = default;
+
+  std::atomic<uint64_t>* completed_through_ = nullptr;
+  std::atomic<uint64_t>* last_failed_ = nullptr;
+  void* page_ = nullptr;
+  int read_only_fd_ = -1;
+};
+
+}  // namespace ferry::pool
