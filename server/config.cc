@@ -155,6 +155,8 @@ class Settings {
         {"executor-threads",
          bounded(0, 1024,
                  [this](uint64_t n) { c_.daemon.executor_threads = static_cast<int>(n); })},
+        {"cuda-work-queues",
+         bounded(0, 32, [this](uint64_t n) { c_.cuda_work_queues = static_cast<int>(n); })},
         {"slab-size",
          [this](const std::string& v) -> Status {
            FERRY_ASSIGN_OR_RETURN(uint64_t n, ParseBytes(v));
@@ -390,6 +392,8 @@ means true; --allow-insecure-remote and --allow-remote-raw-kernels also take =tr
   --host-memory SIZE         emulated device memory of the host backend (default 8G)
   --max-message SIZE         largest gRPC message (default 64M)
   --executor-threads N       session executor threads (default: one per core, >= 2)
+  --cuda-work-queues N       hardware work queues of the CUDA context, 1..32 (default 0:
+                             CUDA's, 8); fewer save host memory (docs/operations.md)
   --slab-size SIZE           size of a shared-memory slab for local clients (default 64M)
   --pinned-budget SIZE       pinned shared memory all slabs may take (default 1G)
   --initial-slabs N          slabs made and registered at start (default 1)
@@ -496,6 +500,8 @@ std::string FormatConfig(const DaemonConfig& c) {
   out << "max-message = " << FormatBytes(c.daemon.max_message_bytes) << "\n";
   out << "executor-threads = " << c.daemon.executor_threads
       << (c.daemon.executor_threads == 0 ? "  # one per core, at least 2" : "") << "\n";
+  out << "cuda-work-queues = " << c.cuda_work_queues
+      << (c.cuda_work_queues == 0 ? "  # CUDA's default (8)" : "") << "\n";
   out << "slab-size = " << FormatBytes(c.daemon.slab_pool.slab_size) << "\n";
   out << "pinned-budget = " << FormatBytes(c.daemon.slab_pool.budget) << "\n";
   out << "initial-slabs = " << c.daemon.slab_pool.initial_slabs << "\n";

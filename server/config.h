@@ -35,6 +35,9 @@ struct DaemonConfig {
   std::string log_level = "info";
   std::string ready_file;  // written with the bound endpoints once serving
   std::chrono::milliseconds drain_timeout{10000};
+  /// Hardware work queues of the CUDA context (CUDA_DEVICE_MAX_CONNECTIONS, set before the
+  /// context exists); 0: leave CUDA's default (8) or the environment's value.
+  int cuda_work_queues = 0;
   /// The config file that was read ("" when none).
   std::string config_path;
   /// --check-config: validate, print the effective configuration, exit.

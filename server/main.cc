@@ -72,6 +72,10 @@ int main(int argc, char** argv) {
         ::fcntl(fd, F_DUPFD_CLOEXEC, sd::kListenFdsStart + static_cast<int>(inherited->size()));
     if (copy >= 0) reexec_listen_fds.push_back(copy);
   }
+  // Before the CUDA context exists, and before any thread starts (this edits the environment).
+  if (config.cuda_work_queues > 0) {
+    ::setenv("CUDA_DEVICE_MAX_CONNECTIONS", std::to_string(config.cuda_work_queues).c_str(), 1);
+  }
   auto notify = [](const std::string& state) {
     if (ferry::Status s = sd::Notify(state); !s.ok()) spdlog::warn("sd_notify: {}", s.ToString());
   };

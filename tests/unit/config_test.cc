@@ -42,6 +42,8 @@ TEST(ConfigTest, BadInputIsATypedError) {
   EXPECT_FALSE(ParseFlags({"--device", "x"}).ok());
   EXPECT_FALSE(ParseFlags({"--backend", "opencl"}).ok());
   EXPECT_FALSE(ParseFlags({"--max-in-flight", "0"}).ok());
+  EXPECT_FALSE(ParseFlags({"--cuda-work-queues", "33"}).ok());
+  EXPECT_EQ(ParseFlags({"--cuda-work-queues", "32"})->cuda_work_queues, 32);
   EXPECT_FALSE(ParseFlags({"--session-quota", "99999999999999999999G"}).ok());
   EXPECT_FALSE(ParseFlags({"stray"}).ok());
   EXPECT_EQ(ParseFlags({"--help=1"}).status().kind(), ErrorKind::kInvalidArgument);
@@ -264,6 +266,7 @@ device-memory-cap = 5000
 host-memory = 2G
 max-message = 1M
 executor-threads = 3
+cuda-work-queues = 2
 slab-size = 8M
 pinned-budget = 64M
 initial-slabs = 2
