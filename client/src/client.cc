@@ -5,8 +5,10 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/support/client_interceptor.h>
+#include <linux/futex.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -610,11 +612,12 @@ class SessionState {
     return dead_.ok() ? Status(ErrorKind::kSessionClosed, what) : dead_;
   }
 
-  // Wait on cv_ until `done()` (evaluated with mu_ held, as `lock` holds it), or until the
+  // Wait until `done()` (evaluated with mu_ held, as `lock` holds it), or until the
   // completion board says the submits of `board` all succeeded: then return true (and
   // done() may not hold yet; the messages come later). For up to the client's wait_spin,
   // poll the board and the reader's message count instead of sleeping, so an answer that
-  // comes quickly is seen without waking this thread. Returns with `lock` held.
+  // comes quickly is seen without waking this thread; then sleep on the board's futex when
+  // there is a board range, else on cv_. Returns with `lock` held.
   template <typename Done>
   bool Wait(std::unique_lock<std::mutex>& lock, Done done,
             std::optional<BoardRange> board = std::nullopt) {
@@ -637,10 +640,34 @@ class SessionState {
       seen = answers_.load(std::memory_order_acquire);
       lock.unlock();
     }
+    if (board) {
+      // Sleep on the board: the daemon wakes its futex at every post, so a long transfer's
+      // success is seen as soon as it is posted, not after the Completed message. A failure
+      // in range is read from the messages; a stream that died posts nothing, so the sleep
+      // is bounded (kBoardSleep) to look at the messages' side now and then.
+      for (;;) {
+        const uint64_t through = board_[0].load(std::memory_order_acquire);
+        if (through >= board->last) {
+          if (board_[1].load(std::memory_order_relaxed) < board->first) {
+            lock.lock();
+            return true;
+          }
+          break;  // a failure: its error comes in a message
+        }
+        lock.lock();
+        if (done()) return false;
+        lock.unlock();
+        timespec timeout = {0, kBoardSleep.count()};
+        (void)::syscall(SYS_futex, board_, FUTEX_WAIT, static_cast<uint32_t>(through), &timeout,
+                        nullptr, 0);
+      }
+    }
     lock.lock();
     cv_.wait(lock, done);
     return false;
   }
+  // The longest a wait sleeps on the board before it looks at the messages' side again.
+  static constexpr std::chrono::nanoseconds kBoardSleep{1'000'000};
 
   void ReadLoop() {
     v1::ServerMessage m;

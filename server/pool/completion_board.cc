@@ -1,10 +1,14 @@
 #include "pool/completion_board.h"
 
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <bit>
 #include <cerrno>
+#include <climits>
 #include <cstring>
 #include <string>
 
@@ -18,6 +22,8 @@ Status Errno(const char* what) {
 }  // namespace
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "the board's words are shared memory");
+static_assert(std::endian::native == std::endian::little,
+              "the futex word is completed_through's low half, at offset 0");
 
 Result<std::unique_ptr<CompletionBoard>> CompletionBoard::Create() {
   std::unique_ptr<CompletionBoard> board(new CompletionBoard());
@@ -68,6 +74,9 @@ CompletionBoard::~CompletionBoard() {
 void CompletionBoard::Post(uint64_t submit_id, bool ok) {
   if (!ok) last_failed_->store(submit_id, std::memory_order_relaxed);
   completed_through_->store(submit_id, std::memory_order_release);
+  // Wake clients asleep on the board: a shared (not private) futex on the low 32 bits of
+  // completed_through. Without waiters the kernel finds none and returns (< 1 µs).
+  (void)::syscall(SYS_futex, page_, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 }
 
 }  // namespace ferry::pool

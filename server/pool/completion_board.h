@@ -11,6 +11,8 @@
 // completed_through (acquire) >= N and then last_failed < F knows that the submits in
 // [F, N] all succeeded. Anything else the client learns from the messages, which still
 // come for every submit: the board is a shortcut for success, never the only word.
+// Each Post also wakes the futex at offset 0 (completed_through's low 32 bits), so a client
+// may sleep on the board (FUTEX_WAIT, shared) instead of spinning.
 //
 // The daemon only writes the page, never reads what a client may have written to it. The
 // client gets a read-only fd (F_SEAL_FUTURE_WRITE where the kernel has it: no writable

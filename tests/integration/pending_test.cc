@@ -191,6 +191,43 @@ TEST(PendingTest, WaitAfterTheDaemonDiedIsATypedError) {
   EXPECT_TRUE(r.tensor.valid() && r.buffer.valid());
 }
 
+// A client that never spins (wait_spin 0) sleeps on the completion board's futex: every
+// success, every failure and a daemon that died while it slept still come back right.
+TEST(PendingTest, WaitsThatSleepAtOnceSeeSuccessesFailuresAndADeadDaemon) {
+  FerrydProcess d(SmallPool());
+  ASSERT_TRUE(d.ok());
+  ClientOptions options;
+  options.wait_spin = std::chrono::microseconds(0);
+  auto client = Client::connect(d.unix_target(), options);
+  ASSERT_TRUE(client.ok());
+  auto opened = client->open_session();
+  ASSERT_TRUE(opened.ok());
+  Session s = std::move(*opened);
+  for (int round = 0; round < 20; ++round) {
+    RoundTrip(s, /*expect_shared=*/true);
+    s.fill(Tensor(), 0.0);  // an invalid handle: this submit fails
+    EXPECT_EQ(s.synchronize().kind(), ErrorKind::kInvalidHandle) << "round " << round;
+    EXPECT_TRUE(s.synchronize().ok()) << "round " << round;
+  }
+  // Long device work, then a transfer behind it: the wait sleeps, and the daemon dies.
+  Tensor t = s.create_tensor<float>({1 << 20});
+  for (int i = 0; i < 200; ++i) s.fill(t, 1.0);
+  ASSERT_TRUE(s.submit().ok());
+  auto buf = s.pinned_buffer(4u << 20);
+  ASSERT_TRUE(buf.ok());
+  auto pending = s.download_pending(std::move(t), std::move(*buf));
+  d.Stop(SIGKILL);
+  Transfer r = pending.wait();
+  if (r.status.ok()) {  // the copy may have finished before the kill
+    EXPECT_EQ(r.buffer.span<float>()[(1 << 20) - 1], 1.0f);
+  } else {
+    EXPECT_TRUE(r.status.kind() == ErrorKind::kUnavailable ||
+                r.status.kind() == ErrorKind::kSessionClosed)
+        << r.status.ToString();
+  }
+  EXPECT_TRUE(r.tensor.valid() && r.buffer.valid());
+}
+
 TEST(PendingTest, DropWithoutWaitThenExitLeaksNothing) {
   FerrydProcess d(SmallPool());
   ASSERT_TRUE(d.ok());
