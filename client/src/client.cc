@@ -29,9 +29,9 @@ namespace ferry {
 namespace internal {
 namespace {
 
-constexpr uint64_t kUploadChunkBytes = 1ull << 20;       // bytes per Upload op
-constexpr uint64_t kUploadSubmitBytes = 8ull << 20;      // upload bytes per submit message
-constexpr uint64_t kDownloadSubmitBytes = 256ull << 20;  // download bytes per submit
+constexpr uint64_t kUploadChunkBytes = 1ull << 20;     // bytes per Upload op
+constexpr uint64_t kUploadSubmitBytes = 8ull << 20;    // upload bytes per submit message
+constexpr uint64_t kDownloadSubmitBytes = 8ull << 20;  // download bytes per submit
 constexpr uint64_t kMaxMessageBytes = 80ull << 20;
 
 std::string GrpcTarget(const std::string& target) {

@@ -181,8 +181,8 @@ class SessionConnection : public session::SessionEvents,
   }
 
   // The most inline download bytes a session makes the daemon hold (in flight and not yet
-  // written) before it stops reading that session's stream; one submit may exceed it. Twice
-  // libferry's largest download submit (256 MiB), so its downloads still pipeline.
+  // written) before it stops reading that session's stream; one submit may exceed it. Well
+  // above libferry's download submits (8 MiB each), so its downloads pipeline.
   static constexpr uint64_t kMaxBufferedDownloadBytes = 512ull << 20;
 
   // Return true when the submit moves bytes between host and device.
