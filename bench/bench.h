@@ -242,4 +242,10 @@ inline void Check(const Status& s, const std::string& what) {
   if (!s.ok()) Die(what + ": " + s.ToString());
 }
 
+/// The environment variable through which --wait-spin reaches this run's worker processes.
+inline constexpr const char* kWaitSpinEnv = "FERRY_BENCH_WAIT_SPIN_US";
+/// Connect to `target` with the client options of this run: libferry's defaults, except
+/// ClientOptions::wait_spin when --wait-spin set kWaitSpinEnv.
+Result<Client> Connect(const std::string& target);
+
 }  // namespace ferry::bench

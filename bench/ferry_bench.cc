@@ -53,6 +53,8 @@ what to run:
   --iterations N                     samples per small case (large transfers take fewer)
   --sessions LIST                    concurrency session counts (default 1,8,64)
   --processes LIST                   sharing process counts (default 1,4,8; quick 1,2)
+  --wait-spin US                     the clients' wait_spin: how long a wait polls before it
+                                     sleeps (default: libferry's, 200)
 output:
   --json FILE                        every table with the samples' summaries, the machine,
                                      ferry version and commit, and the date
@@ -135,6 +137,12 @@ Options ParseFlags(const std::vector<std::string>& args) {
       o.spawn_daemon = value();
     } else if (a == "--tcp") {
       o.spawn_tcp = true;
+    } else if (a == "--wait-spin") {
+      std::string us = value();
+      if (us.empty() || us.find_first_not_of("0123456789") != std::string::npos) {
+        Usage("--wait-spin: microseconds, got " + us);
+      }
+      ::setenv(kWaitSpinEnv, us.c_str(), 1);  // before any thread; worker processes inherit it
     } else {
       Usage("unknown flag " + a);
     }

@@ -112,7 +112,7 @@ MemoryRun MeasureTarget(const TargetInfo& target) {
   }
   m.idle_slab_bytes = static_cast<double>(st.slab_bytes());
   {
-    auto client = Check(Client::connect(target.target), "connect");
+    auto client = Check(Connect(target.target), "connect");
     std::vector<Session> sessions;
     std::vector<Tensor> tensors;
     for (int i = 0; i < kSessions; ++i) {

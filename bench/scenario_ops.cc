@@ -196,7 +196,7 @@ std::vector<Table> RunLatency(Context& ctx) {
   }
   std::vector<std::vector<Samples>> daemon(ctx.targets.size());
   for (size_t t = 0; t < ctx.targets.size(); ++t) {
-    auto client = Check(Client::connect(ctx.targets[t].target), "connect");
+    auto client = Check(Connect(ctx.targets[t].target), "connect");
     auto session = Check(client.open_session(), "open_session");
     for (size_t i = 0; i < n; ++i) {
       ctx.progress->Case(ctx.targets[t].target + " " + kLatencyCases[i].label);
@@ -262,7 +262,7 @@ std::vector<Table> RunThroughput(Context& ctx) {
   std::vector<int> ks = OpsPerSubmit();
   std::vector<std::vector<Samples>> daemon(ctx.targets.size());
   for (size_t t = 0; t < ctx.targets.size(); ++t) {
-    auto client = Check(Client::connect(ctx.targets[t].target), "connect");
+    auto client = Check(Connect(ctx.targets[t].target), "connect");
     auto session = Check(client.open_session(), "open_session");
     for (int k : ks) {
       ctx.progress->Case(ctx.targets[t].target + " " + std::to_string(k) + " ops per submit");

@@ -167,7 +167,7 @@ std::vector<Table> RunOverlap(Context& ctx) {
   std::vector<ArmSamples> daemon(ctx.targets.size());
   for (size_t t = 0; t < ctx.targets.size(); ++t) {
     ctx.progress->Case(ctx.targets[t].target + " overlap arms");
-    auto client = Check(Client::connect(ctx.targets[t].target), "connect");
+    auto client = Check(Connect(ctx.targets[t].target), "connect");
     auto session = Check(client.open_session(), "open_session");
     // The host work of the baseline (sized to the in-process copy), or 0: this target's own.
     daemon[t] = ctx.baseline

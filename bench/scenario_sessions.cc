@@ -125,7 +125,7 @@ ConcurrencyRun Combine(std::vector<SessionRun>& runs, Clock::time_point start) {
 
 ConcurrencyRun DaemonConcurrency(const std::string& target, Route route, int sessions,
                                  uint64_t bytes, int rounds) {
-  auto client = Check(Client::connect(target), "connect " + target);
+  auto client = Check(Connect(target), "connect " + target);
   StartGate gate(sessions);
   std::vector<SessionRun> runs(sessions);
   std::vector<std::thread> threads;
@@ -410,7 +410,7 @@ std::vector<Table> RunOpenClose(Context& ctx) {
   std::vector<Samples> d_open(ctx.targets.size()), d_close(ctx.targets.size());
   for (size_t t = 0; t < ctx.targets.size(); ++t) {
     ctx.progress->Case(ctx.targets[t].target + " open_session / close");
-    auto client = Check(Client::connect(ctx.targets[t].target), "connect");
+    auto client = Check(Connect(ctx.targets[t].target), "connect");
     for (int i = -5; i < iterations; ++i) {
       auto t0 = Clock::now();
       auto s = Check(client.open_session(), "open_session");

@@ -103,7 +103,7 @@ void PrintResult(double ops, double bytes, double elapsed_ns, const Samples& rou
 }
 
 int DaemonWorker(const std::string& target, int rounds) {
-  auto client = Check(Client::connect(target), "connect " + target);
+  auto client = Check(Connect(target), "connect " + target);
   auto s = Check(client.open_session(), "open_session");
   Tensor t = s.create_tensor<uint8_t>({static_cast<int64_t>(kRoundBytes)});
   Tensor x = s.create_tensor<float>({kAxpyElements});

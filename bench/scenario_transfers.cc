@@ -334,7 +334,7 @@ std::vector<Table> RunTransfers(Context& ctx) {
   std::vector<uint64_t> slab_sizes(ctx.targets.size(), 0);
   for (size_t t = 0; t < ctx.targets.size(); ++t) {
     const std::string& target = ctx.targets[t].target;
-    auto client = Check(Client::connect(target), "connect " + target);
+    auto client = Check(Connect(target), "connect " + target);
     auto session = Check(client.open_session(), "open_session");
     slab_sizes[t] = session.slab_size();
     for (const Case& c : cases) {

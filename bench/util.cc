@@ -143,6 +143,14 @@ HostBuffer::HostBuffer(uint64_t bytes) : size_(bytes) {
 
 HostBuffer::~HostBuffer() { std::free(data_); }
 
+Result<Client> Connect(const std::string& target) {
+  ClientOptions options;
+  if (const char* us = std::getenv(kWaitSpinEnv)) {
+    options.wait_spin = std::chrono::microseconds(std::strtoull(us, nullptr, 10));
+  }
+  return Client::connect(target, options);
+}
+
 void Die(const std::string& what) {
   std::cerr << "\nferry-bench: " << what << std::endl;
   std::exit(2);
