@@ -20,6 +20,10 @@ suite() {  # NAME BINARY [gtest args]
   "$bundle/bin/$bin" --gtest_output="json:$out/$name.json" "$@" >"$out/$name.log" 2>&1
   echo $? >"$out/$name.rc"
   grep -E "^\[  (FAILED|SKIPPED) |MEASURED" "$out/$name.log" | sort -u | head -40
+  # Each failed test's own output, on stdout: the logs may not come back from the machine.
+  awk '/^\[ RUN      \]/{buf=""; keep=0} {buf=buf $0 "\n"} /Failure|^\[  FAILED  \] [A-Za-z]/{keep=1}
+       /^\[  FAILED  \] [A-Za-z].*\(/{if(keep) printf "%s", buf; buf=""; keep=0}' "$out/$name.log" |
+    grep -vE "^\[ RUN|^\[       OK" | head -60
 }
 suite conformance ferry_conformance_tests
 suite integration ferry_integration_tests
