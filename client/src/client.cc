@@ -562,12 +562,20 @@ class SessionState {
     }
     return BoardRange{first, last};
   }
-  // Whether the board says the submits of `r` have all completed and succeeded. False only
-  // means "not known yet": the messages give the full answer. Lock-free.
-  bool BoardSaysSucceeded(const BoardRange& r) const {
+  // What the board says of the submits of `r`: not all completed yet (`*through`, when
+  // given, is the completed_through read), all completed and succeeded, or completed with a
+  // failure among them or after them (its error comes only in a message). Lock-free.
+  enum class BoardAnswer { kNotYet, kSucceeded, kAskTheMessages };
+  BoardAnswer ReadBoard(const BoardRange& r, uint64_t* through = nullptr) const {
     // The daemon writes last_failed before completed_through (release).
-    if (board_[0].load(std::memory_order_acquire) < r.last) return false;
-    return board_[1].load(std::memory_order_relaxed) < r.first;
+    const uint64_t completed = board_[0].load(std::memory_order_acquire);
+    if (through) *through = completed;
+    if (completed < r.last) return BoardAnswer::kNotYet;
+    return board_[1].load(std::memory_order_relaxed) < r.first ? BoardAnswer::kSucceeded
+                                                               : BoardAnswer::kAskTheMessages;
+  }
+  bool BoardSaysSucceeded(const BoardRange& r) const {
+    return ReadBoard(r) == BoardAnswer::kSucceeded;
   }
 
   static uint32_t Get32(const char* p) {
@@ -646,14 +654,13 @@ class SessionState {
       // in range is read from the messages; a stream that died posts nothing, so the sleep
       // is bounded (kBoardSleep) to look at the messages' side now and then.
       for (;;) {
-        const uint64_t through = board_[0].load(std::memory_order_acquire);
-        if (through >= board->last) {
-          if (board_[1].load(std::memory_order_relaxed) < board->first) {
-            lock.lock();
-            return true;
-          }
-          break;  // a failure: its error comes in a message
+        uint64_t through = 0;
+        const BoardAnswer answer = ReadBoard(*board, &through);
+        if (answer == BoardAnswer::kSucceeded) {
+          lock.lock();
+          return true;
         }
+        if (answer == BoardAnswer::kAskTheMessages) break;  // a failure's error is a message
         lock.lock();
         if (done()) return false;
         lock.unlock();
