@@ -11,7 +11,7 @@ Result<std::shared_ptr<Session>> Session::Create(DeviceSupervisor* device,
                                                  SessionRegistry* registry, Executor executor,
                                                  const SessionConfig& config,
                                                  std::string client_name, PeerIdentity peer,
-                                                 SessionEvents* events) {
+                                                 SessionEvents* events, CopyTurns* turns) {
   auto counters = std::make_shared<SessionCounters>();
   uint64_t id = registry->Add(std::move(client_name), std::move(peer), counters);
   if (id == 0) {
@@ -21,6 +21,7 @@ Result<std::shared_ptr<Session>> Session::Create(DeviceSupervisor* device,
       new Session(device, registry, std::move(executor), config, nullptr, events));
   session->id_ = id;
   session->counters_ = std::move(counters);
+  session->turns_ = turns;
   auto lease = device->Join(id, session);
   if (!lease.ok()) {
     registry->Remove(id);
@@ -72,7 +73,30 @@ void Session::Submit(SubmitRequest request) {
     record.status = request.refusal;
   } else if (closing_) {
     record.status = Status(ErrorKind::kSessionClosed, "the session is closing");
-  } else if (!broken_.ok()) {
+  } else {
+    uint8_t needs = turns_ ? turns_->Needs(request.ops) : CopyTurns::kNone;
+    if (parked_ == 0 && (needs == CopyTurns::kNone || turns_->TryTake(needs))) {
+      record.turns_held = needs;
+      Start(request, record);
+    } else {
+      record.parked = true;
+      record.turns_needed = needs;
+      record.request = std::move(request);
+    }
+  }
+  queue_.push_back(std::move(record));
+  counters_->submits_in_flight = queue_.size();
+  InFlight& added = queue_.back();
+  if (added.parked) {
+    // The first parked submit is one whose turn was not free: queue for it.
+    if (++parked_ == 1) AwaitTurns(added.turns_needed);
+    return;
+  }
+  if (!added.on_device) DeliverReady();
+}
+
+void Session::Start(SubmitRequest& request, InFlight& record) {
+  if (!broken_.ok()) {
     record.status = broken_;
   } else {
     auto admitted = AdmitSubmit(request, tensors_, limits_, slabs_.get());
@@ -84,9 +108,41 @@ void Session::Submit(SubmitRequest request) {
       record.status = Enqueue(request, *admitted, record);
     }
   }
-  queue_.push_back(std::move(record));
-  counters_->submits_in_flight = queue_.size();
-  if (!queue_.back().on_device) DeliverReady();
+  if (!record.on_device && record.turns_held != CopyTurns::kNone) {  // nothing reached the device
+    turns_->Give(record.turns_held);
+    record.turns_held = CopyTurns::kNone;
+  }
+}
+
+void Session::AwaitTurns(uint8_t mask) {
+  awaiting_turns_ = mask;
+  turns_->Wait(mask, [self = shared_from_this()] {
+    // On the thread that gave a turn back (another session's): starting submits may block
+    // (module loads), so the session's own executor does it.
+    self->executor_.Post([self] { self->OnTurnsGranted(); });
+  });
+}
+
+void Session::OnTurnsGranted() {
+  uint8_t granted = awaiting_turns_;
+  awaiting_turns_ = CopyTurns::kNone;
+  for (InFlight& r : queue_) {
+    if (!r.parked) continue;
+    if (granted == CopyTurns::kNone && r.turns_needed != CopyTurns::kNone &&
+        !turns_->TryTake(r.turns_needed)) {
+      AwaitTurns(r.turns_needed);
+      break;
+    }
+    r.turns_held = granted != CopyTurns::kNone ? granted : r.turns_needed;
+    granted = CopyTurns::kNone;  // the first parked submit holds the granted turns
+    r.parked = false;
+    --parked_;
+    SubmitRequest request = std::move(r.request);
+    Start(request, r);
+  }
+  // No parked submit was left to take them (the client went away): give them back.
+  if (granted != CopyTurns::kNone) turns_->Give(granted);
+  DeliverReady();
 }
 
 Status Session::Enqueue(SubmitRequest& request, const AdmissionResult& admitted, InFlight& record) {
@@ -489,11 +545,12 @@ void Session::OnDeviceLost(const DeviceLoss& loss) {
 }
 
 void Session::DeliverReady() {
-  while (!queue_.empty() && !queue_.front().on_device) {
+  while (!queue_.empty() && !queue_.front().on_device && !queue_.front().parked) {
     InFlight record = std::move(queue_.front());
     queue_.pop_front();
     counters_->submits_in_flight = queue_.size();
     inline_download_bytes_in_flight_ -= record.inline_download_bytes;
+    if (record.turns_held != CopyTurns::kNone) turns_->Give(record.turns_held);
     // The device is done with the submit's slab ranges: free them, or quarantine them
     // when the submit failed (their bytes are of unknown state).
     for (const pool::SlabRange& r : record.slab_ranges) slabs_->Finish(r, !record.status.ok());
@@ -546,7 +603,17 @@ void Session::Close() {
 
 void Session::Abort() {
   events_ = nullptr;
-  Close();
+  // Nobody can see the results of submits that have not started: drop them (their turn
+  // request, if any, is given back when it is granted).
+  for (InFlight& r : queue_) {
+    if (!r.parked) continue;
+    r.parked = false;
+    r.request = SubmitRequest();
+    r.status = Status(ErrorKind::kSessionClosed, "the client went away");
+  }
+  parked_ = 0;
+  closing_ = true;
+  DeliverReady();  // and tears down once idle
 }
 
 void Session::MaybeTearDown() {

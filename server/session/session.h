@@ -17,6 +17,7 @@
 #include "pool/session_slabs.h"
 #include "pool/staging.h"
 #include "session/admission.h"
+#include "session/copy_turns.h"
 #include "session/device_supervisor.h"
 #include "session/handle_table.h"
 #include "session/ops.h"
@@ -66,12 +67,14 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
  public:
   /// Create a session on the supervised device. Fails with QUOTA_EXCEEDED when the daemon
   /// holds its maximum number of sessions, or with the backend's error when no stream can
-  /// be made.
+  /// be made. `turns` (may be null: none) is the daemon's CopyTurns; it must outlive the
+  /// session, like `device` and `registry`.
   static Result<std::shared_ptr<Session>> Create(DeviceSupervisor* device,
                                                  SessionRegistry* registry, Executor executor,
                                                  const SessionConfig& config,
                                                  std::string client_name, PeerIdentity peer,
-                                                 SessionEvents* events);
+                                                 SessionEvents* events,
+                                                 CopyTurns* turns = nullptr);
   ~Session();
 
   uint64_t id() const { return id_; }
@@ -79,7 +82,9 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   const Executor& executor() const { return executor_; }
 
   /// Admit and enqueue a submit, or refuse it whole; either way exactly one OnCompleted
-  /// follows, after those of all earlier submits.
+  /// follows, after those of all earlier submits. A submit that needs a copy turn which is
+  /// not free waits for it, and the session's later submits wait behind it (admitted and
+  /// enqueued in order once it has its turn); they count as in flight meanwhile.
   void Submit(SubmitRequest request);
   /// Raise OnSynchronized once every earlier submit has completed.
   void Synchronize(uint64_t sync_id);
@@ -119,6 +124,12 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   struct InFlight {
     uint64_t submit_id = 0;
     bool on_device = false;  // waits for a backend completion
+    // Waits for its copy turns, or behind a submit that does: not yet admitted. `request`
+    // holds it meanwhile; `turns_needed` the turns it will take.
+    bool parked = false;
+    SubmitRequest request;
+    uint8_t turns_needed = CopyTurns::kNone;
+    uint8_t turns_held = CopyTurns::kNone;  // given back when the submit leaves the device
     Status status;           // the refusal or enqueue error, if any
     std::shared_ptr<const void> payload;
     std::vector<PendingDownload> downloads;
@@ -135,6 +146,11 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
           const SessionConfig& config, std::unique_ptr<backend::Stream> stream,
           SessionEvents* events);
 
+  // Admit and enqueue `request` (its turns, if it needs any, are held) into `record`.
+  void Start(SubmitRequest& request, InFlight& record);
+  // Queue for the turns of the first parked submit; OnTurnsGranted follows on the executor.
+  void AwaitTurns(uint8_t mask);
+  void OnTurnsGranted();
   // Enqueue an admitted submit; returns the first enqueue error (with op index).
   Status Enqueue(SubmitRequest& request, const AdmissionResult& admitted, InFlight& record);
   Status EnqueueOp(const Op& op, backend::DevicePtr fresh, std::shared_ptr<backend::Module> loaded,
@@ -179,6 +195,9 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   bool capture_raw_ = false;
   int64_t raw_launches_in_flight_ = 0;  // submits in flight that launch raw kernels
   std::deque<InFlight> queue_;
+  CopyTurns* turns_ = nullptr;  // null: no turns
+  size_t parked_ = 0;           // records of queue_ that are parked
+  uint8_t awaiting_turns_ = CopyTurns::kNone;  // a Wait for these turns is outstanding
   uint64_t inline_download_bytes_in_flight_ = 0;  // sum over queue_
   Status broken_;  // a sticky device error: every later submit fails with it
   bool closing_ = false;

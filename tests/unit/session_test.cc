@@ -229,12 +229,14 @@ class SessionTest : public ::testing::Test {
     events_.clear();
   }
 
-  /// Open a session on its own strand, with a recorder for its events.
+  /// Open a session on its own strand, with a recorder for its events; it takes copy turns
+  /// from turns_ when a test made one.
   Client Open(SessionConfig config = {}) {
     Executor strand(io_);
     auto events = std::make_unique<RecordingEvents>(strand);
-    auto created = Session::Create(supervisor_.get(), registry_.get(), strand, config,
-                                   "session_test", PeerIdentity{"in-process"}, events.get());
+    auto created =
+        Session::Create(supervisor_.get(), registry_.get(), strand, config, "session_test",
+                        PeerIdentity{"in-process"}, events.get(), turns_.get());
     EXPECT_TRUE(created.ok()) << created.status().ToString();
     if (!created.ok()) return {};
     Client c{*created, events.get()};
@@ -293,6 +295,7 @@ class SessionTest : public ::testing::Test {
   // the io_context (every strand, held by both, must go before it), registry and device.
   std::unique_ptr<DeviceSupervisor> supervisor_;
   std::unique_ptr<SessionRegistry> registry_;
+  std::unique_ptr<CopyTurns> turns_;  // set by a test before Open, or none
   boost::asio::io_context io_;
   boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work_ =
       boost::asio::make_work_guard(io_);
@@ -737,6 +740,107 @@ TEST_F(SessionTest, DeviceLossDuringTeardownStillRaisesOnClosed) {
 }
 
 // --- Op semantics through the session --------------------------------------------------------
+
+// --- Copy turns ------------------------------------------------------------------------------
+
+// One turn per direction for copies of 4 KiB or more. Session a's upload holds the upload turn
+// (the host device takes 20 ms per op), so session b's large upload waits for it, and b's
+// later submits, small or not, wait behind that one: they still complete in order, with the
+// right bytes, and every turn is given back.
+TEST_F(SessionTest, LargeCopiesWaitForATurnAndTheSessionsLaterSubmitsWaitBehindThem) {
+  turns_ = std::make_unique<CopyTurns>(1, 4096);
+  Client a = Open();
+  Client b = Open();
+  const std::vector<float> ones(4096, 1.0f), twos(4096, 2.0f);
+  auto up_a = Encode(ones), up_b = Encode(twos);
+  ASSERT_TRUE(SubmitAndWait(a, 1, {CreateTensorOp{1, DType::kF32, {4096}}}).ok());
+  ASSERT_TRUE(SubmitAndWait(b, 1, {CreateTensorOp{1, DType::kF32, {4096}},
+                                   CreateTensorOp{2, DType::kF32, {4}}}).ok());
+  host()->SetOpDelayForTest(milliseconds(20));
+  Submit(a, 2, {UploadOp{1, 0, *up_a}}, up_a);
+  size_t b_in_flight = 0;
+  ASSERT_TRUE(OnStrand(b.session->executor(), [&] {
+    b.session->Submit(Request(2, {UploadOp{1, 0, *up_b}}, up_b));  // waits for the turn
+    b.session->Submit(Request(3, {FillOp{2, 5.0}}));                 // small: waits behind it
+    b.session->Submit(Request(4, {FillOp{99, 5.0}}));                // refused, in order
+    b.session->Submit(Request(5, {DownloadOp{1, 0, 4096 * 4}, DownloadOp{2, 0, 16}}));
+    b.session->Synchronize(7);
+    b_in_flight = b.session->in_flight();
+  }));
+  EXPECT_EQ(b_in_flight, 4u);  // parked submits count as in flight (backpressure)
+  EXPECT_EQ(turns_->stats().waiting, 1u);  // b's first large upload; the rest wait behind it
+  ASSERT_TRUE(b.events->WaitUntil(
+      [](const auto& ev) { return CountOf(ev, Event::Kind::kSynchronized) == 1; }));
+  std::vector<Event> done = b.events->completions();
+  ASSERT_EQ(done.size(), 5u);
+  for (size_t i = 0; i < done.size(); ++i) EXPECT_EQ(done[i].id, i + 1);
+  EXPECT_TRUE(done[1].status.ok()) << done[1].status.ToString();
+  EXPECT_TRUE(done[2].status.ok()) << done[2].status.ToString();
+  EXPECT_EQ(done[3].status.kind(), ErrorKind::kInvalidHandle) << done[3].status.ToString();
+  EXPECT_TRUE(done[4].status.ok()) << done[4].status.ToString();
+  EXPECT_EQ(Decode<float>(b.events->Downloaded(5, 0)), twos);
+  EXPECT_EQ(Decode<float>(b.events->Downloaded(5, 1)), std::vector<float>(4, 5.0f));
+  EXPECT_EQ(b.events->events().back().kind, Event::Kind::kSynchronized);
+  ASSERT_TRUE(a.events->WaitForCompletions(2));
+  EXPECT_TRUE(a.events->CompletionOf(2).ok());
+  CopyTurns::Stats s = turns_->stats();
+  EXPECT_EQ(s.waits, 1u);  // b's upload; its download found the download turn free
+  EXPECT_EQ(s.waiting, 0u);
+  EXPECT_EQ(s.held_to_device, 0u);
+  EXPECT_EQ(s.held_to_host, 0u);
+}
+
+// A waiting submit that admission then refuses gives its turn back at once, and the next
+// waiter gets it.
+TEST_F(SessionTest, AWaitingSubmitThatIsRefusedGivesItsTurnBack) {
+  turns_ = std::make_unique<CopyTurns>(1, 4096);
+  Client a = Open();
+  Client b = Open();
+  Client c = Open();
+  auto bytes = std::make_shared<std::string>(8192, '\x11');
+  for (const Client* x : {&a, &b, &c}) {
+    ASSERT_TRUE(SubmitAndWait(*x, 1, {CreateTensorOp{1, DType::kU8, {8192}}}).ok());
+  }
+  host()->SetOpDelayForTest(milliseconds(20));
+  Submit(a, 2, {UploadOp{1, 0, *bytes}}, bytes);
+  Submit(b, 2, {UploadOp{42, 0, *bytes}}, bytes);  // tensor 42 does not exist
+  Submit(c, 2, {UploadOp{1, 0, *bytes}, DownloadOp{1, 0, 8192}}, bytes);
+  EXPECT_EQ(turns_->stats().waiting, 2u);
+  ASSERT_TRUE(c.events->WaitForCompletions(2));
+  EXPECT_EQ(b.events->CompletionOf(2).kind(), ErrorKind::kInvalidHandle);
+  EXPECT_TRUE(c.events->CompletionOf(2).ok()) << c.events->CompletionOf(2).ToString();
+  EXPECT_EQ(c.events->Downloaded(2, 1), *bytes);
+  EXPECT_EQ(turns_->stats().held_to_device, 0u);
+  EXPECT_EQ(turns_->stats().held_to_host, 0u);
+}
+
+// A client that goes away while its submits wait for a turn: they are dropped unrun, the
+// session goes away without waiting for the turn, and the turn, once granted, is given back.
+TEST_F(SessionTest, AbortWhileWaitingForATurnDropsTheWaitingSubmitsAndGivesTheTurnBack) {
+  turns_ = std::make_unique<CopyTurns>(1, 4096);
+  Client a = Open();
+  Client b = Open();
+  auto bytes = std::make_shared<std::string>(8192, '\x22');
+  ASSERT_TRUE(SubmitAndWait(a, 1, {CreateTensorOp{1, DType::kU8, {8192}}}).ok());
+  ASSERT_TRUE(SubmitAndWait(b, 1, {CreateTensorOp{1, DType::kU8, {8192}}}).ok());
+  host()->SetOpDelayForTest(milliseconds(50));
+  Submit(a, 2, {UploadOp{1, 0, *bytes}}, bytes);
+  ASSERT_TRUE(OnStrand(b.session->executor(), [&] {
+    b.session->Submit(Request(2, {UploadOp{1, 0, *bytes}}, bytes));
+    b.session->Submit(Request(3, {FillOp{1, 1.0}}));
+    b.session->Abort();
+  }));
+  // b closes while a still holds the turn (50 ms per op): nothing of b ran.
+  ASSERT_TRUE(WaitUntil([this] { return registry_->Totals().sessions_open == 1; }));
+  EXPECT_EQ(turns_->stats().held_to_device, 1u);
+  EXPECT_EQ(b.events->events().size(), 1u);  // only submit 1's completion, before the Abort
+  ASSERT_TRUE(a.events->WaitForCompletions(2));
+  ASSERT_TRUE(WaitUntil([this] { return turns_->stats().held_to_device == 0; }));
+  EXPECT_EQ(turns_->stats().waiting, 0u);
+  // The turn works on: a takes it again.
+  host()->SetOpDelayForTest(milliseconds(0));
+  EXPECT_TRUE(SubmitAndWait(a, 3, {UploadOp{1, 0, *bytes}}, bytes).ok());
+}
 
 TEST_F(SessionTest, GemmWithZeroInnerDimensionGivesBetaTimesC) {
   Client c = Open();
