@@ -39,6 +39,7 @@ struct Options {
   std::vector<int> processes;             // sharing process counts; empty: defaults
   std::string spawn_daemon;               // path to ferryd, or empty
   bool spawn_tcp = false;                 // the spawned daemon also listens on TCP loopback
+  std::vector<std::string> daemon_args;   // more arguments for the spawned daemon
   std::string baseline_backend = "auto";  // auto|cuda|host for the in-process baseline
   std::string command_line;               // as run, for the JSON
 };

@@ -42,6 +42,8 @@ targets:
                                      socket for this run, and stop it at the end
   --tcp                              with --spawn-daemon: also listen on TCP loopback (port 0)
                                      and measure that endpoint too
+  --daemon-arg ARG                   with --spawn-daemon: pass ARG to ferryd too; repeatable
+                                     (e.g. --daemon-arg --copy-turns=0)
 what to run:
   --scenario NAME                    transfers, latency, throughput, overlap, concurrency,
                                      open_close, sharing, memory; repeatable (default: all)
@@ -135,6 +137,8 @@ Options ParseFlags(const std::vector<std::string>& args) {
       o.processes = ParseCounts(a, value());
     } else if (a == "--spawn-daemon") {
       o.spawn_daemon = value();
+    } else if (a == "--daemon-arg") {
+      o.daemon_args.push_back(value());
     } else if (a == "--tcp") {
       o.spawn_tcp = true;
     } else if (a == "--wait-spin") {
@@ -151,6 +155,9 @@ Options ParseFlags(const std::vector<std::string>& args) {
     Usage("nothing to measure: pass --target, --spawn-daemon and/or --baseline");
   }
   if (o.spawn_tcp && o.spawn_daemon.empty()) Usage("--tcp goes with --spawn-daemon");
+  if (!o.daemon_args.empty() && o.spawn_daemon.empty()) {
+    Usage("--daemon-arg goes with --spawn-daemon");
+  }
   return o;
 }
 
@@ -230,7 +237,8 @@ int Main(const std::vector<std::string>& args) {
     int most_sessions = 64;
     for (int n : ctx.options.sessions) most_sessions = std::max(most_sessions, n);
     uint64_t budget_mib = std::max<uint64_t>(1024, (static_cast<uint64_t>(most_sessions) + 4) * 64);
-    if (!daemon.Start(ctx.options.spawn_daemon, ctx.temp_dir, ctx.options.spawn_tcp, budget_mib)) {
+    if (!daemon.Start(ctx.options.spawn_daemon, ctx.temp_dir, ctx.options.spawn_tcp, budget_mib,
+                      ctx.options.daemon_args)) {
       return 2;
     }
     g_daemon = &daemon;

@@ -126,7 +126,7 @@ std::string SelfExe() {
 }
 
 bool SpawnedDaemon::Start(const std::string& ferryd, const std::string& dir, bool tcp,
-                          uint64_t pinned_budget_mib) {
+                          uint64_t pinned_budget_mib, const std::vector<std::string>& extra_args) {
   log_ = dir + "/ferryd.log";
   std::vector<std::string> args = {"--backend",    "auto",
                                    "--listen",     "unix:" + dir + "/ferryd.sock",
@@ -140,6 +140,7 @@ bool SpawnedDaemon::Start(const std::string& ferryd, const std::string& dir, boo
     args.push_back("--pinned-budget");
     args.push_back(std::to_string(pinned_budget_mib) + "M");
   }
+  args.insert(args.end(), extra_args.begin(), extra_args.end());
   Child c = SpawnChild(ferryd, args, false, false, log_);
   if (c.pid <= 0) {
     std::cerr << "ferry-bench: cannot start " << ferryd << "\n";

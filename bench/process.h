@@ -49,9 +49,10 @@ class SpawnedDaemon {
  public:
   /// Start it and wait for its ready file; false (with the log on stderr) on failure.
   /// `pinned_budget_mib` > 0 passes --pinned-budget (the concurrency scenario's pending
-  /// route holds one slab per session); 0 keeps the daemon's default.
+  /// route holds one slab per session); 0 keeps the daemon's default. `extra_args` go last
+  /// (the user's --daemon-arg), so they win over the ones above.
   bool Start(const std::string& ferryd, const std::string& dir, bool tcp,
-             uint64_t pinned_budget_mib = 0);
+             uint64_t pinned_budget_mib = 0, const std::vector<std::string>& extra_args = {});
   ~SpawnedDaemon() { Stop(); }
   void Stop();
   const std::vector<std::string>& endpoints() const { return endpoints_; }

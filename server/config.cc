@@ -157,6 +157,9 @@ class Settings {
                  [this](uint64_t n) { c_.daemon.executor_threads = static_cast<int>(n); })},
         {"cuda-work-queues",
          bounded(0, 32, [this](uint64_t n) { c_.cuda_work_queues = static_cast<int>(n); })},
+        {"copy-turns",
+         bounded(0, 1024, [this](uint64_t n) { c_.daemon.copy_turns = static_cast<uint32_t>(n); })},
+        {"copy-turn-size", bytes(&c_.daemon.copy_turn_bytes)},
         {"slab-size",
          [this](const std::string& v) -> Status {
            FERRY_ASSIGN_OR_RETURN(uint64_t n, ParseBytes(v));
@@ -394,6 +397,11 @@ means true; --allow-insecure-remote and --allow-remote-raw-kernels also take =tr
   --executor-threads N       session executor threads (default: one per core, >= 2)
   --cuda-work-queues N       hardware work queues of the CUDA context, 1..32 (default 0:
                              CUDA's, 8); fewer save host memory (docs/operations.md)
+  --copy-turns N             submits copying copy-turn-size or more one way that run at
+                             once, per direction; the rest wait in arrival order, so
+                             sessions share the copy engines fairly (default 4; 0: no limit)
+  --copy-turn-size SIZE      bytes a submit copies one way from which it takes a turn
+                             (default 4M)
   --slab-size SIZE           size of a shared-memory slab for local clients (default 64M)
   --pinned-budget SIZE       pinned shared memory all slabs may take (default 1G)
   --initial-slabs N          slabs made and registered at start (default 1)
@@ -502,6 +510,9 @@ std::string FormatConfig(const DaemonConfig& c) {
       << (c.daemon.executor_threads == 0 ? "  # one per core, at least 2" : "") << "\n";
   out << "cuda-work-queues = " << c.cuda_work_queues
       << (c.cuda_work_queues == 0 ? "  # CUDA's default (8)" : "") << "\n";
+  out << "copy-turns = " << c.daemon.copy_turns
+      << (c.daemon.copy_turns == 0 ? "  # no limit" : "") << "\n";
+  out << "copy-turn-size = " << FormatBytes(c.daemon.copy_turn_bytes) << "\n";
   out << "slab-size = " << FormatBytes(c.daemon.slab_pool.slab_size) << "\n";
   out << "pinned-budget = " << FormatBytes(c.daemon.slab_pool.budget) << "\n";
   out << "initial-slabs = " << c.daemon.slab_pool.initial_slabs << "\n";

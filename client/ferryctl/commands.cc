@@ -173,6 +173,9 @@ std::string StatusJson(const Options& options, const v1::StatusReply& r) {
       .Add("slab_size", r.slab_size())
       .Add("staging_slabs", r.staging_slabs())
       .Add("staging_bytes_in_use", r.staging_bytes_in_use())
+      .Add("copy_turns", r.copy_turns())
+      .Add("copy_turns_waiting", r.copy_turns_waiting())
+      .Add("copy_turn_waits_total", r.copy_turn_waits_total())
       .str();
 }
 
@@ -404,6 +407,11 @@ int RunStatus(const Options& options, std::ostream& out, std::ostream& err) {
                           HumanBytes(r.slab_bytes()) + "; staging " +
                           std::to_string(r.staging_slabs()) + " slabs, " +
                           HumanBytes(r.staging_bytes_in_use()) + " in use"},
+      {"copy turns", r.copy_turns() == 0
+                         ? std::string("no limit")
+                         : std::to_string(r.copy_turns()) + " per direction; " +
+                               std::to_string(r.copy_turns_waiting()) + " waiting, " +
+                               std::to_string(r.copy_turn_waits_total()) + " waits total"},
       {"draining", r.draining() ? "yes" : "no"},
       {"device resets", std::to_string(r.device_resets())},
       {"last fault", r.last_fault().empty() ? "-"

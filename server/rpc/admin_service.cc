@@ -63,6 +63,12 @@ grpc::ServerUnaryReactor* AdminService::Status(grpc::CallbackServerContext* ctx,
     reply->set_staged_bytes_total(st.staged_total);
     reply->set_staging_fallbacks_total(st.fallbacks_total);
   }
+  if (context_->copy_turns) {
+    session::CopyTurns::Stats t = context_->copy_turns->stats();
+    reply->set_copy_turns(context_->copy_turns->turns());
+    reply->set_copy_turns_waiting(t.waiting);
+    reply->set_copy_turn_waits_total(t.waits);
+  }
   auto* reactor = ctx->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;

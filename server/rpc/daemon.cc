@@ -53,10 +53,16 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
       options.device_bytes_cap ? options.device_bytes_cap : d->device_->info().total_memory;
   d->registry_ = std::make_unique<session::SessionRegistry>(cap, options.max_sessions);
 
+  if (options.copy_turns > 0) {
+    d->copy_turns_ =
+        std::make_unique<session::CopyTurns>(options.copy_turns, options.copy_turn_bytes);
+  }
+
   d->context_ = std::make_unique<SessionServiceContext>();
   SessionServiceContext& ctx = *d->context_;
   ctx.device = d->device_.get();
   ctx.registry = d->registry_.get();
+  ctx.copy_turns = d->copy_turns_.get();
   ctx.io = &d->io_;
   ctx.defaults = options.session_defaults;
   ctx.max_device_bytes_quota =

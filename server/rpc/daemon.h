@@ -57,6 +57,10 @@ struct DaemonOptions {
   uint32_t max_in_flight_submits = 1024;
   uint64_t device_bytes_cap = 0;  // 0: the device's total memory
   uint32_t max_sessions = 1024;
+  /// Copy turns (session/copy_turns.h): submits copying at least copy_turn_bytes one way
+  /// that run at once, per direction; 0: no limit.
+  uint32_t copy_turns = 4;
+  uint64_t copy_turn_bytes = 4ull << 20;
   uint64_t max_message_bytes = 64ull << 20;
   int executor_threads = 0;  // 0: one per core, at least 2
   /// The shared-memory slab pool, served on PATH.slabs beside the first Unix endpoint (own
@@ -98,6 +102,7 @@ class Daemon {
   std::unique_ptr<pool::SlabPool> slab_pool_;  // outlives every session
   std::unique_ptr<pool::SlabBroker> slab_broker_;
   std::unique_ptr<pool::StagingArea> staging_;  // gives its slabs back before the pool goes
+  std::unique_ptr<session::CopyTurns> copy_turns_;  // outlives every session
   boost::asio::io_context io_;
   std::unique_ptr<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> work_;
   std::vector<std::thread> threads_;

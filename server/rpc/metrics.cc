@@ -153,6 +153,15 @@ std::string RenderMetrics(const SessionServiceContext& c,
   e.Metric("ferry_slab_pool_fds_open", "gauge", "memfds the slab pool holds open.", p.fds_open);
   e.Metric("ferry_slab_pool_connections", "gauge", "Connections open on the slab socket.",
            slab_connections);
+  session::CopyTurns::Stats turns;
+  if (c.copy_turns) turns = c.copy_turns->stats();
+  e.Metric("ferry_copy_turn_waits_total", "counter",
+           "Large-copy submits that waited for a copy turn, since start.", turns.waits);
+  e.Metric("ferry_copy_turns_waiting", "gauge", "Large-copy submits waiting for a turn now.",
+           turns.waiting);
+  e.Family("ferry_copy_turns_held", "gauge", "Copy turns taken now, per direction.");
+  e.Sample("ferry_copy_turns_held", turns.held_to_device, "direction=\"upload\"");
+  e.Sample("ferry_copy_turns_held", turns.held_to_host, "direction=\"download\"");
   auto histogram = [&e](const LatencyHistogram* hist, const std::string& name, const char* help) {
     if (!hist) return;
     const LatencyHistogram::Snapshot h = hist->snapshot();

@@ -61,6 +61,7 @@ struct SessionServiceContext {
   pool::SlabBroker* slab_broker = nullptr;
   uint64_t session_pinned_quota = 0;     // slab bytes one session may hold (0: no limit)
   pool::StagingArea* staging = nullptr;  // stages remote clients' inline transfers; may be null
+  session::CopyTurns* copy_turns = nullptr;  // turns for large copies; may be null (none)
   /// Set while draining: new sessions are refused with UNAVAILABLE.
   std::atomic<bool> draining{false};
   /// Remote access: the bearer token TCP peers must send (null: none), and whether TCP

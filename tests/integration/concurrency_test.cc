@@ -2,8 +2,14 @@
 // the CUDA backend), every result checked against a CPU reference.
 #include <gtest/gtest.h>
 
+#include <signal.h>
+
 #include <atomic>
+#include <chrono>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <random>
 #include <thread>
 
@@ -85,6 +91,109 @@ TEST(ConcurrencyTest, SixtyFourSessionsMixingTransfersKernelsAndGemms) {
   auto s = daemon.WaitIdle();
   EXPECT_EQ(s.sessions_total(), static_cast<uint64_t>(kSessions));
   EXPECT_EQ(s.device_bytes_in_use(), 0u);
+}
+
+
+// One session's turn-taking workload: `rounds` times, upload n doubles of its own, negate
+// them on the device, download them and check. Local sessions (`pinned`) move the bytes
+// through a pinned buffer (pending transfers); remote ones inline (upload / download).
+std::string TurnsWorkload(Client& client, int index, bool pinned, int rounds) {
+  auto s = client.open_session();
+  if (!s.ok()) return "open: " + s.status().ToString();
+  constexpr int64_t n = 1 << 16;  // 512 KiB: each copy takes a turn
+  Tensor t = s->create_tensor<double>({n});
+  std::vector<double> values(n);
+  PinnedBuffer buf;
+  if (pinned) {
+    auto b = s->pinned_buffer(n * sizeof(double));
+    if (!b.ok()) return "pinned_buffer: " + b.status().ToString();
+    buf = std::move(*b);
+  }
+  for (int round = 0; round < rounds; ++round) {
+    for (int64_t j = 0; j < n; ++j) values[j] = index * 1000.0 + round + j * 1e-6;
+    std::vector<double> back;
+    if (pinned) {
+      std::copy(values.begin(), values.end(), buf.span<double>().begin());
+      Transfer up = s->upload_pending(std::move(buf), std::move(t)).wait();
+      if (!up.status.ok()) return "upload_pending: " + up.status.ToString();
+      t = std::move(up.tensor);
+      s->scale(t, -1.0, t);
+      Transfer down = s->download_pending(std::move(t), std::move(up.buffer)).wait();
+      if (!down.status.ok()) return "download_pending: " + down.status.ToString();
+      t = std::move(down.tensor);
+      buf = std::move(down.buffer);
+      back.assign(buf.span<double>().begin(), buf.span<double>().end());
+    } else {
+      if (Status st = s->upload(t, values); !st.ok()) return "upload: " + st.ToString();
+      s->scale(t, -1.0, t);
+      auto d = s->download<double>(t);
+      if (!d.ok()) return "download: " + d.status().ToString();
+      back = std::move(*d);
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      if (back[j] != -values[j]) return "round " + std::to_string(round) + ": wrong bytes";
+    }
+  }
+  auto stats = s->close();
+  if (!stats.ok()) return "close: " + stats.status().ToString();
+  return "";
+}
+
+// Copy turns under load: one turn per direction for copies of 64 KiB or more, so these
+// sessions' transfers keep waiting for turns. Local sessions move their bytes through pinned
+// buffers, remote ones inline over TCP, and two more clients loop on 2 MiB pending transfers;
+// one of those is killed while the others run, the other at the end. Every session gets its
+// own bytes back, and every turn comes back.
+TEST(ConcurrencyTest, SessionsTakingTurnsForLargeCopiesAllGetTheirOwnBytesBack) {
+  testing::FerrydProcess daemon({"--copy-turns", "1", "--copy-turn-size", "64K"}, /*tcp=*/true);
+  ASSERT_TRUE(daemon.ok()) << daemon.log();
+  char tmpl[] = "/tmp/ferry-turns-XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  std::vector<pid_t> loops;
+  for (int i = 0; i < 2; ++i) {
+    std::string log = dir + "/loop" + std::to_string(i) + ".log";
+    pid_t pid = testing::Spawn(testing::ProgramPath("FERRY_TEST_CLIENT", FERRY_TEST_CLIENT_PATH),
+                               {daemon.unix_target(), "pending-loop"}, log);
+    ASSERT_GT(pid, 0);
+    loops.push_back(pid);
+    bool ready = false;
+    for (int k = 0; k < 2000 && !ready; ++k) {
+      std::ifstream in(log);
+      ready = std::string(std::istreambuf_iterator<char>(in), {}).find("ready") !=
+              std::string::npos;
+      if (!ready) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ASSERT_TRUE(ready) << "looping client " << i << " never started its transfers";
+  }
+  auto local = Client::connect(daemon.unix_target());
+  auto remote = Client::connect(daemon.tcp_target());
+  ASSERT_TRUE(local.ok() && remote.ok());
+  constexpr int kSessions = 12, kRounds = 6;
+  std::vector<std::string> errors(kSessions);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kSessions; ++i) {
+    threads.emplace_back([&, i] {
+      errors[i] = i % 2 == 0 ? TurnsWorkload(*local, i, /*pinned=*/true, kRounds)
+                             : TurnsWorkload(*remote, i, /*pinned=*/false, kRounds);
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  ASSERT_EQ(kill(loops[0], SIGKILL), 0);
+  for (auto& t : threads) t.join();
+  ASSERT_EQ(kill(loops[1], SIGKILL), 0);
+  for (pid_t pid : loops) testing::WaitExit(pid, std::chrono::seconds(10));
+  for (int i = 0; i < kSessions; ++i) EXPECT_EQ(errors[i], "") << "session " << i;
+
+  v1::StatusReply end = daemon.WaitIdle();
+  EXPECT_EQ(end.sessions_open(), 0u);
+  EXPECT_EQ(end.submits_in_flight(), 0u);
+  EXPECT_EQ(end.copy_turns(), 1u);
+  EXPECT_EQ(end.copy_turns_waiting(), 0u);
+  // 14 clients on one turn per direction: transfers waited.
+  EXPECT_GT(end.copy_turn_waits_total(), 0u);
+  // The turns all came back: a new transfer runs.
+  EXPECT_EQ(TurnsWorkload(*local, 99, /*pinned=*/true, 1), "");
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

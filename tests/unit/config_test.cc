@@ -44,6 +44,10 @@ TEST(ConfigTest, BadInputIsATypedError) {
   EXPECT_FALSE(ParseFlags({"--max-in-flight", "0"}).ok());
   EXPECT_FALSE(ParseFlags({"--cuda-work-queues", "33"}).ok());
   EXPECT_EQ(ParseFlags({"--cuda-work-queues", "32"})->cuda_work_queues, 32);
+  EXPECT_FALSE(ParseFlags({"--copy-turns", "1025"}).ok());
+  EXPECT_FALSE(ParseFlags({"--copy-turn-size", "-1"}).ok());
+  EXPECT_EQ(ParseFlags({"--copy-turns", "0"})->daemon.copy_turns, 0u);
+  EXPECT_EQ(ParseFlags({"--copy-turn-size", "8M"})->daemon.copy_turn_bytes, 8ull << 20);
   EXPECT_FALSE(ParseFlags({"--session-quota", "99999999999999999999G"}).ok());
   EXPECT_FALSE(ParseFlags({"stray"}).ok());
   EXPECT_EQ(ParseFlags({"--help=1"}).status().kind(), ErrorKind::kInvalidArgument);
@@ -267,6 +271,8 @@ host-memory = 2G
 max-message = 1M
 executor-threads = 3
 cuda-work-queues = 2
+copy-turns = 0
+copy-turn-size = 1M
 slab-size = 8M
 pinned-budget = 64M
 initial-slabs = 2
