@@ -121,7 +121,7 @@ TEST_F(FerryctlTest, StatusTable) {
   EXPECT_TRUE(r.err.empty()) << r.err;
   for (const char* key :
        {"device", "uuid", "backend", "driver", "memory total", "memory free", "memory in use",
-        "uptime", "version", "sessions", "submits", "draining"}) {
+        "uptime", "version", "sessions", "submits", "copy turns", "draining"}) {
     EXPECT_NE(r.out.find(std::string("\n") + key + " "), std::string::npos) << key << "\n" << r.out;
   }
   EXPECT_NE(r.out.find(testing::TestBackend() == "host" ? "host" : ""), std::string::npos);
@@ -152,6 +152,9 @@ TEST_F(FerryctlTest, StatusJson) {
   EXPECT_GE(Field(s, "slabs_total").number_value(), 1);
   EXPECT_EQ(Field(s, "slabs_in_use").number_value(), 0);
   EXPECT_GT(Field(s, "slab_size").number_value(), 0);
+  // Copy turns, at the daemon's default.
+  EXPECT_EQ(Field(s, "copy_turns").number_value(), 4);
+  EXPECT_EQ(Field(s, "copy_turns_waiting").number_value(), 0);
 }
 
 TEST_F(FerryctlTest, SessionsListsOpenSessions) {

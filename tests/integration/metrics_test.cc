@@ -83,10 +83,13 @@ TEST(MetricsTest, ServesPrometheusTextThatMovesWithWork) {
        {"ferry_sessions_total", "ferry_submits_total", "ferry_ops_total",
         "ferry_transfer_bytes_total", "ferry_device_memory_used_bytes",
         "ferry_device_memory_free_bytes", "ferry_slab_pool_slabs", "ferry_device_faults_total",
-        "ferry_device_resets_total", "ferry_submit_latency_seconds"}) {
+        "ferry_device_resets_total", "ferry_submit_latency_seconds", "ferry_copy_turns_held",
+        "ferry_copy_turns_waiting", "ferry_copy_turn_waits_total"}) {
     EXPECT_NE(body.find("# TYPE " + std::string(family) + " "), std::string::npos) << family;
   }
   EXPECT_EQ(Value(body, "ferry_submits_total"), 0);
+  EXPECT_EQ(Value(body, "ferry_copy_turns_held", "direction=\"upload\""), 0);
+  EXPECT_EQ(Value(body, "ferry_copy_turn_waits_total"), 0);
   EXPECT_EQ(Value(body, "ferry_transfer_bytes_total", "direction=\"upload\""), 0);
 
   auto client = Client::connect(daemon.unix_target());
