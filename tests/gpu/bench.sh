@@ -3,8 +3,8 @@
 # measurements behind its notes, from a bundle made by tests/gpu/bundle.sh.
 #   tests/gpu/bench.sh [BUNDLE_DIR] [quick]     (outputs in $OUT or /tmp/ferry-bench-out)
 #  1. ferry-bench --spawn-daemon --baseline, every scenario, --json and --svg;
-#  2. the concurrency scenario again with CUDA_DEVICE_MAX_CONNECTIONS=32 (CUDA's default: 8
-#     hardware work queues) for the daemon and the baseline alike;
+#  2. the concurrency scenario again with ferryd's copy turns off (--copy-turns=0: CUDA
+#     orders the sessions' copies), the comparison for the turns' fairness;
 #  4. (below 3.) the remote inline route over TCP loopback against bare gRPC on TCP;
 #  3. where an idle ferryd's resident memory is: the largest mappings of /proc/PID/smaps,
 #     with CUDA's default work queues and with 32.
@@ -24,9 +24,9 @@ echo "=== 1. full run ($stamp)"
   --json "$out/$stamp.json" --svg "$out/$stamp.svg" >"$out/$stamp.txt" 2>"$out/$stamp.err"
 echo "exit $?"
 
-echo "=== 2. concurrency with CUDA_DEVICE_MAX_CONNECTIONS=32 for both"
-CUDA_DEVICE_MAX_CONNECTIONS=32 "$bench" --spawn-daemon "$ferryd" --baseline ${quick:+--quick} \
-  --scenario concurrency >"$out/$stamp-connections32.txt" 2>&1
+echo "=== 2. concurrency with copy turns off"
+"$bench" --spawn-daemon "$ferryd" --daemon-arg --copy-turns=0 --baseline ${quick:+--quick} \
+  --scenario concurrency >"$out/$stamp-copy-turns-off.txt" 2>&1
 echo "exit $?"
 
 idle_rss() {  # LABEL [ENV=VALUE]: start ferryd, print its memory by mapping, stop it
@@ -55,5 +55,5 @@ echo "=== summary"
 
 awk '/^== /{print} /(pending|streamed) (8 MiB|256 MiB)( |$)|tiny op|floor|64 ops|graph|overlap|64 sessions|memory|RSS/' \
   "$out/$stamp.txt" | head -60
-grep -E "64 sessions" "$out/$stamp-connections32.txt"
+grep -E "64 sessions" "$out/$stamp-copy-turns-off.txt"
 grep -E "^== transfers|inline|bulk" "$out/$stamp-tcp.txt"
