@@ -16,7 +16,9 @@
 //   512), submits pipelined (no waiting between them), one synchronize() at the end; ops/s =
 //   ops / time from the first record to synchronize() returning. Baseline: the same number
 //   of Stream::Axpy launches back to back on one stream, then one wait (ops per submit does
-//   not apply in process, so every K row shows the same baseline).
+//   not apply in process, so every K row shows the same baseline). The runs of the baseline
+//   and of every K row are interleaved, round after round, so that drift of the machine
+//   between rows does not show up as a ratio.
 //   Prepared graph replay: a graph of 100 axpy(256 f32) is recorded once
 //   (begin_graph()/end_graph(), one submit), then replayed R times pipelined (launch_graph +
 //   submit, no waiting), one synchronize(); kernels/s = 100 R / time. Baseline: the same 100
@@ -91,45 +93,59 @@ Row LatencyRow(const std::string& label, const Samples* d, const Samples* b) {
 std::vector<int> OpsPerSubmit() { return {1, 8, 64, 512}; }
 int TotalOps(const Context& ctx) { return ctx.options.quick ? 1024 : 16384; }
 
-Samples DaemonThroughput(Session& s, int per_submit, int total, int runs) {
-  Tensor x = s.create_tensor<float>({kAxpyElements});
-  Tensor y = s.create_tensor<float>({kAxpyElements});
-  s.fill(x, 1.0);
-  s.fill(y, 0.0);
-  Check(s.synchronize(), "setup");
-  Samples out;
-  for (int run = -1; run < runs; ++run) {  // run -1 warms up
+/// The daemon side of the axpy rows: one session's two tensors; Run times one run of
+/// `total` axpy in submits of `per_submit`, then synchronize().
+class DaemonAxpy {
+ public:
+  explicit DaemonAxpy(Session& s)
+      : s_(s), x_(s.create_tensor<float>({kAxpyElements})), y_(s.create_tensor<float>({kAxpyElements})) {
+    s_.fill(x_, 1.0);
+    s_.fill(y_, 0.0);
+    Check(s_.synchronize(), "setup");
+  }
+  double Run(int per_submit, int total) {
     auto t0 = Clock::now();
     for (int done = 0; done < total;) {
-      for (int k = 0; k < per_submit && done < total; ++k, ++done) s.axpy(1e-6, x, y);
-      Check(s.submit(), "submit");
+      for (int k = 0; k < per_submit && done < total; ++k, ++done) s_.axpy(1e-6, x_, y_);
+      Check(s_.submit(), "submit");
     }
-    Check(s.synchronize(), "throughput synchronize");
-    if (run >= 0) out.Add(NsSince(t0));
+    Check(s_.synchronize(), "throughput synchronize");
+    return NsSince(t0);
   }
-  return out;
-}
 
-Samples BaselineThroughput(backend::Stream& stream, int total, int runs) {
-  auto x = Check(stream.Allocate(kAxpyElements * sizeof(float)), "Allocate");
-  auto y = Check(stream.Allocate(kAxpyElements * sizeof(float)), "Allocate");
-  Check(stream.Fill(DType::kF32, x, kAxpyElements, 1.0), "Fill");
-  Check(stream.Fill(DType::kF32, y, kAxpyElements, 0.0), "Fill");
-  Check(WaitStream(stream), "setup");
-  Samples out;
-  for (int run = -1; run < runs; ++run) {
+ private:
+  Session& s_;
+  Tensor x_, y_;
+};
+
+/// The baseline of the axpy rows: `total` Stream::Axpy back to back, one wait.
+class BaselineAxpy {
+ public:
+  explicit BaselineAxpy(backend::Stream& stream) : stream_(stream) {
+    x_ = Check(stream_.Allocate(kAxpyElements * sizeof(float)), "Allocate");
+    y_ = Check(stream_.Allocate(kAxpyElements * sizeof(float)), "Allocate");
+    Check(stream_.Fill(DType::kF32, x_, kAxpyElements, 1.0), "Fill");
+    Check(stream_.Fill(DType::kF32, y_, kAxpyElements, 0.0), "Fill");
+    Check(WaitStream(stream_), "setup");
+  }
+  ~BaselineAxpy() {
+    stream_.Free(x_);
+    stream_.Free(y_);
+    Check(WaitStream(stream_), "free");
+  }
+  double Run(int total) {
     auto t0 = Clock::now();
     for (int i = 0; i < total; ++i) {
-      Check(stream.Axpy(DType::kF32, 1e-6, x, y, kAxpyElements), "Axpy");
+      Check(stream_.Axpy(DType::kF32, 1e-6, x_, y_, kAxpyElements), "Axpy");
     }
-    Check(WaitStream(stream), "wait");
-    if (run >= 0) out.Add(NsSince(t0));
+    Check(WaitStream(stream_), "wait");
+    return NsSince(t0);
   }
-  stream.Free(x);
-  stream.Free(y);
-  Check(WaitStream(stream), "free");
-  return out;
-}
+
+ private:
+  backend::Stream& stream_;
+  backend::DevicePtr x_ = 0, y_ = 0;
+};
 
 constexpr int kGraphOps = 100;
 int GraphReplays(const Context& ctx) { return ctx.options.quick ? 20 : 200; }
@@ -252,22 +268,56 @@ std::vector<Table> RunThroughput(Context& ctx) {
   int runs = ctx.options.quick ? 3 : 10;
   int replays = GraphReplays(ctx);
   Samples base, base_graph;
-  if (ctx.baseline) {
-    ctx.progress->Case("baseline axpy launches");
-    auto stream = Check(ctx.baseline->device->CreateStream(), "CreateStream");
-    base = BaselineThroughput(*stream, total, runs);
-    ctx.progress->Case("baseline graph replay");
-    base_graph = BaselineGraphReplay(*stream, replays, runs);
-  }
   std::vector<int> ks = OpsPerSubmit();
   std::vector<std::vector<Samples>> daemon(ctx.targets.size());
+  // The axpy rows: runs interleaved, one baseline run, then one run of every (target, K)
+  // row, `runs` times after a warm-up round, so that every ratio compares samples of the
+  // same minutes (the in-process launch rate of this VM drifts by tens of percent between
+  // calls, and within one).
+  {
+    std::unique_ptr<backend::Stream> stream;
+    std::unique_ptr<BaselineAxpy> base_axpy;
+    if (ctx.baseline) {
+      stream = Check(ctx.baseline->device->CreateStream(), "CreateStream");
+      base_axpy = std::make_unique<BaselineAxpy>(*stream);
+    }
+    std::vector<Client> clients;
+    std::vector<Session> sessions;
+    std::vector<std::unique_ptr<DaemonAxpy>> axpy;
+    clients.reserve(ctx.targets.size());
+    sessions.reserve(ctx.targets.size());
+    for (size_t t = 0; t < ctx.targets.size(); ++t) {
+      clients.push_back(Check(Connect(ctx.targets[t].target), "connect"));
+      sessions.push_back(Check(clients.back().open_session(), "open_session"));
+      axpy.push_back(std::make_unique<DaemonAxpy>(sessions.back()));
+      daemon[t].resize(ks.size());
+    }
+    for (int run = -1; run < runs; ++run) {  // run -1 warms up
+      ctx.progress->Case("axpy launches, round " + std::to_string(run + 2) + " of " +
+                         std::to_string(runs + 1));
+      if (base_axpy) {
+        double ns = base_axpy->Run(total);
+        if (run >= 0) base.Add(ns);
+      }
+      for (size_t t = 0; t < ctx.targets.size(); ++t) {
+        for (size_t i = 0; i < ks.size(); ++i) {
+          double ns = axpy[t]->Run(ks[i], total);
+          if (run >= 0) daemon[t][i].Add(ns);
+        }
+      }
+    }
+    axpy.clear();
+    for (Session& s : sessions) Check(s.close().status(), "close");
+  }
+  // Prepared graph replay (its rows are steady): the baseline, then each target.
+  if (ctx.baseline) {
+    ctx.progress->Case("baseline graph replay");
+    auto stream = Check(ctx.baseline->device->CreateStream(), "CreateStream");
+    base_graph = BaselineGraphReplay(*stream, replays, runs);
+  }
   for (size_t t = 0; t < ctx.targets.size(); ++t) {
     auto client = Check(Connect(ctx.targets[t].target), "connect");
     auto session = Check(client.open_session(), "open_session");
-    for (int k : ks) {
-      ctx.progress->Case(ctx.targets[t].target + " " + std::to_string(k) + " ops per submit");
-      daemon[t].push_back(DaemonThroughput(session, k, total, runs));
-    }
     ctx.progress->Case(ctx.targets[t].target + " graph replay");
     daemon[t].push_back(DaemonGraphReplay(session, replays, runs));
     Check(session.close().status(), "close");
@@ -320,7 +370,9 @@ std::vector<Table> RunThroughput(Context& ctx) {
             "one run = " + std::to_string(total) +
                 " axpy ops submitted without waiting, then synchronize(); ops/s = ops / p50 "
                 "run time over " +
-                std::to_string(runs) + " runs",
+                std::to_string(runs) +
+                " runs; the axpy rows' runs are interleaved (baseline, then each row, "
+                "round after round)",
             "baseline = the same launches back to back on one in-process stream, one wait "
             "(same figure for every axpy row)",
             "graph row: " + std::to_string(kGraphOps) + " axpy recorded once as a graph, " +
