@@ -98,7 +98,9 @@ int TotalOps(const Context& ctx) { return ctx.options.quick ? 1024 : 16384; }
 class DaemonAxpy {
  public:
   explicit DaemonAxpy(Session& s)
-      : s_(s), x_(s.create_tensor<float>({kAxpyElements})), y_(s.create_tensor<float>({kAxpyElements})) {
+      : s_(s),
+        x_(s.create_tensor<float>({kAxpyElements})),
+        y_(s.create_tensor<float>({kAxpyElements})) {
     s_.fill(x_, 1.0);
     s_.fill(y_, 0.0);
     Check(s_.synchronize(), "setup");

@@ -510,8 +510,8 @@ std::string FormatConfig(const DaemonConfig& c) {
       << (c.daemon.executor_threads == 0 ? "  # one per core, at least 2" : "") << "\n";
   out << "cuda-work-queues = " << c.cuda_work_queues
       << (c.cuda_work_queues == 0 ? "  # CUDA's default (8)" : "") << "\n";
-  out << "copy-turns = " << c.daemon.copy_turns
-      << (c.daemon.copy_turns == 0 ? "  # no limit" : "") << "\n";
+  out << "copy-turns = " << c.daemon.copy_turns << (c.daemon.copy_turns == 0 ? "  # no limit" : "")
+      << "\n";
   out << "copy-turn-size = " << FormatBytes(c.daemon.copy_turn_bytes) << "\n";
   out << "slab-size = " << FormatBytes(c.daemon.slab_pool.slab_size) << "\n";
   out << "pinned-budget = " << FormatBytes(c.daemon.slab_pool.budget) << "\n";

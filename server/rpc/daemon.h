@@ -101,7 +101,7 @@ class Daemon {
   std::unique_ptr<session::SessionRegistry> registry_;
   std::unique_ptr<pool::SlabPool> slab_pool_;  // outlives every session
   std::unique_ptr<pool::SlabBroker> slab_broker_;
-  std::unique_ptr<pool::StagingArea> staging_;  // gives its slabs back before the pool goes
+  std::unique_ptr<pool::StagingArea> staging_;      // gives its slabs back before the pool goes
   std::unique_ptr<session::CopyTurns> copy_turns_;  // outlives every session
   boost::asio::io_context io_;
   std::unique_ptr<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> work_;

@@ -229,8 +229,7 @@ class SessionConnection : public session::SessionEvents,
           std::min<uint32_t>(open.max_in_flight_submits(), context_->max_in_flight_submits);
     }
     auto created = session::Session::Create(context_->device, context_->registry, executor_, config,
-                                            open.client_name(), peer_, this,
-                                            context_->copy_turns);
+                                            open.client_name(), peer_, this, context_->copy_turns);
     if (!created.ok()) {
       return Fail(created.status(),
                   grpc::Status(static_cast<grpc::StatusCode>(created.status().code()),

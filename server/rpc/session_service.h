@@ -59,8 +59,8 @@ struct SessionServiceContext {
   /// The shared-memory pool and its socket; null when the daemon has no local endpoint.
   pool::SlabPool* slab_pool = nullptr;
   pool::SlabBroker* slab_broker = nullptr;
-  uint64_t session_pinned_quota = 0;     // slab bytes one session may hold (0: no limit)
-  pool::StagingArea* staging = nullptr;  // stages remote clients' inline transfers; may be null
+  uint64_t session_pinned_quota = 0;         // slab bytes one session may hold (0: no limit)
+  pool::StagingArea* staging = nullptr;      // stages remote clients' inline transfers; may be null
   session::CopyTurns* copy_turns = nullptr;  // turns for large copies; may be null (none)
   /// Set while draining: new sessions are refused with UNAVAILABLE.
   std::atomic<bool> draining{false};

@@ -10,7 +10,7 @@ namespace {
 // Lengths come from the wire (admission checks them later): add without wrapping.
 void AddSaturating(uint64_t& sum, uint64_t n) {
   sum = n > std::numeric_limits<uint64_t>::max() - sum ? std::numeric_limits<uint64_t>::max()
-                                                        : sum + n;
+                                                       : sum + n;
 }
 
 int Index(uint8_t direction) { return direction == CopyTurns::kToDevice ? 0 : 1; }

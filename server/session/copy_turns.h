@@ -57,8 +57,8 @@ class CopyTurns {
   void Give(uint8_t mask);
 
   struct Stats {
-    uint64_t waits = 0;         // requests that had to queue, since start
-    uint64_t waiting = 0;       // requests queued now
+    uint64_t waits = 0;                             // requests that had to queue, since start
+    uint64_t waiting = 0;                           // requests queued now
     uint32_t held_to_device = 0, held_to_host = 0;  // turns taken now
   };
   Stats stats() const;

@@ -73,8 +73,7 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
                                                  SessionRegistry* registry, Executor executor,
                                                  const SessionConfig& config,
                                                  std::string client_name, PeerIdentity peer,
-                                                 SessionEvents* events,
-                                                 CopyTurns* turns = nullptr);
+                                                 SessionEvents* events, CopyTurns* turns = nullptr);
   ~Session();
 
   uint64_t id() const { return id_; }
@@ -130,7 +129,7 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
     SubmitRequest request;
     uint8_t turns_needed = CopyTurns::kNone;
     uint8_t turns_held = CopyTurns::kNone;  // given back when the submit leaves the device
-    Status status;           // the refusal or enqueue error, if any
+    Status status;                          // the refusal or enqueue error, if any
     std::shared_ptr<const void> payload;
     std::vector<PendingDownload> downloads;
     uint64_t download_bytes = 0;
@@ -195,9 +194,9 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   bool capture_raw_ = false;
   int64_t raw_launches_in_flight_ = 0;  // submits in flight that launch raw kernels
   std::deque<InFlight> queue_;
-  CopyTurns* turns_ = nullptr;  // null: no turns
-  size_t parked_ = 0;           // records of queue_ that are parked
-  uint8_t awaiting_turns_ = CopyTurns::kNone;  // a Wait for these turns is outstanding
+  CopyTurns* turns_ = nullptr;                    // null: no turns
+  size_t parked_ = 0;                             // records of queue_ that are parked
+  uint8_t awaiting_turns_ = CopyTurns::kNone;     // a Wait for these turns is outstanding
   uint64_t inline_download_bytes_in_flight_ = 0;  // sum over queue_
   Status broken_;  // a sticky device error: every later submit fails with it
   bool closing_ = false;

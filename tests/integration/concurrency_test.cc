@@ -1,7 +1,6 @@
 // 64 sessions at once, each mixing transfers, elementwise ops and GEMMs (and raw kernels on
 // the CUDA backend), every result checked against a CPU reference.
 #include <gtest/gtest.h>
-
 #include <signal.h>
 
 #include <atomic>
@@ -93,7 +92,6 @@ TEST(ConcurrencyTest, SixtyFourSessionsMixingTransfersKernelsAndGemms) {
   EXPECT_EQ(s.device_bytes_in_use(), 0u);
 }
 
-
 // One session's turn-taking workload: `rounds` times, upload n doubles of its own, negate
 // them on the device, download them and check. Local sessions (`pinned`) move the bytes
 // through a pinned buffer (pending transfers); remote ones inline (upload / download).
@@ -159,8 +157,8 @@ TEST(ConcurrencyTest, SessionsTakingTurnsForLargeCopiesAllGetTheirOwnBytesBack) 
     bool ready = false;
     for (int k = 0; k < 2000 && !ready; ++k) {
       std::ifstream in(log);
-      ready = std::string(std::istreambuf_iterator<char>(in), {}).find("ready") !=
-              std::string::npos;
+      ready =
+          std::string(std::istreambuf_iterator<char>(in), {}).find("ready") != std::string::npos;
       if (!ready) std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     ASSERT_TRUE(ready) << "looping client " << i << " never started its transfers";

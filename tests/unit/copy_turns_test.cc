@@ -23,8 +23,7 @@ TEST(CopyTurnsTest, NeedsAddsEachDirectionsCopiesUpAgainstTheSize) {
   EXPECT_EQ(turns.Needs({UploadOp{1, 0, bytes}, UploadFromSlabOp{1, 0, 1, 0, 400}}), kUp);
   EXPECT_EQ(turns.Needs({DownloadOp{1, 0, 999}}), CopyTurns::kNone);
   EXPECT_EQ(turns.Needs({DownloadOp{1, 0, 500}, DownloadToSlabOp{1, 0, 1, 0, 500}}), kDown);
-  EXPECT_EQ(turns.Needs({UploadFromSlabOp{1, 0, 1, 0, 1000}, DownloadOp{1, 0, 1000}}),
-            kUp | kDown);
+  EXPECT_EQ(turns.Needs({UploadFromSlabOp{1, 0, 1, 0, 1000}, DownloadOp{1, 0, 1000}}), kUp | kDown);
   // Lengths from the wire that would wrap a sum still count as large (admission refuses them).
   const uint64_t huge = std::numeric_limits<uint64_t>::max() - 10;
   EXPECT_EQ(turns.Needs({DownloadOp{1, 0, huge}, DownloadOp{1, 0, huge}}), kDown);

@@ -754,20 +754,22 @@ TEST_F(SessionTest, LargeCopiesWaitForATurnAndTheSessionsLaterSubmitsWaitBehindT
   const std::vector<float> ones(4096, 1.0f), twos(4096, 2.0f);
   auto up_a = Encode(ones), up_b = Encode(twos);
   ASSERT_TRUE(SubmitAndWait(a, 1, {CreateTensorOp{1, DType::kF32, {4096}}}).ok());
-  ASSERT_TRUE(SubmitAndWait(b, 1, {CreateTensorOp{1, DType::kF32, {4096}},
-                                   CreateTensorOp{2, DType::kF32, {4}}}).ok());
+  ASSERT_TRUE(
+      SubmitAndWait(b, 1,
+                    {CreateTensorOp{1, DType::kF32, {4096}}, CreateTensorOp{2, DType::kF32, {4}}})
+          .ok());
   host()->SetOpDelayForTest(milliseconds(20));
   Submit(a, 2, {UploadOp{1, 0, *up_a}}, up_a);
   size_t b_in_flight = 0;
   ASSERT_TRUE(OnStrand(b.session->executor(), [&] {
     b.session->Submit(Request(2, {UploadOp{1, 0, *up_b}}, up_b));  // waits for the turn
-    b.session->Submit(Request(3, {FillOp{2, 5.0}}));                 // small: waits behind it
-    b.session->Submit(Request(4, {FillOp{99, 5.0}}));                // refused, in order
+    b.session->Submit(Request(3, {FillOp{2, 5.0}}));               // small: waits behind it
+    b.session->Submit(Request(4, {FillOp{99, 5.0}}));              // refused, in order
     b.session->Submit(Request(5, {DownloadOp{1, 0, 4096 * 4}, DownloadOp{2, 0, 16}}));
     b.session->Synchronize(7);
     b_in_flight = b.session->in_flight();
   }));
-  EXPECT_EQ(b_in_flight, 4u);  // parked submits count as in flight (backpressure)
+  EXPECT_EQ(b_in_flight, 4u);              // parked submits count as in flight (backpressure)
   EXPECT_EQ(turns_->stats().waiting, 1u);  // b's first large upload; the rest wait behind it
   ASSERT_TRUE(b.events->WaitUntil(
       [](const auto& ev) { return CountOf(ev, Event::Kind::kSynchronized) == 1; }));
