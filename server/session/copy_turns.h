@@ -3,7 +3,7 @@
 //
 // Why: every session has a stream of its own, and CUDA spreads the streams over its hardware
 // work queues, which the copy engines serve in an order of their own. Measured on the H200,
-// 64 sessions each moving 8 MiB one transfer at a time finished up to 1.3-1.4x apart
+// 64 sessions each moving 8 MiB one transfer at a time finished up to 1.3-1.5x apart
 // (fastest / slowest session's rate), through ferryd or in one process alike. With turns, a
 // submit that copies at least `min_bytes` in one direction (host to device, or device to
 // host; summed over its ops) takes a turn of that direction before it is enqueued and gives
