@@ -148,6 +148,18 @@ Status Resolve(const char* symbol, Fn* fn, bool required) {
   return Status::Ok();
 }
 
+// Fill one process-wide `Api` table with `load` on the first call (thread-safe); every call
+// returns that first call's outcome. One table per Api type.
+template <typename Api>
+Result<const Api*> LoadOnce(Status (*load)(Api*)) {
+  static std::once_flag once;
+  static Api api;
+  static Status status;
+  std::call_once(once, [load] { status = load(&api); });
+  if (!status.ok()) return status;
+  return static_cast<const Api*>(&api);
+}
+
 Status LoadDriverApi(DriverApi* api) {
   FERRY_RETURN_IF_ERROR(Resolve("cuGetErrorName", &api->GetErrorName, true));
   FERRY_RETURN_IF_ERROR(Resolve("cuModuleLoadDataEx", &api->ModuleLoadDataEx, true));
@@ -162,14 +174,7 @@ Status LoadDriverApi(DriverApi* api) {
 
 }  // namespace
 
-Result<const DriverApi*> GetDriverApi() {
-  static std::once_flag once;
-  static DriverApi api;
-  static Status status;
-  std::call_once(once, [] { status = LoadDriverApi(&api); });
-  if (!status.ok()) return status;
-  return static_cast<const DriverApi*>(&api);
-}
+Result<const DriverApi*> GetDriverApi() { return LoadOnce(LoadDriverApi); }
 
 namespace {
 
@@ -235,22 +240,8 @@ Status LoadNvrtc(NvrtcApi* api) {
 
 }  // namespace
 
-Result<const CublasApi*> GetCublasApi() {
-  static std::once_flag once;
-  static CublasApi api;
-  static Status status;
-  std::call_once(once, [] { status = LoadCublas(&api); });
-  if (!status.ok()) return status;
-  return static_cast<const CublasApi*>(&api);
-}
+Result<const CublasApi*> GetCublasApi() { return LoadOnce(LoadCublas); }
 
-Result<const NvrtcApi*> GetNvrtcApi() {
-  static std::once_flag once;
-  static NvrtcApi api;
-  static Status status;
-  std::call_once(once, [] { status = LoadNvrtc(&api); });
-  if (!status.ok()) return status;
-  return static_cast<const NvrtcApi*>(&api);
-}
+Result<const NvrtcApi*> GetNvrtcApi() { return LoadOnce(LoadNvrtc); }
 
 }  // namespace ferry::backend::cuda_internal
