@@ -309,20 +309,18 @@ std::vector<Table> RunThroughput(Context& ctx) {
       }
     }
     axpy.clear();
-    for (Session& s : sessions) Check(s.close().status(), "close");
-  }
-  // Prepared graph replay (its rows are steady): the baseline, then each target.
-  if (ctx.baseline) {
-    ctx.progress->Case("baseline graph replay");
-    auto stream = Check(ctx.baseline->device->CreateStream(), "CreateStream");
-    base_graph = BaselineGraphReplay(*stream, replays, runs);
-  }
-  for (size_t t = 0; t < ctx.targets.size(); ++t) {
-    auto client = Check(Connect(ctx.targets[t].target), "connect");
-    auto session = Check(client.open_session(), "open_session");
-    ctx.progress->Case(ctx.targets[t].target + " graph replay");
-    daemon[t].push_back(DaemonGraphReplay(session, replays, runs));
-    Check(session.close().status(), "close");
+    base_axpy.reset();
+    // Prepared graph replay (its rows are steady), on the same stream and sessions: the
+    // baseline, then each target.
+    if (stream) {
+      ctx.progress->Case("baseline graph replay");
+      base_graph = BaselineGraphReplay(*stream, replays, runs);
+    }
+    for (size_t t = 0; t < sessions.size(); ++t) {
+      ctx.progress->Case(ctx.targets[t].target + " graph replay");
+      daemon[t].push_back(DaemonGraphReplay(sessions[t], replays, runs));
+      Check(sessions[t].close().status(), "close");
+    }
   }
   auto row = [&](int k, const Samples* d) {
     Summary ds = d ? Summarize(*d) : Summary{};
