@@ -37,6 +37,7 @@ struct Options {
   int iterations = 0;                     // samples per small case; 0: default
   std::vector<int> sessions;              // concurrency session counts; empty: defaults
   std::vector<int> processes;             // sharing process counts; empty: defaults
+  std::vector<int> ops_per_submit;        // throughput rows' ops per submit; empty: defaults
   std::string spawn_daemon;               // path to ferryd, or empty
   bool spawn_tcp = false;                 // the spawned daemon also listens on TCP loopback
   std::vector<std::string> daemon_args;   // more arguments for the spawned daemon

@@ -55,6 +55,7 @@ what to run:
   --iterations N                     samples per small case (large transfers take fewer)
   --sessions LIST                    concurrency session counts (default 1,8,64)
   --processes LIST                   sharing process counts (default 1,4,8; quick 1,2)
+  --ops-per-submit LIST              throughput rows' axpy per submit (default 1,8,64,512)
   --wait-spin US                     the clients' wait_spin: how long a wait polls before it
                                      sleeps (default: libferry's, 200)
 output:
@@ -135,6 +136,8 @@ Options ParseFlags(const std::vector<std::string>& args) {
       o.sessions = ParseCounts(a, value());
     } else if (a == "--processes") {
       o.processes = ParseCounts(a, value());
+    } else if (a == "--ops-per-submit") {
+      o.ops_per_submit = ParseCounts(a, value());
     } else if (a == "--spawn-daemon") {
       o.spawn_daemon = value();
     } else if (a == "--daemon-arg") {

@@ -90,7 +90,10 @@ Row LatencyRow(const std::string& label, const Samples* d, const Samples* b) {
 }
 
 /// Ops recorded per submit, and the total ops of one timed run.
-std::vector<int> OpsPerSubmit() { return {1, 8, 64, 512}; }
+std::vector<int> OpsPerSubmit(const Context& ctx) {
+  if (!ctx.options.ops_per_submit.empty()) return ctx.options.ops_per_submit;
+  return {1, 8, 64, 512};
+}
 int TotalOps(const Context& ctx) { return ctx.options.quick ? 1024 : 16384; }
 
 /// The daemon side of the axpy rows: one session's two tensors; Run times one run of
@@ -270,7 +273,7 @@ std::vector<Table> RunThroughput(Context& ctx) {
   int runs = ctx.options.quick ? 3 : 10;
   int replays = GraphReplays(ctx);
   Samples base, base_graph;
-  std::vector<int> ks = OpsPerSubmit();
+  std::vector<int> ks = OpsPerSubmit(ctx);
   std::vector<std::vector<Samples>> daemon(ctx.targets.size());
   // The axpy rows: runs interleaved, one baseline run, then one run of every (target, K)
   // row, `runs` times after a warm-up round, so that every ratio compares samples of the
