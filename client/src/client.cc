@@ -6,6 +6,7 @@
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/support/client_interceptor.h>
 #include <linux/futex.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -226,7 +227,10 @@ class SessionState {
     }
     opened_ = reply.opened();
     if (local() && opened_.completion_board()) MapCompletionBoard();
-    reader_ = std::thread([this] { ReadLoop(); });
+    reader_ = std::thread([this] {
+      pthread_setname_np(pthread_self(), "ferry-reader");
+      ReadLoop();
+    });
     return Status::Ok();
   }
 

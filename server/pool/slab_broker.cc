@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <spdlog/spdlog.h>
 #include <sys/random.h>
 #include <sys/socket.h>
@@ -65,7 +66,10 @@ Result<std::unique_ptr<SlabBroker>> SlabBroker::Start(const std::string& path, i
   if (::pipe2(b->wake_, O_CLOEXEC | O_NONBLOCK) != 0) {
     return Status(ErrorKind::kInternal, std::string("pipe2: ") + std::strerror(errno));
   }
-  b->thread_ = std::thread([raw = b.get()] { raw->Run(); });
+  b->thread_ = std::thread([raw = b.get()] {
+    pthread_setname_np(pthread_self(), "ferry-slabs");
+    raw->Run();
+  });
   return b;
 }
 

@@ -3,6 +3,7 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/server_posix.h>
+#include <pthread.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -162,7 +163,12 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
   int threads = options.executor_threads > 0
                     ? options.executor_threads
                     : std::max(2, static_cast<int>(std::thread::hardware_concurrency()));
-  for (int i = 0; i < threads; ++i) d->threads_.emplace_back([io = &d->io_] { io->run(); });
+  for (int i = 0; i < threads; ++i) {
+    d->threads_.emplace_back([io = &d->io_] {
+      pthread_setname_np(pthread_self(), "ferry-exec");
+      io->run();
+    });
+  }
 
   if (options.slab_pool_enabled && !unix_listeners.empty()) {
     // Slabs are registered with whatever device is current; a rebuilt device gets them all

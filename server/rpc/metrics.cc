@@ -1,5 +1,6 @@
 #include "rpc/metrics.h"
 
+#include <pthread.h>
 #include <spdlog/spdlog.h>
 
 #include <boost/asio/ip/tcp.hpp>
@@ -325,7 +326,10 @@ Result<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& h
   if (bound.address().is_v6()) bound_host = "[" + bound_host + "]";
   impl->endpoint = bound_host + ":" + std::to_string(bound.port());
   impl->Accept();
-  impl->thread = std::thread([io = &impl->io] { io->run(); });
+  impl->thread = std::thread([io = &impl->io] {
+    pthread_setname_np(pthread_self(), "ferry-metrics");
+    io->run();
+  });
   return std::unique_ptr<MetricsServer>(new MetricsServer(std::move(impl)));
 }
 

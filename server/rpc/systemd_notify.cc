@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <spdlog/spdlog.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -164,7 +165,10 @@ Result<std::unique_ptr<SocketAcceptor>> SocketAcceptor::Start(int listen_fd,
   int wake = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wake < 0) return Status(ErrorKind::kInternal, Errno("eventfd"));
   std::unique_ptr<SocketAcceptor> a(new SocketAcceptor(listen_fd, wake, std::move(on_connection)));
-  a->thread_ = std::thread([p = a.get()] { p->Run(); });
+  a->thread_ = std::thread([p = a.get()] {
+    pthread_setname_np(pthread_self(), "ferry-accept");
+    p->Run();
+  });
   return a;
 }
 

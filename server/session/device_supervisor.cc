@@ -1,5 +1,6 @@
 #include "session/device_supervisor.h"
 
+#include <pthread.h>
 #include <spdlog/spdlog.h>
 
 #include <vector>
@@ -91,6 +92,7 @@ void DeviceSupervisor::RebuildLocked(std::unique_lock<std::mutex>&) {
   std::unique_ptr<backend::Device> old = std::move(device_);
   if (rebuilder_.joinable()) rebuilder_.detach();  // the previous rebuild has finished
   rebuilder_ = std::thread([this, old = std::move(old)]() mutable {
+    pthread_setname_np(pthread_self(), "ferry-rebuild");
     spdlog::warn("rebuilding the device: destroying the old one");
     old.reset();
     spdlog::warn("rebuilding the device: resetting the context");

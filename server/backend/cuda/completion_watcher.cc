@@ -1,5 +1,6 @@
 #include "backend/cuda/completion_watcher.h"
 
+#include <pthread.h>
 #include <sys/prctl.h>
 
 #include <algorithm>
@@ -12,7 +13,10 @@ namespace ferry::backend {
 using cuda_internal::CudaStatus;
 
 CompletionWatcher::CompletionWatcher(int ordinal) : ordinal_(ordinal) {
-  thread_ = std::thread([this] { Loop(); });
+  thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "ferry-watcher");
+    Loop();
+  });
 }
 
 CompletionWatcher::~CompletionWatcher() {

@@ -1,5 +1,7 @@
 #include "backend/host/host_device.h"
 
+#include <pthread.h>
+
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -76,7 +78,10 @@ class HostStream final : public Stream {
  public:
   explicit HostStream(HostDevice* device)
       : device_(device), tracker_(std::make_shared<HostDevice::CompletionTracker>()) {
-    worker_ = std::thread([this] { WorkerLoop(); });
+    worker_ = std::thread([this] {
+      pthread_setname_np(pthread_self(), "ferry-host-run");
+      WorkerLoop();
+    });
   }
 
   ~HostStream() override {
@@ -441,7 +446,10 @@ HostDevice::HostDevice(const HostDeviceOptions& options) : options_(options) {
   info_.uuid = "HOST-" + std::to_string(options.ordinal);
   info_.driver_version = "none";
   info_.total_memory = options.memory_bytes;
-  completion_thread_ = std::thread([this] { CompletionLoop(); });
+  completion_thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "ferry-host-done");
+    CompletionLoop();
+  });
 }
 
 HostDevice::~HostDevice() {
