@@ -12,14 +12,9 @@
 #include <cstring>
 #include <string>
 
+#include "pool/sys_error.h"
+
 namespace ferry::pool {
-namespace {
-
-Status Errno(const char* what) {
-  return Status(ErrorKind::kInternal, std::string(what) + ": " + std::strerror(errno));
-}
-
-}  // namespace
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "the board's words are shared memory");
 static_assert(std::endian::native == std::endian::little,
@@ -28,15 +23,15 @@ static_assert(std::endian::native == std::endian::little,
 Result<std::unique_ptr<CompletionBoard>> CompletionBoard::Create() {
   std::unique_ptr<CompletionBoard> board(new CompletionBoard());
   const int fd = ::memfd_create("ferry-board", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (fd < 0) return Errno("memfd_create");
+  if (fd < 0) return SysError("memfd_create");
   if (::ftruncate(fd, static_cast<off_t>(kBytes)) != 0) {
-    Status s = Errno("ftruncate of a completion board");
+    Status s = SysError("ftruncate of a completion board");
     ::close(fd);
     return s;
   }
   void* page = ::mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (page == MAP_FAILED) {
-    Status s = Errno("mmap of a completion board");
+    Status s = SysError("mmap of a completion board");
     ::close(fd);
     return s;
   }
@@ -47,7 +42,7 @@ Result<std::unique_ptr<CompletionBoard>> CompletionBoard::Create() {
   // no fd can shrink the page under the daemon's mapping (and, where the kernel has it, none
   // can make a new writable mapping; the daemon's own stays writable).
   if (::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0) {
-    Status s = Errno("sealing a completion board");
+    Status s = SysError("sealing a completion board");
     ::close(fd);
     return s;
   }
@@ -61,7 +56,7 @@ Result<std::unique_ptr<CompletionBoard>> CompletionBoard::Create() {
   ::close(fd);
   if (board->read_only_fd_ < 0) {
     errno = open_errno;
-    return Errno("reopening a completion board read-only");
+    return SysError("reopening a completion board read-only");
   }
   return board;
 }

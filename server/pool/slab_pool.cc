@@ -8,14 +8,9 @@
 #include <cerrno>
 #include <cstring>
 
+#include "pool/sys_error.h"
+
 namespace ferry::pool {
-namespace {
-
-Status Errno(const char* what) {
-  return Status(ErrorKind::kInternal, std::string(what) + ": " + std::strerror(errno));
-}
-
-}  // namespace
 
 Result<std::unique_ptr<SlabPool>> SlabPool::Create(const SlabPoolOptions& options,
                                                    HostRegistration registration) {
@@ -43,21 +38,21 @@ Result<SlabPool::Slab*> SlabPool::MakeSlabLocked() {
   uint64_t id = next_id_++;
   std::string name = "ferry-slab-" + std::to_string(id);
   int fd = ::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (fd < 0) return Errno("memfd_create");
+  if (fd < 0) return SysError("memfd_create");
   if (::ftruncate(fd, static_cast<off_t>(options_.slab_size)) != 0) {
-    Status s = Errno("ftruncate of a slab");
+    Status s = SysError("ftruncate of a slab");
     ::close(fd);
     return s;
   }
   if (::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
-    Status s = Errno("sealing a slab");
+    Status s = SysError("sealing a slab");
     ::close(fd);
     return s;
   }
   void* p =
       ::mmap(nullptr, options_.slab_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   if (p == MAP_FAILED) {
-    Status s = Errno("mmap of a slab");
+    Status s = SysError("mmap of a slab");
     ::close(fd);
     return s;
   }

@@ -1,0 +1,207 @@
+#include "pool/ring_poller.h"
+
+#include <pthread.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <mutex>
+#include <vector>
+
+#include "pool/sys_error.h"
+
+namespace ferry::pool {
+
+// What the poller and its registrations share; outlives the poller while registrations do.
+struct RingPoller::Registration::Shared {
+  ~Shared() {
+    if (wake >= 0) ::close(wake);
+  }
+  // Ring the wake-up eventfd when the poller may be asleep. Pairs with Sleep, which stores
+  // asleep and then looks at the armed flags, the rings and the generation; callers store
+  // an armed flag (or change the registrations) and then look at asleep (both seq_cst).
+  void WakeIfAsleep() {
+    if (asleep.load(std::memory_order_seq_cst)) {
+      const uint64_t one = 1;
+      (void)!::write(wake, &one, sizeof(one));
+    }
+  }
+  int wake = -1;  // eventfd: Add, Arm, Remove and the poller's destructor ring it
+  std::atomic<bool> asleep{false};
+  std::atomic<uint64_t> generation{0};  // bumped by Add and Remove
+  std::mutex mu;
+  std::vector<std::shared_ptr<Registration>> registered;  // guarded by mu
+};
+
+Result<std::unique_ptr<RingPoller>> RingPoller::Start(std::chrono::microseconds spin) {
+  std::unique_ptr<RingPoller> p(new RingPoller(spin));
+  p->shared_ = std::make_shared<Registration::Shared>();
+  p->epoll_ = ::epoll_create1(EPOLL_CLOEXEC);
+  if (p->epoll_ < 0) return SysError("epoll_create1");
+  p->shared_->wake = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (p->shared_->wake < 0) return SysError("eventfd");
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.ptr = nullptr;  // the poller's own wake-up
+  if (::epoll_ctl(p->epoll_, EPOLL_CTL_ADD, p->shared_->wake, &ev) != 0) {
+    return SysError("epoll_ctl");
+  }
+  p->thread_ = std::thread([raw = p.get()] {
+    pthread_setname_np(pthread_self(), "ferry-rings");
+    raw->Run();
+  });
+  return p;
+}
+
+RingPoller::~RingPoller() {
+  if (thread_.joinable()) {
+    stop_.store(true);
+    const uint64_t one = 1;
+    (void)!::write(shared_->wake, &one, sizeof(one));
+    thread_.join();
+  }
+  if (epoll_ >= 0) ::close(epoll_);
+  if (shared_) {
+    std::lock_guard lock(shared_->mu);
+    for (auto& reg : shared_->registered) reg->removed_.store(true);
+    shared_->registered.clear();
+  }
+}
+
+std::shared_ptr<RingPoller::Registration> RingPoller::Add(std::shared_ptr<SubmitRing> ring,
+                                                          Handler handler) {
+  std::shared_ptr<Registration> reg(new Registration(shared_, std::move(ring), std::move(handler)));
+  {
+    std::lock_guard lock(shared_->mu);
+    shared_->registered.push_back(reg);
+  }
+  shared_->generation.fetch_add(1);
+  shared_->WakeIfAsleep();  // the new ring's doorbell joins the epoll set at the next Refresh
+  return reg;
+}
+
+size_t RingPoller::rings() const {
+  std::lock_guard lock(shared_->mu);
+  return shared_->registered.size();
+}
+
+void RingPoller::Registration::Arm() {
+  armed_.store(true, std::memory_order_seq_cst);
+  shared_->WakeIfAsleep();
+}
+
+void RingPoller::Registration::Remove() {
+  if (removed_.exchange(true)) return;
+  armed_.store(false);
+  {
+    std::lock_guard lock(shared_->mu);
+    auto& r = shared_->registered;
+    for (auto it = r.begin(); it != r.end(); ++it) {
+      if (it->get() == this) {
+        r.erase(it);
+        break;
+      }
+    }
+  }
+  shared_->generation.fetch_add(1);
+  shared_->WakeIfAsleep();
+}
+
+void RingPoller::Refresh(std::vector<std::shared_ptr<Registration>>& regs) {
+  std::vector<std::shared_ptr<Registration>> now;
+  {
+    std::lock_guard lock(shared_->mu);
+    now = shared_->registered;
+  }
+  for (auto& reg : regs) {  // dropped ones leave the epoll set; the ring may then go
+    if (reg->removed_.load() && reg->in_epoll_) {
+      (void)::epoll_ctl(epoll_, EPOLL_CTL_DEL, reg->ring_->doorbell(), nullptr);
+      reg->in_epoll_ = false;
+    }
+  }
+  for (auto& reg : now) {
+    if (!reg->in_epoll_) {
+      epoll_event ev{};
+      ev.events = EPOLLIN;
+      ev.data.ptr = reg.get();
+      if (::epoll_ctl(epoll_, EPOLL_CTL_ADD, reg->ring_->doorbell(), &ev) == 0) {
+        reg->in_epoll_ = true;
+      }
+    }
+  }
+  regs = std::move(now);
+}
+
+size_t RingPoller::PollOnce(std::vector<std::shared_ptr<Registration>>& regs) {
+  size_t handed = 0;
+  for (auto& reg : regs) {
+    if (!reg->armed_.load(std::memory_order_acquire) || !reg->ring_->HasRecord()) continue;
+    if (reg->removed_.load()) continue;
+    Taken taken;
+    switch (reg->ring_->Take(&taken.record, &taken.broken)) {
+      case SubmitRing::Took::kEmpty:
+        continue;
+      case SubmitRing::Took::kRecord:
+        taken.broken.clear();
+        break;
+      case SubmitRing::Took::kBroken:
+        taken.record.clear();
+        break;
+    }
+    reg->armed_.store(false, std::memory_order_relaxed);     // the handler arms again
+    records_total_.fetch_add(1, std::memory_order_relaxed);  // counted before it is seen
+    reg->handler_(std::move(taken));
+    ++handed;
+  }
+  return handed;
+}
+
+void RingPoller::Sleep(std::vector<std::shared_ptr<Registration>>& regs, uint64_t generation) {
+  for (auto& reg : regs) reg->ring_->SetAsleep(true);
+  shared_->asleep.store(true, std::memory_order_seq_cst);
+  bool ready = stop_.load() || shared_->generation.load() != generation;
+  for (auto& reg : regs) {
+    // A ring whose head moved (HasRecord) after it was marked asleep may not have rung.
+    if (reg->armed_.load(std::memory_order_seq_cst) && reg->ring_->HasRecord()) ready = true;
+  }
+  if (!ready) {
+    epoll_event events[64];
+    int n = ::epoll_wait(epoll_, events, 64, -1);
+    for (int i = 0; i < n; ++i) {
+      if (events[i].data.ptr == nullptr) {
+        uint64_t count;
+        (void)!::read(shared_->wake, &count, sizeof(count));
+      }
+    }
+  }
+  shared_->asleep.store(false, std::memory_order_seq_cst);
+  for (auto& reg : regs) {
+    reg->ring_->SetAsleep(false);
+    reg->ring_->ClearDoorbell();
+  }
+}
+
+void RingPoller::Run() {
+  using Clock = std::chrono::steady_clock;
+  std::vector<std::shared_ptr<Registration>> regs;
+  uint64_t seen_generation = ~uint64_t{0};
+  Clock::time_point active = Clock::now();
+  while (!stop_.load(std::memory_order_relaxed)) {
+    if (const uint64_t g = shared_->generation.load(); g != seen_generation) {
+      seen_generation = g;
+      Refresh(regs);
+    }
+    if (PollOnce(regs) > 0) {
+      active = Clock::now();
+      continue;
+    }
+    if (Clock::now() - active < spin_) {
+      std::this_thread::yield();
+      continue;
+    }
+    Sleep(regs, seen_generation);
+    active = Clock::now();
+  }
+}
+
+}  // namespace ferry::pool

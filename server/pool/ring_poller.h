@@ -1,0 +1,102 @@
+// RingPoller: the one thread of a daemon that takes records out of its sessions' submit
+// rings (pool/submit_ring.h) and hands them to their sessions.
+//
+// Each ring is registered with a handler. A registration takes one record at a time: after
+// a record (or a broken ring) is handed over, it takes the next only once Arm is called
+// again, the way a gRPC stream has one read outstanding. This is how a session applies
+// backpressure to its ring: it arms only while it can accept another message.
+//
+// Waiting: after a record, the poller keeps polling every armed ring for `spin` (a client
+// that submits again within it is seen within a microsecond, with no thread wake-up), then
+// marks every ring asleep and sleeps in epoll on the rings' doorbells and its own wake-up
+// eventfd (Arm and Add ring it). The cost is one core while clients submit, like the CUDA
+// backend's completion watcher; an idle daemon sleeps.
+//
+// Handlers run on the poller thread and must not block: they parse and hand the record on.
+// A handler may call Arm and Remove (of any registration). After Remove returns, the
+// poller starts no new call of the handler; one already running on the poller thread may
+// still finish. The poller keeps the ring (and its mapping) until it has dropped the
+// registration.
+//
+// Thread-safety: Add, Arm and Remove from any thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ferry/status.h"
+#include "pool/submit_ring.h"
+
+namespace ferry::pool {
+
+class RingPoller {
+ public:
+  /// A record taken out of a ring; or, when `broken` is set, why the ring is broken (no
+  /// record will follow).
+  struct Taken {
+    std::string record;
+    std::string broken;
+  };
+  using Handler = std::function<void(Taken)>;
+
+  class Registration {
+   public:
+    /// Allow the poller to take one more record (or report the ring broken).
+    void Arm();
+    /// Stop handing this ring's records over; idempotent.
+    void Remove();
+
+   private:
+    friend class RingPoller;
+    struct Shared;
+    Registration(std::shared_ptr<Shared> shared, std::shared_ptr<SubmitRing> ring, Handler handler)
+        : shared_(std::move(shared)), ring_(std::move(ring)), handler_(std::move(handler)) {}
+    std::shared_ptr<Shared> shared_;  // outlives the poller while a registration is held
+    std::shared_ptr<SubmitRing> ring_;
+    Handler handler_;
+    std::atomic<bool> armed_{false};
+    std::atomic<bool> removed_{false};
+    bool in_epoll_ = false;  // poller thread only
+  };
+
+  static Result<std::unique_ptr<RingPoller>> Start(std::chrono::microseconds spin);
+  /// Stop the thread; registrations left are dropped (their handlers are not called again;
+  /// Arm and Remove on them stay safe and do nothing).
+  ~RingPoller();
+  RingPoller(const RingPoller&) = delete;
+  RingPoller& operator=(const RingPoller&) = delete;
+
+  /// Poll `ring`, handing its records to `handler` once armed. Keep the result to Arm and
+  /// Remove it; the poller's destructor drops what is still registered.
+  std::shared_ptr<Registration> Add(std::shared_ptr<SubmitRing> ring, Handler handler);
+
+  /// Records handed over since the start (all rings).
+  uint64_t records_total() const { return records_total_.load(std::memory_order_relaxed); }
+  /// Rings registered now.
+  size_t rings() const;
+
+ private:
+  explicit RingPoller(std::chrono::microseconds spin) : spin_(spin) {}
+  void Run();
+  // Take one record from each armed ring that has one; return how many were handed over.
+  size_t PollOnce(std::vector<std::shared_ptr<Registration>>& regs);
+  // Sleep until a doorbell or a wake-up rings, unless an armed ring has a record already or
+  // the registrations changed since `generation`.
+  void Sleep(std::vector<std::shared_ptr<Registration>>& regs, uint64_t generation);
+  // Make the list of live registrations current (drops removed ones, adds new ones).
+  void Refresh(std::vector<std::shared_ptr<Registration>>& regs);
+
+  const std::chrono::microseconds spin_;
+  int epoll_ = -1;
+  std::shared_ptr<Registration::Shared> shared_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> records_total_{0};
+};
+
+}  // namespace ferry::pool

@@ -1,0 +1,89 @@
+// SubmitRing: shared memory through which a local client sends its session's messages to the
+// daemon without gRPC (docs/protocol.md, "Submit ring"). The client writes serialized
+// ClientMessages into it; the daemon's RingPoller takes them out.
+//
+// Why: a gRPC message from a client to the daemon on the same machine costs a write, a
+// socket hop, the daemon's HTTP/2 read and a thread wake-up (20–40 µs on a VM). A transfer of
+// 8 MiB at a time pays it once per transfer (docs/performance.md); through the ring, with the
+// poller awake, it costs a copy of a few hundred bytes.
+//
+// Layout of the memfd (kHeaderBytes + capacity bytes, all integers little-endian):
+//   [0]    u64 head    the client: bytes written so far; stored (release) after the record
+//   [64]   u64 tail    the daemon: bytes taken so far; the client may reuse what is below
+//   [128]  u32 asleep  the daemon: 1 while the poller may sleep; the client then writes its
+//                      doorbell (an eventfd) after it stores head
+//   [4096] data, `capacity` bytes (a power of two)
+// A record starts at an 8-aligned position p = (bytes so far) mod capacity: u32 length, u32 0,
+// then `length` bytes of one serialized ClientMessage; the next starts at the next multiple
+// of 8. A record never wraps: when it does not fit before the end, the client writes the
+// length 0xFFFFFFFF at p (skip to the start) and the record at 0.
+//
+// The client can write anything, at any time, into the whole mapping. The daemon keeps its
+// own tail (it only publishes it), reads head once per Take, checks it and every length, and
+// copies a record's bytes out before anything parses them: nothing the client writes makes
+// the daemon read outside the mapping or parse bytes that change under it. A ring that breaks
+// a rule is broken for good (Take says why; the session ends with PROTOCOL_VIOLATION).
+//
+// Thread-safety: Take, HasRecord and SetAsleep from one thread at a time (the poller's);
+// the fds anywhere.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "ferry/status.h"
+
+namespace ferry::pool {
+
+class SubmitRing {
+ public:
+  static constexpr uint64_t kHeaderBytes = 4096;
+  static constexpr uint64_t kHeadOffset = 0;
+  static constexpr uint64_t kTailOffset = 64;
+  static constexpr uint64_t kAsleepOffset = 128;
+  static constexpr uint32_t kSkipToStart = 0xFFFFFFFFu;
+  static constexpr uint64_t kMinCapacity = 4096;
+  static constexpr uint64_t kMaxCapacity = 16ull << 20;
+
+  /// A ring of `capacity` data bytes: a power of two in [kMinCapacity, kMaxCapacity].
+  static Result<std::unique_ptr<SubmitRing>> Create(uint64_t capacity);
+  ~SubmitRing();
+  SubmitRing(const SubmitRing&) = delete;
+  SubmitRing& operator=(const SubmitRing&) = delete;
+
+  enum class Took { kEmpty, kRecord, kBroken };
+  /// Take the next record into `*record` (kRecord); kEmpty when the client has written
+  /// nothing more; kBroken (and `*why`) when what it wrote breaks the layout's rules, now or
+  /// before.
+  Took Take(std::string* record, std::string* why);
+  /// True when the client has written past what was taken (one load; no checks).
+  bool HasRecord() const;
+  /// Tell the client whether to ring the doorbell after a write.
+  void SetAsleep(bool asleep);
+  /// Read the doorbell's count to zero (non-blocking).
+  void ClearDoorbell();
+
+  uint64_t capacity() const { return capacity_; }
+  uint64_t map_bytes() const { return kHeaderBytes + capacity_; }
+  /// The memfd (read-write, sealed against resizing) and the doorbell (an eventfd), for
+  /// handing to the client; owned by the ring.
+  int memfd() const { return memfd_; }
+  int doorbell() const { return doorbell_; }
+
+ private:
+  SubmitRing() = default;
+
+  char* map_ = nullptr;
+  uint64_t capacity_ = 0;
+  int memfd_ = -1;
+  int doorbell_ = -1;
+  std::atomic<uint64_t>* head_ = nullptr;
+  std::atomic<uint64_t>* tail_word_ = nullptr;
+  std::atomic<uint32_t>* asleep_ = nullptr;
+  uint64_t tail_ = 0;  // the daemon's own: what the client writes at kTailOffset is ignored
+  std::string broken_;
+};
+
+}  // namespace ferry::pool
