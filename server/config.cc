@@ -170,6 +170,15 @@ class Settings {
            return Status::Ok();
          }},
         {"pinned-budget", bytes(&c_.daemon.slab_pool.budget)},
+        {"submit-ring",
+         [this](const std::string& v) -> Status {
+           FERRY_ASSIGN_OR_RETURN(uint64_t n, ParseBytes(v));
+           if (n != 0 && (n < 4096 || n > (16ull << 20) || (n & (n - 1)) != 0)) {
+             return Invalid("0 (off) or a power of two from 4K to 16M");
+           }
+           c_.daemon.submit_ring_bytes = n;
+           return Status::Ok();
+         }},
         {"session-pinned-quota", bytes(&c_.daemon.session_pinned_quota)},
         {"initial-slabs", bounded(0, 65536,
                                   [this](uint64_t n) {
@@ -406,6 +415,9 @@ means true; --allow-insecure-remote and --allow-remote-raw-kernels also take =tr
   --pinned-budget SIZE       pinned shared memory all slabs may take (default 1G)
   --initial-slabs N          slabs made and registered at start (default 1)
   --session-pinned-quota SIZE  slab bytes one session may hold (default 256M; 0: no limit)
+  --submit-ring SIZE         each local session's submit ring, through which its client
+                             sends messages by shared memory instead of gRPC (default 64K;
+                             0: off; a power of two from 4K to 16M)
   --staging-slabs N          pool slabs the daemon takes to stage remote (TCP) clients'
                              inline transfers (default 1; 0: no staging)
   --drain-timeout MS         on SIGTERM, how long open sessions may run on (default 10000)
@@ -517,6 +529,8 @@ std::string FormatConfig(const DaemonConfig& c) {
   out << "pinned-budget = " << FormatBytes(c.daemon.slab_pool.budget) << "\n";
   out << "initial-slabs = " << c.daemon.slab_pool.initial_slabs << "\n";
   out << "session-pinned-quota = " << FormatBytes(c.daemon.session_pinned_quota) << "\n";
+  out << "submit-ring = " << FormatBytes(c.daemon.submit_ring_bytes)
+      << (c.daemon.submit_ring_bytes == 0 ? "  # off" : "") << "\n";
   out << "staging-slabs = " << c.daemon.staging_slabs << "\n";
   out << "drain-timeout = " << c.drain_timeout.count() << "\n";
   out << "ready-file =" << (c.ready_file.empty() ? "" : " \"" + c.ready_file + "\"") << "\n";

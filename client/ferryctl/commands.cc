@@ -176,6 +176,8 @@ std::string StatusJson(const Options& options, const v1::StatusReply& r) {
       .Add("copy_turns", r.copy_turns())
       .Add("copy_turns_waiting", r.copy_turns_waiting())
       .Add("copy_turn_waits_total", r.copy_turn_waits_total())
+      .Add("submit_rings", r.submit_rings())
+      .Add("submit_ring_messages_total", r.submit_ring_messages_total())
       .str();
 }
 
@@ -412,6 +414,8 @@ int RunStatus(const Options& options, std::ostream& out, std::ostream& err) {
                          : std::to_string(r.copy_turns()) + " per direction; " +
                                std::to_string(r.copy_turns_waiting()) + " waiting, " +
                                std::to_string(r.copy_turn_waits_total()) + " waits total"},
+      {"submit rings", std::to_string(r.submit_rings()) + " open; " +
+                           std::to_string(r.submit_ring_messages_total()) + " messages total"},
       {"draining", r.draining() ? "yes" : "no"},
       {"device resets", std::to_string(r.device_resets())},
       {"last fault", r.last_fault().empty() ? "-"

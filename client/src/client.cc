@@ -89,6 +89,68 @@ uint64_t AlignUp(uint64_t v) { return (v + kBufferAlign - 1) / kBufferAlign * kB
 
 }  // namespace
 
+// The session's submit ring, mapped read-write (docs/protocol.md, "Submit ring"): the owner
+// thread writes numbered messages into it, and the daemon's ring poller takes them, instead of
+// the stream's gRPC write. Owner thread only.
+class RingWriter {
+ public:
+  RingWriter(char* map, uint64_t capacity, int doorbell)
+      : map_(map), capacity_(capacity), doorbell_(doorbell) {}
+  ~RingWriter() {
+    ::munmap(map_, kHeaderBytes + capacity_);
+    ::close(doorbell_);
+  }
+  RingWriter(const RingWriter&) = delete;
+  RingWriter& operator=(const RingWriter&) = delete;
+
+  static constexpr uint64_t kHeaderBytes = 4096;
+
+  enum class Wrote { kWritten, kFull, kTooLarge };
+  /// Write `m` (its sequence set) as the next record and ring the doorbell when the daemon's
+  /// poller may be asleep. kFull, writing nothing, while the daemon has not taken enough
+  /// records yet (try again); kTooLarge for a message over a quarter of the ring (the stream
+  /// carries it).
+  Wrote Write(const v1::ClientMessage& m) {
+    const uint64_t n = m.ByteSizeLong();
+    if (n > capacity_ / 4) return Wrote::kTooLarge;
+    const uint64_t bytes = 8 + ((n + 7) & ~uint64_t{7});
+    uint64_t at = head_ & (capacity_ - 1);
+    const uint64_t skip = at + bytes > capacity_ ? capacity_ - at : 0;
+    const uint64_t tail = Word64(kTailOffset)->load(std::memory_order_acquire);
+    if (head_ + skip + bytes - tail > capacity_) return Wrote::kFull;
+    char* data = map_ + kHeaderBytes;
+    if (skip) {
+      const uint32_t marker = 0xFFFFFFFFu;
+      std::memcpy(data + at, &marker, sizeof(marker));
+      head_ += skip;
+      at = 0;
+    }
+    const uint32_t header[2] = {static_cast<uint32_t>(n), 0};
+    std::memcpy(data + at, header, sizeof(header));
+    m.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(data + at + 8));
+    head_ += bytes;
+    Word64(kHeadOffset)->store(head_, std::memory_order_release);
+    // Pairs with the poller, which marks the ring asleep and then looks at head again.
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (reinterpret_cast<std::atomic<uint32_t>*>(map_ + kAsleepOffset)
+            ->load(std::memory_order_relaxed)) {
+      const uint64_t one = 1;
+      (void)!::write(doorbell_, &one, sizeof(one));
+    }
+    return Wrote::kWritten;
+  }
+
+ private:
+  static constexpr uint64_t kHeadOffset = 0, kTailOffset = 64, kAsleepOffset = 128;
+  std::atomic<uint64_t>* Word64(uint64_t offset) const {
+    return reinterpret_cast<std::atomic<uint64_t>*>(map_ + offset);
+  }
+  char* map_;
+  uint64_t capacity_;
+  int doorbell_;
+  uint64_t head_ = 0;  // bytes written so far
+};
+
 // One slab mapped into this process; unmapped when the last buffer carved from it and the
 // session's arena are gone.
 struct SlabMapping {
@@ -227,6 +289,7 @@ class SessionState {
     }
     opened_ = reply.opened();
     if (local() && opened_.completion_board()) MapCompletionBoard();
+    if (local() && opened_.submit_ring()) MapSubmitRing();
     reader_ = std::thread([this] {
       pthread_setname_np(pthread_self(), "ferry-reader");
       ReadLoop();
@@ -268,7 +331,7 @@ class SessionState {
         for (auto& [op, dest] : downloads) targets[op] = dest;
       }
     }
-    if (!stream_->Write(m)) {
+    if (!Send(m)) {
       std::lock_guard lock(mu_);
       download_targets_.erase(id);
       tracked_.erase(id);
@@ -323,7 +386,7 @@ class SessionState {
     }
     v1::ClientMessage m;
     m.mutable_close();
-    bool sent = stream_->Write(m);
+    bool sent = Send(m);
     std::optional<SessionStats> stats;
     {
       std::unique_lock lock(mu_);
@@ -535,6 +598,54 @@ class SessionState {
     arena_->Add(std::move(m));
     return Status::Ok();
   }
+  // Send `m` after Open: numbered, through the submit ring when the session has one and the
+  // message is not too large for it, else through the stream. A full ring is waited on, the
+  // way a stream's write waits for flow control: the daemon takes records only while the
+  // session is below its in-flight limit. False when the stream is gone.
+  bool Send(v1::ClientMessage& m) {
+    if (ring_) {
+      m.set_sequence(next_sequence_++);
+      for (int tries = 0;; ++tries) {
+        const RingWriter::Wrote wrote = ring_->Write(m);
+        if (wrote == RingWriter::Wrote::kWritten) return true;
+        if (wrote == RingWriter::Wrote::kTooLarge) break;
+        if (tries % 64 == 63) {
+          std::lock_guard lock(mu_);
+          if (!dead_.ok()) return false;
+        }
+        if (tries < 256) {
+          std::this_thread::yield();
+        } else {
+          std::this_thread::sleep_for(std::chrono::microseconds(50));
+        }
+      }
+    }
+    return stream_->Write(m);
+  }
+
+  // Map the session's submit ring (read-write) and take its doorbell. Without them (an error
+  // here) every message goes through the stream, unnumbered.
+  void MapSubmitRing() {
+    char reply[24];
+    int fd = -1;
+    if (!SlabRequest(3, reply, &fd).ok()) return;
+    const uint64_t capacity = Get64(reply + 8), size = Get64(reply + 16);
+    void* p = MAP_FAILED;
+    if (Get32(reply) == 0 && fd >= 0 && capacity >= 4096 && (capacity & (capacity - 1)) == 0 &&
+        size == RingWriter::kHeaderBytes + capacity) {
+      p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    }
+    if (fd >= 0) ::close(fd);
+    if (p == MAP_FAILED) return;
+    int doorbell = -1;
+    if (!SlabRequest(4, reply, &doorbell).ok() || Get32(reply) != 0 || doorbell < 0) {
+      if (doorbell >= 0) ::close(doorbell);
+      ::munmap(p, size);
+      return;
+    }
+    ring_ = std::make_unique<RingWriter>(static_cast<char*>(p), capacity, doorbell);
+  }
+
   // Map the session's completion board (read-only), where the daemon posts how far the
   // session's submits have completed. Without it (an error here) waits take the messages'
   // word only, as with a remote daemon.
@@ -779,6 +890,9 @@ class SessionState {
   const std::atomic<uint64_t>* board_ = nullptr;
   void* board_map_ = nullptr;
   uint64_t board_map_bytes_ = 0;
+  // The submit ring (null: none), and the next message's sequence number.
+  std::unique_ptr<RingWriter> ring_;
+  uint64_t next_sequence_ = 1;
   PinnedBuffer staging_;
   bool staging_failed_ = false;
   std::vector<std::shared_ptr<PendingState>> detached_;

@@ -19,6 +19,7 @@
 #include "ferry/status.h"
 #include "pool/completion_board.h"
 #include "pool/slab_pool.h"
+#include "pool/submit_ring.h"
 
 namespace ferry::pool {
 
@@ -63,6 +64,9 @@ class SessionSlabs {
   /// never replaced). board() is null for a session without one.
   void AttachBoard(std::unique_ptr<CompletionBoard> board) { board_ = std::move(board); }
   CompletionBoard* board() const { return board_.get(); }
+  /// Likewise a submit ring; ring() is null for a session without one.
+  void AttachRing(std::shared_ptr<SubmitRing> ring) { ring_ = std::move(ring); }
+  SubmitRing* ring() const { return ring_.get(); }
 
  private:
   struct Held {
@@ -74,6 +78,7 @@ class SessionSlabs {
   SlabPool* pool_;
   const uint64_t pinned_quota_;
   std::unique_ptr<CompletionBoard> board_;  // set before sharing; then read-only
+  std::shared_ptr<SubmitRing> ring_;        // likewise (the ring poller holds it too)
   mutable std::mutex mu_;
   std::optional<uid_t> uid_;        // guarded by mu_
   std::map<uint64_t, Held> slabs_;  // guarded by mu_

@@ -192,12 +192,29 @@ bool SlabBroker::Serve(Connection& c) {
     uint32_t op = Get32(c.in.data());
     c.in.erase(0, kRequestBytes);
     char reply[24] = {};
-    if (op != kSlabRequestAcquire && op != kSlabRequestCompletionBoard) {
+    if (op != kSlabRequestAcquire && op != kSlabRequestCompletionBoard &&
+        op != kSlabRequestSubmitRing && op != kSlabRequestRingDoorbell) {
       Put32(reply, static_cast<uint32_t>(ErrorKind::kProtocolViolation));
       (void)SendWithFd(c.fd, reply, sizeof(reply), -1);
       return false;
     }
     auto slabs = c.slabs.lock();
+    if (op == kSlabRequestSubmitRing || op == kSlabRequestRingDoorbell) {
+      SubmitRing* ring = slabs ? slabs->ring() : nullptr;
+      if (!ring) {
+        Put32(reply,
+              static_cast<uint32_t>(slabs ? ErrorKind::kUnsupported : ErrorKind::kSessionClosed));
+        if (!SendWithFd(c.fd, reply, sizeof(reply), -1)) return false;
+        continue;
+      }
+      const bool memory = op == kSlabRequestSubmitRing;
+      Put64(reply + 8, memory ? ring->capacity() : 0);
+      Put64(reply + 16, memory ? ring->map_bytes() : 8);
+      if (!SendWithFd(c.fd, reply, sizeof(reply), memory ? ring->memfd() : ring->doorbell())) {
+        return false;
+      }
+      continue;
+    }
     if (op == kSlabRequestCompletionBoard) {
       CompletionBoard* board = slabs ? slabs->board() : nullptr;
       if (!board) {

@@ -33,6 +33,8 @@ inline constexpr char kSlabMagic[4] = {'F', 'S', 'L', '1'};
 inline constexpr size_t kSlabTokenBytes = 32;  // ASCII hex
 inline constexpr uint32_t kSlabRequestAcquire = 1;
 inline constexpr uint32_t kSlabRequestCompletionBoard = 2;
+inline constexpr uint32_t kSlabRequestSubmitRing = 3;
+inline constexpr uint32_t kSlabRequestRingDoorbell = 4;
 
 class SlabBroker {
  public:

@@ -63,6 +63,10 @@ grpc::ServerUnaryReactor* AdminService::Status(grpc::CallbackServerContext* ctx,
     reply->set_staged_bytes_total(st.staged_total);
     reply->set_staging_fallbacks_total(st.fallbacks_total);
   }
+  if (context_->ring_poller) {
+    reply->set_submit_rings(context_->ring_poller->rings());
+    reply->set_submit_ring_messages_total(context_->ring_poller->records_total());
+  }
   if (context_->copy_turns) {
     session::CopyTurns::Stats t = context_->copy_turns->stats();
     reply->set_copy_turns(context_->copy_turns->turns());

@@ -12,6 +12,7 @@
 
 #include "backend/backend.h"
 #include "ferry/status.h"
+#include "pool/ring_poller.h"
 #include "pool/slab_broker.h"
 #include "pool/slab_pool.h"
 #include "pool/staging.h"
@@ -61,6 +62,8 @@ struct DaemonOptions {
   /// that run at once, per direction; 0: no limit.
   uint32_t copy_turns = 4;
   uint64_t copy_turn_bytes = 4ull << 20;
+  /// Data bytes of each local session's submit ring (pool/submit_ring.h); 0: no rings.
+  uint64_t submit_ring_bytes = 64 << 10;
   uint64_t max_message_bytes = 64ull << 20;
   int executor_threads = 0;  // 0: one per core, at least 2
   /// The shared-memory slab pool, served on PATH.slabs beside the first Unix endpoint (own
@@ -101,6 +104,7 @@ class Daemon {
   std::unique_ptr<session::SessionRegistry> registry_;
   std::unique_ptr<pool::SlabPool> slab_pool_;  // outlives every session
   std::unique_ptr<pool::SlabBroker> slab_broker_;
+  std::unique_ptr<pool::RingPoller> ring_poller_;   // local sessions' submit rings; may be null
   std::unique_ptr<pool::StagingArea> staging_;      // gives its slabs back before the pool goes
   std::unique_ptr<session::CopyTurns> copy_turns_;  // outlives every session
   boost::asio::io_context io_;

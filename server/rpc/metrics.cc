@@ -163,6 +163,14 @@ std::string RenderMetrics(const SessionServiceContext& c,
   e.Family("ferry_copy_turns_held", "gauge", "Copy turns taken now, per direction.");
   e.Sample("ferry_copy_turns_held", turns.held_to_device, "direction=\"upload\"");
   e.Sample("ferry_copy_turns_held", turns.held_to_host, "direction=\"download\"");
+  uint64_t rings = 0, ring_messages = 0;
+  if (c.ring_poller) {
+    rings = c.ring_poller->rings();
+    ring_messages = c.ring_poller->records_total();
+  }
+  e.Metric("ferry_submit_rings", "gauge", "Submit rings of open local sessions.", rings);
+  e.Metric("ferry_submit_ring_messages_total", "counter",
+           "Messages taken from local sessions' submit rings, since start.", ring_messages);
   auto histogram = [&e](const LatencyHistogram* hist, const std::string& name, const char* help) {
     if (!hist) return;
     const LatencyHistogram::Snapshot h = hist->snapshot();

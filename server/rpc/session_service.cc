@@ -11,6 +11,49 @@ namespace {
 
 using Reactor = grpc::ServerBidiReactor<v1::ClientMessage, v1::ServerMessage>;
 
+// A message whose handling is short and never blocks may be handled on the gRPC thread
+// that read it (gRPC's reactions must not block): a Synchronize, or a submit of at most
+// kQuickOps ops, each of which only enqueues device work that runs asynchronously (and at
+// most kQuickUploadBytes of inline upload bytes). Everything else goes to the executor's
+// threads: Open (it may wait for a device rebuild), Close, and submits with an op that
+// may block the thread: a Download (into pageable chunks the copy waits for the stream),
+// a create or free (allocation may trim the pool), module loads (NVRTC compiles take up
+// to seconds) and unloads, GEMMs and graph captures (the first makes cuBLAS state, and
+// loads the library), graph frees.
+constexpr int kQuickOps = 64;
+constexpr uint64_t kQuickUploadBytes = 64 << 10;
+bool IsQuick(const v1::ClientMessage& m) {
+  if (m.has_synchronize()) return true;
+  if (!m.has_submit() || m.submit().ops_size() > kQuickOps) return false;
+  uint64_t upload_bytes = 0;
+  for (const v1::Op& op : m.submit().ops()) {
+    switch (op.kind_case()) {
+      case v1::Op::kUpload:
+        upload_bytes += op.upload().data().size();
+        break;
+      case v1::Op::kFill:
+      case v1::Op::kCopy:
+      case v1::Op::kBinary:
+      case v1::Op::kScale:
+      case v1::Op::kAxpy:
+      case v1::Op::kReduceSum:
+      case v1::Op::kLaunch:
+      case v1::Op::kLaunchGraph:
+      case v1::Op::kUploadFromSlab:
+      case v1::Op::kDownloadToSlab:
+        break;
+      default:
+        return false;
+    }
+  }
+  return upload_bytes <= kQuickUploadBytes;
+}
+
+// A message from the submit ring that is quick and has at most this many ops is handled on
+// the ring poller's thread when the session is idle; anything else goes to the executor's
+// threads, so that one session's long submits do not hold up the other sessions' rings.
+constexpr int kRingInlineOps = 8;
+
 // The state of one session stream; touched only on its serial executor (shared with its
 // session). The reactor (owned by gRPC) is used only until Finish is called on it.
 class SessionConnection : public session::SessionEvents,
@@ -47,17 +90,40 @@ class SessionConnection : public session::SessionEvents,
       if (!close_requested_) ClientGone("the client ended the stream without Close");
       return;
     }
-    // Read ahead: ask for the next message before a long submit is enqueued (it may launch
-    // many kernels), so that the next one is already here when the executor is done, instead
-    // of the device idling through a read's wake-ups between submits. The submit counts
-    // against the in-flight limit already, so the limit holds exactly. A short submit is
-    // enqueued first: the read is then started while the device runs it, off the round trip.
-    if (message->kind_case() == v1::ClientMessage::kSubmit &&
-        message->submit().ops_size() > kReadAheadOps) {
-      MaybeStartRead(1);
+    Accept(std::move(message), kStream);
+  }
+
+  // The ring poller took a message from the session's submit ring (`message`, null when the
+  // record did not parse), or found the ring broken (`broken`).
+  void HandleRingMessage(std::shared_ptr<v1::ClientMessage> message, const std::string& broken) {
+    if (!ring_) return;  // the ring was dropped after this was taken: the stream is ending
+    ring_armed_ = false;
+    if (!broken.empty()) return ProtocolViolation(broken);
+    if (!message) return ProtocolViolation("a submit ring record is not a ClientMessage");
+    if (message->sequence() == 0) {
+      return ProtocolViolation("a message through the submit ring has no sequence number");
     }
-    Dispatch(std::move(message));
-    MaybeStartRead();
+    Accept(std::move(message), kRing);
+  }
+
+  // The handler the ring poller calls with what it took from this session's ring: parse it on
+  // the poller's thread, then hand it to the executor (see kRingInlineOps).
+  pool::RingPoller::Handler RingHandler() {
+    return [weak = weak_from_this(), executor = executor_](pool::RingPoller::Taken taken) {
+      auto message = std::make_shared<v1::ClientMessage>();
+      bool parsed = taken.broken.empty() && message->ParseFromString(taken.record);
+      const bool here = parsed && IsQuick(*message) &&
+                        (!message->has_submit() || message->submit().ops_size() <= kRingInlineOps);
+      auto handle = [weak, message = parsed ? std::move(message) : nullptr,
+                     broken = std::move(taken.broken)]() mutable {
+        if (auto self = weak.lock()) self->HandleRingMessage(std::move(message), broken);
+      };
+      if (here) {
+        executor.RunOrPost(std::move(handle));
+      } else {
+        executor.Post(std::move(handle));
+      }
+    };
   }
 
   void HandleWriteDone(bool ok) {
@@ -73,7 +139,7 @@ class SessionConnection : public session::SessionEvents,
     }
     PumpWrites();
     TryFinish();
-    MaybeStartRead();  // reads may have stopped for download bytes not yet written
+    MaybeReadMore();  // reads may have stopped for download bytes not yet written
   }
 
   void HandleCancel() { ClientGone("the client cancelled the stream"); }
@@ -84,6 +150,7 @@ class SessionConnection : public session::SessionEvents,
       context_->streams.erase(this);
     }
     DropUnsent(0);
+    DropRing();
     if (!slab_token_.empty()) context_->slab_broker->RevokeToken(slab_token_);
     if (session_ && !session_done_) session_->Abort();
     session_done_ = true;
@@ -120,7 +187,7 @@ class SessionConnection : public session::SessionEvents,
     m->mutable_completed()->set_submit_id(submit_id);
     if (!status.ok()) ToProto(status, m->mutable_completed()->mutable_error());
     Send(std::move(m));
-    MaybeStartRead();
+    MaybeReadMore();
   }
   void OnSynchronized(uint64_t sync_id) override {
     auto m = std::make_unique<v1::ServerMessage>();
@@ -184,6 +251,61 @@ class SessionConnection : public session::SessionEvents,
   // written) before it stops reading that session's stream; one submit may exceed it. Well
   // above libferry's download submits (8 MiB each), so its downloads pipeline.
   static constexpr uint64_t kMaxBufferedDownloadBytes = 512ull << 20;
+
+  // Where a message came from: the gRPC stream or the submit ring.
+  enum Source { kStream = 0, kRing = 1 };
+
+  // Handle `message` in its place: an unnumbered one at once (only before any numbered one);
+  // a numbered one when every lower number has been handled, holding it (and pausing its
+  // path) until then. The other path's held message may be next after it.
+  void Accept(std::shared_ptr<v1::ClientMessage> message, Source from) {
+    const uint64_t sequence = message->sequence();
+    if (sequence == 0) {
+      if (sequenced_)
+        return ProtocolViolation("a message without a sequence number after numbered ones");
+      return Handle(std::move(message), from);
+    }
+    if (sequence < next_sequence_) {
+      return ProtocolViolation("sequence number " + std::to_string(sequence) +
+                               " comes again or late (expected " + std::to_string(next_sequence_) +
+                               ")");
+    }
+    sequenced_ = true;
+    held_[from] = std::move(message);
+    while (!finishing_) {
+      Source next =
+          held_[kStream] && held_[kStream]->sequence() == next_sequence_ ? kStream : kRing;
+      if (!held_[next] || held_[next]->sequence() != next_sequence_) break;
+      std::shared_ptr<v1::ClientMessage> m = std::move(held_[next]);
+      ++next_sequence_;
+      if (close_requested_) continue;  // nothing is read after Close
+      Handle(std::move(m), next);
+    }
+    if (held_[kStream] && held_[kRing] && !finishing_) {
+      // Each path waits for the other: the number between them never comes.
+      ProtocolViolation("sequence number " + std::to_string(next_sequence_) +
+                        " is missing: the stream and the submit ring are each at a later one");
+    }
+  }
+
+  // Handle one message in order.
+  void Handle(std::shared_ptr<v1::ClientMessage> message, Source from) {
+    // Read ahead: ask for the next message before a long submit is enqueued (it may launch
+    // many kernels), so that the next one is already here when the executor is done, instead
+    // of the device idling through a read's wake-ups between submits. The submit counts
+    // against the in-flight limit already, so the limit holds exactly. A short submit is
+    // enqueued first: the read is then started while the device runs it, off the round trip.
+    if (message->kind_case() == v1::ClientMessage::kSubmit &&
+        message->submit().ops_size() > kReadAheadOps) {
+      if (from == kStream) {
+        MaybeStartRead(1);
+      } else {
+        MaybeArmRing(1);
+      }
+    }
+    Dispatch(std::move(message));
+    MaybeReadMore();
+  }
 
   // Return true when the submit moves bytes between host and device.
   static bool MovesBytes(const v1::Submit& submit) {
@@ -267,6 +389,17 @@ class SessionConnection : public session::SessionEvents,
       } else {
         spdlog::warn("session {}: no completion board: {}", session_id_, board.status().message());
       }
+      // And a submit ring, through which the client may send its messages without gRPC.
+      if (context_->ring_poller && context_->submit_ring_bytes > 0) {
+        if (auto ring = pool::SubmitRing::Create(context_->submit_ring_bytes); ring.ok()) {
+          std::shared_ptr<pool::SubmitRing> shared = std::move(*ring);
+          slabs->AttachRing(shared);
+          ring_ = context_->ring_poller->Add(std::move(shared), RingHandler());
+          o->set_submit_ring(true);
+        } else {
+          spdlog::warn("session {}: no submit ring: {}", session_id_, ring.status().message());
+        }
+      }
       session_->AttachSlabs(slabs);
       slab_token_ = context_->slab_broker->IssueToken(slabs);
       o->set_slab_socket(context_->slab_broker->path());
@@ -334,24 +467,54 @@ class SessionConnection : public session::SessionEvents,
     reactor_->StartWrite(outbox_.front().get());
   }
 
-  // Start the next read unless one is outstanding, the stream is ending, or the session's
-  // in-flight limit is reached counting `arriving` submits not yet handed to it.
-  void MaybeStartRead(size_t arriving = 0) {
-    if (reading_ || read_closed_ || close_requested_ || finishing_ || !reactor_) return;
-    if (session_ && !session_->CanAcceptSubmit(arriving)) return;  // resumed by OnCompleted
+  // Take the next message from the stream and from the submit ring, where allowed.
+  void MaybeReadMore() {
+    MaybeStartRead();
+    MaybeArmRing();
+  }
+
+  // Whether the session may take one more message, counting `arriving` submits not yet
+  // handed to it besides those a path may still deliver (a read outstanding, an armed ring,
+  // a held message): not when the stream is ending, nor at the session's in-flight limit.
+  bool MayTakeMore(size_t arriving) const {
+    if (read_closed_ || close_requested_ || finishing_ || !reactor_) return false;
+    if (!session_) return true;
+    const size_t incoming = (reading_ ? 1 : 0) + (ring_armed_ ? 1 : 0) + (held_[kStream] ? 1 : 0) +
+                            (held_[kRing] ? 1 : 0);
+    if (!session_->CanAcceptSubmit(arriving + incoming)) return false;  // resumed by OnCompleted
     // A client that does not read its downloads must not make the daemon hold them without
     // bound: past kMaxBufferedDownloadBytes (in flight plus not yet written), stop reading
     // until writes drain them (resumed by HandleWriteDone).
-    if (session_ && session_->inline_download_bytes_in_flight() + outbox_download_bytes_ >=
-                        kMaxBufferedDownloadBytes) {
-      return;
-    }
+    return session_->inline_download_bytes_in_flight() + outbox_download_bytes_ <
+           kMaxBufferedDownloadBytes;
+  }
+
+  // Start the next read unless one is outstanding, the stream's last message waits for its
+  // turn, or the session may take no more (MayTakeMore).
+  void MaybeStartRead(size_t arriving = 0) {
+    if (reading_ || held_[kStream] || !MayTakeMore(arriving)) return;
     reading_ = true;
     reactor_->StartRead(&read_buffer_);
   }
 
+  // Likewise let the ring poller take the next message from the submit ring.
+  void MaybeArmRing(size_t arriving = 0) {
+    if (!ring_ || ring_armed_ || held_[kRing] || !MayTakeMore(arriving)) return;
+    ring_armed_ = true;
+    ring_->Arm();
+  }
+
+  // Stop taking messages from the submit ring (the stream is ending).
+  void DropRing() {
+    if (!ring_) return;
+    ring_->Remove();
+    ring_.reset();
+    ring_armed_ = false;
+  }
+
   // End the stream with `status` (the first one asked for wins) once writes have drained.
   void FinishWith(const grpc::Status& status) {
+    DropRing();
     if (!finishing_) {
       finishing_ = true;
       finish_status_ = status;
@@ -390,6 +553,15 @@ class SessionConnection : public session::SessionEvents,
   uint64_t outbox_download_bytes_ = 0;  // DownloadChunk bytes in outbox_
   bool reading_ = false;
   bool read_closed_ = false;
+  // The submit ring (local sessions of a daemon with rings): its registration with the ring
+  // poller, and whether the poller may take a message now (like reading_).
+  std::shared_ptr<pool::RingPoller::Registration> ring_;
+  bool ring_armed_ = false;
+  // Numbered messages (ClientMessage.sequence): the next number to handle, whether any came,
+  // and per path the message that waits for its turn.
+  uint64_t next_sequence_ = 1;
+  bool sequenced_ = false;
+  std::shared_ptr<v1::ClientMessage> held_[2];
   bool close_requested_ = false;
   bool write_in_flight_ = false;
   bool finishing_ = false;
@@ -431,44 +603,6 @@ class SessionReactor final : public Reactor {
   }
 
  private:
-  // A message whose handling is short and never blocks may be handled on the gRPC thread
-  // that read it (gRPC's reactions must not block): a Synchronize, or a submit of at most
-  // kQuickOps ops, each of which only enqueues device work that runs asynchronously (and at
-  // most kQuickUploadBytes of inline upload bytes). Everything else goes to the executor's
-  // threads: Open (it may wait for a device rebuild), Close, and submits with an op that
-  // may block the thread: a Download (into pageable chunks the copy waits for the stream),
-  // a create or free (allocation may trim the pool), module loads (NVRTC compiles take up
-  // to seconds) and unloads, GEMMs and graph captures (the first makes cuBLAS state, and
-  // loads the library), graph frees.
-  static constexpr int kQuickOps = 64;
-  static constexpr uint64_t kQuickUploadBytes = 64 << 10;
-  static bool IsQuick(const v1::ClientMessage& m) {
-    if (m.has_synchronize()) return true;
-    if (!m.has_submit() || m.submit().ops_size() > kQuickOps) return false;
-    uint64_t upload_bytes = 0;
-    for (const v1::Op& op : m.submit().ops()) {
-      switch (op.kind_case()) {
-        case v1::Op::kUpload:
-          upload_bytes += op.upload().data().size();
-          break;
-        case v1::Op::kFill:
-        case v1::Op::kCopy:
-        case v1::Op::kBinary:
-        case v1::Op::kScale:
-        case v1::Op::kAxpy:
-        case v1::Op::kReduceSum:
-        case v1::Op::kLaunch:
-        case v1::Op::kLaunchGraph:
-        case v1::Op::kUploadFromSlab:
-        case v1::Op::kDownloadToSlab:
-          break;
-        default:
-          return false;
-      }
-    }
-    return upload_bytes <= kQuickUploadBytes;
-  }
-
   template <typename F>
   void Post(F&& f) {
     connection_->executor().Post([c = connection_, f = std::forward<F>(f)]() mutable { f(*c); });

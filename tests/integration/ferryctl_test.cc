@@ -121,7 +121,7 @@ TEST_F(FerryctlTest, StatusTable) {
   EXPECT_TRUE(r.err.empty()) << r.err;
   for (const char* key :
        {"device", "uuid", "backend", "driver", "memory total", "memory free", "memory in use",
-        "uptime", "version", "sessions", "submits", "copy turns", "draining"}) {
+        "uptime", "version", "sessions", "submits", "copy turns", "submit rings", "draining"}) {
     EXPECT_NE(r.out.find(std::string("\n") + key + " "), std::string::npos) << key << "\n" << r.out;
   }
   EXPECT_NE(r.out.find(testing::TestBackend() == "host" ? "host" : ""), std::string::npos);

@@ -84,12 +84,15 @@ TEST(MetricsTest, ServesPrometheusTextThatMovesWithWork) {
         "ferry_transfer_bytes_total", "ferry_device_memory_used_bytes",
         "ferry_device_memory_free_bytes", "ferry_slab_pool_slabs", "ferry_device_faults_total",
         "ferry_device_resets_total", "ferry_submit_latency_seconds", "ferry_copy_turns_held",
-        "ferry_copy_turns_waiting", "ferry_copy_turn_waits_total"}) {
+        "ferry_copy_turns_waiting", "ferry_copy_turn_waits_total", "ferry_submit_rings",
+        "ferry_submit_ring_messages_total"}) {
     EXPECT_NE(body.find("# TYPE " + std::string(family) + " "), std::string::npos) << family;
   }
   EXPECT_EQ(Value(body, "ferry_submits_total"), 0);
   EXPECT_EQ(Value(body, "ferry_copy_turns_held", "direction=\"upload\""), 0);
   EXPECT_EQ(Value(body, "ferry_copy_turn_waits_total"), 0);
+  EXPECT_EQ(Value(body, "ferry_submit_rings"), 0);
+  EXPECT_EQ(Value(body, "ferry_submit_ring_messages_total"), 0);
   EXPECT_EQ(Value(body, "ferry_transfer_bytes_total", "direction=\"upload\""), 0);
 
   auto client = Client::connect(daemon.unix_target());
@@ -108,6 +111,9 @@ TEST(MetricsTest, ServesPrometheusTextThatMovesWithWork) {
   EXPECT_EQ(Value(during, "ferry_sessions_open"), 1) << during;
   EXPECT_GE(Value(during, "ferry_submits_total"), 2) << during;
   EXPECT_GE(Value(during, "ferry_ops_total"), 2) << during;
+  // libferry sent its submits through the session's submit ring.
+  EXPECT_EQ(Value(during, "ferry_submit_rings"), 1) << during;
+  EXPECT_GE(Value(during, "ferry_submit_ring_messages_total"), 2) << during;
   EXPECT_GE(Value(during, "ferry_transfer_bytes_total", "direction=\"upload\""), 4096 * 4)
       << during;
   EXPECT_GE(Value(during, "ferry_transfer_bytes_total", "direction=\"download\""), 4096 * 4)

@@ -23,89 +23,10 @@ namespace {
 
 using testing::FerrydProcess;
 
-uint32_t Get32(const char* p) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; ++i) v |= uint32_t{static_cast<unsigned char>(p[i])} << (8 * i);
-  return v;
-}
-uint64_t Get64(const char* p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= uint64_t{static_cast<unsigned char>(p[i])} << (8 * i);
-  return v;
-}
-
-// One connection on the slab socket, spoken byte by byte (docs/protocol.md, "slab socket").
-class RawSlabConnection {
- public:
-  explicit RawSlabConnection(const std::string& path) {
-    fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_un addr = {};
-    addr.sun_family = AF_UNIX;
-    std::memcpy(addr.sun_path, path.c_str(), std::min(path.size() + 1, sizeof(addr.sun_path)));
-    if (::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) Close();
-  }
-  ~RawSlabConnection() { Close(); }
-  bool connected() const { return fd_ >= 0; }
-  void Close() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-  // Present the token; the daemon's answer kind (0: bound), or -1 when it sent nothing.
-  int Hello(const std::string& token) {
-    std::string hello = "FSL1" + token;
-    if (::send(fd_, hello.data(), hello.size(), MSG_NOSIGNAL) !=
-        static_cast<ssize_t>(hello.size())) {
-      return -1;
-    }
-    char reply[8];
-    if (::recv(fd_, reply, sizeof(reply), MSG_WAITALL) != sizeof(reply)) return -1;
-    return static_cast<int>(Get32(reply));
-  }
-  struct Slab {
-    uint32_t kind = 0;  // 0: granted
-    uint64_t id = 0, size = 0;
-    int fd = -1;
-  };
-  // Ask for one slab; nullopt when the connection broke.
-  std::optional<Slab> Acquire() { return Request(1); }
-  // Ask for the session's completion board (its size in `size`).
-  std::optional<Slab> Board() { return Request(2); }
-  // Send request `op`; the answer, or nullopt when the connection broke.
-  std::optional<Slab> Request(char op) {
-    char request[8] = {op, 0, 0, 0, 0, 0, 0, 0};
-    if (::send(fd_, request, sizeof(request), MSG_NOSIGNAL) != sizeof(request)) return std::nullopt;
-    char reply[24];
-    iovec iov = {reply, sizeof(reply)};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
-    msghdr msg = {};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    ssize_t n = ::recvmsg(fd_, &msg, MSG_WAITALL | MSG_CMSG_CLOEXEC);
-    Slab s;
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-        std::memcpy(&s.fd, CMSG_DATA(c), sizeof(int));
-      }
-    }
-    if (n != sizeof(reply)) {
-      if (s.fd >= 0) ::close(s.fd);
-      return std::nullopt;
-    }
-    s.kind = Get32(reply);
-    s.id = Get64(reply + 8);
-    s.size = Get64(reply + 16);
-    return s;
-  }
-
- private:
-  int fd_ = -1;
-};
-
 using testing::Create;
 using testing::Download;
 using testing::Fill;
+using testing::RawSlabConnection;
 using testing::RawStream;
 
 v1::Op FromSlab(uint64_t t, uint64_t off, uint64_t slab, uint64_t slab_off, uint64_t len) {

@@ -48,6 +48,11 @@ TEST(ConfigTest, BadInputIsATypedError) {
   EXPECT_FALSE(ParseFlags({"--copy-turn-size", "-1"}).ok());
   EXPECT_EQ(ParseFlags({"--copy-turns", "0"})->daemon.copy_turns, 0u);
   EXPECT_EQ(ParseFlags({"--copy-turn-size", "8M"})->daemon.copy_turn_bytes, 8ull << 20);
+  EXPECT_EQ(ParseFlags({"--submit-ring", "16K"})->daemon.submit_ring_bytes, 16ull << 10);
+  EXPECT_EQ(ParseFlags({"--submit-ring", "0"})->daemon.submit_ring_bytes, 0u);
+  EXPECT_FALSE(ParseFlags({"--submit-ring", "12K"}).ok());  // not a power of two
+  EXPECT_FALSE(ParseFlags({"--submit-ring", "2K"}).ok());
+  EXPECT_FALSE(ParseFlags({"--submit-ring", "32M"}).ok());
   EXPECT_FALSE(ParseFlags({"--session-quota", "99999999999999999999G"}).ok());
   EXPECT_FALSE(ParseFlags({"stray"}).ok());
   EXPECT_EQ(ParseFlags({"--help=1"}).status().kind(), ErrorKind::kInvalidArgument);
@@ -277,6 +282,7 @@ slab-size = 8M
 pinned-budget = 64M
 initial-slabs = 2
 session-pinned-quota = 16M
+submit-ring = 4K
 staging-slabs = 0
 drain-timeout = 250
 host-fault-after-ops-for-test = 99
