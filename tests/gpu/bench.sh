@@ -5,6 +5,8 @@
 #  1. ferry-bench --spawn-daemon --baseline, every scenario, --json and --svg;
 #  2. the concurrency scenario again with ferryd's copy turns off (--copy-turns=0: CUDA
 #     orders the sessions' copies), the comparison for the turns' fairness;
+#  2b. latency, single transfers, throughput and concurrency with submit rings off
+#     (--submit-ring=0: every message through gRPC), the comparison for the rings;
 #  4. (below 3.) the remote inline route over TCP loopback against bare gRPC on TCP;
 #  3. where an idle ferryd's resident memory is: the largest mappings of /proc/PID/smaps,
 #     with CUDA's default work queues and with 32.
@@ -27,6 +29,12 @@ echo "exit $?"
 echo "=== 2. concurrency with copy turns off"
 "$bench" --spawn-daemon "$ferryd" --daemon-arg --copy-turns=0 --baseline ${quick:+--quick} \
   --scenario concurrency >"$out/$stamp-copy-turns-off.txt" 2>&1
+echo "exit $?"
+
+echo "=== 2b. submit rings off"
+"$bench" --spawn-daemon "$ferryd" --daemon-arg --submit-ring=0 ${quick:+--quick} \
+  --scenario latency --scenario transfers --sizes 16,64K,8M --scenario throughput \
+  --scenario concurrency >"$out/$stamp-submit-ring-off.txt" 2>&1
 echo "exit $?"
 
 idle_rss() {  # LABEL [ENV=VALUE]: start ferryd, print its memory by mapping, stop it
@@ -56,4 +64,7 @@ echo "=== summary"
 awk '/^== /{print} /(pending|streamed) (8 MiB|256 MiB)( |$)|tiny op|floor|64 ops|graph|overlap|64 sessions|memory|RSS/' \
   "$out/$stamp.txt" | head -60
 grep -E "64 sessions" "$out/$stamp-copy-turns-off.txt"
+echo "--- submit rings off"
+awk '/^== /{print} /pending (16 B|8 MiB)( |$)|tiny op|fill|floor|ops\/submit|64 sessions/' \
+  "$out/$stamp-submit-ring-off.txt" | head -30
 grep -E "^== transfers|inline|bulk" "$out/$stamp-tcp.txt"
