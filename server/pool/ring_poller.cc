@@ -134,10 +134,15 @@ void RingPoller::Refresh(std::vector<std::shared_ptr<Registration>>& regs) {
 
 size_t RingPoller::PollOnce(std::vector<std::shared_ptr<Registration>>& regs) {
   size_t handed = 0;
+  size_t waiting = 0;  // armed rings with a record, this pass
+  for (auto& reg : regs) {
+    waiting += reg->armed_.load(std::memory_order_relaxed) && reg->ring_->HasRecord();
+  }
   for (auto& reg : regs) {
     if (!reg->armed_.load(std::memory_order_acquire) || !reg->ring_->HasRecord()) continue;
     if (reg->removed_.load()) continue;
     Taken taken;
+    taken.quiet = waiting <= 1 && handed_last_pass_ <= 1;
     switch (reg->ring_->Take(&taken.record, &taken.broken)) {
       case SubmitRing::Took::kEmpty:
         continue;
@@ -153,6 +158,7 @@ size_t RingPoller::PollOnce(std::vector<std::shared_ptr<Registration>>& regs) {
     reg->handler_(std::move(taken));
     ++handed;
   }
+  handed_last_pass_ = handed;
   return handed;
 }
 

@@ -41,6 +41,9 @@ class RingPoller {
   struct Taken {
     std::string record;
     std::string broken;
+    // No other ring had a record in this pass or the one before: the poller is not needed
+    // elsewhere now, so the handler may spend a few microseconds on this record.
+    bool quiet = false;
   };
   using Handler = std::function<void(Taken)>;
 
@@ -97,6 +100,7 @@ class RingPoller {
   std::thread thread_;
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> records_total_{0};
+  size_t handed_last_pass_ = 0;  // poller thread only
 };
 
 }  // namespace ferry::pool

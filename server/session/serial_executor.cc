@@ -43,6 +43,21 @@ void SerialExecutor::RunOrPost(std::function<void()> fn, Followers followers) co
   }
 }
 
+bool SerialExecutor::TryRun(std::function<void()>& fn) const {
+  {
+    std::lock_guard lock(state_->mu);
+    if (state_->active) return false;
+    state_->active = true;
+    state_->runner = std::this_thread::get_id();
+  }
+  std::function<void()> run = std::move(fn);
+  run();
+  std::lock_guard lock(state_->mu);
+  state_->runner = std::thread::id();
+  ScheduleOrIdle(state_);
+  return true;
+}
+
 bool SerialExecutor::running_in_this_thread() const {
   std::lock_guard lock(state_->mu);
   return state_->runner == std::this_thread::get_id();

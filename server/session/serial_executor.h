@@ -42,6 +42,10 @@ class SerialExecutor {
   /// else queue it (as a short function) like Post. `fn` must not block. The calling thread
   /// must hold no lock `fn` may take.
   void RunOrPost(std::function<void()> fn, Followers followers = Followers::kPost) const;
+  /// Run `fn` now on this thread when the executor is idle and return true (what queues
+  /// behind it meanwhile is handed on, as with Followers::kPost); else return false and
+  /// leave `fn` as it was.
+  bool TryRun(std::function<void()>& fn) const;
   /// True on the thread running one of this executor's functions now.
   bool running_in_this_thread() const;
 

@@ -45,6 +45,33 @@ TEST_F(SerialExecutorTest, RunOrPostRunsOnTheCallerWhenIdle) {
   EXPECT_FALSE(ex.running_in_this_thread());
 }
 
+// TryRun runs on the caller when idle; when busy it leaves the function to the caller, which
+// may try again once the executor is free.
+TEST_F(SerialExecutorTest, TryRunRunsWhenIdleAndLeavesTheFunctionWhenBusy) {
+  SerialExecutor ex(io_);
+  std::thread::id ran_on;
+  std::function<void()> fn = [&] { ran_on = std::this_thread::get_id(); };
+  ASSERT_TRUE(ex.TryRun(fn));
+  EXPECT_EQ(ran_on, std::this_thread::get_id());
+
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  std::atomic<bool> running{false};
+  ex.Post([&] {
+    running = true;
+    released.wait();
+  });
+  while (!running) std::this_thread::yield();
+  int calls = 0;
+  std::function<void()> second = [&] { ++calls; };
+  EXPECT_FALSE(ex.TryRun(second));
+  ASSERT_TRUE(second) << "a refused function stays with the caller";
+  release.set_value();
+  Flush(ex);
+  EXPECT_TRUE(ex.TryRun(second));
+  EXPECT_EQ(calls, 1);
+}
+
 TEST_F(SerialExecutorTest, RunOrPostQueuesBehindWorkInProgress) {
   SerialExecutor ex(io_);
   std::promise<void> release;
