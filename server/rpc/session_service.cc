@@ -52,13 +52,14 @@ bool IsQuick(const v1::ClientMessage& m) {
 }
 
 // A message from the submit ring that is quick and has at most this many ops is handled on
-// the ring poller's thread when the session is idle; anything else goes to the executor's
-// threads, so that one session's long submits do not hold up the other sessions' rings.
+// the ring poller's thread when the poller has nothing else to do (no other ring has a
+// message waiting); anything else goes to the executor's threads, so that neither one
+// session's long submits nor many sessions' short ones hold up the other rings.
 constexpr int kRingInlineOps = 8;
-// When the poller has nothing else to do and the session's executor is busy (typically the
-// completion watcher finishing the delivery that let the client submit again), the poller
-// waits this long for it before handing the message to the io threads: a thread wake-up
-// costs 5–30 µs on a VM, the end of a delivery a few.
+// When the session's executor is busy then (typically the completion watcher finishing the
+// delivery that let the client submit again), the poller waits this long for it before
+// handing the message to the io threads: a thread wake-up costs 5–30 µs on a VM, the end of
+// a delivery a few.
 constexpr std::chrono::microseconds kRingWaitForExecutor{50};
 
 // The state of one session stream; touched only on its serial executor (shared with its
@@ -119,7 +120,7 @@ class SessionConnection : public session::SessionEvents,
     return [weak = weak_from_this(), executor = executor_](pool::RingPoller::Taken taken) {
       auto message = std::make_shared<v1::ClientMessage>();
       bool parsed = taken.broken.empty() && message->ParseFromString(taken.record);
-      const bool here = parsed && IsQuick(*message) &&
+      const bool here = parsed && taken.quiet && IsQuick(*message) &&
                         (!message->has_submit() || message->submit().ops_size() <= kRingInlineOps);
       auto handle = [weak, message = parsed ? std::move(message) : nullptr,
                      broken = std::move(taken.broken)]() mutable {
@@ -132,12 +133,8 @@ class SessionConnection : public session::SessionEvents,
           if (executor.TryRun(fn)) return;
           std::this_thread::yield();
         } while (std::chrono::steady_clock::now() < until);
-        executor.Post(std::move(fn));
-      } else if (here) {
-        executor.RunOrPost(std::move(fn));
-      } else {
-        executor.Post(std::move(fn));
       }
+      executor.Post(std::move(fn));
     };
   }
 
