@@ -134,6 +134,9 @@ int main(int argc, char** argv) {
   if (std::string m = (*daemon)->metrics_endpoint(); !m.empty()) {
     spdlog::info("metrics at http://{}/metrics", m);
   }
+  // Catch SIGINT and SIGTERM before anyone is told ferryd is ready (the ready file, READY=1):
+  // one that comes before async_wait waits in the set instead of killing the process.
+  boost::asio::signal_set signals(signals_io, SIGINT, SIGTERM);
   if (!config.ready_file.empty()) {
     std::string tmp = config.ready_file + ".tmp";
     {
@@ -164,7 +167,6 @@ int main(int argc, char** argv) {
     });
   };
   if (sd::NotifyEnabled()) arm_ticker();
-  boost::asio::signal_set signals(signals_io, SIGINT, SIGTERM);
   signals.async_wait([&](const boost::system::error_code& ec, int sig) {
     if (ec) return;
     spdlog::info("signal {}: draining (up to {} ms)", sig, config.drain_timeout.count());

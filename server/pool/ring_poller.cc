@@ -85,6 +85,14 @@ size_t RingPoller::rings() const {
   return shared_->registered.size();
 }
 
+bool RingPoller::records_waiting() const {
+  std::lock_guard lock(shared_->mu);
+  for (const auto& reg : shared_->registered) {
+    if (reg->armed_.load() && reg->ring_->HasRecord()) return true;
+  }
+  return false;
+}
+
 void RingPoller::Registration::Arm() {
   armed_.store(true, std::memory_order_seq_cst);
   shared_->WakeIfAsleep();

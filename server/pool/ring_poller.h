@@ -82,6 +82,9 @@ class RingPoller {
   uint64_t records_total() const { return records_total_.load(std::memory_order_relaxed); }
   /// Rings registered now.
   size_t rings() const;
+  /// Whether an armed ring holds a record the poller has not taken yet (a drain waits for
+  /// them: the client sent them before it).
+  bool records_waiting() const;
 
  private:
   explicit RingPoller(std::chrono::microseconds spin) : spin_(spin) {}

@@ -56,33 +56,37 @@ SubmitRing::~SubmitRing() {
 }
 
 bool SubmitRing::HasRecord() const {
-  return broken_.empty() && head_->load(std::memory_order_relaxed) != tail_;
+  return !is_broken_.load(std::memory_order_relaxed) &&
+         head_->load(std::memory_order_relaxed) != tail_.load(std::memory_order_relaxed);
 }
 
 SubmitRing::Took SubmitRing::Take(std::string* record, std::string* why) {
   auto broken = [&](std::string what) {
     if (broken_.empty()) broken_ = std::move(what);
+    is_broken_.store(true, std::memory_order_relaxed);
     *why = broken_;
     return Took::kBroken;
   };
   if (!broken_.empty()) return broken("");
   const uint64_t head = head_->load(std::memory_order_acquire);  // read once
+  uint64_t tail = tail_.load(std::memory_order_relaxed);
   for (int pass = 0; pass < 2; ++pass) {  // at most one skip marker, then a record
-    if (head == tail_) return Took::kEmpty;
-    const uint64_t available = head - tail_;
+    if (head == tail) return Took::kEmpty;
+    const uint64_t available = head - tail;
     if (available > capacity_ || head % 8 != 0) {
       return broken("submit ring: head " + std::to_string(head) + " is not within " +
-                    std::to_string(capacity_) + " bytes after tail " + std::to_string(tail_) +
+                    std::to_string(capacity_) + " bytes after tail " + std::to_string(tail) +
                     " at a multiple of 8");
     }
-    const uint64_t at = tail_ & (capacity_ - 1);
+    const uint64_t at = tail & (capacity_ - 1);
     uint32_t length = 0;
     std::memcpy(&length, map_ + kHeaderBytes + at, sizeof(length));  // read once
     if (length == kSkipToStart) {
       const uint64_t skip = capacity_ - at;
       if (skip > available) return broken("submit ring: a skip marker past head");
-      tail_ += skip;
-      tail_word_->store(tail_, std::memory_order_release);
+      tail += skip;
+      tail_.store(tail, std::memory_order_relaxed);
+      tail_word_->store(tail, std::memory_order_release);
       continue;
     }
     const uint64_t bytes = 8 + RoundUp8(length);
@@ -91,8 +95,9 @@ SubmitRing::Took SubmitRing::Take(std::string* record, std::string* why) {
                     " bytes goes past head or the end of the ring");
     }
     record->assign(map_ + kHeaderBytes + at + 8, length);
-    tail_ += bytes;
-    tail_word_->store(tail_, std::memory_order_release);
+    tail += bytes;
+    tail_.store(tail, std::memory_order_relaxed);
+    tail_word_->store(tail, std::memory_order_release);
     return Took::kRecord;
   }
   return broken("submit ring: two skip markers in a row");

@@ -24,8 +24,8 @@
 // the daemon read outside the mapping or parse bytes that change under it. A ring that breaks
 // a rule is broken for good (Take says why; the session ends with PROTOCOL_VIOLATION).
 //
-// Thread-safety: Take, HasRecord and SetAsleep from one thread at a time (the poller's);
-// the fds anywhere.
+// Thread-safety: Take, SetAsleep and ClearDoorbell from one thread at a time (the poller's);
+// HasRecord and the fds anywhere.
 #pragma once
 
 #include <atomic>
@@ -58,7 +58,8 @@ class SubmitRing {
   /// nothing more; kBroken (and `*why`) when what it wrote breaks the layout's rules, now or
   /// before.
   Took Take(std::string* record, std::string* why);
-  /// True when the client has written past what was taken (one load; no checks).
+  /// True when the client has written past what was taken and the ring is not broken (one
+  /// load; no checks). Any thread.
   bool HasRecord() const;
   /// Tell the client whether to ring the doorbell after a write.
   void SetAsleep(bool asleep);
@@ -82,8 +83,11 @@ class SubmitRing {
   std::atomic<uint64_t>* head_ = nullptr;
   std::atomic<uint64_t>* tail_word_ = nullptr;
   std::atomic<uint32_t>* asleep_ = nullptr;
-  uint64_t tail_ = 0;  // the daemon's own: what the client writes at kTailOffset is ignored
-  std::string broken_;
+  // The daemon's own tail (what the client writes at kTailOffset is ignored): written by the
+  // poller thread, read by HasRecord on any.
+  std::atomic<uint64_t> tail_{0};
+  std::string broken_;                  // poller thread only
+  std::atomic<bool> is_broken_{false};  // set with broken_
 };
 
 }  // namespace ferry::pool

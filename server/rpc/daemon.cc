@@ -266,8 +266,13 @@ void Daemon::Shutdown(std::chrono::milliseconds grace) {
     SetAcceptingSessions(server_.get(), false);
     auto grace_end = std::chrono::steady_clock::now() + grace;
     BroadcastDraining(context_.get(), static_cast<uint64_t>(grace.count()));
-    while ((registry_->Totals().submits_in_flight > 0 || context_->unsent > 0) &&
-           std::chrono::steady_clock::now() < grace_end) {
+    // Messages sent before the drain count as accepted: those taken and not yet handled, and
+    // those waiting in a ring the poller may take from now.
+    auto busy = [this] {
+      return registry_->Totals().submits_in_flight > 0 || context_->unsent > 0 ||
+             context_->messages_in_hand > 0 || (ring_poller_ && ring_poller_->records_waiting());
+    };
+    while (busy() && std::chrono::steady_clock::now() < grace_end) {
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
     acceptors_.clear();  // Unix endpoints: no new connections

@@ -72,6 +72,7 @@ class SessionConnection : public session::SessionEvents,
       : context_(context), executor_(*context->io), reactor_(reactor), peer_(std::move(peer)) {}
 
   const session::Executor& executor() const { return executor_; }
+  SessionServiceContext* context() const { return context_; }
   v1::ClientMessage* read_buffer() { return &read_buffer_; }
 
   void Start() {
@@ -99,6 +100,7 @@ class SessionConnection : public session::SessionEvents,
       return;
     }
     Accept(std::move(message), kStream);
+    --context_->messages_in_hand;
   }
 
   // The ring poller took a message from the session's submit ring (`message`, null when the
@@ -117,14 +119,17 @@ class SessionConnection : public session::SessionEvents,
   // The handler the ring poller calls with what it took from this session's ring: parse it on
   // the poller's thread, then hand it to the executor (see kRingInlineOps).
   pool::RingPoller::Handler RingHandler() {
-    return [weak = weak_from_this(), executor = executor_](pool::RingPoller::Taken taken) {
+    return [weak = weak_from_this(), executor = executor_,
+            context = context_](pool::RingPoller::Taken taken) {
+      ++context->messages_in_hand;  // until it is handled (or its session is gone)
       auto message = std::make_shared<v1::ClientMessage>();
       bool parsed = taken.broken.empty() && message->ParseFromString(taken.record);
       const bool here = parsed && taken.quiet && IsQuick(*message) &&
                         (!message->has_submit() || message->submit().ops_size() <= kRingInlineOps);
-      auto handle = [weak, message = parsed ? std::move(message) : nullptr,
+      auto handle = [weak, context, message = parsed ? std::move(message) : nullptr,
                      broken = std::move(taken.broken)]() mutable {
         if (auto self = weak.lock()) self->HandleRingMessage(std::move(message), broken);
+        --context->messages_in_hand;
       };
       std::function<void()> fn = std::move(handle);
       if (here && taken.quiet) {
@@ -592,6 +597,7 @@ class SessionReactor final : public Reactor {
     std::shared_ptr<v1::ClientMessage> message;
     if (ok) {
       message = std::make_shared<v1::ClientMessage>(std::move(*connection_->read_buffer()));
+      ++connection_->context()->messages_in_hand;  // until HandleRead has handled it
     }
     const bool quick = message && IsQuick(*message);
     auto handle = [message = std::move(message)](SessionConnection& c) mutable {

@@ -48,6 +48,9 @@ struct SessionServiceContext {
   std::map<const DrainListener*, std::weak_ptr<DrainListener>> streams;  // guarded by streams_mu
   /// Server messages queued and not yet written, over all streams: a drain waits for 0.
   std::atomic<int64_t> unsent{0};
+  /// Client messages taken from a stream or a submit ring and not yet handled by their
+  /// session (queued on its executor): a drain waits for 0, so none is lost.
+  std::atomic<int64_t> messages_in_hand{0};
 
   session::DeviceSupervisor* device = nullptr;
   session::SessionRegistry* registry = nullptr;
