@@ -132,7 +132,7 @@ class SessionConnection : public session::SessionEvents,
         --context->messages_in_hand;
       };
       std::function<void()> fn = std::move(handle);
-      if (here && taken.quiet) {
+      if (here) {
         const auto until = std::chrono::steady_clock::now() + kRingWaitForExecutor;
         do {
           if (executor.TryRun(fn)) return;
