@@ -199,12 +199,16 @@ bool SlabBroker::Serve(Connection& c) {
       return false;
     }
     auto slabs = c.slabs.lock();
+    // A board or ring the session does not have (UNSUPPORTED), or a session gone; no fd.
+    auto answer_none = [&] {
+      Put32(reply,
+            static_cast<uint32_t>(slabs ? ErrorKind::kUnsupported : ErrorKind::kSessionClosed));
+      return SendWithFd(c.fd, reply, sizeof(reply), -1);
+    };
     if (op == kSlabRequestSubmitRing || op == kSlabRequestRingDoorbell) {
       SubmitRing* ring = slabs ? slabs->ring() : nullptr;
       if (!ring) {
-        Put32(reply,
-              static_cast<uint32_t>(slabs ? ErrorKind::kUnsupported : ErrorKind::kSessionClosed));
-        if (!SendWithFd(c.fd, reply, sizeof(reply), -1)) return false;
+        if (!answer_none()) return false;
         continue;
       }
       const bool memory = op == kSlabRequestSubmitRing;
@@ -218,9 +222,7 @@ bool SlabBroker::Serve(Connection& c) {
     if (op == kSlabRequestCompletionBoard) {
       CompletionBoard* board = slabs ? slabs->board() : nullptr;
       if (!board) {
-        Put32(reply,
-              static_cast<uint32_t>(slabs ? ErrorKind::kUnsupported : ErrorKind::kSessionClosed));
-        if (!SendWithFd(c.fd, reply, sizeof(reply), -1)) return false;
+        if (!answer_none()) return false;
         continue;
       }
       Put64(reply + 16, CompletionBoard::kBytes);
