@@ -180,7 +180,9 @@ void RingPoller::Sleep(std::vector<std::shared_ptr<Registration>>& regs, uint64_
   }
   if (!ready) {
     epoll_event events[64];
-    int n = ::epoll_wait(epoll_, events, 64, -1);
+    // Bounded: a client that writes without ringing its doorbell (libferry always rings) is
+    // served within kSleepMax, and a drain never waits on it for its whole grace.
+    int n = ::epoll_wait(epoll_, events, 64, static_cast<int>(kSleepMax.count()));
     for (int i = 0; i < n; ++i) {
       if (events[i].data.ptr == nullptr) {
         uint64_t count;

@@ -9,8 +9,8 @@
 // Waiting: after a record, the poller keeps polling every armed ring for `spin` (a client
 // that submits again within it is seen within a microsecond, with no thread wake-up), then
 // marks every ring asleep and sleeps in epoll on the rings' doorbells and its own wake-up
-// eventfd (Arm and Add ring it). The cost is one core while clients submit, like the CUDA
-// backend's completion watcher; an idle daemon sleeps.
+// eventfd (Arm and Add ring it), at most kSleepMax at a time. The cost is one core while clients
+// submit, like the CUDA backend's completion watcher; an idle daemon sleeps.
 //
 // Handlers run on the poller thread and must not block: they parse and hand the record on.
 // A handler may call Arm and Remove (of any registration). After Remove returns, the
@@ -66,6 +66,9 @@ class RingPoller {
     std::atomic<bool> removed_{false};
     bool in_epoll_ = false;  // poller thread only
   };
+
+  /// The longest the poller sleeps without a doorbell before it looks at the rings again.
+  static constexpr std::chrono::milliseconds kSleepMax{50};
 
   static Result<std::unique_ptr<RingPoller>> Start(std::chrono::microseconds spin);
   /// Stop the thread; registrations left are dropped (their handlers are not called again;

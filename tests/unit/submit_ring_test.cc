@@ -252,6 +252,30 @@ TEST(RingPollerTest, SleepsAndWakesForTheDoorbellAndStopsAfterRemove) {
   EXPECT_EQ(calls.load(), 3);
 }
 
+// A client that writes without ringing the doorbell (a raw client may) is still served, once
+// the poller's bounded sleep ends.
+TEST(RingPollerTest, ARecordWrittenWithoutTheDoorbellIsTakenAfterTheSleep) {
+  auto poller = RingPoller::Start(std::chrono::microseconds(50));
+  ASSERT_TRUE(poller.ok());
+  std::shared_ptr<SubmitRing> ring = MakeRing();
+  ClientSide client(*ring);
+  std::atomic<int> calls{0};
+  auto reg = (*poller)->Add(ring, [&](RingPoller::Taken) { calls.fetch_add(1); });
+  reg->Arm();
+  for (int i = 0; i < 200 && !client.Asleep(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_TRUE(client.Asleep());
+  client.Put32(0, 5);  // a record of 5 bytes at 0, head stored, no doorbell
+  client.SetHead(16);
+  for (int i = 0; i < 400 && calls.load() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(calls.load(), 1) << "not taken within 2 s (the poller sleeps at most "
+                             << RingPoller::kSleepMax.count() << " ms)";
+  reg->Remove();
+}
+
 TEST(RingPollerTest, ABrokenRingIsReportedOnce) {
   auto poller = RingPoller::Start(std::chrono::microseconds(100));
   ASSERT_TRUE(poller.ok());
