@@ -126,7 +126,11 @@ TEST_F(BadInputTest, InFlightLimitHoldsAgainstAFastSender) {
   auto opened = raw.Read();
   ASSERT_TRUE(opened && opened->has_opened());
   ASSERT_EQ(opened->opened().max_in_flight_submits(), 2u);
-  ASSERT_TRUE(raw.Submit(1, {Create(1, v1::DTYPE_F32, {1 << 18})}));  // 1 MiB
+  // Long enough for the sampler below to see the submits in flight: 1 MiB on the host
+  // backend; 64 MiB on a GPU, where 1600 fills of 1 MiB take a few milliseconds (on the H200
+  // the sampler once saw none in flight).
+  const int64_t elements = testing::TestBackend() == "host" ? int64_t{1} << 18 : int64_t{1} << 24;
+  ASSERT_TRUE(raw.Submit(1, {Create(1, v1::DTYPE_F32, {elements})}));
   EXPECT_EQ(raw.Completion(1).kind(), v1::ERROR_KIND_NONE);
 
   std::atomic<bool> done{false};
