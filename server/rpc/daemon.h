@@ -104,13 +104,15 @@ class Daemon {
   std::unique_ptr<session::SessionRegistry> registry_;
   std::unique_ptr<pool::SlabPool> slab_pool_;  // outlives every session
   std::unique_ptr<pool::SlabBroker> slab_broker_;
-  std::unique_ptr<pool::RingPoller> ring_poller_;   // local sessions' submit rings; may be null
   std::unique_ptr<pool::StagingArea> staging_;      // gives its slabs back before the pool goes
   std::unique_ptr<session::CopyTurns> copy_turns_;  // outlives every session
   boost::asio::io_context io_;
   std::unique_ptr<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> work_;
   std::vector<std::thread> threads_;
   std::unique_ptr<SessionServiceContext> context_;
+  // Local sessions' submit rings; may be null. Declared after the io_context and the context
+  // its handlers use, so its thread stops before they go.
+  std::unique_ptr<pool::RingPoller> ring_poller_;
   std::unique_ptr<SessionService> session_service_;
   std::unique_ptr<AdminService> admin_service_;
   std::unique_ptr<grpc::Server> server_;

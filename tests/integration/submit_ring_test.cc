@@ -53,11 +53,18 @@ class RawRing {
     if (doorbell_ >= 0) ::close(doorbell_);
   }
 
-  // Write `m` as the next record (no room check: the tests write little) and ring.
+  // Write `m` as the next record, waiting (up to 10 s) until the daemon has taken enough to
+  // make room, and ring.
   void Write(const v1::ClientMessage& m) { WriteBytes(m.SerializeAsString()); }
   void WriteBytes(const std::string& bytes) {
     const uint64_t need = 8 + ((bytes.size() + 7) & ~uint64_t{7});
     uint64_t at = head_ % capacity_;
+    const uint64_t skip = at + need > capacity_ ? capacity_ - at : 0;
+    for (int i = 0; i < 100000; ++i) {
+      const uint64_t tail = reinterpret_cast<std::atomic<uint64_t>*>(map_ + 64)->load();
+      if (head_ + skip + need - tail <= capacity_) break;
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
     if (at + need > capacity_) {
       Put32(at, 0xFFFFFFFFu);
       head_ += capacity_ - at;
@@ -158,6 +165,54 @@ TEST_F(SubmitRingTest, BothPathsAreHandledInSequenceOrder) {
   while (auto m = raw.Read()) closed |= m->has_closed();
   EXPECT_TRUE(closed);
   EXPECT_TRUE(raw.Finish().ok());
+}
+
+// The daemon takes ring records only while the session is below its in-flight limit (the
+// way it stops reading the stream): a client that writes many submits into its ring at once
+// is held back in the ring, and every submit still runs, in order.
+TEST_F(SubmitRingTest, InFlightLimitHoldsForTheRing) {
+  RawStream raw(daemon_->unix_target());
+  v1::ClientMessage open;
+  open.mutable_open()->set_protocol_version(v1::PROTOCOL_VERSION_CURRENT);
+  open.mutable_open()->set_max_in_flight_submits(2);
+  ASSERT_TRUE(raw.Send(open));
+  auto opened = raw.Read();
+  ASSERT_TRUE(opened && opened->has_opened());
+  ASSERT_EQ(opened->opened().max_in_flight_submits(), 2u);
+  RawRing ring;
+  ASSERT_TRUE(ring.Map(opened->opened()));
+  ring.Write(SubmitMessage(1, 1, {Create(1, v1::DTYPE_F32, {1 << 18})}));
+  ASSERT_EQ(raw.Completion(1).kind(), v1::ERROR_KIND_NONE);
+
+  std::atomic<bool> done{false};
+  std::atomic<uint64_t> most_in_flight{0};
+  std::thread sampler([&] {
+    while (!done) {
+      uint64_t n = daemon_->AdminStatus().submits_in_flight();
+      if (n > most_in_flight) most_in_flight = n;
+    }
+  });
+  constexpr uint64_t kSubmits = 12;
+  std::thread writer([&] {  // as fast as the ring takes them: 100 fills (~1.5 KiB) each
+    for (uint64_t n = 2; n < 2 + kSubmits; ++n) {
+      ring.Write(SubmitMessage(n, n, std::vector<v1::Op>(100, Fill(1, static_cast<double>(n)))));
+    }
+    ring.Write(SubmitMessage(2 + kSubmits, 2 + kSubmits, {Download(1, 0, 4)}));
+  });
+  for (uint64_t id = 2; id < 2 + kSubmits; ++id) {
+    EXPECT_EQ(raw.Completion(id).kind(), v1::ERROR_KIND_NONE) << "submit " << id;
+  }
+  std::string chunks;
+  EXPECT_EQ(raw.Completion(2 + kSubmits, &chunks).kind(), v1::ERROR_KIND_NONE);
+  writer.join();
+  done = true;
+  sampler.join();
+  ASSERT_EQ(chunks.size(), 4u);
+  float value;
+  std::memcpy(&value, chunks.data(), 4);
+  EXPECT_EQ(value, static_cast<float>(1 + kSubmits)) << "the last fill ran last";
+  EXPECT_LE(most_in_flight.load(), 2u);
+  raw.Close();
 }
 
 // Each way of breaking the ring or the numbering: the session ends with PROTOCOL_VIOLATION, its
