@@ -173,6 +173,9 @@ size_t RingPoller::PollOnce(std::vector<std::shared_ptr<Registration>>& regs) {
 void RingPoller::Sleep(std::vector<std::shared_ptr<Registration>>& regs, uint64_t generation) {
   for (auto& reg : regs) reg->ring_->SetAsleep(true);
   shared_->asleep.store(true, std::memory_order_seq_cst);
+  // Pairs with the client's fence between storing head and reading asleep: either it sees a
+  // ring asleep and rings, or the look at the rings below sees its head.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
   bool ready = stop_.load() || shared_->generation.load() != generation;
   for (auto& reg : regs) {
     // A ring whose head moved (HasRecord) after it was marked asleep may not have rung.
