@@ -3,7 +3,6 @@
 // let a client misbehave.
 #include <gtest/gtest.h>
 
-#include <atomic>
 #include <fstream>
 #include <thread>
 
@@ -133,14 +132,7 @@ TEST_F(BadInputTest, InFlightLimitHoldsAgainstAFastSender) {
   ASSERT_TRUE(raw.Submit(1, {Create(1, v1::DTYPE_F32, {elements})}));
   EXPECT_EQ(raw.Completion(1).kind(), v1::ERROR_KIND_NONE);
 
-  std::atomic<bool> done{false};
-  std::atomic<uint64_t> most_in_flight{0};
-  std::thread sampler([&] {
-    while (!done) {
-      uint64_t n = daemon_->AdminStatus().submits_in_flight();
-      if (n > most_in_flight) most_in_flight = n;
-    }
-  });
+  testing::InFlightSampler sampler(*daemon_);
   constexpr int kSubmits = 8;
   std::thread sender([&] {  // as fast as the stream lets it
     for (uint64_t id = 2; id < 2 + kSubmits; ++id) {
@@ -152,10 +144,9 @@ TEST_F(BadInputTest, InFlightLimitHoldsAgainstAFastSender) {
     EXPECT_EQ(raw.Completion(id).kind(), v1::ERROR_KIND_NONE) << "submit " << id;
   }
   sender.join();
-  done = true;
-  sampler.join();
-  EXPECT_LE(most_in_flight.load(), 2u);
-  EXPECT_GE(most_in_flight.load(), 1u) << "the sampler never saw work in flight";
+  const uint64_t most_in_flight = sampler.Stop();
+  EXPECT_LE(most_in_flight, 2u);
+  EXPECT_GE(most_in_flight, 1u) << "the sampler never saw work in flight";
   v1::ClientMessage close;
   close.mutable_close();
   ASSERT_TRUE(raw.Send(close));

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -171,6 +172,31 @@ class FerrydProcess {
   pid_t pid_ = -1;
   int exit_status_ = -1;
   std::vector<std::string> endpoints_;
+};
+
+/// Samples a daemon's submits in flight (Admin Status, as fast as it answers) on a thread of
+/// its own, from construction until Stop.
+class InFlightSampler {
+ public:
+  explicit InFlightSampler(const FerrydProcess& daemon)
+      : thread_([this, &daemon] {
+          while (!done_) {
+            uint64_t n = daemon.AdminStatus().submits_in_flight();
+            if (n > most_) most_ = n;
+          }
+        }) {}
+  ~InFlightSampler() { Stop(); }
+  /// Stop sampling; the most submits in flight seen.
+  uint64_t Stop() {
+    done_ = true;
+    if (thread_.joinable()) thread_.join();
+    return most_;
+  }
+
+ private:
+  std::atomic<bool> done_{false};
+  std::atomic<uint64_t> most_{0};
+  std::thread thread_;  // last: it starts once the flags exist
 };
 
 }  // namespace ferry::testing
