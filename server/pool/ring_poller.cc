@@ -88,7 +88,7 @@ size_t RingPoller::rings() const {
 bool RingPoller::records_waiting() const {
   std::lock_guard lock(shared_->mu);
   for (const auto& reg : shared_->registered) {
-    if (reg->armed_.load() && reg->ring_->HasRecord()) return true;
+    if (reg->Ready()) return true;
   }
   return false;
 }
@@ -144,10 +144,10 @@ size_t RingPoller::PollOnce(std::vector<std::shared_ptr<Registration>>& regs) {
   size_t handed = 0;
   size_t waiting = 0;  // armed rings with a record, this pass
   for (auto& reg : regs) {
-    waiting += reg->armed_.load(std::memory_order_relaxed) && reg->ring_->HasRecord();
+    waiting += reg->Ready();
   }
   for (auto& reg : regs) {
-    if (!reg->armed_.load(std::memory_order_acquire) || !reg->ring_->HasRecord()) continue;
+    if (!reg->Ready()) continue;
     if (reg->removed_.load()) continue;
     Taken taken;
     taken.quiet = waiting <= 1 && handed_last_pass_ <= 1;
@@ -179,7 +179,7 @@ void RingPoller::Sleep(std::vector<std::shared_ptr<Registration>>& regs, uint64_
   bool ready = stop_.load() || shared_->generation.load() != generation;
   for (auto& reg : regs) {
     // A ring whose head moved (HasRecord) after it was marked asleep may not have rung.
-    if (reg->armed_.load(std::memory_order_seq_cst) && reg->ring_->HasRecord()) ready = true;
+    if (reg->Ready()) ready = true;
   }
   if (!ready) {
     epoll_event events[64];

@@ -62,6 +62,8 @@ class RingPoller {
     std::shared_ptr<Shared> shared_;  // outlives the poller while a registration is held
     std::shared_ptr<SubmitRing> ring_;
     Handler handler_;
+    // Armed, and its ring holds a record the poller has not taken (seq_cst: Sleep's check).
+    bool Ready() const { return armed_.load() && ring_->HasRecord(); }
     std::atomic<bool> armed_{false};
     std::atomic<bool> removed_{false};
     bool in_epoll_ = false;  // poller thread only
