@@ -117,7 +117,10 @@ TEST_F(BadInputTest, InvalidHandlesShapesAndDtypesAreTypedAndAtomic) {
 // yet never holds more submits of a session in flight than the session's limit: a client
 // that sends faster than the device runs is held back by the stream.
 TEST_F(BadInputTest, InFlightLimitHoldsAgainstAFastSender) {
-  RawStream raw(daemon_->unix_target());
+  // Its own daemon: the fixture's 2 MiB session quota cannot hold the GPU's 64 MiB tensor.
+  FerrydProcess daemon({"--session-quota", "64M", "--max-session-quota", "64M"});
+  ASSERT_TRUE(daemon.ok()) << daemon.log();
+  RawStream raw(daemon.unix_target());
   v1::ClientMessage open;
   open.mutable_open()->set_protocol_version(v1::PROTOCOL_VERSION_CURRENT);
   open.mutable_open()->set_max_in_flight_submits(2);
@@ -132,7 +135,7 @@ TEST_F(BadInputTest, InFlightLimitHoldsAgainstAFastSender) {
   ASSERT_TRUE(raw.Submit(1, {Create(1, v1::DTYPE_F32, {elements})}));
   EXPECT_EQ(raw.Completion(1).kind(), v1::ERROR_KIND_NONE);
 
-  testing::InFlightSampler sampler(*daemon_);
+  testing::InFlightSampler sampler(daemon);
   constexpr int kSubmits = 8;
   std::thread sender([&] {  // as fast as the stream lets it
     for (uint64_t id = 2; id < 2 + kSubmits; ++id) {
