@@ -127,6 +127,17 @@ class Stream {
   /// Enqueue one replay of `graph`.
   virtual Status LaunchGraph(const Graph& graph) = 0;
 
+  /// A batch: many small ops handed to the device at once. Work enqueued between BeginBatch
+  /// and EndBatch is recorded under the rules of BeginCapture (Allocate refused, Free
+  /// deferred and the batch then invalid, OnComplete refused; a batch and a capture do not
+  /// nest). EndBatch enqueues all of it, in order, with one replay, as if each op had been
+  /// enqueued on its own at EndBatch; nothing of the batch runs before. An op refused inside
+  /// the batch is not recorded, and the others still run. An invalid batch enqueues
+  /// nothing (EndBatch: INVALID_ARGUMENT). Unlike a capture, the stream keeps what makes the
+  /// next batch of the same shape cheaper (CUDA: the executable graph, updated in place).
+  virtual Status BeginBatch() = 0;
+  virtual Status EndBatch() = 0;
+
   /// Call `done` once all work enqueued before this call has finished; see file comment.
   virtual void OnComplete(CompletionFn done) = 0;
 

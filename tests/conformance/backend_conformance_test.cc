@@ -60,6 +60,8 @@ class DeviceBuffer {
 
   DevicePtr ptr() const { return ptr_; }
   DevicePtr at(uint64_t byte_offset) const { return ptr_ + byte_offset; }
+  /// Give up ownership: the caller frees the memory.
+  DevicePtr release() { return std::exchange(ptr_, 0); }
 
  private:
   void Reset() {
@@ -701,6 +703,99 @@ TEST_P(BackendConformanceTest, CaptureMisuseIsRejected) {
   DeviceBuffer buf = AllocateElements<double>(stream(), 4);
   ASSERT_TRUE(stream().Fill(DType::kF64, buf.ptr(), 4, 8.0).ok());
   for (double v : Download<double>(stream(), buf.ptr(), 4)) EXPECT_EQ(v, 8.0);
+}
+
+// Batches: many small ops handed over at once run as if enqueued one by one at EndBatch.
+// Batches of one shape follow each other without waiting, each with other values (on CUDA
+// the kept graph is updated while earlier launches of it may still run); then batches of
+// another shape with the same op count (other kernels) and of another op count.
+TEST_P(BackendConformanceTest, BatchesRunInOrderWithTheirOwnValues) {
+  constexpr uint64_t kCount = 4096;
+  constexpr int kOps = 16;
+  DeviceBuffer x = AllocateElements<float>(stream(), kCount);
+  DeviceBuffer y = AllocateElements<float>(stream(), kCount);
+  DeviceBuffer z = AllocateElements<float>(stream(), kCount);
+  ASSERT_TRUE(stream().Fill(DType::kF32, x.ptr(), kCount, 1.0).ok());
+  ASSERT_TRUE(stream().Fill(DType::kF32, y.ptr(), kCount, 0.0).ok());
+  ASSERT_TRUE(Sync(stream()).ok());
+
+  // 20 batches of 16 axpy, batch j adding 16 (j + 1): y = 16 * (1 + ... + 20) = 3360.
+  for (int j = 0; j < 20; ++j) {
+    ASSERT_TRUE(stream().BeginBatch().ok());
+    for (int k = 0; k < kOps; ++k) {
+      ASSERT_TRUE(stream().Axpy(DType::kF32, j + 1, x.ptr(), y.ptr(), kCount).ok());
+    }
+    ASSERT_TRUE(stream().EndBatch().ok()) << "batch " << j;
+  }
+  for (float v : Download<float>(stream(), y.ptr(), kCount)) ASSERT_EQ(v, 3360.0f);
+
+  // Same op count, other kernels: z = 3360 * 2, then 15 times z += x; z = 6735.
+  ASSERT_TRUE(stream().BeginBatch().ok());
+  ASSERT_TRUE(stream().Scale(DType::kF32, y.ptr(), 2.0, z.ptr(), kCount).ok());
+  for (int k = 1; k < kOps; ++k) {
+    ASSERT_TRUE(
+        stream().Binary(BinaryOp::kAdd, DType::kF32, z.ptr(), x.ptr(), z.ptr(), kCount).ok());
+  }
+  ASSERT_TRUE(stream().EndBatch().ok());
+  // Another op count: 3 ops. A fill before it (outside any batch) runs first.
+  ASSERT_TRUE(stream().Fill(DType::kF32, y.ptr(), kCount, 5.0).ok());
+  ASSERT_TRUE(stream().BeginBatch().ok());
+  ASSERT_TRUE(stream().Axpy(DType::kF32, 1.0, z.ptr(), y.ptr(), kCount).ok());  // 6740
+  ASSERT_TRUE(stream()
+                  .Binary(BinaryOp::kSub, DType::kF32, y.ptr(), x.ptr(), y.ptr(), kCount)
+                  .ok());                                                        // 6739
+  ASSERT_TRUE(stream().Scale(DType::kF32, y.ptr(), 0.5, y.ptr(), kCount).ok());  // 3369.5
+  ASSERT_TRUE(stream().EndBatch().ok());
+  for (float v : Download<float>(stream(), z.ptr(), kCount)) ASSERT_EQ(v, 6735.0f);
+  for (float v : Download<float>(stream(), y.ptr(), kCount)) ASSERT_EQ(v, 3369.5f);
+
+  // An empty batch enqueues nothing and is fine.
+  ASSERT_TRUE(stream().BeginBatch().ok());
+  ASSERT_TRUE(stream().EndBatch().ok());
+  ASSERT_TRUE(Sync(stream()).ok());
+}
+
+// Nothing of a batch runs before EndBatch; an op refused inside it is left out and the
+// others run; a batch made invalid (a Free inside it) enqueues nothing; misuse is refused.
+TEST_P(BackendConformanceTest, BatchRulesAndRefusals) {
+  constexpr uint64_t kCount = 256;
+  DeviceBuffer x = AllocateElements<double>(stream(), kCount);
+  ASSERT_TRUE(stream().Fill(DType::kF64, x.ptr(), kCount, 1.0).ok());
+  ASSERT_TRUE(Sync(stream()).ok());
+
+  EXPECT_FALSE(stream().EndBatch().ok()) << "EndBatch without BeginBatch";
+  ASSERT_TRUE(stream().BeginBatch().ok());
+  EXPECT_FALSE(stream().BeginBatch().ok()) << "BeginBatch twice";
+  EXPECT_FALSE(stream().BeginCapture().ok()) << "BeginCapture inside a batch";
+  EXPECT_FALSE(stream().EndCapture().ok()) << "EndCapture inside a batch";
+  Result<DevicePtr> ptr = stream().Allocate(256);
+  EXPECT_FALSE(ptr.ok()) << "Allocate inside a batch";
+  ASSERT_TRUE(stream().Scale(DType::kF64, x.ptr(), 3.0, x.ptr(), kCount).ok());
+  // Past the allocation's end: refused, not recorded.
+  EXPECT_EQ(stream().Fill(DType::kF64, x.ptr(), kCount + 1, 0.0).kind(), ErrorKind::kOutOfRange);
+  ASSERT_TRUE(stream().Scale(DType::kF64, x.ptr(), 2.0, x.ptr(), kCount).ok());
+  // Recorded, not run: a copy on another stream sees the old values.
+  Result<std::unique_ptr<Stream>> other = device().CreateStream();
+  ASSERT_TRUE(other.ok());
+  for (double v : Download<double>(**other, x.ptr(), kCount)) ASSERT_EQ(v, 1.0);
+  ASSERT_TRUE(stream().EndBatch().ok());
+  for (double v : Download<double>(stream(), x.ptr(), kCount)) ASSERT_EQ(v, 6.0);
+
+  // A batch with a Free inside is invalid: none of it runs; the memory is still released.
+  DeviceBuffer doomed = AllocateElements<double>(stream(), kCount);
+  ASSERT_TRUE(stream().BeginBatch().ok());
+  ASSERT_TRUE(stream().Scale(DType::kF64, x.ptr(), 10.0, x.ptr(), kCount).ok());
+  stream().Free(doomed.release());
+  EXPECT_EQ(stream().EndBatch().kind(), ErrorKind::kInvalidArgument);
+  for (double v : Download<double>(stream(), x.ptr(), kCount)) ASSERT_EQ(v, 6.0);
+
+  // A capture is not a batch.
+  ASSERT_TRUE(stream().BeginCapture().ok());
+  EXPECT_FALSE(stream().EndBatch().ok()) << "EndBatch inside a capture";
+  EXPECT_FALSE(stream().BeginBatch().ok()) << "BeginBatch inside a capture";
+  ASSERT_TRUE(stream().EndCapture().ok());
+  ASSERT_TRUE(stream().Fill(DType::kF64, x.ptr(), kCount, 4.0).ok());
+  for (double v : Download<double>(stream(), x.ptr(), kCount)) ASSERT_EQ(v, 4.0);
 }
 
 TEST_P(BackendConformanceTest, ManyStreamsFromManyThreads) {

@@ -559,6 +559,7 @@ class CudaStream final : public Stream {
       FreeDeferred();
     }
     if (stream_ != nullptr) (void)cudaStreamSynchronize(stream_);
+    for (auto& [nodes, exec] : batch_execs_) (void)cudaGraphExecDestroy(exec);
     if (!watcher().OnWatcherThread()) watcher().WaitForQueue(queue_);
     if (cublas_ != nullptr) (void)cublas_api_->Destroy(cublas_);
     if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
@@ -736,6 +737,7 @@ class CudaStream final : public Stream {
 
   Result<std::unique_ptr<Graph>> EndCapture() override {
     if (!capturing_) return InvalidArgument("EndCapture without BeginCapture");
+    if (batching_) return InvalidArgument("EndCapture inside a batch; call EndBatch");
     FERRY_RETURN_IF_ERROR(device_->MakeCurrent());
     capturing_ = false;
     std::vector<Access> accesses = std::move(captured_);
@@ -783,6 +785,45 @@ class CudaStream final : public Stream {
                        cuda_graph->accesses().end());
     }
     return Status::Ok();
+  }
+
+  // A batch is a capture whose executable graph the stream keeps, one per node count, and
+  // updates in place with the next batch of that count (cudaGraphExecUpdate: new kernel
+  // parameters, even new kernels, same topology). Launching updated graphs costs a fraction
+  // of launching their kernels one by one (docs/performance.md, "Kernel batches").
+  Status BeginBatch() override {
+    FERRY_RETURN_IF_ERROR(BeginCapture());
+    batching_ = true;
+    return Status::Ok();
+  }
+
+  Status EndBatch() override {
+    if (!batching_) return InvalidArgument("EndBatch without BeginBatch");
+    FERRY_RETURN_IF_ERROR(device_->MakeCurrent());
+    batching_ = false;
+    capturing_ = false;
+    captured_.clear();  // every op was checked when it was recorded, and runs right away
+    std::string capture_error = std::move(capture_error_);
+    capture_error_.clear();
+    cudaGraph_t graph = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
+    FreeDeferred();
+    struct GraphGuard {
+      cudaGraph_t graph;
+      ~GraphGuard() {
+        if (graph != nullptr) (void)cudaGraphDestroy(graph);
+      }
+    } guard{graph};
+    FERRY_RETURN_IF_ERROR(
+        device_->Check(ended, "cudaStreamEndCapture").WithContext("batch invalidated"));
+    if (!capture_error.empty()) return InvalidArgument("batch invalidated: " + capture_error);
+    if (graph == nullptr) return Status(ErrorKind::kInternal, "cudaStreamEndCapture: no graph");
+    size_t nodes = 0;
+    FERRY_RETURN_IF_ERROR(
+        device_->Check(cudaGraphGetNodes(graph, nullptr, &nodes), "cudaGraphGetNodes"));
+    if (nodes == 0) return Status::Ok();
+    FERRY_ASSIGN_OR_RETURN(cudaGraphExec_t exec, BatchExec(graph, nodes));
+    return device_->Check(cudaGraphLaunch(exec, stream_), "cudaGraphLaunch (batch)");
   }
 
   void OnComplete(CompletionFn done) override {
@@ -953,6 +994,28 @@ class CudaStream final : public Stream {
     return device_->CheckStatus(CublasStatus(status, "cuBLAS gemm"));
   }
 
+  /// The kept executable for a batch of `nodes` nodes, updated to run `graph`, or a new one.
+  /// An executable replaced or evicted while a launch of it is in flight is freed by CUDA
+  /// when that launch completes.
+  Result<cudaGraphExec_t> BatchExec(cudaGraph_t graph, size_t nodes) {
+    if (auto it = batch_execs_.find(nodes); it != batch_execs_.end()) {
+      cudaGraphExecUpdateResultInfo info{};
+      if (cudaGraphExecUpdate(it->second, graph, &info) == cudaSuccess) return it->second;
+      (void)cudaGetLastError();  // not updatable to this graph (another topology): replace it
+      (void)cudaGraphExecDestroy(it->second);
+      batch_execs_.erase(it);
+    }
+    cudaGraphExec_t exec = nullptr;
+    FERRY_RETURN_IF_ERROR(
+        device_->Check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate (batch)"));
+    if (batch_execs_.size() >= kMaxBatchExecs) {
+      (void)cudaGraphExecDestroy(batch_execs_.begin()->second);
+      batch_execs_.erase(batch_execs_.begin());
+    }
+    batch_execs_.emplace(nodes, exec);
+    return exec;
+  }
+
   void FreeDeferred() {
     for (DevicePtr ptr : deferred_frees_) {
       (void)device_->Check(cudaFreeAsync(Address(ptr), stream_), "cudaFreeAsync");
@@ -972,6 +1035,10 @@ class CudaStream final : public Stream {
   std::vector<Access> captured_;           // ranges the captured work touches
   std::string capture_error_;              // why EndCapture must fail; empty while valid
   std::vector<DevicePtr> deferred_frees_;  // freed during capture, released after it
+  bool batching_ = false;                  // the capture is a batch (BeginBatch)
+  // Executable graphs of past batches by node count (at most kMaxBatchExecs).
+  static constexpr size_t kMaxBatchExecs = 8;
+  std::map<size_t, cudaGraphExec_t> batch_execs_;
 };
 
 Status CudaStream::Launch(const Module& module, std::string_view function,

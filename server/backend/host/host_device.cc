@@ -273,6 +273,7 @@ class HostStream final : public Stream {
 
   Result<std::unique_ptr<Graph>> EndCapture() override {
     if (!capturing_) return InvalidArgument("EndCapture without BeginCapture");
+    if (batching_) return InvalidArgument("EndCapture inside a batch; call EndBatch");
     capturing_ = false;
     std::vector<HostOp> ops = std::move(captured_);
     captured_.clear();
@@ -306,6 +307,20 @@ class HostStream final : public Stream {
     }
     cv_.notify_one();
     return Status::Ok();
+  }
+
+  // The host backend has nothing to keep between batches: a batch is a capture replayed once.
+  Status BeginBatch() override {
+    FERRY_RETURN_IF_ERROR(BeginCapture());
+    batching_ = true;
+    return Status::Ok();
+  }
+
+  Status EndBatch() override {
+    if (!batching_) return InvalidArgument("EndBatch without BeginBatch");
+    batching_ = false;
+    FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Graph> graph, EndCapture());
+    return LaunchGraph(*graph);
   }
 
   void OnComplete(CompletionFn done) override {
@@ -411,6 +426,7 @@ class HostStream final : public Stream {
 
   // Owner-only capture state.
   bool capturing_ = false;
+  bool batching_ = false;  // the capture is a batch (BeginBatch)
   std::vector<HostOp> captured_;
   std::string capture_error_;  // why EndCapture must fail; empty while the capture is valid
 
