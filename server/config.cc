@@ -160,6 +160,11 @@ class Settings {
         {"copy-turns",
          bounded(0, 1024, [this](uint64_t n) { c_.daemon.copy_turns = static_cast<uint32_t>(n); })},
         {"copy-turn-size", bytes(&c_.daemon.copy_turn_bytes)},
+        {"kernel-batch", bounded(0, 65536,
+                                 [this](uint64_t n) {
+                                   c_.daemon.session_defaults.kernel_batch =
+                                       static_cast<uint32_t>(n);
+                                 })},
         {"slab-size",
          [this](const std::string& v) -> Status {
            FERRY_ASSIGN_OR_RETURN(uint64_t n, ParseBytes(v));
@@ -411,6 +416,9 @@ means true; --allow-insecure-remote and --allow-remote-raw-kernels also take =tr
                              sessions share the copy engines fairly (default 4; 0: no limit)
   --copy-turn-size SIZE      bytes a submit copies one way from which it takes a turn
                              (default 4M)
+  --kernel-batch N           a run of N or more kernel ops (fill, binary, scale, axpy) in
+                             one submit goes to the device as one batch: on CUDA one graph
+                             launch, its graph kept and updated (default 8; 0: never)
   --slab-size SIZE           size of a shared-memory slab for local clients (default 64M)
   --pinned-budget SIZE       pinned shared memory all slabs may take (default 1G)
   --initial-slabs N          slabs made and registered at start (default 1)
@@ -525,6 +533,8 @@ std::string FormatConfig(const DaemonConfig& c) {
   out << "copy-turns = " << c.daemon.copy_turns << (c.daemon.copy_turns == 0 ? "  # no limit" : "")
       << "\n";
   out << "copy-turn-size = " << FormatBytes(c.daemon.copy_turn_bytes) << "\n";
+  out << "kernel-batch = " << c.daemon.session_defaults.kernel_batch
+      << (c.daemon.session_defaults.kernel_batch == 0 ? "  # off" : "") << "\n";
   out << "slab-size = " << FormatBytes(c.daemon.slab_pool.slab_size) << "\n";
   out << "pinned-budget = " << FormatBytes(c.daemon.slab_pool.budget) << "\n";
   out << "initial-slabs = " << c.daemon.slab_pool.initial_slabs << "\n";

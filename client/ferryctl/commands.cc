@@ -445,6 +445,7 @@ int RunSessions(const Options& options, std::ostream& out, std::ostream& err) {
                               .Add("peak_device_bytes", st.peak_device_bytes())
                               .Add("device_busy_ns", st.device_busy_ns())
                               .Add("graph_launches", st.graph_launches())
+                              .Add("kernel_batches", st.kernel_batches())
                               .str();
       JsonObject item;
       item.Add("session_id", i.session_id())

@@ -79,6 +79,7 @@ SessionStats FromProto(const v1::SessionStats& s) {
   out.peak_device_bytes = s.peak_device_bytes();
   out.device_busy_ns = s.device_busy_ns();
   out.graph_launches = s.graph_launches();
+  out.kernel_batches = s.kernel_batches();
   return out;
 }
 

@@ -106,6 +106,7 @@ grpc::ServerUnaryReactor* AdminService::ListSessions(grpc::CallbackServerContext
     snap.peak_device_bytes = c.peak_device_bytes;
     snap.device_busy_ns = c.device_busy_ns;
     snap.graph_launches = c.graph_launches;
+    snap.kernel_batches = c.kernel_batches;
     ToProto(snap, s->mutable_stats());
   }
   auto* reactor = ctx->DefaultReactor();

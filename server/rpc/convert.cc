@@ -208,6 +208,7 @@ void ToProto(const session::SessionStatsSnapshot& s, v1::SessionStats* out) {
   out->set_peak_device_bytes(s.peak_device_bytes);
   out->set_device_busy_ns(s.device_busy_ns);
   out->set_graph_launches(s.graph_launches);
+  out->set_kernel_batches(s.kernel_batches);
 }
 
 }  // namespace ferry::rpc

@@ -29,6 +29,7 @@ struct SessionCounters {
   std::atomic<uint64_t> peak_device_bytes{0};
   std::atomic<uint64_t> device_busy_ns{0};
   std::atomic<uint64_t> graph_launches{0};
+  std::atomic<uint64_t> kernel_batches{0};
   // Gauges.
   std::atomic<uint64_t> submits_in_flight{0};
   std::atomic<uint64_t> device_bytes{0};

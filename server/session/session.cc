@@ -145,6 +145,14 @@ void Session::OnTurnsGranted() {
   DeliverReady();
 }
 
+namespace {
+/// An op that is one kernel launch of ferry's own, so that a batch may hold it.
+bool IsKernelOp(const Op& op) {
+  return std::holds_alternative<FillOp>(op) || std::holds_alternative<BinaryOpArgs>(op) ||
+         std::holds_alternative<ScaleOp>(op) || std::holds_alternative<AxpyOp>(op);
+}
+}  // namespace
+
 Status Session::Enqueue(SubmitRequest& request, const AdmissionResult& admitted, InFlight& record) {
   auto& ops = request.ops;
   // Allocate everything the submit creates first, so that a device that cannot provide
@@ -208,11 +216,34 @@ Status Session::Enqueue(SubmitRequest& request, const AdmissionResult& admitted,
     counters_->peak_device_bytes = admitted.peak_device_bytes;
   }
   Status first_error;
+  size_t scanned = 0;                     // ops before this one were looked at for a batch
+  size_t batch_first = 0, batch_end = 0;  // ops [batch_first, batch_end) go as one batch
   for (size_t i = 0; i < ops.size(); ++i) {
+    if (i >= scanned) {
+      size_t run = i;
+      while (run < ops.size() && IsKernelOp(ops[run])) ++run;
+      scanned = std::max(run, i + 1);
+      if (!capturing_ && config_.kernel_batch > 0 && run - i >= config_.kernel_batch &&
+          stream_->BeginBatch().ok()) {
+        batch_first = i;
+        batch_end = run;
+      }
+    }
     Status s = EnqueueOp(ops[i], fresh[i], std::move(loaded[i]), record, static_cast<uint32_t>(i));
+    size_t failed_op = i;
+    if (i < batch_end && (i + 1 == batch_end || !s.ok())) {  // the batch is complete
+      batch_end = 0;
+      Status ended = stream_->EndBatch();
+      if (ended.ok()) {
+        ++counters_->kernel_batches;
+      } else {  // nothing of the batch runs: its first op reports why
+        s = std::move(ended);
+        failed_op = batch_first;
+      }
+    }
     if (!s.ok()) {
       release_from(i + 1);
-      first_error = s.WithOpIndex(static_cast<int>(i));
+      first_error = s.WithOpIndex(static_cast<int>(failed_op));
       break;
     }
   }
@@ -664,6 +695,7 @@ SessionStatsSnapshot Session::Snapshot() const {
   s.peak_device_bytes = counters_->peak_device_bytes;
   s.device_busy_ns = counters_->device_busy_ns;
   s.graph_launches = counters_->graph_launches;
+  s.kernel_batches = counters_->kernel_batches;
   return s;
 }
 

@@ -40,6 +40,9 @@ struct SessionConfig {
   // client must not be able to pile them up without bound.
   uint64_t max_modules = 256;
   uint64_t max_graphs = 4096;
+  // A run of this many or more consecutive kernel ops (fill, binary, scale, axpy) in one
+  // submit goes to the device as one batch (backend Stream::BeginBatch); 0: never.
+  uint32_t kernel_batch = 8;
 };
 
 /// Plain copy of a session's counters, as Closed reports them.
@@ -47,6 +50,7 @@ struct SessionStatsSnapshot {
   uint64_t submits = 0, failed_submits = 0, ops = 0, kernel_launches = 0;
   uint64_t bytes_uploaded = 0, bytes_downloaded = 0, tensors_created = 0;
   uint64_t peak_device_bytes = 0, device_busy_ns = 0, graph_launches = 0;
+  uint64_t kernel_batches = 0;
 };
 
 /// What a session tells its connection. Called on the session's executor.

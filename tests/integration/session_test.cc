@@ -193,6 +193,65 @@ TEST_P(SessionTest, CloseCountersMatchWhatWasDone) {
   EXPECT_EQ(stats->peak_device_bytes, 8000u);
 }
 
+// Runs of 8 or more kernel ops in one submit go to the device as batches (kernel-batch,
+// default 8), shorter runs op by op; a copy ends a run. The results are the same with
+// batches off, and close() counts the batches.
+struct BatchedWork {
+  std::vector<float> y, z;
+  SessionStats stats;
+};
+BatchedWork RunBatchedWork(Client& client) {
+  BatchedWork out;
+  auto session = client.open_session();
+  EXPECT_TRUE(session.ok());
+  if (!session.ok()) return out;
+  constexpr int64_t kCount = 1024;
+  Tensor x = session->create_tensor<float>({kCount});
+  Tensor y = session->create_tensor<float>({kCount});
+  Tensor z = session->create_tensor<float>({kCount});
+  session->fill(x, 1.0);
+  session->fill(y, 0.0);
+  EXPECT_TRUE(session->submit().ok());  // 2 kernel ops: no batch
+  for (int k = 0; k < 64; ++k) session->axpy(k % 4 + 1, x, y);
+  EXPECT_TRUE(session->submit().ok());  // one batch: y = 16 * (1 + 2 + 3 + 4) = 160
+  for (int k = 0; k < 7; ++k) session->axpy(1.0, x, y);
+  EXPECT_TRUE(session->submit().ok());  // 7: no batch; y = 167
+  for (int k = 0; k < 8; ++k) session->axpy(1.0, x, y);
+  session->copy(y, z);
+  for (int k = 0; k < 8; ++k) session->scale(z, 2.0, z);
+  EXPECT_TRUE(session->submit().ok());  // two batches: y = 175, z = 175 * 256
+  auto y_host = session->download<float>(y);
+  auto z_host = session->download<float>(z);
+  EXPECT_TRUE(y_host.ok() && z_host.ok());
+  if (y_host.ok()) out.y = std::move(*y_host);
+  if (z_host.ok()) out.z = std::move(*z_host);
+  session->free(std::move(x));
+  session->free(std::move(y));
+  session->free(std::move(z));
+  auto stats = session->close();
+  EXPECT_TRUE(stats.ok()) << stats.status().ToString();
+  if (stats.ok()) out.stats = *stats;
+  return out;
+}
+
+TEST_P(SessionTest, RunsOfKernelOpsGoAsBatches) {
+  BatchedWork batched = RunBatchedWork(*client_);
+  EXPECT_EQ(batched.y, std::vector<float>(1024, 175.0f));
+  EXPECT_EQ(batched.z, std::vector<float>(1024, 44800.0f));
+  EXPECT_EQ(batched.stats.kernel_batches, 3u);
+  EXPECT_EQ(batched.stats.kernel_launches, 2u + 64 + 7 + 8 + 1 + 8);  // the copy counts too
+
+  FerrydProcess unbatched_daemon({"--kernel-batch", "0"});
+  ASSERT_TRUE(unbatched_daemon.ok()) << unbatched_daemon.log();
+  auto client = Client::connect(unbatched_daemon.unix_target());
+  ASSERT_TRUE(client.ok());
+  BatchedWork unbatched = RunBatchedWork(*client);
+  EXPECT_EQ(unbatched.y, batched.y);
+  EXPECT_EQ(unbatched.z, batched.z);
+  EXPECT_EQ(unbatched.stats.kernel_batches, 0u);
+  EXPECT_EQ(unbatched.stats.kernel_launches, batched.stats.kernel_launches);
+}
+
 // Failures among successes are each reported once, by the wait that covers them, and never
 // hide behind a later success; on a local session the waits read the completion board first
 // (docs/protocol.md), so this also checks that the board never answers for a failure.

@@ -35,6 +35,7 @@ struct SessionStats {
   uint64_t peak_device_bytes = 0;
   uint64_t device_busy_ns = 0;
   uint64_t graph_launches = 0;
+  uint64_t kernel_batches = 0;  // runs of kernel ops the daemon sent as one batch
 };
 
 struct SessionOptions {
