@@ -7,6 +7,8 @@
 #     orders the sessions' copies), the comparison for the turns' fairness;
 #  2b. latency, single transfers, throughput and concurrency with submit rings off
 #     (--submit-ring=0: every message through gRPC), the comparison for the rings;
+#  2c. throughput with kernel batches off (--kernel-batch=0: every kernel op launched on
+#     its own), the comparison for the batches;
 #  4. (below 3.) the remote inline route over TCP loopback against bare gRPC on TCP;
 #  3. where an idle ferryd's resident memory is: the largest mappings of /proc/PID/smaps,
 #     with CUDA's default work queues and with 32.
@@ -35,6 +37,11 @@ echo "=== 2b. submit rings off"
 "$bench" --spawn-daemon "$ferryd" --daemon-arg --submit-ring=0 ${quick:+--quick} \
   --scenario latency --scenario transfers --sizes 16,64K,8M --scenario throughput \
   --scenario concurrency >"$out/$stamp-submit-ring-off.txt" 2>&1
+echo "exit $?"
+
+echo "=== 2c. kernel batches off"
+"$bench" --spawn-daemon "$ferryd" --daemon-arg --kernel-batch=0 --baseline ${quick:+--quick} \
+  --scenario throughput >"$out/$stamp-kernel-batch-off.txt" 2>&1
 echo "exit $?"
 
 idle_rss() {  # LABEL [ENV=VALUE]: start ferryd, print its memory by mapping, stop it
@@ -67,4 +74,6 @@ grep -E "64 sessions" "$out/$stamp-copy-turns-off.txt"
 echo "--- submit rings off"
 awk '/^== /{print} /pending (16 B|8 MiB)( |$)|tiny op|fill|floor|ops\/submit|64 sessions/' \
   "$out/$stamp-submit-ring-off.txt" | head -30
+echo "--- kernel batches off"
+grep -E "ops/submit" "$out/$stamp-kernel-batch-off.txt"
 grep -E "^== transfers|inline|bulk" "$out/$stamp-tcp.txt"
