@@ -277,6 +277,7 @@ max-message = 1M
 executor-threads = 3
 cuda-work-queues = 2
 copy-turns = 0
+kernel-batch = 3
 copy-turn-size = 1M
 slab-size = 8M
 pinned-budget = 64M

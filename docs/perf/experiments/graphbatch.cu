@@ -25,13 +25,13 @@ constexpr int kPerSubmit = 64;
 constexpr int kSubmits = 256;
 constexpr int kN = 256;
 
-#define CK(x)                                                                      \
-  do {                                                                             \
-    cudaError_t e = (x);                                                           \
-    if (e != cudaSuccess) {                                                        \
+#define CK(x)                                                                       \
+  do {                                                                              \
+    cudaError_t e = (x);                                                            \
+    if (e != cudaSuccess) {                                                         \
       std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); \
-      std::exit(1);                                                                \
-    }                                                                              \
+      std::exit(1);                                                                 \
+    }                                                                               \
   } while (0)
 
 struct Bench {
@@ -171,9 +171,9 @@ int main() {
   std::printf("k ops/s, %d submits of %d axpy(%d f32), one stream; 5 rounds\n", kSubmits,
               kPerSubmit, kN);
   std::printf("%-40s %8s %8s %8s %8s %8s\n", "arm", "r1", "r2", "r3", "r4", "r5");
-  const char* names[] = {"64 launches", "64 launches, cudaSetDevice each",
-                         "graph: 64 SetParams + launch", "graph: launch only",
-                         "graph: capture + ExecUpdate + launch", "graph: capture + instantiate"};
+  const char* names[] = {
+      "64 launches",        "64 launches, cudaSetDevice each",      "graph: 64 SetParams + launch",
+      "graph: launch only", "graph: capture + ExecUpdate + launch", "graph: capture + instantiate"};
   double r[6][5];
   for (int round = 0; round < 5; ++round) {
     r[0][round] = b.Launches(false);
@@ -191,8 +191,9 @@ int main() {
 
   // Launch thread pinned to CPU 0; a spinner pinned to CPU j (none, 1..n-1).
   int cpus = static_cast<int>(std::thread::hardware_concurrency());
-  std::printf("\nlaunching thread pinned to cpu 0, a spinning thread pinned to cpu j (k ops/s, 3 "
-              "rounds)\n");
+  std::printf(
+      "\nlaunching thread pinned to cpu 0, a spinning thread pinned to cpu j (k ops/s, 3 "
+      "rounds)\n");
   Pin(0);
   for (int j = 0; j < cpus; ++j) {
     std::atomic<bool> stop{false};
