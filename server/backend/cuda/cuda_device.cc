@@ -42,6 +42,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -738,34 +739,12 @@ class CudaStream final : public Stream {
   Result<std::unique_ptr<Graph>> EndCapture() override {
     if (!capturing_) return InvalidArgument("EndCapture without BeginCapture");
     if (batching_) return InvalidArgument("EndCapture inside a batch; call EndBatch");
-    FERRY_RETURN_IF_ERROR(device_->MakeCurrent());
-    capturing_ = false;
-    std::vector<Access> accesses = std::move(captured_);
-    captured_.clear();
-    std::string capture_error = std::move(capture_error_);
-    capture_error_.clear();
-    cudaGraph_t graph = nullptr;
-    const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
-    FreeDeferred();  // after the capture ended, so the frees are enqueued, not recorded
-    struct GraphGuard {
-      cudaGraph_t graph;
-      ~GraphGuard() {
-        if (graph != nullptr) (void)cudaGraphDestroy(graph);
-      }
-    } guard{graph};
-    FERRY_RETURN_IF_ERROR(
-        device_->Check(ended, "cudaStreamEndCapture").WithContext("graph capture invalidated"));
-    if (!capture_error.empty())
-      return InvalidArgument("graph capture invalidated: " + capture_error);
-    if (graph == nullptr) return Status(ErrorKind::kInternal, "cudaStreamEndCapture: no graph");
-    size_t node_count = 0;
-    FERRY_RETURN_IF_ERROR(
-        device_->Check(cudaGraphGetNodes(graph, nullptr, &node_count), "cudaGraphGetNodes"));
+    FERRY_ASSIGN_OR_RETURN(EndedCapture ended, FinishCapture("graph capture"));
     cudaGraphExec_t exec = nullptr;
     FERRY_RETURN_IF_ERROR(
-        device_->Check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate"));
+        device_->Check(cudaGraphInstantiate(&exec, ended.graph.get(), 0), "cudaGraphInstantiate"));
     return std::unique_ptr<Graph>(std::make_unique<CudaGraph>(
-        device_, device_->ordinal(), exec, node_count, std::move(accesses), scratch_));
+        device_, device_->ordinal(), exec, ended.node_count, std::move(ended.accesses), scratch_));
   }
 
   Status LaunchGraph(const Graph& graph) override {
@@ -799,30 +778,10 @@ class CudaStream final : public Stream {
 
   Status EndBatch() override {
     if (!batching_) return InvalidArgument("EndBatch without BeginBatch");
-    FERRY_RETURN_IF_ERROR(device_->MakeCurrent());
-    batching_ = false;
-    capturing_ = false;
-    captured_.clear();  // every op was checked when it was recorded, and runs right away
-    std::string capture_error = std::move(capture_error_);
-    capture_error_.clear();
-    cudaGraph_t graph = nullptr;
-    const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
-    FreeDeferred();
-    struct GraphGuard {
-      cudaGraph_t graph;
-      ~GraphGuard() {
-        if (graph != nullptr) (void)cudaGraphDestroy(graph);
-      }
-    } guard{graph};
-    FERRY_RETURN_IF_ERROR(
-        device_->Check(ended, "cudaStreamEndCapture").WithContext("batch invalidated"));
-    if (!capture_error.empty()) return InvalidArgument("batch invalidated: " + capture_error);
-    if (graph == nullptr) return Status(ErrorKind::kInternal, "cudaStreamEndCapture: no graph");
-    size_t nodes = 0;
-    FERRY_RETURN_IF_ERROR(
-        device_->Check(cudaGraphGetNodes(graph, nullptr, &nodes), "cudaGraphGetNodes"));
-    if (nodes == 0) return Status::Ok();
-    FERRY_ASSIGN_OR_RETURN(cudaGraphExec_t exec, BatchExec(graph, nodes));
+    // The accesses are not kept: every op was checked when it was recorded, and runs now.
+    FERRY_ASSIGN_OR_RETURN(EndedCapture ended, FinishCapture("batch"));
+    if (ended.node_count == 0) return Status::Ok();
+    FERRY_ASSIGN_OR_RETURN(cudaGraphExec_t exec, BatchExec(ended.graph.get(), ended.node_count));
     return device_->Check(cudaGraphLaunch(exec, stream_), "cudaGraphLaunch (batch)");
   }
 
@@ -992,6 +951,40 @@ class CudaStream final : public Stream {
                                   static_cast<double*>(Address(g.c)), ld_c);
     }
     return device_->CheckStatus(CublasStatus(status, "cuBLAS gemm"));
+  }
+
+  struct GraphDeleter {
+    void operator()(cudaGraph_t graph) const { (void)cudaGraphDestroy(graph); }
+  };
+  /// What a capture recorded: the graph and the ranges its work touches.
+  struct EndedCapture {
+    std::unique_ptr<std::remove_pointer_t<cudaGraph_t>, GraphDeleter> graph;
+    size_t node_count = 0;
+    std::vector<Access> accesses;
+  };
+
+  /// End the capture (a graph's or a batch's, named `what` in errors) and return what it
+  /// recorded, or why it is invalid. The frees deferred during it are enqueued after it.
+  Result<EndedCapture> FinishCapture(const std::string& what) {
+    FERRY_RETURN_IF_ERROR(device_->MakeCurrent());
+    capturing_ = false;
+    batching_ = false;
+    EndedCapture out;
+    out.accesses = std::move(captured_);
+    captured_.clear();
+    std::string capture_error = std::move(capture_error_);
+    capture_error_.clear();
+    cudaGraph_t graph = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
+    out.graph.reset(graph);
+    FreeDeferred();  // after the capture ended, so the frees are enqueued, not recorded
+    FERRY_RETURN_IF_ERROR(
+        device_->Check(ended, "cudaStreamEndCapture").WithContext(what + " invalidated"));
+    if (!capture_error.empty()) return InvalidArgument(what + " invalidated: " + capture_error);
+    if (graph == nullptr) return Status(ErrorKind::kInternal, "cudaStreamEndCapture: no graph");
+    FERRY_RETURN_IF_ERROR(
+        device_->Check(cudaGraphGetNodes(graph, nullptr, &out.node_count), "cudaGraphGetNodes"));
+    return out;
   }
 
   /// The kept executable for a batch of `nodes` nodes, updated to run `graph`, or a new one.
