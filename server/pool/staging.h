@@ -63,8 +63,10 @@ class StagingArea {
   StagingArea(const StagingArea&) = delete;
   StagingArea& operator=(const StagingArea&) = delete;
 
-  /// A range of `bytes` (> 0), or an empty lease when none fits.
+  /// A range of `bytes` (> 0, at most max_lease()), or an empty lease when none fits.
   StagingLease Allocate(uint64_t bytes);
+  /// The largest range Allocate can give: one slab.
+  uint64_t max_lease() const { return pool_->slab_size(); }
   void CountFallback();
   StagingStats stats() const;
 

@@ -323,33 +323,36 @@ Status Session::EnqueueOp(const Op& any, DevicePtr fresh, std::shared_ptr<backen
           }
           return stream_->CopyHostToDevice(ptr(op.tensor) + op.offset, src, op.data.size());
         } else if constexpr (std::is_same_v<T, DownloadOp>) {
-          PendingDownload pd;
+          // The record holds the download's buffers from here until it is delivered, even
+          // when an enqueue below fails: copies enqueued before the failure still write them.
+          PendingDownload& pd = record.downloads.emplace_back();
           pd.op_index = index;
-          if (staging_ && op.length > 0) {  // a remote client: land in pinned staging
-            pool::StagingLease lease = staging_->Allocate(op.length);
-            if (lease) {
-              pd.staged = lease.data();
-              pd.staged_length = op.length;
+          record.download_bytes += op.length;
+          const DevicePtr src = ptr(op.tensor) + op.offset;
+          uint64_t done = 0;
+          if (staging_ && op.length > 0) {
+            // A remote client: land in pinned staging, in ranges of at most a slab, as far
+            // as staging has room; the rest takes the direct path below.
+            while (done < op.length) {
+              const uint64_t n = std::min(staging_->max_lease(), op.length - done);
+              pool::StagingLease lease = staging_->Allocate(n);
+              if (!lease) break;
+              char* dst = lease.data();
               record.staging.push_back(std::move(lease));
-              FERRY_RETURN_IF_ERROR(stream_->CopyDeviceToHost(
-                  const_cast<char*>(pd.staged), ptr(op.tensor) + op.offset, op.length));
-              record.download_bytes += op.length;
-              record.downloads.push_back(std::move(pd));
-              return Status::Ok();
+              pd.staged.emplace_back(dst, n);
+              FERRY_RETURN_IF_ERROR(stream_->CopyDeviceToHost(dst, src + done, n));
+              done += n;
             }
-            staging_->CountFallback();
+            if (done < op.length) staging_->CountFallback();
           }
-          pd.chunks.reserve((op.length + kMaxChunkBytes - 1) / kMaxChunkBytes);
-          DevicePtr src = ptr(op.tensor) + op.offset;
-          for (uint64_t off = 0; off < op.length; off += kMaxChunkBytes) {
+          pd.chunks.reserve((op.length - done + kMaxChunkBytes - 1) / kMaxChunkBytes);
+          for (uint64_t off = done; off < op.length; off += kMaxChunkBytes) {
             uint64_t n = std::min(kMaxChunkBytes, op.length - off);
             // The chunk is constructed in place and never moves again (reserved above), so
             // its buffer stays where the device writes.
             std::string& chunk = pd.chunks.emplace_back(n, '\0');
             FERRY_RETURN_IF_ERROR(stream_->CopyDeviceToHost(chunk.data(), src + off, n));
           }
-          record.download_bytes += op.length;
-          record.downloads.push_back(std::move(pd));
           return Status::Ok();
         } else if constexpr (std::is_same_v<T, UploadFromSlabOp>) {
           pool::SlabRange r{op.slab, op.slab_offset, op.length};
@@ -602,11 +605,13 @@ void Session::Deliver(InFlight& record) {
   if (record.status.ok()) {
     for (PendingDownload& d : record.downloads) {
       uint64_t offset = 0;
-      // Staged: copied from the staging range into the outgoing chunks.
-      for (; offset < d.staged_length; offset += kMaxChunkBytes) {
-        uint64_t n = std::min(kMaxChunkBytes, d.staged_length - offset);
-        events_->OnDownloadChunk(record.submit_id, d.op_index, offset,
-                                 std::string(d.staged + offset, n));
+      // Staged: copied from the staging ranges into the outgoing chunks.
+      for (const auto& [data, length] : d.staged) {
+        for (uint64_t at = 0; at < length; at += kMaxChunkBytes) {
+          uint64_t n = std::min(kMaxChunkBytes, length - at);
+          events_->OnDownloadChunk(record.submit_id, d.op_index, offset, std::string(data + at, n));
+          offset += n;
+        }
       }
       for (std::string& chunk : d.chunks) {
         uint64_t n = chunk.size();

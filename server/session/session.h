@@ -11,6 +11,7 @@
 #include <deque>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -119,9 +120,11 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
  private:
   struct PendingDownload {
     uint32_t op_index = 0;
-    std::vector<std::string> chunks;  // filled by the device, each <= kMaxChunkBytes
-    const char* staged = nullptr;     // or: the device fills this staging range, cut into
-    uint64_t staged_length = 0;       // chunks at delivery
+    // The download's bytes in order: first the staging ranges (address, length) the device
+    // fills, cut into chunks at delivery, then the chunks it fills directly, each
+    // <= kMaxChunkBytes.
+    std::vector<std::pair<const char*, uint64_t>> staged;
+    std::vector<std::string> chunks;
   };
   // One submit between Submit() and its OnCompleted, in submit order.
   struct InFlight {
