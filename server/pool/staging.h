@@ -8,9 +8,10 @@
 // taken when first needed and kept until the daemon exits.
 //
 // A first-fit allocator over those slabs. A range is held by a StagingLease and freed when
-// the lease is destroyed (the submit's completion). When no range fits (a transfer larger
-// than a slab, or every slab full), Allocate returns an empty lease and the caller uses the
-// direct path, counted with CountFallback.
+// the lease is destroyed (the submit's completion). A range is at most a slab (max_lease):
+// a larger download takes several. When no range fits (every slab full), Allocate returns
+// an empty lease and the caller uses the direct path for what is left, counted with
+// CountFallback.
 //
 // Thread-safe: sessions' executors allocate and free concurrently; Admin reads the stats.
 #pragma once
