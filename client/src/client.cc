@@ -276,7 +276,6 @@ class SessionState {
     open->set_client_name(client_->options.client_name);
     open->set_device_bytes_quota(options.device_bytes_quota);
     open->set_max_in_flight_submits(options.max_in_flight_submits);
-    open->set_completed_ranges(true);
     if (!stream_->Write(m)) return StreamFailure("sending Open");
     v1::ServerMessage reply;
     if (!stream_->Read(&reply)) return StreamFailure("waiting for Opened");
@@ -816,23 +815,13 @@ class SessionState {
           break;
         }
         case v1::ServerMessage::kCompleted: {
-          // One submit, or (first_submit_id set) a run of successful ones.
           const auto& c = m.completed();
-          const uint64_t first = c.first_submit_id() != 0 ? c.first_submit_id() : c.submit_id();
-          if (first > c.submit_id() || first <= last_completed_) {
-            dead_ = Status(ErrorKind::kProtocolViolation, "Completed out of order");
-            cv_.notify_all();
-            return;
-          }
           last_completed_ = c.submit_id();
-          download_targets_.erase(download_targets_.lower_bound(first),
-                                  download_targets_.upper_bound(c.submit_id()));
-          const Status outcome = c.has_error() ? FromProto(c.error()) : Status::Ok();
-          for (auto t = tracked_.lower_bound(first);
-               t != tracked_.end() && t->first <= c.submit_id(); ++t) {
-            t->second = outcome;
+          download_targets_.erase(c.submit_id());
+          if (auto t = tracked_.find(c.submit_id()); t != tracked_.end()) {
+            t->second = c.has_error() ? FromProto(c.error()) : Status::Ok();
           }
-          if (c.has_error()) failures_[c.submit_id()] = outcome;
+          if (c.has_error()) failures_[c.submit_id()] = FromProto(c.error());
           cv_.notify_all();
           break;
         }

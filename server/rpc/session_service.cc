@@ -200,17 +200,6 @@ class SessionConnection : public session::SessionEvents,
     SendCompleted(submit_id, status);
   }
   void SendCompleted(uint64_t submit_id, const Status& status) {
-    // A client that takes ranges: a success right behind a success that still waits in the
-    // outbox (not the one gRPC is writing) extends it instead of adding a message. So a
-    // pipelined client costs one write per write's time, not one per submit.
-    if (completed_ranges_ && status.ok() && outbox_.size() > (write_in_flight_ ? 1u : 0u) &&
-        outbox_.back()->has_completed() && !outbox_.back()->completed().has_error()) {
-      v1::Completed* last = outbox_.back()->mutable_completed();
-      if (last->first_submit_id() == 0) last->set_first_submit_id(last->submit_id());
-      last->set_submit_id(submit_id);
-      MaybeReadMore();
-      return;
-    }
     auto m = std::make_unique<v1::ServerMessage>();
     m->mutable_completed()->set_submit_id(submit_id);
     if (!status.ok()) ToProto(status, m->mutable_completed()->mutable_error());
@@ -360,7 +349,6 @@ class SessionConnection : public session::SessionEvents,
   }
 
   void Open(const v1::Open& open) {
-    completed_ranges_ = open.completed_ranges();
     if (open.protocol_version() != v1::PROTOCOL_VERSION_CURRENT) {
       return ProtocolViolation("protocol version " + std::to_string(open.protocol_version()) +
                                " is not supported; this daemon speaks " +
@@ -579,7 +567,6 @@ class SessionConnection : public session::SessionEvents,
   };
   std::deque<Received> received_at_;
   std::deque<std::unique_ptr<v1::ServerMessage>> outbox_;
-  bool completed_ranges_ = false;       // Open.completed_ranges: successes may share a Completed
   uint64_t outbox_download_bytes_ = 0;  // DownloadChunk bytes in outbox_
   bool reading_ = false;
   bool read_closed_ = false;
