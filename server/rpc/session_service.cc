@@ -177,14 +177,15 @@ class SessionConnection : public session::SessionEvents,
 
   // --- session::SessionEvents ------------------------------------------------------
   void OnDownloadChunk(uint64_t submit_id, uint32_t op_index, uint64_t offset,
-                       std::string data) override {
+                       session::ChunkBytes data) override {
     auto m = std::make_unique<v1::ServerMessage>();
     auto* c = m->mutable_download_chunk();
     c->set_submit_id(submit_id);
     c->set_op_index(op_index);
     c->set_offset(offset);
-    *c->mutable_data() = std::move(data);
-    Send(std::move(m));
+    const uint64_t bytes = data.size();
+    if (!data.keep) *c->mutable_data() = data.Take();  // staged bytes: copied out in Ready
+    Send(std::move(m), std::move(data), bytes);
   }
   void OnCompleted(uint64_t submit_id, const Status& status) override {
     // Completions come in submit order: the oldest received submit is this one.
@@ -455,12 +456,20 @@ class SessionConnection : public session::SessionEvents,
     FinishWith(grpc::Status::CANCELLED);
   }
 
-  void Send(std::unique_ptr<v1::ServerMessage> message) {
+  // A message to write. A DownloadChunk's bytes may still be in staging until the message is
+  // next to be written (Ready), so copying a large download out overlaps with writing it.
+  struct Outgoing {
+    std::unique_ptr<v1::ServerMessage> message;
+    session::ChunkBytes staged;
+    uint64_t chunk_bytes = 0;  // a DownloadChunk's bytes, staged or not
+  };
+
+  // Queue `message`; a DownloadChunk's `chunk_bytes` may still be in staging (`staged`).
+  void Send(std::unique_ptr<v1::ServerMessage> message, session::ChunkBytes staged = {},
+            uint64_t chunk_bytes = 0) {
     if (finishing_) return;
-    if (message->has_download_chunk()) {
-      outbox_download_bytes_ += message->download_chunk().data().size();
-    }
-    outbox_.push_back(std::move(message));
+    outbox_download_bytes_ += chunk_bytes;
+    outbox_.push_back(Outgoing{std::move(message), std::move(staged), chunk_bytes});
     ++context_->unsent;
     PumpWrites();
   }
@@ -473,15 +482,23 @@ class SessionConnection : public session::SessionEvents,
     }
   }
   // Account for a message leaving the outbox (written or dropped).
-  void Unqueue(const std::unique_ptr<v1::ServerMessage>& m) {
+  void Unqueue(const Outgoing& o) {
     --context_->unsent;
-    if (m->has_download_chunk()) outbox_download_bytes_ -= m->download_chunk().data().size();
+    outbox_download_bytes_ -= o.chunk_bytes;
+  }
+
+  // Put a chunk's staged bytes into its message (copying them out of staging).
+  static void Ready(Outgoing& o) {
+    if (o.staged.keep) *o.message->mutable_download_chunk()->mutable_data() = o.staged.Take();
   }
 
   void PumpWrites() {
     if (write_in_flight_ || outbox_.empty() || finished_ || !reactor_) return;
     write_in_flight_ = true;
-    reactor_->StartWrite(outbox_.front().get());
+    Ready(outbox_.front());
+    reactor_->StartWrite(outbox_.front().message.get());
+    // Copy the next chunk out of staging while gRPC writes this one.
+    if (outbox_.size() > 1) Ready(outbox_[1]);
   }
 
   // Take the next message from the stream and from the submit ring, where allowed.
@@ -566,7 +583,7 @@ class SessionConnection : public session::SessionEvents,
     bool transfer;  // the submit uploads or downloads bytes
   };
   std::deque<Received> received_at_;
-  std::deque<std::unique_ptr<v1::ServerMessage>> outbox_;
+  std::deque<Outgoing> outbox_;
   uint64_t outbox_download_bytes_ = 0;  // DownloadChunk bytes in outbox_
   bool reading_ = false;
   bool read_closed_ = false;

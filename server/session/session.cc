@@ -338,8 +338,7 @@ Status Session::EnqueueOp(const Op& any, DevicePtr fresh, std::shared_ptr<backen
               pool::StagingLease lease = staging_->Allocate(n);
               if (!lease) break;
               char* dst = lease.data();
-              record.staging.push_back(std::move(lease));
-              pd.staged.emplace_back(dst, n);
+              pd.staged.push_back(std::move(lease));
               FERRY_RETURN_IF_ERROR(stream_->CopyDeviceToHost(dst, src + done, n));
               done += n;
             }
@@ -605,18 +604,26 @@ void Session::Deliver(InFlight& record) {
   if (record.status.ok()) {
     for (PendingDownload& d : record.downloads) {
       uint64_t offset = 0;
-      // Staged: copied from the staging ranges into the outgoing chunks.
-      for (const auto& [data, length] : d.staged) {
-        for (uint64_t at = 0; at < length; at += kMaxChunkBytes) {
-          uint64_t n = std::min(kMaxChunkBytes, length - at);
-          events_->OnDownloadChunk(record.submit_id, d.op_index, offset, std::string(data + at, n));
-          offset += n;
+      // Staged: chunks that copy themselves out of the staging range when written; the
+      // range stays held until the last of them has.
+      for (pool::StagingLease& lease : d.staged) {
+        auto keep = std::make_shared<const pool::StagingLease>(std::move(lease));
+        for (uint64_t at = 0; at < keep->length(); at += kMaxChunkBytes) {
+          ChunkBytes chunk;
+          chunk.keep = keep;
+          chunk.staged = keep->data() + at;
+          chunk.length = std::min(kMaxChunkBytes, keep->length() - at);
+          const uint64_t chunk_offset = offset;
+          offset += chunk.length;
+          events_->OnDownloadChunk(record.submit_id, d.op_index, chunk_offset, std::move(chunk));
         }
       }
-      for (std::string& chunk : d.chunks) {
-        uint64_t n = chunk.size();
-        events_->OnDownloadChunk(record.submit_id, d.op_index, offset, std::move(chunk));
-        offset += n;
+      for (std::string& data : d.chunks) {
+        ChunkBytes chunk;
+        chunk.owned = std::move(data);
+        const uint64_t chunk_offset = offset;
+        offset += chunk.owned.size();
+        events_->OnDownloadChunk(record.submit_id, d.op_index, chunk_offset, std::move(chunk));
       }
     }
   }

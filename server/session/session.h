@@ -54,13 +54,33 @@ struct SessionStatsSnapshot {
   uint64_t kernel_batches = 0;
 };
 
+/// The bytes of one download chunk: owned, or still in a staging range that `keep` holds
+/// until they are copied out (Take), which the connection does when the chunk is next to be
+/// written, so that copying a large download overlaps with writing it.
+struct ChunkBytes {
+  std::string owned;
+  std::shared_ptr<const pool::StagingLease> keep;
+  const char* staged = nullptr;  // with keep: `length` bytes in its range
+  uint64_t length = 0;
+
+  uint64_t size() const { return keep ? length : owned.size(); }
+  /// The bytes, copied out of staging where they are still there (which releases it).
+  std::string Take() {
+    if (!keep) return std::move(owned);
+    std::string out(staged, length);
+    keep.reset();
+    staged = nullptr;
+    return out;
+  }
+};
+
 /// What a session tells its connection. Called on the session's executor.
 class SessionEvents {
  public:
   virtual ~SessionEvents() = default;
   /// Bytes of a Download op; all chunks of a submit come before its OnCompleted.
   virtual void OnDownloadChunk(uint64_t submit_id, uint32_t op_index, uint64_t offset,
-                               std::string data) = 0;
+                               ChunkBytes data) = 0;
   /// The one completion of a submit, in submit order.
   virtual void OnCompleted(uint64_t submit_id, const Status& status) = 0;
   virtual void OnSynchronized(uint64_t sync_id) = 0;
@@ -120,10 +140,10 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
  private:
   struct PendingDownload {
     uint32_t op_index = 0;
-    // The download's bytes in order: first the staging ranges (address, length) the device
-    // fills, cut into chunks at delivery, then the chunks it fills directly, each
-    // <= kMaxChunkBytes.
-    std::vector<std::pair<const char*, uint64_t>> staged;
+    // The download's bytes in order: first the staging ranges the device fills, cut into
+    // chunks at delivery (which copy them out when they are written), then the chunks it
+    // fills directly, each <= kMaxChunkBytes.
+    std::vector<pool::StagingLease> staged;
     std::vector<std::string> chunks;
   };
   // One submit between Submit() and its OnCompleted, in submit order.

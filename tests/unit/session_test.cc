@@ -60,13 +60,13 @@ class RecordingEvents final : public SessionEvents {
   explicit RecordingEvents(Executor strand) : strand_(std::move(strand)) {}
 
   void OnDownloadChunk(uint64_t submit_id, uint32_t op_index, uint64_t offset,
-                       std::string data) override {
+                       ChunkBytes data) override {
     Event e;
     e.kind = Event::Kind::kChunk;
     e.id = submit_id;
     e.op_index = op_index;
     e.offset = offset;
-    e.data = std::move(data);
+    e.data = data.Take();
     Record(std::move(e));
   }
   void OnCompleted(uint64_t submit_id, const Status& status) override {
