@@ -427,7 +427,7 @@ means true; --allow-insecure-remote and --allow-remote-raw-kernels also take =tr
                              sends messages by shared memory instead of gRPC (default 64K;
                              0: off; a power of two from 4K to 16M)
   --staging-slabs N          pool slabs the daemon takes to stage remote (TCP) clients'
-                             inline transfers (default 1; 0: no staging)
+                             inline transfers, when they need them (default 4; 0: none)
   --drain-timeout MS         on SIGTERM, how long open sessions may run on (default 10000)
   --ready-file PATH          write the bound endpoints there once serving
   --log-level LEVEL          trace|debug|info|warn|error|critical|off (default info)

@@ -72,7 +72,7 @@ struct DaemonOptions {
   pool::SlabPoolOptions slab_pool;
   /// Daemon-owned slabs (from the pool) that stage remote clients' inline transfers; 0:
   /// remote transfers copy straight between the messages and the device.
-  uint32_t staging_slabs = 1;
+  uint32_t staging_slabs = 4;
   /// The most slab bytes one session may hold (0: no limit but --pinned-budget).
   uint64_t session_pinned_quota = 256ull << 20;
 };

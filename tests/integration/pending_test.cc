@@ -336,7 +336,9 @@ RawDownloadResult RawDownloads(const std::string& tcp_target, uint64_t bytes) {
 }
 
 TEST(PendingTest, RemoteInlineTransfersAreStagedThroughDaemonSlabs) {
-  FerrydProcess d(SmallPool(), /*tcp=*/true);
+  auto args = SmallPool();
+  args.insert(args.end(), {"--staging-slabs", "1"});  // one 4M slab: a 6M download overflows
+  FerrydProcess d(args, /*tcp=*/true);
   ASSERT_TRUE(d.ok());
   // Local sessions never stage: their bytes are in shared memory already.
   {
