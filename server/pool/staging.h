@@ -2,13 +2,14 @@
 //
 // Bytes of an inline Upload are copied from the message into a staging range and the device
 // copies from there; an inline Download lands in a staging range and is copied into the
-// outgoing chunks once the submit completes. The ranges come from slabs the daemon takes
+// outgoing chunks, one by one as they are written, once the submit completes. The ranges come from slabs the daemon takes
 // from its own slab pool (SlabPool::AcquireDaemon: pinned and registered like every slab,
 // held by no session and counted against no client uid), at most `max_slabs` of them,
 // taken when first needed and kept until the daemon exits.
 //
 // A first-fit allocator over those slabs. A range is held by a StagingLease and freed when
-// the lease is destroyed (the submit's completion). A range is at most a slab (max_lease):
+// the lease is destroyed (an upload's at the submit's delivery, a download's once its last
+// chunk is written). A range is at most a slab (max_lease):
 // a larger download takes several. When no range fits (every slab full), Allocate returns
 // an empty lease and the caller uses the direct path for what is left, counted with
 // CountFallback.
