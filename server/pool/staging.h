@@ -2,10 +2,10 @@
 //
 // Bytes of an inline Upload are copied from the message into a staging range and the device
 // copies from there; an inline Download lands in a staging range and is copied into the
-// outgoing chunks, one by one as they are written, once the submit completes. The ranges come from slabs the daemon takes
-// from its own slab pool (SlabPool::AcquireDaemon: pinned and registered like every slab,
-// held by no session and counted against no client uid), at most `max_slabs` of them,
-// taken when first needed and kept until the daemon exits.
+// outgoing chunks, one by one as they are written, once the submit completes. The ranges come from
+// slabs the daemon takes from its own slab pool (SlabPool::AcquireDaemon: pinned and registered
+// like every slab, held by no session and counted against no client uid), at most `max_slabs` of
+// them, taken when first needed and kept until the daemon exits.
 //
 // A first-fit allocator over those slabs. A range is held by a StagingLease and freed when
 // the lease is destroyed (an upload's at the submit's delivery, a download's once its last
