@@ -24,6 +24,7 @@
 #include <sstream>
 #include <thread>
 
+#include "ferry/little_endian.h"
 #include "ferry/v1/session.grpc.pb.h"
 
 namespace ferry {
@@ -543,9 +544,10 @@ class SessionState {
           ::recv(slab_fd_, answer, sizeof(answer), MSG_WAITALL) != sizeof(answer)) {
         return SlabSocketError("no answer to the token");
       }
-      if (Get32(answer) != 0) return SlabSocketError("the daemon refused the token");
+      if (le::Get32(answer) != 0) return SlabSocketError("the daemon refused the token");
     }
-    char request[8] = {static_cast<char>(op), 0, 0, 0, 0, 0, 0, 0};
+    char request[8] = {};
+    le::Put32(request, op);
     if (::send(slab_fd_, request, sizeof(request), MSG_NOSIGNAL) != sizeof(request)) {
       return SlabSocketError("send failed");
     }
@@ -575,7 +577,7 @@ class SessionState {
     char reply[24];
     int fd = -1;
     FERRY_RETURN_IF_ERROR(SlabRequest(1, reply, &fd));
-    uint32_t kind = Get32(reply);
+    uint32_t kind = le::Get32(reply);
     if (kind != 0) {
       if (fd >= 0) ::close(fd);
       if (kind > static_cast<uint32_t>(ErrorKind::kBusy))
@@ -590,8 +592,8 @@ class SessionState {
     }
     if (fd < 0) return SlabSocketError("no fd came with the slab");
     auto m = std::make_shared<SlabMapping>();
-    m->id = Get64(reply + 8);
-    m->size = Get64(reply + 16);
+    m->id = le::Get64(reply + 8);
+    m->size = le::Get64(reply + 16);
     void* p = ::mmap(nullptr, m->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     ::close(fd);
     if (p == MAP_FAILED) return Status(ErrorKind::kInternal, "mmap of a slab failed");
@@ -630,16 +632,16 @@ class SessionState {
     char reply[24];
     int fd = -1;
     if (!SlabRequest(3, reply, &fd).ok()) return;
-    const uint64_t capacity = Get64(reply + 8), size = Get64(reply + 16);
+    const uint64_t capacity = le::Get64(reply + 8), size = le::Get64(reply + 16);
     void* p = MAP_FAILED;
-    if (Get32(reply) == 0 && fd >= 0 && capacity >= 4096 && (capacity & (capacity - 1)) == 0 &&
+    if (le::Get32(reply) == 0 && fd >= 0 && capacity >= 4096 && (capacity & (capacity - 1)) == 0 &&
         size == RingWriter::kHeaderBytes + capacity) {
       p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     }
     if (fd >= 0) ::close(fd);
     if (p == MAP_FAILED) return;
     int doorbell = -1;
-    if (!SlabRequest(4, reply, &doorbell).ok() || Get32(reply) != 0 || doorbell < 0) {
+    if (!SlabRequest(4, reply, &doorbell).ok() || le::Get32(reply) != 0 || doorbell < 0) {
       if (doorbell >= 0) ::close(doorbell);
       ::munmap(p, size);
       return;
@@ -654,8 +656,8 @@ class SessionState {
     char reply[24];
     int fd = -1;
     if (!SlabRequest(2, reply, &fd).ok()) return;
-    const uint64_t size = Get64(reply + 16);
-    if (Get32(reply) == 0 && fd >= 0 && size >= 16) {
+    const uint64_t size = le::Get64(reply + 16);
+    if (le::Get32(reply) == 0 && fd >= 0 && size >= 16) {
       void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
       if (p != MAP_FAILED) {
         board_map_ = p;
@@ -692,17 +694,6 @@ class SessionState {
   }
   bool BoardSaysSucceeded(const BoardRange& r) const {
     return ReadBoard(r) == BoardAnswer::kSucceeded;
-  }
-
-  static uint32_t Get32(const char* p) {
-    uint32_t v = 0;
-    for (int i = 0; i < 4; ++i) v |= uint32_t{static_cast<unsigned char>(p[i])} << (8 * i);
-    return v;
-  }
-  static uint64_t Get64(const char* p) {
-    uint64_t v = 0;
-    for (int i = 0; i < 8; ++i) v |= uint64_t{static_cast<unsigned char>(p[i])} << (8 * i);
-    return v;
   }
 
   bool OutcomeLocked(uint64_t first, uint64_t last, Status* status) {

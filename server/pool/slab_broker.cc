@@ -14,24 +14,17 @@
 #include <cstring>
 #include <vector>
 
+#include "ferry/little_endian.h"
+
 namespace ferry::pool {
 namespace {
 
 constexpr size_t kHelloBytes = sizeof(kSlabMagic) + kSlabTokenBytes;
 constexpr size_t kRequestBytes = 8;
 
-void Put32(char* p, uint32_t v) {
-  for (int i = 0; i < 4; ++i) p[i] = static_cast<char>(v >> (8 * i));
-}
-void Put64(char* p, uint64_t v) {
-  for (int i = 0; i < 8; ++i) p[i] = static_cast<char>(v >> (8 * i));
-}
-uint32_t Get32(const char* p) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; ++i)
-    v |= static_cast<uint32_t>(static_cast<unsigned char>(p[i])) << (8 * i);
-  return v;
-}
+using le::Get32;
+using le::Put32;
+using le::Put64;
 
 // Send `bytes` with `fd` attached (when >= 0); false when the peer cannot take it now.
 bool SendWithFd(int sock, const char* bytes, size_t n, int fd) {

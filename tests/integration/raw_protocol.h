@@ -95,6 +95,8 @@ class RawStream {
   bool finished_ = false;
 };
 
+// Written out here rather than taken from ferry/little_endian.h, so that these tests check
+// the wire format independently of the code under test.
 inline uint32_t Get32(const char* p) {
   uint32_t v = 0;
   for (int i = 0; i < 4; ++i) v |= uint32_t{static_cast<unsigned char>(p[i])} << (8 * i);
