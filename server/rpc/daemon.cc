@@ -77,6 +77,11 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
       std::max(options.max_in_flight_submits, options.session_defaults.max_in_flight_submits);
   ctx.max_message_bytes = options.max_message_bytes;
   ctx.allow_remote_raw_kernels = options.allow_remote_raw_kernels;
+  FERRY_ASSIGN_OR_RETURN(ctx.raw_kernels, AccessList::Parse(options.raw_kernels));
+  if (!options.admin_group.empty()) {
+    FERRY_ASSIGN_OR_RETURN(gid_t admin_gid, ResolveGroup(options.admin_group));
+    ctx.admin = AdminPolicy(admin_gid);
+  }
   ctx.submit_latency = &d->submit_latency_;
   ctx.transfer_latency = &d->transfer_latency_;
   if (!options.token_file.empty()) {
