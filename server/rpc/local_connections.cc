@@ -99,7 +99,11 @@ Result<int> ListenUnix(const std::string& path) {
     return s;
   }
   // Group members reach the daemon; others do not (the runtime directory narrows it more).
-  if (::chmod(path.c_str(), 0660) < 0 || ::listen(fd, SOMAXCONN) < 0) {
+  // The file has 0660 already unless the umask took group bits too: only then widen the
+  // group's (a chmod never gives others access).
+  struct stat made {};
+  const bool needs_chmod = ::lstat(path.c_str(), &made) != 0 || (made.st_mode & 0777) != 0660;
+  if ((needs_chmod && ::chmod(path.c_str(), 0660) < 0) || ::listen(fd, SOMAXCONN) < 0) {
     Status s = SocketError("listen " + path);
     ::close(fd);
     ::unlink(path.c_str());
