@@ -33,9 +33,8 @@ std::string TwoUsersUnavailable() {
   if (!EnsureUser(kUserA) || !EnsureUser(kUserB) || !EnsureUser(kUserC)) {
     return "useradd could not create the test users";
   }
-  if (testing::OtherUserProgram::Get().path().empty()) {
-    return "the test client cannot be run as another user: " +
-           testing::OtherUserProgram::Get().why();
+  if (std::string why = testing::CannotRunAs(kUserB); !why.empty()) {
+    return "the test client cannot be run as another user: " + why;
   }
   return "";
 }

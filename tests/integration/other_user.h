@@ -6,8 +6,7 @@
 // /root/ferry) is not reachable for it. So the client is copied once per test process into a
 // world-readable temp dir and run from there. It links libferry statically and needs only
 // system libraries (no RUNPATH into the build tree), so the one file is all it needs;
-// OtherUserProgram checks that by running the copy as the other user before any test relies
-// on it.
+// CannotRunAs checks that by running the copy as the other user before a test relies on it.
 #pragma once
 
 #include <fcntl.h>
@@ -132,6 +131,19 @@ inline int RunAs(const std::string& user, const std::vector<std::string>& args,
   }
   if (pid < 0) return -1;
   return WaitExit(pid, std::chrono::seconds(60));
+}
+
+/// Why the test client cannot be run as `user`, or "" when it can: the copy could not be
+/// made, or it does not start as that user (a library it needs, e.g. from a bundle's
+/// LD_LIBRARY_PATH, is out of that user's reach). Tests skip with this reason.
+inline std::string CannotRunAs(const std::string& user) {
+  if (OtherUserProgram::Get().path().empty()) return OtherUserProgram::Get().why();
+  // With no arguments the client prints its usage and exits 2: it ran.
+  int status = RunAs(user, {});
+  if (status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 2) return "";
+  return "the test client copied to " + OtherUserProgram::Get().path() + " did not start as " +
+         user + " (wait status " + std::to_string(status) +
+         "; 120: could not switch users, 121: exec failed, 127: a library is unreachable)";
 }
 
 /// Let every user reach `daemon`'s Unix socket and slab socket (the daemon's temp dir is

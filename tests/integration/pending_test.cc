@@ -583,9 +583,8 @@ TEST(PendingTest, AnotherUserNeverSeesBytesOneUserWrote) {
   if (!EnsureUser("ferrytest_a") || !EnsureUser("ferrytest_b")) {
     GTEST_SKIP() << "useradd could not create the test users";
   }
-  if (testing::OtherUserProgram::Get().path().empty()) {
-    GTEST_SKIP() << "the test client cannot be run as another user: "
-                 << testing::OtherUserProgram::Get().why();
+  if (std::string why = testing::CannotRunAs("ferrytest_b"); !why.empty()) {
+    GTEST_SKIP() << "the test client cannot be run as another user: " << why;
   }
   // Budget of two slabs: B's slabs can only come from evicting A's.
   FerrydProcess d({"--slab-size", "4M", "--pinned-budget", "8M", "--initial-slabs", "0"});
