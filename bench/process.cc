@@ -135,6 +135,8 @@ bool SpawnedDaemon::Start(const std::string& ferryd, const std::string& dir, boo
   if (tcp) {
     args.push_back("--listen");
     args.push_back("tcp:127.0.0.1:0");
+    // A loopback endpoint without a token: ferryd needs to be told that is meant.
+    args.push_back("--allow-insecure-remote");
   }
   if (pinned_budget_mib > 0) {
     args.push_back("--pinned-budget");

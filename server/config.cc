@@ -9,6 +9,8 @@
 #include <set>
 #include <sstream>
 
+#include "rpc/access.h"
+
 namespace ferry {
 namespace {
 
@@ -115,6 +117,19 @@ class Settings {
         {"allow-remote-raw-kernels",
          [this](const std::string& v) -> Status {
            FERRY_ASSIGN_OR_RETURN(c_.daemon.allow_remote_raw_kernels, ParseBool(v));
+           return Status::Ok();
+         }},
+        {"raw-kernels",
+         [this](const std::string& v) -> Status {
+           // Names are resolved here too, so --check-config finds an unknown user or group.
+           FERRY_RETURN_IF_ERROR(rpc::AccessList::Parse(v).status());
+           c_.daemon.raw_kernels = v;
+           return Status::Ok();
+         }},
+        {"admin-group",
+         [this](const std::string& v) -> Status {
+           if (!v.empty()) FERRY_RETURN_IF_ERROR(rpc::ResolveGroup(v).status());
+           c_.daemon.admin_group = v;
            return Status::Ok();
          }},
         {"tls-cert", path(&c_.daemon.tls.cert)},
@@ -391,14 +406,23 @@ means true; --allow-insecure-remote and --allow-remote-raw-kernels also take =tr
   --backend host|cuda|auto   device backend (default auto: CUDA when a GPU is visible)
   --listen ENDPOINT          unix:PATH or tcp:HOST:PORT (port 0 picks one); repeatable
                              (default unix:/run/ferry/ferryd-<N>.sock)
-  --allow-insecure-remote    allow plaintext TCP on non-loopback addresses (development)
+  --allow-insecure-remote    allow TCP endpoints that authenticate no client (neither
+                             --token-file nor --tls-client-ca), loopback included: any
+                             peer that reaches one gets in (development only)
   --tls-cert PATH            PEM certificate chain: TCP endpoints speak TLS (default: none)
   --tls-key PATH             PEM private key of --tls-cert (default: none)
   --tls-client-ca PATH       PEM CA bundle: TCP clients must present a certificate it signed
                              (mutual TLS; default: none)
   --token-file PATH          TCP clients must send "authorization: Bearer <token>" with the
                              token in PATH (default: none). Unix endpoints stay plain
-  --allow-remote-raw-kernels let TCP clients load and launch raw kernels (default: refused)
+  --allow-remote-raw-kernels let TCP clients load and launch raw kernels (default: refused);
+                             such a client is trusted with every session's data
+  --raw-kernels LIST         local peers that may load and launch raw kernels (PTX, CUBIN,
+                             CUDA C++): comma list of uid:USER and gid:GROUP, names or
+                             numbers, e.g. uid:1000,gid:gpuadmin (default: none; others get
+                             PERMISSION_DENIED). They are trusted with every session's data
+  --admin-group GROUP        members may drain the daemon and list every session, besides
+                             root and the daemon's uid (default: none)
   --metrics-listen HOST:PORT serve Prometheus metrics at http://HOST:PORT/metrics
                              (port 0 picks one; default: off)
   --session-quota SIZE       default device-memory quota per session (default 1G)
@@ -517,6 +541,8 @@ std::string FormatConfig(const DaemonConfig& c) {
   out << "token-file =" << quoted(c.daemon.token_file) << "\n";
   out << "allow-remote-raw-kernels = " << (c.daemon.allow_remote_raw_kernels ? "true" : "false")
       << "\n";
+  out << "raw-kernels =" << quoted(c.daemon.raw_kernels) << "\n";
+  out << "admin-group =" << quoted(c.daemon.admin_group) << "\n";
   out << "metrics-listen =" << quoted(c.daemon.metrics_listen) << "\n";
   out << "session-quota = " << FormatBytes(c.daemon.session_defaults.device_bytes_quota) << "\n";
   out << "max-session-quota = " << FormatBytes(c.daemon.max_device_bytes_quota) << "\n";

@@ -17,13 +17,15 @@ constexpr const char* kUsage = R"(usage: ferryctl [options] COMMAND
 
 commands:
   status             the daemon: device, memory, uptime, version, sessions, totals
-  sessions           one row per open session
+  sessions           one row per open session (for a caller that is not root, the
+                     daemon's uid or in its admin-group: that caller's own sessions)
   health [--canary]  checks, with exit codes 0 ok / 1 warning / 2 critical:
                      reachable, grpc.health.v1, draining, device-memory headroom, and
                      with --canary an upload -> scale+axpy -> download through the
                      daemon, every element checked
   drain [--wait]     ask the daemon to drain (finish in-flight work, then exit);
-                     --wait: until it has stopped
+                     --wait: until it has stopped. Admins only (root, the daemon's
+                     uid, its admin-group)
   metrics            fetch and print the Prometheus metrics of --metrics HOST:PORT
 
 options:

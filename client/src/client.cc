@@ -42,15 +42,7 @@ std::string GrpcTarget(const std::string& target) {
 }
 
 Status FromProto(const v1::Error& e) {
-  int kind = e.kind();
-  if (kind < 0 || kind > static_cast<int>(ErrorKind::kBusy)) {
-    kind = static_cast<int>(ErrorKind::kInternal);
-  }
-  int code = e.code();
-  if (code <= 0 || code > static_cast<int>(Code::kUnauthenticated)) {
-    code = static_cast<int>(Code::kUnknown);
-  }
-  return Status(static_cast<Code>(code), static_cast<ErrorKind>(kind), e.message(), e.op_index());
+  return Status::FromWire(e.code(), e.kind(), e.message(), e.op_index());
 }
 
 v1::DType ToProto(DType d) {
@@ -580,15 +572,15 @@ class SessionState {
     uint32_t kind = le::Get32(reply);
     if (kind != 0) {
       if (fd >= 0) ::close(fd);
-      if (kind > static_cast<uint32_t>(ErrorKind::kBusy))
-        kind = static_cast<uint32_t>(ErrorKind::kInternal);
-      return Status(static_cast<ErrorKind>(kind),
-                    "the daemon gave no slab (" +
-                        std::string(ErrorKindName(static_cast<ErrorKind>(kind))) +
-                        (kind == static_cast<uint32_t>(ErrorKind::kQuotaExceeded)
-                             ? ": the session's --session-pinned-quota is reached, or the "
-                               "daemon's --pinned-budget is held by slabs in use)"
-                             : ")"));
+      const int k = kind > static_cast<uint32_t>(kLastErrorKind) ? -1 : static_cast<int>(kind);
+      const ErrorKind known = k < 0 ? ErrorKind::kInternal : static_cast<ErrorKind>(k);
+      return Status::FromWire(
+          static_cast<int>(CanonicalCode(known)), k < 0 ? static_cast<int>(kind) : k,
+          "the daemon gave no slab (" + std::string(ErrorKindName(known)) +
+              (known == ErrorKind::kQuotaExceeded
+                   ? ": the session's --session-pinned-quota is reached, or the "
+                     "daemon's --pinned-budget is held by slabs in use)"
+                   : ")"));
     }
     if (fd < 0) return SlabSocketError("no fd came with the slab");
     auto m = std::make_shared<SlabMapping>();

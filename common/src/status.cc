@@ -78,6 +78,8 @@ std::string_view ErrorKindName(ErrorKind kind) {
       return "UNAVAILABLE";
     case ErrorKind::kBusy:
       return "BUSY";
+    case ErrorKind::kPermissionDenied:
+      return "PERMISSION_DENIED";
   }
   return "UNKNOWN_KIND";
 }
@@ -112,8 +114,22 @@ Code CanonicalCode(ErrorKind kind) {
       return Code::kUnavailable;
     case ErrorKind::kBusy:
       return Code::kFailedPrecondition;
+    case ErrorKind::kPermissionDenied:
+      return Code::kPermissionDenied;
   }
   return Code::kUnknown;
+}
+
+Status Status::FromWire(int code, int kind, std::string message, int op_index) {
+  if (kind < 0 || kind > static_cast<int>(kLastErrorKind)) {
+    message = "unknown error kind " + std::to_string(kind) + ": " + message;
+    kind = static_cast<int>(ErrorKind::kInternal);
+  }
+  if (code <= 0 || code > static_cast<int>(Code::kUnauthenticated)) {
+    code = static_cast<int>(Code::kUnknown);
+  }
+  return Status(static_cast<Code>(code), static_cast<ErrorKind>(kind), std::move(message),
+                op_index);
 }
 
 Status Status::WithContext(std::string_view context) const {

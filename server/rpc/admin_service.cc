@@ -1,5 +1,7 @@
 #include "rpc/admin_service.h"
 
+#include <optional>
+
 #include "ferry/version.h"
 #include "rpc/convert.h"
 
@@ -14,6 +16,16 @@ grpc::ServerUnaryReactor* RejectUnauthenticated(const SessionServiceContext& con
   auto* reactor = ctx->DefaultReactor();
   reactor->Finish(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, s.message()));
   return reactor;
+}
+
+// Who is calling: a local peer's uid (from its connection's SO_PEERCRED), or none for a
+// remote (TCP) peer or one whose connection is not known.
+std::optional<uid_t> CallerUid(const SessionServiceContext& context,
+                               const grpc::CallbackServerContext& ctx) {
+  if (IsRemotePeer(ctx.peer()) || !context.local_connections) return std::nullopt;
+  session::PeerIdentity id = context.local_connections->Identify(ctx.peer());
+  if (!id.uid) return std::nullopt;
+  return static_cast<uid_t>(*id.uid);
 }
 
 }  // namespace
@@ -82,8 +94,13 @@ grpc::ServerUnaryReactor* AdminService::ListSessions(grpc::CallbackServerContext
                                                      const v1::ListSessionsRequest*,
                                                      v1::ListSessionsReply* reply) {
   if (auto* rejected = RejectUnauthenticated(*context_, ctx)) return rejected;
+  // An admin sees every session; any other local caller only its own uid's, and a remote
+  // caller none (it has no uid here, and a token may be shared by many tenants).
+  const std::optional<uid_t> caller = CallerUid(*context_, *ctx);
+  const bool admin = caller && context_->admin.IsAdmin(*caller);
   auto now = std::chrono::steady_clock::now();
   for (const session::SessionEntry& e : context_->registry->List()) {
+    if (!admin && !(caller && e.peer.uid && *e.peer.uid == *caller)) continue;
     v1::SessionInfo* s = reply->add_sessions();
     const session::SessionCounters& c = *e.counters;
     s->set_session_id(e.id);
@@ -117,6 +134,18 @@ grpc::ServerUnaryReactor* AdminService::ListSessions(grpc::CallbackServerContext
 grpc::ServerUnaryReactor* AdminService::Drain(grpc::CallbackServerContext* ctx,
                                               const v1::DrainRequest*, v1::DrainReply*) {
   if (auto* rejected = RejectUnauthenticated(*context_, ctx)) return rejected;
+  // A drain ends every tenant's work: admins only (root, the daemon's uid, admin-group).
+  const std::optional<uid_t> caller = CallerUid(*context_, *ctx);
+  if (!caller || !context_->admin.IsAdmin(*caller)) {
+    auto* reactor = ctx->DefaultReactor();
+    reactor->Finish(
+        grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                     caller ? "drain is for root, the daemon's uid and the admin-group; uid " +
+                                  std::to_string(*caller) + " is none of them"
+                            : std::string("drain is for local admins only (root, the daemon's uid, "
+                                          "admin-group), never for a remote peer")));
+    return reactor;
+  }
   context_->draining = true;
   std::function<void()> handler;
   {

@@ -1,4 +1,10 @@
 // ferry.v1.Admin: daemon status, the open sessions, drain. Read-only except Drain.
+//
+// Access: Status is open to every caller that reached the daemon (health checks need it).
+// ListSessions shows an admin (AdminPolicy: root, the daemon's uid, admin-group) every
+// session, any other local caller its own uid's sessions only, a remote caller none. Drain
+// is for local admins only (PERMISSION_DENIED otherwise). Handlers run on gRPC threads and
+// may look up the caller's groups in the user database.
 #pragma once
 
 #include <grpcpp/grpcpp.h>

@@ -1,9 +1,13 @@
 #include "rpc/auth.h"
 
+#include <grpc/grpc.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/security/server_credentials.h>
+#include <grpcpp/support/server_interceptor.h>
 
 #include <fstream>
+#include <map>
+#include <optional>
 #include <sstream>
 
 namespace ferry::rpc {
@@ -73,19 +77,82 @@ Result<std::unique_ptr<TokenChecker>> TokenChecker::Load(const std::string& path
   return std::unique_ptr<TokenChecker>(new TokenChecker(token.substr(b, e - b + 1)));
 }
 
-Status TokenChecker::Check(const grpc::ServerContextBase& context) const {
-  if (!IsRemotePeer(context.peer())) return Status::Ok();
-  const auto& md = context.client_metadata();
+namespace {
+
+// UNAUTHENTICATED, the gRPC code a caller without valid credentials gets; the kind says the
+// peer is not let in.
+Status Unauthenticated(std::string message) {
+  return Status(Code::kUnauthenticated, ErrorKind::kPermissionDenied, std::move(message));
+}
+
+// The value of the "authorization" metadata, if any.
+std::optional<std::string_view> Authorization(
+    const std::multimap<grpc::string_ref, grpc::string_ref>& md) {
   auto it = md.find("authorization");
-  if (it == md.end()) {
-    return Status(ErrorKind::kInvalidArgument, "this daemon needs a bearer token");
+  if (it == md.end()) return std::nullopt;
+  return std::string_view(it->second.data(), it->second.size());
+}
+
+class TokenInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  TokenInterceptor(const TokenChecker* checker, grpc::experimental::ServerRpcInfo* info)
+      : checker_(checker), info_(info) {}
+
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::POST_RECV_INITIAL_METADATA)) {
+      grpc::ServerContextBase* ctx = info_->server_context();
+      if (ctx && IsRemotePeer(ctx->peer())) {
+        std::optional<std::string_view> auth = Authorization(*methods->GetRecvInitialMetadata());
+        Status s = checker_->CheckAuthorization(auth ? &*auth : nullptr);
+        if (!s.ok()) {
+          // The client sees UNAUTHENTICATED; whatever the handler sends after this fails.
+          grpc_call_cancel_with_status(ctx->c_call(), GRPC_STATUS_UNAUTHENTICATED,
+                                       s.message().c_str(), nullptr);
+        }
+      }
+    }
+    methods->Proceed();
   }
-  std::string_view value(it->second.data(), it->second.size());
+
+ private:
+  const TokenChecker* checker_;
+  grpc::experimental::ServerRpcInfo* info_;
+};
+
+class TokenInterceptorFactory final : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  explicit TokenInterceptorFactory(const TokenChecker* checker) : checker_(checker) {}
+  grpc::experimental::Interceptor* CreateServerInterceptor(
+      grpc::experimental::ServerRpcInfo* info) override {
+    return new TokenInterceptor(checker_, info);
+  }
+
+ private:
+  const TokenChecker* checker_;
+};
+
+}  // namespace
+
+Status TokenChecker::CheckAuthorization(const std::string_view* authorization) const {
+  if (!authorization) return Unauthenticated("this daemon needs a bearer token");
   constexpr std::string_view kBearer = "Bearer ";
+  std::string_view value = *authorization;
   if (value.rfind(kBearer, 0) != 0 || !ConstantTimeEquals(value.substr(kBearer.size()), token_)) {
-    return Status(ErrorKind::kInvalidArgument, "the bearer token is not valid");
+    return Unauthenticated("the bearer token is not valid");
   }
   return Status::Ok();
+}
+
+Status TokenChecker::Check(const grpc::ServerContextBase& context) const {
+  if (!IsRemotePeer(context.peer())) return Status::Ok();
+  std::optional<std::string_view> auth = Authorization(context.client_metadata());
+  return CheckAuthorization(auth ? &*auth : nullptr);
+}
+
+std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> MakeTokenInterceptorFactory(
+    const TokenChecker* checker) {
+  return std::make_unique<TokenInterceptorFactory>(checker);
 }
 
 Status CheckToken(const TokenChecker* checker, const grpc::ServerContextBase& context) {

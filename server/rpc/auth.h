@@ -12,6 +12,9 @@
 namespace grpc {
 class ServerCredentials;
 class ServerContextBase;
+namespace experimental {
+class ServerInterceptorFactoryInterface;
+}
 }  // namespace grpc
 
 namespace ferry::rpc {
@@ -43,6 +46,9 @@ class TokenChecker {
 
   /// OK for local peers and for remote ones that sent the token; UNAUTHENTICATED otherwise.
   Status Check(const grpc::ServerContextBase& context) const;
+  /// OK when `authorization` (the metadata's value; null when absent) is
+  /// "Bearer <token>"; UNAUTHENTICATED otherwise.
+  Status CheckAuthorization(const std::string_view* authorization) const;
 
  private:
   explicit TokenChecker(std::string token) : token_(std::move(token)) {}
@@ -51,5 +57,13 @@ class TokenChecker {
 
 /// Check `context` against `checker` (null: no token configured, everything passes).
 Status CheckToken(const TokenChecker* checker, const grpc::ServerContextBase& context);
+
+/// Return a server interceptor factory that holds every call from a remote (TCP) peer to
+/// `checker` before any handler sees it: every method, the daemon's own and gRPC's (health,
+/// reflection) alike. A call without the token is cancelled with UNAUTHENTICATED as soon as
+/// its metadata arrives, so a handler that still runs cannot send anything. `checker` must
+/// outlive the server.
+std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> MakeTokenInterceptorFactory(
+    const TokenChecker* checker);
 
 }  // namespace ferry::rpc

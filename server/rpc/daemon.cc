@@ -77,6 +77,11 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
       std::max(options.max_in_flight_submits, options.session_defaults.max_in_flight_submits);
   ctx.max_message_bytes = options.max_message_bytes;
   ctx.allow_remote_raw_kernels = options.allow_remote_raw_kernels;
+  FERRY_ASSIGN_OR_RETURN(ctx.raw_kernels, AccessList::Parse(options.raw_kernels));
+  if (!options.admin_group.empty()) {
+    FERRY_ASSIGN_OR_RETURN(gid_t admin_gid, ResolveGroup(options.admin_group));
+    ctx.admin = AdminPolicy(admin_gid);
+  }
   ctx.submit_latency = &d->submit_latency_;
   ctx.transfer_latency = &d->transfer_latency_;
   if (!options.token_file.empty()) {
@@ -140,12 +145,22 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
       d->owned_socket_paths_.push_back(path);
     } else if (ep.rfind("tcp:", 0) == 0) {
       FERRY_ASSIGN_OR_RETURN(TcpEndpoint tcp, ParseHostPort(ep.substr(4)));
-      if (!IsLoopback(tcp.host) && !options.tls.enabled() && options.token_file.empty() &&
-          !options.allow_insecure_remote) {
+      // Loopback is no exception: any local uid can reach it, not only the Unix socket's group.
+      const bool authenticates_clients =
+          !options.token_file.empty() || !options.tls.client_ca.empty();
+      if (!authenticates_clients && !options.allow_insecure_remote) {
         return Status(ErrorKind::kInvalidArgument,
-                      "refusing TCP on non-loopback address " + tcp.host +
-                          " without --tls-cert/--tls-key or --token-file (or "
-                          "--allow-insecure-remote, for development only)");
+                      "refusing " + ep +
+                          ": a TCP endpoint must authenticate its clients with --token-file or "
+                          "mutual TLS (--tls-cert/--tls-key with --tls-client-ca); "
+                          "--allow-insecure-remote lets every peer that reaches it in, loopback "
+                          "included (any local uid), for development only");
+      }
+      if (!authenticates_clients) {
+        spdlog::warn(
+            "{} authenticates no client (--allow-insecure-remote): every peer that "
+            "reaches it gets sessions and the Admin service",
+            ep);
       }
       if (!IsLoopback(tcp.host) && !options.tls.enabled()) {
         spdlog::warn(
@@ -161,6 +176,12 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
   }
   builder.RegisterService(d->session_service_.get());
   builder.RegisterService(d->admin_service_.get());
+  if (d->token_) {
+    // Every method of a TCP endpoint, gRPC's health and reflection included, needs the token.
+    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
+    creators.push_back(MakeTokenInterceptorFactory(d->token_.get()));
+    builder.experimental().SetInterceptorCreators(std::move(creators));
+  }
 
   d->work_ =
       std::make_unique<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>>(

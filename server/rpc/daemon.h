@@ -51,6 +51,12 @@ struct DaemonOptions {
   std::string token_file;
   /// Let TCP peers load and launch raw kernels (LoadModule/Launch ops).
   bool allow_remote_raw_kernels = false;
+  /// The local uids and gids allowed raw kernels: "uid:1000,gid:gpuadmin" (AccessList::Parse);
+  /// "" none. Raw kernels run in the shared context and can read every session's memory.
+  std::string raw_kernels;
+  /// The group (name or number) whose members may drain the daemon and list every session,
+  /// besides root and the daemon's own uid; "" none.
+  std::string admin_group;
   /// Serve Prometheus metrics over HTTP on "HOST:PORT" (port 0 picks one); "" none.
   std::string metrics_listen;
   session::SessionConfig session_defaults;

@@ -83,13 +83,27 @@ Result<int> ListenUnix(const std::string& path) {
   }
   int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return SocketError("socket");
-  if (::bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) < 0) {
+  // bind creates the file with 0777 less the umask: narrow the umask around it, so the file
+  // is never, even for an instant, connectable by others (a chmod after bind left a window).
+  // The umask is process-wide: it is only ever narrowed (the old one plus no access for
+  // others), so another thread creating a file meanwhile never gets a wider mode.
+  const mode_t old_umask = ::umask(0177);
+  ::umask(old_umask | 0117);
+  const int bound = ::bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr));
+  const int bind_errno = errno;
+  ::umask(old_umask);
+  if (bound < 0) {
+    errno = bind_errno;
     Status s = SocketError("bind " + path);
     ::close(fd);
     return s;
   }
   // Group members reach the daemon; others do not (the runtime directory narrows it more).
-  if (::chmod(path.c_str(), 0660) < 0 || ::listen(fd, SOMAXCONN) < 0) {
+  // The file has 0660 already unless the umask took group bits too: only then widen the
+  // group's (a chmod never gives others access).
+  struct stat made {};
+  const bool needs_chmod = ::lstat(path.c_str(), &made) != 0 || (made.st_mode & 0777) != 0660;
+  if ((needs_chmod && ::chmod(path.c_str(), 0660) < 0) || ::listen(fd, SOMAXCONN) < 0) {
     Status s = SocketError("listen " + path);
     ::close(fd);
     ::unlink(path.c_str());

@@ -239,14 +239,15 @@ class SessionConnection : public session::SessionEvents,
           received_at_.push_back(
               {id, std::chrono::steady_clock::now(), MovesBytes(message->submit())});
         }
-        if (remote_ && !context_->allow_remote_raw_kernels && HasRawKernelOps(message->submit())) {
-          session::SubmitRequest refused;
-          refused.submit_id = id;
-          refused.refusal = Status(ErrorKind::kUnsupported,
-                                   "raw kernels are disabled for remote sessions "
-                                   "(ferryd --allow-remote-raw-kernels enables them)");
-          session_->Submit(std::move(refused));
-          return;
+        if (HasRawKernelOps(message->submit())) {
+          // Refused whole: none of the submit's ops runs, so it cannot be half applied.
+          if (Status allowed = RawKernelsAllowed(); !allowed.ok()) {
+            session::SubmitRequest refused;
+            refused.submit_id = id;
+            refused.refusal = std::move(allowed);
+            session_->Submit(std::move(refused));
+            return;
+          }
         }
         session_->Submit(ToSubmitRequest(std::move(message)));
         return;
@@ -341,7 +342,35 @@ class SessionConnection : public session::SessionEvents,
     return false;
   }
 
-  // Raw kernels: LoadModule and Launch ops (what a remote session may be refused).
+  // OK when this session's peer may load and launch raw kernels, PERMISSION_DENIED otherwise.
+  // A raw kernel runs in the context every session shares and can read and corrupt all of
+  // their memory, so only peers the config trusts get it: TCP peers with
+  // --allow-remote-raw-kernels, local uids listed in raw-kernels (by uid or group). The
+  // answer is looked up once per session (the group lookup may block, on this executor).
+  Status RawKernelsAllowed() {
+    if (!raw_kernels_checked_) {
+      raw_kernels_checked_ = true;
+      if (remote_) {
+        raw_kernels_allowed_ = context_->allow_remote_raw_kernels;
+      } else {
+        raw_kernels_allowed_ =
+            peer_.uid.has_value() && context_->raw_kernels.Admits(static_cast<uid_t>(*peer_.uid));
+      }
+    }
+    if (raw_kernels_allowed_) return Status::Ok();
+    if (remote_) {
+      return Status(ErrorKind::kPermissionDenied,
+                    "raw kernels (LoadModule, Launch) are disabled for remote sessions "
+                    "(ferryd --allow-remote-raw-kernels enables them)");
+    }
+    return Status(ErrorKind::kPermissionDenied,
+                  "raw kernels (LoadModule, Launch) are not enabled for uid " +
+                      (peer_.uid ? std::to_string(*peer_.uid) : std::string("(unknown)")) +
+                      " (ferryd --raw-kernels uid:UID or gid:GROUP enables them; see "
+                      "docs/security.md)");
+  }
+
+  // Raw kernels: LoadModule and Launch ops (what a peer may be refused).
   static bool HasRawKernelOps(const v1::Submit& submit) {
     for (const v1::Op& op : submit.ops()) {
       if (op.has_load_module() || op.has_launch()) return true;
@@ -570,7 +599,9 @@ class SessionConnection : public session::SessionEvents,
   Reactor* reactor_;  // valid until Finish; null after OnDone
   session::PeerIdentity peer_;
   bool remote_ = IsRemotePeer(peer_.address);  // came in over TCP
-  v1::ClientMessage read_buffer_;              // written by gRPC between StartRead and OnReadDone
+  bool raw_kernels_checked_ = false;           // RawKernelsAllowed looked it up
+  bool raw_kernels_allowed_ = false;
+  v1::ClientMessage read_buffer_;  // written by gRPC between StartRead and OnReadDone
 
   std::shared_ptr<session::Session> session_;
   uint64_t session_id_ = 0;

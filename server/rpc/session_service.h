@@ -24,6 +24,7 @@
 #include "pool/slab_broker.h"
 #include "pool/slab_pool.h"
 #include "pool/staging.h"
+#include "rpc/access.h"
 #include "rpc/auth.h"
 #include "rpc/local_connections.h"
 #include "rpc/metrics.h"
@@ -74,6 +75,10 @@ struct SessionServiceContext {
   /// peers may load and launch raw kernels.
   const TokenChecker* token = nullptr;
   bool allow_remote_raw_kernels = false;
+  /// Local peers allowed raw kernels (everyone else is refused PERMISSION_DENIED).
+  AccessList raw_kernels;
+  /// Who may call Admin.Drain and see every session in Admin.ListSessions.
+  AdminPolicy admin;
   /// Local (Unix-socket) connections and their peers' credentials; may be null.
   const LocalConnections* local_connections = nullptr;
   /// Submit round trips (received to completion sent) are recorded here; may be null.

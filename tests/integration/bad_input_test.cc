@@ -40,7 +40,9 @@ class BadInputTest : public ::testing::Test {
  protected:
   void SetUp() override {
     daemon_ = std::make_unique<FerrydProcess>(
-        std::vector<std::string>{"--session-quota", "1M", "--max-session-quota", "2M"});
+        std::vector<std::string>{"--session-quota", "1M", "--max-session-quota", "2M",
+                                 // Module tests: raw kernels for this uid (off by default).
+                                 "--raw-kernels", "uid:" + std::to_string(getuid())});
     ASSERT_TRUE(daemon_->ok()) << daemon_->log();
   }
   void TearDown() override {

@@ -75,7 +75,8 @@ std::string Workload(Client& client, int index) {
 }
 
 TEST(ConcurrencyTest, SixtyFourSessionsMixingTransfersKernelsAndGemms) {
-  testing::FerrydProcess daemon;
+  // Raw kernels (on CUDA) for this uid: they are off by default.
+  testing::FerrydProcess daemon({"--raw-kernels", "uid:" + std::to_string(getuid())});
   ASSERT_TRUE(daemon.ok()) << daemon.log();
   auto client = Client::connect(daemon.unix_target());
   ASSERT_TRUE(client.ok());

@@ -17,6 +17,9 @@ using testing::FerrydProcess;
 class DeviceTest : public ::testing::Test {
  protected:
   void Start(std::vector<std::string> args = {}) {
+    // The raw-kernel tests: raw kernels for this uid (off by default).
+    args.push_back("--raw-kernels");
+    args.push_back("uid:" + std::to_string(getuid()));
     daemon_ = std::make_unique<FerrydProcess>(std::move(args));
     ASSERT_TRUE(daemon_->ok()) << daemon_->log();
     auto c = Client::connect(daemon_->unix_target());

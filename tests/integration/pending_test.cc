@@ -15,11 +15,14 @@
 #include "ferry/client.h"
 #include "ferry/v1/session.grpc.pb.h"
 #include "ferryd_process.h"
+#include "other_user.h"
 
 namespace ferry {
 namespace {
 
+using testing::EnsureUser;
 using testing::FerrydProcess;
+using testing::RunAs;
 
 constexpr float kPoison = -12345.0f;
 
@@ -575,38 +578,13 @@ TEST(PendingTest, RawSlabOpsWithSlabsNotHeldAreRefused) {
   EXPECT_EQ(d.WaitIdle().slabs_in_use(), 0u);
 }
 
-// Run the test client as `user` (fork, setgid, setuid, execv; only async-signal-safe calls
-// in the child). Return its wait status, or -1.
-int RunAs(const std::string& user, const std::vector<std::string>& args) {
-  struct passwd* pw = getpwnam(user.c_str());
-  if (!pw) return -1;
-  uid_t uid = pw->pw_uid;
-  gid_t gid = pw->pw_gid;
-  std::string program = testing::ProgramPath("FERRY_TEST_CLIENT", FERRY_TEST_CLIENT_PATH);
-  std::vector<char*> argv;
-  argv.push_back(const_cast<char*>(program.c_str()));
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  pid_t pid = fork();
-  if (pid == 0) {
-    if (setgroups(0, nullptr) != 0 || setgid(gid) != 0 || setuid(uid) != 0) _exit(120);
-    execv(program.c_str(), argv.data());
-    _exit(121);
-  }
-  if (pid < 0) return -1;
-  return testing::WaitExit(pid, std::chrono::seconds(60));
-}
-
-bool EnsureUser(const std::string& user) {
-  if (getpwnam(user.c_str())) return true;
-  std::string cmd = "useradd -M -r " + user + " >/dev/null 2>&1";
-  return std::system(cmd.c_str()) == 0 && getpwnam(user.c_str());
-}
-
 TEST(PendingTest, AnotherUserNeverSeesBytesOneUserWrote) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root to create and switch to two test users";
   if (!EnsureUser("ferrytest_a") || !EnsureUser("ferrytest_b")) {
     GTEST_SKIP() << "useradd could not create the test users";
+  }
+  if (std::string why = testing::CannotRunAs("ferrytest_b"); !why.empty()) {
+    GTEST_SKIP() << "the test client cannot be run as another user: " << why;
   }
   // Budget of two slabs: B's slabs can only come from evicting A's.
   FerrydProcess d({"--slab-size", "4M", "--pinned-budget", "8M", "--initial-slabs", "0"});

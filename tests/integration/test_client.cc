@@ -6,8 +6,18 @@
 //   zero-slabs N: take N slab-sized pinned buffers; exit 0 if every byte is 0, 3 if not;
 //   pending-loop: pending uploads and downloads through pinned buffers in a loop, for ever;
 //     prints "ready" (and flushes stdout) once transfers are going, to be killed.
+// Access modes (for tests run as another user; each prints what it saw):
+//   raw-kernel: one submit that creates a tensor and loads a PTX module; exits with the
+//     ErrorKind number the submit failed with (0: it succeeded). A refusal must be whole:
+//     when it is PERMISSION_DENIED the tensor must not exist (else exit 101), and the session
+//     must go on serving built-in ops (else exit 100);
+//   list-sessions: with this session open, Admin.ListSessions; exit 0 when it lists this
+//     session and no session of another uid, 3 when it lists another uid's, 4 when not its own;
+//   drain: Admin.Drain; exit 0 when granted, 7 when PERMISSION_DENIED.
+#include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -15,6 +25,7 @@
 #include <vector>
 
 #include "ferry/client.h"
+#include "ferry/v1/admin.grpc.pb.h"
 
 int main(int argc, char** argv) {
   if (argc < 3) {
@@ -26,6 +37,52 @@ int main(int argc, char** argv) {
   auto session = client->open_session();
   if (!session.ok()) return 1;
   std::string mode = argv[2];
+  if (mode == "raw-kernel") {
+    ferry::Tensor t = session->create_tensor<float>({16});
+    session->load_module(ferry::ModuleFormat::kPtx, ".version 7.0\n.target sm_50\n");
+    ferry::Status s = session->synchronize();
+    std::printf("raw-kernel: %s\n", s.ToString().c_str());
+    if (s.kind() == ferry::ErrorKind::kPermissionDenied) {
+      std::vector<float> x(16, 1.0f);
+      ferry::Status up = session->upload(t, x);
+      std::printf("upload to the refused submit's tensor: %s\n", up.ToString().c_str());
+      if (up.kind() != ferry::ErrorKind::kInvalidHandle) return 101;
+    }
+    ferry::Tensor u = session->create_tensor<float>({16});
+    std::vector<float> y(16, 3.0f);
+    if (!session->upload(u, y).ok()) return 100;
+    auto back = session->download<float>(u);
+    if (!back.ok() || *back != y) return 100;
+    return static_cast<int>(s.kind());
+  }
+  if (mode == "list-sessions" || mode == "drain") {
+    auto channel = grpc::CreateChannel(argv[1], grpc::InsecureChannelCredentials());
+    auto stub = ferry::v1::Admin::NewStub(channel);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    if (mode == "drain") {
+      ferry::v1::DrainReply reply;
+      grpc::Status s = stub->Drain(&ctx, ferry::v1::DrainRequest(), &reply);
+      std::printf("drain: %d %s\n", static_cast<int>(s.error_code()), s.error_message().c_str());
+      if (s.ok()) return 0;
+      return s.error_code() == grpc::StatusCode::PERMISSION_DENIED ? 7 : 1;
+    }
+    ferry::v1::ListSessionsReply reply;
+    grpc::Status s = stub->ListSessions(&ctx, ferry::v1::ListSessionsRequest(), &reply);
+    if (!s.ok()) {
+      std::printf("list-sessions: %s\n", s.error_message().c_str());
+      return 1;
+    }
+    bool own = false;
+    bool other = false;
+    for (const auto& info : reply.sessions()) {
+      std::printf("session %llu uid %u pid %d\n",
+                  static_cast<unsigned long long>(info.session_id()), info.uid(), info.pid());
+      if (info.uid() == ::getuid() && info.pid() == ::getpid()) own = true;
+      if (!info.has_uid() || info.uid() != ::getuid()) other = true;
+    }
+    return other ? 3 : own ? 0 : 4;
+  }
   if (mode == "fill-slabs" || mode == "zero-slabs") {
     int n = argc > 3 ? std::atoi(argv[3]) : 1;
     std::vector<ferry::PinnedBuffer> held;

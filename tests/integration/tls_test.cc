@@ -153,7 +153,8 @@ TEST(TlsTest, RawKernelsAreRefusedForRemoteSessions) {
   ASSERT_TRUE(session->upload(a, x).ok());  // a submit in flight before the refused one
   Module m = session->load_module(ModuleFormat::kPtx, ".version 7.0\n");
   Status s = session->synchronize();
-  EXPECT_EQ(s.kind(), ErrorKind::kUnsupported) << s.ToString();
+  EXPECT_EQ(s.kind(), ErrorKind::kPermissionDenied) << s.ToString();
+  EXPECT_EQ(s.code(), Code::kPermissionDenied) << s.ToString();
   EXPECT_NE(s.message().find("remote"), std::string::npos) << s.ToString();
   // The session goes on.
   auto back = session->download<float>(a);

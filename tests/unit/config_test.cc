@@ -266,6 +266,8 @@ tls-key = /etc/ferry/tls/a.key
 tls-client-ca = /etc/ferry/tls/ca.crt
 token-file = /etc/ferry/token
 allow-remote-raw-kernels = true
+raw-kernels = "uid:1000, gid:0,uid:root"
+admin-group = 0
 metrics-listen = 127.0.0.1:9402
 session-quota = 2G
 max-session-quota = 3G
@@ -477,6 +479,31 @@ TEST(ConfigTest, FormatBytes) {
   for (uint64_t v : {0ull, 1ull, 4096ull, 5ull << 30, (1ull << 20) + 1}) {
     EXPECT_EQ(*ParseBytes(FormatBytes(v)), v);
   }
+}
+
+TEST(ConfigTest, RawKernelsAndAdminGroupAreCheckedAtParse) {
+  // Numbers and names (root exists everywhere) parse; the setting keeps the text as given.
+  auto c = ParseFlags({"--raw-kernels", "uid:1000,gid:root,uid:root", "--admin-group", "root"});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->daemon.raw_kernels, "uid:1000,gid:root,uid:root");
+  EXPECT_EQ(c->daemon.admin_group, "root");
+  // Off by default: nobody gets raw kernels, there is no admin group.
+  auto d = ParseFlags({});
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->daemon.raw_kernels, "");
+  EXPECT_EQ(d->daemon.admin_group, "");
+  // What --check-config must report: a malformed entry, an unknown user or group.
+  for (const char* bad : {"1000", "uid:", "user:1000", "uid:1000,,gid:0",
+                          "uid:no-such-user-ferry-test", "gid:no-such-group-ferry-test"}) {
+    auto r = ParseFlags({"--raw-kernels", bad});
+    EXPECT_FALSE(r.ok()) << bad;
+    if (!r.ok()) EXPECT_NE(r.status().message().find("--raw-kernels"), std::string::npos);
+  }
+  EXPECT_FALSE(ParseFlags({"--admin-group", "no-such-group-ferry-test"}).ok());
+  auto f = ParseConfigText("raw-kernels = uid:nobody-ferry-test\n", "f");
+  ASSERT_FALSE(f.ok());
+  EXPECT_NE(f.status().message().find("f:1: raw-kernels: no such user"), std::string::npos)
+      << f.status().message();
 }
 
 }  // namespace

@@ -56,7 +56,11 @@ enum class ErrorKind : int {
   kInternal = 14,           // a broken invariant of ferry's own
   kUnavailable = 15,        // the daemon cannot be reached or is draining
   kBusy = 16,               // a shared-memory range a copy in flight still uses
+  kPermissionDenied = 17,   // the peer may not do this (raw kernels, admin calls)
 };
+
+/// The highest ErrorKind this build knows; a peer's larger value is not one of ours.
+inline constexpr ErrorKind kLastErrorKind = ErrorKind::kPermissionDenied;
 
 std::string_view CodeName(Code code);
 std::string_view ErrorKindName(ErrorKind kind);
@@ -77,6 +81,11 @@ class [[nodiscard]] Status {
       : code_(code), kind_(kind), message_(std::move(message)), op_index_(op_index) {}
 
   static Status Ok() { return Status(); }
+
+  /// Build a Status from the numbers a peer sent (ferry.v1.Error). A code outside gRPC's
+  /// range becomes UNKNOWN; a kind this build does not know (a newer peer's) becomes INTERNAL
+  /// with "unknown error kind N: " before the message, so it is never taken for one of ours.
+  static Status FromWire(int code, int kind, std::string message, int op_index = -1);
 
   bool ok() const { return code_ == Code::kOk; }
   Code code() const { return code_; }
