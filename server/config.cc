@@ -421,7 +421,8 @@ means true; --allow-insecure-remote and --allow-remote-raw-kernels also take =tr
                              launch, its graph kept and updated (default 8; 0: never)
   --slab-size SIZE           size of a shared-memory slab for local clients (default 64M)
   --pinned-budget SIZE       pinned shared memory all slabs may take (default 1G)
-  --initial-slabs N          slabs made and registered at start (default 1)
+  --initial-slabs N          fresh slabs made and registered at start, and kept ready
+                             (made again ahead as they are handed out; default 1)
   --session-pinned-quota SIZE  slab bytes one session may hold (default 256M; 0: no limit)
   --submit-ring SIZE         each local session's submit ring, through which its client
                              sends messages by shared memory instead of gRPC (default 64K;
