@@ -92,8 +92,10 @@ class Stream {
   /// Destroying a stream waits for its enqueued work and pending completions to finish.
   virtual ~Stream() = default;
 
-  /// Allocate `bytes` (> 0) of device memory usable by work enqueued after this call.
-  /// OUT_OF_DEVICE_MEMORY when the device cannot provide it.
+  /// Allocate `bytes` (> 0) of device memory usable by work enqueued after this call. Every
+  /// byte reads as zero until written: memory is shared by all sessions, so what an earlier
+  /// owner left must never be readable (the zeroing is ordered on this stream, before any
+  /// work enqueued after the call). OUT_OF_DEVICE_MEMORY when the device cannot provide it.
   virtual Result<DevicePtr> Allocate(uint64_t bytes) = 0;
   /// Release memory from Allocate once all work enqueued before this call has finished.
   virtual void Free(DevicePtr ptr) = 0;

@@ -1,10 +1,11 @@
 // Tenant isolation through a real ferryd (issue 14): what one session wrote must never be
-// readable by another, not even through a shared-memory slab the first session's client
-// still maps after it ended (item 5).
+// readable by another, neither through a new tensor's device memory (item 1) nor through a
+// shared-memory slab the first session's client still maps after it ended (item 5).
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -21,6 +22,47 @@ namespace {
 using testing::FerrydProcess;
 using testing::RawSlabConnection;
 using testing::RawStream;
+
+// Item 1: a local session writes tensors of 4 KiB, 1 MiB and 64 MiB and frees them; a remote
+// (TCP) session then creates tensors of the same sizes and downloads them without writing.
+// Every byte it reads is zero.
+TEST(IsolationTest, NewTensorsNeverShowAnotherSessionsBytes) {
+  FerrydProcess d({"--allow-insecure-remote"}, /*tcp=*/true);
+  ASSERT_TRUE(d.ok()) << d.log();
+  ASSERT_FALSE(d.tcp_target().empty());
+  const std::vector<int64_t> sizes = {4 << 10, 1 << 20, 64 << 20};
+  auto local = Client::connect(d.unix_target());
+  auto remote = Client::connect(d.tcp_target());
+  ASSERT_TRUE(local.ok() && remote.ok());
+  auto a = local->open_session();
+  auto b = remote->open_session();
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  for (int round = 0; round < 3; ++round) {
+    {
+      std::vector<Tensor> written;
+      for (int64_t n : sizes) {
+        written.push_back(a->create_tensor<uint8_t>({n}));
+        std::vector<uint8_t> secret(static_cast<size_t>(n), static_cast<uint8_t>(0xA5 + round));
+        ASSERT_TRUE(a->upload(written.back(), secret).ok());
+      }
+      ASSERT_TRUE(a->synchronize().ok());
+    }  // freed
+    ASSERT_TRUE(a->synchronize().ok());
+    for (int64_t n : sizes) {
+      Tensor t = b->create_tensor<uint8_t>({n});
+      auto seen = b->download<uint8_t>(t);
+      ASSERT_TRUE(seen.ok()) << seen.status().ToString();
+      ASSERT_EQ(seen->size(), static_cast<size_t>(n));
+      const auto nonzero =
+          std::count_if(seen->begin(), seen->end(), [](uint8_t v) { return v != 0; });
+      EXPECT_EQ(nonzero, 0) << "round " << round << ": " << nonzero << " of " << n
+                            << " bytes of a new tensor came from another session";
+    }
+  }
+  EXPECT_TRUE(a->close().ok());
+  EXPECT_TRUE(b->close().ok());
+}
 
 // Item 5: session A maps a slab and ends, its client keeping the mapping (nothing can take it
 // back). Session B, of the same uid (tenants in containers often share one), then takes every

@@ -7,7 +7,10 @@
 //    two-pass ReduceSum. Every entry point first makes the device current on the calling
 //    thread (cudaSetDevice), so any executor thread may drive a stream.
 //  * Memory: stream-ordered (cudaMallocFromPoolAsync / cudaFreeAsync) from the device's
-//    default pool, whose release threshold is raised so freed memory stays cached. Every
+//    default pool, whose release threshold is raised so freed memory stays cached. The pool
+//    is shared by every session, so a new allocation may hold another session's freed
+//    bytes: Allocate enqueues a cudaMemsetAsync to 0 on the same stream before it returns,
+//    and every later use of the memory is ordered behind it. Every
 //    device range an op touches is checked against the live allocations (OUT_OF_RANGE
 //    otherwise, as on the host backend), so a client's bad offset is a typed error, not a
 //    device fault that would take down every session.
@@ -427,7 +430,12 @@ class CudaDevice final : public Device {
     return status;
   }
 
-  Result<DevicePtr> AllocateMemory(uint64_t bytes, cudaStream_t stream) {
+  /// Allocate `bytes` stream-ordered on `stream`. `zero`: a memset to 0 is enqueued on the
+  /// same stream right behind the allocation, so nothing enqueued later (the only way to
+  /// reach the memory) can read what an earlier owner left in the shared pool. Tensors a
+  /// session can read are always zeroed; only scratch that is fully written before it is
+  /// read (the temporary of an overlapping copy) skips it.
+  Result<DevicePtr> AllocateMemory(uint64_t bytes, cudaStream_t stream, bool zero) {
     if (bytes == 0) return InvalidArgument("Allocate: bytes must be positive");
     FERRY_RETURN_IF_ERROR(watcher_->fault());
     void* ptr = nullptr;
@@ -446,6 +454,14 @@ class CudaDevice final : public Device {
                                                        " bytes (cudaErrorMemoryAllocation)");
     }
     FERRY_RETURN_IF_ERROR(Check(error, "cudaMallocFromPoolAsync"));
+    if (zero) {
+      Status zeroed = Check(cudaMemsetAsync(ptr, 0, bytes, stream), "cudaMemsetAsync (zeroing)");
+      if (!zeroed.ok()) {
+        (void)cudaFreeAsync(ptr, stream);
+        (void)cudaGetLastError();
+        return zeroed;
+      }
+    }
     const auto base = static_cast<DevicePtr>(reinterpret_cast<uintptr_t>(ptr));
     std::lock_guard<std::mutex> lock(mu_);
     allocations_[base] = bytes;
@@ -576,7 +592,7 @@ class CudaStream final : public Stream {
       return InvalidArgument("Allocate during graph capture; allocate before BeginCapture");
     }
     FERRY_RETURN_IF_ERROR(device_->MakeCurrent());
-    return device_->AllocateMemory(bytes, stream_);
+    return device_->AllocateMemory(bytes, stream_, /*zero=*/true);
   }
 
   void Free(DevicePtr ptr) override {
@@ -910,7 +926,7 @@ class CudaStream final : public Stream {
     if (capturing_) {
       return InvalidArgument("CopyDeviceToDevice: closely overlapping ranges during capture");
     }
-    FERRY_ASSIGN_OR_RETURN(DevicePtr temp, device_->AllocateMemory(bytes, stream_));
+    FERRY_ASSIGN_OR_RETURN(DevicePtr temp, device_->AllocateMemory(bytes, stream_, /*zero=*/false));
     Status status = device_->Check(
         cudaMemcpyAsync(Address(temp), Address(src), bytes, cudaMemcpyDeviceToDevice, stream_),
         "cudaMemcpyAsync (device to device)");
