@@ -19,6 +19,8 @@
 
 #include "backend/backend.h"
 #if FERRY_HAVE_CUDA
+#include <fcntl.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -453,42 +455,60 @@ TEST(NvrtcCompileTest, IncludesOfFilesAreRefusedAndNeverQuoted) {
   }
 }
 
+/// The helper started directly (no check in front of it), fed `source`; its pid and the
+/// socket to read its reply from (-1 on failure).
+struct Helper {
+  pid_t pid = -1;
+  int sock = -1;
+};
+Helper StartHelper(const std::string& source) {
+  std::string path = TestLimits().helper;
+  if (path.empty()) {
+    char self[4096];
+    const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (n <= 0) return {};
+    path = std::string(self, static_cast<size_t>(n));
+    path = path.substr(0, path.rfind('/') + 1) + "ferry-nvrtc";
+  }
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) return {};
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, sv[1], 0);
+  posix_spawn_file_actions_adddup2(&actions, sv[1], 1);
+  std::vector<std::string> args = {path, "9", "0", std::to_string(4ull << 30), "30"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  Helper h;
+  if (::posix_spawn(&h.pid, path.c_str(), &actions, nullptr, argv.data(), environ) != 0) {
+    h.pid = -1;
+  }
+  posix_spawn_file_actions_destroy(&actions);
+  ::close(sv[1]);
+  h.sock = sv[0];
+  if (h.pid > 0) {
+    (void)::send(h.sock, source.data(), source.size(), MSG_NOSIGNAL);
+    ::shutdown(h.sock, SHUT_WR);
+  }
+  return h;
+}
+
 // The second fence: the helper itself, given a source the check would refuse, cannot open
 // the file (its seccomp filter fails every open), so its log quotes nothing of it.
 TEST(NvrtcCompileTest, TheHelperCannotOpenFilesEvenUnchecked) {
   FERRY_SKIP_WITHOUT_NVRTC();
   SecretFile secret;
-  std::string helper = TestLimits().helper;
-  if (helper.empty()) {
-    char self[4096];
-    const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
-    ASSERT_GT(n, 0);
-    helper = std::string(self, static_cast<size_t>(n));
-    helper = helper.substr(0, helper.rfind('/') + 1) + "ferry-nvrtc";
-  }
-  int sv[2];
-  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, sv[1], 0);
-  posix_spawn_file_actions_adddup2(&actions, sv[1], 1);
-  std::vector<std::string> args = {helper, "9", "0", std::to_string(4ull << 30), "30"};
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t pid = -1;
-  ASSERT_EQ(::posix_spawn(&pid, helper.c_str(), &actions, nullptr, argv.data(), environ), 0);
-  posix_spawn_file_actions_destroy(&actions);
-  ::close(sv[1]);
   const std::string source = "#include \"" + secret.path() + "\"\n#include \"/etc/passwd\"\n";
-  ASSERT_EQ(::send(sv[0], source.data(), source.size(), MSG_NOSIGNAL),
-            static_cast<ssize_t>(source.size()));
-  ::shutdown(sv[0], SHUT_WR);
+  Helper helper = StartHelper(source);
+  ASSERT_GT(helper.pid, 0);
+  const pid_t pid = helper.pid;
   std::string out;
   char buf[65536];
-  for (ssize_t r; (r = ::recv(sv[0], buf, sizeof(buf), 0)) > 0;)
+  for (ssize_t r; (r = ::recv(helper.sock, buf, sizeof(buf), 0)) > 0;) {
     out.append(buf, static_cast<size_t>(r));
-  ::close(sv[0]);
+  }
+  ::close(helper.sock);
   int status = 0;
   ASSERT_EQ(::waitpid(pid, &status, 0), pid);
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
@@ -498,6 +518,51 @@ TEST(NvrtcCompileTest, TheHelperCannotOpenFilesEvenUnchecked) {
   EXPECT_EQ(h.code, nvrtc_reply::kCompileError) << out.substr(sizeof(h));
   EXPECT_EQ(out.find(secret.secret()), std::string::npos) << out.substr(sizeof(h));
   EXPECT_EQ(out.find("root:"), std::string::npos) << out.substr(sizeof(h));
+}
+
+// Nothing ferryd left open without O_CLOEXEC reaches the compile: here a file the test
+// opened that way is not among the helper's fds once its filter is on.
+TEST(NvrtcCompileTest, TheHelperKeepsNoInheritedFd) {
+  FERRY_SKIP_WITHOUT_NVRTC();
+  SecretFile secret;
+  const int leaked = ::open(secret.path().c_str(), O_RDONLY);  // no O_CLOEXEC, on purpose
+  ASSERT_GE(leaked, 0);
+  // Something that compiles for a while, so the helper can be looked at.
+  Helper helper = StartHelper(R"(
+template <int N, int M> struct Slow {
+  static const int value = Slow<N - 1, 2 * M>::value + Slow<N - 1, 2 * M + 1>::value;
+};
+template <int M> struct Slow<0, M> { static const int value = 1; };
+extern "C" __global__ void slow(int* out) { out[0] = Slow<22, 0>::value; }
+)");
+  ::close(leaked);
+  ASSERT_GT(helper.pid, 0);
+  const std::string proc = "/proc/" + std::to_string(helper.pid);
+  bool filtered = false;
+  for (int i = 0; i < 500 && !filtered; ++i) {  // up to 5 s for it to start
+    std::ifstream status(proc + "/status");
+    for (std::string line; std::getline(status, line);) {
+      if (line.rfind("Seccomp:", 0) == 0 && line.find('2') != std::string::npos) filtered = true;
+    }
+    if (!filtered) ::usleep(10000);
+  }
+  std::vector<std::string> open_files;
+  if (filtered) {
+    for (int fd = 0; fd < 1024; ++fd) {
+      char target[4096];
+      const std::string link = proc + "/fd/" + std::to_string(fd);
+      const ssize_t n = ::readlink(link.c_str(), target, sizeof(target) - 1);
+      if (n > 0) open_files.emplace_back(target, static_cast<size_t>(n));
+    }
+  }
+  ::kill(helper.pid, SIGKILL);
+  int status = 0;
+  ::waitpid(helper.pid, &status, 0);
+  ::close(helper.sock);
+  ASSERT_TRUE(filtered) << "the helper never installed its seccomp filter";
+  for (const std::string& f : open_files) {
+    EXPECT_EQ(f.find(secret.path()), std::string::npos) << "the helper kept an inherited fd";
+  }
 }
 
 // Exponentially many template instantiations: the compile is stopped at its bound with a

@@ -7,6 +7,7 @@
 // to exhaust its time or memory (template recursion, huge constant tables). ferryd checks the
 // source first (backend/cuda_source_check.h) and starts this helper per compile, with a
 // wall-clock deadline after which it kills it. Here, before the source is read:
+//  * every fd but 0, 1 and 2 closed;
 //  * rlimits: address space MEMORY_BYTES, CPU time CPU_SECONDS (SIGXCPU, then SIGKILL one
 //    second later), no core files, no files written;
 //  * the working directory is /, NVRTC and its builtins library are loaded, and then a
@@ -139,6 +140,15 @@ int main(int argc, char** argv) {
   const int minor = std::atoi(argv[2]);
   const unsigned long long memory = std::strtoull(argv[3], nullptr, 10);
   const unsigned long long cpu = std::strtoull(argv[4], nullptr, 10);
+
+  // Whatever ferryd left open without O_CLOEXEC (a socket-activated listener, say) is not
+  // the compile's business: only stdin, stdout and stderr stay.
+#ifdef __NR_close_range
+  if (::syscall(__NR_close_range, 3u, ~0u, 0u) != 0)
+#endif
+  {
+    for (int fd = 3; fd < 65536; ++fd) ::close(fd);
+  }
 
   rlimit none = {0, 0};
   (void)::setrlimit(RLIMIT_CORE, &none);
