@@ -28,8 +28,16 @@
 //
 // Figures: p50 and p99 of the per-transfer time (us), and bandwidth = bytes / p50 time
 // (GB/s, 1 GB = 1e9 B).
+//
+// "create + first download" rows (4 KiB, 1 MiB, 64 MiB): a new tensor created and at once
+// downloaded, nothing written (blocking route), a new tensor each time. A new tensor is
+// zeroed before anything can read it (the pool's memory may hold another session's bytes):
+// compared with the "download blocking" row of the same size (an existing tensor), this
+// is what creating and zeroing costs. Baseline: Stream::Allocate (which zeroes the same
+// way) + CopyDeviceToHost into a registered buffer, waited on, then Free.
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <tuple>
 
@@ -270,6 +278,58 @@ Samples BaselineCase(backend::Device& dev, backend::Stream& stream, const Case& 
   return out;
 }
 
+const uint64_t kFirstDownloadSizes[] = {4ull << 10, 1ull << 20, 64ull << 20};
+
+/// A new tensor, downloaded before anything was written to it; timed from the create.
+Samples DaemonFirstDownload(Session& s, uint64_t bytes, int iterations) {
+  HostBuffer buf(bytes);
+  Samples out;
+  for (int i = 0; i < 1 + iterations; ++i) {  // the first warms up
+    auto t0 = Clock::now();
+    Tensor t = s.create_tensor<uint8_t>({static_cast<int64_t>(bytes)});
+    Check(s.download_bytes(t, buf.data(), bytes), "create + first download");
+    double ns = NsSince(t0);
+    s.free(std::move(t));
+    Check(s.synchronize(), "freeing a tensor");
+    if (i > 0) out.Add(ns);
+  }
+  return out;
+}
+
+Samples BaselineFirstDownload(backend::Device& dev, backend::Stream& stream, uint64_t bytes,
+                              int iterations) {
+  HostBuffer buf(bytes);
+  Check(dev.RegisterHostMemory(buf.data(), bytes), "RegisterHostMemory");
+  Samples out;
+  for (int i = 0; i < 1 + iterations; ++i) {
+    auto t0 = Clock::now();
+    backend::DevicePtr d = Check(stream.Allocate(bytes), "Allocate");
+    Check(stream.CopyDeviceToHost(buf.data(), d, bytes), "baseline first download");
+    Check(WaitStream(stream), "baseline first download");
+    double ns = NsSince(t0);
+    stream.Free(d);
+    Check(WaitStream(stream), "baseline free");
+    if (i > 0) out.Add(ns);
+  }
+  Check(dev.UnregisterHostMemory(buf.data()), "UnregisterHostMemory");
+  return out;
+}
+
+Row FirstDownloadRow(uint64_t bytes, int iterations, const Samples* daemon, const Samples* base) {
+  Summary d = daemon ? Summarize(*daemon) : Summary{};
+  Summary b = base ? Summarize(*base) : Summary{};
+  const double n = static_cast<double>(bytes);
+  Row r{"create + first download " + FormatBytes(bytes),
+        {{"p50 us", d.p50 / 1e3, b.p50 / 1e3},
+         {"p99 us", d.p99 / 1e3, b.p99 / 1e3},
+         {"GB/s", n / d.p50, n / b.p50}}};
+  r.params = {{"bytes", n}, {"iterations", static_cast<double>(iterations)}};
+  r.tags = {{"direction", "download"}, {"route", "create+first"}};
+  if (daemon) r.summaries.push_back({"daemon", d});
+  if (base) r.summaries.push_back({"baseline", b});
+  return r;
+}
+
 /// `route_label`: the route as measured (RouteLabel), or "" for the plain route name.
 Row MakeRow(const Case& c, const Samples* daemon, const Samples* base,
             const std::string& route_label = "") {
@@ -322,6 +382,18 @@ std::vector<Table> RunTransfers(Context& ctx) {
                               : BaselineCase(*ctx.baseline->device, *stream, c);
     }
   }
+  const size_t n_first = std::size(kFirstDownloadSizes);
+  std::vector<int> first_iterations;
+  for (uint64_t bytes : kFirstDownloadSizes) first_iterations.push_back(IterationsFor(ctx, bytes));
+  std::vector<Samples> base_first(n_first);
+  if (ctx.baseline) {
+    auto stream = Check(ctx.baseline->device->CreateStream(), "baseline CreateStream");
+    for (size_t i = 0; i < n_first; ++i) {
+      ctx.progress->Case("baseline create + first download " + FormatBytes(kFirstDownloadSizes[i]));
+      base_first[i] = BaselineFirstDownload(*ctx.baseline->device, *stream, kFirstDownloadSizes[i],
+                                            first_iterations[i]);
+    }
+  }
   auto base_of = [&](const Case& c) -> const Samples* {
     auto it = base.find(base_key(c));
     return it == base.end() ? nullptr : &it->second;
@@ -329,6 +401,7 @@ std::vector<Table> RunTransfers(Context& ctx) {
 
   // Each target in turn, one session for all its cases.
   std::vector<std::vector<Samples>> daemon(ctx.targets.size());
+  std::vector<std::vector<Samples>> daemon_first(ctx.targets.size());
   // Split pending transfers, per target: "256 MiB as 4 x 64 MiB".
   std::vector<std::vector<std::string>> splits(ctx.targets.size());
   std::vector<uint64_t> slab_sizes(ctx.targets.size(), 0);
@@ -351,6 +424,12 @@ std::vector<Table> RunTransfers(Context& ctx) {
         daemon[t].push_back(DaemonCase(session, c));
       }
     }
+    for (size_t i = 0; i < n_first; ++i) {
+      ctx.progress->Case(target + " create + first download " +
+                         FormatBytes(kFirstDownloadSizes[i]));
+      daemon_first[t].push_back(
+          DaemonFirstDownload(session, kFirstDownloadSizes[i], first_iterations[i]));
+    }
     Check(session.close().status(), "close");
   }
 
@@ -369,7 +448,11 @@ std::vector<Table> RunTransfers(Context& ctx) {
             "wait",
         "blocking = Session::upload_bytes/download_bytes from ordinary host memory",
         "baseline = registered (pinned) host buffer, backend copy + OnComplete, waited on; the "
-        "same baseline samples for both routes"};
+        "same baseline samples for both routes",
+        "create + first download = a new tensor downloaded before anything was written to it, "
+        "timed from the create: new tensors are zeroed (issue 14), so against 'download "
+        "blocking' of the same size this is the cost of creating and zeroing; baseline: "
+        "Stream::Allocate (zeroing too) + copy + wait"};
     if (which >= 0) {
       if (slab_sizes[which] > 0) {
         std::string s = "slab size " + FormatBytes(slab_sizes[which]) + "; ";
@@ -435,6 +518,17 @@ std::vector<Table> RunTransfers(Context& ctx) {
           }
         }
         if (which >= 0) grpc_rows(ctx.targets[which].target, daemon[which], &rows);
+        for (size_t i = 0; i < n_first; ++i) {
+          const Samples* b = ctx.baseline ? &base_first[i] : nullptr;
+          Samples pooled;
+          for (size_t t = 0; t < ctx.targets.size(); ++t) {
+            if (which == kAllTargets || which == static_cast<int>(t)) {
+              pooled.Append(daemon_first[t][i]);
+            }
+          }
+          rows.push_back(FirstDownloadRow(kFirstDownloadSizes[i], first_iterations[i],
+                                          which == kNoTarget ? nullptr : &pooled, b));
+        }
         return rows;
       },
       notes);

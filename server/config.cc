@@ -172,6 +172,16 @@ class Settings {
                  [this](uint64_t n) { c_.daemon.executor_threads = static_cast<int>(n); })},
         {"cuda-work-queues",
          bounded(0, 32, [this](uint64_t n) { c_.cuda_work_queues = static_cast<int>(n); })},
+        {"nvrtc-timeout",
+         bounded(100, 3600ull * 1000,
+                 [this](uint64_t n) { c_.cuda.nvrtc_timeout = std::chrono::milliseconds(n); })},
+        {"nvrtc-memory",
+         [this](const std::string& v) -> Status {
+           FERRY_ASSIGN_OR_RETURN(uint64_t n, ParseBytes(v));
+           if (n < (256ull << 20)) return Invalid("at least 256M");
+           c_.cuda.nvrtc_memory = n;
+           return Status::Ok();
+         }},
         {"copy-turns",
          bounded(0, 1024, [this](uint64_t n) { c_.daemon.copy_turns = static_cast<uint32_t>(n); })},
         {"copy-turn-size", bytes(&c_.daemon.copy_turn_bytes)},
@@ -435,6 +445,10 @@ means true; --allow-insecure-remote and --allow-remote-raw-kernels also take =tr
   --executor-threads N       session executor threads (default: one per core, >= 2)
   --cuda-work-queues N       hardware work queues of the CUDA context, 1..32 (default 0:
                              CUDA's, 8); fewer save host memory (docs/operations.md)
+  --nvrtc-timeout MS         wall-clock (and CPU) time one CUDA C++ module's compile may
+                             take, 100..3600000 (default 30000)
+  --nvrtc-memory SIZE        address space of one CUDA C++ module's compile, at least 256M
+                             (default 4G)
   --copy-turns N             submits copying copy-turn-size or more one way that run at
                              once, per direction; the rest wait in arrival order, so
                              sessions share the copy engines fairly (default 4; 0: no limit)
@@ -445,7 +459,8 @@ means true; --allow-insecure-remote and --allow-remote-raw-kernels also take =tr
                              launch, its graph kept and updated (default 8; 0: never)
   --slab-size SIZE           size of a shared-memory slab for local clients (default 64M)
   --pinned-budget SIZE       pinned shared memory all slabs may take (default 1G)
-  --initial-slabs N          slabs made and registered at start (default 1)
+  --initial-slabs N          fresh slabs made and registered at start, and kept ready
+                             (made again ahead as they are handed out; default 1)
   --session-pinned-quota SIZE  slab bytes one session may hold (default 256M; 0: no limit)
   --submit-ring SIZE         each local session's submit ring, through which its client
                              sends messages by shared memory instead of gRPC (default 64K;
@@ -556,6 +571,8 @@ std::string FormatConfig(const DaemonConfig& c) {
       << (c.daemon.executor_threads == 0 ? "  # one per core, at least 2" : "") << "\n";
   out << "cuda-work-queues = " << c.cuda_work_queues
       << (c.cuda_work_queues == 0 ? "  # CUDA's default (8)" : "") << "\n";
+  out << "nvrtc-timeout = " << c.cuda.nvrtc_timeout.count() << "\n";
+  out << "nvrtc-memory = " << FormatBytes(c.cuda.nvrtc_memory) << "\n";
   out << "copy-turns = " << c.daemon.copy_turns << (c.daemon.copy_turns == 0 ? "  # no limit" : "")
       << "\n";
   out << "copy-turn-size = " << FormatBytes(c.daemon.copy_turn_bytes) << "\n";

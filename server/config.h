@@ -31,6 +31,7 @@ struct DaemonConfig {
   int device = 0;
   std::string backend = "auto";  // host | cuda | auto
   backend::HostDeviceOptions host;
+  backend::CudaDeviceOptions cuda;  // nvrtc-timeout, nvrtc-memory
   rpc::DaemonOptions daemon;
   std::string log_level = "info";
   std::string ready_file;  // written with the bound endpoints once serving

@@ -87,9 +87,9 @@ int main(int argc, char** argv) {
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ ferryd[%P] %v");
   if (!config.config_path.empty()) spdlog::info("configuration read from {}", config.config_path);
 
-  auto factory = ferry::backend::MakeDeviceFactory(config.backend, config.device, config.host,
-                                                   config.host_fault_after_ops_for_test,
-                                                   config.host_rebuild_fails_for_test);
+  auto factory = ferry::backend::MakeDeviceFactory(
+      config.backend, config.device, config.host, config.cuda, config.host_fault_after_ops_for_test,
+      config.host_rebuild_fails_for_test);
   if (!factory.ok()) {
     spdlog::critical("cannot open device {}: {}", config.device, factory.status().ToString());
     return 1;

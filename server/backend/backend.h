@@ -22,6 +22,7 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -92,8 +93,10 @@ class Stream {
   /// Destroying a stream waits for its enqueued work and pending completions to finish.
   virtual ~Stream() = default;
 
-  /// Allocate `bytes` (> 0) of device memory usable by work enqueued after this call.
-  /// OUT_OF_DEVICE_MEMORY when the device cannot provide it.
+  /// Allocate `bytes` (> 0) of device memory usable by work enqueued after this call. Every
+  /// byte reads as zero until written: memory is shared by all sessions, so what an earlier
+  /// owner left must never be readable (the zeroing is ordered on this stream, before any
+  /// work enqueued after the call). OUT_OF_DEVICE_MEMORY when the device cannot provide it.
   virtual Result<DevicePtr> Allocate(uint64_t bytes) = 0;
   /// Release memory from Allocate once all work enqueued before this call has finished.
   virtual void Free(DevicePtr ptr) = 0;
@@ -191,10 +194,20 @@ struct HostDeviceOptions {
 /// Create the CPU emulation backend.
 Result<std::unique_ptr<Device>> CreateHostDevice(const HostDeviceOptions& options);
 
+struct CudaDeviceOptions {
+  /// Bounds of one CUDA C++ (NVRTC) compile, run in a helper process: wall-clock time (also
+  /// its CPU time, rounded up to seconds) and address space. Past them: QUOTA_EXCEEDED.
+  std::chrono::milliseconds nvrtc_timeout{30000};
+  uint64_t nvrtc_memory = 4ull << 30;
+  /// The helper (ferry-nvrtc); empty: next to the running executable, else where installed.
+  std::string nvrtc_helper;
+};
+
 /// Return the number of CUDA devices visible, or 0 when none (or built without CUDA).
 int CudaDeviceCount();
 /// Create the CUDA backend for device `ordinal`. UNSUPPORTED when built without CUDA.
-Result<std::unique_ptr<Device>> CreateCudaDevice(int ordinal);
+Result<std::unique_ptr<Device>> CreateCudaDevice(int ordinal,
+                                                 const CudaDeviceOptions& options = {});
 /// Destroy and re-create the primary context of CUDA device `ordinal` (cudaDeviceReset),
 /// after a sticky fault. Every Device, Stream, Module and Graph of it must be gone.
 Status ResetCudaContext(int ordinal);

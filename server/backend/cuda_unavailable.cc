@@ -5,7 +5,8 @@ namespace ferry::backend {
 
 int CudaDeviceCount() { return 0; }
 
-Result<std::unique_ptr<Device>> CreateCudaDevice(int /*ordinal*/) {
+Result<std::unique_ptr<Device>> CreateCudaDevice(int /*ordinal*/,
+                                                 const CudaDeviceOptions& /*options*/) {
   return Status(ErrorKind::kUnsupported, "this ferryd was built without the CUDA backend");
 }
 

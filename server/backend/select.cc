@@ -40,6 +40,7 @@ Result<std::unique_ptr<Device>> CreateDevice(std::string_view kind, int ordinal,
 
 Result<DeviceFactory> MakeDeviceFactory(std::string_view kind, int ordinal,
                                         const HostDeviceOptions& host_options,
+                                        const CudaDeviceOptions& cuda_options,
                                         uint64_t host_fault_after_ops_for_test,
                                         bool host_rebuild_fails_for_test) {
   if (ordinal < 0) return Status(ErrorKind::kInvalidArgument, "device ordinal must be >= 0");
@@ -62,7 +63,7 @@ Result<DeviceFactory> MakeDeviceFactory(std::string_view kind, int ordinal,
                   "--backend must be host, cuda or auto, got " + std::string(kind));
   }
   if (cuda) {
-    f.create = [ordinal] { return CreateCudaDevice(ordinal); };
+    f.create = [ordinal, cuda_options] { return CreateCudaDevice(ordinal, cuda_options); };
     f.reset_context = [ordinal] { return ResetCudaContext(ordinal); };
     return f;
   }

@@ -28,6 +28,7 @@ struct DeviceFactory {
 /// (tests of fault recovery through a real ferryd).
 Result<DeviceFactory> MakeDeviceFactory(std::string_view kind, int ordinal,
                                         const HostDeviceOptions& host_options,
+                                        const CudaDeviceOptions& cuda_options = {},
                                         uint64_t host_fault_after_ops_for_test = 0,
                                         bool host_rebuild_fails_for_test = false);
 

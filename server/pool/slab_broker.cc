@@ -46,6 +46,17 @@ bool SendWithFd(int sock, const char* bytes, size_t n, int fd) {
   return r == static_cast<ssize_t>(n);
 }
 
+// Compare two tokens in time that depends only on their lengths (never on where they
+// first differ), so the reply's timing tells a guesser nothing about a live token.
+bool TokenEquals(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff |= static_cast<unsigned char>(a[i]) ^ static_cast<unsigned char>(b[i]);
+  }
+  return diff == 0;
+}
+
 }  // namespace
 
 Result<std::unique_ptr<SlabBroker>> SlabBroker::Start(const std::string& path, int listen_fd) {
@@ -96,13 +107,33 @@ std::string SlabBroker::IssueToken(std::weak_ptr<SessionSlabs> slabs) {
     token += hex[c & 15];
   }
   std::lock_guard lock(mu_);
-  tokens_[token] = std::move(slabs);
+  tokens_.push_back({token, std::move(slabs)});
   return token;
 }
 
 void SlabBroker::RevokeToken(const std::string& token) {
   std::lock_guard lock(mu_);
-  tokens_.erase(token);
+  // The token comes from the daemon here, not from a peer: an early exit tells no one anything.
+  for (auto it = tokens_.begin(); it != tokens_.end(); ++it) {
+    if (it->token == token) {
+      tokens_.erase(it);
+      return;
+    }
+  }
+}
+
+std::shared_ptr<SessionSlabs> SlabBroker::SpendToken(std::string_view presented) {
+  std::lock_guard lock(mu_);
+  // Every pending token is compared in full, whether or not one matched before it: the time
+  // taken depends on how many tokens are pending, never on the bytes presented.
+  size_t match = tokens_.size();
+  for (size_t i = 0; i < tokens_.size(); ++i) {
+    if (TokenEquals(tokens_[i].token, presented)) match = i;
+  }
+  if (match == tokens_.size()) return nullptr;
+  std::shared_ptr<SessionSlabs> slabs = tokens_[match].slabs.lock();
+  tokens_.erase(tokens_.begin() + static_cast<std::ptrdiff_t>(match));  // one connection per
+  return slabs;                                                         // token, whatever next
 }
 
 void SlabBroker::Run() {
@@ -161,14 +192,10 @@ bool SlabBroker::Serve(Connection& c) {
       if (c.in.size() < kHelloBytes) return true;
       char reply[8] = {};
       std::shared_ptr<SessionSlabs> slabs;
+      // A hello with a bad magic is not this protocol: it is refused before its token is
+      // looked at, so the token stays unspent (docs/protocol.md, "Slab socket").
       if (std::memcmp(c.in.data(), kSlabMagic, sizeof(kSlabMagic)) == 0) {
-        std::string token = c.in.substr(sizeof(kSlabMagic), kSlabTokenBytes);
-        std::lock_guard lock(mu_);
-        auto it = tokens_.find(token);
-        if (it != tokens_.end()) {
-          slabs = it->second.lock();
-          tokens_.erase(it);  // one connection per token, whatever happens next
-        }
+        slabs = SpendToken(std::string_view(c.in).substr(sizeof(kSlabMagic), kSlabTokenBytes));
       }
       if (!slabs || !slabs->Bind(c.uid)) {
         Put32(reply, static_cast<uint32_t>(ErrorKind::kInvalidArgument));

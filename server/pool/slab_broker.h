@@ -3,7 +3,10 @@
 //
 // Every connection's peer uid is read with SO_PEERCRED at accept. The first message names
 // a one-time token the session stream issued (Opened.slab_token); it binds the connection
-// to that session and fixes the session's uid (the token is then spent). After that, each
+// to that session and fixes the session's uid (the token is then spent, whether or not the
+// bind succeeds; a hello whose magic is wrong is refused without looking at its token, which
+// stays unspent). Tokens are compared in constant time: every pending token in full, so
+// the time to answer says nothing about how much of a guess was right. After that, each
 // request acquires one slab from the pool for the session and answers its id and size with
 // the fd, or answers the session's completion board (a read-only fd). The wire format is in
 // docs/protocol.md ("slab socket").
@@ -21,7 +24,9 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
+#include <vector>
 
 #include "ferry/status.h"
 #include "pool/session_slabs.h"
@@ -62,8 +67,16 @@ class SlabBroker {
     std::string in;  // bytes received, not yet a whole message
   };
 
+  struct PendingToken {
+    std::string token;
+    std::weak_ptr<SessionSlabs> slabs;
+  };
+
   SlabBroker() = default;
   void Run();
+  // Remove and return the session of the pending token equal to `presented` (null when none
+  // is, or its session is gone), in time independent of the bytes presented.
+  std::shared_ptr<SessionSlabs> SpendToken(std::string_view presented);
   // Handle what `c` sent; false closes the connection.
   bool Serve(Connection& c);
 
@@ -74,7 +87,9 @@ class SlabBroker {
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> connections_{0};
   std::mutex mu_;
-  std::map<std::string, std::weak_ptr<SessionSlabs>> tokens_;  // guarded by mu_
+  // Pending tokens (one per session that has not bound its slab connection yet): searched
+  // by a full scan, never by a keyed container whose lookup compares the secret.
+  std::vector<PendingToken> tokens_;  // guarded by mu_
 };
 
 }  // namespace ferry::pool

@@ -1,6 +1,7 @@
 #include "pool/slab_pool.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <spdlog/spdlog.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -21,21 +22,33 @@ Result<std::unique_ptr<SlabPool>> SlabPool::Create(const SlabPoolOptions& option
     return Status(ErrorKind::kInvalidArgument, "the pinned budget is below one slab");
   }
   std::unique_ptr<SlabPool> pool(new SlabPool(options, std::move(registration)));
-  std::lock_guard lock(pool->mu_);
   uint64_t initial = std::min<uint64_t>(options.initial_slabs, options.budget / options.slab_size);
   for (uint64_t i = 0; i < initial; ++i) {
-    FERRY_ASSIGN_OR_RETURN([[maybe_unused]] Slab * slab, pool->MakeSlabLocked());
+    FERRY_ASSIGN_OR_RETURN(Slab slab, pool->MakeSlab(pool->next_id_++));
+    pool->slabs_[slab.id] = slab;
+    ++pool->made_;
   }
+  pool->thread_ = std::thread([raw = pool.get()] {
+    pthread_setname_np(pthread_self(), "ferry-slabmk");
+    raw->Run();
+  });
   return pool;
 }
 
 SlabPool::~SlabPool() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  std::lock_guard make(make_mu_);
   std::lock_guard lock(mu_);
-  while (!slabs_.empty()) DestroySlabLocked(slabs_.begin()->first);
+  for (auto& [id, slab] : slabs_) DestroySlab(slab);
+  slabs_.clear();
 }
 
-Result<SlabPool::Slab*> SlabPool::MakeSlabLocked() {
-  uint64_t id = next_id_++;
+Result<SlabPool::Slab> SlabPool::MakeSlab(uint64_t id) const {
   std::string name = "ferry-slab-" + std::to_string(id);
   int fd = ::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return SysError("memfd_create");
@@ -64,90 +77,184 @@ Result<SlabPool::Slab*> SlabPool::MakeSlabLocked() {
       return s.WithContext("registering a slab with the device");
     }
   }
-  Slab& slab = slabs_[id];
+  Slab slab;
   slab.id = id;
   slab.fd = fd;
   slab.data = static_cast<char*>(p);
-  return &slab;
+  return slab;
 }
 
-void SlabPool::DestroySlabLocked(uint64_t id) {
-  auto it = slabs_.find(id);
-  if (it == slabs_.end()) return;
-  if (registration_.unregister_memory) registration_.unregister_memory(it->second.data);
-  ::munmap(it->second.data, options_.slab_size);
-  ::close(it->second.fd);
-  slabs_.erase(it);
-}
-
-Result<SlabRef> SlabPool::Acquire(uid_t uid) {
-  std::lock_guard lock(mu_);
-  Slab* chosen = nullptr;
-  // 1. A free slab this uid held before (zeroed: the session must not see an earlier
-  //    session's bytes either), else 2. one never handed out.
-  for (auto& [id, slab] : slabs_) {
-    if (!slab.in_use && !slab.fresh && slab.uid == uid) {
-      chosen = &slab;
-      std::memset(slab.data, 0, options_.slab_size);
-      ++zeroed_;
-      break;
-    }
+void SlabPool::DestroySlab(const Slab& slab) const {
+  if (registration_.unregister_memory) registration_.unregister_memory(slab.data);
+  // A client may still map the memfd: free its pages now (the seals allow a hole, not a
+  // resize), so what the session wrote is gone and the daemon's memory is not held by a
+  // mapping it cannot see. The old mapping then reads zeros and its own later writes.
+  if (::fallocate(slab.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
+                  static_cast<off_t>(options_.slab_size)) != 0) {
+    spdlog::debug("punching slab {}: {}", slab.id, std::strerror(errno));
   }
-  if (!chosen) {
-    for (auto& [id, slab] : slabs_) {
-      if (!slab.in_use && slab.fresh) {
-        chosen = &slab;
-        break;
+  ::munmap(slab.data, options_.slab_size);
+  ::close(slab.fd);
+}
+
+SlabRef SlabPool::TakeLocked(Slab& slab, Use use, uid_t uid) {
+  slab.use = use;
+  slab.uid = uid;
+  return SlabRef{slab.id, slab.fd, slab.data, options_.slab_size};
+}
+
+uint64_t SlabPool::CountLocked(Use use) const {
+  uint64_t n = 0;
+  for (const auto& [id, slab] : slabs_) n += slab.use == use ? 1 : 0;
+  return n;
+}
+
+Result<SlabRef> SlabPool::Grant(Use use, uid_t uid) {
+  // A daemon slab first when the daemon asks (reused only by the daemon), else a fresh one.
+  auto take_ready = [&]() -> Slab* {
+    if (use == Use::kDaemon) {
+      for (auto& [id, slab] : slabs_) {
+        if (slab.use == Use::kDaemonFree) return &slab;
       }
     }
+    for (auto& [id, slab] : slabs_) {
+      if (slab.use == Use::kFresh) return &slab;
+    }
+    return nullptr;
+  };
+  {
+    std::lock_guard lock(mu_);
+    if (Slab* slab = take_ready()) {
+      make_failed_ = false;
+      SlabRef ref = TakeLocked(*slab, use, uid);
+      cv_.notify_all();  // make the next one ahead
+      return ref;
+    }
   }
-  if (!chosen) {
-    // 3. A new slab, after destroying a free slab of another uid if the budget needs it.
-    if ((slabs_.size() + 1) * options_.slab_size > options_.budget) {
-      uint64_t victim = 0;
-      for (auto& [id, slab] : slabs_) {
-        if (!slab.in_use) {
-          victim = id;
-          break;
+  // None ready: make one here (the cost the slabs made ahead exist to avoid).
+  std::lock_guard make(make_mu_);
+  std::unique_lock lock(mu_);
+  if (Slab* slab = take_ready()) {  // made by the pool's thread while this waited
+    SlabRef ref = TakeLocked(*slab, use, uid);
+    cv_.notify_all();
+    return ref;
+  }
+  std::optional<Slab> victim;
+  if ((slabs_.size() + 1) * options_.slab_size > options_.budget) {
+    // Room from a slab no one holds: a released one not destroyed yet, else a free daemon
+    // slab (the daemon makes another when it needs one).
+    auto pick = [&](Use u) {
+      for (auto it = slabs_.begin(); it != slabs_.end(); ++it) {
+        if (it->second.use == u) {
+          victim = it->second;
+          slabs_.erase(it);
+          return true;
         }
       }
-      if (victim == 0) {
-        return Status(ErrorKind::kQuotaExceeded, "the pinned-memory budget (" +
-                                                     std::to_string(options_.budget) +
-                                                     " bytes) is held by slabs in use");
-      }
-      DestroySlabLocked(victim);
-      ++evicted_;
+      return false;
+    };
+    if (!pick(Use::kRetired) && !pick(Use::kDaemonFree)) {
+      return Status(ErrorKind::kQuotaExceeded, "the pinned-memory budget (" +
+                                                   std::to_string(options_.budget) +
+                                                   " bytes) is held by slabs in use");
     }
-    FERRY_ASSIGN_OR_RETURN(chosen, MakeSlabLocked());
   }
-  chosen->in_use = true;
-  chosen->fresh = false;
-  chosen->uid = uid;
-  return SlabRef{chosen->id, chosen->fd, chosen->data, options_.slab_size};
-}
-
-Result<SlabRef> SlabPool::AcquireDaemon() {
-  FERRY_ASSIGN_OR_RETURN(SlabRef ref, Acquire(static_cast<uid_t>(-1)));
-  std::lock_guard lock(mu_);
-  slabs_.at(ref.id).daemon = true;
+  const uint64_t id = next_id_++;
+  lock.unlock();
+  if (victim) DestroySlab(*victim);
+  Result<Slab> made = MakeSlab(id);
+  lock.lock();
+  if (victim) ++destroyed_;
+  FERRY_RETURN_IF_ERROR(made.status());
+  ++made_;
+  ++made_on_grant_;
+  Slab& slab = slabs_[id] = *made;
+  SlabRef ref = TakeLocked(slab, use, uid);
+  cv_.notify_all();
   return ref;
 }
 
+Result<SlabRef> SlabPool::Acquire(uid_t uid) { return Grant(Use::kSession, uid); }
+
+Result<SlabRef> SlabPool::AcquireDaemon() { return Grant(Use::kDaemon, static_cast<uid_t>(-1)); }
+
 void SlabPool::Release(uint64_t id, bool quarantined) {
-  std::lock_guard lock(mu_);
-  auto it = slabs_.find(id);
-  if (it == slabs_.end()) return;
-  it->second.daemon = false;
-  if (quarantined) {
-    DestroySlabLocked(id);
-    return;
+  {
+    std::lock_guard lock(mu_);
+    auto it = slabs_.find(id);
+    if (it == slabs_.end()) return;
+    Slab& slab = it->second;
+    if (slab.use == Use::kDaemon && !quarantined) {
+      slab.use = Use::kDaemonFree;  // never mapped by a client: the daemon may reuse it
+      return;
+    }
+    slab.use = Use::kRetired;
+    make_failed_ = false;
   }
-  it->second.in_use = false;
+  cv_.notify_all();
+}
+
+bool SlabPool::HasWorkLocked() const {
+  if (CountLocked(Use::kRetired) > 0) return true;
+  if (make_failed_) return false;
+  return CountLocked(Use::kFresh) < options_.initial_slabs &&
+         (slabs_.size() + 1) * options_.slab_size <= options_.budget;
+}
+
+void SlabPool::Run() {
+  for (;;) {
+    {
+      std::unique_lock lock(mu_);
+      busy_ = false;
+      cv_.notify_all();  // WaitIdleForTest
+      cv_.wait(lock, [&] { return stop_ || HasWorkLocked(); });
+      if (stop_) return;
+      busy_ = true;
+    }
+    std::lock_guard make(make_mu_);
+    std::unique_lock lock(mu_);
+    if (stop_) return;
+    // 1. Destroy a released slab (its budget goes to the next fresh one).
+    auto retired = slabs_.end();
+    for (auto it = slabs_.begin(); it != slabs_.end(); ++it) {
+      if (it->second.use == Use::kRetired) {
+        retired = it;
+        break;
+      }
+    }
+    if (retired != slabs_.end()) {
+      Slab slab = retired->second;
+      slabs_.erase(retired);
+      lock.unlock();
+      DestroySlab(slab);
+      lock.lock();
+      ++destroyed_;
+      continue;
+    }
+    // 2. Make a fresh slab ahead, within the budget.
+    if (!HasWorkLocked()) continue;
+    const uint64_t id = next_id_++;
+    lock.unlock();
+    Result<Slab> made = MakeSlab(id);
+    lock.lock();
+    if (!made.ok()) {
+      make_failed_ = true;  // retried after the next grant or release, not in a loop
+      spdlog::warn("making a slab ahead: {}", made.status().ToString());
+      continue;
+    }
+    slabs_[id] = *made;
+    ++made_;
+  }
+}
+
+void SlabPool::WaitIdleForTest() {
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [&] { return stop_ || (!busy_ && !HasWorkLocked()); });
 }
 
 void SlabPool::ReregisterAll() {
   if (!registration_.register_memory) return;
+  std::lock_guard make(make_mu_);  // no slab is half made (registered with the old device)
   std::lock_guard lock(mu_);
   for (auto& [id, slab] : slabs_) {
     Status s = registration_.register_memory(slab.data, options_.slab_size);
@@ -159,18 +266,15 @@ SlabPoolStats SlabPool::stats() const {
   std::lock_guard lock(mu_);
   SlabPoolStats s;
   s.slabs_total = slabs_.size();
-  for (const auto& [id, slab] : slabs_) {
-    if (slab.in_use && slab.daemon) {
-      ++s.slabs_daemon;
-    } else if (slab.in_use) {
-      ++s.slabs_in_use;
-    }
-  }
-  s.slabs_free = s.slabs_total - s.slabs_in_use - s.slabs_daemon;
+  s.slabs_in_use = CountLocked(Use::kSession);
+  s.slabs_daemon = CountLocked(Use::kDaemon);
+  s.slabs_fresh = CountLocked(Use::kFresh);
+  s.slabs_free = s.slabs_fresh + CountLocked(Use::kDaemonFree);
   s.bytes_total = s.slabs_total * options_.slab_size;
   s.fds_open = s.slabs_total;
-  s.zeroed_total = zeroed_;
-  s.evicted_total = evicted_;
+  s.made_total = made_;
+  s.made_on_grant_total = made_on_grant_;
+  s.destroyed_total = destroyed_;
   return s;
 }
 

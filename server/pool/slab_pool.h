@@ -5,24 +5,36 @@
 // with the device once, when it is made (cudaHostRegister on CUDA; a no-op on the host
 // backend). Registration never happens on a transfer's path.
 //
-// Ownership: a slab is held by at most one session at a time. A released slab goes back to
-// a free list tagged with the uid of the user who held it; it is handed out again only to
-// the same uid, and zeroed first. A slab that was never handed out can go to anyone. When
-// the budget is full and no free slab of the uid exists, a free slab of another uid is
-// destroyed (unregistered, unmapped, closed) and a fresh one is made in its place: no byte
-// one user wrote ever becomes readable by another.
+// Ownership and isolation: a slab is held by at most one session, once. A client maps what
+// it is given and may keep the mapping after its session ended (nothing can take it back),
+// and tenants in containers often share a uid; so a slab a session held is never handed out
+// again, to anyone: on release it is destroyed (unregistered, its pages punched out,
+// unmapped, closed). A client's old mapping then sees only its own writes, never another
+// session's. Every grant is a fresh memfd that no client has seen. Slabs the daemon holds
+// for itself (AcquireDaemon: staging of remote clients' bytes) are never given to a client,
+// and go back to the daemon alone on release.
+//
+// Cost: making a slab (memfd, populate, register: ~70 us per MiB with CUDA) is kept off the
+// grant's path by `initial_slabs` fresh slabs made ahead and kept ready by a background
+// thread (within the budget), which also destroys released slabs. A grant makes its slab
+// itself only when none is ready (stats().made_on_grant_total counts those).
 //
 // Thread-safe: the slab acceptor (connection threads) acquires, session executors release,
-// the Admin service reads the counters.
+// the Admin service reads the counters, and the pool's own thread ("ferry-slabmk") makes
+// and destroys slabs. Lock order: make_mu_ before mu_. Every slab is made or destroyed
+// with make_mu_ held, so the budget is checked against a count nobody else changes.
 #pragma once
 
 #include <sys/types.h>
 
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <thread>
 #include <vector>
 
 #include "ferry/status.h"
@@ -32,7 +44,9 @@ namespace ferry::pool {
 struct SlabPoolOptions {
   uint64_t slab_size = 64ull << 20;
   uint64_t budget = 1ull << 30;  // the most bytes all slabs together may take
-  uint32_t initial_slabs = 1;    // made (and registered) at start
+  // Fresh slabs made (and registered) at start, and kept ready from then on: each grant of
+  // one has the pool's thread make another, within the budget.
+  uint32_t initial_slabs = 1;
 };
 
 /// Registers host memory with the device; the daemon wires these to the current device.
@@ -50,14 +64,17 @@ struct SlabRef {
 };
 
 struct SlabPoolStats {
-  uint64_t slabs_total = 0;
-  uint64_t slabs_in_use = 0;  // held by sessions
-  uint64_t slabs_daemon = 0;  // held by the daemon itself (staging for remote clients)
-  uint64_t slabs_free = 0;
-  uint64_t bytes_total = 0;    // slabs_total * slab size
-  uint64_t fds_open = 0;       // memfds the pool holds open
-  uint64_t zeroed_total = 0;   // reuses that zeroed a slab
-  uint64_t evicted_total = 0;  // free slabs destroyed to make room for another uid
+  uint64_t slabs_total = 0;          // every slab the pool has, whatever its state
+  uint64_t slabs_in_use = 0;         // held by sessions
+  uint64_t slabs_daemon = 0;         // held by the daemon itself (staging for remote clients)
+  uint64_t slabs_free = 0;           // ready: fresh (any grant) or the daemon's own (daemon only)
+  uint64_t slabs_fresh = 0;          // of slabs_free: never handed out, ready for the next grant
+  uint64_t bytes_total = 0;          // slabs_total * slab size
+  uint64_t fds_open = 0;             // memfds the pool holds open
+  uint64_t made_total = 0;           // slabs made since start
+  uint64_t made_on_grant_total = 0;  // grants that found no slab ready and made their own
+  uint64_t destroyed_total = 0;      // slabs destroyed (released by a session, quarantined,
+                                     // or a daemon slab evicted to make room)
 };
 
 class SlabPool {
@@ -66,20 +83,21 @@ class SlabPool {
   /// below one slab; the system's error when a slab cannot be made.
   static Result<std::unique_ptr<SlabPool>> Create(const SlabPoolOptions& options,
                                                   HostRegistration registration);
+  /// Stops the pool's thread and destroys every slab.
   ~SlabPool();
   SlabPool(const SlabPool&) = delete;
   SlabPool& operator=(const SlabPool&) = delete;
 
-  /// Hand a slab to a session of user `uid`: a free slab of that uid (zeroed), a fresh one,
-  /// or one made by evicting another uid's free slab. QUOTA_EXCEEDED when the budget is
-  /// held by slabs in use.
+  /// Hand a fresh slab (never handed out before) to a session of user `uid`: one made
+  /// ahead, else one made now (destroying a released slab or a free daemon slab first when
+  /// the budget needs it). QUOTA_EXCEEDED when the budget is held by slabs in use.
   Result<SlabRef> Acquire(uid_t uid);
-  /// Take a slab for the daemon's own use (staging): held by no session, counted against
-  /// no client uid (it is tagged with a uid no client has, so a client only ever gets it
-  /// after it was destroyed and made afresh), not in slabs_in_use. Errors as Acquire.
+  /// Take a slab for the daemon's own use (staging): a free daemon slab, else as Acquire.
+  /// Held by no session, not in slabs_in_use; never handed to a client afterwards.
   Result<SlabRef> AcquireDaemon();
-  /// Give a slab back. `quarantined`: its memory is of unknown state (a failed copy): the
-  /// slab is destroyed instead of pooled.
+  /// Give a slab back. A session's slab is destroyed (by the pool's thread, soon); a daemon
+  /// slab is kept for the daemon. `quarantined`: its memory is of unknown state (a failed
+  /// copy): destroyed whoever held it.
   void Release(uint64_t id, bool quarantined);
 
   /// Register every slab again (after the device was rebuilt: the old registrations went
@@ -89,28 +107,54 @@ class SlabPool {
   uint64_t slab_size() const { return options_.slab_size; }
   SlabPoolStats stats() const;
 
+  /// Wait until the pool's thread has nothing left to do (released slabs destroyed, fresh
+  /// slabs made up to the target the budget allows, or a make failed), so tests see
+  /// settled counts.
+  void WaitIdleForTest();
+
  private:
+  enum class Use {
+    kFresh,       // never handed out: any grant may take it
+    kSession,     // held by a session
+    kDaemon,      // held by the daemon
+    kDaemonFree,  // the daemon's, free: only AcquireDaemon takes it
+    kRetired,     // released by a session (or quarantined): waiting to be destroyed
+  };
   struct Slab {
     uint64_t id = 0;
     int fd = -1;
     char* data = nullptr;
-    bool in_use = false;
-    bool daemon = false;  // held by the daemon (AcquireDaemon)
-    bool fresh = true;    // never handed out: all zeros, any uid may take it
-    uid_t uid = 0;        // the last holder's uid (when !fresh)
+    Use use = Use::kFresh;
+    uid_t uid = 0;  // the holder's uid (kSession), for logs
   };
 
   SlabPool(const SlabPoolOptions& options, HostRegistration registration)
       : options_(options), registration_(std::move(registration)) {}
-  Result<Slab*> MakeSlabLocked();
-  void DestroySlabLocked(uint64_t id);
+  // Make one slab (memfd, seal, map, populate, register); no lock needed.
+  Result<Slab> MakeSlab(uint64_t id) const;
+  // Undo MakeSlab; the pages are punched out first, so a client's old mapping keeps none of
+  // them. No lock needed.
+  void DestroySlab(const Slab& slab) const;
+  Result<SlabRef> Grant(Use use, uid_t uid);
+  SlabRef TakeLocked(Slab& slab, Use use, uid_t uid);
+  bool HasWorkLocked() const;
+  uint64_t CountLocked(Use use) const;
+  void Run();
 
   const SlabPoolOptions options_;
   const HostRegistration registration_;
+  std::mutex make_mu_;  // held while a slab is made or destroyed; before mu_
   mutable std::mutex mu_;
-  std::map<uint64_t, Slab> slabs_;     // guarded by mu_
-  uint64_t next_id_ = 1;               // guarded by mu_
-  uint64_t zeroed_ = 0, evicted_ = 0;  // guarded by mu_
+  std::condition_variable cv_;      // work for the thread, or the thread went idle
+  std::map<uint64_t, Slab> slabs_;  // guarded by mu_
+  uint64_t next_id_ = 1;            // guarded by mu_
+  uint64_t made_ = 0;               // guarded by mu_
+  uint64_t made_on_grant_ = 0;      // guarded by mu_
+  uint64_t destroyed_ = 0;          // guarded by mu_
+  bool make_failed_ = false;        // guarded by mu_; retried after the next grant/release
+  bool busy_ = false;               // guarded by mu_; the thread is working
+  bool stop_ = false;               // guarded by mu_
+  std::thread thread_;
 };
 
 }  // namespace ferry::pool

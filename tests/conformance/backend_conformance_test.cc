@@ -882,6 +882,43 @@ TEST_P(BackendConformanceTest, RegisterHostMemory) {
   EXPECT_FALSE(device().RegisterHostMemory(host.data(), 0).ok());
 }
 
+// Issue 14, item 1: memory is shared by every session (one pool on CUDA, one heap on the
+// host), so a tensor must not show what the previous owner of its bytes wrote. Stream A plays
+// one session: it fills tensors with a pattern and frees them. Stream B plays the next
+// session: it allocates the same sizes and reads them back without writing a byte.
+TEST_P(BackendConformanceTest, NewAllocationsNeverShowAnotherStreamsBytes) {
+  const std::vector<uint64_t> sizes = {4ull << 10, 1ull << 20, 64ull << 20};
+  Result<std::unique_ptr<Stream>> other = device().CreateStream();
+  ASSERT_TRUE(other.ok()) << other.status().ToString();
+  Stream& b = **other;
+  // A few rounds: an allocator may hand freed memory back only on a later request.
+  for (int round = 0; round < 3; ++round) {
+    {
+      std::vector<DeviceBuffer> written;
+      for (uint64_t bytes : sizes) {
+        written.push_back(MustAllocate(stream(), bytes));
+        ASSERT_NE(written.back().ptr(), 0u);
+        std::vector<uint8_t> pattern(bytes, static_cast<uint8_t>(0xA5 + round));
+        Upload(stream(), written.back(), pattern);
+      }
+    }                                  // freed, stream-ordered on A
+    ASSERT_TRUE(Sync(stream()).ok());  // A's frees are done: the memory is back in the pool
+
+    std::vector<DeviceBuffer> fresh;
+    for (uint64_t bytes : sizes) {
+      fresh.push_back(MustAllocate(b, bytes));
+      ASSERT_NE(fresh.back().ptr(), 0u);
+      std::vector<uint8_t> seen = Download<uint8_t>(b, fresh.back().ptr(), bytes);
+      const uint64_t nonzero = static_cast<uint64_t>(
+          std::count_if(seen.begin(), seen.end(), [](uint8_t v) { return v != 0; }));
+      EXPECT_EQ(nonzero, 0u) << "round " << round << ": " << nonzero << " of " << bytes
+                             << " bytes of a new allocation were not zero";
+    }
+    fresh.clear();
+    ASSERT_TRUE(Sync(b).ok());
+  }
+}
+
 /// A module the host backend never produced, to call Launch with.
 class FakeModule final : public Module {
  public:

@@ -6,7 +6,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 build="$root/build-gpu"
 bash "$root/deploy/install-deps.sh"
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFERRY_CUDA=ON >/dev/null
-targets=(ferryd ferry_conformance_tests ferry_integration_tests ferry_test_client ferry_quickstart)
+targets=(ferryd ferry-nvrtc ferry_conformance_tests ferry_integration_tests ferry_test_client ferry_quickstart)
 [[ -f "$root/bench/ferry_bench.cc" ]] && targets+=(ferry-bench)
 [[ -d "$root/client/ferryctl" ]] && targets+=(ferryctl)
 cmake --build "$build" --target "${targets[@]}" -j "$(nproc)"

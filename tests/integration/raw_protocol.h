@@ -125,8 +125,9 @@ class RawSlabConnection {
     fd_ = -1;
   }
   // Present the token; the daemon's answer kind (0: bound), or -1 when it sent nothing.
-  int Hello(const std::string& token) {
-    std::string hello = "FSL1" + token;
+  // `magic` is the hello's first four bytes ("FSL1" is the protocol's).
+  int Hello(const std::string& token, const std::string& magic = "FSL1") {
+    std::string hello = magic + token;
     if (::send(fd_, hello.data(), hello.size(), MSG_NOSIGNAL) !=
         static_cast<ssize_t>(hello.size())) {
       return -1;

@@ -346,5 +346,41 @@ TEST_F(SlabBadInputTest, SlabConnectionClosedBeforeAcquire) {
   CheckServing();
 }
 
+// Issue 14, item 7: a hello with the right token but a bad magic is refused before the token
+// is looked at, so the token still binds the session afterwards (docs/protocol.md, "Slab
+// socket"); a hello with the right magic spends it, and a token that differs from a pending
+// one only in its last character binds nothing and spends nothing.
+TEST_F(SlabBadInputTest, BadMagicDoesNotSpendTheTokenAndNearMissesBindNothing) {
+  RawStream raw(daemon_->unix_target());
+  auto opened = raw.Open();
+  ASSERT_TRUE(opened);
+  const std::string token = opened->slab_token();
+  ASSERT_EQ(token.size(), 32u);
+  const int refused = static_cast<int>(ErrorKind::kInvalidArgument);
+  for (const char* magic : {"FSL0", "FSL2", "fsl1", "\0\0\0\0"}) {
+    RawSlabConnection bad(opened->slab_socket());
+    ASSERT_TRUE(bad.connected());
+    EXPECT_EQ(bad.Hello(token, std::string(magic, 4)), refused) << "magic " << magic;
+    EXPECT_FALSE(bad.Acquire().has_value()) << "the daemon kept a refused connection";
+  }
+  // The right magic and every near miss of the token: refused, nothing spent.
+  for (size_t i : {size_t{0}, size_t{15}, size_t{31}}) {
+    std::string near = token;
+    near[i] = near[i] == '0' ? '1' : '0';
+    RawSlabConnection miss(opened->slab_socket());
+    EXPECT_EQ(miss.Hello(near), refused) << "a token differing at " << i << " was accepted";
+  }
+  RawSlabConnection conn(opened->slab_socket());
+  ASSERT_EQ(conn.Hello(token), 0) << "a refused hello spent the token";
+  auto slab = conn.Acquire();
+  ASSERT_TRUE(slab && slab->kind == 0);
+  ::close(slab->fd);
+  // Spent now: a second connection with it is refused.
+  RawSlabConnection again(opened->slab_socket());
+  EXPECT_EQ(again.Hello(token), refused);
+  raw.Close();
+  CheckServing();
+}
+
 }  // namespace
 }  // namespace ferry

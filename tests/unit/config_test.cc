@@ -42,6 +42,10 @@ TEST(ConfigTest, BadInputIsATypedError) {
   EXPECT_FALSE(ParseFlags({"--device", "x"}).ok());
   EXPECT_FALSE(ParseFlags({"--backend", "opencl"}).ok());
   EXPECT_FALSE(ParseFlags({"--max-in-flight", "0"}).ok());
+  EXPECT_FALSE(ParseFlags({"--nvrtc-timeout", "99"}).ok());
+  EXPECT_FALSE(ParseFlags({"--nvrtc-memory", "255M"}).ok());
+  EXPECT_EQ(ParseFlags({"--nvrtc-timeout", "2500"})->cuda.nvrtc_timeout.count(), 2500);
+  EXPECT_EQ(ParseFlags({"--nvrtc-memory", "1G"})->cuda.nvrtc_memory, 1ull << 30);
   EXPECT_FALSE(ParseFlags({"--cuda-work-queues", "33"}).ok());
   EXPECT_EQ(ParseFlags({"--cuda-work-queues", "32"})->cuda_work_queues, 32);
   EXPECT_FALSE(ParseFlags({"--copy-turns", "1025"}).ok());
@@ -278,6 +282,8 @@ host-memory = 2G
 max-message = 1M
 executor-threads = 3
 cuda-work-queues = 2
+nvrtc-timeout = 1500
+nvrtc-memory = 512M
 copy-turns = 0
 kernel-batch = 3
 copy-turn-size = 1M
@@ -301,6 +307,8 @@ log-level = debug
   EXPECT_EQ(FormatConfig(*back), formatted);
   EXPECT_TRUE(back->host_rebuild_fails_for_test);
   EXPECT_EQ(back->host_fault_after_ops_for_test, 99u);
+  EXPECT_EQ(back->cuda.nvrtc_timeout.count(), 1500);
+  EXPECT_EQ(back->cuda.nvrtc_memory, 512ull << 20);
 
   // The text above sets every setting FormatConfig knows, each away from its default:
   // FormatConfig prints each of its lines, and no line of the defaults' output.

@@ -2,9 +2,12 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
+#include <set>
 
 #include "pool/session_slabs.h"
 #include "session/admission.h"
@@ -48,43 +51,119 @@ TEST(SlabPoolTest, SealsHoldAgainstShrinkAndGrow) {
   EXPECT_TRUE(seals & F_SEAL_GROW);
 }
 
-TEST(SlabPoolTest, ReusedOnlyBySameUidAndZeroed) {
+// Issue 14, item 5: a client can keep its mapping of a slab after its session ended, and
+// tenants often share a uid. A released slab is never handed out again (to the same uid
+// either): its id and its memfd never come back, and the old mapping never shows what the
+// next session writes.
+TEST(SlabPoolTest, ReleasedSlabIsNeverHandedOutAgain) {
   int registered = 0;
-  auto pool = MakePool(2, 0, &registered);
+  auto pool = MakePool(2, 1, &registered);
   auto a = pool->Acquire(1000);
   ASSERT_TRUE(a.ok());
-  std::memset(a->data, 0xAB, kSlab);
-  uint64_t a_id = a->id;
+  // The client's own mapping, through its own fd (as the slab socket hands it over).
+  int client_fd = ::dup(a->fd);
+  ASSERT_GE(client_fd, 0);
+  struct stat a_stat = {};
+  ASSERT_EQ(::fstat(client_fd, &a_stat), 0);
+  void* old = ::mmap(nullptr, kSlab, PROT_READ | PROT_WRITE, MAP_SHARED, client_fd, 0);
+  ASSERT_NE(old, MAP_FAILED);
+  auto* old_bytes = static_cast<unsigned char*>(old);
+  std::memset(old_bytes, 0xAB, kSlab);
+  const uint64_t a_id = a->id;
   pool->Release(a_id, false);
-  // Another uid: a fresh slab, never A's.
-  auto b = pool->Acquire(2000);
-  ASSERT_TRUE(b.ok());
-  EXPECT_NE(b->id, a_id);
-  EXPECT_TRUE(AllZero(b->data, kSlab));
-  // The same uid: A's slab again, zeroed.
-  auto a2 = pool->Acquire(1000);
-  ASSERT_TRUE(a2.ok());
-  EXPECT_EQ(a2->id, a_id);
-  EXPECT_TRUE(AllZero(a2->data, kSlab));
-  EXPECT_EQ(pool->stats().zeroed_total, 1u);
+  pool->WaitIdleForTest();
+  EXPECT_TRUE(AllZero(reinterpret_cast<const char*>(old_bytes), kSlab))
+      << "the released slab's pages were not dropped";
+
+  std::set<uint64_t> ids = {a_id};
+  for (int round = 0; round < 6; ++round) {
+    auto b = pool->Acquire(1000);  // the same uid
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    EXPECT_TRUE(ids.insert(b->id).second) << "slab id " << b->id << " was handed out twice";
+    struct stat b_stat = {};
+    ASSERT_EQ(::fstat(b->fd, &b_stat), 0);
+    EXPECT_NE(b_stat.st_ino, a_stat.st_ino) << "the released memfd was handed out again";
+    EXPECT_TRUE(AllZero(b->data, kSlab)) << "a fresh slab held bytes";
+    std::memset(b->data, 0x5C, kSlab);  // session B's secret
+    for (uint64_t i = 0; i < kSlab; i += 512) {
+      ASSERT_NE(old_bytes[i], 0x5C) << "the old mapping shows the next session's byte " << i;
+    }
+    pool->Release(b->id, false);
+    pool->WaitIdleForTest();
+  }
+  EXPECT_GE(pool->stats().destroyed_total, 7u);
+  ::munmap(old, kSlab);
+  ::close(client_fd);
 }
 
-TEST(SlabPoolTest, BudgetFullEvictsAnotherUidsFreeSlab) {
+// The pool's thread keeps `initial_slabs` fresh slabs ready, so a grant takes one made ahead
+// instead of making it (memfd, populate, register) on the session's path.
+TEST(SlabPoolTest, FreshSlabsAreMadeAheadWithinTheBudget) {
+  int registered = 0;
+  auto pool = MakePool(3, 2, &registered);
+  EXPECT_EQ(pool->stats().slabs_fresh, 2u);
+  auto a = pool->Acquire(1);
+  ASSERT_TRUE(a.ok());
+  pool->WaitIdleForTest();
+  SlabPoolStats s = pool->stats();
+  EXPECT_EQ(s.made_on_grant_total, 0u);
+  EXPECT_EQ(s.slabs_fresh, 2u);  // made again ahead
+  EXPECT_EQ(s.slabs_total, 3u);
+  auto b = pool->Acquire(1);
+  ASSERT_TRUE(b.ok());
+  pool->WaitIdleForTest();
+  EXPECT_EQ(pool->stats().slabs_total, 3u) << "the budget bounds the slabs made ahead";
+  EXPECT_EQ(pool->stats().slabs_fresh, 1u);
+  EXPECT_EQ(registered, 3);
+}
+
+TEST(SlabPoolTest, BudgetFullDestroysReleasedSlabsNotHeldOnes) {
   int registered = 0;
   auto pool = MakePool(2, 0, &registered);
   auto a1 = pool->Acquire(1);
   auto a2 = pool->Acquire(1);
   ASSERT_TRUE(a1.ok() && a2.ok());
-  std::memset(a1->data, 0x5A, kSlab);
+  EXPECT_EQ(pool->stats().made_on_grant_total, 2u);
   EXPECT_EQ(pool->Acquire(2).status().kind(), ErrorKind::kQuotaExceeded);
   pool->Release(a1->id, false);
-  auto b = pool->Acquire(2);  // evicts A's free slab, makes a fresh one
+  auto b = pool->Acquire(2);  // room from A's released slab; a fresh one
   ASSERT_TRUE(b.ok()) << b.status().ToString();
   EXPECT_NE(b->id, a1->id);
+  EXPECT_NE(b->id, a2->id);
   EXPECT_TRUE(AllZero(b->data, kSlab));
-  EXPECT_EQ(pool->stats().evicted_total, 1u);
+  pool->WaitIdleForTest();
+  EXPECT_EQ(pool->stats().destroyed_total, 1u);
   EXPECT_EQ(pool->stats().slabs_total, 2u);
   EXPECT_EQ(registered, 2);
+}
+
+// Daemon (staging) slabs are never mapped by a client: they go back to the daemon, and only
+// to the daemon.
+TEST(SlabPoolTest, DaemonSlabsAreReusedByTheDaemonOnly) {
+  int registered = 0;
+  auto pool = MakePool(2, 0, &registered);
+  auto d = pool->AcquireDaemon();
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(pool->stats().slabs_daemon, 1u);
+  EXPECT_EQ(pool->stats().slabs_in_use, 0u);
+  pool->Release(d->id, false);
+  pool->WaitIdleForTest();
+  EXPECT_EQ(pool->stats().destroyed_total, 0u);
+  auto s = pool->Acquire(5);
+  ASSERT_TRUE(s.ok());
+  EXPECT_NE(s->id, d->id) << "a client got a daemon slab";
+  auto d2 = pool->AcquireDaemon();
+  ASSERT_TRUE(d2.ok());
+  EXPECT_EQ(d2->id, d->id);
+  // The budget is full: a client's grant may take the room of a free daemon slab.
+  pool->Release(d2->id, false);
+  pool->Release(s->id, false);
+  pool->WaitIdleForTest();
+  auto s2 = pool->Acquire(5);
+  auto s3 = pool->Acquire(5);
+  ASSERT_TRUE(s2.ok() && s3.ok()) << s3.status().ToString();
+  EXPECT_NE(s2->id, d->id);
+  EXPECT_NE(s3->id, d->id);
 }
 
 TEST(SlabPoolTest, QuarantinedSlabIsDestroyed) {
@@ -93,6 +172,7 @@ TEST(SlabPoolTest, QuarantinedSlabIsDestroyed) {
   auto a = pool->Acquire(1);
   ASSERT_TRUE(a.ok());
   pool->Release(a->id, true);
+  pool->WaitIdleForTest();
   EXPECT_EQ(pool->stats().slabs_total, 0u);
   EXPECT_EQ(registered, 0);
 }
@@ -111,9 +191,11 @@ TEST(SlabPoolTest, AccountingReturnsToStart) {
     ASSERT_TRUE(s.Acquire().ok());
     EXPECT_EQ(pool->stats().slabs_in_use, 2u);
   }
+  pool->WaitIdleForTest();
   SlabPoolStats end = pool->stats();
   EXPECT_EQ(end.slabs_in_use, 0u);
-  EXPECT_LE(end.slabs_total, 2u);
+  EXPECT_EQ(end.slabs_total, 1u);  // the one kept ready; every released slab destroyed
+  EXPECT_EQ(end.destroyed_total, 100u);
   EXPECT_EQ(end.fds_open, end.slabs_total);
 }
 
@@ -139,6 +221,7 @@ TEST(SessionSlabsTest, RangesAreCheckedAndBusy) {
   s.Finish({ref->id, 0, 16}, true);  // quarantined for good
   EXPECT_EQ(s.Check({ref->id, 0, 1}).kind(), ErrorKind::kBusy);
   s.Close();
+  pool->WaitIdleForTest();
   EXPECT_EQ(pool->stats().slabs_total, 0u);  // destroyed, not pooled
 }
 

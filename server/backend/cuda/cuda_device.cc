@@ -7,7 +7,10 @@
 //    two-pass ReduceSum. Every entry point first makes the device current on the calling
 //    thread (cudaSetDevice), so any executor thread may drive a stream.
 //  * Memory: stream-ordered (cudaMallocFromPoolAsync / cudaFreeAsync) from the device's
-//    default pool, whose release threshold is raised so freed memory stays cached. Every
+//    default pool, whose release threshold is raised so freed memory stays cached. The pool
+//    is shared by every session, so a new allocation may hold another session's freed
+//    bytes: Allocate enqueues a cudaMemsetAsync to 0 on the same stream before it returns,
+//    and every later use of the memory is ordered behind it. Every
 //    device range an op touches is checked against the live allocations (OUT_OF_RANGE
 //    otherwise, as on the host backend), so a client's bad offset is a typed error, not a
 //    device fault that would take down every session.
@@ -18,7 +21,8 @@
 //    context (cudaDeviceReset) is the owner's job, after destroying this device.
 //  * Raw kernels: modules are loaded into the primary context with the driver API
 //    (cuModuleLoadDataEx, through entry points; libcuda is never linked); CUDA C++ source
-//    is compiled by NVRTC to a CUBIN for the device's architecture. Modules are cached by
+//    is checked to name no file and compiled by NVRTC to a CUBIN for the device's
+//    architecture in a bounded helper process (nvrtc_compile.h). Modules are cached by
 //    content (format + bytes) while some caller still holds them.
 //  * Graphs: stream capture in relaxed mode (a session's executor may be a thread pool; in
 //    the stricter modes an unrelated cudaMalloc on the capturing thread would invalidate
@@ -51,6 +55,7 @@
 #include "backend/cuda/completion_watcher.h"
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/nvrtc_compile.h"
 #include "backend/enqueue_checks.h"
 
 namespace ferry::backend {
@@ -62,9 +67,6 @@ using cuda_internal::CudaStatus;
 using cuda_internal::DriverApi;
 using cuda_internal::DriverStatus;
 using cuda_internal::GetCublasApi;
-using cuda_internal::GetNvrtcApi;
-using cuda_internal::NvrtcApi;
-using cuda_internal::NvrtcStatus;
 
 /// cuBLAS workspace per stream: set explicitly so captured GEMMs never allocate.
 constexpr size_t kCublasWorkspaceBytes = 8ull << 20;
@@ -195,78 +197,6 @@ class CudaModule final : public Module {
   mutable std::unordered_map<std::string, FunctionInfo> functions_;  // guarded by mu_
 };
 
-/// Compile CUDA C++ with NVRTC for compute capability major.minor. Return the image to
-/// load: a CUBIN when NVRTC knows the architecture, else PTX for the newest one it knows
-/// below it (the driver then JIT-compiles it).
-Result<std::string> CompileCudaSource(std::string_view source, int major, int minor) {
-  const int device_arch = major * 10 + minor;
-  FERRY_ASSIGN_OR_RETURN(const NvrtcApi* nvrtc, GetNvrtcApi());
-  int num_archs = 0;
-  FERRY_RETURN_IF_ERROR(
-      NvrtcStatus(nvrtc->GetNumSupportedArchs(&num_archs), "nvrtcGetNumSupportedArchs"));
-  std::vector<int> archs(static_cast<size_t>(std::max(num_archs, 0)));
-  if (num_archs > 0) {
-    FERRY_RETURN_IF_ERROR(
-        NvrtcStatus(nvrtc->GetSupportedArchs(archs.data()), "nvrtcGetSupportedArchs"));
-  }
-  bool exact = false;
-  int arch = 0;
-  for (int a : archs) {
-    if (a == device_arch) exact = true;
-    if (a <= device_arch) arch = std::max(arch, a);
-  }
-  if (arch == 0) {
-    return Status(ErrorKind::kUnsupported, "NVRTC cannot compile for compute capability " +
-                                               std::to_string(major) + "." + std::to_string(minor));
-  }
-  const std::string arch_option =
-      std::string("--gpu-architecture=") + (exact ? "sm_" : "compute_") + std::to_string(arch);
-
-  const std::string text(source);  // NVRTC wants a NUL-terminated string
-  nvrtcProgram program = nullptr;
-  FERRY_RETURN_IF_ERROR(NvrtcStatus(
-      nvrtc->CreateProgram(&program, text.c_str(), "ferry_module.cu", 0, nullptr, nullptr),
-      "nvrtcCreateProgram"));
-  struct ProgramGuard {
-    const NvrtcApi* nvrtc;
-    nvrtcProgram* program;
-    ~ProgramGuard() { (void)nvrtc->DestroyProgram(program); }
-  } guard{nvrtc, &program};
-
-  const std::array<const char*, 3> options = {arch_option.c_str(), "-default-device",
-                                              "--std=c++17"};
-  const nvrtcResult compiled =
-      nvrtc->CompileProgram(program, static_cast<int>(options.size()), options.data());
-  std::string log;
-  size_t log_size = 0;
-  if (nvrtc->GetProgramLogSize(program, &log_size) == NVRTC_SUCCESS && log_size > 1) {
-    log.resize(log_size);
-    if (nvrtc->GetProgramLog(program, log.data()) != NVRTC_SUCCESS) log.clear();
-    while (!log.empty() && (log.back() == '\0' || log.back() == '\n')) log.pop_back();
-  }
-  if (compiled == NVRTC_ERROR_COMPILATION) {
-    return CompileError("NVRTC compilation failed (" + arch_option + "):\n" + log);
-  }
-  if (compiled != NVRTC_SUCCESS) {
-    return Status(ErrorKind::kInternal, std::string("nvrtcCompileProgram: ") +
-                                            nvrtc->GetErrorString(compiled) +
-                                            (log.empty() ? "" : "\n" + log));
-  }
-
-  std::string image;
-  size_t size = 0;
-  if (exact) {
-    FERRY_RETURN_IF_ERROR(NvrtcStatus(nvrtc->GetCUBINSize(program, &size), "nvrtcGetCUBINSize"));
-    image.resize(size);
-    FERRY_RETURN_IF_ERROR(NvrtcStatus(nvrtc->GetCUBIN(program, image.data()), "nvrtcGetCUBIN"));
-  } else {
-    FERRY_RETURN_IF_ERROR(NvrtcStatus(nvrtc->GetPTXSize(program, &size), "nvrtcGetPTXSize"));
-    image.resize(size);  // includes the terminating NUL
-    FERRY_RETURN_IF_ERROR(NvrtcStatus(nvrtc->GetPTX(program, image.data()), "nvrtcGetPTX"));
-  }
-  return image;
-}
-
 /// Load a PTX or CUBIN/fatbin image into the current context, with the JIT's error log in
 /// the COMPILE_ERROR message when it fails.
 Result<CUmodule> LoadImage(const DriverApi& api, const std::string& image) {
@@ -343,7 +273,7 @@ class CudaStream;
 
 class CudaDevice final : public Device {
  public:
-  static Result<std::unique_ptr<CudaDevice>> Create(int ordinal) {
+  static Result<std::unique_ptr<CudaDevice>> Create(int ordinal, const CudaDeviceOptions& options) {
     int count = 0;
     FERRY_RETURN_IF_ERROR(CudaStatus(cudaGetDeviceCount(&count), "cudaGetDeviceCount")
                               .WithContext("CUDA is not usable"));
@@ -351,7 +281,7 @@ class CudaDevice final : public Device {
       return InvalidArgument("CUDA device " + std::to_string(ordinal) + " does not exist (" +
                              std::to_string(count) + " visible)");
     }
-    std::unique_ptr<CudaDevice> device(new CudaDevice(ordinal));
+    std::unique_ptr<CudaDevice> device(new CudaDevice(ordinal, options));
     FERRY_RETURN_IF_ERROR(device->Init());
     return device;
   }
@@ -427,7 +357,12 @@ class CudaDevice final : public Device {
     return status;
   }
 
-  Result<DevicePtr> AllocateMemory(uint64_t bytes, cudaStream_t stream) {
+  /// Allocate `bytes` stream-ordered on `stream`. `zero`: a memset to 0 is enqueued on the
+  /// same stream right behind the allocation, so nothing enqueued later (the only way to
+  /// reach the memory) can read what an earlier owner left in the shared pool. Tensors a
+  /// session can read are always zeroed; only scratch that is fully written before it is
+  /// read (the temporary of an overlapping copy) skips it.
+  Result<DevicePtr> AllocateMemory(uint64_t bytes, cudaStream_t stream, bool zero) {
     if (bytes == 0) return InvalidArgument("Allocate: bytes must be positive");
     FERRY_RETURN_IF_ERROR(watcher_->fault());
     void* ptr = nullptr;
@@ -446,6 +381,14 @@ class CudaDevice final : public Device {
                                                        " bytes (cudaErrorMemoryAllocation)");
     }
     FERRY_RETURN_IF_ERROR(Check(error, "cudaMallocFromPoolAsync"));
+    if (zero) {
+      Status zeroed = Check(cudaMemsetAsync(ptr, 0, bytes, stream), "cudaMemsetAsync (zeroing)");
+      if (!zeroed.ok()) {
+        (void)cudaFreeAsync(ptr, stream);
+        (void)cudaGetLastError();
+        return zeroed;
+      }
+    }
     const auto base = static_cast<DevicePtr>(reinterpret_cast<uintptr_t>(ptr));
     std::lock_guard<std::mutex> lock(mu_);
     allocations_[base] = bytes;
@@ -488,7 +431,12 @@ class CudaDevice final : public Device {
  private:
   friend class CudaStream;
 
-  explicit CudaDevice(int ordinal) { info_.ordinal = ordinal; }
+  CudaDevice(int ordinal, const CudaDeviceOptions& options) {
+    info_.ordinal = ordinal;
+    nvrtc_limits_.timeout = options.nvrtc_timeout;
+    nvrtc_limits_.memory_bytes = options.nvrtc_memory;
+    nvrtc_limits_.helper = options.nvrtc_helper;
+  }
 
   Status Init() {
     const int ordinal = info_.ordinal;
@@ -521,6 +469,7 @@ class CudaDevice final : public Device {
   }
 
   DeviceInfo info_;
+  NvrtcLimits nvrtc_limits_;  // for CUDA C++ modules; see nvrtc_compile.h
   cudaDeviceProp props_{};
   cuda_kernels::LaunchLimits limits_;
   cudaMemPool_t pool_ = nullptr;
@@ -576,7 +525,7 @@ class CudaStream final : public Stream {
       return InvalidArgument("Allocate during graph capture; allocate before BeginCapture");
     }
     FERRY_RETURN_IF_ERROR(device_->MakeCurrent());
-    return device_->AllocateMemory(bytes, stream_);
+    return device_->AllocateMemory(bytes, stream_, /*zero=*/true);
   }
 
   void Free(DevicePtr ptr) override {
@@ -910,7 +859,7 @@ class CudaStream final : public Stream {
     if (capturing_) {
       return InvalidArgument("CopyDeviceToDevice: closely overlapping ranges during capture");
     }
-    FERRY_ASSIGN_OR_RETURN(DevicePtr temp, device_->AllocateMemory(bytes, stream_));
+    FERRY_ASSIGN_OR_RETURN(DevicePtr temp, device_->AllocateMemory(bytes, stream_, /*zero=*/false));
     Status status = device_->Check(
         cudaMemcpyAsync(Address(temp), Address(src), bytes, cudaMemcpyDeviceToDevice, stream_),
         "cudaMemcpyAsync (device to device)");
@@ -1152,8 +1101,12 @@ Result<std::shared_ptr<Module>> CudaDevice::LoadModule(ModuleFormat format,
   std::string loadable;
   switch (format) {
     case ModuleFormat::kCudaSource: {
-      FERRY_ASSIGN_OR_RETURN(loadable,
-                             CompileCudaSource(image, info_.compute_major, info_.compute_minor));
+      // In a bounded helper process that cannot open files, after a check that the source
+      // names none (nvrtc_compile.h).
+      FERRY_ASSIGN_OR_RETURN(
+          CompiledSource compiled,
+          CompileCudaSource(image, info_.compute_major, info_.compute_minor, nvrtc_limits_));
+      loadable = std::move(compiled.image);
       break;
     }
     case ModuleFormat::kCubin: {
@@ -1202,8 +1155,8 @@ int CudaDeviceCount() {
   return count;
 }
 
-Result<std::unique_ptr<Device>> CreateCudaDevice(int ordinal) {
-  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<CudaDevice> device, CudaDevice::Create(ordinal));
+Result<std::unique_ptr<Device>> CreateCudaDevice(int ordinal, const CudaDeviceOptions& options) {
+  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<CudaDevice> device, CudaDevice::Create(ordinal, options));
   return std::unique_ptr<Device>(std::move(device));
 }
 

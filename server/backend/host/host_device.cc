@@ -556,6 +556,9 @@ Result<DevicePtr> HostDevice::AllocateMemory(uint64_t bytes) {
     bytes_in_use_ += bytes;  // reserved; the host allocation below may still fail
   }
   void* memory = ::operator new(static_cast<size_t>(bytes), kAlignment, std::nothrow);
+  // The heap hands back what an earlier allocation (maybe another session's tensor) left:
+  // zero it before the pointer exists for anyone, as the CUDA backend does.
+  if (memory != nullptr) std::memset(memory, 0, static_cast<size_t>(bytes));
   std::lock_guard<std::mutex> lock(mu_);
   if (memory == nullptr) {
     bytes_in_use_ -= bytes;

@@ -1,0 +1,193 @@
+#include "backend/cuda/nvrtc_compile.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <cstring>
+#include <vector>
+
+#include "backend/cuda/nvrtc_helper/nvrtc_reply.h"
+#include "backend/cuda_source_check.h"
+
+extern char** environ;
+
+namespace ferry::backend {
+namespace {
+
+namespace reply = nvrtc_reply;
+
+// The most reply bytes read from the helper: a module's image plus its log.
+constexpr uint64_t kMaxReplyBytes = 512ull << 20;
+
+std::string HelperPath(const NvrtcLimits& limits) {
+  if (!limits.helper.empty()) return limits.helper;
+  char self[PATH_MAX];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n > 0) {
+    std::string path(self, static_cast<size_t>(n));
+    path = path.substr(0, path.rfind('/') + 1) + "ferry-nvrtc";
+    if (::access(path.c_str(), X_OK) == 0) return path;
+  }
+#ifdef FERRY_NVRTC_HELPER_INSTALLED
+  return FERRY_NVRTC_HELPER_INSTALLED;
+#else
+  return "ferry-nvrtc";
+#endif
+}
+
+Status LimitHit(const NvrtcLimits& limits, const std::string& how) {
+  return Status(ErrorKind::kQuotaExceeded,
+                "CUDA C++ compile stopped at its compile time/memory limit (nvrtc-timeout " +
+                    std::to_string(limits.timeout.count()) + " ms, nvrtc-memory " +
+                    std::to_string(limits.memory_bytes) + " bytes): " + how);
+}
+
+}  // namespace
+
+Result<CompiledSource> CompileCudaSource(std::string_view source, int major, int minor,
+                                         const NvrtcLimits& limits) {
+  FERRY_RETURN_IF_ERROR(CheckCudaSource(source));
+  if (source.size() > reply::kMaxSourceBytes) {
+    return Status(ErrorKind::kCompileError, "CUDA C++ source larger than " +
+                                                std::to_string(reply::kMaxSourceBytes) + " bytes");
+  }
+  const std::string helper = HelperPath(limits);
+  if (::access(helper.c_str(), X_OK) != 0) {
+    return Status(ErrorKind::kUnsupported,
+                  "CUDA C++ modules need the NVRTC helper " + helper + ": " + std::strerror(errno));
+  }
+
+  // One socket both ways (send with MSG_NOSIGNAL: a helper that died gives EPIPE, not
+  // SIGPIPE to the daemon).
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+    return Status(ErrorKind::kInternal, std::string("socketpair: ") + std::strerror(errno));
+  }
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, sv[1], STDIN_FILENO);
+  posix_spawn_file_actions_adddup2(&actions, sv[1], STDOUT_FILENO);
+  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, "/dev/null", O_WRONLY, 0);
+  const auto cpu_seconds = std::max<int64_t>(1, (limits.timeout.count() + 999) / 1000);
+  std::vector<std::string> args = {helper, std::to_string(major), std::to_string(minor),
+                                   std::to_string(limits.memory_bytes),
+                                   std::to_string(cpu_seconds)};
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = -1;
+  const int spawned = ::posix_spawn(&pid, helper.c_str(), &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  ::close(sv[1]);
+  if (spawned != 0) {
+    ::close(sv[0]);
+    return Status(ErrorKind::kUnsupported,
+                  "starting the NVRTC helper " + helper + ": " + std::strerror(spawned));
+  }
+  const int sock = sv[0];
+  (void)::fcntl(sock, F_SETFL, ::fcntl(sock, F_GETFL) | O_NONBLOCK);
+
+  // Send the source, read the reply, until the helper closes its end or the deadline.
+  const auto deadline = std::chrono::steady_clock::now() + limits.timeout;
+  std::string out;
+  size_t sent = 0;
+  bool write_open = true, timed_out = false, too_big = false;
+  for (;;) {
+    if (write_open && sent == source.size()) {
+      ::shutdown(sock, SHUT_WR);
+      write_open = false;
+    }
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      timed_out = true;
+      break;
+    }
+    pollfd p = {sock, static_cast<short>(POLLIN | (write_open ? POLLOUT : 0)), 0};
+    const int r = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count() + 1, INT_MAX)));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) break;
+    if (r == 0) continue;
+    if (write_open && (p.revents & POLLOUT)) {
+      const ssize_t w = ::send(sock, source.data() + sent, source.size() - sent, MSG_NOSIGNAL);
+      if (w > 0) {
+        sent += static_cast<size_t>(w);
+      } else if (w < 0 && errno != EAGAIN && errno != EINTR) {
+        write_open = false;  // the helper stopped reading; its reply (or death) says why
+      }
+    }
+    if (p.revents & (POLLIN | POLLHUP | POLLERR)) {
+      char buf[65536];
+      const ssize_t n = ::recv(sock, buf, sizeof(buf), 0);
+      if (n > 0) {
+        out.append(buf, static_cast<size_t>(n));
+        if (out.size() > kMaxReplyBytes) {
+          too_big = true;
+          break;
+        }
+      } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+        break;  // the helper is done
+      }
+    }
+  }
+  ::close(sock);
+  if (timed_out || too_big) ::kill(pid, SIGKILL);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (timed_out) return LimitHit(limits, "killed after the wall-clock limit");
+  if (too_big) return Status(ErrorKind::kCompileError, "the compiled module is too large");
+  if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    return LimitHit(limits, sig == SIGXCPU || sig == SIGKILL
+                                ? std::string("CPU time limit")
+                                : std::string("the compiler died (signal ") + std::to_string(sig) +
+                                      "), most likely out of its memory limit");
+  }
+  reply::Header h;
+  if (out.size() < sizeof(h)) {
+    return LimitHit(limits, "the compiler ended without an answer (exit status " +
+                                std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : -1) +
+                                "), most likely out of its memory limit");
+  }
+  std::memcpy(&h, out.data(), sizeof(h));
+  if (std::memcmp(h.magic, reply::kMagic, sizeof(h.magic)) != 0 ||
+      h.image_bytes > out.size() - sizeof(h) ||
+      h.text_bytes != out.size() - sizeof(h) - h.image_bytes) {
+    return Status(ErrorKind::kInternal, "the NVRTC helper's answer is malformed");
+  }
+  std::string text = out.substr(sizeof(h) + h.image_bytes);
+  switch (h.code) {
+    case reply::kOk: {
+      CompiledSource compiled;
+      compiled.image = out.substr(sizeof(h), h.image_bytes);
+      compiled.ptx = h.image_kind == reply::kPtx;
+      return compiled;
+    }
+    case reply::kCompileError:
+      // NVRTC reports running out of its address space as a compile error.
+      if (text.find("catastrophic error: out of memory") != std::string::npos) {
+        return LimitHit(limits, "out of memory");
+      }
+      return Status(ErrorKind::kCompileError, std::move(text));
+    case reply::kUnsupported:
+      return Status(ErrorKind::kUnsupported, std::move(text));
+    default:
+      if (text.find("OUT_OF_MEMORY") != std::string::npos ||
+          text.find("out of memory") != std::string::npos) {
+        return LimitHit(limits, text);
+      }
+      return Status(ErrorKind::kInternal, "NVRTC: " + text);
+  }
+}
+
+}  // namespace ferry::backend

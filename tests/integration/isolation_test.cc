@@ -1,0 +1,134 @@
+// Tenant isolation through a real ferryd (issue 14): what one session wrote must never be
+// readable by another, neither through a new tensor's device memory (item 1) nor through a
+// shared-memory slab the first session's client still maps after it ended (item 5).
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ferry/client.h"
+#include "ferry/v1/session.grpc.pb.h"
+#include "ferryd_process.h"
+#include "raw_protocol.h"
+
+namespace ferry {
+namespace {
+
+using testing::FerrydProcess;
+using testing::RawSlabConnection;
+using testing::RawStream;
+
+// Item 1: a local session writes tensors of 4 KiB, 1 MiB and 64 MiB and frees them; a remote
+// (TCP) session then creates tensors of the same sizes and downloads them without writing.
+// Every byte it reads is zero.
+TEST(IsolationTest, NewTensorsNeverShowAnotherSessionsBytes) {
+  FerrydProcess d({"--allow-insecure-remote"}, /*tcp=*/true);
+  ASSERT_TRUE(d.ok()) << d.log();
+  ASSERT_FALSE(d.tcp_target().empty());
+  const std::vector<int64_t> sizes = {4 << 10, 1 << 20, 64 << 20};
+  auto local = Client::connect(d.unix_target());
+  auto remote = Client::connect(d.tcp_target());
+  ASSERT_TRUE(local.ok() && remote.ok());
+  auto a = local->open_session();
+  auto b = remote->open_session();
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  for (int round = 0; round < 3; ++round) {
+    {
+      std::vector<Tensor> written;
+      for (int64_t n : sizes) {
+        written.push_back(a->create_tensor<uint8_t>({n}));
+        std::vector<uint8_t> secret(static_cast<size_t>(n), static_cast<uint8_t>(0xA5 + round));
+        ASSERT_TRUE(a->upload(written.back(), secret).ok());
+      }
+      ASSERT_TRUE(a->synchronize().ok());
+    }  // freed
+    ASSERT_TRUE(a->synchronize().ok());
+    for (int64_t n : sizes) {
+      Tensor t = b->create_tensor<uint8_t>({n});
+      auto seen = b->download<uint8_t>(t);
+      ASSERT_TRUE(seen.ok()) << seen.status().ToString();
+      ASSERT_EQ(seen->size(), static_cast<size_t>(n));
+      const auto nonzero =
+          std::count_if(seen->begin(), seen->end(), [](uint8_t v) { return v != 0; });
+      EXPECT_EQ(nonzero, 0) << "round " << round << ": " << nonzero << " of " << n
+                            << " bytes of a new tensor came from another session";
+    }
+  }
+  EXPECT_TRUE(a->close().ok());
+  EXPECT_TRUE(b->close().ok());
+}
+
+// Item 5: session A maps a slab and ends, its client keeping the mapping (nothing can take it
+// back). Session B, of the same uid (tenants in containers often share one), then takes every
+// slab the budget allows and writes a secret into each. A's old mapping never shows it: a
+// slab a client held is never handed to another session.
+TEST(IsolationTest, OldSlabMappingNeverSeesTheNextSessionsBytes) {
+  constexpr uint64_t kSlab = 4u << 20;
+  FerrydProcess d({"--slab-size", "4M", "--pinned-budget", "8M", "--initial-slabs", "0"});
+  ASSERT_TRUE(d.ok()) << d.log();
+  static constexpr char kSecret[] = "SESSION-B-SECRET";
+
+  void* old_map = MAP_FAILED;
+  {
+    RawStream a(d.unix_target());
+    auto opened = a.Open();
+    ASSERT_TRUE(opened);
+    RawSlabConnection conn(opened->slab_socket());
+    ASSERT_EQ(conn.Hello(opened->slab_token()), 0);
+    auto slab = conn.Acquire();
+    ASSERT_TRUE(slab && slab->kind == 0);
+    old_map = ::mmap(nullptr, kSlab, PROT_READ | PROT_WRITE, MAP_SHARED, slab->fd, 0);
+    ASSERT_NE(old_map, MAP_FAILED);
+    ::close(slab->fd);
+    std::memset(old_map, 0x11, kSlab);
+    a.Close();  // the session ends; the mapping stays
+  }
+  auto* old_bytes = static_cast<const char*>(old_map);
+  // Wait for A's session to be gone (its slabs released).
+  for (int i = 0; i < 500 && d.AdminStatus().slabs_in_use() != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(d.AdminStatus().slabs_in_use(), 0u);
+
+  for (int round = 0; round < 3; ++round) {
+    RawStream b(d.unix_target());
+    auto opened = b.Open();
+    ASSERT_TRUE(opened);
+    RawSlabConnection conn(opened->slab_socket());
+    ASSERT_EQ(conn.Hello(opened->slab_token()), 0);
+    std::vector<void*> maps;
+    for (int i = 0; i < 2; ++i) {  // the whole budget
+      auto slab = conn.Acquire();
+      ASSERT_TRUE(slab);
+      ASSERT_EQ(slab->kind, 0u) << "round " << round << " slab " << i;
+      void* m = ::mmap(nullptr, kSlab, PROT_READ | PROT_WRITE, MAP_SHARED, slab->fd, 0);
+      ASSERT_NE(m, MAP_FAILED);
+      ::close(slab->fd);
+      auto* bytes = static_cast<char*>(m);
+      for (uint64_t off = 0; off + sizeof(kSecret) <= kSlab; off += 4096) {
+        std::memcpy(bytes + off, kSecret, sizeof(kSecret));
+      }
+      maps.push_back(m);
+    }
+    for (uint64_t off = 0; off + sizeof(kSecret) <= kSlab; off += 4096) {
+      ASSERT_NE(std::memcmp(old_bytes + off, kSecret, sizeof(kSecret)), 0)
+          << "round " << round << ": session A's old mapping shows session B's secret at " << off;
+    }
+    for (void* m : maps) ::munmap(m, kSlab);
+    b.Close();
+    for (int i = 0; i < 500 && d.AdminStatus().slabs_in_use() != 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  ::munmap(old_map, kSlab);
+  EXPECT_EQ(d.Stop(), 0) << d.log();
+}
+
+}  // namespace
+}  // namespace ferry
