@@ -419,7 +419,13 @@ class SessionConnection : public session::SessionEvents,
         }
       }
       session_->AttachSlabs(slabs);
-      slab_token_ = context_->slab_broker->IssueToken(slabs);
+      auto token = context_->slab_broker->IssueToken(slabs);
+      if (!token.ok()) {
+        spdlog::error("session {}: {}", session_id_, token.status().message());
+        return Fail(token.status(),
+                    grpc::Status(grpc::StatusCode::UNAVAILABLE, token.status().message()));
+      }
+      slab_token_ = std::move(*token);
       o->set_slab_socket(context_->slab_broker->path());
       o->set_slab_token(slab_token_);
       o->set_slab_size(context_->slab_pool->slab_size());
