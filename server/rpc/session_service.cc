@@ -591,9 +591,10 @@ class SessionConnection : public session::SessionEvents,
   void MaybeReadMore() {
     MaybeStartRead();
     MaybeArmRing();
-    // A stream a limit stops reading (not one that ends, nor one with a read outstanding).
+    // A stream a limit stops taking more from (by either path: a read may be outstanding on
+    // the stream while the client writes to its ring), not one that ends.
     const bool paused = session_ && !session_done_ && !read_closed_ && !close_requested_ &&
-                        !finishing_ && reactor_ && !reading_ && !held_[kStream] && AtLimit(0);
+                        !finishing_ && reactor_ && AtLimit(0);
     if (paused != paused_) {
       paused_ = paused;
       if (paused) {

@@ -111,8 +111,6 @@ void Session::Start(SubmitRequest& request, InFlight& record) {
     if (!admitted.ok()) {
       record.status = admitted.status();
     } else {
-      record.inline_download_bytes = admitted->inline_download_bytes;
-      inline_download_bytes_in_flight_ += record.inline_download_bytes;
       record.status = Enqueue(request, *admitted, record);
     }
   }
@@ -593,7 +591,6 @@ void Session::DeliverReady() {
     InFlight record = std::move(queue_.front());
     queue_.pop_front();
     counters_->submits_in_flight = queue_.size();
-    inline_download_bytes_in_flight_ -= record.inline_download_bytes;
     if (record.turns_held != CopyTurns::kNone) turns_->Give(record.turns_held);
     // The device is done with the submit's slab ranges: free them, or quarantine them
     // when the submit failed (their bytes are of unknown state).

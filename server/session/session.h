@@ -127,15 +127,13 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   /// The client is gone: like Close, but raise no more events.
   void Abort();
 
-  /// Return true while another submit fits under the in-flight limit (for backpressure),
-  /// besides `arriving` ones already read and about to be submitted.
+  /// Return true while another submit fits under the in-flight limit, besides `arriving`
+  /// ones already read and about to be submitted. (The connection's backpressure counts more:
+  /// every message until its answer is written, and bytes; rpc/session_service.cc, AtLimit.)
   bool CanAcceptSubmit(size_t arriving = 0) const {
     return queue_.size() + arriving < config_.max_in_flight_submits;
   }
   bool closing() const { return closing_; }
-  /// Bytes of inline Download ops of the submits in flight: memory the daemon holds for the
-  /// client until it is delivered (the connection adds what it has not yet written).
-  uint64_t inline_download_bytes_in_flight() const { return inline_download_bytes_in_flight_; }
   size_t in_flight() const { return queue_.size(); }
 
   /// Give the session its shared-memory slab set (local clients); call before the first
@@ -170,8 +168,7 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
     std::shared_ptr<const void> payload;
     std::vector<PendingDownload> downloads;
     uint64_t download_bytes = 0;
-    uint64_t inline_download_bytes = 0;  // Download ops' bytes, held by the daemon until sent
-    int first_launch_op = -1;            // the first raw kernel launch of the submit
+    int first_launch_op = -1;  // the first raw kernel launch of the submit
     std::string first_launch_name;
     std::vector<uint64_t> syncs_after;         // Synchronize ids answered after this completes
     std::vector<pool::SlabRange> slab_ranges;  // busy until this submit completes
@@ -232,10 +229,9 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   uint64_t capture_ops_ = 0;            // ops recorded into it so far
   int64_t raw_launches_in_flight_ = 0;  // submits in flight that launch raw kernels
   std::deque<InFlight> queue_;
-  CopyTurns* turns_ = nullptr;                    // null: no turns
-  size_t parked_ = 0;                             // records of queue_ that are parked
-  uint8_t awaiting_turns_ = CopyTurns::kNone;     // a Wait for these turns is outstanding
-  uint64_t inline_download_bytes_in_flight_ = 0;  // sum over queue_
+  CopyTurns* turns_ = nullptr;                 // null: no turns
+  size_t parked_ = 0;                          // records of queue_ that are parked
+  uint8_t awaiting_turns_ = CopyTurns::kNone;  // a Wait for these turns is outstanding
   Status broken_;  // a sticky device error: every later submit fails with it
   bool closing_ = false;
   bool torn_down_ = false;

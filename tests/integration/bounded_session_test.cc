@@ -30,6 +30,7 @@ using testing::Create;
 using testing::Download;
 using testing::FerrydProcess;
 using testing::Fill;
+using testing::RawRing;
 using testing::RawStream;
 
 // --- the daemon's metrics and memory ---------------------------------------------------------
@@ -252,6 +253,61 @@ TEST(BoundedSessionTest, UnreadRefusedSubmitsAreHeldBackAndNoneIsLost) {
   }
   raw.Close();
   EXPECT_EQ(Value(Scrape(metrics), "ferry_stream_unanswered_messages"), 0);
+  EXPECT_EQ(d->Stop(), 0) << d->log();
+}
+
+// The same through the submit ring: a client that fills its ring with refused submits and
+// reads no answers is held back in its ring (the daemon stops taking records), and gets every
+// answer once it reads.
+TEST(BoundedSessionTest, UnreadAnswersStopTheSubmitRingToo) {
+  std::unique_ptr<FerrydProcess> d;
+  ASSERT_TRUE(StartDaemon(d, {"--submit-ring", "64K"})->ok()) << d->log();
+  const std::string metrics = MetricsEndpoint(*d);
+  RawStream raw(d->unix_target());
+  auto opened = raw.Open();
+  ASSERT_TRUE(opened);
+  RawRing ring;
+  ASSERT_TRUE(ring.Map(*opened)) << "no submit ring";
+  const uint64_t rss_before = RssBytes(d->pid());
+  constexpr int kMessages = 400'000;
+  {
+    Flood flood(
+        metrics,
+        [&ring](int i) {
+          v1::ClientMessage m;
+          m.set_sequence(static_cast<uint64_t>(i));
+          m.mutable_submit()->set_submit_id(static_cast<uint64_t>(i));
+          *m.mutable_submit()->add_ops() = Fill(99, 1.0);
+          ring.Write(m);
+          return true;
+        },
+        kMessages);
+    ExpectBounded(metrics, opened->max_in_flight_submits(), 256ull << 20);
+    const uint64_t rss = RssBytes(d->pid());
+    std::printf("ferryd RSS %llu -> %llu KiB after %d ring records\n",
+                static_cast<unsigned long long>(rss_before >> 10),
+                static_cast<unsigned long long>(rss >> 10), flood.sent());
+    EXPECT_LT(rss, rss_before + kRssGrowthBound)
+        << "ferryd grew from " << rss_before << " to " << rss << " bytes";
+    EXPECT_LT(flood.sent(), kMessages) << "the daemon took every record without pushing back";
+    ExpectAnotherSessionWorks(*d);
+    for (int i = 1; i <= kMessages; ++i) {
+      auto m = raw.Read();
+      ASSERT_TRUE(m) << "the stream ended after " << i - 1 << " answers";
+      ASSERT_TRUE(m->has_completed()) << m->DebugString();
+      ASSERT_EQ(m->completed().submit_id(), static_cast<uint64_t>(i));
+      ASSERT_EQ(m->completed().error().kind(), v1::INVALID_HANDLE);
+    }
+    flood.Join();
+  }
+  v1::ClientMessage close;  // numbered, like every message before it
+  close.set_sequence(kMessages + 1);
+  close.mutable_close();
+  ASSERT_TRUE(raw.Send(close));
+  bool closed = false;
+  while (auto m = raw.Read()) closed |= m->has_closed();
+  EXPECT_TRUE(closed);
+  EXPECT_TRUE(raw.Finish().ok());
   EXPECT_EQ(d->Stop(), 0) << d->log();
 }
 
