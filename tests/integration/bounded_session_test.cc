@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstring>
@@ -363,6 +364,74 @@ v1::Op InlineUpload(uint64_t h, uint64_t offset, std::string data) {
   op.mutable_upload()->set_offset(offset);
   op.mutable_upload()->set_data(std::move(data));
   return op;
+}
+
+// Inline uploads held while the session's device is busy: the daemon reads 8 MiB upload
+// submits only up to the session's in-flight bytes (a client asking for 1024 submits in
+// flight could otherwise make it hold 1024 messages of up to 64 MiB), and all of them run.
+TEST(BoundedSessionTest, InlineUploadsInFlightStopAtTheInFlightBytes) {
+  std::unique_ptr<FerrydProcess> d;
+  ASSERT_TRUE(StartDaemon(d, {"--session-in-flight-bytes", "32M"})->ok()) << d->log();
+  const std::string metrics = MetricsEndpoint(*d);
+  RawStream raw(d->unix_target());
+  v1::ClientMessage open;
+  open.mutable_open()->set_protocol_version(v1::PROTOCOL_VERSION_CURRENT);
+  open.mutable_open()->set_max_in_flight_submits(1024);
+  ASSERT_TRUE(raw.Send(open));
+  auto opened = raw.Read();
+  ASSERT_TRUE(opened && opened->has_opened());
+  constexpr uint64_t kUpload = 8 << 20;
+  // (Filled here, so that the emulated device memory they take is resident before measuring.)
+  ASSERT_TRUE(raw.Submit(1, {Create(1, v1::DTYPE_F32, {16 << 20}),
+                             Create(2, v1::DTYPE_U8, {kUpload}), Fill(1, 1.0), Fill(2, 1.0)}));
+  ASSERT_EQ(raw.Completion(1).kind(), v1::ERROR_KIND_NONE);
+  const uint64_t rss_before = RssBytes(d->pid());
+  // Keep the session's stream busy (fills of 64 MiB), then send 64 uploads of 8 MiB behind.
+  ASSERT_TRUE(raw.Submit(2, std::vector<v1::Op>(300, Fill(1, 2.0))));
+  constexpr int kSubmits = 64;
+  std::atomic<int> sent{0};
+  std::atomic<bool> done{false};
+  std::thread writer([&] {
+    const std::string bytes(kUpload, 'u');
+    for (int i = 0; i < kSubmits; ++i) {
+      v1::ClientMessage m;
+      m.mutable_submit()->set_submit_id(3 + static_cast<uint64_t>(i));
+      *m.mutable_submit()->add_ops() = InlineUpload(2, 0, bytes);
+      if (!raw.Send(m)) break;
+      ++sent;
+    }
+    done = true;
+  });
+  // Watch until the writer is done, or the daemon stopped reading and the writer stalled.
+  double most_bytes = 0;
+  uint64_t most_rss = 0;
+  int last = -1;
+  for (int i = 0; i < 600 && !done; ++i) {
+    const std::string body = Scrape(metrics);
+    most_bytes = std::max(most_bytes, Value(body, "ferry_stream_in_flight_bytes"));
+    most_rss = std::max(most_rss, RssBytes(d->pid()));
+    const int now = sent;
+    if (Value(body, "ferry_streams_paused") >= 1 && now == last) break;
+    last = now;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  most_rss = std::max(most_rss, RssBytes(d->pid()));
+  std::printf("ferryd RSS %llu -> at most %llu KiB, %d uploads sent\n",
+              static_cast<unsigned long long>(rss_before >> 10),
+              static_cast<unsigned long long>(most_rss >> 10), sent.load());
+  EXPECT_GE(most_bytes, 0) << "no ferry_stream_in_flight_bytes";
+  EXPECT_LE(most_bytes, 2.0 * (32 << 20));
+  // 64 MiB of charged uploads, the transport's buffers and the allocator's slack: far below
+  // the 512 MiB a daemon that read every upload would hold.
+  EXPECT_LT(most_rss, rss_before + (128ull << 20))
+      << "ferryd grew from " << rss_before << " to " << most_rss << " bytes";
+  for (uint64_t id = 2; id < 3 + kSubmits; ++id) {
+    v1::Error e = raw.Completion(id);
+    ASSERT_EQ(e.kind(), v1::ERROR_KIND_NONE) << "submit " << id << ": " << e.message();
+  }
+  writer.join();
+  raw.Close();
+  EXPECT_EQ(d->Stop(), 0) << d->log();
 }
 
 // One submit larger than the session's in-flight bytes is refused, typed: downloads of one
