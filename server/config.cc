@@ -164,6 +164,25 @@ class Settings {
                                     c_.daemon.session_defaults.max_in_flight_submits =
                                         static_cast<uint32_t>(n);
                                   })},
+        {"session-in-flight-bytes",
+         [this](const std::string& v) -> Status {
+           FERRY_ASSIGN_OR_RETURN(uint64_t n, ParseBytes(v));
+           // At least libferry's inline transfer messages (8 MiB) and what they are charged.
+           if (n != 0 && n < (16ull << 20)) return Invalid("0 (no limit) or at least 16M");
+           c_.daemon.session_defaults.max_in_flight_bytes = n;
+           return Status::Ok();
+         }},
+        {"session-max-tensors",
+         bounded(0, 1ull << 32,
+                 [this](uint64_t n) { c_.daemon.session_defaults.max_tensors = n; })},
+        {"session-max-modules",
+         bounded(0, 1ull << 32,
+                 [this](uint64_t n) { c_.daemon.session_defaults.max_modules = n; })},
+        {"session-max-graphs",
+         bounded(0, 1ull << 32, [this](uint64_t n) { c_.daemon.session_defaults.max_graphs = n; })},
+        {"session-max-graph-ops",
+         bounded(0, 1ull << 32,
+                 [this](uint64_t n) { c_.daemon.session_defaults.max_graph_ops = n; })},
         {"max-sessions",
          bounded(1, 1000000,
                  [this](uint64_t n) { c_.daemon.max_sessions = static_cast<uint32_t>(n); })},
@@ -438,6 +457,15 @@ means true; --allow-insecure-remote and --allow-remote-raw-kernels also take =tr
   --session-quota SIZE       default device-memory quota per session (default 1G)
   --max-session-quota SIZE   largest quota a client may ask for (default 16G)
   --max-in-flight N          default submits in flight per session (default 64)
+  --session-in-flight-bytes SIZE  bytes a session's submits may hold in the daemon, read
+                             and not yet answered (inline uploads, downloads, ops); at the
+                             limit the daemon stops reading the session (default 256M;
+                             0: no limit; else at least 16M)
+  --session-max-tensors N    live tensors per session (default 65536; 0: no limit)
+  --session-max-modules N    loaded modules per session (default 256; 0: no limit)
+  --session-max-graphs N     recorded graphs per session (default 4096; 0: no limit)
+  --session-max-graph-ops N  ops recorded into a session's live graphs, together
+                             (default 262144; 0: no limit)
   --max-sessions N           sessions open at once (default 1024)
   --device-memory-cap SIZE   device memory all sessions together may hold (default: all)
   --host-memory SIZE         emulated device memory of the host backend (default 8G)
@@ -562,6 +590,14 @@ std::string FormatConfig(const DaemonConfig& c) {
   out << "session-quota = " << FormatBytes(c.daemon.session_defaults.device_bytes_quota) << "\n";
   out << "max-session-quota = " << FormatBytes(c.daemon.max_device_bytes_quota) << "\n";
   out << "max-in-flight = " << c.daemon.session_defaults.max_in_flight_submits << "\n";
+  const session::SessionConfig& sd = c.daemon.session_defaults;
+  auto limit = [](uint64_t n) { return n == 0 ? "  # no limit" : ""; };
+  out << "session-in-flight-bytes = " << FormatBytes(sd.max_in_flight_bytes)
+      << limit(sd.max_in_flight_bytes) << "\n";
+  out << "session-max-tensors = " << sd.max_tensors << limit(sd.max_tensors) << "\n";
+  out << "session-max-modules = " << sd.max_modules << limit(sd.max_modules) << "\n";
+  out << "session-max-graphs = " << sd.max_graphs << limit(sd.max_graphs) << "\n";
+  out << "session-max-graph-ops = " << sd.max_graph_ops << limit(sd.max_graph_ops) << "\n";
   out << "max-sessions = " << c.daemon.max_sessions << "\n";
   out << "device-memory-cap = " << FormatBytes(c.daemon.device_bytes_cap)
       << (c.daemon.device_bytes_cap == 0 ? "  # all of the device's memory" : "") << "\n";

@@ -1,8 +1,51 @@
 #include "pool/session_slabs.h"
 
+#include <iterator>
 #include <string>
 
 namespace ferry::pool {
+
+std::map<uint64_t, uint32_t>::iterator BusyRanges::Split(uint64_t at) {
+  auto next = cover_.upper_bound(at);
+  if (next != cover_.begin()) {
+    auto here = std::prev(next);
+    if (here->first == at) return here;
+    return cover_.emplace_hint(next, at, here->second);
+  }
+  return cover_.emplace_hint(next, at, 0);
+}
+
+void BusyRanges::Merge(uint64_t at) {
+  auto it = cover_.find(at);
+  if (it == cover_.end()) return;
+  const uint32_t before = it == cover_.begin() ? 0 : std::prev(it)->second;
+  if (it->second == before) cover_.erase(it);
+}
+
+void BusyRanges::Shift(uint64_t begin, uint64_t end, int delta) {
+  if (begin >= end) return;
+  auto first = Split(begin);
+  auto last = Split(end);
+  for (auto it = first; it != last; ++it) {
+    it->second = static_cast<uint32_t>(static_cast<int64_t>(it->second) + delta);
+  }
+  // Only the segments at the two ends can now equal their neighbours.
+  Merge(end);
+  Merge(begin);
+}
+
+std::optional<std::pair<uint64_t, uint64_t>> BusyRanges::FindOverlap(uint64_t begin,
+                                                                     uint64_t end) const {
+  if (begin >= end) return std::nullopt;
+  auto it = cover_.upper_bound(begin);
+  if (it != cover_.begin()) --it;  // the segment holding `begin`, if any starts at or before it
+  for (; it != cover_.end() && it->first < end; ++it) {
+    if (it->second == 0) continue;
+    auto next = std::next(it);  // exists: the last segment is free
+    return std::make_pair(it->first, next == cover_.end() ? UINT64_MAX : next->first);
+  }
+  return std::nullopt;
+}
 
 bool SessionSlabs::Bind(uid_t uid) {
   std::lock_guard lock(mu_);
@@ -42,17 +85,12 @@ Status SessionSlabs::Check(const SlabRange& r) const {
                                               std::to_string(h.ref.size) + " bytes");
   }
   if (r.length == 0) return Status::Ok();
-  // The busy range starting last before `end` is the only candidate for an overlap.
-  auto b = h.busy.lower_bound(end);
-  if (b != h.busy.begin()) {
-    --b;
-    if (b->second > r.offset) {
-      return Status(
-          ErrorKind::kBusy,
-          std::string(h.quarantined ? "a failed copy quarantined" : "a copy in flight uses") +
-              " bytes [" + std::to_string(b->first) + ", " + std::to_string(b->second) +
-              ") of slab " + std::to_string(r.slab));
-    }
+  if (auto busy = h.busy.FindOverlap(r.offset, end)) {
+    return Status(ErrorKind::kBusy,
+                  std::string(h.quarantined ? "a failed copy quarantined, or a copy in flight uses,"
+                                            : "a copy in flight uses") +
+                      " bytes [" + std::to_string(busy->first) + ", " +
+                      std::to_string(busy->second) + ") of slab " + std::to_string(r.slab));
   }
   return Status::Ok();
 }
@@ -60,7 +98,7 @@ Status SessionSlabs::Check(const SlabRange& r) const {
 char* SessionSlabs::MarkBusy(const SlabRange& r) {
   std::lock_guard lock(mu_);
   Held& h = slabs_.at(r.slab);
-  if (r.length) h.busy[r.offset] = r.offset + r.length;
+  h.busy.Add(r.offset, r.offset + r.length);
   return h.ref.data + r.offset;
 }
 
@@ -71,7 +109,7 @@ void SessionSlabs::Finish(const SlabRange& r, bool failed) {
   if (failed) {
     it->second.quarantined = true;  // the range stays busy for good
   } else {
-    it->second.busy.erase(r.offset);
+    it->second.busy.Remove(r.offset, r.offset + r.length);
   }
 }
 

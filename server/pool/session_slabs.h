@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "ferry/status.h"
@@ -28,6 +29,33 @@ struct SlabRange {
   uint64_t slab = 0;
   uint64_t offset = 0;
   uint64_t length = 0;
+};
+
+/// Byte ranges of one slab that device copies in flight use, kept apart even when they overlap
+/// (two reads of one submit may): a byte is busy while any range that holds it is, so ending a
+/// short copy never frees bytes a longer one still uses. Each Add must be matched by one Remove
+/// of the same range (or by none: the range stays busy for good). Not thread-safe.
+class BusyRanges {
+ public:
+  /// Hold [begin, end); empty ranges hold nothing.
+  void Add(uint64_t begin, uint64_t end) { Shift(begin, end, +1); }
+  /// Release one earlier Add of [begin, end).
+  void Remove(uint64_t begin, uint64_t end) { Shift(begin, end, -1); }
+  /// Return the first busy stretch [first, second) that overlaps [begin, end), if any.
+  std::optional<std::pair<uint64_t, uint64_t>> FindOverlap(uint64_t begin, uint64_t end) const;
+  bool empty() const { return cover_.empty(); }
+
+ private:
+  void Shift(uint64_t begin, uint64_t end, int delta);
+  // Ensure a segment starts at `at`; return it.
+  std::map<uint64_t, uint32_t>::iterator Split(uint64_t at);
+  // Drop the segment starting at `at` when its count equals the one before it.
+  void Merge(uint64_t at);
+
+  // How many ranges hold each byte, piecewise constant: a key starts a segment holding that
+  // count up to the next key; bytes before the first key and from the last key on (whose
+  // count is 0) are free. Neighbouring segments have different counts.
+  std::map<uint64_t, uint32_t> cover_;
 };
 
 class SessionSlabs {
@@ -71,7 +99,7 @@ class SessionSlabs {
  private:
   struct Held {
     SlabRef ref;
-    std::map<uint64_t, uint64_t> busy;  // offset -> end, disjoint
+    BusyRanges busy;
     bool quarantined = false;
   };
 

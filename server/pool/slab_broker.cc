@@ -93,13 +93,33 @@ SlabBroker::~SlabBroker() {
   }
 }
 
-std::string SlabBroker::IssueToken(std::weak_ptr<SessionSlabs> slabs) {
-  unsigned char raw[kSlabTokenBytes / 2];
+Status FillRandom(unsigned char* out, size_t n, RandomSource source) {
   size_t got = 0;
-  while (got < sizeof(raw)) {
-    ssize_t r = ::getrandom(raw + got, sizeof(raw) - got, 0);
-    if (r > 0) got += static_cast<size_t>(r);
+  int retries = 0;
+  while (got < n) {
+    errno = 0;
+    const ssize_t r = source(out + got, n - got, 0);
+    if (r > 0) {
+      got += static_cast<size_t>(r);
+      continue;
+    }
+    const int err = r < 0 ? errno : 0;
+    if (r < 0 && err != EINTR && err != EAGAIN) {
+      return Status(ErrorKind::kUnavailable,
+                    std::string("getrandom failed: ") + std::strerror(err));
+    }
+    if (++retries > kRandomRetries) {
+      return Status(ErrorKind::kUnavailable,
+                    "getrandom gave no bytes after " + std::to_string(kRandomRetries) + " tries" +
+                        (err ? std::string(" (") + std::strerror(err) + ")" : ""));
+    }
   }
+  return Status::Ok();
+}
+
+Result<std::string> SlabBroker::IssueToken(std::weak_ptr<SessionSlabs> slabs) {
+  unsigned char raw[kSlabTokenBytes / 2];
+  FERRY_RETURN_IF_ERROR(FillRandom(raw, sizeof(raw)).WithContext("making a slab token"));
   static const char* hex = "0123456789abcdef";
   std::string token;
   for (unsigned char c : raw) {

@@ -16,6 +16,7 @@
 // pointers, so a session that ends first simply makes its connection's requests fail.
 #pragma once
 
+#include <sys/random.h>
 #include <sys/types.h>
 
 #include <atomic>
@@ -41,6 +42,17 @@ inline constexpr uint32_t kSlabRequestCompletionBoard = 2;
 inline constexpr uint32_t kSlabRequestSubmitRing = 3;
 inline constexpr uint32_t kSlabRequestRingDoorbell = 4;
 
+/// Where random bytes come from: getrandom(2)'s signature (tests pass a failing one).
+using RandomSource = ssize_t (*)(void* buf, size_t len, unsigned int flags);
+/// The most times FillRandom retries a source that reports EINTR or EAGAIN (or returns no
+/// bytes) before it gives up.
+inline constexpr int kRandomRetries = 64;
+
+/// Fill `out[0, n)` from `source`. EINTR and EAGAIN are retried, at most kRandomRetries times;
+/// any other error, or running out of retries, is an UNAVAILABLE error naming it, so that no
+/// token is ever made from bytes that are not random (nor does a broken source spin a thread).
+Status FillRandom(unsigned char* out, size_t n, RandomSource source = &::getrandom);
+
 class SlabBroker {
  public:
   /// Serve the slab protocol on `listen_fd`, a listening Unix socket bound at `path`
@@ -49,8 +61,9 @@ class SlabBroker {
   static Result<std::unique_ptr<SlabBroker>> Start(const std::string& path, int listen_fd);
   ~SlabBroker();
 
-  /// Issue a one-time token binding the next connection that presents it to `slabs`.
-  std::string IssueToken(std::weak_ptr<SessionSlabs> slabs);
+  /// Issue a one-time token binding the next connection that presents it to `slabs`; fails
+  /// (UNAVAILABLE, nothing issued) when the system gives no random bytes (FillRandom).
+  Result<std::string> IssueToken(std::weak_ptr<SessionSlabs> slabs);
   /// Forget a session's token if it was never used.
   void RevokeToken(const std::string& token);
 

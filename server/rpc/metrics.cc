@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/read_until.hpp>
@@ -171,6 +172,27 @@ std::string RenderMetrics(const SessionServiceContext& c,
   e.Metric("ferry_submit_rings", "gauge", "Submit rings of open local sessions.", rings);
   e.Metric("ferry_submit_ring_messages_total", "counter",
            "Messages taken from local sessions' submit rings, since start.", ring_messages);
+  e.Metric("ferry_stream_unanswered_messages", "gauge",
+           "Submit and Synchronize messages accepted whose answer is not yet written, all "
+           "streams (each session's counts toward its max-in-flight).",
+           static_cast<double>(std::max<int64_t>(0, c.unanswered.load())));
+  e.Metric("ferry_stream_in_flight_bytes", "gauge",
+           "Bytes sessions' submits are charged from being read until their Completed is "
+           "written, all streams (each session's counts toward session-in-flight-bytes).",
+           static_cast<double>(std::max<int64_t>(0, c.bytes_in_flight.load())));
+  e.Metric("ferry_stream_unsent_messages", "gauge",
+           "Server messages queued and not yet written, all streams.",
+           static_cast<double>(std::max<int64_t>(0, c.unsent.load())));
+  e.Metric("ferry_stream_unsent_bytes", "gauge",
+           "Bytes of server messages queued and not yet written (download bytes plus an "
+           "estimate per message), all streams.",
+           static_cast<double>(std::max<int64_t>(0, c.unsent_bytes.load())));
+  e.Metric("ferry_streams_paused", "gauge",
+           "Session streams whose reading a limit stops now (backpressure).",
+           static_cast<double>(std::max<int64_t>(0, c.streams_paused.load())));
+  e.Metric("ferry_stream_read_pauses_total", "counter",
+           "Times a session stream stopped reading at a limit, since start.",
+           static_cast<double>(c.read_pauses_total.load()));
   auto histogram = [&e](const LatencyHistogram* hist, const std::string& name, const char* help) {
     if (!hist) return;
     const LatencyHistogram::Snapshot h = hist->snapshot();

@@ -2,9 +2,11 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <deque>
 #include <thread>
+#include <utility>
 
 #include "rpc/convert.h"
 
@@ -151,12 +153,13 @@ class SessionConnection : public session::SessionEvents,
       return;
     }
     if (!outbox_.empty()) {
+      Answered(*outbox_.front().message);
       Unqueue(outbox_.front());
       outbox_.pop_front();
     }
     PumpWrites();
     TryFinish();
-    MaybeReadMore();  // reads may have stopped for download bytes not yet written
+    MaybeReadMore();  // reads may have stopped for answers or bytes not yet written
   }
 
   void HandleCancel() { ClientGone("the client cancelled the stream"); }
@@ -168,6 +171,13 @@ class SessionConnection : public session::SessionEvents,
     }
     DropUnsent(0);
     DropRing();
+    // What this stream counted in the daemon-wide gauges goes with it.
+    context_->unanswered -= static_cast<int64_t>(unanswered_);
+    context_->bytes_in_flight -= static_cast<int64_t>(bytes_in_flight_);
+    if (paused_) --context_->streams_paused;
+    unanswered_ = bytes_in_flight_ = 0;
+    charges_.clear();
+    paused_ = false;
     if (!slab_token_.empty()) context_->slab_broker->RevokeToken(slab_token_);
     if (session_ && !session_done_) session_->Abort();
     session_done_ = true;
@@ -239,6 +249,13 @@ class SessionConnection : public session::SessionEvents,
           received_at_.push_back(
               {id, std::chrono::steady_clock::now(), MovesBytes(message->submit())});
         }
+        if (Status over = ChargeSubmit(*message); !over.ok()) {
+          session::SubmitRequest refused;
+          refused.submit_id = id;
+          refused.refusal = std::move(over);
+          session_->Submit(std::move(refused));
+          return;
+        }
         if (HasRawKernelOps(message->submit())) {
           // Refused whole: none of the submit's ops runs, so it cannot be half applied.
           if (Status allowed = RawKernelsAllowed(); !allowed.ok()) {
@@ -254,6 +271,7 @@ class SessionConnection : public session::SessionEvents,
       }
       case v1::ClientMessage::kSynchronize:
         if (!session_) return ProtocolViolation("Synchronize before Open");
+        Unanswered(1);  // until its Synchronized is written
         session_->Synchronize(message->synchronize().sync_id());
         return;
       case v1::ClientMessage::kClose:
@@ -266,10 +284,69 @@ class SessionConnection : public session::SessionEvents,
     }
   }
 
-  // The most inline download bytes a session makes the daemon hold (in flight and not yet
-  // written) before it stops reading that session's stream; one submit may exceed it. Well
-  // above libferry's download submits (8 MiB each), so its downloads pipeline.
-  static constexpr uint64_t kMaxBufferedDownloadBytes = 512ull << 20;
+  // What a message costs the daemon besides the bytes it carries (the parsed message, its
+  // place in a queue), and likewise what an op of a submit costs (parsed, then converted and
+  // held until the submit completes): estimates, so that a client cannot make the daemon hold
+  // millions of small things for the price of a few bytes each.
+  static constexpr uint64_t kMessageCost = 256;
+  static constexpr uint64_t kOpCost = 128;
+  // The most server messages a stream's outbox holds before the stream stops reading.
+  static constexpr size_t kMaxOutboxMessages = 4096;
+
+  // Count `n` more accepted messages whose answer is not yet written.
+  void Unanswered(uint64_t n) {
+    unanswered_ += n;
+    context_->unanswered += static_cast<int64_t>(n);
+  }
+
+  // Charge a submit against the session's in-flight bytes, from now until its Completed is
+  // written: the message, its ops, and the inline download bytes it asks for (whose chunks
+  // wait in the outbox). Not OK (QUOTA_EXCEEDED, the submit to be refused) when the submit
+  // alone is more than the session may hold; it is charged either way, so that its refusal
+  // (a Completed) is counted like any answer.
+  Status ChargeSubmit(const v1::ClientMessage& message) {
+    const v1::Submit& submit = message.submit();
+    uint64_t charge = message.ByteSizeLong() + kMessageCost;
+    for (const v1::Op& op : submit.ops()) {
+      charge += kOpCost;
+      if (op.has_download()) {
+        // Saturating: the length is the client's word; admission checks it.
+        const uint64_t length = std::min<uint64_t>(op.download().length(), 1ull << 62);
+        charge = std::min<uint64_t>(charge + length + kMessageCost, 1ull << 62);
+      }
+    }
+    Unanswered(1);
+    charges_.push_back({submit.submit_id(), charge});
+    bytes_in_flight_ += charge;
+    context_->bytes_in_flight += static_cast<int64_t>(charge);
+    const uint64_t limit = session_->config().max_in_flight_bytes;
+    if (limit && charge > limit) {
+      return Status(ErrorKind::kQuotaExceeded,
+                    "the submit alone would make the daemon hold about " + std::to_string(charge) +
+                        " bytes for the session (its ops, inline uploads and downloads), over "
+                        "its in-flight limit of " +
+                        std::to_string(limit) + " bytes (ferryd --session-in-flight-bytes)");
+    }
+    return Status::Ok();
+  }
+
+  // A message was written: when it answers one (Completed, Synchronized), that one and what
+  // it was charged are done.
+  void Answered(const v1::ServerMessage& m) {
+    if (m.has_completed()) {
+      if (!charges_.empty() && charges_.front().first == m.completed().submit_id()) {
+        bytes_in_flight_ -= charges_.front().second;
+        context_->bytes_in_flight -= static_cast<int64_t>(charges_.front().second);
+        charges_.pop_front();
+      }
+    } else if (!m.has_synchronized()) {
+      return;
+    }
+    if (unanswered_ > 0) {
+      --unanswered_;
+      --context_->unanswered;
+    }
+  }
 
   // Where a message came from: the gRPC stream or the submit ring.
   enum Source { kStream = 0, kRing = 1 };
@@ -448,7 +525,13 @@ class SessionConnection : public session::SessionEvents,
         }
       }
       session_->AttachSlabs(slabs);
-      slab_token_ = context_->slab_broker->IssueToken(slabs);
+      auto token = context_->slab_broker->IssueToken(slabs);
+      if (!token.ok()) {
+        spdlog::error("session {}: {}", session_id_, token.status().message());
+        return Fail(token.status(),
+                    grpc::Status(grpc::StatusCode::UNAVAILABLE, token.status().message()));
+      }
+      slab_token_ = std::move(*token);
       o->set_slab_socket(context_->slab_broker->path());
       o->set_slab_token(slab_token_);
       o->set_slab_size(context_->slab_pool->slab_size());
@@ -497,7 +580,9 @@ class SessionConnection : public session::SessionEvents,
   void Send(std::unique_ptr<v1::ServerMessage> message, session::ChunkBytes staged = {},
             uint64_t chunk_bytes = 0) {
     if (finishing_) return;
-    outbox_download_bytes_ += chunk_bytes;
+    const uint64_t bytes = chunk_bytes + kMessageCost;
+    outbox_bytes_ += bytes;
+    context_->unsent_bytes += static_cast<int64_t>(bytes);
     outbox_.push_back(Outgoing{std::move(message), std::move(staged), chunk_bytes});
     ++context_->unsent;
     PumpWrites();
@@ -513,7 +598,8 @@ class SessionConnection : public session::SessionEvents,
   // Account for a message leaving the outbox (written or dropped).
   void Unqueue(const Outgoing& o) {
     --context_->unsent;
-    outbox_download_bytes_ -= o.chunk_bytes;
+    outbox_bytes_ -= o.chunk_bytes + kMessageCost;
+    context_->unsent_bytes -= static_cast<int64_t>(o.chunk_bytes + kMessageCost);
   }
 
   // Put a chunk's staged bytes into its message (copying them out of staging).
@@ -534,6 +620,19 @@ class SessionConnection : public session::SessionEvents,
   void MaybeReadMore() {
     MaybeStartRead();
     MaybeArmRing();
+    // A stream a limit stops taking more from (by either path: a read may be outstanding on
+    // the stream while the client writes to its ring), not one that ends.
+    const bool paused = session_ && !session_done_ && !read_closed_ && !close_requested_ &&
+                        !finishing_ && reactor_ && AtLimit(0);
+    if (paused != paused_) {
+      paused_ = paused;
+      if (paused) {
+        ++context_->streams_paused;
+        ++context_->read_pauses_total;
+      } else {
+        --context_->streams_paused;
+      }
+    }
   }
 
   // Whether the session may take one more message, counting `arriving` submits not yet
@@ -542,14 +641,24 @@ class SessionConnection : public session::SessionEvents,
   bool MayTakeMore(size_t arriving) const {
     if (read_closed_ || close_requested_ || finishing_ || !reactor_) return false;
     if (!session_) return true;
+    return !AtLimit(arriving);
+  }
+
+  // Whether a limit keeps the session from taking `arriving` more messages besides those in
+  // transit (see MayTakeMore). A client that writes and never reads must not make the daemon
+  // hold without bound what it has not read: every Submit and Synchronize counts toward
+  // max_in_flight_submits until its answer is written (a refused submit too), every submit's
+  // bytes toward max_in_flight_bytes likewise, and the outbox holds at most kMaxOutboxMessages
+  // messages and max_in_flight_bytes bytes. Each of these is resumed by a write (or a
+  // completion) that calls MaybeReadMore.
+  bool AtLimit(size_t arriving) const {
     const size_t incoming = (reading_ ? 1 : 0) + (ring_armed_ ? 1 : 0) + (held_[kStream] ? 1 : 0) +
                             (held_[kRing] ? 1 : 0);
-    if (!session_->CanAcceptSubmit(arriving + incoming)) return false;  // resumed by OnCompleted
-    // A client that does not read its downloads must not make the daemon hold them without
-    // bound: past kMaxBufferedDownloadBytes (in flight plus not yet written), stop reading
-    // until writes drain them (resumed by HandleWriteDone).
-    return session_->inline_download_bytes_in_flight() + outbox_download_bytes_ <
-           kMaxBufferedDownloadBytes;
+    const session::SessionConfig& config = session_->config();
+    if (unanswered_ + arriving + incoming >= config.max_in_flight_submits) return true;
+    if (outbox_.size() >= kMaxOutboxMessages) return true;
+    const uint64_t bytes_limit = config.max_in_flight_bytes;
+    return bytes_limit && (bytes_in_flight_ >= bytes_limit || outbox_bytes_ >= bytes_limit);
   }
 
   // Start the next read unless one is outstanding, the stream's last message waits for its
@@ -615,7 +724,13 @@ class SessionConnection : public session::SessionEvents,
   };
   std::deque<Received> received_at_;
   std::deque<Outgoing> outbox_;
-  uint64_t outbox_download_bytes_ = 0;  // DownloadChunk bytes in outbox_
+  uint64_t outbox_bytes_ = 0;  // chunk bytes and kMessageCost per message in outbox_
+  // Submit and Synchronize messages accepted whose answer is not yet written; each submit's
+  // charge (id, bytes) until its Completed is written, in submit order; their sum.
+  uint64_t unanswered_ = 0;
+  std::deque<std::pair<uint64_t, uint64_t>> charges_;
+  uint64_t bytes_in_flight_ = 0;
+  bool paused_ = false;  // a limit stops reading (counted in streams_paused)
   bool reading_ = false;
   bool read_closed_ = false;
   // The submit ring (local sessions of a daemon with rings): its registration with the ring

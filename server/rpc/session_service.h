@@ -4,8 +4,9 @@
 // executor (session::SerialExecutor), shared with its session. A reaction hands its work to
 // it, running it on the gRPC thread itself when the executor is idle and the work is short
 // (a small submit, a Synchronize, a write done), else posting it to the executor's threads. One
-// write in flight at a time; reads stop while the session's in-flight limit is reached
-// (backpressure on the client).
+// write in flight at a time; reads (of the stream and of the submit ring) stop while the
+// session's in-flight limits are reached or its outbox is full (backpressure on the client):
+// docs/protocol.md, "Backpressure".
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -52,6 +53,15 @@ struct SessionServiceContext {
   /// Client messages taken from a stream or a submit ring and not yet handled by their
   /// session (queued on its executor): a drain waits for 0, so none is lost.
   std::atomic<int64_t> messages_in_hand{0};
+  /// Backpressure, over all streams (metrics): Submit and Synchronize messages accepted whose
+  /// answer (Completed, Synchronized) is not yet written; the bytes their sessions hold for
+  /// them (SessionConfig::max_in_flight_bytes); bytes of server messages queued and not yet
+  /// written; streams whose reading a limit stops now, and how often one has stopped.
+  std::atomic<int64_t> unanswered{0};
+  std::atomic<int64_t> bytes_in_flight{0};
+  std::atomic<int64_t> unsent_bytes{0};
+  std::atomic<int64_t> streams_paused{0};
+  std::atomic<uint64_t> read_pauses_total{0};
 
   session::DeviceSupervisor* device = nullptr;
   session::SessionRegistry* registry = nullptr;

@@ -15,7 +15,8 @@ std::string H(uint64_t handle) { return "tensor " + std::to_string(handle); }
 // The session's tensors as the ops admitted so far leave them, without touching the table.
 class TableOverlay {
  public:
-  explicit TableOverlay(const HandleTable& table) : table_(table), bytes_(table.bytes()) {}
+  explicit TableOverlay(const HandleTable& table)
+      : table_(table), bytes_(table.bytes()), count_(table.size()) {}
 
   const TensorRecord* Find(uint64_t handle) const {
     if (auto it = created_.find(handle); it != created_.end()) return &it->second;
@@ -24,6 +25,7 @@ class TableOverlay {
   }
   void Create(uint64_t handle, TensorRecord r) {
     bytes_ += r.bytes;
+    ++count_;
     // A generation no real tensor has, distinct for every create of this submit.
     r.generation = (1ull << 63) + (++creates_);
     created_[handle] = std::move(r);
@@ -31,15 +33,18 @@ class TableOverlay {
   void Free(uint64_t handle) {
     const TensorRecord* r = Find(handle);
     bytes_ -= r->bytes;
+    --count_;
     if (created_.erase(handle) == 0) freed_.insert(handle);
   }
   uint64_t bytes() const { return bytes_; }
+  uint64_t count() const { return count_; }  // live tensors
 
  private:
   const HandleTable& table_;
   std::unordered_map<uint64_t, TensorRecord> created_;
   std::unordered_set<uint64_t> freed_;
   uint64_t bytes_;
+  uint64_t count_;
   uint64_t creates_ = 0;
 };
 
@@ -71,12 +76,23 @@ class ObjectOverlay {
   }
   // Return the tensors graph `h` uses, or nullptr when no live graph has that handle.
   const TensorRefs* Graph(uint64_t h) const {
-    if (auto it = graphs_created_.find(h); it != graphs_created_.end()) return &it->second;
+    if (auto it = graphs_created_.find(h); it != graphs_created_.end()) return &it->second.first;
     if (graphs_freed_.count(h)) return nullptr;
     auto it = table_.graphs().find(h);
     return it == table_.graphs().end() ? nullptr : &it->second.tensors;
   }
-  void CreateGraph(uint64_t h, TensorRefs refs) { graphs_created_[h] = std::move(refs); }
+  void CreateGraph(uint64_t h, TensorRefs refs, uint64_t ops) {
+    graphs_created_[h] = {std::move(refs), ops};
+  }
+  // Ops recorded into the live graphs once the ops admitted so far have run.
+  uint64_t graph_ops() const {
+    uint64_t total = 0;
+    for (const auto& [h, g] : table_.graphs()) {
+      if (!graphs_freed_.count(h)) total += g.ops;
+    }
+    for (const auto& [h, g] : graphs_created_) total += g.second;
+    return total;
+  }
   void FreeGraph(uint64_t h) {
     if (!graphs_created_.erase(h)) graphs_freed_.insert(h);
   }
@@ -84,7 +100,7 @@ class ObjectOverlay {
  private:
   const HandleTable& table_;
   std::unordered_set<uint64_t> modules_created_, modules_freed_;
-  std::unordered_map<uint64_t, TensorRefs> graphs_created_;
+  std::unordered_map<uint64_t, std::pair<TensorRefs, uint64_t>> graphs_created_;  // (refs, ops)
   std::unordered_set<uint64_t> graphs_freed_;
 };
 
@@ -104,6 +120,12 @@ class Admitter {
             return Status(ErrorKind::kInvalidArgument,
                           "only device work (fill, copy, arithmetic, reductions, gemm, "
                           "launch) may be recorded into a graph");
+          }
+          if (capturing_ && !std::is_same_v<T, EndGraphOp>) {
+            ++capture_ops_;
+            if (limits_.max_graph_ops && capture_ops_ > limits_.max_graph_ops) {
+              return GraphOpsExceeded(capture_ops_);
+            }
           }
           return Do(o);
         },
@@ -127,6 +149,15 @@ class Admitter {
            std::is_same_v<T, AxpyOp> || std::is_same_v<T, ReduceSumOp> ||
            std::is_same_v<T, GemmOp> || std::is_same_v<T, LaunchOp> ||
            std::is_same_v<T, EndGraphOp> || std::is_same_v<T, MalformedOp>;
+  }
+
+  Status GraphOpsExceeded(uint64_t ops) const {
+    return Status(ErrorKind::kQuotaExceeded,
+                  "recording this graph would take the ops recorded into the session's graphs "
+                  "to " +
+                      std::to_string(ops) + ", past its limit of " +
+                      std::to_string(limits_.max_graph_ops) +
+                      " (ferryd --session-max-graph-ops); free graphs first");
   }
 
   Result<const TensorRecord*> Live(uint64_t handle) {
@@ -178,6 +209,12 @@ class Admitter {
     r.dtype = op.dtype;
     r.shape = op.shape;
     FERRY_ASSIGN_OR_RETURN(r.bytes, TensorBytes(op.dtype, op.shape, &r.elements));
+    if (limits_.max_tensors && overlay_.count() >= limits_.max_tensors) {
+      return Status(ErrorKind::kQuotaExceeded,
+                    "creating " + H(op.handle) + " would take the session past " +
+                        std::to_string(limits_.max_tensors) +
+                        " live tensors (ferryd --session-max-tensors); free some first");
+    }
     if (overlay_.bytes() + r.bytes > limits_.device_bytes_quota) {
       return Status(
           ErrorKind::kQuotaExceeded,
@@ -301,9 +338,9 @@ class Admitter {
     }
     objects_.CreateModule(op.handle);
     if (limits_.max_modules && objects_.module_count() > limits_.max_modules) {
-      return Status(
-          ErrorKind::kQuotaExceeded,
-          "the session may hold at most " + std::to_string(limits_.max_modules) + " modules");
+      return Status(ErrorKind::kQuotaExceeded, "the session may hold at most " +
+                                                   std::to_string(limits_.max_modules) +
+                                                   " modules (ferryd --session-max-modules)");
     }
     return Status::Ok();
   }
@@ -343,16 +380,22 @@ class Admitter {
     capture_handle_ = op.handle;
     capture_begin_ = index_;
     capture_refs_.clear();
+    capture_ops_ = 0;
     return Status::Ok();
   }
   Status Do(const EndGraphOp&) {
     if (!capturing_) return Status(ErrorKind::kInvalidArgument, "EndGraph without BeginGraph");
     capturing_ = false;
-    objects_.CreateGraph(capture_handle_, std::move(capture_refs_));
+    objects_.CreateGraph(capture_handle_, std::move(capture_refs_), capture_ops_);
     capture_refs_.clear();
+    if (limits_.max_graph_ops) {
+      const uint64_t total = objects_.graph_ops();
+      if (total > limits_.max_graph_ops) return GraphOpsExceeded(total);
+    }
     if (limits_.max_graphs && objects_.graph_count() > limits_.max_graphs) {
       return Status(ErrorKind::kQuotaExceeded, "the session may hold at most " +
-                                                   std::to_string(limits_.max_graphs) + " graphs");
+                                                   std::to_string(limits_.max_graphs) +
+                                                   " graphs (ferryd --session-max-graphs)");
     }
     return Status::Ok();
   }
@@ -429,6 +472,7 @@ class Admitter {
   bool capturing_ = false;
   uint64_t capture_handle_ = 0;
   int capture_begin_ = 0;
+  uint64_t capture_ops_ = 0;  // ops recorded into the graph being recorded
   TensorRefs capture_refs_;
 };
 

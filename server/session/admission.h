@@ -23,6 +23,10 @@ struct AdmissionLimits {
   uint64_t max_download_bytes = 0;
   uint64_t max_modules = 0;  // live modules a session may hold; 0: no limit
   uint64_t max_graphs = 0;   // live graphs a session may hold; 0: no limit
+  uint64_t max_tensors = 0;  // live tensors a session may hold; 0: no limit
+  // Ops recorded into the session's live graphs, all of them together (so also into any one
+  // graph); 0: no limit.
+  uint64_t max_graph_ops = 0;
 };
 
 struct AdmissionResult {

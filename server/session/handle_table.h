@@ -30,6 +30,7 @@ struct GraphRecord {
   std::shared_ptr<backend::Graph> graph;
   std::vector<std::pair<uint64_t, uint64_t>> tensors;
   bool has_raw_kernels = false;
+  uint64_t ops = 0;  // ops recorded into it (what the session's graph-op quota counts)
 };
 
 class HandleTable {

@@ -43,9 +43,17 @@ Session::Session(DeviceSupervisor* device, SessionRegistry* registry, Executor e
       events_(events) {
   limits_.device_bytes_quota = config.device_bytes_quota;
   limits_.max_ops_per_submit = config.max_ops_per_submit;
+  // A submit's inline download bytes are held until delivered: one submit may not ask for
+  // more than the session may hold in flight.
   limits_.max_download_bytes = config.max_download_bytes_per_submit;
+  if (config.max_in_flight_bytes && (limits_.max_download_bytes == 0 ||
+                                     config.max_in_flight_bytes < limits_.max_download_bytes)) {
+    limits_.max_download_bytes = config.max_in_flight_bytes;
+  }
   limits_.max_modules = config.max_modules;
   limits_.max_graphs = config.max_graphs;
+  limits_.max_tensors = config.max_tensors;
+  limits_.max_graph_ops = config.max_graph_ops;
 }
 
 Session::~Session() {
@@ -103,8 +111,6 @@ void Session::Start(SubmitRequest& request, InFlight& record) {
     if (!admitted.ok()) {
       record.status = admitted.status();
     } else {
-      record.inline_download_bytes = admitted->inline_download_bytes;
-      inline_download_bytes_in_flight_ += record.inline_download_bytes;
       record.status = Enqueue(request, *admitted, record);
     }
   }
@@ -289,6 +295,7 @@ Status Session::EnqueueOp(const Op& any, DevicePtr fresh, std::shared_ptr<backen
   };
   auto ptr = [&rec](uint64_t handle) { return rec(handle)->ptr; };
   auto launch = [this] { ++counters_->kernel_launches; };
+  if (capturing_ && !std::holds_alternative<EndGraphOp>(any)) ++capture_ops_;
 
   return std::visit(
       [&](const auto& op) -> Status {
@@ -460,6 +467,7 @@ Status Session::EnqueueOp(const Op& any, DevicePtr fresh, std::shared_ptr<backen
           capture_handle_ = op.handle;
           capture_refs_.clear();
           capture_raw_ = false;
+          capture_ops_ = 0;
           return Status::Ok();
         } else if constexpr (std::is_same_v<T, EndGraphOp>) {
           capturing_ = false;
@@ -468,6 +476,7 @@ Status Session::EnqueueOp(const Op& any, DevicePtr fresh, std::shared_ptr<backen
           g.graph = std::move(graph);
           g.tensors = std::move(capture_refs_);
           g.has_raw_kernels = capture_raw_;
+          g.ops = capture_ops_;
           capture_refs_.clear();
           tensors_.graphs()[capture_handle_] = std::move(g);
           return Status::Ok();
@@ -582,7 +591,6 @@ void Session::DeliverReady() {
     InFlight record = std::move(queue_.front());
     queue_.pop_front();
     counters_->submits_in_flight = queue_.size();
-    inline_download_bytes_in_flight_ -= record.inline_download_bytes;
     if (record.turns_held != CopyTurns::kNone) turns_->Give(record.turns_held);
     // The device is done with the submit's slab ranges: free them, or quarantine them
     // when the submit failed (their bytes are of unknown state).

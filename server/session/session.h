@@ -37,10 +37,20 @@ struct SessionConfig {
   uint32_t max_in_flight_submits = 64;
   uint64_t max_ops_per_submit = 1u << 20;
   uint64_t max_download_bytes_per_submit = 1ull << 30;
-  // Each module may carry up to 64 MiB of code and each graph holds device resources: a
-  // client must not be able to pile them up without bound.
+  // Live objects a session may hold, and ops recorded into its live graphs (together): each
+  // costs daemon memory (a tensor ~200 bytes, a recorded op ~250, a module up to 64 MiB of
+  // code) that no device quota counts, so a client must not pile them up without bound.
+  // Beyond them a submit is refused with QUOTA_EXCEEDED. 0: no limit.
+  uint64_t max_tensors = 65536;
   uint64_t max_modules = 256;
   uint64_t max_graphs = 4096;
+  uint64_t max_graph_ops = 262144;
+  // Bytes the daemon may hold for the session, accepted and not yet delivered: inline upload
+  // and module bytes of its submits in flight, their inline download bytes, and a cost per op
+  // and per message (the connection counts them, from reading a submit until its Completed is
+  // written). At the limit the daemon stops reading the session's messages (backpressure);
+  // one submit that alone would exceed it is refused with QUOTA_EXCEEDED. 0: no limit.
+  uint64_t max_in_flight_bytes = 256ull << 20;
   // A run of this many or more consecutive kernel ops (fill, binary, scale, axpy) in one
   // submit goes to the device as one batch (backend Stream::BeginBatch); 0: never.
   uint32_t kernel_batch = 8;
@@ -117,15 +127,13 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   /// The client is gone: like Close, but raise no more events.
   void Abort();
 
-  /// Return true while another submit fits under the in-flight limit (for backpressure),
-  /// besides `arriving` ones already read and about to be submitted.
+  /// Return true while another submit fits under the in-flight limit, besides `arriving`
+  /// ones already read and about to be submitted. (The connection's backpressure counts more:
+  /// every message until its answer is written, and bytes; rpc/session_service.cc, AtLimit.)
   bool CanAcceptSubmit(size_t arriving = 0) const {
     return queue_.size() + arriving < config_.max_in_flight_submits;
   }
   bool closing() const { return closing_; }
-  /// Bytes of inline Download ops of the submits in flight: memory the daemon holds for the
-  /// client until it is delivered (the connection adds what it has not yet written).
-  uint64_t inline_download_bytes_in_flight() const { return inline_download_bytes_in_flight_; }
   size_t in_flight() const { return queue_.size(); }
 
   /// Give the session its shared-memory slab set (local clients); call before the first
@@ -160,8 +168,7 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
     std::shared_ptr<const void> payload;
     std::vector<PendingDownload> downloads;
     uint64_t download_bytes = 0;
-    uint64_t inline_download_bytes = 0;  // Download ops' bytes, held by the daemon until sent
-    int first_launch_op = -1;            // the first raw kernel launch of the submit
+    int first_launch_op = -1;  // the first raw kernel launch of the submit
     std::string first_launch_name;
     std::vector<uint64_t> syncs_after;         // Synchronize ids answered after this completes
     std::vector<pool::SlabRange> slab_ranges;  // busy until this submit completes
@@ -219,12 +226,12 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   uint64_t capture_handle_ = 0;
   std::vector<std::pair<uint64_t, uint64_t>> capture_refs_;
   bool capture_raw_ = false;
+  uint64_t capture_ops_ = 0;            // ops recorded into it so far
   int64_t raw_launches_in_flight_ = 0;  // submits in flight that launch raw kernels
   std::deque<InFlight> queue_;
-  CopyTurns* turns_ = nullptr;                    // null: no turns
-  size_t parked_ = 0;                             // records of queue_ that are parked
-  uint8_t awaiting_turns_ = CopyTurns::kNone;     // a Wait for these turns is outstanding
-  uint64_t inline_download_bytes_in_flight_ = 0;  // sum over queue_
+  CopyTurns* turns_ = nullptr;                 // null: no turns
+  size_t parked_ = 0;                          // records of queue_ that are parked
+  uint8_t awaiting_turns_ = CopyTurns::kNone;  // a Wait for these turns is outstanding
   Status broken_;  // a sticky device error: every later submit fails with it
   bool closing_ = false;
   bool torn_down_ = false;

@@ -273,6 +273,59 @@ TEST_F(SlabBadInputTest, OverlappingRangeInFlightIsBusyAndLosesNothing) {
   CheckServing();
 }
 
+// Two reads at one slab offset in one submit (a long one, then a short one): the daemon must
+// keep the long one's range busy, so a later submit that writes into bytes the long read is
+// still reading is refused with BUSY, and the read gets the bytes the slab held.
+TEST_F(SlabBadInputTest, ShorterReadAtTheSameOffsetKeepsTheLongerRangeBusy) {
+  RawStream raw(daemon_->unix_target());
+  auto opened = raw.Open();
+  ASSERT_TRUE(opened);
+  RawSlabConnection conn(opened->slab_socket());
+  ASSERT_EQ(conn.Hello(opened->slab_token()), 0);
+  auto slab = conn.Acquire();
+  ASSERT_TRUE(slab && slab->kind == 0);
+  void* map = ::mmap(nullptr, slab->size, PROT_READ | PROT_WRITE, MAP_SHARED, slab->fd, 0);
+  ASSERT_NE(map, MAP_FAILED);
+  ::close(slab->fd);
+  auto* doubles = static_cast<double*>(map);
+  const uint64_t id = slab->id;
+  const int64_t n = 4 << 20;  // 32 MiB of f64: many fills of it keep submit 2 busy
+  const int64_t m = (1 << 20) / 8;
+  ASSERT_TRUE(raw.Submit(1, {Create(1, v1::DTYPE_F64, {n}), Create(2, v1::DTYPE_F64, {m}),
+                             Create(3, v1::DTYPE_F64, {m})}));
+  ASSERT_EQ(raw.Completion(1).kind(), v1::ERROR_KIND_NONE);
+  for (int64_t i = 0; i < m; ++i) doubles[i] = 5.0;
+
+  // 2: many fills, then read slab bytes [0, 1 MiB) into tensor 2 and [0, 8) into tensor 3.
+  std::vector<v1::Op> a;
+  for (int k = 0; k < 200; ++k) a.push_back(Fill(1, 3.0));
+  a.push_back(FromSlab(2, 0, id, 0, 1 << 20));
+  a.push_back(FromSlab(3, 0, id, 0, 8));
+  ASSERT_TRUE(raw.Submit(2, a));
+  // 3, while 2 is in flight: write slab bytes [4 KiB, 8 KiB), which 2 still reads.
+  ASSERT_TRUE(raw.Submit(3, {Fill(3, 7.0), ToSlab(3, 0, id, 4096, 4096)}));
+  v1::Error e2 = raw.Completion(2);
+  EXPECT_EQ(e2.kind(), v1::ERROR_KIND_NONE) << e2.message();
+  v1::Error e3 = raw.Completion(3);
+  EXPECT_EQ(e3.kind(), v1::BUSY) << "a write into bytes a read in flight uses was admitted: "
+                                 << e3.message();
+  EXPECT_EQ(e3.op_index(), 1);
+
+  // Tensor 2 holds what the slab held (5.0): nothing was written under the read.
+  std::string got;
+  ASSERT_TRUE(raw.Submit(4, {Download(2, 0, m * 8)}));
+  ASSERT_EQ(raw.Completion(4, &got).kind(), v1::ERROR_KIND_NONE);
+  ASSERT_EQ(got.size(), static_cast<size_t>(m * 8));
+  const double* t2 = reinterpret_cast<const double*>(got.data());
+  for (int64_t i = 0; i < m; ++i) ASSERT_EQ(t2[i], 5.0) << "element " << i;
+  // Once 2 completed, the whole range is free again.
+  ASSERT_TRUE(raw.Submit(5, {ToSlab(3, 0, id, 4096, 4096)}));
+  EXPECT_EQ(raw.Completion(5).kind(), v1::ERROR_KIND_NONE);
+  ::munmap(map, kSlab);
+  raw.Close();
+  CheckServing();
+}
+
 TEST_F(SlabBadInputTest, AcquireBeyondTheSessionPinnedQuotaIsQuotaExceeded) {
   // Restart with a quota of two 4M slabs per session.
   ASSERT_EQ(daemon_->Stop(), 0);

@@ -22,75 +22,9 @@ using testing::Create;
 using testing::Download;
 using testing::FerrydProcess;
 using testing::Fill;
+using testing::RawRing;
 using testing::RawSlabConnection;
 using testing::RawStream;
-
-// A raw client's side of the ring: maps it from the slab socket and writes records, as the
-// layout says (written here from the protocol, not shared with libferry).
-class RawRing {
- public:
-  // Take the ring and doorbell of the session `opened` describes.
-  bool Map(const v1::Opened& opened) {
-    if (!opened.submit_ring()) return false;
-    conn_ = std::make_unique<RawSlabConnection>(opened.slab_socket());
-    if (conn_->Hello(opened.slab_token()) != 0) return false;
-    auto ring = conn_->Ring();
-    auto bell = conn_->Doorbell();
-    if (!ring || ring->kind != 0 || ring->fd < 0 || !bell || bell->kind != 0 || bell->fd < 0) {
-      return false;
-    }
-    capacity_ = ring->id;
-    size_ = ring->size;
-    void* p = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED, ring->fd, 0);
-    ::close(ring->fd);
-    doorbell_ = bell->fd;
-    if (p == MAP_FAILED) return false;
-    map_ = static_cast<char*>(p);
-    return size_ == 4096 + capacity_;
-  }
-  ~RawRing() {
-    if (map_) ::munmap(map_, size_);
-    if (doorbell_ >= 0) ::close(doorbell_);
-  }
-
-  // Write `m` as the next record, waiting (up to 10 s) until the daemon has taken enough to
-  // make room, and ring.
-  void Write(const v1::ClientMessage& m) { WriteBytes(m.SerializeAsString()); }
-  void WriteBytes(const std::string& bytes) {
-    const uint64_t need = 8 + ((bytes.size() + 7) & ~uint64_t{7});
-    uint64_t at = head_ % capacity_;
-    const uint64_t skip = at + need > capacity_ ? capacity_ - at : 0;
-    for (int i = 0; i < 100000; ++i) {
-      const uint64_t tail = reinterpret_cast<std::atomic<uint64_t>*>(map_ + 64)->load();
-      if (head_ + skip + need - tail <= capacity_) break;
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
-    }
-    if (at + need > capacity_) {
-      Put32(at, 0xFFFFFFFFu);
-      head_ += capacity_ - at;
-      at = 0;
-    }
-    Put32(at, static_cast<uint32_t>(bytes.size()));
-    Put32(at + 4, 0);
-    std::memcpy(map_ + 4096 + at + 8, bytes.data(), bytes.size());
-    SetHead(head_ + need);
-  }
-  // Store head and ring the doorbell (always: a raw client may).
-  void SetHead(uint64_t head) {
-    head_ = head;
-    reinterpret_cast<std::atomic<uint64_t>*>(map_)->store(head_);
-    const uint64_t one = 1;
-    (void)!::write(doorbell_, &one, sizeof(one));
-  }
-  void Put32(uint64_t at, uint32_t v) { std::memcpy(map_ + 4096 + at, &v, 4); }
-  uint64_t capacity() const { return capacity_; }
-
- private:
-  std::unique_ptr<RawSlabConnection> conn_;
-  char* map_ = nullptr;
-  uint64_t capacity_ = 0, size_ = 0, head_ = 0;
-  int doorbell_ = -1;
-};
 
 v1::ClientMessage SubmitMessage(uint64_t sequence, uint64_t id, std::vector<v1::Op> ops) {
   v1::ClientMessage m;

@@ -172,5 +172,49 @@ TEST_F(AdmissionTest, ModuleAndGraphCountLimits) {
   EXPECT_EQ(graphs.op_index(), 5);
 }
 
+// A session holds at most max_tensors tensors, counting what it holds, what the submit frees
+// and what it creates; freeing makes room again.
+TEST_F(AdmissionTest, TensorCountLimit) {
+  limits_.max_tensors = 3;
+  AddTensor(1, DType::kF32, {0});
+  AddTensor(2, DType::kF32, {0});
+  EXPECT_TRUE(Admit({CreateTensorOp{3, DType::kF32, {0}}}).ok());
+  Status over = Admit({CreateTensorOp{3, DType::kF32, {0}}, CreateTensorOp{4, DType::kF32, {0}}});
+  EXPECT_EQ(over.kind(), ErrorKind::kQuotaExceeded) << over.ToString();
+  EXPECT_EQ(over.op_index(), 1);
+  // Zero-byte tensors count too: the count, not the device quota, bounds them.
+  EXPECT_TRUE(Admit({FreeTensorOp{1}, CreateTensorOp{3, DType::kF32, {0}},
+                     CreateTensorOp{4, DType::kF32, {0}}, FreeTensorOp{4},
+                     CreateTensorOp{5, DType::kF32, {0}}})
+                  .ok());
+}
+
+// Ops recorded into a session's live graphs are bounded, within one graph and together.
+TEST_F(AdmissionTest, RecordedGraphOpsLimit) {
+  limits_.max_graph_ops = 4;
+  AddTensor(1, DType::kF32, {4});
+  EXPECT_TRUE(
+      Admit({BeginGraphOp{1}, FillOp{1, 0}, FillOp{1, 0}, FillOp{1, 0}, FillOp{1, 0}, EndGraphOp{}})
+          .ok());
+  Status one = Admit({BeginGraphOp{1}, FillOp{1, 0}, FillOp{1, 0}, FillOp{1, 0}, FillOp{1, 0},
+                      FillOp{1, 0}, EndGraphOp{}});
+  EXPECT_EQ(one.kind(), ErrorKind::kQuotaExceeded) << one.ToString();
+  EXPECT_EQ(one.op_index(), 5);  // the op that passes the limit
+  // A graph the session holds counts: 3 more ops fit beside its 1, not 4.
+  GraphRecord held;
+  held.ops = 1;
+  table_.graphs()[9] = held;
+  EXPECT_TRUE(
+      Admit({BeginGraphOp{1}, FillOp{1, 0}, FillOp{1, 0}, FillOp{1, 0}, EndGraphOp{}}).ok());
+  Status together = Admit(
+      {BeginGraphOp{1}, FillOp{1, 0}, FillOp{1, 0}, FillOp{1, 0}, FillOp{1, 0}, EndGraphOp{}});
+  EXPECT_EQ(together.kind(), ErrorKind::kQuotaExceeded) << together.ToString();
+  EXPECT_EQ(together.op_index(), 5);
+  // Freeing it first makes room again.
+  EXPECT_TRUE(Admit({FreeGraphOp{9}, BeginGraphOp{1}, FillOp{1, 0}, FillOp{1, 0}, FillOp{1, 0},
+                     FillOp{1, 0}, EndGraphOp{}})
+                  .ok());
+}
+
 }  // namespace
 }  // namespace ferry::session

@@ -225,6 +225,53 @@ TEST(SessionSlabsTest, RangesAreCheckedAndBusy) {
   EXPECT_EQ(pool->stats().slabs_total, 0u);  // destroyed, not pooled
 }
 
+// Overlapping ranges are kept apart: a byte stays busy while any range holding it does.
+TEST(BusyRangesTest, OverlappingRangesAreCountedNotOverwritten) {
+  BusyRanges b;
+  EXPECT_FALSE(b.FindOverlap(0, UINT64_MAX));
+  b.Add(0, 100);
+  b.Add(0, 8);  // a shorter range at the same offset
+  b.Add(50, 150);
+  b.Remove(0, 8);
+  ASSERT_TRUE(b.FindOverlap(40, 41));  // still held by [0, 100)
+  EXPECT_TRUE(b.FindOverlap(99, 100));
+  EXPECT_TRUE(b.FindOverlap(149, 1000));
+  EXPECT_FALSE(b.FindOverlap(150, 1000));
+  EXPECT_FALSE(b.FindOverlap(40, 40));  // empty
+  b.Remove(0, 100);
+  EXPECT_FALSE(b.FindOverlap(0, 50));
+  auto left = b.FindOverlap(0, 51);
+  ASSERT_TRUE(left);
+  EXPECT_EQ(left->first, 50u);
+  EXPECT_EQ(left->second, 150u);
+  b.Add(50, 150);  // the same range twice: both must go before it is free
+  b.Remove(50, 150);
+  EXPECT_TRUE(b.FindOverlap(60, 61));
+  b.Remove(50, 150);
+  EXPECT_FALSE(b.FindOverlap(0, UINT64_MAX));
+  EXPECT_TRUE(b.empty());
+}
+
+// Two reads at one slab offset in one submit: finishing (or marking) the shorter one must not
+// shrink the range the longer one still protects.
+TEST(SessionSlabsTest, TwoRangesAtOneOffsetBothStayBusy) {
+  int registered = 0;
+  auto pool = MakePool(2, 0, &registered);
+  SessionSlabs s(pool.get());
+  ASSERT_TRUE(s.Bind(7));
+  auto ref = s.Acquire();
+  ASSERT_TRUE(ref.ok());
+  s.MarkBusy({ref->id, 0, kSlab / 2});
+  s.MarkBusy({ref->id, 0, 8});  // overwrote the first range's end before
+  EXPECT_EQ(s.Check({ref->id, 4096, 4096}).kind(), ErrorKind::kBusy);
+  s.Finish({ref->id, 0, 8}, false);
+  EXPECT_EQ(s.Check({ref->id, 4096, 4096}).kind(), ErrorKind::kBusy);
+  EXPECT_EQ(s.Check({ref->id, 0, 1}).kind(), ErrorKind::kBusy);
+  EXPECT_TRUE(s.Check({ref->id, kSlab / 2, 4096}).ok());
+  s.Finish({ref->id, 0, kSlab / 2}, false);
+  EXPECT_TRUE(s.Check({ref->id, 0, kSlab}).ok());
+}
+
 // The per-submit download limit bounds the inline Download bytes the daemon buffers; bytes a
 // submit downloads into the client's slabs do not count toward it.
 TEST(SessionSlabsTest, SlabDownloadsDoNotCountTowardTheInlineDownloadLimit) {

@@ -1,0 +1,565 @@
+// A session's client must not be able to grow ferryd without bound (issue 15): a client that
+// writes and never reads (Synchronize, refused submits, downloads) is held back by the daemon
+// instead of filling its memory, loses nothing once it reads, and does not hold up others;
+// live objects and recorded graph ops per session are bounded; a submit too large for the
+// session's in-flight bytes is refused. Each test runs a real ferryd on the host backend and
+// asserts on the daemon's own gauges (metrics) plus a generous bound on its resident memory.
+#include <gtest/gtest.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ferry/client.h"
+#include "ferryd_process.h"
+#include "raw_protocol.h"
+
+namespace ferry {
+namespace {
+
+using testing::Create;
+using testing::Download;
+using testing::FerrydProcess;
+using testing::Fill;
+using testing::RawRing;
+using testing::RawStream;
+
+// --- the daemon's metrics and memory ---------------------------------------------------------
+
+std::string MetricsEndpoint(const FerrydProcess& d) {
+  for (const auto& e : d.endpoints()) {
+    if (e.rfind("metrics:", 0) == 0) return e.substr(8);
+  }
+  return "";
+}
+
+// GET /metrics; "" when the connection failed.
+std::string Scrape(const std::string& host_port) {
+  const size_t colon = host_port.rfind(':');
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(host_port.substr(0, colon).c_str(), host_port.substr(colon + 1).c_str(), &hints,
+                  &res) != 0) {
+    return "";
+  }
+  int fd = ::socket(res->ai_family, SOCK_STREAM, 0);
+  bool ok = ::connect(fd, res->ai_addr, res->ai_addrlen) == 0;
+  freeaddrinfo(res);
+  std::string response;
+  const std::string request = "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
+  if (ok && ::send(fd, request.data(), request.size(), MSG_NOSIGNAL) ==
+                static_cast<ssize_t>(request.size())) {
+    char buf[8192];
+    for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) response.append(buf, n);
+  }
+  ::close(fd);
+  return response;
+}
+
+// The value of metric `name` in `body`; -1 when it is not there.
+double Value(const std::string& body, const std::string& name) {
+  std::istringstream in(body);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(name + "{", 0) != 0) continue;
+    return std::stod(line.substr(line.rfind(' ') + 1));
+  }
+  return -1;
+}
+
+// Resident memory of process `pid` in bytes (VmRSS), 0 when unreadable.
+uint64_t RssBytes(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  }
+  return 0;
+}
+
+// Run `write` on a thread of its own (it writes and never reads), and return once the daemon
+// stopped reading the stream (ferry_streams_paused) and the writer made no progress since the
+// last look: the daemon pushes back, and the transport's window is full or the writer is done.
+// Bounded: at most ~60 s of looking (a daemon that never pushes back reads all and is caught
+// by the checks after).
+class Flood {
+ public:
+  Flood(const std::string& metrics, std::function<bool(int)> write, int messages)
+      : thread_([this, write = std::move(write), messages] {
+          for (int i = 1; i <= messages; ++i) {
+            if (!write(i)) break;
+            ++sent_;
+          }
+          done_ = true;
+        }) {
+    int last = -1;
+    for (int i = 0; i < 600; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      const bool paused = Value(Scrape(metrics), "ferry_streams_paused") >= 1;
+      const int now = sent_;
+      if (paused && now == last) break;
+      last = now;
+    }
+  }
+  ~Flood() { Join(); }
+  void Join() {
+    if (thread_.joinable()) thread_.join();
+  }
+  int sent() const { return sent_; }
+  bool done() const { return done_; }
+
+ private:
+  std::atomic<int> sent_{0};
+  std::atomic<bool> done_{false};
+  std::thread thread_;
+};
+
+// The daemon's backpressure gauges stay within what the session's limits allow.
+void ExpectBounded(const std::string& metrics, uint64_t max_in_flight, uint64_t in_flight_bytes) {
+  const std::string body = Scrape(metrics);
+  const double unanswered = Value(body, "ferry_stream_unanswered_messages");
+  const double unsent = Value(body, "ferry_stream_unsent_messages");
+  const double bytes = Value(body, "ferry_stream_in_flight_bytes");
+  const double unsent_bytes = Value(body, "ferry_stream_unsent_bytes");
+  ASSERT_GE(unanswered, 0) << "no ferry_stream_unanswered_messages in\n" << body;
+  ASSERT_GE(unsent, 0) << "no ferry_stream_unsent_messages in\n" << body;
+  // A message being read and one held ahead may count besides the limit.
+  EXPECT_LE(unanswered, static_cast<double>(max_in_flight + 2));
+  EXPECT_LE(unsent, static_cast<double>(max_in_flight + 2 + 2 * in_flight_bytes / (1 << 20)));
+  EXPECT_LE(bytes, 2.0 * static_cast<double>(in_flight_bytes));
+  EXPECT_LE(unsent_bytes, 2.0 * static_cast<double>(in_flight_bytes));
+  EXPECT_GE(Value(body, "ferry_stream_read_pauses_total"), 1) << "the daemon never pushed back";
+}
+
+// Another session on the same daemon works meanwhile.
+void ExpectAnotherSessionWorks(const FerrydProcess& d) {
+  auto client = Client::connect(d.unix_target());
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  auto session = client->open_session();
+  ASSERT_TRUE(session.ok()) << session.status().ToString();
+  std::vector<double> v(1000);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<double>(i) * 0.5;
+  Tensor t = session->create_tensor<double>({static_cast<int64_t>(v.size())});
+  ASSERT_TRUE(session->upload(t, v).ok());
+  auto back = session->download<double>(t);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, v);
+  ASSERT_TRUE(session->close().ok());
+}
+
+FerrydProcess* StartDaemon(std::unique_ptr<FerrydProcess>& d, std::vector<std::string> args) {
+  args.push_back("--metrics-listen");
+  args.push_back("127.0.0.1:0");
+  d = std::make_unique<FerrydProcess>(std::move(args));
+  return d.get();
+}
+
+// Resident memory may grow this much during a flood (gRPC's own buffers, the allocator): far
+// below what the floods below made the daemon hold before it pushed back (≥ 80 MiB each).
+constexpr uint64_t kRssGrowthBound = 48ull << 20;
+
+// --- 1. outbox and in-flight messages ------------------------------------------------------
+
+// A client that sends Synchronize after Synchronize and reads nothing: the daemon stops
+// reading at the in-flight limit (a Synchronize counts until its Synchronized is written),
+// another session keeps working, and once the client reads it gets every answer in order.
+TEST(BoundedSessionTest, UnreadSynchronizesAreHeldBackAndNoneIsLost) {
+  std::unique_ptr<FerrydProcess> d;
+  ASSERT_TRUE(StartDaemon(d, {})->ok()) << d->log();
+  const std::string metrics = MetricsEndpoint(*d);
+  RawStream raw(d->unix_target());
+  auto opened = raw.Open();
+  ASSERT_TRUE(opened);
+  const uint64_t rss_before = RssBytes(d->pid());
+  constexpr int kMessages = 600'000;  // ~140 bytes each held by a daemon that does not push back
+  {
+    Flood flood(
+        metrics,
+        [&raw](int i) {
+          v1::ClientMessage m;
+          m.mutable_synchronize()->set_sync_id(static_cast<uint64_t>(i));
+          return i % 1024 == 0 ? raw.Send(m) : raw.SendBuffered(m);
+        },
+        kMessages);
+    ExpectBounded(metrics, opened->max_in_flight_submits(), 256ull << 20);
+    const uint64_t rss = RssBytes(d->pid());
+    std::printf("ferryd RSS %llu -> %llu KiB after %d messages sent\n",
+                static_cast<unsigned long long>(rss_before >> 10),
+                static_cast<unsigned long long>(rss >> 10), flood.sent());
+    EXPECT_LT(rss, rss_before + kRssGrowthBound)
+        << "ferryd grew from " << rss_before << " to " << rss << " bytes";
+    ExpectAnotherSessionWorks(*d);
+    // Now read: every Synchronized, in order, while the writer finishes.
+    for (int i = 1; i <= kMessages; ++i) {
+      auto m = raw.Read();
+      ASSERT_TRUE(m) << "the stream ended after " << i - 1 << " answers";
+      ASSERT_TRUE(m->has_synchronized()) << m->DebugString();
+      ASSERT_EQ(m->synchronized().sync_id(), static_cast<uint64_t>(i));
+    }
+    flood.Join();
+    EXPECT_EQ(flood.sent(), kMessages);
+  }
+  raw.Close();
+  EXPECT_EQ(Value(Scrape(metrics), "ferry_stream_unanswered_messages"), 0);
+  EXPECT_EQ(d->Stop(), 0) << d->log();
+}
+
+// The same with submits the daemon refuses (a fill of a tensor that does not exist): a
+// refused submit counts until its Completed is written.
+TEST(BoundedSessionTest, UnreadRefusedSubmitsAreHeldBackAndNoneIsLost) {
+  std::unique_ptr<FerrydProcess> d;
+  ASSERT_TRUE(StartDaemon(d, {})->ok()) << d->log();
+  const std::string metrics = MetricsEndpoint(*d);
+  RawStream raw(d->unix_target());
+  auto opened = raw.Open();
+  ASSERT_TRUE(opened);
+  const uint64_t rss_before = RssBytes(d->pid());
+  constexpr int kMessages = 400'000;  // ~240 bytes each held by a daemon that does not push back
+  {
+    Flood flood(
+        metrics,
+        [&raw](int i) {
+          v1::ClientMessage m;
+          m.mutable_submit()->set_submit_id(static_cast<uint64_t>(i));
+          *m.mutable_submit()->add_ops() = Fill(99, 1.0);
+          return i % 1024 == 0 ? raw.Send(m) : raw.SendBuffered(m);
+        },
+        kMessages);
+    ExpectBounded(metrics, opened->max_in_flight_submits(), 256ull << 20);
+    const uint64_t rss = RssBytes(d->pid());
+    std::printf("ferryd RSS %llu -> %llu KiB after %d messages sent\n",
+                static_cast<unsigned long long>(rss_before >> 10),
+                static_cast<unsigned long long>(rss >> 10), flood.sent());
+    EXPECT_LT(rss, rss_before + kRssGrowthBound)
+        << "ferryd grew from " << rss_before << " to " << rss << " bytes";
+    ExpectAnotherSessionWorks(*d);
+    for (int i = 1; i <= kMessages; ++i) {
+      auto m = raw.Read();
+      ASSERT_TRUE(m) << "the stream ended after " << i - 1 << " answers";
+      ASSERT_TRUE(m->has_completed()) << m->DebugString();
+      ASSERT_EQ(m->completed().submit_id(), static_cast<uint64_t>(i));
+      ASSERT_EQ(m->completed().error().kind(), v1::INVALID_HANDLE);
+    }
+    flood.Join();
+    EXPECT_EQ(flood.sent(), kMessages);
+  }
+  raw.Close();
+  EXPECT_EQ(Value(Scrape(metrics), "ferry_stream_unanswered_messages"), 0);
+  EXPECT_EQ(d->Stop(), 0) << d->log();
+}
+
+// The same through the submit ring: a client that fills its ring with refused submits and
+// reads no answers is held back in its ring (the daemon stops taking records), and gets every
+// answer once it reads.
+TEST(BoundedSessionTest, UnreadAnswersStopTheSubmitRingToo) {
+  std::unique_ptr<FerrydProcess> d;
+  ASSERT_TRUE(StartDaemon(d, {"--submit-ring", "64K"})->ok()) << d->log();
+  const std::string metrics = MetricsEndpoint(*d);
+  RawStream raw(d->unix_target());
+  auto opened = raw.Open();
+  ASSERT_TRUE(opened);
+  RawRing ring;
+  ASSERT_TRUE(ring.Map(*opened)) << "no submit ring";
+  const uint64_t rss_before = RssBytes(d->pid());
+  constexpr int kMessages = 400'000;
+  {
+    Flood flood(
+        metrics,
+        [&ring](int i) {
+          v1::ClientMessage m;
+          m.set_sequence(static_cast<uint64_t>(i));
+          m.mutable_submit()->set_submit_id(static_cast<uint64_t>(i));
+          *m.mutable_submit()->add_ops() = Fill(99, 1.0);
+          ring.Write(m);
+          return true;
+        },
+        kMessages);
+    ExpectBounded(metrics, opened->max_in_flight_submits(), 256ull << 20);
+    const uint64_t rss = RssBytes(d->pid());
+    std::printf("ferryd RSS %llu -> %llu KiB after %d ring records\n",
+                static_cast<unsigned long long>(rss_before >> 10),
+                static_cast<unsigned long long>(rss >> 10), flood.sent());
+    EXPECT_LT(rss, rss_before + kRssGrowthBound)
+        << "ferryd grew from " << rss_before << " to " << rss << " bytes";
+    EXPECT_LT(flood.sent(), kMessages) << "the daemon took every record without pushing back";
+    ExpectAnotherSessionWorks(*d);
+    for (int i = 1; i <= kMessages; ++i) {
+      auto m = raw.Read();
+      ASSERT_TRUE(m) << "the stream ended after " << i - 1 << " answers";
+      ASSERT_TRUE(m->has_completed()) << m->DebugString();
+      ASSERT_EQ(m->completed().submit_id(), static_cast<uint64_t>(i));
+      ASSERT_EQ(m->completed().error().kind(), v1::INVALID_HANDLE);
+    }
+    flood.Join();
+  }
+  v1::ClientMessage close;  // numbered, like every message before it
+  close.set_sequence(kMessages + 1);
+  close.mutable_close();
+  ASSERT_TRUE(raw.Send(close));
+  bool closed = false;
+  while (auto m = raw.Read()) closed |= m->has_closed();
+  EXPECT_TRUE(closed);
+  EXPECT_TRUE(raw.Finish().ok());
+  EXPECT_EQ(d->Stop(), 0) << d->log();
+}
+
+// --- 3. bytes in flight ----------------------------------------------------------------------
+
+// Download submits the client does not read: the daemon holds at most about twice the
+// session's in-flight bytes for them, and every byte arrives once the client reads.
+TEST(BoundedSessionTest, UnreadDownloadsAreHeldBackAtTheInFlightBytes) {
+  std::unique_ptr<FerrydProcess> d;
+  ASSERT_TRUE(StartDaemon(d, {"--session-in-flight-bytes", "16M"})->ok()) << d->log();
+  const std::string metrics = MetricsEndpoint(*d);
+  RawStream raw(d->unix_target());
+  auto opened = raw.Open();
+  ASSERT_TRUE(opened);
+  constexpr uint64_t kTensor = 1 << 20;
+  ASSERT_TRUE(raw.Submit(1, {Create(1, v1::DTYPE_U8, {kTensor}), Fill(1, 7.0)}));
+  ASSERT_EQ(raw.Completion(1).kind(), v1::ERROR_KIND_NONE);
+  const uint64_t rss_before = RssBytes(d->pid());
+  constexpr int kSubmits = 256;  // 256 MiB of downloads: a daemon without the bound holds them
+  {
+    Flood flood(
+        metrics,
+        [&raw](int i) {
+          v1::ClientMessage m;
+          m.mutable_submit()->set_submit_id(static_cast<uint64_t>(i) + 1);
+          *m.mutable_submit()->add_ops() = Download(1, 0, kTensor);
+          return raw.Send(m);
+        },
+        kSubmits);
+    ExpectBounded(metrics, opened->max_in_flight_submits(), 16ull << 20);
+    const uint64_t rss = RssBytes(d->pid());
+    std::printf("ferryd RSS %llu -> %llu KiB after %d submits sent\n",
+                static_cast<unsigned long long>(rss_before >> 10),
+                static_cast<unsigned long long>(rss >> 10), flood.sent());
+    EXPECT_LT(rss, rss_before + 2 * kRssGrowthBound)
+        << "ferryd grew from " << rss_before << " to " << rss << " bytes";
+    ExpectAnotherSessionWorks(*d);
+    for (int i = 1; i <= kSubmits; ++i) {
+      std::string got;
+      v1::Error e = raw.Completion(static_cast<uint64_t>(i) + 1, &got);
+      ASSERT_EQ(e.kind(), v1::ERROR_KIND_NONE) << e.message();
+      ASSERT_EQ(got, std::string(kTensor, '\7')) << "submit " << i + 1;
+    }
+    flood.Join();
+  }
+  raw.Close();
+  EXPECT_EQ(d->Stop(), 0) << d->log();
+}
+
+v1::Op InlineUpload(uint64_t h, uint64_t offset, std::string data) {
+  v1::Op op;
+  op.mutable_upload()->set_tensor(h);
+  op.mutable_upload()->set_offset(offset);
+  op.mutable_upload()->set_data(std::move(data));
+  return op;
+}
+
+// Inline uploads held while the session's device is busy: the daemon reads 8 MiB upload
+// submits only up to the session's in-flight bytes (a client asking for 1024 submits in
+// flight could otherwise make it hold 1024 messages of up to 64 MiB), and all of them run.
+TEST(BoundedSessionTest, InlineUploadsInFlightStopAtTheInFlightBytes) {
+  std::unique_ptr<FerrydProcess> d;
+  ASSERT_TRUE(StartDaemon(d, {"--session-in-flight-bytes", "32M"})->ok()) << d->log();
+  const std::string metrics = MetricsEndpoint(*d);
+  RawStream raw(d->unix_target());
+  v1::ClientMessage open;
+  open.mutable_open()->set_protocol_version(v1::PROTOCOL_VERSION_CURRENT);
+  open.mutable_open()->set_max_in_flight_submits(1024);
+  ASSERT_TRUE(raw.Send(open));
+  auto opened = raw.Read();
+  ASSERT_TRUE(opened && opened->has_opened());
+  constexpr uint64_t kUpload = 8 << 20;
+  // (Filled here, so that the emulated device memory they take is resident before measuring.)
+  ASSERT_TRUE(raw.Submit(1, {Create(1, v1::DTYPE_F32, {16 << 20}),
+                             Create(2, v1::DTYPE_U8, {kUpload}), Fill(1, 1.0), Fill(2, 1.0)}));
+  ASSERT_EQ(raw.Completion(1).kind(), v1::ERROR_KIND_NONE);
+  const uint64_t rss_before = RssBytes(d->pid());
+  // Keep the session's stream busy (fills of 64 MiB), then send 64 uploads of 8 MiB behind.
+  ASSERT_TRUE(raw.Submit(2, std::vector<v1::Op>(300, Fill(1, 2.0))));
+  constexpr int kSubmits = 64;
+  std::atomic<int> sent{0};
+  std::atomic<bool> done{false};
+  std::thread writer([&] {
+    const std::string bytes(kUpload, 'u');
+    for (int i = 0; i < kSubmits; ++i) {
+      v1::ClientMessage m;
+      m.mutable_submit()->set_submit_id(3 + static_cast<uint64_t>(i));
+      *m.mutable_submit()->add_ops() = InlineUpload(2, 0, bytes);
+      if (!raw.Send(m)) break;
+      ++sent;
+    }
+    done = true;
+  });
+  // Watch until the writer is done, or the daemon stopped reading and the writer stalled.
+  double most_bytes = 0;
+  uint64_t most_rss = 0;
+  int last = -1;
+  for (int i = 0; i < 600 && !done; ++i) {
+    const std::string body = Scrape(metrics);
+    most_bytes = std::max(most_bytes, Value(body, "ferry_stream_in_flight_bytes"));
+    most_rss = std::max(most_rss, RssBytes(d->pid()));
+    const int now = sent;
+    if (Value(body, "ferry_streams_paused") >= 1 && now == last) break;
+    last = now;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  most_rss = std::max(most_rss, RssBytes(d->pid()));
+  std::printf("ferryd RSS %llu -> at most %llu KiB, %d uploads sent\n",
+              static_cast<unsigned long long>(rss_before >> 10),
+              static_cast<unsigned long long>(most_rss >> 10), sent.load());
+  EXPECT_GE(most_bytes, 0) << "no ferry_stream_in_flight_bytes";
+  EXPECT_LE(most_bytes, 2.0 * (32 << 20));
+  // 64 MiB of charged uploads, the transport's buffers and the allocator's slack: far below
+  // the 512 MiB a daemon that read every upload would hold.
+  EXPECT_LT(most_rss, rss_before + (128ull << 20))
+      << "ferryd grew from " << rss_before << " to " << most_rss << " bytes";
+  for (uint64_t id = 2; id < 3 + kSubmits; ++id) {
+    v1::Error e = raw.Completion(id);
+    ASSERT_EQ(e.kind(), v1::ERROR_KIND_NONE) << "submit " << id << ": " << e.message();
+  }
+  writer.join();
+  raw.Close();
+  EXPECT_EQ(d->Stop(), 0) << d->log();
+}
+
+// One submit larger than the session's in-flight bytes is refused, typed: downloads of one
+// tensor add up, an upload message counts whole; a download past the tensor is OUT_OF_RANGE.
+TEST(BoundedSessionTest, ASubmitOverTheInFlightBytesIsQuotaExceeded) {
+  std::unique_ptr<FerrydProcess> d;
+  ASSERT_TRUE(StartDaemon(d, {"--session-in-flight-bytes", "16M"})->ok()) << d->log();
+  RawStream raw(d->unix_target());
+  ASSERT_TRUE(raw.Open());
+  constexpr uint64_t kTensor = 6 << 20;
+  ASSERT_TRUE(raw.Submit(1, {Create(1, v1::DTYPE_U8, {kTensor}), Create(2, v1::DTYPE_U8, {1}),
+                             Create(3, v1::DTYPE_U8, {20 << 20})}));
+  ASSERT_EQ(raw.Completion(1).kind(), v1::ERROR_KIND_NONE);
+  // Downloads past the end of a 1-byte tensor.
+  ASSERT_TRUE(raw.Submit(2, {Download(2, 0, 2)}));
+  EXPECT_EQ(raw.Completion(2).kind(), v1::OUT_OF_RANGE);
+  ASSERT_TRUE(raw.Submit(3, {Download(2, 1, 1)}));
+  EXPECT_EQ(raw.Completion(3).kind(), v1::OUT_OF_RANGE);
+  // Three downloads of the 6 MiB tensor: 18 MiB, over 16M together.
+  ASSERT_TRUE(
+      raw.Submit(4, {Download(1, 0, kTensor), Download(1, 0, kTensor), Download(1, 0, kTensor)}));
+  v1::Error e = raw.Completion(4);
+  EXPECT_EQ(e.kind(), v1::QUOTA_EXCEEDED) << e.message();
+  // Two fit.
+  std::string got;
+  ASSERT_TRUE(raw.Submit(5, {Download(1, 0, kTensor), Download(1, 0, kTensor)}));
+  EXPECT_EQ(raw.Completion(5, &got).kind(), v1::ERROR_KIND_NONE);
+  EXPECT_EQ(got.size(), 2 * kTensor);
+  // A 17 MiB upload in one message.
+  ASSERT_TRUE(raw.Submit(6, {InlineUpload(3, 0, std::string(17 << 20, 'x'))}));
+  e = raw.Completion(6);
+  EXPECT_EQ(e.kind(), v1::QUOTA_EXCEEDED) << e.message();
+  ASSERT_TRUE(raw.Submit(7, {InlineUpload(3, 0, std::string(8 << 20, 'x'))}));
+  EXPECT_EQ(raw.Completion(7).kind(), v1::ERROR_KIND_NONE);
+  raw.Close();
+  EXPECT_EQ(d->Stop(), 0) << d->log();
+}
+
+// libferry's inline transfers (TCP: no shared memory; 8 MiB messages, pipelined) are held back
+// at the smallest in-flight bytes a daemon may be given, never refused.
+TEST(BoundedSessionTest, LibferryInlineTransfersFitTheSmallestInFlightBytes) {
+  FerrydProcess d({"--session-in-flight-bytes", "16M"}, /*tcp=*/true);
+  ASSERT_TRUE(d.ok()) << d.log();
+  auto client = Client::connect(d.tcp_target());
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  auto session = client->open_session();
+  ASSERT_TRUE(session.ok()) << session.status().ToString();
+  std::vector<double> v(8 << 20);  // 64 MiB
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<double>(i % 1000) - 3.5;
+  Tensor t = session->create_tensor<double>({static_cast<int64_t>(v.size())});
+  ASSERT_TRUE(session->upload(t, v).ok());
+  auto back = session->download<double>(t);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_TRUE(*back == v);
+  ASSERT_TRUE(session->close().ok());
+  EXPECT_EQ(d.Stop(), 0) << d.log();
+}
+
+// --- 2. objects per session ------------------------------------------------------------------
+
+// Tensors past --session-max-tensors are refused (zero-byte ones too: the device quota does
+// not count them); freeing one lets the session create one again.
+TEST(BoundedSessionTest, TensorsPastTheLimitAreRefusedUntilOneIsFreed) {
+  FerrydProcess d({"--session-max-tensors", "100"});
+  ASSERT_TRUE(d.ok()) << d.log();
+  RawStream raw(d.unix_target());
+  ASSERT_TRUE(raw.Open());
+  std::vector<v1::Op> ops;
+  for (uint64_t h = 1; h <= 100; ++h) ops.push_back(Create(h, v1::DTYPE_F32, {0}));
+  ASSERT_TRUE(raw.Submit(1, ops));
+  ASSERT_EQ(raw.Completion(1).kind(), v1::ERROR_KIND_NONE);
+  ASSERT_TRUE(raw.Submit(2, {Create(101, v1::DTYPE_F32, {0})}));
+  v1::Error e = raw.Completion(2);
+  EXPECT_EQ(e.kind(), v1::QUOTA_EXCEEDED) << e.message();
+  EXPECT_EQ(e.op_index(), 0);
+  v1::Op free_one;
+  free_one.mutable_free_tensor()->set_handle(1);
+  ASSERT_TRUE(raw.Submit(3, {free_one, Create(101, v1::DTYPE_F32, {0})}));
+  e = raw.Completion(3);
+  EXPECT_EQ(e.kind(), v1::ERROR_KIND_NONE) << e.message();
+  EXPECT_EQ(d.AdminStatus().live_tensors(), 100u);
+  raw.Close();
+  EXPECT_EQ(d.Stop(), 0) << d.log();
+}
+
+// A graph recording more ops than --session-max-graph-ops is refused; the ops of the graphs a
+// session holds count together, and freeing a graph makes room again.
+TEST(BoundedSessionTest, GraphRecordingPastTheOpLimitIsRefused) {
+  FerrydProcess d({"--session-max-graph-ops", "1000"});
+  ASSERT_TRUE(d.ok()) << d.log();
+  RawStream raw(d.unix_target());
+  ASSERT_TRUE(raw.Open());
+  ASSERT_TRUE(raw.Submit(1, {Create(1, v1::DTYPE_F32, {16})}));
+  ASSERT_EQ(raw.Completion(1).kind(), v1::ERROR_KIND_NONE);
+  auto graph = [](uint64_t handle, int fills) {
+    std::vector<v1::Op> ops;
+    v1::Op begin;
+    begin.mutable_begin_graph()->set_handle(handle);
+    ops.push_back(begin);
+    for (int i = 0; i < fills; ++i) ops.push_back(Fill(1, i));
+    v1::Op end;
+    end.mutable_end_graph();
+    ops.push_back(end);
+    return ops;
+  };
+  ASSERT_TRUE(raw.Submit(2, graph(1, 1001)));
+  v1::Error e = raw.Completion(2);
+  EXPECT_EQ(e.kind(), v1::QUOTA_EXCEEDED) << e.message();
+  EXPECT_EQ(e.op_index(), 1001);  // the 1001st fill
+  ASSERT_TRUE(raw.Submit(3, graph(1, 1000)));
+  e = raw.Completion(3);
+  ASSERT_EQ(e.kind(), v1::ERROR_KIND_NONE) << e.message();
+  v1::Op launch;
+  launch.mutable_launch_graph()->set_graph(1);
+  ASSERT_TRUE(raw.Submit(4, {launch}));
+  EXPECT_EQ(raw.Completion(4).kind(), v1::ERROR_KIND_NONE);
+  ASSERT_TRUE(raw.Submit(5, graph(2, 1)));  // graph 1 holds all 1000
+  EXPECT_EQ(raw.Completion(5).kind(), v1::QUOTA_EXCEEDED);
+  v1::Op free_graph;
+  free_graph.mutable_free_graph()->set_handle(1);
+  std::vector<v1::Op> again = graph(2, 10);
+  again.insert(again.begin(), free_graph);
+  ASSERT_TRUE(raw.Submit(6, again));
+  e = raw.Completion(6);
+  EXPECT_EQ(e.kind(), v1::ERROR_KIND_NONE) << e.message();
+  raw.Close();
+  EXPECT_EQ(d.Stop(), 0) << d.log();
+}
+
+}  // namespace
+}  // namespace ferry
