@@ -608,8 +608,10 @@ TEST(PendingTest, AnotherUserNeverSeesBytesOneUserWrote) {
   if (!EnsureUser("ferrytest_a") || !EnsureUser("ferrytest_b")) {
     GTEST_SKIP() << "useradd could not create the test users";
   }
-  // Budget of two slabs: B's slabs can only come from evicting A's.
-  FerrydProcess d({"--slab-size", "4M", "--pinned-budget", "8M", "--initial-slabs", "0"});
+  // Budget of two slabs: B's slabs can only come from evicting A's. Each user takes the
+  // whole budget in turn, past the default per-uid share (half of it).
+  FerrydProcess d({"--slab-size", "4M", "--pinned-budget", "8M", "--initial-slabs", "0",
+                   "--uid-limits", "default:pinned=none"});
   ASSERT_TRUE(d.ok());
   std::string sock = d.unix_target().substr(5);
   std::string dir = sock.substr(0, sock.rfind('/'));
