@@ -400,6 +400,65 @@ TEST(HostileClientsTest, PinnedBytesAreLimitedPerUidAcrossSessions) {
   EXPECT_EQ(d.Stop(), 0) << d.log();
 }
 
+// A uid's submits in flight are summed across its sessions: with a long submit running in
+// each of its two sessions, a third submit passes the uid's limit of 2 and is refused; the
+// limit counts only what is in flight, so later submits run again.
+TEST(HostileClientsTest, SubmitsInFlightAreLimitedPerUidAcrossSessions) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to connect as another uid";
+  FerrydProcess d({"--uid-limits", "uid:41001:inflight=2"});
+  ASSERT_TRUE(d.ok()) << d.log();
+  OpenSocketsToAll(d);
+  auto a1 = StreamAs(kUidA, d);
+  auto a2 = StreamAs(kUidA, d);
+  ASSERT_TRUE(a1 && a1->Open() && a2 && a2->Open()) << d.log();
+  using testing::Create;
+  using testing::Fill;
+  for (auto* a : {a1.get(), a2.get()}) {
+    ASSERT_TRUE(a->Submit(1, {Create(1, v1::DTYPE_U8, {64 << 20})}));
+    ASSERT_EQ(a->Completion(1).kind(), v1::ERROR_KIND_NONE);
+  }
+  // Long: 32 fills of 64 MiB (a second or so of memset on the host backend), so that what
+  // follows arrives while both run. A session's submits complete in order, so a2's third
+  // submit stays in flight behind its long one.
+  const std::vector<v1::Op> long_ops(32, Fill(1, 1.0));
+  ASSERT_TRUE(a1->Submit(2, long_ops));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // a1's arrives first
+  ASSERT_TRUE(a2->Submit(2, long_ops));
+  ASSERT_TRUE(a2->Submit(3, {Fill(1, 3.0)}));
+  v1::Error third = a2->Completion(3);
+  EXPECT_EQ(third.kind(), v1::QUOTA_EXCEEDED);
+  EXPECT_NE(third.message().find("uid:41001's submits in flight limit (2"), std::string::npos)
+      << third.message();
+  EXPECT_EQ(a1->Completion(2).kind(), v1::ERROR_KIND_NONE);
+  ASSERT_TRUE(a2->Submit(4, {Fill(1, 4.0)}));  // behind a2's long one only: within the limit
+  EXPECT_EQ(a2->Completion(4).kind(), v1::ERROR_KIND_NONE);
+  a1->Close();
+  a2->Close();
+  EXPECT_EQ(d.WaitIdle().submits_in_flight(), 0u);
+  EXPECT_EQ(d.Stop(), 0) << d.log();
+}
+
+// Every TCP peer is charged to the one identity "remote".
+TEST(HostileClientsTest, RemotePeersShareOneIdentity) {
+  FerrydProcess d({"--uid-limits", "remote:sessions=1"}, /*tcp=*/true);
+  ASSERT_TRUE(d.ok()) << d.log();
+  const std::string tcp = d.tcp_target().substr(4);  // HOST:PORT
+  RawStream first(tcp);
+  ASSERT_TRUE(first.Open()) << d.log();
+  RawStream second(tcp);
+  ASSERT_TRUE(second.SendOpen());
+  auto m = second.Read();
+  ASSERT_TRUE(m && m->has_error());
+  EXPECT_EQ(m->error().kind(), v1::QUOTA_EXCEEDED);
+  EXPECT_NE(m->error().message().find("remote's sessions limit (1"), std::string::npos)
+      << m->error().message();
+  RawStream local(d.unix_target());  // a local client is another identity
+  EXPECT_TRUE(local.Open());
+  first.Close();
+  local.Close();
+  EXPECT_EQ(d.Stop(), 0) << d.log();
+}
+
 // A client ringing its submit ring's doorbell without writing records: the ring poller
 // thread stays well below a core over the storm, and another session's round trips through
 // its own ring keep working meanwhile.
