@@ -79,13 +79,32 @@ TEST(MetricsTest, ServesPrometheusTextThatMovesWithWork) {
   EXPECT_TRUE(
       std::regex_search(body, std::regex(R"(ferry_sessions_open\{gpu="0",UUID="[^"]+"\} 0)")))
       << body;
-  for (const char* family :
-       {"ferry_sessions_total", "ferry_submits_total", "ferry_ops_total",
-        "ferry_transfer_bytes_total", "ferry_device_memory_used_bytes",
-        "ferry_device_memory_free_bytes", "ferry_slab_pool_slabs", "ferry_device_faults_total",
-        "ferry_device_resets_total", "ferry_submit_latency_seconds", "ferry_copy_turns_held",
-        "ferry_copy_turns_waiting", "ferry_copy_turn_waits_total", "ferry_submit_rings",
-        "ferry_submit_ring_messages_total"}) {
+  for (const char* family : {"ferry_sessions_total",
+                             "ferry_submits_total",
+                             "ferry_ops_total",
+                             "ferry_transfer_bytes_total",
+                             "ferry_device_memory_used_bytes",
+                             "ferry_device_memory_free_bytes",
+                             "ferry_slab_pool_slabs",
+                             "ferry_device_faults_total",
+                             "ferry_device_resets_total",
+                             "ferry_submit_latency_seconds",
+                             "ferry_copy_turns_held",
+                             "ferry_copy_turns_waiting",
+                             "ferry_copy_turn_waits_total",
+                             "ferry_submit_rings",
+                             "ferry_submit_ring_messages_total",
+                             "ferry_submit_ring_doorbell_mutes_total",
+                             "ferry_slab_connections_closed_total",
+                             "ferry_slab_accept_backoffs_total",
+                             "ferry_uid_sessions",
+                             "ferry_uid_device_bytes",
+                             "ferry_uid_pinned_bytes",
+                             "ferry_uid_submits_in_flight",
+                             "ferry_uid_max_sessions",
+                             "ferry_uid_max_device_bytes",
+                             "ferry_uid_max_pinned_bytes",
+                             "ferry_uid_max_submits_in_flight"}) {
     EXPECT_NE(body.find("# TYPE " + std::string(family) + " "), std::string::npos) << family;
   }
   EXPECT_EQ(Value(body, "ferry_submits_total"), 0);
@@ -116,6 +135,10 @@ TEST(MetricsTest, ServesPrometheusTextThatMovesWithWork) {
   EXPECT_GE(Value(during, "ferry_submit_ring_messages_total"), 2) << during;
   EXPECT_GE(Value(during, "ferry_transfer_bytes_total", "direction=\"upload\""), 4096 * 4)
       << during;
+  // Usage of this process's identity.
+  const std::string me = "identity=\"uid:" + std::to_string(getuid()) + "\"";
+  EXPECT_EQ(Value(during, "ferry_uid_sessions", me), 1) << during;
+  EXPECT_EQ(Value(during, "ferry_uid_device_bytes", me), 4096 * 4) << during;
   EXPECT_GE(Value(during, "ferry_transfer_bytes_total", "direction=\"download\""), 4096 * 4)
       << during;
   EXPECT_GE(Value(during, "ferry_submit_latency_seconds_count"), 2) << during;
