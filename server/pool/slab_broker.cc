@@ -118,7 +118,10 @@ SlabBrokerStats SlabBroker::stats() const {
 }
 
 bool SlabBroker::AcceptAll(std::map<int, Connection>& conns, std::map<uid_t, uint32_t>& pending) {
-  for (;;) {
+  // At most kAcceptBatch per pass: a client that connects in a tight loop (each refused at
+  // once past a cap) must not keep the thread from the connections it serves.
+  constexpr int kAcceptBatch = 64;
+  for (int n = 0; n < kAcceptBatch; ++n) {
     int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
@@ -153,6 +156,7 @@ bool SlabBroker::AcceptAll(std::map<int, Connection>& conns, std::map<uid_t, uin
     c.hello_deadline = std::chrono::steady_clock::now() + options_.hello_timeout;
     connections_ = conns.size();
   }
+  return true;  // more may wait: the next poll says so at once
 }
 
 void SlabBroker::Run() {

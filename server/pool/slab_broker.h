@@ -96,7 +96,8 @@ class SlabBroker {
 
   SlabBroker() = default;
   void Run();
-  // Accept what the backlog holds, within the caps; false when out of descriptors.
+  // Accept what the backlog holds (a bounded batch), within the caps; false when out of
+  // descriptors.
   bool AcceptAll(std::map<int, Connection>& conns, std::map<uid_t, uint32_t>& pending);
   // Handle what `c` sent; false closes the connection.
   bool Serve(Connection& c);
