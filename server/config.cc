@@ -186,6 +186,29 @@ class Settings {
         {"max-sessions",
          bounded(1, 1000000,
                  [this](uint64_t n) { c_.daemon.max_sessions = static_cast<uint32_t>(n); })},
+        {"uid-limits",
+         [this](const std::string& v) -> Status {
+           FERRY_ASSIGN_OR_RETURN(session::UidLimitRule rule, session::ParseUidLimitRule(v));
+           auto& rules = c_.daemon.uid_limits;
+           // The first rule from a source replaces those of earlier sources (back to the
+           // built-in default rule, which stays first).
+           if (uid_limits_source_ != current_) rules = {session::DefaultUidLimitRule()};
+           uid_limits_source_ = current_;
+           if (rule.match == session::UidLimitRule::Match::kDefault) {
+             if (default_rule_given_ == current_)
+               return Invalid("a default: rule is already given");
+             default_rule_given_ = current_;
+             rules.front() = rule;
+             return Status::Ok();
+           }
+           for (size_t i = 1; i < rules.size(); ++i) {
+             if (rules[i].match == rule.match && rules[i].id == rule.id) {
+               return Invalid("a rule for the same uid, gid or remote is already given: " + v);
+             }
+           }
+           rules.push_back(rule);
+           return Status::Ok();
+         }},
         {"executor-threads",
          bounded(0, 1024,
                  [this](uint64_t n) { c_.daemon.executor_threads = static_cast<int>(n); })},
@@ -236,6 +259,21 @@ class Settings {
         {"staging-slabs",
          bounded(0, 65536,
                  [this](uint64_t n) { c_.daemon.staging_slabs = static_cast<uint32_t>(n); })},
+        {"slab-hello-timeout", bounded(1, 60000,
+                                       [this](uint64_t n) {
+                                         c_.daemon.slab_broker.hello_timeout =
+                                             std::chrono::milliseconds(n);
+                                       })},
+        {"slab-max-connections", bounded(1, 1000000,
+                                         [this](uint64_t n) {
+                                           c_.daemon.slab_broker.max_connections =
+                                               static_cast<uint32_t>(n);
+                                         })},
+        {"slab-max-pending-per-uid", bounded(1, 1000000,
+                                             [this](uint64_t n) {
+                                               c_.daemon.slab_broker.max_pending_per_uid =
+                                                   static_cast<uint32_t>(n);
+                                             })},
         {"drain-timeout",
          bounded(0, 24ull * 3600 * 1000,
                  [this](uint64_t n) { c_.drain_timeout = std::chrono::milliseconds(n); })},
@@ -324,6 +362,8 @@ class Settings {
   DaemonConfig c_;
   Source current_ = Source::kDefault;
   Source listen_source_ = Source::kDefault;
+  Source uid_limits_source_ = Source::kDefault;
+  Source default_rule_given_ = Source::kDefault;
   std::map<std::string, std::function<Status(const std::string&)>> setters_;
 };
 
@@ -356,7 +396,7 @@ Status ApplyConfigText(const std::string& text, const std::string& origin, Setti
       return Invalid(where + "'" + name + "' can only be given on the command line");
     }
     if (!settings.Known(name)) return Invalid(where + "unknown setting '" + name + "'");
-    if (name != "listen") {
+    if (name != "listen" && name != "uid-limits") {
       auto [it, fresh] = seen.emplace(name, line_no);
       if (!fresh) {
         return Invalid(where + "'" + name + "' is already set on line " +
@@ -467,6 +507,12 @@ means true; --allow-insecure-remote and --allow-remote-raw-kernels also take =tr
   --session-max-graph-ops N  ops recorded into a session's live graphs, together
                              (default 262144; 0: no limit)
   --max-sessions N           sessions open at once (default 1024)
+  --uid-limits RULE          per-identity limits, repeatable: SELECTOR:KEY=VALUE,... with
+                             SELECTOR default, remote (all TCP peers), uid:N or gid:N and
+                             KEY sessions, device, pinned (N, SIZE, P% of the daemon's) or
+                             inflight (N); VALUE none: no limit (default
+                             default:sessions=50%,device=50%,pinned=50%,inflight=4096;
+                             root and ferryd's own uid exempt unless a uid: rule names them)
   --device-memory-cap SIZE   device memory all sessions together may hold (default: all)
   --host-memory SIZE         emulated device memory of the host backend (default 8G)
   --max-message SIZE         largest gRPC message (default 64M)
@@ -495,6 +541,11 @@ means true; --allow-insecure-remote and --allow-remote-raw-kernels also take =tr
                              0: off; a power of two from 4K to 16M)
   --staging-slabs N          pool slabs the daemon takes to stage remote (TCP) clients'
                              inline transfers, when they need them (default 4; 0: none)
+  --slab-hello-timeout MS    slab-socket connections that send no hello by then are
+                             closed, 1..60000 (default 1000)
+  --slab-max-connections N   slab-socket connections open at once (default 4096)
+  --slab-max-pending-per-uid N  slab-socket connections of one uid not yet past their
+                             hello (default 32)
   --drain-timeout MS         on SIGTERM, how long open sessions may run on (default 10000)
   --ready-file PATH          write the bound endpoints there once serving
   --log-level LEVEL          trace|debug|info|warn|error|critical|off (default info)
@@ -599,6 +650,9 @@ std::string FormatConfig(const DaemonConfig& c) {
   out << "session-max-graphs = " << sd.max_graphs << limit(sd.max_graphs) << "\n";
   out << "session-max-graph-ops = " << sd.max_graph_ops << limit(sd.max_graph_ops) << "\n";
   out << "max-sessions = " << c.daemon.max_sessions << "\n";
+  for (const auto& rule : c.daemon.uid_limits) {
+    out << "uid-limits = " << session::FormatUidLimitRule(rule) << "\n";
+  }
   out << "device-memory-cap = " << FormatBytes(c.daemon.device_bytes_cap)
       << (c.daemon.device_bytes_cap == 0 ? "  # all of the device's memory" : "") << "\n";
   out << "host-memory = " << FormatBytes(c.host.memory_bytes) << "\n";
@@ -621,6 +675,9 @@ std::string FormatConfig(const DaemonConfig& c) {
   out << "submit-ring = " << FormatBytes(c.daemon.submit_ring_bytes)
       << (c.daemon.submit_ring_bytes == 0 ? "  # off" : "") << "\n";
   out << "staging-slabs = " << c.daemon.staging_slabs << "\n";
+  out << "slab-hello-timeout = " << c.daemon.slab_broker.hello_timeout.count() << "\n";
+  out << "slab-max-connections = " << c.daemon.slab_broker.max_connections << "\n";
+  out << "slab-max-pending-per-uid = " << c.daemon.slab_broker.max_pending_per_uid << "\n";
   out << "drain-timeout = " << c.drain_timeout.count() << "\n";
   out << "ready-file =" << (c.ready_file.empty() ? "" : " \"" + c.ready_file + "\"") << "\n";
   out << "log-level = " << c.log_level << "\n";

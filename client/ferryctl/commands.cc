@@ -425,11 +425,68 @@ int RunStatus(const Options& options, std::ostream& out, std::ostream& err) {
   return kExitOk;
 }
 
+namespace {
+
+// "used/limit" ("used" alone when there is no limit).
+std::string OfLimit(const std::string& used, uint64_t limit, const std::string& limit_text) {
+  return limit == 0 ? used : used + "/" + limit_text;
+}
+
+// The identities' usage against their limits, as a table or (--json) an array.
+void PrintUsage(const Options& options, const v1::ListSessionsReply& reply, std::ostream& out) {
+  if (options.json) {
+    std::vector<std::string> items;
+    for (const v1::UidUsage& u : reply.usage()) {
+      items.push_back(JsonObject()
+                          .Add("identity", u.identity())
+                          .Add("sessions", u.sessions())
+                          .Add("device_bytes", u.device_bytes())
+                          .Add("pinned_bytes", u.pinned_bytes())
+                          .Add("submits_in_flight", u.submits_in_flight())
+                          .Add("max_sessions", u.max_sessions())
+                          .Add("max_device_bytes", u.max_device_bytes())
+                          .Add("max_pinned_bytes", u.max_pinned_bytes())
+                          .Add("max_submits_in_flight", u.max_submits_in_flight())
+                          .str());
+    }
+    out << JsonArray(items) << "\n";
+    return;
+  }
+  Table table;
+  table.AddColumn("IDENTITY");
+  table.AddColumn("SESSIONS", true);
+  table.AddColumn("DEVICE", true);
+  table.AddColumn("PINNED", true);
+  table.AddColumn("IN-FLIGHT", true);
+  for (const v1::UidUsage& u : reply.usage()) {
+    table.AddRow(
+        {u.identity(),
+         OfLimit(std::to_string(u.sessions()), u.max_sessions(), std::to_string(u.max_sessions())),
+         OfLimit(HumanBytes(u.device_bytes()), u.max_device_bytes(),
+                 HumanBytes(u.max_device_bytes())),
+         OfLimit(HumanBytes(u.pinned_bytes()), u.max_pinned_bytes(),
+                 HumanBytes(u.max_pinned_bytes())),
+         OfLimit(std::to_string(u.submits_in_flight()), u.max_submits_in_flight(),
+                 std::to_string(u.max_submits_in_flight()))});
+  }
+  out << table.Render();
+}
+
+}  // namespace
+
 int RunSessions(const Options& options, std::ostream& out, std::ostream& err) {
   AdminConnection admin(options);
   v1::ListSessionsReply reply;
   grpc::Status s = admin.Call(&v1::Admin::Stub::ListSessions, v1::ListSessionsRequest(), &reply);
   if (!s.ok()) return ReportRpcFailure(options, s, err);
+  if (options.by_uid) {
+    if (reply.usage().empty() && !options.json) {
+      out << "no uid holds anything on " << options.target << "\n";
+    } else {
+      PrintUsage(options, reply, out);
+    }
+    return kExitOk;
+  }
   if (options.json) {
     std::vector<std::string> items;
     for (const v1::SessionInfo& i : reply.sessions()) {
@@ -491,6 +548,10 @@ int RunSessions(const Options& options, std::ostream& out, std::ostream& err) {
                   HumanBytes(i.stats().bytes_downloaded())});
   }
   out << table.Render();
+  if (!reply.usage().empty()) {  // per identity, against its limits (used/limit)
+    out << "\n";
+    PrintUsage(options, reply, out);
+  }
   return kExitOk;
 }
 

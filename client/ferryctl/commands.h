@@ -40,6 +40,8 @@ struct Options {
   std::string token;
   // metrics: where ferryd's --metrics-listen serves ("HOST:PORT" or http://HOST:PORT[/metrics])
   std::string metrics_endpoint;
+  // sessions: usage per identity (uid) only
+  bool by_uid = false;
   // drain
   bool wait = false;
   std::chrono::milliseconds wait_timeout{120000};

@@ -17,8 +17,10 @@ constexpr const char* kUsage = R"(usage: ferryctl [options] COMMAND
 
 commands:
   status             the daemon: device, memory, uptime, version, sessions, totals
-  sessions           one row per open session (for a caller that is not root, the
-                     daemon's uid or in its admin-group: that caller's own sessions)
+  sessions [--by-uid]  one row per open session, then usage per identity (uid:N, or
+                     remote for TCP peers) against its limits; --by-uid: only that. For a
+                     caller that is not root, the daemon's uid or in its admin-group: that
+                     caller's own sessions
   health [--canary]  checks, with exit codes 0 ok / 1 warning / 2 critical:
                      reachable, grpc.health.v1, draining, device-memory headroom, and
                      with --canary an upload -> scale+axpy -> download through the
@@ -100,6 +102,10 @@ int main(int argc, char** argv) {
     }
     if (name == "canary") {
       if (!switch_flag(&options.canary)) return Usage("--canary takes no value");
+      continue;
+    }
+    if (name == "by-uid") {
+      if (!switch_flag(&options.by_uid)) return Usage("--by-uid takes no value");
       continue;
     }
     if (name == "wait") {

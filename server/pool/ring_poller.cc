@@ -5,6 +5,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <mutex>
 #include <vector>
 
@@ -128,7 +129,7 @@ void RingPoller::Refresh(std::vector<std::shared_ptr<Registration>>& regs) {
     }
   }
   for (auto& reg : now) {
-    if (!reg->in_epoll_) {
+    if (!reg->in_epoll_ && !reg->muted_) {
       epoll_event ev{};
       ev.events = EPOLLIN;
       ev.data.ptr = reg.get();
@@ -170,6 +171,42 @@ size_t RingPoller::PollOnce(std::vector<std::shared_ptr<Registration>>& regs) {
   return handed;
 }
 
+void RingPoller::CountEmptyWake(Registration& reg, std::chrono::steady_clock::time_point now) {
+  if (now - reg.window_start_ >= kStormWindow) {
+    if (reg.empty_wakes_ < kStormWakes && !reg.muted_) reg.mute_for_ = {};  // calm again
+    reg.window_start_ = now;
+    reg.empty_wakes_ = 0;
+  }
+  if (++reg.empty_wakes_ < kStormWakes || reg.muted_ || !reg.in_epoll_) return;
+  reg.mute_for_ = reg.mute_for_.count() == 0 ? kMuteFirst : std::min(reg.mute_for_ * 2, kMuteMax);
+  (void)::epoll_ctl(epoll_, EPOLL_CTL_DEL, reg.ring_->doorbell(), nullptr);
+  reg.in_epoll_ = false;
+  reg.muted_ = true;
+  reg.muted_until_ = now + reg.mute_for_;
+  reg.empty_wakes_ = 0;
+  reg.window_start_ = reg.muted_until_;
+  mutes_total_.fetch_add(1, std::memory_order_relaxed);
+}
+
+std::chrono::steady_clock::time_point RingPoller::Unmute(
+    std::vector<std::shared_ptr<Registration>>& regs, std::chrono::steady_clock::time_point now) {
+  auto next = std::chrono::steady_clock::time_point::max();
+  for (auto& reg : regs) {
+    if (!reg->muted_) continue;
+    if (reg->muted_until_ > now) {
+      next = std::min(next, reg->muted_until_);
+      continue;
+    }
+    reg->muted_ = false;
+    if (reg->removed_.load()) continue;
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.ptr = reg.get();
+    if (::epoll_ctl(epoll_, EPOLL_CTL_ADD, reg->ring_->doorbell(), &ev) == 0) reg->in_epoll_ = true;
+  }
+  return next;
+}
+
 void RingPoller::Sleep(std::vector<std::shared_ptr<Registration>>& regs, uint64_t generation) {
   for (auto& reg : regs) reg->ring_->SetAsleep(true);
   shared_->asleep.store(true, std::memory_order_seq_cst);
@@ -182,16 +219,29 @@ void RingPoller::Sleep(std::vector<std::shared_ptr<Registration>>& regs, uint64_
     if (reg->Ready()) ready = true;
   }
   if (!ready) {
+    using Clock = std::chrono::steady_clock;
+    Clock::time_point now = Clock::now();
+    // Bounded: a client that writes without ringing its doorbell (libferry always rings), or
+    // whose doorbell is muted, is served within kSleepMax, and a drain never waits on it for
+    // its whole grace.
+    auto timeout = kSleepMax;
+    if (Clock::time_point due = Unmute(regs, now); due != Clock::time_point::max()) {
+      timeout = std::min(timeout, std::chrono::ceil<std::chrono::milliseconds>(due - now));
+    }
     epoll_event events[64];
-    // Bounded: a client that writes without ringing its doorbell (libferry always rings) is
-    // served within kSleepMax, and a drain never waits on it for its whole grace.
-    int n = ::epoll_wait(epoll_, events, 64, static_cast<int>(kSleepMax.count()));
+    int n = ::epoll_wait(epoll_, events, 64, static_cast<int>(timeout.count()));
+    now = Clock::now();
     for (int i = 0; i < n; ++i) {
       if (events[i].data.ptr == nullptr) {
         uint64_t count;
         (void)!::read(shared_->wake, &count, sizeof(count));
+      } else {
+        auto* reg = static_cast<Registration*>(events[i].data.ptr);
+        // Looked at before the doorbells are cleared below, so a later ring wakes again.
+        if (!reg->removed_.load() && !reg->Ready()) CountEmptyWake(*reg, now);
       }
     }
+    Unmute(regs, now);
   }
   shared_->asleep.store(false, std::memory_order_seq_cst);
   for (auto& reg : regs) {

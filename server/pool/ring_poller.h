@@ -12,6 +12,14 @@
 // eventfd (Arm and Add ring it), at most kSleepMax at a time. The cost is one core while clients
 // submit, like the CUDA backend's completion watcher; an idle daemon sleeps.
 //
+// Doorbell storms: a doorbell that wakes the poller while its ring has nothing to take (no
+// record, or not armed) is an empty wake-up. A ring whose doorbell wakes the poller empty
+// kStormWakes times within kStormWindow is muted: its doorbell leaves the epoll set for
+// kMuteFirst, doubling with each mute that follows (up to kMuteMax) and reset once the ring
+// goes a window without a storm. A muted ring is still polled: at every pass (any other ring's
+// record, any Arm) and at least every kSleepMax, so its records are never lost, only seen
+// later; the storm costs its own session latency, not the poller's core.
+//
 // Handlers run on the poller thread and must not block: they parse and hand the record on.
 // A handler may call Arm and Remove (of any registration). After Remove returns, the
 // poller starts no new call of the handler; one already running on the poller thread may
@@ -66,11 +74,22 @@ class RingPoller {
     bool Ready() const { return armed_.load() && ring_->HasRecord(); }
     std::atomic<bool> armed_{false};
     std::atomic<bool> removed_{false};
-    bool in_epoll_ = false;  // poller thread only
+    // Poller thread only.
+    bool in_epoll_ = false;
+    bool muted_ = false;  // doorbell left out of the epoll set until muted_until_
+    std::chrono::steady_clock::time_point muted_until_{};
+    std::chrono::milliseconds mute_for_{0};  // the next mute's length (0: kMuteFirst)
+    std::chrono::steady_clock::time_point window_start_{};
+    uint32_t empty_wakes_ = 0;  // in the window from window_start_
   };
 
   /// The longest the poller sleeps without a doorbell before it looks at the rings again.
   static constexpr std::chrono::milliseconds kSleepMax{50};
+  /// Doorbell storm limits (see the top of this file).
+  static constexpr uint32_t kStormWakes = 64;
+  static constexpr std::chrono::milliseconds kStormWindow{100};
+  static constexpr std::chrono::milliseconds kMuteFirst{10};
+  static constexpr std::chrono::milliseconds kMuteMax{1000};
 
   static Result<std::unique_ptr<RingPoller>> Start(std::chrono::microseconds spin);
   /// Stop the thread; registrations left are dropped (their handlers are not called again;
@@ -85,6 +104,8 @@ class RingPoller {
 
   /// Records handed over since the start (all rings).
   uint64_t records_total() const { return records_total_.load(std::memory_order_relaxed); }
+  /// Times a ring's doorbell was muted for a storm of empty wake-ups (all rings).
+  uint64_t doorbell_mutes_total() const { return mutes_total_.load(std::memory_order_relaxed); }
   /// Rings registered now.
   size_t rings() const;
   /// Whether an armed ring holds a record the poller has not taken yet (a drain waits for
@@ -101,6 +122,12 @@ class RingPoller {
   void Sleep(std::vector<std::shared_ptr<Registration>>& regs, uint64_t generation);
   // Make the list of live registrations current (drops removed ones, adds new ones).
   void Refresh(std::vector<std::shared_ptr<Registration>>& regs);
+  // Count an empty wake-up of `reg`'s doorbell; mute it when they come as a storm.
+  void CountEmptyWake(Registration& reg, std::chrono::steady_clock::time_point now);
+  // Put muted doorbells whose time is up back in the epoll set; return the earliest time a
+  // muted one is due (max() when none is muted).
+  std::chrono::steady_clock::time_point Unmute(std::vector<std::shared_ptr<Registration>>& regs,
+                                               std::chrono::steady_clock::time_point now);
 
   const std::chrono::microseconds spin_;
   int epoll_ = -1;
@@ -108,6 +135,7 @@ class RingPoller {
   std::thread thread_;
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> records_total_{0};
+  std::atomic<uint64_t> mutes_total_{0};
   size_t handed_last_pass_ = 0;  // poller thread only
 };
 

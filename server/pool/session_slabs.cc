@@ -64,8 +64,13 @@ Result<SlabRef> SessionSlabs::Acquire() {
                                                  " bytes, --session-pinned-quota) is held by its " +
                                                  std::to_string(slabs_.size()) + " slabs");
   }
-  FERRY_ASSIGN_OR_RETURN(SlabRef ref, pool_->Acquire(*uid_));
-  slabs_[ref.id].ref = ref;
+  if (charge_) FERRY_RETURN_IF_ERROR(charge_->TryCharge(pool_->slab_size()));
+  Result<SlabRef> ref = pool_->Acquire(*uid_);
+  if (!ref.ok()) {
+    if (charge_) charge_->Refund(pool_->slab_size());
+    return ref.status();
+  }
+  slabs_[ref->id].ref = *ref;
   return ref;
 }
 
@@ -120,7 +125,10 @@ void SessionSlabs::Close() {
     closed_ = true;
     slabs.swap(slabs_);
   }
-  for (auto& [id, h] : slabs) pool_->Release(id, h.quarantined);
+  for (auto& [id, h] : slabs) {
+    pool_->Release(id, h.quarantined);
+    if (charge_) charge_->Refund(pool_->slab_size());
+  }
 }
 
 size_t SessionSlabs::slab_count() const {

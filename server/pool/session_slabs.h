@@ -58,6 +58,16 @@ class BusyRanges {
   std::map<uint64_t, uint32_t> cover_;
 };
 
+/// Who else pays for a session's slabs besides its own quota (the per-uid pinned limit):
+/// charged before a slab is acquired, refunded when it goes back. Thread-safe.
+class PinnedCharge {
+ public:
+  virtual ~PinnedCharge() = default;
+  /// QUOTA_EXCEEDED (naming the limit) when `bytes` more would pass it.
+  virtual Status TryCharge(uint64_t bytes) = 0;
+  virtual void Refund(uint64_t bytes) = 0;
+};
+
 class SessionSlabs {
  public:
   /// `pinned_quota`: the most slab bytes the session may hold (0: no limit but the pool's).
@@ -67,6 +77,8 @@ class SessionSlabs {
   SessionSlabs(const SessionSlabs&) = delete;
   SessionSlabs& operator=(const SessionSlabs&) = delete;
 
+  /// Charge every slab to `charge` too (before the slabs are shared with the broker).
+  void SetCharge(std::shared_ptr<PinnedCharge> charge) { charge_ = std::move(charge); }
   /// Fix the session's uid (the first slab connection does); false when already bound.
   bool Bind(uid_t uid);
   /// Acquire one more slab for the session. SESSION_CLOSED once closed; QUOTA_EXCEEDED when
@@ -107,6 +119,7 @@ class SessionSlabs {
   const uint64_t pinned_quota_;
   std::unique_ptr<CompletionBoard> board_;  // set before sharing; then read-only
   std::shared_ptr<SubmitRing> ring_;        // likewise (the ring poller holds it too)
+  std::shared_ptr<PinnedCharge> charge_;    // likewise
   mutable std::mutex mu_;
   std::optional<uid_t> uid_;        // guarded by mu_
   std::map<uint64_t, Held> slabs_;  // guarded by mu_

@@ -10,6 +10,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <vector>
@@ -59,9 +60,11 @@ bool TokenEquals(std::string_view a, std::string_view b) {
 
 }  // namespace
 
-Result<std::unique_ptr<SlabBroker>> SlabBroker::Start(const std::string& path, int listen_fd) {
+Result<std::unique_ptr<SlabBroker>> SlabBroker::Start(const std::string& path, int listen_fd,
+                                                      const SlabBrokerOptions& options) {
   std::unique_ptr<SlabBroker> b(new SlabBroker());
   b->path_ = path;
+  b->options_ = options;
   b->listen_fd_ = listen_fd;
   int flags = ::fcntl(listen_fd, F_GETFL);
   if (flags < 0 || ::fcntl(listen_fd, F_SETFL, flags | O_NONBLOCK) != 0) {
@@ -156,15 +159,103 @@ std::shared_ptr<SessionSlabs> SlabBroker::SpendToken(std::string_view presented)
   return slabs;                                                         // token, whatever next
 }
 
+SlabBrokerStats SlabBroker::stats() const {
+  SlabBrokerStats s;
+  s.refused_over_cap = refused_over_cap_.load();
+  s.refused_uid_pending = refused_uid_pending_.load();
+  s.hello_timeouts = hello_timeouts_.load();
+  s.accept_backoffs = accept_backoffs_.load();
+  return s;
+}
+
+bool SlabBroker::AcceptAll(std::map<int, Connection>& conns, std::map<uid_t, uint32_t>& pending) {
+  // At most kAcceptBatch per pass: a client that connects in a tight loop (each refused at
+  // once past a cap) must not keep the thread from the connections it serves.
+  constexpr int kAcceptBatch = 64;
+  for (int n = 0; n < kAcceptBatch; ++n) {
+    int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        return false;
+      }
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      return true;  // EAGAIN: the backlog is empty
+    }
+    struct ucred cred = {};
+    socklen_t len = sizeof(cred);
+    if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+      ::close(fd);
+      continue;
+    }
+    // Accepted and closed at once rather than left in the backlog: the client sees its
+    // connection end (EOF) instead of hanging, and the backlog stays free for others.
+    if (conns.size() >= options_.max_connections) {
+      ++refused_over_cap_;
+      ::close(fd);
+      continue;
+    }
+    uint32_t& waiting = pending[cred.uid];
+    if (waiting >= options_.max_pending_per_uid) {
+      ++refused_uid_pending_;
+      ::close(fd);
+      continue;
+    }
+    ++waiting;
+    Connection& c = conns[fd];
+    c.fd = fd;
+    c.uid = cred.uid;
+    c.hello_deadline = std::chrono::steady_clock::now() + options_.hello_timeout;
+    connections_ = conns.size();
+  }
+  return true;  // more may wait: the next poll says so at once
+}
+
 void SlabBroker::Run() {
+  using Clock = std::chrono::steady_clock;
   std::map<int, Connection> conns;
+  std::map<uid_t, uint32_t> pending;  // connections not yet bound, per uid
   std::vector<pollfd> fds;
+  Clock::time_point accept_paused_until{};
+  bool backing_off = false;  // logged once per run of failed accepts
+  auto close_conn = [&](std::map<int, Connection>::iterator it) {
+    if (!it->second.bound) {
+      auto p = pending.find(it->second.uid);
+      if (p != pending.end() && --p->second == 0) pending.erase(p);
+    }
+    ::close(it->first);
+    auto next = conns.erase(it);
+    connections_ = conns.size();
+    return next;
+  };
   while (!stop_) {
+    const Clock::time_point now = Clock::now();
+    // Close connections past their hello deadline, and find the next deadline.
+    Clock::time_point wake_at = Clock::time_point::max();
+    for (auto it = conns.begin(); it != conns.end();) {
+      if (!it->second.bound) {
+        if (it->second.hello_deadline <= now) {
+          ++hello_timeouts_;
+          it = close_conn(it);
+          continue;
+        }
+        wake_at = std::min(wake_at, it->second.hello_deadline);
+      }
+      ++it;
+    }
+    const bool accepting = now >= accept_paused_until;
+    if (!accepting) wake_at = std::min(wake_at, accept_paused_until);
+    int timeout_ms = -1;
+    if (wake_at != Clock::time_point::max()) {
+      auto ms = std::chrono::ceil<std::chrono::milliseconds>(wake_at - now).count();
+      timeout_ms = static_cast<int>(std::clamp<int64_t>(ms, 0, 60'000));
+    }
     fds.clear();
     fds.push_back({wake_[0], POLLIN, 0});
-    fds.push_back({listen_fd_, POLLIN, 0});
+    // Left out while paused: a readable listening socket would wake poll at once, again
+    // and again, while there is no descriptor to accept it with.
+    fds.push_back({accepting ? listen_fd_ : -1, POLLIN, 0});
     for (auto& [fd, c] : conns) fds.push_back({fd, POLLIN, 0});
-    if (::poll(fds.data(), fds.size(), -1) < 0) {
+    if (::poll(fds.data(), fds.size(), timeout_ms) < 0) {
       if (errno == EINTR) continue;
       spdlog::error("slab socket poll: {}", std::strerror(errno));
       return;
@@ -173,26 +264,26 @@ void SlabBroker::Run() {
     for (size_t i = 2; i < fds.size(); ++i) {
       if (!fds[i].revents) continue;
       auto it = conns.find(fds[i].fd);
+      const bool was_bound = it->second.bound;
       if (!Serve(it->second)) {
-        ::close(it->first);
-        conns.erase(it);
-        connections_ = conns.size();
+        if (!was_bound) it->second.bound = false;  // still counted as pending
+        close_conn(it);
+      } else if (!was_bound && it->second.bound) {
+        auto p = pending.find(it->second.uid);
+        if (p != pending.end() && --p->second == 0) pending.erase(p);
       }
     }
-    if (fds[1].revents & POLLIN) {
-      for (;;) {
-        int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0) break;
-        struct ucred cred = {};
-        socklen_t len = sizeof(cred);
-        if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
-          ::close(fd);
-          continue;
+    if (accepting && (fds[1].revents & POLLIN)) {
+      if (!AcceptAll(conns, pending)) {
+        ++accept_backoffs_;
+        if (!backing_off) {
+          spdlog::warn("slab socket: accept: {}; retrying every {} ms", std::strerror(errno),
+                       kAcceptBackoff.count());
         }
-        Connection& c = conns[fd];
-        c.fd = fd;
-        c.uid = cred.uid;
-        connections_ = conns.size();
+        backing_off = true;
+        accept_paused_until = Clock::now() + kAcceptBackoff;
+      } else {
+        backing_off = false;
       }
     }
   }

@@ -14,12 +14,20 @@
 // Thread-safe. One thread polls the listening socket and every connection (non-blocking);
 // requests are a few bytes, answered at once. Sessions' slab sets are reached through weak
 // pointers, so a session that ends first simply makes its connection's requests fail.
+//
+// Bounded against hostile local clients (SlabBrokerOptions): a connection that has not sent
+// its hello within hello_timeout is closed; connections past max_connections overall, or
+// past max_pending_per_uid not yet bound for one uid, are accepted and closed at once (so
+// the listen backlog never fills with them); when accept fails for want of descriptors
+// (EMFILE, ENFILE, ENOBUFS, ENOMEM) the thread stops polling the listening socket for
+// kAcceptBackoff instead of spinning on it, and keeps serving the connections it has.
 #pragma once
 
 #include <sys/random.h>
 #include <sys/types.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -52,13 +60,34 @@ inline constexpr int kRandomRetries = 64;
 /// any other error, or running out of retries, is an UNAVAILABLE error naming it, so that no
 /// token is ever made from bytes that are not random (nor does a broken source spin a thread).
 Status FillRandom(unsigned char* out, size_t n, RandomSource source = &::getrandom);
+struct SlabBrokerOptions {
+  /// A connection that has not sent a whole hello by then is closed.
+  std::chrono::milliseconds hello_timeout{1000};
+  /// Connections open at once, bound or not; more are closed as they are accepted.
+  uint32_t max_connections = 4096;
+  /// Connections of one uid that have not sent a valid hello yet; more are closed as they
+  /// are accepted. (Bound connections are one per session, which per-uid limits bound.)
+  uint32_t max_pending_per_uid = 32;
+};
+
+/// Counters of the broker's bounds (for metrics and tests); monotonic.
+struct SlabBrokerStats {
+  uint64_t refused_over_cap = 0;     // closed at accept: max_connections reached
+  uint64_t refused_uid_pending = 0;  // closed at accept: the uid's pending cap reached
+  uint64_t hello_timeouts = 0;       // closed: no hello within hello_timeout
+  uint64_t accept_backoffs = 0;      // accept failed for want of descriptors; paused
+};
 
 class SlabBroker {
  public:
+  /// How long the listening socket is left alone after accept ran out of descriptors.
+  static constexpr std::chrono::milliseconds kAcceptBackoff{100};
+
   /// Serve the slab protocol on `listen_fd`, a listening Unix socket bound at `path`
   /// (rpc::ListenUnix makes it: a live path refused, a stale one replaced). Owns the fd from
   /// here on, and removes `path` when it stops.
-  static Result<std::unique_ptr<SlabBroker>> Start(const std::string& path, int listen_fd);
+  static Result<std::unique_ptr<SlabBroker>> Start(const std::string& path, int listen_fd,
+                                                   const SlabBrokerOptions& options = {});
   ~SlabBroker();
 
   /// Issue a one-time token binding the next connection that presents it to `slabs`; fails
@@ -70,6 +99,7 @@ class SlabBroker {
   const std::string& path() const { return path_; }
   /// Connections open now (for leak accounting).
   uint64_t connections() const { return connections_; }
+  SlabBrokerStats stats() const;
 
  private:
   struct Connection {
@@ -77,6 +107,7 @@ class SlabBroker {
     uid_t uid = 0;
     std::weak_ptr<SessionSlabs> slabs;
     bool bound = false;
+    std::chrono::steady_clock::time_point hello_deadline;  // while not bound
     std::string in;  // bytes received, not yet a whole message
   };
 
@@ -90,6 +121,9 @@ class SlabBroker {
   // Remove and return the session of the pending token equal to `presented` (null when none
   // is, or its session is gone), in time independent of the bytes presented.
   std::shared_ptr<SessionSlabs> SpendToken(std::string_view presented);
+  // Accept what the backlog holds (a bounded batch), within the caps; false when out of
+  // descriptors.
+  bool AcceptAll(std::map<int, Connection>& conns, std::map<uid_t, uint32_t>& pending);
   // Handle what `c` sent; false closes the connection.
   bool Serve(Connection& c);
 
@@ -98,7 +132,10 @@ class SlabBroker {
   int wake_[2] = {-1, -1};
   std::thread thread_;
   std::atomic<bool> stop_{false};
+  SlabBrokerOptions options_;
   std::atomic<uint64_t> connections_{0};
+  std::atomic<uint64_t> refused_over_cap_{0}, refused_uid_pending_{0}, hello_timeouts_{0},
+      accept_backoffs_{0};
   std::mutex mu_;
   // Pending tokens (one per session that has not bound its slab connection yet): searched
   // by a full scan, never by a keyed container whose lookup compares the secret.

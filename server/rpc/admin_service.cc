@@ -126,6 +126,21 @@ grpc::ServerUnaryReactor* AdminService::ListSessions(grpc::CallbackServerContext
     snap.kernel_batches = c.kernel_batches;
     ToProto(snap, s->mutable_stats());
   }
+  // The same rule for usage: a non-admin sees only its own identity's.
+  const std::string own_identity = caller ? "uid:" + std::to_string(*caller) : std::string();
+  for (const session::UidUsage& u : context_->registry->UsageByUid()) {
+    if (!admin && u.identity != own_identity) continue;
+    v1::UidUsage* p = reply->add_usage();
+    p->set_identity(u.identity);
+    p->set_sessions(u.sessions);
+    p->set_device_bytes(u.device_bytes);
+    p->set_pinned_bytes(u.pinned_bytes);
+    p->set_submits_in_flight(u.inflight);
+    p->set_max_sessions(u.limits.sessions);
+    p->set_max_device_bytes(u.limits.device_bytes);
+    p->set_max_pinned_bytes(u.limits.pinned_bytes);
+    p->set_max_submits_in_flight(u.limits.inflight);
+  }
   auto* reactor = ctx->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;

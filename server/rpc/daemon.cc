@@ -58,6 +58,8 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
   uint64_t cap =
       options.device_bytes_cap ? options.device_bytes_cap : d->device_->info().total_memory;
   d->registry_ = std::make_unique<session::SessionRegistry>(cap, options.max_sessions);
+  d->registry_->SetUidLimits(options.uid_limits, options.slab_pool.budget,
+                             static_cast<uint32_t>(::geteuid()));
 
   if (options.copy_turns > 0) {
     d->copy_turns_ =
@@ -212,7 +214,8 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
     sup->SetRebuiltHook([pool = d->slab_pool_.get()] { pool->ReregisterAll(); });
     const std::string slab_path = unix_listeners[0].path + ".slabs";
     FERRY_ASSIGN_OR_RETURN(int slab_fd, ListenUnix(slab_path));
-    FERRY_ASSIGN_OR_RETURN(d->slab_broker_, pool::SlabBroker::Start(slab_path, slab_fd));
+    FERRY_ASSIGN_OR_RETURN(d->slab_broker_,
+                           pool::SlabBroker::Start(slab_path, slab_fd, options.slab_broker));
     ctx.slab_pool = d->slab_pool_.get();
     ctx.slab_broker = d->slab_broker_.get();
     ctx.session_pinned_quota = options.session_pinned_quota;

@@ -64,6 +64,9 @@ struct DaemonOptions {
   uint32_t max_in_flight_submits = 1024;
   uint64_t device_bytes_cap = 0;  // 0: the device's total memory
   uint32_t max_sessions = 1024;
+  /// Per-identity (uid, gid, remote) limits on sessions, device and pinned bytes and submits
+  /// in flight (session/registry.h); the first rule is the default one.
+  std::vector<session::UidLimitRule> uid_limits = {session::DefaultUidLimitRule()};
   /// Copy turns (session/copy_turns.h): submits copying at least copy_turn_bytes one way
   /// that run at once, per direction; 0: no limit.
   uint32_t copy_turns = 4;
@@ -76,6 +79,8 @@ struct DaemonOptions {
   /// or inherited). No pool without one (remote clients send bytes inline).
   bool slab_pool_enabled = true;
   pool::SlabPoolOptions slab_pool;
+  /// Bounds of the slab socket (hello deadline, connection caps).
+  pool::SlabBrokerOptions slab_broker;
   /// Daemon-owned slabs (from the pool) that stage remote clients' inline transfers; 0:
   /// remote transfers copy straight between the messages and the device.
   uint32_t staging_slabs = 4;

@@ -49,6 +49,7 @@ session::PeerIdentity LocalConnections::Identify(const std::string& grpc_peer) c
   if (it->second.peer.uid != static_cast<uid_t>(-1)) {
     id.uid = static_cast<uint32_t>(it->second.peer.uid);
     id.pid = static_cast<int32_t>(it->second.peer.pid);
+    id.gid = static_cast<uint32_t>(it->second.peer.gid);
   }
   return id;
 }

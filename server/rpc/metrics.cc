@@ -155,6 +155,43 @@ std::string RenderMetrics(const SessionServiceContext& c,
   e.Metric("ferry_slab_pool_fds_open", "gauge", "memfds the slab pool holds open.", p.fds_open);
   e.Metric("ferry_slab_pool_connections", "gauge", "Connections open on the slab socket.",
            slab_connections);
+  pool::SlabBrokerStats bs;
+  if (c.slab_broker) bs = c.slab_broker->stats();
+  e.Family("ferry_slab_connections_closed_total", "counter",
+           "Slab-socket connections the daemon closed for a bound, since start, by reason.");
+  e.Sample("ferry_slab_connections_closed_total", bs.refused_over_cap,
+           "reason=\"max_connections\"");
+  e.Sample("ferry_slab_connections_closed_total", bs.refused_uid_pending,
+           "reason=\"max_pending_per_uid\"");
+  e.Sample("ferry_slab_connections_closed_total", bs.hello_timeouts, "reason=\"hello_timeout\"");
+  e.Metric("ferry_slab_accept_backoffs_total", "counter",
+           "Times the slab socket stopped accepting for a while: out of file descriptors.",
+           bs.accept_backoffs);
+  // Per identity (uid:N, or remote): usage and limits (0: no limit), for those holding
+  // anything now.
+  const std::vector<session::UidUsage> usage = c.registry->UsageByUid();
+  auto per_uid = [&](const char* name, const char* help, auto field) {
+    e.Family(name, "gauge", help);
+    for (const session::UidUsage& u : usage) {
+      e.Sample(name, field(u), "identity=\"" + EscapeLabel(u.identity) + "\"");
+    }
+  };
+  per_uid("ferry_uid_sessions", "Sessions open now, per identity.",
+          [](const session::UidUsage& u) { return u.sessions; });
+  per_uid("ferry_uid_device_bytes", "Device bytes held now, per identity.",
+          [](const session::UidUsage& u) { return u.device_bytes; });
+  per_uid("ferry_uid_pinned_bytes", "Slab (pinned) bytes held now, per identity.",
+          [](const session::UidUsage& u) { return u.pinned_bytes; });
+  per_uid("ferry_uid_submits_in_flight", "Submits in flight now, per identity.",
+          [](const session::UidUsage& u) { return u.inflight; });
+  per_uid("ferry_uid_max_sessions", "Session limit per identity (0: none).",
+          [](const session::UidUsage& u) { return u.limits.sessions; });
+  per_uid("ferry_uid_max_device_bytes", "Device-byte limit per identity (0: none).",
+          [](const session::UidUsage& u) { return u.limits.device_bytes; });
+  per_uid("ferry_uid_max_pinned_bytes", "Pinned-byte limit per identity (0: none).",
+          [](const session::UidUsage& u) { return u.limits.pinned_bytes; });
+  per_uid("ferry_uid_max_submits_in_flight", "In-flight submit limit per identity (0: none).",
+          [](const session::UidUsage& u) { return u.limits.inflight; });
   session::CopyTurns::Stats turns;
   if (c.copy_turns) turns = c.copy_turns->stats();
   e.Metric("ferry_copy_turn_waits_total", "counter",
@@ -193,6 +230,9 @@ std::string RenderMetrics(const SessionServiceContext& c,
   e.Metric("ferry_stream_read_pauses_total", "counter",
            "Times a session stream stopped reading at a limit, since start.",
            static_cast<double>(c.read_pauses_total.load()));
+  e.Metric("ferry_submit_ring_doorbell_mutes_total", "counter",
+           "Times a ring's doorbell was muted for a storm of empty wake-ups, since start.",
+           c.ring_poller ? c.ring_poller->doorbell_mutes_total() : 0);
   auto histogram = [&e](const LatencyHistogram* hist, const std::string& name, const char* help) {
     if (!hist) return;
     const LatencyHistogram::Snapshot h = hist->snapshot();

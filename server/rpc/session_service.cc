@@ -505,6 +505,7 @@ class SessionConnection : public session::SessionEvents,
     if (context_->slab_pool && context_->slab_broker && peer_.local()) {
       auto slabs =
           std::make_shared<pool::SessionSlabs>(context_->slab_pool, context_->session_pinned_quota);
+      slabs->SetCharge(context_->registry->AccountOf(session_id_));  // the uid's pinned limit
       // And a completion board, where the client sees its submits complete without waiting
       // for Completed (a session without one still works; only its waits are slower).
       if (auto board = pool::CompletionBoard::Create(); board.ok()) {

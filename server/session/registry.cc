@@ -1,15 +1,321 @@
 #include "session/registry.h"
 
-namespace ferry::session {
+#include <algorithm>
+#include <charconv>
+#include <climits>
 
-uint64_t SessionRegistry::Add(std::string client_name, PeerIdentity peer,
-                              std::shared_ptr<const SessionCounters> counters) {
+namespace ferry::session {
+namespace {
+
+Status Invalid(std::string message) {
+  return Status(ErrorKind::kInvalidArgument, std::move(message));
+}
+
+Result<uint64_t> ParseNumber(std::string_view text) {
+  uint64_t v = 0;
+  auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc() || p != text.data() + text.size()) {
+    return Invalid("not a number: '" + std::string(text) + "'");
+  }
+  return v;
+}
+
+// N, or N with a K/M/G suffix (powers of 1024) when `sized`.
+Result<uint64_t> ParseAmount(std::string_view text, bool sized) {
+  uint64_t mult = 1;
+  if (sized && !text.empty()) {
+    switch (text.back()) {
+      case 'K':
+      case 'k':
+        mult = 1ull << 10;
+        break;
+      case 'M':
+      case 'm':
+        mult = 1ull << 20;
+        break;
+      case 'G':
+      case 'g':
+        mult = 1ull << 30;
+        break;
+      default:
+        break;
+    }
+    if (mult != 1) text.remove_suffix(1);
+  }
+  FERRY_ASSIGN_OR_RETURN(uint64_t v, ParseNumber(text));
+  if (v > UINT64_MAX / mult) return Invalid("size overflows");
+  return v * mult;
+}
+
+std::string FormatAmount(uint64_t v, bool sized) {
+  if (sized && v != 0) {
+    if (v % (1ull << 30) == 0) return std::to_string(v >> 30) + "G";
+    if (v % (1ull << 20) == 0) return std::to_string(v >> 20) + "M";
+    if (v % (1ull << 10) == 0) return std::to_string(v >> 10) + "K";
+  }
+  return std::to_string(v);
+}
+
+uint64_t ResolveOne(const UidLimit& limit, uint64_t whole) {
+  switch (limit.kind) {
+    case UidLimit::Kind::kAmount:
+      return limit.value;
+    case UidLimit::Kind::kPercent:
+      // At least 1: a share that rounds to nothing would refuse everything.
+      return std::max<uint64_t>(
+          1, static_cast<uint64_t>(static_cast<long double>(whole) * limit.value / 100));
+    case UidLimit::Kind::kUnset:
+    case UidLimit::Kind::kNone:
+      return 0;
+  }
+  return 0;
+}
+
+// `over`'s set limits over `base`'s.
+UidLimitRule Overlay(UidLimitRule base, const UidLimitRule& over) {
+  auto pick = [](UidLimit& b, const UidLimit& o) {
+    if (o.kind != UidLimit::Kind::kUnset) b = o;
+  };
+  pick(base.sessions, over.sessions);
+  pick(base.device, over.device);
+  pick(base.pinned, over.pinned);
+  pick(base.inflight, over.inflight);
+  return base;
+}
+
+}  // namespace
+
+UidLimitRule DefaultUidLimitRule() {
+  UidLimitRule r;
+  r.match = UidLimitRule::Match::kDefault;
+  r.sessions = {UidLimit::Kind::kPercent, 50};
+  r.device = {UidLimit::Kind::kPercent, 50};
+  r.pinned = {UidLimit::Kind::kPercent, 50};
+  r.inflight = {UidLimit::Kind::kAmount, 4096};
+  return r;
+}
+
+Result<UidLimitRule> ParseUidLimitRule(const std::string& text) {
+  UidLimitRule rule;
+  std::string_view rest = text;
+  auto take_id = [&](std::string_view prefix, UidLimitRule::Match m) -> Status {
+    rest.remove_prefix(prefix.size());
+    size_t colon = rest.find(':');
+    if (colon == std::string_view::npos) {
+      return Invalid("expected " + std::string(prefix) + "N:KEY=VALUE,...");
+    }
+    FERRY_ASSIGN_OR_RETURN(uint64_t id, ParseNumber(rest.substr(0, colon)));
+    if (id > UINT32_MAX) return Invalid("id out of range: " + std::string(rest.substr(0, colon)));
+    rule.match = m;
+    rule.id = static_cast<uint32_t>(id);
+    rest.remove_prefix(colon + 1);
+    return Status::Ok();
+  };
+  if (rest.rfind("default:", 0) == 0) {
+    rule.match = UidLimitRule::Match::kDefault;
+    rest.remove_prefix(8);
+  } else if (rest.rfind("remote:", 0) == 0) {
+    rule.match = UidLimitRule::Match::kRemote;
+    rest.remove_prefix(7);
+  } else if (rest.rfind("uid:", 0) == 0) {
+    FERRY_RETURN_IF_ERROR(take_id("uid:", UidLimitRule::Match::kUid));
+  } else if (rest.rfind("gid:", 0) == 0) {
+    FERRY_RETURN_IF_ERROR(take_id("gid:", UidLimitRule::Match::kGid));
+  } else {
+    return Invalid("a rule starts with default:, remote:, uid:N: or gid:N:, got '" + text + "'");
+  }
+  if (rest.empty()) return Invalid("no limits in '" + text + "'");
+  while (!rest.empty()) {
+    size_t comma = rest.find(',');
+    std::string_view item = rest.substr(0, comma);
+    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+    if (comma != std::string_view::npos && rest.empty()) return Invalid("trailing ','");
+    size_t eq = item.find('=');
+    if (eq == std::string_view::npos) {
+      return Invalid("expected KEY=VALUE, got '" + std::string(item) + "'");
+    }
+    std::string_view key = item.substr(0, eq), value = item.substr(eq + 1);
+    UidLimit* limit = key == "sessions"   ? &rule.sessions
+                      : key == "device"   ? &rule.device
+                      : key == "pinned"   ? &rule.pinned
+                      : key == "inflight" ? &rule.inflight
+                                          : nullptr;
+    if (!limit) {
+      return Invalid("unknown limit '" + std::string(key) +
+                     "' (sessions, device, pinned or inflight)");
+    }
+    if (limit->kind != UidLimit::Kind::kUnset) {
+      return Invalid("'" + std::string(key) + "' given twice");
+    }
+    const bool sized = limit == &rule.device || limit == &rule.pinned;
+    if (value == "none") {
+      *limit = {UidLimit::Kind::kNone, 0};
+    } else if (!value.empty() && value.back() == '%') {
+      if (limit == &rule.inflight) return Invalid("inflight takes a number, not a percentage");
+      FERRY_ASSIGN_OR_RETURN(uint64_t p, ParseNumber(value.substr(0, value.size() - 1)));
+      if (p < 1 || p > 100) return Invalid("a percentage is 1%..100%");
+      *limit = {UidLimit::Kind::kPercent, p};
+    } else {
+      FERRY_ASSIGN_OR_RETURN(uint64_t v, ParseAmount(value, sized));
+      if (v == 0)
+        return Invalid(std::string(key) + "=0 would refuse everything; 'none' is no limit");
+      *limit = {UidLimit::Kind::kAmount, v};
+    }
+  }
+  return rule;
+}
+
+std::string FormatUidLimitRule(const UidLimitRule& rule) {
+  std::string out;
+  switch (rule.match) {
+    case UidLimitRule::Match::kDefault:
+      out = "default:";
+      break;
+    case UidLimitRule::Match::kRemote:
+      out = "remote:";
+      break;
+    case UidLimitRule::Match::kUid:
+      out = "uid:" + std::to_string(rule.id) + ":";
+      break;
+    case UidLimitRule::Match::kGid:
+      out = "gid:" + std::to_string(rule.id) + ":";
+      break;
+  }
+  bool first = true;
+  auto add = [&](const char* key, const UidLimit& l, bool sized) {
+    if (l.kind == UidLimit::Kind::kUnset) return;
+    out += first ? "" : ",";
+    first = false;
+    out += key;
+    out += '=';
+    if (l.kind == UidLimit::Kind::kNone) {
+      out += "none";
+    } else if (l.kind == UidLimit::Kind::kPercent) {
+      out += std::to_string(l.value) + "%";
+    } else {
+      out += FormatAmount(l.value, sized);
+    }
+  };
+  add("sessions", rule.sessions, false);
+  add("device", rule.device, true);
+  add("pinned", rule.pinned, true);
+  add("inflight", rule.inflight, false);
+  return out;
+}
+
+Status UidAccount::Charge(std::atomic<uint64_t>& used, uint64_t amount, uint64_t limit,
+                          const char* what, const char* key) {
+  uint64_t cur = used.load();
+  do {
+    if (limit != 0 && (amount > limit || cur > limit - amount)) {
+      return Status(ErrorKind::kQuotaExceeded,
+                    identity_ + "'s " + what + " limit (" + std::to_string(limit) +
+                        ", uid-limits " + key + "=) is reached: it holds " + std::to_string(cur) +
+                        ", asks for " + std::to_string(amount) + " more");
+    }
+  } while (!used.compare_exchange_weak(cur, cur + amount));
+  return Status::Ok();
+}
+
+Status UidAccount::ChargeDeviceBytes(uint64_t bytes) {
+  if (bytes == 0) return Status::Ok();
+  return Charge(device_bytes_, bytes, limits_.device_bytes, "device memory (bytes)", "device");
+}
+
+Status UidAccount::ChargeInflight() {
+  return Charge(inflight_, 1, limits_.inflight, "submits in flight", "inflight");
+}
+
+Status UidAccount::TryCharge(uint64_t bytes) {
+  return Charge(pinned_bytes_, bytes, limits_.pinned_bytes, "pinned memory (bytes)", "pinned");
+}
+
+UidUsage UidAccount::Usage() const {
+  UidUsage u;
+  u.identity = identity_;
+  u.sessions = sessions_.load();
+  u.device_bytes = device_bytes_.load();
+  u.pinned_bytes = pinned_bytes_.load();
+  u.inflight = inflight_.load();
+  u.limits = limits_;
+  return u;
+}
+
+void SessionRegistry::SetUidLimits(std::vector<UidLimitRule> rules, uint64_t pinned_budget,
+                                   uint32_t daemon_uid) {
   std::lock_guard lock(mu_);
-  if (sessions_.size() >= max_sessions_) return 0;
+  rules_ = std::move(rules);
+  pinned_budget_ = pinned_budget;
+  daemon_uid_ = daemon_uid;
+  accounts_.clear();
+}
+
+ResolvedUidLimits SessionRegistry::Resolve(const PeerIdentity& peer) const {
+  UidLimitRule rule;  // every limit unset: none, unless a rule sets it
+  for (const UidLimitRule& r : rules_) {
+    if (r.match == UidLimitRule::Match::kDefault) rule = r;
+  }
+  const UidLimitRule* specific = nullptr;
+  bool named = false;  // a uid: rule names this uid
+  for (const UidLimitRule& r : rules_) {
+    if (!peer.uid && r.match == UidLimitRule::Match::kRemote) specific = &r;
+    if (peer.uid && r.match == UidLimitRule::Match::kUid && r.id == *peer.uid) {
+      specific = &r;
+      named = true;
+    }
+  }
+  if (!specific && peer.gid) {
+    for (const UidLimitRule& r : rules_) {  // the first gid: rule that matches
+      if (r.match == UidLimitRule::Match::kGid && r.id == *peer.gid) {
+        specific = &r;
+        break;
+      }
+    }
+  }
+  if (peer.uid && (*peer.uid == 0 || *peer.uid == daemon_uid_) && !named) {
+    return {};  // root and the daemon's own uid: exempt unless named
+  }
+  if (specific) rule = Overlay(rule, *specific);
+  ResolvedUidLimits out;
+  out.sessions = ResolveOne(rule.sessions, max_sessions_);
+  out.device_bytes = ResolveOne(rule.device, device_bytes_cap_);
+  out.pinned_bytes = ResolveOne(rule.pinned, pinned_budget_);
+  out.inflight = ResolveOne(rule.inflight, 0);
+  return out;
+}
+
+std::shared_ptr<UidAccount> SessionRegistry::AccountFor(const PeerIdentity& peer) {
+  std::string identity = peer.uid ? "uid:" + std::to_string(*peer.uid) : "remote";
+  std::lock_guard lock(mu_);
+  auto& account = accounts_[identity];
+  if (!account) account = std::make_shared<UidAccount>(identity, Resolve(peer));
+  return account;
+}
+
+std::shared_ptr<UidAccount> SessionRegistry::AccountOf(uint64_t id) const {
+  std::lock_guard lock(mu_);
+  auto it = sessions_.find(id);
+  return it == sessions_.end() ? nullptr : it->second.account;
+}
+
+Result<uint64_t> SessionRegistry::Open(std::string client_name, PeerIdentity peer,
+                                       std::shared_ptr<const SessionCounters> counters) {
+  std::shared_ptr<UidAccount> account = AccountFor(peer);
+  std::lock_guard lock(mu_);
+  if (sessions_.size() >= max_sessions_) {
+    return Status(ErrorKind::kQuotaExceeded, "the daemon holds its maximum number of sessions (" +
+                                                 std::to_string(max_sessions_) + ", max-sessions)");
+  }
+  FERRY_RETURN_IF_ERROR(
+      account->Charge(account->sessions_, 1, account->limits().sessions, "sessions", "sessions"));
   uint64_t id = next_id_++;
   ++sessions_total_;
-  sessions_[id] = SessionEntry{id, std::move(client_name), std::move(peer),
-                               std::chrono::steady_clock::now(), std::move(counters)};
+  sessions_[id] = SessionEntry{id,
+                               std::move(client_name),
+                               std::move(peer),
+                               std::chrono::steady_clock::now(),
+                               std::move(counters),
+                               std::move(account)};
   return id;
 }
 
@@ -17,6 +323,7 @@ void SessionRegistry::Remove(uint64_t id) {
   std::lock_guard lock(mu_);
   auto it = sessions_.find(id);
   if (it == sessions_.end()) return;
+  --it->second.account->sessions_;
   const SessionCounters& c = *it->second.counters;
   closed_submits_ += c.submits;
   closed_ops_ += c.ops;
@@ -63,6 +370,16 @@ DaemonTotals SessionRegistry::Totals() const {
     t.bytes_downloaded += c.bytes_downloaded;
   }
   return t;
+}
+
+std::vector<UidUsage> SessionRegistry::UsageByUid() const {
+  std::lock_guard lock(mu_);
+  std::vector<UidUsage> out;
+  for (const auto& [identity, account] : accounts_) {
+    UidUsage u = account->Usage();
+    if (u.sessions || u.device_bytes || u.pinned_bytes || u.inflight) out.push_back(std::move(u));
+  }
+  return out;
 }
 
 }  // namespace ferry::session

@@ -1,8 +1,14 @@
-// Daemon-wide view of the sessions: ids, daemon-wide device-memory cap, totals, and the
-// snapshots ferryctl and the Admin service read.
+// Daemon-wide view of the sessions: ids, daemon-wide device-memory cap, per-identity (uid)
+// limits and usage, totals, and the snapshots ferryctl and the Admin service read.
+//
+// Per-identity limits: every session is charged to an identity, "uid:N" for a local client
+// (its SO_PEERCRED uid) or "remote" for every TCP peer together. Each identity has limits on
+// its sessions, device bytes, pinned (slab) bytes and submits in flight, from the rules of
+// `uid-limits` (UidLimitRule; docs/operations.md "Per-uid limits"). Root and the daemon's own
+// uid are exempt unless a uid: rule names them.
 //
 // Thread-safe: sessions update it from their executors, the Admin service reads it from
-// gRPC threads.
+// gRPC threads; a UidAccount's counters are atomics any thread may charge.
 #pragma once
 
 #include <atomic>
@@ -15,7 +21,82 @@
 #include <string>
 #include <vector>
 
+#include "ferry/status.h"
+#include "pool/session_slabs.h"
+
 namespace ferry::session {
+
+/// One limit of a uid-limits rule: unset (inherit the default rule's), none (no limit), an
+/// amount, or a percentage of the daemon-wide value (max-sessions, the device-memory cap,
+/// pinned-budget; not for inflight).
+struct UidLimit {
+  enum class Kind { kUnset, kNone, kAmount, kPercent };
+  Kind kind = Kind::kUnset;
+  uint64_t value = 0;
+  bool operator==(const UidLimit& o) const { return kind == o.kind && value == o.value; }
+};
+
+/// One `uid-limits` rule: "SELECTOR:KEY=VALUE[,KEY=VALUE...]" where SELECTOR is default,
+/// remote, uid:N or gid:N and KEY is sessions, device, pinned or inflight.
+struct UidLimitRule {
+  enum class Match { kDefault, kRemote, kUid, kGid };
+  Match match = Match::kDefault;
+  uint32_t id = 0;  // the uid or gid
+  UidLimit sessions, device, pinned, inflight;
+  bool operator==(const UidLimitRule& o) const {
+    return match == o.match && id == o.id && sessions == o.sessions && device == o.device &&
+           pinned == o.pinned && inflight == o.inflight;
+  }
+};
+
+/// The rule in force when none is configured: each identity may hold half of the sessions,
+/// of the device memory cap and of the pinned budget, and 4096 submits in flight.
+UidLimitRule DefaultUidLimitRule();
+/// Parse one rule (the value of a `uid-limits` line); INVALID_ARGUMENT naming what is wrong.
+Result<UidLimitRule> ParseUidLimitRule(const std::string& text);
+/// The rule as ParseUidLimitRule reads it back.
+std::string FormatUidLimitRule(const UidLimitRule& rule);
+
+/// Limits resolved to amounts; 0: no limit.
+struct ResolvedUidLimits {
+  uint64_t sessions = 0, device_bytes = 0, pinned_bytes = 0, inflight = 0;
+};
+
+/// What one identity holds now, against its limits.
+struct UidUsage {
+  std::string identity;  // "uid:1000", "remote"
+  uint64_t sessions = 0, device_bytes = 0, pinned_bytes = 0, inflight = 0;
+  ResolvedUidLimits limits;
+};
+
+/// The usage of one identity and its limits. Shared by the registry and the identity's
+/// sessions and slab sets (which may outlive the registry entry of their session); every
+/// charge is an atomic check-and-add, so it holds across sessions on different executors.
+class UidAccount : public pool::PinnedCharge {
+ public:
+  UidAccount(std::string identity, ResolvedUidLimits limits)
+      : identity_(std::move(identity)), limits_(limits) {}
+  const std::string& identity() const { return identity_; }
+  const ResolvedUidLimits& limits() const { return limits_; }
+
+  /// QUOTA_EXCEEDED, naming the identity and the limit, when `bytes` more would pass it.
+  Status ChargeDeviceBytes(uint64_t bytes);
+  void RefundDeviceBytes(uint64_t bytes) { device_bytes_ -= bytes; }
+  Status ChargeInflight();
+  void RefundInflight() { --inflight_; }
+  Status TryCharge(uint64_t bytes) override;  // pinned bytes
+  void Refund(uint64_t bytes) override { pinned_bytes_ -= bytes; }
+
+  UidUsage Usage() const;
+
+ private:
+  friend class SessionRegistry;
+  Status Charge(std::atomic<uint64_t>& used, uint64_t amount, uint64_t limit, const char* what,
+                const char* setting);
+  const std::string identity_;
+  const ResolvedUidLimits limits_;
+  std::atomic<uint64_t> sessions_{0}, device_bytes_{0}, pinned_bytes_{0}, inflight_{0};
+};
 
 /// Counters of one session. Written only by its executor, read by anyone.
 struct SessionCounters {
@@ -42,6 +123,7 @@ struct PeerIdentity {
   std::string address;          // "unix:/run/ferry/ferryd-0.sock", "ipv4:127.0.0.1:51234", ...
   std::optional<uint32_t> uid;  // set only for local clients
   std::optional<int32_t> pid;
+  std::optional<uint32_t> gid;  // the peer's gid at connect (SO_PEERCRED); local clients only
   /// A client on this machine, reached through a Unix socket: it may use shared memory.
   bool local() const { return uid.has_value(); }
 };
@@ -53,6 +135,7 @@ struct SessionEntry {
   PeerIdentity peer;
   std::chrono::steady_clock::time_point opened_at;
   std::shared_ptr<const SessionCounters> counters;
+  std::shared_ptr<UidAccount> account;  // the identity it is charged to
 };
 
 struct DaemonTotals {
@@ -74,9 +157,24 @@ class SessionRegistry {
   SessionRegistry(uint64_t device_bytes_cap, uint32_t max_sessions)
       : device_bytes_cap_(device_bytes_cap), max_sessions_(max_sessions) {}
 
-  /// Register a new session and return its id, or 0 when max_sessions are open.
+  /// Set the per-identity rules (before any session opens), resolving percentages against
+  /// max_sessions, the device cap and `pinned_budget`; `daemon_uid` is exempt like root.
+  void SetUidLimits(std::vector<UidLimitRule> rules, uint64_t pinned_budget, uint32_t daemon_uid);
+
+  /// Register a new session and return its id; QUOTA_EXCEEDED when max_sessions are open or
+  /// its identity holds its session limit.
+  Result<uint64_t> Open(std::string client_name, PeerIdentity peer,
+                        std::shared_ptr<const SessionCounters> counters);
+  /// Open, returning 0 when refused.
   uint64_t Add(std::string client_name, PeerIdentity peer,
-               std::shared_ptr<const SessionCounters> counters);
+               std::shared_ptr<const SessionCounters> counters) {
+    auto id = Open(std::move(client_name), std::move(peer), std::move(counters));
+    return id.ok() ? *id : 0;
+  }
+  /// The account an open session is charged to (null for an unknown id).
+  std::shared_ptr<UidAccount> AccountOf(uint64_t id) const;
+  /// The account `peer` is charged to, made on first use.
+  std::shared_ptr<UidAccount> AccountFor(const PeerIdentity& peer);
   /// Unregister a session, folding its counters into the daemon totals.
   void Remove(uint64_t id);
 
@@ -86,17 +184,27 @@ class SessionRegistry {
 
   std::vector<SessionEntry> List() const;
   DaemonTotals Totals() const;
+  /// Identities that hold anything now (a session, bytes, submits), by identity.
+  std::vector<UidUsage> UsageByUid() const;
   uint64_t device_bytes_cap() const { return device_bytes_cap_; }
 
  private:
+  ResolvedUidLimits Resolve(const PeerIdentity& peer) const;
+
   const uint64_t device_bytes_cap_;
   const uint32_t max_sessions_;
   std::atomic<uint64_t> device_bytes_reserved_{0};
 
   mutable std::mutex mu_;
   std::map<uint64_t, SessionEntry> sessions_;  // guarded by mu_
-  uint64_t next_id_ = 1;                       // guarded by mu_
-  uint64_t sessions_total_ = 0;                // guarded by mu_
+  // Set before sessions open; none (no per-identity limits) until SetUidLimits. The
+  // daemon's options carry DefaultUidLimitRule unless configured otherwise.
+  std::vector<UidLimitRule> rules_;
+  uint64_t pinned_budget_ = 0;
+  uint32_t daemon_uid_ = 0;
+  std::map<std::string, std::shared_ptr<UidAccount>> accounts_;  // guarded by mu_
+  uint64_t next_id_ = 1;                                         // guarded by mu_
+  uint64_t sessions_total_ = 0;                                  // guarded by mu_
   // Counters of closed sessions, guarded by mu_.
   uint64_t closed_submits_ = 0, closed_ops_ = 0, closed_up_ = 0, closed_down_ = 0;
 };

@@ -13,13 +13,12 @@ Result<std::shared_ptr<Session>> Session::Create(DeviceSupervisor* device,
                                                  std::string client_name, PeerIdentity peer,
                                                  SessionEvents* events, CopyTurns* turns) {
   auto counters = std::make_shared<SessionCounters>();
-  uint64_t id = registry->Add(std::move(client_name), std::move(peer), counters);
-  if (id == 0) {
-    return Status(ErrorKind::kQuotaExceeded, "the daemon holds its maximum number of sessions");
-  }
+  FERRY_ASSIGN_OR_RETURN(uint64_t id,
+                         registry->Open(std::move(client_name), std::move(peer), counters));
   std::shared_ptr<Session> session(
       new Session(device, registry, std::move(executor), config, nullptr, events));
   session->id_ = id;
+  session->account_ = registry->AccountOf(id);
   session->counters_ = std::move(counters);
   session->turns_ = turns;
   auto lease = device->Join(id, session);
@@ -58,6 +57,9 @@ Session::Session(DeviceSupervisor* device, SessionRegistry* registry, Executor e
 
 Session::~Session() {
   // Normally released in Finalize; this covers a session dropped before it was closed.
+  for (const InFlight& r : queue_) {
+    if (r.uid_inflight) account_->RefundInflight();
+  }
   ReleaseStream();
   ReleaseSlabs();
   device_->Leave(id_);
@@ -77,11 +79,15 @@ void Session::Submit(SubmitRequest request) {
   InFlight record;
   record.submit_id = request.submit_id;
   ++counters_->submits;
+  Status over_uid_limit;
   if (!request.refusal.ok()) {
     record.status = request.refusal;
   } else if (closing_) {
     record.status = Status(ErrorKind::kSessionClosed, "the session is closing");
+  } else if (account_ && !(over_uid_limit = account_->ChargeInflight()).ok()) {
+    record.status = over_uid_limit;
   } else {
+    record.uid_inflight = account_ != nullptr;
     uint8_t needs = turns_ ? turns_->Needs(request.ops) : CopyTurns::kNone;
     if (parked_ == 0 && (needs == CopyTurns::kNone || turns_->TryTake(needs))) {
       record.turns_held = needs;
@@ -163,18 +169,14 @@ Status Session::Enqueue(SubmitRequest& request, const AdmissionResult& admitted,
   auto& ops = request.ops;
   // Allocate everything the submit creates first, so that a device that cannot provide
   // the memory refuses the submit whole.
-  if (!registry_->TryReserveDeviceBytes(admitted.bytes_created)) {
-    return Status(ErrorKind::kQuotaExceeded, "the daemon-wide device memory cap (" +
-                                                 std::to_string(registry_->device_bytes_cap()) +
-                                                 " bytes) is reached");
-  }
+  FERRY_RETURN_IF_ERROR(ReserveDeviceBytes(admitted.bytes_created));
   std::vector<DevicePtr> fresh(ops.size(), 0);
   std::vector<uint64_t> fresh_bytes(ops.size(), 0);
   std::vector<std::shared_ptr<backend::Module>> loaded(ops.size());
   auto release_from = [&](size_t first) {
     for (size_t j = first; j < ops.size(); ++j) {
       if (fresh[j]) stream_->Free(fresh[j]);
-      registry_->ReleaseDeviceBytes(fresh_bytes[j]);
+      ReleaseDeviceBytes(fresh_bytes[j]);
       fresh[j] = 0;
       fresh_bytes[j] = 0;
       loaded[j].reset();
@@ -502,10 +504,31 @@ Status Session::EnqueueOp(const Op& any, DevicePtr fresh, std::shared_ptr<backen
       any);
 }
 
+Status Session::ReserveDeviceBytes(uint64_t bytes) {
+  if (!registry_->TryReserveDeviceBytes(bytes)) {
+    return Status(ErrorKind::kQuotaExceeded, "the daemon-wide device memory cap (" +
+                                                 std::to_string(registry_->device_bytes_cap()) +
+                                                 " bytes) is reached");
+  }
+  if (account_) {
+    Status s = account_->ChargeDeviceBytes(bytes);
+    if (!s.ok()) {
+      registry_->ReleaseDeviceBytes(bytes);
+      return s;
+    }
+  }
+  return Status::Ok();
+}
+
+void Session::ReleaseDeviceBytes(uint64_t bytes) {
+  registry_->ReleaseDeviceBytes(bytes);
+  if (account_) account_->RefundDeviceBytes(bytes);
+}
+
 void Session::ReleaseTensor(uint64_t handle) {
   TensorRecord r = tensors_.Remove(handle);
   if (r.ptr) stream_->Free(r.ptr);
-  registry_->ReleaseDeviceBytes(r.bytes);
+  ReleaseDeviceBytes(r.bytes);
   counters_->live_tensors = tensors_.size();
   counters_->device_bytes = tensors_.bytes();
 }
@@ -572,7 +595,7 @@ void Session::OnDeviceLost(const DeviceLoss& loss) {
   raw_launches_in_flight_ = 0;
   // The memory went with the context: forget it without freeing.
   for (const auto& [handle, record] : tensors_.tensors()) {
-    registry_->ReleaseDeviceBytes(record.bytes);
+    ReleaseDeviceBytes(record.bytes);
   }
   tensors_.Clear();
   counters_->live_tensors = 0;
@@ -591,6 +614,7 @@ void Session::DeliverReady() {
     InFlight record = std::move(queue_.front());
     queue_.pop_front();
     counters_->submits_in_flight = queue_.size();
+    if (record.uid_inflight) account_->RefundInflight();
     if (record.turns_held != CopyTurns::kNone) turns_->Give(record.turns_held);
     // The device is done with the submit's slab ranges: free them, or quarantine them
     // when the submit failed (their bytes are of unknown state).

@@ -173,6 +173,7 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
     std::vector<uint64_t> syncs_after;         // Synchronize ids answered after this completes
     std::vector<pool::SlabRange> slab_ranges;  // busy until this submit completes
     std::vector<pool::StagingLease> staging;   // freed when the submit is delivered
+    bool uid_inflight = false;  // charged to the identity's in-flight limit until delivered
   };
 
   Session(DeviceSupervisor* device, SessionRegistry* registry, Executor executor,
@@ -207,6 +208,11 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
 
   DeviceSupervisor* device_;
   SessionRegistry* registry_;
+  // The identity (uid) the session is charged to; set by Create, null in unit-built sessions.
+  std::shared_ptr<UidAccount> account_;
+  // Reserve (or give back) device bytes under the daemon-wide cap and the identity's limit.
+  Status ReserveDeviceBytes(uint64_t bytes);
+  void ReleaseDeviceBytes(uint64_t bytes);
   Executor executor_;
   SessionConfig config_;
   AdmissionLimits limits_;

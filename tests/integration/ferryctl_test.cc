@@ -197,6 +197,21 @@ TEST_F(FerryctlTest, SessionsListsOpenSessions) {
   EXPECT_EQ(Field(s, "device_bytes").number_value(), 4096 * 4);
   EXPECT_EQ(Field(s, "live_tensors").number_value(), 1);
   EXPECT_EQ(Field(Field(s, "stats").struct_value(), "bytes_uploaded").number_value(), 4096 * 4);
+
+  // Usage per identity (this process's uid), under the sessions and alone with --by-uid.
+  const std::string me = "uid:" + std::to_string(getuid());
+  EXPECT_NE(table.out.find("IDENTITY"), std::string::npos) << table.out;
+  EXPECT_NE(table.out.find(me), std::string::npos) << table.out;
+  CtlRun by_uid = Ctl({"sessions", "--by-uid", "--json"});
+  ASSERT_EQ(by_uid.exit_code, 0) << by_uid.err;
+  auto usage = ParseArray(by_uid.out);
+  ASSERT_EQ(usage.values_size(), 1) << by_uid.out;
+  const auto& u = usage.values(0).struct_value();
+  EXPECT_EQ(Field(u, "identity").string_value(), me);
+  EXPECT_EQ(Field(u, "sessions").number_value(), 1);
+  EXPECT_EQ(Field(u, "device_bytes").number_value(), 4096 * 4);
+  EXPECT_GE(Field(u, "pinned_bytes").number_value(), 0);
+  EXPECT_EQ(Field(u, "submits_in_flight").number_value(), 0);
   ASSERT_TRUE(session->close().ok());
 }
 

@@ -88,6 +88,15 @@ TEST(MetricsTest, ServesPrometheusTextThatMovesWithWork) {
         "ferry_submit_ring_messages_total"}) {
     EXPECT_NE(body.find("# TYPE " + std::string(family) + " "), std::string::npos) << family;
   }
+  // The bounds against hostile clients (slab socket, doorbells) and the per-uid usage.
+  for (const char* family :
+       {"ferry_submit_ring_doorbell_mutes_total", "ferry_slab_connections_closed_total",
+        "ferry_slab_accept_backoffs_total", "ferry_uid_sessions", "ferry_uid_device_bytes",
+        "ferry_uid_pinned_bytes", "ferry_uid_submits_in_flight", "ferry_uid_max_sessions",
+        "ferry_uid_max_device_bytes", "ferry_uid_max_pinned_bytes",
+        "ferry_uid_max_submits_in_flight"}) {
+    EXPECT_NE(body.find("# TYPE " + std::string(family) + " "), std::string::npos) << family;
+  }
   EXPECT_EQ(Value(body, "ferry_submits_total"), 0);
   EXPECT_EQ(Value(body, "ferry_copy_turns_held", "direction=\"upload\""), 0);
   EXPECT_EQ(Value(body, "ferry_copy_turn_waits_total"), 0);
@@ -116,6 +125,10 @@ TEST(MetricsTest, ServesPrometheusTextThatMovesWithWork) {
   EXPECT_GE(Value(during, "ferry_submit_ring_messages_total"), 2) << during;
   EXPECT_GE(Value(during, "ferry_transfer_bytes_total", "direction=\"upload\""), 4096 * 4)
       << during;
+  // Usage of this process's identity.
+  const std::string me = "identity=\"uid:" + std::to_string(getuid()) + "\"";
+  EXPECT_EQ(Value(during, "ferry_uid_sessions", me), 1) << during;
+  EXPECT_EQ(Value(during, "ferry_uid_device_bytes", me), 4096 * 4) << during;
   EXPECT_GE(Value(during, "ferry_transfer_bytes_total", "direction=\"download\""), 4096 * 4)
       << during;
   EXPECT_GE(Value(during, "ferry_submit_latency_seconds_count"), 2) << during;

@@ -588,8 +588,10 @@ TEST(PendingTest, AnotherUserNeverSeesBytesOneUserWrote) {
   if (std::string why = testing::CannotRunAs("ferrytest_b"); !why.empty()) {
     GTEST_SKIP() << "the test client cannot be run as another user: " << why;
   }
-  // Budget of two slabs: B's slabs can only be made in the room A's held.
-  FerrydProcess d({"--slab-size", "4M", "--pinned-budget", "8M", "--initial-slabs", "0"});
+  // Budget of two slabs: B's slabs can only be made in the room A's held. Each user takes
+  // the whole budget in turn, past the default per-uid share (half of it).
+  FerrydProcess d({"--slab-size", "4M", "--pinned-budget", "8M", "--initial-slabs", "0",
+                   "--uid-limits", "default:pinned=none"});
   ASSERT_TRUE(d.ok());
   std::string sock = d.unix_target().substr(5);
   std::string dir = sock.substr(0, sock.rfind('/'));

@@ -32,6 +32,11 @@ class RawStream {
     stub_ = v1::SessionService::NewStub(channel_);
     stream_ = stub_->Session(&ctx_);
   }
+  /// Over a channel made elsewhere (e.g. from a connected fd).
+  explicit RawStream(std::shared_ptr<grpc::Channel> channel) : channel_(std::move(channel)) {
+    stub_ = v1::SessionService::NewStub(channel_);
+    stream_ = stub_->Session(&ctx_);
+  }
   ~RawStream() {
     if (!finished_) {
       ctx_.TryCancel();
@@ -129,6 +134,7 @@ class RawSlabConnection {
   }
   ~RawSlabConnection() { Close(); }
   bool connected() const { return fd_ >= 0; }
+  int fd() const { return fd_; }
   void Close() {
     if (fd_ >= 0) ::close(fd_);
     fd_ = -1;

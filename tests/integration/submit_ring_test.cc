@@ -101,6 +101,44 @@ TEST_F(SubmitRingTest, BothPathsAreHandledInSequenceOrder) {
   EXPECT_TRUE(raw.Finish().ok());
 }
 
+// A client that rings its doorbell without pause has its doorbell muted (issue 15, item 6),
+// but its ring is still read: every record it writes during the storm is taken and runs, in
+// order, and its results are right.
+TEST_F(SubmitRingTest, RecordsWrittenDuringADoorbellStormAreNotLost) {
+  RawStream raw(daemon_->unix_target());
+  auto opened = raw.Open();
+  ASSERT_TRUE(opened);
+  RawRing ring;
+  ASSERT_TRUE(ring.Map(*opened));
+  std::atomic<bool> stop{false};
+  std::thread ringer([&] {
+    const uint64_t one = 1;
+    for (int i = 0; i < 5'000'000 && !stop.load(std::memory_order_relaxed); ++i) {
+      (void)!::write(ring.doorbell(), &one, sizeof(one));
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // muted by now
+  ring.Write(SubmitMessage(1, 1, {Create(1, v1::DTYPE_F32, {1})}));
+  EXPECT_EQ(raw.Completion(1).kind(), v1::ERROR_KIND_NONE);
+  std::string chunks;
+  for (uint64_t id = 2; id <= 40; ++id) {
+    ring.Write(SubmitMessage(id, id, {Fill(1, static_cast<double>(id)), Download(1, 0, 4)}));
+  }
+  for (uint64_t id = 2; id <= 40; ++id) {
+    ASSERT_EQ(raw.Completion(id, &chunks).kind(), v1::ERROR_KIND_NONE) << id;
+  }
+  stop = true;
+  ringer.join();
+  ASSERT_EQ(chunks.size(), 39u * 4);
+  for (uint64_t id = 2; id <= 40; ++id) {
+    float v;
+    std::memcpy(&v, chunks.data() + (id - 2) * 4, 4);
+    EXPECT_EQ(v, static_cast<float>(id));
+  }
+  raw.Close();
+}
+
 // The daemon takes ring records only while the session is below its in-flight limit (the
 // way it stops reading the stream): a client that writes many submits into its ring at once
 // is held back in the ring, and every submit still runs, in order.

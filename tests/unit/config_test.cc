@@ -282,6 +282,10 @@ session-max-modules = 0
 session-max-graphs = 13
 session-max-graph-ops = 17
 max-sessions = 9
+uid-limits = default:sessions=8,device=1G,pinned=none,inflight=100
+uid-limits = uid:1000:sessions=4
+uid-limits = gid:50:device=10%,pinned=512K
+uid-limits = remote:inflight=none
 device-memory-cap = 5000
 host-memory = 2G
 max-message = 1M
@@ -298,6 +302,9 @@ initial-slabs = 2
 session-pinned-quota = 16M
 submit-ring = 4K
 staging-slabs = 0
+slab-hello-timeout = 250
+slab-max-connections = 100
+slab-max-pending-per-uid = 3
 drain-timeout = 250
 host-fault-after-ops-for-test = 99
 host-rebuild-fails-for-test = true
@@ -480,6 +487,40 @@ TEST(ConfigTest, ExampleFileShowsEverySettingWithItsDefault) {
     EXPECT_EQ(name.find("-for-test"), std::string::npos)
         << example_path << " shows the hidden setting '" << name << "'";
   }
+}
+
+TEST(ConfigTest, UidLimitRules) {
+  auto c = ParseFlags({"--uid-limits", "uid:1000:sessions=4,device=8G",
+                       "--uid-limits=gid:27:pinned=25%", "--uid-limits", "remote:inflight=none"});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  const auto& rules = c->daemon.uid_limits;
+  ASSERT_EQ(rules.size(), 4u);  // the built-in default rule stays first
+  EXPECT_EQ(rules[0], session::DefaultUidLimitRule());
+  EXPECT_EQ(session::FormatUidLimitRule(rules[1]), "uid:1000:sessions=4,device=8G");
+  EXPECT_EQ(session::FormatUidLimitRule(rules[2]), "gid:27:pinned=25%");
+  EXPECT_EQ(session::FormatUidLimitRule(rules[3]), "remote:inflight=none");
+  // A default rule replaces the built-in one.
+  c = ParseFlags({"--uid-limits", "default:sessions=2"});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_EQ(c->daemon.uid_limits.size(), 1u);
+  EXPECT_EQ(session::FormatUidLimitRule(c->daemon.uid_limits[0]), "default:sessions=2");
+  // What is wrong is named.
+  for (const char* bad :
+       {"uid:1000", "uid:x:sessions=1", "user:1:sessions=1", "default:sessions=0",
+        "default:colour=1", "default:inflight=50%", "default:device=101%", "default:sessions=1,",
+        "default:sessions=1,sessions=2", "uid:99999999999:sessions=1", "default:device=1T"}) {
+    auto r = ParseFlags({"--uid-limits", bad});
+    EXPECT_FALSE(r.ok()) << bad;
+    if (!r.ok()) {
+      EXPECT_EQ(r.status().kind(), ErrorKind::kInvalidArgument) << bad;
+      EXPECT_NE(r.status().message().find("--uid-limits"), std::string::npos) << bad;
+    }
+  }
+  // The same selector twice from one source is refused; flags replace the file's rules.
+  EXPECT_FALSE(
+      ParseConfigText("uid-limits = uid:5:sessions=1\nuid-limits = uid:5:device=1G\n").ok());
+  EXPECT_FALSE(
+      ParseConfigText("uid-limits = default:sessions=1\nuid-limits = default:device=1G\n").ok());
 }
 
 TEST(ConfigTest, FormatBytes) {

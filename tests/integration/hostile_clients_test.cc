@@ -1,0 +1,539 @@
+// A daemon stays bounded under hostile local clients (issue 15, items 4-6), against a real
+// ferryd on the host backend:
+//  - the slab socket: idle connections that never say hello are capped per uid and closed at
+//    the hello deadline; out of file descriptors, the broker thread backs off instead of
+//    spinning, and serves again once descriptors come back;
+//  - per-uid limits: one uid cannot take every session slot or the whole device;
+//  - doorbell storms: a client ringing its submit ring's doorbell without writing records
+//    does not keep the ring poller on a core, and other sessions keep working.
+//
+// Other uids: the test forks a child that takes the uid (setresuid, root only), connects to
+// the daemon's socket and hands the connected fd back; the kernel recorded the child's
+// credentials at connect (SO_PEERCRED), so the daemon sees that uid while this process
+// speaks gRPC over the fd. No test user, program or home directory is needed.
+#include <grp.h>
+#include <grpcpp/create_channel_posix.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include "ferry/client.h"
+#include "ferryd_process.h"
+#include "raw_protocol.h"
+
+namespace ferry {
+namespace {
+
+using testing::FerrydProcess;
+using testing::RawSlabConnection;
+using testing::RawStream;
+
+// Connect to the Unix socket at `path` as `uid` (and gid); return the connected fd, or -1.
+// Root only: a child process takes the uid, connects and passes the fd back (SCM_RIGHTS).
+int ConnectAs(uid_t uid, gid_t gid, const std::string& path) {
+  int pair[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) return -1;
+  sockaddr_un addr = {};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), std::min(path.size() + 1, sizeof(addr.sun_path)));
+  pid_t pid = ::fork();
+  if (pid == 0) {  // async-signal-safe calls only
+    ::close(pair[0]);
+    if (::setgroups(0, nullptr) != 0 || ::setresgid(gid, gid, gid) != 0 ||
+        ::setresuid(uid, uid, uid) != 0) {
+      _exit(1);
+    }
+    int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) _exit(2);
+    char byte = 0;
+    iovec iov = {&byte, 1};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    msghdr msg = {};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+    _exit(::sendmsg(pair[1], &msg, 0) == 1 ? 0 : 3);
+  }
+  ::close(pair[1]);
+  int fd = -1;
+  if (pid > 0) {
+    char byte;
+    iovec iov = {&byte, 1};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    msghdr msg = {};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    if (::recvmsg(pair[0], &msg, MSG_CMSG_CLOEXEC) == 1) {
+      for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+          std::memcpy(&fd, CMSG_DATA(c), sizeof(int));
+        }
+      }
+    }
+    testing::WaitExit(pid, std::chrono::seconds(10));
+  }
+  ::close(pair[0]);
+  return fd;
+}
+
+// Let every uid reach the daemon's sockets (the test's temp dir is 0700).
+void OpenSocketsToAll(const FerrydProcess& d) {
+  std::string sock = d.unix_target().substr(5);
+  std::string dir = sock.substr(0, sock.rfind('/'));
+  ASSERT_EQ(::chmod(dir.c_str(), 0755), 0);
+  ASSERT_EQ(::chmod(sock.c_str(), 0666), 0);
+  ASSERT_EQ(::chmod((sock + ".slabs").c_str(), 0666), 0);
+}
+
+// A session stream over a connection made as `uid` (gRPC speaks over the connected fd).
+std::unique_ptr<RawStream> StreamAs(uid_t uid, const FerrydProcess& d) {
+  int fd = ConnectAs(uid, uid, d.unix_target().substr(5));
+  if (fd < 0) return nullptr;
+  return std::make_unique<RawStream>(grpc::CreateInsecureChannelFromFd("ferryd", fd));
+}
+
+// True when the peer closed `fd` (EOF, or reset) within `timeout`.
+bool ClosedByPeer(int fd, std::chrono::milliseconds timeout) {
+  pollfd p = {fd, POLLIN, 0};
+  if (::poll(&p, 1, static_cast<int>(timeout.count())) <= 0) return false;
+  char c;
+  ssize_t n = ::recv(fd, &c, 1, MSG_DONTWAIT);
+  return n == 0 || (n < 0 && errno == ECONNRESET);
+}
+
+// The id of `pid`'s thread named `name`, or -1.
+pid_t ThreadNamed(pid_t pid, const std::string& name) {
+  std::string dir = "/proc/" + std::to_string(pid) + "/task";
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    std::ifstream comm(entry.path() / "comm");
+    std::string got;
+    std::getline(comm, got);
+    if (got == name) return std::stoi(entry.path().filename().string());
+  }
+  return -1;
+}
+
+// User + system CPU time of thread `tid` of `pid`, in clock ticks (/proc/PID/task/TID/stat).
+uint64_t ThreadCpuTicks(pid_t pid, pid_t tid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/task/" + std::to_string(tid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), {});
+  size_t close = stat.rfind(')');  // the name may hold spaces
+  if (close == std::string::npos) return 0;
+  std::istringstream fields(stat.substr(close + 2));
+  std::string f;
+  uint64_t utime = 0, stime = 0;
+  for (int i = 3; fields >> f; ++i) {  // field 3 is the state
+    if (i == 14) utime = std::stoull(f);
+    if (i == 15) {
+      stime = std::stoull(f);
+      break;
+    }
+  }
+  return utime + stime;
+}
+
+size_t OpenFds(pid_t pid) {
+  size_t n = 0;
+  for ([[maybe_unused]] const auto& e :
+       std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd")) {
+    ++n;
+  }
+  return n;
+}
+
+// A session through the raw protocol that binds its slab connection and acquires one slab;
+// the slab's answer kind (0: granted), or -1 when any step failed.
+int SessionGetsASlab(const std::string& target) {
+  RawStream s(target);
+  auto opened = s.Open();
+  if (!opened || opened->slab_socket().empty()) return -1;
+  RawSlabConnection slabs(opened->slab_socket());
+  if (!slabs.connected() || slabs.Hello(opened->slab_token()) != 0) return -1;
+  auto slab = slabs.Acquire();
+  if (!slab) return -1;
+  if (slab->fd >= 0) ::close(slab->fd);
+  s.Close();
+  return static_cast<int>(slab->kind);
+}
+
+constexpr uid_t kUidA = 41001;
+constexpr uid_t kUidB = 41002;
+
+// Idle connections of one uid beyond slab-max-pending-per-uid are closed at once; while they
+// are held, another uid's session binds its slab connection and gets its slab.
+TEST(HostileClientsTest, SlabSocketCapsIdleConnectionsPerUid) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to connect as another uid";
+  FerrydProcess d({"--slab-size", "4M", "--pinned-budget", "16M", "--slab-max-pending-per-uid", "8",
+                   "--slab-hello-timeout", "60000"});
+  ASSERT_TRUE(d.ok()) << d.log();
+  OpenSocketsToAll(d);
+  const std::string slab_path = d.unix_target().substr(5) + ".slabs";
+  std::vector<int> idle;
+  for (int i = 0; i < 20; ++i) {
+    int fd = ConnectAs(kUidA, kUidA, slab_path);
+    ASSERT_GE(fd, 0);
+    idle.push_back(fd);
+  }
+  // Wait (up to 5 s) for the refused ones to be closed; then the others stay open.
+  std::vector<bool> closed(idle.size(), false);
+  int n_closed = 0;
+  for (int round = 0; round < 50 && n_closed < 12; ++round) {
+    for (size_t i = 0; i < idle.size(); ++i) {
+      if (!closed[i] && ClosedByPeer(idle[i], std::chrono::milliseconds(0))) {
+        closed[i] = true;
+        ++n_closed;
+      }
+    }
+    if (n_closed < 12) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  for (size_t i = 0; i < idle.size(); ++i) {
+    if (!closed[i] && ClosedByPeer(idle[i], std::chrono::milliseconds(0))) ++n_closed;
+  }
+  EXPECT_EQ(n_closed, 12) << "uid A may hold 8 connections without a hello, no more";
+  EXPECT_EQ(d.AdminStatus().slab_connections(), 8u);
+  // Another uid (root, this process) is not held back by A's idle connections.
+  EXPECT_EQ(SessionGetsASlab(d.unix_target()), 0) << d.log();
+  for (int fd : idle) ::close(fd);
+  EXPECT_EQ(d.WaitIdle().sessions_open(), 0u);
+  EXPECT_EQ(d.Stop(), 0) << d.log();
+}
+
+// Connections that send no hello are closed at the deadline; a bound connection is not.
+TEST(HostileClientsTest, SlabSocketClosesConnectionsWithoutHelloAtTheDeadline) {
+  FerrydProcess d({"--slab-size", "4M", "--pinned-budget", "16M", "--slab-hello-timeout", "300"});
+  ASSERT_TRUE(d.ok()) << d.log();
+  const std::string slab_path = d.unix_target().substr(5) + ".slabs";
+  RawStream s(d.unix_target());
+  auto opened = s.Open();
+  ASSERT_TRUE(opened);
+  RawSlabConnection bound(opened->slab_socket());
+  ASSERT_EQ(bound.Hello(opened->slab_token()), 0);
+  std::vector<std::unique_ptr<RawSlabConnection>> idle;
+  for (int i = 0; i < 5; ++i) {
+    idle.push_back(std::make_unique<RawSlabConnection>(slab_path));
+    ASSERT_TRUE(idle.back()->connected());
+  }
+  // A partial hello does not extend the deadline either.
+  ASSERT_EQ(::send(idle[0]->fd(), "FSL1", 4, MSG_NOSIGNAL), 4);
+  int closed = 0;
+  for (auto& c : idle) closed += ClosedByPeer(c->fd(), std::chrono::seconds(10)) ? 1 : 0;
+  EXPECT_EQ(closed, 5) << "connections without a hello outlived the deadline";
+  // The bound connection outlived the deadline and still serves.
+  auto slab = bound.Acquire();
+  ASSERT_TRUE(slab);
+  EXPECT_EQ(slab->kind, 0u);
+  if (slab->fd >= 0) ::close(slab->fd);
+  EXPECT_EQ(d.AdminStatus().slab_connections(), 1u);
+  s.Close();
+  EXPECT_EQ(d.Stop(), 0) << d.log();
+}
+
+// Out of file descriptors (RLIMIT_NOFILE lowered on the running ferryd, then spent by idle
+// slab connections), the slab thread does not spin; with descriptors back, sessions get
+// their slabs again.
+TEST(HostileClientsTest, SlabSocketBacksOffWhenOutOfDescriptors) {
+  FerrydProcess d({"--slab-size", "4M", "--pinned-budget", "16M", "--slab-max-pending-per-uid",
+                   "100000", "--slab-max-connections", "100000", "--slab-hello-timeout", "60000"});
+  ASSERT_TRUE(d.ok()) << d.log();
+  const std::string slab_path = d.unix_target().substr(5) + ".slabs";
+  const pid_t tid = ThreadNamed(d.pid(), "ferry-slabs");
+  ASSERT_GT(tid, 0);
+  rlimit old_limit{};
+  ASSERT_EQ(::prlimit(d.pid(), RLIMIT_NOFILE, nullptr, &old_limit), 0);
+  rlimit low = old_limit;
+  low.rlim_cur = OpenFds(d.pid()) + 8;
+  ASSERT_EQ(::prlimit(d.pid(), RLIMIT_NOFILE, &low, nullptr), 0);
+  std::vector<std::unique_ptr<RawSlabConnection>> idle;
+  for (int i = 0; i < 40; ++i) {  // the rest wait in the listen backlog
+    idle.push_back(std::make_unique<RawSlabConnection>(slab_path));
+  }
+  for (int i = 0; i < 500 && OpenFds(d.pid()) < low.rlim_cur; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_GE(OpenFds(d.pid()), low.rlim_cur) << "the descriptors were not spent";
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // accept has failed by now
+  const long hz = ::sysconf(_SC_CLK_TCK);
+  const uint64_t before = ThreadCpuTicks(d.pid(), tid);
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  const uint64_t used = ThreadCpuTicks(d.pid(), tid) - before;
+  std::printf("ferry-slabs: %llu ticks in 1 s (%ld a second) out of fds\n",
+              static_cast<unsigned long long>(used), hz);
+  EXPECT_LT(used, static_cast<uint64_t>(hz / 10))
+      << "ferry-slabs used " << used << " of " << hz << " ticks in one second out of fds";
+  // Descriptors come back: the idle connections go and the limit is restored.
+  idle.clear();
+  ASSERT_EQ(::prlimit(d.pid(), RLIMIT_NOFILE, &old_limit, nullptr), 0);
+  int kind = -1;
+  for (int i = 0; i < 100 && kind != 0; ++i) {  // the backlog drains first
+    kind = SessionGetsASlab(d.unix_target());
+    if (kind != 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(kind, 0) << d.log();
+  EXPECT_EQ(d.Stop(), 0) << d.log();
+}
+
+// One uid cannot take every session slot: by default it holds half of max-sessions, and
+// another uid and root still open sessions.
+TEST(HostileClientsTest, OneUidCannotTakeEverySessionSlot) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to connect as other uids";
+  FerrydProcess d({"--max-sessions", "4"});
+  ASSERT_TRUE(d.ok()) << d.log();
+  OpenSocketsToAll(d);
+  std::vector<std::unique_ptr<RawStream>> a;
+  for (int i = 0; i < 2; ++i) {
+    a.push_back(StreamAs(kUidA, d));
+    ASSERT_TRUE(a.back() && a.back()->Open()) << "uid A's session " << i << "\n" << d.log();
+  }
+  auto refused = StreamAs(kUidA, d);
+  ASSERT_TRUE(refused);
+  ASSERT_TRUE(refused->SendOpen());
+  auto m = refused->Read();
+  ASSERT_TRUE(m && m->has_error());
+  EXPECT_EQ(m->error().kind(), v1::QUOTA_EXCEEDED);
+  EXPECT_NE(m->error().message().find("uid:41001's sessions limit (2"), std::string::npos)
+      << m->error().message();
+  EXPECT_EQ(refused->Finish().error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  // uid B, and root, still open sessions.
+  auto b = StreamAs(kUidB, d);
+  ASSERT_TRUE(b && b->Open()) << d.log();
+  RawStream root(d.unix_target());
+  ASSERT_TRUE(root.Open()) << d.log();
+  // Usage per uid, as ferryctl sessions shows it.
+  auto channel = grpc::CreateChannel(d.unix_target(), grpc::InsecureChannelCredentials());
+  auto admin = v1::Admin::NewStub(channel);
+  grpc::ClientContext ctx;
+  v1::ListSessionsReply list;
+  ASSERT_TRUE(admin->ListSessions(&ctx, v1::ListSessionsRequest(), &list).ok());
+  std::map<std::string, v1::UidUsage> usage;
+  for (const auto& u : list.usage()) usage[u.identity()] = u;
+  EXPECT_EQ(usage["uid:41001"].sessions(), 2u);
+  EXPECT_EQ(usage["uid:41001"].max_sessions(), 2u);
+  EXPECT_EQ(usage["uid:41002"].sessions(), 1u);
+  EXPECT_EQ(usage["uid:0"].sessions(), 1u);
+  EXPECT_EQ(usage["uid:0"].max_sessions(), 0u) << "root is exempt";
+  for (auto& s : a) s->Close();
+  b->Close();
+  root.Close();
+  EXPECT_EQ(d.WaitIdle().sessions_open(), 0u);
+  EXPECT_EQ(d.Stop(), 0) << d.log();
+}
+
+// A uid's device bytes are summed across its sessions: each session is within its own
+// quota, but together they are refused past the uid's limit; another uid is not affected,
+// and the bytes come back when a session closes.
+TEST(HostileClientsTest, DeviceBytesAreLimitedPerUidAcrossSessions) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to connect as other uids";
+  FerrydProcess d({"--uid-limits", "uid:41001:device=12K,inflight=none"});
+  ASSERT_TRUE(d.ok()) << d.log();
+  OpenSocketsToAll(d);
+  auto a1 = StreamAs(kUidA, d);
+  auto a2 = StreamAs(kUidA, d);
+  auto b = StreamAs(kUidB, d);
+  ASSERT_TRUE(a1 && a1->Open() && a2 && a2->Open() && b && b->Open()) << d.log();
+  using testing::Create;
+  ASSERT_TRUE(a1->Submit(1, {Create(1, v1::DTYPE_U8, {8192})}));
+  EXPECT_EQ(a1->Completion(1).kind(), v1::ERROR_KIND_NONE);
+  ASSERT_TRUE(a2->Submit(1, {Create(1, v1::DTYPE_U8, {8192})}));
+  v1::Error e = a2->Completion(1);
+  EXPECT_EQ(e.kind(), v1::QUOTA_EXCEEDED);
+  EXPECT_NE(e.message().find("uid:41001's device memory (bytes) limit (12288"), std::string::npos)
+      << e.message();
+  ASSERT_TRUE(a2->Submit(2, {Create(2, v1::DTYPE_U8, {4096})}));  // what is left fits
+  EXPECT_EQ(a2->Completion(2).kind(), v1::ERROR_KIND_NONE);
+  ASSERT_TRUE(b->Submit(1, {Create(1, v1::DTYPE_U8, {1 << 20})}));  // B: the default share
+  EXPECT_EQ(b->Completion(1).kind(), v1::ERROR_KIND_NONE);
+  a1->Close();  // A's first 8K come back
+  ASSERT_TRUE(a2->Submit(3, {Create(3, v1::DTYPE_U8, {8192})}));
+  EXPECT_EQ(a2->Completion(3).kind(), v1::ERROR_KIND_NONE);
+  a2->Close();
+  b->Close();
+  v1::StatusReply idle = d.WaitIdle();
+  EXPECT_EQ(idle.device_bytes_in_use(), 0u);
+  EXPECT_EQ(d.Stop(), 0) << d.log();
+}
+
+// A uid's pinned (slab) bytes are summed across its sessions.
+TEST(HostileClientsTest, PinnedBytesAreLimitedPerUidAcrossSessions) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to connect as other uids";
+  FerrydProcess d(
+      {"--slab-size", "4M", "--pinned-budget", "32M", "--uid-limits", "uid:41001:pinned=8M"});
+  ASSERT_TRUE(d.ok()) << d.log();
+  OpenSocketsToAll(d);
+  auto a1 = StreamAs(kUidA, d);
+  auto a2 = StreamAs(kUidA, d);
+  ASSERT_TRUE(a1 && a2);
+  auto o1 = a1->Open();
+  auto o2 = a2->Open();
+  ASSERT_TRUE(o1 && o2) << d.log();
+  RawSlabConnection c1(o1->slab_socket()), c2(o2->slab_socket());
+  ASSERT_EQ(c1.Hello(o1->slab_token()), 0);
+  ASSERT_EQ(c2.Hello(o2->slab_token()), 0);
+  std::vector<int> kinds;
+  for (auto* c : {&c1, &c1, &c2}) {
+    auto slab = c->Acquire();
+    ASSERT_TRUE(slab);
+    kinds.push_back(static_cast<int>(slab->kind));
+    if (slab->fd >= 0) ::close(slab->fd);
+  }
+  EXPECT_EQ(kinds, (std::vector<int>{0, 0, static_cast<int>(v1::QUOTA_EXCEEDED)}))
+      << "the third 4M slab takes uid A past its 8M";
+  a1->Close();
+  c1.Close();
+  bool granted = false;  // a1's slabs went back: a2 may take one
+  for (int i = 0; i < 100 && !granted; ++i) {
+    auto slab = c2.Acquire();
+    ASSERT_TRUE(slab);
+    if (slab->fd >= 0) ::close(slab->fd);
+    granted = slab->kind == 0;
+    if (!granted) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(granted);
+  a2->Close();
+  EXPECT_EQ(d.WaitIdle().slabs_in_use(), 0u);
+  EXPECT_EQ(d.Stop(), 0) << d.log();
+}
+
+// A uid's submits in flight are summed across its sessions: with a long submit running in
+// each of its two sessions, a third submit passes the uid's limit of 2 and is refused; the
+// limit counts only what is in flight, so later submits run again.
+TEST(HostileClientsTest, SubmitsInFlightAreLimitedPerUidAcrossSessions) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to connect as another uid";
+  FerrydProcess d({"--uid-limits", "uid:41001:inflight=2"});
+  ASSERT_TRUE(d.ok()) << d.log();
+  OpenSocketsToAll(d);
+  auto a1 = StreamAs(kUidA, d);
+  auto a2 = StreamAs(kUidA, d);
+  ASSERT_TRUE(a1 && a1->Open() && a2 && a2->Open()) << d.log();
+  using testing::Create;
+  using testing::Fill;
+  for (auto* a : {a1.get(), a2.get()}) {
+    ASSERT_TRUE(a->Submit(1, {Create(1, v1::DTYPE_U8, {64 << 20})}));
+    ASSERT_EQ(a->Completion(1).kind(), v1::ERROR_KIND_NONE);
+  }
+  // Long: 32 fills of 64 MiB (a second or so of memset on the host backend), so that what
+  // follows arrives while both run. A session's submits complete in order, so a2's third
+  // submit stays in flight behind its long one.
+  const std::vector<v1::Op> long_ops(32, Fill(1, 1.0));
+  ASSERT_TRUE(a1->Submit(2, long_ops));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // a1's arrives first
+  ASSERT_TRUE(a2->Submit(2, long_ops));
+  ASSERT_TRUE(a2->Submit(3, {Fill(1, 3.0)}));
+  v1::Error third = a2->Completion(3);
+  EXPECT_EQ(third.kind(), v1::QUOTA_EXCEEDED);
+  EXPECT_NE(third.message().find("uid:41001's submits in flight limit (2"), std::string::npos)
+      << third.message();
+  EXPECT_EQ(a1->Completion(2).kind(), v1::ERROR_KIND_NONE);
+  ASSERT_TRUE(a2->Submit(4, {Fill(1, 4.0)}));  // behind a2's long one only: within the limit
+  EXPECT_EQ(a2->Completion(4).kind(), v1::ERROR_KIND_NONE);
+  a1->Close();
+  a2->Close();
+  EXPECT_EQ(d.WaitIdle().submits_in_flight(), 0u);
+  EXPECT_EQ(d.Stop(), 0) << d.log();
+}
+
+// Every TCP peer is charged to the one identity "remote".
+TEST(HostileClientsTest, RemotePeersShareOneIdentity) {
+  FerrydProcess d({"--uid-limits", "remote:sessions=1"}, /*tcp=*/true);
+  ASSERT_TRUE(d.ok()) << d.log();
+  const std::string tcp = d.tcp_target().substr(4);  // HOST:PORT
+  RawStream first(tcp);
+  ASSERT_TRUE(first.Open()) << d.log();
+  RawStream second(tcp);
+  ASSERT_TRUE(second.SendOpen());
+  auto m = second.Read();
+  ASSERT_TRUE(m && m->has_error());
+  EXPECT_EQ(m->error().kind(), v1::QUOTA_EXCEEDED);
+  EXPECT_NE(m->error().message().find("remote's sessions limit (1"), std::string::npos)
+      << m->error().message();
+  RawStream local(d.unix_target());  // a local client is another identity
+  EXPECT_TRUE(local.Open());
+  first.Close();
+  local.Close();
+  EXPECT_EQ(d.Stop(), 0) << d.log();
+}
+
+// A client ringing its submit ring's doorbell without writing records: the ring poller
+// thread stays well below a core over the storm, and another session's round trips through
+// its own ring keep working meanwhile.
+TEST(HostileClientsTest, DoorbellStormDoesNotHoldThePollerOnACore) {
+  FerrydProcess d;
+  ASSERT_TRUE(d.ok()) << d.log();
+  const pid_t tid = ThreadNamed(d.pid(), "ferry-rings");
+  ASSERT_GT(tid, 0);
+  RawStream storm(d.unix_target());
+  auto opened = storm.Open();
+  ASSERT_TRUE(opened && opened->submit_ring());
+  RawSlabConnection conn(opened->slab_socket());
+  ASSERT_EQ(conn.Hello(opened->slab_token()), 0);
+  auto bell = conn.Doorbell();
+  ASSERT_TRUE(bell && bell->kind == 0 && bell->fd >= 0);
+  const int doorbell = bell->fd;
+
+  auto client = Client::connect(d.unix_target());
+  ASSERT_TRUE(client.ok());
+  auto s = client->open_session();
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  Tensor t = s->create_tensor<float>({256});
+  s->fill(t, 0.0f);
+  ASSERT_TRUE(s->synchronize().ok());
+
+  std::atomic<bool> stop{false};
+  std::thread ringer([&] {
+    const uint64_t one = 1;
+    // A ring every few microseconds: each would wake a poller that sleeps, and the ringer
+    // itself stays off the CPU the poller needs (2 cores may be all the machine has).
+    for (uint64_t i = 0; i < 10'000'000 && !stop.load(std::memory_order_relaxed); ++i) {
+      (void)!::write(doorbell, &one, sizeof(one));
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the storm is on
+  // The storm alone: what the poller spends on it.
+  const long hz = ::sysconf(_SC_CLK_TCK);
+  const uint64_t before = ThreadCpuTicks(d.pid(), tid);
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  const uint64_t used = ThreadCpuTicks(d.pid(), tid) - before;
+  std::printf("ferry-rings: %llu ticks in 1 s (%ld a second) of storm\n",
+              static_cast<unsigned long long>(used), hz);
+  EXPECT_LT(used, static_cast<uint64_t>(0.3 * hz))
+      << "ferry-rings used " << used << " of " << hz << " ticks in one second of storm";
+  // Meanwhile another session's round trips through its own ring keep working.
+  for (int i = 1; i <= 200; ++i) {
+    s->fill(t, static_cast<float>(i));
+    auto v = s->download<float>(t);
+    ASSERT_TRUE(v.ok()) << v.status().ToString();
+    ASSERT_EQ((*v)[255], static_cast<float>(i));
+  }
+  stop = true;
+  ringer.join();
+  EXPECT_GT(d.AdminStatus().submit_ring_messages_total(), 200u) << "the session used its ring";
+  ::close(doorbell);
+  t = Tensor();
+  ASSERT_TRUE(s->close().ok());
+  storm.Close();
+  EXPECT_EQ(d.WaitIdle().sessions_open(), 0u);
+  EXPECT_EQ(d.Stop(), 0) << d.log();
+}
+
+}  // namespace
+}  // namespace ferry
