@@ -256,6 +256,7 @@ class RawRing {
   }
   void Put32(uint64_t at, uint32_t v) { std::memcpy(map_ + 4096 + at, &v, 4); }
   uint64_t capacity() const { return capacity_; }
+  int doorbell() const { return doorbell_; }
 
  private:
   std::unique_ptr<RawSlabConnection> conn_;
