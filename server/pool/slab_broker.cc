@@ -120,7 +120,7 @@ Status FillRandom(unsigned char* out, size_t n, RandomSource source) {
   return Status::Ok();
 }
 
-Result<std::string> SlabBroker::IssueToken(std::weak_ptr<SessionSlabs> slabs) {
+Result<std::string> SlabBroker::IssueToken(std::weak_ptr<SessionSlabs> slabs, uid_t uid) {
   unsigned char raw[kSlabTokenBytes / 2];
   FERRY_RETURN_IF_ERROR(FillRandom(raw, sizeof(raw)).WithContext("making a slab token"));
   static const char* hex = "0123456789abcdef";
@@ -130,7 +130,8 @@ Result<std::string> SlabBroker::IssueToken(std::weak_ptr<SessionSlabs> slabs) {
     token += hex[c & 15];
   }
   std::lock_guard lock(mu_);
-  tokens_.push_back({token, std::move(slabs)});
+  tokens_.push_back({token, std::move(slabs), uid});
+  ++tokens_of_uid_[uid];
   return token;
 }
 
@@ -139,6 +140,7 @@ void SlabBroker::RevokeToken(const std::string& token) {
   // The token comes from the daemon here, not from a peer: an early exit tells no one anything.
   for (auto it = tokens_.begin(); it != tokens_.end(); ++it) {
     if (it->token == token) {
+      ForgetTokenOfUidLocked(it->uid);
       tokens_.erase(it);
       return;
     }
@@ -155,8 +157,20 @@ std::shared_ptr<SessionSlabs> SlabBroker::SpendToken(std::string_view presented)
   }
   if (match == tokens_.size()) return nullptr;
   std::shared_ptr<SessionSlabs> slabs = tokens_[match].slabs.lock();
+  ForgetTokenOfUidLocked(tokens_[match].uid);
   tokens_.erase(tokens_.begin() + static_cast<std::ptrdiff_t>(match));  // one connection per
   return slabs;                                                         // token, whatever next
+}
+
+void SlabBroker::ForgetTokenOfUidLocked(uid_t uid) {
+  auto it = tokens_of_uid_.find(uid);
+  if (it != tokens_of_uid_.end() && --it->second == 0) tokens_of_uid_.erase(it);
+}
+
+uint32_t SlabBroker::PendingAllowance(uid_t uid) {
+  std::lock_guard lock(mu_);
+  auto it = tokens_of_uid_.find(uid);
+  return options_.max_pending_per_uid + (it == tokens_of_uid_.end() ? 0 : it->second);
 }
 
 SlabBrokerStats SlabBroker::stats() const {
@@ -195,7 +209,7 @@ bool SlabBroker::AcceptAll(std::map<int, Connection>& conns, std::map<uid_t, uin
       continue;
     }
     uint32_t& waiting = pending[cred.uid];
-    if (waiting >= options_.max_pending_per_uid) {
+    if (waiting >= PendingAllowance(cred.uid)) {
       ++refused_uid_pending_;
       ::close(fd);
       continue;

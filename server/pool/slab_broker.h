@@ -17,9 +17,9 @@
 //
 // Bounded against hostile local clients (SlabBrokerOptions): a connection that has not sent
 // its hello within hello_timeout is closed; connections past max_connections overall, or
-// past max_pending_per_uid not yet bound for one uid, are accepted and closed at once (so
-// the listen backlog never fills with them); when accept fails for want of descriptors
-// (EMFILE, ENFILE, ENOBUFS, ENOMEM) the thread stops polling the listening socket for
+// past max_pending_per_uid (plus the uid's unspent tokens) not yet bound for one uid, are accepted
+// and closed at once (so the listen backlog never fills with them); when accept fails for want of
+// descriptors (EMFILE, ENFILE, ENOBUFS, ENOMEM) the thread stops polling the listening socket for
 // kAcceptBackoff instead of spinning on it, and keeps serving the connections it has.
 #pragma once
 
@@ -92,7 +92,10 @@ class SlabBroker {
 
   /// Issue a one-time token binding the next connection that presents it to `slabs`; fails
   /// (UNAVAILABLE, nothing issued) when the system gives no random bytes (FillRandom).
-  Result<std::string> IssueToken(std::weak_ptr<SessionSlabs> slabs);
+  /// `uid` is the session's peer: each unspent token of a uid lets one more of its
+  /// connections wait for its hello (beyond max_pending_per_uid), so a client opening many
+  /// sessions at once is never refused, while connections without a session stay capped.
+  Result<std::string> IssueToken(std::weak_ptr<SessionSlabs> slabs, uid_t uid);
   /// Forget a session's token if it was never used.
   void RevokeToken(const std::string& token);
 
@@ -114,6 +117,7 @@ class SlabBroker {
   struct PendingToken {
     std::string token;
     std::weak_ptr<SessionSlabs> slabs;
+    uid_t uid = 0;  // the session's peer
   };
 
   SlabBroker() = default;
@@ -139,7 +143,12 @@ class SlabBroker {
   std::mutex mu_;
   // Pending tokens (one per session that has not bound its slab connection yet): searched
   // by a full scan, never by a keyed container whose lookup compares the secret.
-  std::vector<PendingToken> tokens_;  // guarded by mu_
+  std::vector<PendingToken> tokens_;         // guarded by mu_
+  std::map<uid_t, uint32_t> tokens_of_uid_;  // unspent tokens per uid; guarded by mu_
+  void ForgetTokenOfUidLocked(uid_t uid);
+  // The connections of `uid` that may wait for their hello at once: max_pending_per_uid
+  // plus the uid's unspent tokens.
+  uint32_t PendingAllowance(uid_t uid);
 };
 
 }  // namespace ferry::pool

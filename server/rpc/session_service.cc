@@ -526,7 +526,7 @@ class SessionConnection : public session::SessionEvents,
         }
       }
       session_->AttachSlabs(slabs);
-      auto token = context_->slab_broker->IssueToken(slabs);
+      auto token = context_->slab_broker->IssueToken(slabs, *peer_.uid);
       if (!token.ok()) {
         spdlog::error("session {}: {}", session_id_, token.status().message());
         return Fail(token.status(),

@@ -218,6 +218,49 @@ TEST(HostileClientsTest, SlabSocketCapsIdleConnectionsPerUid) {
   EXPECT_EQ(d.Stop(), 0) << d.log();
 }
 
+// Regression (bench's 64 sessions at once): one uid's sessions that all connect to the slab
+// socket before any sends its hello are never refused: each session's unspent token lets one
+// more of its uid's connections wait, beyond slab-max-pending-per-uid (here 1).
+TEST(HostileClientsTest, ManySessionsOfOneUidBindTheirSlabsAtOnce) {
+  FerrydProcess d({"--slab-size", "4M", "--pinned-budget", "64M", "--slab-max-pending-per-uid", "1",
+                   "--slab-hello-timeout", "60000"});
+  ASSERT_TRUE(d.ok()) << d.log();
+  constexpr int kSessions = 8;
+  std::vector<std::unique_ptr<RawStream>> streams;
+  std::vector<std::optional<v1::Opened>> opened;
+  for (int i = 0; i < kSessions; ++i) {
+    streams.push_back(std::make_unique<RawStream>(d.unix_target()));
+    opened.push_back(streams.back()->Open());
+    ASSERT_TRUE(opened.back() && !opened.back()->slab_socket().empty()) << d.log();
+  }
+  // Every connection is made (and accepted) before any hello is sent.
+  std::vector<std::unique_ptr<RawSlabConnection>> conns;
+  for (int i = 0; i < kSessions; ++i) {
+    conns.push_back(std::make_unique<RawSlabConnection>(opened[i]->slab_socket()));
+    ASSERT_TRUE(conns.back()->connected());
+  }
+  for (int i = 0; i < kSessions; ++i) {
+    EXPECT_EQ(conns[i]->Hello(opened[i]->slab_token()), 0) << "session " << i << "\n" << d.log();
+    auto slab = conns[i]->Acquire();
+    ASSERT_TRUE(slab) << "session " << i;
+    EXPECT_EQ(slab->kind, 0u) << "session " << i;
+    if (slab->fd >= 0) ::close(slab->fd);
+  }
+  // Without a session, the cap holds: a second idle connection of this uid is closed.
+  RawSlabConnection idle1(opened[0]->slab_socket()), idle2(opened[0]->slab_socket());
+  ASSERT_TRUE(idle1.connected() && idle2.connected());
+  bool one_closed = false;
+  for (int round = 0; round < 50 && !one_closed; ++round) {
+    one_closed = ClosedByPeer(idle1.fd(), std::chrono::milliseconds(0)) ||
+                 ClosedByPeer(idle2.fd(), std::chrono::milliseconds(0));
+    if (!one_closed) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_TRUE(one_closed) << "a uid with no unspent token may hold 1 connection without a hello";
+  for (auto& s : streams) s->Close();
+  EXPECT_EQ(d.WaitIdle().sessions_open(), 0u);
+  EXPECT_EQ(d.Stop(), 0) << d.log();
+}
+
 // Connections that send no hello are closed at the deadline; a bound connection is not.
 TEST(HostileClientsTest, SlabSocketClosesConnectionsWithoutHelloAtTheDeadline) {
   FerrydProcess d({"--slab-size", "4M", "--pinned-budget", "16M", "--slab-hello-timeout", "300"});
