@@ -21,6 +21,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include "ferry/status.h"
@@ -35,6 +36,24 @@ inline constexpr uint32_t kSlabRequestAcquire = 1;
 inline constexpr uint32_t kSlabRequestCompletionBoard = 2;
 inline constexpr uint32_t kSlabRequestSubmitRing = 3;
 inline constexpr uint32_t kSlabRequestRingDoorbell = 4;
+
+/// One message parsed off the front of a connection's received bytes (pure: no I/O, no
+/// state), so the parse can be tested and fuzzed on its own (tests/fuzz/slab_request_fuzz.cc).
+struct SlabMessage {
+  enum class Kind {
+    kNeedMore,    // not a whole message yet
+    kHello,       // the magic and a token (`token`); unbound connections only
+    kBadHello,    // a whole hello without the magic
+    kRequest,     // a known request (`op`); bound connections only
+    kBadRequest,  // a whole request with an unknown op
+  };
+  Kind kind = Kind::kNeedMore;
+  size_t bytes = 0;   // how many bytes of the input the message took (0 for kNeedMore)
+  std::string token;  // kHello
+  uint32_t op = 0;    // kRequest and kBadRequest
+};
+/// Parse the first message of `in`: a hello when `bound` is false, else a request.
+SlabMessage ParseSlabMessage(std::string_view in, bool bound);
 
 class SlabBroker {
  public:
