@@ -88,6 +88,18 @@ class ObjectOverlay {
   std::unordered_set<uint64_t> graphs_freed_;
 };
 
+// The ops a graph may record (device work). At namespace scope, not a member of Admitter:
+// clang 14 does not instantiate a constexpr member template that a generic lambda in the
+// class uses before its definition (the sanitizer builds are clang's; undefined references).
+template <typename T>
+constexpr bool IsGraphable() {
+  return std::is_same_v<T, FillOp> || std::is_same_v<T, CopyOp> ||
+         std::is_same_v<T, BinaryOpArgs> || std::is_same_v<T, ScaleOp> ||
+         std::is_same_v<T, AxpyOp> || std::is_same_v<T, ReduceSumOp> || std::is_same_v<T, GemmOp> ||
+         std::is_same_v<T, LaunchOp> || std::is_same_v<T, EndGraphOp> ||
+         std::is_same_v<T, MalformedOp>;
+}
+
 class Admitter {
  public:
   Admitter(const HandleTable& table, const AdmissionLimits& limits, const pool::SessionSlabs* slabs)
@@ -120,15 +132,6 @@ class Admitter {
   AdmissionResult result() const { return result_; }
 
  private:
-  template <typename T>
-  static constexpr bool IsGraphable() {
-    return std::is_same_v<T, FillOp> || std::is_same_v<T, CopyOp> ||
-           std::is_same_v<T, BinaryOpArgs> || std::is_same_v<T, ScaleOp> ||
-           std::is_same_v<T, AxpyOp> || std::is_same_v<T, ReduceSumOp> ||
-           std::is_same_v<T, GemmOp> || std::is_same_v<T, LaunchOp> ||
-           std::is_same_v<T, EndGraphOp> || std::is_same_v<T, MalformedOp>;
-  }
-
   Result<const TensorRecord*> Live(uint64_t handle) {
     if (handle == 0) return Status(ErrorKind::kInvalidHandle, "handle 0 is never valid");
     const TensorRecord* r = overlay_.Find(handle);
