@@ -116,6 +116,7 @@ asan_tests() {
   (cd "$root/build-asan" && ctest -N -R '^HostBackendTest\.LeakedAllocationsAreReleasedWithTheDevice$' |
     grep -q 'Total Tests: 1') || { echo "asan: the leak test is missing"; return 1; }
   ASAN_OPTIONS="detect_leaks=1:log_path=$reports/asan:print_summary=1" \
+    LSAN_OPTIONS="suppressions=$root/tests/lsan.supp:print_suppressions=0" \
     UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$reports/ubsan" \
     run_ctest asan "$root/build-asan" -L 'unit|conformance|integration' \
     -E '^(SoakTest|StyleTest|DeployTest)\.' || rc=1
