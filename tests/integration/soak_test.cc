@@ -7,7 +7,8 @@
 //     memfds, back within 8 of where they were before any client came;
 //   - everything released at the end: 0 sessions, tensors, device bytes, submits in flight,
 //     slabs in use and slab connections.
-// Runs FERRY_SOAK_SECONDS (default 120) of load; tests/README.md says how to run it longer.
+// Runs FERRY_SOAK_SECONDS (default 120) of load, alone (its own binary, ferry_soak_tests, is
+// RUN_SERIAL in ctest); tests/README.md says how to run it longer.
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <signal.h>
