@@ -24,9 +24,9 @@ phases=" ${FERRY_TEST_PHASES:-plain asan fuzz tsan} "
 jobs=$(nproc)
 fuzz_seconds=${FERRY_FUZZ_SECONDS:-60}
 # Where races would live: the executors, the ring poller, the completion watcher, the slab
-# broker, drain. (TSan runs ferryd about 5-15x slower; the whole integration suite would not
+# broker, drain, the device rebuild thread. (TSan runs ferryd about 5-15x slower; the whole integration suite would not
 # fit CI's hour on 2 cores.)
-tsan_integration='^(ConcurrencyTest|SubmitRingTest|PendingTest|DrainTest|SlabBadInputTest)\.'
+tsan_integration='^(ConcurrencyTest|SubmitRingTest|PendingTest|DrainTest|SlabBadInputTest|RebuildPaths/DeviceFaultTest)\.'
 # The sanitizer builds need no CUDA backend (no GPU in CI), no benchmark, no install test.
 san_cmake=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_CUDA=OFF -DFERRY_BUILD_BENCH=OFF
            -DFERRY_INSTALL_TEST=OFF)
