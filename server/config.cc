@@ -334,6 +334,11 @@ class Settings {
     }
     auto it = setters_.find(name);
     if (it == setters_.end()) return Invalid("unknown setting");
+    // A value is one line of the config file, and --check-config prints it as one: a flag's
+    // value with a line break would print as settings of its own.
+    if (value.find_first_of("\r\n") != std::string::npos) {
+      return Invalid("a value may not contain a line break");
+    }
     return it->second(value);
   }
 

@@ -60,6 +60,28 @@ bool TokenEquals(std::string_view a, std::string_view b) {
 
 }  // namespace
 
+SlabMessage ParseSlabMessage(std::string_view in, bool bound) {
+  SlabMessage m;
+  if (!bound) {
+    if (in.size() < kHelloBytes) return m;
+    m.bytes = kHelloBytes;
+    if (std::memcmp(in.data(), kSlabMagic, sizeof(kSlabMagic)) != 0) {
+      m.kind = SlabMessage::Kind::kBadHello;
+      return m;
+    }
+    m.kind = SlabMessage::Kind::kHello;
+    m.token = std::string(in.substr(sizeof(kSlabMagic), kSlabTokenBytes));
+    return m;
+  }
+  if (in.size() < kRequestBytes) return m;
+  m.bytes = kRequestBytes;
+  m.op = Get32(in.data());
+  const bool known = m.op == kSlabRequestAcquire || m.op == kSlabRequestCompletionBoard ||
+                     m.op == kSlabRequestSubmitRing || m.op == kSlabRequestRingDoorbell;
+  m.kind = known ? SlabMessage::Kind::kRequest : SlabMessage::Kind::kBadRequest;
+  return m;
+}
+
 Result<std::unique_ptr<SlabBroker>> SlabBroker::Start(const std::string& path, int listen_fd,
                                                       const SlabBrokerOptions& options) {
   std::unique_ptr<SlabBroker> b(new SlabBroker());
@@ -313,14 +335,16 @@ bool SlabBroker::Serve(Connection& c) {
   c.in.append(buf, static_cast<size_t>(n));
   if (c.in.size() > 4096) return false;  // a peer that does not wait for answers
   for (;;) {
+    const SlabMessage m = ParseSlabMessage(c.in, c.bound);
+    if (m.kind == SlabMessage::Kind::kNeedMore) return true;
+    c.in.erase(0, m.bytes);
     if (!c.bound) {
-      if (c.in.size() < kHelloBytes) return true;
       char reply[8] = {};
       std::shared_ptr<SessionSlabs> slabs;
       // A hello with a bad magic is not this protocol: it is refused before its token is
       // looked at, so the token stays unspent (docs/protocol.md, "Slab socket").
-      if (std::memcmp(c.in.data(), kSlabMagic, sizeof(kSlabMagic)) == 0) {
-        slabs = SpendToken(std::string_view(c.in).substr(sizeof(kSlabMagic), kSlabTokenBytes));
+      if (m.kind == SlabMessage::Kind::kHello) {
+        slabs = SpendToken(m.token);
       }
       if (!slabs || !slabs->Bind(c.uid)) {
         Put32(reply, static_cast<uint32_t>(ErrorKind::kInvalidArgument));
@@ -329,16 +353,12 @@ bool SlabBroker::Serve(Connection& c) {
       }
       c.slabs = slabs;
       c.bound = true;
-      c.in.erase(0, kHelloBytes);
       if (!SendWithFd(c.fd, reply, sizeof(reply), -1)) return false;
       continue;
     }
-    if (c.in.size() < kRequestBytes) return true;
-    uint32_t op = Get32(c.in.data());
-    c.in.erase(0, kRequestBytes);
+    const uint32_t op = m.op;
     char reply[24] = {};
-    if (op != kSlabRequestAcquire && op != kSlabRequestCompletionBoard &&
-        op != kSlabRequestSubmitRing && op != kSlabRequestRingDoorbell) {
+    if (m.kind != SlabMessage::Kind::kRequest) {
       Put32(reply, static_cast<uint32_t>(ErrorKind::kProtocolViolation));
       (void)SendWithFd(c.fd, reply, sizeof(reply), -1);
       return false;

@@ -60,6 +60,7 @@ inline constexpr int kRandomRetries = 64;
 /// any other error, or running out of retries, is an UNAVAILABLE error naming it, so that no
 /// token is ever made from bytes that are not random (nor does a broken source spin a thread).
 Status FillRandom(unsigned char* out, size_t n, RandomSource source = &::getrandom);
+
 struct SlabBrokerOptions {
   /// A connection that has not sent a whole hello by then is closed.
   std::chrono::milliseconds hello_timeout{1000};
@@ -77,6 +78,24 @@ struct SlabBrokerStats {
   uint64_t hello_timeouts = 0;       // closed: no hello within hello_timeout
   uint64_t accept_backoffs = 0;      // accept failed for want of descriptors; paused
 };
+
+/// One message parsed off the front of a connection's received bytes (pure: no I/O, no
+/// state), so the parse can be tested and fuzzed on its own (tests/fuzz/slab_request_fuzz.cc).
+struct SlabMessage {
+  enum class Kind {
+    kNeedMore,    // not a whole message yet
+    kHello,       // the magic and a token (`token`); unbound connections only
+    kBadHello,    // a whole hello without the magic
+    kRequest,     // a known request (`op`); bound connections only
+    kBadRequest,  // a whole request with an unknown op
+  };
+  Kind kind = Kind::kNeedMore;
+  size_t bytes = 0;   // how many bytes of the input the message took (0 for kNeedMore)
+  std::string token;  // kHello
+  uint32_t op = 0;    // kRequest and kBadRequest
+};
+/// Parse the first message of `in`: a hello when `bound` is false, else a request.
+SlabMessage ParseSlabMessage(std::string_view in, bool bound);
 
 class SlabBroker {
  public:

@@ -325,6 +325,12 @@ void Daemon::Shutdown(std::chrono::milliseconds grace) {
   });
 }
 
-Daemon::~Daemon() { Shutdown(std::chrono::milliseconds(0)); }
+Daemon::~Daemon() {
+  Shutdown(std::chrono::milliseconds(0));
+  // A device rebuild still running calls the serving hook, which reaches server_ and
+  // context_; device_ is destroyed last (it is the first member), after them. (Found by TSan:
+  // RebuildPaths/DeviceFaultTest.)
+  if (device_) device_->JoinRebuild();
+}
 
 }  // namespace ferry::rpc

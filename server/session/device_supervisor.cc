@@ -14,7 +14,9 @@ Result<std::unique_ptr<DeviceSupervisor>> DeviceSupervisor::Create(Factory facto
   return s;
 }
 
-DeviceSupervisor::~DeviceSupervisor() {
+DeviceSupervisor::~DeviceSupervisor() { JoinRebuild(); }
+
+void DeviceSupervisor::JoinRebuild() {
   std::thread rebuilder;
   {
     std::lock_guard lock(mu_);

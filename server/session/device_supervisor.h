@@ -48,6 +48,9 @@ class DeviceSupervisor {
 
   static Result<std::unique_ptr<DeviceSupervisor>> Create(Factory factory, ContextReset reset);
   ~DeviceSupervisor();
+  /// Wait for a rebuild in progress (if any) to finish. Its hooks reach what the owner gave
+  /// them, so the owner calls this before any of that goes. Any thread but the rebuild's.
+  void JoinRebuild();
 
   /// A stream on the current device, and the generation it belongs to.
   struct Lease {

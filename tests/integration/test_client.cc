@@ -14,18 +14,123 @@
 //   list-sessions: with this session open, Admin.ListSessions; exit 0 when it lists this
 //     session and no session of another uid, 3 when it lists another uid's, 4 when not its own;
 //   drain: Admin.Drain; exit 0 when granted, 7 when PERMISSION_DENIED.
+// Soak mode (tests/integration/soak_test.cc): `soak THREADS SECONDS` runs THREADS sessions
+//   at once, each on a thread of its own, mixing blocking and pending pinned transfers, ops
+//   and submit floods (with a session closed and reopened now and then) until SECONDS have
+//   passed; every result is checked. Prints "soak: N rounds, E errors" and exits 0 only
+//   when E is 0 (each error is printed to stderr).
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ferry/client.h"
 #include "ferry/v1/admin.grpc.pb.h"
+
+namespace {
+
+std::atomic<uint64_t> soak_errors{0};
+std::atomic<uint64_t> soak_rounds{0};
+std::mutex soak_print_mu;
+
+void SoakError(int thread, const std::string& what, const ferry::Status& s) {
+  soak_errors++;
+  std::lock_guard lock(soak_print_mu);
+  std::fprintf(stderr, "soak thread %d: %s: %s\n", thread, what.c_str(), s.ToString().c_str());
+}
+
+// One session's share of the soak: until `until`, rounds of (a) a blocking upload and
+// download, (b) a pending upload and download through pinned buffers, (c) ops checked by a
+// download, (d) a flood of small submits; every 16th round the session is closed and a new
+// one opened. Returns when the time is up or after an error (a soak counts errors, it does
+// not retry them).
+void SoakThread(ferry::Client& client, int index, std::chrono::steady_clock::time_point until) {
+  constexpr int64_t kElements = 16 << 10;  // 64 KiB of f32
+  auto opened = client.open_session();
+  if (!opened.ok()) return SoakError(index, "open_session", opened.status());
+  ferry::Session session = std::move(*opened);
+  std::vector<float> up(kElements), down;
+  for (uint64_t round = 0; std::chrono::steady_clock::now() < until; ++round) {
+    const float v = static_cast<float>(index * 1000 + round % 1000);
+    switch ((round + index) % 4) {
+      case 0: {
+        ferry::Tensor t = session.create_tensor<float>({kElements});
+        for (int64_t i = 0; i < kElements; ++i) up[i] = v + static_cast<float>(i % 7);
+        if (auto s = session.upload(t, up); !s.ok()) return SoakError(index, "upload", s);
+        if (auto s = session.download_into(t, down); !s.ok()) {
+          return SoakError(index, "download", s);
+        }
+        if (down != up) return SoakError(index, "download", ferry::Status::Ok());
+        session.free(std::move(t));
+        break;
+      }
+      case 1: {
+        ferry::Tensor src = session.create_tensor<float>({kElements});
+        ferry::Tensor dst = session.create_tensor<float>({kElements});
+        auto ub = session.pinned_buffer(kElements * sizeof(float));
+        auto db = session.pinned_buffer(kElements * sizeof(float));
+        if (!ub.ok()) return SoakError(index, "pinned_buffer", ub.status());
+        if (!db.ok()) return SoakError(index, "pinned_buffer", db.status());
+        for (float& f : ub->span<float>()) f = v;
+        ferry::Transfer u = session.upload_pending(std::move(*ub), std::move(src)).wait();
+        if (!u.status.ok()) return SoakError(index, "upload_pending", u.status);
+        session.copy(u.tensor, dst);
+        ferry::Transfer d = session.download_pending(std::move(dst), std::move(*db)).wait();
+        if (!d.status.ok()) return SoakError(index, "download_pending", d.status);
+        for (float f : d.buffer.span<float>()) {
+          if (f != v) return SoakError(index, "download_pending bytes", ferry::Status::Ok());
+        }
+        break;
+      }
+      case 2: {
+        ferry::Tensor x = session.create_tensor<double>({256});
+        ferry::Tensor y = session.create_tensor<double>({256});
+        ferry::Tensor sum = session.create_tensor<double>({1});
+        session.fill(x, 2.0);
+        session.fill(y, 1.0);
+        session.axpy(0.5, x, y);   // y = 2
+        session.scale(y, 3.0, y);  // y = 6
+        session.sum(y, sum);       // 1536
+        auto got = session.download<double>(sum);
+        if (!got.ok()) return SoakError(index, "ops", got.status());
+        if ((*got)[0] != 1536.0) return SoakError(index, "ops value", ferry::Status::Ok());
+        session.free(std::move(x));
+        session.free(std::move(y));
+        session.free(std::move(sum));
+        break;
+      }
+      default: {  // a flood: many small submits back to back, then one wait
+        ferry::Tensor t = session.create_tensor<float>({64});
+        for (int i = 0; i < 200; ++i) {
+          session.fill(t, i);
+          if (auto s = session.submit(); !s.ok()) return SoakError(index, "flood submit", s);
+        }
+        if (auto s = session.synchronize(); !s.ok()) return SoakError(index, "flood sync", s);
+        session.free(std::move(t));
+        break;
+      }
+    }
+    if (auto s = session.synchronize(); !s.ok()) return SoakError(index, "synchronize", s);
+    soak_rounds++;
+    if (round % 16 == 15) {
+      if (auto c = session.close(); !c.ok()) return SoakError(index, "close", c.status());
+      auto again = client.open_session();
+      if (!again.ok()) return SoakError(index, "reopen", again.status());
+      session = std::move(*again);
+    }
+  }
+  if (auto c = session.close(); !c.ok()) SoakError(index, "close", c.status());
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 3) {
@@ -34,6 +139,20 @@ int main(int argc, char** argv) {
   }
   auto client = ferry::Client::connect(argv[1]);
   if (!client.ok()) return 1;
+  if (std::strcmp(argv[2], "soak") == 0) {
+    const int threads = argc > 3 ? std::atoi(argv[3]) : 1;
+    const int seconds = argc > 4 ? std::atoi(argv[4]) : 10;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+    std::vector<std::thread> pool;
+    for (int i = 0; i < threads; ++i) {
+      pool.emplace_back([&client, i, until] { SoakThread(*client, i, until); });
+    }
+    for (auto& t : pool) t.join();
+    std::printf("soak: %llu rounds, %llu errors\n",
+                static_cast<unsigned long long>(soak_rounds.load()),
+                static_cast<unsigned long long>(soak_errors.load()));
+    return soak_errors == 0 ? 0 : 1;
+  }
   auto session = client->open_session();
   if (!session.ok()) return 1;
   std::string mode = argv[2];

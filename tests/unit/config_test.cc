@@ -62,6 +62,17 @@ TEST(ConfigTest, BadInputIsATypedError) {
   EXPECT_EQ(ParseFlags({"--help=1"}).status().kind(), ErrorKind::kInvalidArgument);
 }
 
+// Found by tests/fuzz/config_fuzz: a flag's value with a line break was taken whole, and
+// --check-config printed it as lines of their own ("listen = unix:/a\npinned-budget = 1M"),
+// which do not read back as the settings ferryd runs with.
+TEST(ConfigTest, AValueWithALineBreakIsRefused) {
+  auto c = ParseFlags({"--listen", "unix:/tmp/a.sock\nsession-quota = 1M"});
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().kind(), ErrorKind::kInvalidArgument);
+  EXPECT_FALSE(ParseFlags({"--tls-cert=/a\r", "--tls-key=/b"}).ok());
+  EXPECT_FALSE(ParseFlags({"--log-level", "info\n"}).ok());
+}
+
 TEST(ConfigTest, ParseBytes) {
   EXPECT_EQ(*ParseBytes("4096"), 4096u);
   EXPECT_EQ(*ParseBytes("2K"), 2048u);
