@@ -94,7 +94,7 @@ uint64_t RssBytes(pid_t pid) {
 // Fills of a 64 MiB tensor that keep a stream busy for a while (about a second) on the
 // backend under test: a GPU writes 64 MiB in tens of microseconds, the host backend in tens
 // of milliseconds.
-int LongFillCount() { return TestBackend() == "cuda" ? 20000 : 300; }
+int LongFillCount() { return testing::TestBackend() == "cuda" ? 20000 : 300; }
 
 // Run `write` on a thread of its own (it writes and never reads), and return once the daemon
 // stopped reading the stream (ferry_streams_paused) and the writer made no progress since the

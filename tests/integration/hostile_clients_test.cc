@@ -476,7 +476,7 @@ TEST(HostileClientsTest, SubmitsInFlightAreLimitedPerUidAcrossSessions) {
   // Long: fills of 64 MiB, a second or so on either backend (32 of memset on the host
   // backend, 20000 on a GPU), so that what follows arrives while both run. A session's
   // submits complete in order, so a2's third submit stays in flight behind its long one.
-  const std::vector<v1::Op> long_ops(TestBackend() == "cuda" ? 20000 : 32, Fill(1, 1.0));
+  const std::vector<v1::Op> long_ops(testing::TestBackend() == "cuda" ? 20000 : 32, Fill(1, 1.0));
   ASSERT_TRUE(a1->Submit(2, long_ops));
   std::this_thread::sleep_for(std::chrono::milliseconds(20));  // a1's arrives first
   ASSERT_TRUE(a2->Submit(2, long_ops));
