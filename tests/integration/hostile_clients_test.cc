@@ -478,7 +478,19 @@ TEST(HostileClientsTest, SubmitsInFlightAreLimitedPerUidAcrossSessions) {
   // submits complete in order, so a2's third submit stays in flight behind its long one.
   const std::vector<v1::Op> long_ops(testing::TestBackend() == "cuda" ? 20000 : 32, Fill(1, 1.0));
   ASSERT_TRUE(a1->Submit(2, long_ops));
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // a1's arrives first
+  // a1's is charged first: wait (bounded) until the daemon counts it in flight for uid A.
+  auto admin =
+      v1::Admin::NewStub(grpc::CreateChannel(d.unix_target(), grpc::InsecureChannelCredentials()));
+  uint64_t charged = 0;
+  for (int i = 0; i < 2000 && charged == 0; ++i) {
+    grpc::ClientContext ctx;
+    v1::ListSessionsReply list;
+    ASSERT_TRUE(admin->ListSessions(&ctx, v1::ListSessionsRequest(), &list).ok());
+    for (const auto& u : list.usage()) {
+      if (u.identity() == "uid:41001") charged = u.submits_in_flight();
+    }
+  }
+  ASSERT_EQ(charged, 1u) << "a1's long submit was never seen in flight";
   ASSERT_TRUE(a2->Submit(2, long_ops));
   ASSERT_TRUE(a2->Submit(3, {Fill(1, 3.0)}));
   v1::Error third = a2->Completion(3);
