@@ -147,6 +147,11 @@ class Settings {
            c_.daemon.metrics_listen = v;
            return Status::Ok();
          }},
+        {"metrics-max-identities", bounded(1, 65536,
+                                           [this](uint64_t n) {
+                                             c_.daemon.metrics_max_identities =
+                                                 static_cast<uint32_t>(n);
+                                           })},
         {"session-quota", bytes(&c_.daemon.session_defaults.device_bytes_quota)},
         {"max-session-quota", bytes(&c_.daemon.max_device_bytes_quota)},
         {"device-memory-cap", bytes(&c_.daemon.device_bytes_cap)},
@@ -499,6 +504,9 @@ means true; --allow-insecure-remote and --allow-remote-raw-kernels also take =tr
                              root and the daemon's uid (default: none)
   --metrics-listen HOST:PORT serve Prometheus metrics at http://HOST:PORT/metrics
                              (port 0 picks one; default: off)
+  --metrics-max-identities N usage identities (uid + client name) with their own
+                             accounting and metrics labels, 1..65536; more fold into
+                             uid="other" (default 256)
   --session-quota SIZE       default device-memory quota per session (default 1G)
   --max-session-quota SIZE   largest quota a client may ask for (default 16G)
   --max-in-flight N          default submits in flight per session (default 64)
@@ -643,6 +651,7 @@ std::string FormatConfig(const DaemonConfig& c) {
   out << "raw-kernels =" << quoted(c.daemon.raw_kernels) << "\n";
   out << "admin-group =" << quoted(c.daemon.admin_group) << "\n";
   out << "metrics-listen =" << quoted(c.daemon.metrics_listen) << "\n";
+  out << "metrics-max-identities = " << c.daemon.metrics_max_identities << "\n";
   out << "session-quota = " << FormatBytes(c.daemon.session_defaults.device_bytes_quota) << "\n";
   out << "max-session-quota = " << FormatBytes(c.daemon.max_device_bytes_quota) << "\n";
   out << "max-in-flight = " << c.daemon.session_defaults.max_in_flight_submits << "\n";

@@ -503,6 +503,10 @@ int RunSessions(const Options& options, std::ostream& out, std::ostream& err) {
                               .Add("device_busy_ns", st.device_busy_ns())
                               .Add("graph_launches", st.graph_launches())
                               .Add("kernel_batches", st.kernel_batches())
+                              .Add("h2d_bytes", st.h2d_bytes())
+                              .Add("h2d_ns", st.h2d_ns())
+                              .Add("d2h_bytes", st.d2h_bytes())
+                              .Add("d2h_ns", st.d2h_ns())
                               .str();
       JsonObject item;
       item.Add("session_id", i.session_id())

@@ -59,6 +59,9 @@ struct DaemonOptions {
   std::string admin_group;
   /// Serve Prometheus metrics over HTTP on "HOST:PORT" (port 0 picks one); "" none.
   std::string metrics_listen;
+  /// Usage identities (uid + client name) kept for accounting and metrics labels; past it
+  /// new ones fold into uid "other" (session/registry.h, IdentityUsage).
+  uint32_t metrics_max_identities = 256;
   session::SessionConfig session_defaults;
   uint64_t max_device_bytes_quota = 16ull << 30;
   uint32_t max_in_flight_submits = 1024;
