@@ -474,6 +474,12 @@ void PrintUsage(const Options& options, const v1::ListSessionsReply& reply, std:
 
 }  // namespace
 
+int FetchSessions(const Options& options, v1::ListSessionsReply* reply, std::ostream& err) {
+  AdminConnection admin(options);
+  grpc::Status s = admin.Call(&v1::Admin::Stub::ListSessions, v1::ListSessionsRequest(), reply);
+  return s.ok() ? kExitOk : ReportRpcFailure(options, s, err);
+}
+
 int RunSessions(const Options& options, std::ostream& out, std::ostream& err) {
   AdminConnection admin(options);
   v1::ListSessionsReply reply;
