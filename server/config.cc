@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "rpc/access.h"
+#include "session/copy_turns.h"
 
 namespace ferry {
 namespace {
@@ -232,6 +233,15 @@ class Settings {
         {"copy-turns",
          bounded(0, 1024, [this](uint64_t n) { c_.daemon.copy_turns = static_cast<uint32_t>(n); })},
         {"copy-turn-size", bytes(&c_.daemon.copy_turn_bytes)},
+        {"device-turns",
+         bounded(0, 1024,
+                 [this](uint64_t n) { c_.daemon.device_turns = static_cast<uint32_t>(n); })},
+        {"uid-weights",
+         [this](const std::string& v) -> Status {
+           FERRY_ASSIGN_OR_RETURN(auto weights, session::ParseUidWeights(v));
+           c_.daemon.uid_weights = std::move(weights);
+           return Status::Ok();
+         }},
         {"kernel-batch", bounded(0, 65536,
                                  [this](uint64_t n) {
                                    c_.daemon.session_defaults.kernel_batch =
@@ -541,6 +551,11 @@ means true; --allow-insecure-remote and --allow-remote-raw-kernels also take =tr
                              sessions share the copy engines fairly (default 4; 0: no limit)
   --copy-turn-size SIZE      bytes a submit copies one way from which it takes a turn
                              (default 4M)
+  --device-turns N           submits of all sessions on the device at once, 0..1024; the
+                             rest wait, ordered by uid-weights (default 0: no limit)
+  --uid-weights LIST         uid:N=W,remote=W,...: weights (1..1000, default 1) by which
+                             waiting submits of different uids get copy and device turns
+                             (default: none, every identity weighs 1)
   --kernel-batch N           a run of N or more kernel ops (fill, binary, scale, axpy) in
                              one submit goes to the device as one batch: on CUDA one graph
                              launch, its graph kept and updated (default 8; 0: never)
@@ -680,6 +695,9 @@ std::string FormatConfig(const DaemonConfig& c) {
   out << "copy-turns = " << c.daemon.copy_turns << (c.daemon.copy_turns == 0 ? "  # no limit" : "")
       << "\n";
   out << "copy-turn-size = " << FormatBytes(c.daemon.copy_turn_bytes) << "\n";
+  out << "device-turns = " << c.daemon.device_turns
+      << (c.daemon.device_turns == 0 ? "  # no limit" : "") << "\n";
+  out << "uid-weights =" << quoted(session::FormatUidWeights(c.daemon.uid_weights)) << "\n";
   out << "kernel-batch = " << c.daemon.session_defaults.kernel_batch
       << (c.daemon.session_defaults.kernel_batch == 0 ? "  # off" : "") << "\n";
   out << "slab-size = " << FormatBytes(c.daemon.slab_pool.slab_size) << "\n";

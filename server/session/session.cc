@@ -90,7 +90,7 @@ void Session::Submit(SubmitRequest request) {
   } else {
     record.uid_inflight = account_ != nullptr;
     uint8_t needs = turns_ ? turns_->Needs(request.ops) : CopyTurns::kNone;
-    if (parked_ == 0 && (needs == CopyTurns::kNone || turns_->TryTake(needs))) {
+    if (parked_ == 0 && (needs == CopyTurns::kNone || turns_->TryTake(needs, TurnsIdentity()))) {
       record.turns_held = needs;
       Start(request, record);
     } else {
@@ -129,11 +129,14 @@ void Session::Start(SubmitRequest& request, InFlight& record) {
 
 void Session::AwaitTurns(uint8_t mask) {
   awaiting_turns_ = mask;
-  turns_->Wait(mask, [self = shared_from_this()] {
-    // On the thread that gave a turn back (another session's): starting submits may block
-    // (module loads), so the session's own executor does it.
-    self->executor_.Post([self] { self->OnTurnsGranted(); });
-  });
+  turns_->Wait(
+      mask,
+      [self = shared_from_this()] {
+        // On the thread that gave a turn back (another session's): starting submits may block
+        // (module loads), so the session's own executor does it.
+        self->executor_.Post([self] { self->OnTurnsGranted(); });
+      },
+      TurnsIdentity());
 }
 
 void Session::OnTurnsGranted() {
@@ -142,7 +145,7 @@ void Session::OnTurnsGranted() {
   for (InFlight& r : queue_) {
     if (!r.parked) continue;
     if (granted == CopyTurns::kNone && r.turns_needed != CopyTurns::kNone &&
-        !turns_->TryTake(r.turns_needed)) {
+        !turns_->TryTake(r.turns_needed, TurnsIdentity())) {
       AwaitTurns(r.turns_needed);
       break;
     }

@@ -188,6 +188,8 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   void Start(SubmitRequest& request, InFlight& record);
   // Queue for the turns of the first parked submit; OnTurnsGranted follows on the executor.
   void AwaitTurns(uint8_t mask);
+  // The identity whose weight (uid-weights) orders this session's turns.
+  std::string TurnsIdentity() const { return account_ ? account_->identity() : std::string(); }
   void OnTurnsGranted();
   // Enqueue an admitted submit; returns the first enqueue error (with op index).
   Status Enqueue(SubmitRequest& request, const AdmissionResult& admitted, InFlight& record);

@@ -308,6 +308,8 @@ nvrtc-memory = 512M
 copy-turns = 0
 kernel-batch = 3
 copy-turn-size = 1M
+device-turns = 2
+uid-weights = "remote=3,uid:1000=2"
 slab-size = 8M
 pinned-budget = 64M
 initial-slabs = 2
