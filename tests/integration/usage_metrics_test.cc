@@ -1,6 +1,8 @@
 // Device time and transfers per uid and client, as a real ferryd exports them: the
 // per-identity Prometheus series after work from two sessions, the bound on identities, and
 // the exposition's format (a strict checker here, and promtool where it is installed).
+#include <google/protobuf/struct.pb.h>
+#include <google/protobuf/util/json_util.h>
 #include <gtest/gtest.h>
 #include <netdb.h>
 #include <sys/socket.h>
@@ -357,6 +359,36 @@ TEST(UsageMetricsTest, ExpositionFollowsTheTextFormat) {
   std::string said((std::istreambuf_iterator<char>(in)), {});
   EXPECT_EQ(rc, 0) << cmd << "\n" << said;
 }
+
+#ifdef FERRY_SOURCE_DIR
+TEST(UsageMetricsTest, GrafanaDashboardQueriesOnlySeriesFerrydExports) {
+  std::ifstream in(std::string(FERRY_SOURCE_DIR) + "/deploy/grafana-ferry.json");
+  ASSERT_TRUE(in.good()) << "deploy/grafana-ferry.json is missing";
+  const std::string json((std::istreambuf_iterator<char>(in)), {});
+  google::protobuf::Struct dashboard;
+  auto parsed = google::protobuf::util::JsonStringToMessage(json, &dashboard);
+  ASSERT_TRUE(parsed.ok()) << "not JSON: " << parsed.ToString();
+  ASSERT_TRUE(dashboard.fields().count("panels"));
+  EXPECT_GT(dashboard.fields().at("panels").list_value().values_size(), 0);
+
+  testing::FerrydProcess daemon({"--metrics-listen", "127.0.0.1:0"});
+  ASSERT_TRUE(daemon.ok()) << daemon.log();
+  const std::string body = Scrape(MetricsEndpoint(daemon));
+  std::set<std::string> families;
+  std::istringstream lines(body);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("# TYPE ", 0) == 0) families.insert(line.substr(7, line.find(' ', 7) - 7));
+  }
+  const std::regex name(R"(ferry_[a-z_]+)");
+  int used = 0;
+  for (auto it = std::sregex_iterator(json.begin(), json.end(), name); it != std::sregex_iterator();
+       ++it) {
+    ++used;
+    EXPECT_TRUE(families.count(it->str())) << it->str() << " is not a family ferryd exports";
+  }
+  EXPECT_GT(used, 5);
+}
+#endif
 
 }  // namespace
 }  // namespace ferry
