@@ -33,8 +33,8 @@
 //    the first work enqueued after a completion (outside a capture) records a start event,
 //    and the next OnComplete watches a timing event instead of a plain one, which is the
 //    span's end. Each host<->device copy enqueued outside a capture gets its own pair, from
-//    the same pool (kMaxTimedCopies per span; past that, a copy's bytes are counted and its
-//    time is estimated from the span's timed copies of that direction: a sample). Elapsed
+//    the same pool (kMaxTimedCopies per direction and span; past that, a copy's bytes are counted
+//    and its time is estimated from the span's timed copies of that direction: a sample). Elapsed
 //    times are read on the watcher thread, before the completion's callback runs. Cost:
 //    one extra cudaEventRecord per submit, two per copy, and a cudaEventElapsedTime each.
 //
@@ -859,8 +859,11 @@ class CudaStream final : public Stream {
     cudaEvent_t start = nullptr;
     std::vector<TimedCopyEvents> copies;
     uint64_t untimed_h2d = 0, untimed_d2h = 0;  // bytes of copies past kMaxTimedCopies
+    size_t timed_h2d = 0, timed_d2h = 0;        // copies timed, per direction
   };
-  static constexpr size_t kMaxTimedCopies = 256;
+  // Per direction. Few: a span's events are held until its completion, and a session may
+  // have 64 submits in flight; most submits copy once or twice.
+  static constexpr size_t kMaxTimedCopies = 4;
 
   /// Open a span (record its start event) unless one is open or the stream is capturing.
   /// Best effort: without an event the span's work goes unmeasured.
@@ -897,7 +900,8 @@ class CudaStream final : public Stream {
     TimedCopyEvents timed;
     timed.to_device = to_device;
     timed.bytes = bytes;
-    if (span_.start != nullptr && span_.copies.size() < kMaxTimedCopies) {
+    size_t& timed_so_far = to_device ? span_.timed_h2d : span_.timed_d2h;
+    if (span_.start != nullptr && timed_so_far < kMaxTimedCopies) {
       Result<cudaEvent_t> start = watcher().AcquireTimingEvent();
       Result<cudaEvent_t> end = watcher().AcquireTimingEvent();
       if (start.ok()) timed.start = *start;
@@ -917,6 +921,7 @@ class CudaStream final : public Stream {
     Status status = copy();
     if (status.ok() && cudaEventRecord(timed.end, stream_) == cudaSuccess) {
       span_.copies.push_back(timed);
+      ++timed_so_far;
       return status;
     }
     (void)cudaGetLastError();
