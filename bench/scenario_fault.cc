@@ -26,6 +26,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <future>
 #include <sstream>
 #include <thread>
 
@@ -244,14 +245,18 @@ ArmResult RunArm(Context& ctx, const std::string& label, const std::string& mode
                                  WorkerArgs(culprit ? "culprit" : "other", mode, where), true, true,
                                  "", -1, env));
   }
+  std::vector<std::future<std::string>> others_out;  // the others' stdout, once started
+  // Give up on the arm: kill every worker, let the readers see EOF, then close our ends.
   auto kill_all = [&] {
     for (Child& c : workers) {
       if (c.pid <= 0) continue;
       kill(c.pid, SIGKILL);
       Reap(c.pid, std::chrono::seconds(5));
+    }
+    for (auto& f : others_out) f.get();
+    for (Child& c : workers) {
       close(c.stdin_fd);
       close(c.stdout_fd);
-      c.pid = -1;
     }
   };
   auto setup_deadline = Clock::now() + kSetupTimeout;
@@ -264,6 +269,11 @@ ArmResult RunArm(Context& ctx, const std::string& label, const std::string& mode
     }
   }
   for (Child& c : workers) WriteAll(c.stdin_fd, "g", 1);
+  // The others print a line per round: read them all along, on threads of their own, so
+  // that none ever waits on a full pipe (ReadAll returns at EOF: when the worker is gone).
+  for (int i = 0; i + 1 < kWorkers; ++i) {
+    others_out.push_back(std::async(std::launch::async, ReadAll, workers[i].stdout_fd));
+  }
 
   // The culprit: its rounds, the launch, the fault it sees.
   Child& culprit = workers.back();
@@ -290,10 +300,10 @@ ArmResult RunArm(Context& ctx, const std::string& label, const std::string& mode
     kill_all();
     return r;
   }
+  if (r.culprit_saw.empty()) r.culprit_saw = "no answer from its wait (killed)";
   close(culprit.stdin_fd);
   Reap(culprit.pid, std::chrono::seconds(30));
   close(culprit.stdout_fd);
-  culprit.pid = -1;
 
   // New clients, one after another, until one runs a round.
   auto fault_at = Clock::now() - std::chrono::nanoseconds(NowNs() - fault_ns);
@@ -326,11 +336,20 @@ ArmResult RunArm(Context& ctx, const std::string& label, const std::string& mode
     WriteAll(workers[i].stdin_fd, "s", 1);
     close(workers[i].stdin_fd);
   }
-  auto stop_deadline = Clock::now() + std::chrono::seconds(30);
   for (int i = 0; i + 1 < kWorkers; ++i) {
     Child& c = workers[i];
+    // One that does not stop (hung in a call) is killed, which ends its output too.
+    int status = WaitChild(c.pid, std::chrono::seconds(30));
+    bool hung = status == -1;
+    if (hung) {
+      kill(c.pid, SIGKILL);
+      WaitChild(c.pid, std::chrono::seconds(5));
+    }
+    std::istringstream lines(others_out[i].get());
+    close(c.stdout_fd);
+    c.pid = -1;
     bool stopped = false, failed = false;
-    while (ReadLineUntil(c.stdout_fd, &line, stop_deadline)) {
+    while (std::getline(lines, line)) {
       std::istringstream in(line);
       std::string word;
       int64_t ns = 0;
@@ -344,15 +363,8 @@ ArmResult RunArm(Context& ctx, const std::string& label, const std::string& mode
         if (r.others_error.empty()) r.others_error = msg.empty() ? msg : msg.substr(1);
       }
     }
-    close(c.stdout_fd);
-    int status = WaitChild(c.pid, std::chrono::seconds(1));
-    if (status == -1) {
-      kill(c.pid, SIGKILL);
-      WaitChild(c.pid, std::chrono::seconds(5));
-      if (r.others_error.empty()) r.others_error = "hung (killed after the fault)";
-    }
-    c.pid = -1;
-    bool ok = stopped && !failed && status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    if (hung && r.others_error.empty()) r.others_error = "hung (killed after the fault)";
+    bool ok = stopped && !failed && !hung && WIFEXITED(status) && WEXITSTATUS(status) == 0;
     (ok ? r.others_ok : r.others_failed) += 1;
   }
   return r;
