@@ -230,7 +230,10 @@ void SetUpMps(Context& ctx, MpsDaemon& daemon, MpsInfo* info) {
   info->control = MpsDaemon::FindControl(ctx.options.mps_control);
   std::vector<std::string> missing;
   if (ctx.baseline->backend != "cuda") {
-    missing.push_back("no GPU visible (the baseline runs on the " + ctx.baseline->backend +
+    // --baseline-backend host on a GPU machine is no "no GPU": say which it is.
+    std::string what =
+        ctx.options.baseline_backend == "auto" ? "no GPU visible" : "no CUDA baseline";
+    missing.push_back(what + " (the baseline runs on the " + ctx.baseline->backend +
                       " backend: " + ctx.baseline->why + ")");
   }
   if (info->control.empty()) {
