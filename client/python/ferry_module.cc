@@ -105,7 +105,7 @@ py::dtype NumpyDType(DType d) {
 }
 
 std::vector<int64_t> ParseShape(const py::object& obj) {
-  if (py::isinstance<py::int_>(obj)) return {obj.cast<int64_t>()};
+  if (PyIndex_Check(obj.ptr())) return {obj.cast<int64_t>()};  // an int, numpy's too
   std::vector<int64_t> dims;
   for (auto d : py::iter(obj)) dims.push_back(d.cast<int64_t>());
   return dims;
@@ -582,6 +582,10 @@ PYBIND11_MODULE(_ferry, m) {
           "numpy",
           [](std::shared_ptr<BufferBox> b, const py::object& dtype, const py::object& shape) {
             py::dtype dt = py::dtype::from_args(dtype);
+            if (dt.itemsize() <= 0 || dt.attr("hasobject").cast<bool>()) {
+              Fail(ErrorKind::kInvalidArgument,
+                   "a buffer cannot be viewed as " + py::str(dt).cast<std::string>());
+            }
             const uint64_t size = b->size;
             std::vector<int64_t> dims;
             uint64_t count = 0;

@@ -100,7 +100,13 @@ def test_input_checked_before_anything_is_sent(session):
     with pytest.raises(ferry.OutOfRange):
         buf.numpy(np.float64, (9,))  # 72 bytes
     assert buf.numpy(np.float64).shape == (8,)
-    assert session.recorded_ops == 1  # only the create: nothing above was recorded
+    with pytest.raises(ferry.InvalidArgument):
+        buf.numpy(object)  # no Python objects over raw bytes
+    small = session.tensor(np.int64(3))  # numpy integers are sizes too
+    assert small.shape == (3,)
+    with pytest.raises(ferry.InvalidArgument):
+        session.tensor(4, "uint16")  # a numpy dtype that is not a ferry element type
+    assert session.recorded_ops == 2  # the creates: nothing refused above was recorded
 
 
 def test_a_freed_or_foreign_tensor_is_an_invalid_handle(client, session):
