@@ -330,6 +330,7 @@ struct PendingBox {
   py::object tensor;  // the Python Tensor and PinnedBuffer lent to the transfer
   py::object buffer;
   bool waited = false;
+  bool waiting = false;  // a thread is in wait() with the GIL released; GIL held to read
 
   PendingBox() = default;
   PendingBox(const PendingBox&) = delete;
@@ -449,11 +450,15 @@ py::object PendingWait(PendingBox& p) {
   if (p.waited || !p.pending) {
     Fail(ErrorKind::kInvalidArgument, "no transfer: already waited for");
   }
+  if (p.waiting) Fail(ErrorKind::kInvalidArgument, "another thread is waiting for this transfer");
+  // A PendingTransfer is not for two threads at once: others see `waiting` and keep off.
+  p.waiting = true;
   Transfer t;
   {
     py::gil_scoped_release release;
     t = p.pending->wait();
   }
+  p.waiting = false;
   p.waited = true;
   p.pending.reset();
   auto& tb = p.tensor.cast<TensorBox&>();
@@ -654,6 +659,9 @@ PYBIND11_MODULE(_ferry, m) {
           [](PendingBox& p) {
             if (p.waited || !p.pending) {
               Fail(ErrorKind::kInvalidArgument, "no transfer: already waited for");
+            }
+            if (p.waiting) {
+              Fail(ErrorKind::kInvalidArgument, "another thread is waiting for this transfer");
             }
             auto r = p.pending->is_ready();
             if (!r.ok()) Raise(r.status());

@@ -87,3 +87,44 @@ def test_synchronize_and_wait_release_the_gil(start_daemon):
         host = np.empty(1 << 16, np.float32)
         assert runs_while_blocked(d, lambda: s.download_into(t, host))
         assert (host == 3.0).all()
+
+
+def test_a_second_thread_cannot_wait_for_the_same_transfer(start_daemon):
+    import ferry
+
+    d = start_daemon()
+    client = ferry.Client.connect(d.target)
+    s = client.open_session()
+    t = s.tensor(1024, "float32")
+    buf = s.pinned_buffer(t.nbytes)
+    s.synchronize()
+    pid = d.proc.pid
+    net = subprocess.Popen(["sh", "-c", f"sleep 10; kill -CONT {pid}"])
+    results = []
+    try:
+        d.proc.send_signal(signal.SIGSTOP)
+        for _ in range(10000):
+            if all_threads_stopped(pid):
+                break
+            time.sleep(0.001)
+        p = s.download_pending(t, buf)
+        waiter = threading.Thread(target=lambda: results.append(p.wait()))
+        waiter.start()
+        refused = None
+        for _ in range(3000):  # until the waiter is inside wait(); is_ready() never blocks
+            try:
+                p.is_ready()
+            except ferry.InvalidArgument as e:
+                refused = e
+                break
+            time.sleep(0.01)
+        assert refused is not None and "another thread" in str(refused)
+        with pytest.raises(ferry.InvalidArgument, match="another thread"):
+            p.wait()
+    finally:
+        d.proc.send_signal(signal.SIGCONT)
+        net.kill()
+        net.wait()
+    waiter.join(60)
+    assert results and results[0][0] is t and results[0][1] is buf
+    s.close()
