@@ -167,8 +167,9 @@ def test_freed_tensor_leaves_the_daemon(client, daemon):
         s.free(gone)
         assert not gone.valid
         s.synchronize()
-        st = daemon.status()
+        st = daemon.wait_for(lambda st: st["live_tensors"] == 1)
         assert st["live_tensors"] == 1
         del keep
         s.synchronize()  # dropping the Python object records the release
-        assert daemon.status()["live_tensors"] == 0
+        st = daemon.wait_for(lambda st: st["live_tensors"] == 0)
+        assert st["live_tensors"] == 0
