@@ -10,6 +10,8 @@ packages=(
   libgtest-dev libgmock-dev
   openssl  # the TLS tests make a test CA at test time
   clang-format  # tests/deploy/format_test.sh: the sources follow .clang-format
+  # the Python client (client/python) and its tests (tests/python)
+  pybind11-dev python3-dev python3-numpy python3-pytest
   # tests/run.sh's sanitizer and fuzz phases: clang, its sanitizer and libFuzzer runtimes,
   # and llvm-symbolizer for readable reports
   clang libclang-rt-14-dev llvm
