@@ -6,6 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config git
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  grpc-proto  # grpc/health/v1/health.proto: its descriptor lets reflection describe health
   libspdlog-dev libfmt-dev libboost-dev libboost-system-dev
   libgtest-dev libgmock-dev
   openssl  # the TLS tests make a test CA at test time
