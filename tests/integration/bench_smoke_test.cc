@@ -110,7 +110,7 @@ TEST(BenchSmokeTest, QuickRunWithBaselineWritesJson) {
   std::string json = dir + "/bench.json", svg = dir + "/bench.svg", log = dir + "/bench.log";
 
   pid_t pid = testing::Spawn(
-      FERRY_BENCH_PATH,
+      testing::ProgramPath("FERRY_TEST_BENCH", FERRY_BENCH_PATH),
       {"--target", daemon.unix_target(), "--quick", "--baseline", "--json", json, "--svg", svg},
       log);
   ASSERT_GT(pid, 0);
