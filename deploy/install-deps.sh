@@ -6,10 +6,13 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config git
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  grpc-proto  # grpc/health/v1/health.proto: its descriptor lets reflection describe health
   libspdlog-dev libfmt-dev libboost-dev libboost-system-dev
   libgtest-dev libgmock-dev
   openssl  # the TLS tests make a test CA at test time
   clang-format  # tests/deploy/format_test.sh: the sources follow .clang-format
+  # the Python client (client/python) and its tests (tests/python)
+  pybind11-dev python3-dev python3-numpy python3-pytest
   # tests/run.sh's sanitizer and fuzz phases: clang, its sanitizer and libFuzzer runtimes,
   # and llvm-symbolizer for readable reports
   clang libclang-rt-14-dev llvm

@@ -26,6 +26,7 @@
 
 #include "ferry/little_endian.h"
 #include "ferry/v1/session.grpc.pb.h"
+#include "parallel_copy.h"
 
 namespace ferry {
 namespace internal {
@@ -1445,7 +1446,7 @@ Status Session::upload_bytes(const Tensor& t, const void* data, uint64_t bytes) 
           }
         }
         uint64_t n = std::min(half, bytes - off);
-        std::memcpy(base + k * half, static_cast<const char*>(data) + off, n);
+        internal::ParallelCopy(base + k * half, static_cast<const char*>(data) + off, n);
         auto* op = state_->Record()->mutable_upload_from_slab();
         op->set_tensor(t.handle());
         op->set_offset(off);
@@ -1528,7 +1529,8 @@ Status Session::download_bytes(const Tensor& t, void* out, uint64_t bytes) {
         chunks[k].id = 0;
         if (result.ok() && !s.ok()) result = s;
         if (result.ok()) {
-          std::memcpy(static_cast<char*>(out) + chunks[k].off, base + k * half, chunks[k].n);
+          internal::ParallelCopy(static_cast<char*>(out) + chunks[k].off, base + k * half,
+                                 chunks[k].n);
           if (next < bytes) result = send(k);
         }
         if (!chunks[k ^ 1].id) break;

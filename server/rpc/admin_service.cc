@@ -8,13 +8,14 @@
 namespace ferry::rpc {
 namespace {
 
-// Finish the call UNAUTHENTICATED when a TCP peer lacks the bearer token; null when it may go on.
+// Finish the call with CheckToken's status (UNAUTHENTICATED, by its contract) when a TCP peer
+// lacks the bearer token; null when it may go on.
 grpc::ServerUnaryReactor* RejectUnauthenticated(const SessionServiceContext& context,
                                                 grpc::CallbackServerContext* ctx) {
   ferry::Status s = CheckToken(context.token, *ctx);
   if (s.ok()) return nullptr;
   auto* reactor = ctx->DefaultReactor();
-  reactor->Finish(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, s.message()));
+  reactor->Finish(grpc::Status(static_cast<grpc::StatusCode>(s.code()), s.message()));
   return reactor;
 }
 

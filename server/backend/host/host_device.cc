@@ -20,6 +20,10 @@ namespace {
 
 constexpr std::align_val_t kAlignment{256};
 
+// Allocations of every HostDevice of the process not yet released: a count that outlives
+// each device, so a test can see that a device's destructor released what was never freed.
+std::atomic<uint64_t> g_live_allocations{0};
+
 Status InvalidArgument(std::string message) {
   return Status(ErrorKind::kInvalidArgument, std::move(message));
 }
@@ -500,6 +504,7 @@ HostDevice::~HostDevice() {
   // Memory a caller allocated and never freed.
   for (const auto& [base, allocation] : allocations_) {
     ::operator delete(HostAddress(base), kAlignment);
+    g_live_allocations.fetch_sub(1, std::memory_order_relaxed);
   }
 }
 
@@ -553,6 +558,10 @@ void HostDevice::InjectFaultForTest(uint64_t after_ops, Status fault) {
   fault_armed_.store(true, std::memory_order_release);
 }
 
+uint64_t HostDevice::live_allocations_for_test() {
+  return g_live_allocations.load(std::memory_order_relaxed);
+}
+
 void HostDevice::FailNextAllocationForTest() {
   std::lock_guard<std::mutex> lock(mu_);
   fail_next_allocation_ = true;
@@ -589,6 +598,7 @@ Result<DevicePtr> HostDevice::AllocateMemory(uint64_t bytes) {
   }
   const DevicePtr ptr = DeviceAddress(memory);
   allocations_.emplace(ptr, Allocation{bytes, false});
+  g_live_allocations.fetch_add(1, std::memory_order_relaxed);
   return ptr;
 }
 
@@ -609,6 +619,7 @@ void HostDevice::ReleaseMemory(DevicePtr ptr) {
     allocations_.erase(it);
   }
   ::operator delete(HostAddress(ptr), kAlignment);
+  g_live_allocations.fetch_sub(1, std::memory_order_relaxed);
 }
 
 Status HostDevice::CheckRange(DevicePtr ptr, uint64_t bytes, std::string_view what) const {

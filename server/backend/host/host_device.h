@@ -81,6 +81,9 @@ class HostDevice final : public Device {
   void SetOpDelayForTest(std::chrono::microseconds delay);
   /// Return the number of host ranges registered and not unregistered.
   size_t registered_host_ranges_for_test() const;
+  /// Return the number of allocations, of every HostDevice in the process, that are not yet
+  /// released (by a Free that ran, or by their device's destructor).
+  static uint64_t live_allocations_for_test();
 
  private:
   friend class HostStream;
