@@ -342,7 +342,9 @@ std::string SessionRegistry::AssignUsageIdentityLocked(const PeerIdentity& peer,
   if (usage_.count({uid, name})) return name;
   // A new name of a uid that has used up its names goes to that uid's "other".
   bool folded = false;
-  if (usage_clients_per_uid_[uid] >= kMaxClientsPerUid) {
+  // (find, not []: a uid that folds into "other" must not grow this map either)
+  auto names = usage_clients_per_uid_.find(uid);
+  if (names != usage_clients_per_uid_.end() && names->second >= kMaxClientsPerUid) {
     name = "other";
     folded = true;
     if (usage_.count({uid, name})) {
