@@ -209,6 +209,7 @@ std::vector<Table> RunOpenClose(Context& ctx);    // scenario_sessions.cc
 std::vector<Table> RunSharing(Context& ctx);      // scenario_sharing.cc
 std::vector<Table> RunOverlap(Context& ctx);      // scenario_overlap.cc
 std::vector<Table> RunMemory(Context& ctx);       // scenario_memory.cc
+std::vector<Table> RunShares(Context& ctx);       // scenario_shares.cc (opt-in)
 std::vector<Table> RunFault(Context& ctx);        // scenario_fault.cc
 /// Measure the bare transports (socketpair, gRPC echo) for the socket kinds the targets
 /// use; returns the "transports" table. transports.cc.
@@ -216,6 +217,7 @@ std::vector<Table> RunTransports(Context& ctx);
 
 /// The hidden --worker modes (sharing client, echo server, ...); return the exit code.
 int SharingWorkerMain(const std::vector<std::string>& args);  // scenario_sharing.cc
+int SharesWorkerMain(const std::vector<std::string>& args);   // scenario_shares.cc
 int OpsWorkerMain(const std::vector<std::string>& args);      // scenario_ops.cc (MPS arm)
 int FaultWorkerMain(const std::vector<std::string>& args);    // scenario_fault.cc
 int MpsProbeWorkerMain();                                     // ferry_bench.cc

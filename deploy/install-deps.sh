@@ -16,6 +16,8 @@ packages=(
   # tests/run.sh's sanitizer and fuzz phases: clang, its sanitizer and libFuzzer runtimes,
   # and llvm-symbolizer for readable reports
   clang libclang-rt-14-dev llvm
+  tmux  # ferryctl top's test drives it in a real terminal
+  prometheus  # its promtool checks ferryd's metrics exposition (tests/integration)
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -74,6 +74,10 @@ SessionStats FromProto(const v1::SessionStats& s) {
   out.device_busy_ns = s.device_busy_ns();
   out.graph_launches = s.graph_launches();
   out.kernel_batches = s.kernel_batches();
+  out.h2d_bytes = s.h2d_bytes();
+  out.h2d_ns = s.h2d_ns();
+  out.d2h_bytes = s.d2h_bytes();
+  out.d2h_ns = s.d2h_ns();
   return out;
 }
 

@@ -209,6 +209,10 @@ void ToProto(const session::SessionStatsSnapshot& s, v1::SessionStats* out) {
   out->set_device_busy_ns(s.device_busy_ns);
   out->set_graph_launches(s.graph_launches);
   out->set_kernel_batches(s.kernel_batches);
+  out->set_h2d_bytes(s.h2d_bytes);
+  out->set_h2d_ns(s.h2d_ns);
+  out->set_d2h_bytes(s.d2h_bytes);
+  out->set_d2h_ns(s.d2h_ns);
 }
 
 }  // namespace ferry::rpc

@@ -22,6 +22,9 @@
 // destroyed on the completion thread itself, i.e. inside a callback, it cannot wait for its
 // own later callbacks; they are still delivered, after the stream is gone).
 //
+// Usage (backend.h): each op is timed on its worker with the steady clock (an injected op
+// delay counts, as device time would); copies enqueued on their own count by direction.
+//
 // Thread-safety: as backend.h says. The ForTest hooks may be called from any thread.
 #pragma once
 
@@ -64,6 +67,7 @@ class HostDevice final : public Device {
   Result<std::shared_ptr<Module>> LoadModule(ModuleFormat format, std::string_view image) override;
   uint64_t bytes_in_use() const override;
   uint64_t free_memory() const override;
+  Usage usage() const override { return usage_.Get(); }
 
   /// Make the op executed after `after_ops` more ops (counted across all streams of this
   /// device; skipped work, Free and completions do not count) fail at run time with
@@ -138,6 +142,7 @@ class HostDevice final : public Device {
   uint64_t fault_countdown_ = 0;                    // guarded by mu_
   std::atomic<bool> fault_armed_{false};            // fast-path hint for injected_fault_
   std::atomic<int64_t> op_delay_us_{0};
+  UsageCounter usage_;  // every stream's, added by their workers
 
   // completion_mu_ guards completions_, completion_stop_ and every CompletionTracker.
   mutable std::mutex completion_mu_;
