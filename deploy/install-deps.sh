@@ -1,5 +1,6 @@
 #!/bin/bash
 # Install the Debian 12 packages ferry builds and tests with. Idempotent; run as root.
+#   deploy/install-deps.sh [--tests]   --tests: also what only the test suite needs
 # The CUDA toolkit is not a Debian package here: where /usr/local/cuda/bin/nvcc exists the
 # CUDA backend is built, otherwise the build has the host backend only.
 set -euo pipefail
@@ -16,9 +17,13 @@ packages=(
   # tests/run.sh's sanitizer and fuzz phases: clang, its sanitizer and libFuzzer runtimes,
   # and llvm-symbolizer for readable reports
   clang libclang-rt-14-dev llvm
-  tmux  # ferryctl top's test drives it in a real terminal
-  prometheus  # its promtool checks ferryd's metrics exposition (tests/integration)
 )
+if [[ "${1:-}" == --tests ]]; then
+  packages+=(
+    tmux  # ferryctl top's test drives it in a real terminal
+    prometheus  # its promtool checks ferryd's metrics exposition (tests/integration)
+  )
+fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -28,4 +33,8 @@ if ((${#missing[@]})); then
   SUDO=""; [[ $(id -u) -eq 0 ]] || SUDO=sudo
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  # Debian's prometheus package starts a Prometheus server; the tests want only its promtool.
+  if [[ " ${missing[*]} " == *" prometheus "* ]] && [[ -d /run/systemd/system ]]; then
+    $SUDO systemctl disable --now prometheus >/dev/null 2>&1 || true
+  fi
 fi
