@@ -125,6 +125,7 @@ int ParallelCopyThreads() {
 }
 
 void ParallelCopy(void* dst, const void* src, uint64_t n, int threads) {
+  if (n == 0) return;  // memcpy's pointers must be valid even then; an empty vector's are null
   threads = std::min(threads, kMaxThreads);
   if (n < kParallelCopyMinBytes || threads < 2) {
     std::memcpy(dst, src, n);

@@ -10,6 +10,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/streambuf.hpp>
 #include <boost/asio/write.hpp>
+#include <limits>
 #include <sstream>
 #include <thread>
 
@@ -61,7 +62,11 @@ std::string EscapeLabel(const std::string& v) {
 
 class Exposition {
  public:
-  explicit Exposition(std::string labels) : labels_(std::move(labels)) {}
+  // Values print with every digit a double has (the stream's default of 6 would turn a day of
+  // device seconds, 86400.123, into 86400.1).
+  explicit Exposition(std::string labels) : labels_(std::move(labels)) {
+    out_.precision(std::numeric_limits<double>::max_digits10);
+  }
 
   void Family(const char* name, const char* type, const char* help) {
     out_ << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n";

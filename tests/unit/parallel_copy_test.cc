@@ -58,6 +58,15 @@ TEST(ParallelCopyTest, CallersAtOnceEachGetTheirOwnBytes) {
 }
 
 TEST(ParallelCopyTest, AForkedChildCopiesWithoutTheParentsThreads) {
+#if defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "ThreadSanitizer does not support starting threads in a child forked from a "
+                  "multithreaded process, which this test does on purpose";
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+  GTEST_SKIP() << "ThreadSanitizer does not support starting threads in a child forked from a "
+                  "multithreaded process, which this test does on purpose";
+#endif
+#endif
   constexpr uint64_t kBytes = 4ull << 20;
   auto src = Pattern(kBytes, 7);
   std::vector<char> warm(kBytes);
