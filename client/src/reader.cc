@@ -2,8 +2,8 @@
 // completions, Closed, errors) to the SessionState under its mutex.
 #include <cstring>
 
+#include "ferry/wire.h"
 #include "session_state.h"
-#include "wire.h"
 
 namespace ferry::internal {
 
@@ -34,9 +34,9 @@ void SessionState::ReadLoop() {
         last_completed_ = c.submit_id();
         download_targets_.erase(c.submit_id());
         if (auto t = tracked_.find(c.submit_id()); t != tracked_.end()) {
-          t->second = c.has_error() ? FromProto(c.error()) : Status::Ok();
+          t->second = c.has_error() ? wire::FromProto(c.error()) : Status::Ok();
         }
-        if (c.has_error()) failures_[c.submit_id()] = FromProto(c.error());
+        if (c.has_error()) failures_[c.submit_id()] = wire::FromProto(c.error());
         cv_.notify_all();
         break;
       }
@@ -45,11 +45,11 @@ void SessionState::ReadLoop() {
         cv_.notify_all();
         break;
       case v1::ServerMessage::kClosed:
-        closed_stats_ = FromProto(m.closed().stats());
+        closed_stats_ = wire::StatsFromProto<SessionStats>(m.closed().stats());
         cv_.notify_all();
         break;
       case v1::ServerMessage::kError:
-        dead_ = FromProto(m.error());
+        dead_ = wire::FromProto(m.error());
         cv_.notify_all();
         break;
       case v1::ServerMessage::kDraining:

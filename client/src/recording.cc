@@ -3,8 +3,8 @@
 #include <utility>
 
 #include "ferry/client.h"
+#include "ferry/wire.h"
 #include "session_state.h"
-#include "wire.h"
 
 namespace ferry {
 
@@ -100,7 +100,7 @@ Tensor Session::create_tensor(DType dtype, const Shape& shape) {
   uint64_t handle = state_->NextHandle();
   auto* c = state_->Record()->mutable_create_tensor();
   c->set_handle(handle);
-  c->set_dtype(internal::ToProto(dtype));
+  c->set_dtype(wire::ToProto(dtype));
   for (int64_t d : shape.dims()) c->add_shape(d);
   auto count = shape.ElementCount();
   return Tensor(state_, handle, dtype, shape, count.ok() ? *count : 0);

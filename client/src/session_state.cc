@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <string>
 
-#include "wire.h"
+#include "ferry/wire.h"
 
 namespace ferry::internal {
 
@@ -76,7 +76,7 @@ Status SessionState::Open(std::shared_ptr<ClientState> client, const SessionOpti
   v1::ServerMessage reply;
   if (!stream_->Read(&reply)) return StreamFailure("waiting for Opened");
   if (reply.has_error()) {
-    Status s = FromProto(reply.error());
+    Status s = wire::FromProto(reply.error());
     Shutdown();
     return s;
   }

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "ferry/little_endian.h"
+#include "ferry/wire.h"
 
 namespace ferry::internal {
 
@@ -79,15 +80,15 @@ Result<std::shared_ptr<SlabMapping>> SlabSocket::AcquireSlab() {
   uint32_t kind = le::Get32(reply);
   if (kind != 0) {
     if (fd >= 0) ::close(fd);
-    const int k = kind > static_cast<uint32_t>(kLastErrorKind) ? -1 : static_cast<int>(kind);
-    const ErrorKind known = k < 0 ? ErrorKind::kInternal : static_cast<ErrorKind>(k);
-    return Status::FromWire(static_cast<int>(CanonicalCode(known)),
-                            k < 0 ? static_cast<int>(kind) : k,
-                            "the daemon gave no slab (" + std::string(ErrorKindName(known)) +
-                                (known == ErrorKind::kQuotaExceeded
-                                     ? ": the session's --session-pinned-quota is reached, or the "
-                                       "daemon's --pinned-budget is held by slabs in use)"
-                                     : ")"));
+    const ErrorKind known = kind > static_cast<uint32_t>(kLastErrorKind)
+                                ? ErrorKind::kInternal
+                                : static_cast<ErrorKind>(kind);
+    return wire::FromWireKind(
+        kind, "the daemon gave no slab (" + std::string(ErrorKindName(known)) +
+                  (known == ErrorKind::kQuotaExceeded
+                       ? ": the session's --session-pinned-quota is reached, or the "
+                         "daemon's --pinned-budget is held by slabs in use)"
+                       : ")"));
   }
   if (fd < 0) return Error("no fd came with the slab");
   auto m = std::make_shared<SlabMapping>();

@@ -3,6 +3,7 @@
 #include <optional>
 
 #include "ferry/version.h"
+#include "ferry/wire.h"
 #include "rpc/convert.h"
 
 namespace ferry::rpc {
@@ -124,7 +125,7 @@ grpc::ServerUnaryReactor* AdminService::ListSessions(grpc::CallbackServerContext
     snap.device_busy_ns = c.device_busy_ns;
     snap.graph_launches = c.graph_launches;
     snap.kernel_batches = c.kernel_batches;
-    ToProto(snap, s->mutable_stats());
+    wire::StatsToProto(snap, s->mutable_stats());
   }
   // The same rule for usage: a non-admin sees only its own identity's.
   const std::string own_identity = caller ? "uid:" + std::to_string(*caller) : std::string();

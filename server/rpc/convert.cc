@@ -2,25 +2,11 @@
 
 #include <cstring>
 
+#include "ferry/wire.h"
 #include "session/admission.h"
 
 namespace ferry::rpc {
 namespace {
-
-DType FromProto(v1::DType d) {
-  switch (d) {
-    case v1::DTYPE_F32:
-      return DType::kF32;
-    case v1::DTYPE_F64:
-      return DType::kF64;
-    case v1::DTYPE_I32:
-      return DType::kI32;
-    case v1::DTYPE_U8:
-      return DType::kU8;
-    default:
-      return DType::kInvalid;
-  }
-}
 
 session::Op Malformed(std::string why) {
   return session::MalformedOp{Status(ErrorKind::kInvalidArgument, std::move(why))};
@@ -31,7 +17,7 @@ session::Op FromProto(const v1::Op& op) {
   switch (op.kind_case()) {
     case v1::Op::kCreateTensor: {
       const auto& c = op.create_tensor();
-      DType dtype = FromProto(c.dtype());
+      DType dtype = wire::FromProto(c.dtype());
       if (dtype == DType::kInvalid) return Malformed("create_tensor: invalid dtype");
       if (static_cast<size_t>(c.shape_size()) > Shape::kMaxRank) {
         return session::MalformedOp{
@@ -188,27 +174,6 @@ session::SubmitRequest ToSubmitRequest(std::shared_ptr<const v1::ClientMessage> 
   for (const v1::Op& op : submit.ops()) req.ops.push_back(FromProto(op));
   req.payload = std::move(message);
   return req;
-}
-
-void ToProto(const Status& status, v1::Error* out) {
-  out->set_code(static_cast<int32_t>(status.code()));
-  out->set_kind(static_cast<v1::ErrorKind>(status.kind()));
-  out->set_message(status.message());
-  out->set_op_index(status.op_index());
-}
-
-void ToProto(const session::SessionStatsSnapshot& s, v1::SessionStats* out) {
-  out->set_submits(s.submits);
-  out->set_failed_submits(s.failed_submits);
-  out->set_ops(s.ops);
-  out->set_kernel_launches(s.kernel_launches);
-  out->set_bytes_uploaded(s.bytes_uploaded);
-  out->set_bytes_downloaded(s.bytes_downloaded);
-  out->set_tensors_created(s.tensors_created);
-  out->set_peak_device_bytes(s.peak_device_bytes);
-  out->set_device_busy_ns(s.device_busy_ns);
-  out->set_graph_launches(s.graph_launches);
-  out->set_kernel_batches(s.kernel_batches);
 }
 
 }  // namespace ferry::rpc

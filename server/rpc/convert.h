@@ -1,5 +1,6 @@
-// Conversions between ferry.v1 messages and the daemon's own types. The only place (with
-// the services) that knows the wire format.
+// Conversions between ferry.v1 messages and the daemon's own op types. The only place (with
+// the services) that knows the wire format; DType, Status and counters convert through
+// ferry/wire.h, shared with libferry.
 #pragma once
 
 #include "ferry/status.h"
@@ -13,8 +14,5 @@ namespace ferry::rpc {
 /// that admission refuses. Upload bytes are referenced, not copied: `message` must outlive
 /// the request (the request's payload keeps it alive).
 session::SubmitRequest ToSubmitRequest(std::shared_ptr<const v1::ClientMessage> message);
-
-void ToProto(const Status& status, v1::Error* out);
-void ToProto(const session::SessionStatsSnapshot& stats, v1::SessionStats* out);
 
 }  // namespace ferry::rpc

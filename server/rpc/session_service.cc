@@ -8,6 +8,7 @@
 #include <thread>
 #include <utility>
 
+#include "ferry/wire.h"
 #include "rpc/convert.h"
 
 namespace ferry::rpc {
@@ -213,7 +214,7 @@ class SessionConnection : public session::SessionEvents,
   void SendCompleted(uint64_t submit_id, const Status& status) {
     auto m = std::make_unique<v1::ServerMessage>();
     m->mutable_completed()->set_submit_id(submit_id);
-    if (!status.ok()) ToProto(status, m->mutable_completed()->mutable_error());
+    if (!status.ok()) wire::ToProto(status, m->mutable_completed()->mutable_error());
     Send(std::move(m));
     MaybeReadMore();
   }
@@ -224,7 +225,7 @@ class SessionConnection : public session::SessionEvents,
   }
   void OnClosed(const session::SessionStatsSnapshot& stats) override {
     auto m = std::make_unique<v1::ServerMessage>();
-    ToProto(stats, m->mutable_closed()->mutable_stats());
+    wire::StatsToProto(stats, m->mutable_closed()->mutable_stats());
     Send(std::move(m));
     session_done_ = true;
     spdlog::info("session {} closed ({} submits, {} ops)", session_id_, stats.submits, stats.ops);
@@ -545,7 +546,7 @@ class SessionConnection : public session::SessionEvents,
   // Report a session-level error to the client, then end the stream with `rpc_status`.
   void Fail(const Status& status, const grpc::Status& rpc_status) {
     auto m = std::make_unique<v1::ServerMessage>();
-    ToProto(status, m->mutable_error());
+    wire::ToProto(status, m->mutable_error());
     Send(std::move(m));
     if (session_ && !session_done_) session_->Abort();
     session_done_ = true;
