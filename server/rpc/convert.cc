@@ -176,4 +176,52 @@ session::SubmitRequest ToSubmitRequest(std::shared_ptr<const v1::ClientMessage> 
   return req;
 }
 
+std::optional<session::OpKind> KindOf(const v1::Op& op) {
+  using session::OpKind;
+  switch (op.kind_case()) {
+    case v1::Op::kCreateTensor:
+      return OpKind::kCreateTensor;
+    case v1::Op::kFreeTensor:
+      return OpKind::kFreeTensor;
+    case v1::Op::kUpload:
+      return OpKind::kUpload;
+    case v1::Op::kDownload:
+      return OpKind::kDownload;
+    case v1::Op::kFill:
+      return OpKind::kFill;
+    case v1::Op::kCopy:
+      return OpKind::kCopy;
+    case v1::Op::kBinary:
+      return OpKind::kBinary;
+    case v1::Op::kScale:
+      return OpKind::kScale;
+    case v1::Op::kAxpy:
+      return OpKind::kAxpy;
+    case v1::Op::kReduceSum:
+      return OpKind::kReduceSum;
+    case v1::Op::kGemm:
+      return OpKind::kGemm;
+    case v1::Op::kLoadModule:
+      return OpKind::kLoadModule;
+    case v1::Op::kUnloadModule:
+      return OpKind::kUnloadModule;
+    case v1::Op::kLaunch:
+      return OpKind::kLaunch;
+    case v1::Op::kBeginGraph:
+      return OpKind::kBeginGraph;
+    case v1::Op::kEndGraph:
+      return OpKind::kEndGraph;
+    case v1::Op::kLaunchGraph:
+      return OpKind::kLaunchGraph;
+    case v1::Op::kFreeGraph:
+      return OpKind::kFreeGraph;
+    case v1::Op::kUploadFromSlab:
+      return OpKind::kUploadFromSlab;
+    case v1::Op::kDownloadToSlab:
+      return OpKind::kDownloadToSlab;
+    default:
+      return std::nullopt;
+  }
+}
+
 }  // namespace ferry::rpc

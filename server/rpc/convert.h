@@ -3,6 +3,8 @@
 // ferry/wire.h, shared with libferry.
 #pragma once
 
+#include <optional>
+
 #include "ferry/status.h"
 #include "ferry/v1/session.pb.h"
 #include "session/ops.h"
@@ -14,5 +16,9 @@ namespace ferry::rpc {
 /// that admission refuses. Upload bytes are referenced, not copied: `message` must outlive
 /// the request (the request's payload keeps it alive).
 session::SubmitRequest ToSubmitRequest(std::shared_ptr<const v1::ClientMessage> message);
+
+/// The kind of a wire op, for asking session::Traits about it before decoding; nullopt for
+/// an op with no kind set (or one this build does not know).
+std::optional<session::OpKind> KindOf(const v1::Op& op);
 
 }  // namespace ferry::rpc

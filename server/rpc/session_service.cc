@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <deque>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -32,24 +33,9 @@ bool IsQuick(const v1::ClientMessage& m) {
   if (!m.has_submit() || m.submit().ops_size() > kQuickOps) return false;
   uint64_t upload_bytes = 0;
   for (const v1::Op& op : m.submit().ops()) {
-    switch (op.kind_case()) {
-      case v1::Op::kUpload:
-        upload_bytes += op.upload().data().size();
-        break;
-      case v1::Op::kFill:
-      case v1::Op::kCopy:
-      case v1::Op::kBinary:
-      case v1::Op::kScale:
-      case v1::Op::kAxpy:
-      case v1::Op::kReduceSum:
-      case v1::Op::kLaunch:
-      case v1::Op::kLaunchGraph:
-      case v1::Op::kUploadFromSlab:
-      case v1::Op::kDownloadToSlab:
-        break;
-      default:
-        return false;
-    }
+    const std::optional<session::OpKind> kind = KindOf(op);
+    if (!kind || !session::Traits(*kind).quick) return false;
+    if (*kind == session::OpKind::kUpload) upload_bytes += op.upload().data().size();
   }
   return upload_bytes <= kQuickUploadBytes;
 }
@@ -407,15 +393,8 @@ class SessionConnection : public session::SessionEvents,
   // Return true when the submit moves bytes between host and device.
   static bool MovesBytes(const v1::Submit& submit) {
     for (const v1::Op& op : submit.ops()) {
-      switch (op.kind_case()) {
-        case v1::Op::kUpload:
-        case v1::Op::kDownload:
-        case v1::Op::kUploadFromSlab:
-        case v1::Op::kDownloadToSlab:
-          return true;
-        default:
-          break;
-      }
+      const std::optional<session::OpKind> kind = KindOf(op);
+      if (kind && session::Traits(*kind).copy != session::CopyDirection::kNone) return true;
     }
     return false;
   }
@@ -451,7 +430,8 @@ class SessionConnection : public session::SessionEvents,
   // Raw kernels: LoadModule and Launch ops (what a peer may be refused).
   static bool HasRawKernelOps(const v1::Submit& submit) {
     for (const v1::Op& op : submit.ops()) {
-      if (op.has_load_module() || op.has_launch()) return true;
+      const std::optional<session::OpKind> kind = KindOf(op);
+      if (kind && session::Traits(*kind).raw_kernel) return true;
     }
     return false;
   }

@@ -20,20 +20,17 @@ int Index(uint8_t direction) { return direction == CopyTurns::kToDevice ? 0 : 1;
 uint8_t CopyTurns::Needs(const std::vector<Op>& ops) const {
   if (turns_ == 0) return kNone;
   uint64_t to_device = 0, to_host = 0;
-  for (const Op& any : ops) {
-    std::visit(
-        [&](const auto& op) {
-          using T = std::decay_t<decltype(op)>;
-          if constexpr (std::is_same_v<T, UploadOp>) {
-            AddSaturating(to_device, op.data.size());
-          } else if constexpr (std::is_same_v<T, UploadFromSlabOp>) {
-            AddSaturating(to_device, op.length);
-          } else if constexpr (std::is_same_v<T, DownloadOp> ||
-                               std::is_same_v<T, DownloadToSlabOp>) {
-            AddSaturating(to_host, op.length);
-          }
-        },
-        any);
+  for (const Op& op : ops) {
+    switch (Traits(KindOf(op)).copy) {
+      case CopyDirection::kToDevice:
+        AddSaturating(to_device, CopyBytes(op));
+        break;
+      case CopyDirection::kToHost:
+        AddSaturating(to_host, CopyBytes(op));
+        break;
+      case CopyDirection::kNone:
+        break;
+    }
   }
   uint8_t mask = kNone;
   if (to_device >= min_bytes_ && to_device > 0) mask |= kToDevice;

@@ -159,10 +159,7 @@ void Session::OnTurnsGranted() {
 
 namespace {
 /// An op that is one kernel launch of ferry's own, so that a batch may hold it.
-bool IsKernelOp(const Op& op) {
-  return std::holds_alternative<FillOp>(op) || std::holds_alternative<BinaryOpArgs>(op) ||
-         std::holds_alternative<ScaleOp>(op) || std::holds_alternative<AxpyOp>(op);
-}
+bool IsKernelOp(const Op& op) { return Traits(KindOf(op)).batch_kernel; }
 }  // namespace
 
 Status Session::Enqueue(SubmitRequest& request, const AdmissionResult& admitted, InFlight& record) {
