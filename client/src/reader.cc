@@ -40,8 +40,7 @@ void SessionState::ReadLoop() {
         cv_.notify_all();
         break;
       }
-      case v1::ServerMessage::kSynchronized:
-        last_synchronized_ = m.synchronized().sync_id();
+      case v1::ServerMessage::kSynchronized:  // libferry sends no Synchronize (protocol.md)
         cv_.notify_all();
         break;
       case v1::ServerMessage::kClosed:

@@ -224,6 +224,10 @@ Status SessionState::WaitOutcome(uint64_t first, uint64_t last) {
     s = Status::Ok();
   }
   for (uint64_t id = first; id <= last; ++id) tracked_.erase(id);
+  // The waiter returns these submits' failure: consumed, as WaitSubmit does, so that the
+  // next Synchronize does not report it again (docs/protocol.md, "Who reports a failed
+  // submit").
+  failures_.erase(failures_.lower_bound(first), failures_.upper_bound(last));
   return s;
 }
 

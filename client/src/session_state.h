@@ -91,6 +91,7 @@ class SessionState {
   // --- pending transfers ------------------------------------------------------------
   /// Return whether submits [first, last] have all completed, and the first failure.
   bool Outcome(uint64_t first, uint64_t last, Status* status);
+  /// Wait for submits [first, last]; return their first failure, consuming it.
   Status WaitOutcome(uint64_t first, uint64_t last);
   void Detach(std::shared_ptr<PendingState> p);
   /// Release detached transfers whose completion arrived (owner thread).
@@ -159,7 +160,6 @@ class SessionState {
   std::condition_variable cv_;
   uint64_t last_completed_ = 0;          // guarded by mu_
   std::atomic<uint64_t> answers_{0};     // messages the reader applied, for Wait
-  uint64_t last_synchronized_ = 0;       // guarded by mu_
   uint64_t synchronized_through_ = 0;    // the last submit a Synchronize covered; mu_
   std::map<uint64_t, Status> failures_;  // guarded by mu_
   std::map<uint64_t, std::map<uint32_t, std::pair<void*, uint64_t>>>
