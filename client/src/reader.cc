@@ -10,7 +10,7 @@ namespace ferry::internal {
 void SessionState::ReadLoop() {
   v1::ServerMessage m;
   while (stream_->Read(&m)) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     answers_.fetch_add(1, std::memory_order_release);  // for waiters polling (Wait)
     switch (m.kind_case()) {
       case v1::ServerMessage::kDownloadChunk: {
@@ -23,7 +23,7 @@ void SessionState::ReadLoop() {
         uint64_t end = 0;
         if (__builtin_add_overflow(c.offset(), c.data().size(), &end) || end > length) {
           dead_ = Status(ErrorKind::kProtocolViolation, "download chunk out of range");
-          cv_.notify_all();
+          cv_.NotifyAll();
           return;
         }
         std::memcpy(static_cast<char*>(dest) + c.offset(), c.data().data(), c.data().size());
@@ -37,19 +37,19 @@ void SessionState::ReadLoop() {
           t->second = c.has_error() ? wire::FromProto(c.error()) : Status::Ok();
         }
         if (c.has_error()) failures_[c.submit_id()] = wire::FromProto(c.error());
-        cv_.notify_all();
+        cv_.NotifyAll();
         break;
       }
       case v1::ServerMessage::kSynchronized:  // libferry sends no Synchronize (protocol.md)
-        cv_.notify_all();
+        cv_.NotifyAll();
         break;
       case v1::ServerMessage::kClosed:
         closed_stats_ = wire::StatsFromProto<SessionStats>(m.closed().stats());
-        cv_.notify_all();
+        cv_.NotifyAll();
         break;
       case v1::ServerMessage::kError:
         dead_ = wire::FromProto(m.error());
-        cv_.notify_all();
+        cv_.NotifyAll();
         break;
       case v1::ServerMessage::kDraining:
         draining_ = true;
@@ -58,12 +58,12 @@ void SessionState::ReadLoop() {
         break;
     }
   }
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (dead_.ok()) {
     dead_ = closed_stats_ ? Status(ErrorKind::kSessionClosed, "the session is closed")
                           : Status(ErrorKind::kUnavailable,
                                    "the daemon ended the session stream (daemon gone?)");
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
 }
 }  // namespace ferry::internal

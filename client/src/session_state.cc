@@ -17,26 +17,25 @@ SessionState::~SessionState() {
 }
 
 template <typename Done>
-bool SessionState::Wait(std::unique_lock<std::mutex>& lock, Done done,
-                        std::optional<BoardRange> board) {
+bool SessionState::Wait(Done done, std::optional<BoardRange> board) {
   if (done()) return false;
   if (board && BoardSaysSucceeded(*board)) return true;
   const auto until = std::chrono::steady_clock::now() + client_->options.wait_spin;
   uint64_t seen = answers_.load(std::memory_order_acquire);
-  lock.unlock();
+  mu_.Unlock();
   while (std::chrono::steady_clock::now() < until) {
     if (board && BoardSaysSucceeded(*board)) {
-      lock.lock();
+      mu_.Lock();
       return true;
     }
     if (answers_.load(std::memory_order_acquire) == seen) {
       std::this_thread::yield();
       continue;
     }
-    lock.lock();
+    mu_.Lock();
     if (done()) return false;
     seen = answers_.load(std::memory_order_acquire);
-    lock.unlock();
+    mu_.Unlock();
   }
   if (board) {
     // Sleep on the board: the daemon wakes its futex at every post, so a long transfer's
@@ -47,19 +46,19 @@ bool SessionState::Wait(std::unique_lock<std::mutex>& lock, Done done,
       uint64_t through = 0;
       const CompletionBoard::Answer answer = board_->Read(*board, &through);
       if (answer == CompletionBoard::Answer::kSucceeded) {
-        lock.lock();
+        mu_.Lock();
         return true;
       }
       if (answer == CompletionBoard::Answer::kAskTheMessages)
         break;  // a failure's error is a message
-      lock.lock();
+      mu_.Lock();
       if (done()) return false;
-      lock.unlock();
+      mu_.Unlock();
       board_->Sleep(through, kBoardSleep);
     }
   }
-  lock.lock();
-  cv_.wait(lock, done);
+  mu_.Lock();
+  cv_.Wait(&mu_, done);
   return false;
 }
 
@@ -108,7 +107,7 @@ Result<uint64_t> SessionState::Submit(
   m.mutable_submit()->Swap(&pending_);
   pending_.Clear();
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (!dead_.ok()) {
       pending_.Clear();
       return dead_;
@@ -120,7 +119,7 @@ Result<uint64_t> SessionState::Submit(
     }
   }
   if (!Send(m)) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     download_targets_.erase(id);
     tracked_.erase(id);
     return dead_.ok() ? Status(ErrorKind::kSessionClosed, "the session stream is gone") : dead_;
@@ -130,9 +129,13 @@ Result<uint64_t> SessionState::Submit(
 }
 
 Status SessionState::WaitSubmit(uint64_t id) {
-  std::unique_lock lock(mu_);
+  MutexLock lock(&mu_);
   if (Wait(
-          lock, [&] { return last_completed_ >= id || !dead_.ok(); }, BoardFor(id, id))) {
+          [&] {
+            mu_.AssertHeld();
+            return last_completed_ >= id || !dead_.ok();
+          },
+          BoardForLocked(id, id))) {
     return Status::Ok();  // the board says it succeeded: no failure to consume
   }
   if (last_completed_ < id) return dead_;
@@ -149,12 +152,15 @@ Status SessionState::Synchronize() {
   // Every submit gets exactly one Completed, in order: once the last one submitted has
   // completed, all have, and no Synchronize message (a round trip) is needed.
   uint64_t last = last_submitted_;
-  std::unique_lock lock(mu_);
+  MutexLock lock(&mu_);
   // Failures before synchronized_through_ were reported by an earlier Synchronize (or
   // consumed by a WaitSubmit); the board's word covers the submits since.
   const bool by_board = Wait(
-      lock, [&] { return last_completed_ >= last || !dead_.ok(); },
-      BoardFor(synchronized_through_ + 1, last));
+      [&] {
+        mu_.AssertHeld();
+        return last_completed_ >= last || !dead_.ok();
+      },
+      BoardForLocked(synchronized_through_ + 1, last));
   if (!by_board && last_completed_ < last) return dead_;
   synchronized_through_ = last;
   Status first;
@@ -176,8 +182,13 @@ Result<SessionStats> SessionState::Close() {
   bool sent = Send(m);
   std::optional<SessionStats> stats;
   {
-    std::unique_lock lock(mu_);
-    if (sent) cv_.wait(lock, [&] { return closed_stats_.has_value() || !dead_.ok(); });
+    MutexLock lock(&mu_);
+    if (sent) {
+      cv_.Wait(&mu_, [&] {
+        mu_.AssertHeld();
+        return closed_stats_.has_value() || !dead_.ok();
+      });
+    }
     stats = closed_stats_;
   }
   Shutdown();
@@ -193,7 +204,7 @@ void SessionState::Shutdown() {
   if (stream_) {
     bool clean;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       clean = closed_stats_.has_value();
     }
     if (clean) {
@@ -208,8 +219,8 @@ void SessionState::Shutdown() {
 }
 
 bool SessionState::Outcome(uint64_t first, uint64_t last, Status* status) {
-  std::lock_guard lock(mu_);
-  if (auto board = BoardFor(first, last); board && BoardSaysSucceeded(*board)) {
+  MutexLock lock(&mu_);
+  if (auto board = BoardForLocked(first, last); board && BoardSaysSucceeded(*board)) {
     *status = Status::Ok();
     return true;
   }
@@ -217,10 +228,14 @@ bool SessionState::Outcome(uint64_t first, uint64_t last, Status* status) {
 }
 
 Status SessionState::WaitOutcome(uint64_t first, uint64_t last) {
-  std::unique_lock lock(mu_);
+  MutexLock lock(&mu_);
   Status s;
   if (Wait(
-          lock, [&] { return OutcomeLocked(first, last, &s); }, BoardFor(first, last))) {
+          [&] {
+            mu_.AssertHeld();
+            return OutcomeLocked(first, last, &s);
+          },
+          BoardForLocked(first, last))) {
     s = Status::Ok();
   }
   for (uint64_t id = first; id <= last; ++id) tracked_.erase(id);
@@ -242,7 +257,7 @@ void SessionState::ReapDetached() {
     auto& p = detached_[i];
     if (p->first_id == 0 || Outcome(p->first_id, p->last_id, &s)) {
       {
-        std::lock_guard lock(mu_);
+        MutexLock lock(&mu_);
         for (uint64_t id = p->first_id; id && id <= p->last_id; ++id) tracked_.erase(id);
       }
       auto done = std::move(p);
@@ -310,7 +325,7 @@ bool SessionState::Send(v1::ClientMessage& m) {
       if (wrote == RingWriter::Wrote::kWritten) return true;
       if (wrote == RingWriter::Wrote::kTooLarge) break;
       if (tries % 64 == 63) {
-        std::lock_guard lock(mu_);
+        MutexLock lock(&mu_);
         if (!dead_.ok()) return false;
       }
       if (tries < 256) {
@@ -323,7 +338,7 @@ bool SessionState::Send(v1::ClientMessage& m) {
   return stream_->Write(m);
 }
 
-std::optional<BoardRange> SessionState::BoardFor(uint64_t first, uint64_t last) const {
+std::optional<BoardRange> SessionState::BoardForLocked(uint64_t first, uint64_t last) const {
   if (!board_ || first > last) return std::nullopt;
   if (!download_targets_.empty() && download_targets_.begin()->first <= last) {
     return std::nullopt;
@@ -358,7 +373,7 @@ Status SessionState::StreamFailure(const char* what) {
 }
 
 Status SessionState::DeadOr(const char* what) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return dead_.ok() ? Status(ErrorKind::kSessionClosed, what) : dead_;
 }
 

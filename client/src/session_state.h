@@ -9,7 +9,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -22,6 +21,7 @@
 
 #include "completion_board.h"
 #include "ferry/client.h"
+#include "ferry/mutex.h"
 #include "ferry/v1/session.grpc.pb.h"
 #include "ring_writer.h"
 #include "slab_arena.h"
@@ -117,24 +117,26 @@ class SessionState {
 
   // Submits [first, last], as far as the board may answer for them: not while any submit up
   // to `last` has Download ops, whose bytes come only in messages. Call with mu_ held.
-  std::optional<BoardRange> BoardFor(uint64_t first, uint64_t last) const;
+  std::optional<BoardRange> BoardForLocked(uint64_t first, uint64_t last) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool BoardSaysSucceeded(const BoardRange& r) const { return board_->SaysSucceeded(r); }
 
-  bool OutcomeLocked(uint64_t first, uint64_t last, Status* status);
+  bool OutcomeLocked(uint64_t first, uint64_t last, Status* status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Status StreamFailure(const char* what);
   Status DeadOr(const char* what);
 
-  // Wait until `done()` (evaluated with mu_ held, as `lock` holds it), or until the
+  // Wait until `done()` (evaluated with mu_ held, as the caller holds it), or until the
   // completion board says the submits of `board` all succeeded: then return true (and
   // done() may not hold yet; the messages come later). For up to the client's wait_spin,
   // poll the board and the reader's message count instead of sleeping, so an answer that
   // comes quickly is seen without waking this thread; then sleep on the board's futex when
-  // there is a board range, else on cv_. Returns with `lock` held. Defined in
-  // session_state.cc, its only user.
+  // there is a board range, else on cv_. Drops mu_ while it polls or sleeps; returns with
+  // mu_ held. Defined in session_state.cc, its only user.
   template <typename Done>
-  bool Wait(std::unique_lock<std::mutex>& lock, Done done,
-            std::optional<BoardRange> board = std::nullopt);
+  bool Wait(Done done, std::optional<BoardRange> board = std::nullopt)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The longest a wait sleeps on the board before it looks at the messages' side again.
   static constexpr std::chrono::nanoseconds kBoardSleep{1'000'000};
 
@@ -156,18 +158,20 @@ class SessionState {
   bool shut_down_ = false;
 
   // Shared with the reader thread.
-  std::mutex mu_;
-  std::condition_variable cv_;
-  uint64_t last_completed_ = 0;          // guarded by mu_
-  std::atomic<uint64_t> answers_{0};     // messages the reader applied, for Wait
-  uint64_t synchronized_through_ = 0;    // the last submit a Synchronize covered; mu_
-  std::map<uint64_t, Status> failures_;  // guarded by mu_
-  std::map<uint64_t, std::map<uint32_t, std::pair<void*, uint64_t>>>
-      download_targets_;                               // guarded by mu_
-  std::optional<SessionStats> closed_stats_;           // guarded by mu_
-  Status dead_;                                        // guarded by mu_; set once the stream ends
-  std::atomic<bool> draining_{false};                  // the daemon said it is draining
-  std::map<uint64_t, std::optional<Status>> tracked_;  // pending transfers' submits; mu_
+  Mutex mu_;
+  CondVar cv_;
+  uint64_t last_completed_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<uint64_t> answers_{0};  // messages the reader applied, for Wait
+  // The last submit a Synchronize covered.
+  uint64_t synchronized_through_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<uint64_t, Status> failures_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, std::map<uint32_t, std::pair<void*, uint64_t>>> download_targets_
+      ABSL_GUARDED_BY(mu_);
+  std::optional<SessionStats> closed_stats_ ABSL_GUARDED_BY(mu_);
+  Status dead_ ABSL_GUARDED_BY(mu_);   // set once the stream ends
+  std::atomic<bool> draining_{false};  // the daemon said it is draining
+  // Pending transfers' submits and, once completed, their outcome.
+  std::map<uint64_t, std::optional<Status>> tracked_ ABSL_GUARDED_BY(mu_);
 
   // Shared memory and pending transfers (owner thread).
   std::shared_ptr<SlabArena> arena_ = std::make_shared<SlabArena>();

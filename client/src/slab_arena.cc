@@ -3,7 +3,7 @@
 namespace ferry::internal {
 
 void SlabArena::Add(std::shared_ptr<SlabMapping> m) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   Entry e;
   e.free[0] = m->size;
   e.map = std::move(m);
@@ -11,7 +11,7 @@ void SlabArena::Add(std::shared_ptr<SlabMapping> m) {
 }
 
 bool SlabArena::Allocate(uint64_t bytes, std::shared_ptr<SlabMapping>* map, uint64_t* offset) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   for (Entry& e : slabs_) {
     for (auto it = e.free.begin(); it != e.free.end(); ++it) {
       if (it->second < bytes) continue;
@@ -27,7 +27,7 @@ bool SlabArena::Allocate(uint64_t bytes, std::shared_ptr<SlabMapping>* map, uint
 }
 
 void SlabArena::Free(uint64_t slab, uint64_t offset, uint64_t bytes) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   for (Entry& e : slabs_) {
     if (e.map->id != slab) continue;
     auto next = e.free.lower_bound(offset);

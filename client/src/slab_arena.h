@@ -8,8 +8,9 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <vector>
+
+#include "ferry/mutex.h"
 
 namespace ferry::internal {
 
@@ -40,8 +41,8 @@ class SlabArena {
     std::shared_ptr<SlabMapping> map;
     std::map<uint64_t, uint64_t> free;  // offset -> bytes
   };
-  std::mutex mu_;
-  std::vector<Entry> slabs_;
+  Mutex mu_;
+  std::vector<Entry> slabs_ ABSL_GUARDED_BY(mu_);
 };
 
 // The memory of one PinnedBuffer: a range of a slab, or heap memory.

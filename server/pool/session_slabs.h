@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "ferry/mutex.h"
 #include "ferry/status.h"
 #include "pool/completion_board.h"
 #include "pool/slab_pool.h"
@@ -120,10 +121,10 @@ class SessionSlabs {
   std::unique_ptr<CompletionBoard> board_;  // set before sharing; then read-only
   std::shared_ptr<SubmitRing> ring_;        // likewise (the ring poller holds it too)
   std::shared_ptr<PinnedCharge> charge_;    // likewise
-  mutable std::mutex mu_;
-  std::optional<uid_t> uid_;        // guarded by mu_
-  std::map<uint64_t, Held> slabs_;  // guarded by mu_
-  bool closed_ = false;             // guarded by mu_
+  mutable Mutex mu_;
+  std::optional<uid_t> uid_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, Held> slabs_ ABSL_GUARDED_BY(mu_);
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace ferry::pool

@@ -165,7 +165,7 @@ grpc::ServerUnaryReactor* AdminService::Drain(grpc::CallbackServerContext* ctx,
   context_->draining = true;
   std::function<void()> handler;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     handler = drain_handler_;
   }
   if (handler) handler();

@@ -66,7 +66,7 @@ class SessionConnection : public session::SessionEvents,
 
   void Start() {
     {
-      std::lock_guard lock(context_->streams_mu);
+      MutexLock lock(&context_->streams_mu);
       context_->streams[this] = shared_from_this();
     }
     MaybeStartRead();
@@ -153,7 +153,7 @@ class SessionConnection : public session::SessionEvents,
 
   void HandleDone() {
     {
-      std::lock_guard lock(context_->streams_mu);
+      MutexLock lock(&context_->streams_mu);
       context_->streams.erase(this);
     }
     DropUnsent(0);
@@ -787,7 +787,7 @@ class SessionReactor final : public Reactor {
 void BroadcastDraining(SessionServiceContext* context, uint64_t grace_ms) {
   std::vector<std::shared_ptr<DrainListener>> streams;
   {
-    std::lock_guard lock(context->streams_mu);
+    MutexLock lock(&context->streams_mu);
     for (auto& [key, weak] : context->streams) {
       if (auto s = weak.lock()) streams.push_back(std::move(s));
     }

@@ -20,6 +20,7 @@
 #include <string>
 
 #include "backend/backend.h"
+#include "ferry/mutex.h"
 #include "ferry/v1/session.grpc.pb.h"
 #include "pool/ring_poller.h"
 #include "pool/slab_broker.h"
@@ -46,8 +47,8 @@ class DrainListener {
 /// What every session stream needs from the daemon. Outlives all sessions.
 struct SessionServiceContext {
   /// Open session streams, for the drain broadcast.
-  std::mutex streams_mu;
-  std::map<const DrainListener*, std::weak_ptr<DrainListener>> streams;  // guarded by streams_mu
+  Mutex streams_mu;
+  std::map<const DrainListener*, std::weak_ptr<DrainListener>> streams ABSL_GUARDED_BY(streams_mu);
   /// Server messages queued and not yet written, over all streams: a drain waits for 0.
   std::atomic<int64_t> unsent{0};
   /// Client messages taken from a stream or a submit ring and not yet handled by their

@@ -53,7 +53,7 @@ void CopyTurns::TakeLocked(uint8_t mask) {
 
 bool CopyTurns::TryTake(uint8_t mask) {
   if (mask == kNone || turns_ == 0) return true;
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   for (const Waiter& w : waiters_) {
     if (w.mask & mask) return false;  // never jump an earlier request of the same direction
   }
@@ -65,7 +65,7 @@ bool CopyTurns::TryTake(uint8_t mask) {
 void CopyTurns::Wait(uint8_t mask, std::function<void()> granted) {
   std::vector<std::function<void()>> go;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     ++waits_;
     waiters_.push_back(Waiter{mask, std::move(granted)});
     go = GrantLocked();
@@ -77,7 +77,7 @@ void CopyTurns::Give(uint8_t mask) {
   if (mask == kNone || turns_ == 0) return;
   std::vector<std::function<void()>> go;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     for (uint8_t d : {kToDevice, kToHost}) {
       if ((mask & d) && held_[Index(d)] > 0) --held_[Index(d)];
     }
@@ -103,7 +103,7 @@ std::vector<std::function<void()>> CopyTurns::GrantLocked() {
 }
 
 CopyTurns::Stats CopyTurns::stats() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   Stats s;
   s.waits = waits_;
   s.waiting = waiters_.size();

@@ -30,6 +30,7 @@
 #include <mutex>
 #include <vector>
 
+#include "ferry/mutex.h"
 #include "session/ops.h"
 
 namespace ferry::session {
@@ -70,17 +71,17 @@ class CopyTurns {
     uint8_t mask;
     std::function<void()> granted;
   };
-  bool FreeLocked(uint8_t mask) const;
-  void TakeLocked(uint8_t mask);
+  bool FreeLocked(uint8_t mask) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void TakeLocked(uint8_t mask) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Take turns for the waiters that can go now, in order; returns their callbacks.
-  std::vector<std::function<void()>> GrantLocked();
+  std::vector<std::function<void()>> GrantLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const uint32_t turns_;
   const uint64_t min_bytes_;
-  mutable std::mutex mu_;
-  uint32_t held_[2] = {0, 0};   // per direction; guarded by mu_
-  std::deque<Waiter> waiters_;  // arrival order; guarded by mu_
-  uint64_t waits_ = 0;          // guarded by mu_
+  mutable Mutex mu_;
+  uint32_t held_[2] ABSL_GUARDED_BY(mu_) = {0, 0};   // per direction
+  std::deque<Waiter> waiters_ ABSL_GUARDED_BY(mu_);  // arrival order
+  uint64_t waits_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace ferry::session

@@ -26,6 +26,8 @@
 #include <mutex>
 #include <thread>
 
+#include "ferry/mutex.h"
+
 namespace ferry::session {
 
 class SerialExecutor {
@@ -60,15 +62,17 @@ class SerialExecutor {
   struct State {
     explicit State(boost::asio::io_context& io) : io(io) {}
     boost::asio::io_context& io;
-    std::mutex mu;
-    std::deque<Task> queue;  // guarded by mu
-    bool active = false;     // a thread runs or is scheduled to run the queue; guarded by mu
-    std::thread::id runner;  // the thread running a function now; guarded by mu
+    Mutex mu;
+    std::deque<Task> queue ABSL_GUARDED_BY(mu);
+    // A thread runs or is scheduled to run the queue.
+    bool active ABSL_GUARDED_BY(mu) = false;
+    std::thread::id runner ABSL_GUARDED_BY(mu);  // the thread running a function now
   };
   // Run queued functions on an io_context thread, up to kBatch, then reschedule or go idle.
   static void Drain(const std::shared_ptr<State>& state);
   // Hand the rest of the queue to the io_context, or go idle; call with mu held.
-  static void ScheduleOrIdle(const std::shared_ptr<State>& state);
+  static void ScheduleOrIdleLocked(const std::shared_ptr<State>& state)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu);
 
   std::shared_ptr<State> state_;
 };
