@@ -11,6 +11,7 @@
 
 #include "ferry/wire.h"
 #include "rpc/convert.h"
+#include "rpc/input_sequencer.h"
 
 namespace ferry::rpc {
 namespace {
@@ -336,39 +337,21 @@ class SessionConnection : public session::SessionEvents,
   }
 
   // Where a message came from: the gRPC stream or the submit ring.
-  enum Source { kStream = 0, kRing = 1 };
+  using Sequencer = InputSequencer<v1::ClientMessage>;
+  using Source = Sequencer::Source;
+  static constexpr Source kStream = Sequencer::kStream;
+  static constexpr Source kRing = Sequencer::kRing;
 
-  // Handle `message` in its place: an unnumbered one at once (only before any numbered one);
-  // a numbered one when every lower number has been handled, holding it (and pausing its
-  // path) until then. The other path's held message may be next after it.
+  // Handle `message` in its place (InputSequencer): at once, or held (pausing its path)
+  // until every lower number has been handled. Nothing is handled after Close.
   void Accept(std::shared_ptr<v1::ClientMessage> message, Source from) {
-    const uint64_t sequence = message->sequence();
-    if (sequence == 0) {
-      if (sequenced_)
-        return ProtocolViolation("a message without a sequence number after numbered ones");
-      return Handle(std::move(message), from);
-    }
-    if (sequence < next_sequence_) {
-      return ProtocolViolation("sequence number " + std::to_string(sequence) +
-                               " comes again or late (expected " + std::to_string(next_sequence_) +
-                               ")");
-    }
-    sequenced_ = true;
-    held_[from] = std::move(message);
-    while (!finishing_) {
-      Source next =
-          held_[kStream] && held_[kStream]->sequence() == next_sequence_ ? kStream : kRing;
-      if (!held_[next] || held_[next]->sequence() != next_sequence_) break;
-      std::shared_ptr<v1::ClientMessage> m = std::move(held_[next]);
-      ++next_sequence_;
-      if (close_requested_) continue;  // nothing is read after Close
-      Handle(std::move(m), next);
-    }
-    if (held_[kStream] && held_[kRing] && !finishing_) {
-      // Each path waits for the other: the number between them never comes.
-      ProtocolViolation("sequence number " + std::to_string(next_sequence_) +
-                        " is missing: the stream and the submit ring are each at a later one");
-    }
+    Status s = sequencer_.Accept(
+        std::move(message), from, [this] { return !finishing_; },
+        [this](std::shared_ptr<v1::ClientMessage> m, Source next) {
+          if (m->sequence() != 0 && close_requested_) return;  // nothing is read after Close
+          Handle(std::move(m), next);
+        });
+    if (!s.ok()) ProtocolViolation(s.message());
   }
 
   // Handle one message in order.
@@ -634,8 +617,8 @@ class SessionConnection : public session::SessionEvents,
   // messages and max_in_flight_bytes bytes. Each of these is resumed by a write (or a
   // completion) that calls MaybeReadMore.
   bool AtLimit(size_t arriving) const {
-    const size_t incoming = (reading_ ? 1 : 0) + (ring_armed_ ? 1 : 0) + (held_[kStream] ? 1 : 0) +
-                            (held_[kRing] ? 1 : 0);
+    const size_t incoming = (reading_ ? 1 : 0) + (ring_armed_ ? 1 : 0) +
+                            (sequencer_.holds(kStream) ? 1 : 0) + (sequencer_.holds(kRing) ? 1 : 0);
     const session::SessionConfig& config = session_->config();
     if (unanswered_ + arriving + incoming >= config.max_in_flight_submits) return true;
     if (outbox_.size() >= kMaxOutboxMessages) return true;
@@ -646,14 +629,14 @@ class SessionConnection : public session::SessionEvents,
   // Start the next read unless one is outstanding, the stream's last message waits for its
   // turn, or the session may take no more (MayTakeMore).
   void MaybeStartRead(size_t arriving = 0) {
-    if (reading_ || held_[kStream] || !MayTakeMore(arriving)) return;
+    if (reading_ || sequencer_.holds(kStream) || !MayTakeMore(arriving)) return;
     reading_ = true;
     reactor_->StartRead(&read_buffer_);
   }
 
   // Likewise let the ring poller take the next message from the submit ring.
   void MaybeArmRing(size_t arriving = 0) {
-    if (!ring_ || ring_armed_ || held_[kRing] || !MayTakeMore(arriving)) return;
+    if (!ring_ || ring_armed_ || sequencer_.holds(kRing) || !MayTakeMore(arriving)) return;
     ring_armed_ = true;
     ring_->Arm();
   }
@@ -719,11 +702,8 @@ class SessionConnection : public session::SessionEvents,
   // poller, and whether the poller may take a message now (like reading_).
   std::shared_ptr<pool::RingPoller::Registration> ring_;
   bool ring_armed_ = false;
-  // Numbered messages (ClientMessage.sequence): the next number to handle, whether any came,
-  // and per path the message that waits for its turn.
-  uint64_t next_sequence_ = 1;
-  bool sequenced_ = false;
-  std::shared_ptr<v1::ClientMessage> held_[2];
+  // Numbered messages (ClientMessage.sequence) put back in order across the two paths.
+  Sequencer sequencer_;
   bool close_requested_ = false;
   bool write_in_flight_ = false;
   bool finishing_ = false;
