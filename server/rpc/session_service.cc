@@ -12,6 +12,7 @@
 #include "ferry/wire.h"
 #include "rpc/convert.h"
 #include "rpc/input_sequencer.h"
+#include "rpc/stream_end.h"
 
 namespace ferry::rpc {
 namespace {
@@ -346,7 +347,7 @@ class SessionConnection : public session::SessionEvents,
   // until every lower number has been handled. Nothing is handled after Close.
   void Accept(std::shared_ptr<v1::ClientMessage> message, Source from) {
     Status s = sequencer_.Accept(
-        std::move(message), from, [this] { return !finishing_; },
+        std::move(message), from, [this] { return !finishing(); },
         [this](std::shared_ptr<v1::ClientMessage> m, Source next) {
           if (m->sequence() != 0 && close_requested_) return;  // nothing is read after Close
           Handle(std::move(m), next);
@@ -544,7 +545,7 @@ class SessionConnection : public session::SessionEvents,
   // Queue `message`; a DownloadChunk's `chunk_bytes` may still be in staging (`staged`).
   void Send(std::unique_ptr<v1::ServerMessage> message, session::ChunkBytes staged = {},
             uint64_t chunk_bytes = 0) {
-    if (finishing_) return;
+    if (finishing()) return;
     const uint64_t bytes = chunk_bytes + kMessageCost;
     outbox_bytes_ += bytes;
     context_->unsent_bytes += static_cast<int64_t>(bytes);
@@ -573,7 +574,7 @@ class SessionConnection : public session::SessionEvents,
   }
 
   void PumpWrites() {
-    if (write_in_flight_ || outbox_.empty() || finished_ || !reactor_) return;
+    if (write_in_flight_ || outbox_.empty() || end_ == StreamEnd::kFinished || !reactor_) return;
     write_in_flight_ = true;
     Ready(outbox_.front());
     reactor_->StartWrite(outbox_.front().message.get());
@@ -588,7 +589,7 @@ class SessionConnection : public session::SessionEvents,
     // A stream a limit stops taking more from (by either path: a read may be outstanding on
     // the stream while the client writes to its ring), not one that ends.
     const bool paused = session_ && !session_done_ && !read_closed_ && !close_requested_ &&
-                        !finishing_ && reactor_ && AtLimit(0);
+                        !finishing() && reactor_ && AtLimit(0);
     if (paused != paused_) {
       paused_ = paused;
       if (paused) {
@@ -604,7 +605,7 @@ class SessionConnection : public session::SessionEvents,
   // handed to it besides those a path may still deliver (a read outstanding, an armed ring,
   // a held message): not when the stream is ending, nor at the session's in-flight limit.
   bool MayTakeMore(size_t arriving) const {
-    if (read_closed_ || close_requested_ || finishing_ || !reactor_) return false;
+    if (read_closed_ || close_requested_ || finishing() || !reactor_) return false;
     if (!session_) return true;
     return !AtLimit(arriving);
   }
@@ -649,19 +650,21 @@ class SessionConnection : public session::SessionEvents,
     ring_armed_ = false;
   }
 
+  bool finishing() const { return end_ != StreamEnd::kOpen; }
+
   // End the stream with `status` (the first one asked for wins) once writes have drained.
   void FinishWith(const grpc::Status& status) {
     DropRing();
-    if (!finishing_) {
-      finishing_ = true;
-      finish_status_ = status;
-    }
+    if (end_ == StreamEnd::kOpen) finish_status_ = status;
+    end_ = NextStreamEnd(end_, StreamEndEvent::kFinishAsked);
     TryFinish();
   }
 
   void TryFinish() {
-    if (!finishing_ || finished_ || write_in_flight_ || !outbox_.empty() || !reactor_) return;
-    finished_ = true;
+    if (end_ != StreamEnd::kFinishing || write_in_flight_ || !outbox_.empty() || !reactor_) {
+      return;
+    }
+    end_ = NextStreamEnd(end_, StreamEndEvent::kDrained);
     reactor_->Finish(finish_status_);
   }
 
@@ -706,8 +709,7 @@ class SessionConnection : public session::SessionEvents,
   Sequencer sequencer_;
   bool close_requested_ = false;
   bool write_in_flight_ = false;
-  bool finishing_ = false;
-  bool finished_ = false;
+  StreamEnd end_ = StreamEnd::kOpen;  // changed only through NextStreamEnd
   grpc::Status finish_status_;
 };
 
