@@ -1,5 +1,5 @@
 // RingWriter: the client's side of the session's submit ring (docs/protocol.md, "Submit
-// ring"; the daemon's side is server/pool/submit_ring.h, which documents the layout).
+// ring"; the daemon's side is server/transport/submit_ring.h, which documents the layout).
 // Internal to libferry. Header-only on purpose: Write is on every submit's path and stays
 // inlinable into its caller.
 #pragma once

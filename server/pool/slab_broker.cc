@@ -371,7 +371,7 @@ bool SlabBroker::Serve(Connection& c) {
       return SendWithFd(c.fd, reply, sizeof(reply), -1);
     };
     if (op == kSlabRequestSubmitRing || op == kSlabRequestRingDoorbell) {
-      SubmitRing* ring = slabs ? slabs->ring() : nullptr;
+      transport::SubmitRing* ring = slabs ? slabs->ring() : nullptr;
       if (!ring) {
         if (!answer_none()) return false;
         continue;
@@ -385,12 +385,12 @@ bool SlabBroker::Serve(Connection& c) {
       continue;
     }
     if (op == kSlabRequestCompletionBoard) {
-      CompletionBoard* board = slabs ? slabs->board() : nullptr;
+      transport::CompletionBoard* board = slabs ? slabs->board() : nullptr;
       if (!board) {
         if (!answer_none()) return false;
         continue;
       }
-      Put64(reply + 16, CompletionBoard::kBytes);
+      Put64(reply + 16, transport::CompletionBoard::kBytes);
       if (!SendWithFd(c.fd, reply, sizeof(reply), board->fd())) return false;
       continue;
     }

@@ -220,7 +220,7 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
     ctx.slab_broker = d->slab_broker_.get();
     ctx.session_pinned_quota = options.session_pinned_quota;
     if (options.submit_ring_bytes > 0) {
-      FERRY_ASSIGN_OR_RETURN(d->ring_poller_, pool::RingPoller::Start(kRingPollerSpin));
+      FERRY_ASSIGN_OR_RETURN(d->ring_poller_, transport::RingPoller::Start(kRingPollerSpin));
       ctx.ring_poller = d->ring_poller_.get();
       ctx.submit_ring_bytes = options.submit_ring_bytes;
     }

@@ -12,7 +12,6 @@
 
 #include "backend/backend.h"
 #include "ferry/status.h"
-#include "pool/ring_poller.h"
 #include "pool/slab_broker.h"
 #include "pool/slab_pool.h"
 #include "pool/staging.h"
@@ -21,6 +20,7 @@
 #include "session/device_supervisor.h"
 #include "session/registry.h"
 #include "session/session.h"
+#include "transport/ring_poller.h"
 
 namespace grpc {
 class Server;
@@ -123,7 +123,7 @@ class Daemon {
   std::unique_ptr<SessionServiceContext> context_;
   // Local sessions' submit rings; may be null. Declared after the io_context and the context
   // its handlers use, so its thread stops before they go.
-  std::unique_ptr<pool::RingPoller> ring_poller_;
+  std::unique_ptr<transport::RingPoller> ring_poller_;
   std::unique_ptr<SessionService> session_service_;
   std::unique_ptr<AdminService> admin_service_;
   std::unique_ptr<grpc::Server> server_;

@@ -109,9 +109,9 @@ class SessionConnection : public session::SessionEvents,
 
   // The handler the ring poller calls with what it took from this session's ring: parse it on
   // the poller's thread, then hand it to the executor (see kRingInlineOps).
-  pool::RingPoller::Handler RingHandler() {
+  transport::RingPoller::Handler RingHandler() {
     return [weak = weak_from_this(), executor = executor_,
-            context = context_](pool::RingPoller::Taken taken) {
+            context = context_](transport::RingPoller::Taken taken) {
       ++context->messages_in_hand;  // until it is handled (or its session is gone)
       auto message = std::make_shared<v1::ClientMessage>();
       bool parsed = taken.broken.empty() && message->ParseFromString(taken.record);
@@ -473,7 +473,7 @@ class SessionConnection : public session::SessionEvents,
       slabs->SetCharge(context_->registry->AccountOf(session_id_));  // the uid's pinned limit
       // And a completion board, where the client sees its submits complete without waiting
       // for Completed (a session without one still works; only its waits are slower).
-      if (auto board = pool::CompletionBoard::Create(); board.ok()) {
+      if (auto board = transport::CompletionBoard::Create(); board.ok()) {
         slabs->AttachBoard(std::move(*board));
         o->set_completion_board(true);
       } else {
@@ -481,8 +481,8 @@ class SessionConnection : public session::SessionEvents,
       }
       // And a submit ring, through which the client may send its messages without gRPC.
       if (context_->ring_poller && context_->submit_ring_bytes > 0) {
-        if (auto ring = pool::SubmitRing::Create(context_->submit_ring_bytes); ring.ok()) {
-          std::shared_ptr<pool::SubmitRing> shared = std::move(*ring);
+        if (auto ring = transport::SubmitRing::Create(context_->submit_ring_bytes); ring.ok()) {
+          std::shared_ptr<transport::SubmitRing> shared = std::move(*ring);
           slabs->AttachRing(shared);
           ring_ = context_->ring_poller->Add(std::move(shared), RingHandler());
           o->set_submit_ring(true);
@@ -703,7 +703,7 @@ class SessionConnection : public session::SessionEvents,
   bool read_closed_ = false;
   // The submit ring (local sessions of a daemon with rings): its registration with the ring
   // poller, and whether the poller may take a message now (like reading_).
-  std::shared_ptr<pool::RingPoller::Registration> ring_;
+  std::shared_ptr<transport::RingPoller::Registration> ring_;
   bool ring_armed_ = false;
   // Numbered messages (ClientMessage.sequence) put back in order across the two paths.
   Sequencer sequencer_;

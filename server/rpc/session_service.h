@@ -22,7 +22,6 @@
 #include "backend/backend.h"
 #include "ferry/mutex.h"
 #include "ferry/v1/session.grpc.pb.h"
-#include "pool/ring_poller.h"
 #include "pool/slab_broker.h"
 #include "pool/slab_pool.h"
 #include "pool/staging.h"
@@ -33,6 +32,7 @@
 #include "session/device_supervisor.h"
 #include "session/registry.h"
 #include "session/session.h"
+#include "transport/ring_poller.h"
 
 namespace ferry::rpc {
 
@@ -78,8 +78,8 @@ struct SessionServiceContext {
   uint64_t session_pinned_quota = 0;         // slab bytes one session may hold (0: no limit)
   pool::StagingArea* staging = nullptr;      // stages remote clients' inline transfers; may be null
   session::CopyTurns* copy_turns = nullptr;  // turns for large copies; may be null (none)
-  pool::RingPoller* ring_poller = nullptr;   // takes local sessions' submit rings; may be null
-  uint64_t submit_ring_bytes = 0;            // each local session's ring (with a poller)
+  transport::RingPoller* ring_poller = nullptr;  // takes local sessions' submit rings; may be null
+  uint64_t submit_ring_bytes = 0;                // each local session's ring (with a poller)
   /// Set while draining: new sessions are refused with UNAVAILABLE.
   std::atomic<bool> draining{false};
   /// Remote access: the bearer token TCP peers must send (null: none), and whether TCP

@@ -1,5 +1,5 @@
 // RingWriter (libferry, client/src/ring_writer.h) against the daemon's SubmitRing
-// (server/pool/submit_ring.h): what the client writes comes out whole, parseable and in
+// (server/transport/submit_ring.h): what the client writes comes out whole, parseable and in
 // order across the ring's end; a full ring refuses the write without writing anything; a
 // message too large for the ring is left to the stream; the doorbell is rung only while the
 // poller may sleep.
@@ -13,12 +13,12 @@
 #include <memory>
 #include <string>
 
-#include "pool/submit_ring.h"
+#include "transport/submit_ring.h"
 
 namespace ferry::internal {
 namespace {
 
-using pool::SubmitRing;
+using transport::SubmitRing;
 using Wrote = RingWriter::Wrote;
 
 struct Pair {

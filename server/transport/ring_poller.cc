@@ -1,4 +1,4 @@
-#include "pool/ring_poller.h"
+#include "transport/ring_poller.h"
 
 #include <pthread.h>
 #include <sys/epoll.h>
@@ -11,7 +11,9 @@
 #include "ferry/mutex.h"
 #include "pool/sys_error.h"
 
-namespace ferry::pool {
+namespace ferry::transport {
+
+using pool::SysError;
 
 // What the poller and its registrations share; outlives the poller while registrations do.
 struct RingPoller::Registration::Shared {
@@ -273,4 +275,4 @@ void RingPoller::Run() {
   }
 }
 
-}  // namespace ferry::pool
+}  // namespace ferry::transport

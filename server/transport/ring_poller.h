@@ -38,9 +38,9 @@
 #include <vector>
 
 #include "ferry/status.h"
-#include "pool/submit_ring.h"
+#include "transport/submit_ring.h"
 
-namespace ferry::pool {
+namespace ferry::transport {
 
 class RingPoller {
  public:
@@ -139,4 +139,4 @@ class RingPoller {
   size_t handed_last_pass_ = 0;  // poller thread only
 };
 
-}  // namespace ferry::pool
+}  // namespace ferry::transport
