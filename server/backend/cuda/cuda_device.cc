@@ -51,6 +51,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/allocation_table.h"
 #include "backend/backend.h"
 #include "backend/cuda/completion_watcher.h"
 #include "backend/cuda/cuda_internal.h"
@@ -391,7 +392,7 @@ class CudaDevice final : public Device {
     }
     const auto base = static_cast<DevicePtr>(reinterpret_cast<uintptr_t>(ptr));
     std::lock_guard<std::mutex> lock(mu_);
-    allocations_[base] = bytes;
+    allocations_.Insert(base, bytes);
     bytes_in_use_ += bytes;
     return base;
   }
@@ -402,12 +403,10 @@ class CudaDevice final : public Device {
   /// is safe because the stream orders the release after all earlier work.
   uint64_t ForgetAllocation(DevicePtr ptr) {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = allocations_.find(ptr);
-    if (it == allocations_.end()) return 0;
-    const uint64_t bytes = it->second;
-    bytes_in_use_ -= bytes;
-    allocations_.erase(it);
-    return bytes;
+    const std::optional<uint64_t> bytes = allocations_.Erase(ptr);
+    if (!bytes) return 0;
+    bytes_in_use_ -= *bytes;
+    return *bytes;
   }
 
   /// Return OK when [ptr, ptr+bytes) lies inside one live allocation (or bytes is 0 and
@@ -415,13 +414,10 @@ class CudaDevice final : public Device {
   Status CheckRange(const Access& access) const {
     if (access.ptr == 0) return InvalidArgument(std::string(access.what) + ": null device pointer");
     if (access.bytes == 0) return Status::Ok();
-    uint64_t end = 0;
-    const bool fits = CheckedAdd(access.ptr, access.bytes, &end);
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = allocations_.upper_bound(access.ptr);
-    if (fits && it != allocations_.begin()) {
-      --it;
-      if (end <= it->first + it->second) return Status::Ok();
+    // No entry is ever marked free-pending here (the free is enqueued after Forget).
+    if (allocations_.Find(access.ptr, access.bytes) == AllocationTable::Range::kInside) {
+      return Status::Ok();
     }
     return Status(ErrorKind::kOutOfRange, std::string(access.what) + ": " +
                                               std::to_string(access.bytes) +
@@ -476,8 +472,8 @@ class CudaDevice final : public Device {
   const DriverApi* driver_api_ = nullptr;
   Status driver_api_status_;
 
-  mutable std::mutex mu_;                     // guards allocations_ and bytes_in_use_
-  std::map<uint64_t, uint64_t> allocations_;  // base address -> bytes
+  mutable std::mutex mu_;        // guards allocations_ and bytes_in_use_
+  AllocationTable allocations_;  // live allocations
   uint64_t bytes_in_use_ = 0;
 
   std::mutex modules_mu_;  // guards modules_

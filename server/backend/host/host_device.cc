@@ -479,9 +479,9 @@ HostDevice::~HostDevice() {
   completion_cv_.NotifyAll();
   completion_thread_.join();
   // Memory a caller allocated and never freed.
-  for (const auto& [base, allocation] : allocations_) {
-    ::operator delete(HostAddress(base), kAlignment);
-  }
+  MutexLock lock(&mu_);  // no stream is left: for the analysis
+  allocations_.ForEach(
+      [](DevicePtr base, uint64_t) { ::operator delete(HostAddress(base), kAlignment); });
 }
 
 Result<std::unique_ptr<Stream>> HostDevice::CreateStream() {
@@ -569,25 +569,21 @@ Result<DevicePtr> HostDevice::AllocateMemory(uint64_t bytes) {
                              " bytes");
   }
   const DevicePtr ptr = DeviceAddress(memory);
-  allocations_.emplace(ptr, Allocation{bytes, false});
+  allocations_.Insert(ptr, bytes);
   return ptr;
 }
 
 bool HostDevice::MarkFreePending(DevicePtr ptr) {
   MutexLock lock(&mu_);
-  auto it = allocations_.find(ptr);
-  if (it == allocations_.end() || it->second.free_pending) return false;
-  it->second.free_pending = true;
-  return true;
+  return allocations_.MarkFreePending(ptr);
 }
 
 void HostDevice::ReleaseMemory(DevicePtr ptr) {
   {
     MutexLock lock(&mu_);
-    auto it = allocations_.find(ptr);
-    if (it == allocations_.end()) return;
-    bytes_in_use_ -= it->second.bytes;
-    allocations_.erase(it);
+    const std::optional<uint64_t> bytes = allocations_.Erase(ptr);
+    if (!bytes) return;
+    bytes_in_use_ -= *bytes;
   }
   ::operator delete(HostAddress(ptr), kAlignment);
 }
@@ -595,16 +591,14 @@ void HostDevice::ReleaseMemory(DevicePtr ptr) {
 Status HostDevice::CheckRange(DevicePtr ptr, uint64_t bytes, std::string_view what) const {
   if (ptr == 0) return InvalidArgument(std::string(what) + ": null device pointer");
   if (bytes == 0) return Status::Ok();
-  uint64_t end = 0;
-  const bool fits = CheckedAdd(ptr, bytes, &end);
   MutexLock lock(&mu_);
-  auto it = allocations_.upper_bound(ptr);
-  if (fits && it != allocations_.begin()) {
-    --it;
-    if (end <= it->first + it->second.bytes) {
-      if (!it->second.free_pending) return Status::Ok();
+  switch (allocations_.Find(ptr, bytes)) {
+    case AllocationTable::Range::kInside:
+      return Status::Ok();
+    case AllocationTable::Range::kFreePending:
       return Status(ErrorKind::kOutOfRange, std::string(what) + ": the memory was freed");
-    }
+    case AllocationTable::Range::kOutside:
+      break;
   }
   return Status(ErrorKind::kOutOfRange, std::string(what) + ": " + std::to_string(bytes) +
                                             " bytes are not inside one allocation");

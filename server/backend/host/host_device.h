@@ -38,6 +38,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "backend/allocation_table.h"
 #include "backend/backend.h"
 #include "ferry/mutex.h"
 
@@ -92,10 +93,6 @@ class HostDevice final : public Device {
     Status status;
     std::shared_ptr<CompletionTracker> tracker;
   };
-  struct Allocation {
-    uint64_t bytes = 0;
-    bool free_pending = false;  // Free enqueued: not usable by newly enqueued work
-  };
 
   explicit HostDevice(const HostDeviceOptions& options);
 
@@ -129,7 +126,8 @@ class HostDevice final : public Device {
   // mu_ guards the memory accounting, the host registrations and the fault-injection state.
   mutable Mutex mu_;
   uint64_t bytes_in_use_ ABSL_GUARDED_BY(mu_) = 0;
-  std::map<uint64_t, Allocation> allocations_ ABSL_GUARDED_BY(mu_);  // key: base address
+  // Live allocations; an entry's free is pending from Free's enqueue to its run.
+  AllocationTable allocations_ ABSL_GUARDED_BY(mu_);
   std::unordered_map<void*, uint64_t> registered_ ABSL_GUARDED_BY(mu_);
   bool fail_next_allocation_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<Status> injected_fault_ ABSL_GUARDED_BY(mu_);
