@@ -75,11 +75,13 @@ class SessionConnection : public session::SessionEvents,
   }
 
   void NotifyDraining(uint64_t grace_ms) override {
-    executor_.Post([self = shared_from_this(), grace_ms] {
-      auto m = std::make_unique<v1::ServerMessage>();
-      m->mutable_draining()->set_grace_ms(grace_ms);
-      self->Send(std::move(m));
-    });
+    executor_.Post(
+        [self = shared_from_this(), grace_ms] {
+          auto m = std::make_unique<v1::ServerMessage>();
+          m->mutable_draining()->set_grace_ms(grace_ms);
+          self->Send(std::move(m));
+        },
+        "draining notice");
   }
 
   // A read finished; `message` is null when the client ended or broke the stream.
@@ -130,7 +132,7 @@ class SessionConnection : public session::SessionEvents,
           std::this_thread::yield();
         } while (std::chrono::steady_clock::now() < until);
       }
-      executor.Post(std::move(fn));
+      executor.Post(std::move(fn), "ring message");
     };
   }
 
@@ -717,7 +719,7 @@ class SessionReactor final : public Reactor {
  public:
   SessionReactor(SessionServiceContext* context, session::PeerIdentity peer)
       : connection_(std::make_shared<SessionConnection>(context, this, std::move(peer))) {
-    Post([](SessionConnection& c) { c.Start(); });
+    Post([](SessionConnection& c) { c.Start(); }, "stream start");
   }
 
   void OnReadDone(bool ok) override {
@@ -733,24 +735,25 @@ class SessionReactor final : public Reactor {
     if (quick) {
       RunOrPost(std::move(handle));  // on this gRPC thread when the session is idle
     } else {
-      Post(std::move(handle));
+      Post(std::move(handle), "stream message");
     }
   }
   void OnWriteDone(bool ok) override {
     RunOrPost([ok](SessionConnection& c) { c.HandleWriteDone(ok); });
   }
   void OnCancel() override {
-    Post([](SessionConnection& c) { c.HandleCancel(); });
+    Post([](SessionConnection& c) { c.HandleCancel(); }, "stream cancel");
   }
   void OnDone() override {
-    Post([](SessionConnection& c) { c.HandleDone(); });
+    Post([](SessionConnection& c) { c.HandleDone(); }, "stream done");
     delete this;
   }
 
  private:
   template <typename F>
-  void Post(F&& f) {
-    connection_->executor().Post([c = connection_, f = std::forward<F>(f)]() mutable { f(*c); });
+  void Post(F&& f, const char* name) {
+    connection_->executor().Post([c = connection_, f = std::forward<F>(f)]() mutable { f(*c); },
+                                 name);
   }
   template <typename F>
   void RunOrPost(F&& f) {

@@ -1,14 +1,16 @@
 #include "session/serial_executor.h"
 
+#include <spdlog/spdlog.h>
+
 #include <boost/asio/post.hpp>
 
 namespace ferry::session {
 
 SerialExecutor::SerialExecutor(boost::asio::io_context& io) : state_(std::make_shared<State>(io)) {}
 
-void SerialExecutor::Post(std::function<void()> fn) const {
+void SerialExecutor::Post(std::function<void()> fn, const char* name) const {
   MutexLock lock(&state_->mu);
-  state_->queue.push_back({std::move(fn), /*is_short=*/false});
+  state_->queue.push_back({std::move(fn), /*is_short=*/false, name});
   if (!state_->active) {
     state_->active = true;
     boost::asio::post(state_->io, [state = state_] { Drain(state); });
@@ -66,14 +68,26 @@ bool SerialExecutor::running_in_this_thread() const {
 void SerialExecutor::Drain(const std::shared_ptr<State>& state) {
   for (int i = 0; i < kBatch; ++i) {
     std::function<void()> fn;
+    const char* name = nullptr;
     {
       MutexLock lock(&state->mu);
       if (state->queue.empty()) break;
       fn = std::move(state->queue.front().fn);
+      name = state->queue.front().name;
       state->queue.pop_front();
       state->runner = std::this_thread::get_id();
     }
-    fn();
+    if (name == nullptr) {
+      fn();
+    } else {  // a named Post: worth two clock reads (short functions are never named)
+      const auto start = std::chrono::steady_clock::now();
+      fn();
+      const auto took = std::chrono::steady_clock::now() - start;
+      if (took > kSlowHandler) {
+        spdlog::warn("executor handler '{}' ran {} ms", name,
+                     std::chrono::duration_cast<std::chrono::milliseconds>(took).count());
+      }
+    }
     MutexLock lock(&state->mu);
     state->runner = std::thread::id();
   }

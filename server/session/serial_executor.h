@@ -20,6 +20,7 @@
 #pragma once
 
 #include <boost/asio/io_context.hpp>
+#include <chrono>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -35,7 +36,9 @@ class SerialExecutor {
   explicit SerialExecutor(boost::asio::io_context& io);
 
   /// Run `fn` later on one of the io_context's threads, after everything accepted before.
-  void Post(std::function<void()> fn) const;
+  /// `name` (a string literal, or null) names the handler in the log when it runs longer
+  /// than kSlowHandler, so that a handler that holds the session up can be found.
+  void Post(std::function<void()> fn, const char* name = nullptr) const;
   /// What a RunOrPost that ran its function does with the short functions (those queued by
   /// RunOrPost) that queued behind it: run them on this thread too, or hand them on.
   enum class Followers { kPost, kRunHere };
@@ -53,11 +56,14 @@ class SerialExecutor {
 
   /// The most functions one io_context turn runs before it yields to other executors.
   static constexpr int kBatch = 16;
+  /// A named posted handler that runs longer than this is logged (warning) with its name.
+  static constexpr std::chrono::milliseconds kSlowHandler{100};
 
  private:
   struct Task {
     std::function<void()> fn;
-    bool is_short = false;  // queued by RunOrPost: it does not block
+    bool is_short = false;       // queued by RunOrPost: it does not block
+    const char* name = nullptr;  // Post's name: timed when set
   };
   struct State {
     explicit State(boost::asio::io_context& io) : io(io) {}

@@ -131,7 +131,7 @@ void Session::AwaitTurns(uint8_t mask) {
   turns_->Wait(mask, [self = shared_from_this()] {
     // On the thread that gave a turn back (another session's): starting submits may block
     // (module loads), so the session's own executor does it.
-    self->executor_.Post([self] { self->OnTurnsGranted(); });
+    self->executor_.Post([self] { self->OnTurnsGranted(); }, "copy turns granted");
   });
 }
 
@@ -278,7 +278,7 @@ void Session::WatchCompletion(bool may_run_inline) {
         if (run_here) {
           executor.RunOrPost(std::move(handle));
         } else {
-          executor.Post(std::move(handle));
+          executor.Post(std::move(handle), "device completion");
         }
       });
 }
@@ -558,7 +558,7 @@ void Session::OnDeviceComplete(uint64_t epoch, Status status) {
 }
 
 void Session::NotifyDeviceLost(const DeviceLoss& loss) {
-  executor_.Post([self = shared_from_this(), loss] { self->OnDeviceLost(loss); });
+  executor_.Post([self = shared_from_this(), loss] { self->OnDeviceLost(loss); }, "device lost");
 }
 
 void Session::OnDeviceLost(const DeviceLoss& loss) {
@@ -693,7 +693,7 @@ void Session::MaybeTearDown() {
   // Releasing everything takes a while (frees, module and graph destruction): never on the
   // completion thread or a gRPC reaction thread, either of which may be running this.
   Advance(LifecycleEvent::kPostTearDown);
-  executor_.Post([self = shared_from_this()] { self->TearDown(); });
+  executor_.Post([self = shared_from_this()] { self->TearDown(); }, "session teardown");
 }
 
 void Session::TearDown() {
