@@ -30,6 +30,10 @@ struct Options {
   std::vector<std::string> targets;    // "unix:PATH" / "tcp:HOST:PORT"
   std::vector<std::string> scenarios;  // empty: all
   bool baseline = false;
+  // The MPS arm: sharing's, latency's and throughput's baselines again as MPS clients of a
+  // private MPS control daemon (implies baseline), and the fault scenario's MPS arm.
+  bool baseline_mps = false;
+  std::string mps_control;  // path to nvidia-cuda-mps-control; empty: look it up
   bool quick = false;
   std::string json_path;
   std::string svg_path;
@@ -83,7 +87,14 @@ struct Figure {
   std::string metric;  // column header, with its unit: "p50 us", "GB/s"
   double daemon = kNaN;
   double baseline = kNaN;
+  // The same work by the baseline run as MPS clients: absent where the figure has no MPS
+  // arm (or --baseline-mps was not given); NaN where it has one that could not run (the
+  // table's notes say why; printed "n/a").
+  std::optional<double> mps;
+  // False for figures that are themselves ratios (max/min): no daemon/baseline column.
+  bool comparable = true;
   double ratio() const {
+    if (!comparable) return kNaN;
     return (std::isnan(daemon) || std::isnan(baseline) || baseline == 0) ? kNaN : daemon / baseline;
   }
 };
@@ -99,6 +110,7 @@ struct Row {
   std::vector<std::pair<std::string, std::string>> tags;
   // Full order statistics of the samples behind the figures ("daemon", "baseline", ...).
   std::vector<std::pair<std::string, Summary>> summaries;
+  std::vector<std::string> cells;  // a text table's row (Table::text_columns)
 };
 
 struct Table {
@@ -109,6 +121,9 @@ struct Table {
   std::string baseline_description;  // replaces the in-process device's in the title
   std::vector<Row> rows;
   std::vector<std::string> notes;  // printed under the table: what the numbers mean
+  // A table of text cells instead of figures (the fault scenario): a header per column,
+  // each row's Row::cells in that order.
+  std::vector<std::string> text_columns;
 };
 
 // --- what every scenario gets -------------------------------------------------------------
@@ -140,11 +155,21 @@ struct TransportFigures {
 };
 
 class Progress;
+class MpsDaemon;
+
+/// The MPS arm (--baseline-mps): whether it can run here, and how to make a client.
+struct MpsInfo {
+  MpsDaemon* daemon = nullptr;  // running; null when not available
+  std::string control;          // the nvidia-cuda-mps-control used
+  std::string why_not;          // why the arm is "n/a" (daemon null)
+  bool available() const { return daemon != nullptr; }
+};
 
 struct Context {
   Options options;
   std::vector<TargetInfo> targets;
   BaselineInfo* baseline = nullptr;  // null without --baseline
+  MpsInfo* mps = nullptr;            // null without --baseline-mps
   std::string self_exe;              // this program, for worker processes
   std::string temp_dir;              // removed at exit
   Progress* progress = nullptr;
@@ -184,12 +209,18 @@ std::vector<Table> RunOpenClose(Context& ctx);    // scenario_sessions.cc
 std::vector<Table> RunSharing(Context& ctx);      // scenario_sharing.cc
 std::vector<Table> RunOverlap(Context& ctx);      // scenario_overlap.cc
 std::vector<Table> RunMemory(Context& ctx);       // scenario_memory.cc
+std::vector<Table> RunShares(Context& ctx);       // scenario_shares.cc (opt-in)
+std::vector<Table> RunFault(Context& ctx);        // scenario_fault.cc
 /// Measure the bare transports (socketpair, gRPC echo) for the socket kinds the targets
 /// use; returns the "transports" table. transports.cc.
 std::vector<Table> RunTransports(Context& ctx);
 
-/// The hidden --worker modes (sharing client, echo server); return the exit code.
+/// The hidden --worker modes (sharing client, echo server, ...); return the exit code.
 int SharingWorkerMain(const std::vector<std::string>& args);  // scenario_sharing.cc
+int SharesWorkerMain(const std::vector<std::string>& args);   // scenario_shares.cc
+int OpsWorkerMain(const std::vector<std::string>& args);      // scenario_ops.cc (MPS arm)
+int FaultWorkerMain(const std::vector<std::string>& args);    // scenario_fault.cc
+int MpsProbeWorkerMain();                                     // ferry_bench.cc
 int EchoServerMain(const std::vector<std::string>& args);     // transports.cc
 int PongWorkerMain();                                         // transports.cc
 
@@ -205,6 +236,17 @@ constexpr int kNoTarget = -2;
 std::vector<Table> BuildTables(const Context& ctx, const std::string& scenario,
                                const std::function<std::vector<Row>(int which)>& rows,
                                const std::function<std::vector<std::string>(int which)>& notes);
+
+/// The MPS figure of a row from the MPS arm's value `v`: absent without --baseline-mps, NaN
+/// (printed "n/a") where the arm could not run here.
+std::optional<double> MpsFigure(const Context& ctx, double v);
+/// A table note on the MPS column: what it measured, or why it is n/a ("" without
+/// --baseline-mps). `what` says what ran as MPS clients.
+std::string MpsNote(const Context& ctx, const std::string& what);
+/// Run `n` ferry-bench workers with `args` as clients of this run's MPS daemon (RunWorkers
+/// with its environment); ctx.mps must be available. Die when one fails.
+std::vector<std::string> RunMpsWorkers(const Context& ctx, int n,
+                                       const std::vector<std::string>& args);
 
 /// Block until all work enqueued on `stream` so far has completed (OnComplete + wait).
 Status WaitStream(backend::Stream& stream);

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <iostream>
 #include <sstream>
@@ -46,10 +47,19 @@ targets:
                                      (e.g. --daemon-arg --copy-turns=0)
 what to run:
   --scenario NAME                    transfers, latency, throughput, overlap, concurrency,
-                                     open_close, sharing, memory; repeatable (default: all)
+                                     open_close, sharing, memory, fault; repeatable
+                                     (default: all); and shares, only when named: two
+                                     uids' device time (needs root; see scenario_shares.cc)
   --baseline                         also run every scenario in process, plus the bare
                                      transports (socketpair ping-pong, gRPC echo)
   --baseline-backend auto|cuda|host  device of the in-process baseline (default auto)
+  --baseline-mps                     (implies --baseline) start a private MPS control daemon
+                                     and run the baselines of sharing, latency and
+                                     throughput again as its clients (an "MPS" column), and
+                                     the fault scenario's MPS arm; "n/a" with the reason
+                                     where MPS or a GPU is missing
+  --mps-control PATH                 nvidia-cuda-mps-control to use (default: PATH, then
+                                     /usr/local/nvidia/bin)
   --quick                            small sizes and few iterations: finishes in seconds
   --sizes LIST                       transfer sizes, e.g. 16,64K,1M,8M,64M,256M
   --iterations N                     samples per small case (large transfers take fewer)
@@ -111,10 +121,18 @@ Options ParseFlags(const std::vector<std::string>& args) {
     } else if (a == "--scenario") {
       std::string s = value();
       const auto& all = AllScenarios();
-      if (std::find(all.begin(), all.end(), s) == all.end()) Usage("unknown scenario " + s);
+      // shares runs only when asked for (it needs root and runs 10 s).
+      if (std::find(all.begin(), all.end(), s) == all.end() && s != "shares") {
+        Usage("unknown scenario " + s);
+      }
       o.scenarios.push_back(s);
     } else if (a == "--baseline") {
       o.baseline = true;
+    } else if (a == "--baseline-mps") {
+      o.baseline_mps = true;
+      o.baseline = true;
+    } else if (a == "--mps-control") {
+      o.mps_control = value();
     } else if (a == "--baseline-backend") {
       o.baseline_backend = value();
     } else if (a == "--quick") {
@@ -161,6 +179,7 @@ Options ParseFlags(const std::vector<std::string>& args) {
   if (!o.daemon_args.empty() && o.spawn_daemon.empty()) {
     Usage("--daemon-arg goes with --spawn-daemon");
   }
+  if (!o.mps_control.empty() && !o.baseline_mps) Usage("--mps-control goes with --baseline-mps");
   return o;
 }
 
@@ -183,11 +202,14 @@ TargetInfo DescribeTarget(const std::string& target) {
   return info;
 }
 
-// Cleanup at exit (also after Die): stop the spawned daemon, remove the temp dir.
+// Cleanup at exit (also after Die): stop the spawned daemon and the MPS daemon, remove the
+// temp dir.
 SpawnedDaemon* g_daemon = nullptr;
+MpsDaemon* g_mps = nullptr;
 std::string g_temp_dir;
 void CleanUp() {
   if (g_daemon) g_daemon->Stop();
+  if (g_mps) g_mps->Stop();
   if (!g_temp_dir.empty()) {
     std::error_code ec;
     std::filesystem::remove_all(g_temp_dir, ec);
@@ -196,11 +218,89 @@ void CleanUp() {
 // On SIGINT/SIGTERM: only async-signal-safe calls. Stop the spawned daemon, leave. (Workers
 // notice their parent is gone: the sharing workers and the ping-pong peer by EOF on stdin,
 // the echo server by its parent-death signal.)
+// The MPS control daemon cannot be told "quit" from here (that takes a process): it gets
+// SIGTERM, and its directories stay in /tmp.
 volatile pid_t g_daemon_pid = -1;
+volatile pid_t g_mps_pid = -1;
 void OnSignal(int) {
   if (g_daemon_pid > 0) kill(g_daemon_pid, SIGTERM);
+  if (g_mps_pid > 0) kill(g_mps_pid, SIGTERM);
   _exit(130);
 }
+
+/// Decide whether the MPS arm can run here; start the daemon (into `daemon`) when it can.
+/// An MPS client is tried once before any figure depends on it.
+void SetUpMps(Context& ctx, MpsDaemon& daemon, MpsInfo* info) {
+  info->control = MpsDaemon::FindControl(ctx.options.mps_control);
+  std::vector<std::string> missing;
+  if (ctx.baseline->backend != "cuda") {
+    // --baseline-backend host on a GPU machine is no "no GPU": say which it is.
+    std::string what =
+        ctx.options.baseline_backend == "auto" ? "no GPU visible" : "no CUDA baseline";
+    missing.push_back(what + " (the baseline runs on the " + ctx.baseline->backend +
+                      " backend: " + ctx.baseline->why + ")");
+  }
+  if (info->control.empty()) {
+    missing.push_back(ctx.options.mps_control.empty()
+                          ? "nvidia-cuda-mps-control not found in PATH or /usr/local/nvidia/bin"
+                          : ctx.options.mps_control + " is not an executable file");
+  }
+  if (!missing.empty()) {
+    for (const auto& m : missing) info->why_not += (info->why_not.empty() ? "" : "; ") + m;
+    return;
+  }
+  std::string why;
+  if (!daemon.Start(info->control, &why)) {
+    info->why_not = "the MPS control daemon did not start: " + why;
+    return;
+  }
+  g_mps = &daemon;
+  g_mps_pid = daemon.pid();
+  auto probe = RunWorkers(ctx.self_exe, 1, {"--worker", "mps-probe"}, daemon.env(),
+                          std::chrono::seconds(60));
+  const WorkerOutput& p = probe[0];
+  if (!p.ok() || p.out.rfind("ok", 0) != 0) {
+    std::string said = p.out;
+    while (!said.empty() && said.back() == '\n') said.pop_back();
+    info->why_not = "an MPS client could not run one kernel (status " + std::to_string(p.status) +
+                    (said.empty() ? "" : ": " + said) + "); " + daemon.LogTail();
+    g_mps_pid = -1;
+    g_mps = nullptr;
+    daemon.Stop();
+    return;
+  }
+  info->daemon = &daemon;
+}
+
+}  // namespace
+
+int MpsProbeWorkerMain() {
+  AwaitGo();
+  std::string why;
+  auto dev = backend::CreateDevice("cuda", 0, backend::HostDeviceOptions{}, &why);
+  if (!dev.ok()) {
+    std::printf("error CreateDevice: %s\n", dev.status().ToString().c_str());
+    return 0;
+  }
+  auto stream = (*dev)->CreateStream();
+  if (!stream.ok()) {
+    std::printf("error CreateStream: %s\n", stream.status().ToString().c_str());
+    return 0;
+  }
+  auto d = (*stream)->Allocate(sizeof(float));
+  Status st = d.ok() ? (*stream)->Fill(DType::kF32, *d, 1, 1.0) : d.status();
+  if (st.ok()) st = WaitStream(**stream);
+  if (d.ok()) (*stream)->Free(*d);
+  if (st.ok()) st = WaitStream(**stream);
+  if (st.ok()) {
+    std::printf("ok\n");
+  } else {
+    std::printf("error %s\n", st.ToString().c_str());
+  }
+  return 0;
+}
+
+namespace {
 
 int Main(const std::vector<std::string>& args) {
   // Hidden worker modes: this program re-executed by itself.
@@ -208,6 +308,10 @@ int Main(const std::vector<std::string>& args) {
     std::vector<std::string> rest(args.begin() + 2, args.end());
     std::string mode = args.size() > 1 ? args[1] : "";
     if (mode == "sharing") return SharingWorkerMain(rest);
+    if (mode == "shares") return SharesWorkerMain(rest);
+    if (mode == "ops") return OpsWorkerMain(rest);
+    if (mode == "fault") return FaultWorkerMain(rest);
+    if (mode == "mps-probe") return MpsProbeWorkerMain();
     if (mode == "echo-server") return EchoServerMain(rest);
     if (mode == "pong") return PongWorkerMain();
     std::cerr << "ferry-bench: unknown worker " << mode << "\n";
@@ -218,6 +322,16 @@ int Main(const std::vector<std::string>& args) {
   ctx.options = ParseFlags(args);
   ctx.options.command_line = "ferry-bench";
   for (const auto& a : args) ctx.options.command_line += " " + a;
+  if (ctx.options.baseline_mps) {
+    // Inherited MPS variables would make this process's own baseline context a client of
+    // some other MPS daemon: the "own context" column must not be one.
+    for (const auto& var : kMpsEnvVars) {
+      if (std::getenv(var.c_str())) {
+        std::cerr << "ferry-bench: ignoring " << var << " from the environment\n";
+        ::unsetenv(var.c_str());
+      }
+    }
+  }
   signal(SIGPIPE, SIG_IGN);
   signal(SIGINT, OnSignal);
   signal(SIGTERM, OnSignal);
@@ -262,6 +376,14 @@ int Main(const std::vector<std::string>& args) {
     baseline.backend = baseline.device->info().backend;
     ctx.baseline = &baseline;
   }
+  // After the baseline device exists: its context (and ferryd's) never sees the MPS
+  // variables, which only the MPS arm's children get.
+  MpsDaemon mps_daemon;
+  MpsInfo mps;
+  if (ctx.options.baseline_mps) {
+    SetUpMps(ctx, mps_daemon, &mps);
+    ctx.mps = &mps;
+  }
 
   std::vector<std::string> scenarios =
       ctx.options.scenarios.empty() ? AllScenarios() : ctx.options.scenarios;
@@ -279,6 +401,13 @@ int Main(const std::vector<std::string>& args) {
     }
   } else {
     std::cout << "  no baseline (pass --baseline for in-process figures and ratios)\n";
+  }
+  if (ctx.mps) {
+    if (mps.available()) {
+      std::cout << "  MPS arm: clients of a private MPS control daemon (" << mps.control << ")\n";
+    } else {
+      std::cout << "  MPS arm: n/a: " << mps.why_not << "\n";
+    }
   }
   std::cout << "  " << std::thread::hardware_concurrency() << " cores; scenarios:";
   for (const auto& s : scenarios) std::cout << " " << s;
@@ -312,6 +441,8 @@ int Main(const std::vector<std::string>& args) {
     if (name == "sharing") tables = RunSharing(ctx);
     if (name == "overlap") tables = RunOverlap(ctx);
     if (name == "memory") tables = RunMemory(ctx);
+    if (name == "shares") tables = RunShares(ctx);
+    if (name == "fault") tables = RunFault(ctx);
     progress.Done();
     emit(std::move(tables));
   }
@@ -322,6 +453,9 @@ int Main(const std::vector<std::string>& args) {
   g_daemon_pid = -1;
   daemon.Stop();
   g_daemon = nullptr;
+  g_mps_pid = -1;
+  mps_daemon.Stop();
+  g_mps = nullptr;
   return rc;
 }
 

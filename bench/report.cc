@@ -113,17 +113,8 @@ std::string HostName() {
 
 void PrintTable(std::ostream& out, const Context& ctx, const Table& table) {
   // Columns: the case label, then per metric (in order of first appearance) the daemon
-  // figure, the baseline figure and daemon/baseline; a sub-column nobody filled is left out.
-  std::vector<std::string> metrics;
-  std::map<std::string, std::pair<bool, bool>> has;  // metric -> (daemon, baseline)
-  for (const Row& r : table.rows) {
-    for (const Figure& f : r.figures) {
-      if (!has.count(f.metric)) metrics.push_back(f.metric);
-      auto& h = has[f.metric];
-      h.first |= !std::isnan(f.daemon);
-      h.second |= !std::isnan(f.baseline);
-    }
-  }
+  // figure, the baseline figure and daemon/baseline, and with an MPS arm the MPS figure and
+  // daemon/MPS; a sub-column nobody filled is left out. A text table has its own columns.
   struct Column {
     std::string group, header;
     std::vector<std::string> cells;
@@ -133,26 +124,66 @@ void PrintTable(std::ostream& out, const Context& ctx, const Table& table) {
   Column label{"", "case", {}, false};
   for (const Row& r : table.rows) label.cells.push_back(r.label);
   cols.push_back(label);
+  if (!table.text_columns.empty()) {
+    for (size_t i = 0; i < table.text_columns.size(); ++i) {
+      Column c{"", table.text_columns[i], {}, false};
+      for (const Row& r : table.rows) c.cells.push_back(i < r.cells.size() ? r.cells[i] : "");
+      cols.push_back(c);
+    }
+  }
+  struct Has {
+    bool daemon = false, baseline = false, comparable = false, mps = false, mps_measured = false;
+  };
+  std::vector<std::string> metrics;
+  std::map<std::string, Has> has;
+  for (const Row& r : table.rows) {
+    for (const Figure& f : r.figures) {
+      if (!has.count(f.metric)) metrics.push_back(f.metric);
+      Has& h = has[f.metric];
+      h.daemon |= !std::isnan(f.daemon);
+      h.baseline |= !std::isnan(f.baseline);
+      h.comparable |= f.comparable;
+      h.mps |= f.mps.has_value();
+      h.mps_measured |= f.mps.has_value() && !std::isnan(*f.mps);
+    }
+  }
+  enum Which { kDaemon, kBaseline, kRatio, kMps, kMpsRatio };
   for (const std::string& m : metrics) {
-    auto [d, b] = has[m];
-    auto cell = [&](const Row& r, int which) {
+    const Has& h = has[m];
+    auto cell = [&](const Row& r, Which which) {
       for (const Figure& f : r.figures) {
         if (f.metric != m) continue;
-        if (which == 0) return FormatValue(f.daemon);
-        if (which == 1) return FormatValue(f.baseline);
-        return FormatRatio(f.ratio());
+        switch (which) {
+          case kDaemon:
+            return FormatValue(f.daemon);
+          case kBaseline:
+            return FormatValue(f.baseline);
+          case kRatio:
+            return FormatRatio(f.ratio());
+          case kMps:
+            if (!f.mps) return std::string("-");
+            return std::isnan(*f.mps) ? std::string("n/a") : FormatValue(*f.mps);
+          case kMpsRatio:
+            return FormatRatio(f.mps && f.comparable && *f.mps != 0 ? f.daemon / *f.mps : kNaN);
+        }
       }
       return std::string();
     };
     bool first = true;
-    for (int which = 0; which < 3; ++which) {
-      if (which == 0 && !d) continue;
-      if (which == 1 && !b) continue;
-      if (which == 2 && !(d && b)) continue;
+    for (Which which : {kDaemon, kBaseline, kRatio, kMps, kMpsRatio}) {
+      if (which == kDaemon && !h.daemon) continue;
+      if (which == kBaseline && !h.baseline) continue;
+      if (which == kRatio && !(h.daemon && h.baseline && h.comparable)) continue;
+      if (which == kMps && !h.mps) continue;
+      if (which == kMpsRatio && !(h.daemon && h.mps_measured && h.comparable)) continue;
       Column c;
       c.group = first ? m : "";
       first = false;
-      c.header = which == 0 ? table.daemon_label : which == 1 ? table.baseline_label : "ratio";
+      c.header = which == kDaemon     ? table.daemon_label
+                 : which == kBaseline ? table.baseline_label
+                 : which == kRatio    ? "ratio"
+                 : which == kMps      ? "MPS"
+                                      : "vs MPS";
       for (const Row& r : table.rows) c.cells.push_back(cell(r, which));
       cols.push_back(c);
     }
@@ -193,7 +224,9 @@ void PrintTable(std::ostream& out, const Context& ctx, const Table& table) {
     while (!line.empty() && line.back() == ' ') line.pop_back();
     return line;
   };
-  out << rtrim(line1) << "\n" << rtrim(header) << "\n";
+  // A text table has no metric groups: no line 1.
+  if (!rtrim(line1).empty()) out << rtrim(line1) << "\n";
+  out << rtrim(header) << "\n";
   for (size_t r = 0; r < table.rows.size(); ++r) {
     std::string row;
     for (size_t i = 0; i < cols.size(); ++i) {
@@ -248,7 +281,17 @@ bool WriteJson(const std::string& path, const Context& ctx, const std::vector<Ta
   o << "  \"command\": " << JsonString(ctx.options.command_line) << ",\n";
   o << "  \"options\": {\"quick\": " << (ctx.options.quick ? "true" : "false")
     << ", \"baseline\": " << (ctx.options.baseline ? "true" : "false")
-    << ", \"iterations\": " << ctx.options.iterations << "},\n";
+    << ", \"iterations\": " << ctx.options.iterations
+    << ", \"baseline_mps\": " << (ctx.options.baseline_mps ? "true" : "false") << "},\n";
+  // The MPS arm: whether it ran, and why not.
+  o << "  \"mps\": ";
+  if (ctx.mps) {
+    o << "{\"available\": " << (ctx.mps->available() ? "true" : "false")
+      << ", \"control\": " << JsonString(ctx.mps->control)
+      << ", \"why_not\": " << JsonString(ctx.mps->why_not) << "},\n";
+  } else {
+    o << "null,\n";
+  }
 
   // Scenarios: name -> list of tables (one per target, "all targets", ...).
   std::vector<std::string> order;
@@ -265,7 +308,11 @@ bool WriteJson(const std::string& path, const Context& ctx, const std::vector<Ta
       const Table& t = *list[ti];
       o << (ti ? "," : "") << "\n      {\"target\": " << JsonString(t.target)
         << ", \"daemon_label\": " << JsonString(t.daemon_label)
-        << ", \"baseline_label\": " << JsonString(t.baseline_label) << ", \"notes\": [";
+        << ", \"baseline_label\": " << JsonString(t.baseline_label) << ", \"columns\": [";
+      for (size_t c = 0; c < t.text_columns.size(); ++c) {
+        o << (c ? ", " : "") << JsonString(t.text_columns[c]);
+      }
+      o << "], \"notes\": [";
       for (size_t n = 0; n < t.notes.size(); ++n) o << (n ? ", " : "") << JsonString(t.notes[n]);
       o << "],\n       \"rows\": [";
       for (size_t ri = 0; ri < t.rows.size(); ++ri) {
@@ -279,7 +326,14 @@ bool WriteJson(const std::string& path, const Context& ctx, const std::vector<Ta
           o << (fi ? ", " : "") << "{\"metric\": " << JsonString(f.metric)
             << ", \"daemon\": " << JsonNumber(f.daemon)
             << ", \"baseline\": " << JsonNumber(f.baseline)
-            << ", \"ratio\": " << JsonNumber(f.ratio()) << "}";
+            << ", \"ratio\": " << JsonNumber(f.ratio());
+          // "mps": null where the arm could not run; left out where there is none.
+          if (f.mps) o << ", \"mps\": " << JsonNumber(*f.mps);
+          o << "}";
+        }
+        o << "],\n         \"cells\": [";
+        for (size_t ci = 0; ci < r.cells.size(); ++ci) {
+          o << (ci ? ", " : "") << JsonString(r.cells[ci]);
         }
         o << "],\n         \"samples\": {";
         for (size_t k = 0; k < r.summaries.size(); ++k) {

@@ -24,9 +24,18 @@
 //   submit, no waiting), one synchronize(); kernels/s = 100 R / time. Baseline: the same 100
 //   Stream::Axpy captured in process (BeginCapture/EndCapture) and LaunchGraph'ed R times
 //   back to back on one stream, one wait.
+//
+// --baseline-mps: both scenarios' baselines again in a worker process (this program
+// re-executed as `ferry-bench --worker ops ...`, through RunWorkers) that is an MPS client;
+// its throughput runs come one after another, not interleaved with the daemon's.
 #include <algorithm>
+#include <cstdio>
+#include <map>
+#include <sstream>
 
+#include "backend/select.h"
 #include "bench.h"
+#include "process.h"
 
 namespace ferry::bench {
 namespace {
@@ -78,14 +87,17 @@ Samples BaselineLatency(backend::Stream& stream, const LatencyCase& c, int itera
   return out;
 }
 
-Row LatencyRow(const std::string& label, const Samples* d, const Samples* b) {
+Row LatencyRow(const Context& ctx, const std::string& label, const Samples* d, const Samples* b,
+               const Samples* m) {
   Summary ds = d ? Summarize(*d) : Summary{}, bs = b ? Summarize(*b) : Summary{};
+  Summary ms = m ? Summarize(*m) : Summary{};
   Row r{label,
-        {{"p50 us", ds.p50 / 1e3, bs.p50 / 1e3},
-         {"p99 us", ds.p99 / 1e3, bs.p99 / 1e3},
-         {"p99.9 us", ds.p999 / 1e3, bs.p999 / 1e3}}};
+        {{"p50 us", ds.p50 / 1e3, bs.p50 / 1e3, MpsFigure(ctx, ms.p50 / 1e3)},
+         {"p99 us", ds.p99 / 1e3, bs.p99 / 1e3, MpsFigure(ctx, ms.p99 / 1e3)},
+         {"p99.9 us", ds.p999 / 1e3, bs.p999 / 1e3, MpsFigure(ctx, ms.p999 / 1e3)}}};
   if (d) r.summaries.push_back({"daemon", ds});
   if (b) r.summaries.push_back({"baseline", bs});
+  if (m) r.summaries.push_back({"mps", ms});
   return r;
 }
 
@@ -202,7 +214,85 @@ Samples BaselineGraphReplay(backend::Stream& stream, int replays, int runs) {
   return out;
 }
 
+/// Samples by name, as the ops worker prints them: one line per name, "NAME v1 v2 ...".
+using NamedSamples = std::map<std::string, Samples>;
+
+void PrintSamples(const std::string& name, const Samples& s) {
+  std::printf("%s", name.c_str());
+  for (double v : s.ns) std::printf(" %.0f", v);
+  std::printf("\n");
+}
+
+NamedSamples ParseSamples(const std::string& out) {
+  NamedSamples named;
+  std::istringstream lines(out);
+  std::string line;
+  while (std::getline(lines, line)) {
+    std::istringstream in(line);
+    std::string name;
+    if (!(in >> name)) continue;
+    double v;
+    Samples& s = named[name];
+    while (in >> v) s.Add(v);
+  }
+  return named;
+}
+
+/// Run the ops worker once as an MPS client; its samples by name. Empty when the MPS arm
+/// is not available.
+NamedSamples RunMpsOps(Context& ctx, const std::vector<std::string>& args) {
+  if (!ctx.mps || !ctx.mps->available()) return {};
+  std::vector<std::string> all = {"--worker", "ops"};
+  all.insert(all.end(), args.begin(), args.end());
+  return ParseSamples(RunMpsWorkers(ctx, 1, all)[0]);
+}
+
+const Samples* Find(const NamedSamples& named, const std::string& name) {
+  auto it = named.find(name);
+  return it == named.end() ? nullptr : &it->second;
+}
+
 }  // namespace
+
+int OpsWorkerMain(const std::vector<std::string>& args) {
+  std::string what;
+  int iterations = 100, total = 1024, runs = 3, replays = 20;
+  for (size_t i = 0; i + 1 < args.size(); i += 2) {
+    int v = std::max(1, std::atoi(args[i + 1].c_str()));
+    if (args[i] == "--what") what = args[i + 1];
+    if (args[i] == "--iterations") iterations = v;
+    if (args[i] == "--total") total = v;
+    if (args[i] == "--runs") runs = v;
+    if (args[i] == "--replays") replays = v;
+  }
+  std::string why;
+  auto dev = Check(backend::CreateDevice("cuda", 0, backend::HostDeviceOptions{}, &why),
+                   "CreateDevice cuda");
+  auto stream = Check(dev->CreateStream(), "CreateStream");
+  AwaitGo();
+  if (what == "latency") {
+    for (size_t i = 0; i < std::size(kLatencyCases); ++i) {
+      PrintSamples("latency" + std::to_string(i),
+                   BaselineLatency(*stream, kLatencyCases[i], iterations));
+    }
+  } else if (what == "throughput") {
+    Samples axpy;
+    {
+      BaselineAxpy run(*stream);
+      for (int r = -1; r < runs; ++r) {  // run -1 warms up
+        double ns = run.Run(total);
+        if (r >= 0) axpy.Add(ns);
+      }
+    }
+    PrintSamples("axpy", axpy);
+    PrintSamples("graph", BaselineGraphReplay(*stream, replays, runs));
+  } else {
+    std::fprintf(stderr, "ops worker: --what latency|throughput\n");
+    return 2;
+  }
+  std::fflush(stdout);
+  return 0;
+}
 
 std::vector<Table> RunLatency(Context& ctx) {
   int iterations = ctx.Iterations(5000, 300);
@@ -215,6 +305,9 @@ std::vector<Table> RunLatency(Context& ctx) {
       base[i] = BaselineLatency(*stream, kLatencyCases[i], iterations);
     }
   }
+  if (ctx.mps && ctx.mps->available()) ctx.progress->Case("MPS client");
+  NamedSamples mps =
+      RunMpsOps(ctx, {"--what", "latency", "--iterations", std::to_string(iterations)});
   std::vector<std::vector<Samples>> daemon(ctx.targets.size());
   for (size_t t = 0; t < ctx.targets.size(); ++t) {
     auto client = Check(Connect(ctx.targets[t].target), "connect");
@@ -236,8 +329,9 @@ std::vector<Table> RunLatency(Context& ctx) {
           if (which == kAllTargets) {
             for (auto& t : daemon) d[i].Append(t[i]);
           }
-          rows.push_back(LatencyRow(kLatencyCases[i].label, which == kNoTarget ? nullptr : &d[i],
-                                    ctx.baseline ? &base[i] : nullptr));
+          rows.push_back(LatencyRow(
+              ctx, kLatencyCases[i].label, which == kNoTarget ? nullptr : &d[i],
+              ctx.baseline ? &base[i] : nullptr, Find(mps, "latency" + std::to_string(i))));
         }
         // The floor: bare gRPC echo round trip (same socket kind) + in-process launch.
         std::string target = which >= 0 ? ctx.targets[which].target
@@ -263,6 +357,8 @@ std::vector<Table> RunLatency(Context& ctx) {
               "floor = bare gRPC 16 B echo p50 (transports table, same socket "
               "kind) + in-process fill+completion p50");
         }
+        std::string mps_note = MpsNote(ctx, "the baseline, run in one worker process,");
+        if (!mps_note.empty()) notes.push_back(mps_note);
         if (which == kAllTargets) notes.push_back("all targets: samples pooled");
         return notes;
       });
@@ -325,16 +421,26 @@ std::vector<Table> RunThroughput(Context& ctx) {
       Check(sessions[t].close().status(), "close");
     }
   }
+  if (ctx.mps && ctx.mps->available()) ctx.progress->Case("MPS client");
+  NamedSamples mps =
+      RunMpsOps(ctx, {"--what", "throughput", "--total", std::to_string(total), "--runs",
+                      std::to_string(runs), "--replays", std::to_string(replays)});
+  const Samples* mps_axpy = Find(mps, "axpy");
+  const Samples* mps_graph = Find(mps, "graph");
   auto row = [&](int k, const Samples* d) {
     Summary ds = d ? Summarize(*d) : Summary{};
     Summary bs = ctx.baseline ? Summarize(base) : Summary{};
+    Summary ms = mps_axpy ? Summarize(*mps_axpy) : Summary{};
     // ops/s from the median run; us/op likewise.
     Row r{"axpy 256 f32, " + std::to_string(k) + " ops/submit",
-          {{"ops/s", total / (ds.p50 / 1e9), total / (bs.p50 / 1e9)},
-           {"us/op", ds.p50 / 1e3 / total, bs.p50 / 1e3 / total}}};
+          {{"ops/s", total / (ds.p50 / 1e9), total / (bs.p50 / 1e9),
+            MpsFigure(ctx, total / (ms.p50 / 1e9))},
+           {"us/op", ds.p50 / 1e3 / total, bs.p50 / 1e3 / total,
+            MpsFigure(ctx, ms.p50 / 1e3 / total)}}};
     r.params = {{"ops_per_submit", k}, {"ops_per_run", total}};
     if (d) r.summaries.push_back({"daemon", ds});
     if (ctx.baseline) r.summaries.push_back({"baseline", bs});
+    if (mps_axpy) r.summaries.push_back({"mps", ms});
     return r;
   };
   return BuildTables(
@@ -357,14 +463,18 @@ std::vector<Table> RunThroughput(Context& ctx) {
         }
         Summary gs = which == kNoTarget ? Summary{} : Summarize(g);
         Summary bs = ctx.baseline ? Summarize(base_graph) : Summary{};
+        Summary ms = mps_graph ? Summarize(*mps_graph) : Summary{};
         double kernels = static_cast<double>(kGraphOps) * replays;
         Row r{"graph of " + std::to_string(kGraphOps) + " axpy, replayed",
-              {{"ops/s", kernels / (gs.p50 / 1e9), kernels / (bs.p50 / 1e9)},
-               {"us/op", gs.p50 / 1e3 / kernels, bs.p50 / 1e3 / kernels}}};
+              {{"ops/s", kernels / (gs.p50 / 1e9), kernels / (bs.p50 / 1e9),
+                MpsFigure(ctx, kernels / (ms.p50 / 1e9))},
+               {"us/op", gs.p50 / 1e3 / kernels, bs.p50 / 1e3 / kernels,
+                MpsFigure(ctx, ms.p50 / 1e3 / kernels)}}};
         r.params = {{"graph_ops", kGraphOps}, {"replays_per_run", replays}};
         r.tags = {{"case", "graph_replay"}};
         if (which != kNoTarget) r.summaries.push_back({"daemon", gs});
         if (ctx.baseline) r.summaries.push_back({"baseline", bs});
+        if (mps_graph) r.summaries.push_back({"mps", ms});
         rows.push_back(std::move(r));
         return rows;
       },
@@ -383,6 +493,9 @@ std::vector<Table> RunThroughput(Context& ctx) {
                 " launch_graph + submit per run, pipelined, one "
                 "synchronize(); ops/s counts kernels; baseline = in-process "
                 "BeginCapture/EndCapture, LaunchGraph back to back, one wait"};
+        std::string mps_note =
+            MpsNote(ctx, "the baseline, run in one worker process (its runs not interleaved),");
+        if (!mps_note.empty()) notes.push_back(mps_note);
         if (which == kAllTargets) notes.push_back("all targets: run times pooled");
         return notes;
       });

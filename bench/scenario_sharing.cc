@@ -1,22 +1,33 @@
 // Scenario "sharing": N separate client processes (N = 1, 4, 8; quick: 1, 2) running the
-// same workload at once, twice:
-//   * through one ferryd (each process opens one session on the target), and
+// same workload at once:
+//   * through one ferryd (each process opens one session on the target), once per transfer
+//     route: "blocking" (upload_bytes / download_bytes from ordinary memory) and "pinned"
+//     (one PinnedBuffer — memory the daemon has registered and DMAs from — moved through
+//     upload_pending / download_pending + wait() every round; "pinned-inline" on a tcp:
+//     target, where the same API sends the bytes inline),
 //   * (baseline) each process in process on its own device — backend::CreateDevice("auto"):
 //     its own CUDA context when a GPU is visible, its own host-backend emulation otherwise —
-//     which is what programs do today without a daemon.
-// The processes are this program re-executed as `ferry-bench --worker sharing ...`. Each sets
-// up, prints "ready", waits for a go byte on stdin (so all start together), runs R rounds of
-//     64 x axpy(256) in one submit | upload 1 MiB (blocking) | download 1 MiB (blocking)
+//     which is what programs do today without a daemon, and
+//   * (--baseline-mps) the same in-process processes as clients of one MPS daemon.
+// The baseline and MPS processes copy from a registered buffer; both routes' rows show the
+// same baseline and MPS figures.
+// The processes are this program re-executed as `ferry-bench --worker sharing ...` (through
+// RunWorkers). Each sets up (one untimed warm-up round: a session's first transfer maps its
+// first slab, as the baseline registers its buffer before the start), prints "ready", waits
+// for a go byte on stdin (so all start together), runs R rounds of
+//     64 x axpy(256) in one submit | upload 1 MiB | download 1 MiB
 // (in process: 64 Axpy launches, H2D and D2H of a registered buffer, one wait), and prints
-// its counts and each round's time on stdout.
+// its counts, its elapsed time and each round's time on stdout.
 // Figures: ops/s and GB/s = all processes' small ops / bytes over the slowest process's
-// elapsed time; round p50 / p99 (ms) over every round of every process.
-#include <sys/wait.h>
+// elapsed time; round p50 / p99 (ms) over every round of every process; max/min = the
+// slowest process's elapsed time / the fastest's (how evenly the device was shared; the
+// target is <= 1.25).
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <sstream>
 
 #include "backend/select.h"
@@ -30,70 +41,70 @@ constexpr int kOpsPerRound = 64;
 constexpr int64_t kAxpyElements = 256;
 constexpr uint64_t kRoundBytes = 1ull << 20;
 
-struct ProcessResult {
-  double ops = 0, bytes = 0, elapsed_ns = 0;
-  Samples rounds;
-};
-
 struct SharingRun {
   double ops = 0, bytes = 0, wall_ns = 0;
+  std::vector<double> elapsed_ns;  // each process's
   Samples rounds;
   void Merge(const SharingRun& o) {
     ops += o.ops;
     bytes += o.bytes;
     wall_ns += o.wall_ns;
+    elapsed_ns.insert(elapsed_ns.end(), o.elapsed_ns.begin(), o.elapsed_ns.end());
     rounds.Append(o.rounds);
+  }
+  /// The slowest process's elapsed time over the fastest's.
+  double spread() const {
+    if (elapsed_ns.empty()) return kNaN;
+    auto [lo, hi] = std::minmax_element(elapsed_ns.begin(), elapsed_ns.end());
+    return *lo > 0 ? *hi / *lo : kNaN;
   }
 };
 
-/// Start `n` workers with `args`, start them together, collect their results.
-SharingRun RunWorkers(const Context& ctx, int n, const std::vector<std::string>& args) {
-  std::vector<Child> children;
-  for (int i = 0; i < n; ++i) {
-    Child c = SpawnChild(ctx.self_exe, args, true, true);
-    if (c.pid <= 0) Die("cannot start a sharing worker");
-    children.push_back(c);
-  }
-  for (Child& c : children) {
-    std::string line;
-    if (!ReadLine(c.stdout_fd, &line) || line != "ready") Die("a sharing worker failed to set up");
-  }
-  for (Child& c : children) {
-    if (!WriteAll(c.stdin_fd, "g", 1)) Die("cannot start a sharing worker");
-    close(c.stdin_fd);
-  }
+/// Parse the workers' outputs (PrintResult's) into one run.
+SharingRun Collect(const std::vector<std::string>& outputs) {
   SharingRun run;
-  for (Child& c : children) {
-    std::istringstream in(ReadAll(c.stdout_fd));
-    close(c.stdout_fd);
-    int status = WaitChild(c.pid, std::chrono::seconds(120));
+  for (const std::string& out : outputs) {
+    std::istringstream in(out);
     std::string word;
-    ProcessResult r;
-    if (!(in >> word >> r.ops >> r.bytes >> r.elapsed_ns) || word != "result" ||
-        !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-      Die("a sharing worker failed (exit status " + std::to_string(status) + ")");
+    double ops = 0, bytes = 0, elapsed = 0;
+    if (!(in >> word >> ops >> bytes >> elapsed) || word != "result") {
+      Die("a sharing worker printed no result");
     }
     double ns;
-    while (in >> ns) r.rounds.Add(ns);
-    run.ops += r.ops;
-    run.bytes += r.bytes;
-    run.wall_ns = std::max(run.wall_ns, r.elapsed_ns);
-    run.rounds.Append(r.rounds);
+    while (in >> ns) run.rounds.Add(ns);
+    run.ops += ops;
+    run.bytes += bytes;
+    run.wall_ns = std::max(run.wall_ns, elapsed);
+    run.elapsed_ns.push_back(elapsed);
   }
   return run;
 }
 
-std::vector<std::string> WorkerArgs(const std::string& mode, const std::string& where, int rounds) {
-  return {"--worker", "sharing", "--mode",   mode,
-          "--where",  where,     "--rounds", std::to_string(rounds)};
+/// Run `n` workers with `args`, started together, none of them an MPS client.
+SharingRun RunOwn(const Context& ctx, int n, const std::vector<std::string>& args) {
+  std::vector<std::string> outputs;
+  for (const WorkerOutput& w :
+       RunWorkers(ctx.self_exe, n, args, WithoutMps(), std::chrono::seconds(600))) {
+    if (!w.ok()) Die("a sharing worker failed (status " + std::to_string(w.status) + ")");
+    outputs.push_back(w.out);
+  }
+  return Collect(outputs);
 }
 
-/// Wait for the parent's go byte on stdin.
-void AwaitGo() {
-  std::printf("ready\n");
-  std::fflush(stdout);
-  char go;
-  if (read(0, &go, 1) != 1) std::exit(3);
+enum class Route { kBlocking, kPinned };
+const Route kRoutes[] = {Route::kBlocking, Route::kPinned};
+std::string RouteLabel(Route r, const std::string& target) {
+  if (r == Route::kBlocking) return "blocking";
+  return IsRemote(target) ? "pinned-inline" : "pinned";
+}
+
+std::vector<std::string> WorkerArgs(const std::string& mode, const std::string& where, int rounds,
+                                    Route route = Route::kBlocking) {
+  return {"--worker", "sharing",
+          "--mode",   mode,
+          "--where",  where,
+          "--rounds", std::to_string(rounds),
+          "--route",  route == Route::kPinned ? "pinned" : "blocking"};
 }
 
 void PrintResult(double ops, double bytes, double elapsed_ns, const Samples& rounds) {
@@ -102,7 +113,7 @@ void PrintResult(double ops, double bytes, double elapsed_ns, const Samples& rou
   std::fflush(stdout);
 }
 
-int DaemonWorker(const std::string& target, int rounds) {
+int DaemonWorker(const std::string& target, int rounds, Route route) {
   auto client = Check(Connect(target), "connect " + target);
   auto s = Check(client.open_session(), "open_session");
   Tensor t = s.create_tensor<uint8_t>({static_cast<int64_t>(kRoundBytes)});
@@ -111,16 +122,40 @@ int DaemonWorker(const std::string& target, int rounds) {
   s.fill(x, 1.0);
   s.fill(y, 0.0);
   HostBuffer buf(kRoundBytes);
+  PinnedBuffer pinned;
+  if (route == Route::kPinned) {
+    pinned = Check(s.pinned_buffer(kRoundBytes), "pinned_buffer");
+    std::memset(pinned.data(), 0x5a, kRoundBytes);  // touch once, untimed
+  }
   Check(s.synchronize(), "setup");
+  // The pinned route: the buffer and the tensor go into each transfer and come back.
+  auto pending = [&](bool upload) {
+    PendingTransfer p = upload ? s.upload_pending(std::move(pinned), std::move(t))
+                               : s.download_pending(std::move(t), std::move(pinned));
+    Transfer done = p.wait();
+    Check(done.status, upload ? "upload_pending" : "download_pending");
+    pinned = std::move(done.buffer);
+    t = std::move(done.tensor);
+  };
+  auto round = [&] {
+    for (int k = 0; k < kOpsPerRound; ++k) s.axpy(1e-6, x, y);
+    Check(s.submit(), "submit");
+    if (route == Route::kPinned) {
+      pending(true);
+      pending(false);
+    } else {
+      Check(s.upload_bytes(t, buf.data(), kRoundBytes), "upload");
+      Check(s.download_bytes(t, buf.data(), kRoundBytes), "download");
+    }
+  };
+  round();  // warm-up, untimed: the session's first transfer maps its slab
+  Check(s.synchronize(), "warm-up");
   AwaitGo();
   Samples samples;
   auto start = Clock::now();
   for (int r = 0; r < rounds; ++r) {
     auto t0 = Clock::now();
-    for (int k = 0; k < kOpsPerRound; ++k) s.axpy(1e-6, x, y);
-    Check(s.submit(), "submit");
-    Check(s.upload_bytes(t, buf.data(), kRoundBytes), "upload");
-    Check(s.download_bytes(t, buf.data(), kRoundBytes), "download");
+    round();
     samples.Add(NsSince(t0));
   }
   Check(s.synchronize(), "synchronize");
@@ -143,18 +178,22 @@ int InProcessWorker(const std::string& kind, int rounds) {
   auto y = Check(stream->Allocate(kAxpyElements * sizeof(float)), "Allocate");
   Check(stream->Fill(DType::kF32, x, kAxpyElements, 1.0), "Fill");
   Check(stream->Fill(DType::kF32, y, kAxpyElements, 0.0), "Fill");
-  Check(WaitStream(*stream), "setup");
-  AwaitGo();
-  Samples samples;
-  auto start = Clock::now();
-  for (int r = 0; r < rounds; ++r) {
-    auto t0 = Clock::now();
+  auto round = [&] {
     for (int k = 0; k < kOpsPerRound; ++k) {
       Check(stream->Axpy(DType::kF32, 1e-6, x, y, kAxpyElements), "Axpy");
     }
     Check(stream->CopyHostToDevice(d, buf.data(), kRoundBytes), "H2D");
     Check(stream->CopyDeviceToHost(buf.data(), d, kRoundBytes), "D2H");
     Check(WaitStream(*stream), "wait");
+  };
+  round();  // warm-up, untimed, as the daemon worker's
+  Check(WaitStream(*stream), "setup");
+  AwaitGo();
+  Samples samples;
+  auto start = Clock::now();
+  for (int r = 0; r < rounds; ++r) {
+    auto t0 = Clock::now();
+    round();
     samples.Add(NsSince(t0));
   }
   double elapsed = NsSince(start);
@@ -168,20 +207,28 @@ int InProcessWorker(const std::string& kind, int rounds) {
   return 0;
 }
 
-Row SharingRow(int n, const SharingRun* d, const SharingRun* b) {
+/// One row: `d` through the daemon (null: none), `b` in process on own devices, `m` as MPS
+/// clients (null: not measured).
+Row SharingRow(const std::string& label, int n, const SharingRun* d, const SharingRun* b,
+               const SharingRun* m, const Context& ctx) {
   auto opss = [](const SharingRun* r) { return r ? r->ops / (r->wall_ns / 1e9) : kNaN; };
   auto gbps = [](const SharingRun* r) { return r ? r->bytes / r->wall_ns : kNaN; };
   auto q = [](const SharingRun* r, double Summary::*f) {
     return r ? Summarize(r->rounds).*f / 1e6 : kNaN;
   };
-  Row row{std::to_string(n) + (n == 1 ? " process" : " processes"),
-          {{"ops/s", opss(d), opss(b)},
-           {"GB/s", gbps(d), gbps(b)},
-           {"round p50 ms", q(d, &Summary::p50), q(b, &Summary::p50)},
-           {"round p99 ms", q(d, &Summary::p99), q(b, &Summary::p99)}}};
+  auto spread = [](const SharingRun* r) { return r ? r->spread() : kNaN; };
+  Row row{label,
+          {{"ops/s", opss(d), opss(b), MpsFigure(ctx, opss(m))},
+           {"GB/s", gbps(d), gbps(b), MpsFigure(ctx, gbps(m))},
+           {"round p50 ms", q(d, &Summary::p50), q(b, &Summary::p50),
+            MpsFigure(ctx, q(m, &Summary::p50))},
+           {"round p99 ms", q(d, &Summary::p99), q(b, &Summary::p99),
+            MpsFigure(ctx, q(m, &Summary::p99))},
+           {"max/min", spread(d), spread(b), MpsFigure(ctx, spread(m)), false}}};
   row.params = {{"processes", n}};
   if (d) row.summaries.push_back({"daemon_rounds", Summarize(d->rounds)});
   if (b) row.summaries.push_back({"baseline_rounds", Summarize(b->rounds)});
+  if (m) row.summaries.push_back({"mps_rounds", Summarize(m->rounds)});
   return row;
 }
 
@@ -192,18 +239,31 @@ std::vector<Table> RunSharing(Context& ctx) {
                             : ctx.options.quick            ? std::vector<int>{1, 2}
                                                            : std::vector<int>{1, 4, 8};
   int rounds = ctx.options.quick ? 5 : 100;
-  std::vector<SharingRun> base(counts.size());
+  std::vector<SharingRun> base(counts.size()), mps(counts.size());
   if (ctx.baseline) {
     for (size_t i = 0; i < counts.size(); ++i) {
       ctx.progress->Case("baseline " + std::to_string(counts[i]) + " processes, own device each");
-      base[i] = RunWorkers(ctx, counts[i], WorkerArgs("inprocess", ctx.baseline->backend, rounds));
+      base[i] = RunOwn(ctx, counts[i], WorkerArgs("inprocess", ctx.baseline->backend, rounds));
     }
   }
-  std::vector<std::vector<SharingRun>> daemon(ctx.targets.size());
+  bool with_mps = ctx.mps && ctx.mps->available();
+  if (with_mps) {
+    for (size_t i = 0; i < counts.size(); ++i) {
+      ctx.progress->Case("MPS " + std::to_string(counts[i]) + " processes");
+      mps[i] = Collect(RunMpsWorkers(ctx, counts[i], WorkerArgs("inprocess", "cuda", rounds)));
+    }
+  }
+  // daemon[t][i][route]
+  std::vector<std::vector<std::vector<SharingRun>>> daemon(ctx.targets.size());
   for (size_t t = 0; t < ctx.targets.size(); ++t) {
+    const std::string& target = ctx.targets[t].target;
     for (int n : counts) {
-      ctx.progress->Case(ctx.targets[t].target + " " + std::to_string(n) + " processes");
-      daemon[t].push_back(RunWorkers(ctx, n, WorkerArgs("daemon", ctx.targets[t].target, rounds)));
+      daemon[t].emplace_back();
+      for (Route route : kRoutes) {
+        ctx.progress->Case(target + " " + std::to_string(n) + " processes, " +
+                           RouteLabel(route, target));
+        daemon[t].back().push_back(RunOwn(ctx, n, WorkerArgs("daemon", target, rounds, route)));
+      }
     }
   }
   return BuildTables(
@@ -211,13 +271,25 @@ std::vector<Table> RunSharing(Context& ctx) {
       [&](int which) {
         std::vector<Row> rows;
         for (size_t i = 0; i < counts.size(); ++i) {
-          SharingRun d;
-          if (which >= 0) d = daemon[which][i];
-          if (which == kAllTargets) {
-            for (auto& t : daemon) d.Merge(t[i]);
+          std::string n = std::to_string(counts[i]) + (counts[i] == 1 ? " process" : " processes");
+          const SharingRun* b = ctx.baseline ? &base[i] : nullptr;
+          const SharingRun* m = with_mps ? &mps[i] : nullptr;
+          if (which == kNoTarget) {  // baseline only: one row per count
+            rows.push_back(SharingRow(n, counts[i], nullptr, b, m, ctx));
+            continue;
           }
-          rows.push_back(SharingRow(counts[i], which == kNoTarget ? nullptr : &d,
-                                    ctx.baseline ? &base[i] : nullptr));
+          for (size_t r = 0; r < std::size(kRoutes); ++r) {
+            SharingRun d;
+            if (which >= 0) d = daemon[which][i][r];
+            if (which == kAllTargets) {
+              for (auto& t : daemon) d.Merge(t[i][r]);
+            }
+            std::string target = which >= 0 ? ctx.targets[which].target : "";
+            Row row =
+                SharingRow(n + ", " + RouteLabel(kRoutes[r], target), counts[i], &d, b, m, ctx);
+            row.tags.push_back({"route", RouteLabel(kRoutes[r], target)});
+            rows.push_back(std::move(row));
+          }
         }
         return rows;
       },
@@ -226,14 +298,22 @@ std::vector<Table> RunSharing(Context& ctx) {
             "each process: " + std::to_string(rounds) + " rounds of " +
                 std::to_string(kOpsPerRound) +
                 " axpy(256) in one submit + upload and "
-                "download of 1 MiB (blocking); all processes start together",
+                "download of 1 MiB; all processes start together",
+            "blocking = upload_bytes/download_bytes from ordinary memory; pinned = one "
+            "PinnedBuffer (memory the daemon registered) moved through "
+            "upload_pending/download_pending + wait() each round (pinned-inline: tcp target, "
+            "bytes inline)",
             "ops/s (small ops), GB/s: all processes' work / the slowest process's time; round "
-            "p50/p99 over all rounds of all processes",
+            "p50/p99 over all rounds of all processes; max/min = slowest / fastest process's "
+            "elapsed time (target <= 1.25)",
             "daemon: one session per process through the target; baseline: each process in "
             "process on its own device (own " +
                 std::string(ctx.baseline ? ctx.baseline->backend : "device") +
                 (ctx.baseline && ctx.baseline->backend == "cuda" ? " context" : " emulation") +
-                ")"};
+                "), copying from a registered buffer; the same baseline figures on both routes' "
+                "rows"};
+        std::string mps_note = MpsNote(ctx, "the baseline's processes");
+        if (!mps_note.empty()) notes.push_back(mps_note);
         if (which == kAllTargets) notes.push_back("all targets: summed, samples pooled");
         return notes;
       });
@@ -241,13 +321,15 @@ std::vector<Table> RunSharing(Context& ctx) {
 
 int SharingWorkerMain(const std::vector<std::string>& args) {
   std::string mode, where;
+  Route route = Route::kBlocking;
   int rounds = 10;
   for (size_t i = 0; i + 1 < args.size(); i += 2) {
     if (args[i] == "--mode") mode = args[i + 1];
     if (args[i] == "--where") where = args[i + 1];
     if (args[i] == "--rounds") rounds = std::max(1, std::atoi(args[i + 1].c_str()));
+    if (args[i] == "--route" && args[i + 1] == "pinned") route = Route::kPinned;
   }
-  if (mode == "daemon") return DaemonWorker(where, rounds);
+  if (mode == "daemon") return DaemonWorker(where, rounds, route);
   if (mode == "inprocess") return InProcessWorker(where, rounds);
   std::fprintf(stderr, "sharing worker: --mode daemon|inprocess\n");
   return 2;

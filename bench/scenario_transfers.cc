@@ -29,6 +29,12 @@
 // Figures: p50 and p99 of the per-transfer time (us), and bandwidth = bytes / p50 time
 // (GB/s, 1 GB = 1e9 B).
 //
+// "vs in-process pageable" row: the blocking upload of 256 MiB (or the largest size measured,
+// when 256 MiB is not) against an in-process copy from ordinary, unregistered memory
+// (Stream::CopyHostToDevice of a pageable buffer: cudaMemcpyAsync stages it through the
+// driver's own pinned buffers on CUDA), waited on — what a program that neither pins its
+// memory nor uses a daemon gets, beside what ferryd's blocking route gives it.
+//
 // "create + first download" rows (4 KiB, 1 MiB, 64 MiB): a new tensor created and at once
 // downloaded, nothing written (blocking route), a new tensor each time. A new tensor is
 // zeroed before anything can read it (the pool's memory may hold another session's bytes):
@@ -256,10 +262,12 @@ Samples BaselineStreamedCase(backend::Device& dev, backend::Stream& stream, cons
   return out;
 }
 
-Samples BaselineCase(backend::Device& dev, backend::Stream& stream, const Case& c) {
+/// `registered`: the host buffer registered (pinned) first; else ordinary pageable memory.
+Samples BaselineCase(backend::Device& dev, backend::Stream& stream, const Case& c,
+                     bool registered = true) {
   HostBuffer buf(c.bytes);
   // Registered once, outside the timed loop: registration is never on the hot path.
-  Check(dev.RegisterHostMemory(buf.data(), c.bytes), "RegisterHostMemory");
+  if (registered) Check(dev.RegisterHostMemory(buf.data(), c.bytes), "RegisterHostMemory");
   backend::DevicePtr d = Check(stream.Allocate(c.bytes), "Allocate");
   Samples out;
   int warmup = c.bytes >= (64ull << 20) ? 1 : 2;
@@ -274,8 +282,20 @@ Samples BaselineCase(backend::Device& dev, backend::Stream& stream, const Case& 
   }
   stream.Free(d);
   Check(WaitStream(stream), "baseline free");
-  Check(dev.UnregisterHostMemory(buf.data()), "UnregisterHostMemory");
+  if (registered) Check(dev.UnregisterHostMemory(buf.data()), "UnregisterHostMemory");
   return out;
+}
+
+/// The blocking upload compared with an in-process pageable copy: 256 MiB, or the largest
+/// size of this run when it has no 256 MiB case.
+const Case* PageableCase(const std::vector<Case>& cases) {
+  const Case* best = nullptr;
+  for (const Case& c : cases) {
+    if (c.route != Route::kBlocking || c.dir != Direction::kUpload) continue;
+    if (c.bytes == (256ull << 20)) return &c;
+    if (!best || c.bytes > best->bytes) best = &c;
+  }
+  return best;
 }
 
 const uint64_t kFirstDownloadSizes[] = {4ull << 10, 1ull << 20, 64ull << 20};
@@ -394,6 +414,13 @@ std::vector<Table> RunTransfers(Context& ctx) {
                                             first_iterations[i]);
     }
   }
+  const Case* pageable_case = PageableCase(cases);
+  Samples base_pageable;
+  if (ctx.baseline && pageable_case) {
+    auto stream = Check(ctx.baseline->device->CreateStream(), "baseline CreateStream");
+    ctx.progress->Case("baseline pageable upload " + FormatBytes(pageable_case->bytes));
+    base_pageable = BaselineCase(*ctx.baseline->device, *stream, *pageable_case, false);
+  }
   auto base_of = [&](const Case& c) -> const Samples* {
     auto it = base.find(base_key(c));
     return it == base.end() ? nullptr : &it->second;
@@ -449,6 +476,8 @@ std::vector<Table> RunTransfers(Context& ctx) {
         "blocking = Session::upload_bytes/download_bytes from ordinary host memory",
         "baseline = registered (pinned) host buffer, backend copy + OnComplete, waited on; the "
         "same baseline samples for both routes",
+        "'vs in-process pageable' row: the blocking upload against an in-process copy from "
+        "ordinary, unregistered (pageable) memory, waited on",
         "create + first download = a new tensor downloaded before anything was written to it, "
         "timed from the create: new tensors are zeroed (issue 14), so against 'download "
         "blocking' of the same size this is the cost of creating and zeroing; baseline: "
@@ -518,6 +547,19 @@ std::vector<Table> RunTransfers(Context& ctx) {
           }
         }
         if (which >= 0) grpc_rows(ctx.targets[which].target, daemon[which], &rows);
+        // The blocking upload against the in-process pageable copy.
+        if (ctx.baseline && pageable_case && which != kNoTarget) {
+          size_t i = static_cast<size_t>(pageable_case - cases.data());
+          Samples pooled;
+          for (size_t t = 0; t < daemon.size(); ++t) {
+            if (which == kAllTargets || which == static_cast<int>(t)) pooled.Append(daemon[t][i]);
+          }
+          Row r = MakeRow(*pageable_case, &pooled, &base_pageable);
+          r.label += " vs in-process pageable";
+          r.tags.push_back({"baseline", "pageable"});
+          r.summaries.back().first = "pageable";
+          rows.push_back(std::move(r));
+        }
         for (size_t i = 0; i < n_first; ++i) {
           const Samples* b = ctx.baseline ? &base_first[i] : nullptr;
           Samples pooled;

@@ -9,6 +9,7 @@
 #include <iostream>
 
 #include "bench.h"
+#include "process.h"
 
 namespace ferry::bench {
 
@@ -16,7 +17,7 @@ const std::vector<std::string>& AllScenarios() {
   // memory first: it measures the daemon before this run's other work has grown its heap.
   static const std::vector<std::string> kAll = {"memory",     "transfers", "latency",
                                                 "throughput", "overlap",   "concurrency",
-                                                "open_close", "sharing"};
+                                                "open_close", "sharing",   "fault"};
   return kAll;
 }
 
@@ -86,6 +87,30 @@ std::vector<Table> BuildTables(const Context& ctx, const std::string& scenario,
   if (ctx.targets.size() > 1) make(kAllTargets, "all targets");
   if (ctx.targets.empty() && ctx.baseline) make(kNoTarget, "");
   return tables;
+}
+
+std::optional<double> MpsFigure(const Context& ctx, double v) {
+  if (!ctx.mps) return std::nullopt;
+  return ctx.mps->available() ? v : kNaN;
+}
+
+std::string MpsNote(const Context& ctx, const std::string& what) {
+  if (!ctx.mps) return "";
+  if (!ctx.mps->available()) return "MPS: n/a: " + ctx.mps->why_not;
+  return "MPS = " + what + " as clients of a private MPS control daemon (" + ctx.mps->control +
+         " -d, its own pipe and log directories; ferryd and this process are not its clients)";
+}
+
+std::vector<std::string> RunMpsWorkers(const Context& ctx, int n,
+                                       const std::vector<std::string>& args) {
+  std::vector<WorkerOutput> runs =
+      RunWorkers(ctx.self_exe, n, args, ctx.mps->daemon->env(), std::chrono::seconds(600));
+  std::vector<std::string> out;
+  for (const WorkerOutput& w : runs) {
+    if (!w.ok()) Die("an MPS worker failed (status " + std::to_string(w.status) + ")");
+    out.push_back(w.out);
+  }
+  return out;
 }
 
 Status WaitStream(backend::Stream& stream) {

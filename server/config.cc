@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "rpc/access.h"
+#include "session/copy_turns.h"
 
 namespace ferry {
 namespace {
@@ -147,6 +148,11 @@ class Settings {
            c_.daemon.metrics_listen = v;
            return Status::Ok();
          }},
+        {"metrics-max-identities", bounded(1, 65536,
+                                           [this](uint64_t n) {
+                                             c_.daemon.metrics_max_identities =
+                                                 static_cast<uint32_t>(n);
+                                           })},
         {"session-quota", bytes(&c_.daemon.session_defaults.device_bytes_quota)},
         {"max-session-quota", bytes(&c_.daemon.max_device_bytes_quota)},
         {"device-memory-cap", bytes(&c_.daemon.device_bytes_cap)},
@@ -227,6 +233,15 @@ class Settings {
         {"copy-turns",
          bounded(0, 1024, [this](uint64_t n) { c_.daemon.copy_turns = static_cast<uint32_t>(n); })},
         {"copy-turn-size", bytes(&c_.daemon.copy_turn_bytes)},
+        {"device-turns",
+         bounded(0, 1024,
+                 [this](uint64_t n) { c_.daemon.device_turns = static_cast<uint32_t>(n); })},
+        {"uid-weights",
+         [this](const std::string& v) -> Status {
+           FERRY_ASSIGN_OR_RETURN(auto weights, session::ParseUidWeights(v));
+           c_.daemon.uid_weights = std::move(weights);
+           return Status::Ok();
+         }},
         {"kernel-batch", bounded(0, 65536,
                                  [this](uint64_t n) {
                                    c_.daemon.session_defaults.kernel_batch =
@@ -499,6 +514,9 @@ means true; --allow-insecure-remote and --allow-remote-raw-kernels also take =tr
                              root and the daemon's uid (default: none)
   --metrics-listen HOST:PORT serve Prometheus metrics at http://HOST:PORT/metrics
                              (port 0 picks one; default: off)
+  --metrics-max-identities N usage identities (uid + client name) with their own
+                             accounting and metrics labels, 1..65536; more fold into
+                             uid="other" (default 256)
   --session-quota SIZE       default device-memory quota per session (default 1G)
   --max-session-quota SIZE   largest quota a client may ask for (default 16G)
   --max-in-flight N          default submits in flight per session (default 64)
@@ -533,6 +551,11 @@ means true; --allow-insecure-remote and --allow-remote-raw-kernels also take =tr
                              sessions share the copy engines fairly (default 4; 0: no limit)
   --copy-turn-size SIZE      bytes a submit copies one way from which it takes a turn
                              (default 4M)
+  --device-turns N           submits of all sessions on the device at once, 0..1024; the
+                             rest wait, ordered by uid-weights (default 0: no limit)
+  --uid-weights LIST         uid:N=W,remote=W,...: weights (1..1000, default 1) by which
+                             waiting submits of different uids get copy and device turns
+                             (default: none, every identity weighs 1)
   --kernel-batch N           a run of N or more kernel ops (fill, binary, scale, axpy) in
                              one submit goes to the device as one batch: on CUDA one graph
                              launch, its graph kept and updated (default 8; 0: never)
@@ -643,6 +666,7 @@ std::string FormatConfig(const DaemonConfig& c) {
   out << "raw-kernels =" << quoted(c.daemon.raw_kernels) << "\n";
   out << "admin-group =" << quoted(c.daemon.admin_group) << "\n";
   out << "metrics-listen =" << quoted(c.daemon.metrics_listen) << "\n";
+  out << "metrics-max-identities = " << c.daemon.metrics_max_identities << "\n";
   out << "session-quota = " << FormatBytes(c.daemon.session_defaults.device_bytes_quota) << "\n";
   out << "max-session-quota = " << FormatBytes(c.daemon.max_device_bytes_quota) << "\n";
   out << "max-in-flight = " << c.daemon.session_defaults.max_in_flight_submits << "\n";
@@ -671,6 +695,9 @@ std::string FormatConfig(const DaemonConfig& c) {
   out << "copy-turns = " << c.daemon.copy_turns << (c.daemon.copy_turns == 0 ? "  # no limit" : "")
       << "\n";
   out << "copy-turn-size = " << FormatBytes(c.daemon.copy_turn_bytes) << "\n";
+  out << "device-turns = " << c.daemon.device_turns
+      << (c.daemon.device_turns == 0 ? "  # no limit" : "") << "\n";
+  out << "uid-weights =" << quoted(session::FormatUidWeights(c.daemon.uid_weights)) << "\n";
   out << "kernel-batch = " << c.daemon.session_defaults.kernel_batch
       << (c.daemon.session_defaults.kernel_batch == 0 ? "  # off" : "") << "\n";
   out << "slab-size = " << FormatBytes(c.daemon.slab_pool.slab_size) << "\n";

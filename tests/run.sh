@@ -34,7 +34,7 @@ tsan_integration='^(ConcurrencyTest|SubmitRingTest|PendingTest|DrainTest|SlabBad
 san_cmake=(-G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_CUDA=OFF -DFERRY_BUILD_BENCH=OFF
            -DFERRY_INSTALL_TEST=OFF)
 
-bash "$root/deploy/install-deps.sh" || exit 1
+bash "$root/deploy/install-deps.sh" --tests || exit 1
 
 failed=()
 summary=()

@@ -436,6 +436,12 @@ void PrintUsage(const Options& options, const v1::ListSessionsReply& reply, std:
 
 }  // namespace
 
+int FetchSessions(const Options& options, v1::ListSessionsReply* reply, std::ostream& err) {
+  AdminConnection admin(options);
+  RpcStatus s = admin.ListSessions(reply);
+  return s.ok() ? kExitOk : ReportRpcFailure(options, s, err);
+}
+
 int RunSessions(const Options& options, std::ostream& out, std::ostream& err) {
   AdminConnection admin(options);
   v1::ListSessionsReply reply;
@@ -465,6 +471,10 @@ int RunSessions(const Options& options, std::ostream& out, std::ostream& err) {
                               .Add("device_busy_ns", st.device_busy_ns())
                               .Add("graph_launches", st.graph_launches())
                               .Add("kernel_batches", st.kernel_batches())
+                              .Add("h2d_bytes", st.h2d_bytes())
+                              .Add("h2d_ns", st.h2d_ns())
+                              .Add("d2h_bytes", st.d2h_bytes())
+                              .Add("d2h_ns", st.d2h_ns())
                               .str();
       JsonObject item;
       item.Add("session_id", i.session_id())

@@ -11,6 +11,10 @@
 #include <iosfwd>
 #include <string>
 
+namespace ferry::v1 {
+class ListSessionsReply;
+}  // namespace ferry::v1
+
 namespace ferry::ctl {
 
 inline constexpr int kExitOk = 0;
@@ -42,6 +46,9 @@ struct Options {
   std::string metrics_endpoint;
   // sessions: usage per identity (uid) only
   bool by_uid = false;
+  // top: one view (two samples `interval` apart) instead of the live one
+  bool once = false;
+  std::chrono::milliseconds interval{1000};
   // drain
   bool wait = false;
   std::chrono::milliseconds wait_timeout{120000};
@@ -55,5 +62,10 @@ int RunSessions(const Options& options, std::ostream& out, std::ostream& err);
 int RunHealth(const Options& options, std::ostream& out, std::ostream& err);
 int RunDrain(const Options& options, std::ostream& out, std::ostream& err);
 int RunMetrics(const Options& options, std::ostream& out, std::ostream& err);
+int RunTop(const Options& options, std::ostream& out, std::ostream& err);  // top.cc
+
+/// Call Admin.ListSessions on the options' target (credentials, deadline); return kExitOk,
+/// or report the failure to `err` and return its exit code.
+int FetchSessions(const Options& options, v1::ListSessionsReply* reply, std::ostream& err);
 
 }  // namespace ferry::ctl

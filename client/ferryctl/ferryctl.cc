@@ -29,6 +29,11 @@ commands:
                      --wait: until it has stopped. Admins only (root, the daemon's
                      uid, its admin-group)
   metrics            fetch and print the Prometheus metrics of --metrics HOST:PORT
+  top [--once]       who uses the GPU, live: uids and sessions by device time, with
+                     busy share, device memory and transfer rates (keys: t time,
+                     m memory, r transfer rate, q quit); --once: one view, two samples
+                     --interval apart (a table, or JSON with --json). Non-admins see
+                     their own uid only
 
 options:
   --target T           unix:PATH, tcp:HOST:PORT, a socket path, or a device index N
@@ -39,6 +44,7 @@ options:
   --canary-timeout S   how long the canary may take (default 20)
   --min-free PERCENT   health warns below this much free device memory (default 5)
   --wait-timeout S     drain --wait gives up after this long (default 120)
+  --interval S         top: seconds between refreshes (default 1)
   --metrics HOST:PORT  ferryd's --metrics-listen endpoint (metrics)
   --tls-ca PATH        PEM CA of the daemon's certificate: speak TLS (tcp: targets)
   --tls-cert PATH      PEM client certificate, for mutual TLS
@@ -112,9 +118,13 @@ int main(int argc, char** argv) {
       if (!switch_flag(&options.wait)) return Usage("--wait takes no value");
       continue;
     }
+    if (name == "once") {
+      if (!switch_flag(&options.once)) return Usage("--once takes no value");
+      continue;
+    }
     static const std::vector<std::string> kValued = {
         "target",  "timeout", "canary-elements", "canary-timeout", "min-free", "wait-timeout",
-        "metrics", "tls-ca",  "tls-cert",        "tls-key",        "token"};
+        "metrics", "tls-ca",  "tls-cert",        "tls-key",        "token",    "interval"};
     if (std::find(kValued.begin(), kValued.end(), name) == kValued.end()) {
       return Usage("unknown option --" + name);
     }
@@ -141,6 +151,8 @@ int main(int argc, char** argv) {
       if (!ParseSeconds(value, &options.canary_timeout)) {
         return Usage("--canary-timeout: seconds, > 0");
       }
+    } else if (name == "interval") {
+      if (!ParseSeconds(value, &options.interval)) return Usage("--interval: seconds, > 0");
     } else if (name == "wait-timeout") {
       if (!ParseSeconds(value, &options.wait_timeout)) return Usage("--wait-timeout: seconds, > 0");
     } else if (name == "canary-elements") {
@@ -162,10 +174,12 @@ int main(int argc, char** argv) {
   if (command.empty()) return Usage("no command given");
   if (options.canary && command != "health") return Usage("--canary belongs to health");
   if (options.wait && command != "drain") return Usage("--wait belongs to drain");
+  if (options.once && command != "top") return Usage("--once belongs to top");
   if (command == "status") return RunStatus(options, std::cout, std::cerr);
   if (command == "sessions") return RunSessions(options, std::cout, std::cerr);
   if (command == "health") return RunHealth(options, std::cout, std::cerr);
   if (command == "drain") return RunDrain(options, std::cout, std::cerr);
   if (command == "metrics") return RunMetrics(options, std::cout, std::cerr);
+  if (command == "top") return RunTop(options, std::cout, std::cerr);
   return Usage("unknown command '" + command + "'");
 }

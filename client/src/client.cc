@@ -1,9 +1,10 @@
 // libferry's Client: connecting to a daemon and opening sessions. The rest of libferry's
-// implementation, by concern: wire.cc (proto conversion), channel.cc (channel, TLS, token),
-// session_state.cc (the session's stream, submits and waits), reader.cc (its reader
-// thread), ring_writer.h (the submit ring), completion_board.cc (the completion board and
-// its futex), slab_socket.cc and slab_arena.cc (shared memory), recording.cc (ops into
-// messages), transfers.cc (pinned buffers and transfers).
+// implementation, by concern: channel.cc (channel, TLS, token), admin_client.cc (ferryctl's
+// Admin calls), session_state.cc (the session's stream, submits and waits), reader.cc (its
+// reader thread), ring_writer.h (the submit ring), completion_board.cc (the completion
+// board and its futex), slab_socket.cc and slab_arena.cc (shared memory), recording.cc (ops
+// into messages), transfers.cc (pinned buffers and transfers), parallel_copy.cc (large
+// copies). Proto conversions: proto/include/ferry/wire.h.
 #include "ferry/client.h"
 
 #include <chrono>

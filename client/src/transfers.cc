@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "ferry/client.h"
+#include "parallel_copy.h"
 #include "session_state.h"
 
 namespace ferry {
@@ -224,7 +225,7 @@ Status Session::upload_bytes(const Tensor& t, const void* data, uint64_t bytes) 
           }
         }
         uint64_t n = std::min(half, bytes - off);
-        std::memcpy(base + k * half, static_cast<const char*>(data) + off, n);
+        internal::ParallelCopy(base + k * half, static_cast<const char*>(data) + off, n);
         auto* op = state_->Record()->mutable_upload_from_slab();
         op->set_tensor(t.handle());
         op->set_offset(off);
@@ -307,7 +308,8 @@ Status Session::download_bytes(const Tensor& t, void* out, uint64_t bytes) {
         chunks[k].id = 0;
         if (result.ok() && !s.ok()) result = s;
         if (result.ok()) {
-          std::memcpy(static_cast<char*>(out) + chunks[k].off, base + k * half, chunks[k].n);
+          internal::ParallelCopy(static_cast<char*>(out) + chunks[k].off, base + k * half,
+                                 chunks[k].n);
           if (next < bytes) result = send(k);
         }
         if (!chunks[k ^ 1].id) break;

@@ -16,12 +16,16 @@
 //  * Host memory passed to a copy must stay valid until the completion that follows the copy.
 //  * Device memory freed with Free() is released only after all work enqueued before the
 //    Free() has finished, so in-flight work never touches freed memory.
+//  * Usage (device time, copy bytes and time per direction) of work enqueued before an
+//    OnComplete is counted in the stream's and the device's usage() by the time that
+//    completion's callback runs; a device's usage is the sum of all its streams' (Usage).
 //
 // Thread-safety: a Device is safe for concurrent use from many threads. A Stream is used by
 // one owner at a time (the session's executor); its completion callbacks run elsewhere.
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -84,6 +88,62 @@ class Graph {
   virtual size_t node_count() const = 0;
 };
 
+/// Device time and copy-engine traffic: of one stream (Stream::usage) or of a whole device
+/// (Device::usage: every stream it ever had, destroyed ones included, so the device's total
+/// is the sum of its streams'). The owner attributes a stream's figures to its session.
+///
+/// busy_ns is device time spent on the stream's work, measured on the device: the host
+/// backend times each op on its worker; the CUDA backend records a timing event before the
+/// first work enqueued after a completion and takes the completion's own event as the end,
+/// so one pair of events spans each submit's work, idle gaps inside the span included
+/// (streams that run concurrently each count their overlapping spans: the device's total
+/// may exceed wall time). Copies between host and device count in busy_ns and also, by
+/// direction, in h2d/d2h bytes and ns; copies recorded into a graph or a batch count in
+/// busy_ns only (a graph's nodes cannot be timed one by one). Counters only grow.
+struct Usage {
+  uint64_t busy_ns = 0;
+  uint64_t h2d_bytes = 0, h2d_ns = 0;
+  uint64_t d2h_bytes = 0, d2h_ns = 0;
+
+  Usage& operator+=(const Usage& o) {
+    busy_ns += o.busy_ns;
+    h2d_bytes += o.h2d_bytes;
+    h2d_ns += o.h2d_ns;
+    d2h_bytes += o.d2h_bytes;
+    d2h_ns += o.d2h_ns;
+    return *this;
+  }
+  bool operator==(const Usage& o) const {
+    return busy_ns == o.busy_ns && h2d_bytes == o.h2d_bytes && h2d_ns == o.h2d_ns &&
+           d2h_bytes == o.d2h_bytes && d2h_ns == o.d2h_ns;
+  }
+};
+
+/// Usage counters updated by one thread (a worker, a completion thread) and read by any:
+/// each field is atomic, so a reader may see a copy's bytes a moment before its time.
+class UsageCounter {
+ public:
+  void Add(const Usage& u) {
+    busy_ns_.fetch_add(u.busy_ns, std::memory_order_relaxed);
+    h2d_bytes_.fetch_add(u.h2d_bytes, std::memory_order_relaxed);
+    h2d_ns_.fetch_add(u.h2d_ns, std::memory_order_relaxed);
+    d2h_bytes_.fetch_add(u.d2h_bytes, std::memory_order_relaxed);
+    d2h_ns_.fetch_add(u.d2h_ns, std::memory_order_relaxed);
+  }
+  Usage Get() const {
+    Usage u;
+    u.busy_ns = busy_ns_.load(std::memory_order_relaxed);
+    u.h2d_bytes = h2d_bytes_.load(std::memory_order_relaxed);
+    u.h2d_ns = h2d_ns_.load(std::memory_order_relaxed);
+    u.d2h_bytes = d2h_bytes_.load(std::memory_order_relaxed);
+    u.d2h_ns = d2h_ns_.load(std::memory_order_relaxed);
+    return u;
+  }
+
+ private:
+  std::atomic<uint64_t> busy_ns_{0}, h2d_bytes_{0}, h2d_ns_{0}, d2h_bytes_{0}, d2h_ns_{0};
+};
+
 /// Called once, on the backend's completion thread, with OK or the stream's sticky error.
 using CompletionFn = std::function<void(Status)>;
 
@@ -144,9 +204,11 @@ class Stream {
   /// Call `done` once all work enqueued before this call has finished; see file comment.
   virtual void OnComplete(CompletionFn done) = 0;
 
-  /// Return nanoseconds the device spent executing this stream's work so far (0 where the
-  /// backend cannot measure it).
-  virtual uint64_t busy_ns() const = 0;
+  /// Return the device time and copy traffic of this stream's work so far (see Usage). All
+  /// work enqueued before an OnComplete is counted by the time that completion's callback
+  /// runs (unless the stream's work failed).
+  virtual Usage usage() const = 0;
+  uint64_t busy_ns() const { return usage().busy_ns; }
 };
 
 struct DeviceInfo {
@@ -183,6 +245,9 @@ class Device {
   virtual uint64_t bytes_in_use() const = 0;
   /// Return the device memory still free, as the device reports it.
   virtual uint64_t free_memory() const = 0;
+  /// Return the usage of every stream this device has had, destroyed ones included: the
+  /// sum of their Stream::usage().
+  virtual Usage usage() const = 0;
 };
 
 struct HostDeviceOptions {

@@ -9,13 +9,14 @@
 namespace ferry::rpc {
 namespace {
 
-// Finish the call UNAUTHENTICATED when a TCP peer lacks the bearer token; null when it may go on.
+// Finish the call with CheckToken's status (UNAUTHENTICATED, by its contract) when a TCP peer
+// lacks the bearer token; null when it may go on.
 grpc::ServerUnaryReactor* RejectUnauthenticated(const SessionServiceContext& context,
                                                 grpc::CallbackServerContext* ctx) {
   ferry::Status s = CheckToken(context.token, *ctx);
   if (s.ok()) return nullptr;
   auto* reactor = ctx->DefaultReactor();
-  reactor->Finish(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, s.message()));
+  reactor->Finish(grpc::Status(static_cast<grpc::StatusCode>(s.code()), s.message()));
   return reactor;
 }
 
@@ -113,19 +114,7 @@ grpc::ServerUnaryReactor* AdminService::ListSessions(grpc::CallbackServerContext
     s->set_submits_in_flight(c.submits_in_flight);
     s->set_device_bytes(c.device_bytes);
     s->set_live_tensors(c.live_tensors);
-    session::SessionStatsSnapshot snap;
-    snap.submits = c.submits;
-    snap.failed_submits = c.failed_submits;
-    snap.ops = c.ops;
-    snap.kernel_launches = c.kernel_launches;
-    snap.bytes_uploaded = c.bytes_uploaded;
-    snap.bytes_downloaded = c.bytes_downloaded;
-    snap.tensors_created = c.tensors_created;
-    snap.peak_device_bytes = c.peak_device_bytes;
-    snap.device_busy_ns = c.device_busy_ns;
-    snap.graph_launches = c.graph_launches;
-    snap.kernel_batches = c.kernel_batches;
-    wire::StatsToProto(snap, s->mutable_stats());
+    wire::StatsToProto(session::SnapshotOf(c), s->mutable_stats());
   }
   // The same rule for usage: a non-admin sees only its own identity's.
   const std::string own_identity = caller ? "uid:" + std::to_string(*caller) : std::string();
@@ -141,6 +130,21 @@ grpc::ServerUnaryReactor* AdminService::ListSessions(grpc::CallbackServerContext
     p->set_max_device_bytes(u.limits.device_bytes);
     p->set_max_pinned_bytes(u.limits.pinned_bytes);
     p->set_max_submits_in_flight(u.limits.inflight);
+  }
+  const std::string own_uid = caller ? std::to_string(*caller) : std::string();
+  for (const session::IdentityUsage& u : context_->registry->UsageByIdentity()) {
+    if (!admin && (own_uid.empty() || u.uid != own_uid)) continue;
+    v1::IdentityUsage* p = reply->add_identities();
+    p->set_uid(u.uid);
+    p->set_client(u.client);
+    p->set_sessions_open(u.sessions_open);
+    p->set_sessions_total(u.sessions_total);
+    p->set_device_busy_ns(u.device_busy_ns);
+    p->set_h2d_bytes(u.h2d_bytes);
+    p->set_h2d_ns(u.h2d_ns);
+    p->set_d2h_bytes(u.d2h_bytes);
+    p->set_d2h_ns(u.d2h_ns);
+    p->set_device_bytes(u.device_bytes);
   }
   auto* reactor = ctx->DefaultReactor();
   reactor->Finish(grpc::Status::OK);

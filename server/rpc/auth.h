@@ -55,7 +55,8 @@ class TokenChecker {
   const std::string token_;
 };
 
-/// Check `context` against `checker` (null: no token configured, everything passes).
+/// Check `context` against `checker` (null: no token configured, everything passes): OK, or
+/// UNAUTHENTICATED as TokenChecker::Check says; callers pass the code on as it is.
 Status CheckToken(const TokenChecker* checker, const grpc::ServerContextBase& context);
 
 /// Return a server interceptor factory that holds every call from a remote (TCP) peer to

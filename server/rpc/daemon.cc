@@ -60,10 +60,12 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
   d->registry_ = std::make_unique<session::SessionRegistry>(cap, options.max_sessions);
   d->registry_->SetUidLimits(options.uid_limits, options.slab_pool.budget,
                              static_cast<uint32_t>(::geteuid()));
+  d->registry_->SetUsageIdentityLimit(options.metrics_max_identities);
 
-  if (options.copy_turns > 0) {
-    d->copy_turns_ =
-        std::make_unique<session::CopyTurns>(options.copy_turns, options.copy_turn_bytes);
+  if (options.copy_turns > 0 || options.device_turns > 0) {
+    d->copy_turns_ = std::make_unique<session::CopyTurns>(
+        options.copy_turns, options.copy_turn_bytes, options.device_turns);
+    d->copy_turns_->SetWeights(options.uid_weights);
   }
 
   d->context_ = std::make_unique<SessionServiceContext>();

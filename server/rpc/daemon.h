@@ -5,6 +5,7 @@
 #include <boost/asio/io_context.hpp>
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -59,6 +60,9 @@ struct DaemonOptions {
   std::string admin_group;
   /// Serve Prometheus metrics over HTTP on "HOST:PORT" (port 0 picks one); "" none.
   std::string metrics_listen;
+  /// Usage identities (uid + client name) kept for accounting and metrics labels; past it
+  /// new ones fold into uid "other" (session/registry.h, IdentityUsage).
+  uint32_t metrics_max_identities = 256;
   session::SessionConfig session_defaults;
   uint64_t max_device_bytes_quota = 16ull << 30;
   uint32_t max_in_flight_submits = 1024;
@@ -71,7 +75,11 @@ struct DaemonOptions {
   /// that run at once, per direction; 0: no limit.
   uint32_t copy_turns = 4;
   uint64_t copy_turn_bytes = 4ull << 20;
-  /// Data bytes of each local session's submit ring (pool/submit_ring.h); 0: no rings.
+  /// Device turns: submits of all sessions on the device at once (0: no limit); and the
+  /// weights by identity that order turns when sessions wait for them (fair shares).
+  uint32_t device_turns = 0;
+  std::map<std::string, uint32_t> uid_weights;
+  /// Data bytes of each local session's submit ring (transport/submit_ring.h); 0: no rings.
   uint64_t submit_ring_bytes = 64 << 10;
   uint64_t max_message_bytes = 64ull << 20;
   int executor_threads = 0;  // 0: one per core, at least 2

@@ -17,8 +17,10 @@ inline constexpr const char* kSessionServiceName = "ferry.v1.SessionService";
 inline constexpr const char* kAdminServiceName = "ferry.v1.Admin";
 
 /// Turn on gRPC's built-in grpc.health.v1.Health service for every gRPC server built after
-/// this call (a process-wide gRPC switch). Call before ServerBuilder::BuildAndStart, from one
-/// thread: gRPC does not make the switch thread-safe.
+/// this call (a process-wide gRPC switch), and make sure grpc.health.v1's descriptor is in
+/// the generated pool, so that server reflection describes the service (a reflection-driven
+/// health check resolves it). Call before ServerBuilder::BuildAndStart, from one thread: gRPC
+/// does not make the switch thread-safe.
 void EnableHealthService();
 
 /// Report whether `server` accepts new sessions: sets "" and ferry.v1.SessionService to

@@ -109,10 +109,6 @@ std::string RenderMetrics(const SessionServiceContext& c,
   e.Metric("ferry_submits_in_flight", "gauge", "Submits accepted and not yet completed.",
            t.submits_in_flight);
   e.Metric("ferry_ops_total", "counter", "Ops executed since start.", t.ops);
-  e.Family("ferry_transfer_bytes_total", "counter",
-           "Tensor bytes moved between clients and the device, by direction.");
-  e.Sample("ferry_transfer_bytes_total", t.bytes_uploaded, "direction=\"upload\"");
-  e.Sample("ferry_transfer_bytes_total", t.bytes_downloaded, "direction=\"download\"");
   e.Metric("ferry_live_tensors", "gauge", "Tensors all sessions hold.", t.live_tensors);
   const uint64_t free_bytes = c.device->free_memory();
   e.Metric("ferry_device_memory_total_bytes", "gauge", "Device memory.", info.total_memory);
@@ -192,6 +188,44 @@ std::string RenderMetrics(const SessionServiceContext& c,
           [](const session::UidUsage& u) { return u.limits.pinned_bytes; });
   per_uid("ferry_uid_max_submits_in_flight", "In-flight submit limit per identity (0: none).",
           [](const session::UidUsage& u) { return u.limits.inflight; });
+  // Per usage identity (uid and client name, folded past metrics-max-identities), kept
+  // after its sessions close: device time and copies measured on the device (backend.h,
+  // Usage), and the device memory its open sessions hold.
+  const std::vector<session::IdentityUsage> identities = c.registry->UsageByIdentity();
+  auto who = [](const session::IdentityUsage& u) {
+    return "uid=\"" + EscapeLabel(u.uid) + "\",client=\"" + EscapeLabel(u.client) + "\"";
+  };
+  e.Family("ferry_device_seconds_total", "counter",
+           "Device time of an identity's work, measured on the device (sessions that run at "
+           "once each count their own time).");
+  for (const session::IdentityUsage& u : identities) {
+    e.Sample("ferry_device_seconds_total", static_cast<double>(u.device_busy_ns) / 1e9, who(u));
+  }
+  e.Family("ferry_transfer_bytes_total", "counter",
+           "Bytes copied between host and device for an identity, by direction (upload: host "
+           "to device).");
+  for (const session::IdentityUsage& u : identities) {
+    e.Sample("ferry_transfer_bytes_total", u.h2d_bytes, who(u) + ",direction=\"upload\"");
+    e.Sample("ferry_transfer_bytes_total", u.d2h_bytes, who(u) + ",direction=\"download\"");
+  }
+  e.Family("ferry_transfer_seconds_total", "counter",
+           "Device time of an identity's copies between host and device, by direction (part "
+           "of ferry_device_seconds_total).");
+  for (const session::IdentityUsage& u : identities) {
+    e.Sample("ferry_transfer_seconds_total", static_cast<double>(u.h2d_ns) / 1e9,
+             who(u) + ",direction=\"upload\"");
+    e.Sample("ferry_transfer_seconds_total", static_cast<double>(u.d2h_ns) / 1e9,
+             who(u) + ",direction=\"download\"");
+  }
+  e.Family("ferry_device_memory_bytes", "gauge",
+           "Device memory an identity's open sessions hold now (live tensors).");
+  for (const session::IdentityUsage& u : identities) {
+    e.Sample("ferry_device_memory_bytes", u.device_bytes, who(u));
+  }
+  e.Metric("ferry_usage_identities_folded_total", "counter",
+           "Sessions accounted to uid=\"other\" or client=\"other\": past "
+           "metrics-max-identities, or past a uid's 16 client names.",
+           c.registry->usage_folds());
   session::CopyTurns::Stats turns;
   if (c.copy_turns) turns = c.copy_turns->stats();
   e.Metric("ferry_copy_turn_waits_total", "counter",

@@ -790,7 +790,7 @@ class RejectedReactor final : public Reactor {
 grpc::ServerBidiReactor<v1::ClientMessage, v1::ServerMessage>* SessionService::Session(
     grpc::CallbackServerContext* context) {
   if (Status s = CheckToken(context_->token, *context); !s.ok()) {
-    return new RejectedReactor(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, s.message()));
+    return new RejectedReactor(grpc::Status(static_cast<grpc::StatusCode>(s.code()), s.message()));
   }
   session::PeerIdentity peer = context_->local_connections
                                    ? context_->local_connections->Identify(context->peer())

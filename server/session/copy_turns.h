@@ -21,39 +21,69 @@
 // - A turn is held from enqueue to completion: a large copy queued behind its own session's
 //   long kernel holds its turn meanwhile (docs/architecture.md, "Copy turns").
 //
+// Device turns and weights (fair shares, docs/operations.md "Fair shares"):
+// - device_turns > 0 (ferryd's `device-turns`): every submit with ops also takes a device
+//   turn (kDevice), so at most device_turns submits of all sessions are on the device at once.
+// - Waiters name the identity they belong to ("uid:1000", "remote"; `uid-weights` gives each
+//   a weight, 1 unless set). Among identities the turns go by start-time fair queuing: each
+//   take advances its identity's pass by kStride / weight, and the waiting request whose
+//   identity's pass is lowest goes first (the k-th request of an identity counts k strides
+//   on), ties in arrival order. An identity that comes back after idling starts at the pass
+//   of the last grant, so it banks no credit. Within one identity requests keep arrival
+//   order, and with one identity (or none named) the order is plain first come, first served.
+//   A request that cannot go yet blocks the directions it wants for every request ranked
+//   after it, so nobody starves.
+//
 // Thread-safe.
 #pragma once
 
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "ferry/mutex.h"
+#include "ferry/status.h"
 #include "session/ops.h"
 
 namespace ferry::session {
 
+/// Parse `uid-weights`: "uid:N=W,remote=W,..." (W 1..1000) into weights by identity
+/// ("uid:N", "remote"); "" is none. INVALID_ARGUMENT naming what is wrong.
+Result<std::map<std::string, uint32_t>> ParseUidWeights(const std::string& text);
+/// The weights as ParseUidWeights reads them back.
+std::string FormatUidWeights(const std::map<std::string, uint32_t>& weights);
+
 class CopyTurns {
  public:
   /// Directions, as a bit mask.
-  enum : uint8_t { kNone = 0, kToDevice = 1, kToHost = 2 };
+  enum : uint8_t { kNone = 0, kToDevice = 1, kToHost = 2, kDevice = 4 };
+  /// A take advances its identity's pass by kStride / weight.
+  static constexpr uint64_t kStride = 1ull << 20;
 
   /// `turns`: large-copy submits per direction on the device at once (0: no limit);
-  /// `min_bytes`: the bytes one submit copies in a direction from which it takes a turn.
-  CopyTurns(uint32_t turns, uint64_t min_bytes) : turns_(turns), min_bytes_(min_bytes) {}
+  /// `min_bytes`: the bytes one submit copies in a direction from which it takes a turn;
+  /// `device_turns`: submits of all sessions on the device at once (0: no limit).
+  CopyTurns(uint32_t turns, uint64_t min_bytes, uint32_t device_turns = 0)
+      : turns_(turns), min_bytes_(min_bytes), device_turns_(device_turns) {}
+
+  /// Set the weights by identity (call before use); identities not named weigh 1.
+  void SetWeights(std::map<std::string, uint32_t> weights);
 
   /// The turns a submit of `ops` needs: the directions in which its copies (uploads and
-  /// downloads, inline or through slabs) add up to at least min_bytes. kNone when turns are off.
+  /// downloads, inline or through slabs) add up to at least min_bytes (none when copy turns
+  /// are off), and kDevice for any op when device turns are on.
   uint8_t Needs(const std::vector<Op>& ops) const;
 
-  /// Take the turns of `mask` if they are free and nobody waits for them; true if taken
-  /// (always for kNone, and always when turns are off).
-  bool TryTake(uint8_t mask);
-  /// Queue for the turns of `mask` (not kNone); `granted` runs once they are taken for
+  /// Take the turns of `mask` for `who` if they are free and nobody waits for them; true if
+  /// taken (always for kNone).
+  bool TryTake(uint8_t mask, const std::string& who = "");
+  /// Queue `who` for the turns of `mask` (not kNone); `granted` runs once they are taken for
   /// the caller, possibly before Wait returns.
-  void Wait(uint8_t mask, std::function<void()> granted);
+  void Wait(uint8_t mask, std::function<void()> granted, const std::string& who = "");
   /// Give back turns taken by TryTake or granted by Wait; grants what waited for them.
   void Give(uint8_t mask);
 
@@ -61,27 +91,37 @@ class CopyTurns {
     uint64_t waits = 0;                             // requests that had to queue, since start
     uint64_t waiting = 0;                           // requests queued now
     uint32_t held_to_device = 0, held_to_host = 0;  // turns taken now
+    uint32_t held_device = 0;                       // device turns taken now
   };
   Stats stats() const;
   uint32_t turns() const { return turns_; }
+  uint32_t device_turns() const { return device_turns_; }
   uint64_t min_bytes() const { return min_bytes_; }
 
  private:
   struct Waiter {
     uint8_t mask;
     std::function<void()> granted;
+    std::string who;
   };
   bool FreeLocked(uint8_t mask) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void TakeLocked(uint8_t mask) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Take turns for the waiters that can go now, in order; returns their callbacks.
+  void TakeLocked(uint8_t mask, const std::string& who) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint32_t WeightLocked(const std::string& who) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // At least vtime_.
+  uint64_t PassLocked(const std::string& who) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Take turns for the waiters that can go now, in rank order; returns their callbacks.
   std::vector<std::function<void()>> GrantLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const uint32_t turns_;
   const uint64_t min_bytes_;
+  const uint32_t device_turns_;
   mutable Mutex mu_;
-  uint32_t held_[2] ABSL_GUARDED_BY(mu_) = {0, 0};   // per direction
-  std::deque<Waiter> waiters_ ABSL_GUARDED_BY(mu_);  // arrival order
+  uint32_t held_[3] ABSL_GUARDED_BY(mu_) = {0, 0, 0};  // to device, to host, device
+  std::deque<Waiter> waiters_ ABSL_GUARDED_BY(mu_);    // arrival order
   uint64_t waits_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, uint32_t> weights_ ABSL_GUARDED_BY(mu_);  // set before use
+  std::map<std::string, uint64_t> pass_ ABSL_GUARDED_BY(mu_);     // per identity
+  uint64_t vtime_ ABSL_GUARDED_BY(mu_) = 0;                       // the start pass of the last take
 };
 
 }  // namespace ferry::session

@@ -310,13 +310,95 @@ Result<uint64_t> SessionRegistry::Open(std::string client_name, PeerIdentity pee
       account->Charge(account->sessions_, 1, account->limits().sessions, "sessions", "sessions"));
   uint64_t id = next_id_++;
   ++sessions_total_;
-  sessions_[id] = SessionEntry{id,
-                               std::move(client_name),
-                               std::move(peer),
-                               std::chrono::steady_clock::now(),
-                               std::move(counters),
-                               std::move(account)};
+  std::string usage_uid;
+  std::string usage_client = AssignUsageIdentityLocked(peer, client_name, &usage_uid);
+  ++usage_[{usage_uid, usage_client}].sessions_total;
+  SessionEntry& entry = sessions_[id] = SessionEntry{id,
+                                                     std::move(client_name),
+                                                     std::move(peer),
+                                                     std::chrono::steady_clock::now(),
+                                                     std::move(counters),
+                                                     std::move(account)};
+  entry.usage_uid = std::move(usage_uid);
+  entry.usage_client = std::move(usage_client);
   return id;
+}
+
+void SessionRegistry::SetUsageIdentityLimit(size_t max_identities) {
+  MutexLock lock(&mu_);
+  max_usage_identities_ = std::max<size_t>(1, max_identities);
+}
+
+std::string SessionRegistry::AssignUsageIdentityLocked(const PeerIdentity& peer,
+                                                       const std::string& client,
+                                                       std::string* uid_label) {
+  const std::string uid = peer.uid ? std::to_string(*peer.uid) : "remote";
+  // A label value: printable ASCII only (the name is a tenant's free text).
+  std::string name = client.substr(0, kMaxClientLabel);
+  for (char& ch : name) {
+    if (ch < 0x20 || ch > 0x7e) ch = '_';
+  }
+  *uid_label = uid;
+  if (usage_.count({uid, name})) return name;
+  // A new name of a uid that has used up its names goes to that uid's "other".
+  bool folded = false;
+  // (find, not []: a uid that folds into "other" must not grow this map either)
+  auto names = usage_clients_per_uid_.find(uid);
+  if (names != usage_clients_per_uid_.end() && names->second >= kMaxClientsPerUid) {
+    name = "other";
+    folded = true;
+    if (usage_.count({uid, name})) {
+      ++usage_folds_;
+      return name;
+    }
+  }
+  if (usage_.size() >= max_usage_identities_) {
+    ++usage_folds_;
+    *uid_label = "other";
+    IdentityUsage& other = usage_[{"other", "other"}];
+    other.uid = other.client = "other";
+    return "other";
+  }
+  if (folded) ++usage_folds_;
+  IdentityUsage& fresh = usage_[{uid, name}];
+  fresh.uid = uid;
+  fresh.client = name;
+  ++usage_clients_per_uid_[uid];
+  return name;
+}
+
+namespace {
+
+void AddCounters(const SessionCounters& c, IdentityUsage& u) {
+  u.device_busy_ns += c.device_busy_ns;
+  u.h2d_bytes += c.h2d_bytes;
+  u.h2d_ns += c.h2d_ns;
+  u.d2h_bytes += c.d2h_bytes;
+  u.d2h_ns += c.d2h_ns;
+  u.bytes_uploaded += c.bytes_uploaded;
+  u.bytes_downloaded += c.bytes_downloaded;
+}
+
+}  // namespace
+
+std::vector<IdentityUsage> SessionRegistry::UsageByIdentity() const {
+  MutexLock lock(&mu_);
+  std::map<std::pair<std::string, std::string>, IdentityUsage> all = usage_;
+  for (const auto& [id, e] : sessions_) {
+    IdentityUsage& u = all[{e.usage_uid, e.usage_client}];
+    AddCounters(*e.counters, u);
+    ++u.sessions_open;
+    u.device_bytes += e.counters->device_bytes;
+  }
+  std::vector<IdentityUsage> out;
+  out.reserve(all.size());
+  for (auto& [key, u] : all) out.push_back(std::move(u));
+  return out;
+}
+
+uint64_t SessionRegistry::usage_folds() const {
+  MutexLock lock(&mu_);
+  return usage_folds_;
 }
 
 void SessionRegistry::Remove(uint64_t id) {
@@ -329,6 +411,7 @@ void SessionRegistry::Remove(uint64_t id) {
   closed_ops_ += c.ops;
   closed_up_ += c.bytes_uploaded;
   closed_down_ += c.bytes_downloaded;
+  AddCounters(c, usage_[{it->second.usage_uid, it->second.usage_client}]);
   sessions_.erase(it);
 }
 

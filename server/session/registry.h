@@ -109,7 +109,8 @@ struct SessionCounters {
   std::atomic<uint64_t> bytes_downloaded{0};
   std::atomic<uint64_t> tensors_created{0};
   std::atomic<uint64_t> peak_device_bytes{0};
-  std::atomic<uint64_t> device_busy_ns{0};
+  std::atomic<uint64_t> device_busy_ns{0};  // from the stream's Usage, after each completion
+  std::atomic<uint64_t> h2d_bytes{0}, h2d_ns{0}, d2h_bytes{0}, d2h_ns{0};  // the same
   std::atomic<uint64_t> graph_launches{0};
   std::atomic<uint64_t> kernel_batches{0};
   // Gauges.
@@ -137,6 +138,24 @@ struct SessionEntry {
   std::chrono::steady_clock::time_point opened_at;
   std::shared_ptr<const SessionCounters> counters;
   std::shared_ptr<UidAccount> account;  // the identity it is charged to
+  // The usage identity its device time is accounted to (UsageByIdentity), fixed at Open.
+  std::string usage_uid, usage_client;
+};
+
+/// Device usage accounted to one identity: a uid ("remote" for every TCP peer together) and
+/// a client name (Open's client_name), kept after its sessions close. The registry bounds
+/// how many it keeps (SetUsageIdentityLimit): past the bound a new identity folds into
+/// uid "other" (client "other"), and past kMaxClientsPerUid names of one uid a new name
+/// folds into client "other" of that uid, so neither a flood of uids nor of client names
+/// (free text a tenant chooses) can grow the daemon's memory or the metrics without bound.
+struct IdentityUsage {
+  std::string uid;     // "1000", "remote" or "other"
+  std::string client;  // as given (at most kMaxClientLabel bytes), or "other"
+  uint64_t sessions_open = 0, sessions_total = 0;
+  // Sums over its sessions, closed and open (SessionCounters).
+  uint64_t device_busy_ns = 0, h2d_bytes = 0, h2d_ns = 0, d2h_bytes = 0, d2h_ns = 0;
+  uint64_t bytes_uploaded = 0, bytes_downloaded = 0;
+  uint64_t device_bytes = 0;  // held now by its open sessions
 };
 
 struct DaemonTotals {
@@ -187,6 +206,16 @@ class SessionRegistry {
   DaemonTotals Totals() const;
   /// Identities that hold anything now (a session, bytes, submits), by identity.
   std::vector<UidUsage> UsageByUid() const;
+
+  static constexpr size_t kMaxClientsPerUid = 16;
+  static constexpr size_t kMaxClientLabel = 64;
+  /// Keep at most `max_identities` (>= 1) usage identities (metrics-max-identities); call
+  /// before sessions open.
+  void SetUsageIdentityLimit(size_t max_identities);
+  /// Every usage identity seen since start, by uid then client.
+  std::vector<IdentityUsage> UsageByIdentity() const;
+  /// Sessions whose identity was folded into "other" since start.
+  uint64_t usage_folds() const;
   uint64_t device_bytes_cap() const { return device_bytes_cap_; }
 
  private:
@@ -210,6 +239,15 @@ class SessionRegistry {
   uint64_t closed_submits_ ABSL_GUARDED_BY(mu_) = 0, closed_ops_ ABSL_GUARDED_BY(mu_) = 0,
                            closed_up_ ABSL_GUARDED_BY(mu_) = 0,
                            closed_down_ ABSL_GUARDED_BY(mu_) = 0;
+
+  // Usage identities (uid, client) -> what their closed sessions used; an entry exists for
+  // every identity assigned so far.
+  std::string AssignUsageIdentityLocked(const PeerIdentity& peer, const std::string& client,
+                                        std::string* uid_label) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  size_t max_usage_identities_ = 256;
+  std::map<std::pair<std::string, std::string>, IdentityUsage> usage_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, size_t> usage_clients_per_uid_ ABSL_GUARDED_BY(mu_);
+  uint64_t usage_folds_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace ferry::session

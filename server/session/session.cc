@@ -71,6 +71,7 @@ void Session::ReleaseSlabs() {
 
 void Session::ReleaseStream() {
   if (!stream_) return;
+  RecordUsage();
   stream_.reset();
   device_->ReleaseStream(generation_);
 }
@@ -89,7 +90,7 @@ void Session::Submit(SubmitRequest request) {
   } else {
     record.uid_inflight = account_ != nullptr;
     uint8_t needs = turns_ ? turns_->Needs(request.ops) : CopyTurns::kNone;
-    if (parked_ == 0 && (needs == CopyTurns::kNone || turns_->TryTake(needs))) {
+    if (parked_ == 0 && (needs == CopyTurns::kNone || turns_->TryTake(needs, TurnsIdentity()))) {
       record.turns_held = needs;
       Start(request, record);
     } else {
@@ -128,11 +129,14 @@ void Session::Start(SubmitRequest& request, InFlight& record) {
 
 void Session::AwaitTurns(uint8_t mask) {
   awaiting_turns_ = mask;
-  turns_->Wait(mask, [self = shared_from_this()] {
-    // On the thread that gave a turn back (another session's): starting submits may block
-    // (module loads), so the session's own executor does it.
-    self->executor_.Post([self] { self->OnTurnsGranted(); }, "copy turns granted");
-  });
+  turns_->Wait(
+      mask,
+      [self = shared_from_this()] {
+        // On the thread that gave a turn back (another session's): starting submits may block
+        // (module loads), so the session's own executor does it.
+        self->executor_.Post([self] { self->OnTurnsGranted(); }, "copy turns granted");
+      },
+      TurnsIdentity());
 }
 
 void Session::OnTurnsGranted() {
@@ -141,7 +145,7 @@ void Session::OnTurnsGranted() {
   for (InFlight& r : queue_) {
     if (!r.parked) continue;
     if (granted == CopyTurns::kNone && r.turns_needed != CopyTurns::kNone &&
-        !turns_->TryTake(r.turns_needed)) {
+        !turns_->TryTake(r.turns_needed, TurnsIdentity())) {
       AwaitTurns(r.turns_needed);
       break;
     }
@@ -543,6 +547,7 @@ void Session::OnDeviceComplete(uint64_t epoch, Status status) {
     device_->ReportFault(generation_, id_, status);
     return;
   }
+  RecordUsage();
   InFlight& front = queue_.front();
   front.on_device = false;
   if (front.first_launch_op >= 0) {
@@ -717,29 +722,44 @@ void Session::TearDown() {
   WatchCompletion(/*may_run_inline=*/false);
 }
 
+void Session::RecordUsage() {
+  if (!stream_) return;
+  const backend::Usage used = stream_->usage();
+  counters_->device_busy_ns = used.busy_ns;
+  counters_->h2d_bytes = used.h2d_bytes;
+  counters_->h2d_ns = used.h2d_ns;
+  counters_->d2h_bytes = used.d2h_bytes;
+  counters_->d2h_ns = used.d2h_ns;
+}
+
 void Session::Finalize() {
-  if (stream_) counters_->device_busy_ns = stream_->busy_ns();
-  ReleaseStream();
-  ReleaseSlabs();  // no device work touches them any more
+  ReleaseStream();  // records the stream's usage last
+  ReleaseSlabs();   // no device work touches them any more
   SessionStatsSnapshot stats = Snapshot();
   registry_->Remove(id_);
   if (events_) events_->OnClosed(stats);
   events_ = nullptr;
 }
 
-SessionStatsSnapshot Session::Snapshot() const {
+SessionStatsSnapshot Session::Snapshot() const { return SnapshotOf(*counters_); }
+
+SessionStatsSnapshot SnapshotOf(const SessionCounters& c) {
   SessionStatsSnapshot s;
-  s.submits = counters_->submits;
-  s.failed_submits = counters_->failed_submits;
-  s.ops = counters_->ops;
-  s.kernel_launches = counters_->kernel_launches;
-  s.bytes_uploaded = counters_->bytes_uploaded;
-  s.bytes_downloaded = counters_->bytes_downloaded;
-  s.tensors_created = counters_->tensors_created;
-  s.peak_device_bytes = counters_->peak_device_bytes;
-  s.device_busy_ns = counters_->device_busy_ns;
-  s.graph_launches = counters_->graph_launches;
-  s.kernel_batches = counters_->kernel_batches;
+  s.submits = c.submits;
+  s.failed_submits = c.failed_submits;
+  s.ops = c.ops;
+  s.kernel_launches = c.kernel_launches;
+  s.bytes_uploaded = c.bytes_uploaded;
+  s.bytes_downloaded = c.bytes_downloaded;
+  s.tensors_created = c.tensors_created;
+  s.peak_device_bytes = c.peak_device_bytes;
+  s.device_busy_ns = c.device_busy_ns;
+  s.graph_launches = c.graph_launches;
+  s.kernel_batches = c.kernel_batches;
+  s.h2d_bytes = c.h2d_bytes;
+  s.h2d_ns = c.h2d_ns;
+  s.d2h_bytes = c.d2h_bytes;
+  s.d2h_ns = c.d2h_ns;
   return s;
 }
 

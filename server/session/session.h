@@ -62,7 +62,11 @@ struct SessionStatsSnapshot {
   uint64_t bytes_uploaded = 0, bytes_downloaded = 0, tensors_created = 0;
   uint64_t peak_device_bytes = 0, device_busy_ns = 0, graph_launches = 0;
   uint64_t kernel_batches = 0;
+  uint64_t h2d_bytes = 0, h2d_ns = 0, d2h_bytes = 0, d2h_ns = 0;
 };
+
+/// Copy a session's counters (any thread: they are atomics).
+SessionStatsSnapshot SnapshotOf(const SessionCounters& counters);
 
 /// The bytes of one download chunk: owned, or still in a staging range that `keep` holds
 /// until they are copied out (Take), which the connection does when the chunk is next to be
@@ -214,6 +218,8 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   void Start(SubmitRequest& request, InFlight& record);
   // Queue for the turns of the first parked submit; OnTurnsGranted follows on the executor.
   void AwaitTurns(uint8_t mask);
+  // The identity whose weight (uid-weights) orders this session's turns.
+  std::string TurnsIdentity() const { return account_ ? account_->identity() : std::string(); }
   void OnTurnsGranted();
   // Enqueue an admitted submit; returns the first enqueue error (with op index).
   Status Enqueue(SubmitRequest& request, const AdmissionResult& admitted, InFlight& record);
@@ -226,6 +232,9 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   void OnDeviceComplete(uint64_t epoch, Status status);
   void OnDeviceLost(const DeviceLoss& loss);
   void ReleaseStream();
+  // Copy the stream's device usage into the counters (after each completion, and last
+  // before the stream goes), so live views and per-uid totals see it.
+  void RecordUsage();
   void DeliverReady();
   void Deliver(InFlight& record);
   // Once closing and idle, post TearDown (release everything, then Finalize).

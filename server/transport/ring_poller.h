@@ -1,5 +1,5 @@
 // RingPoller: the one thread of a daemon that takes records out of its sessions' submit
-// rings (pool/submit_ring.h) and hands them to their sessions.
+// rings (transport/submit_ring.h) and hands them to their sessions.
 //
 // Each ring is registered with a handler. A registration takes one record at a time: after
 // a record (or a broken ring) is handed over, it takes the next only once Arm is called

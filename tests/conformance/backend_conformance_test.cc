@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/host/host_device.h"
 
 namespace ferry::backend {
 namespace {
@@ -865,6 +866,164 @@ TEST_P(BackendConformanceTest, BusyTimeNeverDecreases) {
   ASSERT_TRUE(stream().Fill(DType::kF32, buf.ptr(), 1u << 20, 1.0).ok());
   ASSERT_TRUE(Sync(stream()).ok());
   EXPECT_GE(stream().busy_ns(), before);
+}
+
+// --- usage (backend.h, Usage) ----------------------------------------------------------
+
+// Hand-written PTX: spin until the device's global timer has advanced `ns` nanoseconds, so
+// the kernel runs at least that long whatever the device's speed.
+constexpr char kSpinPtx[] = R"(
+.version 7.0
+.target sm_70
+.address_size 64
+
+.visible .entry spin(
+    .param .u64 spin_param_0
+)
+{
+    .reg .pred %p<2>;
+    .reg .b64 %rd<6>;
+
+    ld.param.u64 %rd1, [spin_param_0];
+    mov.u64 %rd2, %globaltimer;
+LOOP:
+    mov.u64 %rd3, %globaltimer;
+    sub.u64 %rd4, %rd3, %rd2;
+    setp.lt.u64 %p1, %rd4, %rd1;
+    @%p1 bra LOOP;
+    ret;
+}
+)";
+
+/// Enqueue work on `stream` that keeps the device busy for at least `duration`: on the host
+/// backend an op delayed by that much (the worker sleeps inside the op), on CUDA a kernel
+/// that spins on the device's global timer.
+void EnqueueWorkOfAtLeast(Device& device, Stream& stream, std::chrono::milliseconds duration) {
+  if (auto* host = dynamic_cast<HostDevice*>(&device)) {
+    Result<DevicePtr> ptr = stream.Allocate(256);
+    ASSERT_TRUE(ptr.ok()) << ptr.status().ToString();
+    host->SetOpDelayForTest(duration);
+    Status filled = stream.Fill(DType::kF32, *ptr, 64, 1.0);
+    ASSERT_TRUE(filled.ok()) << filled.ToString();
+    ASSERT_TRUE(Sync(stream).ok());  // the delay applies when the op runs
+    host->SetOpDelayForTest(std::chrono::microseconds(0));
+    stream.Free(*ptr);
+    return;
+  }
+  Result<std::shared_ptr<Module>> module = device.LoadModule(ModuleFormat::kPtx, kSpinPtx);
+  ASSERT_TRUE(module.ok()) << module.status().ToString();
+  KernelArg ns;
+  const uint64_t value =
+      static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(duration).count());
+  ns.scalar.resize(sizeof value);
+  std::memcpy(ns.scalar.data(), &value, sizeof value);
+  Status launched = stream.Launch(**module, "spin", LaunchConfig{}, {ns});
+  ASSERT_TRUE(launched.ok()) << launched.ToString();
+}
+
+Usage Minus(const Usage& a, const Usage& b) {
+  Usage d;
+  d.busy_ns = a.busy_ns - b.busy_ns;
+  d.h2d_bytes = a.h2d_bytes - b.h2d_bytes;
+  d.h2d_ns = a.h2d_ns - b.h2d_ns;
+  d.d2h_bytes = a.d2h_bytes - b.d2h_bytes;
+  d.d2h_ns = a.d2h_ns - b.d2h_ns;
+  return d;
+}
+
+std::string Describe(const Usage& u) {
+  return "busy_ns=" + std::to_string(u.busy_ns) + " h2d=" + std::to_string(u.h2d_bytes) + "B/" +
+         std::to_string(u.h2d_ns) + "ns d2h=" + std::to_string(u.d2h_bytes) + "B/" +
+         std::to_string(u.d2h_ns) + "ns";
+}
+
+TEST_P(BackendConformanceTest, UsageCountsTenMillisecondsOfWork) {
+  const Usage before = stream().usage();
+  EnqueueWorkOfAtLeast(device(), stream(), std::chrono::milliseconds(10));
+  ASSERT_TRUE(Sync(stream()).ok());
+  // Counted by the time the completion's callback ran: no waiting, no polling.
+  const Usage used = Minus(stream().usage(), before);
+  EXPECT_GE(used.busy_ns, 10'000'000u) << Describe(used);
+  EXPECT_EQ(used.h2d_bytes, 0u) << "no copies ran";
+  EXPECT_EQ(used.d2h_bytes, 0u) << "no copies ran";
+}
+
+TEST_P(BackendConformanceTest, UsageCountsCopiesByDirection) {
+  constexpr uint64_t kBytes = 1u << 20;
+  DeviceBuffer buf = MustAllocate(stream(), kBytes);
+  std::vector<uint8_t> host(kBytes, 7);
+  ASSERT_TRUE(Sync(stream()).ok());
+  const Usage before = stream().usage();
+  ASSERT_TRUE(stream().CopyHostToDevice(buf.ptr(), host.data(), kBytes).ok());
+  ASSERT_TRUE(Sync(stream()).ok());
+  ASSERT_TRUE(stream().CopyDeviceToHost(host.data(), buf.ptr(), kBytes / 2).ok());
+  ASSERT_TRUE(Sync(stream()).ok());
+  const Usage used = Minus(stream().usage(), before);
+  EXPECT_EQ(used.h2d_bytes, kBytes) << Describe(used);
+  EXPECT_EQ(used.d2h_bytes, kBytes / 2) << Describe(used);
+  EXPECT_GT(used.h2d_ns, 0u) << Describe(used);
+  EXPECT_GT(used.d2h_ns, 0u) << Describe(used);
+  EXPECT_LE(used.h2d_ns + used.d2h_ns, used.busy_ns)
+      << "copies are part of the busy time; " << Describe(used);
+}
+
+TEST_P(BackendConformanceTest, UsageOfCopiesReplayedFromAGraphIsBusyTimeOnly) {
+  constexpr uint64_t kBytes = 64u << 10;
+  DeviceBuffer buf = MustAllocate(stream(), kBytes);
+  // Registered (pinned on CUDA): a capture cannot hold a copy from pageable memory.
+  std::vector<uint8_t> host(kBytes, 3);
+  ASSERT_TRUE(device().RegisterHostMemory(host.data(), kBytes).ok());
+  struct Unregister {
+    Device& device;
+    void* ptr;
+    ~Unregister() { (void)device.UnregisterHostMemory(ptr); }
+  } unregister{device(), host.data()};
+  ASSERT_TRUE(Sync(stream()).ok());
+  ASSERT_TRUE(stream().BeginCapture().ok());
+  ASSERT_TRUE(stream().CopyHostToDevice(buf.ptr(), host.data(), kBytes).ok());
+  Result<std::unique_ptr<Graph>> graph = stream().EndCapture();
+  ASSERT_TRUE(graph.ok()) << graph.status().ToString();
+  const Usage before = stream().usage();
+  ASSERT_TRUE(stream().LaunchGraph(**graph).ok());
+  ASSERT_TRUE(Sync(stream()).ok());
+  const Usage used = Minus(stream().usage(), before);
+  EXPECT_EQ(used.h2d_bytes, 0u) << Describe(used);
+  EXPECT_EQ(used.h2d_ns, 0u) << Describe(used);
+  EXPECT_GT(used.busy_ns, 0u) << Describe(used);
+}
+
+TEST_P(BackendConformanceTest, TwoStreamsUsageSumsToTheDevicesTotal) {
+  const Usage device_before = device().usage();
+  Result<std::unique_ptr<Stream>> a = device().CreateStream();
+  Result<std::unique_ptr<Stream>> b = device().CreateStream();
+  ASSERT_TRUE(a.ok() && b.ok());
+  constexpr uint64_t kBytes = 256u << 10;
+  std::vector<uint8_t> host(kBytes, 1);
+  {
+    DeviceBuffer buf_a = MustAllocate(**a, kBytes);
+    DeviceBuffer buf_b = MustAllocate(**b, kBytes);
+    EnqueueWorkOfAtLeast(device(), **a, std::chrono::milliseconds(10));
+    EnqueueWorkOfAtLeast(device(), **b, std::chrono::milliseconds(5));
+    ASSERT_TRUE((*a)->CopyHostToDevice(buf_a.ptr(), host.data(), kBytes).ok());
+    ASSERT_TRUE((*b)->CopyDeviceToHost(host.data(), buf_b.ptr(), kBytes).ok());
+    ASSERT_TRUE(Sync(**a).ok());
+    ASSERT_TRUE(Sync(**b).ok());
+  }
+  ASSERT_TRUE(Sync(**a).ok());  // the frees
+  ASSERT_TRUE(Sync(**b).ok());
+  Usage sum = (*a)->usage();
+  sum += (*b)->usage();
+  EXPECT_GE((*a)->usage().busy_ns, 10'000'000u) << Describe((*a)->usage());
+  EXPECT_GE((*b)->usage().busy_ns, 5'000'000u) << Describe((*b)->usage());
+  EXPECT_EQ(sum.h2d_bytes, kBytes);
+  EXPECT_EQ(sum.d2h_bytes, kBytes);
+  EXPECT_EQ(Minus(device().usage(), device_before), sum)
+      << "device " << Describe(Minus(device().usage(), device_before)) << " vs streams "
+      << Describe(sum);
+  // A destroyed stream's usage stays in the device's total.
+  a->reset();
+  b->reset();
+  EXPECT_EQ(Minus(device().usage(), device_before), sum);
 }
 
 TEST_P(BackendConformanceTest, RegisterHostMemory) {

@@ -2,7 +2,10 @@
 # On the GPU machine: the full ferry-bench run that docs/performance.md reports, plus the
 # measurements behind its notes, from a bundle made by tests/gpu/bundle.sh.
 #   tests/gpu/bench.sh [BUNDLE_DIR] [quick]     (outputs in $OUT or /tmp/ferry-bench-out)
-#  1. ferry-bench --spawn-daemon --baseline, every scenario, --json and --svg;
+#  1. ferry-bench --spawn-daemon --baseline, every scenario (the fault scenario last), --json
+#     and --svg; with --baseline-mps where nvidia-cuda-mps-control is found (PATH or
+#     /usr/local/nvidia/bin): the MPS column of sharing, latency and throughput, and the
+#     fault scenario's MPS arm (without it those read "n/a" with the reason);
 #  2. the concurrency scenario again with ferryd's copy turns off (--copy-turns=0: CUDA
 #     orders the sessions' copies), the comparison for the turns' fairness;
 #  2b. latency, single transfers, throughput and concurrency with submit rings off
@@ -23,8 +26,12 @@ ferryd="$bundle/bin/ferryd"
 commit=$(cat "$bundle/COMMIT" 2>/dev/null || echo unknown)
 stamp="$(date -u +%Y-%m-%d)-h200-$commit"
 
-echo "=== 1. full run ($stamp)"
-"$bench" --spawn-daemon "$ferryd" --baseline ${quick:+--quick} \
+mps=""
+if command -v nvidia-cuda-mps-control >/dev/null || [[ -x /usr/local/nvidia/bin/nvidia-cuda-mps-control ]]; then
+  mps=--baseline-mps
+fi
+echo "=== 1. full run ($stamp)${mps:+ with $mps}"
+"$bench" --spawn-daemon "$ferryd" --baseline $mps ${quick:+--quick} \
   --json "$out/$stamp.json" --svg "$out/$stamp.svg" >"$out/$stamp.txt" 2>"$out/$stamp.err"
 echo "exit $?"
 
@@ -70,6 +77,8 @@ echo "=== summary"
 
 awk '/^== /{print} /(pending|streamed) (8 MiB|256 MiB)( |$)|tiny op|floor|64 ops|graph|overlap|64 sessions|memory|RSS/' \
   "$out/$stamp.txt" | head -60
+grep -E "MPS arm|vs in-process pageable|processes, (blocking|pinned)" "$out/$stamp.txt"
+sed -n '/^== fault/,/^$/p' "$out/$stamp.txt"
 grep -E "64 sessions" "$out/$stamp-copy-turns-off.txt"
 echo "--- submit rings off"
 awk '/^== /{print} /pending (16 B|8 MiB)( |$)|tiny op|fill|floor|ops\/submit|64 sessions/' \

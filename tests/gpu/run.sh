@@ -12,6 +12,7 @@ export FERRY_TEST_FERRYD="$bundle/bin/ferryd"
 export FERRY_TEST_CLIENT="$bundle/bin/ferry_test_client"
 export FERRY_QUICKSTART="$bundle/bin/ferry_quickstart"
 export FERRY_TEST_FERRYCTL="$bundle/bin/ferryctl"
+export FERRY_TEST_BENCH="$bundle/bin/ferry-bench"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 
 suite() {  # NAME BINARY [gtest args]

@@ -170,7 +170,8 @@ TEST(AccessTest, ListSessionsShowsANonAdminUidOnlyItsOwnSessions) {
   auto root_session = client->open_session();
   ASSERT_TRUE(root_session.ok()) << root_session.status().ToString();
   std::string out;
-  // 0: B saw its own session and none of another uid (3: it saw root's).
+  // 0: B saw its own session and usage identity and none of another uid (3: it saw root's
+  // session, 5: root's identity).
   EXPECT_EQ(ExitCode(kUserB, {d.unix_target(), "list-sessions"}, &out), 0) << out;
   // Root, an admin, sees its own.
   auto channel = grpc::CreateChannel(d.unix_target(), grpc::InsecureChannelCredentials());

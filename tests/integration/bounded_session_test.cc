@@ -5,8 +5,6 @@
 // session's in-flight bytes is refused. Each test runs a real ferryd on the host backend and
 // asserts on the daemon's own gauges (metrics) plus a generous bound on its resident memory.
 #include <gtest/gtest.h>
-#include <netdb.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,13 +13,13 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "ferry/client.h"
 #include "ferryd_process.h"
+#include "metrics_scrape.h"
 #include "raw_protocol.h"
 
 namespace ferry {
@@ -31,51 +29,13 @@ using testing::Create;
 using testing::Download;
 using testing::FerrydProcess;
 using testing::Fill;
+using testing::MetricsEndpoint;
 using testing::RawRing;
 using testing::RawStream;
+using testing::Scrape;
+using testing::Value;
 
 // --- the daemon's metrics and memory ---------------------------------------------------------
-
-std::string MetricsEndpoint(const FerrydProcess& d) {
-  for (const auto& e : d.endpoints()) {
-    if (e.rfind("metrics:", 0) == 0) return e.substr(8);
-  }
-  return "";
-}
-
-// GET /metrics; "" when the connection failed.
-std::string Scrape(const std::string& host_port) {
-  const size_t colon = host_port.rfind(':');
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  if (getaddrinfo(host_port.substr(0, colon).c_str(), host_port.substr(colon + 1).c_str(), &hints,
-                  &res) != 0) {
-    return "";
-  }
-  int fd = ::socket(res->ai_family, SOCK_STREAM, 0);
-  bool ok = ::connect(fd, res->ai_addr, res->ai_addrlen) == 0;
-  freeaddrinfo(res);
-  std::string response;
-  const std::string request = "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
-  if (ok && ::send(fd, request.data(), request.size(), MSG_NOSIGNAL) ==
-                static_cast<ssize_t>(request.size())) {
-    char buf[8192];
-    for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) response.append(buf, n);
-  }
-  ::close(fd);
-  return response;
-}
-
-// The value of metric `name` in `body`; -1 when it is not there.
-double Value(const std::string& body, const std::string& name) {
-  std::istringstream in(body);
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind(name + "{", 0) != 0) continue;
-    return std::stod(line.substr(line.rfind(' ') + 1));
-  }
-  return -1;
-}
 
 // Resident memory of process `pid` in bytes, less its resident shared memory (VmRSS -
 // RssShmem): the slabs and staging the daemon maps are memfds, paged in as they are first
@@ -177,6 +137,52 @@ FerrydProcess* StartDaemon(std::unique_ptr<FerrydProcess>& d, std::vector<std::s
 // below what the floods below made the daemon hold before it pushed back (≥ 80 MiB each).
 constexpr uint64_t kRssGrowthBound = 48ull << 20;
 
+// What one flood test varies: the messages a client writes and never reads, and what each
+// answer must be once it reads.
+struct FloodCase {
+  int messages = 0;
+  // Send message i (1-based) on the writer's thread; false when the stream ended.
+  std::function<bool(int)> write;
+  // Read the answer to message i and check it (with ASSERTs: a fatal failure stops the
+  // reading).
+  std::function<void(int)> read_answer;
+  uint64_t in_flight_bytes = 256ull << 20;  // the daemon's session-in-flight-bytes
+  uint64_t rss_growth_bound = kRssGrowthBound;
+  const char* sent_what = "messages sent";  // for the RSS line
+};
+
+struct FloodResult {
+  int sent_while_held = 0;  // what the writer had sent when the daemon held it back
+  int sent = 0;             // what it sent in all, once every answer was read
+};
+
+// Flood `d` from a writer thread that never reads, until the daemon stops reading; check that
+// its backpressure gauges (ExpectBounded, with the session's `max_in_flight`) and its RSS
+// stay bounded and that another session works meanwhile; then read every answer, in order,
+// while the writer finishes.
+FloodResult FloodThenReadEveryAnswer(const FerrydProcess& d, const std::string& metrics,
+                                     uint64_t max_in_flight, const FloodCase& c) {
+  FloodResult result;
+  const uint64_t rss_before = RssBytes(d.pid());
+  Flood flood(metrics, c.write, c.messages);
+  ExpectBounded(metrics, max_in_flight, c.in_flight_bytes);
+  const uint64_t rss = RssBytes(d.pid());
+  result.sent_while_held = flood.sent();
+  std::printf("ferryd RSS %llu -> %llu KiB after %d %s\n",
+              static_cast<unsigned long long>(rss_before >> 10),
+              static_cast<unsigned long long>(rss >> 10), result.sent_while_held, c.sent_what);
+  EXPECT_LT(rss, rss_before + c.rss_growth_bound)
+      << "ferryd grew from " << rss_before << " to " << rss << " bytes";
+  ExpectAnotherSessionWorks(d);
+  for (int i = 1; i <= c.messages; ++i) {
+    c.read_answer(i);
+    if (::testing::Test::HasFatalFailure()) return result;
+  }
+  flood.Join();
+  result.sent = flood.sent();
+  return result;
+}
+
 // --- 1. outbox and in-flight messages ------------------------------------------------------
 
 // A client that sends Synchronize after Synchronize and reads nothing: the daemon stops
@@ -189,38 +195,35 @@ TEST(BoundedSessionTest, UnreadSynchronizesAreHeldBackAndNoneIsLost) {
   RawStream raw(d->unix_target());
   auto opened = raw.Open();
   ASSERT_TRUE(opened);
-  const uint64_t rss_before = RssBytes(d->pid());
-  constexpr int kMessages = 600'000;  // ~140 bytes each held by a daemon that does not push back
-  {
-    Flood flood(
-        metrics,
-        [&raw](int i) {
-          v1::ClientMessage m;
-          m.mutable_synchronize()->set_sync_id(static_cast<uint64_t>(i));
-          return i % 1024 == 0 ? raw.Send(m) : raw.SendBuffered(m);
-        },
-        kMessages);
-    ExpectBounded(metrics, opened->max_in_flight_submits(), 256ull << 20);
-    const uint64_t rss = RssBytes(d->pid());
-    std::printf("ferryd RSS %llu -> %llu KiB after %d messages sent\n",
-                static_cast<unsigned long long>(rss_before >> 10),
-                static_cast<unsigned long long>(rss >> 10), flood.sent());
-    EXPECT_LT(rss, rss_before + kRssGrowthBound)
-        << "ferryd grew from " << rss_before << " to " << rss << " bytes";
-    ExpectAnotherSessionWorks(*d);
-    // Now read: every Synchronized, in order, while the writer finishes.
-    for (int i = 1; i <= kMessages; ++i) {
-      auto m = raw.Read();
-      ASSERT_TRUE(m) << "the stream ended after " << i - 1 << " answers";
-      ASSERT_TRUE(m->has_synchronized()) << m->DebugString();
-      ASSERT_EQ(m->synchronized().sync_id(), static_cast<uint64_t>(i));
-    }
-    flood.Join();
-    EXPECT_EQ(flood.sent(), kMessages);
-  }
+  FloodCase c;
+  c.messages = 600'000;  // ~140 bytes each held by a daemon that does not push back
+  c.write = [&raw](int i) {
+    v1::ClientMessage m;
+    m.mutable_synchronize()->set_sync_id(static_cast<uint64_t>(i));
+    return i % 1024 == 0 ? raw.Send(m) : raw.SendBuffered(m);
+  };
+  c.read_answer = [&raw](int i) {
+    auto m = raw.Read();
+    ASSERT_TRUE(m) << "the stream ended after " << i - 1 << " answers";
+    ASSERT_TRUE(m->has_synchronized()) << m->DebugString();
+    ASSERT_EQ(m->synchronized().sync_id(), static_cast<uint64_t>(i));
+  };
+  FloodResult r = FloodThenReadEveryAnswer(*d, metrics, opened->max_in_flight_submits(), c);
+  if (HasFatalFailure()) return;
+  EXPECT_EQ(r.sent, c.messages);
   raw.Close();
   EXPECT_EQ(Value(Scrape(metrics), "ferry_stream_unanswered_messages"), 0);
   EXPECT_EQ(d->Stop(), 0) << d->log();
+}
+
+// A refused submit (a fill of a tensor that does not exist) is read back as a Completed
+// with INVALID_HANDLE.
+void ReadRefusedCompletion(RawStream& raw, int i) {
+  auto m = raw.Read();
+  ASSERT_TRUE(m) << "the stream ended after " << i - 1 << " answers";
+  ASSERT_TRUE(m->has_completed()) << m->DebugString();
+  ASSERT_EQ(m->completed().submit_id(), static_cast<uint64_t>(i));
+  ASSERT_EQ(m->completed().error().kind(), v1::INVALID_HANDLE);
 }
 
 // The same with submits the daemon refuses (a fill of a tensor that does not exist): a
@@ -232,36 +235,18 @@ TEST(BoundedSessionTest, UnreadRefusedSubmitsAreHeldBackAndNoneIsLost) {
   RawStream raw(d->unix_target());
   auto opened = raw.Open();
   ASSERT_TRUE(opened);
-  const uint64_t rss_before = RssBytes(d->pid());
-  constexpr int kMessages = 400'000;  // ~240 bytes each held by a daemon that does not push back
-  {
-    Flood flood(
-        metrics,
-        [&raw](int i) {
-          v1::ClientMessage m;
-          m.mutable_submit()->set_submit_id(static_cast<uint64_t>(i));
-          *m.mutable_submit()->add_ops() = Fill(99, 1.0);
-          return i % 1024 == 0 ? raw.Send(m) : raw.SendBuffered(m);
-        },
-        kMessages);
-    ExpectBounded(metrics, opened->max_in_flight_submits(), 256ull << 20);
-    const uint64_t rss = RssBytes(d->pid());
-    std::printf("ferryd RSS %llu -> %llu KiB after %d messages sent\n",
-                static_cast<unsigned long long>(rss_before >> 10),
-                static_cast<unsigned long long>(rss >> 10), flood.sent());
-    EXPECT_LT(rss, rss_before + kRssGrowthBound)
-        << "ferryd grew from " << rss_before << " to " << rss << " bytes";
-    ExpectAnotherSessionWorks(*d);
-    for (int i = 1; i <= kMessages; ++i) {
-      auto m = raw.Read();
-      ASSERT_TRUE(m) << "the stream ended after " << i - 1 << " answers";
-      ASSERT_TRUE(m->has_completed()) << m->DebugString();
-      ASSERT_EQ(m->completed().submit_id(), static_cast<uint64_t>(i));
-      ASSERT_EQ(m->completed().error().kind(), v1::INVALID_HANDLE);
-    }
-    flood.Join();
-    EXPECT_EQ(flood.sent(), kMessages);
-  }
+  FloodCase c;
+  c.messages = 400'000;  // ~240 bytes each held by a daemon that does not push back
+  c.write = [&raw](int i) {
+    v1::ClientMessage m;
+    m.mutable_submit()->set_submit_id(static_cast<uint64_t>(i));
+    *m.mutable_submit()->add_ops() = Fill(99, 1.0);
+    return i % 1024 == 0 ? raw.Send(m) : raw.SendBuffered(m);
+  };
+  c.read_answer = [&raw](int i) { ReadRefusedCompletion(raw, i); };
+  FloodResult r = FloodThenReadEveryAnswer(*d, metrics, opened->max_in_flight_submits(), c);
+  if (HasFatalFailure()) return;
+  EXPECT_EQ(r.sent, c.messages);
   raw.Close();
   EXPECT_EQ(Value(Scrape(metrics), "ferry_stream_unanswered_messages"), 0);
   EXPECT_EQ(d->Stop(), 0) << d->log();
@@ -279,40 +264,23 @@ TEST(BoundedSessionTest, UnreadAnswersStopTheSubmitRingToo) {
   ASSERT_TRUE(opened);
   RawRing ring;
   ASSERT_TRUE(ring.Map(*opened)) << "no submit ring";
-  const uint64_t rss_before = RssBytes(d->pid());
-  constexpr int kMessages = 400'000;
-  {
-    Flood flood(
-        metrics,
-        [&ring](int i) {
-          v1::ClientMessage m;
-          m.set_sequence(static_cast<uint64_t>(i));
-          m.mutable_submit()->set_submit_id(static_cast<uint64_t>(i));
-          *m.mutable_submit()->add_ops() = Fill(99, 1.0);
-          ring.Write(m);
-          return true;
-        },
-        kMessages);
-    ExpectBounded(metrics, opened->max_in_flight_submits(), 256ull << 20);
-    const uint64_t rss = RssBytes(d->pid());
-    std::printf("ferryd RSS %llu -> %llu KiB after %d ring records\n",
-                static_cast<unsigned long long>(rss_before >> 10),
-                static_cast<unsigned long long>(rss >> 10), flood.sent());
-    EXPECT_LT(rss, rss_before + kRssGrowthBound)
-        << "ferryd grew from " << rss_before << " to " << rss << " bytes";
-    EXPECT_LT(flood.sent(), kMessages) << "the daemon took every record without pushing back";
-    ExpectAnotherSessionWorks(*d);
-    for (int i = 1; i <= kMessages; ++i) {
-      auto m = raw.Read();
-      ASSERT_TRUE(m) << "the stream ended after " << i - 1 << " answers";
-      ASSERT_TRUE(m->has_completed()) << m->DebugString();
-      ASSERT_EQ(m->completed().submit_id(), static_cast<uint64_t>(i));
-      ASSERT_EQ(m->completed().error().kind(), v1::INVALID_HANDLE);
-    }
-    flood.Join();
-  }
+  FloodCase c;
+  c.messages = 400'000;
+  c.write = [&ring](int i) {
+    v1::ClientMessage m;
+    m.set_sequence(static_cast<uint64_t>(i));
+    m.mutable_submit()->set_submit_id(static_cast<uint64_t>(i));
+    *m.mutable_submit()->add_ops() = Fill(99, 1.0);
+    ring.Write(m);
+    return true;
+  };
+  c.read_answer = [&raw](int i) { ReadRefusedCompletion(raw, i); };
+  c.sent_what = "ring records";
+  FloodResult r = FloodThenReadEveryAnswer(*d, metrics, opened->max_in_flight_submits(), c);
+  EXPECT_LT(r.sent_while_held, c.messages) << "the daemon took every record without pushing back";
+  if (HasFatalFailure()) return;
   v1::ClientMessage close;  // numbered, like every message before it
-  close.set_sequence(kMessages + 1);
+  close.set_sequence(c.messages + 1);
   close.mutable_close();
   ASSERT_TRUE(raw.Send(close));
   bool closed = false;
@@ -336,34 +304,25 @@ TEST(BoundedSessionTest, UnreadDownloadsAreHeldBackAtTheInFlightBytes) {
   constexpr uint64_t kTensor = 1 << 20;
   ASSERT_TRUE(raw.Submit(1, {Create(1, v1::DTYPE_U8, {kTensor}), Fill(1, 7.0)}));
   ASSERT_EQ(raw.Completion(1).kind(), v1::ERROR_KIND_NONE);
-  const uint64_t rss_before = RssBytes(d->pid());
-  constexpr int kSubmits = 256;  // 256 MiB of downloads: a daemon without the bound holds them
-  {
-    Flood flood(
-        metrics,
-        [&raw](int i) {
-          v1::ClientMessage m;
-          m.mutable_submit()->set_submit_id(static_cast<uint64_t>(i) + 1);
-          *m.mutable_submit()->add_ops() = Download(1, 0, kTensor);
-          return raw.Send(m);
-        },
-        kSubmits);
-    ExpectBounded(metrics, opened->max_in_flight_submits(), 16ull << 20);
-    const uint64_t rss = RssBytes(d->pid());
-    std::printf("ferryd RSS %llu -> %llu KiB after %d submits sent\n",
-                static_cast<unsigned long long>(rss_before >> 10),
-                static_cast<unsigned long long>(rss >> 10), flood.sent());
-    EXPECT_LT(rss, rss_before + 2 * kRssGrowthBound)
-        << "ferryd grew from " << rss_before << " to " << rss << " bytes";
-    ExpectAnotherSessionWorks(*d);
-    for (int i = 1; i <= kSubmits; ++i) {
-      std::string got;
-      v1::Error e = raw.Completion(static_cast<uint64_t>(i) + 1, &got);
-      ASSERT_EQ(e.kind(), v1::ERROR_KIND_NONE) << e.message();
-      ASSERT_EQ(got, std::string(kTensor, '\7')) << "submit " << i + 1;
-    }
-    flood.Join();
-  }
+  FloodCase c;
+  c.messages = 256;  // 256 MiB of downloads: a daemon without the bound holds them
+  c.write = [&raw](int i) {
+    v1::ClientMessage m;
+    m.mutable_submit()->set_submit_id(static_cast<uint64_t>(i) + 1);
+    *m.mutable_submit()->add_ops() = Download(1, 0, kTensor);
+    return raw.Send(m);
+  };
+  c.read_answer = [&raw](int i) {
+    std::string got;
+    v1::Error e = raw.Completion(static_cast<uint64_t>(i) + 1, &got);
+    ASSERT_EQ(e.kind(), v1::ERROR_KIND_NONE) << e.message();
+    ASSERT_EQ(got, std::string(kTensor, '\7')) << "submit " << i + 1;
+  };
+  c.in_flight_bytes = 16ull << 20;
+  c.rss_growth_bound = 2 * kRssGrowthBound;
+  c.sent_what = "submits sent";
+  FloodThenReadEveryAnswer(*d, metrics, opened->max_in_flight_submits(), c);
+  if (HasFatalFailure()) return;
   raw.Close();
   EXPECT_EQ(d->Stop(), 0) << d->log();
 }

@@ -179,14 +179,32 @@ int SessionGetsASlab(const std::string& target) {
 constexpr uid_t kUidA = 41001;
 constexpr uid_t kUidB = 41002;
 
+// The tests that connect as other uids (ConnectAs): root only, skipped with the reason
+// otherwise. Start() runs the daemon with every uid let in to its sockets.
+class HostileClientsPerUidTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (::geteuid() != 0) GTEST_SKIP() << "needs root to connect as other uids";
+  }
+
+  // Start ferryd (daemon_) with `args` and let every uid reach its sockets. Call it as
+  // ASSERT_NO_FATAL_FAILURE(Start(...)).
+  void Start(std::vector<std::string> args) {
+    daemon_ = std::make_unique<FerrydProcess>(std::move(args));
+    ASSERT_TRUE(daemon_->ok()) << daemon_->log();
+    OpenSocketsToAll(*daemon_);
+  }
+
+  std::unique_ptr<FerrydProcess> daemon_;
+};
+
 // Idle connections of one uid beyond slab-max-pending-per-uid are closed at once; while they
 // are held, another uid's session binds its slab connection and gets its slab.
-TEST(HostileClientsTest, SlabSocketCapsIdleConnectionsPerUid) {
-  if (::geteuid() != 0) GTEST_SKIP() << "needs root to connect as another uid";
-  FerrydProcess d({"--slab-size", "4M", "--pinned-budget", "16M", "--slab-max-pending-per-uid", "8",
-                   "--slab-hello-timeout", "60000"});
-  ASSERT_TRUE(d.ok()) << d.log();
-  OpenSocketsToAll(d);
+TEST_F(HostileClientsPerUidTest, SlabSocketCapsIdleConnectionsPerUid) {
+  ASSERT_NO_FATAL_FAILURE(
+      Start({"--slab-size", "4M", "--pinned-budget", "16M", "--slab-max-pending-per-uid", "8",
+             "--slab-hello-timeout", "60000"}));
+  FerrydProcess& d = *daemon_;
   const std::string slab_path = d.unix_target().substr(5) + ".slabs";
   std::vector<int> idle;
   for (int i = 0; i < 20; ++i) {
@@ -337,11 +355,9 @@ TEST(HostileClientsTest, SlabSocketBacksOffWhenOutOfDescriptors) {
 
 // One uid cannot take every session slot: by default it holds half of max-sessions, and
 // another uid and root still open sessions.
-TEST(HostileClientsTest, OneUidCannotTakeEverySessionSlot) {
-  if (::geteuid() != 0) GTEST_SKIP() << "needs root to connect as other uids";
-  FerrydProcess d({"--max-sessions", "4"});
-  ASSERT_TRUE(d.ok()) << d.log();
-  OpenSocketsToAll(d);
+TEST_F(HostileClientsPerUidTest, OneUidCannotTakeEverySessionSlot) {
+  ASSERT_NO_FATAL_FAILURE(Start({"--max-sessions", "4"}));
+  FerrydProcess& d = *daemon_;
   std::vector<std::unique_ptr<RawStream>> a;
   for (int i = 0; i < 2; ++i) {
     a.push_back(StreamAs(kUidA, d));
@@ -384,11 +400,9 @@ TEST(HostileClientsTest, OneUidCannotTakeEverySessionSlot) {
 // A uid's device bytes are summed across its sessions: each session is within its own
 // quota, but together they are refused past the uid's limit; another uid is not affected,
 // and the bytes come back when a session closes.
-TEST(HostileClientsTest, DeviceBytesAreLimitedPerUidAcrossSessions) {
-  if (::geteuid() != 0) GTEST_SKIP() << "needs root to connect as other uids";
-  FerrydProcess d({"--uid-limits", "uid:41001:device=12K,inflight=none"});
-  ASSERT_TRUE(d.ok()) << d.log();
-  OpenSocketsToAll(d);
+TEST_F(HostileClientsPerUidTest, DeviceBytesAreLimitedPerUidAcrossSessions) {
+  ASSERT_NO_FATAL_FAILURE(Start({"--uid-limits", "uid:41001:device=12K,inflight=none"}));
+  FerrydProcess& d = *daemon_;
   auto a1 = StreamAs(kUidA, d);
   auto a2 = StreamAs(kUidA, d);
   auto b = StreamAs(kUidB, d);
@@ -416,12 +430,10 @@ TEST(HostileClientsTest, DeviceBytesAreLimitedPerUidAcrossSessions) {
 }
 
 // A uid's pinned (slab) bytes are summed across its sessions.
-TEST(HostileClientsTest, PinnedBytesAreLimitedPerUidAcrossSessions) {
-  if (::geteuid() != 0) GTEST_SKIP() << "needs root to connect as other uids";
-  FerrydProcess d(
-      {"--slab-size", "4M", "--pinned-budget", "32M", "--uid-limits", "uid:41001:pinned=8M"});
-  ASSERT_TRUE(d.ok()) << d.log();
-  OpenSocketsToAll(d);
+TEST_F(HostileClientsPerUidTest, PinnedBytesAreLimitedPerUidAcrossSessions) {
+  ASSERT_NO_FATAL_FAILURE(Start(
+      {"--slab-size", "4M", "--pinned-budget", "32M", "--uid-limits", "uid:41001:pinned=8M"}));
+  FerrydProcess& d = *daemon_;
   auto a1 = StreamAs(kUidA, d);
   auto a2 = StreamAs(kUidA, d);
   ASSERT_TRUE(a1 && a2);
@@ -459,11 +471,9 @@ TEST(HostileClientsTest, PinnedBytesAreLimitedPerUidAcrossSessions) {
 // A uid's submits in flight are summed across its sessions: with a long submit running in
 // each of its two sessions, a third submit passes the uid's limit of 2 and is refused; the
 // limit counts only what is in flight, so later submits run again.
-TEST(HostileClientsTest, SubmitsInFlightAreLimitedPerUidAcrossSessions) {
-  if (::geteuid() != 0) GTEST_SKIP() << "needs root to connect as another uid";
-  FerrydProcess d({"--uid-limits", "uid:41001:inflight=2"});
-  ASSERT_TRUE(d.ok()) << d.log();
-  OpenSocketsToAll(d);
+TEST_F(HostileClientsPerUidTest, SubmitsInFlightAreLimitedPerUidAcrossSessions) {
+  ASSERT_NO_FATAL_FAILURE(Start({"--uid-limits", "uid:41001:inflight=2"}));
+  FerrydProcess& d = *daemon_;
   auto a1 = StreamAs(kUidA, d);
   auto a2 = StreamAs(kUidA, d);
   ASSERT_TRUE(a1 && a1->Open() && a2 && a2->Open()) << d.log();

@@ -1,67 +1,25 @@
 // ferryd's --metrics-listen: a real daemon scraped over TCP loopback.
 #include <gtest/gtest.h>
-#include <netdb.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <fstream>
 #include <map>
 #include <regex>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "ferry/client.h"
 #include "ferryd_process.h"
+#include "metrics_scrape.h"
 
 namespace ferry {
 namespace {
 
-std::string MetricsEndpoint(const testing::FerrydProcess& d) {
-  for (const auto& e : d.endpoints()) {
-    if (e.rfind("metrics:", 0) == 0) return e.substr(8);
-  }
-  return "";
-}
-
-// A raw HTTP exchange: return the whole response ("" when the connection failed).
-std::string HttpExchange(const std::string& host_port, const std::string& request) {
-  size_t colon = host_port.rfind(':');
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  if (getaddrinfo(host_port.substr(0, colon).c_str(), host_port.substr(colon + 1).c_str(), &hints,
-                  &res) != 0) {
-    return "";
-  }
-  int fd = ::socket(res->ai_family, SOCK_STREAM, 0);
-  bool ok = ::connect(fd, res->ai_addr, res->ai_addrlen) == 0;
-  freeaddrinfo(res);
-  std::string response;
-  if (ok && ::send(fd, request.data(), request.size(), MSG_NOSIGNAL) ==
-                static_cast<ssize_t>(request.size())) {
-    char buf[8192];
-    for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) response.append(buf, n);
-  }
-  ::close(fd);
-  return response;
-}
-
-std::string Get(const std::string& host_port, const std::string& path) {
-  return HttpExchange(host_port, "GET " + path + " HTTP/1.1\r\nHost: x\r\n\r\n");
-}
-
-// The value of the sample `name{labels...}` whose label set contains `label` ("" any).
-double Value(const std::string& body, const std::string& name, const std::string& label = "") {
-  std::istringstream in(body);
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind(name + "{", 0) != 0) continue;
-    if (!label.empty() && line.find(label) == std::string::npos) continue;
-    return std::stod(line.substr(line.rfind(' ') + 1));
-  }
-  return -1;
-}
+using testing::HttpExchange;
+using testing::HttpGet;
+using testing::MetricsEndpoint;
+using testing::Value;
 
 TEST(MetricsTest, ServesPrometheusTextThatMovesWithWork) {
   testing::FerrydProcess daemon({"--metrics-listen", "127.0.0.1:0"});
@@ -71,7 +29,7 @@ TEST(MetricsTest, ServesPrometheusTextThatMovesWithWork) {
   ASSERT_EQ(ep.rfind("127.0.0.1:", 0), 0u) << ep;
   EXPECT_NE(ep, "127.0.0.1:0");
 
-  std::string before = Get(ep, "/metrics");
+  std::string before = HttpGet(ep, "/metrics");
   ASSERT_EQ(before.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << before;
   EXPECT_NE(before.find("Content-Type: text/plain; version=0.0.4"), std::string::npos);
   std::string body = before.substr(before.find("\r\n\r\n") + 4);
@@ -102,7 +60,8 @@ TEST(MetricsTest, ServesPrometheusTextThatMovesWithWork) {
   EXPECT_EQ(Value(body, "ferry_copy_turn_waits_total"), 0);
   EXPECT_EQ(Value(body, "ferry_submit_rings"), 0);
   EXPECT_EQ(Value(body, "ferry_submit_ring_messages_total"), 0);
-  EXPECT_EQ(Value(body, "ferry_transfer_bytes_total", "direction=\"upload\""), 0);
+  // Transfers are per usage identity (usage_metrics_test.cc): none before any session.
+  EXPECT_EQ(Value(body, "ferry_transfer_bytes_total", "direction=\"upload\""), -1);
 
   auto client = Client::connect(daemon.unix_target());
   ASSERT_TRUE(client.ok()) << client.status().ToString();
@@ -115,7 +74,7 @@ TEST(MetricsTest, ServesPrometheusTextThatMovesWithWork) {
   ASSERT_TRUE(back.ok()) << back.status().ToString();
 
   // A session open: the gauge says so; the counters moved.
-  std::string during = Get(ep, "/metrics");
+  std::string during = HttpGet(ep, "/metrics");
   during = during.substr(during.find("\r\n\r\n") + 4);
   EXPECT_EQ(Value(during, "ferry_sessions_open"), 1) << during;
   EXPECT_GE(Value(during, "ferry_submits_total"), 2) << during;
@@ -141,7 +100,7 @@ TEST(MetricsTest, ServesPrometheusTextThatMovesWithWork) {
       << during;
   ASSERT_TRUE(session->close().ok());
   daemon.WaitIdle();
-  std::string after = Get(ep, "/metrics");
+  std::string after = HttpGet(ep, "/metrics");
   after = after.substr(after.find("\r\n\r\n") + 4);
   EXPECT_EQ(Value(after, "ferry_sessions_open"), 0) << after;
   EXPECT_EQ(Value(after, "ferry_sessions_total"), 1) << after;
@@ -151,13 +110,13 @@ TEST(MetricsTest, AnswersOtherPathsAndMethodsWithErrors) {
   testing::FerrydProcess daemon({"--metrics-listen", "127.0.0.1:0"});
   ASSERT_TRUE(daemon.ok()) << daemon.log();
   std::string ep = MetricsEndpoint(daemon);
-  EXPECT_EQ(Get(ep, "/").rfind("HTTP/1.1 404", 0), 0u);
-  EXPECT_EQ(Get(ep, "/metricsx").rfind("HTTP/1.1 404", 0), 0u);
+  EXPECT_EQ(HttpGet(ep, "/").rfind("HTTP/1.1 404", 0), 0u);
+  EXPECT_EQ(HttpGet(ep, "/metricsx").rfind("HTTP/1.1 404", 0), 0u);
   EXPECT_EQ(HttpExchange(ep, "POST /metrics HTTP/1.1\r\nHost: x\r\n\r\n").rfind("HTTP/1.1 405", 0),
             0u);
   EXPECT_EQ(HttpExchange(ep, "garbage\r\n\r\n").rfind("HTTP/1.1 400", 0), 0u);
   // Still serving after the bad requests.
-  EXPECT_EQ(Get(ep, "/metrics").rfind("HTTP/1.1 200", 0), 0u);
+  EXPECT_EQ(HttpGet(ep, "/metrics").rfind("HTTP/1.1 200", 0), 0u);
 }
 
 TEST(MetricsTest, FerryctlMetricsPrintsTheExposition) {

@@ -155,23 +155,33 @@ TEST(PendingTest, MovedFromValuesAreTypedErrors) {
   EXPECT_TRUE(s.close().ok());
 }
 
+// An upload that passes every check the client makes (the buffer holds the tensor) and that
+// only the daemon can refuse: the tensor's create passed the session's device quota, so the
+// daemon refused it and does not know the handle the upload names. Both values come back,
+// the buffer's bytes untouched.
 TEST(PendingTest, RefusedByTheDaemonReturnsBothValues) {
-  FerrydProcess d(SmallPool());
-  ASSERT_TRUE(d.ok());
+  std::vector<std::string> args = SmallPool();
+  args.insert(args.end(), {"--session-quota", "1K"});
+  FerrydProcess d(args);
+  ASSERT_TRUE(d.ok()) << d.log();
   Session s = Open(d.unix_target());
-  // A tensor too big for the session's quota: its create is refused, so is the upload.
-  Tensor huge = s.create_tensor<uint8_t>({static_cast<int64_t>(4) << 30});
-  ASSERT_TRUE(s.submit().ok());
-  Tensor t = s.create_tensor<float>({16});
-  auto buf = s.pinned_buffer(64);
-  ASSERT_TRUE(buf.ok());
-  std::memset(buf->data(), 0x11, 64);
-  Transfer r = s.upload_pending(std::move(*buf), std::move(huge)).wait();
+  Tensor t = s.create_tensor<float>({1024});  // 4 KiB: over the 1 KiB quota
+  auto buf = s.pinned_buffer(4096);
+  ASSERT_TRUE(buf.ok()) << buf.status().ToString();
+  ASSERT_TRUE(buf->is_shared());
+  std::memset(buf->data(), 0x11, 4096);
+  auto pending = s.upload_pending(std::move(*buf), std::move(t));
+  Transfer r = pending.wait();
   EXPECT_FALSE(r.status.ok());
-  EXPECT_EQ(r.status.kind(), ErrorKind::kOutOfRange) << r.status.ToString();  // buffer < tensor
-  EXPECT_TRUE(r.tensor.valid() && r.buffer.valid());
-  EXPECT_EQ(static_cast<unsigned char*>(r.buffer.data())[63], 0x11);
-  (void)s.synchronize();
+  // The daemon's refusal: a handle it does not know. (The client's own checks would have
+  // said OUT_OF_RANGE or INVALID_ARGUMENT, and only for a buffer smaller than the tensor.)
+  EXPECT_EQ(r.status.kind(), ErrorKind::kInvalidHandle) << r.status.ToString();
+  ASSERT_TRUE(r.tensor.valid() && r.buffer.valid());
+  EXPECT_EQ(r.buffer.size(), 4096u);
+  const auto* bytes = static_cast<const unsigned char*>(r.buffer.data());
+  for (int i = 0; i < 4096; ++i) ASSERT_EQ(bytes[i], 0x11) << "byte " << i;
+  // The create itself was refused by the quota: the first synchronize reports it.
+  EXPECT_EQ(s.synchronize().kind(), ErrorKind::kQuotaExceeded);
   EXPECT_TRUE(s.close().ok());
 }
 

@@ -13,6 +13,7 @@
 //     must go on serving built-in ops (else exit 100);
 //   list-sessions: with this session open, Admin.ListSessions; exit 0 when it lists this
 //     session and no session of another uid, 3 when it lists another uid's, 4 when not its own;
+//     5 when it lists another uid's usage identity, 6 when none of its own;
 //   drain: Admin.Drain; exit 0 when granted, 7 when PERMISSION_DENIED.
 // Soak mode (tests/integration/soak_test.cc): `soak THREADS SECONDS` runs THREADS sessions
 //   at once, each on a thread of its own, mixing blocking and pending pinned transfers, ops
@@ -200,7 +201,16 @@ int main(int argc, char** argv) {
       if (info.uid() == ::getuid() && info.pid() == ::getpid()) own = true;
       if (!info.has_uid() || info.uid() != ::getuid()) other = true;
     }
-    return other ? 3 : own ? 0 : 4;
+    // Usage identities: this uid's only, its own among them.
+    bool own_identity = false, other_identity = false;
+    for (const auto& u : reply.identities()) {
+      std::printf("identity uid %s client %s\n", u.uid().c_str(), u.client().c_str());
+      (u.uid() == std::to_string(::getuid()) ? own_identity : other_identity) = true;
+    }
+    if (other) return 3;
+    if (!own) return 4;
+    if (other_identity) return 5;
+    return own_identity ? 0 : 6;
   }
   if (mode == "fill-slabs" || mode == "zero-slabs") {
     int n = argc > 3 ? std::atoi(argv[3]) : 1;

@@ -284,6 +284,7 @@ allow-remote-raw-kernels = true
 raw-kernels = "uid:1000, gid:0,uid:root"
 admin-group = 0
 metrics-listen = 127.0.0.1:9402
+metrics-max-identities = 3
 session-quota = 2G
 max-session-quota = 3G
 max-in-flight = 7
@@ -307,6 +308,8 @@ nvrtc-memory = 512M
 copy-turns = 0
 kernel-batch = 3
 copy-turn-size = 1M
+device-turns = 2
+uid-weights = "remote=3,uid:1000=2"
 slab-size = 8M
 pinned-budget = 64M
 initial-slabs = 2

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <limits>
 #include <string>
 #include <vector>
@@ -105,6 +106,102 @@ TEST(CopyTurnsTest, AWaiterOfOneDirectionDoesNotHoldUpTheOther) {
   EXPECT_FALSE(turns.TryTake(kDown));  // the one download turn is held
   turns.Give(kUp);
   EXPECT_TRUE(up);
+}
+
+// --- fair shares: weights and device turns -----------------------------------------------
+
+// Queue `n` waiters of each identity in `order` (round robin), one turn of `mask` held by
+// nobody in particular; give the turn back `grants` times and return who got it, in order.
+std::string GrantOrder(CopyTurns& turns, uint8_t mask, const std::vector<std::string>& order, int n,
+                       int grants) {
+  EXPECT_TRUE(turns.TryTake(mask, "holder"));
+  std::string got;
+  for (int i = 0; i < n; ++i) {
+    for (const std::string& who : order) {
+      turns.Wait(
+          mask, [&got, who] { got += who; }, who);
+    }
+  }
+  EXPECT_TRUE(got.empty()) << "the one turn is held";
+  for (int i = 0; i < grants; ++i) turns.Give(mask);  // each Give grants exactly one waiter
+  return got;
+}
+
+TEST(CopyTurnsSharesTest, WaitersOfWeightedUidsGetTurnsInProportion) {
+  CopyTurns turns(1, 1);
+  turns.SetWeights({{"A", 3}, {"B", 1}});
+  // A weighs 3, B 1: of every four turns A gets three, whatever the arrival order.
+  const std::string got = GrantOrder(turns, kUp, {"B", "A"}, 8, 8);
+  EXPECT_EQ(got.size(), 8u);
+  EXPECT_EQ(std::count(got.begin(), got.end(), 'A'), 6) << got;
+  EXPECT_EQ(std::count(got.begin(), got.end(), 'B'), 2) << got;
+  for (size_t i = 0; i + 4 <= got.size(); i += 4) {
+    EXPECT_EQ(std::count(got.begin() + i, got.begin() + i + 4, 'A'), 3) << got;
+  }
+}
+
+TEST(CopyTurnsSharesTest, EqualWeightsAlternateBetweenUidsNotArrivalOrder) {
+  CopyTurns turns(1, 1);
+  EXPECT_TRUE(turns.TryTake(kUp, "holder"));
+  std::string got;
+  // A queues four requests before B's first: with turns by identity they still alternate.
+  for (int i = 0; i < 4; ++i)
+    turns.Wait(
+        kUp, [&got] { got += 'A'; }, "A");
+  for (int i = 0; i < 4; ++i)
+    turns.Wait(
+        kUp, [&got] { got += 'B'; }, "B");
+  for (int i = 0; i < 8; ++i) turns.Give(kUp);
+  EXPECT_EQ(got, "ABABABAB");
+}
+
+TEST(CopyTurnsSharesTest, AnIdentityThatIdledBanksNoCredit) {
+  CopyTurns turns(1, 1);
+  // A takes many turns alone; B arrives late and must not then get a long run of turns.
+  for (int i = 0; i < 50; ++i) {
+    ASSERT_TRUE(turns.TryTake(kUp, "A"));
+    turns.Give(kUp);
+  }
+  const std::string got = GrantOrder(turns, kUp, {"A", "B"}, 4, 8);
+  EXPECT_EQ(std::count(got.begin(), got.begin() + 4, 'B'), 2) << got;
+}
+
+TEST(CopyTurnsSharesTest, DeviceTurnsGateEverySubmitWithOps) {
+  CopyTurns turns(/*turns=*/0, /*min_bytes=*/1, /*device_turns=*/1);
+  std::vector<Op> ops;
+  EXPECT_EQ(turns.Needs(ops), CopyTurns::kNone) << "no ops, nothing on the device";
+  ops.push_back(FillOp{});
+  EXPECT_EQ(turns.Needs(ops), CopyTurns::kDevice);
+  ASSERT_TRUE(turns.TryTake(CopyTurns::kDevice, "A"));
+  EXPECT_FALSE(turns.TryTake(CopyTurns::kDevice, "B"));
+  EXPECT_EQ(turns.stats().held_device, 1u);
+  bool b = false;
+  turns.Wait(
+      CopyTurns::kDevice, [&b] { b = true; }, "B");
+  EXPECT_FALSE(b);
+  turns.Give(CopyTurns::kDevice);
+  EXPECT_TRUE(b);
+  // Copy turns off: copies take no copy turn, only the device turn.
+  UploadOp up;
+  up.data = "sixteen bytes...";
+  EXPECT_EQ(turns.Needs({Op(up)}), CopyTurns::kDevice);
+}
+
+TEST(CopyTurnsSharesTest, UidWeightsParseAndFormat) {
+  auto w = ParseUidWeights("uid:1000=2, uid:1001=1,remote=5");
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  EXPECT_EQ(w->at("uid:1000"), 2u);
+  EXPECT_EQ(w->at("uid:1001"), 1u);
+  EXPECT_EQ(w->at("remote"), 5u);
+  EXPECT_EQ(FormatUidWeights(*w), "remote=5,uid:1000=2,uid:1001=1");
+  EXPECT_EQ(*ParseUidWeights(FormatUidWeights(*w)), *w);
+  EXPECT_TRUE(ParseUidWeights("")->empty());
+  for (const char* bad : {"uid:1000", "uid:x=2", "gid:5=2", "uid:1=0", "uid:1=1001",
+                          "uid:1=2,uid:1=3", "uid:1=-2", ",", "uid:99999999999=1"}) {
+    auto r = ParseUidWeights(bad);
+    EXPECT_FALSE(r.ok()) << bad;
+    if (!r.ok()) EXPECT_EQ(r.status().kind(), ErrorKind::kInvalidArgument) << bad;
+  }
 }
 
 }  // namespace

@@ -337,9 +337,20 @@ TEST_F(HostBackendTest, DestroyingAStreamDeliversPendingCompletions) {
   EXPECT_EQ(device_->bytes_in_use(), 0u);
 }
 
+// Memory a caller allocated and never freed is released when its device goes: the process's
+// count of live host-backend allocations is back where it was once the device is destroyed
+// (a missing release fails here in any build, not only under ASan's leak check).
 TEST_F(HostBackendTest, LeakedAllocationsAreReleasedWithTheDevice) {
-  Allocate(4096);  // never freed: the device's destructor releases it (ASan checks)
+  const uint64_t before = HostDevice::live_allocations_for_test();
+  Allocate(4096);  // never freed
+  Allocate(512);
   ASSERT_TRUE(Sync(*stream_).ok());
+  EXPECT_EQ(HostDevice::live_allocations_for_test(), before + 2);
+  EXPECT_EQ(device_->bytes_in_use(), 4096u + 512u);
+  stream_.reset();
+  EXPECT_EQ(HostDevice::live_allocations_for_test(), before + 2) << "a stream frees nothing";
+  device_.reset();
+  EXPECT_EQ(HostDevice::live_allocations_for_test(), before);
 }
 
 }  // namespace

@@ -128,5 +128,115 @@ TEST(RegistryTest, RulesFormatAsTheyParse) {
             "default:sessions=50%,device=50%,pinned=50%,inflight=4096");
 }
 
+// --- usage identities (IdentityUsage) --------------------------------------------------
+
+const IdentityUsage* Find(const std::vector<IdentityUsage>& all, const std::string& uid,
+                          const std::string& client) {
+  for (const IdentityUsage& u : all) {
+    if (u.uid == uid && u.client == client) return &u;
+  }
+  return nullptr;
+}
+
+TEST(RegistryUsageTest, DeviceTimeIsKeptPerUidAndClientAfterSessionsClose) {
+  SessionRegistry reg(8ull << 30, 1024);
+  auto a = std::make_shared<SessionCounters>();
+  auto b = std::make_shared<SessionCounters>();
+  auto c = std::make_shared<SessionCounters>();
+  uint64_t ia = reg.Add("train", Local(1000, 1000), a);
+  uint64_t ib = reg.Add("train", Local(1000, 1000), b);
+  uint64_t ic = reg.Add("infer", Local(1001, 1001), c);
+  ASSERT_NE(ia, 0u);
+  ASSERT_NE(ib, 0u);
+  ASSERT_NE(ic, 0u);
+  a->device_busy_ns = 3000;
+  a->h2d_bytes = 10;
+  a->device_bytes = 4096;
+  b->device_busy_ns = 2000;
+  b->d2h_bytes = 7;
+  c->device_busy_ns = 500;
+  auto all = reg.UsageByIdentity();
+  const IdentityUsage* train = Find(all, "1000", "train");
+  ASSERT_NE(train, nullptr);
+  EXPECT_EQ(train->device_busy_ns, 5000u);
+  EXPECT_EQ(train->h2d_bytes, 10u);
+  EXPECT_EQ(train->d2h_bytes, 7u);
+  EXPECT_EQ(train->device_bytes, 4096u);
+  EXPECT_EQ(train->sessions_open, 2u);
+  ASSERT_NE(Find(all, "1001", "infer"), nullptr);
+  EXPECT_EQ(Find(all, "1001", "infer")->device_busy_ns, 500u);
+
+  // Closing keeps the counters (and the totals never go down); memory held drops.
+  a->device_bytes = 0;
+  reg.Remove(ia);
+  reg.Remove(ib);
+  all = reg.UsageByIdentity();
+  train = Find(all, "1000", "train");
+  ASSERT_NE(train, nullptr);
+  EXPECT_EQ(train->device_busy_ns, 5000u);
+  EXPECT_EQ(train->sessions_open, 0u);
+  EXPECT_EQ(train->sessions_total, 2u);
+  EXPECT_EQ(train->device_bytes, 0u);
+  // A new session of the same identity adds to it.
+  auto d = std::make_shared<SessionCounters>();
+  ASSERT_NE(reg.Add("train", Local(1000, 1000), d), 0u);
+  d->device_busy_ns = 1;
+  EXPECT_EQ(Find(reg.UsageByIdentity(), "1000", "train")->device_busy_ns, 5001u);
+  // TCP peers are uid "remote".
+  ASSERT_NE(reg.Add("", Remote(), std::make_shared<SessionCounters>()), 0u);
+  EXPECT_NE(Find(reg.UsageByIdentity(), "remote", ""), nullptr);
+}
+
+TEST(RegistryUsageTest, IdentitiesPastTheLimitFoldIntoOther) {
+  SessionRegistry reg(8ull << 30, 1024);
+  reg.SetUsageIdentityLimit(3);
+  std::vector<std::shared_ptr<SessionCounters>> counters;
+  for (uint32_t uid = 1000; uid < 1010; ++uid) {
+    counters.push_back(std::make_shared<SessionCounters>());
+    counters.back()->device_busy_ns = 1;
+    ASSERT_NE(reg.Add("c", Local(uid, uid), counters.back()), 0u);
+  }
+  auto all = reg.UsageByIdentity();
+  // Three identities of their own, then one "other" for the remaining seven sessions.
+  EXPECT_EQ(all.size(), 4u);
+  EXPECT_NE(Find(all, "1000", "c"), nullptr);
+  EXPECT_NE(Find(all, "1002", "c"), nullptr);
+  EXPECT_EQ(Find(all, "1003", "c"), nullptr);
+  const IdentityUsage* other = Find(all, "other", "other");
+  ASSERT_NE(other, nullptr);
+  EXPECT_EQ(other->device_busy_ns, 7u);
+  EXPECT_EQ(other->sessions_open, 7u);
+  EXPECT_EQ(reg.usage_folds(), 7u);
+  // A known identity keeps its own series past the limit.
+  ASSERT_NE(reg.Add("c", Local(1001, 1001), std::make_shared<SessionCounters>()), 0u);
+  EXPECT_EQ(Find(reg.UsageByIdentity(), "1001", "c")->sessions_open, 2u);
+}
+
+TEST(RegistryUsageTest, OneUidsClientNamesAreBoundedAndSanitized) {
+  SessionRegistry reg(8ull << 30, 1024);
+  for (size_t i = 0; i < SessionRegistry::kMaxClientsPerUid + 5; ++i) {
+    ASSERT_NE(
+        reg.Add("name" + std::to_string(i), Local(1000, 1000), std::make_shared<SessionCounters>()),
+        0u);
+  }
+  ASSERT_NE(reg.Add(std::string("a\"b\n\xff") + std::string(100, 'x'), Local(1001, 1001),
+                    std::make_shared<SessionCounters>()),
+            0u);
+  auto all = reg.UsageByIdentity();
+  size_t of_1000 = 0;
+  for (const IdentityUsage& u : all) of_1000 += u.uid == "1000";
+  EXPECT_EQ(of_1000, SessionRegistry::kMaxClientsPerUid + 1) << "16 names and one other";
+  const IdentityUsage* other = Find(all, "1000", "other");
+  ASSERT_NE(other, nullptr);
+  EXPECT_EQ(other->sessions_open, 5u);
+  const IdentityUsage* odd = nullptr;
+  for (const IdentityUsage& u : all) {
+    if (u.uid == "1001") odd = &u;
+  }
+  ASSERT_NE(odd, nullptr);
+  EXPECT_EQ(odd->client.size(), SessionRegistry::kMaxClientLabel);
+  EXPECT_EQ(odd->client.substr(0, 5), "a\"b__") << "printable ASCII only";
+}
+
 }  // namespace
 }  // namespace ferry::session

@@ -59,6 +59,7 @@ TEST(WireTest, EverySessionCounterTravelsFromDaemonToClient) {
   d.submits = 1, d.failed_submits = 2, d.ops = 3, d.kernel_launches = 4;
   d.bytes_uploaded = 5, d.bytes_downloaded = 6, d.tensors_created = 7;
   d.peak_device_bytes = 8, d.device_busy_ns = 9, d.graph_launches = 10, d.kernel_batches = 11;
+  d.h2d_bytes = 12, d.h2d_ns = 13, d.d2h_bytes = 14, d.d2h_ns = 15;
   v1::SessionStats p;
   wire::StatsToProto(d, &p);
   SessionStats c = wire::StatsFromProto<SessionStats>(p);
@@ -73,6 +74,10 @@ TEST(WireTest, EverySessionCounterTravelsFromDaemonToClient) {
   EXPECT_EQ(c.device_busy_ns, 9u);
   EXPECT_EQ(c.graph_launches, 10u);
   EXPECT_EQ(c.kernel_batches, 11u);
+  EXPECT_EQ(c.h2d_bytes, 12u);
+  EXPECT_EQ(c.h2d_ns, 13u);
+  EXPECT_EQ(c.d2h_bytes, 14u);
+  EXPECT_EQ(c.d2h_ns, 15u);
 }
 
 }  // namespace

@@ -33,9 +33,14 @@ struct SessionStats {
   uint64_t bytes_downloaded = 0;
   uint64_t tensors_created = 0;
   uint64_t peak_device_bytes = 0;
-  uint64_t device_busy_ns = 0;
+  uint64_t device_busy_ns = 0;  // device time of the session's work, measured on the device
   uint64_t graph_launches = 0;
   uint64_t kernel_batches = 0;  // runs of kernel ops the daemon sent as one batch
+  // Copy-engine traffic by direction (host to device, device to host), part of device_busy_ns.
+  uint64_t h2d_bytes = 0;
+  uint64_t h2d_ns = 0;
+  uint64_t d2h_bytes = 0;
+  uint64_t d2h_ns = 0;
 };
 
 struct SessionOptions {

@@ -40,6 +40,10 @@ void StatsToProto(const Stats& s, v1::SessionStats* out) {
   out->set_device_busy_ns(s.device_busy_ns);
   out->set_graph_launches(s.graph_launches);
   out->set_kernel_batches(s.kernel_batches);
+  out->set_h2d_bytes(s.h2d_bytes);
+  out->set_h2d_ns(s.h2d_ns);
+  out->set_d2h_bytes(s.d2h_bytes);
+  out->set_d2h_ns(s.d2h_ns);
 }
 
 template <typename Stats>
@@ -56,6 +60,10 @@ Stats StatsFromProto(const v1::SessionStats& s) {
   out.device_busy_ns = s.device_busy_ns();
   out.graph_launches = s.graph_launches();
   out.kernel_batches = s.kernel_batches();
+  out.h2d_bytes = s.h2d_bytes();
+  out.h2d_ns = s.h2d_ns();
+  out.d2h_bytes = s.d2h_bytes();
+  out.d2h_ns = s.d2h_ns();
   return out;
 }
 

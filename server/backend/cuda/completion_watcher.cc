@@ -27,6 +27,7 @@ CompletionWatcher::~CompletionWatcher() {
   wake_cv_.NotifyAll();
   thread_.join();
   for (cudaEvent_t event : free_events_) (void)cudaEventDestroy(event);
+  for (cudaEvent_t event : free_timing_events_) (void)cudaEventDestroy(event);
   (void)cudaGetLastError();
 }
 
@@ -49,10 +50,30 @@ void CompletionWatcher::ReleaseEvent(cudaEvent_t event) {
   free_events_.push_back(event);
 }
 
+Result<cudaEvent_t> CompletionWatcher::AcquireTimingEvent() {
+  {
+    MutexLock lock(&mu_);
+    if (!free_timing_events_.empty()) {
+      cudaEvent_t event = free_timing_events_.back();
+      free_timing_events_.pop_back();
+      return event;
+    }
+  }
+  cudaEvent_t event = nullptr;
+  FERRY_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&event, cudaEventDefault));
+  return event;
+}
+
+void CompletionWatcher::ReleaseTimingEvent(cudaEvent_t event) {
+  MutexLock lock(&mu_);
+  free_timing_events_.push_back(event);
+}
+
 void CompletionWatcher::Watch(const std::shared_ptr<Queue>& queue, cudaEvent_t event,
-                              CompletionFn done) {
+                              CompletionFn done, bool timing) {
   Entry entry;
   entry.event = event;
+  entry.timing = timing;
   entry.done = std::move(done);
   Push(queue, std::move(entry));
 }
@@ -195,7 +216,13 @@ size_t CompletionWatcher::PollOnce() {
 void CompletionWatcher::Deliver(StreamQueue& stream, Entry entry, Status status) {
   if (entry.done) entry.done(std::move(status));
   entry.done = nullptr;  // destroy the callback's state before counting it delivered
-  if (entry.event != nullptr) ReleaseEvent(entry.event);
+  if (entry.event != nullptr) {
+    if (entry.timing) {
+      ReleaseTimingEvent(entry.event);
+    } else {
+      ReleaseEvent(entry.event);
+    }
+  }
   --streams_pending_;
   {
     MutexLock lock(&mu_);

@@ -20,7 +20,9 @@
 // it runs when it reaches the head of its stream's queue.
 //
 // Events come from a per-device pool (created with cudaEventDisableTiming) and go back to
-// it after their callback ran.
+// it after their callback ran. A second pool holds timing events, for the streams' usage
+// measurement (cuda_device.cc): a completion may be watched on a timing event, which goes
+// back to that pool.
 //
 // Thread-safety: all public methods are safe from any thread. Callbacks run on the watcher
 // thread, outside the watcher's lock, so a callback may call Watch again (and may destroy a
@@ -76,10 +78,15 @@ class CompletionWatcher {
   /// Watch, or returns it with ReleaseEvent.
   Result<cudaEvent_t> AcquireEvent();
   void ReleaseEvent(cudaEvent_t event);
+  /// The same, for events that record a timestamp (cudaEventElapsedTime works on them).
+  Result<cudaEvent_t> AcquireTimingEvent();
+  void ReleaseTimingEvent(cudaEvent_t event);
 
   /// Call `done` once `event` (recorded on the stream of `queue`) has completed, after the
-  /// callbacks watched on `queue` before it.
-  void Watch(const std::shared_ptr<Queue>& queue, cudaEvent_t event, CompletionFn done);
+  /// callbacks watched on `queue` before it. `timing`: the event came from
+  /// AcquireTimingEvent (it goes back to that pool after `done` ran).
+  void Watch(const std::shared_ptr<Queue>& queue, cudaEvent_t event, CompletionFn done,
+             bool timing = false);
   /// Call `done` with `status` once the callbacks watched on `queue` before it have run.
   void WatchResolved(const std::shared_ptr<Queue>& queue, Status status, CompletionFn done);
 
@@ -97,6 +104,7 @@ class CompletionWatcher {
  private:
   struct Entry {
     cudaEvent_t event = nullptr;   // null: already resolved with `status`
+    bool timing = false;           // event is from the timing pool
     std::optional<Status> status;  // the fixed status of a resolved entry
     CompletionFn done;
   };
@@ -123,6 +131,7 @@ class CompletionWatcher {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   Status fault_ ABSL_GUARDED_BY(mu_);
   std::vector<cudaEvent_t> free_events_ ABSL_GUARDED_BY(mu_);
+  std::vector<cudaEvent_t> free_timing_events_ ABSL_GUARDED_BY(mu_);
 
   // Watcher-thread state: the entries being polled, by queue.
   std::unordered_map<Queue*, StreamQueue> streams_;

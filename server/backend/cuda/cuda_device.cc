@@ -29,7 +29,14 @@
 //    the capture), instantiated into a cudaGraphExec_t. A graph keeps its capturing
 //    stream's scratch and cuBLAS workspace alive; replay it on the stream that captured it,
 //    or at least never concurrently with that stream's own ReduceSum or Gemm work.
-//  * busy_ns() returns 0: measuring it would need timing events around every op.
+//  * Usage (backend.h): one pair of timing events per span of work between completions:
+//    the first work enqueued after a completion (outside a capture) records a start event,
+//    and the next OnComplete watches a timing event instead of a plain one, which is the
+//    span's end. Each host<->device copy enqueued outside a capture gets its own pair, from
+//    the same pool (kMaxTimedCopies per direction and span; past that, a copy's bytes are counted
+//    and its time is estimated from the span's timed copies of that direction: a sample). Elapsed
+//    times are read on the watcher thread, before the completion's callback runs. Cost:
+//    one extra cudaEventRecord per submit, two per copy, and a cudaEventElapsedTime each.
 //
 // Lifetime: a CudaDevice must outlive its streams; modules and graphs may outlive it (they
 // unload from the primary context, which stays). A callback must not destroy the device.
@@ -314,6 +321,10 @@ class CudaDevice final : public Device {
 
   Result<std::shared_ptr<Module>> LoadModule(ModuleFormat format, std::string_view image) override;
 
+  Usage usage() const override { return usage_.Get(); }
+  /// Count a stream's measured usage in the device's total (watcher thread).
+  void AddUsage(const Usage& used) { usage_.Add(used); }
+
   uint64_t bytes_in_use() const override {
     MutexLock lock(&mu_);
     return bytes_in_use_;
@@ -482,6 +493,7 @@ class CudaDevice final : public Device {
   // session another's code); entries expire when no caller holds the module any more.
   std::unordered_map<std::string, std::weak_ptr<CudaModule>> modules_ ABSL_GUARDED_BY(modules_mu_);
 
+  UsageCounter usage_;  // every stream's, added on the watcher thread
   std::unique_ptr<CompletionWatcher> watcher_;
 };
 
@@ -508,6 +520,7 @@ class CudaStream final : public Stream {
     if (stream_ != nullptr) (void)cudaStreamSynchronize(stream_);
     for (auto& [nodes, exec] : batch_execs_) (void)cudaGraphExecDestroy(exec);
     if (!watcher().OnWatcherThread()) watcher().WaitForQueue(queue_);
+    DropSpan();
     if (cublas_ != nullptr) (void)cublas_api_->Destroy(cublas_);
     if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
     (void)cudaGetLastError();
@@ -522,6 +535,7 @@ class CudaStream final : public Stream {
       return InvalidArgument("Allocate during graph capture; allocate before BeginCapture");
     }
     FERRY_RETURN_IF_ERROR(device_->MakeCurrent());
+    StartSpan();  // the zeroing is work on the device
     return device_->AllocateMemory(bytes, stream_, /*zero=*/true);
   }
 
@@ -544,9 +558,11 @@ class CudaStream final : public Stream {
     if (src == nullptr) return InvalidArgument("CopyHostToDevice: null host pointer");
     return Enqueue({Access{dst, bytes, "CopyHostToDevice destination"}}, [&] {
       if (bytes == 0) return Status::Ok();
-      return device_->Check(
-          cudaMemcpyAsync(Address(dst), src, bytes, cudaMemcpyHostToDevice, stream_),
-          "cudaMemcpyAsync (host to device)");
+      return TimedCopy(/*to_device=*/true, bytes, [&] {
+        return device_->Check(
+            cudaMemcpyAsync(Address(dst), src, bytes, cudaMemcpyHostToDevice, stream_),
+            "cudaMemcpyAsync (host to device)");
+      });
     });
   }
 
@@ -554,9 +570,11 @@ class CudaStream final : public Stream {
     if (dst == nullptr) return InvalidArgument("CopyDeviceToHost: null host pointer");
     return Enqueue({Access{src, bytes, "CopyDeviceToHost source"}}, [&] {
       if (bytes == 0) return Status::Ok();
-      return device_->Check(
-          cudaMemcpyAsync(dst, Address(src), bytes, cudaMemcpyDeviceToHost, stream_),
-          "cudaMemcpyAsync (device to host)");
+      return TimedCopy(/*to_device=*/false, bytes, [&] {
+        return device_->Check(
+            cudaMemcpyAsync(dst, Address(src), bytes, cudaMemcpyDeviceToHost, stream_),
+            "cudaMemcpyAsync (device to host)");
+      });
     });
   }
 
@@ -703,6 +721,7 @@ class CudaStream final : public Stream {
       FERRY_RETURN_IF_ERROR(device_->CheckRange(access));
     }
     FERRY_RETURN_IF_ERROR(device_->MakeCurrent());
+    StartSpan();
     FERRY_RETURN_IF_ERROR(
         device_->Check(cudaGraphLaunch(cuda_graph->exec(), stream_), "cudaGraphLaunch"));
     if (capturing_) {
@@ -728,10 +747,14 @@ class CudaStream final : public Stream {
     FERRY_ASSIGN_OR_RETURN(EndedCapture ended, FinishCapture("batch"));
     if (ended.node_count == 0) return Status::Ok();
     FERRY_ASSIGN_OR_RETURN(cudaGraphExec_t exec, BatchExec(ended.graph.get(), ended.node_count));
+    StartSpan();
     return device_->Check(cudaGraphLaunch(exec, stream_), "cudaGraphLaunch (batch)");
   }
 
   void OnComplete(CompletionFn done) override {
+    if (!capturing_ && span_.start != nullptr) {
+      if (WatchSpan(done)) return;  // else `done` is untouched: complete it as usual
+    }
     if (capturing_) {
       watcher().WatchResolved(
           queue_,
@@ -742,6 +765,7 @@ class CudaStream final : public Stream {
     }
     Status fault = watcher().fault();
     if (!fault.ok()) {
+      DropSpan();
       watcher().WatchResolved(queue_, std::move(fault), std::move(done));
       return;
     }
@@ -764,7 +788,7 @@ class CudaStream final : public Stream {
     watcher().Watch(queue_, *event, std::move(done));
   }
 
-  uint64_t busy_ns() const override { return 0; }  // not measured; see the file comment
+  Usage usage() const override { return usage_->Get(); }
 
  private:
   explicit CudaStream(CudaDevice* device)
@@ -818,12 +842,174 @@ class CudaStream final : public Stream {
 
   CompletionWatcher& watcher() { return device_->watcher(); }
 
+  // --- usage measurement (file comment; backend.h, Usage) ---
+
+  /// A host<->device copy timed with its own pair of events.
+  struct TimedCopyEvents {
+    cudaEvent_t start = nullptr;
+    cudaEvent_t end = nullptr;
+    bool to_device = false;
+    uint64_t bytes = 0;
+  };
+  /// What one span hands to its completion.
+  struct Span {
+    cudaEvent_t start = nullptr;
+    std::vector<TimedCopyEvents> copies;
+    uint64_t untimed_h2d = 0, untimed_d2h = 0;  // bytes of copies past kMaxTimedCopies
+    size_t timed_h2d = 0, timed_d2h = 0;        // copies timed, per direction
+  };
+  // Per direction. Few: a span's events are held until its completion, and a session may
+  // have 64 submits in flight; most submits copy once or twice.
+  static constexpr size_t kMaxTimedCopies = 4;
+
+  /// Open a span (record its start event) unless one is open or the stream is capturing.
+  /// Best effort: without an event the span's work goes unmeasured.
+  void StartSpan() {
+    if (capturing_ || span_.start != nullptr) return;
+    Result<cudaEvent_t> event = watcher().AcquireTimingEvent();
+    if (!event.ok()) return;
+    if (cudaEventRecord(*event, stream_) != cudaSuccess) {
+      (void)cudaGetLastError();
+      watcher().ReleaseTimingEvent(*event);
+      return;
+    }
+    span_.start = *event;
+  }
+
+  /// Give the open span's events back, unmeasured.
+  void DropSpan() {
+    ReleaseSpan(&watcher(), span_);
+    span_ = Span();
+  }
+  static void ReleaseSpan(CompletionWatcher* watcher, const Span& span) {
+    if (span.start != nullptr) watcher->ReleaseTimingEvent(span.start);
+    for (const TimedCopyEvents& c : span.copies) {
+      watcher->ReleaseTimingEvent(c.start);
+      watcher->ReleaseTimingEvent(c.end);
+    }
+  }
+
+  /// Run `copy` (which enqueues one cudaMemcpyAsync) between a pair of timing events.
+  template <typename CopyFn>
+  Status TimedCopy(bool to_device, uint64_t bytes, CopyFn&& copy) {
+    if (capturing_) return copy();  // inside a graph: counted in busy_ns only
+    StartSpan();
+    TimedCopyEvents timed;
+    timed.to_device = to_device;
+    timed.bytes = bytes;
+    size_t& timed_so_far = to_device ? span_.timed_h2d : span_.timed_d2h;
+    if (span_.start != nullptr && timed_so_far < kMaxTimedCopies) {
+      Result<cudaEvent_t> start = watcher().AcquireTimingEvent();
+      Result<cudaEvent_t> end = watcher().AcquireTimingEvent();
+      if (start.ok()) timed.start = *start;
+      if (end.ok()) timed.end = *end;
+    }
+    if (timed.start == nullptr || timed.end == nullptr ||
+        cudaEventRecord(timed.start, stream_) != cudaSuccess) {
+      (void)cudaGetLastError();
+      if (timed.start != nullptr) watcher().ReleaseTimingEvent(timed.start);
+      if (timed.end != nullptr) watcher().ReleaseTimingEvent(timed.end);
+      Status status = copy();
+      if (status.ok() && span_.start != nullptr) {
+        (to_device ? span_.untimed_h2d : span_.untimed_d2h) += bytes;
+      }
+      return status;
+    }
+    Status status = copy();
+    if (status.ok() && cudaEventRecord(timed.end, stream_) == cudaSuccess) {
+      span_.copies.push_back(timed);
+      ++timed_so_far;
+      return status;
+    }
+    (void)cudaGetLastError();
+    // The start event may already be recorded: it completes with the stream, harmlessly.
+    watcher().ReleaseTimingEvent(timed.start);
+    watcher().ReleaseTimingEvent(timed.end);
+    if (status.ok()) (to_device ? span_.untimed_h2d : span_.untimed_d2h) += bytes;
+    return status;
+  }
+
+  /// Close the open span with `done`'s completion: record a timing event as its end and
+  /// watch it, measuring the span before `done` runs. Return false (nothing done with
+  /// `done`, the span dropped) when the end cannot be recorded.
+  bool WatchSpan(CompletionFn& done) {
+    if (!watcher().fault().ok() || !device_->MakeCurrent().ok()) {
+      DropSpan();
+      return false;
+    }
+    Result<cudaEvent_t> end = watcher().AcquireTimingEvent();
+    if (!end.ok()) {
+      DropSpan();
+      return false;
+    }
+    if (!device_->Check(cudaEventRecord(*end, stream_), "cudaEventRecord").ok()) {
+      watcher().ReleaseTimingEvent(*end);
+      DropSpan();
+      return false;
+    }
+    Span span = std::move(span_);
+    span_ = Span();
+    watcher().Watch(
+        queue_, *end,
+        [span = std::move(span), end = *end, usage = usage_, device = device_, watcher = &watcher(),
+         done = std::move(done)](Status status) mutable {
+          // Every event of the span precedes `end` on the stream: all have completed.
+          if (status.ok()) {
+            const Usage used = MeasureSpan(span, end);
+            usage->Add(used);
+            device->AddUsage(used);
+          }
+          ReleaseSpan(watcher, span);
+          done(std::move(status));
+        },
+        /*timing=*/true);
+    return true;
+  }
+
+  static uint64_t ElapsedNs(cudaEvent_t from, cudaEvent_t to) {
+    float ms = 0;
+    if (cudaEventElapsedTime(&ms, from, to) != cudaSuccess || !(ms > 0)) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    return static_cast<uint64_t>(static_cast<double>(ms) * 1e6);
+  }
+
+  static Usage MeasureSpan(const Span& span, cudaEvent_t end) {
+    Usage used;
+    used.busy_ns = ElapsedNs(span.start, end);
+    for (const TimedCopyEvents& c : span.copies) {
+      const uint64_t ns = ElapsedNs(c.start, c.end);
+      if (c.to_device) {
+        used.h2d_bytes += c.bytes;
+        used.h2d_ns += ns;
+      } else {
+        used.d2h_bytes += c.bytes;
+        used.d2h_ns += ns;
+      }
+    }
+    // Copies past kMaxTimedCopies: their time at the rate of the span's timed ones.
+    auto estimate = [](uint64_t untimed, uint64_t bytes, uint64_t ns) -> uint64_t {
+      if (untimed == 0 || bytes == 0) return 0;
+      return static_cast<uint64_t>(static_cast<double>(untimed) * static_cast<double>(ns) /
+                                   static_cast<double>(bytes));
+    };
+    const uint64_t h2d_extra = estimate(span.untimed_h2d, used.h2d_bytes, used.h2d_ns);
+    const uint64_t d2h_extra = estimate(span.untimed_d2h, used.d2h_bytes, used.d2h_ns);
+    used.h2d_bytes += span.untimed_h2d;
+    used.h2d_ns += h2d_extra;
+    used.d2h_bytes += span.untimed_d2h;
+    used.d2h_ns += d2h_extra;
+    return used;
+  }
+
   /// Check `accesses`, make the device current, run `launch` (which enqueues the work and
   /// returns its launch status) and, while capturing, record the accesses for replays.
   template <typename LaunchFn>
   Status Enqueue(std::initializer_list<Access> accesses, LaunchFn&& launch) {
     for (const Access& access : accesses) FERRY_RETURN_IF_ERROR(device_->CheckRange(access));
     FERRY_RETURN_IF_ERROR(device_->MakeCurrent());
+    StartSpan();
     FERRY_RETURN_IF_ERROR(launch());
     if (capturing_) captured_.insert(captured_.end(), accesses.begin(), accesses.end());
     return Status::Ok();
@@ -978,6 +1164,11 @@ class CudaStream final : public Stream {
   // Executable graphs of past batches by node count (at most kMaxBatchExecs).
   static constexpr size_t kMaxBatchExecs = 8;
   std::map<size_t, cudaGraphExec_t> batch_execs_;
+
+  // Owner-only: the span of work since the last completion (start null: none open).
+  Span span_;
+  // Shared with the completions in flight, which add to it on the watcher thread.
+  const std::shared_ptr<UsageCounter> usage_ = std::make_shared<UsageCounter>();
 };
 
 Status CudaStream::Launch(const Module& module, std::string_view function,
@@ -1060,6 +1251,7 @@ Status CudaStream::Launch(const Module& module, std::string_view function,
                      "cuFuncSetAttribute (dynamic shared memory)")));
   }
 
+  StartSpan();
   const CUresult launched =
       api.LaunchKernel(func, config.grid[0], config.grid[1], config.grid[2], config.block[0],
                        config.block[1], config.block[2], config.shared_bytes, stream_,

@@ -20,6 +20,10 @@ namespace {
 
 constexpr std::align_val_t kAlignment{256};
 
+// Allocations of every HostDevice of the process not yet released: a count that outlives
+// each device, so a test can see that a device's destructor released what was never freed.
+std::atomic<uint64_t> g_live_allocations{0};
+
 Status InvalidArgument(std::string message) {
   return Status(ErrorKind::kInvalidArgument, std::move(message));
 }
@@ -52,6 +56,10 @@ struct HostOp {
   std::function<Status()> run;
   std::array<Access, 3> accesses{};
   size_t access_count = 0;
+  // A copy between host and device, counted by direction in the stream's Usage when it is
+  // enqueued on its own (not when replayed from a graph: backend.h, Usage).
+  enum class Copy { kNone, kToDevice, kToHost } copy = Copy::kNone;
+  uint64_t copy_bytes = 0;
 };
 
 /// The recorded ops of one capture. Immutable; replayable on any stream of its device.
@@ -122,6 +130,8 @@ class HostStream final : public Stream {
       std::memcpy(d, src, bytes);
       return Status::Ok();
     };
+    op.copy = HostOp::Copy::kToDevice;
+    op.copy_bytes = bytes;
     return Enqueue(std::move(op));
   }
 
@@ -134,6 +144,8 @@ class HostStream final : public Stream {
       std::memcpy(dst, s, bytes);
       return Status::Ok();
     };
+    op.copy = HostOp::Copy::kToHost;
+    op.copy_bytes = bytes;
     return Enqueue(std::move(op));
   }
 
@@ -336,15 +348,17 @@ class HostStream final : public Stream {
     Push(std::move(task));
   }
 
-  uint64_t busy_ns() const override { return busy_ns_.load(std::memory_order_relaxed); }
+  Usage usage() const override { return usage_.Get(); }
 
  private:
   struct Task {
     enum class Kind { kRun, kFree, kComplete } kind = Kind::kRun;
-    std::function<Status()> run;  // kRun
-    DevicePtr ptr = 0;            // kFree
-    CompletionFn done;            // kComplete
-    Status status_override;       // kComplete: reported instead, when not OK
+    std::function<Status()> run;              // kRun
+    HostOp::Copy copy = HostOp::Copy::kNone;  // kRun: a copy counted by direction
+    uint64_t copy_bytes = 0;
+    DevicePtr ptr = 0;       // kFree
+    CompletionFn done;       // kComplete
+    Status status_override;  // kComplete: reported instead, when not OK
   };
 
   Status CheckAccesses(const HostOp& op) const {
@@ -365,6 +379,8 @@ class HostStream final : public Stream {
     Task task;
     task.kind = Task::Kind::kRun;
     task.run = std::move(op.run);
+    task.copy = op.copy;
+    task.copy_bytes = op.copy_bytes;
     Push(std::move(task));
     return Status::Ok();
   }
@@ -418,10 +434,20 @@ class HostStream final : public Stream {
       Status status = task.run();
       if (!status.ok()) sticky_ = std::move(status);
     }
-    const auto elapsed = std::chrono::steady_clock::now() - start;
-    busy_ns_.fetch_add(static_cast<uint64_t>(
-                           std::chrono::duration_cast<std::chrono::nanoseconds>(elapsed).count()),
-                       std::memory_order_relaxed);
+    // Counted before any later completion is posted, as backend.h promises.
+    Usage used;
+    used.busy_ns = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                             std::chrono::steady_clock::now() - start)
+                                             .count());
+    if (sticky_.ok() && task.copy == HostOp::Copy::kToDevice) {
+      used.h2d_bytes = task.copy_bytes;
+      used.h2d_ns = used.busy_ns;
+    } else if (sticky_.ok() && task.copy == HostOp::Copy::kToHost) {
+      used.d2h_bytes = task.copy_bytes;
+      used.d2h_ns = used.busy_ns;
+    }
+    usage_.Add(used);
+    device_->usage_.Add(used);
   }
 
   HostDevice* const device_;
@@ -438,8 +464,8 @@ class HostStream final : public Stream {
   std::deque<Task> queue_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
 
-  Status sticky_;  // worker-only: the first run-time error
-  std::atomic<uint64_t> busy_ns_{0};
+  Status sticky_;       // worker-only: the first run-time error
+  UsageCounter usage_;  // written by the worker
   std::thread worker_;  // started last in the constructor
 };
 
@@ -480,8 +506,10 @@ HostDevice::~HostDevice() {
   completion_thread_.join();
   // Memory a caller allocated and never freed.
   MutexLock lock(&mu_);  // no stream is left: for the analysis
-  allocations_.ForEach(
-      [](DevicePtr base, uint64_t) { ::operator delete(HostAddress(base), kAlignment); });
+  allocations_.ForEach([](DevicePtr base, uint64_t) {
+    ::operator delete(HostAddress(base), kAlignment);
+    g_live_allocations.fetch_sub(1, std::memory_order_relaxed);
+  });
 }
 
 Result<std::unique_ptr<Stream>> HostDevice::CreateStream() {
@@ -534,6 +562,10 @@ void HostDevice::InjectFaultForTest(uint64_t after_ops, Status fault) {
   fault_armed_.store(true, std::memory_order_release);
 }
 
+uint64_t HostDevice::live_allocations_for_test() {
+  return g_live_allocations.load(std::memory_order_relaxed);
+}
+
 void HostDevice::FailNextAllocationForTest() {
   MutexLock lock(&mu_);
   fail_next_allocation_ = true;
@@ -570,6 +602,7 @@ Result<DevicePtr> HostDevice::AllocateMemory(uint64_t bytes) {
   }
   const DevicePtr ptr = DeviceAddress(memory);
   allocations_.Insert(ptr, bytes);
+  g_live_allocations.fetch_add(1, std::memory_order_relaxed);
   return ptr;
 }
 
@@ -586,6 +619,7 @@ void HostDevice::ReleaseMemory(DevicePtr ptr) {
     bytes_in_use_ -= *bytes;
   }
   ::operator delete(HostAddress(ptr), kAlignment);
+  g_live_allocations.fetch_sub(1, std::memory_order_relaxed);
 }
 
 Status HostDevice::CheckRange(DevicePtr ptr, uint64_t bytes, std::string_view what) const {

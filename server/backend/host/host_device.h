@@ -22,6 +22,9 @@
 // destroyed on the completion thread itself, i.e. inside a callback, it cannot wait for its
 // own later callbacks; they are still delivered, after the stream is gone).
 //
+// Usage (backend.h): each op is timed on its worker with the steady clock (an injected op
+// delay counts, as device time would); copies enqueued on their own count by direction.
+//
 // Thread-safety: as backend.h says. The ForTest hooks may be called from any thread.
 #pragma once
 
@@ -66,6 +69,7 @@ class HostDevice final : public Device {
   Result<std::shared_ptr<Module>> LoadModule(ModuleFormat format, std::string_view image) override;
   uint64_t bytes_in_use() const override;
   uint64_t free_memory() const override;
+  Usage usage() const override { return usage_.Get(); }
 
   /// Make the op executed after `after_ops` more ops (counted across all streams of this
   /// device; skipped work, Free and completions do not count) fail at run time with
@@ -79,6 +83,9 @@ class HostDevice final : public Device {
   void SetOpDelayForTest(std::chrono::microseconds delay);
   /// Return the number of host ranges registered and not unregistered.
   size_t registered_host_ranges_for_test() const;
+  /// Return the number of allocations, of every HostDevice in the process, that are not yet
+  /// released (by a Free that ran, or by their device's destructor).
+  static uint64_t live_allocations_for_test();
 
  private:
   friend class HostStream;
@@ -134,6 +141,7 @@ class HostDevice final : public Device {
   uint64_t fault_countdown_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<bool> fault_armed_{false};  // fast-path hint for injected_fault_
   std::atomic<int64_t> op_delay_us_{0};
+  UsageCounter usage_;  // every stream's, added by their workers
 
   // completion_mu_ guards completions_, completion_stop_ and every CompletionTracker.
   mutable Mutex completion_mu_;

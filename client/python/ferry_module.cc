@@ -1,0 +1,938 @@
+// ferry._ferry: libferry for Python (pybind11). The package ferry (client/python/ferry/)
+// re-exports it; ferry/_types.py holds the exception classes and SessionStats.
+//
+// Threads and the GIL. A ferry::Session has one owner thread; Python code may call a session
+// from several threads, and the GIL is released during blocking calls, so every call into a
+// ferry::Session (and every destruction of one of its Tensors or PendingTransfers, which
+// record into it) happens under SessionCore::mu. Lock order: the GIL is never acquired while
+// mu is held. Calls that only record take mu with the GIL held (they are short); blocking
+// calls release the GIL first, then take mu. Tensors and PendingTransfers that Python drops
+// (on whatever thread the garbage collector runs) are handed to the core's graveyard and
+// destroyed under mu at the session's next call, or when the session object goes.
+// PendingTransfer::is_ready() and wait() are safe without mu (libferry guards their state
+// with its own lock); PinnedBuffers may be destroyed on any thread.
+//
+// Buffers and views. A Python PinnedBuffer owns its ferry::PinnedBuffer through a shared
+// BufferBox. Every view of its memory (buf.numpy(), buf.memoryview(), a DLPack capsule and
+// the array a consumer built from it) holds the box and counts itself in box->views, so the
+// memory outlives the views, and a transfer is refused (BUSY) while any view exists: the
+// slab range must not change under a user's array.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ferry/client.h"
+#include "ferry/dtype.h"
+#include "ferry/session.h"
+#include "ferry/status.h"
+
+namespace py = pybind11;
+
+namespace ferry::python {
+namespace {
+
+// --- errors ----------------------------------------------------------------------------------
+
+/// Raise `status` as the ferry._types exception class of its kind, with `tensor` and
+/// `buffer` attached (the values a refused or failed transfer gives back). GIL held.
+[[noreturn]] void Raise(const Status& status, py::object tensor = py::none(),
+                        py::object buffer = py::none()) {
+  py::object types = py::module_::import("ferry._types");
+  py::object exc =
+      types.attr("_make_error")(static_cast<int>(status.code()), static_cast<int>(status.kind()),
+                                status.message(), status.op_index());
+  exc.attr("tensor") = std::move(tensor);
+  exc.attr("buffer") = std::move(buffer);
+  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
+  throw py::error_already_set();
+}
+
+void Check(const Status& status) {
+  if (!status.ok()) Raise(status);
+}
+
+[[noreturn]] void Fail(ErrorKind kind, const std::string& message) { Raise(Status(kind, message)); }
+
+// --- dtypes ----------------------------------------------------------------------------------
+
+DType DTypeFromNumpy(const py::dtype& dt) {
+  if (dt.attr("isnative").cast<bool>() || dt.itemsize() == 1) {
+    const char kind = dt.kind();
+    const auto size = dt.itemsize();
+    if (kind == 'f' && size == 4) return DType::kF32;
+    if (kind == 'f' && size == 8) return DType::kF64;
+    if (kind == 'i' && size == 4) return DType::kI32;
+    if (kind == 'u' && size == 1) return DType::kU8;
+  }
+  return DType::kInvalid;
+}
+
+DType ParseDType(const py::object& obj) {
+  py::dtype dt = py::dtype::from_args(obj);
+  DType d = DTypeFromNumpy(dt);
+  if (d == DType::kInvalid) {
+    Fail(ErrorKind::kInvalidArgument,
+         "dtype " + py::str(dt).cast<std::string>() +
+             " is not a ferry element type (float32, float64, int32, uint8)");
+  }
+  return d;
+}
+
+py::dtype NumpyDType(DType d) {
+  switch (d) {
+    case DType::kF32:
+      return py::dtype("float32");
+    case DType::kF64:
+      return py::dtype("float64");
+    case DType::kI32:
+      return py::dtype("int32");
+    case DType::kU8:
+      return py::dtype("uint8");
+    default:
+      break;
+  }
+  Fail(ErrorKind::kInternal, "a tensor of dtype " + std::string(DTypeName(d)));
+}
+
+std::vector<int64_t> ParseShape(const py::object& obj) {
+  if (PyIndex_Check(obj.ptr())) return {obj.cast<int64_t>()};  // an int, numpy's too
+  std::vector<int64_t> dims;
+  for (auto d : py::iter(obj)) dims.push_back(d.cast<int64_t>());
+  return dims;
+}
+
+py::tuple ShapeTuple(const Shape& shape) {
+  py::tuple t(shape.rank());
+  for (size_t i = 0; i < shape.rank(); ++i) t[i] = py::int_(shape.dim(i));
+  return t;
+}
+
+// --- the session core ------------------------------------------------------------------------
+
+/// One ferry::Session and the lock that stands in for its owner thread. Shared by the
+/// Python Session and every Tensor, PinnedBuffer and Pending made from it.
+class SessionCore {
+ public:
+  explicit SessionCore(Session session) : session_(std::move(session)) {}
+  ~SessionCore() {
+    // Nothing else holds the core now; the graveyard's values record into the session (or
+    // find it gone) on this thread.
+    std::lock_guard lock(mu_);
+    ReapLocked();
+  }
+
+  /// Run fn(session) under the lock, the GIL held: for calls that only record.
+  template <typename Fn>
+  auto Record(Fn&& fn) {
+    std::lock_guard lock(mu_);
+    ReapLocked();
+    if (!session_) Fail(ErrorKind::kSessionClosed, "the session is gone");
+    return fn(*session_);
+  }
+  /// Run fn(session) under the lock with the GIL released: for calls that may block.
+  /// fn must not touch Python objects.
+  template <typename Fn>
+  auto Blocking(Fn&& fn) {
+    py::gil_scoped_release release;
+    std::lock_guard lock(mu_);
+    ReapLocked();
+    return fn(*session_);
+  }
+  /// End the session (its stream) now: the Python Session object is going.
+  void Shutdown() {
+    std::lock_guard lock(mu_);
+    ReapLocked();
+    session_.reset();
+  }
+
+  /// Hand over a value Python dropped; it is destroyed under the lock later. Any thread.
+  void Bury(Tensor tensor) {
+    std::lock_guard lock(grave_mu_);
+    dead_tensors_.push_back(std::move(tensor));
+  }
+  void Bury(PendingTransfer pending) {
+    std::lock_guard lock(grave_mu_);
+    dead_pendings_.push_back(std::move(pending));
+  }
+
+  bool closed = false;  // close() was called; GIL held
+
+ private:
+  void ReapLocked() {
+    std::vector<Tensor> tensors;
+    std::vector<PendingTransfer> pendings;
+    {
+      std::lock_guard lock(grave_mu_);
+      tensors.swap(dead_tensors_);
+      pendings.swap(dead_pendings_);
+    }
+    // Pendings first: a detached transfer's tensor is released after its copy is done.
+    pendings.clear();
+    tensors.clear();
+  }
+
+  std::mutex mu_;
+  std::optional<Session> session_;  // guarded by mu_; empty after Shutdown
+  std::mutex grave_mu_;             // never held while taking mu_ or the GIL
+  std::vector<Tensor> dead_tensors_;
+  std::vector<PendingTransfer> dead_pendings_;
+};
+
+/// Where the C++ value behind a Python Tensor or PinnedBuffer is.
+enum class Where { kHere, kLent, kDetached, kFreed };
+
+// --- Tensor ----------------------------------------------------------------------------------
+
+struct TensorBox {
+  std::shared_ptr<SessionCore> core;
+  Tensor tensor;
+  Where where = Where::kHere;
+  uint64_t handle = 0;
+  DType dtype = DType::kInvalid;
+  Shape shape;
+  uint64_t elements = 0;
+
+  TensorBox(std::shared_ptr<SessionCore> c, Tensor t)
+      : core(std::move(c)),
+        tensor(std::move(t)),
+        handle(tensor.handle()),
+        dtype(tensor.dtype()),
+        shape(tensor.shape()),
+        elements(tensor.element_count()) {}
+  TensorBox(const TensorBox&) = delete;
+  ~TensorBox() {
+    if (tensor.valid()) core->Bury(std::move(tensor));
+  }
+  uint64_t nbytes() const { return elements * DTypeSize(dtype); }
+  std::string Describe() const {
+    return "tensor " + std::to_string(handle) + " (" + std::string(DTypeName(dtype)) + " " +
+           shape.ToString() + ")";
+  }
+};
+
+// --- PinnedBuffer and its views --------------------------------------------------------------
+
+struct BufferBox {
+  std::shared_ptr<SessionCore> core;
+  PinnedBuffer buffer;
+  Where where = Where::kHere;
+  uint64_t size = 0;
+  bool shared = false;
+  std::atomic<int64_t> views{0};  // live views; decremented on any thread
+
+  BufferBox(std::shared_ptr<SessionCore> c, PinnedBuffer b)
+      : core(std::move(c)), buffer(std::move(b)), size(buffer.size()), shared(buffer.is_shared()) {}
+
+  /// The memory, for a new view; raises when the buffer is lent or gone.
+  char* DataForView() {
+    if (where != Where::kHere || !buffer.valid()) {
+      Fail(ErrorKind::kInvalidArgument,
+           where == Where::kLent ? "the buffer is lent to a pending transfer; wait() gives it back"
+                                 : "the buffer was given to a transfer that was dropped");
+    }
+    return static_cast<char*>(buffer.data());
+  }
+};
+
+/// One view of a buffer: exports the whole buffer as bytes through the buffer protocol.
+struct BufferView {
+  std::shared_ptr<BufferBox> box;
+  char* data;
+  explicit BufferView(std::shared_ptr<BufferBox> b) : box(std::move(b)), data(box->DataForView()) {
+    ++box->views;
+  }
+  BufferView(const BufferView&) = delete;
+  ~BufferView() { --box->views; }
+};
+
+// DLPack's C ABI (the unversioned DLManagedTensor, as `__dlpack__` capsules named
+// "dltensor" carry it), written from the public specification.
+struct DLDevice {
+  int32_t device_type;
+  int32_t device_id;
+};
+struct DLDataType {
+  uint8_t code;
+  uint8_t bits;
+  uint16_t lanes;
+};
+struct DLTensor {
+  void* data;
+  DLDevice device;
+  int32_t ndim;
+  DLDataType dtype;
+  int64_t* shape;
+  int64_t* strides;
+  uint64_t byte_offset;
+};
+struct DLManagedTensor {
+  DLTensor dl_tensor;
+  void* manager_ctx;
+  void (*deleter)(DLManagedTensor* self);
+};
+constexpr int32_t kDLCPU = 1;
+constexpr int32_t kDLCUDAHost = 3;
+constexpr uint8_t kDLUInt = 1;
+
+/// Device type of a buffer's memory: CUDA-registered host memory when it is a slab the
+/// daemon maps (it registers its slabs with CUDA), plain host memory for a remote session.
+int32_t DlpackDeviceType(const BufferBox& box) { return box.shared ? kDLCUDAHost : kDLCPU; }
+
+/// A DLPack export of a whole buffer as a 1-D uint8 tensor; a view while it lives.
+struct DlpackExport {
+  DLManagedTensor managed{};
+  int64_t shape[1] = {0};
+  std::shared_ptr<BufferBox> box;
+
+  explicit DlpackExport(std::shared_ptr<BufferBox> b) : box(std::move(b)) {
+    managed.dl_tensor.data = box->DataForView();
+    managed.dl_tensor.device = {DlpackDeviceType(*box), 0};
+    managed.dl_tensor.ndim = 1;
+    managed.dl_tensor.dtype = {kDLUInt, 8, 1};
+    shape[0] = static_cast<int64_t>(box->size);
+    managed.dl_tensor.shape = shape;
+    managed.dl_tensor.strides = nullptr;  // compact, row-major
+    managed.dl_tensor.byte_offset = 0;
+    managed.manager_ctx = this;
+    managed.deleter = [](DLManagedTensor* self) {
+      delete static_cast<DlpackExport*>(self->manager_ctx);
+    };
+    ++box->views;
+  }
+  ~DlpackExport() { --box->views; }
+};
+
+/// Capsule destructor: a capsule no consumer took ("dltensor" still) frees its export.
+void DlpackCapsuleDestructor(PyObject* capsule) {
+  if (!PyCapsule_IsValid(capsule, "dltensor")) return;  // consumed: "used_dltensor"
+  PyObject *type, *value, *traceback;
+  PyErr_Fetch(&type, &value, &traceback);
+  auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, "dltensor"));
+  if (managed) managed->deleter(managed);
+  PyErr_Restore(type, value, traceback);
+}
+
+// --- PendingTransfer -------------------------------------------------------------------------
+
+struct PendingBox {
+  std::shared_ptr<SessionCore> core;
+  std::optional<PendingTransfer> pending;
+  py::object tensor;  // the Python Tensor and PinnedBuffer lent to the transfer
+  py::object buffer;
+  bool waited = false;
+  bool waiting = false;  // a thread is in wait() with the GIL released; GIL held to read
+
+  PendingBox() = default;
+  PendingBox(const PendingBox&) = delete;
+  ~PendingBox() {  // GIL held (Python deallocates it)
+    if (waited || !pending) return;
+    // Detach, as dropping a C++ PendingTransfer does: libferry keeps the values until the
+    // copy is done; the Python objects stay empty.
+    tensor.cast<TensorBox&>().where = Where::kDetached;
+    buffer.cast<BufferBox&>().where = Where::kDetached;
+    core->Bury(std::move(*pending));
+    pending.reset();
+  }
+};
+
+// --- Session ---------------------------------------------------------------------------------
+
+struct PySession {
+  std::shared_ptr<SessionCore> core;
+  py::object stats = py::none();
+  uint64_t id = 0;
+  std::string backend;
+  uint64_t quota = 0;
+  uint64_t slab_size = 0;
+
+  explicit PySession(Session s)
+      : id(s.id()), backend(s.backend()), quota(s.device_bytes_quota()), slab_size(s.slab_size()) {
+    core = std::make_shared<SessionCore>(std::move(s));
+  }
+  PySession(const PySession&) = delete;
+  ~PySession() {
+    // Ends the stream without waiting for the device (as ~ferry::Session does); no other
+    // thread is inside this session's methods, since they hold a reference to it.
+    if (core) core->Shutdown();
+  }
+
+  void CheckOpen() const {
+    if (core->closed) Fail(ErrorKind::kSessionClosed, "the session is closed");
+  }
+
+  /// The C++ tensor behind `t`, for use in this session; raises when it cannot be used.
+  const Tensor& Use(TensorBox& t) const {
+    if (t.core != core)
+      Fail(ErrorKind::kInvalidHandle, t.Describe() + " belongs to another session");
+    switch (t.where) {
+      case Where::kHere:
+        return t.tensor;
+      case Where::kLent:
+        Fail(ErrorKind::kInvalidHandle,
+             t.Describe() + " is lent to a pending transfer; wait() gives it back");
+      case Where::kDetached:
+        Fail(ErrorKind::kInvalidHandle,
+             t.Describe() + " was given to a transfer that was dropped (detached)");
+      case Where::kFreed:
+        break;
+    }
+    Fail(ErrorKind::kInvalidHandle, t.Describe() + " was freed");
+  }
+
+  py::object MakeStats(const SessionStats& s) {
+    py::object cls = py::module_::import("ferry._types").attr("SessionStats");
+    return cls(py::arg("submits") = s.submits, py::arg("failed_submits") = s.failed_submits,
+               py::arg("ops") = s.ops, py::arg("kernel_launches") = s.kernel_launches,
+               py::arg("bytes_uploaded") = s.bytes_uploaded,
+               py::arg("bytes_downloaded") = s.bytes_downloaded,
+               py::arg("tensors_created") = s.tensors_created,
+               py::arg("peak_device_bytes") = s.peak_device_bytes,
+               py::arg("device_busy_ns") = s.device_busy_ns,
+               py::arg("graph_launches") = s.graph_launches,
+               py::arg("kernel_batches") = s.kernel_batches);
+  }
+
+  py::object Close() {
+    CheckOpen();
+    auto r = core->Blocking([](Session& s) { return s.close(); });
+    core->closed = true;
+    if (!r.ok()) Raise(r.status());
+    stats = MakeStats(*r);
+    return stats;
+  }
+
+  /// Check what a pending transfer is given and take the C++ values out of their boxes.
+  std::pair<Tensor, PinnedBuffer> Lend(const py::object& tensor_obj, const py::object& buffer_obj) {
+    CheckOpen();
+    auto& t = tensor_obj.cast<TensorBox&>();
+    auto& b = buffer_obj.cast<BufferBox&>();
+    Use(t);
+    if (b.core != core) Fail(ErrorKind::kInvalidArgument, "the buffer belongs to another session");
+    if (b.where == Where::kLent) {
+      Fail(ErrorKind::kInvalidArgument,
+           "the buffer is lent to a pending transfer; wait() gives it back");
+    }
+    if (b.where != Where::kHere) {
+      Fail(ErrorKind::kInvalidArgument, "the buffer was given to a transfer that was dropped");
+    }
+    if (int64_t n = b.views.load(); n > 0) {
+      Fail(ErrorKind::kBusy, "the buffer has " + std::to_string(n) +
+                                 " live view(s) (numpy arrays, memoryviews or DLPack "
+                                 "capsules); drop them before handing it to a transfer, the "
+                                 "transfer would change memory under them");
+    }
+    t.where = Where::kLent;
+    b.where = Where::kLent;
+    return {std::move(t.tensor), std::move(b.buffer)};
+  }
+
+  py::object MakePending(PendingTransfer p, py::object tensor_obj, py::object buffer_obj) {
+    auto box = std::make_unique<PendingBox>();
+    box->core = core;
+    box->pending = std::move(p);
+    box->tensor = std::move(tensor_obj);
+    box->buffer = std::move(buffer_obj);
+    return py::cast(std::move(box));
+  }
+};
+
+py::object PendingWait(PendingBox& p) {
+  if (p.waited || !p.pending) {
+    Fail(ErrorKind::kInvalidArgument, "no transfer: already waited for");
+  }
+  if (p.waiting) Fail(ErrorKind::kInvalidArgument, "another thread is waiting for this transfer");
+  // A PendingTransfer is not for two threads at once: others see `waiting` and keep off.
+  p.waiting = true;
+  Transfer t;
+  {
+    py::gil_scoped_release release;
+    t = p.pending->wait();
+  }
+  p.waiting = false;
+  p.waited = true;
+  p.pending.reset();
+  auto& tb = p.tensor.cast<TensorBox&>();
+  auto& bb = p.buffer.cast<BufferBox&>();
+  tb.tensor = std::move(t.tensor);
+  tb.where = tb.tensor.valid() ? Where::kHere : Where::kFreed;
+  bb.buffer = std::move(t.buffer);
+  bb.where = bb.buffer.valid() ? Where::kHere : Where::kDetached;
+  if (!t.status.ok()) Raise(t.status, p.tensor, p.buffer);
+  return py::make_tuple(p.tensor, p.buffer);
+}
+
+py::array ContiguousOf(const py::array& a) { return py::array::ensure(a, py::array::c_style); }
+
+void CheckArrayFits(const TensorBox& t, const py::array& a, const char* what) {
+  DType d = DTypeFromNumpy(a.dtype());
+  if (d != t.dtype) {
+    Fail(ErrorKind::kDtypeMismatch, std::string(what) + " of dtype " +
+                                        py::str(a.dtype()).cast<std::string>() + " for " +
+                                        t.Describe());
+  }
+  if (static_cast<uint64_t>(a.size()) != t.elements) {
+    Fail(ErrorKind::kShapeMismatch, std::string(what) + " of " + std::to_string(a.size()) +
+                                        " elements for " + t.Describe() + " of " +
+                                        std::to_string(t.elements));
+  }
+}
+
+// --- ops: recorded, sent at the next submit --------------------------------------------------
+
+using BinaryOp = void (Session::*)(const Tensor&, const Tensor&, const Tensor&);
+
+void BindBinary(py::class_<PySession>& cls, const char* name, BinaryOp op, const char* doc) {
+  cls.def(
+      name,
+      [op](PySession& s, TensorBox& a, TensorBox& b, TensorBox& out) {
+        s.CheckOpen();
+        const Tensor &ta = s.Use(a), &tb = s.Use(b), &to = s.Use(out);
+        s.core->Record([&](Session& ss) { (ss.*op)(ta, tb, to); });
+      },
+      py::arg("a"), py::arg("b"), py::arg("out"), doc);
+}
+
+}  // namespace
+}  // namespace ferry::python
+
+PYBIND11_MODULE(_ferry, m) {
+  using namespace ferry;          // NOLINT: the module's body names libferry's types
+  using namespace ferry::python;  // NOLINT
+  m.doc() = "libferry for Python; import the package `ferry`, not this module.";
+
+  m.def("_error_kind_names", [] {
+    std::vector<std::pair<int, std::string>> out;
+    for (int k = 0; k <= static_cast<int>(kLastErrorKind); ++k) {
+      out.emplace_back(k, std::string(ErrorKindName(static_cast<ErrorKind>(k))));
+    }
+    return out;
+  });
+  m.def("_code_names", [] {
+    std::vector<std::pair<int, std::string>> out;
+    for (int c = 0; c <= static_cast<int>(Code::kUnauthenticated); ++c) {
+      out.emplace_back(c, std::string(CodeName(static_cast<Code>(c))));
+    }
+    return out;
+  });
+  m.def(
+      "_canonical_code", [](int kind) { return static_cast<int>(CanonicalCode(ErrorKind(kind))); },
+      "The canonical code an ErrorKind is reported under.");
+  m.def(
+      "_raise_status_for_test",
+      [](int kind, const std::string& message, int op_index) {
+        Raise(Status(static_cast<ErrorKind>(kind), message, op_index));
+      },
+      "Raise a ferry::Status of `kind` the way every failing call does (tests of the mapping).");
+
+  // --- Tensor ---
+  py::class_<TensorBox>(m, "Tensor",
+                        "A tensor in the daemon's device memory (Session.tensor). Dropping it "
+                        "records its release into the session's next submit.")
+      .def_property_readonly("handle", [](const TensorBox& t) { return t.handle; })
+      .def_property_readonly("shape", [](const TensorBox& t) { return ShapeTuple(t.shape); })
+      .def_property_readonly("dtype", [](const TensorBox& t) { return NumpyDType(t.dtype); })
+      .def_property_readonly("size", [](const TensorBox& t) { return t.elements; })
+      .def_property_readonly("nbytes", &TensorBox::nbytes)
+      .def_property_readonly(
+          "valid", [](const TensorBox& t) { return t.where == Where::kHere && t.tensor.valid(); },
+          "False while lent to a pending transfer, after free(), or after its Pending was "
+          "dropped.")
+      .def("__repr__", [](const TensorBox& t) {
+        const char* where[] = {"", ", lent to a transfer", ", detached", ", freed"};
+        return "<ferry.Tensor " + std::to_string(t.handle) + " " + std::string(DTypeName(t.dtype)) +
+               " " + t.shape.ToString() + where[static_cast<int>(t.where)] + ">";
+      });
+
+  // --- PinnedBuffer and views ---
+  py::class_<BufferView>(m, "_BufferView", py::buffer_protocol()).def_buffer([](BufferView& v) {
+    return py::buffer_info(v.data, 1, py::format_descriptor<uint8_t>::format(), 1,
+                           {static_cast<py::ssize_t>(v.box->size)}, {1}, false);
+  });
+
+  py::class_<BufferBox, std::shared_ptr<BufferBox>>(
+      m, "PinnedBuffer",
+      "Host memory for transfers (Session.pinned_buffer). For a local session it IS a range of "
+      "the shared-memory slab the daemon DMAs from: numpy() and __dlpack__ expose it without "
+      "a copy. Views keep the buffer alive; a buffer with live views cannot be handed to a "
+      "transfer (ferry.Busy).")
+      .def_property_readonly("nbytes", [](const BufferBox& b) { return b.size; })
+      .def_property_readonly(
+          "is_shared", [](const BufferBox& b) { return b.shared; },
+          "True when the bytes live in shared memory the daemon maps.")
+      .def_property_readonly(
+          "views", [](const BufferBox& b) { return b.views.load(); },
+          "How many views of the memory are alive.")
+      .def_property_readonly(
+          "valid", [](const BufferBox& b) { return b.where == Where::kHere && b.buffer.valid(); })
+      .def_property_readonly(
+          "address", [](BufferBox& b) { return reinterpret_cast<uintptr_t>(b.DataForView()); },
+          "The address of the first byte (for checking that views share it).")
+      .def(
+          "memoryview",
+          [](std::shared_ptr<BufferBox> b) {
+            return py::memoryview(py::cast(std::make_unique<BufferView>(std::move(b))));
+          },
+          "A writable memoryview of all the bytes (a view: it keeps the buffer alive).")
+      .def(
+          "numpy",
+          [](std::shared_ptr<BufferBox> b, const py::object& dtype, const py::object& shape) {
+            py::dtype dt = py::dtype::from_args(dtype);
+            if (dt.itemsize() <= 0 || dt.attr("hasobject").cast<bool>()) {
+              Fail(ErrorKind::kInvalidArgument,
+                   "a buffer cannot be viewed as " + py::str(dt).cast<std::string>());
+            }
+            const uint64_t size = b->size;
+            std::vector<int64_t> dims;
+            uint64_t count = 0;
+            if (shape.is_none()) {
+              count = size / dt.itemsize();
+              dims = {static_cast<int64_t>(count)};
+            } else {
+              dims = ParseShape(shape);
+              auto n = Shape(dims).ElementCount();
+              if (!n.ok()) Raise(n.status());
+              count = *n;
+            }
+            uint64_t need = 0;
+            if (!CheckedMul(count, dt.itemsize(), &need) || need > size) {
+              Fail(ErrorKind::kOutOfRange,
+                   "a view of " + std::to_string(count) + " x " + std::to_string(dt.itemsize()) +
+                       " bytes does not fit a buffer of " + std::to_string(size) + " bytes");
+            }
+            py::object view = py::cast(std::make_unique<BufferView>(std::move(b)));
+            py::object np = py::module_::import("numpy");
+            py::object flat =
+                np.attr("frombuffer")(view, py::arg("dtype") = dt, py::arg("count") = count);
+            return flat.attr("reshape")(py::tuple(py::cast(dims)));
+          },
+          py::arg("dtype") = "uint8", py::arg("shape") = py::none(),
+          "A numpy array over the buffer's memory (no copy): `shape` elements of `dtype` from "
+          "its first byte (default: as many as fit, 1-D). Writable; keeps the buffer alive.")
+      .def(
+          "__dlpack__",
+          [](std::shared_ptr<BufferBox> b, const py::object& stream, const py::object&,
+             const py::object&, const py::object& copy) {
+            if (!stream.is_none()) {
+              throw py::value_error("ferry buffers are host memory: stream must be None");
+            }
+            if (!copy.is_none() && copy.cast<bool>()) {
+              throw py::value_error("a ferry buffer is exported without a copy (copy=True)");
+            }
+            auto* e = new DlpackExport(std::move(b));
+            PyObject* cap = PyCapsule_New(&e->managed, "dltensor", DlpackCapsuleDestructor);
+            if (!cap) {
+              delete e;
+              throw py::error_already_set();
+            }
+            return py::reinterpret_steal<py::object>(cap);
+          },
+          py::arg("stream") = py::none(), py::arg("max_version") = py::none(),
+          py::arg("dl_device") = py::none(), py::arg("copy") = py::none(),
+          "Export the whole buffer as a 1-D uint8 DLPack tensor (no copy).")
+      .def(
+          "__dlpack_device__",
+          [](const BufferBox& b) { return py::make_tuple(DlpackDeviceType(b), 0); },
+          "(3, 0): kDLCUDAHost for slab memory; (1, 0): kDLCPU for a remote session's.")
+      .def("__repr__", [](const BufferBox& b) {
+        return "<ferry.PinnedBuffer " + std::to_string(b.size) + " bytes" +
+               (b.shared ? ", shared" : "") +
+               (b.where == Where::kHere ? "" : ", lent or detached") + ">";
+      });
+
+  // --- Pending ---
+  py::class_<PendingBox>(m, "Pending",
+                         "A transfer in flight. Dropping it without wait() detaches it: the "
+                         "library keeps the tensor and the buffer until the copy is done, then "
+                         "releases them.")
+      .def(
+          "is_ready",
+          [](PendingBox& p) {
+            if (p.waited || !p.pending) {
+              Fail(ErrorKind::kInvalidArgument, "no transfer: already waited for");
+            }
+            if (p.waiting) {
+              Fail(ErrorKind::kInvalidArgument, "another thread is waiting for this transfer");
+            }
+            auto r = p.pending->is_ready();
+            if (!r.ok()) Raise(r.status());
+            return *r;
+          },
+          "False while in flight, True once done and OK; raises the error when refused or "
+          "failed (wait() then gives the values back). Never blocks.")
+      .def("wait", &PendingWait,
+           "Block (the GIL released) until done; return (tensor, buffer). On refusal or "
+           "failure raise the typed error with .tensor and .buffer given back.")
+      .def_property_readonly("tensor", [](const PendingBox& p) { return p.tensor; })
+      .def_property_readonly("buffer", [](const PendingBox& p) { return p.buffer; });
+
+  // --- Session ---
+  py::class_<PySession> session(
+      m, "Session",
+      "A session with a ferry daemon: one stream, one device stream. Ops are recorded and "
+      "sent at submit(); synchronize() waits and raises the first failure. A context manager: "
+      "leaving the block closes it (the counters land in .stats).");
+  session.def_property_readonly("id", [](const PySession& s) { return s.id; })
+      .def_property_readonly("backend", [](const PySession& s) { return s.backend; })
+      .def_property_readonly("device_bytes_quota", [](const PySession& s) { return s.quota; })
+      .def_property_readonly("slab_size", [](const PySession& s) { return s.slab_size; })
+      .def_property_readonly("closed", [](const PySession& s) { return s.core->closed; })
+      .def_property_readonly("stats", [](const PySession& s) { return s.stats; })
+      .def_property_readonly(
+          "draining",
+          [](PySession& s) { return s.core->Record([](Session& ss) { return ss.draining(); }); })
+      .def_property_readonly("recorded_ops",
+                             [](PySession& s) {
+                               return s.core->Record([](Session& ss) { return ss.recorded_ops(); });
+                             })
+      .def(
+          "tensor",
+          [](PySession& s, const py::object& shape, const py::object& dtype) {
+            s.CheckOpen();
+            DType d = ParseDType(dtype);
+            Shape sh(ParseShape(shape));
+            auto n = sh.ElementCount();
+            if (!n.ok()) Raise(n.status());
+            Tensor t = s.core->Record([&](Session& ss) { return ss.create_tensor(d, sh); });
+            return std::make_unique<TensorBox>(s.core, std::move(t));
+          },
+          py::arg("shape"), py::arg("dtype") = "float32",
+          "Record the creation of a tensor (contents undefined until written).")
+      .def(
+          "free",
+          [](PySession& s, TensorBox& t) {
+            s.CheckOpen();
+            s.Use(t);
+            Tensor gone = std::move(t.tensor);
+            t.where = Where::kFreed;
+            s.core->Record([&](Session& ss) { ss.free(std::move(gone)); });
+          },
+          py::arg("tensor"), "Record the release of a tensor.")
+      .def(
+          "fill",
+          [](PySession& s, TensorBox& t, double value) {
+            s.CheckOpen();
+            const Tensor& tt = s.Use(t);
+            s.core->Record([&](Session& ss) { ss.fill(tt, value); });
+          },
+          py::arg("tensor"), py::arg("value"), "Record tensor[:] = value.")
+      .def(
+          "copy",
+          [](PySession& s, TensorBox& src, TensorBox& dst) {
+            s.CheckOpen();
+            const Tensor &a = s.Use(src), &b = s.Use(dst);
+            s.core->Record([&](Session& ss) { ss.copy(a, b); });
+          },
+          py::arg("src"), py::arg("dst"), "Record dst = src.")
+      .def(
+          "scale",
+          [](PySession& s, TensorBox& x, double alpha, TensorBox& out) {
+            s.CheckOpen();
+            const Tensor &a = s.Use(x), &o = s.Use(out);
+            s.core->Record([&](Session& ss) { ss.scale(a, alpha, o); });
+          },
+          py::arg("x"), py::arg("alpha"), py::arg("out"), "Record out = alpha * x.")
+      .def(
+          "axpy",
+          [](PySession& s, double alpha, TensorBox& x, TensorBox& y) {
+            s.CheckOpen();
+            const Tensor &a = s.Use(x), &b = s.Use(y);
+            s.core->Record([&](Session& ss) { ss.axpy(alpha, a, b); });
+          },
+          py::arg("alpha"), py::arg("x"), py::arg("y"), "Record y += alpha * x.")
+      .def(
+          "sum",
+          [](PySession& s, TensorBox& in, TensorBox& out) {
+            s.CheckOpen();
+            const Tensor &a = s.Use(in), &o = s.Use(out);
+            s.core->Record([&](Session& ss) { ss.sum(a, o); });
+          },
+          py::arg("input"), py::arg("out"), "Record out (one element) = sum of input.")
+      .def(
+          "gemm",
+          [](PySession& s, TensorBox& a, TensorBox& b, TensorBox& c, bool trans_a, bool trans_b,
+             double alpha, double beta) {
+            s.CheckOpen();
+            const Tensor &ta = s.Use(a), &tb = s.Use(b), &tc = s.Use(c);
+            GemmOptions o;
+            o.trans_a = trans_a;
+            o.trans_b = trans_b;
+            o.alpha = alpha;
+            o.beta = beta;
+            s.core->Record([&](Session& ss) { ss.gemm(ta, tb, tc, o); });
+          },
+          py::arg("a"), py::arg("b"), py::arg("c"), py::arg("trans_a") = false,
+          py::arg("trans_b") = false, py::arg("alpha") = 1.0, py::arg("beta") = 0.0,
+          "Record c = alpha * op(a) @ op(b) + beta * c (rank-2, row-major).")
+      .def(
+          "submit",
+          [](PySession& s) {
+            s.CheckOpen();
+            Check(s.core->Blocking([](Session& ss) { return ss.submit(); }));
+          },
+          "Send what is recorded as one message; the outcome comes at synchronize().")
+      .def(
+          "synchronize",
+          [](PySession& s) {
+            s.CheckOpen();
+            Check(s.core->Blocking([](Session& ss) { return ss.synchronize(); }));
+          },
+          "Submit, wait for all submitted work; raise the first failure since the last one.")
+      .def("close", &PySession::Close,
+           "Submit, wait, release everything and end the session; return its SessionStats.")
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__",
+           [](PySession& s, const py::object& exc_type, const py::object&, const py::object&) {
+             if (s.core->closed) return false;
+             if (exc_type.is_none()) {
+               s.Close();
+               return false;
+             }
+             // The block's exception wins; close quietly.
+             auto r = s.core->Blocking([](Session& ss) { return ss.close(); });
+             s.core->closed = true;
+             if (r.ok()) s.stats = s.MakeStats(*r);
+             return false;
+           })
+      .def(
+          "pinned_buffer",
+          [](PySession& s, uint64_t nbytes) {
+            s.CheckOpen();
+            auto r = s.core->Blocking([&](Session& ss) { return ss.pinned_buffer(nbytes); });
+            if (!r.ok()) Raise(r.status());
+            return std::make_shared<BufferBox>(s.core, std::move(*r));
+          },
+          py::arg("nbytes"),
+          "Allocate a buffer from the session's shared-memory slabs (QUOTA_EXCEEDED above one "
+          "slab's size or when the daemon's pinned budget is spent).")
+      .def(
+          "upload_pending",
+          [](PySession& s, py::object buffer, py::object tensor) {
+            auto [t, b] = s.Lend(tensor, buffer);
+            PendingTransfer p = s.core->Blocking(
+                [&](Session& ss) { return ss.upload_pending(std::move(b), std::move(t)); });
+            return s.MakePending(std::move(p), std::move(tensor), std::move(buffer));
+          },
+          py::arg("buffer"), py::arg("tensor"),
+          "Copy the first tensor.nbytes bytes of `buffer` into `tensor`. Both are lent to the "
+          "returned Pending until wait().")
+      .def(
+          "download_pending",
+          [](PySession& s, py::object tensor, py::object buffer) {
+            auto [t, b] = s.Lend(tensor, buffer);
+            PendingTransfer p = s.core->Blocking(
+                [&](Session& ss) { return ss.download_pending(std::move(t), std::move(b)); });
+            return s.MakePending(std::move(p), std::move(tensor), std::move(buffer));
+          },
+          py::arg("tensor"), py::arg("buffer"),
+          "Copy the whole tensor into the start of `buffer`. Both are lent to the returned "
+          "Pending until wait().")
+      .def(
+          "upload",
+          [](PySession& s, TensorBox& t, const py::array& data) {
+            s.CheckOpen();
+            const Tensor& tt = s.Use(t);
+            CheckArrayFits(t, data, "an array");
+            py::array c = ContiguousOf(data);
+            const void* ptr = c.data();
+            const uint64_t bytes = static_cast<uint64_t>(c.nbytes());
+            Check(s.core->Blocking([&](Session& ss) { return ss.upload_bytes(tt, ptr, bytes); }));
+          },
+          py::arg("tensor"), py::arg("data"),
+          "Write `data` (same dtype, same element count) into the whole tensor and wait.")
+      .def(
+          "download",
+          [](PySession& s, TensorBox& t) {
+            s.CheckOpen();
+            const Tensor& tt = s.Use(t);
+            py::array out(NumpyDType(t.dtype), t.shape.dims());
+            void* ptr = out.mutable_data();
+            const uint64_t bytes = t.nbytes();
+            Check(s.core->Blocking([&](Session& ss) { return ss.download_bytes(tt, ptr, bytes); }));
+            return out;
+          },
+          py::arg("tensor"), "Read the whole tensor into a new array of its shape and dtype.")
+      .def(
+          "download_into",
+          [](PySession& s, TensorBox& t, py::array out) {
+            s.CheckOpen();
+            const Tensor& tt = s.Use(t);
+            CheckArrayFits(t, out, "an output array");
+            if (!(out.flags() & py::array::c_style) || !out.writeable()) {
+              Fail(ErrorKind::kInvalidArgument,
+                   "the output array must be C-contiguous and writable");
+            }
+            void* ptr = out.mutable_data();
+            const uint64_t bytes = t.nbytes();
+            Check(s.core->Blocking([&](Session& ss) { return ss.download_bytes(tt, ptr, bytes); }));
+          },
+          py::arg("tensor"), py::arg("out"),
+          "Read the whole tensor into `out` (C-contiguous, same dtype and element count).");
+  BindBinary(session, "add", &Session::add, "Record out = a + b (elementwise).");
+  BindBinary(session, "sub", &Session::sub, "Record out = a - b (elementwise).");
+  BindBinary(session, "mul", &Session::mul, "Record out = a * b (elementwise).");
+  BindBinary(session, "div", &Session::div, "Record out = a / b (elementwise).");
+
+  // --- Client ---
+  py::class_<Client>(m, "Client", "A connection to one ferry daemon; thread-safe.")
+      .def_static(
+          "connect",
+          [](const std::string& target, const std::string& client_name, double connect_timeout,
+             const std::string& tls_ca_cert, const std::string& tls_client_cert,
+             const std::string& tls_client_key, const std::string& bearer_token,
+             int64_t wait_spin_us) {
+            ClientOptions o;
+            o.client_name = client_name;
+            o.connect_timeout =
+                std::chrono::milliseconds(static_cast<int64_t>(connect_timeout * 1000));
+            o.tls_ca_cert = tls_ca_cert;
+            o.tls_client_cert = tls_client_cert;
+            o.tls_client_key = tls_client_key;
+            o.bearer_token = bearer_token;
+            o.wait_spin = std::chrono::microseconds(wait_spin_us);
+            std::optional<Result<Client>> r;
+            {
+              py::gil_scoped_release release;
+              r.emplace(Client::connect(target, o));
+            }
+            if (!r->ok()) Raise(r->status());
+            return std::move(**r);
+          },
+          py::arg("target"), py::kw_only(), py::arg("client_name") = "ferry-python",
+          py::arg("connect_timeout") = 5.0, py::arg("tls_ca_cert") = "",
+          py::arg("tls_client_cert") = "", py::arg("tls_client_key") = "",
+          py::arg("bearer_token") = "", py::arg("wait_spin_us") = 200,
+          "Connect to a daemon at 'unix:PATH' or 'tcp:HOST:PORT' (ferry.Unavailable when it "
+          "does not answer within connect_timeout seconds).")
+      .def_property_readonly("target", &Client::target)
+      .def(
+          "open_session",
+          [](Client& c, uint64_t device_bytes_quota, uint32_t max_in_flight_submits) {
+            SessionOptions o;
+            o.device_bytes_quota = device_bytes_quota;
+            o.max_in_flight_submits = max_in_flight_submits;
+            std::optional<Result<Session>> r;
+            {
+              py::gil_scoped_release release;
+              r.emplace(c.open_session(o));
+            }
+            if (!r->ok()) Raise(r->status());
+            return std::make_unique<PySession>(std::move(**r));
+          },
+          py::kw_only(), py::arg("device_bytes_quota") = 0, py::arg("max_in_flight_submits") = 0,
+          "Open a session (0 takes the daemon's default for either limit).")
+      .def(
+          "session",
+          [](py::object self, py::kwargs kwargs) { return self.attr("open_session")(**kwargs); },
+          "Open a session for a `with` block: it is closed when the block ends (its counters "
+          "in .stats); takes open_session's options.");
+}
