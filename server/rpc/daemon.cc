@@ -70,27 +70,27 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
 
   d->context_ = std::make_unique<SessionServiceContext>();
   SessionServiceContext& ctx = *d->context_;
-  ctx.device = d->device_.get();
-  ctx.registry = d->registry_.get();
-  ctx.copy_turns = d->copy_turns_.get();
-  ctx.io = &d->io_;
-  ctx.defaults = options.session_defaults;
-  ctx.max_device_bytes_quota =
+  ctx.parts.device = d->device_.get();
+  ctx.parts.registry = d->registry_.get();
+  ctx.parts.copy_turns = d->copy_turns_.get();
+  ctx.parts.io = &d->io_;
+  ctx.limits.defaults = options.session_defaults;
+  ctx.limits.max_device_bytes_quota =
       std::max(options.max_device_bytes_quota, options.session_defaults.device_bytes_quota);
-  ctx.max_in_flight_submits =
+  ctx.limits.max_in_flight_submits =
       std::max(options.max_in_flight_submits, options.session_defaults.max_in_flight_submits);
-  ctx.max_message_bytes = options.max_message_bytes;
-  ctx.allow_remote_raw_kernels = options.allow_remote_raw_kernels;
-  FERRY_ASSIGN_OR_RETURN(ctx.raw_kernels, AccessList::Parse(options.raw_kernels));
+  ctx.limits.max_message_bytes = options.max_message_bytes;
+  ctx.access.allow_remote_raw_kernels = options.allow_remote_raw_kernels;
+  FERRY_ASSIGN_OR_RETURN(ctx.access.raw_kernels, AccessList::Parse(options.raw_kernels));
   if (!options.admin_group.empty()) {
     FERRY_ASSIGN_OR_RETURN(gid_t admin_gid, ResolveGroup(options.admin_group));
-    ctx.admin = AdminPolicy(admin_gid);
+    ctx.access.admin = AdminPolicy(admin_gid);
   }
-  ctx.submit_latency = &d->submit_latency_;
-  ctx.transfer_latency = &d->transfer_latency_;
+  ctx.latency.submit_latency = &d->submit_latency_;
+  ctx.latency.transfer_latency = &d->transfer_latency_;
   if (!options.token_file.empty()) {
     FERRY_ASSIGN_OR_RETURN(d->token_, TokenChecker::Load(options.token_file));
-    ctx.token = d->token_.get();
+    ctx.access.token = d->token_.get();
   }
   FERRY_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> tcp_credentials,
                          MakeTcpCredentials(options.tls));
@@ -218,17 +218,17 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
     FERRY_ASSIGN_OR_RETURN(int slab_fd, ListenUnix(slab_path));
     FERRY_ASSIGN_OR_RETURN(d->slab_broker_,
                            pool::SlabBroker::Start(slab_path, slab_fd, options.slab_broker));
-    ctx.slab_pool = d->slab_pool_.get();
-    ctx.slab_broker = d->slab_broker_.get();
-    ctx.session_pinned_quota = options.session_pinned_quota;
+    ctx.parts.slab_pool = d->slab_pool_.get();
+    ctx.parts.slab_broker = d->slab_broker_.get();
+    ctx.limits.session_pinned_quota = options.session_pinned_quota;
     if (options.submit_ring_bytes > 0) {
       FERRY_ASSIGN_OR_RETURN(d->ring_poller_, transport::RingPoller::Start(kRingPollerSpin));
-      ctx.ring_poller = d->ring_poller_.get();
-      ctx.submit_ring_bytes = options.submit_ring_bytes;
+      ctx.parts.ring_poller = d->ring_poller_.get();
+      ctx.limits.submit_ring_bytes = options.submit_ring_bytes;
     }
     if (options.staging_slabs > 0) {
       d->staging_ = std::make_unique<pool::StagingArea>(d->slab_pool_.get(), options.staging_slabs);
-      ctx.staging = d->staging_.get();
+      ctx.parts.staging = d->staging_.get();
     }
   }
   d->server_ = builder.BuildAndStart();
@@ -247,7 +247,7 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
   }
   for (int fd : options.inherited_listen_fds) d->endpoints_.push_back(systemd::SocketEndpoint(fd));
   d->local_connections_ = std::make_unique<LocalConnections>();
-  ctx.local_connections = d->local_connections_.get();
+  ctx.parts.local_connections = d->local_connections_.get();
   close_on_failure.armed = false;  // each acceptor owns its listening fd from here on
   for (size_t i = 0; i < unix_listeners.size(); ++i) {
     const UnixListener& l = unix_listeners[i];
@@ -274,7 +274,7 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
   SetAcceptingSessions(d->server_.get(), true);
   // grpc.health.v1 follows device loss: NOT_SERVING while the device is rebuilt.
   d->device_->SetServingHook([server = d->server_.get(), ctx = d->context_.get()](bool up) {
-    SetAcceptingSessions(server, up && !ctx->draining);
+    SetAcceptingSessions(server, up && !ctx->gauges.draining);
   });
   return d;
 }
@@ -288,15 +288,16 @@ void Daemon::Shutdown(std::chrono::milliseconds grace) {
     // New sessions are refused from here on; open ones are told (Draining). Work already
     // accepted runs on: wait, up to the grace period, until no submit is in flight and
     // everything it produced (downloads, completions) is written, then end every stream.
-    context_->draining = true;
+    context_->gauges.draining = true;
     SetAcceptingSessions(server_.get(), false);
     auto grace_end = std::chrono::steady_clock::now() + grace;
     BroadcastDraining(context_.get(), static_cast<uint64_t>(grace.count()));
     // Messages sent before the drain count as accepted: those taken and not yet handled, and
     // those waiting in a ring the poller may take from now.
     auto busy = [this] {
-      return registry_->Totals().submits_in_flight > 0 || context_->unsent > 0 ||
-             context_->messages_in_hand > 0 || (ring_poller_ && ring_poller_->records_waiting());
+      return registry_->Totals().submits_in_flight > 0 || context_->gauges.unsent > 0 ||
+             context_->gauges.messages_in_hand > 0 ||
+             (ring_poller_ && ring_poller_->records_waiting());
     };
     while (busy() && std::chrono::steady_clock::now() < grace_end) {
       std::this_thread::sleep_for(std::chrono::milliseconds(2));

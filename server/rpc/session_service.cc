@@ -60,7 +60,10 @@ class SessionConnection : public session::SessionEvents,
                           public std::enable_shared_from_this<SessionConnection> {
  public:
   SessionConnection(SessionServiceContext* context, Reactor* reactor, session::PeerIdentity peer)
-      : context_(context), executor_(*context->io), reactor_(reactor), peer_(std::move(peer)) {}
+      : context_(context),
+        executor_(*context->parts.io),
+        reactor_(reactor),
+        peer_(std::move(peer)) {}
 
   const session::Executor& executor() const { return executor_; }
   SessionServiceContext* context() const { return context_; }
@@ -68,8 +71,8 @@ class SessionConnection : public session::SessionEvents,
 
   void Start() {
     {
-      MutexLock lock(&context_->streams_mu);
-      context_->streams[this] = shared_from_this();
+      MutexLock lock(&context_->gauges.streams_mu);
+      context_->gauges.streams[this] = shared_from_this();
     }
     MaybeStartRead();
   }
@@ -93,7 +96,7 @@ class SessionConnection : public session::SessionEvents,
       return;
     }
     Accept(std::move(message), kStream);
-    --context_->messages_in_hand;
+    --context_->gauges.messages_in_hand;
   }
 
   // The ring poller took a message from the session's submit ring (`message`, null when the
@@ -114,7 +117,7 @@ class SessionConnection : public session::SessionEvents,
   transport::RingPoller::Handler RingHandler() {
     return [weak = weak_from_this(), executor = executor_,
             context = context_](transport::RingPoller::Taken taken) {
-      ++context->messages_in_hand;  // until it is handled (or its session is gone)
+      ++context->gauges.messages_in_hand;  // until it is handled (or its session is gone)
       auto message = std::make_shared<v1::ClientMessage>();
       bool parsed = taken.broken.empty() && message->ParseFromString(taken.record);
       const bool here = parsed && taken.quiet && IsQuick(*message) &&
@@ -122,7 +125,7 @@ class SessionConnection : public session::SessionEvents,
       auto handle = [weak, context, message = parsed ? std::move(message) : nullptr,
                      broken = std::move(taken.broken)]() mutable {
         if (auto self = weak.lock()) self->HandleRingMessage(std::move(message), broken);
-        --context->messages_in_hand;
+        --context->gauges.messages_in_hand;
       };
       std::function<void()> fn = std::move(handle);
       if (here) {
@@ -157,19 +160,19 @@ class SessionConnection : public session::SessionEvents,
 
   void HandleDone() {
     {
-      MutexLock lock(&context_->streams_mu);
-      context_->streams.erase(this);
+      MutexLock lock(&context_->gauges.streams_mu);
+      context_->gauges.streams.erase(this);
     }
     DropUnsent(0);
     DropRing();
     // What this stream counted in the daemon-wide gauges goes with it.
-    context_->unanswered -= static_cast<int64_t>(unanswered_);
-    context_->bytes_in_flight -= static_cast<int64_t>(bytes_in_flight_);
-    if (paused_) --context_->streams_paused;
+    context_->gauges.unanswered -= static_cast<int64_t>(unanswered_);
+    context_->gauges.bytes_in_flight -= static_cast<int64_t>(bytes_in_flight_);
+    if (paused_) --context_->gauges.streams_paused;
     unanswered_ = bytes_in_flight_ = 0;
     charges_.clear();
     paused_ = false;
-    if (!slab_token_.empty()) context_->slab_broker->RevokeToken(slab_token_);
+    if (!slab_token_.empty()) context_->parts.slab_broker->RevokeToken(slab_token_);
     if (session_ && !session_done_) session_->Abort();
     session_done_ = true;
     session_.reset();
@@ -194,8 +197,9 @@ class SessionConnection : public session::SessionEvents,
       const Received& r = received_at_.front();
       if (r.id == submit_id) {
         auto latency = std::chrono::steady_clock::now() - r.at;
-        context_->submit_latency->Record(latency);
-        if (r.transfer && context_->transfer_latency) context_->transfer_latency->Record(latency);
+        context_->latency.submit_latency->Record(latency);
+        if (r.transfer && context_->latency.transfer_latency)
+          context_->latency.transfer_latency->Record(latency);
       }
       received_at_.pop_front();
     }
@@ -236,7 +240,7 @@ class SessionConnection : public session::SessionEvents,
                                    " after " + std::to_string(last_submit_id_));
         }
         last_submit_id_ = id;
-        if (context_->submit_latency) {
+        if (context_->latency.submit_latency) {
           received_at_.push_back(
               {id, std::chrono::steady_clock::now(), MovesBytes(message->submit())});
         }
@@ -287,7 +291,7 @@ class SessionConnection : public session::SessionEvents,
   // Count `n` more accepted messages whose answer is not yet written.
   void Unanswered(uint64_t n) {
     unanswered_ += n;
-    context_->unanswered += static_cast<int64_t>(n);
+    context_->gauges.unanswered += static_cast<int64_t>(n);
   }
 
   // Charge a submit against the session's in-flight bytes, from now until its Completed is
@@ -309,7 +313,7 @@ class SessionConnection : public session::SessionEvents,
     Unanswered(1);
     charges_.push_back({submit.submit_id(), charge});
     bytes_in_flight_ += charge;
-    context_->bytes_in_flight += static_cast<int64_t>(charge);
+    context_->gauges.bytes_in_flight += static_cast<int64_t>(charge);
     const uint64_t limit = session_->config().max_in_flight_bytes;
     if (limit && charge > limit) {
       return Status(ErrorKind::kQuotaExceeded,
@@ -327,7 +331,7 @@ class SessionConnection : public session::SessionEvents,
     if (m.has_completed()) {
       if (!charges_.empty() && charges_.front().first == m.completed().submit_id()) {
         bytes_in_flight_ -= charges_.front().second;
-        context_->bytes_in_flight -= static_cast<int64_t>(charges_.front().second);
+        context_->gauges.bytes_in_flight -= static_cast<int64_t>(charges_.front().second);
         charges_.pop_front();
       }
     } else if (!m.has_synchronized()) {
@@ -335,7 +339,7 @@ class SessionConnection : public session::SessionEvents,
     }
     if (unanswered_ > 0) {
       --unanswered_;
-      --context_->unanswered;
+      --context_->gauges.unanswered;
     }
   }
 
@@ -394,10 +398,10 @@ class SessionConnection : public session::SessionEvents,
     if (!raw_kernels_checked_) {
       raw_kernels_checked_ = true;
       if (remote_) {
-        raw_kernels_allowed_ = context_->allow_remote_raw_kernels;
+        raw_kernels_allowed_ = context_->access.allow_remote_raw_kernels;
       } else {
-        raw_kernels_allowed_ =
-            peer_.uid.has_value() && context_->raw_kernels.Admits(static_cast<uid_t>(*peer_.uid));
+        raw_kernels_allowed_ = peer_.uid.has_value() &&
+                               context_->access.raw_kernels.Admits(static_cast<uid_t>(*peer_.uid));
       }
     }
     if (raw_kernels_allowed_) return Status::Ok();
@@ -428,21 +432,22 @@ class SessionConnection : public session::SessionEvents,
                                " is not supported; this daemon speaks " +
                                std::to_string(v1::PROTOCOL_VERSION_CURRENT));
     }
-    if (context_->draining) {
+    if (context_->gauges.draining) {
       return Fail(Status(ErrorKind::kUnavailable, "the daemon is draining"),
                   grpc::Status(grpc::StatusCode::UNAVAILABLE, "draining"));
     }
-    session::SessionConfig config = context_->defaults;
+    session::SessionConfig config = context_->limits.defaults;
     if (open.device_bytes_quota()) {
       config.device_bytes_quota =
-          std::min<uint64_t>(open.device_bytes_quota(), context_->max_device_bytes_quota);
+          std::min<uint64_t>(open.device_bytes_quota(), context_->limits.max_device_bytes_quota);
     }
     if (open.max_in_flight_submits()) {
       config.max_in_flight_submits =
-          std::min<uint32_t>(open.max_in_flight_submits(), context_->max_in_flight_submits);
+          std::min<uint32_t>(open.max_in_flight_submits(), context_->limits.max_in_flight_submits);
     }
-    auto created = session::Session::Create(context_->device, context_->registry, executor_, config,
-                                            open.client_name(), peer_, this, context_->copy_turns);
+    auto created = session::Session::Create(context_->parts.device, context_->parts.registry,
+                                            executor_, config, open.client_name(), peer_, this,
+                                            context_->parts.copy_turns);
     if (!created.ok()) {
       return Fail(created.status(),
                   grpc::Status(static_cast<grpc::StatusCode>(created.status().code()),
@@ -461,18 +466,18 @@ class SessionConnection : public session::SessionEvents,
     auto* o = m->mutable_opened();
     o->set_session_id(session_id_);
     o->set_protocol_version(v1::PROTOCOL_VERSION_CURRENT);
-    backend::DeviceInfo info = context_->device->info();
+    backend::DeviceInfo info = context_->parts.device->info();
     o->set_backend(info.backend);
     o->set_device_name(info.name);
     o->set_device_bytes_quota(config.device_bytes_quota);
     o->set_max_in_flight_submits(config.max_in_flight_submits);
-    o->set_max_message_bytes(context_->max_message_bytes);
+    o->set_max_message_bytes(context_->limits.max_message_bytes);
     // Shared memory for a local client: a slab set, and the one-time token that binds a
     // connection on the slab socket to it.
-    if (context_->slab_pool && context_->slab_broker && peer_.local()) {
-      auto slabs =
-          std::make_shared<pool::SessionSlabs>(context_->slab_pool, context_->session_pinned_quota);
-      slabs->SetCharge(context_->registry->AccountOf(session_id_));  // the uid's pinned limit
+    if (context_->parts.slab_pool && context_->parts.slab_broker && peer_.local()) {
+      auto slabs = std::make_shared<pool::SessionSlabs>(context_->parts.slab_pool,
+                                                        context_->limits.session_pinned_quota);
+      slabs->SetCharge(context_->parts.registry->AccountOf(session_id_));  // the uid's pinned limit
       // And a completion board, where the client sees its submits complete without waiting
       // for Completed (a session without one still works; only its waits are slower).
       if (auto board = transport::CompletionBoard::Create(); board.ok()) {
@@ -482,29 +487,30 @@ class SessionConnection : public session::SessionEvents,
         spdlog::warn("session {}: no completion board: {}", session_id_, board.status().message());
       }
       // And a submit ring, through which the client may send its messages without gRPC.
-      if (context_->ring_poller && context_->submit_ring_bytes > 0) {
-        if (auto ring = transport::SubmitRing::Create(context_->submit_ring_bytes); ring.ok()) {
+      if (context_->parts.ring_poller && context_->limits.submit_ring_bytes > 0) {
+        if (auto ring = transport::SubmitRing::Create(context_->limits.submit_ring_bytes);
+            ring.ok()) {
           std::shared_ptr<transport::SubmitRing> shared = std::move(*ring);
           slabs->AttachRing(shared);
-          ring_ = context_->ring_poller->Add(std::move(shared), RingHandler());
+          ring_ = context_->parts.ring_poller->Add(std::move(shared), RingHandler());
           o->set_submit_ring(true);
         } else {
           spdlog::warn("session {}: no submit ring: {}", session_id_, ring.status().message());
         }
       }
       session_->AttachSlabs(slabs);
-      auto token = context_->slab_broker->IssueToken(slabs, *peer_.uid);
+      auto token = context_->parts.slab_broker->IssueToken(slabs, *peer_.uid);
       if (!token.ok()) {
         spdlog::error("session {}: {}", session_id_, token.status().message());
         return Fail(token.status(),
                     grpc::Status(grpc::StatusCode::UNAVAILABLE, token.status().message()));
       }
       slab_token_ = std::move(*token);
-      o->set_slab_socket(context_->slab_broker->path());
+      o->set_slab_socket(context_->parts.slab_broker->path());
       o->set_slab_token(slab_token_);
-      o->set_slab_size(context_->slab_pool->slab_size());
-    } else if (context_->staging) {
-      session_->AttachStaging(context_->staging);  // remote: inline bytes staged, pinned
+      o->set_slab_size(context_->parts.slab_pool->slab_size());
+    } else if (context_->parts.staging) {
+      session_->AttachStaging(context_->parts.staging);  // remote: inline bytes staged, pinned
     }
     Send(std::move(m));
   }
@@ -550,9 +556,9 @@ class SessionConnection : public session::SessionEvents,
     if (finishing()) return;
     const uint64_t bytes = chunk_bytes + kMessageCost;
     outbox_bytes_ += bytes;
-    context_->unsent_bytes += static_cast<int64_t>(bytes);
+    context_->gauges.unsent_bytes += static_cast<int64_t>(bytes);
     outbox_.push_back(Outgoing{std::move(message), std::move(staged), chunk_bytes});
-    ++context_->unsent;
+    ++context_->gauges.unsent;
     PumpWrites();
   }
 
@@ -565,9 +571,9 @@ class SessionConnection : public session::SessionEvents,
   }
   // Account for a message leaving the outbox (written or dropped).
   void Unqueue(const Outgoing& o) {
-    --context_->unsent;
+    --context_->gauges.unsent;
     outbox_bytes_ -= o.chunk_bytes + kMessageCost;
-    context_->unsent_bytes -= static_cast<int64_t>(o.chunk_bytes + kMessageCost);
+    context_->gauges.unsent_bytes -= static_cast<int64_t>(o.chunk_bytes + kMessageCost);
   }
 
   // Put a chunk's staged bytes into its message (copying them out of staging).
@@ -595,10 +601,10 @@ class SessionConnection : public session::SessionEvents,
     if (paused != paused_) {
       paused_ = paused;
       if (paused) {
-        ++context_->streams_paused;
-        ++context_->read_pauses_total;
+        ++context_->gauges.streams_paused;
+        ++context_->gauges.read_pauses_total;
       } else {
-        --context_->streams_paused;
+        --context_->gauges.streams_paused;
       }
     }
   }
@@ -726,7 +732,7 @@ class SessionReactor final : public Reactor {
     std::shared_ptr<v1::ClientMessage> message;
     if (ok) {
       message = std::make_shared<v1::ClientMessage>(std::move(*connection_->read_buffer()));
-      ++connection_->context()->messages_in_hand;  // until HandleRead has handled it
+      ++connection_->context()->gauges.messages_in_hand;  // until HandleRead has handled it
     }
     const bool quick = message && IsQuick(*message);
     auto handle = [message = std::move(message)](SessionConnection& c) mutable {
@@ -772,8 +778,8 @@ class SessionReactor final : public Reactor {
 void BroadcastDraining(SessionServiceContext* context, uint64_t grace_ms) {
   std::vector<std::shared_ptr<DrainListener>> streams;
   {
-    MutexLock lock(&context->streams_mu);
-    for (auto& [key, weak] : context->streams) {
+    MutexLock lock(&context->gauges.streams_mu);
+    for (auto& [key, weak] : context->gauges.streams) {
       if (auto s = weak.lock()) streams.push_back(std::move(s));
     }
   }
@@ -789,11 +795,11 @@ class RejectedReactor final : public Reactor {
 
 grpc::ServerBidiReactor<v1::ClientMessage, v1::ServerMessage>* SessionService::Session(
     grpc::CallbackServerContext* context) {
-  if (Status s = CheckToken(context_->token, *context); !s.ok()) {
+  if (Status s = CheckToken(context_->access.token, *context); !s.ok()) {
     return new RejectedReactor(grpc::Status(static_cast<grpc::StatusCode>(s.code()), s.message()));
   }
-  session::PeerIdentity peer = context_->local_connections
-                                   ? context_->local_connections->Identify(context->peer())
+  session::PeerIdentity peer = context_->parts.local_connections
+                                   ? context_->parts.local_connections->Identify(context->peer())
                                    : session::PeerIdentity{context->peer()};
   return new SessionReactor(context_, std::move(peer));
 }
