@@ -87,14 +87,13 @@ class Pool {
     std::unique_lock lock(mu_);
     for (;;) {
       std::shared_ptr<Job> job;
+      // Of the copies with pieces left, help the one with the fewest helpers, so that
+      // sessions copying at once share the threads instead of the oldest copy taking them all.
       work_.wait(lock, [&] {
         for (auto& j : jobs_) {
-          if (j->next < j->n) {
-            job = j;
-            return true;
-          }
+          if (j->next < j->n && (!job || j->running < job->running)) job = j;
         }
-        return false;
+        return job != nullptr;
       });
       const uint64_t at = Take(*job);
       ++job->running;

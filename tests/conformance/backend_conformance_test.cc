@@ -967,6 +967,27 @@ TEST_P(BackendConformanceTest, UsageCountsCopiesByDirection) {
       << "copies are part of the busy time; " << Describe(used);
 }
 
+// Small copies (a 4-byte result, a 16-byte upload) count their bytes exactly; their time is
+// in busy_ns at least (the CUDA backend times only copies of 64 KiB or more with events).
+TEST_P(BackendConformanceTest, UsageCountsSmallCopiesBytesExactly) {
+  constexpr uint64_t kBytes = 16;
+  DeviceBuffer buf = MustAllocate(stream(), kBytes);
+  std::vector<uint8_t> host(kBytes, 9);
+  ASSERT_TRUE(Sync(stream()).ok());
+  const Usage before = stream().usage();
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(stream().CopyHostToDevice(buf.ptr(), host.data(), kBytes).ok());
+    ASSERT_TRUE(stream().CopyDeviceToHost(host.data(), buf.ptr(), 4).ok());
+    ASSERT_TRUE(Sync(stream()).ok());
+  }
+  const Usage used = Minus(stream().usage(), before);
+  EXPECT_EQ(used.h2d_bytes, 3 * kBytes) << Describe(used);
+  EXPECT_EQ(used.d2h_bytes, 3 * 4u) << Describe(used);
+  EXPECT_GT(used.busy_ns, 0u) << Describe(used);
+  EXPECT_LE(used.h2d_ns + used.d2h_ns, used.busy_ns)
+      << "copies are part of the busy time; " << Describe(used);
+}
+
 TEST_P(BackendConformanceTest, UsageOfCopiesReplayedFromAGraphIsBusyTimeOnly) {
   constexpr uint64_t kBytes = 64u << 10;
   DeviceBuffer buf = MustAllocate(stream(), kBytes);

@@ -32,11 +32,14 @@
 //  * Usage (backend.h): one pair of timing events per span of work between completions:
 //    the first work enqueued after a completion (outside a capture) records a start event,
 //    and the next OnComplete watches a timing event instead of a plain one, which is the
-//    span's end. Each host<->device copy enqueued outside a capture gets its own pair, from
-//    the same pool (kMaxTimedCopies per direction and span; past that, a copy's bytes are counted
-//    and its time is estimated from the span's timed copies of that direction: a sample). Elapsed
-//    times are read on the watcher thread, before the completion's callback runs. Cost:
-//    one extra cudaEventRecord per submit, two per copy, and a cudaEventElapsedTime each.
+//    span's end. Each host<->device copy of kMinTimedCopyBytes or more enqueued outside a
+//    capture gets its own pair, from the same pool (kMaxTimedCopies per direction and span; past
+//    that, a copy's bytes are counted and its time is estimated from the span's timed copies of
+//    that direction: a sample). A smaller copy's bytes are counted, its time only in busy_ns (or
+//    at the rate of the span's timed copies of its direction, if any): two more events would
+//    cost more than such a copy takes. Elapsed times are read on the watcher thread, before
+//    the completion's callback runs. Cost: one extra cudaEventRecord per submit, two per large
+//    copy, and a cudaEventElapsedTime each (docs/performance.md has it measured).
 //
 // Lifetime: a CudaDevice must outlive its streams; modules and graphs may outlive it (they
 // unload from the primary context, which stays). A callback must not destroy the device.
@@ -855,12 +858,14 @@ class CudaStream final : public Stream {
   struct Span {
     cudaEvent_t start = nullptr;
     std::vector<TimedCopyEvents> copies;
-    uint64_t untimed_h2d = 0, untimed_d2h = 0;  // bytes of copies past kMaxTimedCopies
+    uint64_t untimed_h2d = 0, untimed_d2h = 0;  // bytes of copies not timed with events
     size_t timed_h2d = 0, timed_d2h = 0;        // copies timed, per direction
   };
   // Per direction. Few: a span's events are held until its completion, and a session may
   // have 64 submits in flight; most submits copy once or twice.
   static constexpr size_t kMaxTimedCopies = 4;
+  // Copies below this are not timed with their own events (see the file comment).
+  static constexpr uint64_t kMinTimedCopyBytes = 64u << 10;
 
   /// Open a span (record its start event) unless one is open or the stream is capturing.
   /// Best effort: without an event the span's work goes unmeasured.
@@ -898,15 +903,15 @@ class CudaStream final : public Stream {
     timed.to_device = to_device;
     timed.bytes = bytes;
     size_t& timed_so_far = to_device ? span_.timed_h2d : span_.timed_d2h;
-    if (span_.start != nullptr && timed_so_far < kMaxTimedCopies) {
+    if (span_.start != nullptr && timed_so_far < kMaxTimedCopies && bytes >= kMinTimedCopyBytes) {
       Result<cudaEvent_t> start = watcher().AcquireTimingEvent();
       Result<cudaEvent_t> end = watcher().AcquireTimingEvent();
       if (start.ok()) timed.start = *start;
       if (end.ok()) timed.end = *end;
     }
-    if (timed.start == nullptr || timed.end == nullptr ||
-        cudaEventRecord(timed.start, stream_) != cudaSuccess) {
-      (void)cudaGetLastError();
+    const bool have_events = timed.start != nullptr && timed.end != nullptr;
+    if (!have_events || cudaEventRecord(timed.start, stream_) != cudaSuccess) {
+      if (have_events) (void)cudaGetLastError();  // the failed record's error, not a copy's
       if (timed.start != nullptr) watcher().ReleaseTimingEvent(timed.start);
       if (timed.end != nullptr) watcher().ReleaseTimingEvent(timed.end);
       Status status = copy();
@@ -988,7 +993,8 @@ class CudaStream final : public Stream {
         used.d2h_ns += ns;
       }
     }
-    // Copies past kMaxTimedCopies: their time at the rate of the span's timed ones.
+    // Copies not timed (small ones, and those past kMaxTimedCopies): their time at the rate of
+    // the span's timed ones of the same direction (none timed: in busy_ns only).
     auto estimate = [](uint64_t untimed, uint64_t bytes, uint64_t ns) -> uint64_t {
       if (untimed == 0 || bytes == 0) return 0;
       return static_cast<uint64_t>(static_cast<double>(untimed) * static_cast<double>(ns) /
