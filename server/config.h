@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "daemon.h"
 #include "ferry/status.h"
-#include "rpc/daemon.h"
 
 namespace ferry {
 
@@ -32,7 +32,7 @@ struct DaemonConfig {
   std::string backend = "auto";  // host | cuda | auto
   backend::HostDeviceOptions host;
   backend::CudaDeviceOptions cuda;  // nvrtc-timeout, nvrtc-memory
-  rpc::DaemonOptions daemon;
+  DaemonOptions daemon;
   std::string log_level = "info";
   std::string ready_file;  // written with the bound endpoints once serving
   std::chrono::milliseconds drain_timeout{10000};

@@ -21,8 +21,8 @@
 
 #include "backend/select.h"
 #include "config.h"
+#include "daemon.h"
 #include "ferry/version.h"
-#include "rpc/daemon.h"
 #include "rpc/systemd_notify.h"
 #include "session/device_supervisor.h"
 
@@ -120,7 +120,7 @@ int main(int argc, char** argv) {
   spdlog::info("ferryd {} ({}): device {} '{}' on the {} backend ({})", ferry::kVersion,
                ferry::kGitCommit, info.ordinal, info.name, info.backend, factory->why);
 
-  auto daemon = ferry::rpc::Daemon::Start(std::move(*device), config.daemon);
+  auto daemon = ferry::Daemon::Start(std::move(*device), config.daemon);
   if (!daemon.ok()) {
     spdlog::critical("cannot start: {}", daemon.status().ToString());
     notify("STATUS=cannot start: " + daemon.status().ToString());

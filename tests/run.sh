@@ -15,12 +15,15 @@
 #          corpus in tests/fuzz/corpus/; a crash, leak or slow input fails it
 #   tsan   build-tsan/: clang, TSan; unit tests and the concurrency subset of the integration
 #          tests ($tsan_integration below)
+#   tsa    build-tsa/: clang's thread-safety analysis (-Werror=thread-safety) over the daemon,
+#          libferry and ferryctl: ABSL_GUARDED_BY and friends (common/include/ferry/mutex.h)
+#          are checked; it only compiles, no test runs
 # Every phase runs even when an earlier one failed (a failed plain build stops the run); the
 # exit status is non-zero when any failed. The output ends with a summary: each phase's time
 # and result, then each ctest run's result lines, the plain suite's last.
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-phases=" ${FERRY_TEST_PHASES:-plain asan fuzz tsan} "
+phases=" ${FERRY_TEST_PHASES:-plain asan fuzz tsan tsa} "
 jobs=$(nproc)
 fuzz_seconds=${FERRY_FUZZ_SECONDS:-60}
 # Where races would live: the executors, the ring poller, the completion watcher, the slab
@@ -171,6 +174,14 @@ tsan_tests() {
   return $rc
 }
 
+# The thread-safety analysis: a clang build of what runs threads (the daemon, libferry,
+# ferryctl); a lock annotation broken anywhere fails the build.
+tsa_build() {
+  CC=clang CXX=clang++ cmake -S "$root" -B "$root/build-tsa" "${san_cmake[@]}" \
+    -DFERRY_BUILD_TESTS=OFF "-DCMAKE_CXX_FLAGS=-Wthread-safety -Werror=thread-safety" &&
+    cmake --build "$root/build-tsa" -j "$jobs" --target ferryd ferry_client ferryctl
+}
+
 total_start=$SECONDS
 if [[ $phases == *" plain "* ]]; then
   phase plain-build plain_build || { echo "the plain build failed"; exit 1; }
@@ -184,6 +195,9 @@ if [[ $phases == *" asan "* || $phases == *" fuzz "* ]]; then
 fi
 if [[ $phases == *" tsan "* ]]; then
   phase tsan-build tsan_build && phase tsan-tests tsan_tests
+fi
+if [[ $phases == *" tsa "* ]]; then
+  phase tsa-build tsa_build
 fi
 
 echo

@@ -1,8 +1,5 @@
 #include "commands.h"
 
-#include <grpcpp/generic/generic_stub.h>
-#include <grpcpp/grpcpp.h>
-#include <grpcpp/security/credentials.h>
 #include <netdb.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -19,12 +16,15 @@
 #include <thread>
 #include <vector>
 
+#include "admin_client.h"
 #include "ferry/client.h"
-#include "ferry/v1/admin.grpc.pb.h"
+#include "ferry/v1/admin.pb.h"
 #include "output.h"
 
 namespace ferry::ctl {
 namespace {
+
+using internal::RpcStatus;
 
 using Clock = std::chrono::steady_clock;
 
@@ -56,88 +56,56 @@ std::string Token(const Options& options) {
   return b == std::string::npos ? "" : t.substr(b, e - b + 1);
 }
 
-// One connection to a daemon's Admin service; every call has the options' deadline.
+// One connection to a daemon's Admin service; every call has the options' deadline. The
+// channel (TLS, bearer token) is libferry's (client/src/admin_client.h).
 class AdminConnection {
  public:
-  explicit AdminConnection(const Options& options) : options_(options) {
-    std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
-    remote_ = GrpcTarget(options.target).rfind("unix:", 0) != 0;
-    if (remote_ && (!options.tls_ca.empty() || !options.tls_cert.empty())) {
-      grpc::SslCredentialsOptions ssl;
-      ssl.pem_root_certs = ReadAll(options.tls_ca);
-      ssl.pem_cert_chain = ReadAll(options.tls_cert);
-      ssl.pem_private_key = ReadAll(options.tls_key);
-      credentials = grpc::SslCredentials(ssl);
+  explicit AdminConnection(const Options& options) {
+    ClientOptions o;
+    o.tls_ca_cert = options.tls_ca;
+    o.tls_client_cert = options.tls_cert;
+    o.tls_client_key = options.tls_key;
+    if (!options.token.empty()) o.bearer_token = Token(options);
+    auto client = internal::AdminClient::Create(FerryTarget(options.target), o, options.timeout);
+    if (client.ok()) {
+      client_ = std::move(*client);
+    } else {
+      setup_failure_ = RpcStatus{kSetupFailed, client.status().message()};
     }
-    channel_ = grpc::CreateChannel(GrpcTarget(options.target), credentials);
-    stub_ = v1::Admin::NewStub(channel_);
   }
 
-  template <typename Reply, typename Method, typename Request>
-  grpc::Status Call(Method method, const Request& request, Reply* reply) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + options_.timeout);
-    if (remote_ && !options_.token.empty())
-      ctx.AddMetadata("authorization", "Bearer " + Token(options_));
-    return ((*stub_).*method)(&ctx, request, reply);
-  }
+  // The code of a call that could not be made: the channel could not be set up.
+  static constexpr int kSetupFailed = -1;
 
-  grpc::Status Status(v1::StatusReply* reply) {
-    return Call(&v1::Admin::Stub::Status, v1::StatusRequest(), reply);
+  RpcStatus Status(v1::StatusReply* reply) {
+    return client_ ? client_->GetStatus(reply) : setup_failure_;
   }
-
-  // Ask grpc.health.v1.Health/Check about `service` through a generic call (no generated
-  // code needed). Return the status number (1 SERVING, 2 NOT_SERVING, 3 SERVICE_UNKNOWN).
-  grpc::Status HealthCheck(const std::string& service, int* serving_status) {
-    // HealthCheckRequest { string service = 1; }
-    std::string request;
-    if (!service.empty()) {
-      request.push_back(0x0a);
-      request.push_back(static_cast<char>(service.size()));  // names are < 128 bytes
-      request += service;
-    }
-    grpc::Slice slice(request);
-    grpc::ByteBuffer request_buffer(&slice, 1);
-    grpc::ByteBuffer response_buffer;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + options_.timeout);
-    grpc::GenericStub stub(channel_);
-    std::promise<grpc::Status> done;
-    stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request_buffer,
-                   &response_buffer, [&done](grpc::Status s) { done.set_value(std::move(s)); });
-    grpc::Status s = done.get_future().get();
-    if (!s.ok()) return s;
-    // HealthCheckResponse { ServingStatus status = 1; } (a varint; absent means UNKNOWN).
-    std::vector<grpc::Slice> slices;
-    std::string bytes;
-    if (response_buffer.Dump(&slices).ok()) {
-      for (const auto& sl : slices)
-        bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
-    }
-    *serving_status = 0;
-    if (bytes.size() >= 2 && bytes[0] == 0x08)
-      *serving_status = static_cast<unsigned char>(bytes[1]);
-    return s;
+  RpcStatus ListSessions(v1::ListSessionsReply* reply) {
+    return client_ ? client_->ListSessions(reply) : setup_failure_;
   }
-
-  grpc::Channel* channel() { return channel_.get(); }
+  RpcStatus Drain(v1::DrainReply* reply) {
+    return client_ ? client_->Drain(reply) : setup_failure_;
+  }
+  // Return the status number (1 SERVING, 2 NOT_SERVING, 3 SERVICE_UNKNOWN) in *serving_status.
+  RpcStatus HealthCheck(const std::string& service, int* serving_status) {
+    return client_ ? client_->HealthCheck(service, serving_status) : setup_failure_;
+  }
 
  private:
-  const Options& options_;
-  bool remote_ = false;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::Admin::Stub> stub_;
+  std::unique_ptr<internal::AdminClient> client_;
+  RpcStatus setup_failure_;
 };
 
 // Report a failed Admin call; return the exit code (always critical).
-int ReportRpcFailure(const Options& options, const grpc::Status& s, std::ostream& err) {
-  if (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
-      s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
-    err << "ferryctl: cannot reach ferryd at " << options.target << ": " << s.error_message()
-        << "\n";
+int ReportRpcFailure(const Options& options, const RpcStatus& s, std::ostream& err) {
+  if (s.code == AdminConnection::kSetupFailed) {
+    err << "ferryctl: " << s.message << "\n";
+  } else if (s.code == static_cast<int>(Code::kUnavailable) ||
+             s.code == static_cast<int>(Code::kDeadlineExceeded)) {
+    err << "ferryctl: cannot reach ferryd at " << options.target << ": " << s.message << "\n";
   } else {
-    err << "ferryctl: ferryd at " << options.target << " answered " << s.error_code() << ": "
-        << s.error_message() << "\n";
+    err << "ferryctl: ferryd at " << options.target << " answered " << s.code << ": " << s.message
+        << "\n";
   }
   return kExitCritical;
 }
@@ -363,12 +331,6 @@ Check CanaryCheck(const Options& options, std::ostream& out) {
 
 }  // namespace
 
-std::string GrpcTarget(const std::string& target) {
-  std::string t = FerryTarget(target);
-  if (t.rfind("tcp:", 0) == 0) return t.substr(4);
-  return t;
-}
-
 std::string FerryTarget(const std::string& target) {
   if (AllDigits(target)) return "unix:/run/ferry/ferryd-" + target + ".sock";
   if (!target.empty() && target[0] == '/') return "unix:" + target;
@@ -378,7 +340,7 @@ std::string FerryTarget(const std::string& target) {
 int RunStatus(const Options& options, std::ostream& out, std::ostream& err) {
   AdminConnection admin(options);
   v1::StatusReply r;
-  grpc::Status s = admin.Status(&r);
+  RpcStatus s = admin.Status(&r);
   if (!s.ok()) return ReportRpcFailure(options, s, err);
   if (options.json) {
     out << StatusJson(options, r) << "\n";
@@ -476,14 +438,14 @@ void PrintUsage(const Options& options, const v1::ListSessionsReply& reply, std:
 
 int FetchSessions(const Options& options, v1::ListSessionsReply* reply, std::ostream& err) {
   AdminConnection admin(options);
-  grpc::Status s = admin.Call(&v1::Admin::Stub::ListSessions, v1::ListSessionsRequest(), reply);
+  RpcStatus s = admin.ListSessions(reply);
   return s.ok() ? kExitOk : ReportRpcFailure(options, s, err);
 }
 
 int RunSessions(const Options& options, std::ostream& out, std::ostream& err) {
   AdminConnection admin(options);
   v1::ListSessionsReply reply;
-  grpc::Status s = admin.Call(&v1::Admin::Stub::ListSessions, v1::ListSessionsRequest(), &reply);
+  RpcStatus s = admin.ListSessions(&reply);
   if (!s.ok()) return ReportRpcFailure(options, s, err);
   if (options.by_uid) {
     if (reply.usage().empty() && !options.json) {
@@ -571,11 +533,11 @@ int RunHealth(const Options& options, std::ostream& out, std::ostream& err) {
   AdminConnection admin(options);
   v1::StatusReply r;
   auto t = Clock::now();
-  grpc::Status s = admin.Status(&r);
+  RpcStatus s = admin.Status(&r);
   double rtt = MillisSince(t);
   if (!s.ok()) {
     checks.push_back({"reachable", Level::kCritical,
-                      "cannot reach ferryd at " + options.target + ": " + s.error_message()});
+                      "cannot reach ferryd at " + options.target + ": " + s.message});
   } else {
     checks.push_back({"reachable", Level::kOk,
                       "ferryd " + r.version() + " answered in " + HumanMillis(rtt) + " (device " +
@@ -583,12 +545,12 @@ int RunHealth(const Options& options, std::ostream& out, std::ostream& err) {
                           r.backend() + " backend)"});
 
     int serving = 0;
-    grpc::Status hs = admin.HealthCheck("", &serving);
-    if (hs.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
+    RpcStatus hs = admin.HealthCheck("", &serving);
+    if (hs.code == static_cast<int>(Code::kUnimplemented)) {
       checks.push_back({"grpc-health", Level::kOk, "grpc.health.v1 not offered by this ferryd"});
     } else if (!hs.ok()) {
       checks.push_back(
-          {"grpc-health", Level::kCritical, "grpc.health.v1 Check failed: " + hs.error_message()});
+          {"grpc-health", Level::kCritical, "grpc.health.v1 Check failed: " + hs.message});
     } else if (serving == 1) {
       checks.push_back({"grpc-health", Level::kOk, "SERVING"});
     } else {
@@ -658,7 +620,7 @@ int RunHealth(const Options& options, std::ostream& out, std::ostream& err) {
 int RunDrain(const Options& options, std::ostream& out, std::ostream& err) {
   AdminConnection admin(options);
   v1::DrainReply reply;
-  grpc::Status s = admin.Call(&v1::Admin::Stub::Drain, v1::DrainRequest(), &reply);
+  RpcStatus s = admin.Drain(&reply);
   if (!s.ok()) return ReportRpcFailure(options, s, err);
   bool stopped = false;
   auto start = Clock::now();
@@ -667,8 +629,8 @@ int RunDrain(const Options& options, std::ostream& out, std::ostream& err) {
     // until it no longer answers.
     while (Clock::now() - start < options.wait_timeout) {
       v1::StatusReply r;
-      grpc::Status st = admin.Status(&r);
-      if (st.error_code() == grpc::StatusCode::UNAVAILABLE) {
+      RpcStatus st = admin.Status(&r);
+      if (st.code == static_cast<int>(Code::kUnavailable)) {
         stopped = true;
         break;
       }

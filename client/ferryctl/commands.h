@@ -54,9 +54,6 @@ struct Options {
   std::chrono::milliseconds wait_timeout{120000};
 };
 
-/// Return the target in gRPC's syntax ("unix:PATH" or "HOST:PORT"), expanding a device
-/// index and a bare path.
-std::string GrpcTarget(const std::string& target);
 /// Return the target in ferry's syntax (what libferry's Client::connect takes).
 std::string FerryTarget(const std::string& target);
 

@@ -48,14 +48,14 @@ std::optional<std::pair<uint64_t, uint64_t>> BusyRanges::FindOverlap(uint64_t be
 }
 
 bool SessionSlabs::Bind(uid_t uid) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (uid_ || closed_) return false;
   uid_ = uid;
   return true;
 }
 
 Result<SlabRef> SessionSlabs::Acquire() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (closed_) return Status(ErrorKind::kSessionClosed, "the session is closed");
   if (!uid_) return Status(ErrorKind::kInternal, "no uid bound to the session's slabs");
   if (pinned_quota_ && (slabs_.size() + 1) * pool_->slab_size() > pinned_quota_) {
@@ -75,7 +75,7 @@ Result<SlabRef> SessionSlabs::Acquire() {
 }
 
 Status SessionSlabs::Check(const SlabRange& r) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   auto it = slabs_.find(r.slab);
   if (it == slabs_.end() || closed_) {
     return Status(ErrorKind::kInvalidHandle,
@@ -101,14 +101,14 @@ Status SessionSlabs::Check(const SlabRange& r) const {
 }
 
 char* SessionSlabs::MarkBusy(const SlabRange& r) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   Held& h = slabs_.at(r.slab);
   h.busy.Add(r.offset, r.offset + r.length);
   return h.ref.data + r.offset;
 }
 
 void SessionSlabs::Finish(const SlabRange& r, bool failed) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   auto it = slabs_.find(r.slab);
   if (it == slabs_.end() || r.length == 0) return;
   if (failed) {
@@ -121,7 +121,7 @@ void SessionSlabs::Finish(const SlabRange& r, bool failed) {
 void SessionSlabs::Close() {
   std::map<uint64_t, Held> slabs;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     closed_ = true;
     slabs.swap(slabs_);
   }
@@ -132,7 +132,7 @@ void SessionSlabs::Close() {
 }
 
 size_t SessionSlabs::slab_count() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return slabs_.size();
 }
 

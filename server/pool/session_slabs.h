@@ -17,10 +17,11 @@
 #include <utility>
 #include <vector>
 
+#include "ferry/mutex.h"
 #include "ferry/status.h"
-#include "pool/completion_board.h"
 #include "pool/slab_pool.h"
-#include "pool/submit_ring.h"
+#include "transport/completion_board.h"
+#include "transport/submit_ring.h"
 
 namespace ferry::pool {
 
@@ -102,11 +103,11 @@ class SessionSlabs {
 
   /// Give the session a completion board (before the slabs are shared with the broker; it is
   /// never replaced). board() is null for a session without one.
-  void AttachBoard(std::unique_ptr<CompletionBoard> board) { board_ = std::move(board); }
-  CompletionBoard* board() const { return board_.get(); }
+  void AttachBoard(std::unique_ptr<transport::CompletionBoard> board) { board_ = std::move(board); }
+  transport::CompletionBoard* board() const { return board_.get(); }
   /// Likewise a submit ring; ring() is null for a session without one.
-  void AttachRing(std::shared_ptr<SubmitRing> ring) { ring_ = std::move(ring); }
-  SubmitRing* ring() const { return ring_.get(); }
+  void AttachRing(std::shared_ptr<transport::SubmitRing> ring) { ring_ = std::move(ring); }
+  transport::SubmitRing* ring() const { return ring_.get(); }
 
  private:
   struct Held {
@@ -117,13 +118,13 @@ class SessionSlabs {
 
   SlabPool* pool_;
   const uint64_t pinned_quota_;
-  std::unique_ptr<CompletionBoard> board_;  // set before sharing; then read-only
-  std::shared_ptr<SubmitRing> ring_;        // likewise (the ring poller holds it too)
-  std::shared_ptr<PinnedCharge> charge_;    // likewise
-  mutable std::mutex mu_;
-  std::optional<uid_t> uid_;        // guarded by mu_
-  std::map<uint64_t, Held> slabs_;  // guarded by mu_
-  bool closed_ = false;             // guarded by mu_
+  std::unique_ptr<transport::CompletionBoard> board_;  // set before sharing; then read-only
+  std::shared_ptr<transport::SubmitRing> ring_;        // likewise (the ring poller holds it too)
+  std::shared_ptr<PinnedCharge> charge_;               // likewise
+  mutable Mutex mu_;
+  std::optional<uid_t> uid_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, Held> slabs_ ABSL_GUARDED_BY(mu_);
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace ferry::pool

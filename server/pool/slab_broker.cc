@@ -151,14 +151,14 @@ Result<std::string> SlabBroker::IssueToken(std::weak_ptr<SessionSlabs> slabs, ui
     token += hex[c >> 4];
     token += hex[c & 15];
   }
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   tokens_.push_back({token, std::move(slabs), uid});
   ++tokens_of_uid_[uid];
   return token;
 }
 
 void SlabBroker::RevokeToken(const std::string& token) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   // The token comes from the daemon here, not from a peer: an early exit tells no one anything.
   for (auto it = tokens_.begin(); it != tokens_.end(); ++it) {
     if (it->token == token) {
@@ -170,7 +170,7 @@ void SlabBroker::RevokeToken(const std::string& token) {
 }
 
 std::shared_ptr<SessionSlabs> SlabBroker::SpendToken(std::string_view presented) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   // Every pending token is compared in full, whether or not one matched before it: the time
   // taken depends on how many tokens are pending, never on the bytes presented.
   size_t match = tokens_.size();
@@ -190,7 +190,7 @@ void SlabBroker::ForgetTokenOfUidLocked(uid_t uid) {
 }
 
 uint32_t SlabBroker::PendingAllowance(uid_t uid) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   auto it = tokens_of_uid_.find(uid);
   return options_.max_pending_per_uid + (it == tokens_of_uid_.end() ? 0 : it->second);
 }
@@ -371,7 +371,7 @@ bool SlabBroker::Serve(Connection& c) {
       return SendWithFd(c.fd, reply, sizeof(reply), -1);
     };
     if (op == kSlabRequestSubmitRing || op == kSlabRequestRingDoorbell) {
-      SubmitRing* ring = slabs ? slabs->ring() : nullptr;
+      transport::SubmitRing* ring = slabs ? slabs->ring() : nullptr;
       if (!ring) {
         if (!answer_none()) return false;
         continue;
@@ -385,12 +385,12 @@ bool SlabBroker::Serve(Connection& c) {
       continue;
     }
     if (op == kSlabRequestCompletionBoard) {
-      CompletionBoard* board = slabs ? slabs->board() : nullptr;
+      transport::CompletionBoard* board = slabs ? slabs->board() : nullptr;
       if (!board) {
         if (!answer_none()) return false;
         continue;
       }
-      Put64(reply + 16, CompletionBoard::kBytes);
+      Put64(reply + 16, transport::CompletionBoard::kBytes);
       if (!SendWithFd(c.fd, reply, sizeof(reply), board->fd())) return false;
       continue;
     }

@@ -37,6 +37,7 @@
 #include <thread>
 #include <vector>
 
+#include "ferry/mutex.h"
 #include "ferry/status.h"
 #include "pool/session_slabs.h"
 
@@ -159,12 +160,12 @@ class SlabBroker {
   std::atomic<uint64_t> connections_{0};
   std::atomic<uint64_t> refused_over_cap_{0}, refused_uid_pending_{0}, hello_timeouts_{0},
       accept_backoffs_{0};
-  std::mutex mu_;
+  Mutex mu_;
   // Pending tokens (one per session that has not bound its slab connection yet): searched
   // by a full scan, never by a keyed container whose lookup compares the secret.
-  std::vector<PendingToken> tokens_;         // guarded by mu_
-  std::map<uid_t, uint32_t> tokens_of_uid_;  // unspent tokens per uid; guarded by mu_
-  void ForgetTokenOfUidLocked(uid_t uid);
+  std::vector<PendingToken> tokens_ ABSL_GUARDED_BY(mu_);
+  std::map<uid_t, uint32_t> tokens_of_uid_ ABSL_GUARDED_BY(mu_);  // unspent tokens per uid
+  void ForgetTokenOfUidLocked(uid_t uid) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The connections of `uid` that may wait for their hello at once: max_pending_per_uid
   // plus the uid's unspent tokens.
   uint32_t PendingAllowance(uid_t uid);

@@ -23,10 +23,13 @@ Result<std::unique_ptr<SlabPool>> SlabPool::Create(const SlabPoolOptions& option
   }
   std::unique_ptr<SlabPool> pool(new SlabPool(options, std::move(registration)));
   uint64_t initial = std::min<uint64_t>(options.initial_slabs, options.budget / options.slab_size);
-  for (uint64_t i = 0; i < initial; ++i) {
-    FERRY_ASSIGN_OR_RETURN(Slab slab, pool->MakeSlab(pool->next_id_++));
-    pool->slabs_[slab.id] = slab;
-    ++pool->made_;
+  {
+    MutexLock lock(&pool->mu_);  // no other thread yet: for the analysis
+    for (uint64_t i = 0; i < initial; ++i) {
+      FERRY_ASSIGN_OR_RETURN(Slab slab, pool->MakeSlab(pool->next_id_++));
+      pool->slabs_[slab.id] = slab;
+      ++pool->made_;
+    }
   }
   pool->thread_ = std::thread([raw = pool.get()] {
     pthread_setname_np(pthread_self(), "ferry-slabmk");
@@ -37,13 +40,13 @@ Result<std::unique_ptr<SlabPool>> SlabPool::Create(const SlabPoolOptions& option
 
 SlabPool::~SlabPool() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   if (thread_.joinable()) thread_.join();
-  std::lock_guard make(make_mu_);
-  std::lock_guard lock(mu_);
+  MutexLock make(&make_mu_);
+  MutexLock lock(&mu_);
   for (auto& [id, slab] : slabs_) DestroySlab(slab);
   slabs_.clear();
 }
@@ -112,6 +115,7 @@ uint64_t SlabPool::CountLocked(Use use) const {
 Result<SlabRef> SlabPool::Grant(Use use, uid_t uid) {
   // A daemon slab first when the daemon asks (reused only by the daemon), else a fresh one.
   auto take_ready = [&]() -> Slab* {
+    mu_.AssertHeld();
     if (use == Use::kDaemon) {
       for (auto& [id, slab] : slabs_) {
         if (slab.use == Use::kDaemonFree) return &slab;
@@ -123,20 +127,20 @@ Result<SlabRef> SlabPool::Grant(Use use, uid_t uid) {
     return nullptr;
   };
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     if (Slab* slab = take_ready()) {
       make_failed_ = false;
       SlabRef ref = TakeLocked(*slab, use, uid);
-      cv_.notify_all();  // make the next one ahead
+      cv_.NotifyAll();  // make the next one ahead
       return ref;
     }
   }
   // None ready: make one here (the cost the slabs made ahead exist to avoid).
-  std::lock_guard make(make_mu_);
-  std::unique_lock lock(mu_);
+  MutexLock make(&make_mu_);
+  MutexLock lock(&mu_);
   if (Slab* slab = take_ready()) {  // made by the pool's thread while this waited
     SlabRef ref = TakeLocked(*slab, use, uid);
-    cv_.notify_all();
+    cv_.NotifyAll();
     return ref;
   }
   std::optional<Slab> victim;
@@ -144,6 +148,7 @@ Result<SlabRef> SlabPool::Grant(Use use, uid_t uid) {
     // Room from a slab no one holds: a released one not destroyed yet, else a free daemon
     // slab (the daemon makes another when it needs one).
     auto pick = [&](Use u) {
+      mu_.AssertHeld();
       for (auto it = slabs_.begin(); it != slabs_.end(); ++it) {
         if (it->second.use == u) {
           victim = it->second;
@@ -160,17 +165,17 @@ Result<SlabRef> SlabPool::Grant(Use use, uid_t uid) {
     }
   }
   const uint64_t id = next_id_++;
-  lock.unlock();
+  lock.Unlock();
   if (victim) DestroySlab(*victim);
   Result<Slab> made = MakeSlab(id);
-  lock.lock();
+  lock.Lock();
   if (victim) ++destroyed_;
   FERRY_RETURN_IF_ERROR(made.status());
   ++made_;
   ++made_on_grant_;
   Slab& slab = slabs_[id] = *made;
   SlabRef ref = TakeLocked(slab, use, uid);
-  cv_.notify_all();
+  cv_.NotifyAll();
   return ref;
 }
 
@@ -180,7 +185,7 @@ Result<SlabRef> SlabPool::AcquireDaemon() { return Grant(Use::kDaemon, static_ca
 
 void SlabPool::Release(uint64_t id, bool quarantined) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     auto it = slabs_.find(id);
     if (it == slabs_.end()) return;
     Slab& slab = it->second;
@@ -191,7 +196,7 @@ void SlabPool::Release(uint64_t id, bool quarantined) {
     slab.use = Use::kRetired;
     make_failed_ = false;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
 }
 
 bool SlabPool::HasWorkLocked() const {
@@ -204,15 +209,18 @@ bool SlabPool::HasWorkLocked() const {
 void SlabPool::Run() {
   for (;;) {
     {
-      std::unique_lock lock(mu_);
+      MutexLock lock(&mu_);
       busy_ = false;
-      cv_.notify_all();  // WaitIdleForTest
-      cv_.wait(lock, [&] { return stop_ || HasWorkLocked(); });
+      cv_.NotifyAll();  // WaitIdleForTest
+      cv_.Wait(&mu_, [&] {
+        mu_.AssertHeld();
+        return stop_ || HasWorkLocked();
+      });
       if (stop_) return;
       busy_ = true;
     }
-    std::lock_guard make(make_mu_);
-    std::unique_lock lock(mu_);
+    MutexLock make(&make_mu_);
+    MutexLock lock(&mu_);
     if (stop_) return;
     // 1. Destroy a released slab (its budget goes to the next fresh one).
     auto retired = slabs_.end();
@@ -225,18 +233,18 @@ void SlabPool::Run() {
     if (retired != slabs_.end()) {
       Slab slab = retired->second;
       slabs_.erase(retired);
-      lock.unlock();
+      lock.Unlock();
       DestroySlab(slab);
-      lock.lock();
+      lock.Lock();
       ++destroyed_;
       continue;
     }
     // 2. Make a fresh slab ahead, within the budget.
     if (!HasWorkLocked()) continue;
     const uint64_t id = next_id_++;
-    lock.unlock();
+    lock.Unlock();
     Result<Slab> made = MakeSlab(id);
-    lock.lock();
+    lock.Lock();
     if (!made.ok()) {
       make_failed_ = true;  // retried after the next grant or release, not in a loop
       spdlog::warn("making a slab ahead: {}", made.status().ToString());
@@ -248,14 +256,17 @@ void SlabPool::Run() {
 }
 
 void SlabPool::WaitIdleForTest() {
-  std::unique_lock lock(mu_);
-  cv_.wait(lock, [&] { return stop_ || (!busy_ && !HasWorkLocked()); });
+  MutexLock lock(&mu_);
+  cv_.Wait(&mu_, [&] {
+    mu_.AssertHeld();
+    return stop_ || (!busy_ && !HasWorkLocked());
+  });
 }
 
 void SlabPool::ReregisterAll() {
   if (!registration_.register_memory) return;
-  std::lock_guard make(make_mu_);  // no slab is half made (registered with the old device)
-  std::lock_guard lock(mu_);
+  MutexLock make(&make_mu_);  // no slab is half made (registered with the old device)
+  MutexLock lock(&mu_);
   for (auto& [id, slab] : slabs_) {
     Status s = registration_.register_memory(slab.data, options_.slab_size);
     if (!s.ok()) spdlog::warn("re-registering slab {}: {}", id, s.ToString());
@@ -263,7 +274,7 @@ void SlabPool::ReregisterAll() {
 }
 
 SlabPoolStats SlabPool::stats() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   SlabPoolStats s;
   s.slabs_total = slabs_.size();
   s.slabs_in_use = CountLocked(Use::kSession);

@@ -37,6 +37,7 @@
 #include <thread>
 #include <vector>
 
+#include "ferry/mutex.h"
 #include "ferry/status.h"
 
 namespace ferry::pool {
@@ -136,24 +137,24 @@ class SlabPool {
   // them. No lock needed.
   void DestroySlab(const Slab& slab) const;
   Result<SlabRef> Grant(Use use, uid_t uid);
-  SlabRef TakeLocked(Slab& slab, Use use, uid_t uid);
-  bool HasWorkLocked() const;
-  uint64_t CountLocked(Use use) const;
+  SlabRef TakeLocked(Slab& slab, Use use, uid_t uid) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool HasWorkLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t CountLocked(Use use) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Run();
 
   const SlabPoolOptions options_;
   const HostRegistration registration_;
-  std::mutex make_mu_;  // held while a slab is made or destroyed; before mu_
-  mutable std::mutex mu_;
-  std::condition_variable cv_;      // work for the thread, or the thread went idle
-  std::map<uint64_t, Slab> slabs_;  // guarded by mu_
-  uint64_t next_id_ = 1;            // guarded by mu_
-  uint64_t made_ = 0;               // guarded by mu_
-  uint64_t made_on_grant_ = 0;      // guarded by mu_
-  uint64_t destroyed_ = 0;          // guarded by mu_
-  bool make_failed_ = false;        // guarded by mu_; retried after the next grant/release
-  bool busy_ = false;               // guarded by mu_; the thread is working
-  bool stop_ = false;               // guarded by mu_
+  Mutex make_mu_;  // held while a slab is made or destroyed; before mu_
+  mutable Mutex mu_;
+  CondVar cv_;  // work for the thread, or the thread went idle
+  std::map<uint64_t, Slab> slabs_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t made_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t made_on_grant_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t destroyed_ ABSL_GUARDED_BY(mu_) = 0;
+  bool make_failed_ ABSL_GUARDED_BY(mu_) = false;  // retried after the next grant/release
+  bool busy_ ABSL_GUARDED_BY(mu_) = false;         // the thread is working
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

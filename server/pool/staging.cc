@@ -30,7 +30,7 @@ void StagingLease::Reset() {
 }
 
 StagingArea::~StagingArea() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (stats_.bytes_in_use)
     spdlog::error("staging destroyed with {} bytes leased", stats_.bytes_in_use);
   for (Slab& s : slabs_) pool_->Release(s.ref.id, /*quarantined=*/false);
@@ -40,8 +40,9 @@ StagingLease StagingArea::Allocate(uint64_t bytes) {
   StagingLease lease;
   if (bytes == 0 || bytes > pool_->slab_size()) return lease;
   const uint64_t need = AlignUp(bytes);
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   auto place = [&](size_t index) -> bool {
+    mu_.AssertHeld();
     Slab& s = slabs_[index];
     uint64_t at = 0;
     for (const auto& [begin, end] : s.used) {
@@ -78,18 +79,18 @@ StagingLease StagingArea::Allocate(uint64_t bytes) {
 }
 
 void StagingArea::Free(size_t slab_index, uint64_t offset, uint64_t reserved) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   slabs_[slab_index].used.erase(offset);
   stats_.bytes_in_use -= reserved;
 }
 
 void StagingArea::CountFallback() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   ++stats_.fallbacks_total;
 }
 
 StagingStats StagingArea::stats() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return stats_;
 }
 

@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "ferry/mutex.h"
 #include "pool/slab_pool.h"
 
 namespace ferry::pool {
@@ -82,9 +83,9 @@ class StagingArea {
   };
   SlabPool* pool_;
   const uint32_t max_slabs_;
-  mutable std::mutex mu_;
-  std::vector<Slab> slabs_;  // guarded by mu_
-  StagingStats stats_;       // guarded by mu_ (slabs is slabs_.size())
+  mutable Mutex mu_;
+  std::vector<Slab> slabs_ ABSL_GUARDED_BY(mu_);
+  StagingStats stats_ ABSL_GUARDED_BY(mu_);  // (slabs is slabs_.size())
 };
 
 }  // namespace ferry::pool

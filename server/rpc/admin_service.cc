@@ -3,6 +3,7 @@
 #include <optional>
 
 #include "ferry/version.h"
+#include "ferry/wire.h"
 #include "rpc/convert.h"
 
 namespace ferry::rpc {
@@ -12,7 +13,7 @@ namespace {
 // lacks the bearer token; null when it may go on.
 grpc::ServerUnaryReactor* RejectUnauthenticated(const SessionServiceContext& context,
                                                 grpc::CallbackServerContext* ctx) {
-  ferry::Status s = CheckToken(context.token, *ctx);
+  ferry::Status s = CheckToken(context.access.token, *ctx);
   if (s.ok()) return nullptr;
   auto* reactor = ctx->DefaultReactor();
   reactor->Finish(grpc::Status(static_cast<grpc::StatusCode>(s.code()), s.message()));
@@ -23,8 +24,8 @@ grpc::ServerUnaryReactor* RejectUnauthenticated(const SessionServiceContext& con
 // remote (TCP) peer or one whose connection is not known.
 std::optional<uid_t> CallerUid(const SessionServiceContext& context,
                                const grpc::CallbackServerContext& ctx) {
-  if (IsRemotePeer(ctx.peer()) || !context.local_connections) return std::nullopt;
-  session::PeerIdentity id = context.local_connections->Identify(ctx.peer());
+  if (IsRemotePeer(ctx.peer()) || !context.parts.local_connections) return std::nullopt;
+  session::PeerIdentity id = context.parts.local_connections->Identify(ctx.peer());
   if (!id.uid) return std::nullopt;
   return static_cast<uid_t>(*id.uid);
 }
@@ -34,8 +35,8 @@ std::optional<uid_t> CallerUid(const SessionServiceContext& context,
 grpc::ServerUnaryReactor* AdminService::Status(grpc::CallbackServerContext* ctx,
                                                const v1::StatusRequest*, v1::StatusReply* reply) {
   if (auto* rejected = RejectUnauthenticated(*context_, ctx)) return rejected;
-  const backend::DeviceInfo info = context_->device->info();
-  session::DaemonTotals t = context_->registry->Totals();
+  const backend::DeviceInfo info = context_->parts.device->info();
+  session::DaemonTotals t = context_->parts.registry->Totals();
   reply->set_version(std::string(kVersion) + "+" + kGitCommit);
   reply->set_backend(info.backend);
   reply->set_device_ordinal(info.ordinal);
@@ -43,8 +44,8 @@ grpc::ServerUnaryReactor* AdminService::Status(grpc::CallbackServerContext* ctx,
   reply->set_device_uuid(info.uuid);
   reply->set_driver_version(info.driver_version);
   reply->set_device_total_bytes(info.total_memory);
-  reply->set_device_free_bytes(context_->device->free_memory());
-  reply->set_device_bytes_in_use(context_->device->bytes_in_use());
+  reply->set_device_free_bytes(context_->parts.device->free_memory());
+  reply->set_device_bytes_in_use(context_->parts.device->bytes_in_use());
   reply->set_uptime_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
                            std::chrono::steady_clock::now() - started_at_)
                            .count());
@@ -55,34 +56,35 @@ grpc::ServerUnaryReactor* AdminService::Status(grpc::CallbackServerContext* ctx,
   reply->set_ops_total(t.ops);
   reply->set_bytes_uploaded_total(t.bytes_uploaded);
   reply->set_bytes_downloaded_total(t.bytes_downloaded);
-  reply->set_draining(context_->draining);
+  reply->set_draining(context_->gauges.draining);
   reply->set_live_tensors(t.live_tensors);
-  reply->set_device_resets(context_->device->resets());
-  reply->set_last_fault(context_->device->last_fault());
-  reply->set_last_recovery_ms(context_->device->last_recovery_ms());
-  if (context_->slab_pool) {
-    pool::SlabPoolStats p = context_->slab_pool->stats();
+  reply->set_device_resets(context_->parts.device->resets());
+  reply->set_last_fault(context_->parts.device->last_fault());
+  reply->set_last_recovery_ms(context_->parts.device->last_recovery_ms());
+  if (context_->parts.slab_pool) {
+    pool::SlabPoolStats p = context_->parts.slab_pool->stats();
     reply->set_slabs_total(p.slabs_total);
     reply->set_slabs_in_use(p.slabs_in_use);
     reply->set_slab_bytes(p.bytes_total);
     reply->set_slab_fds_open(p.fds_open);
-    reply->set_slab_size(context_->slab_pool->slab_size());
+    reply->set_slab_size(context_->parts.slab_pool->slab_size());
   }
-  if (context_->slab_broker) reply->set_slab_connections(context_->slab_broker->connections());
-  if (context_->staging) {
-    pool::StagingStats st = context_->staging->stats();
+  if (context_->parts.slab_broker)
+    reply->set_slab_connections(context_->parts.slab_broker->connections());
+  if (context_->parts.staging) {
+    pool::StagingStats st = context_->parts.staging->stats();
     reply->set_staging_slabs(st.slabs);
     reply->set_staging_bytes_in_use(st.bytes_in_use);
     reply->set_staged_bytes_total(st.staged_total);
     reply->set_staging_fallbacks_total(st.fallbacks_total);
   }
-  if (context_->ring_poller) {
-    reply->set_submit_rings(context_->ring_poller->rings());
-    reply->set_submit_ring_messages_total(context_->ring_poller->records_total());
+  if (context_->parts.ring_poller) {
+    reply->set_submit_rings(context_->parts.ring_poller->rings());
+    reply->set_submit_ring_messages_total(context_->parts.ring_poller->records_total());
   }
-  if (context_->copy_turns) {
-    session::CopyTurns::Stats t = context_->copy_turns->stats();
-    reply->set_copy_turns(context_->copy_turns->turns());
+  if (context_->parts.copy_turns) {
+    session::CopyTurns::Stats t = context_->parts.copy_turns->stats();
+    reply->set_copy_turns(context_->parts.copy_turns->turns());
     reply->set_copy_turns_waiting(t.waiting);
     reply->set_copy_turn_waits_total(t.waits);
   }
@@ -98,9 +100,9 @@ grpc::ServerUnaryReactor* AdminService::ListSessions(grpc::CallbackServerContext
   // An admin sees every session; any other local caller only its own uid's, and a remote
   // caller none (it has no uid here, and a token may be shared by many tenants).
   const std::optional<uid_t> caller = CallerUid(*context_, *ctx);
-  const bool admin = caller && context_->admin.IsAdmin(*caller);
+  const bool admin = caller && context_->access.admin.IsAdmin(*caller);
   auto now = std::chrono::steady_clock::now();
-  for (const session::SessionEntry& e : context_->registry->List()) {
+  for (const session::SessionEntry& e : context_->parts.registry->List()) {
     if (!admin && !(caller && e.peer.uid && *e.peer.uid == *caller)) continue;
     v1::SessionInfo* s = reply->add_sessions();
     const session::SessionCounters& c = *e.counters;
@@ -113,11 +115,11 @@ grpc::ServerUnaryReactor* AdminService::ListSessions(grpc::CallbackServerContext
     s->set_submits_in_flight(c.submits_in_flight);
     s->set_device_bytes(c.device_bytes);
     s->set_live_tensors(c.live_tensors);
-    ToProto(session::SnapshotOf(c), s->mutable_stats());
+    wire::StatsToProto(session::SnapshotOf(c), s->mutable_stats());
   }
   // The same rule for usage: a non-admin sees only its own identity's.
   const std::string own_identity = caller ? "uid:" + std::to_string(*caller) : std::string();
-  for (const session::UidUsage& u : context_->registry->UsageByUid()) {
+  for (const session::UidUsage& u : context_->parts.registry->UsageByUid()) {
     if (!admin && u.identity != own_identity) continue;
     v1::UidUsage* p = reply->add_usage();
     p->set_identity(u.identity);
@@ -131,7 +133,7 @@ grpc::ServerUnaryReactor* AdminService::ListSessions(grpc::CallbackServerContext
     p->set_max_submits_in_flight(u.limits.inflight);
   }
   const std::string own_uid = caller ? std::to_string(*caller) : std::string();
-  for (const session::IdentityUsage& u : context_->registry->UsageByIdentity()) {
+  for (const session::IdentityUsage& u : context_->parts.registry->UsageByIdentity()) {
     if (!admin && (own_uid.empty() || u.uid != own_uid)) continue;
     v1::IdentityUsage* p = reply->add_identities();
     p->set_uid(u.uid);
@@ -155,7 +157,7 @@ grpc::ServerUnaryReactor* AdminService::Drain(grpc::CallbackServerContext* ctx,
   if (auto* rejected = RejectUnauthenticated(*context_, ctx)) return rejected;
   // A drain ends every tenant's work: admins only (root, the daemon's uid, admin-group).
   const std::optional<uid_t> caller = CallerUid(*context_, *ctx);
-  if (!caller || !context_->admin.IsAdmin(*caller)) {
+  if (!caller || !context_->access.admin.IsAdmin(*caller)) {
     auto* reactor = ctx->DefaultReactor();
     reactor->Finish(
         grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
@@ -165,10 +167,10 @@ grpc::ServerUnaryReactor* AdminService::Drain(grpc::CallbackServerContext* ctx,
                                           "admin-group), never for a remote peer")));
     return reactor;
   }
-  context_->draining = true;
+  context_->gauges.draining = true;
   std::function<void()> handler;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     handler = drain_handler_;
   }
   if (handler) handler();

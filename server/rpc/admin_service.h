@@ -13,6 +13,7 @@
 #include <functional>
 #include <mutex>
 
+#include "ferry/mutex.h"
 #include "ferry/v1/admin.grpc.pb.h"
 #include "rpc/session_service.h"
 
@@ -33,15 +34,15 @@ class AdminService final : public v1::Admin::CallbackService {
                                   v1::DrainReply* reply) override;
 
   void SetDrainHandler(std::function<void()> fn) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     drain_handler_ = std::move(fn);
   }
 
  private:
   SessionServiceContext* context_;
   std::chrono::steady_clock::time_point started_at_;
-  std::mutex mu_;
-  std::function<void()> drain_handler_;  // guarded by mu_
+  Mutex mu_;
+  std::function<void()> drain_handler_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ferry::rpc

@@ -2,25 +2,11 @@
 
 #include <cstring>
 
+#include "ferry/wire.h"
 #include "session/admission.h"
 
 namespace ferry::rpc {
 namespace {
-
-DType FromProto(v1::DType d) {
-  switch (d) {
-    case v1::DTYPE_F32:
-      return DType::kF32;
-    case v1::DTYPE_F64:
-      return DType::kF64;
-    case v1::DTYPE_I32:
-      return DType::kI32;
-    case v1::DTYPE_U8:
-      return DType::kU8;
-    default:
-      return DType::kInvalid;
-  }
-}
 
 session::Op Malformed(std::string why) {
   return session::MalformedOp{Status(ErrorKind::kInvalidArgument, std::move(why))};
@@ -31,7 +17,7 @@ session::Op FromProto(const v1::Op& op) {
   switch (op.kind_case()) {
     case v1::Op::kCreateTensor: {
       const auto& c = op.create_tensor();
-      DType dtype = FromProto(c.dtype());
+      DType dtype = wire::FromProto(c.dtype());
       if (dtype == DType::kInvalid) return Malformed("create_tensor: invalid dtype");
       if (static_cast<size_t>(c.shape_size()) > Shape::kMaxRank) {
         return session::MalformedOp{
@@ -190,29 +176,52 @@ session::SubmitRequest ToSubmitRequest(std::shared_ptr<const v1::ClientMessage> 
   return req;
 }
 
-void ToProto(const Status& status, v1::Error* out) {
-  out->set_code(static_cast<int32_t>(status.code()));
-  out->set_kind(static_cast<v1::ErrorKind>(status.kind()));
-  out->set_message(status.message());
-  out->set_op_index(status.op_index());
-}
-
-void ToProto(const session::SessionStatsSnapshot& s, v1::SessionStats* out) {
-  out->set_submits(s.submits);
-  out->set_failed_submits(s.failed_submits);
-  out->set_ops(s.ops);
-  out->set_kernel_launches(s.kernel_launches);
-  out->set_bytes_uploaded(s.bytes_uploaded);
-  out->set_bytes_downloaded(s.bytes_downloaded);
-  out->set_tensors_created(s.tensors_created);
-  out->set_peak_device_bytes(s.peak_device_bytes);
-  out->set_device_busy_ns(s.device_busy_ns);
-  out->set_graph_launches(s.graph_launches);
-  out->set_kernel_batches(s.kernel_batches);
-  out->set_h2d_bytes(s.h2d_bytes);
-  out->set_h2d_ns(s.h2d_ns);
-  out->set_d2h_bytes(s.d2h_bytes);
-  out->set_d2h_ns(s.d2h_ns);
+std::optional<session::OpKind> KindOf(const v1::Op& op) {
+  using session::OpKind;
+  switch (op.kind_case()) {
+    case v1::Op::kCreateTensor:
+      return OpKind::kCreateTensor;
+    case v1::Op::kFreeTensor:
+      return OpKind::kFreeTensor;
+    case v1::Op::kUpload:
+      return OpKind::kUpload;
+    case v1::Op::kDownload:
+      return OpKind::kDownload;
+    case v1::Op::kFill:
+      return OpKind::kFill;
+    case v1::Op::kCopy:
+      return OpKind::kCopy;
+    case v1::Op::kBinary:
+      return OpKind::kBinary;
+    case v1::Op::kScale:
+      return OpKind::kScale;
+    case v1::Op::kAxpy:
+      return OpKind::kAxpy;
+    case v1::Op::kReduceSum:
+      return OpKind::kReduceSum;
+    case v1::Op::kGemm:
+      return OpKind::kGemm;
+    case v1::Op::kLoadModule:
+      return OpKind::kLoadModule;
+    case v1::Op::kUnloadModule:
+      return OpKind::kUnloadModule;
+    case v1::Op::kLaunch:
+      return OpKind::kLaunch;
+    case v1::Op::kBeginGraph:
+      return OpKind::kBeginGraph;
+    case v1::Op::kEndGraph:
+      return OpKind::kEndGraph;
+    case v1::Op::kLaunchGraph:
+      return OpKind::kLaunchGraph;
+    case v1::Op::kFreeGraph:
+      return OpKind::kFreeGraph;
+    case v1::Op::kUploadFromSlab:
+      return OpKind::kUploadFromSlab;
+    case v1::Op::kDownloadToSlab:
+      return OpKind::kDownloadToSlab;
+    default:
+      return std::nullopt;
+  }
 }
 
 }  // namespace ferry::rpc

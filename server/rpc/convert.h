@@ -1,6 +1,9 @@
-// Conversions between ferry.v1 messages and the daemon's own types. The only place (with
-// the services) that knows the wire format.
+// Conversions between ferry.v1 messages and the daemon's own op types. The only place (with
+// the services) that knows the wire format; DType, Status and counters convert through
+// ferry/wire.h, shared with libferry.
 #pragma once
+
+#include <optional>
 
 #include "ferry/status.h"
 #include "ferry/v1/session.pb.h"
@@ -14,7 +17,8 @@ namespace ferry::rpc {
 /// the request (the request's payload keeps it alive).
 session::SubmitRequest ToSubmitRequest(std::shared_ptr<const v1::ClientMessage> message);
 
-void ToProto(const Status& status, v1::Error* out);
-void ToProto(const session::SessionStatsSnapshot& stats, v1::SessionStats* out);
+/// The kind of a wire op, for asking session::Traits about it before decoding; nullopt for
+/// an op with no kind set (or one this build does not know).
+std::optional<session::OpKind> KindOf(const v1::Op& op);
 
 }  // namespace ferry::rpc

@@ -28,7 +28,7 @@ bool UnixAddress(const std::string& path, sockaddr_un* addr) {
 }  // namespace
 
 void LocalConnections::Add(int fd, std::string endpoint, const systemd::PeerCredentials& peer) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   by_fd_[fd] = Entry{std::move(endpoint), peer};
 }
 
@@ -42,7 +42,7 @@ session::PeerIdentity LocalConnections::Identify(const std::string& grpc_peer) c
   const char* last = grpc_peer.data() + grpc_peer.size();
   auto [end, ec] = std::from_chars(first, last, fd);
   if (ec != std::errc() || end != last) return id;
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   auto it = by_fd_.find(fd);
   if (it == by_fd_.end()) return id;
   id.address = it->second.endpoint;

@@ -12,6 +12,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "ferry/mutex.h"
 #include "ferry/status.h"
 #include "rpc/systemd_notify.h"
 #include "session/registry.h"
@@ -34,8 +35,8 @@ class LocalConnections {
     std::string endpoint;
     systemd::PeerCredentials peer;
   };
-  mutable std::mutex mu_;
-  std::unordered_map<int, Entry> by_fd_;  // guarded by mu_
+  mutable Mutex mu_;
+  std::unordered_map<int, Entry> by_fd_ ABSL_GUARDED_BY(mu_);
 };
 
 /// Create a listening Unix stream socket at `path` (mode 0660, close-on-exec). A stale socket

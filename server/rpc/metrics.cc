@@ -95,8 +95,8 @@ class Exposition {
 
 std::string RenderMetrics(const SessionServiceContext& c,
                           std::chrono::steady_clock::time_point started_at) {
-  const backend::DeviceInfo info = c.device->info();
-  const session::DaemonTotals t = c.registry->Totals();
+  const backend::DeviceInfo info = c.parts.device->info();
+  const session::DaemonTotals t = c.parts.registry->Totals();
   Exposition e("gpu=\"" + std::to_string(info.ordinal) + "\",UUID=\"" + EscapeLabel(info.uuid) +
                "\"");
   e.Family("ferry_build_info", "gauge", "ferryd's version and device backend (always 1).");
@@ -107,7 +107,7 @@ std::string RenderMetrics(const SessionServiceContext& c,
   e.Metric("ferry_uptime_seconds", "gauge", "Seconds since ferryd started serving.",
            std::chrono::duration<double>(std::chrono::steady_clock::now() - started_at).count());
   e.Metric("ferry_draining", "gauge", "1 while the daemon drains (refuses new sessions).",
-           c.draining ? 1 : 0);
+           c.gauges.draining ? 1 : 0);
   e.Metric("ferry_sessions_open", "gauge", "Sessions open now.", t.sessions_open);
   e.Metric("ferry_sessions_total", "counter", "Sessions opened since start.", t.sessions_total);
   e.Metric("ferry_submits_total", "counter", "Submits accepted since start.", t.submits);
@@ -115,7 +115,7 @@ std::string RenderMetrics(const SessionServiceContext& c,
            t.submits_in_flight);
   e.Metric("ferry_ops_total", "counter", "Ops executed since start.", t.ops);
   e.Metric("ferry_live_tensors", "gauge", "Tensors all sessions hold.", t.live_tensors);
-  const uint64_t free_bytes = c.device->free_memory();
+  const uint64_t free_bytes = c.parts.device->free_memory();
   e.Metric("ferry_device_memory_total_bytes", "gauge", "Device memory.", info.total_memory);
   e.Metric("ferry_device_memory_free_bytes", "gauge", "Device memory free (driver's view).",
            free_bytes);
@@ -123,30 +123,30 @@ std::string RenderMetrics(const SessionServiceContext& c,
            info.total_memory >= free_bytes ? info.total_memory - free_bytes : 0);
   e.Metric("ferry_device_memory_allocated_bytes", "gauge",
            "Device memory allocated through sessions and not yet released.",
-           c.device->bytes_in_use());
+           c.parts.device->bytes_in_use());
   e.Metric("ferry_device_memory_reserved_bytes", "gauge",
            "Device memory reserved under the daemon-wide cap.", t.device_bytes_reserved);
   e.Metric("ferry_device_memory_cap_bytes", "gauge",
            "The most device memory all sessions together may hold.",
-           c.registry->device_bytes_cap());
+           c.parts.registry->device_bytes_cap());
   // Every device fault rebuilds the device (in process, or by re-executing ferryd), so the
   // two counters move together; both are exported for alerting rules' sake.
   e.Metric("ferry_device_faults_total", "counter",
            "Sticky device faults since the first start (carried across a fault restart).",
-           c.device->resets());
+           c.parts.device->resets());
   e.Metric("ferry_device_resets_total", "counter",
            "Device contexts rebuilt after a fault (carried across a fault restart).",
-           c.device->resets());
+           c.parts.device->resets());
   e.Metric("ferry_device_last_recovery_seconds", "gauge",
            "Fault to rebuilt device, for the last fault (0: none).",
-           static_cast<double>(c.device->last_recovery_ms()) / 1000.0);
+           static_cast<double>(c.parts.device->last_recovery_ms()) / 1000.0);
   pool::SlabPoolStats p;
   uint64_t slab_size = 0, slab_connections = 0;
-  if (c.slab_pool) {
-    p = c.slab_pool->stats();
-    slab_size = c.slab_pool->slab_size();
+  if (c.parts.slab_pool) {
+    p = c.parts.slab_pool->stats();
+    slab_size = c.parts.slab_pool->slab_size();
   }
-  if (c.slab_broker) slab_connections = c.slab_broker->connections();
+  if (c.parts.slab_broker) slab_connections = c.parts.slab_broker->connections();
   e.Metric("ferry_slab_pool_slabs", "gauge", "Shared-memory slabs that exist (free or held).",
            p.slabs_total);
   e.Metric("ferry_slab_pool_slabs_in_use", "gauge", "Shared-memory slabs sessions hold.",
@@ -157,7 +157,7 @@ std::string RenderMetrics(const SessionServiceContext& c,
   e.Metric("ferry_slab_pool_connections", "gauge", "Connections open on the slab socket.",
            slab_connections);
   pool::SlabBrokerStats bs;
-  if (c.slab_broker) bs = c.slab_broker->stats();
+  if (c.parts.slab_broker) bs = c.parts.slab_broker->stats();
   e.Family("ferry_slab_connections_closed_total", "counter",
            "Slab-socket connections the daemon closed for a bound, since start, by reason.");
   e.Sample("ferry_slab_connections_closed_total", bs.refused_over_cap,
@@ -170,7 +170,7 @@ std::string RenderMetrics(const SessionServiceContext& c,
            bs.accept_backoffs);
   // Per identity (uid:N, or remote): usage and limits (0: no limit), for those holding
   // anything now.
-  const std::vector<session::UidUsage> usage = c.registry->UsageByUid();
+  const std::vector<session::UidUsage> usage = c.parts.registry->UsageByUid();
   auto per_uid = [&](const char* name, const char* help, auto field) {
     e.Family(name, "gauge", help);
     for (const session::UidUsage& u : usage) {
@@ -196,7 +196,7 @@ std::string RenderMetrics(const SessionServiceContext& c,
   // Per usage identity (uid and client name, folded past metrics-max-identities), kept
   // after its sessions close: device time and copies measured on the device (backend.h,
   // Usage), and the device memory its open sessions hold.
-  const std::vector<session::IdentityUsage> identities = c.registry->UsageByIdentity();
+  const std::vector<session::IdentityUsage> identities = c.parts.registry->UsageByIdentity();
   auto who = [](const session::IdentityUsage& u) {
     return "uid=\"" + EscapeLabel(u.uid) + "\",client=\"" + EscapeLabel(u.client) + "\"";
   };
@@ -230,9 +230,9 @@ std::string RenderMetrics(const SessionServiceContext& c,
   e.Metric("ferry_usage_identities_folded_total", "counter",
            "Sessions accounted to uid=\"other\" or client=\"other\": past "
            "metrics-max-identities, or past a uid's 16 client names.",
-           c.registry->usage_folds());
+           c.parts.registry->usage_folds());
   session::CopyTurns::Stats turns;
-  if (c.copy_turns) turns = c.copy_turns->stats();
+  if (c.parts.copy_turns) turns = c.parts.copy_turns->stats();
   e.Metric("ferry_copy_turn_waits_total", "counter",
            "Large-copy submits that waited for a copy turn, since start.", turns.waits);
   e.Metric("ferry_copy_turns_waiting", "gauge", "Large-copy submits waiting for a turn now.",
@@ -241,9 +241,9 @@ std::string RenderMetrics(const SessionServiceContext& c,
   e.Sample("ferry_copy_turns_held", turns.held_to_device, "direction=\"upload\"");
   e.Sample("ferry_copy_turns_held", turns.held_to_host, "direction=\"download\"");
   uint64_t rings = 0, ring_messages = 0;
-  if (c.ring_poller) {
-    rings = c.ring_poller->rings();
-    ring_messages = c.ring_poller->records_total();
+  if (c.parts.ring_poller) {
+    rings = c.parts.ring_poller->rings();
+    ring_messages = c.parts.ring_poller->records_total();
   }
   e.Metric("ferry_submit_rings", "gauge", "Submit rings of open local sessions.", rings);
   e.Metric("ferry_submit_ring_messages_total", "counter",
@@ -251,27 +251,27 @@ std::string RenderMetrics(const SessionServiceContext& c,
   e.Metric("ferry_stream_unanswered_messages", "gauge",
            "Submit and Synchronize messages accepted whose answer is not yet written, all "
            "streams (each session's counts toward its max-in-flight).",
-           static_cast<double>(std::max<int64_t>(0, c.unanswered.load())));
+           static_cast<double>(std::max<int64_t>(0, c.gauges.unanswered.load())));
   e.Metric("ferry_stream_in_flight_bytes", "gauge",
            "Bytes sessions' submits are charged from being read until their Completed is "
            "written, all streams (each session's counts toward session-in-flight-bytes).",
-           static_cast<double>(std::max<int64_t>(0, c.bytes_in_flight.load())));
+           static_cast<double>(std::max<int64_t>(0, c.gauges.bytes_in_flight.load())));
   e.Metric("ferry_stream_unsent_messages", "gauge",
            "Server messages queued and not yet written, all streams.",
-           static_cast<double>(std::max<int64_t>(0, c.unsent.load())));
+           static_cast<double>(std::max<int64_t>(0, c.gauges.unsent.load())));
   e.Metric("ferry_stream_unsent_bytes", "gauge",
            "Bytes of server messages queued and not yet written (download bytes plus an "
            "estimate per message), all streams.",
-           static_cast<double>(std::max<int64_t>(0, c.unsent_bytes.load())));
+           static_cast<double>(std::max<int64_t>(0, c.gauges.unsent_bytes.load())));
   e.Metric("ferry_streams_paused", "gauge",
            "Session streams whose reading a limit stops now (backpressure).",
-           static_cast<double>(std::max<int64_t>(0, c.streams_paused.load())));
+           static_cast<double>(std::max<int64_t>(0, c.gauges.streams_paused.load())));
   e.Metric("ferry_stream_read_pauses_total", "counter",
            "Times a session stream stopped reading at a limit, since start.",
-           static_cast<double>(c.read_pauses_total.load()));
+           static_cast<double>(c.gauges.read_pauses_total.load()));
   e.Metric("ferry_submit_ring_doorbell_mutes_total", "counter",
            "Times a ring's doorbell was muted for a storm of empty wake-ups, since start.",
-           c.ring_poller ? c.ring_poller->doorbell_mutes_total() : 0);
+           c.parts.ring_poller ? c.parts.ring_poller->doorbell_mutes_total() : 0);
   auto histogram = [&e](const LatencyHistogram* hist, const std::string& name, const char* help) {
     if (!hist) return;
     const LatencyHistogram::Snapshot h = hist->snapshot();
@@ -287,9 +287,9 @@ std::string RenderMetrics(const SessionServiceContext& c,
     e.Sample(name + "_sum", h.sum_seconds);
     e.Sample(name + "_count", h.count);
   };
-  histogram(c.submit_latency, "ferry_submit_latency_seconds",
+  histogram(c.latency.submit_latency, "ferry_submit_latency_seconds",
             "Submit round trip inside ferryd: received from the client to completion sent.");
-  histogram(c.transfer_latency, "ferry_transfer_latency_seconds",
+  histogram(c.latency.transfer_latency, "ferry_transfer_latency_seconds",
             "The same, for submits that move bytes (uploads and downloads, inline or through "
             "shared memory).");
   return e.str();

@@ -5,10 +5,14 @@
 #include <algorithm>
 #include <chrono>
 #include <deque>
+#include <optional>
 #include <thread>
 #include <utility>
 
+#include "ferry/wire.h"
 #include "rpc/convert.h"
+#include "rpc/input_sequencer.h"
+#include "rpc/stream_end.h"
 
 namespace ferry::rpc {
 namespace {
@@ -31,24 +35,9 @@ bool IsQuick(const v1::ClientMessage& m) {
   if (!m.has_submit() || m.submit().ops_size() > kQuickOps) return false;
   uint64_t upload_bytes = 0;
   for (const v1::Op& op : m.submit().ops()) {
-    switch (op.kind_case()) {
-      case v1::Op::kUpload:
-        upload_bytes += op.upload().data().size();
-        break;
-      case v1::Op::kFill:
-      case v1::Op::kCopy:
-      case v1::Op::kBinary:
-      case v1::Op::kScale:
-      case v1::Op::kAxpy:
-      case v1::Op::kReduceSum:
-      case v1::Op::kLaunch:
-      case v1::Op::kLaunchGraph:
-      case v1::Op::kUploadFromSlab:
-      case v1::Op::kDownloadToSlab:
-        break;
-      default:
-        return false;
-    }
+    const std::optional<session::OpKind> kind = KindOf(op);
+    if (!kind || !session::Traits(*kind).quick) return false;
+    if (*kind == session::OpKind::kUpload) upload_bytes += op.upload().data().size();
   }
   return upload_bytes <= kQuickUploadBytes;
 }
@@ -71,7 +60,10 @@ class SessionConnection : public session::SessionEvents,
                           public std::enable_shared_from_this<SessionConnection> {
  public:
   SessionConnection(SessionServiceContext* context, Reactor* reactor, session::PeerIdentity peer)
-      : context_(context), executor_(*context->io), reactor_(reactor), peer_(std::move(peer)) {}
+      : context_(context),
+        executor_(*context->parts.io),
+        reactor_(reactor),
+        peer_(std::move(peer)) {}
 
   const session::Executor& executor() const { return executor_; }
   SessionServiceContext* context() const { return context_; }
@@ -79,18 +71,20 @@ class SessionConnection : public session::SessionEvents,
 
   void Start() {
     {
-      std::lock_guard lock(context_->streams_mu);
-      context_->streams[this] = shared_from_this();
+      MutexLock lock(&context_->gauges.streams_mu);
+      context_->gauges.streams[this] = shared_from_this();
     }
     MaybeStartRead();
   }
 
   void NotifyDraining(uint64_t grace_ms) override {
-    executor_.Post([self = shared_from_this(), grace_ms] {
-      auto m = std::make_unique<v1::ServerMessage>();
-      m->mutable_draining()->set_grace_ms(grace_ms);
-      self->Send(std::move(m));
-    });
+    executor_.Post(
+        [self = shared_from_this(), grace_ms] {
+          auto m = std::make_unique<v1::ServerMessage>();
+          m->mutable_draining()->set_grace_ms(grace_ms);
+          self->Send(std::move(m));
+        },
+        "draining notice");
   }
 
   // A read finished; `message` is null when the client ended or broke the stream.
@@ -102,7 +96,7 @@ class SessionConnection : public session::SessionEvents,
       return;
     }
     Accept(std::move(message), kStream);
-    --context_->messages_in_hand;
+    --context_->gauges.messages_in_hand;
   }
 
   // The ring poller took a message from the session's submit ring (`message`, null when the
@@ -120,10 +114,10 @@ class SessionConnection : public session::SessionEvents,
 
   // The handler the ring poller calls with what it took from this session's ring: parse it on
   // the poller's thread, then hand it to the executor (see kRingInlineOps).
-  pool::RingPoller::Handler RingHandler() {
+  transport::RingPoller::Handler RingHandler() {
     return [weak = weak_from_this(), executor = executor_,
-            context = context_](pool::RingPoller::Taken taken) {
-      ++context->messages_in_hand;  // until it is handled (or its session is gone)
+            context = context_](transport::RingPoller::Taken taken) {
+      ++context->gauges.messages_in_hand;  // until it is handled (or its session is gone)
       auto message = std::make_shared<v1::ClientMessage>();
       bool parsed = taken.broken.empty() && message->ParseFromString(taken.record);
       const bool here = parsed && taken.quiet && IsQuick(*message) &&
@@ -131,7 +125,7 @@ class SessionConnection : public session::SessionEvents,
       auto handle = [weak, context, message = parsed ? std::move(message) : nullptr,
                      broken = std::move(taken.broken)]() mutable {
         if (auto self = weak.lock()) self->HandleRingMessage(std::move(message), broken);
-        --context->messages_in_hand;
+        --context->gauges.messages_in_hand;
       };
       std::function<void()> fn = std::move(handle);
       if (here) {
@@ -141,7 +135,7 @@ class SessionConnection : public session::SessionEvents,
           std::this_thread::yield();
         } while (std::chrono::steady_clock::now() < until);
       }
-      executor.Post(std::move(fn));
+      executor.Post(std::move(fn), "ring message");
     };
   }
 
@@ -166,19 +160,19 @@ class SessionConnection : public session::SessionEvents,
 
   void HandleDone() {
     {
-      std::lock_guard lock(context_->streams_mu);
-      context_->streams.erase(this);
+      MutexLock lock(&context_->gauges.streams_mu);
+      context_->gauges.streams.erase(this);
     }
     DropUnsent(0);
     DropRing();
     // What this stream counted in the daemon-wide gauges goes with it.
-    context_->unanswered -= static_cast<int64_t>(unanswered_);
-    context_->bytes_in_flight -= static_cast<int64_t>(bytes_in_flight_);
-    if (paused_) --context_->streams_paused;
+    context_->gauges.unanswered -= static_cast<int64_t>(unanswered_);
+    context_->gauges.bytes_in_flight -= static_cast<int64_t>(bytes_in_flight_);
+    if (paused_) --context_->gauges.streams_paused;
     unanswered_ = bytes_in_flight_ = 0;
     charges_.clear();
     paused_ = false;
-    if (!slab_token_.empty()) context_->slab_broker->RevokeToken(slab_token_);
+    if (!slab_token_.empty()) context_->parts.slab_broker->RevokeToken(slab_token_);
     if (session_ && !session_done_) session_->Abort();
     session_done_ = true;
     session_.reset();
@@ -203,8 +197,9 @@ class SessionConnection : public session::SessionEvents,
       const Received& r = received_at_.front();
       if (r.id == submit_id) {
         auto latency = std::chrono::steady_clock::now() - r.at;
-        context_->submit_latency->Record(latency);
-        if (r.transfer && context_->transfer_latency) context_->transfer_latency->Record(latency);
+        context_->latency.submit_latency->Record(latency);
+        if (r.transfer && context_->latency.transfer_latency)
+          context_->latency.transfer_latency->Record(latency);
       }
       received_at_.pop_front();
     }
@@ -213,7 +208,7 @@ class SessionConnection : public session::SessionEvents,
   void SendCompleted(uint64_t submit_id, const Status& status) {
     auto m = std::make_unique<v1::ServerMessage>();
     m->mutable_completed()->set_submit_id(submit_id);
-    if (!status.ok()) ToProto(status, m->mutable_completed()->mutable_error());
+    if (!status.ok()) wire::ToProto(status, m->mutable_completed()->mutable_error());
     Send(std::move(m));
     MaybeReadMore();
   }
@@ -224,7 +219,7 @@ class SessionConnection : public session::SessionEvents,
   }
   void OnClosed(const session::SessionStatsSnapshot& stats) override {
     auto m = std::make_unique<v1::ServerMessage>();
-    ToProto(stats, m->mutable_closed()->mutable_stats());
+    wire::StatsToProto(stats, m->mutable_closed()->mutable_stats());
     Send(std::move(m));
     session_done_ = true;
     spdlog::info("session {} closed ({} submits, {} ops)", session_id_, stats.submits, stats.ops);
@@ -245,7 +240,7 @@ class SessionConnection : public session::SessionEvents,
                                    " after " + std::to_string(last_submit_id_));
         }
         last_submit_id_ = id;
-        if (context_->submit_latency) {
+        if (context_->latency.submit_latency) {
           received_at_.push_back(
               {id, std::chrono::steady_clock::now(), MovesBytes(message->submit())});
         }
@@ -296,7 +291,7 @@ class SessionConnection : public session::SessionEvents,
   // Count `n` more accepted messages whose answer is not yet written.
   void Unanswered(uint64_t n) {
     unanswered_ += n;
-    context_->unanswered += static_cast<int64_t>(n);
+    context_->gauges.unanswered += static_cast<int64_t>(n);
   }
 
   // Charge a submit against the session's in-flight bytes, from now until its Completed is
@@ -318,7 +313,7 @@ class SessionConnection : public session::SessionEvents,
     Unanswered(1);
     charges_.push_back({submit.submit_id(), charge});
     bytes_in_flight_ += charge;
-    context_->bytes_in_flight += static_cast<int64_t>(charge);
+    context_->gauges.bytes_in_flight += static_cast<int64_t>(charge);
     const uint64_t limit = session_->config().max_in_flight_bytes;
     if (limit && charge > limit) {
       return Status(ErrorKind::kQuotaExceeded,
@@ -336,7 +331,7 @@ class SessionConnection : public session::SessionEvents,
     if (m.has_completed()) {
       if (!charges_.empty() && charges_.front().first == m.completed().submit_id()) {
         bytes_in_flight_ -= charges_.front().second;
-        context_->bytes_in_flight -= static_cast<int64_t>(charges_.front().second);
+        context_->gauges.bytes_in_flight -= static_cast<int64_t>(charges_.front().second);
         charges_.pop_front();
       }
     } else if (!m.has_synchronized()) {
@@ -344,44 +339,26 @@ class SessionConnection : public session::SessionEvents,
     }
     if (unanswered_ > 0) {
       --unanswered_;
-      --context_->unanswered;
+      --context_->gauges.unanswered;
     }
   }
 
   // Where a message came from: the gRPC stream or the submit ring.
-  enum Source { kStream = 0, kRing = 1 };
+  using Sequencer = InputSequencer<v1::ClientMessage>;
+  using Source = Sequencer::Source;
+  static constexpr Source kStream = Sequencer::kStream;
+  static constexpr Source kRing = Sequencer::kRing;
 
-  // Handle `message` in its place: an unnumbered one at once (only before any numbered one);
-  // a numbered one when every lower number has been handled, holding it (and pausing its
-  // path) until then. The other path's held message may be next after it.
+  // Handle `message` in its place (InputSequencer): at once, or held (pausing its path)
+  // until every lower number has been handled. Nothing is handled after Close.
   void Accept(std::shared_ptr<v1::ClientMessage> message, Source from) {
-    const uint64_t sequence = message->sequence();
-    if (sequence == 0) {
-      if (sequenced_)
-        return ProtocolViolation("a message without a sequence number after numbered ones");
-      return Handle(std::move(message), from);
-    }
-    if (sequence < next_sequence_) {
-      return ProtocolViolation("sequence number " + std::to_string(sequence) +
-                               " comes again or late (expected " + std::to_string(next_sequence_) +
-                               ")");
-    }
-    sequenced_ = true;
-    held_[from] = std::move(message);
-    while (!finishing_) {
-      Source next =
-          held_[kStream] && held_[kStream]->sequence() == next_sequence_ ? kStream : kRing;
-      if (!held_[next] || held_[next]->sequence() != next_sequence_) break;
-      std::shared_ptr<v1::ClientMessage> m = std::move(held_[next]);
-      ++next_sequence_;
-      if (close_requested_) continue;  // nothing is read after Close
-      Handle(std::move(m), next);
-    }
-    if (held_[kStream] && held_[kRing] && !finishing_) {
-      // Each path waits for the other: the number between them never comes.
-      ProtocolViolation("sequence number " + std::to_string(next_sequence_) +
-                        " is missing: the stream and the submit ring are each at a later one");
-    }
+    Status s = sequencer_.Accept(
+        std::move(message), from, [this] { return !finishing(); },
+        [this](std::shared_ptr<v1::ClientMessage> m, Source next) {
+          if (m->sequence() != 0 && close_requested_) return;  // nothing is read after Close
+          Handle(std::move(m), next);
+        });
+    if (!s.ok()) ProtocolViolation(s.message());
   }
 
   // Handle one message in order.
@@ -406,15 +383,8 @@ class SessionConnection : public session::SessionEvents,
   // Return true when the submit moves bytes between host and device.
   static bool MovesBytes(const v1::Submit& submit) {
     for (const v1::Op& op : submit.ops()) {
-      switch (op.kind_case()) {
-        case v1::Op::kUpload:
-        case v1::Op::kDownload:
-        case v1::Op::kUploadFromSlab:
-        case v1::Op::kDownloadToSlab:
-          return true;
-        default:
-          break;
-      }
+      const std::optional<session::OpKind> kind = KindOf(op);
+      if (kind && session::Traits(*kind).copy != session::CopyDirection::kNone) return true;
     }
     return false;
   }
@@ -428,10 +398,10 @@ class SessionConnection : public session::SessionEvents,
     if (!raw_kernels_checked_) {
       raw_kernels_checked_ = true;
       if (remote_) {
-        raw_kernels_allowed_ = context_->allow_remote_raw_kernels;
+        raw_kernels_allowed_ = context_->access.allow_remote_raw_kernels;
       } else {
-        raw_kernels_allowed_ =
-            peer_.uid.has_value() && context_->raw_kernels.Admits(static_cast<uid_t>(*peer_.uid));
+        raw_kernels_allowed_ = peer_.uid.has_value() &&
+                               context_->access.raw_kernels.Admits(static_cast<uid_t>(*peer_.uid));
       }
     }
     if (raw_kernels_allowed_) return Status::Ok();
@@ -450,7 +420,8 @@ class SessionConnection : public session::SessionEvents,
   // Raw kernels: LoadModule and Launch ops (what a peer may be refused).
   static bool HasRawKernelOps(const v1::Submit& submit) {
     for (const v1::Op& op : submit.ops()) {
-      if (op.has_load_module() || op.has_launch()) return true;
+      const std::optional<session::OpKind> kind = KindOf(op);
+      if (kind && session::Traits(*kind).raw_kernel) return true;
     }
     return false;
   }
@@ -461,21 +432,22 @@ class SessionConnection : public session::SessionEvents,
                                " is not supported; this daemon speaks " +
                                std::to_string(v1::PROTOCOL_VERSION_CURRENT));
     }
-    if (context_->draining) {
+    if (context_->gauges.draining) {
       return Fail(Status(ErrorKind::kUnavailable, "the daemon is draining"),
                   grpc::Status(grpc::StatusCode::UNAVAILABLE, "draining"));
     }
-    session::SessionConfig config = context_->defaults;
+    session::SessionConfig config = context_->limits.defaults;
     if (open.device_bytes_quota()) {
       config.device_bytes_quota =
-          std::min<uint64_t>(open.device_bytes_quota(), context_->max_device_bytes_quota);
+          std::min<uint64_t>(open.device_bytes_quota(), context_->limits.max_device_bytes_quota);
     }
     if (open.max_in_flight_submits()) {
       config.max_in_flight_submits =
-          std::min<uint32_t>(open.max_in_flight_submits(), context_->max_in_flight_submits);
+          std::min<uint32_t>(open.max_in_flight_submits(), context_->limits.max_in_flight_submits);
     }
-    auto created = session::Session::Create(context_->device, context_->registry, executor_, config,
-                                            open.client_name(), peer_, this, context_->copy_turns);
+    auto created = session::Session::Create(context_->parts.device, context_->parts.registry,
+                                            executor_, config, open.client_name(), peer_, this,
+                                            context_->parts.copy_turns);
     if (!created.ok()) {
       return Fail(created.status(),
                   grpc::Status(static_cast<grpc::StatusCode>(created.status().code()),
@@ -494,50 +466,51 @@ class SessionConnection : public session::SessionEvents,
     auto* o = m->mutable_opened();
     o->set_session_id(session_id_);
     o->set_protocol_version(v1::PROTOCOL_VERSION_CURRENT);
-    backend::DeviceInfo info = context_->device->info();
+    backend::DeviceInfo info = context_->parts.device->info();
     o->set_backend(info.backend);
     o->set_device_name(info.name);
     o->set_device_bytes_quota(config.device_bytes_quota);
     o->set_max_in_flight_submits(config.max_in_flight_submits);
-    o->set_max_message_bytes(context_->max_message_bytes);
+    o->set_max_message_bytes(context_->limits.max_message_bytes);
     // Shared memory for a local client: a slab set, and the one-time token that binds a
     // connection on the slab socket to it.
-    if (context_->slab_pool && context_->slab_broker && peer_.local()) {
-      auto slabs =
-          std::make_shared<pool::SessionSlabs>(context_->slab_pool, context_->session_pinned_quota);
-      slabs->SetCharge(context_->registry->AccountOf(session_id_));  // the uid's pinned limit
+    if (context_->parts.slab_pool && context_->parts.slab_broker && peer_.local()) {
+      auto slabs = std::make_shared<pool::SessionSlabs>(context_->parts.slab_pool,
+                                                        context_->limits.session_pinned_quota);
+      slabs->SetCharge(context_->parts.registry->AccountOf(session_id_));  // the uid's pinned limit
       // And a completion board, where the client sees its submits complete without waiting
       // for Completed (a session without one still works; only its waits are slower).
-      if (auto board = pool::CompletionBoard::Create(); board.ok()) {
+      if (auto board = transport::CompletionBoard::Create(); board.ok()) {
         slabs->AttachBoard(std::move(*board));
         o->set_completion_board(true);
       } else {
         spdlog::warn("session {}: no completion board: {}", session_id_, board.status().message());
       }
       // And a submit ring, through which the client may send its messages without gRPC.
-      if (context_->ring_poller && context_->submit_ring_bytes > 0) {
-        if (auto ring = pool::SubmitRing::Create(context_->submit_ring_bytes); ring.ok()) {
-          std::shared_ptr<pool::SubmitRing> shared = std::move(*ring);
+      if (context_->parts.ring_poller && context_->limits.submit_ring_bytes > 0) {
+        if (auto ring = transport::SubmitRing::Create(context_->limits.submit_ring_bytes);
+            ring.ok()) {
+          std::shared_ptr<transport::SubmitRing> shared = std::move(*ring);
           slabs->AttachRing(shared);
-          ring_ = context_->ring_poller->Add(std::move(shared), RingHandler());
+          ring_ = context_->parts.ring_poller->Add(std::move(shared), RingHandler());
           o->set_submit_ring(true);
         } else {
           spdlog::warn("session {}: no submit ring: {}", session_id_, ring.status().message());
         }
       }
       session_->AttachSlabs(slabs);
-      auto token = context_->slab_broker->IssueToken(slabs, *peer_.uid);
+      auto token = context_->parts.slab_broker->IssueToken(slabs, *peer_.uid);
       if (!token.ok()) {
         spdlog::error("session {}: {}", session_id_, token.status().message());
         return Fail(token.status(),
                     grpc::Status(grpc::StatusCode::UNAVAILABLE, token.status().message()));
       }
       slab_token_ = std::move(*token);
-      o->set_slab_socket(context_->slab_broker->path());
+      o->set_slab_socket(context_->parts.slab_broker->path());
       o->set_slab_token(slab_token_);
-      o->set_slab_size(context_->slab_pool->slab_size());
-    } else if (context_->staging) {
-      session_->AttachStaging(context_->staging);  // remote: inline bytes staged, pinned
+      o->set_slab_size(context_->parts.slab_pool->slab_size());
+    } else if (context_->parts.staging) {
+      session_->AttachStaging(context_->parts.staging);  // remote: inline bytes staged, pinned
     }
     Send(std::move(m));
   }
@@ -545,7 +518,7 @@ class SessionConnection : public session::SessionEvents,
   // Report a session-level error to the client, then end the stream with `rpc_status`.
   void Fail(const Status& status, const grpc::Status& rpc_status) {
     auto m = std::make_unique<v1::ServerMessage>();
-    ToProto(status, m->mutable_error());
+    wire::ToProto(status, m->mutable_error());
     Send(std::move(m));
     if (session_ && !session_done_) session_->Abort();
     session_done_ = true;
@@ -580,12 +553,12 @@ class SessionConnection : public session::SessionEvents,
   // Queue `message`; a DownloadChunk's `chunk_bytes` may still be in staging (`staged`).
   void Send(std::unique_ptr<v1::ServerMessage> message, session::ChunkBytes staged = {},
             uint64_t chunk_bytes = 0) {
-    if (finishing_) return;
+    if (finishing()) return;
     const uint64_t bytes = chunk_bytes + kMessageCost;
     outbox_bytes_ += bytes;
-    context_->unsent_bytes += static_cast<int64_t>(bytes);
+    context_->gauges.unsent_bytes += static_cast<int64_t>(bytes);
     outbox_.push_back(Outgoing{std::move(message), std::move(staged), chunk_bytes});
-    ++context_->unsent;
+    ++context_->gauges.unsent;
     PumpWrites();
   }
 
@@ -598,9 +571,9 @@ class SessionConnection : public session::SessionEvents,
   }
   // Account for a message leaving the outbox (written or dropped).
   void Unqueue(const Outgoing& o) {
-    --context_->unsent;
+    --context_->gauges.unsent;
     outbox_bytes_ -= o.chunk_bytes + kMessageCost;
-    context_->unsent_bytes -= static_cast<int64_t>(o.chunk_bytes + kMessageCost);
+    context_->gauges.unsent_bytes -= static_cast<int64_t>(o.chunk_bytes + kMessageCost);
   }
 
   // Put a chunk's staged bytes into its message (copying them out of staging).
@@ -609,7 +582,7 @@ class SessionConnection : public session::SessionEvents,
   }
 
   void PumpWrites() {
-    if (write_in_flight_ || outbox_.empty() || finished_ || !reactor_) return;
+    if (write_in_flight_ || outbox_.empty() || end_ == StreamEnd::kFinished || !reactor_) return;
     write_in_flight_ = true;
     Ready(outbox_.front());
     reactor_->StartWrite(outbox_.front().message.get());
@@ -624,14 +597,14 @@ class SessionConnection : public session::SessionEvents,
     // A stream a limit stops taking more from (by either path: a read may be outstanding on
     // the stream while the client writes to its ring), not one that ends.
     const bool paused = session_ && !session_done_ && !read_closed_ && !close_requested_ &&
-                        !finishing_ && reactor_ && AtLimit(0);
+                        !finishing() && reactor_ && AtLimit(0);
     if (paused != paused_) {
       paused_ = paused;
       if (paused) {
-        ++context_->streams_paused;
-        ++context_->read_pauses_total;
+        ++context_->gauges.streams_paused;
+        ++context_->gauges.read_pauses_total;
       } else {
-        --context_->streams_paused;
+        --context_->gauges.streams_paused;
       }
     }
   }
@@ -640,7 +613,7 @@ class SessionConnection : public session::SessionEvents,
   // handed to it besides those a path may still deliver (a read outstanding, an armed ring,
   // a held message): not when the stream is ending, nor at the session's in-flight limit.
   bool MayTakeMore(size_t arriving) const {
-    if (read_closed_ || close_requested_ || finishing_ || !reactor_) return false;
+    if (read_closed_ || close_requested_ || finishing() || !reactor_) return false;
     if (!session_) return true;
     return !AtLimit(arriving);
   }
@@ -653,8 +626,8 @@ class SessionConnection : public session::SessionEvents,
   // messages and max_in_flight_bytes bytes. Each of these is resumed by a write (or a
   // completion) that calls MaybeReadMore.
   bool AtLimit(size_t arriving) const {
-    const size_t incoming = (reading_ ? 1 : 0) + (ring_armed_ ? 1 : 0) + (held_[kStream] ? 1 : 0) +
-                            (held_[kRing] ? 1 : 0);
+    const size_t incoming = (reading_ ? 1 : 0) + (ring_armed_ ? 1 : 0) +
+                            (sequencer_.holds(kStream) ? 1 : 0) + (sequencer_.holds(kRing) ? 1 : 0);
     const session::SessionConfig& config = session_->config();
     if (unanswered_ + arriving + incoming >= config.max_in_flight_submits) return true;
     if (outbox_.size() >= kMaxOutboxMessages) return true;
@@ -665,14 +638,14 @@ class SessionConnection : public session::SessionEvents,
   // Start the next read unless one is outstanding, the stream's last message waits for its
   // turn, or the session may take no more (MayTakeMore).
   void MaybeStartRead(size_t arriving = 0) {
-    if (reading_ || held_[kStream] || !MayTakeMore(arriving)) return;
+    if (reading_ || sequencer_.holds(kStream) || !MayTakeMore(arriving)) return;
     reading_ = true;
     reactor_->StartRead(&read_buffer_);
   }
 
   // Likewise let the ring poller take the next message from the submit ring.
   void MaybeArmRing(size_t arriving = 0) {
-    if (!ring_ || ring_armed_ || held_[kRing] || !MayTakeMore(arriving)) return;
+    if (!ring_ || ring_armed_ || sequencer_.holds(kRing) || !MayTakeMore(arriving)) return;
     ring_armed_ = true;
     ring_->Arm();
   }
@@ -685,19 +658,21 @@ class SessionConnection : public session::SessionEvents,
     ring_armed_ = false;
   }
 
+  bool finishing() const { return end_ != StreamEnd::kOpen; }
+
   // End the stream with `status` (the first one asked for wins) once writes have drained.
   void FinishWith(const grpc::Status& status) {
     DropRing();
-    if (!finishing_) {
-      finishing_ = true;
-      finish_status_ = status;
-    }
+    if (end_ == StreamEnd::kOpen) finish_status_ = status;
+    end_ = NextStreamEnd(end_, StreamEndEvent::kFinishAsked);
     TryFinish();
   }
 
   void TryFinish() {
-    if (!finishing_ || finished_ || write_in_flight_ || !outbox_.empty() || !reactor_) return;
-    finished_ = true;
+    if (end_ != StreamEnd::kFinishing || write_in_flight_ || !outbox_.empty() || !reactor_) {
+      return;
+    }
+    end_ = NextStreamEnd(end_, StreamEndEvent::kDrained);
     reactor_->Finish(finish_status_);
   }
 
@@ -736,17 +711,13 @@ class SessionConnection : public session::SessionEvents,
   bool read_closed_ = false;
   // The submit ring (local sessions of a daemon with rings): its registration with the ring
   // poller, and whether the poller may take a message now (like reading_).
-  std::shared_ptr<pool::RingPoller::Registration> ring_;
+  std::shared_ptr<transport::RingPoller::Registration> ring_;
   bool ring_armed_ = false;
-  // Numbered messages (ClientMessage.sequence): the next number to handle, whether any came,
-  // and per path the message that waits for its turn.
-  uint64_t next_sequence_ = 1;
-  bool sequenced_ = false;
-  std::shared_ptr<v1::ClientMessage> held_[2];
+  // Numbered messages (ClientMessage.sequence) put back in order across the two paths.
+  Sequencer sequencer_;
   bool close_requested_ = false;
   bool write_in_flight_ = false;
-  bool finishing_ = false;
-  bool finished_ = false;
+  StreamEnd end_ = StreamEnd::kOpen;  // changed only through NextStreamEnd
   grpc::Status finish_status_;
 };
 
@@ -754,14 +725,14 @@ class SessionReactor final : public Reactor {
  public:
   SessionReactor(SessionServiceContext* context, session::PeerIdentity peer)
       : connection_(std::make_shared<SessionConnection>(context, this, std::move(peer))) {
-    Post([](SessionConnection& c) { c.Start(); });
+    Post([](SessionConnection& c) { c.Start(); }, "stream start");
   }
 
   void OnReadDone(bool ok) override {
     std::shared_ptr<v1::ClientMessage> message;
     if (ok) {
       message = std::make_shared<v1::ClientMessage>(std::move(*connection_->read_buffer()));
-      ++connection_->context()->messages_in_hand;  // until HandleRead has handled it
+      ++connection_->context()->gauges.messages_in_hand;  // until HandleRead has handled it
     }
     const bool quick = message && IsQuick(*message);
     auto handle = [message = std::move(message)](SessionConnection& c) mutable {
@@ -770,24 +741,25 @@ class SessionReactor final : public Reactor {
     if (quick) {
       RunOrPost(std::move(handle));  // on this gRPC thread when the session is idle
     } else {
-      Post(std::move(handle));
+      Post(std::move(handle), "stream message");
     }
   }
   void OnWriteDone(bool ok) override {
     RunOrPost([ok](SessionConnection& c) { c.HandleWriteDone(ok); });
   }
   void OnCancel() override {
-    Post([](SessionConnection& c) { c.HandleCancel(); });
+    Post([](SessionConnection& c) { c.HandleCancel(); }, "stream cancel");
   }
   void OnDone() override {
-    Post([](SessionConnection& c) { c.HandleDone(); });
+    Post([](SessionConnection& c) { c.HandleDone(); }, "stream done");
     delete this;
   }
 
  private:
   template <typename F>
-  void Post(F&& f) {
-    connection_->executor().Post([c = connection_, f = std::forward<F>(f)]() mutable { f(*c); });
+  void Post(F&& f, const char* name) {
+    connection_->executor().Post([c = connection_, f = std::forward<F>(f)]() mutable { f(*c); },
+                                 name);
   }
   template <typename F>
   void RunOrPost(F&& f) {
@@ -806,8 +778,8 @@ class SessionReactor final : public Reactor {
 void BroadcastDraining(SessionServiceContext* context, uint64_t grace_ms) {
   std::vector<std::shared_ptr<DrainListener>> streams;
   {
-    std::lock_guard lock(context->streams_mu);
-    for (auto& [key, weak] : context->streams) {
+    MutexLock lock(&context->gauges.streams_mu);
+    for (auto& [key, weak] : context->gauges.streams) {
       if (auto s = weak.lock()) streams.push_back(std::move(s));
     }
   }
@@ -823,11 +795,11 @@ class RejectedReactor final : public Reactor {
 
 grpc::ServerBidiReactor<v1::ClientMessage, v1::ServerMessage>* SessionService::Session(
     grpc::CallbackServerContext* context) {
-  if (Status s = CheckToken(context_->token, *context); !s.ok()) {
+  if (Status s = CheckToken(context_->access.token, *context); !s.ok()) {
     return new RejectedReactor(grpc::Status(static_cast<grpc::StatusCode>(s.code()), s.message()));
   }
-  session::PeerIdentity peer = context_->local_connections
-                                   ? context_->local_connections->Identify(context->peer())
+  session::PeerIdentity peer = context_->parts.local_connections
+                                   ? context_->parts.local_connections->Identify(context->peer())
                                    : session::PeerIdentity{context->peer()};
   return new SessionReactor(context_, std::move(peer));
 }

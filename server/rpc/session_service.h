@@ -20,8 +20,8 @@
 #include <string>
 
 #include "backend/backend.h"
+#include "ferry/mutex.h"
 #include "ferry/v1/session.grpc.pb.h"
-#include "pool/ring_poller.h"
 #include "pool/slab_broker.h"
 #include "pool/slab_pool.h"
 #include "pool/staging.h"
@@ -32,6 +32,7 @@
 #include "session/device_supervisor.h"
 #include "session/registry.h"
 #include "session/session.h"
+#include "transport/ring_poller.h"
 
 namespace ferry::rpc {
 
@@ -43,11 +44,12 @@ class DrainListener {
   virtual void NotifyDraining(uint64_t grace_ms) = 0;
 };
 
-/// What every session stream needs from the daemon. Outlives all sessions.
-struct SessionServiceContext {
+/// Counters every stream updates and the drain (Daemon::Shutdown) and the metrics read;
+/// atomics, plus the open streams for the drain broadcast under their own lock.
+struct StreamGauges {
   /// Open session streams, for the drain broadcast.
-  std::mutex streams_mu;
-  std::map<const DrainListener*, std::weak_ptr<DrainListener>> streams;  // guarded by streams_mu
+  Mutex streams_mu;
+  std::map<const DrainListener*, std::weak_ptr<DrainListener>> streams ABSL_GUARDED_BY(streams_mu);
   /// Server messages queued and not yet written, over all streams: a drain waits for 0.
   std::atomic<int64_t> unsent{0};
   /// Client messages taken from a stream or a submit ring and not yet handled by their
@@ -62,25 +64,38 @@ struct SessionServiceContext {
   std::atomic<int64_t> unsent_bytes{0};
   std::atomic<int64_t> streams_paused{0};
   std::atomic<uint64_t> read_pauses_total{0};
+  /// Set while draining: new sessions are refused with UNAVAILABLE.
+  std::atomic<bool> draining{false};
+};
 
-  session::DeviceSupervisor* device = nullptr;
-  session::SessionRegistry* registry = nullptr;
-  boost::asio::io_context* io = nullptr;
+/// What a stream grants at Open: set once by the daemon, read-only afterwards.
+struct SessionLimits {
   /// Defaults granted when the client asks for 0, and the most a client may ask for.
   session::SessionConfig defaults;
   uint64_t max_device_bytes_quota = 0;
   uint32_t max_in_flight_submits = 0;
   uint64_t max_message_bytes = 0;
+  uint64_t session_pinned_quota = 0;  // slab bytes one session may hold (0: no limit)
+  uint64_t submit_ring_bytes = 0;     // each local session's ring (with a poller)
+};
+
+/// The daemon's objects a session uses (the daemon owns them; they outlive every session).
+struct DaemonParts {
+  session::DeviceSupervisor* device = nullptr;
+  session::SessionRegistry* registry = nullptr;
+  boost::asio::io_context* io = nullptr;
   /// The shared-memory pool and its socket; null when the daemon has no local endpoint.
   pool::SlabPool* slab_pool = nullptr;
   pool::SlabBroker* slab_broker = nullptr;
-  uint64_t session_pinned_quota = 0;         // slab bytes one session may hold (0: no limit)
   pool::StagingArea* staging = nullptr;      // stages remote clients' inline transfers; may be null
   session::CopyTurns* copy_turns = nullptr;  // turns for large copies; may be null (none)
-  pool::RingPoller* ring_poller = nullptr;   // takes local sessions' submit rings; may be null
-  uint64_t submit_ring_bytes = 0;            // each local session's ring (with a poller)
-  /// Set while draining: new sessions are refused with UNAVAILABLE.
-  std::atomic<bool> draining{false};
+  transport::RingPoller* ring_poller = nullptr;  // takes local sessions' submit rings; may be null
+  /// Local (Unix-socket) connections and their peers' credentials; may be null.
+  const LocalConnections* local_connections = nullptr;
+};
+
+/// Who may do what: the streams' and the Admin service's checks. Read-only after start.
+struct AccessPolicy {
   /// Remote access: the bearer token TCP peers must send (null: none), and whether TCP
   /// peers may load and launch raw kernels.
   const TokenChecker* token = nullptr;
@@ -89,12 +104,24 @@ struct SessionServiceContext {
   AccessList raw_kernels;
   /// Who may call Admin.Drain and see every session in Admin.ListSessions.
   AdminPolicy admin;
-  /// Local (Unix-socket) connections and their peers' credentials; may be null.
-  const LocalConnections* local_connections = nullptr;
-  /// Submit round trips (received to completion sent) are recorded here; may be null.
+};
+
+/// Where streams record latencies for the metrics; each may be null.
+struct LatencySinks {
+  /// Submit round trips (received to completion sent).
   LatencyHistogram* submit_latency = nullptr;
-  /// The same, for submits that move bytes; may be null.
+  /// The same, for submits that move bytes.
   LatencyHistogram* transfer_latency = nullptr;
+};
+
+/// What every session stream needs from the daemon, grouped by who writes and who reads
+/// it. Outlives all sessions.
+struct SessionServiceContext {
+  StreamGauges gauges;   // written by every stream; read by the drain and the metrics
+  SessionLimits limits;  // read at Open
+  DaemonParts parts;     // the objects sessions use
+  AccessPolicy access;   // read by the streams' and the Admin service's checks
+  LatencySinks latency;  // written by streams, read by the metrics
 };
 
 /// Send Draining to every open session stream.

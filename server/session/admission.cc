@@ -104,16 +104,12 @@ class ObjectOverlay {
   std::unordered_set<uint64_t> graphs_freed_;
 };
 
-// The ops a graph may record (device work). At namespace scope, not a member of Admitter:
-// clang 14 does not instantiate a constexpr member template that a generic lambda in the
+// The ops a graph may record (device work: ops.h's table). At namespace scope, not a member of
+// Admitter: clang 14 does not instantiate a constexpr member template that a generic lambda in the
 // class uses before its definition (the sanitizer builds are clang's; undefined references).
 template <typename T>
 constexpr bool IsGraphable() {
-  return std::is_same_v<T, FillOp> || std::is_same_v<T, CopyOp> ||
-         std::is_same_v<T, BinaryOpArgs> || std::is_same_v<T, ScaleOp> ||
-         std::is_same_v<T, AxpyOp> || std::is_same_v<T, ReduceSumOp> || std::is_same_v<T, GemmOp> ||
-         std::is_same_v<T, LaunchOp> || std::is_same_v<T, EndGraphOp> ||
-         std::is_same_v<T, MalformedOp>;
+  return Traits(kKindOf<T>).graphable;
 }
 
 class Admitter {

@@ -78,7 +78,7 @@ std::string FormatUidWeights(const std::map<std::string, uint32_t>& weights) {
 }
 
 void CopyTurns::SetWeights(std::map<std::string, uint32_t> weights) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   weights_ = std::move(weights);
 }
 
@@ -96,20 +96,17 @@ uint8_t CopyTurns::Needs(const std::vector<Op>& ops) const {
   uint8_t mask = device_turns_ > 0 && !ops.empty() ? kDevice : kNone;
   if (turns_ == 0) return mask;
   uint64_t to_device = 0, to_host = 0;
-  for (const Op& any : ops) {
-    std::visit(
-        [&](const auto& op) {
-          using T = std::decay_t<decltype(op)>;
-          if constexpr (std::is_same_v<T, UploadOp>) {
-            AddSaturating(to_device, op.data.size());
-          } else if constexpr (std::is_same_v<T, UploadFromSlabOp>) {
-            AddSaturating(to_device, op.length);
-          } else if constexpr (std::is_same_v<T, DownloadOp> ||
-                               std::is_same_v<T, DownloadToSlabOp>) {
-            AddSaturating(to_host, op.length);
-          }
-        },
-        any);
+  for (const Op& op : ops) {
+    switch (Traits(KindOf(op)).copy) {
+      case CopyDirection::kToDevice:
+        AddSaturating(to_device, CopyBytes(op));
+        break;
+      case CopyDirection::kToHost:
+        AddSaturating(to_host, CopyBytes(op));
+        break;
+      case CopyDirection::kNone:
+        break;
+    }
   }
   if (to_device >= min_bytes_ && to_device > 0) mask |= kToDevice;
   if (to_host >= min_bytes_ && to_host > 0) mask |= kToHost;
@@ -135,7 +132,7 @@ void CopyTurns::TakeLocked(uint8_t mask, const std::string& who) {
 
 bool CopyTurns::TryTake(uint8_t mask, const std::string& who) {
   if (mask == kNone) return true;
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   for (const Waiter& w : waiters_) {
     if (w.mask & mask) return false;  // never jump a waiting request of the same direction
   }
@@ -147,7 +144,7 @@ bool CopyTurns::TryTake(uint8_t mask, const std::string& who) {
 void CopyTurns::Wait(uint8_t mask, std::function<void()> granted, const std::string& who) {
   std::vector<std::function<void()>> go;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     ++waits_;
     waiters_.push_back(Waiter{mask, std::move(granted), who});
     go = GrantLocked();
@@ -159,7 +156,7 @@ void CopyTurns::Give(uint8_t mask) {
   if (mask == kNone) return;
   std::vector<std::function<void()>> go;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     for (uint8_t d : kAll) {
       if ((mask & d) && held_[Index(d)] > 0) --held_[Index(d)];
     }
@@ -210,7 +207,7 @@ std::vector<std::function<void()>> CopyTurns::GrantLocked() {
 }
 
 CopyTurns::Stats CopyTurns::stats() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   Stats s;
   s.waits = waits_;
   s.waiting = waiters_.size();

@@ -45,6 +45,7 @@
 #include <string>
 #include <vector>
 
+#include "ferry/mutex.h"
 #include "ferry/status.h"
 #include "session/ops.h"
 
@@ -103,23 +104,24 @@ class CopyTurns {
     std::function<void()> granted;
     std::string who;
   };
-  bool FreeLocked(uint8_t mask) const;
-  void TakeLocked(uint8_t mask, const std::string& who);
-  uint32_t WeightLocked(const std::string& who) const;
-  uint64_t PassLocked(const std::string& who) const;  // at least vtime_
+  bool FreeLocked(uint8_t mask) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void TakeLocked(uint8_t mask, const std::string& who) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint32_t WeightLocked(const std::string& who) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // At least vtime_.
+  uint64_t PassLocked(const std::string& who) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Take turns for the waiters that can go now, in rank order; returns their callbacks.
-  std::vector<std::function<void()>> GrantLocked();
+  std::vector<std::function<void()>> GrantLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const uint32_t turns_;
   const uint64_t min_bytes_;
   const uint32_t device_turns_;
-  mutable std::mutex mu_;
-  uint32_t held_[3] = {0, 0, 0};             // to device, to host, device; guarded by mu_
-  std::deque<Waiter> waiters_;               // arrival order; guarded by mu_
-  uint64_t waits_ = 0;                       // guarded by mu_
-  std::map<std::string, uint32_t> weights_;  // set before use
-  std::map<std::string, uint64_t> pass_;     // per identity; guarded by mu_
-  uint64_t vtime_ = 0;                       // the start pass of the last take; guarded by mu_
+  mutable Mutex mu_;
+  uint32_t held_[3] ABSL_GUARDED_BY(mu_) = {0, 0, 0};  // to device, to host, device
+  std::deque<Waiter> waiters_ ABSL_GUARDED_BY(mu_);    // arrival order
+  uint64_t waits_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, uint32_t> weights_ ABSL_GUARDED_BY(mu_);  // set before use
+  std::map<std::string, uint64_t> pass_ ABSL_GUARDED_BY(mu_);     // per identity
+  uint64_t vtime_ ABSL_GUARDED_BY(mu_) = 0;                       // the start pass of the last take
 };
 
 }  // namespace ferry::session

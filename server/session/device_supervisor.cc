@@ -10,7 +10,11 @@ namespace ferry::session {
 Result<std::unique_ptr<DeviceSupervisor>> DeviceSupervisor::Create(Factory factory,
                                                                    ContextReset reset) {
   std::unique_ptr<DeviceSupervisor> s(new DeviceSupervisor(std::move(factory), std::move(reset)));
-  FERRY_ASSIGN_OR_RETURN(s->device_, s->factory_());
+  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<backend::Device> device, s->factory_());
+  {
+    MutexLock lock(&s->mu_);  // not shared yet: for the analysis
+    s->device_ = std::move(device);
+  }
   return s;
 }
 
@@ -19,7 +23,7 @@ DeviceSupervisor::~DeviceSupervisor() { JoinRebuild(); }
 void DeviceSupervisor::JoinRebuild() {
   std::thread rebuilder;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     rebuilder = std::move(rebuilder_);
   }
   if (rebuilder.joinable()) rebuilder.join();
@@ -28,10 +32,14 @@ void DeviceSupervisor::JoinRebuild() {
 Result<DeviceSupervisor::Lease> DeviceSupervisor::Join(uint64_t session_id,
                                                        std::weak_ptr<DeviceLostListener> listener,
                                                        std::chrono::milliseconds wait) {
-  std::unique_lock lock(mu_);
+  MutexLock lock(&mu_);
   // The wait blocks the caller's executor thread, so it is short: an in-process rebuild
   // takes milliseconds, and one that cannot happen fails at once.
-  if (!cv_.wait_for(lock, wait, [&] { return (!lost_ && device_) || unrecoverable_now_; }) ||
+  if (!cv_.WaitFor(&mu_, wait,
+                   [&] {
+                     mu_.AssertHeld();
+                     return (!lost_ && device_) || unrecoverable_now_;
+                   }) ||
       unrecoverable_now_) {
     return Status(ErrorKind::kUnavailable, unrecoverable_now_
                                                ? "the daemon is restarting after a device fault"
@@ -44,19 +52,19 @@ Result<DeviceSupervisor::Lease> DeviceSupervisor::Join(uint64_t session_id,
 }
 
 backend::Device* DeviceSupervisor::device() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return device_.get();
 }
 
 void DeviceSupervisor::ReleaseStream(uint64_t generation) {
-  std::unique_lock lock(mu_);
+  MutexLock lock(&mu_);
   if (generation != generation_) return;
   --streams_;
-  if (lost_ && streams_ == 0) RebuildLocked(lock);
+  if (lost_ && streams_ == 0) RebuildLocked();
 }
 
 void DeviceSupervisor::Leave(uint64_t session_id) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   listeners_.erase(session_id);
 }
 
@@ -64,7 +72,7 @@ void DeviceSupervisor::ReportFault(uint64_t generation, uint64_t session_id, con
   std::vector<std::shared_ptr<DeviceLostListener>> notify;
   DeviceLoss loss;
   {
-    std::unique_lock lock(mu_);
+    MutexLock lock(&mu_);
     if (generation != generation_ || lost_) return;  // already being handled
     lost_ = true;
     lost_at_ = std::chrono::steady_clock::now();
@@ -83,14 +91,14 @@ void DeviceSupervisor::ReportFault(uint64_t generation, uint64_t session_id, con
     // Before any rebuild can start, so that "back" always follows "lost". The hook does
     // not call back into the supervisor, so it may run under mu_.
     if (serving_hook_) serving_hook_(false);
-    if (streams_ == 0) RebuildLocked(lock);
+    if (streams_ == 0) RebuildLocked();
   }
   for (auto& l : notify) l->NotifyDeviceLost(loss);
 }
 
 // Every stream of the lost generation is gone: rebuild on a thread of its own, so that no
 // session executor blocks on it.
-void DeviceSupervisor::RebuildLocked(std::unique_lock<std::mutex>&) {
+void DeviceSupervisor::RebuildLocked() {
   std::unique_ptr<backend::Device> old = std::move(device_);
   if (rebuilder_.joinable()) rebuilder_.detach();  // the previous rebuild has finished
   rebuilder_ = std::thread([this, old = std::move(old)]() mutable {
@@ -102,13 +110,13 @@ void DeviceSupervisor::RebuildLocked(std::unique_lock<std::mutex>&) {
     if (!reset.ok()) spdlog::error("device context reset failed: {}", reset.ToString());
     spdlog::warn("rebuilding the device: creating the new one");
     auto fresh = factory_();
-    std::unique_lock lock(mu_);
+    MutexLock lock(&mu_);
     if (!fresh.ok()) {
       spdlog::critical("cannot rebuild the device in this process: {}", fresh.status().ToString());
       unrecoverable_now_ = true;
-      cv_.notify_all();
+      cv_.NotifyAll();
       auto handler = unrecoverable_;
-      lock.unlock();
+      lock.Unlock();
       if (handler) handler(fresh.status());
       return;  // stays lost: new sessions get UNAVAILABLE until the owner restarts us
     }
@@ -122,32 +130,32 @@ void DeviceSupervisor::RebuildLocked(std::unique_lock<std::mutex>&) {
                             .count();
     spdlog::warn("device rebuilt after the fault in {} ms (generation {})",
                  last_recovery_ms_.load(), generation_);
-    cv_.notify_all();
+    cv_.NotifyAll();
     auto serving = serving_hook_;
-    lock.unlock();  // the hooks call back into device()
+    lock.Unlock();  // the hooks call back into device()
     if (rebuilt_hook_) rebuilt_hook_();
     if (serving) serving(true);
   });
 }
 
 backend::DeviceInfo DeviceSupervisor::info() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (!device_) return backend::DeviceInfo{};
   return device_->info();
 }
 
 uint64_t DeviceSupervisor::bytes_in_use() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return device_ ? device_->bytes_in_use() : 0;
 }
 
 uint64_t DeviceSupervisor::free_memory() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return device_ ? device_->free_memory() : 0;
 }
 
 std::string DeviceSupervisor::last_fault() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return last_fault_;
 }
 

@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "backend/backend.h"
+#include "ferry/mutex.h"
 
 namespace ferry::session {
 
@@ -79,7 +80,7 @@ class DeviceSupervisor {
   /// reporting or the rebuild thread), e.g. for the health service. `fn` must not call
   /// back into the supervisor.
   void SetServingHook(std::function<void(bool)> fn) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     serving_hook_ = std::move(fn);
   }
 
@@ -87,12 +88,12 @@ class DeviceSupervisor {
   /// after a fault (seen on CUDA: after a sticky fault the driver refuses a new context in
   /// the same process). The owner then restarts the process (main.cc re-executes ferryd).
   void SetUnrecoverableHandler(std::function<void(const Status&)> fn) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     unrecoverable_ = std::move(fn);
   }
   /// Carry the fault history over a process restart.
   void SetHistory(uint64_t resets, std::string last_fault) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     resets_ = resets;
     last_fault_ = std::move(last_fault);
   }
@@ -111,25 +112,24 @@ class DeviceSupervisor {
  private:
   DeviceSupervisor(Factory factory, ContextReset reset)
       : factory_(std::move(factory)), reset_(std::move(reset)) {}
-  void RebuildLocked(std::unique_lock<std::mutex>& lock);
+  void RebuildLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Factory factory_;
   ContextReset reset_;
   std::function<void()> rebuilt_hook_;
-  std::function<void(bool)> serving_hook_;  // guarded by mu_
-
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::unique_ptr<backend::Device> device_;  // guarded by mu_
-  uint64_t generation_ = 1;                  // guarded by mu_
-  uint64_t streams_ = 0;                     // of generation_, guarded by mu_
-  bool lost_ = false;                        // generation_ is lost; guarded by mu_
-  bool unrecoverable_now_ = false;  // rebuilding failed: only a restart helps; guarded by mu_
-  std::chrono::steady_clock::time_point lost_at_;                    // guarded by mu_
-  std::string last_fault_;                                           // guarded by mu_
-  std::map<uint64_t, std::weak_ptr<DeviceLostListener>> listeners_;  // guarded by mu_
-  std::thread rebuilder_;                                            // guarded by mu_
-  std::function<void(const Status&)> unrecoverable_;                 // guarded by mu_
+  std::function<void(bool)> serving_hook_ ABSL_GUARDED_BY(mu_);
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::unique_ptr<backend::Device> device_ ABSL_GUARDED_BY(mu_);
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t streams_ ABSL_GUARDED_BY(mu_) = 0;            // of generation_
+  bool lost_ ABSL_GUARDED_BY(mu_) = false;               // generation_ is lost
+  bool unrecoverable_now_ ABSL_GUARDED_BY(mu_) = false;  // rebuilding failed: only a restart helps
+  std::chrono::steady_clock::time_point lost_at_ ABSL_GUARDED_BY(mu_);
+  std::string last_fault_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, std::weak_ptr<DeviceLostListener>> listeners_ ABSL_GUARDED_BY(mu_);
+  std::thread rebuilder_ ABSL_GUARDED_BY(mu_);
+  std::function<void(const Status&)> unrecoverable_ ABSL_GUARDED_BY(mu_);
   std::atomic<int64_t> raw_in_flight_{0};
   std::atomic<uint64_t> resets_{0};
   std::atomic<uint64_t> last_recovery_ms_{0};

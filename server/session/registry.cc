@@ -243,7 +243,7 @@ UidUsage UidAccount::Usage() const {
 
 void SessionRegistry::SetUidLimits(std::vector<UidLimitRule> rules, uint64_t pinned_budget,
                                    uint32_t daemon_uid) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   rules_ = std::move(rules);
   pinned_budget_ = pinned_budget;
   daemon_uid_ = daemon_uid;
@@ -286,14 +286,14 @@ ResolvedUidLimits SessionRegistry::Resolve(const PeerIdentity& peer) const {
 
 std::shared_ptr<UidAccount> SessionRegistry::AccountFor(const PeerIdentity& peer) {
   std::string identity = peer.uid ? "uid:" + std::to_string(*peer.uid) : "remote";
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   auto& account = accounts_[identity];
   if (!account) account = std::make_shared<UidAccount>(identity, Resolve(peer));
   return account;
 }
 
 std::shared_ptr<UidAccount> SessionRegistry::AccountOf(uint64_t id) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   auto it = sessions_.find(id);
   return it == sessions_.end() ? nullptr : it->second.account;
 }
@@ -301,7 +301,7 @@ std::shared_ptr<UidAccount> SessionRegistry::AccountOf(uint64_t id) const {
 Result<uint64_t> SessionRegistry::Open(std::string client_name, PeerIdentity peer,
                                        std::shared_ptr<const SessionCounters> counters) {
   std::shared_ptr<UidAccount> account = AccountFor(peer);
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (sessions_.size() >= max_sessions_) {
     return Status(ErrorKind::kQuotaExceeded, "the daemon holds its maximum number of sessions (" +
                                                  std::to_string(max_sessions_) + ", max-sessions)");
@@ -325,7 +325,7 @@ Result<uint64_t> SessionRegistry::Open(std::string client_name, PeerIdentity pee
 }
 
 void SessionRegistry::SetUsageIdentityLimit(size_t max_identities) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   max_usage_identities_ = std::max<size_t>(1, max_identities);
 }
 
@@ -382,7 +382,7 @@ void AddCounters(const SessionCounters& c, IdentityUsage& u) {
 }  // namespace
 
 std::vector<IdentityUsage> SessionRegistry::UsageByIdentity() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   std::map<std::pair<std::string, std::string>, IdentityUsage> all = usage_;
   for (const auto& [id, e] : sessions_) {
     IdentityUsage& u = all[{e.usage_uid, e.usage_client}];
@@ -397,12 +397,12 @@ std::vector<IdentityUsage> SessionRegistry::UsageByIdentity() const {
 }
 
 uint64_t SessionRegistry::usage_folds() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return usage_folds_;
 }
 
 void SessionRegistry::Remove(uint64_t id) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   auto it = sessions_.find(id);
   if (it == sessions_.end()) return;
   --it->second.account->sessions_;
@@ -426,7 +426,7 @@ bool SessionRegistry::TryReserveDeviceBytes(uint64_t bytes) {
 void SessionRegistry::ReleaseDeviceBytes(uint64_t bytes) { device_bytes_reserved_ -= bytes; }
 
 std::vector<SessionEntry> SessionRegistry::List() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<SessionEntry> out;
   out.reserve(sessions_.size());
   for (const auto& [id, e] : sessions_) out.push_back(e);
@@ -434,7 +434,7 @@ std::vector<SessionEntry> SessionRegistry::List() const {
 }
 
 DaemonTotals SessionRegistry::Totals() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   DaemonTotals t;
   t.sessions_open = sessions_.size();
   t.sessions_total = sessions_total_;
@@ -456,7 +456,7 @@ DaemonTotals SessionRegistry::Totals() const {
 }
 
 std::vector<UidUsage> SessionRegistry::UsageByUid() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<UidUsage> out;
   for (const auto& [identity, account] : accounts_) {
     UidUsage u = account->Usage();

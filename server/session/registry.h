@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "ferry/mutex.h"
 #include "ferry/status.h"
 #include "pool/session_slabs.h"
 
@@ -224,27 +225,29 @@ class SessionRegistry {
   const uint32_t max_sessions_;
   std::atomic<uint64_t> device_bytes_reserved_{0};
 
-  mutable std::mutex mu_;
-  std::map<uint64_t, SessionEntry> sessions_;  // guarded by mu_
+  mutable Mutex mu_;
+  std::map<uint64_t, SessionEntry> sessions_ ABSL_GUARDED_BY(mu_);
   // Set before sessions open; none (no per-identity limits) until SetUidLimits. The
   // daemon's options carry DefaultUidLimitRule unless configured otherwise.
   std::vector<UidLimitRule> rules_;
   uint64_t pinned_budget_ = 0;
   uint32_t daemon_uid_ = 0;
-  std::map<std::string, std::shared_ptr<UidAccount>> accounts_;  // guarded by mu_
-  uint64_t next_id_ = 1;                                         // guarded by mu_
-  uint64_t sessions_total_ = 0;                                  // guarded by mu_
-  // Counters of closed sessions, guarded by mu_.
-  uint64_t closed_submits_ = 0, closed_ops_ = 0, closed_up_ = 0, closed_down_ = 0;
+  std::map<std::string, std::shared_ptr<UidAccount>> accounts_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t sessions_total_ ABSL_GUARDED_BY(mu_) = 0;
+  // Counters of closed sessions.
+  uint64_t closed_submits_ ABSL_GUARDED_BY(mu_) = 0, closed_ops_ ABSL_GUARDED_BY(mu_) = 0,
+                           closed_up_ ABSL_GUARDED_BY(mu_) = 0,
+                           closed_down_ ABSL_GUARDED_BY(mu_) = 0;
 
   // Usage identities (uid, client) -> what their closed sessions used; an entry exists for
-  // every identity assigned so far. Guarded by mu_.
+  // every identity assigned so far.
   std::string AssignUsageIdentityLocked(const PeerIdentity& peer, const std::string& client,
-                                        std::string* uid_label);
+                                        std::string* uid_label) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   size_t max_usage_identities_ = 256;
-  std::map<std::pair<std::string, std::string>, IdentityUsage> usage_;
-  std::map<std::string, size_t> usage_clients_per_uid_;
-  uint64_t usage_folds_ = 0;
+  std::map<std::pair<std::string, std::string>, IdentityUsage> usage_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, size_t> usage_clients_per_uid_ ABSL_GUARDED_BY(mu_);
+  uint64_t usage_folds_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace ferry::session

@@ -1,14 +1,16 @@
 #include "session/serial_executor.h"
 
+#include <spdlog/spdlog.h>
+
 #include <boost/asio/post.hpp>
 
 namespace ferry::session {
 
 SerialExecutor::SerialExecutor(boost::asio::io_context& io) : state_(std::make_shared<State>(io)) {}
 
-void SerialExecutor::Post(std::function<void()> fn) const {
-  std::lock_guard lock(state_->mu);
-  state_->queue.push_back({std::move(fn), /*is_short=*/false});
+void SerialExecutor::Post(std::function<void()> fn, const char* name) const {
+  MutexLock lock(&state_->mu);
+  state_->queue.push_back({std::move(fn), /*is_short=*/false, name});
   if (!state_->active) {
     state_->active = true;
     boost::asio::post(state_->io, [state = state_] { Drain(state); });
@@ -17,7 +19,7 @@ void SerialExecutor::Post(std::function<void()> fn) const {
 
 void SerialExecutor::RunOrPost(std::function<void()> fn, Followers followers) const {
   {
-    std::lock_guard lock(state_->mu);
+    MutexLock lock(&state_->mu);
     if (state_->active) {  // running or scheduled: keep the order
       state_->queue.push_back({std::move(fn), /*is_short=*/true});
       return;
@@ -28,12 +30,12 @@ void SerialExecutor::RunOrPost(std::function<void()> fn, Followers followers) co
   fn();
   for (int ran = 1;; ++ran) {
     {
-      std::lock_guard lock(state_->mu);
+      MutexLock lock(&state_->mu);
       const bool run_next = followers == Followers::kRunHere && ran < kBatch &&
                             !state_->queue.empty() && state_->queue.front().is_short;
       if (!run_next) {
         state_->runner = std::thread::id();
-        ScheduleOrIdle(state_);  // the rest runs on the io_context
+        ScheduleOrIdleLocked(state_);  // the rest runs on the io_context
         return;
       }
       fn = std::move(state_->queue.front().fn);
@@ -45,43 +47,55 @@ void SerialExecutor::RunOrPost(std::function<void()> fn, Followers followers) co
 
 bool SerialExecutor::TryRun(std::function<void()>& fn) const {
   {
-    std::lock_guard lock(state_->mu);
+    MutexLock lock(&state_->mu);
     if (state_->active) return false;
     state_->active = true;
     state_->runner = std::this_thread::get_id();
   }
   std::function<void()> run = std::move(fn);
   run();
-  std::lock_guard lock(state_->mu);
+  MutexLock lock(&state_->mu);
   state_->runner = std::thread::id();
-  ScheduleOrIdle(state_);
+  ScheduleOrIdleLocked(state_);
   return true;
 }
 
 bool SerialExecutor::running_in_this_thread() const {
-  std::lock_guard lock(state_->mu);
+  MutexLock lock(&state_->mu);
   return state_->runner == std::this_thread::get_id();
 }
 
 void SerialExecutor::Drain(const std::shared_ptr<State>& state) {
   for (int i = 0; i < kBatch; ++i) {
     std::function<void()> fn;
+    const char* name = nullptr;
     {
-      std::lock_guard lock(state->mu);
+      MutexLock lock(&state->mu);
       if (state->queue.empty()) break;
       fn = std::move(state->queue.front().fn);
+      name = state->queue.front().name;
       state->queue.pop_front();
       state->runner = std::this_thread::get_id();
     }
-    fn();
-    std::lock_guard lock(state->mu);
+    if (name == nullptr) {
+      fn();
+    } else {  // a named Post: worth two clock reads (short functions are never named)
+      const auto start = std::chrono::steady_clock::now();
+      fn();
+      const auto took = std::chrono::steady_clock::now() - start;
+      if (took > kSlowHandler) {
+        spdlog::warn("executor handler '{}' ran {} ms", name,
+                     std::chrono::duration_cast<std::chrono::milliseconds>(took).count());
+      }
+    }
+    MutexLock lock(&state->mu);
     state->runner = std::thread::id();
   }
-  std::lock_guard lock(state->mu);
-  ScheduleOrIdle(state);
+  MutexLock lock(&state->mu);
+  ScheduleOrIdleLocked(state);
 }
 
-void SerialExecutor::ScheduleOrIdle(const std::shared_ptr<State>& state) {
+void SerialExecutor::ScheduleOrIdleLocked(const std::shared_ptr<State>& state) {
   if (state->queue.empty()) {
     state->active = false;
     return;

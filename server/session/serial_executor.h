@@ -20,11 +20,14 @@
 #pragma once
 
 #include <boost/asio/io_context.hpp>
+#include <chrono>
 #include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
+
+#include "ferry/mutex.h"
 
 namespace ferry::session {
 
@@ -33,7 +36,9 @@ class SerialExecutor {
   explicit SerialExecutor(boost::asio::io_context& io);
 
   /// Run `fn` later on one of the io_context's threads, after everything accepted before.
-  void Post(std::function<void()> fn) const;
+  /// `name` (a string literal, or null) names the handler in the log when it runs longer
+  /// than kSlowHandler, so that a handler that holds the session up can be found.
+  void Post(std::function<void()> fn, const char* name = nullptr) const;
   /// What a RunOrPost that ran its function does with the short functions (those queued by
   /// RunOrPost) that queued behind it: run them on this thread too, or hand them on.
   enum class Followers { kPost, kRunHere };
@@ -51,24 +56,29 @@ class SerialExecutor {
 
   /// The most functions one io_context turn runs before it yields to other executors.
   static constexpr int kBatch = 16;
+  /// A named posted handler that runs longer than this is logged (warning) with its name.
+  static constexpr std::chrono::milliseconds kSlowHandler{100};
 
  private:
   struct Task {
     std::function<void()> fn;
-    bool is_short = false;  // queued by RunOrPost: it does not block
+    bool is_short = false;       // queued by RunOrPost: it does not block
+    const char* name = nullptr;  // Post's name: timed when set
   };
   struct State {
     explicit State(boost::asio::io_context& io) : io(io) {}
     boost::asio::io_context& io;
-    std::mutex mu;
-    std::deque<Task> queue;  // guarded by mu
-    bool active = false;     // a thread runs or is scheduled to run the queue; guarded by mu
-    std::thread::id runner;  // the thread running a function now; guarded by mu
+    Mutex mu;
+    std::deque<Task> queue ABSL_GUARDED_BY(mu);
+    // A thread runs or is scheduled to run the queue.
+    bool active ABSL_GUARDED_BY(mu) = false;
+    std::thread::id runner ABSL_GUARDED_BY(mu);  // the thread running a function now
   };
   // Run queued functions on an io_context thread, up to kBatch, then reschedule or go idle.
   static void Drain(const std::shared_ptr<State>& state);
   // Hand the rest of the queue to the io_context, or go idle; call with mu held.
-  static void ScheduleOrIdle(const std::shared_ptr<State>& state);
+  static void ScheduleOrIdleLocked(const std::shared_ptr<State>& state)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu);
 
   std::shared_ptr<State> state_;
 };

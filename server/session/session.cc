@@ -83,7 +83,7 @@ void Session::Submit(SubmitRequest request) {
   Status over_uid_limit;
   if (!request.refusal.ok()) {
     record.status = request.refusal;
-  } else if (closing_) {
+  } else if (lifecycle_ != Lifecycle::kOpen) {
     record.status = Status(ErrorKind::kSessionClosed, "the session is closing");
   } else if (account_ && !(over_uid_limit = account_->ChargeInflight()).ok()) {
     record.status = over_uid_limit;
@@ -134,7 +134,7 @@ void Session::AwaitTurns(uint8_t mask) {
       [self = shared_from_this()] {
         // On the thread that gave a turn back (another session's): starting submits may block
         // (module loads), so the session's own executor does it.
-        self->executor_.Post([self] { self->OnTurnsGranted(); });
+        self->executor_.Post([self] { self->OnTurnsGranted(); }, "copy turns granted");
       },
       TurnsIdentity());
 }
@@ -163,10 +163,7 @@ void Session::OnTurnsGranted() {
 
 namespace {
 /// An op that is one kernel launch of ferry's own, so that a batch may hold it.
-bool IsKernelOp(const Op& op) {
-  return std::holds_alternative<FillOp>(op) || std::holds_alternative<BinaryOpArgs>(op) ||
-         std::holds_alternative<ScaleOp>(op) || std::holds_alternative<AxpyOp>(op);
-}
+bool IsKernelOp(const Op& op) { return Traits(KindOf(op)).batch_kernel; }
 }  // namespace
 
 Status Session::Enqueue(SubmitRequest& request, const AdmissionResult& admitted, InFlight& record) {
@@ -285,7 +282,7 @@ void Session::WatchCompletion(bool may_run_inline) {
         if (run_here) {
           executor.RunOrPost(std::move(handle));
         } else {
-          executor.Post(std::move(handle));
+          executor.Post(std::move(handle), "device completion");
         }
       });
 }
@@ -538,8 +535,8 @@ void Session::ReleaseTensor(uint64_t handle) {
 }
 
 void Session::OnDeviceComplete(uint64_t epoch, Status status) {
-  if (epoch != epoch_) return;  // the device was lost since; OnDeviceLost settled it
-  if (torn_down_) {             // the completion that follows the final frees
+  if (epoch != epoch_) return;               // the device was lost since; OnDeviceLost settled it
+  if (lifecycle_ == Lifecycle::kTornDown) {  // the completion that follows the final frees
     if (status.kind() == ErrorKind::kDeviceFault) device_->ReportFault(generation_, id_, status);
     Finalize();
     return;
@@ -566,7 +563,7 @@ void Session::OnDeviceComplete(uint64_t epoch, Status status) {
 }
 
 void Session::NotifyDeviceLost(const DeviceLoss& loss) {
-  executor_.Post([self = shared_from_this(), loss] { self->OnDeviceLost(loss); });
+  executor_.Post([self = shared_from_this(), loss] { self->OnDeviceLost(loss); }, "device lost");
 }
 
 void Session::OnDeviceLost(const DeviceLoss& loss) {
@@ -607,7 +604,7 @@ void Session::OnDeviceLost(const DeviceLoss& loss) {
   counters_->device_bytes = 0;
   capturing_ = false;
   ReleaseStream();
-  if (torn_down_) {  // closing, and waiting for the final frees that will never complete
+  if (lifecycle_ == Lifecycle::kTornDown) {  // waiting for final frees that never complete
     Finalize();
     return;
   }
@@ -677,7 +674,7 @@ void Session::Synchronize(uint64_t sync_id) {
 }
 
 void Session::Close() {
-  closing_ = true;
+  Advance(LifecycleEvent::kClose);
   MaybeTearDown();
 }
 
@@ -692,22 +689,25 @@ void Session::Abort() {
     r.status = Status(ErrorKind::kSessionClosed, "the client went away");
   }
   parked_ = 0;
-  closing_ = true;
+  Advance(LifecycleEvent::kClose);
   DeliverReady();  // and tears down once idle
 }
 
 void Session::MaybeTearDown() {
-  if (!closing_ || !queue_.empty() || torn_down_ || teardown_posted_) return;
+  if (lifecycle_ != Lifecycle::kClosing || !queue_.empty()) return;
   // Releasing everything takes a while (frees, module and graph destruction): never on the
   // completion thread or a gRPC reaction thread, either of which may be running this.
-  teardown_posted_ = true;
-  executor_.Post([self = shared_from_this()] { self->TearDown(); });
+  Advance(LifecycleEvent::kPostTearDown);
+  executor_.Post([self = shared_from_this()] { self->TearDown(); }, "session teardown");
 }
 
 void Session::TearDown() {
-  teardown_posted_ = false;
-  if (!closing_ || !queue_.empty() || torn_down_) return;  // MaybeTearDown comes again
-  torn_down_ = true;
+  if (lifecycle_ != Lifecycle::kTearDownPosted) return;
+  if (!queue_.empty()) {  // MaybeTearDown comes again once the queue drains
+    Advance(LifecycleEvent::kTearDownDefers);
+    return;
+  }
+  Advance(LifecycleEvent::kTearDownFound);
   std::vector<uint64_t> handles;
   handles.reserve(tensors_.size());
   for (const auto& [handle, record] : tensors_.tensors()) handles.push_back(handle);

@@ -88,6 +88,36 @@ struct ChunkBytes {
   }
 };
 
+/// A session's life, after Open: kOpen takes submits; kClosing (Close or Abort) refuses new
+/// ones and lets those in flight finish; once none is left, a tear-down is posted to the
+/// executor (kTearDownPosted), which either finds the queue still empty and releases
+/// everything (kTornDown: waiting for the final frees, then Finalize) or finds work again
+/// and goes back to kClosing to wait for it.
+enum class Lifecycle : uint8_t { kOpen, kClosing, kTearDownPosted, kTornDown };
+
+enum class LifecycleEvent : uint8_t {
+  kClose,           // Close or Abort
+  kPostTearDown,    // closing and nothing in flight: post the tear-down
+  kTearDownFound,   // the tear-down runs and finds nothing in flight
+  kTearDownDefers,  // the tear-down runs and finds work in flight again
+};
+
+/// The state `event` leads to from `state`. An event that does not apply leaves the state
+/// as it is (a second Close, a tear-down after one).
+constexpr Lifecycle NextLifecycle(Lifecycle state, LifecycleEvent event) {
+  switch (event) {
+    case LifecycleEvent::kClose:
+      return state == Lifecycle::kOpen ? Lifecycle::kClosing : state;
+    case LifecycleEvent::kPostTearDown:
+      return state == Lifecycle::kClosing ? Lifecycle::kTearDownPosted : state;
+    case LifecycleEvent::kTearDownFound:
+      return state == Lifecycle::kTearDownPosted ? Lifecycle::kTornDown : state;
+    case LifecycleEvent::kTearDownDefers:
+      return state == Lifecycle::kTearDownPosted ? Lifecycle::kClosing : state;
+  }
+  return state;
+}
+
 /// What a session tells its connection. Called on the session's executor.
 class SessionEvents {
  public:
@@ -137,7 +167,7 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   bool CanAcceptSubmit(size_t arriving = 0) const {
     return queue_.size() + arriving < config_.max_in_flight_submits;
   }
-  bool closing() const { return closing_; }
+  bool closing() const { return lifecycle_ != Lifecycle::kOpen; }
   size_t in_flight() const { return queue_.size(); }
 
   /// Give the session its shared-memory slab set (local clients); call before the first
@@ -248,9 +278,8 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   size_t parked_ = 0;                          // records of queue_ that are parked
   uint8_t awaiting_turns_ = CopyTurns::kNone;  // a Wait for these turns is outstanding
   Status broken_;  // a sticky device error: every later submit fails with it
-  bool closing_ = false;
-  bool torn_down_ = false;
-  bool teardown_posted_ = false;  // a TearDown is queued on the executor
+  void Advance(LifecycleEvent event) { lifecycle_ = NextLifecycle(lifecycle_, event); }
+  Lifecycle lifecycle_ = Lifecycle::kOpen;  // changed only through Advance
 };
 
 }  // namespace ferry::session

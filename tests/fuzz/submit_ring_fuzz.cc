@@ -1,4 +1,4 @@
-// Fuzz target: the daemon's side of the submit ring (server/pool/submit_ring.cc), with the
+// Fuzz target: the daemon's side of the submit ring (server/transport/submit_ring.cc), with the
 // client's side of the shared memory in the fuzzer's hands.
 //
 // The input is a little program the "client" runs against one fresh ring of 4 KiB: each
@@ -13,9 +13,9 @@
 #include <cstring>
 #include <string>
 
-#include "pool/submit_ring.h"
+#include "transport/submit_ring.h"
 
-using ferry::pool::SubmitRing;
+using ferry::transport::SubmitRing;
 
 namespace {
 

@@ -185,6 +185,55 @@ TEST(PendingTest, RefusedByTheDaemonReturnsBothValues) {
   EXPECT_TRUE(s.close().ok());
 }
 
+// Each failure is returned once: a pending transfer's wait() consumes its failure, as a
+// blocking transfer does, and synchronize() then does not report it again; is_ready()
+// reports without consuming; a transfer dropped without wait() leaves its failure to
+// synchronize(). Local (shared memory) and remote (inline) alike.
+TEST(PendingTest, AFailureWaitReturnedIsNotReportedAgainBySynchronize) {
+  FerrydProcess d(SmallPool(), /*tcp=*/true);
+  ASSERT_TRUE(d.ok());
+  for (const std::string& target : {d.unix_target(), d.tcp_target()}) {
+    SCOPED_TRACE(target);
+    auto client = Client::connect(target);
+    ASSERT_TRUE(client.ok()) << client.status().ToString();
+    SessionOptions options;
+    options.device_bytes_quota = 1 << 20;
+    auto opened = client->open_session(options);
+    ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+    Session s = std::move(*opened);
+    // A tensor over the session's quota: the daemon refuses its create, so it knows no such
+    // tensor, while the client's handle stays valid.
+    Tensor missing = s.create_tensor<float>({1 << 20});
+    EXPECT_EQ(s.synchronize().kind(), ErrorKind::kQuotaExceeded);
+    EXPECT_TRUE(s.synchronize().ok());
+
+    auto buf = s.pinned_buffer(missing.byte_size());
+    ASSERT_TRUE(buf.ok()) << buf.status().ToString();
+    Transfer up = s.upload_pending(std::move(*buf), std::move(missing)).wait();
+    EXPECT_EQ(up.status.kind(), ErrorKind::kInvalidHandle) << up.status.ToString();
+    EXPECT_TRUE(s.synchronize().ok()) << "wait() returned that failure already";
+
+    PendingDownload down = s.download_pending(std::move(up.tensor), std::move(up.buffer));
+    Result<bool> ready = false;
+    for (int i = 0; i < 10000 && ready.ok() && !*ready; ++i) {
+      ready = down.is_ready();
+      if (ready.ok() && !*ready) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    EXPECT_EQ(ready.status().kind(), ErrorKind::kInvalidHandle) << "is_ready() reports it";
+    Transfer back = down.wait();
+    EXPECT_EQ(back.status.kind(), ErrorKind::kInvalidHandle) << "and wait() still returns it";
+    EXPECT_TRUE(s.synchronize().ok());
+
+    // Dropped without wait(): nobody else returned it, so synchronize() does.
+    { PendingUpload dropped = s.upload_pending(std::move(back.buffer), std::move(back.tensor)); }
+    EXPECT_EQ(s.synchronize().kind(), ErrorKind::kInvalidHandle);
+    // (Releasing that tensor, which the daemon never had, records a FreeTensor that fails in
+    // turn: the next synchronize() reports that one.)
+    auto closed = s.close();
+    EXPECT_TRUE(closed.ok()) << closed.status().ToString();
+  }
+}
+
 TEST(PendingTest, WaitAfterTheDaemonDiedIsATypedError) {
   FerrydProcess d(SmallPool());
   ASSERT_TRUE(d.ok());

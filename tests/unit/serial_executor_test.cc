@@ -1,11 +1,14 @@
 #include "session/serial_executor.h"
 
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 
 #include <atomic>
 #include <boost/asio/executor_work_guard.hpp>
 #include <chrono>
 #include <future>
+#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -166,6 +169,24 @@ TEST_F(SerialExecutorTest, NeverConcurrentAndOrderedPerCaller) {
     ASSERT_EQ(seen[c].size(), static_cast<size_t>(kEach));
     for (int i = 0; i < kEach; ++i) ASSERT_EQ(seen[c][i], i) << "caller " << c;
   }
+}
+
+// A named Post that runs longer than kSlowHandler is logged with its name, so a handler that
+// holds a session up can be found; an unnamed one is not timed.
+TEST_F(SerialExecutorTest, ASlowNamedHandlerIsLoggedByName) {
+  std::ostringstream log;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+  auto previous = spdlog::default_logger();
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>("test", sink));
+  SerialExecutor ex(io_);
+  const auto slow = SerialExecutor::kSlowHandler + std::chrono::milliseconds(20);
+  ex.Post([slow] { std::this_thread::sleep_for(slow); }, "deliberately slow");
+  ex.Post([slow] { std::this_thread::sleep_for(slow); });  // unnamed: not timed
+  Flush(ex);
+  spdlog::set_default_logger(previous);
+  const std::string text = log.str();
+  EXPECT_NE(text.find("executor handler 'deliberately slow' ran"), std::string::npos) << text;
+  EXPECT_EQ(text.find("executor handler"), text.rfind("executor handler")) << "one line: " << text;
 }
 
 }  // namespace

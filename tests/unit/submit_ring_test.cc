@@ -2,7 +2,7 @@
 // ring's end; whatever a client writes that breaks the layout breaks the ring, typed, and
 // never makes the daemon read outside it; the poller hands one record per Arm, sleeps, and
 // wakes for a doorbell.
-#include "pool/submit_ring.h"
+#include "transport/submit_ring.h"
 
 #include <gtest/gtest.h>
 #include <sys/mman.h>
@@ -15,9 +15,9 @@
 #include <mutex>
 #include <thread>
 
-#include "pool/ring_poller.h"
+#include "transport/ring_poller.h"
 
-namespace ferry::pool {
+namespace ferry::transport {
 namespace {
 
 using Took = SubmitRing::Took;
@@ -299,4 +299,4 @@ TEST(RingPollerTest, ABrokenRingIsReportedOnce) {
 }
 
 }  // namespace
-}  // namespace ferry::pool
+}  // namespace ferry::transport

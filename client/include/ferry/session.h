@@ -150,8 +150,9 @@ class PendingTransfer {
   /// Return false while in flight, true once done and OK, or the error when refused or
   /// failed. Never blocks, never sends a message.
   Result<bool> is_ready() const;
-  /// Block until done; return the outcome with the tensor and the buffer. A second call
-  /// (or a call on a moved-from handle) returns INVALID_ARGUMENT and empty values.
+  /// Block until done; return the outcome with the tensor and the buffer. A failure
+  /// returned here is consumed: the next synchronize() does not report it again. A second
+  /// call (or a call on a moved-from handle) returns INVALID_ARGUMENT and empty values.
   Transfer wait();
 
  private:
@@ -312,7 +313,8 @@ class Session {
   /// session is gone. An empty record sends nothing.
   Status submit();
   /// Submit what is recorded, then block until all submitted work has completed. Returns
-  /// the first failure among the submits completed since the previous synchronize().
+  /// the first failure among the submits completed since the previous synchronize(),
+  /// except those a blocking transfer or PendingTransfer::wait() already returned.
   Status synchronize();
   /// Submit, wait, release everything and end the session; return its counters.
   Result<SessionStats> close();

@@ -21,10 +21,10 @@ CompletionWatcher::CompletionWatcher(int ordinal) : ordinal_(ordinal) {
 
 CompletionWatcher::~CompletionWatcher() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
-  wake_cv_.notify_all();
+  wake_cv_.NotifyAll();
   thread_.join();
   for (cudaEvent_t event : free_events_) (void)cudaEventDestroy(event);
   for (cudaEvent_t event : free_timing_events_) (void)cudaEventDestroy(event);
@@ -33,7 +33,7 @@ CompletionWatcher::~CompletionWatcher() {
 
 Result<cudaEvent_t> CompletionWatcher::AcquireEvent() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (!free_events_.empty()) {
       cudaEvent_t event = free_events_.back();
       free_events_.pop_back();
@@ -46,13 +46,13 @@ Result<cudaEvent_t> CompletionWatcher::AcquireEvent() {
 }
 
 void CompletionWatcher::ReleaseEvent(cudaEvent_t event) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   free_events_.push_back(event);
 }
 
 Result<cudaEvent_t> CompletionWatcher::AcquireTimingEvent() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (!free_timing_events_.empty()) {
       cudaEvent_t event = free_timing_events_.back();
       free_timing_events_.pop_back();
@@ -65,7 +65,7 @@ Result<cudaEvent_t> CompletionWatcher::AcquireTimingEvent() {
 }
 
 void CompletionWatcher::ReleaseTimingEvent(cudaEvent_t event) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   free_timing_events_.push_back(event);
 }
 
@@ -88,16 +88,16 @@ void CompletionWatcher::WatchResolved(const std::shared_ptr<Queue>& queue, Statu
 
 void CompletionWatcher::Push(const std::shared_ptr<Queue>& queue, Entry entry) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     ++queue->pending_;
     incoming_.emplace_back(queue, std::move(entry));
   }
-  wake_cv_.notify_one();
+  wake_cv_.NotifyOne();
 }
 
 void CompletionWatcher::WaitForQueue(const std::shared_ptr<Queue>& queue) {
-  std::unique_lock<std::mutex> lock(mu_);
-  delivered_cv_.wait(lock, [&queue] { return queue->pending_ == 0; });
+  MutexLock lock(&mu_);
+  delivered_cv_.Wait(&mu_, [&queue] { return queue->pending_ == 0; });
 }
 
 bool CompletionWatcher::OnWatcherThread() const {
@@ -105,13 +105,13 @@ bool CompletionWatcher::OnWatcherThread() const {
 }
 
 Status CompletionWatcher::fault() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return fault_;
 }
 
 void CompletionWatcher::ReportFault(const Status& fault) {
   if (fault.ok()) return;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (fault_.ok()) fault_ = fault;
 }
 
@@ -125,16 +125,19 @@ void CompletionWatcher::Loop() {
   std::vector<std::pair<std::shared_ptr<Queue>, Entry>> batch;
   for (;;) {
     {
-      std::unique_lock<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (streams_pending_ == 0 && incoming_.empty()) {
         // Idle. Spin a little before blocking: an owner that submits again right after its
         // completion then finds the watcher awake, saving a thread wake-up (several µs).
         if (!stop_ && Clock::now() - idle_since < kIdleSpin) {
-          lock.unlock();
+          lock.Unlock();
           std::this_thread::yield();
           continue;
         }
-        wake_cv_.wait(lock, [this] { return stop_ || !incoming_.empty(); });
+        wake_cv_.Wait(&mu_, [this] {
+          mu_.AssertHeld();
+          return stop_ || !incoming_.empty();
+        });
         if (incoming_.empty()) return;  // stopping, and every callback has run
       }
       if (!incoming_.empty()) {
@@ -164,8 +167,11 @@ void CompletionWatcher::Loop() {
     // and wake at once for newly watched work.
     const auto sleep = std::clamp(std::chrono::duration_cast<std::chrono::microseconds>(idle / 4),
                                   std::chrono::microseconds(10), kMaxSleep);
-    std::unique_lock<std::mutex> lock(mu_);
-    wake_cv_.wait_for(lock, sleep, [this] { return !incoming_.empty(); });
+    MutexLock lock(&mu_);
+    wake_cv_.WaitFor(&mu_, sleep, [this] {
+      mu_.AssertHeld();
+      return !incoming_.empty();
+    });
   }
 }
 
@@ -219,10 +225,10 @@ void CompletionWatcher::Deliver(StreamQueue& stream, Entry entry, Status status)
   }
   --streams_pending_;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     --stream.queue->pending_;
   }
-  delivered_cv_.notify_all();
+  delivered_cv_.NotifyAll();
 }
 
 }  // namespace ferry::backend

@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "ferry/mutex.h"
 
 namespace ferry::backend {
 
@@ -122,15 +123,15 @@ class CompletionWatcher {
 
   const int ordinal_;
 
-  mutable std::mutex mu_;
-  std::condition_variable wake_cv_;       // incoming_ grew or stop_ was set
-  std::condition_variable delivered_cv_;  // some Queue::pending_ dropped
+  mutable Mutex mu_;
+  CondVar wake_cv_;       // incoming_ grew or stop_ was set
+  CondVar delivered_cv_;  // some Queue::pending_ dropped
   // Entries watched since the watcher last looked, per queue, in watch order.
-  std::vector<std::pair<std::shared_ptr<Queue>, Entry>> incoming_;  // guarded by mu_
-  bool stop_ = false;                                               // guarded by mu_
-  Status fault_;                                                    // guarded by mu_
-  std::vector<cudaEvent_t> free_events_;                            // guarded by mu_
-  std::vector<cudaEvent_t> free_timing_events_;                     // guarded by mu_
+  std::vector<std::pair<std::shared_ptr<Queue>, Entry>> incoming_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  Status fault_ ABSL_GUARDED_BY(mu_);
+  std::vector<cudaEvent_t> free_events_ ABSL_GUARDED_BY(mu_);
+  std::vector<cudaEvent_t> free_timing_events_ ABSL_GUARDED_BY(mu_);
 
   // Watcher-thread state: the entries being polled, by queue.
   std::unordered_map<Queue*, StreamQueue> streams_;

@@ -61,12 +61,14 @@
 #include <utility>
 #include <vector>
 
+#include "backend/allocation_table.h"
 #include "backend/backend.h"
 #include "backend/cuda/completion_watcher.h"
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/nvrtc_compile.h"
 #include "backend/enqueue_checks.h"
+#include "ferry/mutex.h"
 
 namespace ferry::backend {
 namespace {
@@ -157,7 +159,7 @@ class CudaModule final : public Module {
 
   /// Return the named function (cached), INVALID_ARGUMENT when the module has none.
   Result<FunctionInfo> Lookup(std::string_view name) const {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     FERRY_ASSIGN_OR_RETURN(const FunctionInfo* info, InfoLocked(name));
     return *info;
   }
@@ -168,7 +170,7 @@ class CudaModule final : public Module {
   }
 
  private:
-  Result<FunctionInfo*> InfoLocked(std::string_view name) const {
+  Result<FunctionInfo*> InfoLocked(std::string_view name) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const std::string key(name);
     if (auto it = functions_.find(key); it != functions_.end()) return &it->second;
     FERRY_CUDA_RETURN_IF_ERROR(cudaSetDevice(ordinal_));
@@ -203,8 +205,8 @@ class CudaModule final : public Module {
   const int ordinal_;
   const DriverApi* const api_;
   const CUmodule module_;
-  mutable std::mutex mu_;
-  mutable std::unordered_map<std::string, FunctionInfo> functions_;  // guarded by mu_
+  mutable Mutex mu_;
+  mutable std::unordered_map<std::string, FunctionInfo> functions_ ABSL_GUARDED_BY(mu_);
 };
 
 /// Load a PTX or CUBIN/fatbin image into the current context, with the JIT's error log in
@@ -327,7 +329,7 @@ class CudaDevice final : public Device {
   void AddUsage(const Usage& used) { usage_.Add(used); }
 
   uint64_t bytes_in_use() const override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return bytes_in_use_;
   }
 
@@ -404,8 +406,8 @@ class CudaDevice final : public Device {
       }
     }
     const auto base = static_cast<DevicePtr>(reinterpret_cast<uintptr_t>(ptr));
-    std::lock_guard<std::mutex> lock(mu_);
-    allocations_[base] = bytes;
+    MutexLock lock(&mu_);
+    allocations_.Insert(base, bytes);
     bytes_in_use_ += bytes;
     return base;
   }
@@ -415,13 +417,11 @@ class CudaDevice final : public Device {
   /// by the cudaFreeAsync the caller enqueues next: bytes_in_use drops at enqueue, which
   /// is safe because the stream orders the release after all earlier work.
   uint64_t ForgetAllocation(DevicePtr ptr) {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = allocations_.find(ptr);
-    if (it == allocations_.end()) return 0;
-    const uint64_t bytes = it->second;
-    bytes_in_use_ -= bytes;
-    allocations_.erase(it);
-    return bytes;
+    MutexLock lock(&mu_);
+    const std::optional<uint64_t> bytes = allocations_.Erase(ptr);
+    if (!bytes) return 0;
+    bytes_in_use_ -= *bytes;
+    return *bytes;
   }
 
   /// Return OK when [ptr, ptr+bytes) lies inside one live allocation (or bytes is 0 and
@@ -429,13 +429,10 @@ class CudaDevice final : public Device {
   Status CheckRange(const Access& access) const {
     if (access.ptr == 0) return InvalidArgument(std::string(access.what) + ": null device pointer");
     if (access.bytes == 0) return Status::Ok();
-    uint64_t end = 0;
-    const bool fits = CheckedAdd(access.ptr, access.bytes, &end);
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = allocations_.upper_bound(access.ptr);
-    if (fits && it != allocations_.begin()) {
-      --it;
-      if (end <= it->first + it->second) return Status::Ok();
+    MutexLock lock(&mu_);
+    // No entry is ever marked free-pending here (the free is enqueued after Forget).
+    if (allocations_.Find(access.ptr, access.bytes) == AllocationTable::Range::kInside) {
+      return Status::Ok();
     }
     return Status(ErrorKind::kOutOfRange, std::string(access.what) + ": " +
                                               std::to_string(access.bytes) +
@@ -490,14 +487,14 @@ class CudaDevice final : public Device {
   const DriverApi* driver_api_ = nullptr;
   Status driver_api_status_;
 
-  mutable std::mutex mu_;                     // guards allocations_ and bytes_in_use_
-  std::map<uint64_t, uint64_t> allocations_;  // base address -> bytes
-  uint64_t bytes_in_use_ = 0;
+  mutable Mutex mu_;
+  AllocationTable allocations_ ABSL_GUARDED_BY(mu_);  // live allocations
+  uint64_t bytes_in_use_ ABSL_GUARDED_BY(mu_) = 0;
 
-  std::mutex modules_mu_;  // guards modules_
+  Mutex modules_mu_;
   // Loaded modules by format + image bytes (the full key, so no hash collision can hand a
   // session another's code); entries expire when no caller holds the module any more.
-  std::unordered_map<std::string, std::weak_ptr<CudaModule>> modules_;
+  std::unordered_map<std::string, std::weak_ptr<CudaModule>> modules_ ABSL_GUARDED_BY(modules_mu_);
 
   UsageCounter usage_;  // every stream's, added on the watcher thread
   std::unique_ptr<CompletionWatcher> watcher_;
@@ -1288,7 +1285,7 @@ Result<std::shared_ptr<Module>> CudaDevice::LoadModule(ModuleFormat format,
   key.push_back(static_cast<char>('0' + static_cast<int>(format)));
   key.append(image);
   {
-    std::lock_guard<std::mutex> lock(modules_mu_);
+    MutexLock lock(&modules_mu_);
     if (auto it = modules_.find(key); it != modules_.end()) {
       if (std::shared_ptr<CudaModule> module = it->second.lock()) {
         return std::shared_ptr<Module>(std::move(module));
@@ -1326,7 +1323,7 @@ Result<std::shared_ptr<Module>> CudaDevice::LoadModule(ModuleFormat format,
   FERRY_ASSIGN_OR_RETURN(CUmodule handle, LoadImage(*driver_api_, loadable));
   auto module = std::make_shared<CudaModule>(info_.ordinal, driver_api_, handle);
 
-  std::lock_guard<std::mutex> lock(modules_mu_);
+  MutexLock lock(&modules_mu_);
   // Drop entries whose modules are gone, so the cache holds only live modules' keys.
   for (auto it = modules_.begin(); it != modules_.end();) {
     it = it->second.expired() ? modules_.erase(it) : std::next(it);

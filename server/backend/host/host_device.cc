@@ -94,10 +94,10 @@ class HostStream final : public Stream {
 
   ~HostStream() override {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       stop_ = true;
     }
-    cv_.notify_one();
+    cv_.NotifyOne();
     worker_.join();
     if (!device_->OnCompletionThread()) device_->WaitForCompletions(tracker_);
   }
@@ -309,7 +309,7 @@ class HostStream final : public Stream {
       return Status::Ok();
     }
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       for (const HostOp& op : host_graph->ops()) {
         Task task;
         task.kind = Task::Kind::kRun;
@@ -317,7 +317,7 @@ class HostStream final : public Stream {
         queue_.push_back(std::move(task));
       }
     }
-    cv_.notify_one();
+    cv_.NotifyOne();
     return Status::Ok();
   }
 
@@ -387,18 +387,21 @@ class HostStream final : public Stream {
 
   void Push(Task task) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       queue_.push_back(std::move(task));
     }
-    cv_.notify_one();
+    cv_.NotifyOne();
   }
 
   void WorkerLoop() {
     std::deque<Task> batch;
     for (;;) {
       {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+        MutexLock lock(&mu_);
+        cv_.Wait(&mu_, [this] {
+          mu_.AssertHeld();
+          return stop_ || !queue_.empty();
+        });
         if (queue_.empty()) return;  // stopping, and everything enqueued has run
         batch.swap(queue_);
       }
@@ -456,10 +459,10 @@ class HostStream final : public Stream {
   std::vector<HostOp> captured_;
   std::string capture_error_;  // why EndCapture must fail; empty while the capture is valid
 
-  std::mutex mu_;               // guards queue_ and stop_
-  std::condition_variable cv_;  // queue_ grew or stop_ was set
-  std::deque<Task> queue_;
-  bool stop_ = false;
+  Mutex mu_;
+  CondVar cv_;  // queue_ grew or stop_ was set
+  std::deque<Task> queue_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
 
   Status sticky_;       // worker-only: the first run-time error
   UsageCounter usage_;  // written by the worker
@@ -496,16 +499,17 @@ HostDevice::HostDevice(const HostDeviceOptions& options) : options_(options) {
 
 HostDevice::~HostDevice() {
   {
-    std::lock_guard<std::mutex> lock(completion_mu_);
+    MutexLock lock(&completion_mu_);
     completion_stop_ = true;
   }
-  completion_cv_.notify_all();
+  completion_cv_.NotifyAll();
   completion_thread_.join();
   // Memory a caller allocated and never freed.
-  for (const auto& [base, allocation] : allocations_) {
+  MutexLock lock(&mu_);  // no stream is left: for the analysis
+  allocations_.ForEach([](DevicePtr base, uint64_t) {
     ::operator delete(HostAddress(base), kAlignment);
     g_live_allocations.fetch_sub(1, std::memory_order_relaxed);
-  }
+  });
 }
 
 Result<std::unique_ptr<Stream>> HostDevice::CreateStream() {
@@ -516,7 +520,7 @@ Status HostDevice::RegisterHostMemory(void* ptr, uint64_t bytes) {
   if (ptr == nullptr || bytes == 0) {
     return InvalidArgument("RegisterHostMemory: null pointer or zero length");
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (!registered_.emplace(ptr, bytes).second) {
     return InvalidArgument("RegisterHostMemory: the range is already registered");
   }
@@ -524,7 +528,7 @@ Status HostDevice::RegisterHostMemory(void* ptr, uint64_t bytes) {
 }
 
 Status HostDevice::UnregisterHostMemory(void* ptr) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (ptr == nullptr || registered_.erase(ptr) == 0) {
     return InvalidArgument("UnregisterHostMemory: the pointer was not registered");
   }
@@ -532,7 +536,7 @@ Status HostDevice::UnregisterHostMemory(void* ptr) {
 }
 
 size_t HostDevice::registered_host_ranges_for_test() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return registered_.size();
 }
 
@@ -542,17 +546,17 @@ Result<std::shared_ptr<Module>> HostDevice::LoadModule(ModuleFormat /*format*/,
 }
 
 uint64_t HostDevice::bytes_in_use() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return bytes_in_use_;
 }
 
 uint64_t HostDevice::free_memory() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return options_.memory_bytes - bytes_in_use_;
 }
 
 void HostDevice::InjectFaultForTest(uint64_t after_ops, Status fault) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   fault_countdown_ = after_ops;
   injected_fault_ = std::move(fault);
   fault_armed_.store(true, std::memory_order_release);
@@ -563,7 +567,7 @@ uint64_t HostDevice::live_allocations_for_test() {
 }
 
 void HostDevice::FailNextAllocationForTest() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   fail_next_allocation_ = true;
 }
 
@@ -574,7 +578,7 @@ void HostDevice::SetOpDelayForTest(std::chrono::microseconds delay) {
 Result<DevicePtr> HostDevice::AllocateMemory(uint64_t bytes) {
   if (bytes == 0) return InvalidArgument("Allocate: bytes must be positive");
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (fail_next_allocation_) {
       fail_next_allocation_ = false;
       return OutOfDeviceMemory("Allocate: injected failure (FailNextAllocationForTest)");
@@ -590,33 +594,29 @@ Result<DevicePtr> HostDevice::AllocateMemory(uint64_t bytes) {
   // The heap hands back what an earlier allocation (maybe another session's tensor) left:
   // zero it before the pointer exists for anyone, as the CUDA backend does.
   if (memory != nullptr) std::memset(memory, 0, static_cast<size_t>(bytes));
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (memory == nullptr) {
     bytes_in_use_ -= bytes;
     return OutOfDeviceMemory("Allocate: the host could not provide " + std::to_string(bytes) +
                              " bytes");
   }
   const DevicePtr ptr = DeviceAddress(memory);
-  allocations_.emplace(ptr, Allocation{bytes, false});
+  allocations_.Insert(ptr, bytes);
   g_live_allocations.fetch_add(1, std::memory_order_relaxed);
   return ptr;
 }
 
 bool HostDevice::MarkFreePending(DevicePtr ptr) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = allocations_.find(ptr);
-  if (it == allocations_.end() || it->second.free_pending) return false;
-  it->second.free_pending = true;
-  return true;
+  MutexLock lock(&mu_);
+  return allocations_.MarkFreePending(ptr);
 }
 
 void HostDevice::ReleaseMemory(DevicePtr ptr) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = allocations_.find(ptr);
-    if (it == allocations_.end()) return;
-    bytes_in_use_ -= it->second.bytes;
-    allocations_.erase(it);
+    MutexLock lock(&mu_);
+    const std::optional<uint64_t> bytes = allocations_.Erase(ptr);
+    if (!bytes) return;
+    bytes_in_use_ -= *bytes;
   }
   ::operator delete(HostAddress(ptr), kAlignment);
   g_live_allocations.fetch_sub(1, std::memory_order_relaxed);
@@ -625,16 +625,14 @@ void HostDevice::ReleaseMemory(DevicePtr ptr) {
 Status HostDevice::CheckRange(DevicePtr ptr, uint64_t bytes, std::string_view what) const {
   if (ptr == 0) return InvalidArgument(std::string(what) + ": null device pointer");
   if (bytes == 0) return Status::Ok();
-  uint64_t end = 0;
-  const bool fits = CheckedAdd(ptr, bytes, &end);
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = allocations_.upper_bound(ptr);
-  if (fits && it != allocations_.begin()) {
-    --it;
-    if (end <= it->first + it->second.bytes) {
-      if (!it->second.free_pending) return Status::Ok();
+  MutexLock lock(&mu_);
+  switch (allocations_.Find(ptr, bytes)) {
+    case AllocationTable::Range::kInside:
+      return Status::Ok();
+    case AllocationTable::Range::kFreePending:
       return Status(ErrorKind::kOutOfRange, std::string(what) + ": the memory was freed");
-    }
+    case AllocationTable::Range::kOutside:
+      break;
   }
   return Status(ErrorKind::kOutOfRange, std::string(what) + ": " + std::to_string(bytes) +
                                             " bytes are not inside one allocation");
@@ -642,7 +640,7 @@ Status HostDevice::CheckRange(DevicePtr ptr, uint64_t bytes, std::string_view wh
 
 std::optional<Status> HostDevice::TakeInjectedFault() {
   if (!fault_armed_.load(std::memory_order_acquire)) return std::nullopt;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (!injected_fault_.has_value()) return std::nullopt;
   if (fault_countdown_ > 0) {
     --fault_countdown_;
@@ -655,21 +653,21 @@ std::optional<Status> HostDevice::TakeInjectedFault() {
 }
 
 void HostDevice::AddPendingCompletion(const std::shared_ptr<CompletionTracker>& tracker) {
-  std::lock_guard<std::mutex> lock(completion_mu_);
+  MutexLock lock(&completion_mu_);
   ++tracker->pending;
 }
 
 void HostDevice::PostCompletion(PendingCompletion completion) {
   {
-    std::lock_guard<std::mutex> lock(completion_mu_);
+    MutexLock lock(&completion_mu_);
     completions_.push_back(std::move(completion));
   }
-  completion_cv_.notify_one();
+  completion_cv_.NotifyOne();
 }
 
 void HostDevice::WaitForCompletions(const std::shared_ptr<CompletionTracker>& tracker) {
-  std::unique_lock<std::mutex> lock(completion_mu_);
-  delivered_cv_.wait(lock, [&tracker] { return tracker->pending == 0; });
+  MutexLock lock(&completion_mu_);
+  delivered_cv_.Wait(&completion_mu_, [&tracker] { return tracker->pending == 0; });
 }
 
 bool HostDevice::OnCompletionThread() const {
@@ -677,18 +675,21 @@ bool HostDevice::OnCompletionThread() const {
 }
 
 void HostDevice::CompletionLoop() {
-  std::unique_lock<std::mutex> lock(completion_mu_);
+  MutexLock lock(&completion_mu_);
   for (;;) {
-    completion_cv_.wait(lock, [this] { return completion_stop_ || !completions_.empty(); });
+    completion_cv_.Wait(&completion_mu_, [this] {
+      completion_mu_.AssertHeld();
+      return completion_stop_ || !completions_.empty();
+    });
     if (completions_.empty()) return;  // stopping, and everything posted was delivered
     PendingCompletion completion = std::move(completions_.front());
     completions_.pop_front();
-    lock.unlock();
+    lock.Unlock();
     if (completion.fn) completion.fn(std::move(completion.status));
     completion.fn = nullptr;  // destroy the callback's state outside the lock
-    lock.lock();
+    lock.Lock();
     --completion.tracker->pending;
-    delivered_cv_.notify_all();
+    delivered_cv_.NotifyAll();
   }
 }
 

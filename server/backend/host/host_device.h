@@ -41,7 +41,9 @@
 #include <thread>
 #include <unordered_map>
 
+#include "backend/allocation_table.h"
 #include "backend/backend.h"
+#include "ferry/mutex.h"
 
 namespace ferry::backend {
 
@@ -98,10 +100,6 @@ class HostDevice final : public Device {
     Status status;
     std::shared_ptr<CompletionTracker> tracker;
   };
-  struct Allocation {
-    uint64_t bytes = 0;
-    bool free_pending = false;  // Free enqueued: not usable by newly enqueued work
-  };
 
   explicit HostDevice(const HostDeviceOptions& options);
 
@@ -133,23 +131,24 @@ class HostDevice final : public Device {
   DeviceInfo info_;
 
   // mu_ guards the memory accounting, the host registrations and the fault-injection state.
-  mutable std::mutex mu_;
-  uint64_t bytes_in_use_ = 0;                       // guarded by mu_
-  std::map<uint64_t, Allocation> allocations_;      // guarded by mu_; key: base address
-  std::unordered_map<void*, uint64_t> registered_;  // guarded by mu_
-  bool fail_next_allocation_ = false;               // guarded by mu_
-  std::optional<Status> injected_fault_;            // guarded by mu_
-  uint64_t fault_countdown_ = 0;                    // guarded by mu_
-  std::atomic<bool> fault_armed_{false};            // fast-path hint for injected_fault_
+  mutable Mutex mu_;
+  uint64_t bytes_in_use_ ABSL_GUARDED_BY(mu_) = 0;
+  // Live allocations; an entry's free is pending from Free's enqueue to its run.
+  AllocationTable allocations_ ABSL_GUARDED_BY(mu_);
+  std::unordered_map<void*, uint64_t> registered_ ABSL_GUARDED_BY(mu_);
+  bool fail_next_allocation_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<Status> injected_fault_ ABSL_GUARDED_BY(mu_);
+  uint64_t fault_countdown_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<bool> fault_armed_{false};  // fast-path hint for injected_fault_
   std::atomic<int64_t> op_delay_us_{0};
   UsageCounter usage_;  // every stream's, added by their workers
 
   // completion_mu_ guards completions_, completion_stop_ and every CompletionTracker.
-  mutable std::mutex completion_mu_;
-  std::condition_variable completion_cv_;  // completions_ grew or completion_stop_ set
-  std::condition_variable delivered_cv_;   // some CompletionTracker::pending dropped
-  std::deque<PendingCompletion> completions_;
-  bool completion_stop_ = false;
+  mutable Mutex completion_mu_;
+  CondVar completion_cv_;  // completions_ grew or completion_stop_ set
+  CondVar delivered_cv_;   // some CompletionTracker::pending dropped
+  std::deque<PendingCompletion> completions_ ABSL_GUARDED_BY(completion_mu_);
+  bool completion_stop_ ABSL_GUARDED_BY(completion_mu_) = false;
   std::thread completion_thread_;  // started last in the constructor, joined first
 };
 

@@ -1,5 +1,5 @@
 // RingPoller: the one thread of a daemon that takes records out of its sessions' submit
-// rings (pool/submit_ring.h) and hands them to their sessions.
+// rings (transport/submit_ring.h) and hands them to their sessions.
 //
 // Each ring is registered with a handler. A registration takes one record at a time: after
 // a record (or a broken ring) is handed over, it takes the next only once Arm is called
@@ -38,9 +38,9 @@
 #include <vector>
 
 #include "ferry/status.h"
-#include "pool/submit_ring.h"
+#include "transport/submit_ring.h"
 
-namespace ferry::pool {
+namespace ferry::transport {
 
 class RingPoller {
  public:
@@ -139,4 +139,4 @@ class RingPoller {
   size_t handed_last_pass_ = 0;  // poller thread only
 };
 
-}  // namespace ferry::pool
+}  // namespace ferry::transport

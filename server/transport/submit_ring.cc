@@ -1,4 +1,4 @@
-#include "pool/submit_ring.h"
+#include "transport/submit_ring.h"
 
 #include <fcntl.h>
 #include <sys/eventfd.h>
@@ -10,7 +10,9 @@
 
 #include "pool/sys_error.h"
 
-namespace ferry::pool {
+namespace ferry::transport {
+
+using pool::SysError;
 namespace {
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "the ring's words are shared memory");
@@ -112,4 +114,4 @@ void SubmitRing::ClearDoorbell() {
   (void)!::read(doorbell_, &count, sizeof(count));
 }
 
-}  // namespace ferry::pool
+}  // namespace ferry::transport

@@ -1,5 +1,7 @@
-// The daemon as one object: the gRPC server with its services, the executor threads that
-// run sessions, and the registry. main.cc builds one from flags; tests can build one too.
+// The daemon as one object, its composition root: the device, the registry, the executor
+// threads that run sessions, the slab pool and the transport, the metrics, and the gRPC side
+// (rpc::RpcServer, which keeps every grpc:: type in server/rpc/). main.cc builds one from
+// flags; tests can build one too.
 #pragma once
 
 #include <boost/asio/io_context.hpp>
@@ -13,7 +15,6 @@
 
 #include "backend/backend.h"
 #include "ferry/status.h"
-#include "pool/ring_poller.h"
 #include "pool/slab_broker.h"
 #include "pool/slab_pool.h"
 #include "pool/staging.h"
@@ -22,20 +23,13 @@
 #include "session/device_supervisor.h"
 #include "session/registry.h"
 #include "session/session.h"
+#include "transport/ring_poller.h"
 
-namespace grpc {
-class Server;
-}
-
-namespace ferry::rpc {
-
+namespace ferry {
+namespace rpc {
 struct SessionServiceContext;
-class SessionService;
-class AdminService;
-class LocalConnections;
-namespace systemd {
-class SocketAcceptor;
-}
+class RpcServer;
+}  // namespace rpc
 
 struct DaemonOptions {
   /// Endpoints: "unix:PATH" or "tcp:HOST:PORT" (port 0 picks a free port).
@@ -47,7 +41,7 @@ struct DaemonOptions {
   /// Allow TCP on addresses other than loopback without TLS (development only).
   bool allow_insecure_remote = false;
   /// TLS for every TCP endpoint (unix endpoints stay plain); mutual with tls.client_ca.
-  TlsFiles tls;
+  rpc::TlsFiles tls;
   /// A file holding the bearer token TCP clients must send ("" none).
   std::string token_file;
   /// Let TCP peers load and launch raw kernels (LoadModule/Launch ops).
@@ -79,7 +73,7 @@ struct DaemonOptions {
   /// weights by identity that order turns when sessions wait for them (fair shares).
   uint32_t device_turns = 0;
   std::map<std::string, uint32_t> uid_weights;
-  /// Data bytes of each local session's submit ring (pool/submit_ring.h); 0: no rings.
+  /// Data bytes of each local session's submit ring (transport/submit_ring.h); 0: no rings.
   uint64_t submit_ring_bytes = 64 << 10;
   uint64_t max_message_bytes = 64ull << 20;
   int executor_threads = 0;  // 0: one per core, at least 2
@@ -104,7 +98,7 @@ class Daemon {
   ~Daemon();
 
   /// The endpoints actually bound, with TCP port 0 resolved ("tcp:127.0.0.1:40123").
-  const std::vector<std::string>& endpoints() const { return endpoints_; }
+  const std::vector<std::string>& endpoints() const;
   /// The metrics endpoint actually bound ("HOST:PORT"), "" when metrics are off.
   std::string metrics_endpoint() const { return metrics_ ? metrics_->endpoint() : ""; }
   const session::DeviceSupervisor& device() const { return *device_; }
@@ -128,24 +122,17 @@ class Daemon {
   boost::asio::io_context io_;
   std::unique_ptr<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> work_;
   std::vector<std::thread> threads_;
-  std::unique_ptr<SessionServiceContext> context_;
+  std::unique_ptr<rpc::SessionServiceContext> context_;
   // Local sessions' submit rings; may be null. Declared after the io_context and the context
   // its handlers use, so its thread stops before they go.
-  std::unique_ptr<pool::RingPoller> ring_poller_;
-  std::unique_ptr<SessionService> session_service_;
-  std::unique_ptr<AdminService> admin_service_;
-  std::unique_ptr<grpc::Server> server_;
-  // Accept the Unix endpoints' connections (own and inherited listening sockets).
-  std::unique_ptr<LocalConnections> local_connections_;
-  std::vector<std::unique_ptr<systemd::SocketAcceptor>> acceptors_;
-  std::vector<std::string> owned_socket_paths_;  // bound here: removed at shutdown
-  std::vector<std::string> endpoints_;
+  std::unique_ptr<transport::RingPoller> ring_poller_;
+  // The gRPC side: services, server, endpoints and their acceptors, the token.
+  std::unique_ptr<rpc::RpcServer> rpc_;
   std::chrono::steady_clock::time_point started_at_;
-  std::unique_ptr<TokenChecker> token_;
-  LatencyHistogram submit_latency_;
-  LatencyHistogram transfer_latency_;
+  rpc::LatencyHistogram submit_latency_;
+  rpc::LatencyHistogram transfer_latency_;
   std::once_flag shutdown_once_;
-  std::unique_ptr<MetricsServer> metrics_;  // first to go: it reads everything above
+  std::unique_ptr<rpc::MetricsServer> metrics_;  // first to go: it reads everything above
 };
 
-}  // namespace ferry::rpc
+}  // namespace ferry

@@ -35,7 +35,7 @@
 
 #include "ferry/status.h"
 
-namespace ferry::pool {
+namespace ferry::transport {
 
 class SubmitRing {
  public:
@@ -90,4 +90,4 @@ class SubmitRing {
   std::atomic<bool> is_broken_{false};  // set with broken_
 };
 
-}  // namespace ferry::pool
+}  // namespace ferry::transport

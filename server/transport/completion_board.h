@@ -28,7 +28,7 @@
 
 #include "ferry/status.h"
 
-namespace ferry::pool {
+namespace ferry::transport {
 
 class CompletionBoard {
  public:
@@ -54,4 +54,4 @@ class CompletionBoard {
   int read_only_fd_ = -1;
 };
 
-}  // namespace ferry::pool
+}  // namespace ferry::transport

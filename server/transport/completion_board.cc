@@ -1,4 +1,4 @@
-#include "pool/completion_board.h"
+#include "transport/completion_board.h"
 
 #include <fcntl.h>
 #include <linux/futex.h>
@@ -14,7 +14,9 @@
 
 #include "pool/sys_error.h"
 
-namespace ferry::pool {
+namespace ferry::transport {
+
+using pool::SysError;
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "the board's words are shared memory");
 static_assert(std::endian::native == std::endian::little,
@@ -74,4 +76,4 @@ void CompletionBoard::Post(uint64_t submit_id, bool ok) {
   (void)::syscall(SYS_futex, page_, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 }
 
-}  // namespace ferry::pool
+}  // namespace ferry::transport

@@ -1,4 +1,4 @@
-#include "pool/ring_poller.h"
+#include "transport/ring_poller.h"
 
 #include <pthread.h>
 #include <sys/epoll.h>
@@ -6,12 +6,14 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <mutex>
 #include <vector>
 
+#include "ferry/mutex.h"
 #include "pool/sys_error.h"
 
-namespace ferry::pool {
+namespace ferry::transport {
+
+using pool::SysError;
 
 // What the poller and its registrations share; outlives the poller while registrations do.
 struct RingPoller::Registration::Shared {
@@ -30,8 +32,8 @@ struct RingPoller::Registration::Shared {
   int wake = -1;  // eventfd: Add, Arm, Remove and the poller's destructor ring it
   std::atomic<bool> asleep{false};
   std::atomic<uint64_t> generation{0};  // bumped by Add and Remove
-  std::mutex mu;
-  std::vector<std::shared_ptr<Registration>> registered;  // guarded by mu
+  Mutex mu;
+  std::vector<std::shared_ptr<Registration>> registered ABSL_GUARDED_BY(mu);
 };
 
 Result<std::unique_ptr<RingPoller>> RingPoller::Start(std::chrono::microseconds spin) {
@@ -63,7 +65,7 @@ RingPoller::~RingPoller() {
   }
   if (epoll_ >= 0) ::close(epoll_);
   if (shared_) {
-    std::lock_guard lock(shared_->mu);
+    MutexLock lock(&shared_->mu);
     for (auto& reg : shared_->registered) reg->removed_.store(true);
     shared_->registered.clear();
   }
@@ -73,7 +75,7 @@ std::shared_ptr<RingPoller::Registration> RingPoller::Add(std::shared_ptr<Submit
                                                           Handler handler) {
   std::shared_ptr<Registration> reg(new Registration(shared_, std::move(ring), std::move(handler)));
   {
-    std::lock_guard lock(shared_->mu);
+    MutexLock lock(&shared_->mu);
     shared_->registered.push_back(reg);
   }
   shared_->generation.fetch_add(1);
@@ -82,12 +84,12 @@ std::shared_ptr<RingPoller::Registration> RingPoller::Add(std::shared_ptr<Submit
 }
 
 size_t RingPoller::rings() const {
-  std::lock_guard lock(shared_->mu);
+  MutexLock lock(&shared_->mu);
   return shared_->registered.size();
 }
 
 bool RingPoller::records_waiting() const {
-  std::lock_guard lock(shared_->mu);
+  MutexLock lock(&shared_->mu);
   for (const auto& reg : shared_->registered) {
     if (reg->Ready()) return true;
   }
@@ -103,7 +105,7 @@ void RingPoller::Registration::Remove() {
   if (removed_.exchange(true)) return;
   armed_.store(false);
   {
-    std::lock_guard lock(shared_->mu);
+    MutexLock lock(&shared_->mu);
     auto& r = shared_->registered;
     for (auto it = r.begin(); it != r.end(); ++it) {
       if (it->get() == this) {
@@ -119,7 +121,7 @@ void RingPoller::Registration::Remove() {
 void RingPoller::Refresh(std::vector<std::shared_ptr<Registration>>& regs) {
   std::vector<std::shared_ptr<Registration>> now;
   {
-    std::lock_guard lock(shared_->mu);
+    MutexLock lock(&shared_->mu);
     now = shared_->registered;
   }
   for (auto& reg : regs) {  // dropped ones leave the epoll set; the ring may then go
@@ -273,4 +275,4 @@ void RingPoller::Run() {
   }
 }
 
-}  // namespace ferry::pool
+}  // namespace ferry::transport

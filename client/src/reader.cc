@@ -1,0 +1,69 @@
+// The session's reader thread: applies the daemon's messages (download chunks,
+// completions, Closed, errors) to the SessionState under its mutex.
+#include <cstring>
+
+#include "ferry/wire.h"
+#include "session_state.h"
+
+namespace ferry::internal {
+
+void SessionState::ReadLoop() {
+  v1::ServerMessage m;
+  while (stream_->Read(&m)) {
+    MutexLock lock(&mu_);
+    answers_.fetch_add(1, std::memory_order_release);  // for waiters polling (Wait)
+    switch (m.kind_case()) {
+      case v1::ServerMessage::kDownloadChunk: {
+        const auto& c = m.download_chunk();
+        auto t = download_targets_.find(c.submit_id());
+        if (t == download_targets_.end()) break;
+        auto d = t->second.find(c.op_index());
+        if (d == t->second.end()) break;
+        auto [dest, length] = d->second;
+        uint64_t end = 0;
+        if (__builtin_add_overflow(c.offset(), c.data().size(), &end) || end > length) {
+          dead_ = Status(ErrorKind::kProtocolViolation, "download chunk out of range");
+          cv_.NotifyAll();
+          return;
+        }
+        std::memcpy(static_cast<char*>(dest) + c.offset(), c.data().data(), c.data().size());
+        break;
+      }
+      case v1::ServerMessage::kCompleted: {
+        const auto& c = m.completed();
+        last_completed_ = c.submit_id();
+        download_targets_.erase(c.submit_id());
+        if (auto t = tracked_.find(c.submit_id()); t != tracked_.end()) {
+          t->second = c.has_error() ? wire::FromProto(c.error()) : Status::Ok();
+        }
+        if (c.has_error()) failures_[c.submit_id()] = wire::FromProto(c.error());
+        cv_.NotifyAll();
+        break;
+      }
+      case v1::ServerMessage::kSynchronized:  // libferry sends no Synchronize (protocol.md)
+        cv_.NotifyAll();
+        break;
+      case v1::ServerMessage::kClosed:
+        closed_stats_ = wire::StatsFromProto<SessionStats>(m.closed().stats());
+        cv_.NotifyAll();
+        break;
+      case v1::ServerMessage::kError:
+        dead_ = wire::FromProto(m.error());
+        cv_.NotifyAll();
+        break;
+      case v1::ServerMessage::kDraining:
+        draining_ = true;
+        break;
+      default:
+        break;
+    }
+  }
+  MutexLock lock(&mu_);
+  if (dead_.ok()) {
+    dead_ = closed_stats_ ? Status(ErrorKind::kSessionClosed, "the session is closed")
+                          : Status(ErrorKind::kUnavailable,
+                                   "the daemon ended the session stream (daemon gone?)");
+  }
+  cv_.NotifyAll();
+}
+}  // namespace ferry::internal

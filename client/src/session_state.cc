@@ -1,0 +1,380 @@
+#include "session_state.h"
+
+#include <pthread.h>
+
+#include <algorithm>
+#include <string>
+
+#include "ferry/wire.h"
+
+namespace ferry::internal {
+
+SessionState::~SessionState() {
+  Shutdown();
+  detached_.clear();
+  staging_ = PinnedBuffer();
+  // board_ is unmapped by its own destructor: no waiter is left to read it.
+}
+
+template <typename Done>
+bool SessionState::Wait(Done done, std::optional<BoardRange> board) {
+  if (done()) return false;
+  if (board && BoardSaysSucceeded(*board)) return true;
+  const auto until = std::chrono::steady_clock::now() + client_->options.wait_spin;
+  uint64_t seen = answers_.load(std::memory_order_acquire);
+  mu_.Unlock();
+  while (std::chrono::steady_clock::now() < until) {
+    if (board && BoardSaysSucceeded(*board)) {
+      mu_.Lock();
+      return true;
+    }
+    if (answers_.load(std::memory_order_acquire) == seen) {
+      std::this_thread::yield();
+      continue;
+    }
+    mu_.Lock();
+    if (done()) return false;
+    seen = answers_.load(std::memory_order_acquire);
+    mu_.Unlock();
+  }
+  if (board) {
+    // Sleep on the board: the daemon wakes its futex at every post, so a long transfer's
+    // success is seen as soon as it is posted, not after the Completed message. A failure
+    // in range is read from the messages; a stream that died posts nothing, so the sleep
+    // is bounded (kBoardSleep) to look at the messages' side now and then.
+    for (;;) {
+      uint64_t through = 0;
+      const CompletionBoard::Answer answer = board_->Read(*board, &through);
+      if (answer == CompletionBoard::Answer::kSucceeded) {
+        mu_.Lock();
+        return true;
+      }
+      if (answer == CompletionBoard::Answer::kAskTheMessages)
+        break;  // a failure's error is a message
+      mu_.Lock();
+      if (done()) return false;
+      mu_.Unlock();
+      board_->Sleep(through, kBoardSleep);
+    }
+  }
+  mu_.Lock();
+  cv_.Wait(&mu_, done);
+  return false;
+}
+
+Status SessionState::Open(std::shared_ptr<ClientState> client, const SessionOptions& options) {
+  client_ = std::move(client);
+  stream_ = client_->stub->Session(&context_);
+  v1::ClientMessage m;
+  auto* open = m.mutable_open();
+  open->set_protocol_version(v1::PROTOCOL_VERSION_CURRENT);
+  open->set_client_name(client_->options.client_name);
+  open->set_device_bytes_quota(options.device_bytes_quota);
+  open->set_max_in_flight_submits(options.max_in_flight_submits);
+  if (!stream_->Write(m)) return StreamFailure("sending Open");
+  v1::ServerMessage reply;
+  if (!stream_->Read(&reply)) return StreamFailure("waiting for Opened");
+  if (reply.has_error()) {
+    Status s = wire::FromProto(reply.error());
+    Shutdown();
+    return s;
+  }
+  if (!reply.has_opened()) {
+    Shutdown();
+    return Status(ErrorKind::kProtocolViolation, "the daemon did not answer Open with Opened");
+  }
+  opened_ = reply.opened();
+  if (local()) {
+    slab_socket_ = std::make_unique<SlabSocket>(opened_.slab_socket(), opened_.slab_token());
+  }
+  if (local() && opened_.completion_board()) board_ = slab_socket_->MapCompletionBoard();
+  if (local() && opened_.submit_ring()) ring_ = slab_socket_->MapSubmitRing();
+  reader_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "ferry-reader");
+    ReadLoop();
+  });
+  return Status::Ok();
+}
+
+Result<uint64_t> SessionState::Submit(
+    std::vector<std::pair<uint32_t, std::pair<void*, uint64_t>>> downloads, bool track) {
+  ReapDetached();
+  if (closed_) return Status(ErrorKind::kSessionClosed, "the session is closed");
+  if (pending_.ops_size() == 0) return uint64_t{0};
+  uint64_t id = next_submit_id_++;
+  v1::ClientMessage m;
+  pending_.set_submit_id(id);
+  m.mutable_submit()->Swap(&pending_);
+  pending_.Clear();
+  {
+    MutexLock lock(&mu_);
+    if (!dead_.ok()) {
+      pending_.Clear();
+      return dead_;
+    }
+    if (track) tracked_[id];
+    if (!downloads.empty()) {
+      auto& targets = download_targets_[id];
+      for (auto& [op, dest] : downloads) targets[op] = dest;
+    }
+  }
+  if (!Send(m)) {
+    MutexLock lock(&mu_);
+    download_targets_.erase(id);
+    tracked_.erase(id);
+    return dead_.ok() ? Status(ErrorKind::kSessionClosed, "the session stream is gone") : dead_;
+  }
+  last_submitted_ = id;
+  return id;
+}
+
+Status SessionState::WaitSubmit(uint64_t id) {
+  MutexLock lock(&mu_);
+  if (Wait(
+          [&] {
+            mu_.AssertHeld();
+            return last_completed_ >= id || !dead_.ok();
+          },
+          BoardForLocked(id, id))) {
+    return Status::Ok();  // the board says it succeeded: no failure to consume
+  }
+  if (last_completed_ < id) return dead_;
+  auto it = failures_.find(id);
+  if (it == failures_.end()) return Status::Ok();
+  Status s = it->second;
+  failures_.erase(it);
+  return s;
+}
+
+Status SessionState::Synchronize() {
+  auto submitted = Submit();
+  if (!submitted.ok()) return submitted.status();
+  // Every submit gets exactly one Completed, in order: once the last one submitted has
+  // completed, all have, and no Synchronize message (a round trip) is needed.
+  uint64_t last = last_submitted_;
+  MutexLock lock(&mu_);
+  // Failures before synchronized_through_ were reported by an earlier Synchronize (or
+  // consumed by a WaitSubmit); the board's word covers the submits since.
+  const bool by_board = Wait(
+      [&] {
+        mu_.AssertHeld();
+        return last_completed_ >= last || !dead_.ok();
+      },
+      BoardForLocked(synchronized_through_ + 1, last));
+  if (!by_board && last_completed_ < last) return dead_;
+  synchronized_through_ = last;
+  Status first;
+  if (!failures_.empty()) first = failures_.begin()->second;
+  failures_.clear();
+  return first;
+}
+
+Result<SessionStats> SessionState::Close() {
+  if (closed_) return Status(ErrorKind::kSessionClosed, "the session is already closed");
+  auto submitted = Submit();
+  closed_ = true;
+  if (!submitted.ok()) {
+    Shutdown();
+    return submitted.status();
+  }
+  v1::ClientMessage m;
+  m.mutable_close();
+  bool sent = Send(m);
+  std::optional<SessionStats> stats;
+  {
+    MutexLock lock(&mu_);
+    if (sent) {
+      cv_.Wait(&mu_, [&] {
+        mu_.AssertHeld();
+        return closed_stats_.has_value() || !dead_.ok();
+      });
+    }
+    stats = closed_stats_;
+  }
+  Shutdown();
+  detached_.clear();  // every completion has arrived (or the stream is gone)
+  if (!stats) return DeadOr("the session stream ended before Closed");
+  return *stats;
+}
+
+void SessionState::Shutdown() {
+  if (shut_down_) return;
+  shut_down_ = true;
+  closed_ = true;
+  if (stream_) {
+    bool clean;
+    {
+      MutexLock lock(&mu_);
+      clean = closed_stats_.has_value();
+    }
+    if (clean) {
+      stream_->WritesDone();
+    } else {
+      context_.TryCancel();
+    }
+  }
+  if (reader_.joinable()) reader_.join();
+  if (stream_) stream_->Finish();
+  if (slab_socket_) slab_socket_->Close();
+}
+
+bool SessionState::Outcome(uint64_t first, uint64_t last, Status* status) {
+  MutexLock lock(&mu_);
+  if (auto board = BoardForLocked(first, last); board && BoardSaysSucceeded(*board)) {
+    *status = Status::Ok();
+    return true;
+  }
+  return OutcomeLocked(first, last, status);
+}
+
+Status SessionState::WaitOutcome(uint64_t first, uint64_t last) {
+  MutexLock lock(&mu_);
+  Status s;
+  if (Wait(
+          [&] {
+            mu_.AssertHeld();
+            return OutcomeLocked(first, last, &s);
+          },
+          BoardForLocked(first, last))) {
+    s = Status::Ok();
+  }
+  for (uint64_t id = first; id <= last; ++id) tracked_.erase(id);
+  // The waiter returns these submits' failure: consumed, as WaitSubmit does, so that the
+  // next Synchronize does not report it again (docs/protocol.md, "Who reports a failed
+  // submit").
+  failures_.erase(failures_.lower_bound(first), failures_.upper_bound(last));
+  return s;
+}
+
+void SessionState::Detach(std::shared_ptr<PendingState> p) {
+  if (shut_down_) return;  // every completion is in (or never will be): release now
+  detached_.push_back(std::move(p));
+}
+
+void SessionState::ReapDetached() {
+  for (size_t i = 0; i < detached_.size();) {
+    Status s;
+    auto& p = detached_[i];
+    if (p->first_id == 0 || Outcome(p->first_id, p->last_id, &s)) {
+      {
+        MutexLock lock(&mu_);
+        for (uint64_t id = p->first_id; id && id <= p->last_id; ++id) tracked_.erase(id);
+      }
+      auto done = std::move(p);
+      detached_.erase(detached_.begin() + static_cast<long>(i));
+      done.reset();  // records the tensor's release into the current record
+    } else {
+      ++i;
+    }
+  }
+}
+
+Result<PinnedBuffer> SessionState::Allocate(uint64_t bytes) {
+  ReapDetached();
+  if (closed_) return Status(ErrorKind::kSessionClosed, "the session is closed");
+  auto block = std::make_shared<BufferBlock>();
+  block->size = bytes;
+  if (!local()) {
+    block->heap = std::make_unique<char[]>(std::max<uint64_t>(bytes, 1));
+    block->data = block->heap.get();
+    return PinnedBuffer(std::move(block));
+  }
+  uint64_t need = AlignUp(std::max<uint64_t>(bytes, 1));
+  if (need > slab_size()) {
+    return Status(ErrorKind::kQuotaExceeded, "a pinned buffer of " + std::to_string(bytes) +
+                                                 " bytes does not fit in one slab of " +
+                                                 std::to_string(slab_size()) +
+                                                 " bytes (the daemon's --slab-size)");
+  }
+  if (!arena_->Allocate(need, &block->slab, &block->slab_offset)) {
+    FERRY_RETURN_IF_ERROR(AcquireSlab());
+    if (!arena_->Allocate(need, &block->slab, &block->slab_offset)) {
+      return Status(ErrorKind::kInternal, "a fresh slab has no room");
+    }
+  }
+  block->reserved = need;
+  block->arena = arena_;
+  block->data = block->slab->base + block->slab_offset;
+  return PinnedBuffer(std::move(block));
+}
+
+PinnedBuffer* SessionState::Staging() {
+  if (!staging_.valid() && !staging_failed_) {
+    auto b =
+        Allocate(std::min(kStagingBytes, slab_size()) / (2 * kBufferAlign) * (2 * kBufferAlign));
+    if (b.ok() && b->size() >= 2 * kBufferAlign) {
+      staging_ = std::move(*b);
+    } else {
+      staging_failed_ = true;
+    }
+  }
+  return staging_.valid() ? &staging_ : nullptr;
+}
+
+Status SessionState::AcquireSlab() {
+  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<SlabMapping> m, slab_socket_->AcquireSlab());
+  arena_->Add(std::move(m));
+  return Status::Ok();
+}
+
+bool SessionState::Send(v1::ClientMessage& m) {
+  if (ring_) {
+    m.set_sequence(next_sequence_++);
+    for (int tries = 0;; ++tries) {
+      const RingWriter::Wrote wrote = ring_->Write(m);
+      if (wrote == RingWriter::Wrote::kWritten) return true;
+      if (wrote == RingWriter::Wrote::kTooLarge) break;
+      if (tries % 64 == 63) {
+        MutexLock lock(&mu_);
+        if (!dead_.ok()) return false;
+      }
+      if (tries < 256) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+    }
+  }
+  return stream_->Write(m);
+}
+
+std::optional<BoardRange> SessionState::BoardForLocked(uint64_t first, uint64_t last) const {
+  if (!board_ || first > last) return std::nullopt;
+  if (!download_targets_.empty() && download_targets_.begin()->first <= last) {
+    return std::nullopt;
+  }
+  return BoardRange{first, last};
+}
+// What the board says of the submits of `r`: not all completed yet (`*through`, when
+
+bool SessionState::OutcomeLocked(uint64_t first, uint64_t last, Status* status) {
+  Status first_failure;
+  for (uint64_t id = first; id <= last; ++id) {
+    auto it = tracked_.find(id);
+    if (it != tracked_.end() && it->second) {
+      if (first_failure.ok() && !it->second->ok()) first_failure = *it->second;
+      continue;
+    }
+    if (!dead_.ok()) {  // the stream ended before this completion
+      *status = dead_;
+      return true;
+    }
+    return false;
+  }
+  *status = first_failure;
+  return true;
+}
+
+Status SessionState::StreamFailure(const char* what) {
+  grpc::Status s = stream_->Finish();
+  shut_down_ = true;
+  closed_ = true;
+  return Status(ErrorKind::kUnavailable, std::string(what) + ": " + s.error_message());
+}
+
+Status SessionState::DeadOr(const char* what) {
+  MutexLock lock(&mu_);
+  return dead_.ok() ? Status(ErrorKind::kSessionClosed, what) : dead_;
+}
+
+}  // namespace ferry::internal

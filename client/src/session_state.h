@@ -1,0 +1,191 @@
+// The client's state behind Client, Session and their objects. Internal to libferry.
+//
+// SessionState is shared by the Session object and its Tensors (weakly). Recording and
+// writes happen on the owner's thread; the reader thread (reader.cc) delivers events; the
+// members below say which side owns each.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "completion_board.h"
+#include "ferry/client.h"
+#include "ferry/mutex.h"
+#include "ferry/v1/session.grpc.pb.h"
+#include "ring_writer.h"
+#include "slab_arena.h"
+#include "slab_socket.h"
+
+namespace ferry::internal {
+
+inline constexpr uint64_t kBufferAlign = 256;
+inline constexpr uint64_t kStagingBytes = 16ull << 20;  // blocking transfers: two halves
+
+inline uint64_t AlignUp(uint64_t v) { return (v + kBufferAlign - 1) / kBufferAlign * kBufferAlign; }
+
+class SessionState;
+
+// A pending transfer: its submits [first_id, last_id] (0: refused before sending), and the
+// values it holds until the outcome is known.
+struct PendingState {
+  uint64_t first_id = 0, last_id = 0;
+  Status refused;
+  Tensor tensor;
+  PinnedBuffer buffer;
+  std::weak_ptr<SessionState> session;
+  bool waited = false;
+};
+
+class ClientState {
+ public:
+  std::string target;
+  ClientOptions options;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::SessionService::Stub> stub;
+};
+
+class SessionState {
+ public:
+  using Stream = grpc::ClientReaderWriter<v1::ClientMessage, v1::ServerMessage>;
+
+  ~SessionState();
+
+  Status Open(std::shared_ptr<ClientState> client, const SessionOptions& options);
+
+  const v1::Opened& opened() const { return opened_; }
+  bool draining() const { return draining_; }
+
+  // --- recording (owner thread) -----------------------------------------------------
+  uint64_t NextHandle() { return next_handle_++; }
+  v1::Op* Record() { return pending_.add_ops(); }
+  size_t recorded() const { return pending_.ops_size(); }
+  bool closed() const { return closed_; }
+
+  /// Send the recorded ops as one Submit; `downloads` are where Download op bytes go;
+  /// `track`: keep its outcome for a pending transfer.
+  Result<uint64_t> Submit(
+      std::vector<std::pair<uint32_t, std::pair<void*, uint64_t>>> downloads = {},
+      bool track = false);
+
+  /// Wait for submit `id`'s completion and return its outcome (consuming it).
+  Status WaitSubmit(uint64_t id);
+
+  Status Synchronize();
+
+  Result<SessionStats> Close();
+
+  /// End the stream without waiting for the device; idempotent.
+  void Shutdown();
+
+  // --- pending transfers ------------------------------------------------------------
+  /// Return whether submits [first, last] have all completed, and the first failure.
+  bool Outcome(uint64_t first, uint64_t last, Status* status);
+  /// Wait for submits [first, last]; return their first failure, consuming it.
+  Status WaitOutcome(uint64_t first, uint64_t last);
+  void Detach(std::shared_ptr<PendingState> p);
+  /// Release detached transfers whose completion arrived (owner thread).
+  void ReapDetached();
+
+  // --- shared memory ---------------------------------------------------------------
+  bool local() const { return !opened_.slab_socket().empty(); }
+  uint64_t slab_size() const { return opened_.slab_size(); }
+
+  Result<PinnedBuffer> Allocate(uint64_t bytes);
+
+  /// The reused buffer blocking transfers stage through; invalid when none can be had.
+  PinnedBuffer* Staging();
+
+ private:
+  // Ask the daemon for one more slab over the slab socket and map it.
+  Status AcquireSlab();
+  // Send `m` after Open: numbered, through the submit ring when the session has one and the
+  // message is not too large for it, else through the stream. A full ring is waited on, the
+  // way a stream's write waits for flow control: the daemon takes records only while the
+  // session is below its in-flight limit. False when the stream is gone.
+  bool Send(v1::ClientMessage& m);
+
+  // Submits [first, last], as far as the board may answer for them: not while any submit up
+  // to `last` has Download ops, whose bytes come only in messages. Call with mu_ held.
+  std::optional<BoardRange> BoardForLocked(uint64_t first, uint64_t last) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool BoardSaysSucceeded(const BoardRange& r) const { return board_->SaysSucceeded(r); }
+
+  bool OutcomeLocked(uint64_t first, uint64_t last, Status* status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  Status StreamFailure(const char* what);
+  Status DeadOr(const char* what);
+
+  // Wait until `done()` (evaluated with mu_ held, as the caller holds it), or until the
+  // completion board says the submits of `board` all succeeded: then return true (and
+  // done() may not hold yet; the messages come later). For up to the client's wait_spin,
+  // poll the board and the reader's message count instead of sleeping, so an answer that
+  // comes quickly is seen without waking this thread; then sleep on the board's futex when
+  // there is a board range, else on cv_. Drops mu_ while it polls or sleeps; returns with
+  // mu_ held. Defined in session_state.cc, its only user.
+  template <typename Done>
+  bool Wait(Done done, std::optional<BoardRange> board = std::nullopt)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The longest a wait sleeps on the board before it looks at the messages' side again.
+  static constexpr std::chrono::nanoseconds kBoardSleep{1'000'000};
+
+  // The reader thread's body (reader.cc): apply the daemon's messages until the stream ends.
+  void ReadLoop();
+
+  std::shared_ptr<ClientState> client_;
+  grpc::ClientContext context_;
+  std::unique_ptr<Stream> stream_;
+  std::thread reader_;
+  v1::Opened opened_;
+
+  // Owner thread only.
+  v1::Submit pending_;
+  uint64_t next_handle_ = 1;
+  uint64_t next_submit_id_ = 1;
+  uint64_t last_submitted_ = 0;
+  bool closed_ = false;
+  bool shut_down_ = false;
+
+  // Shared with the reader thread.
+  Mutex mu_;
+  CondVar cv_;
+  uint64_t last_completed_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<uint64_t> answers_{0};  // messages the reader applied, for Wait
+  // The last submit a Synchronize covered.
+  uint64_t synchronized_through_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<uint64_t, Status> failures_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, std::map<uint32_t, std::pair<void*, uint64_t>>> download_targets_
+      ABSL_GUARDED_BY(mu_);
+  std::optional<SessionStats> closed_stats_ ABSL_GUARDED_BY(mu_);
+  Status dead_ ABSL_GUARDED_BY(mu_);   // set once the stream ends
+  std::atomic<bool> draining_{false};  // the daemon said it is draining
+  // Pending transfers' submits and, once completed, their outcome.
+  std::map<uint64_t, std::optional<Status>> tracked_ ABSL_GUARDED_BY(mu_);
+
+  // Shared memory and pending transfers (owner thread).
+  std::shared_ptr<SlabArena> arena_ = std::make_shared<SlabArena>();
+  // The slab socket (null: a remote daemon); made at Open.
+  std::unique_ptr<SlabSocket> slab_socket_;
+  // The completion board (read-only shared memory; null: none). Mapped at Open, unmapped
+  // when the state is destroyed (no waiter is left to read it).
+  std::unique_ptr<CompletionBoard> board_;
+  // The submit ring (null: none), and the next message's sequence number.
+  std::unique_ptr<RingWriter> ring_;
+  uint64_t next_sequence_ = 1;
+  PinnedBuffer staging_;
+  bool staging_failed_ = false;
+  std::vector<std::shared_ptr<PendingState>> detached_;
+};
+
+}  // namespace ferry::internal

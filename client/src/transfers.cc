@@ -1,0 +1,341 @@
+// Transfers: pinned buffers, pending transfers, and the blocking uploads and downloads
+// (through the staging buffer in shared memory, or inline in messages).
+#include <algorithm>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "ferry/client.h"
+#include "parallel_copy.h"
+#include "session_state.h"
+
+namespace ferry {
+namespace internal {
+namespace {
+constexpr uint64_t kUploadChunkBytes = 1ull << 20;     // bytes per Upload op
+constexpr uint64_t kUploadSubmitBytes = 8ull << 20;    // upload bytes per submit message
+constexpr uint64_t kDownloadSubmitBytes = 8ull << 20;  // download bytes per submit
+}  // namespace
+}  // namespace internal
+
+// --- PinnedBuffer, PendingTransfer ----------------------------------------------------------
+
+PinnedBuffer::PinnedBuffer(PinnedBuffer&& o) noexcept : block_(std::move(o.block_)) {}
+PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& o) noexcept {
+  if (this != &o) block_ = std::move(o.block_);
+  return *this;
+}
+PinnedBuffer::~PinnedBuffer() = default;
+void* PinnedBuffer::data() { return block_ ? block_->data : nullptr; }
+const void* PinnedBuffer::data() const { return block_ ? block_->data : nullptr; }
+uint64_t PinnedBuffer::size() const { return block_ ? block_->size : 0; }
+bool PinnedBuffer::is_shared() const { return block_ && block_->slab; }
+
+PendingTransfer::PendingTransfer(PendingTransfer&& o) noexcept : state_(std::move(o.state_)) {}
+PendingTransfer& PendingTransfer::operator=(PendingTransfer&& o) noexcept {
+  if (this != &o) {
+    Detach();
+    state_ = std::move(o.state_);
+  }
+  return *this;
+}
+PendingTransfer::~PendingTransfer() { Detach(); }
+
+void PendingTransfer::Detach() {
+  if (!state_ || state_->waited) return;
+  if (state_->first_id != 0) {
+    if (auto s = state_->session.lock()) s->Detach(std::move(state_));
+  }
+  state_.reset();
+}
+
+Result<bool> PendingTransfer::is_ready() const {
+  if (!state_ || state_->waited) {
+    return Status(ErrorKind::kInvalidArgument, "no transfer: moved from or already waited for");
+  }
+  if (state_->first_id == 0) return state_->refused;
+  auto s = state_->session.lock();
+  if (!s) return Status(ErrorKind::kSessionClosed, "the session is gone");
+  Status outcome;
+  if (!s->Outcome(state_->first_id, state_->last_id, &outcome)) return false;
+  if (!outcome.ok()) return outcome;
+  return true;
+}
+
+Transfer PendingTransfer::wait() {
+  Transfer t;
+  if (!state_ || state_->waited) {
+    t.status = Status(ErrorKind::kInvalidArgument, "no transfer: moved from or already waited for");
+    return t;
+  }
+  if (state_->first_id == 0) {
+    t.status = state_->refused;
+  } else if (auto s = state_->session.lock()) {
+    t.status = s->WaitOutcome(state_->first_id, state_->last_id);
+  } else {
+    t.status = Status(ErrorKind::kSessionClosed, "the session is gone");
+  }
+  state_->waited = true;
+  t.tensor = std::move(state_->tensor);
+  t.buffer = std::move(state_->buffer);
+  state_.reset();
+  return t;
+}
+
+// --- Session: shared memory and pending transfers ----------------------------------------
+
+Result<PinnedBuffer> Session::pinned_buffer(uint64_t bytes) { return state_->Allocate(bytes); }
+
+uint64_t Session::slab_size() const { return state_->slab_size(); }
+
+namespace {
+
+// Check what a pending transfer is given; OK means it may be sent.
+Status CheckTransfer(const std::shared_ptr<internal::SessionState>& session,
+                     const std::weak_ptr<internal::SessionState>& tensor_session,
+                     const Tensor& tensor, const PinnedBuffer& buffer) {
+  if (!tensor.valid()) {
+    return Status(ErrorKind::kInvalidHandle, "the tensor was moved from (or never created)");
+  }
+  if (!buffer.valid()) {
+    return Status(ErrorKind::kInvalidArgument, "the buffer was moved from (or never allocated)");
+  }
+  if (tensor_session.lock() != session) {
+    return Status(ErrorKind::kInvalidHandle, "the tensor belongs to another session");
+  }
+  if (buffer.size() < tensor.byte_size()) {
+    return Status(ErrorKind::kOutOfRange, "a buffer of " + std::to_string(buffer.size()) +
+                                              " bytes cannot hold tensor " +
+                                              std::to_string(tensor.handle()) + " of " +
+                                              std::to_string(tensor.byte_size()) + " bytes");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+PendingUpload Session::upload_pending(PinnedBuffer&& buffer, Tensor&& tensor) {
+  auto p = std::make_shared<internal::PendingState>();
+  p->session = state_;
+  p->tensor = std::move(tensor);
+  p->buffer = std::move(buffer);
+  p->refused = CheckTransfer(state_, p->tensor.session_, p->tensor, p->buffer);
+  if (p->refused.ok()) p->refused = state_->Submit().status();  // what was recorded first
+  if (!p->refused.ok()) return PendingUpload(std::move(p));
+  const uint64_t bytes = p->tensor.byte_size();
+  const uint64_t h = p->tensor.handle();
+  const char* data = static_cast<const char*>(p->buffer.data());
+  uint64_t off = 0;
+  do {
+    if (p->buffer.is_shared()) {
+      auto* op = state_->Record()->mutable_upload_from_slab();
+      op->set_tensor(h);
+      op->set_slab(p->buffer.block_->slab->id);
+      op->set_slab_offset(p->buffer.block_->slab_offset);
+      op->set_length(bytes);
+      off = bytes;
+    } else {  // inline, 1 MiB per op, a few MiB per submit
+      uint64_t window_end = std::min(bytes, off + internal::kUploadSubmitBytes);
+      do {
+        uint64_t n = std::min(internal::kUploadChunkBytes, window_end - off);
+        write_bytes(p->tensor, off, data + off, n);
+        off += n;
+      } while (off < window_end);
+    }
+    auto id = state_->Submit({}, true);
+    if (!id.ok()) {
+      p->refused = id.status();
+      break;
+    }
+    if (!p->first_id) p->first_id = *id;
+    p->last_id = *id;
+  } while (off < bytes);
+  if (!p->refused.ok() && p->first_id) {
+    // Part of it was sent: the outcome of what was sent decides; report the send error.
+    p->refused = Status::Ok();
+  }
+  return PendingUpload(std::move(p));
+}
+
+PendingDownload Session::download_pending(Tensor&& tensor, PinnedBuffer&& buffer) {
+  auto p = std::make_shared<internal::PendingState>();
+  p->session = state_;
+  p->tensor = std::move(tensor);
+  p->buffer = std::move(buffer);
+  p->refused = CheckTransfer(state_, p->tensor.session_, p->tensor, p->buffer);
+  if (p->refused.ok()) p->refused = state_->Submit().status();
+  if (!p->refused.ok()) return PendingDownload(std::move(p));
+  const uint64_t bytes = p->tensor.byte_size();
+  const uint64_t h = p->tensor.handle();
+  char* out = static_cast<char*>(p->buffer.data());
+  uint64_t off = 0;
+  do {
+    std::vector<std::pair<uint32_t, std::pair<void*, uint64_t>>> targets;
+    if (p->buffer.is_shared()) {
+      auto* op = state_->Record()->mutable_download_to_slab();
+      op->set_tensor(h);
+      op->set_slab(p->buffer.block_->slab->id);
+      op->set_slab_offset(p->buffer.block_->slab_offset);
+      op->set_length(bytes);
+      off = bytes;
+    } else {  // the bytes come inline, written by the reader straight into the buffer
+      uint64_t n = std::min(internal::kDownloadSubmitBytes, bytes - off);
+      auto* d = state_->Record()->mutable_download();
+      d->set_tensor(h);
+      d->set_offset(off);
+      d->set_length(n);
+      targets.push_back({0u, {out + off, n}});
+      off += n;
+    }
+    auto id = state_->Submit(std::move(targets), true);
+    if (!id.ok()) {
+      p->refused = id.status();
+      break;
+    }
+    if (!p->first_id) p->first_id = *id;
+    p->last_id = *id;
+  } while (off < bytes);
+  if (!p->refused.ok() && p->first_id) p->refused = Status::Ok();
+  return PendingDownload(std::move(p));
+}
+
+Status Session::upload_bytes(const Tensor& t, const void* data, uint64_t bytes) {
+  if (t.valid() && bytes != t.byte_size()) {
+    return Status(ErrorKind::kShapeMismatch,
+                  "upload of " + std::to_string(bytes) + " bytes into tensor " +
+                      std::to_string(t.handle()) + " of " + std::to_string(t.byte_size()));
+  }
+  if (state_->local() && bytes > 0) {
+    if (PinnedBuffer* staging = state_->Staging()) {
+      // Through shared memory: copy a half of the staging buffer while the daemon DMAs
+      // from the other one.
+      FERRY_RETURN_IF_ERROR(state_->Submit().status());
+      const uint64_t half = staging->size() / 2;
+      char* base = static_cast<char*>(staging->data());
+      uint64_t ids[2] = {0, 0};
+      Status result;
+      uint64_t k = 0;
+      for (uint64_t off = 0; off < bytes && result.ok(); off += half, k ^= 1) {
+        if (ids[k]) {
+          Status s = state_->WaitSubmit(ids[k]);
+          ids[k] = 0;
+          if (!s.ok()) {
+            result = s;
+            break;
+          }
+        }
+        uint64_t n = std::min(half, bytes - off);
+        internal::ParallelCopy(base + k * half, static_cast<const char*>(data) + off, n);
+        auto* op = state_->Record()->mutable_upload_from_slab();
+        op->set_tensor(t.handle());
+        op->set_offset(off);
+        op->set_slab(staging->block_->slab->id);
+        op->set_slab_offset(staging->block_->slab_offset + k * half);
+        op->set_length(n);
+        auto id = state_->Submit();
+        if (!id.ok()) {
+          result = id.status();
+          break;
+        }
+        ids[k] = *id;
+      }
+      for (uint64_t id : {std::min(ids[0], ids[1]), std::max(ids[0], ids[1])}) {
+        if (!id) continue;
+        Status s = state_->WaitSubmit(id);
+        if (result.ok() && !s.ok()) result = s;
+      }
+      return result;
+    }
+  }
+  // Flush what is recorded, then send the bytes in submits of a few MiB each, each made of
+  // Upload ops of at most 1 MiB; wait for all of them.
+  FERRY_RETURN_IF_ERROR(state_->Submit().status());
+  const char* p = static_cast<const char*>(data);
+  uint64_t first = 0, last = 0;
+  uint64_t off = 0;
+  do {
+    uint64_t window_end = std::min(bytes, off + internal::kUploadSubmitBytes);
+    do {
+      uint64_t n = std::min(internal::kUploadChunkBytes, window_end - off);
+      write_bytes(t, off, p + off, n);
+      off += n;
+    } while (off < window_end);
+    FERRY_ASSIGN_OR_RETURN(last, state_->Submit());
+    if (!first) first = last;
+  } while (off < bytes);
+  Status result;
+  for (uint64_t id = first; id && id <= last; ++id) {
+    Status s = state_->WaitSubmit(id);
+    if (result.ok() && !s.ok()) result = s;
+  }
+  return result;
+}
+
+Status Session::download_bytes(const Tensor& t, void* out, uint64_t bytes) {
+  if (t.valid() && bytes != t.byte_size()) {
+    return Status(ErrorKind::kShapeMismatch,
+                  "download of " + std::to_string(bytes) + " bytes from tensor " +
+                      std::to_string(t.handle()) + " of " + std::to_string(t.byte_size()));
+  }
+  if (state_->local() && bytes > 0) {
+    if (PinnedBuffer* staging = state_->Staging()) {
+      // Through shared memory: the daemon fills one half while the other is copied out.
+      FERRY_RETURN_IF_ERROR(state_->Submit().status());
+      const uint64_t half = staging->size() / 2;
+      char* base = static_cast<char*>(staging->data());
+      struct Chunk {
+        uint64_t id = 0, off = 0, n = 0;
+      } chunks[2];
+      Status result;
+      uint64_t next = 0;
+      auto send = [&](int k) -> Status {
+        uint64_t n = std::min(half, bytes - next);
+        auto* op = state_->Record()->mutable_download_to_slab();
+        op->set_tensor(t.handle());
+        op->set_offset(next);
+        op->set_slab(staging->block_->slab->id);
+        op->set_slab_offset(staging->block_->slab_offset + k * half);
+        op->set_length(n);
+        FERRY_ASSIGN_OR_RETURN(chunks[k].id, state_->Submit());
+        chunks[k].off = next;
+        chunks[k].n = n;
+        next += n;
+        return Status::Ok();
+      };
+      for (int k = 0; k < 2 && next < bytes && result.ok(); ++k) result = send(k);
+      for (int k = 0; chunks[k].id; k ^= 1) {
+        Status s = state_->WaitSubmit(chunks[k].id);
+        chunks[k].id = 0;
+        if (result.ok() && !s.ok()) result = s;
+        if (result.ok()) {
+          internal::ParallelCopy(static_cast<char*>(out) + chunks[k].off, base + k * half,
+                                 chunks[k].n);
+          if (next < bytes) result = send(k);
+        }
+        if (!chunks[k ^ 1].id) break;
+      }
+      return result;
+    }
+  }
+  FERRY_RETURN_IF_ERROR(state_->Submit().status());
+  uint64_t first = 0, last = 0;
+  uint64_t off = 0;
+  do {
+    uint64_t n = std::min(internal::kDownloadSubmitBytes, bytes - off);
+    auto* d = state_->Record()->mutable_download();
+    d->set_tensor(t.handle());
+    d->set_offset(off);
+    d->set_length(n);
+    FERRY_ASSIGN_OR_RETURN(last, state_->Submit({{0u, {static_cast<char*>(out) + off, n}}}));
+    if (!first) first = last;
+    off += n;
+  } while (off < bytes);
+  Status result;
+  for (uint64_t id = first; id && id <= last; ++id) {
+    Status s = state_->WaitSubmit(id);
+    if (result.ok() && !s.ok()) result = s;
+  }
+  return result;
+}
+
+}  // namespace ferry

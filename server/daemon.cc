@@ -1,0 +1,189 @@
+#include "daemon.h"
+
+#include <pthread.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "rpc/access.h"
+#include "rpc/local_connections.h"
+#include "rpc/rpc_server.h"
+#include "rpc/session_service.h"
+
+namespace ferry {
+namespace {
+
+// How long the ring poller keeps polling after a message before it sleeps: longer than a
+// local client's usual gap between submits (an 8 MiB transfer's ~170 µs on the H200), so
+// that a client submitting one transfer after another finds the poller awake.
+constexpr std::chrono::microseconds kRingPollerSpin{250};
+
+}  // namespace
+
+Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSupervisor> device,
+                                              const DaemonOptions& options) {
+  if (options.listen.empty() && options.inherited_listen_fds.empty()) {
+    return Status(ErrorKind::kInvalidArgument, "no endpoint to listen on");
+  }
+  std::unique_ptr<Daemon> d(new Daemon());
+  d->started_at_ = std::chrono::steady_clock::now();
+  d->device_ = std::move(device);
+  uint64_t cap =
+      options.device_bytes_cap ? options.device_bytes_cap : d->device_->info().total_memory;
+  d->registry_ = std::make_unique<session::SessionRegistry>(cap, options.max_sessions);
+  d->registry_->SetUidLimits(options.uid_limits, options.slab_pool.budget,
+                             static_cast<uint32_t>(::geteuid()));
+  d->registry_->SetUsageIdentityLimit(options.metrics_max_identities);
+
+  if (options.copy_turns > 0 || options.device_turns > 0) {
+    d->copy_turns_ = std::make_unique<session::CopyTurns>(
+        options.copy_turns, options.copy_turn_bytes, options.device_turns);
+    d->copy_turns_->SetWeights(options.uid_weights);
+  }
+
+  d->context_ = std::make_unique<rpc::SessionServiceContext>();
+  rpc::SessionServiceContext& ctx = *d->context_;
+  ctx.parts.device = d->device_.get();
+  ctx.parts.registry = d->registry_.get();
+  ctx.parts.copy_turns = d->copy_turns_.get();
+  ctx.parts.io = &d->io_;
+  ctx.limits.defaults = options.session_defaults;
+  ctx.limits.max_device_bytes_quota =
+      std::max(options.max_device_bytes_quota, options.session_defaults.device_bytes_quota);
+  ctx.limits.max_in_flight_submits =
+      std::max(options.max_in_flight_submits, options.session_defaults.max_in_flight_submits);
+  ctx.limits.max_message_bytes = options.max_message_bytes;
+  ctx.access.allow_remote_raw_kernels = options.allow_remote_raw_kernels;
+  FERRY_ASSIGN_OR_RETURN(ctx.access.raw_kernels, rpc::AccessList::Parse(options.raw_kernels));
+  if (!options.admin_group.empty()) {
+    FERRY_ASSIGN_OR_RETURN(gid_t admin_gid, rpc::ResolveGroup(options.admin_group));
+    ctx.access.admin = rpc::AdminPolicy(admin_gid);
+  }
+  ctx.latency.submit_latency = &d->submit_latency_;
+  ctx.latency.transfer_latency = &d->transfer_latency_;
+  // The gRPC side: endpoints checked and the Unix ones opened now, served from Start below.
+  rpc::RpcServerOptions rpc_options;
+  rpc_options.listen = options.listen;
+  rpc_options.inherited_listen_fds = options.inherited_listen_fds;
+  rpc_options.allow_insecure_remote = options.allow_insecure_remote;
+  rpc_options.tls = options.tls;
+  rpc_options.token_file = options.token_file;
+  rpc_options.max_message_bytes = options.max_message_bytes;
+  FERRY_ASSIGN_OR_RETURN(d->rpc_,
+                         rpc::RpcServer::Prepare(rpc_options, d->context_.get(), d->started_at_));
+
+  d->work_ =
+      std::make_unique<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>>(
+          d->io_.get_executor());
+  int threads = options.executor_threads > 0
+                    ? options.executor_threads
+                    : std::max(2, static_cast<int>(std::thread::hardware_concurrency()));
+  for (int i = 0; i < threads; ++i) {
+    d->threads_.emplace_back([io = &d->io_] {
+      pthread_setname_np(pthread_self(), "ferry-exec");
+      io->run();
+    });
+  }
+
+  const std::string first_unix_path = d->rpc_->first_unix_path();
+  if (options.slab_pool_enabled && !first_unix_path.empty()) {
+    // Slabs are registered with whatever device is current; a rebuilt device gets them all
+    // registered again.
+    session::DeviceSupervisor* sup = d->device_.get();
+    pool::HostRegistration reg;
+    reg.register_memory = [sup](void* p, uint64_t n) -> Status {
+      backend::Device* dev = sup->device();
+      return dev ? dev->RegisterHostMemory(p, n) : Status::Ok();  // rebuilding: the hook will
+    };
+    reg.unregister_memory = [sup](void* p) {
+      if (backend::Device* dev = sup->device()) (void)dev->UnregisterHostMemory(p);
+    };
+    FERRY_ASSIGN_OR_RETURN(d->slab_pool_, pool::SlabPool::Create(options.slab_pool, reg));
+    sup->SetRebuiltHook([pool = d->slab_pool_.get()] { pool->ReregisterAll(); });
+    const std::string slab_path = first_unix_path + ".slabs";
+    FERRY_ASSIGN_OR_RETURN(int slab_fd, rpc::ListenUnix(slab_path));
+    FERRY_ASSIGN_OR_RETURN(d->slab_broker_,
+                           pool::SlabBroker::Start(slab_path, slab_fd, options.slab_broker));
+    ctx.parts.slab_pool = d->slab_pool_.get();
+    ctx.parts.slab_broker = d->slab_broker_.get();
+    ctx.limits.session_pinned_quota = options.session_pinned_quota;
+    if (options.submit_ring_bytes > 0) {
+      FERRY_ASSIGN_OR_RETURN(d->ring_poller_, transport::RingPoller::Start(kRingPollerSpin));
+      ctx.parts.ring_poller = d->ring_poller_.get();
+      ctx.limits.submit_ring_bytes = options.submit_ring_bytes;
+    }
+    if (options.staging_slabs > 0) {
+      d->staging_ = std::make_unique<pool::StagingArea>(d->slab_pool_.get(), options.staging_slabs);
+      ctx.parts.staging = d->staging_.get();
+    }
+  }
+  FERRY_RETURN_IF_ERROR(d->rpc_->Start());
+  if (!options.metrics_listen.empty()) {
+    FERRY_ASSIGN_OR_RETURN(d->metrics_,
+                           rpc::MetricsServer::Start(options.metrics_listen,
+                                                     [ctx = d->context_.get(), t = d->started_at_] {
+                                                       return rpc::RenderMetrics(*ctx, t);
+                                                     }));
+  }
+  d->rpc_->SetAccepting(true);
+  // grpc.health.v1 follows device loss: NOT_SERVING while the device is rebuilt.
+  d->device_->SetServingHook([rpc = d->rpc_.get(), ctx = d->context_.get()](bool up) {
+    rpc->SetAccepting(up && !ctx->gauges.draining);
+  });
+  return d;
+}
+
+const std::vector<std::string>& Daemon::endpoints() const { return rpc_->endpoints(); }
+
+void Daemon::SetDrainHandler(std::function<void()> fn) { rpc_->SetDrainHandler(std::move(fn)); }
+
+void Daemon::Shutdown(std::chrono::milliseconds grace) {
+  std::call_once(shutdown_once_, [&] {
+    // New sessions are refused from here on; open ones are told (Draining). Work already
+    // accepted runs on: wait, up to the grace period, until no submit is in flight and
+    // everything it produced (downloads, completions) is written, then end every stream.
+    context_->gauges.draining = true;
+    if (rpc_) rpc_->SetAccepting(false);
+    auto grace_end = std::chrono::steady_clock::now() + grace;
+    rpc::BroadcastDraining(context_.get(), static_cast<uint64_t>(grace.count()));
+    // Messages sent before the drain count as accepted: those taken and not yet handled, and
+    // those waiting in a ring the poller may take from now.
+    auto busy = [this] {
+      return registry_->Totals().submits_in_flight > 0 || context_->gauges.unsent > 0 ||
+             context_->gauges.messages_in_hand > 0 ||
+             (ring_poller_ && ring_poller_->records_waiting());
+    };
+    while (busy() && std::chrono::steady_clock::now() < grace_end) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    if (rpc_) {
+      rpc_->StopAccepting();  // Unix endpoints: no new connections, socket files removed
+      rpc_->Shutdown();
+    }
+    // Cancelled sessions finish their in-flight work and release their memory on the
+    // executor; wait for that before the device goes away.
+    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (registry_->Totals().sessions_open > 0 && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    if (registry_->Totals().sessions_open > 0) {
+      spdlog::error("{} sessions did not finish within 30 s of shutdown",
+                    registry_->Totals().sessions_open);
+    }
+    spdlog::debug("all sessions released");
+    work_.reset();
+    io_.stop();
+    for (std::thread& t : threads_) t.join();
+    threads_.clear();
+  });
+}
+
+Daemon::~Daemon() {
+  Shutdown(std::chrono::milliseconds(0));
+  // A device rebuild still running calls the serving hook, which reaches rpc_ and
+  // context_; device_ is destroyed last (it is the first member), after them. (Found by TSan:
+  // RebuildPaths/DeviceFaultTest.)
+  if (device_) device_->JoinRebuild();
+}
+
+}  // namespace ferry

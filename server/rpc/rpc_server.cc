@@ -1,0 +1,208 @@
+#include "rpc/rpc_server.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/server_posix.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "rpc/admin_service.h"
+#include "rpc/health_service.h"
+#include "rpc/local_connections.h"
+#include "rpc/session_service.h"
+#include "rpc/systemd_notify.h"
+
+namespace ferry::rpc {
+namespace {
+
+struct TcpEndpoint {
+  std::string host;
+  std::string port;
+};
+
+Result<TcpEndpoint> ParseHostPort(const std::string& hp) {
+  size_t colon = hp.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == hp.size()) {
+    return Status(ErrorKind::kInvalidArgument, "expected tcp:HOST:PORT, got tcp:" + hp);
+  }
+  TcpEndpoint e{hp.substr(0, colon), hp.substr(colon + 1)};
+  for (char c : e.port) {
+    if (c < '0' || c > '9') return Status(ErrorKind::kInvalidArgument, "bad port in " + hp);
+  }
+  return e;
+}
+
+bool IsLoopback(const std::string& host) {
+  return host == "localhost" || host == "[::1]" || host.rfind("127.", 0) == 0;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<RpcServer>> RpcServer::Prepare(
+    const RpcServerOptions& options, SessionServiceContext* context,
+    std::chrono::steady_clock::time_point started) {
+  std::unique_ptr<RpcServer> r(new RpcServer());
+  r->context_ = context;
+  r->listen_ = options.listen;
+  r->inherited_fds_ = options.inherited_listen_fds;
+  // Until they are checked below, the inherited fds are listeners to close on failure.
+  if (!options.token_file.empty()) {
+    FERRY_ASSIGN_OR_RETURN(r->token_, TokenChecker::Load(options.token_file));
+    context->access.token = r->token_.get();
+  }
+  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> tcp_credentials,
+                         MakeTcpCredentials(options.tls));
+
+  r->session_service_ = std::make_unique<SessionService>(context);
+  r->admin_service_ = std::make_unique<AdminService>(context, started);
+
+  // grpc.health.v1 (status follows draining) and server reflection, for operators' tools.
+  EnableHealthService();
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  r->builder_ = std::make_unique<grpc::ServerBuilder>();
+  grpc::ServerBuilder& builder = *r->builder_;
+  builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
+  builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
+  // Sessions are long-lived streams; keep idle connections open.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // Unix endpoints: listening sockets of ferryd's own, or inherited from systemd. ferryd
+  // accepts their connections itself (LocalConnections says why).
+  for (int fd : options.inherited_listen_fds) {
+    std::string ep = systemd::SocketEndpoint(fd);
+    if (ep.rfind("unix:", 0) != 0) {
+      ::close(fd);
+      return Status(ErrorKind::kInvalidArgument,
+                    "socket activation: inherited fd " + std::to_string(fd) + " is " + ep +
+                        "; ferryd adopts Unix stream sockets only (a TCP endpoint needs the "
+                        "TLS and token checks of --listen tcp:HOST:PORT)");
+    }
+    r->unix_listeners_.push_back({ep.substr(5), fd});
+  }
+  r->ports_.assign(options.listen.size(), 0);
+  for (size_t i = 0; i < options.listen.size(); ++i) {
+    const std::string& ep = options.listen[i];
+    if (ep.rfind("unix:", 0) == 0) {
+      std::string path = ep.substr(5);
+      if (path.empty()) return Status(ErrorKind::kInvalidArgument, "empty unix socket path");
+      std::error_code ec;
+      std::filesystem::path parent = std::filesystem::path(path).parent_path();
+      if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+      FERRY_ASSIGN_OR_RETURN(int fd, ListenUnix(path));
+      r->unix_listeners_.push_back({path, fd});
+      r->owned_socket_paths_.push_back(path);
+    } else if (ep.rfind("tcp:", 0) == 0) {
+      FERRY_ASSIGN_OR_RETURN(TcpEndpoint tcp, ParseHostPort(ep.substr(4)));
+      // Loopback is no exception: any local uid can reach it, not only the Unix socket's group.
+      const bool authenticates_clients =
+          !options.token_file.empty() || !options.tls.client_ca.empty();
+      if (!authenticates_clients && !options.allow_insecure_remote) {
+        return Status(ErrorKind::kInvalidArgument,
+                      "refusing " + ep +
+                          ": a TCP endpoint must authenticate its clients with --token-file or "
+                          "mutual TLS (--tls-cert/--tls-key with --tls-client-ca); "
+                          "--allow-insecure-remote lets every peer that reaches it in, loopback "
+                          "included (any local uid), for development only");
+      }
+      if (!authenticates_clients) {
+        spdlog::warn(
+            "{} authenticates no client (--allow-insecure-remote): every peer that "
+            "reaches it gets sessions and the Admin service",
+            ep);
+      }
+      if (!IsLoopback(tcp.host) && !options.tls.enabled()) {
+        spdlog::warn(
+            "{} is plaintext TCP on a non-loopback address: the bearer token and every "
+            "byte travel unencrypted; configure --tls-cert/--tls-key",
+            ep);
+      }
+      builder.AddListeningPort(tcp.host + ":" + tcp.port, tcp_credentials, &r->ports_[i]);
+    } else {
+      return Status(ErrorKind::kInvalidArgument,
+                    "endpoint must be unix:PATH or tcp:HOST:PORT, got " + ep);
+    }
+  }
+  builder.RegisterService(r->session_service_.get());
+  builder.RegisterService(r->admin_service_.get());
+  if (r->token_) {
+    // Every method of a TCP endpoint, gRPC's health and reflection included, needs the token.
+    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
+    creators.push_back(MakeTokenInterceptorFactory(r->token_.get()));
+    builder.experimental().SetInterceptorCreators(std::move(creators));
+  }
+  return r;
+}
+
+RpcServer::~RpcServer() {
+  // Listeners Start did not hand to an acceptor (Prepare or Start failed half way).
+  for (const UnixListener& l : unix_listeners_) ::close(l.fd);
+  if (!server_) {
+    for (const std::string& p : owned_socket_paths_) ::unlink(p.c_str());
+  }
+}
+
+std::string RpcServer::first_unix_path() const {
+  return unix_listeners_.empty() ? std::string() : unix_listeners_[0].path;
+}
+
+Status RpcServer::Start() {
+  server_ = builder_->BuildAndStart();
+  builder_.reset();
+  if (!server_) {
+    return Status(ErrorKind::kUnavailable, "could not bind the listening endpoints");
+  }
+  for (size_t i = 0; i < listen_.size(); ++i) {  // in the order they were given
+    const std::string& ep = listen_[i];
+    if (ep.rfind("tcp:", 0) != 0) {
+      endpoints_.push_back(ep);
+      continue;
+    }
+    if (ports_[i] == 0) return Status(ErrorKind::kUnavailable, "could not bind " + ep);
+    auto tcp = *ParseHostPort(ep.substr(4));
+    endpoints_.push_back("tcp:" + tcp.host + ":" + std::to_string(ports_[i]));
+  }
+  for (int fd : inherited_fds_) endpoints_.push_back(systemd::SocketEndpoint(fd));
+  local_connections_ = std::make_unique<LocalConnections>();
+  context_->parts.local_connections = local_connections_.get();
+  // Each acceptor owns its listening fd from here on.
+  std::vector<UnixListener> listeners = std::move(unix_listeners_);
+  unix_listeners_.clear();
+  for (size_t i = 0; i < listeners.size(); ++i) {
+    const UnixListener& l = listeners[i];
+    std::string endpoint = "unix:" + l.path;
+    auto acceptor = systemd::SocketAcceptor::Start(
+        l.fd, [server = server_.get(), local = local_connections_.get(), endpoint](
+                  int conn, const systemd::PeerCredentials& peer) {
+          local->Add(conn, endpoint, peer);  // before gRPC can start a stream on it
+          grpc::AddInsecureChannelFromFd(server, conn);
+        });
+    if (!acceptor.ok()) {
+      for (size_t j = i; j < listeners.size(); ++j) ::close(listeners[j].fd);
+      return acceptor.status();  // the Daemon's shutdown removes the socket files made so far
+    }
+    acceptors_.push_back(std::move(*acceptor));
+  }
+  return Status::Ok();
+}
+
+void RpcServer::SetAccepting(bool accepting) { SetAcceptingSessions(server_.get(), accepting); }
+
+void RpcServer::SetDrainHandler(std::function<void()> fn) {
+  admin_service_->SetDrainHandler(std::move(fn));
+}
+
+void RpcServer::StopAccepting() {
+  acceptors_.clear();  // Unix endpoints: no new connections
+  for (const std::string& path : owned_socket_paths_) ::unlink(path.c_str());
+}
+
+void RpcServer::Shutdown() {
+  if (!server_) return;
+  ShutdownHealth(server_.get());
+  // A short deadline: idle client connections must not hold the daemon up.
+  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(100));
+  spdlog::debug("gRPC server shut down");
+}
+
+}  // namespace ferry::rpc

@@ -1,0 +1,98 @@
+// RpcServer: the daemon's gRPC side, which the Daemon (server/daemon.h) composes: the
+// services, the endpoints (TCP bound by gRPC with TLS and the token; Unix sockets listened on
+// and accepted by ferryd itself, LocalConnections says why), health and reflection. Every
+// grpc:: type of the daemon stays in server/rpc/.
+//
+// Life: Prepare (check and open the endpoints, make the services), then Start (build and
+// start the gRPC server, accept on the Unix endpoints), then StopAccepting and Shutdown at
+// the drain. Not thread-safe except SetAccepting (any thread: the serving hook).
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ferry/status.h"
+#include "rpc/auth.h"
+
+namespace grpc {
+class Server;
+class ServerBuilder;
+}  // namespace grpc
+
+namespace ferry::rpc {
+
+struct SessionServiceContext;
+class SessionService;
+class AdminService;
+class LocalConnections;
+namespace systemd {
+class SocketAcceptor;
+}
+
+struct RpcServerOptions {
+  std::vector<std::string> listen;
+  std::vector<int> inherited_listen_fds;
+  bool allow_insecure_remote = false;
+  TlsFiles tls;
+  std::string token_file;
+  uint64_t max_message_bytes = 64ull << 20;
+};
+
+class RpcServer {
+ public:
+  /// Check every endpoint and open the Unix ones (TCP ones are bound by Start); load the
+  /// token (setting context->access.token); make the services over `context`, which must
+  /// outlive the server. Takes the inherited fds over, even when it fails.
+  static Result<std::unique_ptr<RpcServer>> Prepare(const RpcServerOptions& options,
+                                                    SessionServiceContext* context,
+                                                    std::chrono::steady_clock::time_point started);
+  ~RpcServer();
+  RpcServer(const RpcServer&) = delete;
+  RpcServer& operator=(const RpcServer&) = delete;
+
+  /// The first Unix endpoint's path ("" when there is none): the slab socket goes beside it.
+  std::string first_unix_path() const;
+  /// Build and start the gRPC server, then accept on the Unix endpoints (setting
+  /// context->parts.local_connections).
+  Status Start();
+
+  /// The endpoints actually bound, with TCP port 0 resolved ("tcp:127.0.0.1:40123").
+  const std::vector<std::string>& endpoints() const { return endpoints_; }
+  /// Say (grpc.health.v1) whether new sessions are accepted. Any thread.
+  void SetAccepting(bool accepting);
+  /// Call `fn` (from a gRPC thread) when a client asks the daemon to drain.
+  void SetDrainHandler(std::function<void()> fn);
+  /// Unix endpoints: no new connections; remove the socket files made here.
+  void StopAccepting();
+  /// End health watches and shut the gRPC server down (a short deadline: idle client
+  /// connections must not hold the daemon up).
+  void Shutdown();
+
+ private:
+  RpcServer() = default;
+
+  struct UnixListener {
+    std::string path;
+    int fd;
+  };
+  std::vector<std::string> listen_;  // as given, for endpoints()
+  std::vector<int> inherited_fds_;
+  std::vector<int> ports_;                    // per listen_ entry: the TCP port gRPC bound
+  std::vector<UnixListener> unix_listeners_;  // owned until Start hands them to acceptors
+  SessionServiceContext* context_ = nullptr;
+  std::unique_ptr<grpc::ServerBuilder> builder_;  // until Start
+  std::unique_ptr<TokenChecker> token_;
+  std::unique_ptr<SessionService> session_service_;
+  std::unique_ptr<AdminService> admin_service_;
+  std::unique_ptr<grpc::Server> server_;
+  // Accept the Unix endpoints' connections (own and inherited listening sockets).
+  std::unique_ptr<LocalConnections> local_connections_;
+  std::vector<std::unique_ptr<systemd::SocketAcceptor>> acceptors_;
+  std::vector<std::string> owned_socket_paths_;  // bound here: removed at StopAccepting
+  std::vector<std::string> endpoints_;
+};
+
+}  // namespace ferry::rpc

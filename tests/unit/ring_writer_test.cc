@@ -1,0 +1,136 @@
+// RingWriter (libferry, client/src/ring_writer.h) against the daemon's SubmitRing
+// (server/transport/submit_ring.h): what the client writes comes out whole, parseable and in
+// order across the ring's end; a full ring refuses the write without writing anything; a
+// message too large for the ring is left to the stream; the doorbell is rung only while the
+// poller may sleep.
+#include "ring_writer.h"
+
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <memory>
+#include <string>
+
+#include "transport/submit_ring.h"
+
+namespace ferry::internal {
+namespace {
+
+using transport::SubmitRing;
+using Wrote = RingWriter::Wrote;
+
+struct Pair {
+  std::unique_ptr<SubmitRing> ring;
+  std::unique_ptr<RingWriter> writer;
+};
+
+// A daemon's ring and a client's writer over the same memory, as a session maps them.
+Pair MakePair(uint64_t capacity = 4096) {
+  Pair p;
+  auto ring = SubmitRing::Create(capacity);
+  EXPECT_TRUE(ring.ok()) << ring.status().ToString();
+  p.ring = std::move(*ring);
+  void* map =
+      ::mmap(nullptr, p.ring->map_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, p.ring->memfd(), 0);
+  EXPECT_NE(map, MAP_FAILED);
+  static_assert(RingWriter::kHeaderBytes == SubmitRing::kHeaderBytes);
+  p.writer =
+      std::make_unique<RingWriter>(static_cast<char*>(map), capacity, ::dup(p.ring->doorbell()));
+  return p;
+}
+
+v1::ClientMessage SubmitMessage(uint64_t sequence, uint64_t submit_id, size_t payload) {
+  v1::ClientMessage m;
+  m.set_sequence(sequence);
+  auto* submit = m.mutable_submit();
+  submit->set_submit_id(submit_id);
+  auto* upload = submit->add_ops()->mutable_upload();
+  upload->set_tensor(submit_id);
+  upload->set_data(std::string(payload, static_cast<char>('a' + submit_id % 26)));
+  return m;
+}
+
+v1::ClientMessage TakeMessage(SubmitRing& ring) {
+  std::string record, why;
+  EXPECT_EQ(ring.Take(&record, &why), SubmitRing::Took::kRecord) << why;
+  v1::ClientMessage m;
+  EXPECT_TRUE(m.ParseFromString(record)) << "a record is one whole ClientMessage";
+  return m;
+}
+
+bool DoorbellRung(int doorbell) {
+  pollfd p = {doorbell, POLLIN, 0};
+  return ::poll(&p, 1, 0) == 1;
+}
+
+TEST(RingWriterTest, MessagesComeOutWholeAndInOrderAcrossTheEnd) {
+  Pair p = MakePair();
+  uint64_t written = 0, taken = 0, record_bytes = 0;
+  for (int round = 0; round < 200; ++round) {
+    // Sizes that do not divide the ring: records wrap (skip markers) many times.
+    for (int k = 0; k < 3; ++k) {
+      v1::ClientMessage m = SubmitMessage(written + 1, written + 1, 50 + 37 * ((round + k) % 11));
+      ASSERT_EQ(p.writer->Write(m), Wrote::kWritten);
+      ++written;
+      record_bytes += 8 + ((m.ByteSizeLong() + 7) & ~uint64_t{7});
+    }
+    while (p.ring->HasRecord()) {
+      v1::ClientMessage m = TakeMessage(*p.ring);
+      ++taken;
+      EXPECT_EQ(m.sequence(), taken);
+      ASSERT_TRUE(m.has_submit());
+      EXPECT_EQ(m.submit().submit_id(), taken);
+      ASSERT_EQ(m.submit().ops_size(), 1);
+      const std::string& data = m.submit().ops(0).upload().data();
+      EXPECT_EQ(data.find_first_not_of(static_cast<char>('a' + taken % 26)), std::string::npos)
+          << "torn record " << taken;
+    }
+  }
+  EXPECT_EQ(taken, written);
+  EXPECT_GT(record_bytes, 20 * p.ring->capacity()) << "the test wraps the ring many times";
+}
+
+TEST(RingWriterTest, AFullRingRefusesWithoutWritingUntilTheDaemonTakes) {
+  Pair p = MakePair();
+  int fitted = 0;
+  Wrote wrote;
+  while ((wrote = p.writer->Write(SubmitMessage(fitted + 1, fitted + 1, 900))) == Wrote::kWritten) {
+    ++fitted;
+  }
+  EXPECT_EQ(wrote, Wrote::kFull);
+  EXPECT_GE(fitted, 3);
+  // kFull wrote nothing: exactly the records that fitted come out.
+  for (int k = 1; k <= fitted; ++k) EXPECT_EQ(TakeMessage(*p.ring).sequence(), uint64_t(k));
+  EXPECT_FALSE(p.ring->HasRecord());
+  // Taken records make room again.
+  EXPECT_EQ(p.writer->Write(SubmitMessage(fitted + 1, fitted + 1, 900)), Wrote::kWritten);
+  EXPECT_EQ(TakeMessage(*p.ring).sequence(), uint64_t(fitted + 1));
+}
+
+TEST(RingWriterTest, AMessageOverAQuarterOfTheRingIsLeftToTheStream) {
+  Pair p = MakePair();
+  EXPECT_EQ(p.writer->Write(SubmitMessage(1, 1, 2000)), Wrote::kTooLarge);
+  EXPECT_FALSE(p.ring->HasRecord()) << "nothing was written";
+  EXPECT_EQ(p.writer->Write(SubmitMessage(1, 1, 900)), Wrote::kWritten);
+  EXPECT_EQ(TakeMessage(*p.ring).sequence(), 1u);
+}
+
+TEST(RingWriterTest, TheDoorbellRingsOnlyWhileThePollerMaySleep) {
+  Pair p = MakePair();
+  const int doorbell = p.ring->doorbell();
+  ASSERT_EQ(p.writer->Write(SubmitMessage(1, 1, 10)), Wrote::kWritten);
+  EXPECT_FALSE(DoorbellRung(doorbell)) << "an awake poller needs no doorbell";
+  p.ring->SetAsleep(true);
+  ASSERT_EQ(p.writer->Write(SubmitMessage(2, 2, 10)), Wrote::kWritten);
+  EXPECT_TRUE(DoorbellRung(doorbell));
+  p.ring->ClearDoorbell();
+  p.ring->SetAsleep(false);
+  ASSERT_EQ(p.writer->Write(SubmitMessage(3, 3, 10)), Wrote::kWritten);
+  EXPECT_FALSE(DoorbellRung(doorbell));
+  for (uint64_t k = 1; k <= 3; ++k) EXPECT_EQ(TakeMessage(*p.ring).sequence(), k);
+}
+
+}  // namespace
+}  // namespace ferry::internal
