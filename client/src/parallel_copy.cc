@@ -44,10 +44,22 @@ class Pool {
     job->src = src;
     job->n = n;
     job->piece = std::max<uint64_t>(kPieceBytes, (n + threads - 1) / threads);
+    bool alone = false;
     {
       std::lock_guard lock(mu_);
-      StartLocked(threads - 1);
-      jobs_.push_back(job);
+      // While another copy runs, this one copies alone: copies at once (sessions of one
+      // process moving bytes together) each keep their own thread, so none gets the helpers
+      // at the others' expense (sharing them, 64 sessions' rates differed up to 55-73x on the
+      // H200; docs/performance.md).
+      alone = !jobs_.empty();
+      if (!alone) {
+        StartLocked(threads - 1);
+        jobs_.push_back(job);
+      }
+    }
+    if (alone) {
+      std::memcpy(dst, src, n);
+      return;
     }
     work_.notify_all();
     // The caller copies too, so the copy finishes even when no helper thread runs (after a

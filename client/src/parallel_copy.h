@@ -16,8 +16,10 @@ namespace ferry::internal {
 int ParallelCopyThreads();
 
 /// Copy `n` bytes from `src` to `dst` (not overlapping), using up to `threads` threads when
-/// `n` is at least kParallelCopyMinBytes: the caller's own thread and helper threads shared
-/// by the whole process, started on first use and never stopped. Returns when every byte is
+/// `n` is at least kParallelCopyMinBytes and no other ParallelCopy of the process is running
+/// (then the caller copies alone, so copies at once share the cores fairly): the caller's
+/// own thread and helper threads shared by the whole process, started on first use and never
+/// stopped. Returns when every byte is
 /// copied. Thread-safe. In a child forked while no copy ran, the caller copies alone.
 void ParallelCopy(void* dst, const void* src, uint64_t n, int threads = ParallelCopyThreads());
 
