@@ -34,7 +34,14 @@ struct Job {
 class Pool {
  public:
   static Pool& Get() {
-    static Pool* pool = new Pool();
+    static Pool* pool = [] {
+      auto* p = new Pool();
+      // A fork while a helper thread holds mu_ (it takes it after every piece) would leave
+      // the child's copy of mu_ locked for good: hold it across the fork, release it in both.
+      pthread_atfork([] { Get().mu_.lock(); }, [] { Get().mu_.unlock(); },
+                     [] { Get().mu_.unlock(); });
+      return p;
+    }();
     return *pool;
   }
 

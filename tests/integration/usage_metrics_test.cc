@@ -4,8 +4,6 @@
 #include <google/protobuf/struct.pb.h>
 #include <google/protobuf/util/json_util.h>
 #include <gtest/gtest.h>
-#include <netdb.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -20,39 +18,15 @@
 
 #include "ferry/client.h"
 #include "ferryd_process.h"
+#include "metrics_scrape.h"
 
 namespace ferry {
 namespace {
 
-std::string MetricsEndpoint(const testing::FerrydProcess& d) {
-  for (const auto& e : d.endpoints()) {
-    if (e.rfind("metrics:", 0) == 0) return e.substr(8);
-  }
-  return "";
-}
-
 // GET /metrics; return the body ("" when the exchange failed).
 std::string Scrape(const std::string& host_port) {
-  size_t colon = host_port.rfind(':');
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  if (getaddrinfo(host_port.substr(0, colon).c_str(), host_port.substr(colon + 1).c_str(), &hints,
-                  &res) != 0) {
-    return "";
-  }
-  int fd = ::socket(res->ai_family, SOCK_STREAM, 0);
-  bool ok = ::connect(fd, res->ai_addr, res->ai_addrlen) == 0;
-  freeaddrinfo(res);
-  const std::string request = "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
-  std::string response;
-  if (ok && ::send(fd, request.data(), request.size(), MSG_NOSIGNAL) ==
-                static_cast<ssize_t>(request.size())) {
-    char buf[8192];
-    for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) response.append(buf, n);
-  }
-  ::close(fd);
-  size_t body = response.find("\r\n\r\n");
+  const std::string response = testing::Scrape(host_port);
+  const size_t body = response.find("\r\n\r\n");
   return body == std::string::npos ? "" : response.substr(body + 4);
 }
 
