@@ -143,11 +143,13 @@ TEST_F(TopTest, LiveViewRefreshesInATerminalAndQuitsOnQ) {
   }
   // A private tmux server, so nothing of the user's is touched.
   const std::string tmux = "tmux -L ferry-top-test-" + std::to_string(getpid());
+  // Written whole, then renamed: the test must never read the file between its creation and
+  // the exit code's arrival.
   const std::string done = ::testing::TempDir() + "/top_test_done";
   std::filesystem::remove(done);
   const std::string cmd = FerryctlPath() +
                           " top --interval 0.2 --target=" + daemon_->unix_target() +
-                          "; echo $? > " + done;
+                          "; echo $? > " + done + ".tmp && mv " + done + ".tmp " + done;
   Shell(tmux + " new-session -d -s top -x 160 -y 40 '" + cmd + "'", &rc);
   ASSERT_EQ(rc, 0) << "tmux new-session failed";
   auto capture = [&] { return Shell(tmux + " capture-pane -p -t top"); };
