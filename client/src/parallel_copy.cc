@@ -1,7 +1,6 @@
 #include "parallel_copy.h"
 
 #include <pthread.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <condition_variable>
@@ -34,15 +33,12 @@ struct Job {
 class Pool {
  public:
   static Pool& Get() {
-    static Pool* pool = [] {
-      auto* p = new Pool();
-      // A fork while a helper thread holds mu_ (it takes it after every piece) would leave
-      // the child's copy of mu_ locked for good: hold it across the fork, release it in both.
-      pthread_atfork([] { Get().mu_.lock(); }, [] { Get().mu_.unlock(); },
-                     [] { Get().mu_.unlock(); });
-      return p;
-    }();
-    return *pool;
+    static std::once_flag once;
+    std::call_once(once, [] {
+      current_ = new Pool();
+      pthread_atfork(&Pool::BeforeFork, &Pool::AfterForkInParent, &Pool::AfterForkInChild);
+    });
+    return *current_;
   }
 
   void Copy(char* dst, const char* src, uint64_t n, int threads) {
@@ -91,15 +87,20 @@ class Pool {
   }
 
   void StartLocked(int wanted) {
-    // Threads made before a fork do not exist in the child: count what this process made.
-    if (owner_ != getpid()) {
-      owner_ = getpid();
-      started_ = 0;
-    }
     for (; started_ < wanted; ++started_) {
       std::thread([this] { Run(); }).detach();
     }
   }
+
+  // A fork while a helper thread holds mu_ (it takes it after every piece) would leave the
+  // child's copy of mu_ locked for good: the parent holds it across the fork.
+  static void BeforeFork() { current_->mu_.lock(); }
+  static void AfterForkInParent() { current_->mu_.unlock(); }
+  // The child starts from a new pool. Its copy of the old one is unusable: the condition
+  // variables still count the parent's waiting helper threads, which do not exist in the
+  // child, and glibc's notify can wait for those waiters for ever (a forked child hung in
+  // CI). The old pool is leaked: its mutex is held and its threads are gone.
+  static void AfterForkInChild() { current_ = new Pool(); }
 
   void Run() {
     pthread_setname_np(pthread_self(), "ferry-copy");
@@ -126,8 +127,9 @@ class Pool {
   std::mutex mu_;
   std::condition_variable work_;
   std::deque<std::shared_ptr<Job>> jobs_;  // guarded by mu_
-  pid_t owner_ = 0;                        // guarded by mu_
   int started_ = 0;                        // guarded by mu_
+
+  static inline Pool* current_ = nullptr;  // set once; replaced in a forked child only
 };
 
 }  // namespace
