@@ -86,9 +86,11 @@ Status SessionState::Open(std::shared_ptr<ClientState> client, const SessionOpti
   opened_ = reply.opened();
   if (local()) {
     slab_socket_ = std::make_unique<SlabSocket>(opened_.slab_socket(), opened_.slab_token());
+    SlabSocket::SessionChannels channels =
+        slab_socket_->MapSessionChannels(opened_.completion_board(), opened_.submit_ring());
+    board_ = std::move(channels.board);
+    ring_ = std::move(channels.ring);
   }
-  if (local() && opened_.completion_board()) board_ = slab_socket_->MapCompletionBoard();
-  if (local() && opened_.submit_ring()) ring_ = slab_socket_->MapSubmitRing();
   reader_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "ferry-reader");
     ReadLoop();

@@ -24,9 +24,20 @@ Status SlabSocket::Error(const std::string& what) {
   return Status(ErrorKind::kUnavailable, "slab socket " + path_ + ": " + what);
 }
 
-Status SlabSocket::Request(uint32_t op, char (&reply)[24], int* fd) {
-  *fd = -1;
-  if (fd_ < 0) {
+namespace {
+
+std::string RequestBytes(uint32_t op) {
+  char request[8] = {};
+  le::Put32(request, op);
+  return std::string(request, sizeof(request));
+}
+
+}  // namespace
+
+Status SlabSocket::SendRequests(const std::string& requests) {
+  std::string out;
+  const bool connecting = fd_ < 0;
+  if (connecting) {
     if (token_used_) return Error("the connection was lost");
     token_used_ = true;
     fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -38,20 +49,24 @@ Status SlabSocket::Request(uint32_t op, char (&reply)[24], int* fd) {
     if (::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
       return Error(std::strerror(errno));
     }
-    std::string hello = "FSL1" + token_;
+    out = "FSL1" + token_;
+  }
+  out += requests;
+  if (::send(fd_, out.data(), out.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(out.size())) {
+    return Error(connecting ? "no answer to the token" : "send failed");
+  }
+  if (connecting) {
     char answer[8];
-    if (::send(fd_, hello.data(), hello.size(), MSG_NOSIGNAL) !=
-            static_cast<ssize_t>(hello.size()) ||
-        ::recv(fd_, answer, sizeof(answer), MSG_WAITALL) != sizeof(answer)) {
+    if (::recv(fd_, answer, sizeof(answer), MSG_WAITALL) != sizeof(answer)) {
       return Error("no answer to the token");
     }
     if (le::Get32(answer) != 0) return Error("the daemon refused the token");
   }
-  char request[8] = {};
-  le::Put32(request, op);
-  if (::send(fd_, request, sizeof(request), MSG_NOSIGNAL) != sizeof(request)) {
-    return Error("send failed");
-  }
+  return Status::Ok();
+}
+
+Status SlabSocket::ReadAnswer(char (&reply)[24], int* fd) {
+  *fd = -1;
   iovec iov = {reply, sizeof(reply)};
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
   msghdr msg = {};
@@ -71,6 +86,12 @@ Status SlabSocket::Request(uint32_t op, char (&reply)[24], int* fd) {
     return Error("short answer");
   }
   return Status::Ok();
+}
+
+Status SlabSocket::Request(uint32_t op, char (&reply)[24], int* fd) {
+  *fd = -1;
+  FERRY_RETURN_IF_ERROR(SendRequests(RequestBytes(op)));
+  return ReadAnswer(reply, fd);
 }
 
 Result<std::shared_ptr<SlabMapping>> SlabSocket::AcquireSlab() {
@@ -101,10 +122,27 @@ Result<std::shared_ptr<SlabMapping>> SlabSocket::AcquireSlab() {
   return m;
 }
 
-std::unique_ptr<RingWriter> SlabSocket::MapSubmitRing() {
+SlabSocket::SessionChannels SlabSocket::MapSessionChannels(bool board, bool ring) {
+  SessionChannels out;
+  if (!board && !ring) return out;
+  std::string requests;
+  if (board) requests += RequestBytes(2);
+  if (ring) requests += RequestBytes(3) + RequestBytes(4);
+  if (!SendRequests(requests).ok()) return out;
   char reply[24];
   int fd = -1;
-  if (!Request(3, reply, &fd).ok()) return nullptr;
+  if (board) {
+    if (!ReadAnswer(reply, &fd).ok()) return out;
+    const uint64_t size = le::Get64(reply + 16);
+    if (le::Get32(reply) == 0 && fd >= 0 && size >= 16) {
+      void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+      if (p != MAP_FAILED) out.board = std::make_unique<CompletionBoard>(p, size);
+    }
+    if (fd >= 0) ::close(fd);
+  }
+  if (!ring) return out;
+  // Both answers are read whatever the first says, so the connection stays in step.
+  if (!ReadAnswer(reply, &fd).ok()) return out;
   const uint64_t capacity = le::Get64(reply + 8), size = le::Get64(reply + 16);
   void* p = MAP_FAILED;
   if (le::Get32(reply) == 0 && fd >= 0 && capacity >= 4096 && (capacity & (capacity - 1)) == 0 &&
@@ -112,28 +150,15 @@ std::unique_ptr<RingWriter> SlabSocket::MapSubmitRing() {
     p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   }
   if (fd >= 0) ::close(fd);
-  if (p == MAP_FAILED) return nullptr;
   int doorbell = -1;
-  if (!Request(4, reply, &doorbell).ok() || le::Get32(reply) != 0 || doorbell < 0) {
+  if (!ReadAnswer(reply, &doorbell).ok() || le::Get32(reply) != 0 || doorbell < 0 ||
+      p == MAP_FAILED) {
     if (doorbell >= 0) ::close(doorbell);
-    ::munmap(p, size);
-    return nullptr;
+    if (p != MAP_FAILED) ::munmap(p, size);
+    return out;
   }
-  return std::make_unique<RingWriter>(static_cast<char*>(p), capacity, doorbell);
-}
-
-std::unique_ptr<CompletionBoard> SlabSocket::MapCompletionBoard() {
-  char reply[24];
-  int fd = -1;
-  if (!Request(2, reply, &fd).ok()) return nullptr;
-  std::unique_ptr<CompletionBoard> board;
-  const uint64_t size = le::Get64(reply + 16);
-  if (le::Get32(reply) == 0 && fd >= 0 && size >= 16) {
-    void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
-    if (p != MAP_FAILED) board = std::make_unique<CompletionBoard>(p, size);
-  }
-  if (fd >= 0) ::close(fd);
-  return board;
+  out.ring = std::make_unique<RingWriter>(static_cast<char*>(p), capacity, doorbell);
+  return out;
 }
 
 }  // namespace ferry::internal

@@ -34,15 +34,26 @@ class SlabSocket {
 
   /// Ask the daemon for one more slab and map it.
   Result<std::shared_ptr<SlabMapping>> AcquireSlab();
-  /// Map the session's submit ring (read-write) and take its doorbell; null on any error
-  /// (every message then goes through the stream, unnumbered).
-  std::unique_ptr<RingWriter> MapSubmitRing();
-  /// Map the session's completion board (read-only); null on any error (waits then take
-  /// the messages' word only, as with a remote daemon).
-  std::unique_ptr<CompletionBoard> MapCompletionBoard();
+
+  /// What a session maps at open: its completion board (read-only) and its submit ring
+  /// (read-write, with its doorbell). Each is null where not asked for or on any error (waits
+  /// then take the messages' word only, and every message goes through the stream, as with a
+  /// remote daemon).
+  struct SessionChannels {
+    std::unique_ptr<CompletionBoard> board;
+    std::unique_ptr<RingWriter> ring;
+  };
+  /// Connect and map what is asked for in one round trip: the hello and every request are
+  /// sent together (the daemon answers requests in order, docs/protocol.md, "Slab socket").
+  SessionChannels MapSessionChannels(bool board, bool ring);
 
  private:
   Status Error(const std::string& what);
+  /// Connect and present the token unless connected; then send `requests` (whole 8-byte
+  /// requests, possibly none) in the same write as the hello.
+  Status SendRequests(const std::string& requests);
+  /// Receive one 24-byte answer and the fd that came with it (-1: none).
+  Status ReadAnswer(char (&reply)[24], int* fd);
 
   const std::string path_;
   const std::string token_;
