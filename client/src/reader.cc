@@ -31,12 +31,21 @@ void SessionState::ReadLoop() {
       }
       case v1::ServerMessage::kCompleted: {
         const auto& c = m.completed();
-        last_completed_ = c.submit_id();
-        download_targets_.erase(c.submit_id());
-        if (auto t = tracked_.find(c.submit_id()); t != tracked_.end()) {
+        const uint64_t last = c.submit_id();
+        // A coalesced run (first_submit_id..submit_id) is of submits that all succeeded.
+        const uint64_t first = c.first_submit_id() != 0 ? c.first_submit_id() : last;
+        if (first > last || (first != last && c.has_error())) {
+          dead_ = Status(ErrorKind::kProtocolViolation, "a coalesced Completed is malformed");
+          cv_.NotifyAll();
+          return;
+        }
+        last_completed_ = last;
+        download_targets_.erase(download_targets_.lower_bound(first),
+                                download_targets_.upper_bound(last));
+        for (auto t = tracked_.lower_bound(first); t != tracked_.end() && t->first <= last; ++t) {
           t->second = c.has_error() ? wire::FromProto(c.error()) : Status::Ok();
         }
-        if (c.has_error()) failures_[c.submit_id()] = wire::FromProto(c.error());
+        if (c.has_error()) failures_[last] = wire::FromProto(c.error());
         cv_.NotifyAll();
         break;
       }

@@ -71,6 +71,7 @@ Status SessionState::Open(std::shared_ptr<ClientState> client, const SessionOpti
   open->set_client_name(client_->options.client_name);
   open->set_device_bytes_quota(options.device_bytes_quota);
   open->set_max_in_flight_submits(options.max_in_flight_submits);
+  open->set_coalesced_completions(true);  // reader.cc reads first_submit_id
   if (!stream_->Write(m)) return StreamFailure("sending Open");
   v1::ServerMessage reply;
   if (!stream_->Read(&reply)) return StreamFailure("waiting for Opened");

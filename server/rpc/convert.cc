@@ -224,4 +224,15 @@ std::optional<session::OpKind> KindOf(const v1::Op& op) {
   }
 }
 
+bool AbsorbCompletion(v1::Completed* run, const v1::ServerMessage& next) {
+  if (run->has_error() || !next.has_completed() || next.completed().has_error() ||
+      next.completed().first_submit_id() != 0 ||
+      next.completed().submit_id() != run->submit_id() + 1) {
+    return false;
+  }
+  if (run->first_submit_id() == 0) run->set_first_submit_id(run->submit_id());
+  run->set_submit_id(next.completed().submit_id());
+  return true;
+}
+
 }  // namespace ferry::rpc

@@ -21,4 +21,11 @@ session::SubmitRequest ToSubmitRequest(std::shared_ptr<const v1::ClientMessage> 
 /// an op with no kind set (or one this build does not know).
 std::optional<session::OpKind> KindOf(const v1::Op& op);
 
+/// Coalesced completions (docs/protocol.md, ordering rule 3): when `next` is the successful
+/// Completed of the submit right after `run` (a successful Completed, possibly already a run),
+/// extend `run` through it (setting first_submit_id) and return true; `next` is then not to be
+/// sent. Anything else (a failure, another message, a gap in the ids) returns false and
+/// leaves `run` as it was.
+bool AbsorbCompletion(v1::Completed* run, const v1::ServerMessage& next);
+
 }  // namespace ferry::rpc

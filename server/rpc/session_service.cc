@@ -328,8 +328,14 @@ class SessionConnection : public session::SessionEvents,
   // A message was written: when it answers one (Completed, Synchronized), that one and what
   // it was charged are done.
   void Answered(const v1::ServerMessage& m) {
+    uint64_t answers = 1;
     if (m.has_completed()) {
-      if (!charges_.empty() && charges_.front().first == m.completed().submit_id()) {
+      // One Completed may answer a run of consecutive submits (CoalesceCompletions).
+      const uint64_t last = m.completed().submit_id();
+      const uint64_t first = m.completed().first_submit_id() ? m.completed().first_submit_id() : last;
+      answers = last - first + 1;
+      while (!charges_.empty() && charges_.front().first >= first &&
+             charges_.front().first <= last) {
         bytes_in_flight_ -= charges_.front().second;
         context_->gauges.bytes_in_flight -= static_cast<int64_t>(charges_.front().second);
         charges_.pop_front();
@@ -337,10 +343,9 @@ class SessionConnection : public session::SessionEvents,
     } else if (!m.has_synchronized()) {
       return;
     }
-    if (unanswered_ > 0) {
-      --unanswered_;
-      --context_->gauges.unanswered;
-    }
+    answers = std::min(answers, unanswered_);
+    unanswered_ -= answers;
+    context_->gauges.unanswered -= static_cast<int64_t>(answers);
   }
 
   // Where a message came from: the gRPC stream or the submit ring.
@@ -436,6 +441,7 @@ class SessionConnection : public session::SessionEvents,
       return Fail(Status(ErrorKind::kUnavailable, "the daemon is draining"),
                   grpc::Status(grpc::StatusCode::UNAVAILABLE, "draining"));
     }
+    coalesced_completions_ = open.coalesced_completions();
     session::SessionConfig config = context_->limits.defaults;
     if (open.device_bytes_quota()) {
       config.device_bytes_quota =
@@ -584,10 +590,25 @@ class SessionConnection : public session::SessionEvents,
   void PumpWrites() {
     if (write_in_flight_ || outbox_.empty() || end_ == StreamEnd::kFinished || !reactor_) return;
     write_in_flight_ = true;
+    CoalesceCompletions();
     Ready(outbox_.front());
     reactor_->StartWrite(outbox_.front().message.get());
     // Copy the next chunk out of staging while gRPC writes this one.
     if (outbox_.size() > 1) Ready(outbox_[1]);
+  }
+
+  // gRPC writes one message at a time per stream, so a pipelined session's completions queue
+  // up behind the write in flight; one write per submit bounded 1-op submits to about 25 k/s
+  // on the H200 (docs/performance.md). For a client that reads ranges
+  // (Open.coalesced_completions), the successful Completed messages of consecutive submits
+  // waiting at the front of the outbox go out as one (Completed.first_submit_id).
+  void CoalesceCompletions() {
+    if (!coalesced_completions_ || !outbox_.front().message->has_completed()) return;
+    v1::Completed* run = outbox_.front().message->mutable_completed();
+    while (outbox_.size() > 1 && AbsorbCompletion(run, *outbox_[1].message)) {
+      Unqueue(outbox_[1]);
+      outbox_.erase(outbox_.begin() + 1);
+    }
   }
 
   // Take the next message from the stream and from the submit ring, where allowed.
@@ -717,6 +738,7 @@ class SessionConnection : public session::SessionEvents,
   Sequencer sequencer_;
   bool close_requested_ = false;
   bool write_in_flight_ = false;
+  bool coalesced_completions_ = false;  // Open.coalesced_completions
   StreamEnd end_ = StreamEnd::kOpen;  // changed only through NextStreamEnd
   grpc::Status finish_status_;
 };
