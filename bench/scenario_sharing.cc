@@ -8,7 +8,10 @@
 //   * (baseline) each process in process on its own device — backend::CreateDevice("auto"):
 //     its own CUDA context when a GPU is visible, its own host-backend emulation otherwise —
 //     which is what programs do today without a daemon, and
-//   * (--baseline-mps) the same in-process processes as clients of one MPS daemon.
+//   * (--baseline-mps) the same in-process processes as clients of one MPS daemon, and
+//   * (baseline, a table of its own) N threads of this one process, each with its own stream
+//     of one device (on CUDA one context), one launch per axpy and batched: what any daemon
+//     that owns one context could reach, without ferryd's RPC and hand-offs.
 // The baseline and MPS processes copy from a registered buffer; both routes' rows show the
 // same baseline and MPS figures.
 // The processes are this program re-executed as `ferry-bench --worker sharing ...` (through
@@ -25,10 +28,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
+#include <thread>
 
 #include "backend/select.h"
 #include "bench.h"
@@ -166,45 +171,105 @@ int DaemonWorker(const std::string& target, int rounds, Route route) {
   return 0;
 }
 
+// One stream's share of the in-process work: its buffers, and the round of the header
+// comment (64 Axpy launches, or one batch of them, H2D and D2H of a registered buffer, one
+// wait).
+class InProcessStream {
+ public:
+  InProcessStream(backend::Device& dev, bool batched) : dev_(dev), batched_(batched), buf_(kRoundBytes) {
+    stream_ = Check(dev.CreateStream(), "CreateStream");
+    Check(dev.RegisterHostMemory(buf_.data(), kRoundBytes), "RegisterHostMemory");
+    d_ = Check(stream_->Allocate(kRoundBytes), "Allocate");
+    x_ = Check(stream_->Allocate(kAxpyElements * sizeof(float)), "Allocate");
+    y_ = Check(stream_->Allocate(kAxpyElements * sizeof(float)), "Allocate");
+    Check(stream_->Fill(DType::kF32, x_, kAxpyElements, 1.0), "Fill");
+    Check(stream_->Fill(DType::kF32, y_, kAxpyElements, 0.0), "Fill");
+    Round();  // warm-up, untimed, as the daemon worker's
+  }
+  ~InProcessStream() {
+    stream_->Free(d_);
+    stream_->Free(x_);
+    stream_->Free(y_);
+    Check(WaitStream(*stream_), "free");
+    Check(dev_.UnregisterHostMemory(buf_.data()), "UnregisterHostMemory");
+  }
+  void Round() {
+    if (batched_) Check(stream_->BeginBatch(), "BeginBatch");
+    for (int k = 0; k < kOpsPerRound; ++k) {
+      Check(stream_->Axpy(DType::kF32, 1e-6, x_, y_, kAxpyElements), "Axpy");
+    }
+    if (batched_) Check(stream_->EndBatch(), "EndBatch");
+    Check(stream_->CopyHostToDevice(d_, buf_.data(), kRoundBytes), "H2D");
+    Check(stream_->CopyDeviceToHost(buf_.data(), d_, kRoundBytes), "D2H");
+    Check(WaitStream(*stream_), "wait");
+  }
+  /// `rounds` rounds, each timed into `samples`; the whole run's ns.
+  double Run(int rounds, Samples& samples) {
+    auto start = Clock::now();
+    for (int r = 0; r < rounds; ++r) {
+      auto t0 = Clock::now();
+      Round();
+      samples.Add(NsSince(t0));
+    }
+    return NsSince(start);
+  }
+
+ private:
+  backend::Device& dev_;
+  const bool batched_;
+  HostBuffer buf_;
+  std::unique_ptr<backend::Stream> stream_;
+  backend::DevicePtr d_ = 0, x_ = 0, y_ = 0;
+};
+
 int InProcessWorker(const std::string& kind, int rounds) {
   std::string why;
   auto dev = Check(backend::CreateDevice(kind, 0, backend::HostDeviceOptions{}, &why),
                    "CreateDevice " + kind);
-  auto stream = Check(dev->CreateStream(), "CreateStream");
-  HostBuffer buf(kRoundBytes);
-  Check(dev->RegisterHostMemory(buf.data(), kRoundBytes), "RegisterHostMemory");
-  auto d = Check(stream->Allocate(kRoundBytes), "Allocate");
-  auto x = Check(stream->Allocate(kAxpyElements * sizeof(float)), "Allocate");
-  auto y = Check(stream->Allocate(kAxpyElements * sizeof(float)), "Allocate");
-  Check(stream->Fill(DType::kF32, x, kAxpyElements, 1.0), "Fill");
-  Check(stream->Fill(DType::kF32, y, kAxpyElements, 0.0), "Fill");
-  auto round = [&] {
-    for (int k = 0; k < kOpsPerRound; ++k) {
-      Check(stream->Axpy(DType::kF32, 1e-6, x, y, kAxpyElements), "Axpy");
-    }
-    Check(stream->CopyHostToDevice(d, buf.data(), kRoundBytes), "H2D");
-    Check(stream->CopyDeviceToHost(buf.data(), d, kRoundBytes), "D2H");
-    Check(WaitStream(*stream), "wait");
-  };
-  round();  // warm-up, untimed, as the daemon worker's
-  Check(WaitStream(*stream), "setup");
-  AwaitGo();
   Samples samples;
-  auto start = Clock::now();
-  for (int r = 0; r < rounds; ++r) {
-    auto t0 = Clock::now();
-    round();
-    samples.Add(NsSince(t0));
+  double elapsed = 0;
+  {
+    InProcessStream stream(*dev, /*batched=*/false);
+    AwaitGo();
+    elapsed = stream.Run(rounds, samples);
   }
-  double elapsed = NsSince(start);
-  stream->Free(d);
-  stream->Free(x);
-  stream->Free(y);
-  Check(WaitStream(*stream), "free");
-  Check(dev->UnregisterHostMemory(buf.data()), "UnregisterHostMemory");
   PrintResult(static_cast<double>(rounds) * kOpsPerRound, 2.0 * rounds * kRoundBytes, elapsed,
               samples);
   return 0;
+}
+
+// `n` threads of this process, each with its own stream of one device (on CUDA one context),
+// running the same rounds at once: the most a daemon that owns one context can get, with
+// none of ferryd's hops (no RPC, no hand-off between threads). `batched`: the 64 Axpy go as
+// one batch (BeginBatch/EndBatch), as ferryd sends a submit's run of kernels.
+SharingRun RunOneContext(const std::string& kind, int n, int rounds, bool batched) {
+  std::string why;
+  auto dev = Check(backend::CreateDevice(kind, 0, backend::HostDeviceOptions{}, &why),
+                   "CreateDevice " + kind);
+  std::vector<std::unique_ptr<InProcessStream>> streams;
+  for (int i = 0; i < n; ++i) streams.push_back(std::make_unique<InProcessStream>(*dev, batched));
+  std::vector<Samples> samples(n);
+  std::vector<double> elapsed(n);
+  std::atomic<int> waiting{n};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] {
+      waiting.fetch_sub(1);
+      while (waiting.load() > 0) std::this_thread::yield();  // all start together
+      elapsed[i] = streams[i]->Run(rounds, samples[i]);
+    });
+  }
+  for (auto& t : threads) t.join();
+  streams.clear();
+  SharingRun run;
+  for (int i = 0; i < n; ++i) {
+    run.ops += static_cast<double>(rounds) * kOpsPerRound;
+    run.bytes += 2.0 * rounds * kRoundBytes;
+    run.wall_ns = std::max(run.wall_ns, elapsed[i]);
+    run.elapsed_ns.push_back(elapsed[i]);
+    run.rounds.Append(samples[i]);
+  }
+  return run;
 }
 
 /// One row: `d` through the daemon (null: none), `b` in process on own devices, `m` as MPS
@@ -246,6 +311,16 @@ std::vector<Table> RunSharing(Context& ctx) {
       base[i] = RunOwn(ctx, counts[i], WorkerArgs("inprocess", ctx.baseline->backend, rounds));
     }
   }
+  // One context, n threads (batched and not): beside own contexts and MPS, in a table of its
+  // own, what any single-context daemon could reach on this machine.
+  std::vector<SharingRun> one_context(counts.size()), one_context_batched(counts.size());
+  if (ctx.baseline) {
+    for (size_t i = 0; i < counts.size(); ++i) {
+      ctx.progress->Case("baseline " + std::to_string(counts[i]) + " threads, one device");
+      one_context[i] = RunOneContext(ctx.baseline->backend, counts[i], rounds, false);
+      one_context_batched[i] = RunOneContext(ctx.baseline->backend, counts[i], rounds, true);
+    }
+  }
   bool with_mps = ctx.mps && ctx.mps->available();
   if (with_mps) {
     for (size_t i = 0; i < counts.size(); ++i) {
@@ -266,7 +341,7 @@ std::vector<Table> RunSharing(Context& ctx) {
       }
     }
   }
-  return BuildTables(
+  std::vector<Table> tables = BuildTables(
       ctx, "sharing",
       [&](int which) {
         std::vector<Row> rows;
@@ -317,6 +392,34 @@ std::vector<Table> RunSharing(Context& ctx) {
         if (which == kAllTargets) notes.push_back("all targets: summed, samples pooled");
         return notes;
       });
+  if (ctx.baseline) {
+    Table t;
+    t.scenario = "sharing";
+    t.target = "";
+    t.daemon_label = "one context";
+    t.baseline_label = "own contexts";
+    t.baseline_description = "threads of one process on one device, against own processes";
+    for (size_t i = 0; i < counts.size(); ++i) {
+      const SharingRun* m = with_mps ? &mps[i] : nullptr;
+      for (bool batched : {false, true}) {
+        const SharingRun& one = batched ? one_context_batched[i] : one_context[i];
+        Row row = SharingRow(std::to_string(counts[i]) + " threads, " +
+                                 (batched ? "batched" : "one launch per axpy"),
+                             counts[i], &one, &base[i], m, ctx);
+        row.tags.push_back({"arm", batched ? "one-context-batched" : "one-context"});
+        t.rows.push_back(std::move(row));
+      }
+    }
+    t.notes = {
+        "one context: N threads of this process, each on its own stream of one " +
+            ctx.baseline->backend +
+            " device, running the processes' rounds at once (no RPC, no hand-off between "
+            "threads): the ceiling of any daemon that owns one context; batched = the 64 "
+            "axpy as one batch (BeginBatch/EndBatch), as ferryd sends a submit's kernels",
+        "own contexts and MPS: the same figures as the table above"};
+    tables.push_back(std::move(t));
+  }
+  return tables;
 }
 
 int SharingWorkerMain(const std::vector<std::string>& args) {
