@@ -399,7 +399,9 @@ struct PySession {
                py::arg("peak_device_bytes") = s.peak_device_bytes,
                py::arg("device_busy_ns") = s.device_busy_ns,
                py::arg("graph_launches") = s.graph_launches,
-               py::arg("kernel_batches") = s.kernel_batches);
+               py::arg("kernel_batches") = s.kernel_batches, py::arg("h2d_bytes") = s.h2d_bytes,
+               py::arg("h2d_ns") = s.h2d_ns, py::arg("d2h_bytes") = s.d2h_bytes,
+               py::arg("d2h_ns") = s.d2h_ns);
   }
 
   py::object Close() {

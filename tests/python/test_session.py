@@ -26,6 +26,9 @@ def test_scoped_session_closes_and_reports_its_counters(client, daemon):
     assert stats.bytes_downloaded == 4 * n
     assert stats.ops >= 3  # two creates and the scale (and the transfers' own ops)
     assert stats.failed_submits == 0
+    # The copies by direction, as ferry::SessionStats counts them (both backends count the
+    # transfers' bytes; docs/operations.md, "Device time and usage").
+    assert stats.h2d_bytes >= 4 * n and stats.d2h_bytes >= 4 * n
     # Closed means gone from the daemon too.
     st = daemon.wait_for(lambda st: st["sessions_open"] == 0 and st["live_tensors"] == 0)
     assert st["sessions_open"] == 0 and st["live_tensors"] == 0

@@ -158,3 +158,8 @@ class SessionStats:
     device_busy_ns: int = 0
     graph_launches: int = 0
     kernel_batches: int = 0  # runs of kernel ops the daemon sent as one batch
+    # Copy-engine traffic by direction (host to device, device to host), part of device_busy_ns.
+    h2d_bytes: int = 0
+    h2d_ns: int = 0
+    d2h_bytes: int = 0
+    d2h_ns: int = 0
