@@ -176,7 +176,8 @@ int DaemonWorker(const std::string& target, int rounds, Route route) {
 // wait).
 class InProcessStream {
  public:
-  InProcessStream(backend::Device& dev, bool batched) : dev_(dev), batched_(batched), buf_(kRoundBytes) {
+  InProcessStream(backend::Device& dev, bool batched)
+      : dev_(dev), batched_(batched), buf_(kRoundBytes) {
     stream_ = Check(dev.CreateStream(), "CreateStream");
     Check(dev.RegisterHostMemory(buf_.data(), kRoundBytes), "RegisterHostMemory");
     d_ = Check(stream_->Allocate(kRoundBytes), "Allocate");
@@ -410,13 +411,12 @@ std::vector<Table> RunSharing(Context& ctx) {
         t.rows.push_back(std::move(row));
       }
     }
-    t.notes = {
-        "one context: N threads of this process, each on its own stream of one " +
-            ctx.baseline->backend +
-            " device, running the processes' rounds at once (no RPC, no hand-off between "
-            "threads): the ceiling of any daemon that owns one context; batched = the 64 "
-            "axpy as one batch (BeginBatch/EndBatch), as ferryd sends a submit's kernels",
-        "own contexts and MPS: the same figures as the table above"};
+    t.notes = {"one context: N threads of this process, each on its own stream of one " +
+                   ctx.baseline->backend +
+                   " device, running the processes' rounds at once (no RPC, no hand-off between "
+                   "threads): the ceiling of any daemon that owns one context; batched = the 64 "
+                   "axpy as one batch (BeginBatch/EndBatch), as ferryd sends a submit's kernels",
+               "own contexts and MPS: the same figures as the table above"};
     tables.push_back(std::move(t));
   }
   return tables;

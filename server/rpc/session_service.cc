@@ -332,7 +332,8 @@ class SessionConnection : public session::SessionEvents,
     if (m.has_completed()) {
       // One Completed may answer a run of consecutive submits (CoalesceCompletions).
       const uint64_t last = m.completed().submit_id();
-      const uint64_t first = m.completed().first_submit_id() ? m.completed().first_submit_id() : last;
+      const uint64_t first =
+          m.completed().first_submit_id() ? m.completed().first_submit_id() : last;
       answers = last - first + 1;
       while (!charges_.empty() && charges_.front().first >= first &&
              charges_.front().first <= last) {
@@ -739,7 +740,7 @@ class SessionConnection : public session::SessionEvents,
   bool close_requested_ = false;
   bool write_in_flight_ = false;
   bool coalesced_completions_ = false;  // Open.coalesced_completions
-  StreamEnd end_ = StreamEnd::kOpen;  // changed only through NextStreamEnd
+  StreamEnd end_ = StreamEnd::kOpen;    // changed only through NextStreamEnd
   grpc::Status finish_status_;
 };
 

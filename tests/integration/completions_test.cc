@@ -35,8 +35,8 @@ Seen PipelineAndCheck(const std::string& target, bool coalesced, uint64_t n) {
   EXPECT_TRUE(raw.Send(open));
   auto opened = raw.Read();
   EXPECT_TRUE(opened && opened->has_opened());
-  auto fails = [](uint64_t id) { return id % 50 == 0; };        // an unknown handle
-  auto downloads = [](uint64_t id) { return id % 70 == 0; };    // 4 bytes inline
+  auto fails = [](uint64_t id) { return id % 50 == 0; };      // an unknown handle
+  auto downloads = [](uint64_t id) { return id % 70 == 0; };  // 4 bytes inline
   std::thread sender([&] {
     (void)raw.SendBuffered([] {
       v1::ClientMessage m;
