@@ -230,6 +230,8 @@ class Settings {
            c_.cuda.nvrtc_memory = n;
            return Status::Ok();
          }},
+        {"nvrtc-concurrency",
+         bounded(0, 256, [this](uint64_t n) { c_.cuda.nvrtc_concurrency = static_cast<int>(n); })},
         {"copy-turns",
          bounded(0, 1024, [this](uint64_t n) { c_.daemon.copy_turns = static_cast<uint32_t>(n); })},
         {"copy-turn-size", bytes(&c_.daemon.copy_turn_bytes)},
@@ -546,6 +548,9 @@ means true; --allow-insecure-remote and --allow-remote-raw-kernels also take =tr
                              take, 100..3600000 (default 30000)
   --nvrtc-memory SIZE        address space of one CUDA C++ module's compile, at least 256M
                              (default 4G)
+  --nvrtc-concurrency N      CUDA C++ compiles at once, 0..256; one more is refused with
+                             BUSY (default 0: a quarter of the cores, at least 1; kept below
+                             the executor threads)
   --copy-turns N             submits copying copy-turn-size or more one way that run at
                              once, per direction; the rest wait in arrival order, so
                              sessions share the copy engines fairly (default 4; 0: no limit)
@@ -692,6 +697,8 @@ std::string FormatConfig(const DaemonConfig& c) {
       << (c.cuda_work_queues == 0 ? "  # CUDA's default (8)" : "") << "\n";
   out << "nvrtc-timeout = " << c.cuda.nvrtc_timeout.count() << "\n";
   out << "nvrtc-memory = " << FormatBytes(c.cuda.nvrtc_memory) << "\n";
+  out << "nvrtc-concurrency = " << c.cuda.nvrtc_concurrency
+      << (c.cuda.nvrtc_concurrency == 0 ? "  # a quarter of the cores, at least 1" : "") << "\n";
   out << "copy-turns = " << c.daemon.copy_turns << (c.daemon.copy_turns == 0 ? "  # no limit" : "")
       << "\n";
   out << "copy-turn-size = " << FormatBytes(c.daemon.copy_turn_bytes) << "\n";

@@ -11,6 +11,11 @@
 #include "rpc/session_service.h"
 
 namespace ferry {
+
+int ExecutorThreadCount(int configured) {
+  return configured > 0 ? configured
+                        : std::max(2, static_cast<int>(std::thread::hardware_concurrency()));
+}
 namespace {
 
 // How long the ring poller keeps polling after a message before it sleeps: longer than a
@@ -75,9 +80,7 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
   d->work_ =
       std::make_unique<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>>(
           d->io_.get_executor());
-  int threads = options.executor_threads > 0
-                    ? options.executor_threads
-                    : std::max(2, static_cast<int>(std::thread::hardware_concurrency()));
+  const int threads = ExecutorThreadCount(options.executor_threads);
   for (int i = 0; i < threads; ++i) {
     d->threads_.emplace_back([io = &d->io_] {
       pthread_setname_np(pthread_self(), "ferry-exec");

@@ -90,6 +90,10 @@ struct DaemonOptions {
   uint64_t session_pinned_quota = 256ull << 20;
 };
 
+/// The session executor threads a daemon runs: `configured` (DaemonOptions::executor_threads)
+/// when above 0, else one per core, at least 2.
+int ExecutorThreadCount(int configured);
+
 class Daemon {
  public:
   /// Start serving the supervised device on every endpoint of `options`.

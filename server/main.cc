@@ -87,6 +87,15 @@ int main(int argc, char** argv) {
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ ferryd[%P] %v");
   if (!config.config_path.empty()) spdlog::info("configuration read from {}", config.config_path);
 
+  // Each CUDA C++ compile holds a session executor thread while it runs: however many are
+  // allowed, one executor thread stays for the other sessions.
+  {
+    const int executors = ferry::ExecutorThreadCount(config.daemon.executor_threads);
+    const int wanted = config.cuda.nvrtc_concurrency > 0
+                           ? config.cuda.nvrtc_concurrency
+                           : ferry::backend::DefaultNvrtcConcurrency();
+    config.cuda.nvrtc_concurrency = std::max(1, std::min(wanted, executors - 1));
+  }
   auto factory = ferry::backend::MakeDeviceFactory(
       config.backend, config.device, config.host, config.cuda, config.host_fault_after_ops_for_test,
       config.host_rebuild_fails_for_test);

@@ -264,9 +264,15 @@ struct CudaDeviceOptions {
   /// its CPU time, rounded up to seconds) and address space. Past them: QUOTA_EXCEEDED.
   std::chrono::milliseconds nvrtc_timeout{30000};
   uint64_t nvrtc_memory = 4ull << 30;
+  /// Compiles at once (each holds a session executor thread while it runs); more are refused
+  /// with BUSY. 0: DefaultNvrtcConcurrency().
+  int nvrtc_concurrency = 0;
   /// The helper (ferry-nvrtc); empty: next to the running executable, else where installed.
   std::string nvrtc_helper;
 };
+
+/// A quarter of the machine's cores, at least 1.
+int DefaultNvrtcConcurrency();
 
 /// Return the number of CUDA devices visible, or 0 when none (or built without CUDA).
 int CudaDeviceCount();

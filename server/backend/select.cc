@@ -1,11 +1,17 @@
 #include "backend/select.h"
 
+#include <algorithm>
 #include <atomic>
 #include <string>
+#include <thread>
 
 #include "backend/host/host_device.h"
 
 namespace ferry::backend {
+
+int DefaultNvrtcConcurrency() {
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / 4);
+}
 
 Result<std::unique_ptr<Device>> CreateDevice(std::string_view kind, int ordinal,
                                              const HostDeviceOptions& host_options,

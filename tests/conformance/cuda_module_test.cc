@@ -15,6 +15,7 @@
 #include <future>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backend/backend.h"
@@ -565,17 +566,18 @@ extern "C" __global__ void slow(int* out) { out[0] = Slow<22, 0>::value; }
   }
 }
 
-// Exponentially many template instantiations: the compile is stopped at its bound with a
-// typed error, and the next compile works.
-TEST(NvrtcCompileTest, ACompileBombStopsAtItsBound) {
-  FERRY_SKIP_WITHOUT_NVRTC();
-  constexpr char kBomb[] = R"(
+// Exponentially many template instantiations: a compile that runs until its bound.
+constexpr char kBomb[] = R"(
 template <int N, int M> struct Bomb {
   static const int value = Bomb<N - 1, 2 * M>::value + Bomb<N - 1, 2 * M + 1>::value;
 };
 template <int M> struct Bomb<0, M> { static const int value = 1; };
 extern "C" __global__ void boom(int* out) { out[0] = Bomb<29, 0>::value; }
 )";
+
+// The compile is stopped at its bound with a typed error, and the next compile works.
+TEST(NvrtcCompileTest, ACompileBombStopsAtItsBound) {
+  FERRY_SKIP_WITHOUT_NVRTC();
   NvrtcLimits limits = TestLimits();
   limits.timeout = std::chrono::milliseconds(3000);
   limits.memory_bytes = 1ull << 30;
@@ -591,6 +593,34 @@ extern "C" __global__ void boom(int* out) { out[0] = Bomb<29, 0>::value; }
   ASSERT_FALSE(compiled.ok());
   EXPECT_EQ(compiled.status().kind(), ErrorKind::kQuotaExceeded) << compiled.status().ToString();
   auto after = CompileCudaSource(kAxpbSource, 9, 0, TestLimits());
+  EXPECT_TRUE(after.ok()) << after.status().ToString();
+}
+
+// Compiles at once are bounded (nvrtc-concurrency): while one runs at a bound of 1, another is
+// refused with BUSY at once, starting nothing; once it ended, the next one compiles.
+TEST(NvrtcCompileTest, CompilesPastTheConcurrencyBoundAreBusy) {
+  FERRY_SKIP_WITHOUT_NVRTC();
+  NvrtcLimits limits = TestLimits();
+  limits.max_concurrent = 1;
+  NvrtcLimits bomb_limits = limits;
+  bomb_limits.timeout = std::chrono::milliseconds(3000);
+  bomb_limits.memory_bytes = 4ull << 30;
+  Result<CompiledSource> bomb = Status(ErrorKind::kInternal, "not run");
+  std::thread running([&] { bomb = CompileCudaSource(kBomb, 9, 0, bomb_limits); });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (CompilesRunningForTest() == 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_EQ(CompilesRunningForTest(), 1) << "the first compile never started";
+  auto refused = CompileCudaSource(kAxpbSource, 9, 0, limits);
+  running.join();
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().kind(), ErrorKind::kBusy) << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find("nvrtc-concurrency"), std::string::npos)
+      << refused.status().message();
+  EXPECT_EQ(bomb.status().kind(), ErrorKind::kQuotaExceeded) << bomb.status().ToString();
+  EXPECT_EQ(CompilesRunningForTest(), 0);
+  auto after = CompileCudaSource(kAxpbSource, 9, 0, limits);
   EXPECT_TRUE(after.ok()) << after.status().ToString();
 }
 

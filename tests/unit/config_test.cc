@@ -305,6 +305,7 @@ executor-threads = 3
 cuda-work-queues = 2
 nvrtc-timeout = 1500
 nvrtc-memory = 512M
+nvrtc-concurrency = 2
 copy-turns = 0
 kernel-batch = 3
 copy-turn-size = 1M
@@ -335,6 +336,7 @@ log-level = debug
   EXPECT_EQ(back->host_fault_after_ops_for_test, 99u);
   EXPECT_EQ(back->cuda.nvrtc_timeout.count(), 1500);
   EXPECT_EQ(back->cuda.nvrtc_memory, 512ull << 20);
+  EXPECT_EQ(back->cuda.nvrtc_concurrency, 2);
 
   // The text above sets every setting FormatConfig knows, each away from its default:
   // FormatConfig prints each of its lines, and no line of the defaults' output.

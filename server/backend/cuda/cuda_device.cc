@@ -446,6 +446,8 @@ class CudaDevice final : public Device {
     info_.ordinal = ordinal;
     nvrtc_limits_.timeout = options.nvrtc_timeout;
     nvrtc_limits_.memory_bytes = options.nvrtc_memory;
+    nvrtc_limits_.max_concurrent =
+        options.nvrtc_concurrency > 0 ? options.nvrtc_concurrency : DefaultNvrtcConcurrency();
     nvrtc_limits_.helper = options.nvrtc_helper;
   }
 

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <climits>
@@ -51,7 +52,35 @@ Status LimitHit(const NvrtcLimits& limits, const std::string& how) {
                     std::to_string(limits.memory_bytes) + " bytes): " + how);
 }
 
+// Compiles running in this process: each holds its caller's thread (a session executor's),
+// a helper process and its address space until it ends, so they are bounded
+// (NvrtcLimits::max_concurrent, the daemon's nvrtc-concurrency).
+std::atomic<int> compiles_running{0};
+
+// A place among the running compiles, held for one compile.
+class CompileSlot {
+ public:
+  explicit CompileSlot(int max) {
+    int n = compiles_running.load();
+    do {
+      if (n >= max) return;
+    } while (!compiles_running.compare_exchange_weak(n, n + 1));
+    held_ = true;
+  }
+  ~CompileSlot() {
+    if (held_) compiles_running.fetch_sub(1);
+  }
+  CompileSlot(const CompileSlot&) = delete;
+  CompileSlot& operator=(const CompileSlot&) = delete;
+  bool held() const { return held_; }
+
+ private:
+  bool held_ = false;
+};
+
 }  // namespace
+
+int CompilesRunningForTest() { return compiles_running.load(); }
 
 Result<CompiledSource> CompileCudaSource(std::string_view source, int major, int minor,
                                          const NvrtcLimits& limits) {
@@ -59,6 +88,13 @@ Result<CompiledSource> CompileCudaSource(std::string_view source, int major, int
   if (source.size() > reply::kMaxSourceBytes) {
     return Status(ErrorKind::kCompileError, "CUDA C++ source larger than " +
                                                 std::to_string(reply::kMaxSourceBytes) + " bytes");
+  }
+  CompileSlot slot(std::max(1, limits.max_concurrent));
+  if (!slot.held()) {
+    return Status(ErrorKind::kBusy,
+                  std::to_string(std::max(1, limits.max_concurrent)) +
+                      " CUDA C++ compiles are running already (ferryd --nvrtc-concurrency); "
+                      "try the load again later");
   }
   const std::string helper = HelperPath(limits);
   if (::access(helper.c_str(), X_OK) != 0) {

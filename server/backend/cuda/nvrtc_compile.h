@@ -23,6 +23,9 @@ namespace ferry::backend {
 struct NvrtcLimits {
   std::chrono::milliseconds timeout{30000};  // wall clock; the CPU limit is the same, rounded up
   uint64_t memory_bytes = 4ull << 30;        // the helper's address space (RLIMIT_AS)
+  // Compiles running at once in this process, whatever their limits (each holds the calling
+  // thread, a helper process and up to memory_bytes); one more is refused with BUSY.
+  int max_concurrent = 4;
   std::string helper;  // ferry-nvrtc; empty: next to this executable, else the installed one
 };
 
@@ -34,8 +37,13 @@ struct CompiledSource {
 /// Compile `source` for compute capability major.minor. COMPILE_ERROR with NVRTC's log (cut
 /// at 64 KiB) when it does not build, or with the reason when the source names a file;
 /// QUOTA_EXCEEDED ("compile time/memory limit") when the compile ran past `limits`;
-/// UNSUPPORTED when NVRTC or the helper is missing; INTERNAL when the helper failed otherwise.
+/// UNSUPPORTED when NVRTC or the helper is missing; BUSY when limits.max_concurrent compiles
+/// are running already (nothing is started; the caller may retry); INTERNAL when the helper
+/// failed otherwise.
 Result<CompiledSource> CompileCudaSource(std::string_view source, int major, int minor,
                                          const NvrtcLimits& limits);
+
+/// Compiles running now in this process (for tests).
+int CompilesRunningForTest();
 
 }  // namespace ferry::backend
