@@ -96,14 +96,14 @@ bool RingPoller::records_waiting() const {
   return false;
 }
 
-void RingPoller::Registration::Arm() {
-  armed_.store(true, std::memory_order_seq_cst);
+void RingPoller::Registration::Arm(uint32_t records) {
+  credits_.store(std::max<uint32_t>(records, 1), std::memory_order_seq_cst);
   shared_->WakeIfAsleep();
 }
 
 void RingPoller::Registration::Remove() {
   if (removed_.exchange(true)) return;
-  armed_.store(false);
+  credits_.store(0);
   {
     MutexLock lock(&shared_->mu);
     auto& r = shared_->registered;
@@ -154,18 +154,22 @@ size_t RingPoller::PollOnce(std::vector<std::shared_ptr<Registration>>& regs) {
     if (reg->removed_.load()) continue;
     Taken taken;
     taken.quiet = waiting <= 1 && handed_last_pass_ <= 1;
-    switch (reg->ring_->Take(&taken.record, &taken.broken)) {
-      case SubmitRing::Took::kEmpty:
-        continue;
-      case SubmitRing::Took::kRecord:
-        taken.broken.clear();
+    const uint32_t credits = reg->credits_.load(std::memory_order_relaxed);
+    while (taken.records.size() < credits) {
+      std::string record, broken;
+      const SubmitRing::Took took = reg->ring_->Take(&record, &broken);
+      if (took == SubmitRing::Took::kEmpty) break;
+      if (took == SubmitRing::Took::kBroken) {
+        taken.broken = std::move(broken);
         break;
-      case SubmitRing::Took::kBroken:
-        taken.record.clear();
-        break;
+      }
+      taken.records.push_back(std::move(record));
     }
-    reg->armed_.store(false, std::memory_order_relaxed);     // the handler arms again
-    records_total_.fetch_add(1, std::memory_order_relaxed);  // counted before it is seen
+    if (taken.records.empty() && taken.broken.empty()) continue;
+    reg->credits_.store(0, std::memory_order_relaxed);  // the handler arms again
+    // Counted before they are seen (a broken ring's report counts as one).
+    records_total_.fetch_add(taken.records.size() + (taken.broken.empty() ? 0 : 1),
+                             std::memory_order_relaxed);
     reg->handler_(std::move(taken));
     ++handed;
   }

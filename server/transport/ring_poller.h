@@ -1,10 +1,12 @@
 // RingPoller: the one thread of a daemon that takes records out of its sessions' submit
 // rings (transport/submit_ring.h) and hands them to their sessions.
 //
-// Each ring is registered with a handler. A registration takes one record at a time: after
-// a record (or a broken ring) is handed over, it takes the next only once Arm is called
-// again, the way a gRPC stream has one read outstanding. This is how a session applies
-// backpressure to its ring: it arms only while it can accept another message.
+// Each ring is registered with a handler. Arm(n) lets the poller take up to n records: at its
+// next look at the ring it takes those already there (at most n) and hands them over in one
+// call, in ring order; it takes more only once Arm is called again, the way a gRPC stream has
+// one read outstanding. This is how a session applies backpressure to its ring: it arms only
+// while it can accept more messages, and for no more than it can accept. Handing a pipelined
+// client's queued records over together saves a hand-off between threads per record.
 //
 // Waiting: after a record, the poller keeps polling every armed ring for `spin` (a client
 // that submits again within it is seen within a microsecond, with no thread wake-up), then
@@ -44,21 +46,22 @@ namespace ferry::transport {
 
 class RingPoller {
  public:
-  /// A record taken out of a ring; or, when `broken` is set, why the ring is broken (no
-  /// record will follow).
+  /// Records taken out of a ring in one look (in ring order; at most what Arm allowed); and,
+  /// when `broken` is set, why the ring is broken after them (no record will follow).
   struct Taken {
-    std::string record;
+    std::vector<std::string> records;
     std::string broken;
     // No other ring had a record in this pass or the one before: the poller is not needed
-    // elsewhere now, so the handler may spend a few microseconds on this record.
+    // elsewhere now, so the handler may spend a few microseconds on these records.
     bool quiet = false;
   };
   using Handler = std::function<void(Taken)>;
 
   class Registration {
    public:
-    /// Allow the poller to take one more record (or report the ring broken).
-    void Arm();
+    /// Allow the poller to take up to `records` more records (at least 1), handed over in one
+    /// call, or to report the ring broken.
+    void Arm(uint32_t records = 1);
     /// Stop handing this ring's records over; idempotent.
     void Remove();
 
@@ -71,8 +74,8 @@ class RingPoller {
     std::shared_ptr<SubmitRing> ring_;
     Handler handler_;
     // Armed, and its ring holds a record the poller has not taken (seq_cst: Sleep's check).
-    bool Ready() const { return armed_.load() && ring_->HasRecord(); }
-    std::atomic<bool> armed_{false};
+    bool Ready() const { return credits_.load() > 0 && ring_->HasRecord(); }
+    std::atomic<uint32_t> credits_{0};  // records the poller may take; 0: not armed
     std::atomic<bool> removed_{false};
     // Poller thread only.
     bool in_epoll_ = false;
@@ -115,7 +118,7 @@ class RingPoller {
  private:
   explicit RingPoller(std::chrono::microseconds spin) : spin_(spin) {}
   void Run();
-  // Take one record from each armed ring that has one; return how many were handed over.
+  // Take the records of each armed ring that has some; return how many rings handed over.
   size_t PollOnce(std::vector<std::shared_ptr<Registration>>& regs);
   // Sleep until a doorbell or a wake-up rings, unless an armed ring has a record already or
   // the registrations changed since `generation`.

@@ -197,8 +197,9 @@ TEST(RingPollerTest, HandsOneRecordPerArm) {
   std::vector<std::string> got;
   auto reg = (*poller)->Add(ring, [&](RingPoller::Taken t) {
     EXPECT_TRUE(t.broken.empty());
+    EXPECT_EQ(t.records.size(), 1u);
     std::lock_guard lock(mu);
-    got.push_back(t.record);
+    for (std::string& r : t.records) got.push_back(std::move(r));
     cv.notify_all();
   });
   EXPECT_EQ((*poller)->rings(), 1u);
@@ -217,6 +218,44 @@ TEST(RingPollerTest, HandsOneRecordPerArm) {
   EXPECT_EQ((*poller)->records_total(), 5u);
   reg->Remove();
   EXPECT_EQ((*poller)->rings(), 0u);
+}
+
+// Arm(n) lets the poller take up to n records, handed over in one call in ring order: those
+// already in the ring, never more than n; the rest wait for the next Arm.
+TEST(RingPollerTest, ArmedForManyHandsWhatIsThereUpToTheCountInOneCall) {
+  auto poller = RingPoller::Start(std::chrono::microseconds(100));
+  ASSERT_TRUE(poller.ok());
+  std::shared_ptr<SubmitRing> ring = MakeRing();
+  ClientSide client(*ring);
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::vector<std::string>> calls;
+  auto reg = (*poller)->Add(ring, [&](RingPoller::Taken t) {
+    EXPECT_TRUE(t.broken.empty());
+    std::lock_guard lock(mu);
+    calls.push_back(std::move(t.records));
+    cv.notify_all();
+  });
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(client.Write("m" + std::to_string(i)));
+  reg->Arm(3);
+  {
+    std::unique_lock lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(5), [&] { return calls.size() == 1; }));
+    EXPECT_EQ(calls[0], (std::vector<std::string>{"m0", "m1", "m2"}));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  {
+    std::lock_guard lock(mu);
+    EXPECT_EQ(calls.size(), 1u) << "taken past the count before the next Arm";
+  }
+  reg->Arm(10);  // two are there: both, in one call
+  {
+    std::unique_lock lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(5), [&] { return calls.size() == 2; }));
+    EXPECT_EQ(calls[1], (std::vector<std::string>{"m3", "m4"}));
+  }
+  EXPECT_EQ((*poller)->records_total(), 5u);
+  reg->Remove();
 }
 
 // After its spin the poller sleeps, marking the rings asleep; a client's doorbell then wakes
