@@ -389,6 +389,50 @@ class Settings {
   std::map<std::string, std::function<Status(const std::string&)>> setters_;
 };
 
+// `text` without a trailing comment: from a '#' after whitespace on, trimmed.
+std::string StripComment(const std::string& text) {
+  for (size_t i = 1; i < text.size(); ++i) {
+    if (text[i] == '#' && (text[i - 1] == ' ' || text[i - 1] == '\t')) {
+      return Trim(text.substr(0, i));
+    }
+  }
+  return Trim(text);
+}
+
+// The value after a line's '=': "quoted" (taken as it is, '#' and blanks included, with \"
+// and \\ for a quote and a backslash; only a comment may follow the closing quote), or bare
+// (up to a trailing comment, trimmed). FormatConfig writes what this reads back.
+Result<std::string> ParseValue(const std::string& text) {
+  const std::string rest = Trim(text);
+  if (rest.empty() || rest.front() != '"') return StripComment(rest);
+  std::string value;
+  for (size_t i = 1; i < rest.size(); ++i) {
+    if (rest[i] == '\\' && i + 1 < rest.size()) {
+      value += rest[++i];
+    } else if (rest[i] == '"') {
+      const std::string after = Trim(rest.substr(i + 1));
+      if (!after.empty() && after.front() != '#') {
+        return Invalid("text after the closing quote: '" + after + "'");
+      }
+      return value;
+    } else {
+      value += rest[i];
+    }
+  }
+  return Invalid("a quoted value without its closing quote");
+}
+
+// `value` as ParseValue reads it back: quoted (with \" and \\), or nothing when empty.
+std::string Quoted(const std::string& value) {
+  if (value.empty()) return "";
+  std::string out = " \"";
+  for (char ch : value) {
+    if (ch == '"' || ch == '\\') out += '\\';
+    out += ch;
+  }
+  return out + "\"";
+}
+
 // Apply a config file's text to `settings`; errors say "ORIGIN:LINE: ...".
 Status ApplyConfigText(const std::string& text, const std::string& origin, Settings& settings) {
   std::istringstream in(text);
@@ -398,21 +442,13 @@ Status ApplyConfigText(const std::string& text, const std::string& origin, Setti
     std::string where = origin + ":" + std::to_string(line_no) + ": ";
     std::string line = Trim(raw);
     if (line.empty() || line[0] == '#') continue;
-    for (size_t i = 1; i < line.size(); ++i) {  // a trailing comment needs whitespace before
-      if (line[i] == '#' && (line[i - 1] == ' ' || line[i - 1] == '\t')) {
-        line = Trim(line.substr(0, i));
-        break;
-      }
-    }
     size_t eq = line.find('=');
     if (eq == std::string::npos) {
-      return Invalid(where + "expected 'name = value', got '" + line + "'");
+      return Invalid(where + "expected 'name = value', got '" + StripComment(line) + "'");
     }
     std::string name = Trim(line.substr(0, eq));
-    std::string value = Trim(line.substr(eq + 1));
-    if (value.size() >= 2 && value.front() == '"' && value.back() == '"') {
-      value = value.substr(1, value.size() - 2);
-    }
+    auto value = ParseValue(line.substr(eq + 1));
+    if (!value.ok()) return Invalid(where + name + ": " + value.status().message());
     if (name.rfind("--", 0) == 0) name = name.substr(2);
     if (name == "config" || Settings::IsAction(name)) {
       return Invalid(where + "'" + name + "' can only be given on the command line");
@@ -425,7 +461,7 @@ Status ApplyConfigText(const std::string& text, const std::string& origin, Setti
                        std::to_string(it->second));
       }
     }
-    Status s = settings.Set(name, value, Source::kFile);
+    Status s = settings.Set(name, *value, Source::kFile);
     if (!s.ok()) return Invalid(where + name + ": " + s.message());
   }
   return Status::Ok();
@@ -659,18 +695,17 @@ std::string FormatConfig(const DaemonConfig& c) {
   out << "\n";
   out << "device = " << c.device << "\n";
   out << "backend = " << c.backend << "\n";
-  for (const std::string& ep : c.daemon.listen) out << "listen = " << ep << "\n";
+  for (const std::string& ep : c.daemon.listen) out << "listen =" << Quoted(ep) << "\n";
   out << "allow-insecure-remote = " << (c.daemon.allow_insecure_remote ? "true" : "false") << "\n";
-  auto quoted = [](const std::string& v) { return v.empty() ? std::string() : " \"" + v + "\""; };
-  out << "tls-cert =" << quoted(c.daemon.tls.cert) << "\n";
-  out << "tls-key =" << quoted(c.daemon.tls.key) << "\n";
-  out << "tls-client-ca =" << quoted(c.daemon.tls.client_ca) << "\n";
-  out << "token-file =" << quoted(c.daemon.token_file) << "\n";
+  out << "tls-cert =" << Quoted(c.daemon.tls.cert) << "\n";
+  out << "tls-key =" << Quoted(c.daemon.tls.key) << "\n";
+  out << "tls-client-ca =" << Quoted(c.daemon.tls.client_ca) << "\n";
+  out << "token-file =" << Quoted(c.daemon.token_file) << "\n";
   out << "allow-remote-raw-kernels = " << (c.daemon.allow_remote_raw_kernels ? "true" : "false")
       << "\n";
-  out << "raw-kernels =" << quoted(c.daemon.raw_kernels) << "\n";
-  out << "admin-group =" << quoted(c.daemon.admin_group) << "\n";
-  out << "metrics-listen =" << quoted(c.daemon.metrics_listen) << "\n";
+  out << "raw-kernels =" << Quoted(c.daemon.raw_kernels) << "\n";
+  out << "admin-group =" << Quoted(c.daemon.admin_group) << "\n";
+  out << "metrics-listen =" << Quoted(c.daemon.metrics_listen) << "\n";
   out << "metrics-max-identities = " << c.daemon.metrics_max_identities << "\n";
   out << "session-quota = " << FormatBytes(c.daemon.session_defaults.device_bytes_quota) << "\n";
   out << "max-session-quota = " << FormatBytes(c.daemon.max_device_bytes_quota) << "\n";
@@ -704,7 +739,7 @@ std::string FormatConfig(const DaemonConfig& c) {
   out << "copy-turn-size = " << FormatBytes(c.daemon.copy_turn_bytes) << "\n";
   out << "device-turns = " << c.daemon.device_turns
       << (c.daemon.device_turns == 0 ? "  # no limit" : "") << "\n";
-  out << "uid-weights =" << quoted(session::FormatUidWeights(c.daemon.uid_weights)) << "\n";
+  out << "uid-weights =" << Quoted(session::FormatUidWeights(c.daemon.uid_weights)) << "\n";
   out << "kernel-batch = " << c.daemon.session_defaults.kernel_batch
       << (c.daemon.session_defaults.kernel_batch == 0 ? "  # off" : "") << "\n";
   out << "slab-size = " << FormatBytes(c.daemon.slab_pool.slab_size) << "\n";
@@ -718,7 +753,7 @@ std::string FormatConfig(const DaemonConfig& c) {
   out << "slab-max-connections = " << c.daemon.slab_broker.max_connections << "\n";
   out << "slab-max-pending-per-uid = " << c.daemon.slab_broker.max_pending_per_uid << "\n";
   out << "drain-timeout = " << c.drain_timeout.count() << "\n";
-  out << "ready-file =" << (c.ready_file.empty() ? "" : " \"" + c.ready_file + "\"") << "\n";
+  out << "ready-file =" << Quoted(c.ready_file) << "\n";
   out << "log-level = " << c.log_level << "\n";
   // Hidden test-only settings, only when set (--help and the docs leave them out).
   if (c.host_fault_after_ops_for_test != 0) {

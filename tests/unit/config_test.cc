@@ -204,6 +204,29 @@ TEST(ConfigTest, CheckConfigSwitch) {
   EXPECT_FALSE(ParseFlags({"--config", "a", "--config", "b"}).ok());
 }
 
+// A quoted value is taken whole; a bare one ends at a comment; what cannot be read is an error
+// naming the line.
+TEST(ConfigTest, QuotedValuesAndComments) {
+  auto c = ParseConfigText(
+      "token-file = \"/etc/ferry/t #1\"   # the token\n"
+      "ready-file = \"/tmp/say \\\"hi\\\" \\\\ bye\"\n"
+      "listen = unix:/tmp/f.sock # a comment\n");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->daemon.token_file, "/etc/ferry/t #1");
+  EXPECT_EQ(c->ready_file, "/tmp/say \"hi\" \\ bye");
+  EXPECT_EQ(c->daemon.listen, std::vector<std::string>{"unix:/tmp/f.sock"});
+  auto open = ParseConfigText("token-file = \"/etc/ferry/t\n", "f");
+  ASSERT_FALSE(open.ok());
+  EXPECT_NE(open.status().message().find("f:1: token-file: a quoted value without its closing"),
+            std::string::npos)
+      << open.status().message();
+  auto after = ParseConfigText("\n\ntoken-file = \"/a\" b\n", "f");
+  ASSERT_FALSE(after.ok());
+  EXPECT_NE(after.status().message().find("f:3: token-file: text after the closing quote"),
+            std::string::npos)
+      << after.status().message();
+}
+
 TEST(ConfigTest, FormatConfigReadsBackTheSame) {
   auto c = ParseFlags({"--device",
                        "1",
@@ -235,6 +258,20 @@ TEST(ConfigTest, FormatConfigReadsBackTheSame) {
   EXPECT_EQ(back->daemon.device_bytes_cap, 5000u);
   EXPECT_EQ(back->ready_file, "/tmp/r dy");
   EXPECT_NE(text.find("session-quota = 3M\n"), std::string::npos) << text;
+
+  // Values with blanks, a '#' after a blank, double quotes and backslashes read back as they
+  // were: FormatConfig quotes them (with \" and \\) and the parser takes a quoted value whole.
+  const std::string awkward = "/tmp/a dir #1/\"q\" \\x.sock";
+  auto w = ParseFlags(
+      {"--listen", "unix:" + awkward, "--token-file", awkward, "--ready-file", awkward + " "});
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  const std::string w_text = FormatConfig(*w);
+  auto w_back = ParseConfigText(w_text);
+  ASSERT_TRUE(w_back.ok()) << w_back.status().ToString() << "\n" << w_text;
+  EXPECT_EQ(w_back->daemon.listen, std::vector<std::string>{"unix:" + awkward}) << w_text;
+  EXPECT_EQ(w_back->daemon.token_file, awkward) << w_text;
+  EXPECT_EQ(w_back->ready_file, awkward + " ") << w_text;
+  EXPECT_EQ(FormatConfig(*w_back), w_text);
 
   // The defaults read back too (empty ready-file, cap 0 with its comment).
   auto d = ParseFlags({});
