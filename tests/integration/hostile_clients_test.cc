@@ -22,12 +22,16 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "ferry/client.h"
 #include "ferryd_process.h"
@@ -309,12 +313,35 @@ TEST(HostileClientsTest, SlabSocketClosesConnectionsWithoutHelloAtTheDeadline) {
   EXPECT_EQ(d.Stop(), 0) << d.log();
 }
 
+// While alive, the sanitizers' reports of processes started go to their stderr instead of the
+// files tests/run.sh names (log_path): a process out of descriptors cannot open a report file,
+// and its report was once lost that way. ferryd's stderr is its log, open from the start.
+class SanitizerReportsToStderr {
+ public:
+  SanitizerReportsToStderr() {
+    for (const char* name : {"ASAN_OPTIONS", "UBSAN_OPTIONS"}) {
+      const char* v = std::getenv(name);
+      if (!v) continue;
+      saved_.emplace_back(name, v);
+      ::setenv(name, (std::string(v) + ":log_path=stderr").c_str(), 1);  // the last one wins
+    }
+  }
+  ~SanitizerReportsToStderr() {
+    for (const auto& [name, value] : saved_) ::setenv(name.c_str(), value.c_str(), 1);
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::string>> saved_;
+};
+
 // Out of file descriptors (RLIMIT_NOFILE lowered on the running ferryd, then spent by idle
 // slab connections), the slab thread does not spin; with descriptors back, sessions get
 // their slabs again.
 TEST(HostileClientsTest, SlabSocketBacksOffWhenOutOfDescriptors) {
+  std::optional<SanitizerReportsToStderr> reports(std::in_place);
   FerrydProcess d({"--slab-size", "4M", "--pinned-budget", "16M", "--slab-max-pending-per-uid",
                    "100000", "--slab-max-connections", "100000", "--slab-hello-timeout", "60000"});
+  reports.reset();  // set for ferryd only
   ASSERT_TRUE(d.ok()) << d.log();
   const std::string slab_path = d.unix_target().substr(5) + ".slabs";
   const pid_t tid = ThreadNamed(d.pid(), "ferry-slabs");
