@@ -585,8 +585,8 @@ means true; --allow-insecure-remote and --allow-remote-raw-kernels also take =tr
   --nvrtc-memory SIZE        address space of one CUDA C++ module's compile, at least 256M
                              (default 4G)
   --nvrtc-concurrency N      CUDA C++ compiles at once, 0..256; one more is refused with
-                             BUSY (default 0: a quarter of the cores, at least 1; kept below
-                             the executor threads)
+                             BUSY (default 0: a quarter of the cores, at least 1; at most
+                             the executor threads less one)
   --copy-turns N             submits copying copy-turn-size or more one way that run at
                              once, per direction; the rest wait in arrival order, so
                              sessions share the copy engines fairly (default 4; 0: no limit)
