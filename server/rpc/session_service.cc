@@ -111,12 +111,10 @@ class SessionConnection : public session::SessionEvents,
       context_->gauges.messages_in_hand -= static_cast<int64_t>(messages.size());
       return;
     }
-    ring_armed_ = false;
-    ring_credits_ = 0;
+    ring_credits_ = 0;  // disarmed: the poller handed over what it took
     for (auto& m : messages) ring_backlog_.push_back(std::move(m));
     if (!broken.empty()) ring_broken_ = broken;
-    DrainRingBacklog();
-    MaybeReadMore();
+    MaybeReadMore();  // handles the backlog, then arms the ring again where it may
   }
 
   // Handle the messages the poller took, oldest first, while the session may take them: the
@@ -706,7 +704,7 @@ class SessionConnection : public session::SessionEvents,
   // Messages a path may still deliver: a read outstanding, what an armed ring may hand over,
   // what the poller took and is not handled yet, a held message.
   size_t Incoming() const {
-    return (reading_ ? 1 : 0) + (ring_armed_ ? ring_credits_ : 0) + ring_backlog_.size() +
+    return (reading_ ? 1 : 0) + ring_credits_ + ring_backlog_.size() +
            (sequencer_.holds(kStream) ? 1 : 0) + (sequencer_.holds(kRing) ? 1 : 0);
   }
   // The limits of AtLimit other than the count of messages.
@@ -727,14 +725,13 @@ class SessionConnection : public session::SessionEvents,
   // Likewise let the ring poller take the next messages from the submit ring: as many as
   // the in-flight limit has room for (at most kRingBatch), once the last ones are handled.
   void MaybeArmRing(size_t arriving = 0) {
-    if (!ring_ || ring_armed_ || !ring_backlog_.empty() || sequencer_.holds(kRing) ||
+    if (!ring_ || ring_credits_ > 0 || !ring_backlog_.empty() || sequencer_.holds(kRing) ||
         !MayTakeMore(arriving)) {
       return;
     }
     const size_t used = unanswered_ + arriving + Incoming();  // below the limit: MayTakeMore
     const size_t room = session_->config().max_in_flight_submits - used;
     ring_credits_ = std::clamp<size_t>(room, 1, kRingBatch);
-    ring_armed_ = true;
     ring_->Arm(static_cast<uint32_t>(ring_credits_));
   }
 
@@ -743,7 +740,6 @@ class SessionConnection : public session::SessionEvents,
     if (!ring_) return;
     ring_->Remove();
     ring_.reset();
-    ring_armed_ = false;
     ring_credits_ = 0;
     context_->gauges.messages_in_hand -= static_cast<int64_t>(ring_backlog_.size());
     ring_backlog_.clear();
@@ -802,10 +798,10 @@ class SessionConnection : public session::SessionEvents,
   bool reading_ = false;
   bool read_closed_ = false;
   // The submit ring (local sessions of a daemon with rings): its registration with the ring
-  // poller, and whether the poller may take a message now (like reading_).
+  // poller, and how many messages the poller may take now (RingPoller::Arm; 0: not armed,
+  // like !reading_).
   std::shared_ptr<transport::RingPoller::Registration> ring_;
-  bool ring_armed_ = false;
-  size_t ring_credits_ = 0;  // what the armed ring may hand over (RingPoller::Arm)
+  size_t ring_credits_ = 0;
   // Messages the poller took and not handled yet, oldest first (DrainRingBacklog); at most one
   // arming's credits. null: a record that did not parse.
   std::deque<std::shared_ptr<v1::ClientMessage>> ring_backlog_;
