@@ -19,8 +19,8 @@ int ParallelCopyThreads();
 /// `n` is at least kParallelCopyMinBytes and no other ParallelCopy of the process is running
 /// (then the caller copies alone, so copies at once share the cores fairly): the caller's
 /// own thread and helper threads shared by the whole process, started on first use and never
-/// stopped. Returns when every byte is
-/// copied. Thread-safe, and usable in a forked child (which starts threads of its own).
+/// stopped. Returns when every byte is copied. Thread-safe, and usable in a forked child
+/// (which starts threads of its own).
 void ParallelCopy(void* dst, const void* src, uint64_t n, int threads = ParallelCopyThreads());
 
 /// Below this a copy is done by the caller alone.

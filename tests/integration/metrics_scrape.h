@@ -55,6 +55,12 @@ inline std::string HttpGet(const std::string& host_port, const std::string& path
 /// connection failed). Value() reads samples from it as it is.
 inline std::string Scrape(const std::string& host_port) { return HttpGet(host_port, "/metrics"); }
 
+/// The body of an HTTP `response`: what follows its headers ("" when it has no end of headers).
+inline std::string ResponseBody(const std::string& response) {
+  const size_t end = response.find("\r\n\r\n");
+  return end == std::string::npos ? "" : response.substr(end + 4);
+}
+
 /// Return the value of the first sample `name{labels...}` in `body` whose line contains
 /// `label` ("": any labels), or -1 when there is none.
 inline double Value(const std::string& body, const std::string& name,

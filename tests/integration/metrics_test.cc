@@ -19,6 +19,7 @@ namespace {
 using testing::HttpExchange;
 using testing::HttpGet;
 using testing::MetricsEndpoint;
+using testing::ResponseBody;
 using testing::Value;
 
 TEST(MetricsTest, ServesPrometheusTextThatMovesWithWork) {
@@ -32,7 +33,7 @@ TEST(MetricsTest, ServesPrometheusTextThatMovesWithWork) {
   std::string before = HttpGet(ep, "/metrics");
   ASSERT_EQ(before.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << before;
   EXPECT_NE(before.find("Content-Type: text/plain; version=0.0.4"), std::string::npos);
-  std::string body = before.substr(before.find("\r\n\r\n") + 4);
+  std::string body = ResponseBody(before);
   // DCGM-style labels on every series.
   EXPECT_TRUE(
       std::regex_search(body, std::regex(R"(ferry_sessions_open\{gpu="0",UUID="[^"]+"\} 0)")))
@@ -75,7 +76,7 @@ TEST(MetricsTest, ServesPrometheusTextThatMovesWithWork) {
 
   // A session open: the gauge says so; the counters moved.
   std::string during = HttpGet(ep, "/metrics");
-  during = during.substr(during.find("\r\n\r\n") + 4);
+  during = ResponseBody(during);
   EXPECT_EQ(Value(during, "ferry_sessions_open"), 1) << during;
   EXPECT_GE(Value(during, "ferry_submits_total"), 2) << during;
   EXPECT_GE(Value(during, "ferry_ops_total"), 2) << during;
@@ -101,7 +102,7 @@ TEST(MetricsTest, ServesPrometheusTextThatMovesWithWork) {
   ASSERT_TRUE(session->close().ok());
   daemon.WaitIdle();
   std::string after = HttpGet(ep, "/metrics");
-  after = after.substr(after.find("\r\n\r\n") + 4);
+  after = ResponseBody(after);
   EXPECT_EQ(Value(after, "ferry_sessions_open"), 0) << after;
   EXPECT_EQ(Value(after, "ferry_sessions_total"), 1) << after;
 }

@@ -25,9 +25,7 @@ namespace {
 
 // GET /metrics; return the body ("" when the exchange failed).
 std::string Scrape(const std::string& host_port) {
-  const std::string response = testing::Scrape(host_port);
-  const size_t body = response.find("\r\n\r\n");
-  return body == std::string::npos ? "" : response.substr(body + 4);
+  return testing::ResponseBody(testing::Scrape(host_port));
 }
 
 // The value of the sample `name{...}` whose labels contain every one of `labels`; -1 when

@@ -58,15 +58,19 @@ TEST(ParallelCopyTest, CallersAtOnceEachGetTheirOwnBytes) {
   for (int i = 0; i < kCallers; ++i) EXPECT_EQ(dst[i], src[i]) << "caller " << i;
 }
 
-TEST(ParallelCopyTest, AForkedChildCopiesWithoutTheParentsThreads) {
+// Built with ThreadSanitizer: __SANITIZE_THREAD__ (GCC) or __has_feature (clang).
 #if defined(__SANITIZE_THREAD__)
-  GTEST_SKIP() << "ThreadSanitizer does not support starting threads in a child forked from a "
-                  "multithreaded process, which this test does on purpose";
+#define FERRY_UNDER_TSAN 1
 #elif defined(__has_feature)
 #if __has_feature(thread_sanitizer)
+#define FERRY_UNDER_TSAN 1
+#endif
+#endif
+
+TEST(ParallelCopyTest, AForkedChildCopiesWithoutTheParentsThreads) {
+#ifdef FERRY_UNDER_TSAN
   GTEST_SKIP() << "ThreadSanitizer does not support starting threads in a child forked from a "
                   "multithreaded process, which this test does on purpose";
-#endif
 #endif
   constexpr uint64_t kBytes = 4ull << 20;
   auto src = Pattern(kBytes, 7);

@@ -89,10 +89,11 @@ Result<CompiledSource> CompileCudaSource(std::string_view source, int major, int
     return Status(ErrorKind::kCompileError, "CUDA C++ source larger than " +
                                                 std::to_string(reply::kMaxSourceBytes) + " bytes");
   }
-  CompileSlot slot(std::max(1, limits.max_concurrent));
+  const int max_concurrent = std::max(1, limits.max_concurrent);
+  CompileSlot slot(max_concurrent);
   if (!slot.held()) {
     return Status(ErrorKind::kBusy,
-                  std::to_string(std::max(1, limits.max_concurrent)) +
+                  std::to_string(max_concurrent) +
                       " CUDA C++ compiles are running already (ferryd --nvrtc-concurrency); "
                       "try the load again later");
   }
