@@ -2,11 +2,13 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <map>
 #include <regex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ferry/client.h"
@@ -74,9 +76,15 @@ TEST(MetricsTest, ServesPrometheusTextThatMovesWithWork) {
   auto back = session->download<float>(a);
   ASSERT_TRUE(back.ok()) << back.status().ToString();
 
-  // A session open: the gauge says so; the counters moved.
-  std::string during = HttpGet(ep, "/metrics");
-  during = ResponseBody(during);
+  // A session open: the gauge says so; the counters moved. The daemon records a submit's
+  // latency as it delivers the Completed, just after the completion board told the client:
+  // scrape until the download's is there (the last submit's; the others' come before it).
+  std::string during;
+  for (int i = 0; i < 500; ++i) {
+    during = ResponseBody(HttpGet(ep, "/metrics"));
+    if (Value(during, "ferry_transfer_latency_seconds_count") >= 2) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   EXPECT_EQ(Value(during, "ferry_sessions_open"), 1) << during;
   EXPECT_GE(Value(during, "ferry_submits_total"), 2) << during;
   EXPECT_GE(Value(during, "ferry_ops_total"), 2) << during;
