@@ -411,6 +411,88 @@ TEST(BoundedSessionTest, InlineUploadsInFlightStopAtTheInFlightBytes) {
   EXPECT_EQ(d->Stop(), 0) << d->log();
 }
 
+// The same bound through the submit ring: the ring poller hands a ring's queued records over
+// together, and the connection handles them one by one, looking at the bytes in flight before
+// each. Inline uploads written to the ring behind a long fill are taken only up to the
+// session's in-flight bytes (the rest wait in the client's ring), and every one runs.
+TEST(BoundedSessionTest, InlineUploadsThroughTheRingStopAtTheInFlightBytes) {
+  std::unique_ptr<FerrydProcess> d;
+  ASSERT_TRUE(StartDaemon(d, {"--session-in-flight-bytes", "16M", "--submit-ring", "4M"})->ok())
+      << d->log();
+  const std::string metrics = MetricsEndpoint(*d);
+  RawStream raw(d->unix_target());
+  v1::ClientMessage open;
+  open.mutable_open()->set_protocol_version(v1::PROTOCOL_VERSION_CURRENT);
+  open.mutable_open()->set_max_in_flight_submits(1024);
+  ASSERT_TRUE(raw.Send(open));
+  auto opened = raw.Read();
+  ASSERT_TRUE(opened && opened->has_opened());
+  RawRing ring;
+  ASSERT_TRUE(ring.Map(opened->opened())) << "no submit ring";
+  constexpr uint64_t kUpload = 512 << 10;
+  // Through the stream: the tensors (unnumbered, answered before anything is numbered), then
+  // fills of 64 MiB that keep the session's stream busy while the uploads arrive (number 1:
+  // the ring's records, numbered from 2, wait for it however the two paths race).
+  ASSERT_TRUE(
+      raw.Submit(1, {Create(1, v1::DTYPE_F32, {16 << 20}), Create(2, v1::DTYPE_U8, {kUpload})}));
+  ASSERT_EQ(raw.Completion(1).kind(), v1::ERROR_KIND_NONE);
+  {
+    v1::ClientMessage fills;
+    fills.set_sequence(1);
+    fills.mutable_submit()->set_submit_id(2);
+    for (int i = 0; i < LongFillCount(); ++i) *fills.mutable_submit()->add_ops() = Fill(1, 2.0);
+    ASSERT_TRUE(raw.Send(fills));
+  }
+  constexpr int kSubmits = 100;  // 50 MiB of uploads: more than the ring and the bound
+  std::atomic<int> sent{0};
+  std::atomic<bool> done{false};
+  std::thread writer([&] {
+    const std::string bytes(kUpload, 'u');
+    for (int i = 0; i < kSubmits; ++i) {
+      v1::ClientMessage m;
+      m.set_sequence(2 + static_cast<uint64_t>(i));
+      m.mutable_submit()->set_submit_id(3 + static_cast<uint64_t>(i));
+      *m.mutable_submit()->add_ops() = InlineUpload(2, 0, bytes);
+      ring.Write(m);  // waits for room while the daemon holds back
+      ++sent;
+    }
+    done = true;
+  });
+  double most_bytes = 0;
+  bool paused = false;
+  int last = -1;
+  for (int i = 0; i < 600 && !done; ++i) {
+    const std::string body = Scrape(metrics);
+    most_bytes = std::max(most_bytes, Value(body, "ferry_stream_in_flight_bytes"));
+    paused = paused || Value(body, "ferry_streams_paused") >= 1;
+    const int now = sent;
+    if (paused && now == last) break;
+    last = now;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::printf(
+      "%d of %d uploads written to the ring when the daemon held back; at most %.0f "
+      "bytes in flight\n",
+      sent.load(), kSubmits, most_bytes);
+  EXPECT_TRUE(paused) << "the daemon never held the ring back";
+  EXPECT_GE(most_bytes, 0) << "no ferry_stream_in_flight_bytes";
+  EXPECT_LE(most_bytes, 2.0 * (16 << 20));
+  for (uint64_t id = 2; id < 3 + kSubmits; ++id) {
+    v1::Error e = raw.Completion(id);
+    ASSERT_EQ(e.kind(), v1::ERROR_KIND_NONE) << "submit " << id << ": " << e.message();
+  }
+  writer.join();
+  v1::ClientMessage close;  // numbered, like every message since the fills
+  close.set_sequence(kSubmits + 2);
+  close.mutable_close();
+  ASSERT_TRUE(raw.Send(close));
+  bool closed = false;
+  while (auto m = raw.Read()) closed |= m->has_closed();
+  EXPECT_TRUE(closed);
+  EXPECT_TRUE(raw.Finish().ok());
+  EXPECT_EQ(d->Stop(), 0) << d->log();
+}
+
 // One submit larger than the session's in-flight bytes is refused, typed: downloads of one
 // tensor add up, an upload message counts whole; a download past the tensor is OUT_OF_RANGE.
 TEST(BoundedSessionTest, ASubmitOverTheInFlightBytesIsQuotaExceeded) {

@@ -142,11 +142,10 @@ class RawSlabConnection {
   // Present the token; the daemon's answer kind (0: bound), or -1 when it sent nothing.
   // `magic` is the hello's first four bytes ("FSL1" is the protocol's).
   int Hello(const std::string& token, const std::string& magic = "FSL1") {
-    std::string hello = magic + token;
-    if (::send(fd_, hello.data(), hello.size(), MSG_NOSIGNAL) !=
-        static_cast<ssize_t>(hello.size())) {
-      return -1;
-    }
+    return Send(magic + token) ? HelloAnswer() : -1;
+  }
+  // Read the 8-byte answer to a hello sent with Send; its kind, or -1 when none came.
+  int HelloAnswer() {
     char reply[8];
     if (::recv(fd_, reply, sizeof(reply), MSG_WAITALL) != sizeof(reply)) return -1;
     return static_cast<int>(Get32(reply));
@@ -166,8 +165,18 @@ class RawSlabConnection {
   std::optional<Slab> Doorbell() { return Request(4); }
   // Send request `op`; the answer, or nullopt when the connection broke.
   std::optional<Slab> Request(char op) {
-    char request[8] = {op, 0, 0, 0, 0, 0, 0, 0};
-    if (::send(fd_, request, sizeof(request), MSG_NOSIGNAL) != sizeof(request)) return std::nullopt;
+    if (!Send(RequestBytes(op))) return std::nullopt;
+    return Answer();
+  }
+  // The 8 bytes of request `op`.
+  static std::string RequestBytes(char op) { return std::string{op, 0, 0, 0, 0, 0, 0, 0}; }
+  // Send `bytes` as they are (a hello, requests, or both at once); false when not all went.
+  bool Send(const std::string& bytes) {
+    return ::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL) ==
+           static_cast<ssize_t>(bytes.size());
+  }
+  // Read one 24-byte answer and its fd; nullopt when the connection ended or broke first.
+  std::optional<Slab> Answer() {
     char reply[24];
     iovec iov = {reply, sizeof(reply)};
     alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];

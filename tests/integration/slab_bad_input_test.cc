@@ -9,6 +9,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <optional>
 #include <thread>
@@ -394,6 +396,78 @@ TEST_F(SlabBadInputTest, SlabConnectionClosedBeforeAcquire) {
         raw.Submit(1, {Create(1, v1::DTYPE_U8, {64}), Fill(1, 5), ToSlab(1, 0, slab->id, 0, 64)}));
     EXPECT_EQ(raw.Completion(1).kind(), v1::ERROR_KIND_NONE);
     EXPECT_EQ(daemon_->AdminStatus().slabs_in_use(), start_.slabs_in_use() + 1);
+    raw.Close();
+  }
+  CheckServing();
+}
+
+// Pipelined requests (docs/protocol.md, "Slab socket"): a hello and requests sent in one write
+// are answered in order, each with its fd. A client that pipelines requests and never reads is
+// closed once its answers fill the connection, without the daemon holding them back; it gets
+// fewer answers than it asked for, its session still works through its messages, and so does
+// everyone else.
+TEST_F(SlabBadInputTest, PipelinedRequestsAreAnsweredInOrderAndAnUnreadFloodIsClosed) {
+  {
+    RawStream raw(daemon_->unix_target());
+    auto opened = raw.Open();
+    ASSERT_TRUE(opened);
+    ASSERT_TRUE(opened->completion_board() && opened->submit_ring());
+    RawSlabConnection conn(opened->slab_socket());
+    ASSERT_TRUE(conn.Send("FSL1" + opened->slab_token() + RawSlabConnection::RequestBytes(2) +
+                          RawSlabConnection::RequestBytes(3) + RawSlabConnection::RequestBytes(4) +
+                          RawSlabConnection::RequestBytes(1)));
+    ASSERT_EQ(conn.HelloAnswer(), 0);
+    auto board = conn.Answer();
+    auto ring = conn.Answer();
+    auto doorbell = conn.Answer();
+    auto slab = conn.Answer();
+    ASSERT_TRUE(board && ring && doorbell && slab) << "an answer is missing";
+    EXPECT_EQ(board->kind, 0u);
+    EXPECT_EQ(board->size, 4096u);
+    EXPECT_EQ(ring->kind, 0u);
+    EXPECT_EQ(ring->size, 4096 + ring->id) << "the ring's mapping is its header and capacity";
+    EXPECT_EQ(doorbell->kind, 0u);
+    EXPECT_EQ(doorbell->size, 8u);
+    EXPECT_EQ(slab->kind, 0u);
+    EXPECT_EQ(slab->size, 4u << 20);
+    for (auto* a : {&*board, &*ring, &*doorbell, &*slab}) {
+      EXPECT_GE(a->fd, 0);
+      if (a->fd >= 0) ::close(a->fd);
+    }
+    raw.Close();
+  }
+  {
+    RawStream raw(daemon_->unix_target());
+    auto opened = raw.Open();
+    ASSERT_TRUE(opened);
+    RawSlabConnection conn(opened->slab_socket());
+    timeval ten_seconds{10, 0};  // a daemon that stopped reading without closing fails here
+    ASSERT_EQ(::setsockopt(conn.fd(), SOL_SOCKET, SO_SNDTIMEO, &ten_seconds, sizeof(ten_seconds)),
+              0);
+    ASSERT_EQ(::setsockopt(conn.fd(), SOL_SOCKET, SO_RCVTIMEO, &ten_seconds, sizeof(ten_seconds)),
+              0);
+    constexpr int kRequests = 20000;  // board requests: each answer carries the board's fd
+    std::string flood = "FSL1" + opened->slab_token();
+    for (int i = 0; i < kRequests; ++i) flood += RawSlabConnection::RequestBytes(2);
+    (void)conn.Send(flood);  // the daemon may close before it has read them all
+    ASSERT_EQ(conn.HelloAnswer(), 0);
+    int answers = 0;
+    while (auto a = conn.Answer()) {
+      ++answers;
+      if (a->fd >= 0) ::close(a->fd);
+    }
+    // Ended: end of file, or reset (the daemon closed with requests of ours still unread).
+    char byte;
+    errno = 0;
+    const ssize_t last = ::recv(conn.fd(), &byte, 1, 0);
+    EXPECT_TRUE(last == 0 || (last < 0 && errno == ECONNRESET))
+        << "the connection did not end: recv gave " << last << " (" << std::strerror(errno) << ")";
+    std::printf("%d of %d pipelined requests answered before the daemon closed\n", answers,
+                kRequests);
+    EXPECT_LT(answers, kRequests) << "the daemon held every answer of a client that never read";
+    // The session goes on without its shared memory.
+    ASSERT_TRUE(raw.Submit(1, {Create(1, v1::DTYPE_U8, {64}), Fill(1, 5)}));
+    EXPECT_EQ(raw.Completion(1).kind(), v1::ERROR_KIND_NONE);
     raw.Close();
   }
   CheckServing();
