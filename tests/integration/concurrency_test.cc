@@ -49,10 +49,25 @@ std::string Workload(Client& client, int index) {
     if (Status st = s->submit(); !st.ok()) return "submit: " + st.ToString();
   }
   bool cuda = s->backend() == "cuda";
-  std::optional<Module> neg;
+  Module neg;
+  // Loads refused with BUSY: never created, so they are dropped only once the session is
+  // closed (their unloads would be refused).
+  std::vector<Module> refused;
   if (cuda) {  // one more negation through a raw kernel: an even number in all
-    neg = s->load_module(ModuleFormat::kCudaSource, kNegate);
-    s->launch(*neg, "negate", {(1u << 17) / 256}, {256},
+    // CUDA C++ compiles are bounded daemon-wide (nvrtc-concurrency, a quarter of the cores):
+    // 64 sessions compiling at once get BUSY past the bound, and retry as a client would.
+    for (int attempt = 1;; ++attempt) {
+      Module m = s->load_module(ModuleFormat::kCudaSource, kNegate);
+      Status st = s->synchronize();
+      if (st.ok()) {
+        neg = std::move(m);
+        break;
+      }
+      refused.push_back(std::move(m));
+      if (st.kind() != ErrorKind::kBusy || attempt == 2000) return "load: " + st.ToString();
+      std::this_thread::sleep_for(std::chrono::milliseconds(1 + rng() % 10));
+    }
+    s->launch(neg, "negate", {(1u << 17) / 256}, {256},
               {KernelArg::tensor(tbig), KernelArg::u64(1u << 17)});
   } else {
     s->scale(tbig, -1.0, tbig);
