@@ -249,6 +249,10 @@ class Settings {
                                    c_.daemon.session_defaults.kernel_batch =
                                        static_cast<uint32_t>(n);
                                  })},
+        {"submit-run", bounded(0, 1024,
+                               [this](uint64_t n) {
+                                 c_.daemon.session_defaults.submit_run = static_cast<uint32_t>(n);
+                               })},
         {"slab-size",
          [this](const std::string& v) -> Status {
            FERRY_ASSIGN_OR_RETURN(uint64_t n, ParseBytes(v));
@@ -600,6 +604,10 @@ means true; --allow-insecure-remote and --allow-remote-raw-kernels also take =tr
   --kernel-batch N           a run of N or more kernel ops (fill, binary, scale, axpy) in
                              one submit goes to the device as one batch: on CUDA one graph
                              launch, its graph kept and updated (default 8; 0: never)
+  --submit-run N             submits taken from a submit ring at once go to the device
+                             as runs of at most N: one completion watch per run, and one
+                             batch for its kernel-only submits when it holds kernel-batch
+                             ops or more (default 32; 0 or 1: each submit on its own)
   --slab-size SIZE           size of a shared-memory slab for local clients (default 64M)
   --pinned-budget SIZE       pinned shared memory all slabs may take (default 1G)
   --initial-slabs N          fresh slabs made and registered at start, and kept ready
@@ -742,6 +750,8 @@ std::string FormatConfig(const DaemonConfig& c) {
   out << "uid-weights =" << Quoted(session::FormatUidWeights(c.daemon.uid_weights)) << "\n";
   out << "kernel-batch = " << c.daemon.session_defaults.kernel_batch
       << (c.daemon.session_defaults.kernel_batch == 0 ? "  # off" : "") << "\n";
+  out << "submit-run = " << c.daemon.session_defaults.submit_run
+      << (c.daemon.session_defaults.submit_run <= 1 ? "  # off" : "") << "\n";
   out << "slab-size = " << FormatBytes(c.daemon.slab_pool.slab_size) << "\n";
   out << "pinned-budget = " << FormatBytes(c.daemon.slab_pool.budget) << "\n";
   out << "initial-slabs = " << c.daemon.slab_pool.initial_slabs << "\n";

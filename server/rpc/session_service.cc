@@ -121,11 +121,25 @@ class SessionConnection : public session::SessionEvents,
   // count was bounded when the ring was armed (MaybeArmRing); the bytes in flight and the
   // outbox are looked at before each message, and a message the sequencer holds (waiting for
   // a lower number from the stream) holds the rest. Resumed by MaybeReadMore.
+  // Messages taken together go to the session as runs of at most submit_run submits
+  // (Session::BeginSubmitRun): one completion watch per run, one batch for its kernel ops.
   void DrainRingBacklog() {
     if (draining_ring_) return;  // called again from a message's handling: the loop goes on
     draining_ring_ = true;
+    std::shared_ptr<session::Session> run;  // the session a run is open on
+    uint32_t run_submits = 0;
     while (ring_ && !ring_backlog_.empty() && !sequencer_.holds(kRing) && !finishing() &&
            !(session_ && OverBytesOrOutbox())) {
+      const uint32_t run_limit = session_ ? session_->config().submit_run : 0;
+      if (run && run_submits >= run_limit) {
+        run->EndSubmitRun();
+        run = nullptr;
+      }
+      if (!run && session_ && run_limit > 1 && ring_backlog_.size() > 1) {
+        run = session_;
+        run_submits = 0;
+        run->BeginSubmitRun(OpsAhead(run_limit));
+      }
       std::shared_ptr<v1::ClientMessage> m = std::move(ring_backlog_.front());
       ring_backlog_.pop_front();
       --context_->gauges.messages_in_hand;
@@ -134,15 +148,28 @@ class SessionConnection : public session::SessionEvents,
       } else if (m->sequence() == 0) {
         ProtocolViolation("a message through the submit ring has no sequence number");
       } else {
+        if (m->has_submit()) ++run_submits;
         Accept(std::move(m), kRing);
       }
     }
+    if (run) run->EndSubmitRun();
     if (ring_ && ring_backlog_.empty() && !ring_broken_.empty()) {
       const std::string broken = std::move(ring_broken_);
       ring_broken_.clear();
       ProtocolViolation(broken);
     }
     draining_ring_ = false;
+  }
+
+  // The ops of the next `submits` submits in the ring backlog.
+  uint64_t OpsAhead(uint32_t submits) const {
+    uint64_t ops = 0;
+    for (const auto& m : ring_backlog_) {
+      if (!m || !m->has_submit()) continue;
+      ops += static_cast<uint64_t>(m->submit().ops_size());
+      if (--submits == 0) break;
+    }
+    return ops;
   }
 
   // The handler the ring poller calls with what it took from this session's ring: parse it on

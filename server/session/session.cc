@@ -1,5 +1,6 @@
 #include "session/session.h"
 
+#include <algorithm>
 #include <cstring>
 #include <type_traits>
 
@@ -166,8 +167,53 @@ namespace {
 bool IsKernelOp(const Op& op) { return Traits(KindOf(op)).batch_kernel; }
 }  // namespace
 
+void Session::BeginSubmitRun(uint64_t ops) {
+  run_open_ = true;
+  run_ops_left_ = ops;
+  run_unwatched_ = false;
+  run_inline_ = true;
+}
+
+void Session::EndSubmitRun() {
+  if (!run_open_) return;
+  EndRunBatch();
+  run_open_ = false;
+  if (run_unwatched_ && stream_) WatchCompletion(run_inline_);
+  run_unwatched_ = false;
+}
+
+void Session::EndRunBatch() {
+  if (!run_batch_) return;
+  run_batch_ = false;
+  Status ended = stream_ ? stream_->EndBatch() : Status::Ok();
+  if (ended.ok()) {
+    ++counters_->kernel_batches;
+    return;
+  }
+  // Nothing of the batch runs: each of its submits fails, its first op reporting why. (They
+  // hold kernel ops only: no raw launches, nothing created.)
+  for (InFlight& r : queue_) {
+    if (!r.on_device || r.seq < run_batch_first_seq_) continue;
+    r.on_device = false;
+    if (r.status.ok()) r.status = ended.WithOpIndex(0);
+  }
+  DeliverReady();
+}
+
 Status Session::Enqueue(SubmitRequest& request, const AdmissionResult& admitted, InFlight& record) {
   auto& ops = request.ops;
+  // In a run, consecutive submits of fewer than kernel_batch ops, kernel ops only (which
+  // would go op by op), share a batch of RunBatchOps() ops, opened only while that many
+  // are expected: batches of one size, whose executable graph the stream keeps and updates
+  // (CUDA), not one instantiated per run. A submit that does not join ends the batch first:
+  // a batch refuses allocations, and a graph capture does not nest in it.
+  const uint64_t run_ops_here = run_ops_left_;
+  run_ops_left_ -= std::min<uint64_t>(run_ops_left_, ops.size());
+  const bool joins_run_batch = run_open_ && config_.kernel_batch > 0 && !capturing_ &&
+                               !ops.empty() && ops.size() < config_.kernel_batch &&
+                               std::all_of(ops.begin(), ops.end(), IsKernelOp) &&
+                               (run_batch_ || run_ops_here >= RunBatchOps());
+  if (run_batch_ && !joins_run_batch) EndRunBatch();
   // Allocate everything the submit creates first, so that a device that cannot provide
   // the memory refuses the submit whole.
   FERRY_RETURN_IF_ERROR(ReserveDeviceBytes(admitted.bytes_created));
@@ -218,6 +264,12 @@ Status Session::Enqueue(SubmitRequest& request, const AdmissionResult& admitted,
   }
 
   record.on_device = true;
+  record.seq = ++enqueued_seq_;
+  if (joins_run_batch && !run_batch_ && stream_->BeginBatch().ok()) {
+    run_batch_ = true;
+    run_batch_first_seq_ = record.seq;
+    run_batch_ops_ = 0;
+  }
   record.payload = std::move(request.payload);
   counters_->ops += ops.size();
   counters_->bytes_uploaded += admitted.upload_bytes;
@@ -232,8 +284,8 @@ Status Session::Enqueue(SubmitRequest& request, const AdmissionResult& admitted,
       size_t run = i;
       while (run < ops.size() && IsKernelOp(ops[run])) ++run;
       scanned = std::max(run, i + 1);
-      if (!capturing_ && config_.kernel_batch > 0 && run - i >= config_.kernel_batch &&
-          stream_->BeginBatch().ok()) {
+      if (!capturing_ && !run_batch_ && config_.kernel_batch > 0 &&
+          run - i >= config_.kernel_batch && stream_->BeginBatch().ok()) {
         batch_first = i;
         batch_end = run;
       }
@@ -264,27 +316,34 @@ Status Session::Enqueue(SubmitRequest& request, const AdmissionResult& admitted,
     ++raw_launches_in_flight_;
     device_->RawLaunchesEnqueued(1);
   }
-  WatchCompletion(/*may_run_inline=*/staging_ == nullptr || record.download_bytes == 0);
+  if (run_batch_ && (run_batch_ops_ += ops.size()) >= RunBatchOps()) EndRunBatch();
+  const bool may_run_inline = staging_ == nullptr || record.download_bytes == 0;
+  if (run_open_) {  // one watch for the run, at its end
+    run_unwatched_ = true;
+    run_inline_ = run_inline_ && may_run_inline;
+  } else {
+    WatchCompletion(may_run_inline);
+  }
   return first_error;
 }
 
 void Session::WatchCompletion(bool may_run_inline) {
-  stream_->OnComplete(
-      [self = shared_from_this(), epoch = epoch_, may_run_inline](Status status) mutable {
-        Executor executor = self->executor_;
-        // A cheap completion runs on the completion thread itself when the session is idle (no
-        // wake-up of an executor thread). A fault goes to the executor: handling it rebuilds the
-        // device, which must not happen on the device's own completion thread.
-        const bool run_here = may_run_inline && status.ok();
-        auto handle = [self = std::move(self), epoch, status = std::move(status)]() mutable {
-          self->OnDeviceComplete(epoch, std::move(status));
-        };
-        if (run_here) {
-          executor.RunOrPost(std::move(handle));
-        } else {
-          executor.Post(std::move(handle), "device completion");
-        }
-      });
+  stream_->OnComplete([self = shared_from_this(), epoch = epoch_, through = enqueued_seq_,
+                       may_run_inline](Status status) mutable {
+    Executor executor = self->executor_;
+    // A cheap completion runs on the completion thread itself when the session is idle (no
+    // wake-up of an executor thread). A fault goes to the executor: handling it rebuilds the
+    // device, which must not happen on the device's own completion thread.
+    const bool run_here = may_run_inline && status.ok();
+    auto handle = [self = std::move(self), epoch, through, status = std::move(status)]() mutable {
+      self->OnDeviceComplete(epoch, std::move(status), through);
+    };
+    if (run_here) {
+      executor.RunOrPost(std::move(handle));
+    } else {
+      executor.Post(std::move(handle), "device completion");
+    }
+  });
 }
 
 Status Session::EnqueueOp(const Op& any, DevicePtr fresh, std::shared_ptr<backend::Module> loaded,
@@ -534,7 +593,7 @@ void Session::ReleaseTensor(uint64_t handle) {
   counters_->device_bytes = tensors_.bytes();
 }
 
-void Session::OnDeviceComplete(uint64_t epoch, Status status) {
+void Session::OnDeviceComplete(uint64_t epoch, Status status, uint64_t through) {
   if (epoch != epoch_) return;               // the device was lost since; OnDeviceLost settled it
   if (lifecycle_ == Lifecycle::kTornDown) {  // the completion that follows the final frees
     if (status.kind() == ErrorKind::kDeviceFault) device_->ReportFault(generation_, id_, status);
@@ -548,17 +607,20 @@ void Session::OnDeviceComplete(uint64_t epoch, Status status) {
     return;
   }
   RecordUsage();
-  InFlight& front = queue_.front();
-  front.on_device = false;
-  if (front.first_launch_op >= 0) {
-    --raw_launches_in_flight_;
-    device_->RawLaunchesEnqueued(-1);
-  }
-  if (!status.ok()) {
+  // The submits on the device up to `through` (those of a run share one watch). Parked
+  // submits come after every submit on the device.
+  for (InFlight& r : queue_) {
+    if (r.parked || r.seq > through) break;
+    if (!r.on_device) continue;
+    r.on_device = false;
+    if (r.first_launch_op >= 0) {
+      --raw_launches_in_flight_;
+      device_->RawLaunchesEnqueued(-1);
+    }
     // An asynchronous error names no single op.
-    if (front.status.ok()) front.status = status.WithOpIndex(-1);
-    if (status.kind() == ErrorKind::kDeviceReset) broken_ = status.WithOpIndex(-1);
+    if (!status.ok() && r.status.ok()) r.status = status.WithOpIndex(-1);
   }
+  if (status.kind() == ErrorKind::kDeviceReset) broken_ = status.WithOpIndex(-1);
   DeliverReady();
 }
 

@@ -7,6 +7,7 @@
 // work is in flight, so a client that goes away never frees memory the device may still touch.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -54,6 +55,10 @@ struct SessionConfig {
   // A run of this many or more consecutive kernel ops (fill, binary, scale, axpy) in one
   // submit goes to the device as one batch (backend Stream::BeginBatch); 0: never.
   uint32_t kernel_batch = 8;
+  // Submits the ring poller hands over together go to the session as runs of at most this
+  // many (Session::BeginSubmitRun): one completion watch per run, and one batch for its
+  // kernel-only submits when the run holds kernel_batch or more ops; 0 or 1: no runs.
+  uint32_t submit_run = 32;
 };
 
 /// Plain copy of a session's counters, as Closed reports them.
@@ -154,6 +159,15 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   /// not free waits for it, and the session's later submits wait behind it (admitted and
   /// enqueued in order once it has its turn); they count as in flight meanwhile.
   void Submit(SubmitRequest request);
+  /// A run: the submits handed over between BeginSubmitRun and EndSubmitRun (the connection
+  /// brackets what it took from the submit ring at once) share one completion watch, asked
+  /// for at EndSubmitRun, instead of one each; and consecutive small submits made only of
+  /// kernel ops go to the device in batches of RunBatchOps() ops, while the caller's count
+  /// of the ops in the run (`ops`) says that many follow (a batch that fails fails each of
+  /// them). Every submit still gets its own OnCompleted, in order. Runs do not nest;
+  /// outside one, nothing changes.
+  void BeginSubmitRun(uint64_t ops);
+  void EndSubmitRun();
   /// Raise OnSynchronized once every earlier submit has completed.
   void Synchronize(uint64_t sync_id);
   /// Finish in-flight work, free every tensor, then raise OnClosed.
@@ -192,6 +206,7 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   struct InFlight {
     uint64_t submit_id = 0;
     bool on_device = false;  // waits for a backend completion
+    uint64_t seq = 0;        // the order in which submits reached the device (Enqueue)
     // Waits for its copy turns, or behind a submit that does: not yet admitted. `request`
     // holds it meanwhile; `turns_needed` the turns it will take.
     bool parked = false;
@@ -225,11 +240,16 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   Status Enqueue(SubmitRequest& request, const AdmissionResult& admitted, InFlight& record);
   Status EnqueueOp(const Op& op, backend::DevicePtr fresh, std::shared_ptr<backend::Module> loaded,
                    InFlight& record, uint32_t index);
-  // Ask the stream for one completion covering everything enqueued so far. `may_run_inline`:
-  // handling it is cheap (no staged bytes to copy out, no teardown), so the completion
-  // thread may run it itself when the executor is idle.
+  // Ask the stream for one completion covering everything enqueued so far (every submit
+  // whose seq is at most enqueued_seq_). `may_run_inline`: handling it is cheap (no staged
+  // bytes to copy out, no teardown), so the completion thread may run it itself when the
+  // executor is idle.
   void WatchCompletion(bool may_run_inline);
-  void OnDeviceComplete(uint64_t epoch, Status status);
+  // The device finished every submit up to seq `through` (with `status`).
+  void OnDeviceComplete(uint64_t epoch, Status status, uint64_t through);
+  // End the batch open across a run's submits, if any; if it fails, nothing of it runs and
+  // each of its submits fails.
+  void EndRunBatch();
   void OnDeviceLost(const DeviceLoss& loss);
   void ReleaseStream();
   // Copy the stream's device usage into the counters (after each completion, and last
@@ -274,6 +294,17 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   uint64_t capture_ops_ = 0;            // ops recorded into it so far
   int64_t raw_launches_in_flight_ = 0;  // submits in flight that launch raw kernels
   std::deque<InFlight> queue_;
+  uint64_t enqueued_seq_ = 0;  // seq of the last submit that reached the device
+  // The run between BeginSubmitRun and EndSubmitRun.
+  bool run_open_ = false;
+  uint64_t run_ops_left_ = 0;         // ops the caller expects in the rest of the run
+  bool run_batch_ = false;            // a batch is open across its submits...
+  uint64_t run_batch_first_seq_ = 0;  // ...since this one...
+  uint64_t run_batch_ops_ = 0;        // ...holding this many ops
+  bool run_unwatched_ = false;        // its submits reached the device; no watch asked yet
+  bool run_inline_ = true;            // and their completion may run on the watcher thread
+  // The size of a run's batches: twice kernel_batch, at least 16.
+  uint64_t RunBatchOps() const { return std::max<uint64_t>(16, 2ull * config_.kernel_batch); }
   CopyTurns* turns_ = nullptr;                 // null: no turns
   size_t parked_ = 0;                          // records of queue_ that are parked
   uint8_t awaiting_turns_ = CopyTurns::kNone;  // a Wait for these turns is outstanding

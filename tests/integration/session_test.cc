@@ -211,11 +211,12 @@ BatchedWork RunBatchedWork(Client& client) {
   Tensor z = session->create_tensor<float>({kCount});
   session->fill(x, 1.0);
   session->fill(y, 0.0);
-  EXPECT_TRUE(session->submit().ok());  // 2 kernel ops: no batch
+  // Each submit waited for, so that none shares a batch with the next (SubmitRunTest).
+  EXPECT_TRUE(session->synchronize().ok());  // 2 kernel ops: no batch
   for (int k = 0; k < 64; ++k) session->axpy(k % 4 + 1, x, y);
-  EXPECT_TRUE(session->submit().ok());  // one batch: y = 16 * (1 + 2 + 3 + 4) = 160
+  EXPECT_TRUE(session->synchronize().ok());  // one batch: y = 16 * (1 + 2 + 3 + 4) = 160
   for (int k = 0; k < 7; ++k) session->axpy(1.0, x, y);
-  EXPECT_TRUE(session->submit().ok());  // 7: no batch; y = 167
+  EXPECT_TRUE(session->synchronize().ok());  // 7: no batch; y = 167
   for (int k = 0; k < 8; ++k) session->axpy(1.0, x, y);
   session->copy(y, z);
   for (int k = 0; k < 8; ++k) session->scale(z, 2.0, z);

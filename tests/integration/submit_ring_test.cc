@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
@@ -294,6 +295,51 @@ TEST_F(SubmitRingTest, LibferryUsesTheRingAndFallsBackToTheStreamInOrder) {
   x = Tensor();
   y = Tensor();
   ASSERT_TRUE(s->close().ok());
+}
+
+// What the poller takes from a ring at once goes to the device as runs (--submit-run): one
+// completion watch per run, and one batch for consecutive one-op kernel submits. A client
+// pipelining 3000 of them sees every result and every submit counted; close() counts the
+// batches, and with runs off there are none and the result is the same.
+TEST(SubmitRunTest, PipelinedOneOpSubmitsGoToTheDeviceAsBatches) {
+  for (const char* runs : {"32", "0"}) {
+    SCOPED_TRACE(std::string("--submit-run ") + runs);
+    FerrydProcess daemon({"--submit-run", runs});
+    ASSERT_TRUE(daemon.ok()) << daemon.log();
+    auto client = Client::connect(daemon.unix_target());
+    ASSERT_TRUE(client.ok());
+    auto s = client->open_session();
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    Tensor x = s->create_tensor<double>({256});
+    Tensor y = s->create_tensor<double>({256});
+    s->fill(x, 1.0);
+    s->fill(y, 0.0);
+    ASSERT_TRUE(s->synchronize().ok());
+    double expected = 0;
+    for (int i = 0; i < 3000; ++i) {
+      s->axpy(1 + i % 7, x, y);
+      expected += 1 + i % 7;
+      ASSERT_TRUE(s->submit().ok());
+    }
+    ASSERT_TRUE(s->synchronize().ok());
+    auto v = s->download<double>(y);
+    ASSERT_TRUE(v.ok()) << v.status().ToString();
+    EXPECT_EQ(*v, std::vector<double>(256, expected));
+    x = Tensor();
+    y = Tensor();
+    auto stats = s->close();
+    ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+    EXPECT_EQ(stats->failed_submits, 0u);
+    EXPECT_GE(stats->submits, 3002u);
+    std::printf("--submit-run %s: %llu kernel batches for 3000 one-op submits\n", runs,
+                static_cast<unsigned long long>(stats->kernel_batches));
+    if (std::string(runs) == "0") {
+      EXPECT_EQ(stats->kernel_batches, 0u);
+    } else {
+      // The client writes far faster than one-op submits run: runs form.
+      EXPECT_GT(stats->kernel_batches, 0u);
+    }
+  }
 }
 
 // With rings off the daemon offers none, and libferry sends everything through the stream.

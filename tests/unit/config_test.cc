@@ -345,6 +345,7 @@ nvrtc-memory = 512M
 nvrtc-concurrency = 2
 copy-turns = 0
 kernel-batch = 3
+submit-run = 5
 copy-turn-size = 1M
 device-turns = 2
 uid-weights = "remote=3,uid:1000=2"

@@ -376,6 +376,65 @@ TEST_F(SessionTest, RefusedSubmitCompletesBetweenTheInFlightOnesAroundIt) {
   EXPECT_TRUE(done[3].status.ok()) << done[3].status.ToString();
 }
 
+// A run (what the connection took from a submit ring at once) shares one completion watch,
+// and its consecutive kernel-only submits one batch. A refused submit, a download and a
+// Synchronize among them keep their places; every submit is reported once, in order.
+TEST_F(SessionTest, ARunsSubmitsShareOneBatchAndAreEachReportedInOrder) {
+  Client c = Open();
+  ASSERT_TRUE(SubmitAndWait(c, 1, {CreateTensorOp{1, DType::kF64, {4}}}).ok());
+  host()->SetOpDelayForTest(milliseconds(1));
+  ASSERT_TRUE(OnStrand(c.session->executor(), [&] {
+    c.session->BeginSubmitRun(40);  // the ops expected: batches open while 16 may follow
+    c.session->Submit(Request(10, {FillOp{1, 1.0}}));
+    c.session->Submit(Request(11, {ScaleOp{1, 3.0, 1}}));
+    c.session->Submit(Request(12, {FillOp{99, 5.0}}));  // refused: 99 does not exist
+    c.session->Submit(Request(13, {AxpyOp{1.0, 1, 1}}));
+    c.session->Submit(Request(14, {DownloadOp{1, 0, 32}}));  // not a kernel: ends the batch
+    c.session->Synchronize(7);
+    c.session->Submit(Request(15, {ScaleOp{1, 0.5, 1}}));
+    c.session->Submit(Request(16, {AxpyOp{2.0, 1, 1}}));
+    c.session->EndSubmitRun();
+    // Fewer ops than a run's batch (16): no batch, one watch.
+    c.session->BeginSubmitRun(2);
+    c.session->Submit(Request(17, {ScaleOp{1, 2.0, 1}}));
+    c.session->Submit(Request(18, {DownloadOp{1, 0, 8}}));
+    c.session->EndSubmitRun();
+    // 20 one-op submits: one batch of 16, then 4 op by op.
+    c.session->BeginSubmitRun(20);
+    for (uint64_t id = 20; id < 40; ++id) c.session->Submit(Request(id, {AxpyOp{1.0, 1, 1}}));
+    c.session->EndSubmitRun();
+  }));
+  ASSERT_TRUE(c.events->WaitForCompletions(30));
+
+  std::vector<Event> events = c.events->events();
+  std::vector<uint64_t> order;
+  int sync7 = -1, done14 = -1, done15 = -1;
+  for (size_t i = 0; i < events.size(); ++i) {
+    if (events[i].kind == Event::Kind::kSynchronized && events[i].id == 7) sync7 = i;
+    if (events[i].kind != Event::Kind::kCompleted) continue;
+    order.push_back(events[i].id);
+    if (events[i].id == 14) done14 = i;
+    if (events[i].id == 15) done15 = i;
+  }
+  std::vector<uint64_t> expected_order{1, 10, 11, 12, 13, 14, 15, 16, 17, 18};
+  for (uint64_t id = 20; id < 40; ++id) expected_order.push_back(id);
+  EXPECT_EQ(order, expected_order);
+  for (uint64_t id : {10, 11, 13, 14, 15, 16, 17, 18}) {
+    EXPECT_TRUE(c.events->CompletionOf(id).ok())
+        << id << ": " << c.events->CompletionOf(id).ToString();
+  }
+  EXPECT_EQ(c.events->CompletionOf(12).kind(), ErrorKind::kInvalidHandle);
+  EXPECT_GT(sync7, done14);
+  EXPECT_LT(sync7, done15);
+  EXPECT_EQ(Decode<double>(c.events->Downloaded(14, 0)), std::vector<double>(4, 6.0));
+  EXPECT_EQ(Decode<double>(c.events->Downloaded(18, 0)), std::vector<double>{18.0});
+  auto last = SubmitAndWait(c, 40, {DownloadOp{1, 0, 8}});
+  ASSERT_TRUE(last.ok()) << last.ToString();
+  // y doubled 20 times by adding itself: 18 * 2^20.
+  EXPECT_EQ(Decode<double>(c.events->Downloaded(40, 0)), std::vector<double>{18.0 * (1 << 20)});
+  EXPECT_EQ(CloseAndWait(c).kernel_batches, 3u);  // 10, 11, 13; 15, 16; 20..35
+}
+
 TEST_F(SessionTest, SynchronizeWithNothingInFlightAnswersAtOnce) {
   Client c = Open();
   ASSERT_TRUE(OnStrand(c.session->executor(), [&] { c.session->Synchronize(5); }));
