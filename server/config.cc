@@ -616,8 +616,9 @@ means true; --allow-insecure-remote and --allow-remote-raw-kernels also take =tr
   --submit-ring SIZE         each local session's submit ring, through which its client
                              sends messages by shared memory instead of gRPC (default 64K;
                              0: off; a power of two from 4K to 16M)
-  --staging-slabs N          pool slabs the daemon takes to stage remote (TCP) clients'
-                             inline transfers, when they need them (default 4; 0: none)
+  --staging-slabs N          pool slabs the daemon takes to stage inline transfers (all of
+                             a remote client's, a local one's small ones), when they need
+                             them; a submit waits for room (default 4; 0: none)
   --slab-hello-timeout MS    slab-socket connections that send no hello by then are
                              closed, 1..60000 (default 1000)
   --slab-max-connections N   slab-socket connections open at once (default 4096)

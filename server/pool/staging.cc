@@ -37,10 +37,51 @@ StagingArea::~StagingArea() {
 }
 
 StagingLease StagingArea::Allocate(uint64_t bytes) {
+  MutexLock lock(&mu_);
+  return AllocateLocked(bytes);
+}
+
+StagingArea::Outcome StagingArea::AllocateAll(const std::vector<uint64_t>& sizes,
+                                              std::vector<StagingLease>* out,
+                                              std::function<void()> wake) {
+  out->clear();
+  uint64_t total = 0;
+  for (uint64_t n : sizes) {
+    if (n == 0 || n > pool_->slab_size()) return Outcome::kNever;
+    total += AlignUp(n);
+  }
+  if (total > max_slabs_ * pool_->slab_size()) return Outcome::kNever;
+  std::vector<StagingLease> taken;
+  MutexLock lock(&mu_);
+  for (uint64_t n : sizes) {
+    StagingLease lease = AllocateLocked(n);
+    if (lease) {
+      taken.push_back(std::move(lease));
+      continue;
+    }
+    // Give back what was taken, here under the lock and without waking anyone (a wake-up
+    // for these bytes would only make the waiters, this one included, try again in vain).
+    for (StagingLease& t : taken) {
+      slabs_[t.slab_index_].used.erase(t.offset_);
+      stats_.bytes_in_use -= t.reserved_;
+      stats_.staged_total -= t.length_;
+      t.area_ = nullptr;
+      t.data_ = nullptr;
+    }
+    // Nothing in use but this submit's own ranges, and still no room: the slabs cannot
+    // place it, or no slab is to be had (the pinned budget is spent). No free would help.
+    if (stats_.bytes_in_use == 0) return Outcome::kNever;
+    waiters_.push_back(std::move(wake));
+    return Outcome::kWait;
+  }
+  *out = std::move(taken);
+  return Outcome::kAllocated;
+}
+
+StagingLease StagingArea::AllocateLocked(uint64_t bytes) {
   StagingLease lease;
   if (bytes == 0 || bytes > pool_->slab_size()) return lease;
   const uint64_t need = AlignUp(bytes);
-  MutexLock lock(&mu_);
   auto place = [&](size_t index) -> bool {
     mu_.AssertHeld();
     Slab& s = slabs_[index];
@@ -79,9 +120,14 @@ StagingLease StagingArea::Allocate(uint64_t bytes) {
 }
 
 void StagingArea::Free(size_t slab_index, uint64_t offset, uint64_t reserved) {
-  MutexLock lock(&mu_);
-  slabs_[slab_index].used.erase(offset);
-  stats_.bytes_in_use -= reserved;
+  std::vector<std::function<void()>> wake;
+  {
+    MutexLock lock(&mu_);
+    slabs_[slab_index].used.erase(offset);
+    stats_.bytes_in_use -= reserved;
+    wake.swap(waiters_);
+  }
+  for (auto& w : wake) w();
 }
 
 void StagingArea::CountFallback() {

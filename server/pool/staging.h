@@ -10,14 +10,17 @@
 // A first-fit allocator over those slabs. A range is held by a StagingLease and freed when
 // the lease is destroyed (an upload's at the submit's delivery, a download's once its last
 // chunk is written). A range is at most a slab (max_lease):
-// a larger download takes several. When no range fits (every slab full), Allocate returns
-// an empty lease and the caller uses the direct path for what is left, counted with
-// CountFallback.
+// a larger transfer takes several. Sessions take all the ranges a submit needs at once
+// (AllocateAll) and, when they do not fit, wait for bytes to be freed: a copy between the
+// device and ordinary (pageable) memory may hold the calling thread until the stream's
+// earlier work is done (CUDA), so an executor thread must never make one. Allocate, which
+// returns an empty lease when no range fits, is for callers with a direct path.
 //
 // Thread-safe: sessions' executors allocate and free concurrently; Admin reads the stats.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -68,6 +71,15 @@ class StagingArea {
 
   /// A range of `bytes` (> 0, at most max_lease()), or an empty lease when none fits.
   StagingLease Allocate(uint64_t bytes);
+
+  enum class Outcome {
+    kAllocated,  // `out` holds a range for each size, in order
+    kWait,       // none taken; `wake` runs once (on the freeing thread) when bytes are freed
+    kNever,      // none taken: more than the area can hold, or it can get no slab at all
+  };
+  /// Ranges for every size in `sizes` (each > 0 and at most max_lease()), all or none.
+  Outcome AllocateAll(const std::vector<uint64_t>& sizes, std::vector<StagingLease>* out,
+                      std::function<void()> wake);
   /// The largest range Allocate can give: one slab.
   uint64_t max_lease() const { return pool_->slab_size(); }
   void CountFallback();
@@ -83,9 +95,12 @@ class StagingArea {
   };
   SlabPool* pool_;
   const uint32_t max_slabs_;
+  // Place one range of `bytes` (taking a new slab if needed); an empty lease if none fits.
+  StagingLease AllocateLocked(uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   mutable Mutex mu_;
   std::vector<Slab> slabs_ ABSL_GUARDED_BY(mu_);
-  StagingStats stats_ ABSL_GUARDED_BY(mu_);  // (slabs is slabs_.size())
+  std::vector<std::function<void()>> waiters_ ABSL_GUARDED_BY(mu_);  // AllocateAll's kWait
+  StagingStats stats_ ABSL_GUARDED_BY(mu_);                          // (slabs is slabs_.size())
 };
 
 }  // namespace ferry::pool

@@ -592,9 +592,10 @@ class SessionConnection : public session::SessionEvents,
       o->set_slab_socket(context_->parts.slab_broker->path());
       o->set_slab_token(slab_token_);
       o->set_slab_size(context_->parts.slab_pool->slab_size());
-    } else if (context_->parts.staging) {
-      session_->AttachStaging(context_->parts.staging);  // remote: inline bytes staged, pinned
     }
+    // Inline bytes (every remote transfer; a local client's small ones) are staged, pinned:
+    // no executor thread then waits in a copy to or from ordinary memory (Session::ReserveStaging).
+    if (context_->parts.staging) session_->AttachStaging(context_->parts.staging);
     Send(std::move(m));
   }
 

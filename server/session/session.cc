@@ -91,33 +91,37 @@ void Session::Submit(SubmitRequest request) {
   } else {
     record.uid_inflight = account_ != nullptr;
     uint8_t needs = turns_ ? turns_->Needs(request.ops) : CopyTurns::kNone;
+    record.turns_needed = needs;
+    bool waits_for_turns = true;
     if (parked_ == 0 && (needs == CopyTurns::kNone || turns_->TryTake(needs, TurnsIdentity()))) {
       record.turns_held = needs;
-      Start(request, record);
+      waits_for_turns = false;
+      if (!Start(request, record)) record.parked = true;  // waits for staging, turns held
     } else {
       record.parked = true;
-      record.turns_needed = needs;
-      record.request = std::move(request);
+    }
+    if (record.parked) record.request = std::move(request);
+    if (record.parked && ++parked_ == 1 && waits_for_turns) {
+      // The first parked submit is one whose turn was not free: queue for it.
+      AwaitTurns(needs);
     }
   }
   queue_.push_back(std::move(record));
   counters_->submits_in_flight = queue_.size();
   InFlight& added = queue_.back();
-  if (added.parked) {
-    // The first parked submit is one whose turn was not free: queue for it.
-    if (++parked_ == 1) AwaitTurns(added.turns_needed);
-    return;
-  }
+  if (added.parked) return;
   if (!added.on_device) DeliverReady();
 }
 
-void Session::Start(SubmitRequest& request, InFlight& record) {
+bool Session::Start(SubmitRequest& request, InFlight& record) {
   if (!broken_.ok()) {
     record.status = broken_;
   } else {
     auto admitted = AdmitSubmit(request, tensors_, limits_, slabs_.get());
     if (!admitted.ok()) {
       record.status = admitted.status();
+    } else if (!ReserveStaging(request, record)) {
+      return false;  // admitted again when it resumes: nothing changed meanwhile
     } else {
       record.status = Enqueue(request, *admitted, record);
     }
@@ -126,6 +130,56 @@ void Session::Start(SubmitRequest& request, InFlight& record) {
     turns_->Give(record.turns_held);
     record.turns_held = CopyTurns::kNone;
   }
+  return true;
+}
+
+bool Session::ReserveStaging(const SubmitRequest& request, InFlight& record) {
+  if (!staging_) return true;
+  // Pieces of at most kMaxChunkBytes: a download's chunks, and ranges that an empty area
+  // always places while their sum fits it (no piece is wasted for lack of a large hole).
+  const uint64_t piece = std::min(kMaxChunkBytes, staging_->max_lease());
+  std::vector<uint64_t> sizes;
+  std::vector<uint32_t> op_of;  // the op each piece is for
+  for (size_t i = 0; i < request.ops.size(); ++i) {
+    uint64_t n = 0;
+    if (const auto* up = std::get_if<UploadOp>(&request.ops[i])) n = up->data.size();
+    if (const auto* down = std::get_if<DownloadOp>(&request.ops[i])) n = down->length;
+    for (uint64_t at = 0; at < n; at += piece) {
+      sizes.push_back(std::min(piece, n - at));
+      op_of.push_back(static_cast<uint32_t>(i));
+    }
+  }
+  if (sizes.empty()) return true;
+  std::vector<pool::StagingLease> leases;
+  auto wake = [weak = weak_from_this()] {
+    if (auto self = weak.lock()) {
+      Executor executor = self->executor_;
+      executor.Post([self = std::move(self)] { self->OnStagingFreed(); }, "staging freed");
+    }
+  };
+  switch (staging_->AllocateAll(sizes, &leases, std::move(wake))) {
+    case pool::StagingArea::Outcome::kAllocated:
+      record.staged_ops.resize(request.ops.size());
+      for (size_t k = 0; k < leases.size(); ++k) {
+        record.staged_ops[op_of[k]].push_back(std::move(leases[k]));
+      }
+      return true;
+    case pool::StagingArea::Outcome::kWait:
+      awaiting_staging_ = true;
+      return false;
+    case pool::StagingArea::Outcome::kNever:
+      // More than the whole area holds (staging-slabs x slab-size below the session's
+      // in-flight bytes), or no slab to be had: the direct path, counted.
+      staging_->CountFallback();
+      return true;
+  }
+  return true;
+}
+
+void Session::OnStagingFreed() {
+  if (!awaiting_staging_) return;
+  awaiting_staging_ = false;
+  ResumeParked(CopyTurns::kNone);
 }
 
 void Session::AwaitTurns(uint8_t mask) {
@@ -143,19 +197,26 @@ void Session::AwaitTurns(uint8_t mask) {
 void Session::OnTurnsGranted() {
   uint8_t granted = awaiting_turns_;
   awaiting_turns_ = CopyTurns::kNone;
+  ResumeParked(granted);
+}
+
+void Session::ResumeParked(uint8_t granted) {
   for (InFlight& r : queue_) {
     if (!r.parked) continue;
-    if (granted == CopyTurns::kNone && r.turns_needed != CopyTurns::kNone &&
-        !turns_->TryTake(r.turns_needed, TurnsIdentity())) {
-      AwaitTurns(r.turns_needed);
-      break;
+    // A submit that waited for staging holds its turns already.
+    const bool has_turns = r.turns_needed == CopyTurns::kNone || r.turns_held != CopyTurns::kNone;
+    if (!has_turns) {
+      if (granted == CopyTurns::kNone && !turns_->TryTake(r.turns_needed, TurnsIdentity())) {
+        AwaitTurns(r.turns_needed);
+        break;
+      }
+      r.turns_held = granted != CopyTurns::kNone ? granted : r.turns_needed;
+      granted = CopyTurns::kNone;  // the first parked submit holds the granted turns
     }
-    r.turns_held = granted != CopyTurns::kNone ? granted : r.turns_needed;
-    granted = CopyTurns::kNone;  // the first parked submit holds the granted turns
+    if (!Start(r.request, r)) break;  // waits for staging (ReserveStaging), still parked
     r.parked = false;
+    r.request = SubmitRequest();
     --parked_;
-    SubmitRequest request = std::move(r.request);
-    Start(request, r);
   }
   // No parked submit was left to take them (the client went away): give them back.
   if (granted != CopyTurns::kNone) turns_->Give(granted);
@@ -379,18 +440,24 @@ Status Session::EnqueueOp(const Op& any, DevicePtr fresh, std::shared_ptr<backen
           return Status::Ok();
         } else if constexpr (std::is_same_v<T, UploadOp>) {
           if (op.data.empty()) return Status::Ok();
-          const char* src = op.data.data();
-          if (staging_) {  // a remote client: DMA from the daemon's pinned staging
-            pool::StagingLease lease = staging_->Allocate(op.data.size());
-            if (lease) {
-              std::memcpy(lease.data(), src, op.data.size());
-              src = lease.data();
+          // Staged (ReserveStaging took its ranges): copied piece by piece into pinned
+          // ranges, and the device copies from there; the ranges are freed at delivery.
+          if (index < record.staged_ops.size() && !record.staged_ops[index].empty()) {
+            uint64_t at = 0;
+            for (pool::StagingLease& lease : record.staged_ops[index]) {
+              std::memcpy(lease.data(), op.data.data() + at, lease.length());
+              const char* staged = lease.data();
+              const uint64_t n = lease.length();
               record.staging.push_back(std::move(lease));
-            } else {
-              staging_->CountFallback();
+              FERRY_RETURN_IF_ERROR(
+                  stream_->CopyHostToDevice(ptr(op.tensor) + op.offset + at, staged, n));
+              at += n;
             }
+            record.staged_ops[index].clear();
+            return Status::Ok();
           }
-          return stream_->CopyHostToDevice(ptr(op.tensor) + op.offset, src, op.data.size());
+          return stream_->CopyHostToDevice(ptr(op.tensor) + op.offset, op.data.data(),
+                                           op.data.size());
         } else if constexpr (std::is_same_v<T, DownloadOp>) {
           // The record holds the download's buffers from here until it is delivered, even
           // when an enqueue below fails: copies enqueued before the failure still write them.
@@ -399,19 +466,17 @@ Status Session::EnqueueOp(const Op& any, DevicePtr fresh, std::shared_ptr<backen
           record.download_bytes += op.length;
           const DevicePtr src = ptr(op.tensor) + op.offset;
           uint64_t done = 0;
-          if (staging_ && op.length > 0) {
-            // A remote client: land in pinned staging, in ranges of at most a slab, as far
-            // as staging has room; the rest takes the direct path below.
-            while (done < op.length) {
-              const uint64_t n = std::min(staging_->max_lease(), op.length - done);
-              pool::StagingLease lease = staging_->Allocate(n);
-              if (!lease) break;
+          // Staged (ReserveStaging took its ranges): the device lands the bytes in pinned
+          // ranges, cut into chunks at delivery.
+          if (index < record.staged_ops.size()) {
+            for (pool::StagingLease& lease : record.staged_ops[index]) {
               char* dst = lease.data();
+              const uint64_t n = lease.length();
               pd.staged.push_back(std::move(lease));
               FERRY_RETURN_IF_ERROR(stream_->CopyDeviceToHost(dst, src + done, n));
               done += n;
             }
-            if (done < op.length) staging_->CountFallback();
+            record.staged_ops[index].clear();
           }
           pd.chunks.reserve((op.length - done + kMaxChunkBytes - 1) / kMaxChunkBytes);
           for (uint64_t off = done; off < op.length; off += kMaxChunkBytes) {

@@ -187,7 +187,8 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   /// Give the session its shared-memory slab set (local clients); call before the first
   /// Submit. The session gives the slabs back to the pool once its device work is done.
   void AttachSlabs(std::shared_ptr<pool::SessionSlabs> slabs) { slabs_ = std::move(slabs); }
-  /// Stage this (remote) session's inline transfers through the daemon's pinned staging.
+  /// Stage this session's inline transfers through the daemon's pinned staging (every
+  /// session: see ReserveStaging).
   void AttachStaging(pool::StagingArea* staging) { staging_ = staging; }
 
   /// DeviceLostListener: posts OnDeviceLost to the session's executor.
@@ -222,6 +223,9 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
     std::vector<uint64_t> syncs_after;         // Synchronize ids answered after this completes
     std::vector<pool::SlabRange> slab_ranges;  // busy until this submit completes
     std::vector<pool::StagingLease> staging;   // freed when the submit is delivered
+    // Staging ranges ReserveStaging took for each op's inline bytes (by op index), before
+    // Enqueue, which moves them into `staging` and `downloads`.
+    std::vector<std::vector<pool::StagingLease>> staged_ops;
     bool uid_inflight = false;  // charged to the identity's in-flight limit until delivered
   };
 
@@ -229,8 +233,20 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
           const SessionConfig& config, std::unique_ptr<backend::Stream> stream,
           SessionEvents* events);
 
-  // Admit and enqueue `request` (its turns, if it needs any, are held) into `record`.
-  void Start(SubmitRequest& request, InFlight& record);
+  // Admit and enqueue `request` (its turns, if it needs any, are held) into `record`; false
+  // (nothing done) when its inline transfers must first wait for staging room.
+  bool Start(SubmitRequest& request, InFlight& record);
+  // With staging (every session the daemon gives some): take the pinned ranges of all the
+  // submit's inline upload and download bytes at once, into record.staged_ops. A copy
+  // between the device and ordinary memory may hold the calling thread until the stream's
+  // earlier work is done (CUDA), so no executor thread makes one while staging can take the
+  // bytes: when it has no room now, return false and resume the parked submits once it frees
+  // some (OnStagingFreed). Only a submit the whole area could never hold takes the direct path.
+  bool ReserveStaging(const SubmitRequest& request, InFlight& record);
+  void OnStagingFreed();
+  // Start parked submits in order, with `granted` turns for the first that waits for them,
+  // until one must wait (for turns, or for staging).
+  void ResumeParked(uint8_t granted);
   // Queue for the turns of the first parked submit; OnTurnsGranted follows on the executor.
   void AwaitTurns(uint8_t mask);
   // The identity whose weight (uid-weights) orders this session's turns.
@@ -308,6 +324,7 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   CopyTurns* turns_ = nullptr;                 // null: no turns
   size_t parked_ = 0;                          // records of queue_ that are parked
   uint8_t awaiting_turns_ = CopyTurns::kNone;  // a Wait for these turns is outstanding
+  bool awaiting_staging_ = false;              // the first parked submit waits for staging
   Status broken_;  // a sticky device error: every later submit fails with it
   void Advance(LifecycleEvent event) { lifecycle_ = NextLifecycle(lifecycle_, event); }
   Lifecycle lifecycle_ = Lifecycle::kOpen;  // changed only through Advance

@@ -52,6 +52,42 @@ TEST(StagingTest, RangesAreDisjointFreedByLeasesAndCountNoSession) {
   EXPECT_EQ(pool->stats().slabs_in_use, 0u);
 }
 
+// AllocateAll: every range or none; when they do not fit, the caller's wake runs once bytes
+// are freed (not for the ranges it gave back itself); what the area can never hold is kNever.
+TEST(StagingTest, AllocateAllTakesEveryRangeOrWaitsForAFree) {
+  auto pool = MakePool(4);
+  StagingArea area(pool.get(), 2);  // 2M in all
+  int woken = 0;
+  auto wake = [&woken] { ++woken; };
+  std::vector<StagingLease> first;
+  ASSERT_EQ(area.AllocateAll({kSlab, kSlab / 2}, &first, wake), StagingArea::Outcome::kAllocated);
+  ASSERT_EQ(first.size(), 2u);
+  EXPECT_EQ(first[0].length(), kSlab);
+  EXPECT_EQ(first[1].length(), kSlab / 2);
+  EXPECT_NE(first[0].data(), first[1].data());
+  // Half a slab is left: two quarters fit, three halves do not, and take nothing.
+  std::vector<StagingLease> second;
+  EXPECT_EQ(area.AllocateAll({kSlab / 4, kSlab / 2, kSlab / 2}, &second, wake),
+            StagingArea::Outcome::kWait);
+  EXPECT_TRUE(second.empty());
+  EXPECT_EQ(area.stats().bytes_in_use, kSlab + kSlab / 2);
+  EXPECT_EQ(woken, 0) << "giving back its own partial ranges woke the waiter";
+  // More than the area can ever hold, or a range above a slab: never.
+  std::vector<StagingLease> never;
+  EXPECT_EQ(area.AllocateAll({kSlab, kSlab, kSlab}, &never, wake), StagingArea::Outcome::kNever);
+  EXPECT_EQ(area.AllocateAll({kSlab + 1}, &never, wake), StagingArea::Outcome::kNever);
+  // A free wakes the waiter once; then it fits.
+  first[0].Reset();
+  EXPECT_EQ(woken, 1);
+  first[1].Reset();
+  EXPECT_EQ(woken, 1) << "a waiter is woken once per wait";
+  EXPECT_EQ(area.AllocateAll({kSlab / 4, kSlab / 2, kSlab / 2}, &second, wake),
+            StagingArea::Outcome::kAllocated);
+  EXPECT_EQ(second.size(), 3u);
+  second.clear();
+  EXPECT_EQ(area.stats().bytes_in_use, 0u);
+}
+
 TEST(StagingTest, SessionPinnedQuotaCountsWholeSlabs) {
   auto pool = MakePool(8);
   SessionSlabs slabs(pool.get(), 2 * kSlab + 100);
