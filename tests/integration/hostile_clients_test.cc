@@ -567,6 +567,62 @@ TEST(HostileClientsTest, RemotePeersShareOneIdentity) {
 // A client ringing its submit ring's doorbell without writing records: the ring poller
 // thread stays well below a core over the storm, and another session's round trips through
 // its own ring keep working meanwhile.
+// Tenants that queue long device work with an inline download behind it hold no executor
+// thread while it runs: with 2 executor threads and 3 such sessions, another session opens
+// and completes a round trip while their work is still in flight. (On CUDA a download into
+// ordinary memory made on the executor thread would hold it until the stream's earlier work
+// is done; the daemon stages inline bytes in pinned memory instead.)
+TEST(HostileClientsTest, InlineTransfersBehindLongWorkHoldNoExecutorThread) {
+  FerrydProcess d({"--executor-threads", "2"});
+  ASSERT_TRUE(d.ok()) << d.log();
+  const bool cuda = testing::TestBackend() == "cuda";
+  // Each about a second of device time: 800 MiB fills on a GPU, 64 MiB ones on the host.
+  const int64_t elements = cuda ? 200 << 20 : 16 << 20;
+  const int fills = cuda ? 4000 : 60;
+  constexpr int kHostile = 3;
+  std::vector<std::unique_ptr<RawStream>> hostile;
+  for (int k = 0; k < kHostile; ++k) {
+    auto raw = std::make_unique<RawStream>(d.unix_target());
+    ASSERT_TRUE(raw->Open());
+    ASSERT_TRUE(raw->Submit(1, {testing::Create(1, v1::DTYPE_F32, {elements})}));
+    ASSERT_EQ(raw->Completion(1).kind(), v1::ERROR_KIND_NONE);
+    hostile.push_back(std::move(raw));
+  }
+  for (int k = 0; k < kHostile; ++k) {
+    std::vector<v1::Op> ops;
+    for (int i = 0; i < fills; ++i) ops.push_back(testing::Fill(1, 2.0 + k));
+    ops.push_back(testing::Download(1, 0, 16));
+    ASSERT_TRUE(hostile[k]->Submit(2, std::move(ops)));
+  }
+  // The victim: a new session, a fill and a one-element download.
+  auto client = Client::connect(d.unix_target());
+  ASSERT_TRUE(client.ok());
+  auto s = client->open_session();
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  Tensor t = s->create_tensor<float>({1});
+  s->fill(t, 7.0f);
+  auto v = s->download<float>(t);
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  EXPECT_EQ((*v)[0], 7.0f);
+  const uint64_t still = d.AdminStatus().submits_in_flight();
+  std::printf("victim done with %llu submits of others in flight\n",
+              static_cast<unsigned long long>(still));
+  EXPECT_GE(still, static_cast<uint64_t>(kHostile))
+      << "the victim waited for the others' device work: an executor thread was held";
+  t = Tensor();
+  ASSERT_TRUE(s->close().ok());
+  for (int k = 0; k < kHostile; ++k) {
+    std::string bytes;
+    ASSERT_EQ(hostile[k]->Completion(2, &bytes).kind(), v1::ERROR_KIND_NONE);
+    ASSERT_EQ(bytes.size(), 16u);
+    float first = 0;
+    std::memcpy(&first, bytes.data(), sizeof first);
+    EXPECT_EQ(first, 2.0f + k);
+    hostile[k]->Close();
+  }
+  EXPECT_EQ(d.Stop(), 0) << d.log();
+}
+
 TEST(HostileClientsTest, DoorbellStormDoesNotHoldThePollerOnACore) {
   FerrydProcess d;
   ASSERT_TRUE(d.ok()) << d.log();
