@@ -378,7 +378,10 @@ Status Session::Enqueue(SubmitRequest& request, const AdmissionResult& admitted,
     device_->RawLaunchesEnqueued(1);
   }
   if (run_batch_ && (run_batch_ops_ += ops.size()) >= RunBatchOps()) EndRunBatch();
-  const bool may_run_inline = staging_ == nullptr || record.download_bytes == 0;
+  // Delivering staged download bytes cuts them into chunks: not on the completion thread.
+  const bool may_run_inline =
+      std::none_of(record.downloads.begin(), record.downloads.end(),
+                   [](const PendingDownload& d) { return !d.staged.empty(); });
   if (run_open_) {  // one watch for the run, at its end
     run_unwatched_ = true;
     run_inline_ = run_inline_ && may_run_inline;
