@@ -581,7 +581,8 @@ means true; --allow-insecure-remote and --allow-remote-raw-kernels also take =tr
   --device-memory-cap SIZE   device memory all sessions together may hold (default: all)
   --host-memory SIZE         emulated device memory of the host backend (default 8G)
   --max-message SIZE         largest gRPC message (default 64M)
-  --executor-threads N       session executor threads (default: one per core, >= 2)
+  --executor-threads N       session executor threads (default: a quarter of the cores,
+                             at least 2)
   --cuda-work-queues N       hardware work queues of the CUDA context, 1..32 (default 0:
                              CUDA's, 8); fewer save host memory (docs/operations.md)
   --nvrtc-timeout MS         wall-clock (and CPU) time one CUDA C++ module's compile may
@@ -736,7 +737,7 @@ std::string FormatConfig(const DaemonConfig& c) {
   out << "host-memory = " << FormatBytes(c.host.memory_bytes) << "\n";
   out << "max-message = " << FormatBytes(c.daemon.max_message_bytes) << "\n";
   out << "executor-threads = " << c.daemon.executor_threads
-      << (c.daemon.executor_threads == 0 ? "  # one per core, at least 2" : "") << "\n";
+      << (c.daemon.executor_threads == 0 ? "  # a quarter of the cores, at least 2" : "") << "\n";
   out << "cuda-work-queues = " << c.cuda_work_queues
       << (c.cuda_work_queues == 0 ? "  # CUDA's default (8)" : "") << "\n";
   out << "nvrtc-timeout = " << c.cuda.nvrtc_timeout.count() << "\n";

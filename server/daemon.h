@@ -76,7 +76,7 @@ struct DaemonOptions {
   /// Data bytes of each local session's submit ring (transport/submit_ring.h); 0: no rings.
   uint64_t submit_ring_bytes = 64 << 10;
   uint64_t max_message_bytes = 64ull << 20;
-  int executor_threads = 0;  // 0: one per core, at least 2
+  int executor_threads = 0;  // 0: a quarter of the cores, at least 2
   /// The shared-memory slab pool, served on PATH.slabs beside the first Unix endpoint (own
   /// or inherited). No pool without one (remote clients send bytes inline).
   bool slab_pool_enabled = true;
@@ -91,7 +91,7 @@ struct DaemonOptions {
 };
 
 /// The session executor threads a daemon runs: `configured` (DaemonOptions::executor_threads)
-/// when above 0, else one per core, at least 2.
+/// when above 0, else a quarter of the cores, at least 2.
 int ExecutorThreadCount(int configured);
 
 class Daemon {
