@@ -569,7 +569,7 @@ TEST(HostileClientsTest, RemotePeersShareOneIdentity) {
 // its own ring keep working meanwhile.
 // Tenants that queue long device work with an inline download behind it hold no executor
 // thread while it runs: with 2 executor threads and 3 such sessions, another session opens
-// and completes a round trip while their work is still in flight. (On CUDA a download into
+// and synchronizes while their work is still in flight. (On CUDA a download into
 // ordinary memory made on the executor thread would hold it until the stream's earlier work
 // is done; the daemon stages inline bytes in pinned memory instead.)
 TEST(HostileClientsTest, InlineTransfersBehindLongWorkHoldNoExecutorThread) {
@@ -596,23 +596,19 @@ TEST(HostileClientsTest, InlineTransfersBehindLongWorkHoldNoExecutorThread) {
     ops.push_back(testing::Download(1, 0, 16));
     ASSERT_TRUE(hostile[k]->Submit(2, std::move(ops)));
   }
-  // The victim: a new session, a fill and a one-element download.
+  // The victim: a new session and a synchronize(), which need an executor thread each and
+  // no device work (a kernel of the victim's may wait in the GPU's own queues behind the
+  // others' kernels: a GPU matter, seen on the H200, and not what this looks at).
   auto client = Client::connect(d.unix_target());
   ASSERT_TRUE(client.ok());
   auto s = client->open_session();
   ASSERT_TRUE(s.ok()) << s.status().ToString();
-  Tensor t = s->create_tensor<float>({1});
-  s->fill(t, 7.0f);
-  auto v = s->download<float>(t);
-  ASSERT_TRUE(v.ok()) << v.status().ToString();
-  EXPECT_EQ((*v)[0], 7.0f);
+  ASSERT_TRUE(s->synchronize().ok());
   const uint64_t still = d.AdminStatus().submits_in_flight();
   std::printf("victim done with %llu submits of others in flight\n",
               static_cast<unsigned long long>(still));
   EXPECT_GE(still, static_cast<uint64_t>(kHostile))
       << "the victim waited for the others' device work: an executor thread was held";
-  t = Tensor();
-  ASSERT_TRUE(s->close().ok());
   for (int k = 0; k < kHostile; ++k) {
     std::string bytes;
     ASSERT_EQ(hostile[k]->Completion(2, &bytes).kind(), v1::ERROR_KIND_NONE);
@@ -622,6 +618,14 @@ TEST(HostileClientsTest, InlineTransfersBehindLongWorkHoldNoExecutorThread) {
     EXPECT_EQ(first, 2.0f + k);
     hostile[k]->Close();
   }
+  // The victim's session works on once the device is free.
+  Tensor t = s->create_tensor<float>({1});
+  s->fill(t, 7.0f);
+  auto v = s->download<float>(t);
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  EXPECT_EQ((*v)[0], 7.0f);
+  t = Tensor();
+  ASSERT_TRUE(s->close().ok());
   EXPECT_EQ(d.Stop(), 0) << d.log();
 }
 
