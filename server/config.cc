@@ -253,6 +253,11 @@ class Settings {
                                [this](uint64_t n) {
                                  c_.daemon.session_defaults.submit_run = static_cast<uint32_t>(n);
                                })},
+        {"staging-wait", bounded(0, 60000,
+                                 [this](uint64_t n) {
+                                   c_.daemon.session_defaults.staging_wait_ms =
+                                       static_cast<uint32_t>(n);
+                                 })},
         {"slab-size",
          [this](const std::string& v) -> Status {
            FERRY_ASSIGN_OR_RETURN(uint64_t n, ParseBytes(v));
@@ -609,6 +614,8 @@ means true; --allow-insecure-remote and --allow-remote-raw-kernels also take =tr
                              as runs of at most N: one completion watch per run, and one
                              batch for its kernel-only submits when it holds kernel-batch
                              ops or more (default 32; 0 or 1: each submit on its own)
+  --staging-wait MS          how long a submit waits for staging room for its inline
+                             bytes before it copies directly (default 100; 0: never waits)
   --slab-size SIZE           size of a shared-memory slab for local clients (default 64M)
   --pinned-budget SIZE       pinned shared memory all slabs may take (default 1G)
   --initial-slabs N          fresh slabs made and registered at start, and kept ready
@@ -754,6 +761,7 @@ std::string FormatConfig(const DaemonConfig& c) {
       << (c.daemon.session_defaults.kernel_batch == 0 ? "  # off" : "") << "\n";
   out << "submit-run = " << c.daemon.session_defaults.submit_run
       << (c.daemon.session_defaults.submit_run <= 1 ? "  # off" : "") << "\n";
+  out << "staging-wait = " << c.daemon.session_defaults.staging_wait_ms << "\n";
   out << "slab-size = " << FormatBytes(c.daemon.slab_pool.slab_size) << "\n";
   out << "pinned-budget = " << FormatBytes(c.daemon.slab_pool.budget) << "\n";
   out << "initial-slabs = " << c.daemon.slab_pool.initial_slabs << "\n";

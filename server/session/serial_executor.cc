@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
 
 namespace ferry::session {
 
@@ -15,6 +16,15 @@ void SerialExecutor::Post(std::function<void()> fn, const char* name) const {
     state_->active = true;
     boost::asio::post(state_->io, [state = state_] { Drain(state); });
   }
+}
+
+void SerialExecutor::PostAfter(std::chrono::milliseconds delay, std::function<void()> fn,
+                               const char* name) const {
+  auto timer = std::make_shared<boost::asio::steady_timer>(state_->io, delay);
+  timer->async_wait([timer, self = *this, fn = std::move(fn),
+                     name](const boost::system::error_code& error) mutable {
+    if (!error) self.Post(std::move(fn), name);
+  });
 }
 
 void SerialExecutor::RunOrPost(std::function<void()> fn, Followers followers) const {

@@ -39,6 +39,10 @@ class SerialExecutor {
   /// `name` (a string literal, or null) names the handler in the log when it runs longer
   /// than kSlowHandler, so that a handler that holds the session up can be found.
   void Post(std::function<void()> fn, const char* name = nullptr) const;
+  /// Post `fn` (as Post does) once `delay` has passed. The executor (and the io_context)
+  /// must outlive the wait; `fn` should hold weak references to what may be gone by then.
+  void PostAfter(std::chrono::milliseconds delay, std::function<void()> fn,
+                 const char* name = nullptr) const;
   /// What a RunOrPost that ran its function does with the short functions (those queued by
   /// RunOrPost) that queued behind it: run them on this thread too, or hand them on.
   enum class Followers { kPost, kRunHere };

@@ -164,9 +164,27 @@ bool Session::ReserveStaging(const SubmitRequest& request, InFlight& record) {
         record.staged_ops[op_of[k]].push_back(std::move(leases[k]));
       }
       return true;
-    case pool::StagingArea::Outcome::kWait:
+    case pool::StagingArea::Outcome::kWait: {
+      const auto now = std::chrono::steady_clock::now();
+      if (record.staging_wait_since == std::chrono::steady_clock::time_point{}) {
+        record.staging_wait_since = now;
+      }
+      const auto bound = std::chrono::milliseconds(config_.staging_wait_ms);
+      const auto waited = now - record.staging_wait_since;
+      if (waited >= bound) {  // long enough: the direct path, counted
+        staging_->CountFallback();
+        return true;
+      }
       awaiting_staging_ = true;
+      executor_.PostAfter(
+          std::chrono::ceil<std::chrono::milliseconds>(bound - waited) +
+              std::chrono::milliseconds(1),
+          [weak = weak_from_this()] {
+            if (auto self = weak.lock()) self->OnStagingFreed();
+          },
+          "staging wait over");
       return false;
+    }
     case pool::StagingArea::Outcome::kNever:
       // More than the whole area holds (staging-slabs x slab-size below the session's
       // in-flight bytes), or no slab to be had: the direct path, counted.

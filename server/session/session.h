@@ -8,6 +8,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -59,6 +60,10 @@ struct SessionConfig {
   // many (Session::BeginSubmitRun): one completion watch per run, and one batch for its
   // kernel-only submits when the run holds kernel_batch or more ops; 0 or 1: no runs.
   uint32_t submit_run = 32;
+  // How long a submit waits for staging room for its inline bytes before it takes the
+  // direct path (Session::ReserveStaging), so that a session holding staging (a client that
+  // does not read its downloads) delays others by at most this. 0: never wait.
+  uint32_t staging_wait_ms = 100;
 };
 
 /// Plain copy of a session's counters, as Closed reports them.
@@ -226,6 +231,8 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
     // Staging ranges ReserveStaging took for each op's inline bytes (by op index), before
     // Enqueue, which moves them into `staging` and `downloads`.
     std::vector<std::vector<pool::StagingLease>> staged_ops;
+    // When it first found staging without room (unset: never).
+    std::chrono::steady_clock::time_point staging_wait_since{};
     bool uid_inflight = false;  // charged to the identity's in-flight limit until delivered
   };
 
@@ -241,7 +248,8 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   // between the device and ordinary memory may hold the calling thread until the stream's
   // earlier work is done (CUDA), so no executor thread makes one while staging can take the
   // bytes: when it has no room now, return false and resume the parked submits once it frees
-  // some (OnStagingFreed). Only a submit the whole area could never hold takes the direct path.
+  // some, or once the submit has waited staging_wait_ms (OnStagingFreed). A submit that
+  // waited that long, or that the whole area could never hold, takes the direct path.
   bool ReserveStaging(const SubmitRequest& request, InFlight& record);
   void OnStagingFreed();
   // Start parked submits in order, with `granted` turns for the first that waits for them,

@@ -448,7 +448,8 @@ TEST(PendingTest, RemoteInlineTransfersAreStagedThroughDaemonSlabs) {
 // tenant could use to stop every session. Nothing is lost, and nothing goes direct.
 TEST(PendingTest, InlineTransfersWaitForStagingRoomInsteadOfTheDirectPath) {
   auto args = SmallPool();
-  args.insert(args.end(), {"--staging-slabs", "1"});  // 4M of staging
+  // 4M of staging; waits bounded far above this test's second or so.
+  args.insert(args.end(), {"--staging-slabs", "1", "--staging-wait", "30000"});
   FerrydProcess d(args, /*tcp=*/true);
   ASSERT_TRUE(d.ok());
   Session a = Open(d.tcp_target());
@@ -494,6 +495,71 @@ TEST(PendingTest, InlineTransfersWaitForStagingRoomInsteadOfTheDirectPath) {
   bt = Tensor();
   EXPECT_TRUE(a.close().ok());
   EXPECT_TRUE(b.close().ok());
+  auto end = d.WaitIdle();
+  EXPECT_EQ(end.staging_bytes_in_use(), 0u);
+}
+
+// A client that downloads inline and never reads holds its staging (the chunks wait to be
+// written). Another session's inline transfer that finds no room waits staging-wait, then
+// copies directly: it is delayed, not stopped, and loses nothing.
+TEST(PendingTest, AClientThatNeverReadsDelaysOthersByAtMostTheStagingWait) {
+  auto args = SmallPool();
+  args.insert(args.end(), {"--staging-slabs", "1", "--staging-wait", "200"});  // 4M
+  FerrydProcess d(args, /*tcp=*/true);
+  ASSERT_TRUE(d.ok());
+  // The hog: a 4 MiB tensor downloaded inline 16 times, never read. The connection takes a
+  // few MiB before it stops; the download being written then keeps its staging.
+  auto channel = grpc::CreateChannel(d.tcp_target().substr(4), grpc::InsecureChannelCredentials());
+  auto stub = v1::SessionService::NewStub(channel);
+  grpc::ClientContext hog_ctx;
+  auto hog = stub->Session(&hog_ctx);
+  v1::ClientMessage m;
+  m.mutable_open()->set_protocol_version(v1::PROTOCOL_VERSION_CURRENT);
+  v1::ServerMessage r;
+  ASSERT_TRUE(hog->Write(m) && hog->Read(&r) && r.has_opened());
+  m.Clear();
+  m.mutable_submit()->set_submit_id(1);
+  auto* c = m.mutable_submit()->add_ops()->mutable_create_tensor();
+  c->set_handle(1);
+  c->set_dtype(v1::DTYPE_U8);
+  c->add_shape(4 << 20);
+  ASSERT_TRUE(hog->Write(m));
+  for (uint64_t id = 2; id < 18; ++id) {
+    m.Clear();
+    m.mutable_submit()->set_submit_id(id);
+    auto* dl = m.mutable_submit()->add_ops()->mutable_download();
+    dl->set_tensor(1);
+    dl->set_length(4 << 20);
+    ASSERT_TRUE(hog->Write(m));
+  }
+  // Until the hog's stream has stalled with staging held.
+  for (int i = 0; i < 100; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (i >= 10 && d.AdminStatus().staging_bytes_in_use() > 0) break;
+  }
+  const uint64_t fallbacks = d.AdminStatus().staging_fallbacks_total();
+  // The victim needs the whole area (4 MiB up): it waits 200 ms, then copies directly.
+  Session v = Open(d.tcp_target());
+  std::vector<uint8_t> bytes(4u << 20);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(i * 13 + i / 4096);
+  Tensor t = v.create_tensor<uint8_t>({static_cast<int64_t>(bytes.size())});
+  const auto start = std::chrono::steady_clock::now();
+  Status up = v.upload(t, bytes);
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_TRUE(up.ok()) << up.ToString();
+  auto back = v.download<uint8_t>(t);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_TRUE(*back == bytes) << "the victim's bytes came back wrong";
+  auto mid = d.AdminStatus();
+  std::printf("victim's upload: %.0f ms; hog holds %llu staging bytes\n", ms,
+              static_cast<unsigned long long>(mid.staging_bytes_in_use()));
+  EXPECT_GT(mid.staging_bytes_in_use(), 0u) << "the hog held no staging: nothing was tested";
+  EXPECT_GE(mid.staging_fallbacks_total(), fallbacks + 1) << "the victim never went direct";
+  t = Tensor();
+  EXPECT_TRUE(v.close().ok());
+  hog_ctx.TryCancel();
+  (void)hog->Finish();
   auto end = d.WaitIdle();
   EXPECT_EQ(end.staging_bytes_in_use(), 0u);
 }

@@ -346,6 +346,7 @@ nvrtc-concurrency = 2
 copy-turns = 0
 kernel-batch = 3
 submit-run = 5
+staging-wait = 250
 copy-turn-size = 1M
 device-turns = 2
 uid-weights = "remote=3,uid:1000=2"
