@@ -173,6 +173,23 @@ TEST_F(SerialExecutorTest, NeverConcurrentAndOrderedPerCaller) {
 
 // A named Post that runs longer than kSlowHandler is logged with its name, so a handler that
 // holds a session up can be found; an unnamed one is not timed.
+// PostAfter posts once the delay has passed (not before), on the executor, in turn with
+// what else it runs.
+TEST_F(SerialExecutorTest, PostAfterPostsOnceTheDelayHasPassed) {
+  SerialExecutor ex(io_);
+  std::promise<std::chrono::steady_clock::time_point> ran;
+  std::atomic<bool> on_executor{false};
+  const auto start = std::chrono::steady_clock::now();
+  ex.PostAfter(std::chrono::milliseconds(30), [&] {
+    on_executor = ex.running_in_this_thread();
+    ran.set_value(std::chrono::steady_clock::now());
+  });
+  auto done = ran.get_future();
+  ASSERT_EQ(done.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_GE(done.get() - start, std::chrono::milliseconds(30));
+  EXPECT_TRUE(on_executor);
+}
+
 TEST_F(SerialExecutorTest, ASlowNamedHandlerIsLoggedByName) {
   std::ostringstream log;
   auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
