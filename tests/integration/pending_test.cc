@@ -16,6 +16,7 @@
 #include "ferry/v1/session.grpc.pb.h"
 #include "ferryd_process.h"
 #include "other_user.h"
+#include "raw_protocol.h"
 
 namespace ferry {
 namespace {
@@ -509,28 +510,11 @@ TEST(PendingTest, AClientThatNeverReadsDelaysOthersByAtMostTheStagingWait) {
   ASSERT_TRUE(d.ok());
   // The hog: a 4 MiB tensor downloaded inline 16 times, never read. The connection takes a
   // few MiB before it stops; the download being written then keeps its staging.
-  auto channel = grpc::CreateChannel(d.tcp_target().substr(4), grpc::InsecureChannelCredentials());
-  auto stub = v1::SessionService::NewStub(channel);
-  grpc::ClientContext hog_ctx;
-  auto hog = stub->Session(&hog_ctx);
-  v1::ClientMessage m;
-  m.mutable_open()->set_protocol_version(v1::PROTOCOL_VERSION_CURRENT);
-  v1::ServerMessage r;
-  ASSERT_TRUE(hog->Write(m) && hog->Read(&r) && r.has_opened());
-  m.Clear();
-  m.mutable_submit()->set_submit_id(1);
-  auto* c = m.mutable_submit()->add_ops()->mutable_create_tensor();
-  c->set_handle(1);
-  c->set_dtype(v1::DTYPE_U8);
-  c->add_shape(4 << 20);
-  ASSERT_TRUE(hog->Write(m));
+  auto hog = std::make_unique<testing::RawStream>(d.tcp_target().substr(4));
+  ASSERT_TRUE(hog->Open());
+  ASSERT_TRUE(hog->Submit(1, {testing::Create(1, v1::DTYPE_U8, {4 << 20})}));
   for (uint64_t id = 2; id < 18; ++id) {
-    m.Clear();
-    m.mutable_submit()->set_submit_id(id);
-    auto* dl = m.mutable_submit()->add_ops()->mutable_download();
-    dl->set_tensor(1);
-    dl->set_length(4 << 20);
-    ASSERT_TRUE(hog->Write(m));
+    ASSERT_TRUE(hog->Submit(id, {testing::Download(1, 0, 4 << 20)}));
   }
   // Until the hog's stream has stalled with staging held.
   for (int i = 0; i < 100; ++i) {
@@ -558,8 +542,7 @@ TEST(PendingTest, AClientThatNeverReadsDelaysOthersByAtMostTheStagingWait) {
   EXPECT_GE(mid.staging_fallbacks_total(), fallbacks + 1) << "the victim never went direct";
   t = Tensor();
   EXPECT_TRUE(v.close().ok());
-  hog_ctx.TryCancel();
-  (void)hog->Finish();
+  hog.reset();  // cancels its stream
   auto end = d.WaitIdle();
   EXPECT_EQ(end.staging_bytes_in_use(), 0u);
 }
