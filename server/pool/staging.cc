@@ -36,11 +36,6 @@ StagingArea::~StagingArea() {
   for (Slab& s : slabs_) pool_->Release(s.ref.id, /*quarantined=*/false);
 }
 
-StagingLease StagingArea::Allocate(uint64_t bytes) {
-  MutexLock lock(&mu_);
-  return AllocateLocked(bytes);
-}
-
 StagingArea::Outcome StagingArea::AllocateAll(const std::vector<uint64_t>& sizes,
                                               std::vector<StagingLease>* out,
                                               std::function<void()> wake) {

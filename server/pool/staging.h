@@ -13,8 +13,7 @@
 // a larger transfer takes several. Sessions take all the ranges a submit needs at once
 // (AllocateAll) and, when they do not fit, wait for bytes to be freed: a copy between the
 // device and ordinary (pageable) memory may hold the calling thread until the stream's
-// earlier work is done (CUDA), so an executor thread must never make one. Allocate, which
-// returns an empty lease when no range fits, is for callers with a direct path.
+// earlier work is done (CUDA), so an executor thread must never make one.
 //
 // Thread-safe: sessions' executors allocate and free concurrently; Admin reads the stats.
 #pragma once
@@ -68,9 +67,6 @@ class StagingArea {
   ~StagingArea();  // gives the slabs back to the pool; every lease must be gone
   StagingArea(const StagingArea&) = delete;
   StagingArea& operator=(const StagingArea&) = delete;
-
-  /// A range of `bytes` (> 0, at most max_lease()), or an empty lease when none fits.
-  StagingLease Allocate(uint64_t bytes);
 
   enum class Outcome {
     kAllocated,  // `out` holds a range for each size, in order

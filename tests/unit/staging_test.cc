@@ -16,26 +16,33 @@ std::unique_ptr<SlabPool> MakePool(uint64_t budget_slabs) {
   return std::move(*pool);
 }
 
+// One range of `bytes` through AllocateAll, or an empty lease when it gets none.
+StagingLease One(StagingArea& area, uint64_t bytes) {
+  std::vector<StagingLease> got;
+  if (area.AllocateAll({bytes}, &got, [] {}) != StagingArea::Outcome::kAllocated) return {};
+  return std::move(got[0]);
+}
+
 TEST(StagingTest, RangesAreDisjointFreedByLeasesAndCountNoSession) {
   auto pool = MakePool(4);
   {
     StagingArea area(pool.get(), 1);
-    StagingLease a = area.Allocate(1000);
-    StagingLease b = area.Allocate(kSlab / 2);
+    StagingLease a = One(area, 1000);
+    StagingLease b = One(area, kSlab / 2);
     ASSERT_TRUE(a && b);
     EXPECT_GE(b.data(), a.data() + 1000);
     EXPECT_EQ(pool->stats().slabs_in_use, 0u);  // a daemon slab, held by no session
     EXPECT_EQ(pool->stats().slabs_daemon, 1u);
     // No room left for another half slab (4K granules), nor for more than a slab.
-    EXPECT_FALSE(area.Allocate(kSlab / 2));
-    EXPECT_FALSE(area.Allocate(kSlab + 1));
-    EXPECT_FALSE(area.Allocate(0));
+    EXPECT_FALSE(One(area, kSlab / 2));
+    EXPECT_FALSE(One(area, kSlab + 1));
+    EXPECT_FALSE(One(area, 0));
     StagingStats s = area.stats();
     EXPECT_EQ(s.slabs, 1u);
     EXPECT_EQ(s.bytes_in_use, 4096 + kSlab / 2);
     EXPECT_EQ(s.staged_total, 1000 + kSlab / 2);
     b = StagingLease();  // freed
-    StagingLease c = area.Allocate(kSlab / 2);
+    StagingLease c = One(area, kSlab / 2);
     ASSERT_TRUE(c);
     StagingLease moved = std::move(c);
     EXPECT_FALSE(c);
