@@ -13,6 +13,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -327,6 +328,18 @@ TEST(BoundedSessionTest, UnreadDownloadsAreHeldBackAtTheInFlightBytes) {
   EXPECT_EQ(d->Stop(), 0) << d->log();
 }
 
+// Open `raw`'s session asking for 1024 submits in flight, so that the bytes in flight, not
+// the count, are what holds a flood back; the Opened, or nothing.
+std::optional<v1::Opened> OpenAskingForManyInFlight(RawStream& raw) {
+  v1::ClientMessage open;
+  open.mutable_open()->set_protocol_version(v1::PROTOCOL_VERSION_CURRENT);
+  open.mutable_open()->set_max_in_flight_submits(1024);
+  if (!raw.Send(open)) return std::nullopt;
+  auto opened = raw.Read();
+  if (!opened || !opened->has_opened()) return std::nullopt;
+  return opened->opened();
+}
+
 v1::Op InlineUpload(uint64_t h, uint64_t offset, std::string data) {
   v1::Op op;
   op.mutable_upload()->set_tensor(h);
@@ -343,12 +356,8 @@ TEST(BoundedSessionTest, InlineUploadsInFlightStopAtTheInFlightBytes) {
   ASSERT_TRUE(StartDaemon(d, {"--session-in-flight-bytes", "32M"})->ok()) << d->log();
   const std::string metrics = MetricsEndpoint(*d);
   RawStream raw(d->unix_target());
-  v1::ClientMessage open;
-  open.mutable_open()->set_protocol_version(v1::PROTOCOL_VERSION_CURRENT);
-  open.mutable_open()->set_max_in_flight_submits(1024);
-  ASSERT_TRUE(raw.Send(open));
-  auto opened = raw.Read();
-  ASSERT_TRUE(opened && opened->has_opened());
+  auto opened = OpenAskingForManyInFlight(raw);
+  ASSERT_TRUE(opened);
   constexpr uint64_t kUpload = 8 << 20;
   // (Filled here, so that the emulated device memory they take is resident before measuring.)
   ASSERT_TRUE(raw.Submit(1, {Create(1, v1::DTYPE_F32, {16 << 20}),
@@ -421,14 +430,10 @@ TEST(BoundedSessionTest, InlineUploadsThroughTheRingStopAtTheInFlightBytes) {
       << d->log();
   const std::string metrics = MetricsEndpoint(*d);
   RawStream raw(d->unix_target());
-  v1::ClientMessage open;
-  open.mutable_open()->set_protocol_version(v1::PROTOCOL_VERSION_CURRENT);
-  open.mutable_open()->set_max_in_flight_submits(1024);
-  ASSERT_TRUE(raw.Send(open));
-  auto opened = raw.Read();
-  ASSERT_TRUE(opened && opened->has_opened());
+  auto opened = OpenAskingForManyInFlight(raw);
+  ASSERT_TRUE(opened);
   RawRing ring;
-  ASSERT_TRUE(ring.Map(opened->opened())) << "no submit ring";
+  ASSERT_TRUE(ring.Map(*opened)) << "no submit ring";
   constexpr uint64_t kUpload = 512 << 10;
   // Through the stream: the tensors (unnumbered, answered before anything is numbered), then
   // fills of 64 MiB that keep the session's stream busy while the uploads arrive (number 1:
