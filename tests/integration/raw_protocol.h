@@ -96,6 +96,18 @@ class RawStream {
     }
     Finish();
   }
+  /// Send a Close numbered `sequence` (once a session numbers its messages, every later one
+  /// is numbered), read to the end of the stream and finish it: true if the Close was sent,
+  /// a Closed came, and the stream ended OK.
+  bool CloseNumbered(uint64_t sequence) {
+    v1::ClientMessage m;
+    m.set_sequence(sequence);
+    m.mutable_close();
+    if (!Send(m)) return false;
+    bool closed = false;
+    while (auto r = Read()) closed |= r->has_closed();
+    return Finish().ok() && closed;
+  }
   grpc::Status Finish() {
     finished_ = true;
     return stream_->Finish();
