@@ -364,28 +364,36 @@ TEST(BoundedSessionTest, InlineUploadsInFlightStopAtTheInFlightBytes) {
   // Keep the session's stream busy (fills of 64 MiB), then send 64 uploads of 8 MiB behind.
   ASSERT_TRUE(raw.Submit(2, std::vector<v1::Op>(LongFillCount(), Fill(1, 2.0))));
   constexpr int kSubmits = 64;
-  const std::string bytes(kUpload, 'u');
-  // Watch until the daemon stopped reading and the writer stalled (or finished).
+  std::atomic<int> sent{0};
+  std::atomic<bool> done{false};
+  std::thread writer([&] {
+    const std::string bytes(kUpload, 'u');
+    for (int i = 0; i < kSubmits; ++i) {
+      v1::ClientMessage m;
+      m.mutable_submit()->set_submit_id(3 + static_cast<uint64_t>(i));
+      *m.mutable_submit()->add_ops() = InlineUpload(2, 0, bytes);
+      if (!raw.Send(m)) break;
+      ++sent;
+    }
+    done = true;
+  });
+  // Watch until the writer is done, or the daemon stopped reading and the writer stalled.
   double most_bytes = 0;
   uint64_t most_rss = 0;
-  Flood flood(
-      metrics,
-      [&](int i) {
-        v1::ClientMessage m;
-        m.mutable_submit()->set_submit_id(2 + static_cast<uint64_t>(i));
-        *m.mutable_submit()->add_ops() = InlineUpload(2, 0, bytes);
-        return raw.Send(m);
-      },
-      kSubmits,
-      [&](const std::string& body) {
-        most_bytes = std::max(most_bytes, Value(body, "ferry_stream_in_flight_bytes"));
-        most_rss = std::max(most_rss, RssBytes(d->pid()));
-      },
-      std::chrono::milliseconds(50));
+  int last = -1;
+  for (int i = 0; i < 600 && !done; ++i) {
+    const std::string body = Scrape(metrics);
+    most_bytes = std::max(most_bytes, Value(body, "ferry_stream_in_flight_bytes"));
+    most_rss = std::max(most_rss, RssBytes(d->pid()));
+    const int now = sent;
+    if (Value(body, "ferry_streams_paused") >= 1 && now == last) break;
+    last = now;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
   most_rss = std::max(most_rss, RssBytes(d->pid()));
   std::printf("ferryd RSS %llu -> at most %llu KiB, %d uploads sent\n",
               static_cast<unsigned long long>(rss_before >> 10),
-              static_cast<unsigned long long>(most_rss >> 10), flood.sent());
+              static_cast<unsigned long long>(most_rss >> 10), sent.load());
   EXPECT_GE(most_bytes, 0) << "no ferry_stream_in_flight_bytes";
   EXPECT_LE(most_bytes, 2.0 * (32 << 20));
   // 64 MiB of charged uploads, the transport's buffers and the allocator's slack: far below
@@ -404,7 +412,7 @@ TEST(BoundedSessionTest, InlineUploadsInFlightStopAtTheInFlightBytes) {
     v1::Error e = raw.Completion(id);
     ASSERT_EQ(e.kind(), v1::ERROR_KIND_NONE) << "submit " << id << ": " << e.message();
   }
-  flood.Join();
+  writer.join();
   raw.Close();
   EXPECT_EQ(d->Stop(), 0) << d->log();
 }
