@@ -60,13 +60,11 @@ int LongFillCount() { return testing::TestBackend() == "cuda" ? 20000 : 300; }
 // Run `write` on a thread of its own (it writes and never reads), and return once the daemon
 // stopped reading the stream (ferry_streams_paused) and the writer made no progress since the
 // last look: the daemon pushes back, and the transport's window is full or the writer is done.
-// Bounded: at most 600 looks (a daemon that never pushes back reads all and is caught by the
-// checks after). `look`, where given, sees each scrape's body; `interval` is between looks.
+// Bounded: at most ~60 s of looking (a daemon that never pushes back reads all and is caught
+// by the checks after).
 class Flood {
  public:
-  Flood(const std::string& metrics, std::function<bool(int)> write, int messages,
-        std::function<void(const std::string&)> look = nullptr,
-        std::chrono::milliseconds interval = std::chrono::milliseconds(100))
+  Flood(const std::string& metrics, std::function<bool(int)> write, int messages)
       : thread_([this, write = std::move(write), messages] {
           for (int i = 1; i <= messages; ++i) {
             if (!write(i)) break;
@@ -76,10 +74,8 @@ class Flood {
         }) {
     int last = -1;
     for (int i = 0; i < 600; ++i) {
-      std::this_thread::sleep_for(interval);
-      const std::string body = Scrape(metrics);
-      if (look) look(body);
-      const bool paused = Value(body, "ferry_streams_paused") >= 1;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      const bool paused = Value(Scrape(metrics), "ferry_streams_paused") >= 1;
       const int now = sent_;
       if (paused && now == last) break;
       last = now;
@@ -446,29 +442,36 @@ TEST(BoundedSessionTest, InlineUploadsThroughTheRingStopAtTheInFlightBytes) {
     ASSERT_TRUE(raw.Send(fills));
   }
   constexpr int kSubmits = 100;  // 50 MiB of uploads: more than the ring and the bound
-  const std::string bytes(kUpload, 'u');
+  std::atomic<int> sent{0};
+  std::atomic<bool> done{false};
+  std::thread writer([&] {
+    const std::string bytes(kUpload, 'u');
+    for (int i = 0; i < kSubmits; ++i) {
+      v1::ClientMessage m;
+      m.set_sequence(2 + static_cast<uint64_t>(i));
+      m.mutable_submit()->set_submit_id(3 + static_cast<uint64_t>(i));
+      *m.mutable_submit()->add_ops() = InlineUpload(2, 0, bytes);
+      ring.Write(m);  // waits for room while the daemon holds back
+      ++sent;
+    }
+    done = true;
+  });
   double most_bytes = 0;
   bool paused = false;
-  Flood flood(
-      metrics,
-      [&](int i) {
-        v1::ClientMessage m;
-        m.set_sequence(1 + static_cast<uint64_t>(i));
-        m.mutable_submit()->set_submit_id(2 + static_cast<uint64_t>(i));
-        *m.mutable_submit()->add_ops() = InlineUpload(2, 0, bytes);
-        ring.Write(m);  // waits for room while the daemon holds back
-        return true;
-      },
-      kSubmits,
-      [&](const std::string& body) {
-        most_bytes = std::max(most_bytes, Value(body, "ferry_stream_in_flight_bytes"));
-        paused = paused || Value(body, "ferry_streams_paused") >= 1;
-      },
-      std::chrono::milliseconds(20));
+  int last = -1;
+  for (int i = 0; i < 600 && !done; ++i) {
+    const std::string body = Scrape(metrics);
+    most_bytes = std::max(most_bytes, Value(body, "ferry_stream_in_flight_bytes"));
+    paused = paused || Value(body, "ferry_streams_paused") >= 1;
+    const int now = sent;
+    if (paused && now == last) break;
+    last = now;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
   std::printf(
       "%d of %d uploads written to the ring when the daemon held back; at most %.0f "
       "bytes in flight\n",
-      flood.sent(), kSubmits, most_bytes);
+      sent.load(), kSubmits, most_bytes);
   EXPECT_TRUE(paused) << "the daemon never held the ring back";
   EXPECT_GE(most_bytes, 0) << "no ferry_stream_in_flight_bytes";
   EXPECT_LE(most_bytes, 2.0 * (16 << 20));
@@ -476,7 +479,7 @@ TEST(BoundedSessionTest, InlineUploadsThroughTheRingStopAtTheInFlightBytes) {
     v1::Error e = raw.Completion(id);
     ASSERT_EQ(e.kind(), v1::ERROR_KIND_NONE) << "submit " << id << ": " << e.message();
   }
-  flood.Join();
+  writer.join();
   EXPECT_TRUE(raw.CloseNumbered(kSubmits + 2));  // numbered, like every message since the fills
   EXPECT_EQ(d->Stop(), 0) << d->log();
 }
