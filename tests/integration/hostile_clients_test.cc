@@ -127,12 +127,17 @@ bool ClosedByPeer(int fd, std::chrono::milliseconds timeout) {
 
 // The id of `pid`'s thread named `name`, or -1.
 pid_t ThreadNamed(pid_t pid, const std::string& name) {
+  // Each of ferryd's threads names itself as it starts, which may be just after the daemon
+  // said it is ready (seen under ASan): look for up to 5 s.
   std::string dir = "/proc/" + std::to_string(pid) + "/task";
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-    std::ifstream comm(entry.path() / "comm");
-    std::string got;
-    std::getline(comm, got);
-    if (got == name) return std::stoi(entry.path().filename().string());
+  for (int attempt = 0; attempt < 500; ++attempt) {
+    for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+      std::ifstream comm(entry.path() / "comm");
+      std::string got;
+      std::getline(comm, got);
+      if (got == name) return std::stoi(entry.path().filename().string());
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   return -1;
 }
