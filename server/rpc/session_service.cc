@@ -641,9 +641,12 @@ class SessionConnection : public session::SessionEvents,
     const uint64_t bytes = chunk_bytes + kMessageCost;
     outbox_bytes_ += bytes;
     context_->gauges.unsent_bytes += static_cast<int64_t>(bytes);
+    if (staged.keep) ++chunks_in_staging_;
     outbox_.push_back(Outgoing{std::move(message), std::move(staged), chunk_bytes});
     ++context_->gauges.unsent;
     PumpWrites();
+    // Queued behind a write in flight (PumpWrites did not take it): watch that write.
+    if (write_in_flight_ && chunks_in_staging_ > 0) WatchForStalledWrite();
   }
 
   // Drop queued messages, keeping the first `keep` (one gRPC may still be writing).
@@ -655,24 +658,57 @@ class SessionConnection : public session::SessionEvents,
   }
   // Account for a message leaving the outbox (written or dropped).
   void Unqueue(const Outgoing& o) {
+    if (o.staged.keep) --chunks_in_staging_;
     --context_->gauges.unsent;
     outbox_bytes_ -= o.chunk_bytes + kMessageCost;
     context_->gauges.unsent_bytes -= static_cast<int64_t>(o.chunk_bytes + kMessageCost);
   }
 
   // Put a chunk's staged bytes into its message (copying them out of staging).
-  static void Ready(Outgoing& o) {
-    if (o.staged.keep) *o.message->mutable_download_chunk()->mutable_data() = o.staged.Take();
+  void Ready(Outgoing& o) {
+    if (!o.staged.keep) return;
+    *o.message->mutable_download_chunk()->mutable_data() = o.staged.Take();
+    --chunks_in_staging_;
   }
 
   void PumpWrites() {
     if (write_in_flight_ || outbox_.empty() || end_ == StreamEnd::kFinished || !reactor_) return;
     write_in_flight_ = true;
+    ++writes_started_;
     CoalesceCompletions();
     Ready(outbox_.front());
     reactor_->StartWrite(outbox_.front().message.get());
     // Copy the next chunk out of staging while gRPC writes this one.
     if (outbox_.size() > 1) Ready(outbox_[1]);
+    if (chunks_in_staging_ > 0) WatchForStalledWrite();
+  }
+
+  // Staging is shared by every session, and a chunk holds its range until it is written. A
+  // client that stops reading stops the writes, so the chunks queued behind the write in
+  // flight would hold their staging for as long as it does not read, and other sessions'
+  // inline transfers would wait for it (staging-wait) and then copy directly. So once one
+  // write has been in flight for kStalledWrite, every chunk still in staging is copied out
+  // (the copy Ready makes anyway, made early); its bytes stay charged to the session's
+  // in-flight bytes until written, as before.
+  static constexpr std::chrono::milliseconds kStalledWrite{10};
+
+  void WatchForStalledWrite() {
+    if (stall_watch_armed_) return;
+    stall_watch_armed_ = true;
+    executor_.PostAfter(
+        kStalledWrite,
+        [weak = weak_from_this(), write = writes_started_] {
+          auto self = weak.lock();
+          if (!self) return;
+          self->stall_watch_armed_ = false;
+          if (!self->write_in_flight_ || self->chunks_in_staging_ == 0) return;
+          if (self->writes_started_ != write) {  // writes moved on: watch the one now
+            self->WatchForStalledWrite();
+            return;
+          }
+          for (Outgoing& o : self->outbox_) self->Ready(o);
+        },
+        "stalled write");
   }
 
   // gRPC writes one message at a time per stream, so a pipelined session's completions queue
@@ -839,6 +875,9 @@ class SessionConnection : public session::SessionEvents,
   Sequencer sequencer_;
   bool close_requested_ = false;
   bool write_in_flight_ = false;
+  uint64_t writes_started_ = 0;         // writes PumpWrites started (WatchForStalledWrite)
+  bool stall_watch_armed_ = false;      // a WatchForStalledWrite check is due
+  size_t chunks_in_staging_ = 0;        // outbox messages whose bytes are still in staging
   bool coalesced_completions_ = false;  // Open.coalesced_completions
   StreamEnd end_ = StreamEnd::kOpen;    // changed only through NextStreamEnd
   grpc::Status finish_status_;

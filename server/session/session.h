@@ -61,8 +61,8 @@ struct SessionConfig {
   // kernel-only submits when the run holds kernel_batch or more ops; 0 or 1: no runs.
   uint32_t submit_run = 32;
   // How long a submit waits for staging room for its inline bytes before it takes the
-  // direct path (Session::ReserveStaging), so that a session holding staging (a client that
-  // does not read its downloads) delays others by at most this. 0: never wait.
+  // direct path (Session::ReserveStaging), so that a session holding staging (inline uploads
+  // queued behind long device work) delays others by at most this. 0: never wait.
   uint32_t staging_wait_ms = 100;
 };
 

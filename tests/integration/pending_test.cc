@@ -500,29 +500,44 @@ TEST(PendingTest, InlineTransfersWaitForStagingRoomInsteadOfTheDirectPath) {
   EXPECT_EQ(end.staging_bytes_in_use(), 0u);
 }
 
-// A client that downloads inline and never reads holds its staging (the chunks wait to be
-// written). Another session's inline transfer that finds no room waits staging-wait, then
-// copies directly: it is delayed, not stopped, and loses nothing.
-TEST(PendingTest, AClientThatNeverReadsDelaysOthersByAtMostTheStagingWait) {
+// A client that downloads inline and never reads does not keep its staging: once a write to
+// it has stalled, the chunks queued behind are copied out of staging (they stay charged to
+// its in-flight bytes). Another session's inline transfer that needs the whole area then
+// finds it free: staged, not direct, and without waiting for the staging wait.
+TEST(PendingTest, AClientThatNeverReadsHoldsNoStaging) {
   auto args = SmallPool();
-  args.insert(args.end(), {"--staging-slabs", "1", "--staging-wait", "200"});  // 4M
+  args.insert(args.end(), {"--staging-slabs", "1", "--staging-wait", "5000"});  // 4M
   FerrydProcess d(args, /*tcp=*/true);
   ASSERT_TRUE(d.ok());
-  // The hog: a 4 MiB tensor downloaded inline 16 times, never read. The connection takes a
-  // few MiB before it stops; the download being written then keeps its staging.
+  const uint64_t staged_before = d.AdminStatus().staged_bytes_total();
+  // The hog: a 4 MiB tensor downloaded inline 16 times, never read. Each download needs the
+  // whole area; the connection takes a few MiB before its writes stop.
   auto hog = std::make_unique<testing::RawStream>(d.tcp_target().substr(4));
   ASSERT_TRUE(hog->Open());
   ASSERT_TRUE(hog->Submit(1, {testing::Create(1, v1::DTYPE_U8, {4 << 20})}));
-  for (uint64_t id = 2; id < 18; ++id) {
+  constexpr uint64_t kDownloads = 16;
+  for (uint64_t id = 2; id < 2 + kDownloads; ++id) {
     ASSERT_TRUE(hog->Submit(id, {testing::Download(1, 0, 4 << 20)}));
   }
-  // Until the hog's stream has stalled with staging held.
-  for (int i = 0; i < 100; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    if (i >= 10 && d.AdminStatus().staging_bytes_in_use() > 0) break;
+  // Until every download went through staging (one after another: each waited for the one
+  // before to leave it) and staging is free again, with the hog still reading nothing.
+  v1::StatusReply mid;
+  for (int i = 0; i < 500; ++i) {
+    mid = d.AdminStatus();
+    if (mid.staged_bytes_total() - staged_before >= kDownloads * (4u << 20) &&
+        mid.staging_bytes_in_use() == 0 && mid.submits_in_flight() == 0) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  const uint64_t fallbacks = d.AdminStatus().staging_fallbacks_total();
-  // The victim needs the whole area (4 MiB up): it waits 200 ms, then copies directly.
+  std::printf("hog: %llu bytes staged, %llu held now\n",
+              static_cast<unsigned long long>(mid.staged_bytes_total() - staged_before),
+              static_cast<unsigned long long>(mid.staging_bytes_in_use()));
+  ASSERT_GE(mid.staged_bytes_total() - staged_before, kDownloads * (4u << 20))
+      << "the hog's downloads did not all go through staging";
+  ASSERT_EQ(mid.staging_bytes_in_use(), 0u) << "the hog's unread chunks keep staging";
+  EXPECT_EQ(mid.staging_fallbacks_total(), 0u);
+  // The victim needs the whole area (4 MiB up and down): staged, with no fallback.
   Session v = Open(d.tcp_target());
   std::vector<uint8_t> bytes(4u << 20);
   for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(i * 13 + i / 4096);
@@ -535,14 +550,20 @@ TEST(PendingTest, AClientThatNeverReadsDelaysOthersByAtMostTheStagingWait) {
   auto back = v.download<uint8_t>(t);
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   EXPECT_TRUE(*back == bytes) << "the victim's bytes came back wrong";
-  auto mid = d.AdminStatus();
-  std::printf("victim's upload: %.0f ms; hog holds %llu staging bytes\n", ms,
-              static_cast<unsigned long long>(mid.staging_bytes_in_use()));
-  EXPECT_GT(mid.staging_bytes_in_use(), 0u) << "the hog held no staging: nothing was tested";
-  EXPECT_GE(mid.staging_fallbacks_total(), fallbacks + 1) << "the victim never went direct";
+  auto after = d.AdminStatus();
+  std::printf("victim's upload: %.0f ms\n", ms);
+  EXPECT_EQ(after.staging_fallbacks_total(), 0u) << "the victim went direct";
+  EXPECT_GE(after.staged_bytes_total() - mid.staged_bytes_total(), 2 * bytes.size());
   t = Tensor();
   EXPECT_TRUE(v.close().ok());
-  hog.reset();  // cancels its stream
+  // The hog reads at last: every download arrives whole.
+  for (uint64_t id = 2; id < 2 + kDownloads; ++id) {
+    std::string got;
+    v1::Error e = hog->Completion(id, &got);
+    ASSERT_EQ(e.kind(), v1::ERROR_KIND_NONE) << "download " << id << ": " << e.message();
+    ASSERT_EQ(got.size(), 4u << 20) << "download " << id;
+  }
+  hog->Close();
   auto end = d.WaitIdle();
   EXPECT_EQ(end.staging_bytes_in_use(), 0u);
 }
