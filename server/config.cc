@@ -178,6 +178,13 @@ class Settings {
            c_.daemon.session_defaults.max_in_flight_bytes = n;
            return Status::Ok();
          }},
+        {"in-flight-bytes",
+         [this](const std::string& v) -> Status {
+           FERRY_ASSIGN_OR_RETURN(uint64_t n, ParseBytes(v));
+           if (n != 0 && n < (16ull << 20)) return Invalid("0 (no limit) or at least 16M");
+           c_.daemon.in_flight_bytes = n;
+           return Status::Ok();
+         }},
         {"session-max-tensors",
          bounded(0, 1ull << 32,
                  [this](uint64_t n) { c_.daemon.session_defaults.max_tensors = n; })},
@@ -571,6 +578,10 @@ means true; --allow-insecure-remote and --allow-remote-raw-kernels also take =tr
                              and not yet answered (inline uploads, downloads, ops); at the
                              limit the daemon stops reading the session (default 256M;
                              0: no limit; else at least 16M)
+  --in-flight-bytes SIZE     bytes all sessions' submits may hold in the daemon together;
+                             a submit past it is refused with QUOTA_EXCEEDED, and a session
+                             holding some stops reading when less than max-message is left
+                             (default 4G; 0: no limit; else at least 16M)
   --session-max-tensors N    live tensors per session (default 65536; 0: no limit)
   --session-max-modules N    loaded modules per session (default 256; 0: no limit)
   --session-max-graphs N     recorded graphs per session (default 4096; 0: no limit)
@@ -579,10 +590,11 @@ means true; --allow-insecure-remote and --allow-remote-raw-kernels also take =tr
   --max-sessions N           sessions open at once (default 1024)
   --uid-limits RULE          per-identity limits, repeatable: SELECTOR:KEY=VALUE,... with
                              SELECTOR default, remote (all TCP peers), uid:N or gid:N and
-                             KEY sessions, device, pinned (N, SIZE, P% of the daemon's) or
-                             inflight (N); VALUE none: no limit (default
-                             default:sessions=50%,device=50%,pinned=50%,inflight=4096;
-                             root and ferryd's own uid exempt unless a uid: rule names them)
+                             KEY sessions, device, pinned, inflight-bytes (N, SIZE, P% of
+                             the daemon's) or inflight (N); VALUE none: no limit (default
+                             default:sessions=50%,device=50%,pinned=50%,inflight=4096,
+                             inflight-bytes=50%; root and ferryd's own uid exempt unless a
+                             uid: rule names them)
   --device-memory-cap SIZE   device memory all sessions together may hold (default: all)
   --host-memory SIZE         emulated device memory of the host backend (default 8G)
   --max-message SIZE         largest gRPC message (default 64M)
@@ -731,6 +743,8 @@ std::string FormatConfig(const DaemonConfig& c) {
   auto limit = [](uint64_t n) { return n == 0 ? "  # no limit" : ""; };
   out << "session-in-flight-bytes = " << FormatBytes(sd.max_in_flight_bytes)
       << limit(sd.max_in_flight_bytes) << "\n";
+  out << "in-flight-bytes = " << FormatBytes(c.daemon.in_flight_bytes)
+      << limit(c.daemon.in_flight_bytes) << "\n";
   out << "session-max-tensors = " << sd.max_tensors << limit(sd.max_tensors) << "\n";
   out << "session-max-modules = " << sd.max_modules << limit(sd.max_modules) << "\n";
   out << "session-max-graphs = " << sd.max_graphs << limit(sd.max_graphs) << "\n";

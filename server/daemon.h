@@ -62,8 +62,12 @@ struct DaemonOptions {
   uint32_t max_in_flight_submits = 1024;
   uint64_t device_bytes_cap = 0;  // 0: the device's total memory
   uint32_t max_sessions = 1024;
-  /// Per-identity (uid, gid, remote) limits on sessions, device and pinned bytes and submits
-  /// in flight (session/registry.h); the first rule is the default one.
+  /// The most bytes all sessions' submits may hold in the daemon together, read and not yet
+  /// answered (inline uploads, downloads, ops); 0: no limit. Each session's own limit is
+  /// session_defaults.max_in_flight_bytes; an identity's, its uid-limits inflight-bytes.
+  uint64_t in_flight_bytes = 4ull << 30;
+  /// Per-identity (uid, gid, remote) limits on sessions, device and pinned bytes, submits
+  /// and bytes in flight (session/registry.h); the first rule is the default one.
   std::vector<session::UidLimitRule> uid_limits = {session::DefaultUidLimitRule()};
   /// Copy turns (session/copy_turns.h): submits copying at least copy_turn_bytes one way
   /// that run at once, per direction; 0: no limit.

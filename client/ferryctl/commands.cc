@@ -409,6 +409,8 @@ void PrintUsage(const Options& options, const v1::ListSessionsReply& reply, std:
                           .Add("max_device_bytes", u.max_device_bytes())
                           .Add("max_pinned_bytes", u.max_pinned_bytes())
                           .Add("max_submits_in_flight", u.max_submits_in_flight())
+                          .Add("in_flight_bytes", u.in_flight_bytes())
+                          .Add("max_in_flight_bytes", u.max_in_flight_bytes())
                           .str());
     }
     out << JsonArray(items) << "\n";
@@ -420,6 +422,7 @@ void PrintUsage(const Options& options, const v1::ListSessionsReply& reply, std:
   table.AddColumn("DEVICE", true);
   table.AddColumn("PINNED", true);
   table.AddColumn("IN-FLIGHT", true);
+  table.AddColumn("HELD", true);  // bytes its submits hold in the daemon
   for (const v1::UidUsage& u : reply.usage()) {
     table.AddRow(
         {u.identity(),
@@ -429,7 +432,9 @@ void PrintUsage(const Options& options, const v1::ListSessionsReply& reply, std:
          OfLimit(HumanBytes(u.pinned_bytes()), u.max_pinned_bytes(),
                  HumanBytes(u.max_pinned_bytes())),
          OfLimit(std::to_string(u.submits_in_flight()), u.max_submits_in_flight(),
-                 std::to_string(u.max_submits_in_flight()))});
+                 std::to_string(u.max_submits_in_flight())),
+         OfLimit(HumanBytes(u.in_flight_bytes()), u.max_in_flight_bytes(),
+                 HumanBytes(u.max_in_flight_bytes()))});
   }
   out << table.Render();
 }

@@ -131,6 +131,8 @@ grpc::ServerUnaryReactor* AdminService::ListSessions(grpc::CallbackServerContext
     p->set_max_device_bytes(u.limits.device_bytes);
     p->set_max_pinned_bytes(u.limits.pinned_bytes);
     p->set_max_submits_in_flight(u.limits.inflight);
+    p->set_in_flight_bytes(u.in_flight_bytes);
+    p->set_max_in_flight_bytes(u.limits.in_flight_bytes);
   }
   const std::string own_uid = caller ? std::to_string(*caller) : std::string();
   for (const session::IdentityUsage& u : context_->parts.registry->UsageByIdentity()) {

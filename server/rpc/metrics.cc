@@ -193,6 +193,11 @@ std::string RenderMetrics(const SessionServiceContext& c,
           [](const session::UidUsage& u) { return u.limits.pinned_bytes; });
   per_uid("ferry_uid_max_submits_in_flight", "In-flight submit limit per identity (0: none).",
           [](const session::UidUsage& u) { return u.limits.inflight; });
+  per_uid("ferry_uid_in_flight_bytes",
+          "Bytes the identity's accepted submits hold in the daemon until answered.",
+          [](const session::UidUsage& u) { return u.in_flight_bytes; });
+  per_uid("ferry_uid_max_in_flight_bytes", "In-flight byte limit per identity (0: none).",
+          [](const session::UidUsage& u) { return u.limits.in_flight_bytes; });
   // Per usage identity (uid and client name, folded past metrics-max-identities), kept
   // after its sessions close: device time and copies measured on the device (backend.h,
   // Usage), and the device memory its open sessions hold.
@@ -256,6 +261,12 @@ std::string RenderMetrics(const SessionServiceContext& c,
            "Bytes sessions' submits are charged from being read until their Completed is "
            "written, all streams (each session's counts toward session-in-flight-bytes).",
            static_cast<double>(std::max<int64_t>(0, c.gauges.bytes_in_flight.load())));
+  e.Metric("ferry_in_flight_bytes", "gauge",
+           "Bytes accepted submits of all sessions hold in the daemon until answered "
+           "(in-flight-bytes bounds it; refused submits are not counted).",
+           static_cast<double>(c.parts.registry->in_flight_bytes()));
+  e.Metric("ferry_in_flight_bytes_limit", "gauge", "The daemon's in-flight-bytes limit (0: none).",
+           static_cast<double>(c.parts.registry->in_flight_bytes_limit()));
   e.Metric("ferry_stream_unsent_messages", "gauge",
            "Server messages queued and not yet written, all streams.",
            static_cast<double>(std::max<int64_t>(0, c.gauges.unsent.load())));

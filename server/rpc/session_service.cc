@@ -246,6 +246,7 @@ class SessionConnection : public session::SessionEvents,
     context_->gauges.bytes_in_flight -= static_cast<int64_t>(bytes_in_flight_);
     if (paused_) --context_->gauges.streams_paused;
     unanswered_ = bytes_in_flight_ = 0;
+    for (const Charge& c : charges_) RefundHeld(c);
     charges_.clear();
     paused_ = false;
     if (!slab_token_.empty()) context_->parts.slab_broker->RevokeToken(slab_token_);
@@ -370,6 +371,13 @@ class SessionConnection : public session::SessionEvents,
     context_->gauges.unanswered += static_cast<int64_t>(n);
   }
 
+  // What one submit is charged until its Completed is written.
+  struct Charge {
+    uint64_t submit_id = 0;
+    uint64_t bytes = 0;
+    bool held = false;  // charged to the daemon's and the identity's in-flight bytes too
+  };
+
   // Charge a submit against the session's in-flight bytes, from now until its Completed is
   // written: the message, its ops, and the inline download bytes it asks for (whose chunks
   // wait in the outbox). Not OK (QUOTA_EXCEEDED, the submit to be refused) when the submit
@@ -387,7 +395,7 @@ class SessionConnection : public session::SessionEvents,
       }
     }
     Unanswered(1);
-    charges_.push_back({submit.submit_id(), charge});
+    charges_.push_back({submit.submit_id(), charge, false});
     bytes_in_flight_ += charge;
     context_->gauges.bytes_in_flight += static_cast<int64_t>(charge);
     const uint64_t limit = session_->config().max_in_flight_bytes;
@@ -398,7 +406,17 @@ class SessionConnection : public session::SessionEvents,
                         "its in-flight limit of " +
                         std::to_string(limit) + " bytes (ferryd --session-in-flight-bytes)");
     }
+    // And to the daemon and the session's identity, whose limits bound what many sessions
+    // hold together (a session's own limit times the sessions a uid may open is far more
+    // memory than the machine has). A refused submit is charged only here.
+    FERRY_RETURN_IF_ERROR(context_->parts.registry->ChargeInFlightBytes(account_.get(), charge));
+    charges_.back().held = true;
     return Status::Ok();
+  }
+  // Give back what a submit's charge took from the daemon's and the identity's in-flight
+  // bytes.
+  void RefundHeld(const Charge& c) {
+    if (c.held) context_->parts.registry->RefundInFlightBytes(account_.get(), c.bytes);
   }
 
   // A message was written: when it answers one (Completed, Synchronized), that one and what
@@ -411,10 +429,11 @@ class SessionConnection : public session::SessionEvents,
       const uint64_t first =
           m.completed().first_submit_id() ? m.completed().first_submit_id() : last;
       answers = last - first + 1;
-      while (!charges_.empty() && charges_.front().first >= first &&
-             charges_.front().first <= last) {
-        bytes_in_flight_ -= charges_.front().second;
-        context_->gauges.bytes_in_flight -= static_cast<int64_t>(charges_.front().second);
+      while (!charges_.empty() && charges_.front().submit_id >= first &&
+             charges_.front().submit_id <= last) {
+        bytes_in_flight_ -= charges_.front().bytes;
+        context_->gauges.bytes_in_flight -= static_cast<int64_t>(charges_.front().bytes);
+        RefundHeld(charges_.front());
         charges_.pop_front();
       }
     } else if (!m.has_synchronized()) {
@@ -538,6 +557,7 @@ class SessionConnection : public session::SessionEvents,
     }
     session_ = std::move(*created);
     session_id_ = session_->id();
+    account_ = context_->parts.registry->AccountOf(session_id_);
     if (peer_.local()) {
       spdlog::info("session {} opened by '{}' from {} (uid {}, pid {})", session_id_,
                    open.client_name(), peer_.address, *peer_.uid, *peer_.pid);
@@ -772,10 +792,17 @@ class SessionConnection : public session::SessionEvents,
            (sequencer_.holds(kStream) ? 1 : 0) + (sequencer_.holds(kRing) ? 1 : 0);
   }
   // The limits of AtLimit other than the count of messages.
+  // A session that holds bytes also stops while the daemon or its identity has less than
+  // one message (max-message) of in-flight bytes left: its own answers resume it. One that
+  // holds none reads on, and a submit past those limits is refused (ChargeSubmit).
   bool OverBytesOrOutbox() const {
     if (outbox_.size() >= kMaxOutboxMessages) return true;
     const uint64_t bytes_limit = session_->config().max_in_flight_bytes;
-    return bytes_limit && (bytes_in_flight_ >= bytes_limit || outbox_bytes_ >= bytes_limit);
+    if (bytes_limit && (bytes_in_flight_ >= bytes_limit || outbox_bytes_ >= bytes_limit)) {
+      return true;
+    }
+    return bytes_in_flight_ > 0 && context_->parts.registry->InFlightBytesRoomBelow(
+                                       account_.get(), context_->limits.max_message_bytes);
   }
 
   // Start the next read unless one is outstanding, the stream's last message waits for its
@@ -856,7 +883,8 @@ class SessionConnection : public session::SessionEvents,
   // Submit and Synchronize messages accepted whose answer is not yet written; each submit's
   // charge (id, bytes) until its Completed is written, in submit order; their sum.
   uint64_t unanswered_ = 0;
-  std::deque<std::pair<uint64_t, uint64_t>> charges_;
+  std::deque<Charge> charges_;
+  std::shared_ptr<session::UidAccount> account_;  // the session's identity (set at Open)
   uint64_t bytes_in_flight_ = 0;
   bool paused_ = false;  // a limit stops reading (counted in streams_paused)
   bool reading_ = false;

@@ -80,6 +80,7 @@ UidLimitRule Overlay(UidLimitRule base, const UidLimitRule& over) {
   pick(base.device, over.device);
   pick(base.pinned, over.pinned);
   pick(base.inflight, over.inflight);
+  pick(base.inflight_bytes, over.inflight_bytes);
   return base;
 }
 
@@ -92,6 +93,7 @@ UidLimitRule DefaultUidLimitRule() {
   r.device = {UidLimit::Kind::kPercent, 50};
   r.pinned = {UidLimit::Kind::kPercent, 50};
   r.inflight = {UidLimit::Kind::kAmount, 4096};
+  r.inflight_bytes = {UidLimit::Kind::kPercent, 50};
   return r;
 }
 
@@ -135,19 +137,21 @@ Result<UidLimitRule> ParseUidLimitRule(const std::string& text) {
       return Invalid("expected KEY=VALUE, got '" + std::string(item) + "'");
     }
     std::string_view key = item.substr(0, eq), value = item.substr(eq + 1);
-    UidLimit* limit = key == "sessions"   ? &rule.sessions
-                      : key == "device"   ? &rule.device
-                      : key == "pinned"   ? &rule.pinned
-                      : key == "inflight" ? &rule.inflight
-                                          : nullptr;
+    UidLimit* limit = key == "sessions"         ? &rule.sessions
+                      : key == "device"         ? &rule.device
+                      : key == "pinned"         ? &rule.pinned
+                      : key == "inflight"       ? &rule.inflight
+                      : key == "inflight-bytes" ? &rule.inflight_bytes
+                                                : nullptr;
     if (!limit) {
       return Invalid("unknown limit '" + std::string(key) +
-                     "' (sessions, device, pinned or inflight)");
+                     "' (sessions, device, pinned, inflight or inflight-bytes)");
     }
     if (limit->kind != UidLimit::Kind::kUnset) {
       return Invalid("'" + std::string(key) + "' given twice");
     }
-    const bool sized = limit == &rule.device || limit == &rule.pinned;
+    const bool sized =
+        limit == &rule.device || limit == &rule.pinned || limit == &rule.inflight_bytes;
     if (value == "none") {
       *limit = {UidLimit::Kind::kNone, 0};
     } else if (!value.empty() && value.back() == '%') {
@@ -200,6 +204,7 @@ std::string FormatUidLimitRule(const UidLimitRule& rule) {
   add("device", rule.device, true);
   add("pinned", rule.pinned, true);
   add("inflight", rule.inflight, false);
+  add("inflight-bytes", rule.inflight_bytes, true);
   return out;
 }
 
@@ -237,6 +242,7 @@ UidUsage UidAccount::Usage() const {
   u.device_bytes = device_bytes_.load();
   u.pinned_bytes = pinned_bytes_.load();
   u.inflight = inflight_.load();
+  u.in_flight_bytes = in_flight_bytes_.load();
   u.limits = limits_;
   return u;
 }
@@ -281,6 +287,11 @@ ResolvedUidLimits SessionRegistry::Resolve(const PeerIdentity& peer) const {
   out.device_bytes = ResolveOne(rule.device, device_bytes_cap_);
   out.pinned_bytes = ResolveOne(rule.pinned, pinned_budget_);
   out.inflight = ResolveOne(rule.inflight, 0);
+  // A share of no daemon-wide limit is no limit.
+  out.in_flight_bytes =
+      in_flight_bytes_limit_ ? ResolveOne(rule.inflight_bytes, in_flight_bytes_limit_)
+      : rule.inflight_bytes.kind == UidLimit::Kind::kAmount ? rule.inflight_bytes.value
+                                                            : 0;
   return out;
 }
 
@@ -425,6 +436,43 @@ bool SessionRegistry::TryReserveDeviceBytes(uint64_t bytes) {
 
 void SessionRegistry::ReleaseDeviceBytes(uint64_t bytes) { device_bytes_reserved_ -= bytes; }
 
+Status SessionRegistry::ChargeInFlightBytes(UidAccount* account, uint64_t bytes) {
+  uint64_t cur = in_flight_bytes_.load();
+  const uint64_t limit = in_flight_bytes_limit_;
+  do {
+    if (limit != 0 && (bytes > limit || cur > limit - bytes)) {
+      return Status(ErrorKind::kQuotaExceeded,
+                    "the daemon holds " + std::to_string(cur) +
+                        " bytes of its sessions' submits, and this one's " + std::to_string(bytes) +
+                        " more would pass its limit of " + std::to_string(limit) +
+                        " (ferryd --in-flight-bytes); it can be sent again once others are "
+                        "answered");
+    }
+  } while (!in_flight_bytes_.compare_exchange_weak(cur, cur + bytes));
+  if (account) {
+    Status s = account->Charge(account->in_flight_bytes_, bytes, account->limits_.in_flight_bytes,
+                               "in-flight bytes", "inflight-bytes");
+    if (!s.ok()) {
+      in_flight_bytes_ -= bytes;
+      return s;
+    }
+  }
+  return Status::Ok();
+}
+
+void SessionRegistry::RefundInFlightBytes(UidAccount* account, uint64_t bytes) {
+  in_flight_bytes_ -= bytes;
+  if (account) account->in_flight_bytes_ -= bytes;
+}
+
+bool SessionRegistry::InFlightBytesRoomBelow(const UidAccount* account, uint64_t room) const {
+  auto below = [room](uint64_t used, uint64_t limit) {
+    return limit != 0 && (used >= limit || limit - used < room);
+  };
+  if (below(in_flight_bytes_.load(), in_flight_bytes_limit_)) return true;
+  return account && below(account->in_flight_bytes_.load(), account->limits_.in_flight_bytes);
+}
+
 std::vector<SessionEntry> SessionRegistry::List() const {
   MutexLock lock(&mu_);
   std::vector<SessionEntry> out;
@@ -460,7 +508,9 @@ std::vector<UidUsage> SessionRegistry::UsageByUid() const {
   std::vector<UidUsage> out;
   for (const auto& [identity, account] : accounts_) {
     UidUsage u = account->Usage();
-    if (u.sessions || u.device_bytes || u.pinned_bytes || u.inflight) out.push_back(std::move(u));
+    if (u.sessions || u.device_bytes || u.pinned_bytes || u.inflight || u.in_flight_bytes) {
+      out.push_back(std::move(u));
+    }
   }
   return out;
 }

@@ -3,9 +3,10 @@
 //
 // Per-identity limits: every session is charged to an identity, "uid:N" for a local client
 // (its SO_PEERCRED uid) or "remote" for every TCP peer together. Each identity has limits on
-// its sessions, device bytes, pinned (slab) bytes and submits in flight, from the rules of
-// `uid-limits` (UidLimitRule; docs/operations.md "Per-uid limits"). Root and the daemon's own
-// uid are exempt unless a uid: rule names them.
+// its sessions, device bytes, pinned (slab) bytes, submits in flight and the bytes its
+// submits hold in the daemon (in-flight bytes), from the rules of `uid-limits` (UidLimitRule;
+// docs/operations.md "Per-uid limits"). Root and the daemon's own uid are exempt unless a uid: rule
+// names them.
 //
 // Thread-safe: sessions update it from their executors, the Admin service reads it from
 // gRPC threads; a UidAccount's counters are atomics any thread may charge.
@@ -29,7 +30,7 @@ namespace ferry::session {
 
 /// One limit of a uid-limits rule: unset (inherit the default rule's), none (no limit), an
 /// amount, or a percentage of the daemon-wide value (max-sessions, the device-memory cap,
-/// pinned-budget; not for inflight).
+/// pinned-budget, in-flight-bytes; not for inflight).
 struct UidLimit {
   enum class Kind { kUnset, kNone, kAmount, kPercent };
   Kind kind = Kind::kUnset;
@@ -38,20 +39,21 @@ struct UidLimit {
 };
 
 /// One `uid-limits` rule: "SELECTOR:KEY=VALUE[,KEY=VALUE...]" where SELECTOR is default,
-/// remote, uid:N or gid:N and KEY is sessions, device, pinned or inflight.
+/// remote, uid:N or gid:N and KEY is sessions, device, pinned, inflight or inflight-bytes.
 struct UidLimitRule {
   enum class Match { kDefault, kRemote, kUid, kGid };
   Match match = Match::kDefault;
   uint32_t id = 0;  // the uid or gid
-  UidLimit sessions, device, pinned, inflight;
+  UidLimit sessions, device, pinned, inflight, inflight_bytes;
   bool operator==(const UidLimitRule& o) const {
     return match == o.match && id == o.id && sessions == o.sessions && device == o.device &&
-           pinned == o.pinned && inflight == o.inflight;
+           pinned == o.pinned && inflight == o.inflight && inflight_bytes == o.inflight_bytes;
   }
 };
 
 /// The rule in force when none is configured: each identity may hold half of the sessions,
-/// of the device memory cap and of the pinned budget, and 4096 submits in flight.
+/// of the device memory cap, of the pinned budget and of the daemon's in-flight bytes, and
+/// 4096 submits in flight.
 UidLimitRule DefaultUidLimitRule();
 /// Parse one rule (the value of a `uid-limits` line); INVALID_ARGUMENT naming what is wrong.
 Result<UidLimitRule> ParseUidLimitRule(const std::string& text);
@@ -60,13 +62,13 @@ std::string FormatUidLimitRule(const UidLimitRule& rule);
 
 /// Limits resolved to amounts; 0: no limit.
 struct ResolvedUidLimits {
-  uint64_t sessions = 0, device_bytes = 0, pinned_bytes = 0, inflight = 0;
+  uint64_t sessions = 0, device_bytes = 0, pinned_bytes = 0, inflight = 0, in_flight_bytes = 0;
 };
 
 /// What one identity holds now, against its limits.
 struct UidUsage {
   std::string identity;  // "uid:1000", "remote"
-  uint64_t sessions = 0, device_bytes = 0, pinned_bytes = 0, inflight = 0;
+  uint64_t sessions = 0, device_bytes = 0, pinned_bytes = 0, inflight = 0, in_flight_bytes = 0;
   ResolvedUidLimits limits;
 };
 
@@ -85,6 +87,9 @@ class UidAccount : public pool::PinnedCharge {
   void RefundDeviceBytes(uint64_t bytes) { device_bytes_ -= bytes; }
   Status ChargeInflight();
   void RefundInflight() { --inflight_; }
+  /// The bytes the identity's submits hold in the daemon, read and not yet answered
+  /// (SessionRegistry::ChargeInFlightBytes charges them).
+  uint64_t in_flight_bytes() const { return in_flight_bytes_.load(); }
   Status TryCharge(uint64_t bytes) override;  // pinned bytes
   void Refund(uint64_t bytes) override { pinned_bytes_ -= bytes; }
 
@@ -96,7 +101,8 @@ class UidAccount : public pool::PinnedCharge {
                 const char* setting);
   const std::string identity_;
   const ResolvedUidLimits limits_;
-  std::atomic<uint64_t> sessions_{0}, device_bytes_{0}, pinned_bytes_{0}, inflight_{0};
+  std::atomic<uint64_t> sessions_{0}, device_bytes_{0}, pinned_bytes_{0}, inflight_{0},
+      in_flight_bytes_{0};
 };
 
 /// Counters of one session. Written only by its executor, read by anyone.
@@ -180,6 +186,21 @@ class SessionRegistry {
   /// Set the per-identity rules (before any session opens), resolving percentages against
   /// max_sessions, the device cap and `pinned_budget`; `daemon_uid` is exempt like root.
   void SetUidLimits(std::vector<UidLimitRule> rules, uint64_t pinned_budget, uint32_t daemon_uid);
+  /// The most bytes all sessions' submits may hold in the daemon together (in-flight-bytes;
+  /// 0: no limit), which inflight-bytes percentages resolve against; call before
+  /// SetUidLimits.
+  void SetInFlightBytesLimit(uint64_t bytes) { in_flight_bytes_limit_ = bytes; }
+  uint64_t in_flight_bytes_limit() const { return in_flight_bytes_limit_; }
+
+  /// Charge a submit's `bytes` (what the daemon holds for it until it is answered) to the
+  /// daemon and to `account` (may be null: charged to the daemon only); QUOTA_EXCEEDED,
+  /// nothing charged, when either would pass its limit.
+  Status ChargeInFlightBytes(UidAccount* account, uint64_t bytes);
+  void RefundInFlightBytes(UidAccount* account, uint64_t bytes);
+  /// Whether fewer than `room` bytes are left before the daemon's or `account`'s limit: a
+  /// session that holds bytes then stops reading until its own answers free some.
+  bool InFlightBytesRoomBelow(const UidAccount* account, uint64_t room) const;
+  uint64_t in_flight_bytes() const { return in_flight_bytes_.load(); }
 
   /// Register a new session and return its id; QUOTA_EXCEEDED when max_sessions are open or
   /// its identity holds its session limit.
@@ -224,6 +245,8 @@ class SessionRegistry {
   const uint64_t device_bytes_cap_;
   const uint32_t max_sessions_;
   std::atomic<uint64_t> device_bytes_reserved_{0};
+  uint64_t in_flight_bytes_limit_ = 0;  // set before sessions open
+  std::atomic<uint64_t> in_flight_bytes_{0};
 
   mutable Mutex mu_;
   std::map<uint64_t, SessionEntry> sessions_ ABSL_GUARDED_BY(mu_);

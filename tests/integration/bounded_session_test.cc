@@ -441,6 +441,128 @@ TEST(BoundedSessionTest, InlineUploadsInFlightStopAtTheInFlightBytes) {
   }
 }
 
+// One round of SessionsTogetherHoldAtMostTheDaemonsInFlightBytes: kFloodSessions sessions of
+// one client, each with its stream kept busy by `fills` fills of 64 MiB and a writer sending
+// 16 uploads of 8 MiB behind them, to a daemon whose in-flight-bytes is 64M (max-message
+// 16M): what was seen until the writers stalled, and how every upload was answered.
+constexpr int kFloodSessions = 6;
+constexpr int kFloodUploads = 16;
+struct ManySessionsRound {
+  bool held = false;        // the writers stalled with uploads left to send
+  double most_held = -1;    // ferry_in_flight_bytes, the most seen
+  int refused = 0, ok = 0;  // uploads answered QUOTA_EXCEEDED (the daemon's limit), and OK
+  uint64_t rss_before = 0, most_rss = 0;
+};
+
+void FloodInlineUploadsFromManySessions(int fills, ManySessionsRound& round) {
+  std::unique_ptr<FerrydProcess> d;
+  ASSERT_TRUE(StartDaemon(d, {"--in-flight-bytes", "64M", "--max-message", "16M"})->ok())
+      << d->log();
+  const std::string metrics = MetricsEndpoint(*d);
+  constexpr uint64_t kUpload = 8 << 20;
+  std::vector<std::unique_ptr<RawStream>> raws;
+  for (int k = 0; k < kFloodSessions; ++k) {
+    raws.push_back(std::make_unique<RawStream>(d->unix_target()));
+    ASSERT_TRUE(OpenAskingForManyInFlight(*raws.back()));
+    ASSERT_TRUE(
+        raws.back()->Submit(1, {Create(1, v1::DTYPE_F32, {16 << 20}),
+                                Create(2, v1::DTYPE_U8, {kUpload}), Fill(1, 1.0), Fill(2, 1.0)}));
+    ASSERT_EQ(raws.back()->Completion(1).kind(), v1::ERROR_KIND_NONE);
+  }
+  round.rss_before = RssBytes(d->pid());
+  for (auto& raw : raws) ASSERT_TRUE(raw->Submit(2, std::vector<v1::Op>(fills, Fill(1, 2.0))));
+  std::atomic<int> sent{0};
+  std::atomic<int> writers_done{0};
+  std::vector<std::thread> writers;
+  for (auto& raw : raws) {
+    writers.emplace_back([&sent, &writers_done, r = raw.get()] {
+      const std::string bytes(kUpload, 'u');
+      for (int i = 0; i < kFloodUploads; ++i) {
+        v1::ClientMessage m;
+        m.mutable_submit()->set_submit_id(3 + static_cast<uint64_t>(i));
+        *m.mutable_submit()->add_ops() = InlineUpload(2, 0, bytes);
+        if (!r->Send(m)) break;
+        ++sent;
+      }
+      ++writers_done;
+    });
+  }
+  int last = -1;
+  for (int i = 0; i < 600 && writers_done < kFloodSessions; ++i) {
+    const std::string body = Scrape(metrics);
+    round.most_held = std::max(round.most_held, Value(body, "ferry_in_flight_bytes"));
+    round.most_rss = std::max(round.most_rss, RssBytes(d->pid()));
+    const int now = sent;
+    if (Value(body, "ferry_streams_paused") >= 1 && now == last) {
+      round.held = now < kFloodSessions * kFloodUploads;
+      break;
+    }
+    last = now;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  round.most_rss = std::max(round.most_rss, RssBytes(d->pid()));
+  // Every upload is answered once: run, or refused at the daemon's limit (nothing lost).
+  for (auto& raw : raws) {
+    ASSERT_EQ(raw->Completion(2).kind(), v1::ERROR_KIND_NONE);
+    for (uint64_t id = 3; id < 3 + kFloodUploads; ++id) {
+      v1::Error e = raw->Completion(id);
+      if (e.kind() == v1::ERROR_KIND_NONE) {
+        ++round.ok;
+      } else {
+        ASSERT_EQ(e.kind(), v1::QUOTA_EXCEEDED) << "upload " << id << ": " << e.message();
+        ASSERT_NE(e.message().find("--in-flight-bytes"), std::string::npos) << e.message();
+        ++round.refused;
+      }
+    }
+  }
+  for (auto& w : writers) w.join();
+  // All answered (each charge is given back once its Completed is written, which may be
+  // just after the client read it): the daemon holds nothing, and takes an upload again.
+  double held = -1;
+  for (int i = 0; i < 500 && held != 0; ++i) {
+    if (i > 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    held = Value(Scrape(metrics), "ferry_in_flight_bytes");
+  }
+  EXPECT_EQ(held, 0);
+  ASSERT_TRUE(raws[0]->Submit(3 + kFloodUploads, {InlineUpload(2, 0, std::string(kUpload, 'v'))}));
+  EXPECT_EQ(raws[0]->Completion(3 + kFloodUploads).kind(), v1::ERROR_KIND_NONE);
+  for (auto& raw : raws) raw->Close();
+  EXPECT_EQ(d->Stop(), 0) << d->log();
+}
+
+// Sessions together hold at most the daemon's in-flight bytes: one session's own limit
+// (session-in-flight-bytes, 256M) times the sessions one uid may open is far more memory
+// than a machine has. Six sessions each send 128 MiB of inline uploads behind long device
+// work, 768 MiB in all, to a daemon whose in-flight-bytes is 64M: the daemon holds at most
+// that (sessions that hold some stop reading near it; a submit past it is refused with
+// QUOTA_EXCEEDED), its memory stays far below what it was sent, every upload is answered,
+// and once all are, it holds nothing. (Its memory also holds what gRPC buffered for the
+// paused streams, up to its flow-control window each, and the allocator's slack: 90-290 MiB
+// in all on the development machine.) Rounds as in InlineUploadsInFlightStopAtTheInFlightBytes.
+TEST(BoundedSessionTest, SessionsTogetherHoldAtMostTheDaemonsInFlightBytes) {
+  ManySessionsRound round;
+  for (int fills = LongFillCount() / 3, rounds = 0; rounds < 3; fills *= 3, ++rounds) {
+    round = ManySessionsRound{};
+    FloodInlineUploadsFromManySessions(fills, round);
+    if (HasFatalFailure()) return;
+    std::printf(
+        "%d fills each: at most %.0f bytes held, ferryd RSS %llu -> at most %llu KiB; "
+        "%d uploads ran, %d refused; %s\n",
+        fills, round.most_held, static_cast<unsigned long long>(round.rss_before >> 10),
+        static_cast<unsigned long long>(round.most_rss >> 10), round.ok, round.refused,
+        round.held ? "held back" : "not held back before the fills were done");
+    if (round.held) break;
+  }
+  ASSERT_TRUE(round.held) << "the daemon read every upload while the sessions' devices were busy";
+  EXPECT_GE(round.most_held, 0) << "no ferry_in_flight_bytes";
+  EXPECT_LE(round.most_held, 64 << 20);
+  EXPECT_EQ(round.ok + round.refused, kFloodSessions * kFloodUploads);
+  if (testing::TestBackend() != "cuda") {  // see InlineUploadsInFlightStopAtTheInFlightBytes
+    EXPECT_LT(round.most_rss, round.rss_before + (384ull << 20))
+        << "ferryd grew from " << round.rss_before << " to " << round.most_rss << " bytes";
+  }
+}
+
 // The same bound through the submit ring: the ring poller hands a ring's queued records over
 // together, and the connection handles them one by one, looking at the bytes in flight before
 // each. Inline uploads written to the ring behind a long fill are taken only up to the

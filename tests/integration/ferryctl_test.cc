@@ -212,6 +212,9 @@ TEST_F(FerryctlTest, SessionsListsOpenSessions) {
   EXPECT_EQ(Field(u, "device_bytes").number_value(), 4096 * 4);
   EXPECT_GE(Field(u, "pinned_bytes").number_value(), 0);
   EXPECT_EQ(Field(u, "submits_in_flight").number_value(), 0);
+  EXPECT_EQ(Field(u, "in_flight_bytes").number_value(), 0) << "every submit answered";
+  EXPECT_EQ(Field(u, "max_in_flight_bytes").number_value(), 0) << "the daemon's own uid is exempt";
+  EXPECT_NE(table.out.find("HELD"), std::string::npos) << table.out;
   ASSERT_TRUE(session->close().ok());
 }
 

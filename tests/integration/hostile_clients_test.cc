@@ -548,6 +548,129 @@ TEST_F(HostileClientsPerUidTest, SubmitsInFlightAreLimitedPerUidAcrossSessions) 
   EXPECT_EQ(d.Stop(), 0) << d.log();
 }
 
+// The in-flight bytes uid A's submits hold (Admin ListSessions usage), 0 when none.
+uint64_t InFlightBytesOfUidA(v1::Admin::Stub& admin) {
+  grpc::ClientContext ctx;
+  v1::ListSessionsReply list;
+  if (!admin.ListSessions(&ctx, v1::ListSessionsRequest(), &list).ok()) return 0;
+  for (const auto& u : list.usage()) {
+    if (u.identity() == "uid:41001") return u.in_flight_bytes();
+  }
+  return 0;
+}
+
+// One round of InFlightBytesAreLimitedPerUidAcrossSessions with `fills` fills of 64 MiB
+// keeping each of uid A's two sessions busy: whether A's writers were held back with uploads
+// left, the most A was seen to hold, and how many of its uploads were refused at its limit.
+struct UidAFlood {
+  bool held = false;
+  uint64_t most_held = 0;
+  int refused = 0;
+};
+void FloodUploadsAsUidA(int fills, UidAFlood& round) {
+  FerrydProcess d({"--uid-limits", "uid:41001:inflight-bytes=40M", "--max-message", "16M"});
+  ASSERT_TRUE(d.ok()) << d.log();
+  OpenSocketsToAll(d);
+  auto admin =
+      v1::Admin::NewStub(grpc::CreateChannel(d.unix_target(), grpc::InsecureChannelCredentials()));
+  using testing::Create;
+  using testing::Fill;
+  constexpr uint64_t kUpload = 8 << 20;
+  constexpr int kUploads = 8;
+  std::vector<std::unique_ptr<RawStream>> a;
+  for (int k = 0; k < 2; ++k) {
+    a.push_back(StreamAs(kUidA, d));
+    ASSERT_TRUE(a.back() && a.back()->Open()) << d.log();
+    ASSERT_TRUE(a.back()->Submit(
+        1, {Create(1, v1::DTYPE_F32, {16 << 20}), Create(2, v1::DTYPE_U8, {kUpload})}));
+    ASSERT_EQ(a.back()->Completion(1).kind(), v1::ERROR_KIND_NONE);
+    ASSERT_TRUE(a.back()->Submit(2, std::vector<v1::Op>(fills, Fill(1, 1.0))));
+  }
+  std::atomic<int> sent{0};
+  std::vector<std::thread> writers;
+  for (auto& s : a) {
+    writers.emplace_back([r = s.get(), &sent] {
+      const std::string bytes(kUpload, 'a');
+      for (int i = 0; i < kUploads; ++i) {
+        v1::ClientMessage m;
+        m.mutable_submit()->set_submit_id(3 + static_cast<uint64_t>(i));
+        auto* up = m.mutable_submit()->add_ops()->mutable_upload();
+        up->set_tensor(2);
+        up->set_data(bytes);
+        if (!r->Send(m)) break;
+        ++sent;
+      }
+    });
+  }
+  // Until A holds more than its limit less one message (16M) and its writers have stalled.
+  int last = -1;
+  for (int i = 0; i < 500; ++i) {
+    const uint64_t held = InFlightBytesOfUidA(*admin);
+    round.most_held = std::max(round.most_held, held);
+    const int now = sent;
+    if (held > (24u << 20) && now == last) {
+      round.held = now < 2 * kUploads;
+      break;
+    }
+    last = now;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  // Meanwhile another uid (root: exempt, within the daemon's 4G) uploads 8 MiB and reads it
+  // back.
+  {
+    auto client = Client::connect(d.unix_target());
+    ASSERT_TRUE(client.ok());
+    auto s = client->open_session();
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    std::vector<uint8_t> bytes(kUpload, 0x5c);
+    Tensor t = s->create_tensor<uint8_t>({static_cast<int64_t>(bytes.size())});
+    ASSERT_TRUE(s->upload(t, bytes).ok());
+    auto back = s->download<uint8_t>(t);
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    EXPECT_TRUE(*back == bytes);
+    t = Tensor();
+    ASSERT_TRUE(s->close().ok());
+  }
+  round.most_held = std::max(round.most_held, InFlightBytesOfUidA(*admin));
+  // Every one of A's uploads is answered: run, or refused at A's limit.
+  for (auto& s : a) {
+    ASSERT_EQ(s->Completion(2).kind(), v1::ERROR_KIND_NONE);
+    for (uint64_t id = 3; id < 3 + kUploads; ++id) {
+      v1::Error e = s->Completion(id);
+      if (e.kind() == v1::ERROR_KIND_NONE) continue;
+      ASSERT_EQ(e.kind(), v1::QUOTA_EXCEEDED) << e.message();
+      ASSERT_NE(e.message().find("uid:41001's in-flight bytes limit (41943040"), std::string::npos)
+          << e.message();
+      ++round.refused;
+    }
+  }
+  for (auto& w : writers) w.join();
+  for (auto& s : a) s->Close();
+  EXPECT_EQ(d.Stop(), 0) << d.log();
+}
+
+// One uid's sessions together hold at most its in-flight bytes (uid-limits inflight-bytes):
+// two sessions of uid A each send 64 MiB of inline uploads behind long device work. A holds
+// at most its 40M: its sessions stop reading with less than a message (max-message) left,
+// and a submit that would pass the limit is refused with QUOTA_EXCEEDED naming it. Every
+// upload is answered, and another uid transfers meanwhile. Where A's work was done before
+// its writers were held back, the round runs again with three times the work.
+TEST_F(HostileClientsPerUidTest, InFlightBytesAreLimitedPerUidAcrossSessions) {
+  UidAFlood round;
+  for (int fills = testing::TestBackend() == "cuda" ? 20000 : 100, rounds = 0; rounds < 3;
+       fills *= 3, ++rounds) {
+    round = UidAFlood{};
+    FloodUploadsAsUidA(fills, round);
+    if (HasFatalFailure()) return;
+    std::printf("%d fills each: uid A held at most %llu bytes, %d uploads refused, %s\n", fills,
+                static_cast<unsigned long long>(round.most_held), round.refused,
+                round.held ? "held back" : "not held back before its work was done");
+    if (round.held) break;
+  }
+  EXPECT_TRUE(round.held) << "uid A's sessions read every upload while their devices were busy";
+  EXPECT_LE(round.most_held, 40u << 20);
+}
+
 // Every TCP peer is charged to the one identity "remote".
 TEST(HostileClientsTest, RemotePeersShareOneIdentity) {
   FerrydProcess d({"--uid-limits", "remote:sessions=1"}, /*tcp=*/true);

@@ -125,7 +125,55 @@ TEST(RegistryTest, RulesFormatAsTheyParse) {
     EXPECT_EQ(FormatUidLimitRule(*r), text);
   }
   EXPECT_EQ(FormatUidLimitRule(DefaultUidLimitRule()),
-            "default:sessions=50%,device=50%,pinned=50%,inflight=4096");
+            "default:sessions=50%,device=50%,pinned=50%,inflight=4096,inflight-bytes=50%");
+  for (const char* text : {"uid:1000:inflight-bytes=64M", "remote:inflight-bytes=25%"}) {
+    auto r = ParseUidLimitRule(text);
+    ASSERT_TRUE(r.ok()) << text << ": " << r.status().ToString();
+    EXPECT_EQ(FormatUidLimitRule(*r), text);
+  }
+  EXPECT_FALSE(ParseUidLimitRule("uid:1:inflight-bytes=0").ok());
+}
+
+// The bytes submits hold in the daemon: charged to the daemon (in-flight-bytes) and to the
+// identity (inflight-bytes, by default half of the daemon's), all or nothing; root is
+// charged to the daemon only.
+TEST(RegistryTest, InFlightBytesAreChargedToTheDaemonAndTheIdentity) {
+  SessionRegistry reg(1ull << 30, 16);
+  reg.SetInFlightBytesLimit(100 << 20);
+  reg.SetUidLimits(Rules({"uid:1001:inflight-bytes=80M"}), 1ull << 30, 999);
+  auto a = reg.AccountFor(Local(1000, 1000));  // the default rule: 50% of 100M
+  auto b = reg.AccountFor(Local(1001, 1001));
+  auto root = reg.AccountFor(Local(0, 0));
+  EXPECT_EQ(a->limits().in_flight_bytes, 50u << 20);
+  EXPECT_EQ(b->limits().in_flight_bytes, 80u << 20);
+  EXPECT_EQ(root->limits().in_flight_bytes, 0u);
+
+  EXPECT_TRUE(reg.ChargeInFlightBytes(a.get(), 40 << 20).ok());
+  Status over = reg.ChargeInFlightBytes(a.get(), 20 << 20);
+  EXPECT_EQ(over.kind(), ErrorKind::kQuotaExceeded);
+  EXPECT_NE(over.message().find("uid:1000's in-flight bytes limit"), std::string::npos)
+      << over.message();
+  EXPECT_EQ(reg.in_flight_bytes(), 40u << 20) << "a refused charge takes nothing";
+  EXPECT_TRUE(reg.InFlightBytesRoomBelow(a.get(), 16 << 20)) << "10M left for a";
+  EXPECT_FALSE(reg.InFlightBytesRoomBelow(b.get(), 16 << 20)) << "60M left for b";
+  // The daemon's limit binds every identity, root too.
+  EXPECT_TRUE(reg.ChargeInFlightBytes(b.get(), 50 << 20).ok());
+  over = reg.ChargeInFlightBytes(root.get(), 20 << 20);
+  EXPECT_EQ(over.kind(), ErrorKind::kQuotaExceeded);
+  EXPECT_NE(over.message().find("--in-flight-bytes"), std::string::npos) << over.message();
+  EXPECT_EQ(b->in_flight_bytes(), 50u << 20);
+  EXPECT_TRUE(reg.InFlightBytesRoomBelow(nullptr, 16 << 20)) << "10M left in the daemon";
+  EXPECT_TRUE(reg.ChargeInFlightBytes(nullptr, 10 << 20).ok()) << "exactly the limit fits";
+  reg.RefundInFlightBytes(a.get(), 40 << 20);
+  reg.RefundInFlightBytes(b.get(), 50 << 20);
+  reg.RefundInFlightBytes(nullptr, 10 << 20);
+  EXPECT_EQ(reg.in_flight_bytes(), 0u);
+  EXPECT_EQ(a->in_flight_bytes(), 0u);
+  // Without a daemon-wide limit, a share is no limit and an amount still is one.
+  SessionRegistry unlimited(1ull << 30, 16);
+  unlimited.SetUidLimits(Rules({"uid:1001:inflight-bytes=8M"}), 1ull << 30, 999);
+  EXPECT_EQ(unlimited.AccountFor(Local(1000, 1000))->limits().in_flight_bytes, 0u);
+  EXPECT_EQ(unlimited.AccountFor(Local(1001, 1001))->limits().in_flight_bytes, 8u << 20);
 }
 
 // --- usage identities (IdentityUsage) --------------------------------------------------
