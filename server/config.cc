@@ -196,6 +196,7 @@ class Settings {
         {"session-max-graph-ops",
          bounded(0, 1ull << 32,
                  [this](uint64_t n) { c_.daemon.session_defaults.max_graph_ops = n; })},
+        {"max-objects", bounded(0, 1ull << 40, [this](uint64_t n) { c_.daemon.max_objects = n; })},
         {"max-sessions",
          bounded(1, 1000000,
                  [this](uint64_t n) { c_.daemon.max_sessions = static_cast<uint32_t>(n); })},
@@ -587,14 +588,17 @@ means true; --allow-insecure-remote and --allow-remote-raw-kernels also take =tr
   --session-max-graphs N     recorded graphs per session (default 4096; 0: no limit)
   --session-max-graph-ops N  ops recorded into a session's live graphs, together
                              (default 262144; 0: no limit)
+  --max-objects N            live tensors, modules and graphs and ops recorded into graphs
+                             all sessions may hold together; a submit that could pass it is
+                             refused with QUOTA_EXCEEDED (default 4194304; 0: no limit)
   --max-sessions N           sessions open at once (default 1024)
   --uid-limits RULE          per-identity limits, repeatable: SELECTOR:KEY=VALUE,... with
                              SELECTOR default, remote (all TCP peers), uid:N or gid:N and
-                             KEY sessions, device, pinned, inflight-bytes (N, SIZE, P% of
-                             the daemon's) or inflight (N); VALUE none: no limit (default
-                             default:sessions=50%,device=50%,pinned=50%,inflight=4096,
-                             inflight-bytes=50%; root and ferryd's own uid exempt unless a
-                             uid: rule names them)
+                             KEY sessions, device, pinned, inflight-bytes, objects (N,
+                             SIZE, P% of the daemon's) or inflight (N); VALUE none: no
+                             limit (default default:sessions=50%,device=50%,pinned=50%,
+                             inflight=4096,inflight-bytes=50%,objects=50%; root and
+                             ferryd's own uid exempt unless a uid: rule names them)
   --device-memory-cap SIZE   device memory all sessions together may hold (default: all)
   --host-memory SIZE         emulated device memory of the host backend (default 8G)
   --max-message SIZE         largest gRPC message (default 64M)
@@ -749,6 +753,7 @@ std::string FormatConfig(const DaemonConfig& c) {
   out << "session-max-modules = " << sd.max_modules << limit(sd.max_modules) << "\n";
   out << "session-max-graphs = " << sd.max_graphs << limit(sd.max_graphs) << "\n";
   out << "session-max-graph-ops = " << sd.max_graph_ops << limit(sd.max_graph_ops) << "\n";
+  out << "max-objects = " << c.daemon.max_objects << limit(c.daemon.max_objects) << "\n";
   out << "max-sessions = " << c.daemon.max_sessions << "\n";
   for (const auto& rule : c.daemon.uid_limits) {
     out << "uid-limits = " << session::FormatUidLimitRule(rule) << "\n";

@@ -41,6 +41,7 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
       options.device_bytes_cap ? options.device_bytes_cap : d->device_->info().total_memory;
   d->registry_ = std::make_unique<session::SessionRegistry>(cap, options.max_sessions);
   d->registry_->SetInFlightBytesLimit(options.in_flight_bytes);
+  d->registry_->SetObjectsLimit(options.max_objects);
   d->registry_->SetUidLimits(options.uid_limits, options.slab_pool.budget,
                              static_cast<uint32_t>(::geteuid()));
   d->registry_->SetUsageIdentityLimit(options.metrics_max_identities);

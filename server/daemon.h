@@ -66,6 +66,9 @@ struct DaemonOptions {
   /// answered (inline uploads, downloads, ops); 0: no limit. Each session's own limit is
   /// session_defaults.max_in_flight_bytes; an identity's, its uid-limits inflight-bytes.
   uint64_t in_flight_bytes = 4ull << 30;
+  /// The most objects all sessions may hold together (live tensors, modules, graphs and the
+  /// ops recorded into graphs: daemon memory no device quota counts); 0: no limit.
+  uint64_t max_objects = 4ull << 20;
   /// Per-identity (uid, gid, remote) limits on sessions, device and pinned bytes, submits
   /// and bytes in flight (session/registry.h); the first rule is the default one.
   std::vector<session::UidLimitRule> uid_limits = {session::DefaultUidLimitRule()};

@@ -411,6 +411,8 @@ void PrintUsage(const Options& options, const v1::ListSessionsReply& reply, std:
                           .Add("max_submits_in_flight", u.max_submits_in_flight())
                           .Add("in_flight_bytes", u.in_flight_bytes())
                           .Add("max_in_flight_bytes", u.max_in_flight_bytes())
+                          .Add("objects", u.objects())
+                          .Add("max_objects", u.max_objects())
                           .str());
     }
     out << JsonArray(items) << "\n";
@@ -423,6 +425,7 @@ void PrintUsage(const Options& options, const v1::ListSessionsReply& reply, std:
   table.AddColumn("PINNED", true);
   table.AddColumn("IN-FLIGHT", true);
   table.AddColumn("HELD", true);  // bytes its submits hold in the daemon
+  table.AddColumn("OBJECTS", true);
   for (const v1::UidUsage& u : reply.usage()) {
     table.AddRow(
         {u.identity(),
@@ -434,7 +437,8 @@ void PrintUsage(const Options& options, const v1::ListSessionsReply& reply, std:
          OfLimit(std::to_string(u.submits_in_flight()), u.max_submits_in_flight(),
                  std::to_string(u.max_submits_in_flight())),
          OfLimit(HumanBytes(u.in_flight_bytes()), u.max_in_flight_bytes(),
-                 HumanBytes(u.max_in_flight_bytes()))});
+                 HumanBytes(u.max_in_flight_bytes())),
+         OfLimit(std::to_string(u.objects()), u.max_objects(), std::to_string(u.max_objects()))});
   }
   out << table.Render();
 }

@@ -133,6 +133,8 @@ grpc::ServerUnaryReactor* AdminService::ListSessions(grpc::CallbackServerContext
     p->set_max_submits_in_flight(u.limits.inflight);
     p->set_in_flight_bytes(u.in_flight_bytes);
     p->set_max_in_flight_bytes(u.limits.in_flight_bytes);
+    p->set_objects(u.objects);
+    p->set_max_objects(u.limits.objects);
   }
   const std::string own_uid = caller ? std::to_string(*caller) : std::string();
   for (const session::IdentityUsage& u : context_->parts.registry->UsageByIdentity()) {

@@ -198,6 +198,11 @@ std::string RenderMetrics(const SessionServiceContext& c,
           [](const session::UidUsage& u) { return u.in_flight_bytes; });
   per_uid("ferry_uid_max_in_flight_bytes", "In-flight byte limit per identity (0: none).",
           [](const session::UidUsage& u) { return u.limits.in_flight_bytes; });
+  per_uid("ferry_uid_objects",
+          "Live tensors, modules, graphs and recorded graph ops, per identity.",
+          [](const session::UidUsage& u) { return u.objects; });
+  per_uid("ferry_uid_max_objects", "Object limit per identity (0: none).",
+          [](const session::UidUsage& u) { return u.limits.objects; });
   // Per usage identity (uid and client name, folded past metrics-max-identities), kept
   // after its sessions close: device time and copies measured on the device (backend.h,
   // Usage), and the device memory its open sessions hold.
@@ -267,6 +272,12 @@ std::string RenderMetrics(const SessionServiceContext& c,
            static_cast<double>(c.parts.registry->in_flight_bytes()));
   e.Metric("ferry_in_flight_bytes_limit", "gauge", "The daemon's in-flight-bytes limit (0: none).",
            static_cast<double>(c.parts.registry->in_flight_bytes_limit()));
+  e.Metric("ferry_objects", "gauge",
+           "Objects all sessions hold (live tensors, modules, graphs, recorded graph ops), "
+           "with the reservations of submits being enqueued.",
+           static_cast<double>(c.parts.registry->objects()));
+  e.Metric("ferry_objects_limit", "gauge", "The daemon's max-objects limit (0: none).",
+           static_cast<double>(c.parts.registry->objects_limit()));
   e.Metric("ferry_stream_unsent_messages", "gauge",
            "Server messages queued and not yet written, all streams.",
            static_cast<double>(std::max<int64_t>(0, c.gauges.unsent.load())));

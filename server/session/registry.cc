@@ -81,6 +81,7 @@ UidLimitRule Overlay(UidLimitRule base, const UidLimitRule& over) {
   pick(base.pinned, over.pinned);
   pick(base.inflight, over.inflight);
   pick(base.inflight_bytes, over.inflight_bytes);
+  pick(base.objects, over.objects);
   return base;
 }
 
@@ -94,6 +95,7 @@ UidLimitRule DefaultUidLimitRule() {
   r.pinned = {UidLimit::Kind::kPercent, 50};
   r.inflight = {UidLimit::Kind::kAmount, 4096};
   r.inflight_bytes = {UidLimit::Kind::kPercent, 50};
+  r.objects = {UidLimit::Kind::kPercent, 50};
   return r;
 }
 
@@ -142,10 +144,11 @@ Result<UidLimitRule> ParseUidLimitRule(const std::string& text) {
                       : key == "pinned"         ? &rule.pinned
                       : key == "inflight"       ? &rule.inflight
                       : key == "inflight-bytes" ? &rule.inflight_bytes
+                      : key == "objects"        ? &rule.objects
                                                 : nullptr;
     if (!limit) {
       return Invalid("unknown limit '" + std::string(key) +
-                     "' (sessions, device, pinned, inflight or inflight-bytes)");
+                     "' (sessions, device, pinned, inflight, inflight-bytes or objects)");
     }
     if (limit->kind != UidLimit::Kind::kUnset) {
       return Invalid("'" + std::string(key) + "' given twice");
@@ -205,6 +208,7 @@ std::string FormatUidLimitRule(const UidLimitRule& rule) {
   add("pinned", rule.pinned, true);
   add("inflight", rule.inflight, false);
   add("inflight-bytes", rule.inflight_bytes, true);
+  add("objects", rule.objects, false);
   return out;
 }
 
@@ -243,6 +247,7 @@ UidUsage UidAccount::Usage() const {
   u.pinned_bytes = pinned_bytes_.load();
   u.inflight = inflight_.load();
   u.in_flight_bytes = in_flight_bytes_.load();
+  u.objects = objects_.load();
   u.limits = limits_;
   return u;
 }
@@ -288,10 +293,12 @@ ResolvedUidLimits SessionRegistry::Resolve(const PeerIdentity& peer) const {
   out.pinned_bytes = ResolveOne(rule.pinned, pinned_budget_);
   out.inflight = ResolveOne(rule.inflight, 0);
   // A share of no daemon-wide limit is no limit.
-  out.in_flight_bytes =
-      in_flight_bytes_limit_ ? ResolveOne(rule.inflight_bytes, in_flight_bytes_limit_)
-      : rule.inflight_bytes.kind == UidLimit::Kind::kAmount ? rule.inflight_bytes.value
-                                                            : 0;
+  auto share = [](const UidLimit& limit, uint64_t whole) -> uint64_t {
+    if (whole) return ResolveOne(limit, whole);
+    return limit.kind == UidLimit::Kind::kAmount ? limit.value : 0;
+  };
+  out.in_flight_bytes = share(rule.inflight_bytes, in_flight_bytes_limit_);
+  out.objects = share(rule.objects, objects_limit_);
   return out;
 }
 
@@ -460,6 +467,35 @@ Status SessionRegistry::ChargeInFlightBytes(UidAccount* account, uint64_t bytes)
   return Status::Ok();
 }
 
+Status SessionRegistry::ChargeObjects(UidAccount* account, uint64_t n) {
+  uint64_t cur = objects_.load();
+  const uint64_t limit = objects_limit_;
+  do {
+    if (limit != 0 && (n > limit || cur > limit - n)) {
+      return Status(ErrorKind::kQuotaExceeded,
+                    "the daemon's sessions hold " + std::to_string(cur) +
+                        " objects (tensors, modules, graphs and their recorded ops), and this "
+                        "submit's " +
+                        std::to_string(n) + " ops could add as many, past its limit of " +
+                        std::to_string(limit) + " (ferryd --max-objects)");
+    }
+  } while (!objects_.compare_exchange_weak(cur, cur + n));
+  if (account) {
+    Status s = account->Charge(account->objects_, n, account->limits_.objects,
+                               "objects (tensors, modules, graphs and recorded ops)", "objects");
+    if (!s.ok()) {
+      objects_ -= n;
+      return s;
+    }
+  }
+  return Status::Ok();
+}
+
+void SessionRegistry::RefundObjects(UidAccount* account, uint64_t n) {
+  objects_ -= n;
+  if (account) account->objects_ -= n;
+}
+
 void SessionRegistry::RefundInFlightBytes(UidAccount* account, uint64_t bytes) {
   in_flight_bytes_ -= bytes;
   if (account) account->in_flight_bytes_ -= bytes;
@@ -508,7 +544,8 @@ std::vector<UidUsage> SessionRegistry::UsageByUid() const {
   std::vector<UidUsage> out;
   for (const auto& [identity, account] : accounts_) {
     UidUsage u = account->Usage();
-    if (u.sessions || u.device_bytes || u.pinned_bytes || u.inflight || u.in_flight_bytes) {
+    if (u.sessions || u.device_bytes || u.pinned_bytes || u.inflight || u.in_flight_bytes ||
+        u.objects) {
       out.push_back(std::move(u));
     }
   }

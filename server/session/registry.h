@@ -3,10 +3,11 @@
 //
 // Per-identity limits: every session is charged to an identity, "uid:N" for a local client
 // (its SO_PEERCRED uid) or "remote" for every TCP peer together. Each identity has limits on
-// its sessions, device bytes, pinned (slab) bytes, submits in flight and the bytes its
-// submits hold in the daemon (in-flight bytes), from the rules of `uid-limits` (UidLimitRule;
-// docs/operations.md "Per-uid limits"). Root and the daemon's own uid are exempt unless a uid: rule
-// names them.
+// its sessions, device bytes, pinned (slab) bytes, submits in flight, the bytes its
+// submits hold in the daemon (in-flight bytes) and the objects its sessions hold (live
+// tensors, modules, graphs and the ops recorded into them), from the rules of `uid-limits`
+// (UidLimitRule; docs/operations.md "Per-uid limits"). Root and the daemon's own uid are exempt
+// unless a uid: rule names them.
 //
 // Thread-safe: sessions update it from their executors, the Admin service reads it from
 // gRPC threads; a UidAccount's counters are atomics any thread may charge.
@@ -30,7 +31,7 @@ namespace ferry::session {
 
 /// One limit of a uid-limits rule: unset (inherit the default rule's), none (no limit), an
 /// amount, or a percentage of the daemon-wide value (max-sessions, the device-memory cap,
-/// pinned-budget, in-flight-bytes; not for inflight).
+/// pinned-budget, in-flight-bytes, max-objects; not for inflight).
 struct UidLimit {
   enum class Kind { kUnset, kNone, kAmount, kPercent };
   Kind kind = Kind::kUnset;
@@ -39,21 +40,23 @@ struct UidLimit {
 };
 
 /// One `uid-limits` rule: "SELECTOR:KEY=VALUE[,KEY=VALUE...]" where SELECTOR is default,
-/// remote, uid:N or gid:N and KEY is sessions, device, pinned, inflight or inflight-bytes.
+/// remote, uid:N or gid:N and KEY is sessions, device, pinned, inflight, inflight-bytes or
+/// objects.
 struct UidLimitRule {
   enum class Match { kDefault, kRemote, kUid, kGid };
   Match match = Match::kDefault;
   uint32_t id = 0;  // the uid or gid
-  UidLimit sessions, device, pinned, inflight, inflight_bytes;
+  UidLimit sessions, device, pinned, inflight, inflight_bytes, objects;
   bool operator==(const UidLimitRule& o) const {
     return match == o.match && id == o.id && sessions == o.sessions && device == o.device &&
-           pinned == o.pinned && inflight == o.inflight && inflight_bytes == o.inflight_bytes;
+           pinned == o.pinned && inflight == o.inflight && inflight_bytes == o.inflight_bytes &&
+           objects == o.objects;
   }
 };
 
 /// The rule in force when none is configured: each identity may hold half of the sessions,
-/// of the device memory cap, of the pinned budget and of the daemon's in-flight bytes, and
-/// 4096 submits in flight.
+/// of the device memory cap, of the pinned budget, of the daemon's in-flight bytes and of
+/// its objects, and 4096 submits in flight.
 UidLimitRule DefaultUidLimitRule();
 /// Parse one rule (the value of a `uid-limits` line); INVALID_ARGUMENT naming what is wrong.
 Result<UidLimitRule> ParseUidLimitRule(const std::string& text);
@@ -62,13 +65,15 @@ std::string FormatUidLimitRule(const UidLimitRule& rule);
 
 /// Limits resolved to amounts; 0: no limit.
 struct ResolvedUidLimits {
-  uint64_t sessions = 0, device_bytes = 0, pinned_bytes = 0, inflight = 0, in_flight_bytes = 0;
+  uint64_t sessions = 0, device_bytes = 0, pinned_bytes = 0, inflight = 0, in_flight_bytes = 0,
+           objects = 0;
 };
 
 /// What one identity holds now, against its limits.
 struct UidUsage {
   std::string identity;  // "uid:1000", "remote"
-  uint64_t sessions = 0, device_bytes = 0, pinned_bytes = 0, inflight = 0, in_flight_bytes = 0;
+  uint64_t sessions = 0, device_bytes = 0, pinned_bytes = 0, inflight = 0, in_flight_bytes = 0,
+           objects = 0;
   ResolvedUidLimits limits;
 };
 
@@ -90,6 +95,8 @@ class UidAccount : public pool::PinnedCharge {
   /// The bytes the identity's submits hold in the daemon, read and not yet answered
   /// (SessionRegistry::ChargeInFlightBytes charges them).
   uint64_t in_flight_bytes() const { return in_flight_bytes_.load(); }
+  /// The objects the identity's sessions hold (SessionRegistry::ChargeObjects).
+  uint64_t objects() const { return objects_.load(); }
   Status TryCharge(uint64_t bytes) override;  // pinned bytes
   void Refund(uint64_t bytes) override { pinned_bytes_ -= bytes; }
 
@@ -102,7 +109,7 @@ class UidAccount : public pool::PinnedCharge {
   const std::string identity_;
   const ResolvedUidLimits limits_;
   std::atomic<uint64_t> sessions_{0}, device_bytes_{0}, pinned_bytes_{0}, inflight_{0},
-      in_flight_bytes_{0};
+      in_flight_bytes_{0}, objects_{0};
 };
 
 /// Counters of one session. Written only by its executor, read by anyone.
@@ -202,6 +209,18 @@ class SessionRegistry {
   bool InFlightBytesRoomBelow(const UidAccount* account, uint64_t room) const;
   uint64_t in_flight_bytes() const { return in_flight_bytes_.load(); }
 
+  /// The most objects all sessions may hold together (max-objects; 0: no limit): live
+  /// tensors, modules and graphs, and the ops recorded into graphs, each of which costs
+  /// daemon memory no device quota counts. objects percentages resolve against it; call
+  /// before SetUidLimits.
+  void SetObjectsLimit(uint64_t objects) { objects_limit_ = objects; }
+  uint64_t objects_limit() const { return objects_limit_; }
+  /// Charge `n` objects to the daemon and to `account` (may be null); QUOTA_EXCEEDED,
+  /// nothing charged, when either would pass its limit.
+  Status ChargeObjects(UidAccount* account, uint64_t n);
+  void RefundObjects(UidAccount* account, uint64_t n);
+  uint64_t objects() const { return objects_.load(); }
+
   /// Register a new session and return its id; QUOTA_EXCEEDED when max_sessions are open or
   /// its identity holds its session limit.
   Result<uint64_t> Open(std::string client_name, PeerIdentity peer,
@@ -247,6 +266,8 @@ class SessionRegistry {
   std::atomic<uint64_t> device_bytes_reserved_{0};
   uint64_t in_flight_bytes_limit_ = 0;  // set before sessions open
   std::atomic<uint64_t> in_flight_bytes_{0};
+  uint64_t objects_limit_ = 0;  // set before sessions open
+  std::atomic<uint64_t> objects_{0};
 
   mutable Mutex mu_;
   std::map<uint64_t, SessionEntry> sessions_ ABSL_GUARDED_BY(mu_);

@@ -63,6 +63,8 @@ Session::~Session() {
   }
   ReleaseStream();
   ReleaseSlabs();
+  objects_live_ = 0;  // (given back in Finalize where it ran)
+  SettleObjects();
   device_->Leave(id_);
 }
 
@@ -122,8 +124,11 @@ bool Session::Start(SubmitRequest& request, InFlight& record) {
       record.status = admitted.status();
     } else if (!ReserveStaging(request, record)) {
       return false;  // admitted again when it resumes: nothing changed meanwhile
+    } else if (Status objects = ReserveObjects(ObjectsAddedAtMost(request.ops)); !objects.ok()) {
+      record.status = std::move(objects);
     } else {
       record.status = Enqueue(request, *admitted, record);
+      SettleObjects();
     }
   }
   if (!record.on_device && record.turns_held != CopyTurns::kNone) {  // nothing reached the device
@@ -452,6 +457,7 @@ Status Session::EnqueueOp(const Op& any, DevicePtr fresh, std::shared_ptr<backen
           r.bytes = *TensorBytes(op.dtype, op.shape, &r.elements);
           r.generation = next_generation_++;
           tensors_.Insert(op.handle, std::move(r));
+          ++objects_live_;
           ++counters_->tensors_created;
           counters_->live_tensors = tensors_.size();
           counters_->device_bytes = tensors_.bytes();
@@ -578,10 +584,11 @@ Status Session::EnqueueOp(const Op& any, DevicePtr fresh, std::shared_ptr<backen
           return stream_->Gemm(g);
         } else if constexpr (std::is_same_v<T, LoadModuleOp>) {
           tensors_.modules()[op.handle] = std::move(loaded);
+          ++objects_live_;
           return Status::Ok();
         } else if constexpr (std::is_same_v<T, UnloadModuleOp>) {
           // Work already enqueued keeps the module alive through the graph or the backend.
-          tensors_.modules().erase(op.handle);
+          objects_live_ -= tensors_.modules().erase(op.handle);
           return Status::Ok();
         } else if constexpr (std::is_same_v<T, LaunchOp>) {
           std::vector<backend::KernelArg> args;
@@ -626,6 +633,7 @@ Status Session::EnqueueOp(const Op& any, DevicePtr fresh, std::shared_ptr<backen
           g.has_raw_kernels = capture_raw_;
           g.ops = capture_ops_;
           capture_refs_.clear();
+          objects_live_ += 1 + g.ops;
           tensors_.graphs()[capture_handle_] = std::move(g);
           return Status::Ok();
         } else if constexpr (std::is_same_v<T, LaunchGraphOp>) {
@@ -641,7 +649,10 @@ Status Session::EnqueueOp(const Op& any, DevicePtr fresh, std::shared_ptr<backen
           }
           return stream_->LaunchGraph(*g.graph);
         } else if constexpr (std::is_same_v<T, FreeGraphOp>) {
-          tensors_.graphs().erase(op.handle);
+          if (auto found = tensors_.graphs().find(op.handle); found != tensors_.graphs().end()) {
+            objects_live_ -= 1 + found->second.ops;
+            tensors_.graphs().erase(found);
+          }
           return Status::Ok();
         } else {
           return Status(ErrorKind::kInternal, "malformed op reached the device");
@@ -671,8 +682,40 @@ void Session::ReleaseDeviceBytes(uint64_t bytes) {
   if (account_) account_->RefundDeviceBytes(bytes);
 }
 
+uint64_t Session::ObjectsAddedAtMost(const std::vector<Op>& ops) {
+  uint64_t n = 0;
+  bool recording = false;
+  for (const Op& op : ops) {
+    if (std::holds_alternative<BeginGraphOp>(op)) {
+      recording = true;
+    } else if (std::holds_alternative<EndGraphOp>(op)) {
+      recording = false;
+      ++n;  // the graph
+    } else if (recording || std::holds_alternative<CreateTensorOp>(op) ||
+               std::holds_alternative<LoadModuleOp>(op)) {
+      ++n;  // a recorded op, a tensor or a module
+    }
+  }
+  return n;
+}
+
+Status Session::ReserveObjects(uint64_t n) {
+  if (n == 0) return Status::Ok();
+  FERRY_RETURN_IF_ERROR(registry_->ChargeObjects(account_.get(), n));
+  objects_charged_ += n;
+  return Status::Ok();
+}
+
+void Session::SettleObjects() {
+  if (objects_charged_ > objects_live_) {
+    registry_->RefundObjects(account_.get(), objects_charged_ - objects_live_);
+    objects_charged_ = objects_live_;
+  }
+}
+
 void Session::ReleaseTensor(uint64_t handle) {
   TensorRecord r = tensors_.Remove(handle);
+  --objects_live_;
   if (r.ptr) stream_->Free(r.ptr);
   ReleaseDeviceBytes(r.bytes);
   counters_->live_tensors = tensors_.size();
@@ -748,6 +791,8 @@ void Session::OnDeviceLost(const DeviceLoss& loss) {
     ReleaseDeviceBytes(record.bytes);
   }
   tensors_.Clear();
+  objects_live_ = 0;
+  SettleObjects();
   counters_->live_tensors = 0;
   counters_->device_bytes = 0;
   capturing_ = false;
@@ -865,6 +910,8 @@ void Session::TearDown() {
   }
   for (uint64_t h : handles) ReleaseTensor(h);
   tensors_.Clear();  // modules and graphs
+  objects_live_ = 0;
+  SettleObjects();
   // Report closed only once the device has finished with everything, frees included.
   // Finalize destroys the stream: never on the completion thread.
   WatchCompletion(/*may_run_inline=*/false);
@@ -883,6 +930,8 @@ void Session::RecordUsage() {
 void Session::Finalize() {
   ReleaseStream();  // records the stream's usage last
   ReleaseSlabs();   // no device work touches them any more
+  objects_live_ = 0;
+  SettleObjects();
   SessionStatsSnapshot stats = Snapshot();
   registry_->Remove(id_);
   if (events_) events_->OnClosed(stats);

@@ -252,6 +252,13 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   // waited that long, or that the whole area could never hold, takes the direct path.
   bool ReserveStaging(const SubmitRequest& request, InFlight& record);
   void OnStagingFreed();
+  // Objects (live tensors, modules and graphs, ops recorded into graphs) are charged to the
+  // daemon's max-objects and the identity's uid-limits objects: before a submit is enqueued
+  // as many as it could add (ObjectsAddedAtMost: its creates, loads, graphs and recorded
+  // ops), settled to what it left live after.
+  static uint64_t ObjectsAddedAtMost(const std::vector<Op>& ops);
+  Status ReserveObjects(uint64_t n);
+  void SettleObjects();
   // Start parked submits in order, with `granted` turns for the first that waits for them,
   // until one must wait (for turns, or for staging).
   void ResumeParked(uint8_t granted);
@@ -293,6 +300,8 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   SessionRegistry* registry_;
   // The identity (uid) the session is charged to; set by Create, null in unit-built sessions.
   std::shared_ptr<UidAccount> account_;
+  uint64_t objects_live_ = 0;     // what ReserveObjects counts, live now
+  uint64_t objects_charged_ = 0;  // charged to the registry and account_ (>= objects_live_)
   // Reserve (or give back) device bytes under the daemon-wide cap and the identity's limit.
   Status ReserveDeviceBytes(uint64_t bytes);
   void ReleaseDeviceBytes(uint64_t bytes);

@@ -761,5 +761,64 @@ TEST(BoundedSessionTest, GraphRecordingPastTheOpLimitIsRefused) {
   EXPECT_EQ(d.Stop(), 0) << d.log();
 }
 
+// The objects all sessions hold together are bounded (--max-objects): a uid may open
+// hundreds of sessions, each allowed 65536 tensors and 262144 recorded graph ops. A submit is
+// charged as many objects as it could add before it is enqueued and given back what it did
+// not leave live; one that could pass the limit is refused whole with QUOTA_EXCEEDED, a
+// submit that only frees is not, and freeing objects (in any session) or closing a session
+// makes room again.
+TEST(BoundedSessionTest, SessionsTogetherHoldAtMostTheDaemonsObjects) {
+  std::unique_ptr<FerrydProcess> d;
+  ASSERT_TRUE(StartDaemon(d, {"--max-objects", "3000"})->ok()) << d->log();
+  const std::string metrics = MetricsEndpoint(*d);
+  RawStream a(d->unix_target()), b(d->unix_target());
+  ASSERT_TRUE(a.Open() && b.Open());
+  auto creates = [](uint64_t first, int n) {
+    std::vector<v1::Op> ops;
+    for (int i = 0; i < n; ++i) ops.push_back(Create(first + i, v1::DTYPE_U8, {0}));
+    return ops;
+  };
+  // a: 2000 zero-byte tensors (no device quota counts them) and a graph of 10 fills (11).
+  ASSERT_TRUE(a.Submit(1, creates(1, 2000)));
+  ASSERT_EQ(a.Completion(1).kind(), v1::ERROR_KIND_NONE);
+  std::vector<v1::Op> graph{Create(5000, v1::DTYPE_F32, {16})};
+  graph.emplace_back().mutable_begin_graph()->set_handle(1);
+  for (int i = 0; i < 10; ++i) graph.push_back(Fill(5000, i));
+  graph.emplace_back().mutable_end_graph();
+  ASSERT_TRUE(a.Submit(2, graph));
+  ASSERT_EQ(a.Completion(2).kind(), v1::ERROR_KIND_NONE);
+  EXPECT_EQ(Value(Scrape(metrics), "ferry_objects"), 2012);  // 2001 tensors, a graph, 10 ops
+  // b: 1000 more could pass 3000: refused whole, nothing of it created.
+  ASSERT_TRUE(b.Submit(1, creates(1, 1000)));
+  v1::Error e = b.Completion(1);
+  EXPECT_EQ(e.kind(), v1::QUOTA_EXCEEDED) << e.message();
+  EXPECT_NE(e.message().find("--max-objects"), std::string::npos) << e.message();
+  EXPECT_EQ(Value(Scrape(metrics), "ferry_objects"), 2012);
+  ASSERT_TRUE(b.Submit(2, creates(1, 900)));
+  ASSERT_EQ(b.Completion(2).kind(), v1::ERROR_KIND_NONE);
+  // 88 left: a 1000-op submit that adds nothing (fills) runs.
+  ASSERT_TRUE(a.Submit(4, std::vector<v1::Op>(1000, Fill(5000, 1.0))));
+  ASSERT_EQ(a.Completion(4).kind(), v1::ERROR_KIND_NONE);
+  // a frees its graph and 1000 tensors: room for b's 1000.
+  std::vector<v1::Op> frees;
+  frees.emplace_back().mutable_free_graph()->set_handle(1);
+  for (uint64_t h = 1; h <= 1000; ++h) frees.emplace_back().mutable_free_tensor()->set_handle(h);
+  ASSERT_TRUE(a.Submit(5, frees));
+  ASSERT_EQ(a.Completion(5).kind(), v1::ERROR_KIND_NONE);
+  EXPECT_EQ(Value(Scrape(metrics), "ferry_objects"), 1001 + 900);
+  ASSERT_TRUE(b.Submit(3, creates(1001, 1000)));
+  EXPECT_EQ(b.Completion(3).kind(), v1::ERROR_KIND_NONE);
+  // Closing gives everything back.
+  a.Close();
+  b.Close();
+  double objects = -1;
+  for (int i = 0; i < 500 && objects != 0; ++i) {
+    if (i > 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    objects = Value(Scrape(metrics), "ferry_objects");
+  }
+  EXPECT_EQ(objects, 0);
+  EXPECT_EQ(d->Stop(), 0) << d->log();
+}
+
 }  // namespace
 }  // namespace ferry

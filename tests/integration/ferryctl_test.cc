@@ -215,6 +215,7 @@ TEST_F(FerryctlTest, SessionsListsOpenSessions) {
   EXPECT_EQ(Field(u, "in_flight_bytes").number_value(), 0) << "every submit answered";
   EXPECT_EQ(Field(u, "max_in_flight_bytes").number_value(), 0) << "the daemon's own uid is exempt";
   EXPECT_NE(table.out.find("HELD"), std::string::npos) << table.out;
+  EXPECT_EQ(Field(u, "objects").number_value(), 1) << "one live tensor";
   ASSERT_TRUE(session->close().ok());
 }
 

@@ -671,6 +671,39 @@ TEST_F(HostileClientsPerUidTest, InFlightBytesAreLimitedPerUidAcrossSessions) {
   EXPECT_LE(round.most_held, 40u << 20);
 }
 
+// One uid's sessions together hold at most its objects (uid-limits objects): uid A's second
+// session cannot create past A's 1000 tensors though each session is far below its own
+// limit; another uid creates meanwhile; once A's first session closes, A creates again.
+TEST_F(HostileClientsPerUidTest, ObjectsAreLimitedPerUidAcrossSessions) {
+  ASSERT_NO_FATAL_FAILURE(Start({"--uid-limits", "uid:41001:objects=1000"}));
+  FerrydProcess& d = *daemon_;
+  auto creates = [](int n) {
+    std::vector<v1::Op> ops;
+    for (int i = 1; i <= n; ++i) ops.push_back(testing::Create(i, v1::DTYPE_U8, {0}));
+    return ops;
+  };
+  auto a1 = StreamAs(kUidA, d);
+  auto a2 = StreamAs(kUidA, d);
+  ASSERT_TRUE(a1 && a1->Open() && a2 && a2->Open()) << d.log();
+  ASSERT_TRUE(a1->Submit(1, creates(600)));
+  ASSERT_EQ(a1->Completion(1).kind(), v1::ERROR_KIND_NONE);
+  ASSERT_TRUE(a2->Submit(1, creates(600)));
+  v1::Error e = a2->Completion(1);
+  EXPECT_EQ(e.kind(), v1::QUOTA_EXCEEDED);
+  EXPECT_NE(e.message().find("uid:41001's objects"), std::string::npos) << e.message();
+  RawStream root(d.unix_target());
+  ASSERT_TRUE(root.Open());
+  ASSERT_TRUE(root.Submit(1, creates(2000)));
+  EXPECT_EQ(root.Completion(1).kind(), v1::ERROR_KIND_NONE) << "another uid is not held back";
+  a1->Close();
+  ASSERT_TRUE(a2->Submit(2, creates(600)));
+  e = a2->Completion(2);
+  EXPECT_EQ(e.kind(), v1::ERROR_KIND_NONE) << e.message();
+  a2->Close();
+  root.Close();
+  EXPECT_EQ(d.Stop(), 0) << d.log();
+}
+
 // Every TCP peer is charged to the one identity "remote".
 TEST(HostileClientsTest, RemotePeersShareOneIdentity) {
   FerrydProcess d({"--uid-limits", "remote:sessions=1"}, /*tcp=*/true);

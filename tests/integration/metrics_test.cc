@@ -56,11 +56,14 @@ TEST(MetricsTest, ServesPrometheusTextThatMovesWithWork) {
         "ferry_uid_pinned_bytes", "ferry_uid_submits_in_flight", "ferry_uid_max_sessions",
         "ferry_uid_max_device_bytes", "ferry_uid_max_pinned_bytes",
         "ferry_uid_max_submits_in_flight", "ferry_uid_in_flight_bytes",
-        "ferry_uid_max_in_flight_bytes", "ferry_in_flight_bytes", "ferry_in_flight_bytes_limit"}) {
+        "ferry_uid_max_in_flight_bytes", "ferry_in_flight_bytes", "ferry_in_flight_bytes_limit",
+        "ferry_uid_objects", "ferry_uid_max_objects", "ferry_objects", "ferry_objects_limit"}) {
     EXPECT_NE(body.find("# TYPE " + std::string(family) + " "), std::string::npos) << family;
   }
   EXPECT_EQ(Value(body, "ferry_in_flight_bytes"), 0);
   EXPECT_EQ(Value(body, "ferry_in_flight_bytes_limit"), 4.0 * (1ull << 30));
+  EXPECT_EQ(Value(body, "ferry_objects"), 0);
+  EXPECT_EQ(Value(body, "ferry_objects_limit"), 4194304);
   EXPECT_EQ(Value(body, "ferry_submits_total"), 0);
   EXPECT_EQ(Value(body, "ferry_copy_turns_held", "direction=\"upload\""), 0);
   EXPECT_EQ(Value(body, "ferry_copy_turn_waits_total"), 0);

@@ -331,8 +331,9 @@ session-max-tensors = 11
 session-max-modules = 0
 session-max-graphs = 13
 session-max-graph-ops = 17
+max-objects = 1000
 max-sessions = 9
-uid-limits = default:sessions=8,device=1G,pinned=none,inflight=100,inflight-bytes=40%
+uid-limits = default:sessions=8,device=1G,pinned=none,inflight=100,inflight-bytes=40%,objects=30%
 uid-limits = uid:1000:sessions=4
 uid-limits = gid:50:device=10%,pinned=512K
 uid-limits = remote:inflight=none,inflight-bytes=512M

@@ -125,8 +125,10 @@ TEST(RegistryTest, RulesFormatAsTheyParse) {
     EXPECT_EQ(FormatUidLimitRule(*r), text);
   }
   EXPECT_EQ(FormatUidLimitRule(DefaultUidLimitRule()),
-            "default:sessions=50%,device=50%,pinned=50%,inflight=4096,inflight-bytes=50%");
-  for (const char* text : {"uid:1000:inflight-bytes=64M", "remote:inflight-bytes=25%"}) {
+            "default:sessions=50%,device=50%,pinned=50%,inflight=4096,inflight-bytes=50%,"
+            "objects=50%");
+  for (const char* text : {"uid:1000:inflight-bytes=64M", "remote:inflight-bytes=25%",
+                           "gid:27:objects=100000", "uid:5:objects=10%"}) {
     auto r = ParseUidLimitRule(text);
     ASSERT_TRUE(r.ok()) << text << ": " << r.status().ToString();
     EXPECT_EQ(FormatUidLimitRule(*r), text);
@@ -174,6 +176,33 @@ TEST(RegistryTest, InFlightBytesAreChargedToTheDaemonAndTheIdentity) {
   unlimited.SetUidLimits(Rules({"uid:1001:inflight-bytes=8M"}), 1ull << 30, 999);
   EXPECT_EQ(unlimited.AccountFor(Local(1000, 1000))->limits().in_flight_bytes, 0u);
   EXPECT_EQ(unlimited.AccountFor(Local(1001, 1001))->limits().in_flight_bytes, 8u << 20);
+}
+
+// Objects (tensors, modules, graphs, recorded ops) likewise: the daemon's max-objects and
+// the identity's share of it, all or nothing.
+TEST(RegistryTest, ObjectsAreChargedToTheDaemonAndTheIdentity) {
+  SessionRegistry reg(1ull << 30, 16);
+  reg.SetObjectsLimit(1000);
+  reg.SetUidLimits(Rules({"uid:1001:objects=900"}), 1ull << 30, 999);
+  auto a = reg.AccountFor(Local(1000, 1000));
+  auto b = reg.AccountFor(Local(1001, 1001));
+  EXPECT_EQ(a->limits().objects, 500u);
+  EXPECT_EQ(b->limits().objects, 900u);
+  EXPECT_TRUE(reg.ChargeObjects(a.get(), 400).ok());
+  Status over = reg.ChargeObjects(a.get(), 101);
+  EXPECT_EQ(over.kind(), ErrorKind::kQuotaExceeded);
+  EXPECT_NE(over.message().find("uid:1000's objects"), std::string::npos) << over.message();
+  EXPECT_TRUE(reg.ChargeObjects(a.get(), 100).ok()) << "exactly the limit fits";
+  EXPECT_TRUE(reg.ChargeObjects(b.get(), 500).ok());
+  over = reg.ChargeObjects(b.get(), 1);
+  EXPECT_EQ(over.kind(), ErrorKind::kQuotaExceeded);
+  EXPECT_NE(over.message().find("--max-objects"), std::string::npos) << over.message();
+  EXPECT_EQ(reg.objects(), 1000u);
+  reg.RefundObjects(a.get(), 500);
+  reg.RefundObjects(b.get(), 500);
+  EXPECT_EQ(reg.objects(), 0u);
+  EXPECT_EQ(a->objects(), 0u);
+  EXPECT_EQ(b->objects(), 0u);
 }
 
 // --- usage identities (IdentityUsage) --------------------------------------------------
