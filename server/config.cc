@@ -157,6 +157,11 @@ class Settings {
         {"max-session-quota", bytes(&c_.daemon.max_device_bytes_quota)},
         {"device-memory-cap", bytes(&c_.daemon.device_bytes_cap)},
         {"host-memory", bytes(&c_.host.memory_bytes)},
+        {"rpc-bandwidth-probe",
+         [this](const std::string& v) -> Status {
+           FERRY_ASSIGN_OR_RETURN(c_.daemon.rpc_bandwidth_probe, ParseBool(v));
+           return Status::Ok();
+         }},
         {"max-message",
          [this](const std::string& v) -> Status {
            FERRY_ASSIGN_OR_RETURN(uint64_t n, ParseBytes(v));
@@ -602,6 +607,10 @@ means true; --allow-insecure-remote and --allow-remote-raw-kernels also take =tr
   --device-memory-cap SIZE   device memory all sessions together may hold (default: all)
   --host-memory SIZE         emulated device memory of the host backend (default 8G)
   --max-message SIZE         largest gRPC message (default 64M)
+  --rpc-bandwidth-probe BOOL let gRPC grow each stream's receive window to the measured
+                             bandwidth-delay product (16M or more): faster large inline
+                             transfers over high-latency links, but each stream the daemon
+                             stops reading may then buffer that much (default false)
   --executor-threads N       session executor threads (default: a quarter of the cores,
                              at least 2)
   --cuda-work-queues N       hardware work queues of the CUDA context, 1..32 (default 0:
@@ -762,6 +771,7 @@ std::string FormatConfig(const DaemonConfig& c) {
       << (c.daemon.device_bytes_cap == 0 ? "  # all of the device's memory" : "") << "\n";
   out << "host-memory = " << FormatBytes(c.host.memory_bytes) << "\n";
   out << "max-message = " << FormatBytes(c.daemon.max_message_bytes) << "\n";
+  out << "rpc-bandwidth-probe = " << (c.daemon.rpc_bandwidth_probe ? "true" : "false") << "\n";
   out << "executor-threads = " << c.daemon.executor_threads
       << (c.daemon.executor_threads == 0 ? "  # a quarter of the cores, at least 2" : "") << "\n";
   out << "cuda-work-queues = " << c.cuda_work_queues

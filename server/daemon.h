@@ -83,6 +83,8 @@ struct DaemonOptions {
   /// Data bytes of each local session's submit ring (transport/submit_ring.h); 0: no rings.
   uint64_t submit_ring_bytes = 64 << 10;
   uint64_t max_message_bytes = 64ull << 20;
+  /// gRPC's bandwidth-delay-product probe (rpc/rpc_server.h, RpcServerOptions).
+  bool rpc_bandwidth_probe = false;
   int executor_threads = 0;  // 0: a quarter of the cores, at least 2
   /// The shared-memory slab pool, served on PATH.slabs beside the first Unix endpoint (own
   /// or inherited). No pool without one (remote clients send bytes inline).

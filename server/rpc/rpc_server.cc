@@ -67,6 +67,8 @@ Result<std::unique_ptr<RpcServer>> RpcServer::Prepare(
   builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
   // Sessions are long-lived streams; keep idle connections open.
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // What a stream the daemon stops reading may still make it buffer (RpcServerOptions).
+  if (!options.bandwidth_probe) builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   // Unix endpoints: listening sockets of ferryd's own, or inherited from systemd. ferryd
   // accepts their connections itself (LocalConnections says why).
   for (int fd : options.inherited_listen_fds) {

@@ -39,6 +39,12 @@ struct RpcServerOptions {
   TlsFiles tls;
   std::string token_file;
   uint64_t max_message_bytes = 64ull << 20;
+  // gRPC's BDP probe grows every stream's HTTP/2 receive window to 16 MiB or the measured
+  // bandwidth-delay product, and gRPC takes that much from a client even on a stream the
+  // daemon has stopped reading (backpressure): 16-22 MiB of daemon memory per held stream,
+  // measured. Off, a stream's window is 64 KiB beyond the message being read (about 1 MiB
+  // per held stream, measured): the cost is a round trip between large messages.
+  bool bandwidth_probe = false;
 };
 
 class RpcServer {
