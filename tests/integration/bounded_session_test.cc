@@ -564,9 +564,9 @@ TEST(BoundedSessionTest, SessionsTogetherHoldAtMostTheDaemonsInFlightBytes) {
 }
 
 // One round of HeldStreamsBufferLittleInGrpc: 16 sessions allowed one submit in flight each,
-// each held by `fills` fills of 4 MiB, and a writer per session sending 8 MiB uploads the
-// daemon does not read meanwhile. How much ferryd grew over two seconds of that, and whether
-// every session was still held at their end.
+// each held by `fills` fills (of 4 MiB on the host backend, 64 MiB on a GPU), and a writer
+// per session sending 8 MiB uploads the daemon does not read meanwhile. How much ferryd grew over
+// two seconds of that, and whether every session was still held at their end.
 void HoldSixteenStreams(int fills, uint64_t& growth, bool& held) {
   std::unique_ptr<FerrydProcess> d;
   ASSERT_TRUE(StartDaemon(d, {})->ok()) << d->log();
@@ -581,8 +581,9 @@ void HoldSixteenStreams(int fills, uint64_t& growth, bool& held) {
     ASSERT_TRUE(raws.back()->Send(open));
     auto opened = raws.back()->Read();
     ASSERT_TRUE(opened && opened->has_opened());
+    const int64_t fill_elements = testing::TestBackend() == "cuda" ? 16 << 20 : 1 << 20;
     ASSERT_TRUE(raws.back()->Submit(
-        1, {Create(1, v1::DTYPE_F32, {1 << 20}), Create(2, v1::DTYPE_U8, {8 << 20})}));
+        1, {Create(1, v1::DTYPE_F32, {fill_elements}), Create(2, v1::DTYPE_U8, {8 << 20})}));
     ASSERT_EQ(raws.back()->Completion(1).kind(), v1::ERROR_KIND_NONE);
   }
   const uint64_t before = RssBytes(d->pid());
@@ -626,7 +627,7 @@ void HoldSixteenStreams(int fills, uint64_t& growth, bool& held) {
 TEST(BoundedSessionTest, HeldStreamsBufferLittleInGrpc) {
   uint64_t growth = 0;
   bool held = false;
-  for (int fills = testing::TestBackend() == "cuda" ? 400000 : 1800, rounds = 0; rounds < 3;
+  for (int fills = testing::TestBackend() == "cuda" ? 40000 : 1800, rounds = 0; rounds < 3;
        fills *= 3, ++rounds) {
     HoldSixteenStreams(fills, growth, held);
     if (HasFatalFailure()) return;
