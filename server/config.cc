@@ -610,7 +610,7 @@ means true; --allow-insecure-remote and --allow-remote-raw-kernels also take =tr
   --rpc-bandwidth-probe BOOL let gRPC grow each stream's receive window to the measured
                              bandwidth-delay product (16M or more): faster large inline
                              transfers over high-latency links, but each stream the daemon
-                             stops reading may then buffer that much (default false)
+                             stops reading may then buffer that much (default true)
   --executor-threads N       session executor threads (default: a quarter of the cores,
                              at least 2)
   --cuda-work-queues N       hardware work queues of the CUDA context, 1..32 (default 0:

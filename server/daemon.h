@@ -84,7 +84,7 @@ struct DaemonOptions {
   uint64_t submit_ring_bytes = 64 << 10;
   uint64_t max_message_bytes = 64ull << 20;
   /// gRPC's bandwidth-delay-product probe (rpc/rpc_server.h, RpcServerOptions).
-  bool rpc_bandwidth_probe = false;
+  bool rpc_bandwidth_probe = true;
   int executor_threads = 0;  // 0: a quarter of the cores, at least 2
   /// The shared-memory slab pool, served on PATH.slabs beside the first Unix endpoint (own
   /// or inherited). No pool without one (remote clients send bytes inline).

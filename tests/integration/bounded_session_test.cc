@@ -569,7 +569,7 @@ TEST(BoundedSessionTest, SessionsTogetherHoldAtMostTheDaemonsInFlightBytes) {
 // two seconds of that, and whether every session was still held at their end.
 void HoldSixteenStreams(int fills, uint64_t& growth, bool& held) {
   std::unique_ptr<FerrydProcess> d;
-  ASSERT_TRUE(StartDaemon(d, {})->ok()) << d->log();
+  ASSERT_TRUE(StartDaemon(d, {"--rpc-bandwidth-probe", "false"})->ok()) << d->log();
   constexpr int kStreams = 16;
   constexpr uint64_t kUploads = 12;
   std::vector<std::unique_ptr<RawStream>> raws;
@@ -618,12 +618,12 @@ void HoldSixteenStreams(int fills, uint64_t& growth, bool& held) {
   EXPECT_EQ(d->Stop(), 0) << d->log();
 }
 
-// What gRPC buffers for streams the daemon stops reading is small: gRPC takes a client's
-// data up to the stream's receive window even when the daemon asks for none, and with its
-// bandwidth probe (rpc-bandwidth-probe) it grows that window to 16 MiB or more per stream
-// (16 held streams grew ferryd by 264-354 MiB on the development machine). Off, the default:
-// about 1 MiB per held stream (6-17 MiB for the 16). Where the sessions' work was done
-// before the two seconds were over, the round runs again with three times the fills.
+// With rpc-bandwidth-probe off, what gRPC buffers for streams the daemon stops reading is
+// small: gRPC takes a client's data up to the stream's receive window even when the daemon
+// asks for none, and with its bandwidth probe (on by default) it grows that window to 16 MiB
+// or more per stream (16 held streams grew ferryd by 179-444 MiB on the development
+// machine). Off: about 1 MiB per held stream (6-17 MiB for the 16). Where the sessions' work was
+// done before the two seconds were over, the round runs again with three times the fills.
 TEST(BoundedSessionTest, HeldStreamsBufferLittleInGrpc) {
   uint64_t growth = 0;
   bool held = false;

@@ -340,7 +340,7 @@ uid-limits = remote:inflight=none,inflight-bytes=512M
 device-memory-cap = 5000
 host-memory = 2G
 max-message = 1M
-rpc-bandwidth-probe = true
+rpc-bandwidth-probe = false
 executor-threads = 3
 cuda-work-queues = 2
 nvrtc-timeout = 1500
