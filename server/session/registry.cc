@@ -212,18 +212,29 @@ std::string FormatUidLimitRule(const UidLimitRule& rule) {
   return out;
 }
 
-Status UidAccount::Charge(std::atomic<uint64_t>& used, uint64_t amount, uint64_t limit,
-                          const char* what, const char* key) {
+namespace {
+// Add `amount` to `used` unless that would pass `limit` (0: no limit), atomically; false,
+// nothing added and what `used` held in `*held`, when it would.
+bool AddUnder(std::atomic<uint64_t>& used, uint64_t amount, uint64_t limit, uint64_t* held) {
   uint64_t cur = used.load();
   do {
     if (limit != 0 && (amount > limit || cur > limit - amount)) {
-      return Status(ErrorKind::kQuotaExceeded,
-                    identity_ + "'s " + what + " limit (" + std::to_string(limit) +
-                        ", uid-limits " + key + "=) is reached: it holds " + std::to_string(cur) +
-                        ", asks for " + std::to_string(amount) + " more");
+      *held = cur;
+      return false;
     }
   } while (!used.compare_exchange_weak(cur, cur + amount));
-  return Status::Ok();
+  return true;
+}
+}  // namespace
+
+Status UidAccount::Charge(std::atomic<uint64_t>& used, uint64_t amount, uint64_t limit,
+                          const char* what, const char* key) {
+  uint64_t held = 0;
+  if (AddUnder(used, amount, limit, &held)) return Status::Ok();
+  return Status(ErrorKind::kQuotaExceeded, identity_ + "'s " + what + " limit (" +
+                                               std::to_string(limit) + ", uid-limits " + key +
+                                               "=) is reached: it holds " + std::to_string(held) +
+                                               ", asks for " + std::to_string(amount) + " more");
 }
 
 Status UidAccount::ChargeDeviceBytes(uint64_t bytes) {
@@ -443,63 +454,48 @@ bool SessionRegistry::TryReserveDeviceBytes(uint64_t bytes) {
 
 void SessionRegistry::ReleaseDeviceBytes(uint64_t bytes) { device_bytes_reserved_ -= bytes; }
 
-Status SessionRegistry::ChargeInFlightBytes(UidAccount* account, uint64_t bytes) {
-  uint64_t cur = in_flight_bytes_.load();
-  const uint64_t limit = in_flight_bytes_limit_;
-  do {
-    if (limit != 0 && (bytes > limit || cur > limit - bytes)) {
-      return Status(ErrorKind::kQuotaExceeded,
-                    "the daemon holds " + std::to_string(cur) +
-                        " bytes of its sessions' submits, and this one's " + std::to_string(bytes) +
-                        " more would pass its limit of " + std::to_string(limit) +
-                        " (ferryd --in-flight-bytes); it can be sent again once others are "
-                        "answered");
-    }
-  } while (!in_flight_bytes_.compare_exchange_weak(cur, cur + bytes));
+Status SessionRegistry::ChargeWithIdentity(const SharedLimit& l, UidAccount* account,
+                                           uint64_t amount) {
+  uint64_t held = 0;
+  if (!AddUnder(this->*l.used, amount, this->*l.limit, &held)) {
+    return Status(ErrorKind::kQuotaExceeded,
+                  "the daemon's sessions hold " + std::to_string(held) + " " + l.what + "; " +
+                      std::to_string(amount) + " more would pass its limit of " +
+                      std::to_string(this->*l.limit) + " (ferryd --" + l.setting + ")");
+  }
   if (account) {
-    Status s = account->Charge(account->in_flight_bytes_, bytes, account->limits_.in_flight_bytes,
-                               "in-flight bytes", "inflight-bytes");
+    Status s = account->Charge(account->*l.account_used, amount, account->limits_.*l.account_limit,
+                               l.what, l.key);
     if (!s.ok()) {
-      in_flight_bytes_ -= bytes;
+      this->*l.used -= amount;
       return s;
     }
   }
   return Status::Ok();
 }
 
-Status SessionRegistry::ChargeObjects(UidAccount* account, uint64_t n) {
-  uint64_t cur = objects_.load();
-  const uint64_t limit = objects_limit_;
-  do {
-    if (limit != 0 && (n > limit || cur > limit - n)) {
-      return Status(ErrorKind::kQuotaExceeded,
-                    "the daemon's sessions hold " + std::to_string(cur) +
-                        " objects (tensors, modules, graphs and their recorded ops), and this "
-                        "submit's " +
-                        std::to_string(n) + " ops could add as many, past its limit of " +
-                        std::to_string(limit) + " (ferryd --max-objects)");
-    }
-  } while (!objects_.compare_exchange_weak(cur, cur + n));
-  if (account) {
-    Status s = account->Charge(account->objects_, n, account->limits_.objects,
-                               "objects (tensors, modules, graphs and recorded ops)", "objects");
-    if (!s.ok()) {
-      objects_ -= n;
-      return s;
-    }
-  }
-  return Status::Ok();
+void SessionRegistry::RefundWithIdentity(const SharedLimit& l, UidAccount* account,
+                                         uint64_t amount) {
+  this->*l.used -= amount;
+  if (account) account->*l.account_used -= amount;
 }
 
-void SessionRegistry::RefundObjects(UidAccount* account, uint64_t n) {
-  objects_ -= n;
-  if (account) account->objects_ -= n;
-}
-
-void SessionRegistry::RefundInFlightBytes(UidAccount* account, uint64_t bytes) {
-  in_flight_bytes_ -= bytes;
-  if (account) account->in_flight_bytes_ -= bytes;
-}
+const SessionRegistry::SharedLimit SessionRegistry::kInFlightBytes = {
+    &SessionRegistry::in_flight_bytes_,
+    &SessionRegistry::in_flight_bytes_limit_,
+    &UidAccount::in_flight_bytes_,
+    &ResolvedUidLimits::in_flight_bytes,
+    "in-flight bytes",
+    "in-flight-bytes",
+    "inflight-bytes"};
+const SessionRegistry::SharedLimit SessionRegistry::kObjects = {
+    &SessionRegistry::objects_,
+    &SessionRegistry::objects_limit_,
+    &UidAccount::objects_,
+    &ResolvedUidLimits::objects,
+    "objects (tensors, modules, graphs and recorded ops)",
+    "max-objects",
+    "objects"};
 
 bool SessionRegistry::InFlightBytesRoomBelow(const UidAccount* account, uint64_t room) const {
   auto below = [room](uint64_t used, uint64_t limit) {

@@ -202,8 +202,12 @@ class SessionRegistry {
   /// Charge a submit's `bytes` (what the daemon holds for it until it is answered) to the
   /// daemon and to `account` (may be null: charged to the daemon only); QUOTA_EXCEEDED,
   /// nothing charged, when either would pass its limit.
-  Status ChargeInFlightBytes(UidAccount* account, uint64_t bytes);
-  void RefundInFlightBytes(UidAccount* account, uint64_t bytes);
+  Status ChargeInFlightBytes(UidAccount* account, uint64_t bytes) {
+    return ChargeWithIdentity(kInFlightBytes, account, bytes);
+  }
+  void RefundInFlightBytes(UidAccount* account, uint64_t bytes) {
+    RefundWithIdentity(kInFlightBytes, account, bytes);
+  }
   /// Whether fewer than `room` bytes are left before the daemon's or `account`'s limit: a
   /// session that holds bytes then stops reading until its own answers free some.
   bool InFlightBytesRoomBelow(const UidAccount* account, uint64_t room) const;
@@ -217,8 +221,10 @@ class SessionRegistry {
   uint64_t objects_limit() const { return objects_limit_; }
   /// Charge `n` objects to the daemon and to `account` (may be null); QUOTA_EXCEEDED,
   /// nothing charged, when either would pass its limit.
-  Status ChargeObjects(UidAccount* account, uint64_t n);
-  void RefundObjects(UidAccount* account, uint64_t n);
+  Status ChargeObjects(UidAccount* account, uint64_t n) {
+    return ChargeWithIdentity(kObjects, account, n);
+  }
+  void RefundObjects(UidAccount* account, uint64_t n) { RefundWithIdentity(kObjects, account, n); }
   uint64_t objects() const { return objects_.load(); }
 
   /// Register a new session and return its id; QUOTA_EXCEEDED when max_sessions are open or
@@ -260,6 +266,23 @@ class SessionRegistry {
 
  private:
   ResolvedUidLimits Resolve(const PeerIdentity& peer) const;
+
+  // A daemon-wide count with its share per identity (uid-limits), charged together:
+  // in-flight bytes, objects.
+  struct SharedLimit {
+    std::atomic<uint64_t> SessionRegistry::*used;
+    uint64_t SessionRegistry::*limit;  // 0: no limit
+    std::atomic<uint64_t> UidAccount::*account_used;
+    uint64_t ResolvedUidLimits::*account_limit;
+    const char* what;     // for messages
+    const char* setting;  // the daemon's setting
+    const char* key;      // the uid-limits key
+  };
+  static const SharedLimit kInFlightBytes, kObjects;
+  // Charge `amount` to the daemon's count and to `account`'s (may be null), all or nothing;
+  // QUOTA_EXCEEDED naming the limit that would be passed.
+  Status ChargeWithIdentity(const SharedLimit& l, UidAccount* account, uint64_t amount);
+  void RefundWithIdentity(const SharedLimit& l, UidAccount* account, uint64_t amount);
 
   const uint64_t device_bytes_cap_;
   const uint32_t max_sessions_;

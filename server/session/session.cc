@@ -63,8 +63,7 @@ Session::~Session() {
   }
   ReleaseStream();
   ReleaseSlabs();
-  objects_live_ = 0;  // (given back in Finalize where it ran)
-  SettleObjects();
+  GiveBackObjects();  // (done in Finalize where it ran)
   device_->Leave(id_);
 }
 
@@ -706,6 +705,11 @@ Status Session::ReserveObjects(uint64_t n) {
   return Status::Ok();
 }
 
+void Session::GiveBackObjects() {
+  objects_live_ = 0;
+  SettleObjects();
+}
+
 void Session::SettleObjects() {
   if (objects_charged_ > objects_live_) {
     registry_->RefundObjects(account_.get(), objects_charged_ - objects_live_);
@@ -791,8 +795,7 @@ void Session::OnDeviceLost(const DeviceLoss& loss) {
     ReleaseDeviceBytes(record.bytes);
   }
   tensors_.Clear();
-  objects_live_ = 0;
-  SettleObjects();
+  GiveBackObjects();
   counters_->live_tensors = 0;
   counters_->device_bytes = 0;
   capturing_ = false;
@@ -910,8 +913,7 @@ void Session::TearDown() {
   }
   for (uint64_t h : handles) ReleaseTensor(h);
   tensors_.Clear();  // modules and graphs
-  objects_live_ = 0;
-  SettleObjects();
+  GiveBackObjects();
   // Report closed only once the device has finished with everything, frees included.
   // Finalize destroys the stream: never on the completion thread.
   WatchCompletion(/*may_run_inline=*/false);
@@ -930,8 +932,7 @@ void Session::RecordUsage() {
 void Session::Finalize() {
   ReleaseStream();  // records the stream's usage last
   ReleaseSlabs();   // no device work touches them any more
-  objects_live_ = 0;
-  SettleObjects();
+  GiveBackObjects();
   SessionStatsSnapshot stats = Snapshot();
   registry_->Remove(id_);
   if (events_) events_->OnClosed(stats);

@@ -259,6 +259,7 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   static uint64_t ObjectsAddedAtMost(const std::vector<Op>& ops);
   Status ReserveObjects(uint64_t n);
   void SettleObjects();
+  void GiveBackObjects();  // none left live (cleared, torn down, gone)
   // Start parked submits in order, with `granted` turns for the first that waits for them,
   // until one must wait (for turns, or for staging).
   void ResumeParked(uint8_t granted);
