@@ -117,6 +117,7 @@ class HostStream final : public Stream {
     if (!device_->MarkFreePending(ptr)) return;
     Task task;
     task.kind = Task::Kind::kFree;
+    task.queued_command = false;  // released by the stream's worker, not a device command
     task.ptr = ptr;
     Push(std::move(task));
   }
@@ -308,14 +309,19 @@ class HostStream final : public Stream {
       captured_.insert(captured_.end(), host_graph->ops().begin(), host_graph->ops().end());
       return Status::Ok();
     }
+    // One command of the launch queue, however many ops the graph holds (as on CUDA).
+    WaitForQueueRoom();
     {
       MutexLock lock(&mu_);
+      bool first = true;
       for (const HostOp& op : host_graph->ops()) {
         Task task;
         task.kind = Task::Kind::kRun;
         task.run = op.run;
+        task.queued_command = std::exchange(first, false);
         queue_.push_back(std::move(task));
       }
+      if (!first) ++queued_commands_;
     }
     cv_.NotifyOne();
     return Status::Ok();
@@ -359,6 +365,9 @@ class HostStream final : public Stream {
     DevicePtr ptr = 0;       // kFree
     CompletionFn done;       // kComplete
     Status status_override;  // kComplete: reported instead, when not OK
+    // Counts in queued_commands_ until it has run: every op enqueued on its own, every
+    // completion, and the first op of a graph replay (the replay is one command); not Free.
+    bool queued_command = true;
   };
 
   Status CheckAccesses(const HostOp& op) const {
@@ -386,11 +395,23 @@ class HostStream final : public Stream {
   }
 
   void Push(Task task) {
+    if (task.queued_command) WaitForQueueRoom();
     {
       MutexLock lock(&mu_);
+      if (task.queued_command) ++queued_commands_;
       queue_.push_back(std::move(task));
     }
     cv_.NotifyOne();
+  }
+
+  /// Block the enqueueing thread while the stream holds kHostLaunchQueueCommands commands
+  /// not yet run, as CUDA's launch calls do (backend.h).
+  void WaitForQueueRoom() {
+    MutexLock lock(&mu_);
+    room_cv_.Wait(&mu_, [this] {
+      mu_.AssertHeld();
+      return queued_commands_ < kHostLaunchQueueCommands;
+    });
   }
 
   void WorkerLoop() {
@@ -405,7 +426,16 @@ class HostStream final : public Stream {
         if (queue_.empty()) return;  // stopping, and everything enqueued has run
         batch.swap(queue_);
       }
-      for (Task& task : batch) RunTask(task);
+      for (Task& task : batch) {
+        RunTask(task);
+        if (task.queued_command) {
+          {
+            MutexLock lock(&mu_);
+            --queued_commands_;
+          }
+          room_cv_.NotifyOne();
+        }
+      }
       batch.clear();
     }
   }
@@ -460,8 +490,10 @@ class HostStream final : public Stream {
   std::string capture_error_;  // why EndCapture must fail; empty while the capture is valid
 
   Mutex mu_;
-  CondVar cv_;  // queue_ grew or stop_ was set
+  CondVar cv_;       // queue_ grew or stop_ was set
+  CondVar room_cv_;  // queued_commands_ dropped
   std::deque<Task> queue_ ABSL_GUARDED_BY(mu_);
+  uint64_t queued_commands_ ABSL_GUARDED_BY(mu_) = 0;  // enqueued, not yet run (Task)
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
 
   Status sticky_;       // worker-only: the first run-time error

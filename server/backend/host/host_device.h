@@ -22,6 +22,10 @@
 // destroyed on the completion thread itself, i.e. inside a callback, it cannot wait for its
 // own later callbacks; they are still delivered, after the stream is gone).
 //
+// Launch queue (backend.h): a stream holds at most kHostLaunchQueueCommands commands not
+// yet run (each op enqueued on its own, each completion, each graph replay whatever its
+// size; not Free); an enqueue beyond them blocks until one has run, as on CUDA.
+//
 // Usage (backend.h): each op is timed on its worker with the steady clock (an injected op
 // delay counts, as device time would); copies enqueued on their own count by direction.
 //
@@ -48,6 +52,10 @@
 namespace ferry::backend {
 
 class HostStream;
+
+/// The commands a host stream holds before an enqueue waits (CUDA's launch queue took about
+/// 1024 on the H200: docs/performance.md).
+inline constexpr uint64_t kHostLaunchQueueCommands = 1024;
 
 /// The CPU emulation of one device. Create with Create() or CreateHostDevice().
 class HostDevice final : public Device {
