@@ -271,6 +271,11 @@ class Settings {
                                    c_.daemon.session_defaults.staging_wait_ms =
                                        static_cast<uint32_t>(n);
                                  })},
+        {"session-queued-commands", bounded(0, 960,
+                                            [this](uint64_t n) {
+                                              c_.daemon.session_defaults.max_queued_commands =
+                                                  static_cast<uint32_t>(n);
+                                            })},
         {"slab-size",
          [this](const std::string& v) -> Status {
            FERRY_ASSIGN_OR_RETURN(uint64_t n, ParseBytes(v));
@@ -641,6 +646,10 @@ means true; --allow-insecure-remote and --allow-remote-raw-kernels also take =tr
                              ops or more (default 32; 0 or 1: each submit on its own)
   --staging-wait MS          how long a submit waits for staging room for its inline
                              bytes before it copies directly (default 100; 0: never waits)
+  --session-queued-commands N  device commands a session keeps on its stream, 0..960;
+                             a submit with more enqueues in parts as earlier ones complete,
+                             so no executor thread waits in CUDA's launch queue (default
+                             512; 0: no limit)
   --slab-size SIZE           size of a shared-memory slab for local clients (default 64M)
   --pinned-budget SIZE       pinned shared memory all slabs may take (default 1G)
   --initial-slabs N          fresh slabs made and registered at start, and kept ready
@@ -791,6 +800,8 @@ std::string FormatConfig(const DaemonConfig& c) {
   out << "submit-run = " << c.daemon.session_defaults.submit_run
       << (c.daemon.session_defaults.submit_run <= 1 ? "  # off" : "") << "\n";
   out << "staging-wait = " << c.daemon.session_defaults.staging_wait_ms << "\n";
+  out << "session-queued-commands = " << c.daemon.session_defaults.max_queued_commands
+      << (c.daemon.session_defaults.max_queued_commands == 0 ? "  # no limit" : "") << "\n";
   out << "slab-size = " << FormatBytes(c.daemon.slab_pool.slab_size) << "\n";
   out << "pinned-budget = " << FormatBytes(c.daemon.slab_pool.budget) << "\n";
   out << "initial-slabs = " << c.daemon.slab_pool.initial_slabs << "\n";

@@ -93,8 +93,10 @@ void Session::Submit(SubmitRequest request) {
     record.uid_inflight = account_ != nullptr;
     uint8_t needs = turns_ ? turns_->Needs(request.ops) : CopyTurns::kNone;
     record.turns_needed = needs;
-    bool waits_for_turns = true;
-    if (parked_ == 0 && (needs == CopyTurns::kNone || turns_->TryTake(needs, TurnsIdentity()))) {
+    // Behind a paused enqueue a submit waits for it, not for turns (ContinueEnqueue starts it).
+    bool waits_for_turns = !enqueue_paused_;
+    if (parked_ == 0 && !enqueue_paused_ &&
+        (needs == CopyTurns::kNone || turns_->TryTake(needs, TurnsIdentity()))) {
       record.turns_held = needs;
       waits_for_turns = false;
       if (!Start(request, record)) record.parked = true;  // waits for staging, turns held
@@ -127,7 +129,7 @@ bool Session::Start(SubmitRequest& request, InFlight& record) {
       record.status = std::move(objects);
     } else {
       record.status = Enqueue(request, *admitted, record);
-      SettleObjects();
+      if (!record.paused) SettleObjects();  // else once the rest is enqueued (EndEnqueue)
     }
   }
   if (!record.on_device && record.turns_held != CopyTurns::kNone) {  // nothing reached the device
@@ -224,6 +226,7 @@ void Session::OnTurnsGranted() {
 
 void Session::ResumeParked(uint8_t granted) {
   for (InFlight& r : queue_) {
+    if (enqueue_paused_) break;  // the submits after it wait (ContinueEnqueue resumes them)
     if (!r.parked) continue;
     // A submit that waited for staging holds its turns already.
     const bool has_turns = r.turns_needed == CopyTurns::kNone || r.turns_held != CopyTurns::kNone;
@@ -271,6 +274,7 @@ void Session::EndRunBatch() {
   Status ended = stream_ ? stream_->EndBatch() : Status::Ok();
   if (ended.ok()) {
     ++counters_->kernel_batches;
+    ++commands_enqueued_;  // one launch-queue command (see RoomForCommands)
     return;
   }
   // Nothing of the batch runs: each of its submits fails, its first op reporting why. (They
@@ -300,48 +304,41 @@ Status Session::Enqueue(SubmitRequest& request, const AdmissionResult& admitted,
   // Allocate everything the submit creates first, so that a device that cannot provide
   // the memory refuses the submit whole.
   FERRY_RETURN_IF_ERROR(ReserveDeviceBytes(admitted.bytes_created));
-  std::vector<DevicePtr> fresh(ops.size(), 0);
-  std::vector<uint64_t> fresh_bytes(ops.size(), 0);
-  std::vector<std::shared_ptr<backend::Module>> loaded(ops.size());
-  auto release_from = [&](size_t first) {
-    for (size_t j = first; j < ops.size(); ++j) {
-      if (fresh[j]) stream_->Free(fresh[j]);
-      ReleaseDeviceBytes(fresh_bytes[j]);
-      fresh[j] = 0;
-      fresh_bytes[j] = 0;
-      loaded[j].reset();
-    }
-  };
+  EnqueueWork work;
+  work.ops = std::move(ops);
+  work.fresh.assign(work.ops.size(), 0);
+  work.fresh_bytes.assign(work.ops.size(), 0);
+  work.loaded.resize(work.ops.size());
   // Every create's reservation is known before anything can fail, so a failure gives all
   // of it back.
-  for (size_t i = 0; i < ops.size(); ++i) {
-    if (auto* create = std::get_if<CreateTensorOp>(&ops[i])) {
+  for (size_t i = 0; i < work.ops.size(); ++i) {
+    if (auto* create = std::get_if<CreateTensorOp>(&work.ops[i])) {
       uint64_t elements = 0;
-      fresh_bytes[i] = *TensorBytes(create->dtype, create->shape, &elements);  // admitted
+      work.fresh_bytes[i] = *TensorBytes(create->dtype, create->shape, &elements);  // admitted
     }
   }
-  for (size_t i = 0; i < ops.size(); ++i) {
+  for (size_t i = 0; i < work.ops.size(); ++i) {
     Status failed;
-    if (std::get_if<CreateTensorOp>(&ops[i])) {
-      if (fresh_bytes[i] == 0) continue;
-      auto ptr = stream_->Allocate(fresh_bytes[i]);
+    if (std::get_if<CreateTensorOp>(&work.ops[i])) {
+      if (work.fresh_bytes[i] == 0) continue;
+      auto ptr = stream_->Allocate(work.fresh_bytes[i]);
       if (ptr.ok()) {
-        fresh[i] = *ptr;
+        work.fresh[i] = *ptr;
       } else {
         failed = ptr.status();
       }
-    } else if (auto* load = std::get_if<LoadModuleOp>(&ops[i])) {
+    } else if (auto* load = std::get_if<LoadModuleOp>(&work.ops[i])) {
       // Modules load (and CUDA C++ compiles) here, before anything is enqueued, so a
       // compile error refuses the submit whole.
       auto module = device_->device()->LoadModule(load->format, load->image);
       if (module.ok()) {
-        loaded[i] = std::move(*module);
+        work.loaded[i] = std::move(*module);
       } else {
         failed = module.status();
       }
     }
     if (!failed.ok()) {
-      release_from(0);
+      ReleaseUnenqueued(work, /*device_gone=*/false);
       return failed.WithOpIndex(static_cast<int>(i));
     }
   }
@@ -354,26 +351,61 @@ Status Session::Enqueue(SubmitRequest& request, const AdmissionResult& admitted,
     run_batch_ops_ = 0;
   }
   record.payload = std::move(request.payload);
-  counters_->ops += ops.size();
+  counters_->ops += work.ops.size();
   counters_->bytes_uploaded += admitted.upload_bytes;
   if (admitted.peak_device_bytes > counters_->peak_device_bytes) {
     counters_->peak_device_bytes = admitted.peak_device_bytes;
   }
-  Status first_error;
-  size_t scanned = 0;                     // ops before this one were looked at for a batch
+  enqueuing_seq_ = record.seq;
+  Status first_error = EnqueueOps(record, work);
+  if (work.paused) {
+    enqueue_paused_ = true;
+    record.paused = std::make_unique<EnqueueWork>(std::move(work));
+    return Status::Ok();
+  }
+  if (run_batch_ && (run_batch_ops_ += work.ops.size()) >= RunBatchOps()) EndRunBatch();
+  EndEnqueue(record);
+  return first_error;
+}
+
+Status Session::EnqueueOps(InFlight& record, EnqueueWork& work) {
+  const std::vector<Op>& ops = work.ops;
+  size_t scanned = work.next;             // ops before this one were looked at for a batch
   size_t batch_first = 0, batch_end = 0;  // ops [batch_first, batch_end) go as one batch
-  for (size_t i = 0; i < ops.size(); ++i) {
+  for (size_t i = work.next; i < ops.size(); ++i) {
+    bool starts_batch = false;
+    size_t run = i;
     if (i >= scanned) {
-      size_t run = i;
       while (run < ops.size() && IsKernelOp(ops[run])) ++run;
       scanned = std::max(run, i + 1);
-      if (!capturing_ && !run_batch_ && config_.kernel_batch > 0 &&
-          run - i >= config_.kernel_batch && stream_->BeginBatch().ok()) {
-        batch_first = i;
-        batch_end = run;
-      }
+      starts_batch =
+          !capturing_ && !run_batch_ && config_.kernel_batch > 0 && run - i >= config_.kernel_batch;
     }
-    Status s = EnqueueOp(ops[i], fresh[i], std::move(loaded[i]), record, static_cast<uint32_t>(i));
+    // An op outside any batch or capture is a command of the launch queue of its own, and
+    // a batch starting here is one: stop where the stream has no room for it.
+    if (i >= batch_end && !capturing_ && !run_batch_) {
+      const uint64_t commands = starts_batch ? 1 : CommandsOf(ops[i], record, i);
+      if (!RoomForCommands(commands)) {
+        work.next = i;
+        work.paused = true;
+        return Status::Ok();
+      }
+      commands_enqueued_ += commands;
+    }
+    if (starts_batch && stream_->BeginBatch().ok()) {
+      batch_first = i;
+      batch_end = run;
+    }
+    Status s = EnqueueOp(ops[i], work.fresh[i], std::move(work.loaded[i]), record,
+                         static_cast<uint32_t>(i));
+    work.fresh[i] = 0;  // the tensor's now (or freed with it)
+    work.fresh_bytes[i] = 0;
+    if (record.first_launch_op >= 0 && !record.raw_counted) {
+      // Raw kernels are on the device: this session is a fault suspect from now on.
+      record.raw_counted = true;
+      ++raw_launches_in_flight_;
+      device_->RawLaunchesEnqueued(1);
+    }
     size_t failed_op = i;
     if (i < batch_end && (i + 1 == batch_end || !s.ok())) {  // the batch is complete
       batch_end = 0;
@@ -386,20 +418,32 @@ Status Session::Enqueue(SubmitRequest& request, const AdmissionResult& admitted,
       }
     }
     if (!s.ok()) {
-      release_from(i + 1);
-      first_error = s.WithOpIndex(static_cast<int>(failed_op));
-      break;
+      work.next = i + 1;
+      ReleaseUnenqueued(work, /*device_gone=*/false);
+      return s.WithOpIndex(static_cast<int>(failed_op));
     }
   }
+  work.next = ops.size();
+  return Status::Ok();
+}
+
+void Session::ReleaseUnenqueued(EnqueueWork& work, bool device_gone) {
+  for (size_t j = work.next; j < work.ops.size(); ++j) {
+    if (work.fresh[j] && !device_gone) stream_->Free(work.fresh[j]);
+    ReleaseDeviceBytes(work.fresh_bytes[j]);
+    work.fresh[j] = 0;
+    work.fresh_bytes[j] = 0;
+    work.loaded[j].reset();
+  }
+  work.next = work.ops.size();
+}
+
+void Session::EndEnqueue(InFlight& record) {
+  enqueuing_seq_ = 0;
   if (capturing_) {  // an enqueue error inside a graph: abandon the capture
     capturing_ = false;
     (void)stream_->EndCapture();
   }
-  if (record.first_launch_op >= 0) {  // raw kernels run: this session is a fault suspect
-    ++raw_launches_in_flight_;
-    device_->RawLaunchesEnqueued(1);
-  }
-  if (run_batch_ && (run_batch_ops_ += ops.size()) >= RunBatchOps()) EndRunBatch();
   // Delivering staged download bytes cuts them into chunks: not on the completion thread.
   const bool may_run_inline =
       std::none_of(record.downloads.begin(), record.downloads.end(),
@@ -410,19 +454,101 @@ Status Session::Enqueue(SubmitRequest& request, const AdmissionResult& admitted,
   } else {
     WatchCompletion(may_run_inline);
   }
-  return first_error;
+}
+
+uint64_t Session::CommandsOf(const Op& op, const InFlight& record, uint32_t index) const {
+  const size_t staged = index < record.staged_ops.size() ? record.staged_ops[index].size() : 0;
+  if (const auto* up = std::get_if<UploadOp>(&op)) {
+    return up->data.empty() ? 0 : std::max<uint64_t>(1, staged);
+  }
+  if (const auto* down = std::get_if<DownloadOp>(&op)) {
+    uint64_t staged_bytes = 0;
+    if (staged > 0) {
+      for (const pool::StagingLease& lease : record.staged_ops[index]) {
+        staged_bytes += lease.length();
+      }
+    }
+    const uint64_t rest = down->length - std::min(down->length, staged_bytes);
+    return staged + (rest + kMaxChunkBytes - 1) / kMaxChunkBytes;
+  }
+  if (std::holds_alternative<CreateTensorOp>(op) || std::holds_alternative<LoadModuleOp>(op) ||
+      std::holds_alternative<UnloadModuleOp>(op) || std::holds_alternative<BeginGraphOp>(op) ||
+      std::holds_alternative<EndGraphOp>(op) || std::holds_alternative<FreeGraphOp>(op)) {
+    return 0;  // nothing on the stream (a free is one: cudaFreeAsync)
+  }
+  return 1;
+}
+
+bool Session::RoomForCommands(uint64_t commands) {
+  const uint64_t cap = config_.max_queued_commands;
+  const uint64_t queued = commands_enqueued_ - commands_done_;
+  // One op of more commands than the cap still goes, alone on the stream.
+  if (cap == 0 || commands == 0 || queued == 0 || queued + commands <= cap) {
+    // Ask for a completion every half of the cap, so that room shows up while the stream
+    // still has the other half to run.
+    if (cap != 0 && commands_enqueued_ + commands - commands_watched_ > cap / 2 && queued > 0) {
+      WatchCompletion(/*may_run_inline=*/true);
+    }
+    return true;
+  }
+  if (commands_watched_ < commands_enqueued_) WatchCompletion(/*may_run_inline=*/true);
+  return false;
+}
+
+Session::InFlight* Session::PausedRecord() {
+  if (!enqueue_paused_) return nullptr;
+  for (InFlight& r : queue_) {
+    if (r.seq == enqueuing_seq_ && r.paused) return &r;
+  }
+  return nullptr;
+}
+
+void Session::ContinueEnqueue() {
+  continue_posted_ = false;
+  InFlight* record = PausedRecord();
+  if (record == nullptr) return;
+  EnqueueWork& work = *record->paused;
+  work.paused = false;
+  Status s = EnqueueOps(*record, work);
+  if (work.paused) return;  // still no room: the next completion posts this again
+  if (!s.ok() && record->status.ok()) record->status = std::move(s);
+  enqueue_paused_ = false;
+  record->paused.reset();
+  EndEnqueue(*record);
+  SettleObjects();
+  ResumeParked(CopyTurns::kNone);  // the submits that waited behind it; delivers
+}
+
+void Session::AbandonPausedEnqueue(const Status& why, bool device_gone) {
+  InFlight* record = PausedRecord();
+  enqueue_paused_ = false;
+  if (record == nullptr) return;
+  std::unique_ptr<EnqueueWork> work = std::move(record->paused);
+  ReleaseUnenqueued(*work, device_gone);
+  if (device_gone) {  // OnDeviceLost gives the submit its status, with the fault's culprit
+    enqueuing_seq_ = 0;
+    capturing_ = false;
+    return;
+  }
+  if (record->status.ok()) record->status = why;
+  EndEnqueue(*record);  // its ops already enqueued still complete first
+  SettleObjects();
 }
 
 void Session::WatchCompletion(bool may_run_inline) {
-  stream_->OnComplete([self = shared_from_this(), epoch = epoch_, through = enqueued_seq_,
-                       may_run_inline](Status status) mutable {
+  // A submit still being enqueued (or paused) is not complete with what is enqueued so far.
+  const uint64_t through = enqueuing_seq_ != 0 ? enqueuing_seq_ - 1 : enqueued_seq_;
+  commands_watched_ = commands_enqueued_;
+  stream_->OnComplete([self = shared_from_this(), epoch = epoch_, through,
+                       commands = commands_enqueued_, may_run_inline](Status status) mutable {
     Executor executor = self->executor_;
     // A cheap completion runs on the completion thread itself when the session is idle (no
     // wake-up of an executor thread). A fault goes to the executor: handling it rebuilds the
     // device, which must not happen on the device's own completion thread.
     const bool run_here = may_run_inline && status.ok();
-    auto handle = [self = std::move(self), epoch, through, status = std::move(status)]() mutable {
-      self->OnDeviceComplete(epoch, std::move(status), through);
+    auto handle = [self = std::move(self), epoch, through, commands,
+                   status = std::move(status)]() mutable {
+      self->OnDeviceComplete(epoch, std::move(status), through, commands);
     };
     if (run_here) {
       executor.RunOrPost(std::move(handle));
@@ -726,7 +852,7 @@ void Session::ReleaseTensor(uint64_t handle) {
   counters_->device_bytes = tensors_.bytes();
 }
 
-void Session::OnDeviceComplete(uint64_t epoch, Status status, uint64_t through) {
+void Session::OnDeviceComplete(uint64_t epoch, Status status, uint64_t through, uint64_t commands) {
   if (epoch != epoch_) return;               // the device was lost since; OnDeviceLost settled it
   if (lifecycle_ == Lifecycle::kTornDown) {  // the completion that follows the final frees
     if (status.kind() == ErrorKind::kDeviceFault) device_->ReportFault(generation_, id_, status);
@@ -754,6 +880,13 @@ void Session::OnDeviceComplete(uint64_t epoch, Status status, uint64_t through) 
     if (!status.ok() && r.status.ok()) r.status = status.WithOpIndex(-1);
   }
   if (status.kind() == ErrorKind::kDeviceReset) broken_ = status.WithOpIndex(-1);
+  commands_done_ = std::max(commands_done_, commands);
+  if (enqueue_paused_ && !continue_posted_ &&
+      commands_enqueued_ - commands_done_ < config_.max_queued_commands) {
+    // Enqueueing is not for the completion thread (which may be running this): posted.
+    continue_posted_ = true;
+    executor_.Post([self = shared_from_this()] { self->ContinueEnqueue(); }, "enqueue continues");
+  }
   DeliverReady();
 }
 
@@ -775,6 +908,9 @@ void Session::OnDeviceLost(const DeviceLoss& loss) {
                                  "rebuilt and this session's tensors are gone");
   ++epoch_;
   broken_ = lost;
+  const bool was_paused = enqueue_paused_;
+  AbandonPausedEnqueue(lost, /*device_gone=*/true);
+  commands_done_ = commands_watched_ = commands_enqueued_;  // the stream is gone
   for (InFlight& r : queue_) {
     if (!r.on_device) continue;
     r.on_device = false;
@@ -804,7 +940,11 @@ void Session::OnDeviceLost(const DeviceLoss& loss) {
     Finalize();
     return;
   }
-  DeliverReady();
+  if (was_paused) {
+    ResumeParked(CopyTurns::kNone);  // those behind it fail with broken_; delivers
+  } else {
+    DeliverReady();
+  }
 }
 
 void Session::DeliverReady() {
@@ -877,7 +1017,10 @@ void Session::Close() {
 void Session::Abort() {
   events_ = nullptr;
   // Nobody can see the results of submits that have not started: drop them (their turn
-  // request, if any, is given back when it is granted).
+  // request, if any, is given back when it is granted), and the rest of one whose enqueue
+  // is paused.
+  AbandonPausedEnqueue(Status(ErrorKind::kSessionClosed, "the client went away"),
+                       /*device_gone=*/false);
   for (InFlight& r : queue_) {
     if (!r.parked) continue;
     r.parked = false;

@@ -64,6 +64,12 @@ struct SessionConfig {
   // direct path (Session::ReserveStaging), so that a session holding staging (inline uploads
   // queued behind long device work) delays others by at most this. 0: never wait.
   uint32_t staging_wait_ms = 100;
+  // Device commands (an op enqueued on its own, a batch, a graph launch, a copy piece) the
+  // session keeps on its stream not yet known complete. CUDA's launch queue holds about 1024
+  // per stream and a launch beyond them blocks its thread (backend.h): a submit with more
+  // ops enqueues in parts, each continued from the completion of earlier ones, so no
+  // executor thread (shared by every session) waits in a launch call. 0: no limit.
+  uint32_t max_queued_commands = 512;
 };
 
 /// Plain copy of a session's counters, as Closed reports them.
@@ -208,6 +214,16 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
     std::vector<pool::StagingLease> staged;
     std::vector<std::string> chunks;
   };
+  // An admitted submit's ops on their way to the device, with what Enqueue made for them
+  // before enqueueing any (device memory, loaded modules), from op `next` on.
+  struct EnqueueWork {
+    std::vector<Op> ops;
+    std::vector<backend::DevicePtr> fresh;
+    std::vector<uint64_t> fresh_bytes;
+    std::vector<std::shared_ptr<backend::Module>> loaded;
+    size_t next = 0;
+    bool paused = false;  // stopped before `next` for want of launch-queue room
+  };
   // One submit between Submit() and its OnCompleted, in submit order.
   struct InFlight {
     uint64_t submit_id = 0;
@@ -234,6 +250,9 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
     // When it first found staging without room (unset: never).
     std::chrono::steady_clock::time_point staging_wait_since{};
     bool uid_inflight = false;  // charged to the identity's in-flight limit until delivered
+    bool raw_counted = false;   // counted in raw_launches_in_flight_ (first_launch_op >= 0)
+    // While its enqueue is paused (enqueuing_seq_ == seq): the rest of its ops.
+    std::unique_ptr<EnqueueWork> paused;
   };
 
   Session(DeviceSupervisor* device, SessionRegistry* registry, Executor executor,
@@ -268,8 +287,29 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   // The identity whose weight (uid-weights) orders this session's turns.
   std::string TurnsIdentity() const { return account_ ? account_->identity() : std::string(); }
   void OnTurnsGranted();
-  // Enqueue an admitted submit; returns the first enqueue error (with op index).
+  // Enqueue an admitted submit; returns the first enqueue error (with op index). Where the
+  // stream has max_queued_commands in flight, it stops (record.paused holds the rest, the
+  // session's later submits park behind it) and ContinueEnqueue goes on once a completion
+  // shows room.
   Status Enqueue(SubmitRequest& request, const AdmissionResult& admitted, InFlight& record);
+  // Enqueue work.ops from work.next on; stops early (work.paused) where no room is left.
+  Status EnqueueOps(InFlight& record, EnqueueWork& work);
+  // After the last op of `record` (or a reason to stop): abandon an unfinished graph
+  // capture, settle objects, and ask for its completion.
+  void EndEnqueue(InFlight& record);
+  // Give back what Enqueue made for the ops from work.next on (freed on the stream unless
+  // the device is gone); none is left to enqueue.
+  void ReleaseUnenqueued(EnqueueWork& work, bool device_gone);
+  // The paused enqueue goes on (posted by OnDeviceComplete once the stream has room).
+  void ContinueEnqueue();
+  // Stop the paused enqueue for good with `why` (client gone, device lost): the ops not
+  // enqueued give back their memory and reservations.
+  void AbandonPausedEnqueue(const Status& why, bool device_gone);
+  InFlight* PausedRecord();
+  // The launch-queue commands `op` takes when enqueued on its own; `false` when the stream
+  // has no room for them now (then a completion is asked for, to learn when it has).
+  uint64_t CommandsOf(const Op& op, const InFlight& record, uint32_t index) const;
+  bool RoomForCommands(uint64_t commands);
   Status EnqueueOp(const Op& op, backend::DevicePtr fresh, std::shared_ptr<backend::Module> loaded,
                    InFlight& record, uint32_t index);
   // Ask the stream for one completion covering everything enqueued so far (every submit
@@ -277,8 +317,9 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   // bytes to copy out, no teardown), so the completion thread may run it itself when the
   // executor is idle.
   void WatchCompletion(bool may_run_inline);
-  // The device finished every submit up to seq `through` (with `status`).
-  void OnDeviceComplete(uint64_t epoch, Status status, uint64_t through);
+  // The device finished every submit up to seq `through` (with `status`), and the first
+  // `commands` commands enqueued on the stream.
+  void OnDeviceComplete(uint64_t epoch, Status status, uint64_t through, uint64_t commands);
   // End the batch open across a run's submits, if any; if it fails, nothing of it runs and
   // each of its submits fails.
   void EndRunBatch();
@@ -329,6 +370,14 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   int64_t raw_launches_in_flight_ = 0;  // submits in flight that launch raw kernels
   std::deque<InFlight> queue_;
   uint64_t enqueued_seq_ = 0;  // seq of the last submit that reached the device
+  // The submit whose ops are being enqueued, or whose enqueue is paused (0: none). A
+  // completion asked for meanwhile covers only the submits before it.
+  uint64_t enqueuing_seq_ = 0;
+  bool enqueue_paused_ = false;     // that submit waits for launch-queue room
+  bool continue_posted_ = false;    // ContinueEnqueue is posted
+  uint64_t commands_enqueued_ = 0;  // launch-queue commands enqueued on the stream, ever
+  uint64_t commands_done_ = 0;      // of which a completion has reported this many done
+  uint64_t commands_watched_ = 0;   // and the last completion asked for covers this many
   // The run between BeginSubmitRun and EndSubmitRun.
   bool run_open_ = false;
   uint64_t run_ops_left_ = 0;         // ops the caller expects in the rest of the run

@@ -750,36 +750,30 @@ TEST(HostileClientsTest, RemotePeersShareOneIdentity) {
   EXPECT_EQ(d.Stop(), 0) << d.log();
 }
 
-// A kernel that spins for `cycles` clock ticks, then writes v into x[0..3].
-constexpr const char* kSpinSource = R"(
-extern "C" __global__ void spin(float* x, float v, unsigned long long cycles) {
-  long long start = clock64();
-  while ((unsigned long long)(clock64() - start) < cycles) {
-  }
-  for (int i = 0; i < 4; ++i) x[i] = v;
-}
-)";
+// The long work of VictimBesideLongWork: one long op, or thousands of shorter ones, more
+// than a stream's launch queue holds (about 1024: backend.h).
+enum class LongWork { kOneLongOp, kThousandsOfOps };
 
-// One round of InlineTransfersBehindLongWorkHoldNoExecutorThread, with the long work
-// `scale` times as long: how many of the 3 tenants' submits were still in flight when the
-// victim was done (through `still`).
-void VictimBesideLongWork(int scale, uint64_t& still) {
+// One round of the tests below, with the long work `scale` times as long: how many of the
+// 3 tenants' submits were still in flight when the victim was done (through `still`).
+void VictimBesideLongWork(LongWork work, int scale, uint64_t& still,
+                          std::vector<std::string> daemon_args = {}) {
   const bool cuda = testing::TestBackend() == "cuda";
-  FerrydProcess d({"--executor-threads", "2", "--raw-kernels", "uid:" + std::to_string(getuid())});
+  const bool many = work == LongWork::kThousandsOfOps;
+  daemon_args.insert(daemon_args.end(), {"--executor-threads", "2", "--raw-kernels",
+                                         "uid:" + std::to_string(getuid())});
+  // Fills go op by op, not as one batch (one command however many ops it holds).
+  if (many) daemon_args.insert(daemon_args.end(), {"--kernel-batch", "0"});
+  FerrydProcess d(daemon_args);
   ASSERT_TRUE(d.ok()) << d.log();
   constexpr int kHostile = 3;
   std::vector<std::unique_ptr<RawStream>> hostile;
   for (int k = 0; k < kHostile; ++k) {
     auto raw = std::make_unique<RawStream>(d.unix_target());
     ASSERT_TRUE(raw->Open());
-    std::vector<v1::Op> setup{testing::Create(1, v1::DTYPE_F32, {cuda ? 4 : 16 << 20})};
-    if (cuda) {
-      v1::Op load;
-      load.mutable_load_module()->set_handle(2);
-      load.mutable_load_module()->set_format(v1::CUDA_SOURCE);
-      load.mutable_load_module()->set_image(kSpinSource);
-      setup.push_back(load);
-    }
+    const int64_t elements = cuda ? 4 : (many ? 1 << 20 : 16 << 20);
+    std::vector<v1::Op> setup{testing::Create(1, v1::DTYPE_F32, {elements})};
+    if (cuda) setup.push_back(testing::LoadSpin(2));
     ASSERT_TRUE(raw->Submit(1, setup));
     v1::Error e = raw->Completion(1);
     ASSERT_EQ(e.kind(), v1::ERROR_KIND_NONE) << e.message();
@@ -787,19 +781,15 @@ void VictimBesideLongWork(int scale, uint64_t& still) {
   }
   for (int k = 0; k < kHostile; ++k) {
     std::vector<v1::Op> ops;
-    if (cuda) {
-      v1::Op launch;
-      auto* l = launch.mutable_launch();
-      l->set_module(2);
-      l->set_function("spin");
-      l->add_grid(1);
-      l->add_block(1);
-      l->add_args()->set_tensor(1);
-      l->add_args()->set_f32(2.0f + k);
-      l->add_args()->set_u64(4'000'000'000ull * scale);  // about 2 s at an H200's 1.98 GHz
-      ops.push_back(launch);
-    } else {
-      for (int i = 0; i < 100 * scale; ++i) ops.push_back(testing::Fill(1, 2.0 + k));  // 64 MiB
+    const float v = 2.0f + k;
+    if (cuda && many) {  // 2000 x about 1 ms at an H200's 1.98 GHz
+      for (int i = 0; i < 2000 * scale; ++i) ops.push_back(testing::Spin(2, 1, v, 2'000'000));
+    } else if (cuda) {  // about 2 s
+      ops.push_back(testing::Spin(2, 1, v, 4'000'000'000ull * scale));
+    } else if (many) {  // 2000 fills of 4 MiB
+      for (int i = 0; i < 2000 * scale; ++i) ops.push_back(testing::Fill(1, v));
+    } else {  // 100 fills of 64 MiB
+      for (int i = 0; i < 100 * scale; ++i) ops.push_back(testing::Fill(1, v));
     }
     ops.push_back(testing::Download(1, 0, 16));
     ASSERT_TRUE(hostile[k]->Submit(2, std::move(ops)));
@@ -833,28 +823,44 @@ void VictimBesideLongWork(int scale, uint64_t& still) {
   EXPECT_EQ(d.Stop(), 0) << d.log();
 }
 
-// Tenants that queue long device work with an inline download behind it hold no executor
-// thread while it runs: with 2 executor threads and 3 such sessions, another session opens
-// and synchronizes while their work is still in flight. (On CUDA a download into ordinary
-// memory made on the executor thread would hold it until the stream's earlier work is
-// done; the daemon stages inline bytes in pinned memory instead.) On CUDA the long work is
-// one kernel spinning for about two seconds: thousands of long kernels would fill CUDA's
-// launch queue, whose launching thread then waits for room, which is another matter
-// (operations.md, "What is not bounded"). On the host backend it is fills.
-// Where the tenants' work was done before the victim (a loaded machine, a sanitizer's slower
-// gRPC), the round runs again with the work three times as long: a daemon that makes the
-// victim wait for the tenants' work fails every round.
-TEST(HostileClientsTest, InlineTransfersBehindLongWorkHoldNoExecutorThread) {
+// Rounds of VictimBesideLongWork, with three times the work where the tenants' work was
+// done before the victim was: the number of their submits still in flight in the last.
+uint64_t VictimRounds(LongWork work, const std::vector<std::string>& daemon_args = {}) {
   uint64_t still = 0;
   for (int scale = 1, rounds = 0; rounds < 3; scale *= 3, ++rounds) {
-    VictimBesideLongWork(scale, still);
-    if (HasFatalFailure()) return;
+    VictimBesideLongWork(work, scale, still, daemon_args);
+    if (::testing::Test::HasFatalFailure()) return still;
     std::printf("long work x%d: victim done with %llu submits of others in flight\n", scale,
                 static_cast<unsigned long long>(still));
     if (still >= 3) break;
   }
+  return still;
+}
+
+// Tenants that queue long device work with an inline download behind it hold no executor
+// thread while it runs: with 2 executor threads and 3 such sessions, another session opens
+// and synchronizes while their work is still in flight. (On CUDA a download into ordinary
+// memory made on the executor thread would hold it until the stream's earlier work is
+// done; the daemon stages inline bytes in pinned memory instead.) The long work is one op:
+// on CUDA a kernel spinning for about two seconds, on the host backend fills.
+TEST(HostileClientsTest, InlineTransfersBehindLongWorkHoldNoExecutorThread) {
+  const uint64_t still = VictimRounds(LongWork::kOneLongOp);
+  if (HasFatalFailure()) return;
   EXPECT_GE(still, 3u) << "the victim waited for the others' device work: an executor thread "
                           "was held";
+}
+
+// Tenants whose submits hold thousands of ops, more than a stream's launch queue (CUDA's
+// launch calls then wait for room, holding the thread that makes them), hold no executor
+// thread either: each session keeps at most session-queued-commands on its stream and
+// enqueues the rest as earlier parts complete. On CUDA the ops are raw kernels of about a
+// millisecond (kernel batches do not take them); on the host backend, whose streams model
+// the launch queue, fills with kernel batches off.
+TEST(HostileClientsTest, SubmitsOfThousandsOfOpsHoldNoExecutorThread) {
+  const uint64_t still = VictimRounds(LongWork::kThousandsOfOps);
+  if (HasFatalFailure()) return;
+  EXPECT_GE(still, 3u) << "the victim waited for the others' device work: an executor thread "
+                          "was held in a launch";
 }
 
 // A client ringing its submit ring's doorbell without writing records: the ring poller

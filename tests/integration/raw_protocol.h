@@ -307,5 +307,51 @@ inline v1::Op Download(uint64_t h, uint64_t off, uint64_t len) {
   op.mutable_download()->set_length(len);
   return op;
 }
+inline v1::Op InlineUpload(uint64_t h, uint64_t offset, std::string data) {
+  v1::Op op;
+  op.mutable_upload()->set_tensor(h);
+  op.mutable_upload()->set_offset(offset);
+  op.mutable_upload()->set_data(std::move(data));
+  return op;
+}
+inline v1::Op Axpy(double alpha, uint64_t x, uint64_t y) {
+  v1::Op op;
+  op.mutable_axpy()->set_alpha(alpha);
+  op.mutable_axpy()->set_x(x);
+  op.mutable_axpy()->set_y(y);
+  return op;
+}
+
+// CUDA C++ of a kernel that spins for `cycles` clock ticks, then writes v into x[0..3]
+// (an H200 ticks about 1.98 G a second).
+constexpr const char* kSpinSource = R"(
+extern "C" __global__ void spin(float* x, float v, unsigned long long cycles) {
+  long long start = clock64();
+  while ((unsigned long long)(clock64() - start) < cycles) {
+  }
+  for (int i = 0; i < 4; ++i) x[i] = v;
+}
+)";
+// Load kSpinSource as module `module`.
+inline v1::Op LoadSpin(uint64_t module) {
+  v1::Op load;
+  load.mutable_load_module()->set_handle(module);
+  load.mutable_load_module()->set_format(v1::CUDA_SOURCE);
+  load.mutable_load_module()->set_image(kSpinSource);
+  return load;
+}
+// One launch of `spin` from `module` on tensor `x` (at least 4 f32).
+inline v1::Op Spin(uint64_t module, uint64_t x, float v, uint64_t cycles) {
+  v1::Op launch;
+  auto* l = launch.mutable_launch();
+  l->set_module(module);
+  l->set_function("spin");
+  l->add_grid(1);
+  l->add_block(1);
+  l->add_args()->set_tensor(x);
+  l->add_args()->set_f32(v);
+  l->add_args()->set_u64(cycles);
+  return launch;
+}
 
 }  // namespace ferry::testing
