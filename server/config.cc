@@ -649,7 +649,7 @@ means true; --allow-insecure-remote and --allow-remote-raw-kernels also take =tr
   --session-queued-commands N  device commands a session keeps on its stream, 0..960;
                              a submit with more enqueues in parts as earlier ones complete,
                              so no executor thread waits in CUDA's launch queue (default
-                             512; 0: no limit)
+                             128; 0: no limit)
   --slab-size SIZE           size of a shared-memory slab for local clients (default 64M)
   --pinned-budget SIZE       pinned shared memory all slabs may take (default 1G)
   --initial-slabs N          fresh slabs made and registered at start, and kept ready

@@ -13,11 +13,13 @@
 //  * OnComplete(fn) calls fn exactly once, on a backend-owned completion thread, after all
 //    work enqueued before it has finished, with OK or the stream's sticky error. fn must not
 //    block: it posts to the owner's executor.
-//  * A stream's launch queue is bounded: once it holds about a thousand commands not yet
-//    run (an op enqueued on its own, a completion, a graph replay of any size, a batch),
-//    an enqueue blocks the calling thread until the device has run one. A caller that must
-//    not be held (an executor thread shared by sessions) keeps fewer in flight
-//    (session/session.h, SessionConfig::max_queued_commands).
+//  * The launch queue is bounded: once a stream's hardware work queue (CUDA: one of
+//    CUDA_DEVICE_MAX_CONNECTIONS, shared by the streams mapped to it) holds about a
+//    thousand commands not yet run (an op enqueued on its own, a completion, a graph replay
+//    of any size, a batch), an enqueue blocks the calling thread until the device has run
+//    one. A caller that must not be held (an executor thread shared by sessions) keeps
+//    fewer in flight (session/session.h, SessionConfig::max_queued_commands). The host
+//    backend models one queue per stream.
 //  * Host memory passed to a copy must stay valid until the completion that follows the copy.
 //  * Device memory freed with Free() is released only after all work enqueued before the
 //    Free() has finished, so in-flight work never touches freed memory.

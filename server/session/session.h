@@ -66,10 +66,12 @@ struct SessionConfig {
   uint32_t staging_wait_ms = 100;
   // Device commands (an op enqueued on its own, a batch, a graph launch, a copy piece) the
   // session keeps on its stream not yet known complete. CUDA's launch queue holds about 1024
-  // per stream and a launch beyond them blocks its thread (backend.h): a submit with more
-  // ops enqueues in parts, each continued from the completion of earlier ones, so no
-  // executor thread (shared by every session) waits in a launch call. 0: no limit.
-  uint32_t max_queued_commands = 512;
+  // per hardware work queue, which several streams share, and a launch beyond them blocks
+  // its thread (backend.h): a submit with more ops enqueues in parts, each continued from
+  // the completion of earlier ones, so no executor thread (shared by every session) waits
+  // in a launch call while fewer than 1024 / 128 = 8 such sessions share a work queue.
+  // 0: no limit.
+  uint32_t max_queued_commands = 128;
 };
 
 /// Plain copy of a session's counters, as Closed reports them.

@@ -757,14 +757,15 @@ enum class LongWork { kOneLongOp, kThousandsOfOps };
 // One round of the tests below, with the long work `scale` times as long: how many of the
 // 3 tenants' submits were still in flight when the victim was done (through `still`).
 void VictimBesideLongWork(LongWork work, int scale, uint64_t& still,
-                          std::vector<std::string> daemon_args = {}) {
+                          const std::vector<std::string>& daemon_args = {}) {
   const bool cuda = testing::TestBackend() == "cuda";
   const bool many = work == LongWork::kThousandsOfOps;
-  daemon_args.insert(daemon_args.end(), {"--executor-threads", "2", "--raw-kernels",
-                                         "uid:" + std::to_string(getuid())});
+  std::vector<std::string> args{"--executor-threads", "2", "--raw-kernels",
+                                "uid:" + std::to_string(getuid())};
   // Fills go op by op, not as one batch (one command however many ops it holds).
-  if (many) daemon_args.insert(daemon_args.end(), {"--kernel-batch", "0"});
-  FerrydProcess d(daemon_args);
+  if (many) args.insert(args.end(), {"--kernel-batch", "0"});
+  args.insert(args.end(), daemon_args.begin(), daemon_args.end());  // later ones win
+  FerrydProcess d(args);
   ASSERT_TRUE(d.ok()) << d.log();
   constexpr int kHostile = 3;
   std::vector<std::unique_ptr<RawStream>> hostile;
@@ -782,8 +783,10 @@ void VictimBesideLongWork(LongWork work, int scale, uint64_t& still,
   for (int k = 0; k < kHostile; ++k) {
     std::vector<v1::Op> ops;
     const float v = 2.0f + k;
-    if (cuda && many) {  // 2000 x about 1 ms at an H200's 1.98 GHz
-      for (int i = 0; i < 2000 * scale; ++i) ops.push_back(testing::Spin(2, 1, v, 2'000'000));
+    if (cuda && many) {
+      // 20000 x about 0.1 ms at an H200's 1.98 GHz: a thread held in the launch calls is
+      // let go when the last ~1000 are queued, 0.1 s before the work is done.
+      for (int i = 0; i < 20000 * scale; ++i) ops.push_back(testing::Spin(2, 1, v, 200'000));
     } else if (cuda) {  // about 2 s
       ops.push_back(testing::Spin(2, 1, v, 4'000'000'000ull * scale));
     } else if (many) {  // 2000 fills of 4 MiB
@@ -794,14 +797,32 @@ void VictimBesideLongWork(LongWork work, int scale, uint64_t& still,
     ops.push_back(testing::Download(1, 0, 16));
     ASSERT_TRUE(hostile[k]->Submit(2, std::move(ops)));
   }
+  // The victim comes once the daemon has taken all three, or after 200 ms (a daemon whose
+  // executor threads are held does not take the third until one is free).
+  const auto sent = std::chrono::steady_clock::now();
+  while (d.AdminStatus().submits_in_flight() < kHostile &&
+         std::chrono::steady_clock::now() < sent + std::chrono::milliseconds(200)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
   // The victim: a new session and a synchronize(), which need executor threads and no
   // device work.
+  const auto t0 = std::chrono::steady_clock::now();
   auto client = Client::connect(d.unix_target());
   ASSERT_TRUE(client.ok());
   auto s = client->open_session();
   ASSERT_TRUE(s.ok()) << s.status().ToString();
+  const auto t1 = std::chrono::steady_clock::now();
   ASSERT_TRUE(s->synchronize().ok());
+  const auto t2 = std::chrono::steady_clock::now();
   still = d.AdminStatus().submits_in_flight();
+  auto ms = [](auto a, auto b) {
+    return static_cast<long long>(
+        std::chrono::duration_cast<std::chrono::milliseconds>(b - a).count());
+  };
+  std::printf(
+      "victim: started %lld ms after the tenants' work was sent, connect and open %lld "
+      "ms, synchronize %lld ms\n",
+      ms(sent, t0), ms(t0, t1), ms(t1, t2));
   for (int k = 0; k < kHostile; ++k) {
     std::string bytes;
     v1::Error e = hostile[k]->Completion(2, &bytes);
