@@ -487,12 +487,21 @@ bool Session::RoomForCommands(uint64_t commands) {
     // Ask for a completion every half of the cap, so that room shows up while the stream
     // still has the other half to run.
     if (cap != 0 && commands_enqueued_ + commands - commands_watched_ > cap / 2 && queued > 0) {
-      WatchCompletion(/*may_run_inline=*/true);
+      WatchCompletion(/*may_run_inline=*/!StagedDownloadsInFlight());
     }
     return true;
   }
-  if (commands_watched_ < commands_enqueued_) WatchCompletion(/*may_run_inline=*/true);
+  if (commands_watched_ < commands_enqueued_) {
+    WatchCompletion(/*may_run_inline=*/!StagedDownloadsInFlight());
+  }
   return false;
+}
+
+bool Session::StagedDownloadsInFlight() const {
+  return std::any_of(queue_.begin(), queue_.end(), [](const InFlight& r) {
+    return std::any_of(r.downloads.begin(), r.downloads.end(),
+                       [](const PendingDownload& d) { return !d.staged.empty(); });
+  });
 }
 
 Session::InFlight* Session::PausedRecord() {

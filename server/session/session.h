@@ -308,10 +308,14 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   // enqueued give back their memory and reservations.
   void AbandonPausedEnqueue(const Status& why, bool device_gone);
   InFlight* PausedRecord();
-  // The launch-queue commands `op` takes when enqueued on its own; `false` when the stream
-  // has no room for them now (then a completion is asked for, to learn when it has).
+  // The launch-queue commands `op` (op `index` of `record`) takes when enqueued on its own.
   uint64_t CommandsOf(const Op& op, const InFlight& record, uint32_t index) const;
+  // Whether `commands` more fit under max_queued_commands now; when they do not, a
+  // completion is asked for (to learn when they will), and one every half of the limit.
   bool RoomForCommands(uint64_t commands);
+  // Whether a submit in flight has download bytes in staging (whose delivery cuts chunks:
+  // not for the completion thread, see WatchCompletion).
+  bool StagedDownloadsInFlight() const;
   Status EnqueueOp(const Op& op, backend::DevicePtr fresh, std::shared_ptr<backend::Module> loaded,
                    InFlight& record, uint32_t index);
   // Ask the stream for one completion covering everything enqueued so far (every submit

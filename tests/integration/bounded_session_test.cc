@@ -923,7 +923,10 @@ std::vector<float> Floats(const std::string& bytes) {
 // downloads, and the submits behind it (which wait for it) come out as if it had gone at
 // once, in order.
 TEST(BoundedSessionTest, LongSubmitsEnqueueInPartsAndKeepTheirOrder) {
-  FerrydProcess d({"--session-queued-commands", "16", "--kernel-batch", "0"});
+  // Copy turns from 4 KiB, one at a time: the long submit holds one while it waits for
+  // room, the one behind it asks for one when it starts.
+  FerrydProcess d({"--session-queued-commands", "16", "--kernel-batch", "0", "--copy-turn-size",
+                   "4K", "--copy-turns", "1"});
   ASSERT_TRUE(d.ok()) << d.log();
   RawStream raw(d.unix_target());
   ASSERT_TRUE(raw.Open());
@@ -936,15 +939,15 @@ TEST(BoundedSessionTest, LongSubmitsEnqueueInPartsAndKeepTheirOrder) {
   for (int i = 0; i < 300; ++i) ops.push_back(testing::Axpy(1.0, 1, 2));
   ops.push_back(Download(2, 0, 16));
   const std::vector<float> fives(4096, 5.0f);
-  ops.push_back(testing::InlineUpload(
-      1, 0, std::string(reinterpret_cast<const char*>(fives.data()), fives.size() * 4)));
+  const std::string five_bytes(reinterpret_cast<const char*>(fives.data()), fives.size() * 4);
+  ops.push_back(InlineUpload(1, 0, five_bytes));
   ops.push_back(Create(3, v1::DTYPE_F32, {4}));
   for (int i = 0; i < 100; ++i) ops.push_back(testing::Axpy(1.0, 1, 2));
   ops.push_back(Download(2, 4 * 4095, 4));
   ASSERT_TRUE(raw.Submit(2, std::move(ops)));
-  // Behind it, sent before it is done: y += 2 x, and the new tensor filled.
-  ASSERT_TRUE(raw.Submit(
-      3, {testing::Axpy(2.0, 1, 2), Fill(3, 9.0), Download(2, 0, 4), Download(3, 0, 16)}));
+  // Behind it, sent before it is done: x = 5 again, y += 2 x, and the new tensor filled.
+  ASSERT_TRUE(raw.Submit(3, {InlineUpload(1, 0, five_bytes), testing::Axpy(2.0, 1, 2), Fill(3, 9.0),
+                             Download(2, 0, 4), Download(3, 0, 16)}));
   std::string two, three;
   v1::Error e = raw.Completion(2, &two);
   ASSERT_EQ(e.kind(), v1::ERROR_KIND_NONE) << e.message();
