@@ -112,6 +112,40 @@ Status CheckTransfer(const std::shared_ptr<internal::SessionState>& session,
   return Status::Ok();
 }
 
+// SHAPE_MISMATCH unless a blocking transfer of `bytes` covers all of `t` (an invalid tensor
+// is the daemon's to refuse). `what`: "upload of" / "download of"; `to`: "into" / "from".
+Status CoversTensor(const Tensor& t, uint64_t bytes, const char* what, const char* to) {
+  if (!t.valid() || bytes == t.byte_size()) return Status::Ok();
+  return Status(ErrorKind::kShapeMismatch,
+                std::string(what) + " " + std::to_string(bytes) + " bytes " + to + " tensor " +
+                    std::to_string(t.handle()) + " of " + std::to_string(t.byte_size()));
+}
+
+// Point a slab op (UploadFromSlab or DownloadToSlab) at `length` bytes of tensor `tensor`
+// from `offset`, in slab `slab` from `slab_offset`.
+template <typename SlabOp>
+void SetSlabRange(SlabOp* op, uint64_t tensor, uint64_t offset, uint64_t slab, uint64_t slab_offset,
+                  uint64_t length) {
+  op->set_tensor(tensor);
+  op->set_offset(offset);
+  op->set_slab(slab);
+  op->set_slab_offset(slab_offset);
+  op->set_length(length);
+}
+
+// Record inline Upload ops (at most kUploadChunkBytes each) for t's bytes from `off` up to
+// kUploadSubmitBytes more (or `bytes`, the end); return where they stop.
+uint64_t RecordUploadWindow(Session& session, const Tensor& t, const char* data, uint64_t off,
+                            uint64_t bytes) {
+  const uint64_t window_end = std::min(bytes, off + internal::kUploadSubmitBytes);
+  do {
+    const uint64_t n = std::min(internal::kUploadChunkBytes, window_end - off);
+    session.write_bytes(t, off, data + off, n);
+    off += n;
+  } while (off < window_end);
+  return off;
+}
+
 }  // namespace
 
 PendingUpload Session::upload_pending(PinnedBuffer&& buffer, Tensor&& tensor) {
@@ -128,19 +162,11 @@ PendingUpload Session::upload_pending(PinnedBuffer&& buffer, Tensor&& tensor) {
   uint64_t off = 0;
   do {
     if (p->buffer.is_shared()) {
-      auto* op = state_->Record()->mutable_upload_from_slab();
-      op->set_tensor(h);
-      op->set_slab(p->buffer.block_->slab->id);
-      op->set_slab_offset(p->buffer.block_->slab_offset);
-      op->set_length(bytes);
+      SetSlabRange(state_->Record()->mutable_upload_from_slab(), h, 0, p->buffer.block_->slab->id,
+                   p->buffer.block_->slab_offset, bytes);
       off = bytes;
     } else {  // inline, 1 MiB per op, a few MiB per submit
-      uint64_t window_end = std::min(bytes, off + internal::kUploadSubmitBytes);
-      do {
-        uint64_t n = std::min(internal::kUploadChunkBytes, window_end - off);
-        write_bytes(p->tensor, off, data + off, n);
-        off += n;
-      } while (off < window_end);
+      off = RecordUploadWindow(*this, p->tensor, data, off, bytes);
     }
     auto id = state_->Submit({}, true);
     if (!id.ok()) {
@@ -172,11 +198,8 @@ PendingDownload Session::download_pending(Tensor&& tensor, PinnedBuffer&& buffer
   do {
     std::vector<std::pair<uint32_t, std::pair<void*, uint64_t>>> targets;
     if (p->buffer.is_shared()) {
-      auto* op = state_->Record()->mutable_download_to_slab();
-      op->set_tensor(h);
-      op->set_slab(p->buffer.block_->slab->id);
-      op->set_slab_offset(p->buffer.block_->slab_offset);
-      op->set_length(bytes);
+      SetSlabRange(state_->Record()->mutable_download_to_slab(), h, 0, p->buffer.block_->slab->id,
+                   p->buffer.block_->slab_offset, bytes);
       off = bytes;
     } else {  // the bytes come inline, written by the reader straight into the buffer
       uint64_t n = std::min(internal::kDownloadSubmitBytes, bytes - off);
@@ -200,11 +223,7 @@ PendingDownload Session::download_pending(Tensor&& tensor, PinnedBuffer&& buffer
 }
 
 Status Session::upload_bytes(const Tensor& t, const void* data, uint64_t bytes) {
-  if (t.valid() && bytes != t.byte_size()) {
-    return Status(ErrorKind::kShapeMismatch,
-                  "upload of " + std::to_string(bytes) + " bytes into tensor " +
-                      std::to_string(t.handle()) + " of " + std::to_string(t.byte_size()));
-  }
+  FERRY_RETURN_IF_ERROR(CoversTensor(t, bytes, "upload of", "into"));
   if (state_->local() && bytes > 0) {
     if (PinnedBuffer* staging = state_->Staging()) {
       // Through shared memory: copy a half of the staging buffer while the daemon DMAs
@@ -226,12 +245,8 @@ Status Session::upload_bytes(const Tensor& t, const void* data, uint64_t bytes) 
         }
         uint64_t n = std::min(half, bytes - off);
         internal::ParallelCopy(base + k * half, static_cast<const char*>(data) + off, n);
-        auto* op = state_->Record()->mutable_upload_from_slab();
-        op->set_tensor(t.handle());
-        op->set_offset(off);
-        op->set_slab(staging->block_->slab->id);
-        op->set_slab_offset(staging->block_->slab_offset + k * half);
-        op->set_length(n);
+        SetSlabRange(state_->Record()->mutable_upload_from_slab(), t.handle(), off,
+                     staging->block_->slab->id, staging->block_->slab_offset + k * half, n);
         auto id = state_->Submit();
         if (!id.ok()) {
           result = id.status();
@@ -254,12 +269,7 @@ Status Session::upload_bytes(const Tensor& t, const void* data, uint64_t bytes) 
   uint64_t first = 0, last = 0;
   uint64_t off = 0;
   do {
-    uint64_t window_end = std::min(bytes, off + internal::kUploadSubmitBytes);
-    do {
-      uint64_t n = std::min(internal::kUploadChunkBytes, window_end - off);
-      write_bytes(t, off, p + off, n);
-      off += n;
-    } while (off < window_end);
+    off = RecordUploadWindow(*this, t, p, off, bytes);
     FERRY_ASSIGN_OR_RETURN(last, state_->Submit());
     if (!first) first = last;
   } while (off < bytes);
@@ -272,11 +282,7 @@ Status Session::upload_bytes(const Tensor& t, const void* data, uint64_t bytes) 
 }
 
 Status Session::download_bytes(const Tensor& t, void* out, uint64_t bytes) {
-  if (t.valid() && bytes != t.byte_size()) {
-    return Status(ErrorKind::kShapeMismatch,
-                  "download of " + std::to_string(bytes) + " bytes from tensor " +
-                      std::to_string(t.handle()) + " of " + std::to_string(t.byte_size()));
-  }
+  FERRY_RETURN_IF_ERROR(CoversTensor(t, bytes, "download of", "from"));
   if (state_->local() && bytes > 0) {
     if (PinnedBuffer* staging = state_->Staging()) {
       // Through shared memory: the daemon fills one half while the other is copied out.
@@ -290,12 +296,8 @@ Status Session::download_bytes(const Tensor& t, void* out, uint64_t bytes) {
       uint64_t next = 0;
       auto send = [&](int k) -> Status {
         uint64_t n = std::min(half, bytes - next);
-        auto* op = state_->Record()->mutable_download_to_slab();
-        op->set_tensor(t.handle());
-        op->set_offset(next);
-        op->set_slab(staging->block_->slab->id);
-        op->set_slab_offset(staging->block_->slab_offset + k * half);
-        op->set_length(n);
+        SetSlabRange(state_->Record()->mutable_download_to_slab(), t.handle(), next,
+                     staging->block_->slab->id, staging->block_->slab_offset + k * half, n);
         FERRY_ASSIGN_OR_RETURN(chunks[k].id, state_->Submit());
         chunks[k].off = next;
         chunks[k].n = n;
