@@ -241,6 +241,10 @@ std::string RenderMetrics(const SessionServiceContext& c,
            "Sessions accounted to uid=\"other\" or client=\"other\": past "
            "metrics-max-identities, or past a uid's 16 client names.",
            c.parts.registry->usage_folds());
+  e.Metric("ferry_enqueue_pauses_total", "counter",
+           "Times a submit stopped enqueueing because its session had session-queued-commands "
+           "on the device (it goes on as earlier work completes), since start.",
+           c.parts.registry->enqueue_pauses());
   session::CopyTurns::Stats turns;
   if (c.parts.copy_turns) turns = c.parts.copy_turns->stats();
   e.Metric("ferry_copy_turn_waits_total", "counter",

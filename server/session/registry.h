@@ -263,6 +263,9 @@ class SessionRegistry {
   /// Sessions whose identity was folded into "other" since start.
   uint64_t usage_folds() const;
   uint64_t device_bytes_cap() const { return device_bytes_cap_; }
+  /// A session's submit stopped enqueueing for launch-queue room (session-queued-commands).
+  void CountEnqueuePause() { enqueue_pauses_.fetch_add(1, std::memory_order_relaxed); }
+  uint64_t enqueue_pauses() const { return enqueue_pauses_.load(std::memory_order_relaxed); }
 
  private:
   ResolvedUidLimits Resolve(const PeerIdentity& peer) const;
@@ -291,6 +294,7 @@ class SessionRegistry {
   std::atomic<uint64_t> in_flight_bytes_{0};
   uint64_t objects_limit_ = 0;  // set before sessions open
   std::atomic<uint64_t> objects_{0};
+  std::atomic<uint64_t> enqueue_pauses_{0};
 
   mutable Mutex mu_;
   std::map<uint64_t, SessionEntry> sessions_ ABSL_GUARDED_BY(mu_);

@@ -386,6 +386,7 @@ Status Session::EnqueueOps(InFlight& record, EnqueueWork& work) {
     if (i >= batch_end && !capturing_ && !run_batch_) {
       const uint64_t commands = starts_batch ? 1 : CommandsOf(ops[i], record, i);
       if (!RoomForCommands(commands)) {
+        registry_->CountEnqueuePause();
         work.next = i;
         work.paused = true;
         return Status::Ok();

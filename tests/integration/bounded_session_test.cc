@@ -925,9 +925,13 @@ std::vector<float> Floats(const std::string& bytes) {
 TEST(BoundedSessionTest, LongSubmitsEnqueueInPartsAndKeepTheirOrder) {
   // Copy turns from 4 KiB, one at a time: the long submit holds one while it waits for
   // room, the one behind it asks for one when it starts.
-  FerrydProcess d({"--session-queued-commands", "16", "--kernel-batch", "0", "--copy-turn-size",
-                   "4K", "--copy-turns", "1"});
-  ASSERT_TRUE(d.ok()) << d.log();
+  std::unique_ptr<FerrydProcess> daemon;
+  ASSERT_TRUE(StartDaemon(daemon, {"--session-queued-commands", "16", "--kernel-batch", "0",
+                                   "--copy-turn-size", "4K", "--copy-turns", "1"})
+                  ->ok())
+      << daemon->log();
+  FerrydProcess& d = *daemon;
+  const std::string metrics = MetricsEndpoint(d);
   RawStream raw(d.unix_target());
   ASSERT_TRUE(raw.Open());
   ASSERT_TRUE(raw.Submit(1, {Create(1, v1::DTYPE_F32, {4096}), Create(2, v1::DTYPE_F32, {4096}),
@@ -955,6 +959,8 @@ TEST(BoundedSessionTest, LongSubmitsEnqueueInPartsAndKeepTheirOrder) {
   e = raw.Completion(3, &three);
   ASSERT_EQ(e.kind(), v1::ERROR_KIND_NONE) << e.message();
   EXPECT_EQ(Floats(three), std::vector<float>({810, 9, 9, 9, 9}));
+  // 400 axpy in parts of at most 16: paused many times.
+  EXPECT_GE(Value(Scrape(metrics), "ferry_enqueue_pauses_total"), 20);
   raw.Close();
   EXPECT_EQ(d.Stop(), 0) << d.log();
 }
