@@ -276,6 +276,8 @@ class Settings {
                                               c_.daemon.session_defaults.max_queued_commands =
                                                   static_cast<uint32_t>(n);
                                             })},
+        {"queued-commands",
+         bounded(0, 1000000, [this](uint64_t n) { c_.daemon.queued_commands = n; })},
         {"slab-size",
          [this](const std::string& v) -> Status {
            FERRY_ASSIGN_OR_RETURN(uint64_t n, ParseBytes(v));
@@ -650,6 +652,9 @@ means true; --allow-insecure-remote and --allow-remote-raw-kernels also take =tr
                              a submit with more enqueues in parts as earlier ones complete,
                              so no executor thread waits in CUDA's launch queue (default
                              128; 0: no limit)
+  --queued-commands N        device commands all sessions keep queued together, below one
+                             hardware work queue's room, whatever work queue CUDA gives each
+                             stream (default 896; 0: no limit)
   --slab-size SIZE           size of a shared-memory slab for local clients (default 64M)
   --pinned-budget SIZE       pinned shared memory all slabs may take (default 1G)
   --initial-slabs N          fresh slabs made and registered at start, and kept ready
@@ -802,6 +807,8 @@ std::string FormatConfig(const DaemonConfig& c) {
   out << "staging-wait = " << c.daemon.session_defaults.staging_wait_ms << "\n";
   out << "session-queued-commands = " << c.daemon.session_defaults.max_queued_commands
       << (c.daemon.session_defaults.max_queued_commands == 0 ? "  # no limit" : "") << "\n";
+  out << "queued-commands = " << c.daemon.queued_commands << limit(c.daemon.queued_commands)
+      << "\n";
   out << "slab-size = " << FormatBytes(c.daemon.slab_pool.slab_size) << "\n";
   out << "pinned-budget = " << FormatBytes(c.daemon.slab_pool.budget) << "\n";
   out << "initial-slabs = " << c.daemon.slab_pool.initial_slabs << "\n";

@@ -69,6 +69,9 @@ struct DaemonOptions {
   /// The most objects all sessions may hold together (live tensors, modules, graphs and the
   /// ops recorded into graphs: daemon memory no device quota counts); 0: no limit.
   uint64_t max_objects = 4ull << 20;
+  /// The most device commands all sessions keep queued together (session/launch_room.h);
+  /// 0: no limit.
+  uint64_t queued_commands = 896;
   /// Per-identity (uid, gid, remote) limits on sessions, device and pinned bytes, submits
   /// and bytes in flight (session/registry.h); the first rule is the default one.
   std::vector<session::UidLimitRule> uid_limits = {session::DefaultUidLimitRule()};

@@ -241,6 +241,11 @@ std::string RenderMetrics(const SessionServiceContext& c,
            "Sessions accounted to uid=\"other\" or client=\"other\": past "
            "metrics-max-identities, or past a uid's 16 client names.",
            c.parts.registry->usage_folds());
+  e.Metric("ferry_queued_commands", "gauge",
+           "Device commands all sessions keep queued on the device now (see queued-commands).",
+           c.parts.registry->launch_room().queued());
+  e.Metric("ferry_queued_commands_limit", "gauge", "queued-commands (0: no limit).",
+           c.parts.registry->launch_room().limit());
   e.Metric("ferry_enqueue_pauses_total", "counter",
            "Times a submit stopped enqueueing because its session had session-queued-commands "
            "on the device (it goes on as earlier work completes), since start.",

@@ -26,6 +26,7 @@
 #include "ferry/mutex.h"
 #include "ferry/status.h"
 #include "pool/session_slabs.h"
+#include "session/launch_room.h"
 
 namespace ferry::session {
 
@@ -263,7 +264,11 @@ class SessionRegistry {
   /// Sessions whose identity was folded into "other" since start.
   uint64_t usage_folds() const;
   uint64_t device_bytes_cap() const { return device_bytes_cap_; }
-  /// A session's submit stopped enqueueing for launch-queue room (session-queued-commands).
+  /// The device commands all sessions keep queued (queued-commands; see LaunchRoom).
+  LaunchRoom& launch_room() { return launch_room_; }
+  const LaunchRoom& launch_room() const { return launch_room_; }
+  /// A session's submit stopped enqueueing for launch-queue room (session-queued-commands or
+  /// queued-commands).
   void CountEnqueuePause() { enqueue_pauses_.fetch_add(1, std::memory_order_relaxed); }
   uint64_t enqueue_pauses() const { return enqueue_pauses_.load(std::memory_order_relaxed); }
 
@@ -295,6 +300,7 @@ class SessionRegistry {
   uint64_t objects_limit_ = 0;  // set before sessions open
   std::atomic<uint64_t> objects_{0};
   std::atomic<uint64_t> enqueue_pauses_{0};
+  LaunchRoom launch_room_;
 
   mutable Mutex mu_;
   std::map<uint64_t, SessionEntry> sessions_ ABSL_GUARDED_BY(mu_);

@@ -63,7 +63,8 @@ Session::~Session() {
   }
   ReleaseStream();
   ReleaseSlabs();
-  GiveBackObjects();  // (done in Finalize where it ran)
+  GiveBackObjects();         // (done in Finalize where it ran)
+  GiveBackQueuedCommands();  // likewise
   device_->Leave(id_);
 }
 
@@ -275,6 +276,7 @@ void Session::EndRunBatch() {
   if (ended.ok()) {
     ++counters_->kernel_batches;
     ++commands_enqueued_;  // one launch-queue command (see RoomForCommands)
+    registry_->launch_room().Add(1);
     return;
   }
   // Nothing of the batch runs: each of its submits fails, its first op reporting why. (They
@@ -484,7 +486,9 @@ bool Session::RoomForCommands(uint64_t commands) {
   const uint64_t cap = config_.max_queued_commands;
   const uint64_t queued = commands_enqueued_ - commands_done_;
   // One op of more commands than the cap still goes, alone on the stream.
-  if (cap == 0 || commands == 0 || queued == 0 || queued + commands <= cap) {
+  const bool own_room = cap == 0 || commands == 0 || queued == 0 || queued + commands <= cap;
+  LaunchRoom& daemon_room = registry_->launch_room();
+  if (own_room && daemon_room.TryTake(commands)) {
     // Ask for a completion every half of the cap, so that room shows up while the stream
     // still has the other half to run.
     if (cap != 0 && commands_enqueued_ + commands - commands_watched_ > cap / 2 && queued > 0) {
@@ -492,10 +496,31 @@ bool Session::RoomForCommands(uint64_t commands) {
     }
     return true;
   }
-  if (commands_watched_ < commands_enqueued_) {
+  // No room: the session's own completions tell when it has some, and the daemon's room
+  // (all sessions' commands) wakes it when another session's complete.
+  if (queued > 0 && commands_watched_ < commands_enqueued_) {
     WatchCompletion(/*may_run_inline=*/!StagedDownloadsInFlight());
   }
+  if (own_room && !awaiting_launch_room_) {
+    awaiting_launch_room_ = true;
+    daemon_room.Await(commands, [weak = weak_from_this()] {
+      if (auto self = weak.lock()) {
+        Executor executor = self->executor_;
+        executor.Post(
+            [self = std::move(self)] {
+              self->awaiting_launch_room_ = false;
+              self->ContinueEnqueue();
+            },
+            "launch room");
+      }
+    });
+  }
   return false;
+}
+
+void Session::GiveBackQueuedCommands() {
+  registry_->launch_room().Give(commands_enqueued_ - commands_done_);
+  commands_done_ = commands_watched_ = commands_enqueued_;
 }
 
 bool Session::StagedDownloadsInFlight() const {
@@ -890,9 +915,13 @@ void Session::OnDeviceComplete(uint64_t epoch, Status status, uint64_t through, 
     if (!status.ok() && r.status.ok()) r.status = status.WithOpIndex(-1);
   }
   if (status.kind() == ErrorKind::kDeviceReset) broken_ = status.WithOpIndex(-1);
-  commands_done_ = std::max(commands_done_, commands);
+  if (commands > commands_done_) {
+    registry_->launch_room().Give(commands - commands_done_);
+    commands_done_ = commands;
+  }
   if (enqueue_paused_ && !continue_posted_ &&
-      commands_enqueued_ - commands_done_ < config_.max_queued_commands) {
+      (config_.max_queued_commands == 0 ||
+       commands_enqueued_ - commands_done_ < config_.max_queued_commands)) {
     // Enqueueing is not for the completion thread (which may be running this): posted.
     continue_posted_ = true;
     executor_.Post([self = shared_from_this()] { self->ContinueEnqueue(); }, "enqueue continues");
@@ -920,7 +949,7 @@ void Session::OnDeviceLost(const DeviceLoss& loss) {
   broken_ = lost;
   const bool was_paused = enqueue_paused_;
   AbandonPausedEnqueue(lost, /*device_gone=*/true);
-  commands_done_ = commands_watched_ = commands_enqueued_;  // the stream is gone
+  GiveBackQueuedCommands();  // the stream is gone
   for (InFlight& r : queue_) {
     if (!r.on_device) continue;
     r.on_device = false;
@@ -1083,8 +1112,9 @@ void Session::RecordUsage() {
 }
 
 void Session::Finalize() {
-  ReleaseStream();  // records the stream's usage last
-  ReleaseSlabs();   // no device work touches them any more
+  GiveBackQueuedCommands();  // the device has run all of them (or is gone)
+  ReleaseStream();           // records the stream's usage last
+  ReleaseSlabs();            // no device work touches them any more
   GiveBackObjects();
   SessionStatsSnapshot stats = Snapshot();
   registry_->Remove(id_);

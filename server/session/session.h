@@ -313,6 +313,9 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   // Whether `commands` more fit under max_queued_commands now; when they do not, a
   // completion is asked for (to learn when they will), and one every half of the limit.
   bool RoomForCommands(uint64_t commands);
+  // Give the daemon's LaunchRoom back every command not yet reported done (the stream is
+  // done or gone).
+  void GiveBackQueuedCommands();
   // Whether a submit in flight has download bytes in staging (whose delivery cuts chunks:
   // not for the completion thread, see WatchCompletion).
   bool StagedDownloadsInFlight() const;
@@ -379,11 +382,12 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   // The submit whose ops are being enqueued, or whose enqueue is paused (0: none). A
   // completion asked for meanwhile covers only the submits before it.
   uint64_t enqueuing_seq_ = 0;
-  bool enqueue_paused_ = false;     // that submit waits for launch-queue room
-  bool continue_posted_ = false;    // ContinueEnqueue is posted
-  uint64_t commands_enqueued_ = 0;  // launch-queue commands enqueued on the stream, ever
-  uint64_t commands_done_ = 0;      // of which a completion has reported this many done
-  uint64_t commands_watched_ = 0;   // and the last completion asked for covers this many
+  bool enqueue_paused_ = false;        // that submit waits for launch-queue room
+  bool continue_posted_ = false;       // ContinueEnqueue is posted
+  uint64_t commands_enqueued_ = 0;     // launch-queue commands enqueued on the stream, ever
+  uint64_t commands_done_ = 0;         // of which a completion has reported this many done
+  uint64_t commands_watched_ = 0;      // and the last completion asked for covers this many
+  bool awaiting_launch_room_ = false;  // registered with the daemon's LaunchRoom
   // The run between BeginSubmitRun and EndSubmitRun.
   bool run_open_ = false;
   uint64_t run_ops_left_ = 0;         // ops the caller expects in the rest of the run

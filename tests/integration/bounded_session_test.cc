@@ -1022,5 +1022,55 @@ TEST(BoundedSessionTest, AFaultDuringALongSubmitFailsItAndWhatWaitsBehind) {
   EXPECT_EQ(d.Stop(), 0) << d.log();
 }
 
+// All sessions together keep at most queued-commands on the device: six sessions, each
+// allowed 32 of its own, submit 1500 fills each against a daemon-wide 64, and the count
+// never passes 64; every submit still completes, in order, with its results, and sessions
+// with nothing queued of their own are woken by the others' completions.
+TEST(BoundedSessionTest, SessionsTogetherKeepAtMostTheDaemonsQueuedCommands) {
+  std::unique_ptr<FerrydProcess> daemon;
+  ASSERT_TRUE(StartDaemon(daemon, {"--queued-commands", "64", "--session-queued-commands", "32",
+                                   "--kernel-batch", "0"})
+                  ->ok())
+      << daemon->log();
+  FerrydProcess& d = *daemon;
+  const std::string metrics = MetricsEndpoint(d);
+  constexpr int kSessions = 6;
+  std::vector<std::unique_ptr<RawStream>> raws;
+  for (int k = 0; k < kSessions; ++k) {
+    raws.push_back(std::make_unique<RawStream>(d.unix_target()));
+    ASSERT_TRUE(raws.back()->Open());
+    ASSERT_TRUE(raws.back()->Submit(1, {Create(1, v1::DTYPE_F32, {1 << 20})}));
+    ASSERT_EQ(raws.back()->Completion(1).kind(), v1::ERROR_KIND_NONE);
+  }
+  for (int k = 0; k < kSessions; ++k) {
+    std::vector<v1::Op> ops;
+    for (int i = 0; i < 1500; ++i) ops.push_back(Fill(1, k + i % 2));
+    ops.push_back(Fill(1, 10 + k));
+    ops.push_back(Download(1, 0, 4));
+    ASSERT_TRUE(raws[k]->Submit(2, std::move(ops)));
+  }
+  ASSERT_TRUE(Eventually([&] { return d.AdminStatus().submits_in_flight() > 0; }, 5));
+  double most = 0;
+  int samples = 0;
+  while (d.AdminStatus().submits_in_flight() > 0) {
+    const std::string text = Scrape(metrics);
+    most = std::max(most, Value(text, "ferry_queued_commands"));
+    ++samples;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  std::printf("at most %.0f commands queued in %d samples\n", most, samples);
+  EXPECT_LE(most, 64);
+  EXPECT_GT(Value(Scrape(metrics), "ferry_enqueue_pauses_total"), 0);
+  for (int k = 0; k < kSessions; ++k) {
+    std::string bytes;
+    v1::Error e = raws[k]->Completion(2, &bytes);
+    ASSERT_EQ(e.kind(), v1::ERROR_KIND_NONE) << e.message();
+    EXPECT_EQ(Floats(bytes), std::vector<float>({10.0f + k}));
+    raws[k]->Close();
+  }
+  EXPECT_EQ(Value(Scrape(metrics), "ferry_queued_commands"), 0);
+  EXPECT_EQ(d.Stop(), 0) << d.log();
+}
+
 }  // namespace
 }  // namespace ferry

@@ -351,6 +351,7 @@ kernel-batch = 3
 submit-run = 5
 staging-wait = 250
 session-queued-commands = 100
+queued-commands = 300
 copy-turn-size = 1M
 device-turns = 2
 uid-weights = "remote=3,uid:1000=2"
