@@ -751,7 +751,7 @@ TEST(HostileClientsTest, RemotePeersShareOneIdentity) {
 }
 
 // The long work of VictimBesideLongWork: one long op, or thousands of shorter ones, more
-// than a stream's launch queue holds (about 1024: backend.h).
+// than the launch queue holds (about 1024: backend.h).
 enum class LongWork { kOneLongOp, kThousandsOfOps };
 
 // One round of the tests below, with the long work `scale` times as long: how many of the
@@ -871,12 +871,13 @@ TEST(HostileClientsTest, InlineTransfersBehindLongWorkHoldNoExecutorThread) {
                           "was held";
 }
 
-// Tenants whose submits hold thousands of ops, more than a stream's launch queue (CUDA's
-// launch calls then wait for room, holding the thread that makes them), hold no executor
-// thread either: each session keeps at most session-queued-commands on its stream and
-// enqueues the rest as earlier parts complete. On CUDA the ops are raw kernels of about a
-// millisecond (kernel batches do not take them); on the host backend, whose streams model
-// the launch queue, fills with kernel batches off.
+// Tenants whose submits hold thousands of ops, more than CUDA's launch queue (about 1024
+// per hardware work queue; its launch calls then wait for room, holding the thread that
+// makes them), hold no executor thread either: each session keeps at most
+// session-queued-commands on its stream, all together at most queued-commands, and the
+// rest is enqueued as earlier parts complete. On CUDA the ops are raw kernels of about 0.1
+// ms (kernel batches do not take them); on the host backend, whose streams model the launch
+// queue, fills with kernel batches off.
 TEST(HostileClientsTest, SubmitsOfThousandsOfOpsHoldNoExecutorThread) {
   const uint64_t still = VictimRounds(LongWork::kThousandsOfOps);
   if (HasFatalFailure()) return;
