@@ -16,9 +16,12 @@
 //   limit (one op of many copy pieces) counts as half for that test, so that it is not
 //   starved while others keep the total above zero (the total may then pass the limit for
 //   as long as that op's commands are queued).
-// - Await(n, wake) runs `wake` once: after the next Give (on that Give's thread, outside the
-//   lock), or at once when n fits by then. It must not block (a session posts to its
-//   executor, and tries again).
+// - Await(n, wake) runs `wake` once, when n fits: at once if it does by then, else from a
+//   later Give (on that Give's thread, outside the lock). Waiters are woken in the order
+//   they came, as many as the room then fits (a Give wakes no more than can go; one that
+//   does not fit holds back those behind it, so a large one is not starved). `wake` must
+//   not block (a session posts to its executor, and takes again: one that loses the room
+//   to another taker awaits again, at the back).
 //
 // Thread-safe.
 #pragma once
@@ -26,6 +29,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <vector>
 
@@ -53,12 +57,17 @@ class LaunchRoom {
   bool Fits(uint64_t now, uint64_t n) const {
     return limit_ == 0 || now + std::min(n, limit_ / 2) <= limit_;
   }
-  void WakeAll();
+  // Wake the waiters at the front whose commands fit the room now.
+  void WakeThoseThatFit();
 
   uint64_t limit_ = 0;
   std::atomic<uint64_t> queued_{0};
   Mutex mu_;
-  std::vector<std::function<void()>> waiters_ ABSL_GUARDED_BY(mu_);
+  struct Waiter {
+    uint64_t n = 0;
+    std::function<void()> wake;
+  };
+  std::deque<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> has_waiters_{false};  // a cheap look before taking mu_ in Give
 };
 

@@ -58,6 +58,22 @@ TEST(LaunchRoomTest, AWaiterIsWokenByTheNextGiveOnce) {
   EXPECT_EQ(woken, 1) << "woken once per Await";
 }
 
+// Waiters go in the order they came, as many as the room fits: one that does not fit holds
+// back those behind it (a large one is not starved by small ones).
+TEST(LaunchRoomTest, WaitersAreWokenInOrderAsManyAsFit) {
+  LaunchRoom room;
+  room.SetLimit(100);
+  ASSERT_TRUE(room.TryTake(100));
+  std::vector<int> woken;
+  room.Await(30, [&] { woken.push_back(1); });
+  room.Await(40, [&] { woken.push_back(2); });
+  room.Await(10, [&] { woken.push_back(3); });
+  room.Give(50);  // room for 50: the first (30) fits, the second (40) does not, nor after it
+  EXPECT_EQ(woken, std::vector<int>({1}));
+  room.Give(30);  // 80 free (nobody took): 40 and 10 fit
+  EXPECT_EQ(woken, std::vector<int>({1, 2, 3}));
+}
+
 // Room that came between a failed TryTake and the Await: the waiter is woken at once
 // rather than left with nobody to wake it.
 TEST(LaunchRoomTest, AWaiterWhoseRoomCameAlreadyIsWokenAtOnce) {
@@ -95,7 +111,8 @@ TEST(LaunchRoomTest, ConcurrentTakesStayWithinTheLimit) {
     });
   }
   for (auto& t : threads) t.join();
-  room.Give(0);  // wakes whoever still waits
+  // Nobody takes now: each Give wakes as many waiters as 64 commands fit, until none waits.
+  for (int i = 0; i < 100000 && wakes.load() < awaits.load(); ++i) room.Give(0);
   EXPECT_LE(most.load(), 64u);
   EXPECT_EQ(room.queued(), 0u);
   EXPECT_EQ(wakes.load(), awaits.load());
