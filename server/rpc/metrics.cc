@@ -247,8 +247,9 @@ std::string RenderMetrics(const SessionServiceContext& c,
   e.Metric("ferry_queued_commands_limit", "gauge", "queued-commands (0: no limit).",
            c.parts.registry->launch_room().limit());
   e.Metric("ferry_enqueue_pauses_total", "counter",
-           "Times a submit stopped enqueueing because its session had session-queued-commands "
-           "on the device (it goes on as earlier work completes), since start.",
+           "Times a submit stopped enqueueing because its session (session-queued-commands) "
+           "or all sessions (queued-commands) had their most commands on the device (it goes "
+           "on as earlier work completes), since start.",
            c.parts.registry->enqueue_pauses());
   session::CopyTurns::Stats turns;
   if (c.parts.copy_turns) turns = c.parts.copy_turns->stats();

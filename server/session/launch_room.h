@@ -48,7 +48,7 @@ class LaunchRoom {
   bool TryTake(uint64_t n);
   /// Count `n` commands taken without asking (a batch's launch at the end of a run).
   void Add(uint64_t n) { queued_.fetch_add(n, std::memory_order_relaxed); }
-  /// Give back `n` commands the device has run; wakes every waiter.
+  /// Give back `n` commands the device has run; wakes the waiters that then fit.
   void Give(uint64_t n);
   /// Run `wake` after the next Give, or at once if `n` commands fit already.
   void Await(uint64_t n, std::function<void()> wake);

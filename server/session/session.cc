@@ -95,8 +95,8 @@ void Session::Submit(SubmitRequest request) {
     uint8_t needs = turns_ ? turns_->Needs(request.ops) : CopyTurns::kNone;
     record.turns_needed = needs;
     // Behind a paused enqueue a submit waits for it, not for turns (ContinueEnqueue starts it).
-    bool waits_for_turns = !enqueue_paused_;
-    if (parked_ == 0 && !enqueue_paused_ &&
+    bool waits_for_turns = !enqueue_paused();
+    if (parked_ == 0 && !enqueue_paused() &&
         (needs == CopyTurns::kNone || turns_->TryTake(needs, TurnsIdentity()))) {
       record.turns_held = needs;
       waits_for_turns = false;
@@ -227,7 +227,7 @@ void Session::OnTurnsGranted() {
 
 void Session::ResumeParked(uint8_t granted) {
   for (InFlight& r : queue_) {
-    if (enqueue_paused_) break;  // the submits after it wait (ContinueEnqueue resumes them)
+    if (enqueue_paused()) break;  // the submits after it wait (ContinueEnqueue resumes them)
     if (!r.parked) continue;
     // A submit that waited for staging holds its turns already.
     const bool has_turns = r.turns_needed == CopyTurns::kNone || r.turns_held != CopyTurns::kNone;
@@ -361,7 +361,6 @@ Status Session::Enqueue(SubmitRequest& request, const AdmissionResult& admitted,
   enqueuing_seq_ = record.seq;
   Status first_error = EnqueueOps(record, work);
   if (work.paused) {
-    enqueue_paused_ = true;
     record.paused = std::make_unique<EnqueueWork>(std::move(work));
     return Status::Ok();
   }
@@ -448,9 +447,7 @@ void Session::EndEnqueue(InFlight& record) {
     (void)stream_->EndCapture();
   }
   // Delivering staged download bytes cuts them into chunks: not on the completion thread.
-  const bool may_run_inline =
-      std::none_of(record.downloads.begin(), record.downloads.end(),
-                   [](const PendingDownload& d) { return !d.staged.empty(); });
+  const bool may_run_inline = !HasStagedDownloads(record);
   if (run_open_) {  // one watch for the run, at its end
     run_unwatched_ = true;
     run_inline_ = run_inline_ && may_run_inline;
@@ -523,15 +520,17 @@ void Session::GiveBackQueuedCommands() {
   commands_done_ = commands_watched_ = commands_enqueued_;
 }
 
+bool Session::HasStagedDownloads(const InFlight& record) {
+  return std::any_of(record.downloads.begin(), record.downloads.end(),
+                     [](const PendingDownload& d) { return !d.staged.empty(); });
+}
+
 bool Session::StagedDownloadsInFlight() const {
-  return std::any_of(queue_.begin(), queue_.end(), [](const InFlight& r) {
-    return std::any_of(r.downloads.begin(), r.downloads.end(),
-                       [](const PendingDownload& d) { return !d.staged.empty(); });
-  });
+  return std::any_of(queue_.begin(), queue_.end(), HasStagedDownloads);
 }
 
 Session::InFlight* Session::PausedRecord() {
-  if (!enqueue_paused_) return nullptr;
+  if (!enqueue_paused()) return nullptr;
   for (InFlight& r : queue_) {
     if (r.seq == enqueuing_seq_ && r.paused) return &r;
   }
@@ -547,7 +546,6 @@ void Session::ContinueEnqueue() {
   Status s = EnqueueOps(*record, work);
   if (work.paused) return;  // still no room: the next completion posts this again
   if (!s.ok() && record->status.ok()) record->status = std::move(s);
-  enqueue_paused_ = false;
   record->paused.reset();
   EndEnqueue(*record);
   SettleObjects();
@@ -556,7 +554,6 @@ void Session::ContinueEnqueue() {
 
 void Session::AbandonPausedEnqueue(const Status& why, bool device_gone) {
   InFlight* record = PausedRecord();
-  enqueue_paused_ = false;
   if (record == nullptr) return;
   std::unique_ptr<EnqueueWork> work = std::move(record->paused);
   ReleaseUnenqueued(*work, device_gone);
@@ -919,7 +916,7 @@ void Session::OnDeviceComplete(uint64_t epoch, Status status, uint64_t through, 
     registry_->launch_room().Give(commands - commands_done_);
     commands_done_ = commands;
   }
-  if (enqueue_paused_ && !continue_posted_ &&
+  if (enqueue_paused() && !continue_posted_ &&
       (config_.max_queued_commands == 0 ||
        commands_enqueued_ - commands_done_ < config_.max_queued_commands)) {
     // Enqueueing is not for the completion thread (which may be running this): posted.
@@ -947,7 +944,7 @@ void Session::OnDeviceLost(const DeviceLoss& loss) {
                                  "rebuilt and this session's tensors are gone");
   ++epoch_;
   broken_ = lost;
-  const bool was_paused = enqueue_paused_;
+  const bool was_paused = enqueue_paused();
   AbandonPausedEnqueue(lost, /*device_gone=*/true);
   GiveBackQueuedCommands();  // the stream is gone
   for (InFlight& r : queue_) {

@@ -316,8 +316,9 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   // Give the daemon's LaunchRoom back every command not yet reported done (the stream is
   // done or gone).
   void GiveBackQueuedCommands();
-  // Whether a submit in flight has download bytes in staging (whose delivery cuts chunks:
-  // not for the completion thread, see WatchCompletion).
+  // Whether `record`, or any submit in flight, has download bytes in staging (whose
+  // delivery cuts chunks: not for the completion thread, see WatchCompletion).
+  static bool HasStagedDownloads(const InFlight& record);
   bool StagedDownloadsInFlight() const;
   Status EnqueueOp(const Op& op, backend::DevicePtr fresh, std::shared_ptr<backend::Module> loaded,
                    InFlight& record, uint32_t index);
@@ -382,7 +383,9 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   // The submit whose ops are being enqueued, or whose enqueue is paused (0: none). A
   // completion asked for meanwhile covers only the submits before it.
   uint64_t enqueuing_seq_ = 0;
-  bool enqueue_paused_ = false;        // that submit waits for launch-queue room
+  // Seen from outside Enqueue (between executor tasks), a submit still being enqueued is
+  // one whose enqueue is paused for launch-queue room.
+  bool enqueue_paused() const { return enqueuing_seq_ != 0; }
   bool continue_posted_ = false;       // ContinueEnqueue is posted
   uint64_t commands_enqueued_ = 0;     // launch-queue commands enqueued on the stream, ever
   uint64_t commands_done_ = 0;         // of which a completion has reported this many done

@@ -309,10 +309,10 @@ class HostStream final : public Stream {
       captured_.insert(captured_.end(), host_graph->ops().begin(), host_graph->ops().end());
       return Status::Ok();
     }
-    // One command of the launch queue, however many ops the graph holds (as on CUDA).
-    WaitForQueueRoom();
     {
       MutexLock lock(&mu_);
+      // One command, however many ops the graph holds (as on CUDA).
+      if (!host_graph->ops().empty()) TakeQueueRoomLocked();
       bool first = true;
       for (const HostOp& op : host_graph->ops()) {
         Task task;
@@ -321,7 +321,6 @@ class HostStream final : public Stream {
         task.queued_command = std::exchange(first, false);
         queue_.push_back(std::move(task));
       }
-      if (!first) ++queued_commands_;
     }
     cv_.NotifyOne();
     return Status::Ok();
@@ -395,23 +394,22 @@ class HostStream final : public Stream {
   }
 
   void Push(Task task) {
-    if (task.queued_command) WaitForQueueRoom();
     {
       MutexLock lock(&mu_);
-      if (task.queued_command) ++queued_commands_;
+      if (task.queued_command) TakeQueueRoomLocked();
       queue_.push_back(std::move(task));
     }
     cv_.NotifyOne();
   }
 
-  /// Block the enqueueing thread while the stream holds kHostLaunchQueueCommands commands
-  /// not yet run, as CUDA's launch calls do (backend.h).
-  void WaitForQueueRoom() {
-    MutexLock lock(&mu_);
+  /// Count one command, first blocking the enqueueing thread while the stream holds
+  /// kHostLaunchQueueCommands not yet run, as CUDA's launch calls do (backend.h).
+  void TakeQueueRoomLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     room_cv_.Wait(&mu_, [this] {
       mu_.AssertHeld();
       return queued_commands_ < kHostLaunchQueueCommands;
     });
+    ++queued_commands_;
   }
 
   void WorkerLoop() {
