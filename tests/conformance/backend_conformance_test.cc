@@ -756,6 +756,41 @@ TEST_P(BackendConformanceTest, BatchesRunInOrderWithTheirOwnValues) {
   ASSERT_TRUE(Sync(stream()).ok());
 }
 
+// A stream made after another was destroyed runs its own work only, whatever it inherits
+// of the first (on CUDA a closed stream, its scratch and its batches' graphs are kept for
+// the next one): a batch of the same shape writes the new stream's tensors, not those the
+// last batch of the first stream wrote, and a reduction (which uses the scratch) is right.
+TEST_P(BackendConformanceTest, AStreamMadeAfterAnotherRunsOnlyItsOwnWork) {
+  constexpr uint64_t kCount = 1024;
+  constexpr int kOps = 16;
+  // Allocated through the fixture's stream, so that they outlive the streams below.
+  DeviceBuffer x = AllocateElements<float>(stream(), kCount);
+  DeviceBuffer first_y = AllocateElements<float>(stream(), kCount);
+  DeviceBuffer second_y = AllocateElements<float>(stream(), kCount);
+  DeviceBuffer sum = AllocateElements<float>(stream(), 1);
+  ASSERT_TRUE(stream().Fill(DType::kF32, x.ptr(), kCount, 1.0).ok());
+  ASSERT_TRUE(stream().Fill(DType::kF32, first_y.ptr(), kCount, 0.0).ok());
+  ASSERT_TRUE(stream().Fill(DType::kF32, second_y.ptr(), kCount, 0.0).ok());
+  ASSERT_TRUE(Sync(stream()).ok());
+
+  auto run = [&](DevicePtr y, double alpha) {
+    Result<std::unique_ptr<Stream>> made = device().CreateStream();
+    ASSERT_TRUE(made.ok()) << made.status().ToString();
+    Stream& s = **made;
+    ASSERT_TRUE(s.BeginBatch().ok());
+    for (int k = 0; k < kOps; ++k) ASSERT_TRUE(s.Axpy(DType::kF32, alpha, x.ptr(), y, kCount).ok());
+    ASSERT_TRUE(s.EndBatch().ok());
+    ASSERT_TRUE(s.ReduceSum(DType::kF32, y, kCount, sum.ptr()).ok());
+    ASSERT_TRUE(Sync(s).ok());
+  };
+  run(first_y.ptr(), 1.0);  // first_y = 16
+  for (float v : Download<float>(stream(), sum.ptr(), 1)) EXPECT_EQ(v, 16.0f * kCount);
+  run(second_y.ptr(), 2.0);  // second_y = 32; first_y untouched
+  for (float v : Download<float>(stream(), sum.ptr(), 1)) EXPECT_EQ(v, 32.0f * kCount);
+  for (float v : Download<float>(stream(), first_y.ptr(), kCount)) ASSERT_EQ(v, 16.0f);
+  for (float v : Download<float>(stream(), second_y.ptr(), kCount)) ASSERT_EQ(v, 32.0f);
+}
+
 // Nothing of a batch runs before EndBatch; an op refused inside it is left out and the
 // others run; a batch made invalid (a Free inside it) enqueues nothing; misuse is refused.
 TEST_P(BackendConformanceTest, BatchRulesAndRefusals) {

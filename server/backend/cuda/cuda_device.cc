@@ -55,6 +55,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <unordered_map>
@@ -246,6 +247,18 @@ struct StreamScratch {
   }
 };
 
+// What a closed stream leaves for the next CreateStream (CudaDevice::KeepSpare): the CUDA
+// stream, its scratch and its batches' executable graphs (each updated with the new batch
+// before it runs again, so nothing of the last owner's runs). Making a stream and its
+// scratch (cudaMalloc), and destroying them (cudaFree waits for the whole device, every
+// session's work), took tens of microseconds of each session's open and close, and made a
+// close wait for other tenants' kernels.
+struct SpareStream {
+  cudaStream_t stream = nullptr;
+  std::shared_ptr<StreamScratch> scratch;
+  std::map<size_t, cudaGraphExec_t> batch_execs;
+};
+
 class CudaGraph final : public Graph {
  public:
   CudaGraph(const void* device, int ordinal, cudaGraphExec_t exec, size_t node_count,
@@ -300,6 +313,14 @@ class CudaDevice final : public Device {
 
   ~CudaDevice() override {
     watcher_.reset();  // runs the callbacks still pending
+    MutexLock lock(&spares_mu_);
+    if (!spares_.empty()) (void)MakeCurrent();
+    for (SpareStream& spare : spares_) {
+      for (auto& [nodes, exec] : spare.batch_execs) (void)cudaGraphExecDestroy(exec);
+      (void)cudaStreamDestroy(spare.stream);
+    }
+    spares_.clear();  // the scratch frees itself
+    (void)cudaGetLastError();
   }
 
   CudaDevice(const CudaDevice&) = delete;
@@ -489,6 +510,25 @@ class CudaDevice final : public Device {
   const DriverApi* driver_api_ = nullptr;
   Status driver_api_status_;
 
+  // Closed streams kept for the next sessions (SpareStream), at most kMaxSpareStreams.
+  static constexpr size_t kMaxSpareStreams = 16;
+  std::optional<SpareStream> TakeSpare() {
+    MutexLock lock(&spares_mu_);
+    if (spares_.empty()) return std::nullopt;
+    SpareStream spare = std::move(spares_.back());
+    spares_.pop_back();
+    return spare;
+  }
+  /// Keep `spare` (an idle stream whose scratch nobody else holds); false when full.
+  bool KeepSpare(SpareStream& spare) {
+    MutexLock lock(&spares_mu_);
+    if (spares_.size() >= kMaxSpareStreams) return false;
+    spares_.push_back(std::move(spare));
+    return true;
+  }
+  Mutex spares_mu_;
+  std::vector<SpareStream> spares_ ABSL_GUARDED_BY(spares_mu_);
+
   mutable Mutex mu_;
   AllocationTable allocations_ ABSL_GUARDED_BY(mu_);  // live allocations
   uint64_t bytes_in_use_ ABSL_GUARDED_BY(mu_) = 0;
@@ -507,13 +547,14 @@ class CudaDevice final : public Device {
 class CudaStream final : public Stream {
  public:
   static Result<std::unique_ptr<CudaStream>> Create(CudaDevice* device) {
-    std::unique_ptr<CudaStream> stream(new CudaStream(device));
+    std::unique_ptr<CudaStream> stream(new CudaStream(device, device->TakeSpare()));
     FERRY_RETURN_IF_ERROR(stream->Init());
     return stream;
   }
 
   ~CudaStream() override {
     (void)device_->MakeCurrent();
+    const bool was_capturing = capturing_;
     if (capturing_) {
       cudaGraph_t graph = nullptr;
       if (cudaStreamEndCapture(stream_, &graph) == cudaSuccess && graph != nullptr) {
@@ -523,9 +564,19 @@ class CudaStream final : public Stream {
       FreeDeferred();
     }
     if (stream_ != nullptr) (void)cudaStreamSynchronize(stream_);
-    for (auto& [nodes, exec] : batch_execs_) (void)cudaGraphExecDestroy(exec);
     if (!watcher().OnWatcherThread()) watcher().WaitForQueue(queue_);
     DropSpan();
+    // Kept for the next stream when it is idle and healthy (a faulted context answers the
+    // query with its error), owes nothing to cuBLAS, and no graph captured here holds its
+    // scratch.
+    if (stream_ != nullptr && !was_capturing && cublas_ == nullptr &&
+        scratch_->cublas_workspace == nullptr && scratch_.use_count() == 1 &&
+        cudaStreamQuery(stream_) == cudaSuccess) {
+      SpareStream spare{stream_, scratch_, std::move(batch_execs_)};
+      if (device_->KeepSpare(spare)) return;
+      batch_execs_ = std::move(spare.batch_execs);
+    }
+    for (auto& [nodes, exec] : batch_execs_) (void)cudaGraphExecDestroy(exec);
     if (cublas_ != nullptr) (void)cublas_api_->Destroy(cublas_);
     if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
     (void)cudaGetLastError();
@@ -796,15 +847,20 @@ class CudaStream final : public Stream {
   Usage usage() const override { return usage_->Get(); }
 
  private:
-  explicit CudaStream(CudaDevice* device)
+  CudaStream(CudaDevice* device, std::optional<SpareStream> spare)
       : device_(device),
         queue_(device->watcher().NewQueue()),
-        scratch_(std::make_shared<StreamScratch>()) {
+        scratch_(spare ? std::move(spare->scratch) : std::make_shared<StreamScratch>()) {
     scratch_->ordinal = device->ordinal();
+    if (spare) {
+      stream_ = spare->stream;
+      batch_execs_ = std::move(spare->batch_execs);
+    }
   }
 
   Status Init() {
     FERRY_RETURN_IF_ERROR(device_->MakeCurrent());
+    if (stream_ != nullptr) return Status::Ok();  // a spare: made already
     FERRY_RETURN_IF_ERROR(device_->Check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
                                          "cudaStreamCreateWithFlags"));
     FERRY_RETURN_IF_ERROR(
