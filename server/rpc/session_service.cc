@@ -297,9 +297,19 @@ class SessionConnection : public session::SessionEvents,
   void OnClosed(const session::SessionStatsSnapshot& stats) override {
     auto m = std::make_unique<v1::ServerMessage>();
     wire::StatsToProto(stats, m->mutable_closed()->mutable_stats());
-    Send(std::move(m));
     session_done_ = true;
     spdlog::info("session {} closed ({} submits, {} ops)", session_id_, stats.submits, stats.ops);
+    if (end_ == StreamEnd::kOpen && !write_in_flight_ && outbox_.empty() && reactor_) {
+      // Nothing else to write: Closed and the stream's end go in one write, so the client
+      // reads both at once instead of waiting for a second write after this one's.
+      DropRing();
+      end_ = NextStreamEnd(NextStreamEnd(end_, StreamEndEvent::kFinishAsked),
+                           StreamEndEvent::kDrained);
+      last_message_ = std::move(m);
+      reactor_->StartWriteAndFinish(last_message_.get(), grpc::WriteOptions(), grpc::Status::OK);
+      return;
+    }
+    Send(std::move(m));
     FinishWith(grpc::Status::OK);
   }
 
@@ -908,6 +918,8 @@ class SessionConnection : public session::SessionEvents,
   size_t chunks_in_staging_ = 0;        // outbox messages whose bytes are still in staging
   bool coalesced_completions_ = false;  // Open.coalesced_completions
   StreamEnd end_ = StreamEnd::kOpen;    // changed only through NextStreamEnd
+  // Written with the stream's end (StartWriteAndFinish): gRPC reads it until OnDone.
+  std::unique_ptr<v1::ServerMessage> last_message_;
   grpc::Status finish_status_;
 };
 

@@ -1093,8 +1093,14 @@ void Session::TearDown() {
   for (uint64_t h : handles) ReleaseTensor(h);
   tensors_.Clear();  // modules and graphs
   GiveBackObjects();
-  // Report closed only once the device has finished with everything, frees included.
-  // Finalize destroys the stream: never on the completion thread.
+  // Report closed only once the device has finished with everything, frees included: at
+  // once when nothing was freed and every command enqueued has been reported done (no
+  // round trip through the completion watcher), else after a completion. Finalize destroys
+  // the stream: never on the completion thread.
+  if (handles.empty() && commands_done_ == commands_enqueued_) {
+    Finalize();
+    return;
+  }
   WatchCompletion(/*may_run_inline=*/false);
 }
 
