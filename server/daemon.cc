@@ -5,6 +5,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <boost/asio/post.hpp>
+
 #include "rpc/access.h"
 #include "rpc/local_connections.h"
 #include "rpc/rpc_server.h"
@@ -26,6 +28,9 @@ namespace {
 // local client's usual gap between submits (an 8 MiB transfer's ~170 µs on the H200), so
 // that a client submitting one transfer after another finds the poller awake.
 constexpr std::chrono::microseconds kRingPollerSpin{250};
+// Local sessions' boards and rings kept made ahead (transport/channel_stock.h): enough for a
+// few opens in a row; a larger burst makes the rest as it opens.
+constexpr size_t kChannelStockDepth = 4;
 
 }  // namespace
 
@@ -123,6 +128,11 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
       ctx.parts.ring_poller = d->ring_poller_.get();
       ctx.limits.submit_ring_bytes = options.submit_ring_bytes;
     }
+    // Local sessions' boards and rings, made ahead on the io threads.
+    d->channel_stock_ = transport::ChannelStock::Create(
+        ctx.limits.submit_ring_bytes, kChannelStockDepth,
+        [io = &d->io_](std::function<void()> fn) { boost::asio::post(*io, std::move(fn)); });
+    ctx.parts.channel_stock = d->channel_stock_.get();
     if (options.staging_slabs > 0) {
       d->staging_ = std::make_unique<pool::StagingArea>(d->slab_pool_.get(), options.staging_slabs);
       ctx.parts.staging = d->staging_.get();

@@ -23,6 +23,7 @@
 #include "session/device_supervisor.h"
 #include "session/registry.h"
 #include "session/session.h"
+#include "transport/channel_stock.h"
 #include "transport/ring_poller.h"
 
 namespace ferry {
@@ -142,6 +143,9 @@ class Daemon {
   // Local sessions' submit rings; may be null. Declared after the io_context and the context
   // its handlers use, so its thread stops before they go.
   std::unique_ptr<transport::RingPoller> ring_poller_;
+  // Boards and rings made ahead for local sessions; may be null. Its refills, posted to the
+  // io threads, hold it only weakly.
+  std::shared_ptr<transport::ChannelStock> channel_stock_;
   // The gRPC side: services, server, endpoints and their acceptors, the token.
   std::unique_ptr<rpc::RpcServer> rpc_;
   std::chrono::steady_clock::time_point started_at_;

@@ -172,6 +172,19 @@ class SessionConnection : public session::SessionEvents,
     return ops;
   }
 
+  // A local session's completion board and submit ring: ready-made when the daemon keeps a
+  // stock of them, else made now.
+  transport::ChannelStock::Channels TakeChannels() const {
+    if (context_->parts.channel_stock) return context_->parts.channel_stock->Take();
+    transport::ChannelStock::Channels c{
+        transport::CompletionBoard::Create(),
+        Status(ErrorKind::kInvalidArgument, "no submit ring (its size is 0)")};
+    if (context_->limits.submit_ring_bytes > 0) {
+      c.ring = transport::SubmitRing::Create(context_->limits.submit_ring_bytes);
+    }
+    return c;
+  }
+
   // The handler the ring poller calls with what it took from this session's ring: parse it on
   // the poller's thread, then hand it to the executor (see kRingInlineOps).
   transport::RingPoller::Handler RingHandler() {
@@ -593,7 +606,8 @@ class SessionConnection : public session::SessionEvents,
       slabs->SetCharge(context_->parts.registry->AccountOf(session_id_));  // the uid's pinned limit
       // And a completion board, where the client sees its submits complete without waiting
       // for Completed (a session without one still works; only its waits are slower).
-      if (auto board = transport::CompletionBoard::Create(); board.ok()) {
+      transport::ChannelStock::Channels channels = TakeChannels();
+      if (auto& board = channels.board; board.ok()) {
         slabs->AttachBoard(std::move(*board));
         o->set_completion_board(true);
       } else {
@@ -601,8 +615,7 @@ class SessionConnection : public session::SessionEvents,
       }
       // And a submit ring, through which the client may send its messages without gRPC.
       if (context_->parts.ring_poller && context_->limits.submit_ring_bytes > 0) {
-        if (auto ring = transport::SubmitRing::Create(context_->limits.submit_ring_bytes);
-            ring.ok()) {
+        if (auto& ring = channels.ring; ring.ok()) {
           std::shared_ptr<transport::SubmitRing> shared = std::move(*ring);
           slabs->AttachRing(shared);
           ring_ = context_->parts.ring_poller->Add(std::move(shared), RingHandler());

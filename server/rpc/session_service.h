@@ -32,6 +32,7 @@
 #include "session/device_supervisor.h"
 #include "session/registry.h"
 #include "session/session.h"
+#include "transport/channel_stock.h"
 #include "transport/ring_poller.h"
 
 namespace ferry::rpc {
@@ -90,6 +91,8 @@ struct DaemonParts {
   pool::StagingArea* staging = nullptr;      // stages remote clients' inline transfers; may be null
   session::CopyTurns* copy_turns = nullptr;  // turns for large copies; may be null (none)
   transport::RingPoller* ring_poller = nullptr;  // takes local sessions' submit rings; may be null
+  /// Boards and rings made ahead for local sessions; may be null (each open makes its own).
+  transport::ChannelStock* channel_stock = nullptr;
   /// Local (Unix-socket) connections and their peers' credentials; may be null.
   const LocalConnections* local_connections = nullptr;
 };
