@@ -1,9 +1,11 @@
 #include "session_state.h"
 
 #include <pthread.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <string>
+#include <utility>
 
 #include "ferry/wire.h"
 
@@ -64,6 +66,9 @@ bool SessionState::Wait(Done done, std::optional<BoardRange> board) {
 
 Status SessionState::Open(std::shared_ptr<ClientState> client, const SessionOptions& options) {
   client_ = std::move(client);
+  // The stream's initial metadata goes out with Open, in one write, instead of in a blocking
+  // step of its own.
+  context_.set_initial_metadata_corked(true);
   stream_ = client_->stub->Session(&context_);
   v1::ClientMessage m;
   auto* open = m.mutable_open();
@@ -73,6 +78,31 @@ Status SessionState::Open(std::shared_ptr<ClientState> client, const SessionOpti
   open->set_max_in_flight_submits(options.max_in_flight_submits);
   open->set_coalesced_completions(true);  // reader.cc reads first_submit_id
   if (!stream_->Write(m)) return StreamFailure("sending Open");
+  // The slab socket the daemon named last time, connected now so that the daemon accepts it
+  // during the Open round trip; used if Opened names the same one, else closed.
+  int slab_connection = -1;
+  if (const std::string path = client_->slab_socket(); !path.empty()) {
+    slab_connection = SlabSocket::ConnectTo(path);
+  }
+  struct CloseUnused {
+    int& fd;
+    ~CloseUnused() {
+      if (fd >= 0) ::close(fd);
+    }
+  } close_unused{slab_connection};
+  // Started now, it is ready by the time Opened has come; it reads once Open succeeded.
+  reader_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "ferry-reader");
+    {
+      MutexLock lock(&mu_);
+      cv_.Wait(&mu_, [&] {
+        mu_.AssertHeld();
+        return reader_start_ != ReaderStart::kWait;
+      });
+      if (reader_start_ == ReaderStart::kEnd) return;
+    }
+    ReadLoop();
+  });
   v1::ServerMessage reply;
   if (!stream_->Read(&reply)) return StreamFailure("waiting for Opened");
   if (reply.has_error()) {
@@ -86,17 +116,29 @@ Status SessionState::Open(std::shared_ptr<ClientState> client, const SessionOpti
   }
   opened_ = reply.opened();
   if (local()) {
-    slab_socket_ = std::make_unique<SlabSocket>(opened_.slab_socket(), opened_.slab_token());
+    if (opened_.slab_socket() != client_->slab_socket()) {
+      client_->set_slab_socket(opened_.slab_socket());
+      if (slab_connection >= 0) ::close(slab_connection);
+      slab_connection = -1;
+    }
+    slab_socket_ = std::make_unique<SlabSocket>(opened_.slab_socket(), opened_.slab_token(),
+                                                std::exchange(slab_connection, -1));
     SlabSocket::SessionChannels channels =
         slab_socket_->MapSessionChannels(opened_.completion_board(), opened_.submit_ring());
     board_ = std::move(channels.board);
     ring_ = std::move(channels.ring);
   }
-  reader_ = std::thread([this] {
-    pthread_setname_np(pthread_self(), "ferry-reader");
-    ReadLoop();
-  });
+  StartReader(/*read=*/true);
   return Status::Ok();
+}
+
+void SessionState::StartReader(bool read) {
+  {
+    MutexLock lock(&mu_);
+    if (reader_start_ != ReaderStart::kWait) return;
+    reader_start_ = read ? ReaderStart::kRead : ReaderStart::kEnd;
+  }
+  cv_.NotifyAll();
 }
 
 Result<uint64_t> SessionState::Submit(
@@ -201,6 +243,8 @@ Result<SessionStats> SessionState::Close() {
 }
 
 void SessionState::Shutdown() {
+  StartReader(/*read=*/false);  // a reader still waiting for Open's verdict ends
+  if (reader_.joinable() && shut_down_) reader_.join();  // after StreamFailure
   if (shut_down_) return;
   shut_down_ = true;
   closed_ = true;

@@ -53,6 +53,21 @@ class ClientState {
   ClientOptions options;
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::SessionService::Stub> stub;
+
+  /// The slab socket the daemon named in its last Opened ("" before one): the next session
+  /// connects to it while its Open is under way. Any thread.
+  std::string slab_socket() const {
+    MutexLock lock(&mu_);
+    return slab_socket_;
+  }
+  void set_slab_socket(const std::string& path) {
+    MutexLock lock(&mu_);
+    slab_socket_ = path;
+  }
+
+ private:
+  mutable Mutex mu_;
+  std::string slab_socket_ ABSL_GUARDED_BY(mu_);
 };
 
 class SessionState {
@@ -142,6 +157,8 @@ class SessionState {
 
   // The reader thread's body (reader.cc): apply the daemon's messages until the stream ends.
   void ReadLoop();
+  // Let the reader thread, started while Open waits for Opened, read (`read`) or end.
+  void StartReader(bool read);
 
   std::shared_ptr<ClientState> client_;
   grpc::ClientContext context_;
@@ -168,6 +185,10 @@ class SessionState {
   std::map<uint64_t, std::map<uint32_t, std::pair<void*, uint64_t>>> download_targets_
       ABSL_GUARDED_BY(mu_);
   std::optional<SessionStats> closed_stats_ ABSL_GUARDED_BY(mu_);
+  // Whether the reader thread may read: it is started before Opened is read (its start then
+  // costs the open nothing) and waits for Open's verdict.
+  enum class ReaderStart : uint8_t { kWait, kRead, kEnd };
+  ReaderStart reader_start_ ABSL_GUARDED_BY(mu_) = ReaderStart::kWait;
   Status dead_ ABSL_GUARDED_BY(mu_);   // set once the stream ends
   std::atomic<bool> draining_{false};  // the daemon said it is draining
   // Pending transfers' submits and, once completed, their outcome.
