@@ -756,10 +756,10 @@ TEST_P(BackendConformanceTest, BatchesRunInOrderWithTheirOwnValues) {
   ASSERT_TRUE(Sync(stream()).ok());
 }
 
-// A stream made after another was destroyed runs its own work only, whatever it inherits
-// of the first (on CUDA a closed stream, its scratch and its batches' graphs are kept for
-// the next one): a batch of the same shape writes the new stream's tensors, not those the
-// last batch of the first stream wrote, and a reduction (which uses the scratch) is right.
+// A stream made after another was destroyed runs its own work only: a batch of the same
+// shape writes the new stream's tensors, not those the first stream's batch wrote, and a
+// reduction is right (on CUDA its scratch comes from the pool the first stream's scratch
+// went back to, in stream order).
 TEST_P(BackendConformanceTest, AStreamMadeAfterAnotherRunsOnlyItsOwnWork) {
   constexpr uint64_t kCount = 1024;
   constexpr int kOps = 16;

@@ -55,7 +55,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <string>
 #include <type_traits>
 #include <unordered_map>
@@ -247,18 +246,6 @@ struct StreamScratch {
   }
 };
 
-// What a closed stream leaves for the next CreateStream (CudaDevice::KeepSpare): the CUDA
-// stream, its scratch and its batches' executable graphs (each updated with the new batch
-// before it runs again, so nothing of the last owner's runs). Making a stream and its
-// scratch (cudaMalloc), and destroying them (cudaFree waits for the whole device, every
-// session's work), took tens of microseconds of each session's open and close, and made a
-// close wait for other tenants' kernels.
-struct SpareStream {
-  cudaStream_t stream = nullptr;
-  std::shared_ptr<StreamScratch> scratch;
-  std::map<size_t, cudaGraphExec_t> batch_execs;
-};
-
 class CudaGraph final : public Graph {
  public:
   CudaGraph(const void* device, int ordinal, cudaGraphExec_t exec, size_t node_count,
@@ -313,14 +300,6 @@ class CudaDevice final : public Device {
 
   ~CudaDevice() override {
     watcher_.reset();  // runs the callbacks still pending
-    MutexLock lock(&spares_mu_);
-    if (!spares_.empty()) (void)MakeCurrent();
-    for (SpareStream& spare : spares_) {
-      for (auto& [nodes, exec] : spare.batch_execs) (void)cudaGraphExecDestroy(exec);
-      (void)cudaStreamDestroy(spare.stream);
-    }
-    spares_.clear();  // the scratch frees itself
-    (void)cudaGetLastError();
   }
 
   CudaDevice(const CudaDevice&) = delete;
@@ -510,25 +489,6 @@ class CudaDevice final : public Device {
   const DriverApi* driver_api_ = nullptr;
   Status driver_api_status_;
 
-  // Closed streams kept for the next sessions (SpareStream), at most kMaxSpareStreams.
-  static constexpr size_t kMaxSpareStreams = 16;
-  std::optional<SpareStream> TakeSpare() {
-    MutexLock lock(&spares_mu_);
-    if (spares_.empty()) return std::nullopt;
-    SpareStream spare = std::move(spares_.back());
-    spares_.pop_back();
-    return spare;
-  }
-  /// Keep `spare` (an idle stream whose scratch nobody else holds); false when full.
-  bool KeepSpare(SpareStream& spare) {
-    MutexLock lock(&spares_mu_);
-    if (spares_.size() >= kMaxSpareStreams) return false;
-    spares_.push_back(std::move(spare));
-    return true;
-  }
-  Mutex spares_mu_;
-  std::vector<SpareStream> spares_ ABSL_GUARDED_BY(spares_mu_);
-
   mutable Mutex mu_;
   AllocationTable allocations_ ABSL_GUARDED_BY(mu_);  // live allocations
   uint64_t bytes_in_use_ ABSL_GUARDED_BY(mu_) = 0;
@@ -547,14 +507,13 @@ class CudaDevice final : public Device {
 class CudaStream final : public Stream {
  public:
   static Result<std::unique_ptr<CudaStream>> Create(CudaDevice* device) {
-    std::unique_ptr<CudaStream> stream(new CudaStream(device, device->TakeSpare()));
+    std::unique_ptr<CudaStream> stream(new CudaStream(device));
     FERRY_RETURN_IF_ERROR(stream->Init());
     return stream;
   }
 
   ~CudaStream() override {
     (void)device_->MakeCurrent();
-    const bool was_capturing = capturing_;
     if (capturing_) {
       cudaGraph_t graph = nullptr;
       if (cudaStreamEndCapture(stream_, &graph) == cudaSuccess && graph != nullptr) {
@@ -564,23 +523,21 @@ class CudaStream final : public Stream {
       FreeDeferred();
     }
     if (stream_ != nullptr) (void)cudaStreamSynchronize(stream_);
+    for (auto& [nodes, exec] : batch_execs_) (void)cudaGraphExecDestroy(exec);
     if (!watcher().OnWatcherThread()) watcher().WaitForQueue(queue_);
     DropSpan();
-    // Kept for the next stream when it is idle and healthy (a faulted context answers the
-    // query with its error), owes nothing to cuBLAS, and no graph captured here holds its
-    // scratch.
-    if (stream_ != nullptr && !was_capturing && cublas_ == nullptr &&
-        scratch_->cublas_workspace == nullptr && scratch_.use_count() == 1 &&
-        cudaStreamQuery(stream_) == cudaSuccess) {
-      SpareStream spare{stream_, scratch_, std::move(batch_execs_)};
-      if (device_->KeepSpare(spare)) return;
-      batch_execs_ = std::move(spare.batch_execs);
-    }
-    for (auto& [nodes, exec] : batch_execs_) (void)cudaGraphExecDestroy(exec);
     if (cublas_ != nullptr) (void)cublas_api_->Destroy(cublas_);
+    // The reduction scratch goes back to the pool in stream order, after this stream's
+    // work, when no graph captured here holds it: cudaFree (the scratch's destructor) waits
+    // for the whole device, every other session's kernels included, and a close would wait
+    // for them. (The cuBLAS workspace, of sessions that ran a GEMM, still goes that way.)
+    if (stream_ != nullptr && scratch_.use_count() == 1 && scratch_->reduce_partials != nullptr &&
+        cudaFreeAsync(scratch_->reduce_partials, stream_) == cudaSuccess) {
+      scratch_->reduce_partials = nullptr;
+    }
     if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
     (void)cudaGetLastError();
-    // scratch_ goes last: graphs captured here may still hold it.
+    // scratch_ goes last: graphs captured here may still hold it (then it frees itself).
   }
 
   CudaStream(const CudaStream&) = delete;
@@ -847,26 +804,22 @@ class CudaStream final : public Stream {
   Usage usage() const override { return usage_->Get(); }
 
  private:
-  CudaStream(CudaDevice* device, std::optional<SpareStream> spare)
+  explicit CudaStream(CudaDevice* device)
       : device_(device),
         queue_(device->watcher().NewQueue()),
-        scratch_(spare ? std::move(spare->scratch) : std::make_shared<StreamScratch>()) {
+        scratch_(std::make_shared<StreamScratch>()) {
     scratch_->ordinal = device->ordinal();
-    if (spare) {
-      stream_ = spare->stream;
-      batch_execs_ = std::move(spare->batch_execs);
-    }
   }
 
   Status Init() {
     FERRY_RETURN_IF_ERROR(device_->MakeCurrent());
-    if (stream_ != nullptr) return Status::Ok();  // a spare: made already
     FERRY_RETURN_IF_ERROR(device_->Check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
                                          "cudaStreamCreateWithFlags"));
+    // Stream-ordered, from the device's pool: cudaMalloc may wait for the whole device.
     FERRY_RETURN_IF_ERROR(
-        device_->Check(cudaMalloc(reinterpret_cast<void**>(&scratch_->reduce_partials),
-                                  cuda_kernels::kReduceMaxBlocks * sizeof(double)),
-                       "cudaMalloc (reduction scratch)"));
+        device_->Check(cudaMallocAsync(reinterpret_cast<void**>(&scratch_->reduce_partials),
+                                       cuda_kernels::kReduceMaxBlocks * sizeof(double), stream_),
+                       "cudaMallocAsync (reduction scratch)"));
     return Status::Ok();
   }
 
