@@ -541,9 +541,10 @@ TEST_F(HostileClientsPerUidTest, SubmitsInFlightAreLimitedPerUidAcrossSessions) 
     ASSERT_EQ(a->Completion(1).kind(), v1::ERROR_KIND_NONE);
   }
   // Long: fills of 64 MiB, a second or so on either backend (32 of memset on the host
-  // backend, 20000 on a GPU), so that what follows arrives while both run. A session's
+  // backend, 60000 on a GPU: 20000, ~0.4 s on the H200, once ended before the third submit
+  // came), so that what follows arrives while both run. A session's
   // submits complete in order, so a2's third submit stays in flight behind its long one.
-  const std::vector<v1::Op> long_ops(testing::TestBackend() == "cuda" ? 20000 : 32, Fill(1, 1.0));
+  const std::vector<v1::Op> long_ops(testing::TestBackend() == "cuda" ? 60000 : 32, Fill(1, 1.0));
   ASSERT_TRUE(a1->Submit(2, long_ops));
   // a1's is charged first: wait (bounded) until the daemon counts it in flight for uid A.
   auto admin =
