@@ -116,13 +116,12 @@ Status SessionState::Open(std::shared_ptr<ClientState> client, const SessionOpti
   }
   opened_ = reply.opened();
   if (local()) {
-    if (opened_.slab_socket() != client_->slab_socket()) {
-      client_->set_slab_socket(opened_.slab_socket());
-      if (slab_connection >= 0) ::close(slab_connection);
-      slab_connection = -1;
-    }
-    slab_socket_ = std::make_unique<SlabSocket>(opened_.slab_socket(), opened_.slab_token(),
-                                                std::exchange(slab_connection, -1));
+    // A connection made ahead to another path than Opened names is closed by close_unused.
+    const bool same_path = opened_.slab_socket() == client_->slab_socket();
+    if (!same_path) client_->set_slab_socket(opened_.slab_socket());
+    slab_socket_ =
+        std::make_unique<SlabSocket>(opened_.slab_socket(), opened_.slab_token(),
+                                     same_path ? std::exchange(slab_connection, -1) : -1);
     SlabSocket::SessionChannels channels =
         slab_socket_->MapSessionChannels(opened_.completion_board(), opened_.submit_ring());
     board_ = std::move(channels.board);

@@ -176,13 +176,7 @@ class SessionConnection : public session::SessionEvents,
   // stock of them, else made now.
   transport::ChannelStock::Channels TakeChannels() const {
     if (context_->parts.channel_stock) return context_->parts.channel_stock->Take();
-    transport::ChannelStock::Channels c{
-        transport::CompletionBoard::Create(),
-        Status(ErrorKind::kInvalidArgument, "no submit ring (its size is 0)")};
-    if (context_->limits.submit_ring_bytes > 0) {
-      c.ring = transport::SubmitRing::Create(context_->limits.submit_ring_bytes);
-    }
-    return c;
+    return transport::ChannelStock::Make(context_->limits.submit_ring_bytes);
   }
 
   // The handler the ring poller calls with what it took from this session's ring: parse it on

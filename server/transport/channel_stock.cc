@@ -11,10 +11,10 @@ std::shared_ptr<ChannelStock> ChannelStock::Create(
   return stock;
 }
 
-ChannelStock::Channels ChannelStock::Make() const {
+ChannelStock::Channels ChannelStock::Make(uint64_t ring_bytes) {
   Channels c{CompletionBoard::Create(),
              Status(ErrorKind::kInvalidArgument, "no submit ring (its size is 0)")};
-  if (ring_bytes_ > 0) c.ring = SubmitRing::Create(ring_bytes_);
+  if (ring_bytes > 0) c.ring = SubmitRing::Create(ring_bytes);
   return c;
 }
 
@@ -34,7 +34,7 @@ ChannelStock::Channels ChannelStock::Take() {
       if (auto self = weak.lock()) self->Refill();
     });
   }
-  return taken ? std::move(*taken) : Make();
+  return taken ? std::move(*taken) : Make(ring_bytes_);
 }
 
 void ChannelStock::Refill() {
@@ -46,7 +46,7 @@ void ChannelStock::Refill() {
         return;
       }
     }
-    Channels made = Make();  // outside the lock: a Take meanwhile makes its own
+    Channels made = Make(ring_bytes_);  // outside the lock: a Take meanwhile makes its own
     MutexLock lock(&mu_);
     ready_.push_back(std::move(made));
   }

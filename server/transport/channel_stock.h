@@ -42,11 +42,14 @@ class ChannelStock : public std::enable_shared_from_this<ChannelStock> {
   /// Pairs ready now (for tests).
   size_t ready() const;
 
+  /// A fresh pair made now (what Take makes when the stock is empty; also for a daemon
+  /// without a stock).
+  static Channels Make(uint64_t ring_bytes);
+
  private:
   ChannelStock(uint64_t ring_bytes, size_t depth,
                std::function<void(std::function<void()>)> run_later)
       : ring_bytes_(ring_bytes), depth_(depth), run_later_(std::move(run_later)) {}
-  Channels Make() const;
   void Refill();
 
   const uint64_t ring_bytes_;

@@ -11,6 +11,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -84,15 +85,27 @@ class FakeDaemon {
   std::vector<std::string> hellos_;
 };
 
+// A SlabSocket on a connection made ahead to `daemon`, and the outcome of its first request
+// (the completion board, op 2).
+struct FirstRequest {
+  std::unique_ptr<SlabSocket> socket;
+  Status status;
+};
+FirstRequest RequestOnAConnectionMadeAhead(const FakeDaemon& daemon) {
+  const int ahead = SlabSocket::ConnectTo(daemon.path());
+  EXPECT_GE(ahead, 0);
+  FirstRequest r{std::make_unique<SlabSocket>(daemon.path(), kToken, ahead), Status()};
+  char reply[24];
+  int fd = -1;
+  r.status = r.socket->Request(2, reply, &fd);
+  return r;
+}
+
 TEST(SlabSocketTest, AConnectionMadeAheadCarriesTheHello) {
   FakeDaemon daemon;
   daemon.Play({true});
-  const int ahead = SlabSocket::ConnectTo(daemon.path());
-  ASSERT_GE(ahead, 0);
-  SlabSocket socket(daemon.path(), kToken, ahead);
-  char reply[24];
-  int fd = -1;
-  Status s = socket.Request(2, reply, &fd);
+  FirstRequest first = RequestOnAConnectionMadeAhead(daemon);
+  const Status& s = first.status;
   EXPECT_TRUE(s.ok()) << s.ToString();
   daemon.Join();
   EXPECT_EQ(daemon.accepted(), 1);
@@ -103,12 +116,8 @@ TEST(SlabSocketTest, AConnectionMadeAheadCarriesTheHello) {
 TEST(SlabSocketTest, AConnectionClosedBeforeItsHelloIsMadeAgainOnce) {
   FakeDaemon daemon;
   daemon.Play({false, true});  // the first connection closed unread, as a hello timeout does
-  const int ahead = SlabSocket::ConnectTo(daemon.path());
-  ASSERT_GE(ahead, 0);
-  SlabSocket socket(daemon.path(), kToken, ahead);
-  char reply[24];
-  int fd = -1;
-  Status s = socket.Request(2, reply, &fd);
+  FirstRequest first = RequestOnAConnectionMadeAhead(daemon);
+  const Status& s = first.status;
   EXPECT_TRUE(s.ok()) << s.ToString();
   daemon.Join();
   EXPECT_EQ(daemon.accepted(), 2);
@@ -118,18 +127,16 @@ TEST(SlabSocketTest, AConnectionClosedBeforeItsHelloIsMadeAgainOnce) {
 TEST(SlabSocketTest, ARefusedTokenIsNotPresentedAgain) {
   FakeDaemon daemon;
   daemon.Play({true}, /*hello_kind=*/3);
-  const int ahead = SlabSocket::ConnectTo(daemon.path());
-  ASSERT_GE(ahead, 0);
-  SlabSocket socket(daemon.path(), kToken, ahead);
-  char reply[24];
-  int fd = -1;
-  Status s = socket.Request(2, reply, &fd);
+  FirstRequest first = RequestOnAConnectionMadeAhead(daemon);
+  const Status& s = first.status;
   EXPECT_FALSE(s.ok());
   EXPECT_EQ(s.kind(), ErrorKind::kUnavailable) << s.ToString();
   daemon.Join();
   EXPECT_EQ(daemon.accepted(), 1);
   // And a later request does not connect again: the token is spent.
-  EXPECT_FALSE(socket.Request(2, reply, &fd).ok());
+  char reply[24];
+  int fd = -1;
+  EXPECT_FALSE(first.socket->Request(2, reply, &fd).ok());
 }
 
 TEST(SlabSocketTest, ConnectToANamelessOrMissingPathFails) {
