@@ -1,11 +1,9 @@
 #include "session_state.h"
 
 #include <pthread.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <string>
-#include <utility>
 
 #include "ferry/wire.h"
 
@@ -78,18 +76,6 @@ Status SessionState::Open(std::shared_ptr<ClientState> client, const SessionOpti
   open->set_max_in_flight_submits(options.max_in_flight_submits);
   open->set_coalesced_completions(true);  // reader.cc reads first_submit_id
   if (!stream_->Write(m)) return StreamFailure("sending Open");
-  // The slab socket the daemon named last time, connected now so that the daemon accepts it
-  // during the Open round trip; used if Opened names the same one, else closed.
-  int slab_connection = -1;
-  if (const std::string path = client_->slab_socket(); !path.empty()) {
-    slab_connection = SlabSocket::ConnectTo(path);
-  }
-  struct CloseUnused {
-    int& fd;
-    ~CloseUnused() {
-      if (fd >= 0) ::close(fd);
-    }
-  } close_unused{slab_connection};
   // Started now, it is ready by the time Opened has come; it reads once Open succeeded.
   reader_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "ferry-reader");
@@ -116,12 +102,7 @@ Status SessionState::Open(std::shared_ptr<ClientState> client, const SessionOpti
   }
   opened_ = reply.opened();
   if (local()) {
-    // A connection made ahead to another path than Opened names is closed by close_unused.
-    const bool same_path = opened_.slab_socket() == client_->slab_socket();
-    if (!same_path) client_->set_slab_socket(opened_.slab_socket());
-    slab_socket_ =
-        std::make_unique<SlabSocket>(opened_.slab_socket(), opened_.slab_token(),
-                                     same_path ? std::exchange(slab_connection, -1) : -1);
+    slab_socket_ = std::make_unique<SlabSocket>(opened_.slab_socket(), opened_.slab_token());
     SlabSocket::SessionChannels channels =
         slab_socket_->MapSessionChannels(opened_.completion_board(), opened_.submit_ring());
     board_ = std::move(channels.board);

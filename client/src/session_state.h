@@ -53,21 +53,6 @@ class ClientState {
   ClientOptions options;
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::SessionService::Stub> stub;
-
-  /// The slab socket the daemon named in its last Opened ("" before one): the next session
-  /// connects to it while its Open is under way. Any thread.
-  std::string slab_socket() const {
-    MutexLock lock(&mu_);
-    return slab_socket_;
-  }
-  void set_slab_socket(const std::string& path) {
-    MutexLock lock(&mu_);
-    slab_socket_ = path;
-  }
-
- private:
-  mutable Mutex mu_;
-  std::string slab_socket_ ABSL_GUARDED_BY(mu_);
 };
 
 class SessionState {

@@ -1,6 +1,5 @@
 #include "slab_socket.h"
 
-#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -35,60 +34,33 @@ std::string RequestBytes(uint32_t op) {
 
 }  // namespace
 
-int SlabSocket::ConnectTo(const std::string& path) {
-  sockaddr_un addr = {};
-  addr.sun_family = AF_UNIX;
-  if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
-    errno = ENAMETOOLONG;
-    return -1;
-  }
-  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  // Non-blocking only for the connect: a full backlog answers EAGAIN instead of waiting.
-  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0) return -1;
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) {
-    const int error = errno;
-    ::close(fd);
-    errno = error;
-    return -1;
-  }
-  return fd;
-}
-
-Status SlabSocket::SendHello(const std::string& requests, bool* refused) {
-  if (fd_ < 0) fd_ = ConnectTo(path_);
-  if (fd_ < 0) return Error(std::strerror(errno));
-  const std::string out = "FSL1" + token_ + requests;
-  if (::send(fd_, out.data(), out.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(out.size())) {
-    return Error("no answer to the token");
-  }
-  char answer[8];
-  if (::recv(fd_, answer, sizeof(answer), MSG_WAITALL) != sizeof(answer)) {
-    return Error("no answer to the token");
-  }
-  if (le::Get32(answer) != 0) {
-    *refused = true;
-    return Error("the daemon refused the token");
-  }
-  return Status::Ok();
-}
-
 Status SlabSocket::SendRequests(const std::string& requests) {
-  if (!token_used_) {
+  std::string out;
+  const bool connecting = fd_ < 0;
+  if (connecting) {
+    if (token_used_) return Error("the connection was lost");
     token_used_ = true;
-    const bool made_ahead = fd_ >= 0;
-    bool refused = false;
-    Status s = SendHello(requests, &refused);
-    // The daemon may have closed a connection made ahead before it read the hello (it took
-    // longer than slab-hello-timeout, or the uid had too many pending): once more, anew.
-    if (!s.ok() && made_ahead && !refused) s = SendHello(requests, &refused);
-    return s;
+    fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr = {};
+    addr.sun_family = AF_UNIX;
+    const std::string& path = path_;
+    if (fd_ < 0 || path.size() >= sizeof(addr.sun_path)) return Error("bad path");
+    std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+    if (::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+      return Error(std::strerror(errno));
+    }
+    out = "FSL1" + token_;
   }
-  if (fd_ < 0) return Error("the connection was lost");
-  if (::send(fd_, requests.data(), requests.size(), MSG_NOSIGNAL) !=
-      static_cast<ssize_t>(requests.size())) {
-    return Error("send failed");
+  out += requests;
+  if (::send(fd_, out.data(), out.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(out.size())) {
+    return Error(connecting ? "no answer to the token" : "send failed");
+  }
+  if (connecting) {
+    char answer[8];
+    if (::recv(fd_, answer, sizeof(answer), MSG_WAITALL) != sizeof(answer)) {
+      return Error("no answer to the token");
+    }
+    if (le::Get32(answer) != 0) return Error("the daemon refused the token");
   }
   return Status::Ok();
 }

@@ -18,16 +18,9 @@ namespace ferry::internal {
 
 class SlabSocket {
  public:
-  /// A socket at `path`, presenting the session's one-time `token` first. `connected`: a
-  /// connection to `path` made already (ConnectTo), owned from now on; -1: connect on first
-  /// use.
-  SlabSocket(std::string path, std::string token, int connected = -1)
-      : path_(std::move(path)), token_(std::move(token)), fd_(connected) {}
-
-  /// A new connection to the socket at `path` (-1 on any failure, or when the daemon's
-  /// backlog is full: never waits). Connecting before the token is known lets the daemon
-  /// accept it while the session's Open is under way.
-  static int ConnectTo(const std::string& path);
+  /// A socket at `path`, presenting the session's one-time `token` when it first connects.
+  SlabSocket(std::string path, std::string token)
+      : path_(std::move(path)), token_(std::move(token)) {}
   ~SlabSocket() { Close(); }
   SlabSocket(const SlabSocket&) = delete;
   SlabSocket& operator=(const SlabSocket&) = delete;
@@ -59,16 +52,13 @@ class SlabSocket {
   /// Connect and present the token unless connected; then send `requests` (whole 8-byte
   /// requests, possibly none) in the same write as the hello.
   Status SendRequests(const std::string& requests);
-  /// Connect unless connected, and send the hello with `requests`; `*refused` when the
-  /// daemon answered that the token is not good.
-  Status SendHello(const std::string& requests, bool* refused);
   /// Receive one 24-byte answer and the fd that came with it (-1: none).
   Status ReadAnswer(char (&reply)[24], int* fd);
 
   const std::string path_;
   const std::string token_;
-  int fd_;
-  bool token_used_ = false;  // the hello went out (on the connection there is or was)
+  int fd_ = -1;
+  bool token_used_ = false;
 };
 
 }  // namespace ferry::internal
