@@ -320,6 +320,11 @@ class Settings {
                                                c_.daemon.slab_broker.max_pending_per_uid =
                                                    static_cast<uint32_t>(n);
                                              })},
+        {"slab-grant-threads", bounded(0, 64,
+                                       [this](uint64_t n) {
+                                         c_.daemon.slab_broker.grant_threads =
+                                             static_cast<uint32_t>(n);
+                                       })},
         {"drain-timeout",
          bounded(0, 24ull * 3600 * 1000,
                  [this](uint64_t n) { c_.drain_timeout = std::chrono::milliseconds(n); })},
@@ -671,6 +676,8 @@ means true; --allow-insecure-remote and --allow-remote-raw-kernels also take =tr
   --slab-max-connections N   slab-socket connections open at once (default 4096)
   --slab-max-pending-per-uid N  slab-socket connections of one uid not yet past their
                              hello (default 32)
+  --slab-grant-threads N     threads that answer slab acquires, each making a slab when
+                             none is ready, 0..64 (default 0: one per 4 cores, 1 to 4)
   --drain-timeout MS         on SIGTERM, how long open sessions may run on (default 10000)
   --ready-file PATH          write the bound endpoints there once serving
   --log-level LEVEL          trace|debug|info|warn|error|critical|off (default info)
@@ -819,6 +826,8 @@ std::string FormatConfig(const DaemonConfig& c) {
   out << "slab-hello-timeout = " << c.daemon.slab_broker.hello_timeout.count() << "\n";
   out << "slab-max-connections = " << c.daemon.slab_broker.max_connections << "\n";
   out << "slab-max-pending-per-uid = " << c.daemon.slab_broker.max_pending_per_uid << "\n";
+  out << "slab-grant-threads = " << c.daemon.slab_broker.grant_threads
+      << (c.daemon.slab_broker.grant_threads == 0 ? "  # one per 4 cores, 1 to 4" : "") << "\n";
   out << "drain-timeout = " << c.drain_timeout.count() << "\n";
   out << "ready-file =" << Quoted(c.ready_file) << "\n";
   out << "log-level = " << c.log_level << "\n";

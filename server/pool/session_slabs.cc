@@ -1,5 +1,9 @@
 #include "pool/session_slabs.h"
 
+#include <fcntl.h>
+
+#include <cerrno>
+#include <cstring>
 #include <iterator>
 #include <string>
 
@@ -58,20 +62,46 @@ Result<SlabRef> SessionSlabs::Acquire() {
   MutexLock lock(&mu_);
   if (closed_) return Status(ErrorKind::kSessionClosed, "the session is closed");
   if (!uid_) return Status(ErrorKind::kInternal, "no uid bound to the session's slabs");
-  if (pinned_quota_ && (slabs_.size() + 1) * pool_->slab_size() > pinned_quota_) {
+  const uint64_t counted = slabs_.size() + acquiring_;
+  if (pinned_quota_ && (counted + 1) * pool_->slab_size() > pinned_quota_) {
     return Status(ErrorKind::kQuotaExceeded, "the session's pinned-memory quota (" +
                                                  std::to_string(pinned_quota_) +
                                                  " bytes, --session-pinned-quota) is held by its " +
-                                                 std::to_string(slabs_.size()) + " slabs");
+                                                 std::to_string(counted) + " slabs");
   }
   if (charge_) FERRY_RETURN_IF_ERROR(charge_->TryCharge(pool_->slab_size()));
-  Result<SlabRef> ref = pool_->Acquire(*uid_);
+  const uid_t uid = *uid_;
+  ++acquiring_;
+  // Not under mu_: the pool may make the slab now (tens of ms), and the session's executor
+  // checks and marks ranges of the slabs it holds meanwhile.
+  lock.Unlock();
+  Result<SlabRef> ref = pool_->Acquire(uid);
+  lock.Lock();
+  --acquiring_;
+  if (ref.ok() && closed_) {  // closed while the slab was made: it goes back at once
+    pool_->Release(ref->id, /*quarantined=*/false);
+    ref = Status(ErrorKind::kSessionClosed, "the session is closed");
+  }
   if (!ref.ok()) {
     if (charge_) charge_->Refund(pool_->slab_size());
     return ref.status();
   }
   slabs_[ref->id].ref = *ref;
   return ref;
+}
+
+Result<int> SessionSlabs::DuplicateFd(uint64_t id) const {
+  MutexLock lock(&mu_);
+  auto it = slabs_.find(id);
+  if (it == slabs_.end() || closed_) {
+    return Status(ErrorKind::kSessionClosed,
+                  "the session no longer holds slab " + std::to_string(id));
+  }
+  const int fd = ::fcntl(it->second.ref.fd, F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) {
+    return Status(ErrorKind::kInternal, std::string("dup of a slab fd: ") + std::strerror(errno));
+  }
+  return fd;
 }
 
 Status SessionSlabs::Check(const SlabRange& r) const {

@@ -2,7 +2,8 @@
 // still reading or writing.
 //
 // Shared by the session (its executor: checks, marks and releases ranges) and the slab
-// acceptor (a connection thread: binds the uid, acquires slabs). Thread-safe: one mutex.
+// socket (its poll thread binds the uid, a grant thread acquires slabs). Thread-safe: one
+// mutex, not held while the pool makes a slab.
 // Slabs are only ever added until Close, so a range checked on the executor stays owned
 // until the same executor marks it.
 #pragma once
@@ -82,10 +83,18 @@ class SessionSlabs {
   void SetCharge(std::shared_ptr<PinnedCharge> charge) { charge_ = std::move(charge); }
   /// Fix the session's uid (the first slab connection does); false when already bound.
   bool Bind(uid_t uid);
-  /// Acquire one more slab for the session. SESSION_CLOSED once closed; QUOTA_EXCEEDED when
-  /// one more slab would take the session past its pinned quota, or the pool's budget is
-  /// held by slabs in use.
+  /// Acquire one more slab for the session. SESSION_CLOSED once closed (also when Close came
+  /// while the slab was made: it goes back to the pool); QUOTA_EXCEEDED when one more slab
+  /// would take the session past its pinned quota (slabs being acquired count), or the
+  /// pool's budget is held by slabs in use. The session's mutex is not held while the pool
+  /// makes the slab: Check, MarkBusy and Finish go on meanwhile.
   Result<SlabRef> Acquire();
+
+  /// A duplicate of the memfd of slab `id` (the caller closes it), taken while the session
+  /// holds the slab, so it is that slab's file even if the session closes right after
+  /// (the pool then closes its own fd, and the number may be reused). SESSION_CLOSED when
+  /// the session no longer holds it; INTERNAL when dup fails.
+  Result<int> DuplicateFd(uint64_t id) const;
 
   /// Check that `r` lies inside a slab this session holds and overlaps no busy range.
   Status Check(const SlabRange& r) const;
@@ -124,6 +133,7 @@ class SessionSlabs {
   mutable Mutex mu_;
   std::optional<uid_t> uid_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, Held> slabs_ ABSL_GUARDED_BY(mu_);
+  uint64_t acquiring_ ABSL_GUARDED_BY(mu_) = 0;  // Acquire calls waiting for the pool
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
 };
 

@@ -99,15 +99,28 @@ Result<std::unique_ptr<SlabBroker>> SlabBroker::Start(const std::string& path, i
     pthread_setname_np(pthread_self(), "ferry-slabs");
     raw->Run();
   });
+  uint32_t granters = options.grant_threads;
+  if (granters == 0) granters = std::clamp<uint32_t>(std::thread::hardware_concurrency() / 4, 1, 4);
+  for (uint32_t i = 0; i < granters; ++i) {
+    b->granters_.emplace_back([raw = b.get()] {
+      pthread_setname_np(pthread_self(), "ferry-slabgrant");
+      raw->RunGranter();
+    });
+  }
   return b;
 }
 
 SlabBroker::~SlabBroker() {
-  stop_ = true;
-  if (wake_[1] >= 0) {
-    char c = 1;
-    (void)!::write(wake_[1], &c, 1);
+  // The grant threads first (each ends after the acquire it answers, if any): the poll
+  // thread then closes every connection, none of them in a grant thread's hands.
+  {
+    MutexLock lock(&grant_mu_);
+    granters_stop_ = true;
   }
+  grant_cv_.NotifyAll();
+  for (std::thread& t : granters_) t.join();
+  stop_ = true;
+  Wake();
   if (thread_.joinable()) thread_.join();
   if (listen_fd_ >= 0) {
     ::close(listen_fd_);
@@ -193,6 +206,59 @@ uint32_t SlabBroker::PendingAllowance(uid_t uid) {
   MutexLock lock(&mu_);
   auto it = tokens_of_uid_.find(uid);
   return options_.max_pending_per_uid + (it == tokens_of_uid_.end() ? 0 : it->second);
+}
+
+void SlabBroker::Wake() {
+  if (wake_[1] < 0) return;
+  char c = 1;
+  (void)!::write(wake_[1], &c, 1);  // a full pipe is readable already
+}
+
+SlabBroker::GrantJob SlabBroker::PopGrantLocked() {
+  auto it = grants_.upper_bound(last_grant_uid_);
+  if (it == grants_.end()) it = grants_.begin();
+  GrantJob job = std::move(it->second.front());
+  it->second.pop_front();
+  last_grant_uid_ = it->first;
+  if (it->second.empty()) grants_.erase(it);
+  return job;
+}
+
+void SlabBroker::RunGranter() {
+  for (;;) {
+    GrantJob job;
+    {
+      MutexLock lock(&grant_mu_);
+      grant_cv_.Wait(&grant_mu_, [&] {
+        grant_mu_.AssertHeld();
+        return granters_stop_ || !grants_.empty();
+      });
+      if (granters_stop_) return;
+      job = PopGrantLocked();
+    }
+    char reply[24] = {};
+    int fd = -1;  // a duplicate of the slab's memfd, taken while the session held the slab
+    {
+      std::shared_ptr<SessionSlabs> slabs = job.slabs.lock();
+      Result<SlabRef> ref =
+          slabs ? slabs->Acquire() : Result<SlabRef>(Status(ErrorKind::kSessionClosed, "closed"));
+      Result<int> dup = ref.ok() ? slabs->DuplicateFd(ref->id) : Result<int>(ref.status());
+      if (dup.ok()) {
+        fd = *dup;
+        Put64(reply + 8, ref->id);
+        Put64(reply + 16, ref->size);
+      } else {
+        Put32(reply, static_cast<uint32_t>(dup.status().kind()));
+      }
+    }
+    const bool sent = SendWithFd(job.fd, reply, sizeof(reply), fd);
+    if (fd >= 0) ::close(fd);
+    {
+      MutexLock lock(&grant_mu_);
+      done_.push_back({job.fd, sent});
+    }
+    Wake();
+  }
 }
 
 SlabBrokerStats SlabBroker::stats() const {
@@ -290,13 +356,32 @@ void SlabBroker::Run() {
     // Left out while paused: a readable listening socket would wake poll at once, again
     // and again, while there is no descriptor to accept it with.
     fds.push_back({accepting ? listen_fd_ : -1, POLLIN, 0});
-    for (auto& [fd, c] : conns) fds.push_back({fd, POLLIN, 0});
+    for (auto& [fd, c] : conns) {
+      if (!c.granting) fds.push_back({fd, POLLIN, 0});  // a grant thread answers it now
+    }
     if (::poll(fds.data(), fds.size(), timeout_ms) < 0) {
       if (errno == EINTR) continue;
       spdlog::error("slab socket poll: {}", std::strerror(errno));
       return;
     }
     if (stop_) break;
+    if (fds[0].revents) {
+      char drain[64];
+      while (::read(wake_[0], drain, sizeof(drain)) > 0) {
+      }
+    }
+    // Acquires answered: their connections are read again (what they sent meanwhile first).
+    std::vector<GrantDone> done;
+    {
+      MutexLock lock(&grant_mu_);
+      done.swap(done_);
+    }
+    for (const GrantDone& g : done) {
+      auto it = conns.find(g.fd);
+      if (it == conns.end()) continue;
+      it->second.granting = false;
+      if (!g.sent || !Process(it->second)) close_conn(it);
+    }
     for (size_t i = 2; i < fds.size(); ++i) {
       if (!fds[i].revents) continue;
       auto it = conns.find(fds[i].fd);
@@ -334,6 +419,10 @@ bool SlabBroker::Serve(Connection& c) {
   if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
   c.in.append(buf, static_cast<size_t>(n));
   if (c.in.size() > 4096) return false;  // a peer that does not wait for answers
+  return Process(c);
+}
+
+bool SlabBroker::Process(Connection& c) {
   for (;;) {
     const SlabMessage m = ParseSlabMessage(c.in, c.bound);
     if (m.kind == SlabMessage::Kind::kNeedMore) return true;
@@ -394,16 +483,19 @@ bool SlabBroker::Serve(Connection& c) {
       if (!SendWithFd(c.fd, reply, sizeof(reply), board->fd())) return false;
       continue;
     }
-    Result<SlabRef> ref =
-        slabs ? slabs->Acquire() : Result<SlabRef>(Status(ErrorKind::kSessionClosed, "closed"));
-    if (!ref.ok()) {
-      Put32(reply, static_cast<uint32_t>(ref.status().kind()));
-      if (!SendWithFd(c.fd, reply, sizeof(reply), -1)) return false;
+    if (!slabs) {
+      if (!answer_none()) return false;
       continue;
     }
-    Put64(reply + 8, ref->id);
-    Put64(reply + 16, ref->size);
-    if (!SendWithFd(c.fd, reply, sizeof(reply), ref->fd)) return false;
+    // An acquire may make its slab: a grant thread answers it, and the messages after it
+    // wait in c.in until then (answers stay in order).
+    {
+      MutexLock lock(&grant_mu_);
+      grants_[c.uid].push_back({c.fd, c.uid, c.slabs});
+    }
+    grant_cv_.NotifyOne();
+    c.granting = true;
+    return true;
   }
 }
 

@@ -12,8 +12,14 @@
 // docs/protocol.md ("slab socket").
 //
 // Thread-safe. One thread polls the listening socket and every connection (non-blocking);
-// requests are a few bytes, answered at once. Sessions' slab sets are reached through weak
-// pointers, so a session that ends first simply makes its connection's requests fail.
+// requests are a few bytes, answered at once, except a slab's acquire: that may make the
+// slab (tens of ms), so it goes to a few grant threads ("ferry-slabgrant"), and its
+// connection is left alone (not read, not closed) until its answer is sent. A burst of
+// new sessions thus gets its slabs made side by side, and no acquire holds up another
+// session's hello, board or ring. Grant threads take the queued acquires of the uids in
+// turn (round robin), so one uid's burst delays another uid's acquire by at most one
+// make per grant thread. Sessions' slab sets are reached through weak pointers, so a
+// session that ends first simply makes its connection's requests fail.
 //
 // Bounded against hostile local clients (SlabBrokerOptions): a connection that has not sent
 // its hello within hello_timeout is closed; connections past max_connections overall, or
@@ -29,6 +35,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -70,6 +77,11 @@ struct SlabBrokerOptions {
   /// Connections of one uid that have not sent a valid hello yet; more are closed as they
   /// are accepted. (Bound connections are one per session, which per-uid limits bound.)
   uint32_t max_pending_per_uid = 32;
+  /// Threads that answer slab acquires (each may make its slab): how many slabs are made
+  /// at once for a burst of sessions. 0: one per 4 cores, at least 1 and at most 4 (making
+  /// a slab is the kernel zeroing its pages: more makers than that take the cores the
+  /// sessions run on).
+  uint32_t grant_threads = 0;
 };
 
 /// Counters of the broker's bounds (for metrics and tests); monotonic.
@@ -130,6 +142,7 @@ class SlabBroker {
     uid_t uid = 0;
     std::weak_ptr<SessionSlabs> slabs;
     bool bound = false;
+    bool granting = false;  // an acquire is with the grant threads: not read, not closed
     std::chrono::steady_clock::time_point hello_deadline;  // while not bound
     std::string in;  // bytes received, not yet a whole message
   };
@@ -140,22 +153,49 @@ class SlabBroker {
     uid_t uid = 0;  // the session's peer
   };
 
+  // An acquire handed to the grant threads.
+  struct GrantJob {
+    int fd = -1;
+    uid_t uid = 0;
+    std::weak_ptr<SessionSlabs> slabs;
+  };
+  // An acquire answered: `sent` false closes the connection.
+  struct GrantDone {
+    int fd = -1;
+    bool sent = false;
+  };
+
   SlabBroker() = default;
   void Run();
+  // Grant threads: answer queued acquires until stopped.
+  void RunGranter();
+  // The next job, from the uid after the last one served (round robin).
+  GrantJob PopGrantLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(grant_mu_);
+  // Answer the messages `c` has sent, up to the first acquire (queued: the rest wait for
+  // its answer); false closes the connection.
+  bool Process(Connection& c);
   // Remove and return the session of the pending token equal to `presented` (null when none
   // is, or its session is gone), in time independent of the bytes presented.
   std::shared_ptr<SessionSlabs> SpendToken(std::string_view presented);
   // Accept what the backlog holds (a bounded batch), within the caps; false when out of
   // descriptors.
   bool AcceptAll(std::map<int, Connection>& conns, std::map<uid_t, uint32_t>& pending);
-  // Handle what `c` sent; false closes the connection.
+  // Read what `c` sent and Process it; false closes the connection.
   bool Serve(Connection& c);
+  void Wake();
 
   std::string path_;
   int listen_fd_ = -1;
   int wake_[2] = {-1, -1};
   std::thread thread_;
+  std::vector<std::thread> granters_;
   std::atomic<bool> stop_{false};
+  Mutex grant_mu_;
+  CondVar grant_cv_;  // a job queued, or stop
+  std::map<uid_t, std::deque<GrantJob>> grants_ ABSL_GUARDED_BY(grant_mu_);  // queued, per uid
+  uid_t last_grant_uid_ ABSL_GUARDED_BY(grant_mu_) = 0;
+  std::vector<GrantDone> done_ ABSL_GUARDED_BY(grant_mu_);  // answered, for the poll thread
+  bool granters_stop_ ABSL_GUARDED_BY(grant_mu_) = false;
   SlabBrokerOptions options_;
   std::atomic<uint64_t> connections_{0};
   std::atomic<uint64_t> refused_over_cap_{0}, refused_uid_pending_{0}, hello_timeouts_{0},

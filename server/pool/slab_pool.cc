@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -45,8 +46,11 @@ SlabPool::~SlabPool() {
   }
   cv_.NotifyAll();
   if (thread_.joinable()) thread_.join();
-  MutexLock make(&make_mu_);
   MutexLock lock(&mu_);
+  cv_.Wait(&mu_, [&] {  // grants still making (their callers should be gone by now)
+    mu_.AssertHeld();
+    return making_ == 0 && destroying_ == 0;
+  });
   for (auto& [id, slab] : slabs_) DestroySlab(slab);
   slabs_.clear();
 }
@@ -64,6 +68,25 @@ Result<SlabPool::Slab> SlabPool::MakeSlab(uint64_t id) const {
     Status s = SysError("sealing a slab");
     ::close(fd);
     return s;
+  }
+  // The pages are made by writing zeros to the file, not by faulting the mapping in: a
+  // write holds only this file's lock, while MAP_POPULATE over pages not yet made holds
+  // the daemon's mmap lock for the whole allocation (~4x longer), and every page fault of
+  // every daemon thread (executors, gRPC) waits behind any mmap or munmap queued behind it.
+  // Populating the mapping afterwards only maps pages that exist.
+  static const char kZeros[1 << 20] = {};  // reads as the one zero page: stays in cache
+  for (uint64_t at = 0; at < options_.slab_size;) {
+    const size_t n =
+        static_cast<size_t>(std::min<uint64_t>(sizeof(kZeros), options_.slab_size - at));
+    const ssize_t w = ::pwrite(fd, kZeros, n, static_cast<off_t>(at));
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      if (w == 0) errno = EIO;
+      Status s = SysError("writing a slab's pages");
+      ::close(fd);
+      return s;
+    }
+    at += static_cast<uint64_t>(w);
   }
   void* p =
       ::mmap(nullptr, options_.slab_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
@@ -112,6 +135,23 @@ uint64_t SlabPool::CountLocked(Use use) const {
   return n;
 }
 
+void SlabPool::BeginMakeLocked() {
+  cv_.Wait(&mu_, [&] {
+    mu_.AssertHeld();
+    return !reregistering_;
+  });
+  ++making_;
+  most_making_ = std::max(most_making_, making_);
+}
+
+void SlabPool::BeginDestroyLocked() {
+  cv_.Wait(&mu_, [&] {
+    mu_.AssertHeld();
+    return !reregistering_;
+  });
+  ++destroying_;
+}
+
 Result<SlabRef> SlabPool::Grant(Use use, uid_t uid) {
   // A daemon slab first when the daemon asks (reused only by the daemon), else a fresh one.
   auto take_ready = [&]() -> Slab* {
@@ -126,25 +166,18 @@ Result<SlabRef> SlabPool::Grant(Use use, uid_t uid) {
     }
     return nullptr;
   };
-  {
-    MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
+  std::optional<Slab> victim;
+  for (;;) {
     if (Slab* slab = take_ready()) {
       make_failed_ = false;
       SlabRef ref = TakeLocked(*slab, use, uid);
       cv_.NotifyAll();  // make the next one ahead
       return ref;
     }
-  }
-  // None ready: make one here (the cost the slabs made ahead exist to avoid).
-  MutexLock make(&make_mu_);
-  MutexLock lock(&mu_);
-  if (Slab* slab = take_ready()) {  // made by the pool's thread while this waited
-    SlabRef ref = TakeLocked(*slab, use, uid);
-    cv_.NotifyAll();
-    return ref;
-  }
-  std::optional<Slab> victim;
-  if ((slabs_.size() + 1) * options_.slab_size > options_.budget) {
+    // None ready: make one here (the cost the slabs made ahead exist to avoid), beside any
+    // other grant's make.
+    if ((HeldLocked() + 1) * options_.slab_size <= options_.budget) break;
     // Room from a slab no one holds: a released one not destroyed yet, else a free daemon
     // slab (the daemon makes another when it needs one).
     auto pick = [&](Use u) {
@@ -158,25 +191,35 @@ Result<SlabRef> SlabPool::Grant(Use use, uid_t uid) {
       }
       return false;
     };
-    if (!pick(Use::kRetired) && !pick(Use::kDaemonFree)) {
+    if (pick(Use::kRetired) || pick(Use::kDaemonFree)) break;
+    // Budget taken by makes or destroys in flight: each ends in a fresh slab or in room.
+    if (making_ == 0 && destroying_ == 0) {
       return Status(ErrorKind::kQuotaExceeded, "the pinned-memory budget (" +
                                                    std::to_string(options_.budget) +
                                                    " bytes) is held by slabs in use");
     }
+    cv_.Wait(&mu_);
   }
   const uint64_t id = next_id_++;
+  if (victim) {
+    BeginDestroyLocked();
+    lock.Unlock();
+    DestroySlab(*victim);
+    lock.Lock();
+    --destroying_;
+    ++destroyed_;
+  }
+  BeginMakeLocked();
   lock.Unlock();
-  if (victim) DestroySlab(*victim);
   Result<Slab> made = MakeSlab(id);
   lock.Lock();
-  if (victim) ++destroyed_;
+  --making_;
+  cv_.NotifyAll();  // a make ended: the budget or a waiting ReregisterAll may move on
   FERRY_RETURN_IF_ERROR(made.status());
   ++made_;
   ++made_on_grant_;
   Slab& slab = slabs_[id] = *made;
-  SlabRef ref = TakeLocked(slab, use, uid);
-  cv_.NotifyAll();
-  return ref;
+  return TakeLocked(slab, use, uid);
 }
 
 Result<SlabRef> SlabPool::Acquire(uid_t uid) { return Grant(Use::kSession, uid); }
@@ -203,25 +246,20 @@ bool SlabPool::HasWorkLocked() const {
   if (CountLocked(Use::kRetired) > 0) return true;
   if (make_failed_) return false;
   return CountLocked(Use::kFresh) < options_.initial_slabs &&
-         (slabs_.size() + 1) * options_.slab_size <= options_.budget;
+         (HeldLocked() + 1) * options_.slab_size <= options_.budget;
 }
 
 void SlabPool::Run() {
+  MutexLock lock(&mu_);
   for (;;) {
-    {
-      MutexLock lock(&mu_);
-      busy_ = false;
-      cv_.NotifyAll();  // WaitIdleForTest
-      cv_.Wait(&mu_, [&] {
-        mu_.AssertHeld();
-        return stop_ || HasWorkLocked();
-      });
-      if (stop_) return;
-      busy_ = true;
-    }
-    MutexLock make(&make_mu_);
-    MutexLock lock(&mu_);
+    busy_ = false;
+    cv_.NotifyAll();  // WaitIdleForTest
+    cv_.Wait(&mu_, [&] {
+      mu_.AssertHeld();
+      return stop_ || HasWorkLocked();
+    });
     if (stop_) return;
+    busy_ = true;
     // 1. Destroy a released slab (its budget goes to the next fresh one).
     auto retired = slabs_.end();
     for (auto it = slabs_.begin(); it != slabs_.end(); ++it) {
@@ -233,18 +271,24 @@ void SlabPool::Run() {
     if (retired != slabs_.end()) {
       Slab slab = retired->second;
       slabs_.erase(retired);
+      BeginDestroyLocked();
       lock.Unlock();
       DestroySlab(slab);
       lock.Lock();
+      --destroying_;
       ++destroyed_;
+      cv_.NotifyAll();  // room in the budget for a grant that waits
       continue;
     }
     // 2. Make a fresh slab ahead, within the budget.
     if (!HasWorkLocked()) continue;
     const uint64_t id = next_id_++;
+    BeginMakeLocked();
     lock.Unlock();
     Result<Slab> made = MakeSlab(id);
     lock.Lock();
+    --making_;
+    cv_.NotifyAll();  // a fresh slab (or room) for a grant that waits
     if (!made.ok()) {
       make_failed_ = true;  // retried after the next grant or release, not in a loop
       spdlog::warn("making a slab ahead: {}", made.status().ToString());
@@ -259,18 +303,28 @@ void SlabPool::WaitIdleForTest() {
   MutexLock lock(&mu_);
   cv_.Wait(&mu_, [&] {
     mu_.AssertHeld();
-    return stop_ || (!busy_ && !HasWorkLocked());
+    return stop_ || (!busy_ && making_ == 0 && destroying_ == 0 && !HasWorkLocked());
   });
 }
 
 void SlabPool::ReregisterAll() {
   if (!registration_.register_memory) return;
-  MutexLock make(&make_mu_);  // no slab is half made (registered with the old device)
   MutexLock lock(&mu_);
+  cv_.Wait(&mu_, [&] {  // one at a time
+    mu_.AssertHeld();
+    return !reregistering_;
+  });
+  reregistering_ = true;  // no make or destroy starts from here
+  cv_.Wait(&mu_, [&] {    // and none is half done (registered with the old device)
+    mu_.AssertHeld();
+    return making_ == 0 && destroying_ == 0;
+  });
   for (auto& [id, slab] : slabs_) {
     Status s = registration_.register_memory(slab.data, options_.slab_size);
     if (!s.ok()) spdlog::warn("re-registering slab {}: {}", id, s.ToString());
   }
+  reregistering_ = false;
+  cv_.NotifyAll();
 }
 
 SlabPoolStats SlabPool::stats() const {
@@ -286,6 +340,7 @@ SlabPoolStats SlabPool::stats() const {
   s.made_total = made_;
   s.made_on_grant_total = made_on_grant_;
   s.destroyed_total = destroyed_;
+  s.most_made_at_once = most_making_;
   return s;
 }
 

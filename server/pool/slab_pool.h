@@ -14,15 +14,19 @@
 // for itself (AcquireDaemon: staging of remote clients' bytes) are never given to a client,
 // and go back to the daemon alone on release.
 //
-// Cost: making a slab (memfd, populate, register: ~70 us per MiB with CUDA) is kept off the
-// grant's path by `initial_slabs` fresh slabs made ahead and kept ready by a background
-// thread (within the budget), which also destroys released slabs. A grant makes its slab
-// itself only when none is ready (stats().made_on_grant_total counts those).
+// Cost: making a slab (memfd, populate, register: ~70 us per MiB with CUDA, tens of ms for
+// a 64 MiB slab) is kept off the grant's path by `initial_slabs` fresh slabs made ahead and
+// kept ready by a background thread (within the budget), which also destroys released
+// slabs. A grant makes its slab itself only when none is ready (stats().made_on_grant_total
+// counts those). Slabs are made concurrently: grants on several threads (the slab socket's
+// grant threads) each make their own while the pool's thread makes ahead, so a burst of new
+// sessions waits for the slowest of a few makes, not for every make before its own.
 //
-// Thread-safe: the slab acceptor (connection threads) acquires, session executors release,
-// the Admin service reads the counters, and the pool's own thread ("ferry-slabmk") makes
-// and destroys slabs. Lock order: make_mu_ before mu_. Every slab is made or destroyed
-// with make_mu_ held, so the budget is checked against a count nobody else changes.
+// Thread-safe: the slab socket's grant threads acquire, session executors release, the
+// Admin service reads the counters, and the pool's own thread ("ferry-slabmk") makes and
+// destroys slabs. One mutex guards the bookkeeping; no make or destroy runs under it. The
+// budget counts slabs being made or destroyed beside those in the map, so concurrent makes
+// never take more than it.
 #pragma once
 
 #include <sys/types.h>
@@ -76,6 +80,7 @@ struct SlabPoolStats {
   uint64_t made_on_grant_total = 0;  // grants that found no slab ready and made their own
   uint64_t destroyed_total = 0;      // slabs destroyed (released by a session, quarantined,
                                      // or a daemon slab evicted to make room)
+  uint64_t most_made_at_once = 0;    // the most slabs ever being made at the same time
 };
 
 class SlabPool {
@@ -138,20 +143,32 @@ class SlabPool {
   void DestroySlab(const Slab& slab) const;
   Result<SlabRef> Grant(Use use, uid_t uid);
   SlabRef TakeLocked(Slab& slab, Use use, uid_t uid) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Slabs that take budget now: in the map, being made, or being destroyed.
+  uint64_t HeldLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return slabs_.size() + making_ + destroying_;
+  }
   bool HasWorkLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t CountLocked(Use use) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Wait until no re-registration runs, then count one more make (or destroy) in flight.
+  void BeginMakeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void BeginDestroyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Run();
 
   const SlabPoolOptions options_;
   const HostRegistration registration_;
-  Mutex make_mu_;  // held while a slab is made or destroyed; before mu_
   mutable Mutex mu_;
-  CondVar cv_;  // work for the thread, or the thread went idle
+  CondVar cv_;  // work for the thread, a make or destroy ended, or the thread went idle
   std::map<uint64_t, Slab> slabs_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t made_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t made_on_grant_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t destroyed_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t making_ ABSL_GUARDED_BY(mu_) = 0;       // makes in flight (any thread)
+  uint64_t destroying_ ABSL_GUARDED_BY(mu_) = 0;   // destroys in flight (out of the map)
+  uint64_t most_making_ ABSL_GUARDED_BY(mu_) = 0;  // the most makes ever in flight at once
+  // ReregisterAll runs: no make or destroy starts (a slab half made would be registered
+  // with the old device and missed).
+  bool reregistering_ ABSL_GUARDED_BY(mu_) = false;
   bool make_failed_ ABSL_GUARDED_BY(mu_) = false;  // retried after the next grant/release
   bool busy_ ABSL_GUARDED_BY(mu_) = false;         // the thread is working
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

@@ -364,6 +364,7 @@ staging-slabs = 0
 slab-hello-timeout = 250
 slab-max-connections = 100
 slab-max-pending-per-uid = 3
+slab-grant-threads = 2
 drain-timeout = 250
 host-fault-after-ops-for-test = 99
 host-rebuild-fails-for-test = true
@@ -378,6 +379,7 @@ log-level = debug
   EXPECT_EQ(FormatConfig(*back), formatted);
   EXPECT_TRUE(back->host_rebuild_fails_for_test);
   EXPECT_EQ(back->host_fault_after_ops_for_test, 99u);
+  EXPECT_EQ(back->daemon.slab_broker.grant_threads, 2u);
   EXPECT_EQ(back->cuda.nvrtc_timeout.count(), 1500);
   EXPECT_EQ(back->cuda.nvrtc_memory, 512ull << 20);
   EXPECT_EQ(back->cuda.nvrtc_concurrency, 2);
