@@ -677,7 +677,7 @@ means true; --allow-insecure-remote and --allow-remote-raw-kernels also take =tr
   --slab-max-pending-per-uid N  slab-socket connections of one uid not yet past their
                              hello (default 32)
   --slab-grant-threads N     threads that answer slab acquires, each making a slab when
-                             none is ready, 0..64 (default 0: one per 4 cores, 1 to 4)
+                             none is ready, 0..64 (default 0: one per core, 1 to 16)
   --drain-timeout MS         on SIGTERM, how long open sessions may run on (default 10000)
   --ready-file PATH          write the bound endpoints there once serving
   --log-level LEVEL          trace|debug|info|warn|error|critical|off (default info)
@@ -827,7 +827,7 @@ std::string FormatConfig(const DaemonConfig& c) {
   out << "slab-max-connections = " << c.daemon.slab_broker.max_connections << "\n";
   out << "slab-max-pending-per-uid = " << c.daemon.slab_broker.max_pending_per_uid << "\n";
   out << "slab-grant-threads = " << c.daemon.slab_broker.grant_threads
-      << (c.daemon.slab_broker.grant_threads == 0 ? "  # one per 4 cores, 1 to 4" : "") << "\n";
+      << (c.daemon.slab_broker.grant_threads == 0 ? "  # one per core, 1 to 16" : "") << "\n";
   out << "drain-timeout = " << c.drain_timeout.count() << "\n";
   out << "ready-file =" << Quoted(c.ready_file) << "\n";
   out << "log-level = " << c.log_level << "\n";

@@ -100,7 +100,7 @@ Result<std::unique_ptr<SlabBroker>> SlabBroker::Start(const std::string& path, i
     raw->Run();
   });
   uint32_t granters = options.grant_threads;
-  if (granters == 0) granters = std::clamp<uint32_t>(std::thread::hardware_concurrency() / 4, 1, 4);
+  if (granters == 0) granters = std::clamp<uint32_t>(std::thread::hardware_concurrency(), 1, 16);
   for (uint32_t i = 0; i < granters; ++i) {
     b->granters_.emplace_back([raw = b.get()] {
       pthread_setname_np(pthread_self(), "ferry-slabgrant");

@@ -78,9 +78,9 @@ struct SlabBrokerOptions {
   /// are accepted. (Bound connections are one per session, which per-uid limits bound.)
   uint32_t max_pending_per_uid = 32;
   /// Threads that answer slab acquires (each may make its slab): how many slabs are made
-  /// at once for a burst of sessions. 0: one per 4 cores, at least 1 and at most 4 (making
-  /// a slab is the kernel zeroing its pages: more makers than that take the cores the
-  /// sessions run on).
+  /// at once for a burst of sessions. 0: one per core, at least 1 and at most 16 (making
+  /// a slab is mostly the kernel zeroing its pages, which scales with cores; on the H200's
+  /// 16 cores, 64 new sessions' blocking row had max/min 1.09-1.18 with 16, 9-24 with 4).
   uint32_t grant_threads = 0;
 };
 
