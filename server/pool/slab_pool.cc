@@ -136,20 +136,8 @@ uint64_t SlabPool::CountLocked(Use use) const {
 }
 
 void SlabPool::BeginMakeLocked() {
-  cv_.Wait(&mu_, [&] {
-    mu_.AssertHeld();
-    return !reregistering_;
-  });
   ++making_;
   most_making_ = std::max(most_making_, making_);
-}
-
-void SlabPool::BeginDestroyLocked() {
-  cv_.Wait(&mu_, [&] {
-    mu_.AssertHeld();
-    return !reregistering_;
-  });
-  ++destroying_;
 }
 
 Result<SlabRef> SlabPool::Grant(Use use, uid_t uid) {
@@ -167,8 +155,13 @@ Result<SlabRef> SlabPool::Grant(Use use, uid_t uid) {
     return nullptr;
   };
   MutexLock lock(&mu_);
-  std::optional<Slab> victim;
   for (;;) {
+    // From here to counting a make or destroy in flight, one critical section: the budget
+    // check holds, and no re-registration starts in between.
+    cv_.Wait(&mu_, [&] {
+      mu_.AssertHeld();
+      return !reregistering_;
+    });
     if (Slab* slab = take_ready()) {
       make_failed_ = false;
       SlabRef ref = TakeLocked(*slab, use, uid);
@@ -179,19 +172,28 @@ Result<SlabRef> SlabPool::Grant(Use use, uid_t uid) {
     // other grant's make.
     if ((HeldLocked() + 1) * options_.slab_size <= options_.budget) break;
     // Room from a slab no one holds: a released one not destroyed yet, else a free daemon
-    // slab (the daemon makes another when it needs one).
-    auto pick = [&](Use u) {
-      mu_.AssertHeld();
+    // slab (the daemon makes another when it needs one). Destroyed here, then look again.
+    std::optional<Slab> victim;
+    for (Use u : {Use::kRetired, Use::kDaemonFree}) {
       for (auto it = slabs_.begin(); it != slabs_.end(); ++it) {
         if (it->second.use == u) {
           victim = it->second;
           slabs_.erase(it);
-          return true;
+          break;
         }
       }
-      return false;
-    };
-    if (pick(Use::kRetired) || pick(Use::kDaemonFree)) break;
+      if (victim) break;
+    }
+    if (victim) {
+      ++destroying_;  // still takes its budget until destroyed
+      lock.Unlock();
+      DestroySlab(*victim);
+      lock.Lock();
+      --destroying_;
+      ++destroyed_;
+      cv_.NotifyAll();
+      continue;
+    }
     // Budget taken by makes or destroys in flight: each ends in a fresh slab or in room.
     if (making_ == 0 && destroying_ == 0) {
       return Status(ErrorKind::kQuotaExceeded, "the pinned-memory budget (" +
@@ -201,14 +203,6 @@ Result<SlabRef> SlabPool::Grant(Use use, uid_t uid) {
     cv_.Wait(&mu_);
   }
   const uint64_t id = next_id_++;
-  if (victim) {
-    BeginDestroyLocked();
-    lock.Unlock();
-    DestroySlab(*victim);
-    lock.Lock();
-    --destroying_;
-    ++destroyed_;
-  }
   BeginMakeLocked();
   lock.Unlock();
   Result<Slab> made = MakeSlab(id);
@@ -256,7 +250,7 @@ void SlabPool::Run() {
     cv_.NotifyAll();  // WaitIdleForTest
     cv_.Wait(&mu_, [&] {
       mu_.AssertHeld();
-      return stop_ || HasWorkLocked();
+      return stop_ || (!reregistering_ && HasWorkLocked());
     });
     if (stop_) return;
     busy_ = true;
@@ -271,7 +265,7 @@ void SlabPool::Run() {
     if (retired != slabs_.end()) {
       Slab slab = retired->second;
       slabs_.erase(retired);
-      BeginDestroyLocked();
+      ++destroying_;
       lock.Unlock();
       DestroySlab(slab);
       lock.Lock();

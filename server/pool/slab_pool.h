@@ -55,6 +55,7 @@ struct SlabPoolOptions {
 };
 
 /// Registers host memory with the device; the daemon wires these to the current device.
+/// Called from several threads at once (slabs are made side by side).
 struct HostRegistration {
   std::function<Status(void* ptr, uint64_t bytes)> register_memory;
   std::function<void(void* ptr)> unregister_memory;
@@ -149,9 +150,9 @@ class SlabPool {
   }
   bool HasWorkLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t CountLocked(Use use) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Wait until no re-registration runs, then count one more make (or destroy) in flight.
+  // Count one more make in flight. Callers checked the budget and that no re-registration
+  // runs in the same critical section.
   void BeginMakeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void BeginDestroyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Run();
 
   const SlabPoolOptions options_;

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <set>
 
@@ -17,7 +18,8 @@ namespace {
 
 constexpr uint64_t kSlab = 1ull << 20;
 
-std::unique_ptr<SlabPool> MakePool(uint64_t budget_slabs, uint32_t initial, int* registered) {
+std::unique_ptr<SlabPool> MakePool(uint64_t budget_slabs, uint32_t initial,
+                                   std::atomic<int>* registered) {  // made on several threads
   HostRegistration reg;
   reg.register_memory = [registered](void*, uint64_t) {
     ++*registered;
@@ -37,9 +39,9 @@ bool AllZero(const char* p, uint64_t n) {
 }
 
 TEST(SlabPoolTest, SealsHoldAgainstShrinkAndGrow) {
-  int registered = 0;
+  std::atomic<int> registered{0};
   auto pool = MakePool(2, 1, &registered);
-  EXPECT_EQ(registered, 1);
+  EXPECT_EQ(registered.load(), 1);
   auto slab = pool->Acquire(1000);
   ASSERT_TRUE(slab.ok());
   EXPECT_NE(slab->id, 0u);
@@ -56,7 +58,7 @@ TEST(SlabPoolTest, SealsHoldAgainstShrinkAndGrow) {
 // either): its id and its memfd never come back, and the old mapping never shows what the
 // next session writes.
 TEST(SlabPoolTest, ReleasedSlabIsNeverHandedOutAgain) {
-  int registered = 0;
+  std::atomic<int> registered{0};
   auto pool = MakePool(2, 1, &registered);
   auto a = pool->Acquire(1000);
   ASSERT_TRUE(a.ok());
@@ -99,7 +101,7 @@ TEST(SlabPoolTest, ReleasedSlabIsNeverHandedOutAgain) {
 // The pool's thread keeps `initial_slabs` fresh slabs ready, so a grant takes one made ahead
 // instead of making it (memfd, populate, register) on the session's path.
 TEST(SlabPoolTest, FreshSlabsAreMadeAheadWithinTheBudget) {
-  int registered = 0;
+  std::atomic<int> registered{0};
   auto pool = MakePool(3, 2, &registered);
   EXPECT_EQ(pool->stats().slabs_fresh, 2u);
   auto a = pool->Acquire(1);
@@ -114,11 +116,11 @@ TEST(SlabPoolTest, FreshSlabsAreMadeAheadWithinTheBudget) {
   pool->WaitIdleForTest();
   EXPECT_EQ(pool->stats().slabs_total, 3u) << "the budget bounds the slabs made ahead";
   EXPECT_EQ(pool->stats().slabs_fresh, 1u);
-  EXPECT_EQ(registered, 3);
+  EXPECT_EQ(registered.load(), 3);
 }
 
 TEST(SlabPoolTest, BudgetFullDestroysReleasedSlabsNotHeldOnes) {
-  int registered = 0;
+  std::atomic<int> registered{0};
   auto pool = MakePool(2, 0, &registered);
   auto a1 = pool->Acquire(1);
   auto a2 = pool->Acquire(1);
@@ -134,13 +136,13 @@ TEST(SlabPoolTest, BudgetFullDestroysReleasedSlabsNotHeldOnes) {
   pool->WaitIdleForTest();
   EXPECT_EQ(pool->stats().destroyed_total, 1u);
   EXPECT_EQ(pool->stats().slabs_total, 2u);
-  EXPECT_EQ(registered, 2);
+  EXPECT_EQ(registered.load(), 2);
 }
 
 // Daemon (staging) slabs are never mapped by a client: they go back to the daemon, and only
 // to the daemon.
 TEST(SlabPoolTest, DaemonSlabsAreReusedByTheDaemonOnly) {
-  int registered = 0;
+  std::atomic<int> registered{0};
   auto pool = MakePool(2, 0, &registered);
   auto d = pool->AcquireDaemon();
   ASSERT_TRUE(d.ok());
@@ -167,18 +169,18 @@ TEST(SlabPoolTest, DaemonSlabsAreReusedByTheDaemonOnly) {
 }
 
 TEST(SlabPoolTest, QuarantinedSlabIsDestroyed) {
-  int registered = 0;
+  std::atomic<int> registered{0};
   auto pool = MakePool(4, 0, &registered);
   auto a = pool->Acquire(1);
   ASSERT_TRUE(a.ok());
   pool->Release(a->id, true);
   pool->WaitIdleForTest();
   EXPECT_EQ(pool->stats().slabs_total, 0u);
-  EXPECT_EQ(registered, 0);
+  EXPECT_EQ(registered.load(), 0);
 }
 
 TEST(SlabPoolTest, AccountingReturnsToStart) {
-  int registered = 0;
+  std::atomic<int> registered{0};
   auto pool = MakePool(4, 1, &registered);
   SlabPoolStats start = pool->stats();
   EXPECT_EQ(start.slabs_total, 1u);
@@ -200,7 +202,7 @@ TEST(SlabPoolTest, AccountingReturnsToStart) {
 }
 
 TEST(SessionSlabsTest, RangesAreCheckedAndBusy) {
-  int registered = 0;
+  std::atomic<int> registered{0};
   auto pool = MakePool(2, 0, &registered);
   SessionSlabs s(pool.get());
   ASSERT_TRUE(s.Bind(7));
@@ -255,7 +257,7 @@ TEST(BusyRangesTest, OverlappingRangesAreCountedNotOverwritten) {
 // Two reads at one slab offset in one submit: finishing (or marking) the shorter one must not
 // shrink the range the longer one still protects.
 TEST(SessionSlabsTest, TwoRangesAtOneOffsetBothStayBusy) {
-  int registered = 0;
+  std::atomic<int> registered{0};
   auto pool = MakePool(2, 0, &registered);
   SessionSlabs s(pool.get());
   ASSERT_TRUE(s.Bind(7));
@@ -275,7 +277,7 @@ TEST(SessionSlabsTest, TwoRangesAtOneOffsetBothStayBusy) {
 // The per-submit download limit bounds the inline Download bytes the daemon buffers; bytes a
 // submit downloads into the client's slabs do not count toward it.
 TEST(SessionSlabsTest, SlabDownloadsDoNotCountTowardTheInlineDownloadLimit) {
-  int registered = 0;
+  std::atomic<int> registered{0};
   auto pool = MakePool(2, 0, &registered);
   SessionSlabs slabs(pool.get());
   ASSERT_TRUE(slabs.Bind(7));
