@@ -214,16 +214,6 @@ void SlabBroker::Wake() {
   (void)!::write(wake_[1], &c, 1);  // a full pipe is readable already
 }
 
-SlabBroker::GrantJob SlabBroker::PopGrantLocked() {
-  auto it = grants_.upper_bound(last_grant_uid_);
-  if (it == grants_.end()) it = grants_.begin();
-  GrantJob job = std::move(it->second.front());
-  it->second.pop_front();
-  last_grant_uid_ = it->first;
-  if (it->second.empty()) grants_.erase(it);
-  return job;
-}
-
 void SlabBroker::RunGranter() {
   for (;;) {
     GrantJob job;
@@ -234,7 +224,7 @@ void SlabBroker::RunGranter() {
         return granters_stop_ || !grants_.empty();
       });
       if (granters_stop_) return;
-      job = PopGrantLocked();
+      job = grants_.Pop();
     }
     char reply[24] = {};
     int fd = -1;  // a duplicate of the slab's memfd, taken while the session held the slab
@@ -491,7 +481,7 @@ bool SlabBroker::Process(Connection& c) {
     // wait in c.in until then (answers stay in order).
     {
       MutexLock lock(&grant_mu_);
-      grants_[c.uid].push_back({c.fd, c.uid, c.slabs});
+      grants_.Push(c.uid, {c.fd, c.uid, c.slabs});
     }
     grant_cv_.NotifyOne();
     c.granting = true;

@@ -35,7 +35,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -47,6 +46,7 @@
 #include "ferry/mutex.h"
 #include "ferry/status.h"
 #include "pool/session_slabs.h"
+#include "pool/uid_round_robin.h"
 
 namespace ferry::pool {
 
@@ -169,8 +169,6 @@ class SlabBroker {
   void Run();
   // Grant threads: answer queued acquires until stopped.
   void RunGranter();
-  // The next job, from the uid after the last one served (round robin).
-  GrantJob PopGrantLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(grant_mu_);
   // Answer the messages `c` has sent, up to the first acquire (queued: the rest wait for
   // its answer); false closes the connection.
   bool Process(Connection& c);
@@ -191,10 +189,9 @@ class SlabBroker {
   std::vector<std::thread> granters_;
   std::atomic<bool> stop_{false};
   Mutex grant_mu_;
-  CondVar grant_cv_;  // a job queued, or stop
-  std::map<uid_t, std::deque<GrantJob>> grants_ ABSL_GUARDED_BY(grant_mu_);  // queued, per uid
-  uid_t last_grant_uid_ ABSL_GUARDED_BY(grant_mu_) = 0;
-  std::vector<GrantDone> done_ ABSL_GUARDED_BY(grant_mu_);  // answered, for the poll thread
+  CondVar grant_cv_;                                           // a job queued, or stop
+  UidRoundRobin<GrantJob> grants_ ABSL_GUARDED_BY(grant_mu_);  // queued, uids in turn
+  std::vector<GrantDone> done_ ABSL_GUARDED_BY(grant_mu_);     // answered, for the poll thread
   bool granters_stop_ ABSL_GUARDED_BY(grant_mu_) = false;
   SlabBrokerOptions options_;
   std::atomic<uint64_t> connections_{0};
