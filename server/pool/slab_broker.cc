@@ -246,6 +246,7 @@ void SlabBroker::RunGranter() {
     {
       MutexLock lock(&grant_mu_);
       done_.push_back({job.fd, sent});
+      --acquires_waiting_;
     }
     Wake();
   }
@@ -257,6 +258,8 @@ SlabBrokerStats SlabBroker::stats() const {
   s.refused_uid_pending = refused_uid_pending_.load();
   s.hello_timeouts = hello_timeouts_.load();
   s.accept_backoffs = accept_backoffs_.load();
+  MutexLock lock(&grant_mu_);
+  s.acquires_waiting = acquires_waiting_;
   return s;
 }
 
@@ -482,6 +485,7 @@ bool SlabBroker::Process(Connection& c) {
     {
       MutexLock lock(&grant_mu_);
       grants_.Push(c.uid, {c.fd, c.uid, c.slabs});
+      ++acquires_waiting_;
     }
     grant_cv_.NotifyOne();
     c.granting = true;

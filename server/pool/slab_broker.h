@@ -90,6 +90,7 @@ struct SlabBrokerStats {
   uint64_t refused_uid_pending = 0;  // closed at accept: the uid's pending cap reached
   uint64_t hello_timeouts = 0;       // closed: no hello within hello_timeout
   uint64_t accept_backoffs = 0;      // accept failed for want of descriptors; paused
+  uint64_t acquires_waiting = 0;     // now: acquires queued for or with the grant threads
 };
 
 /// One message parsed off the front of a connection's received bytes (pure: no I/O, no
@@ -188,10 +189,11 @@ class SlabBroker {
   std::thread thread_;
   std::vector<std::thread> granters_;
   std::atomic<bool> stop_{false};
-  Mutex grant_mu_;
+  mutable Mutex grant_mu_;
   CondVar grant_cv_;                                           // a job queued, or stop
   UidRoundRobin<GrantJob> grants_ ABSL_GUARDED_BY(grant_mu_);  // queued, uids in turn
   std::vector<GrantDone> done_ ABSL_GUARDED_BY(grant_mu_);     // answered, for the poll thread
+  uint64_t acquires_waiting_ ABSL_GUARDED_BY(grant_mu_) = 0;   // queued or being answered
   bool granters_stop_ ABSL_GUARDED_BY(grant_mu_) = false;
   SlabBrokerOptions options_;
   std::atomic<uint64_t> connections_{0};

@@ -154,6 +154,11 @@ std::string RenderMetrics(const SessionServiceContext& c,
   e.Metric("ferry_slab_pool_bytes", "gauge", "Bytes of all shared-memory slabs.", p.bytes_total);
   e.Metric("ferry_slab_pool_slab_size_bytes", "gauge", "Size of one slab.", slab_size);
   e.Metric("ferry_slab_pool_fds_open", "gauge", "memfds the slab pool holds open.", p.fds_open);
+  e.Metric("ferry_slabs_made_total", "counter", "Shared-memory slabs made since start.",
+           p.made_total);
+  e.Metric("ferry_slabs_made_on_grant_total", "counter",
+           "Slab acquires that found no slab made ahead and waited for one to be made.",
+           p.made_on_grant_total);
   e.Metric("ferry_slab_pool_connections", "gauge", "Connections open on the slab socket.",
            slab_connections);
   pool::SlabBrokerStats bs;
@@ -165,6 +170,8 @@ std::string RenderMetrics(const SessionServiceContext& c,
   e.Sample("ferry_slab_connections_closed_total", bs.refused_uid_pending,
            "reason=\"max_pending_per_uid\"");
   e.Sample("ferry_slab_connections_closed_total", bs.hello_timeouts, "reason=\"hello_timeout\"");
+  e.Metric("ferry_slab_acquires_waiting", "gauge",
+           "Slab acquires queued for or being answered by the grant threads.", bs.acquires_waiting);
   e.Metric("ferry_slab_accept_backoffs_total", "counter",
            "Times the slab socket stopped accepting for a while: out of file descriptors.",
            bs.accept_backoffs);

@@ -50,16 +50,34 @@ TEST(MetricsTest, ServesPrometheusTextThatMovesWithWork) {
     EXPECT_NE(body.find("# TYPE " + std::string(family) + " "), std::string::npos) << family;
   }
   // The bounds against hostile clients (slab socket, doorbells) and the per-uid usage.
-  for (const char* family :
-       {"ferry_submit_ring_doorbell_mutes_total", "ferry_slab_connections_closed_total",
-        "ferry_slab_accept_backoffs_total", "ferry_uid_sessions", "ferry_uid_device_bytes",
-        "ferry_uid_pinned_bytes", "ferry_uid_submits_in_flight", "ferry_uid_max_sessions",
-        "ferry_uid_max_device_bytes", "ferry_uid_max_pinned_bytes",
-        "ferry_uid_max_submits_in_flight", "ferry_uid_in_flight_bytes",
-        "ferry_uid_max_in_flight_bytes", "ferry_in_flight_bytes", "ferry_in_flight_bytes_limit",
-        "ferry_uid_objects", "ferry_uid_max_objects", "ferry_objects", "ferry_objects_limit"}) {
+  for (const char* family : {"ferry_submit_ring_doorbell_mutes_total",
+                             "ferry_slab_connections_closed_total",
+                             "ferry_slab_accept_backoffs_total",
+                             "ferry_uid_sessions",
+                             "ferry_uid_device_bytes",
+                             "ferry_uid_pinned_bytes",
+                             "ferry_uid_submits_in_flight",
+                             "ferry_uid_max_sessions",
+                             "ferry_uid_max_device_bytes",
+                             "ferry_uid_max_pinned_bytes",
+                             "ferry_uid_max_submits_in_flight",
+                             "ferry_uid_in_flight_bytes",
+                             "ferry_uid_max_in_flight_bytes",
+                             "ferry_in_flight_bytes",
+                             "ferry_in_flight_bytes_limit",
+                             "ferry_uid_objects",
+                             "ferry_uid_max_objects",
+                             "ferry_objects",
+                             "ferry_objects_limit",
+                             "ferry_slab_acquires_waiting",
+                             "ferry_slabs_made_total",
+                             "ferry_slabs_made_on_grant_total"}) {
     EXPECT_NE(body.find("# TYPE " + std::string(family) + " "), std::string::npos) << family;
   }
+  // The slab made ahead at start (initial-slabs 1); no acquire yet.
+  EXPECT_EQ(Value(body, "ferry_slabs_made_total"), 1);
+  EXPECT_EQ(Value(body, "ferry_slabs_made_on_grant_total"), 0);
+  EXPECT_EQ(Value(body, "ferry_slab_acquires_waiting"), 0);
   EXPECT_EQ(Value(body, "ferry_in_flight_bytes"), 0);
   EXPECT_EQ(Value(body, "ferry_in_flight_bytes_limit"), 4.0 * (1ull << 30));
   EXPECT_EQ(Value(body, "ferry_objects"), 0);
