@@ -484,7 +484,7 @@ bool SlabBroker::Process(Connection& c) {
     // wait in c.in until then (answers stay in order).
     {
       MutexLock lock(&grant_mu_);
-      grants_.Push(c.uid, {c.fd, c.uid, c.slabs});
+      grants_.Push(c.uid, {c.fd, c.slabs});
       ++acquires_waiting_;
     }
     grant_cv_.NotifyOne();

@@ -84,7 +84,8 @@ struct SlabBrokerOptions {
   uint32_t grant_threads = 0;
 };
 
-/// Counters of the broker's bounds (for metrics and tests); monotonic.
+/// Counters of the broker's bounds (for metrics and tests); monotonic but for the gauge
+/// acquires_waiting.
 struct SlabBrokerStats {
   uint64_t refused_over_cap = 0;     // closed at accept: max_connections reached
   uint64_t refused_uid_pending = 0;  // closed at accept: the uid's pending cap reached
@@ -157,7 +158,6 @@ class SlabBroker {
   // An acquire handed to the grant threads.
   struct GrantJob {
     int fd = -1;
-    uid_t uid = 0;
     std::weak_ptr<SessionSlabs> slabs;
   };
   // An acquire answered: `sent` false closes the connection.
