@@ -35,6 +35,7 @@
 
 #include "ferry/client.h"
 #include "ferryd_process.h"
+#include "metrics_scrape.h"
 #include "raw_protocol.h"
 
 namespace ferry {
@@ -410,6 +411,75 @@ TEST(HostileClientsTest, SlabSocketBacksOffWhenOutOfDescriptors) {
     if (kind != 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   EXPECT_EQ(kind, 0) << d.log();
+  EXPECT_EQ(d.Stop(), 0) << d.log();
+}
+
+// Slab acquires that must make their slabs wait for the grant threads, which take the
+// queued ones one uid after another: with one grant thread and six of uid A's acquires
+// queued (256 MiB slabs, none made ahead), uid B's acquire is answered after at most the
+// one make in progress, not after A's six (an order, read from the daemon's gauge of
+// acquires waiting; nothing is timed).
+TEST_F(HostileClientsPerUidTest, OneUidsBurstOfSlabAcquiresDoesNotQueueAheadOfAnotherUid) {
+  ASSERT_NO_FATAL_FAILURE(
+      Start({"--slab-size", "256M", "--pinned-budget", "4G", "--initial-slabs", "0",
+             "--slab-grant-threads", "1", "--metrics-listen", "127.0.0.1:0"}));
+  FerrydProcess& d = *daemon_;
+  const std::string ep = testing::MetricsEndpoint(d);
+  ASSERT_FALSE(ep.empty());
+  auto waiting = [&] {
+    return testing::Value(testing::ResponseBody(testing::HttpGet(ep, "/metrics")),
+                          "ferry_slab_acquires_waiting");
+  };
+  const std::string slab_path = d.unix_target().substr(5) + ".slabs";
+  // A session of `uid` with its slab connection bound (made as that uid).
+  struct Tenant {
+    std::unique_ptr<RawStream> stream;
+    std::unique_ptr<RawSlabConnection> slabs;
+  };
+  auto tenant = [&](uid_t uid) -> std::optional<Tenant> {
+    Tenant t;
+    t.stream = StreamAs(uid, d);
+    if (!t.stream) return std::nullopt;
+    std::optional<v1::Opened> opened = t.stream->Open();
+    if (!opened || opened->slab_token().empty()) return std::nullopt;
+    t.slabs = std::make_unique<RawSlabConnection>(ConnectAs(uid, uid, slab_path));
+    if (!t.slabs->connected() || t.slabs->Hello(opened->slab_token()) != 0) return std::nullopt;
+    return t;
+  };
+  std::vector<Tenant> a;
+  for (int i = 0; i < 6; ++i) {
+    auto t = tenant(kUidA);
+    ASSERT_TRUE(t) << "uid A's session " << i << "\n" << d.log();
+    ASSERT_TRUE(t->slabs->Send(RawSlabConnection::RequestBytes(1)));
+    a.push_back(std::move(*t));
+  }
+  double queued = 0;
+  for (int i = 0; i < 500 && queued < 6; ++i) {
+    queued = waiting();
+    if (queued < 6) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(queued, 6) << "uid A's acquires were not all waiting; the makes are too fast for "
+                          "this test's premise\n"
+                       << d.log();
+  auto b = tenant(kUidB);
+  ASSERT_TRUE(b) << d.log();
+  auto granted = b->slabs->Acquire();
+  const double a_still_waiting = waiting();
+  ASSERT_TRUE(granted.has_value());
+  EXPECT_EQ(granted->kind, 0u);
+  if (granted->fd >= 0) ::close(granted->fd);
+  // A's first make was in progress when B's came; the grant thread took B's next. A's second
+  // may have started by now; four of A's at least are still waiting.
+  EXPECT_GE(a_still_waiting, 4) << "uid B's acquire waited behind uid A's";
+  for (Tenant& t : a) {
+    auto slab = t.slabs->Answer();
+    ASSERT_TRUE(slab.has_value());
+    EXPECT_EQ(slab->kind, 0u);
+    if (slab->fd >= 0) ::close(slab->fd);
+  }
+  EXPECT_EQ(waiting(), 0);
+  for (Tenant& t : a) t.stream->Close();
+  b->stream->Close();
   EXPECT_EQ(d.Stop(), 0) << d.log();
 }
 

@@ -144,6 +144,8 @@ class RawSlabConnection {
     std::memcpy(addr.sun_path, path.c_str(), std::min(path.size() + 1, sizeof(addr.sun_path)));
     if (::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) Close();
   }
+  // Take a connection made elsewhere (e.g. as another uid); owns `connected_fd`.
+  explicit RawSlabConnection(int connected_fd) : fd_(connected_fd) {}
   ~RawSlabConnection() { Close(); }
   bool connected() const { return fd_ >= 0; }
   int fd() const { return fd_; }
