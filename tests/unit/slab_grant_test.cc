@@ -78,6 +78,13 @@ class GatedRegistration {
   bool open_ = false;
 };
 
+// Opens the gate when it goes: declared after what waits on held makes (futures, the pool,
+// the broker), it goes first, so a test that stops early ends instead of hanging.
+struct OpenAtExit {
+  GatedRegistration& gate;
+  ~OpenAtExit() { gate.Open(); }
+};
+
 std::unique_ptr<SlabPool> MakePool(GatedRegistration& gate, uint64_t budget_slabs) {
   auto pool = SlabPool::Create({kSlab, budget_slabs * kSlab, /*initial_slabs=*/0}, gate.Hooks());
   EXPECT_TRUE(pool.ok()) << pool.status().ToString();
@@ -88,6 +95,7 @@ TEST(SlabGrantTest, GrantsMakeTheirSlabsSideBySide) {
   GatedRegistration gate;
   auto pool = MakePool(gate, 4);
   std::vector<std::future<Result<SlabRef>>> grants;
+  OpenAtExit open_at_exit{gate};  // a failed check never leaves a make held
   for (int i = 0; i < 3; ++i) {
     grants.push_back(std::async(std::launch::async, [&] { return pool->Acquire(1000); }));
   }
@@ -110,6 +118,7 @@ TEST(SlabGrantTest, MakesInFlightCountAgainstTheBudget) {
   // The budget is taken by the two makes: a third grant waits for them, and once they end
   // held by sessions, it is refused without making a third slab.
   auto third = std::async(std::launch::async, [&] { return pool->Acquire(1000); });
+  OpenAtExit open_at_exit{gate};
   EXPECT_EQ(third.wait_for(std::chrono::milliseconds(100)), std::future_status::timeout);
   gate.Open();
   for (auto& g : grants) EXPECT_TRUE(g.get().ok());
@@ -135,6 +144,7 @@ TEST(SlabGrantTest, ASessionsRangesStayUsableWhileItsNextSlabIsMade) {
   auto held = slabs.Acquire();
   ASSERT_TRUE(held.ok()) << held.status().ToString();
   auto next = std::async(std::launch::async, [&] { return slabs.Acquire(); });
+  OpenAtExit open_at_exit{gate};
   ASSERT_TRUE(gate.WaitInside(1));
   // The executor's calls on the slab it holds do not wait for the make.
   const SlabRange range{held->id, 0, 4096};
@@ -145,6 +155,7 @@ TEST(SlabGrantTest, ASessionsRangesStayUsableWhileItsNextSlabIsMade) {
     slabs.Finish(range, /*failed=*/false);
     EXPECT_TRUE(slabs.Check(range).ok());
   });
+  OpenAtExit open_before_calls_end{gate};
   EXPECT_TRUE(ReturnedWhileAMakeIsHeld(calls));
   EXPECT_EQ(gate.inside(), 1) << "the make ended before the calls were checked";
   gate.Open();
@@ -158,8 +169,10 @@ TEST(SlabGrantTest, ASlabMadeForASessionThatClosedMeanwhileGoesBack) {
   SessionSlabs slabs(pool.get());
   ASSERT_TRUE(slabs.Bind(1000));
   auto next = std::async(std::launch::async, [&] { return slabs.Acquire(); });
+  OpenAtExit open_at_exit{gate};
   ASSERT_TRUE(gate.WaitInside(1));
   auto close = std::async(std::launch::async, [&] { slabs.Close(); });
+  OpenAtExit open_before_close_ends{gate};
   EXPECT_TRUE(ReturnedWhileAMakeIsHeld(close));
   gate.Open();
   Result<SlabRef> late = next.get();
@@ -200,6 +213,7 @@ TEST(SlabGrantTest, TheSlabSocketAnswersOthersWhileAnAcquireIsMade) {
   ASSERT_TRUE(token_a.ok() && token_b.ok());
   auto ca = Connect(path);
   auto cb = Connect(path);
+  OpenAtExit open_at_exit{gate};
   ASSERT_EQ(ca->Hello(*token_a), 0);
   // A's acquire is held in its make...
   ASSERT_TRUE(ca->Send(RawSlabConnection::RequestBytes(1)));
