@@ -135,24 +135,46 @@ uint64_t SlabPool::CountLocked(Use use) const {
   return n;
 }
 
-void SlabPool::BeginMakeLocked() {
+SlabPool::Slab* SlabPool::FindLocked(Use use) {
+  for (auto& [id, slab] : slabs_) {
+    if (slab.use == use) return &slab;
+  }
+  return nullptr;
+}
+
+bool SlabPool::DestroyOneLocked(Use use) {
+  Slab* found = FindLocked(use);
+  if (!found) return false;
+  const Slab slab = *found;
+  slabs_.erase(slab.id);
+  ++destroying_;  // still takes its budget until destroyed
+  mu_.Unlock();
+  DestroySlab(slab);
+  mu_.Lock();
+  --destroying_;
+  ++destroyed_;
+  cv_.NotifyAll();  // room in the budget for a grant that waits
+  return true;
+}
+
+Result<SlabPool::Slab> SlabPool::MakeOneLocked() {
+  const uint64_t id = next_id_++;
   ++making_;
   most_making_ = std::max(most_making_, making_);
+  mu_.Unlock();
+  Result<Slab> made = MakeSlab(id);
+  mu_.Lock();
+  --making_;
+  cv_.NotifyAll();  // a fresh slab, or room, for a grant that waits; or ReregisterAll
+  return made;
 }
 
 Result<SlabRef> SlabPool::Grant(Use use, uid_t uid) {
   // A daemon slab first when the daemon asks (reused only by the daemon), else a fresh one.
   auto take_ready = [&]() -> Slab* {
     mu_.AssertHeld();
-    if (use == Use::kDaemon) {
-      for (auto& [id, slab] : slabs_) {
-        if (slab.use == Use::kDaemonFree) return &slab;
-      }
-    }
-    for (auto& [id, slab] : slabs_) {
-      if (slab.use == Use::kFresh) return &slab;
-    }
-    return nullptr;
+    Slab* daemon_free = use == Use::kDaemon ? FindLocked(Use::kDaemonFree) : nullptr;
+    return daemon_free ? daemon_free : FindLocked(Use::kFresh);
   };
   MutexLock lock(&mu_);
   for (;;) {
@@ -173,27 +195,7 @@ Result<SlabRef> SlabPool::Grant(Use use, uid_t uid) {
     if ((HeldLocked() + 1) * options_.slab_size <= options_.budget) break;
     // Room from a slab no one holds: a released one not destroyed yet, else a free daemon
     // slab (the daemon makes another when it needs one). Destroyed here, then look again.
-    std::optional<Slab> victim;
-    for (Use u : {Use::kRetired, Use::kDaemonFree}) {
-      for (auto it = slabs_.begin(); it != slabs_.end(); ++it) {
-        if (it->second.use == u) {
-          victim = it->second;
-          slabs_.erase(it);
-          break;
-        }
-      }
-      if (victim) break;
-    }
-    if (victim) {
-      ++destroying_;  // still takes its budget until destroyed
-      lock.Unlock();
-      DestroySlab(*victim);
-      lock.Lock();
-      --destroying_;
-      ++destroyed_;
-      cv_.NotifyAll();
-      continue;
-    }
+    if (DestroyOneLocked(Use::kRetired) || DestroyOneLocked(Use::kDaemonFree)) continue;
     // Budget taken by makes or destroys in flight: each ends in a fresh slab or in room.
     if (making_ == 0 && destroying_ == 0) {
       return Status(ErrorKind::kQuotaExceeded, "the pinned-memory budget (" +
@@ -202,17 +204,11 @@ Result<SlabRef> SlabPool::Grant(Use use, uid_t uid) {
     }
     cv_.Wait(&mu_);
   }
-  const uint64_t id = next_id_++;
-  BeginMakeLocked();
-  lock.Unlock();
-  Result<Slab> made = MakeSlab(id);
-  lock.Lock();
-  --making_;
-  cv_.NotifyAll();  // a make ended: the budget or a waiting ReregisterAll may move on
+  Result<Slab> made = MakeOneLocked();
   FERRY_RETURN_IF_ERROR(made.status());
   ++made_;
   ++made_on_grant_;
-  Slab& slab = slabs_[id] = *made;
+  Slab& slab = slabs_[made->id] = *made;
   return TakeLocked(slab, use, uid);
 }
 
@@ -255,40 +251,16 @@ void SlabPool::Run() {
     if (stop_) return;
     busy_ = true;
     // 1. Destroy a released slab (its budget goes to the next fresh one).
-    auto retired = slabs_.end();
-    for (auto it = slabs_.begin(); it != slabs_.end(); ++it) {
-      if (it->second.use == Use::kRetired) {
-        retired = it;
-        break;
-      }
-    }
-    if (retired != slabs_.end()) {
-      Slab slab = retired->second;
-      slabs_.erase(retired);
-      ++destroying_;
-      lock.Unlock();
-      DestroySlab(slab);
-      lock.Lock();
-      --destroying_;
-      ++destroyed_;
-      cv_.NotifyAll();  // room in the budget for a grant that waits
-      continue;
-    }
+    if (DestroyOneLocked(Use::kRetired)) continue;
     // 2. Make a fresh slab ahead, within the budget.
     if (!HasWorkLocked()) continue;
-    const uint64_t id = next_id_++;
-    BeginMakeLocked();
-    lock.Unlock();
-    Result<Slab> made = MakeSlab(id);
-    lock.Lock();
-    --making_;
-    cv_.NotifyAll();  // a fresh slab (or room) for a grant that waits
+    Result<Slab> made = MakeOneLocked();
     if (!made.ok()) {
       make_failed_ = true;  // retried after the next grant or release, not in a loop
       spdlog::warn("making a slab ahead: {}", made.status().ToString());
       continue;
     }
-    slabs_[id] = *made;
+    slabs_[made->id] = *made;
     ++made_;
   }
 }

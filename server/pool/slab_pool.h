@@ -150,9 +150,16 @@ class SlabPool {
   }
   bool HasWorkLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t CountLocked(Use use) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Count one more make in flight. Callers checked the budget and that no re-registration
-  // runs in the same critical section.
-  void BeginMakeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The first slab of `use`, or null.
+  Slab* FindLocked(Use use) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Take the first slab of `use` out of the map and destroy it with mu_ released (counted
+  // in destroying_ meanwhile); false when there is none. Callers checked in the same
+  // critical section that no re-registration runs.
+  bool DestroyOneLocked(Use use) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Make one slab with mu_ released (counted in making_ meanwhile); the caller puts it in
+  // the map. Callers checked the budget and that no re-registration runs in the same
+  // critical section.
+  Result<Slab> MakeOneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Run();
 
   const SlabPoolOptions options_;
