@@ -241,12 +241,15 @@ void SlabBroker::RunGranter() {
         Put32(reply, static_cast<uint32_t>(dup.status().kind()));
       }
     }
+    {
+      MutexLock lock(&grant_mu_);
+      --acquires_waiting_;  // before the answer goes: a client that has it never sees it counted
+    }
     const bool sent = SendWithFd(job.fd, reply, sizeof(reply), fd);
     if (fd >= 0) ::close(fd);
     {
       MutexLock lock(&grant_mu_);
       done_.push_back({job.fd, sent});
-      --acquires_waiting_;
     }
     Wake();
   }

@@ -450,19 +450,21 @@ TEST_F(HostileClientsPerUidTest, OneUidsBurstOfSlabAcquiresDoesNotQueueAheadOfAn
   for (int i = 0; i < 6; ++i) {
     auto t = tenant(kUidA);
     ASSERT_TRUE(t) << "uid A's session " << i << "\n" << d.log();
-    ASSERT_TRUE(t->slabs->Send(RawSlabConnection::RequestBytes(1)));
     a.push_back(std::move(*t));
   }
+  // Every session set up first (a set-up under load may take as long as a make), then the
+  // acquires back to back: A's six, and B's once A's are all queued.
+  auto b = tenant(kUidB);
+  ASSERT_TRUE(b) << d.log();
+  for (Tenant& t : a) ASSERT_TRUE(t.slabs->Send(RawSlabConnection::RequestBytes(1)));
   double queued = 0;
-  for (int i = 0; i < 500 && queued < 6; ++i) {
+  for (int i = 0; i < 5000 && queued < 6; ++i) {
     queued = waiting();
-    if (queued < 6) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (queued < 6) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   ASSERT_EQ(queued, 6) << "uid A's acquires were not all waiting; the makes are too fast for "
                           "this test's premise\n"
                        << d.log();
-  auto b = tenant(kUidB);
-  ASSERT_TRUE(b) << d.log();
   auto granted = b->slabs->Acquire();
   const double a_still_waiting = waiting();
   ASSERT_TRUE(granted.has_value());
