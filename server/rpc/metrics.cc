@@ -154,9 +154,9 @@ std::string RenderMetrics(const SessionServiceContext& c,
   e.Metric("ferry_slab_pool_bytes", "gauge", "Bytes of all shared-memory slabs.", p.bytes_total);
   e.Metric("ferry_slab_pool_slab_size_bytes", "gauge", "Size of one slab.", slab_size);
   e.Metric("ferry_slab_pool_fds_open", "gauge", "memfds the slab pool holds open.", p.fds_open);
-  e.Metric("ferry_slabs_made_total", "counter", "Shared-memory slabs made since start.",
+  e.Metric("ferry_slab_pool_made_total", "counter", "Shared-memory slabs made since start.",
            p.made_total);
-  e.Metric("ferry_slabs_made_on_grant_total", "counter",
+  e.Metric("ferry_slab_pool_made_on_grant_total", "counter",
            "Slab acquires that found no slab made ahead and waited for one to be made.",
            p.made_on_grant_total);
   e.Metric("ferry_slab_pool_connections", "gauge", "Connections open on the slab socket.",

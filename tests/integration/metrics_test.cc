@@ -70,13 +70,13 @@ TEST(MetricsTest, ServesPrometheusTextThatMovesWithWork) {
                              "ferry_objects",
                              "ferry_objects_limit",
                              "ferry_slab_acquires_waiting",
-                             "ferry_slabs_made_total",
-                             "ferry_slabs_made_on_grant_total"}) {
+                             "ferry_slab_pool_made_total",
+                             "ferry_slab_pool_made_on_grant_total"}) {
     EXPECT_NE(body.find("# TYPE " + std::string(family) + " "), std::string::npos) << family;
   }
   // The slab made ahead at start (initial-slabs 1); no acquire yet.
-  EXPECT_EQ(Value(body, "ferry_slabs_made_total"), 1);
-  EXPECT_EQ(Value(body, "ferry_slabs_made_on_grant_total"), 0);
+  EXPECT_EQ(Value(body, "ferry_slab_pool_made_total"), 1);
+  EXPECT_EQ(Value(body, "ferry_slab_pool_made_on_grant_total"), 0);
   EXPECT_EQ(Value(body, "ferry_slab_acquires_waiting"), 0);
   EXPECT_EQ(Value(body, "ferry_in_flight_bytes"), 0);
   EXPECT_EQ(Value(body, "ferry_in_flight_bytes_limit"), 4.0 * (1ull << 30));
