@@ -205,6 +205,19 @@ class Settings {
         {"max-sessions",
          bounded(1, 1000000,
                  [this](uint64_t n) { c_.daemon.max_sessions = static_cast<uint32_t>(n); })},
+        {"max-sessionless-streams", bounded(0, 1000000,
+                                            [this](uint64_t n) {
+                                              c_.daemon.sessionless_streams.total =
+                                                  static_cast<uint32_t>(n);
+                                            })},
+        {"max-sessionless-streams-per-uid", bounded(0, 1000000,
+                                                    [this](uint64_t n) {
+                                                      c_.daemon.sessionless_streams.per_identity =
+                                                          static_cast<uint32_t>(n);
+                                                    })},
+        {"open-timeout",
+         bounded(0, 600000,
+                 [this](uint64_t n) { c_.daemon.open_timeout = std::chrono::milliseconds(n); })},
         {"uid-limits",
          [this](const std::string& v) -> Status {
            FERRY_ASSIGN_OR_RETURN(session::UidLimitRule rule, session::ParseUidLimitRule(v));
@@ -609,6 +622,13 @@ means true; --allow-insecure-remote and --allow-remote-raw-kernels also take =tr
                              all sessions may hold together; a submit that could pass it is
                              refused with QUOTA_EXCEEDED (default 4194304; 0: no limit)
   --max-sessions N           sessions open at once (default 1024)
+  --max-sessionless-streams N   session streams that have not yet sent Open, held at once;
+                             past it a new stream is ended UNAVAILABLE (libferry retries)
+                             (default 1024; 0: no limit)
+  --max-sessionless-streams-per-uid N  the same, per uid (every TCP peer together counts as
+                             one, "remote") (default 64; 0: no limit)
+  --open-timeout MS          a session stream that has not sent Open by then is ended
+                             DEADLINE_EXCEEDED, 0..600000 (default 5000; 0: never)
   --uid-limits RULE          per-identity limits, repeatable: SELECTOR:KEY=VALUE,... with
                              SELECTOR default, remote (all TCP peers), uid:N or gid:N and
                              KEY sessions, device, pinned, inflight-bytes, objects (N,
@@ -785,6 +805,12 @@ std::string FormatConfig(const DaemonConfig& c) {
   out << "session-max-graph-ops = " << sd.max_graph_ops << limit(sd.max_graph_ops) << "\n";
   out << "max-objects = " << c.daemon.max_objects << limit(c.daemon.max_objects) << "\n";
   out << "max-sessions = " << c.daemon.max_sessions << "\n";
+  out << "max-sessionless-streams = " << c.daemon.sessionless_streams.total
+      << limit(c.daemon.sessionless_streams.total) << "\n";
+  out << "max-sessionless-streams-per-uid = " << c.daemon.sessionless_streams.per_identity
+      << limit(c.daemon.sessionless_streams.per_identity) << "\n";
+  out << "open-timeout = " << c.daemon.open_timeout.count()
+      << (c.daemon.open_timeout.count() == 0 ? "  # never" : "") << "\n";
   for (const auto& rule : c.daemon.uid_limits) {
     out << "uid-limits = " << session::FormatUidLimitRule(rule) << "\n";
   }

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
 
 #include "rpc/access.h"
 #include "rpc/local_connections.h"
@@ -64,6 +65,9 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
   ctx.parts.registry = d->registry_.get();
   ctx.parts.copy_turns = d->copy_turns_.get();
   ctx.parts.io = &d->io_;
+  d->sessionless_streams_ = std::make_unique<rpc::SessionlessStreams>(options.sessionless_streams);
+  ctx.parts.sessionless_streams = d->sessionless_streams_.get();
+  ctx.limits.open_timeout = options.open_timeout;
   ctx.limits.defaults = options.session_defaults;
   ctx.limits.max_device_bytes_quota =
       std::max(options.max_device_bytes_quota, options.session_defaults.device_bytes_quota);
@@ -90,6 +94,10 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
   FERRY_ASSIGN_OR_RETURN(d->rpc_,
                          rpc::RpcServer::Prepare(rpc_options, d->context_.get(), d->started_at_));
 
+  // Every session stream arms a timer (its open timeout) on io_: make Asio's timer machinery
+  // (an epoll set, an eventfd, a timerfd) now, so that its descriptors are there from the
+  // start rather than appearing with the first stream.
+  { boost::asio::steady_timer(d->io_).cancel(); }
   d->work_ =
       std::make_unique<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>>(
           d->io_.get_executor());

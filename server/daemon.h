@@ -20,6 +20,7 @@
 #include "pool/staging.h"
 #include "rpc/auth.h"
 #include "rpc/metrics.h"
+#include "rpc/sessionless_streams.h"
 #include "session/device_supervisor.h"
 #include "session/registry.h"
 #include "session/session.h"
@@ -63,6 +64,10 @@ struct DaemonOptions {
   uint32_t max_in_flight_submits = 1024;
   uint64_t device_bytes_cap = 0;  // 0: the device's total memory
   uint32_t max_sessions = 1024;
+  /// Session streams that have not yet sent Open: the most held at once, per identity and in
+  /// all (rpc/sessionless_streams.h), and how long each may take to send it (0: no deadline).
+  rpc::SessionlessStreamLimits sessionless_streams;
+  std::chrono::milliseconds open_timeout{5000};
   /// The most bytes all sessions' submits may hold in the daemon together, read and not yet
   /// answered (inline uploads, downloads, ops); 0: no limit. Each session's own limit is
   /// session_defaults.max_in_flight_bytes; an identity's, its uid-limits inflight-bytes.
@@ -136,6 +141,7 @@ class Daemon {
   std::unique_ptr<pool::SlabBroker> slab_broker_;
   std::unique_ptr<pool::StagingArea> staging_;      // gives its slabs back before the pool goes
   std::unique_ptr<session::CopyTurns> copy_turns_;  // outlives every session
+  std::unique_ptr<rpc::SessionlessStreams> sessionless_streams_;  // outlives every stream
   boost::asio::io_context io_;
   std::unique_ptr<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> work_;
   std::vector<std::thread> threads_;

@@ -110,6 +110,26 @@ std::string RenderMetrics(const SessionServiceContext& c,
            c.gauges.draining ? 1 : 0);
   e.Metric("ferry_sessions_open", "gauge", "Sessions open now.", t.sessions_open);
   e.Metric("ferry_sessions_total", "counter", "Sessions opened since start.", t.sessions_total);
+  // Streams that carry no session: before their Open, or ended and not yet closed by their
+  // client (rpc/sessionless_streams.h).
+  uint64_t sessionless = 0, refused_per_uid = 0, refused_in_all = 0;
+  if (const SessionlessStreams* u = c.parts.sessionless_streams) {
+    sessionless = u->count();
+    refused_per_uid = u->refused_per_identity();
+    refused_in_all = u->refused_total_limit();
+  }
+  e.Metric("ferry_streams_sessionless", "gauge",
+           "Session streams that carry no session: before their Open, or ended and not yet closed "
+           "by their client.",
+           sessionless);
+  e.Family(
+      "ferry_streams_refused_total", "counter",
+      "Session streams reset at once, past a limit on streams without a session, since start.");
+  e.Sample("ferry_streams_refused_total", refused_per_uid, "reason=\"max_sessionless_per_uid\"");
+  e.Sample("ferry_streams_refused_total", refused_in_all, "reason=\"max_sessionless\"");
+  e.Metric("ferry_streams_open_timeouts_total", "counter",
+           "Session streams ended because they sent no Open within open-timeout, since start.",
+           c.gauges.open_timeouts_total.load());
   e.Metric("ferry_submits_total", "counter", "Submits accepted since start.", t.submits);
   e.Metric("ferry_submits_in_flight", "gauge", "Submits accepted and not yet completed.",
            t.submits_in_flight);

@@ -62,11 +62,13 @@ class SessionConnection : public session::SessionEvents,
                           public DrainListener,
                           public std::enable_shared_from_this<SessionConnection> {
  public:
-  SessionConnection(SessionServiceContext* context, Reactor* reactor, session::PeerIdentity peer)
+  SessionConnection(SessionServiceContext* context, Reactor* reactor, session::PeerIdentity peer,
+                    SessionlessStreams::Ticket sessionless)
       : context_(context),
         executor_(*context->parts.io),
         reactor_(reactor),
-        peer_(std::move(peer)) {}
+        peer_(std::move(peer)),
+        sessionless_(std::move(sessionless)) {}
 
   const session::Executor& executor() const { return executor_; }
   SessionServiceContext* context() const { return context_; }
@@ -77,7 +79,27 @@ class SessionConnection : public session::SessionEvents,
       MutexLock lock(&context_->gauges.streams_mu);
       context_->gauges.streams[this] = shared_from_this();
     }
+    if (context_->limits.open_timeout.count() > 0) {
+      executor_.PostAfter(
+          context_->limits.open_timeout,
+          [weak = weak_from_this()] {
+            if (auto self = weak.lock()) self->OpenDeadline();
+          },
+          "open deadline");
+    }
     MaybeStartRead();
+  }
+
+  // The open timeout passed: a stream that has not sent its Open by now is ended, so that
+  // streams which never open cannot hold the daemon's memory (rpc/sessionless_streams.h).
+  void OpenDeadline() {
+    if (session_ || session_done_ || finishing()) return;
+    ++context_->gauges.open_timeouts_total;
+    const std::string what = "no Open within the open timeout (" +
+                             std::to_string(context_->limits.open_timeout.count()) + " ms)";
+    spdlog::info("stream from {}: {}; ending it", peer_.address, what);
+    Fail(Status(ErrorKind::kProtocolViolation, what),
+         grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, what));
   }
 
   void NotifyDraining(uint64_t grace_ms) override {
@@ -242,6 +264,7 @@ class SessionConnection : public session::SessionEvents,
   void HandleCancel() { ClientGone("the client cancelled the stream"); }
 
   void HandleDone() {
+    sessionless_.Release();
     {
       MutexLock lock(&context_->gauges.streams_mu);
       context_->gauges.streams.erase(this);
@@ -314,6 +337,7 @@ class SessionConnection : public session::SessionEvents,
                            StreamEndEvent::kDrained);
       last_message_ = std::move(m);
       reactor_->StartWriteAndFinish(last_message_.get(), grpc::WriteOptions(), grpc::Status::OK);
+      HoldUntilDone();
       return;
     }
     Send(std::move(m));
@@ -545,6 +569,8 @@ class SessionConnection : public session::SessionEvents,
   }
 
   void Open(const v1::Open& open) {
+    // From here the stream is a session (counted by the sessions limits) or ends.
+    sessionless_.Release();
     if (open.protocol_version() != v1::PROTOCOL_VERSION_CURRENT) {
       return ProtocolViolation("protocol version " + std::to_string(open.protocol_version()) +
                                " is not supported; this daemon speaks " +
@@ -870,6 +896,15 @@ class SessionConnection : public session::SessionEvents,
     }
     end_ = NextStreamEnd(end_, StreamEndEvent::kDrained);
     reactor_->Finish(finish_status_);
+    HoldUntilDone();
+  }
+
+  // The stream is finished: until gRPC is done with the call (HandleDone), which takes until
+  // its client closes its side, it counts among the sessionless streams again.
+  void HoldUntilDone() {
+    if (SessionlessStreams* streams = context_->parts.sessionless_streams) {
+      if (!sessionless_.held()) sessionless_ = streams->Hold(session::IdentityOf(peer_));
+    }
   }
 
   // Submits of more ops than this start the next read before they are enqueued.
@@ -879,6 +914,7 @@ class SessionConnection : public session::SessionEvents,
   session::Executor executor_;
   Reactor* reactor_;  // valid until Finish; null after OnDone
   session::PeerIdentity peer_;
+  SessionlessStreams::Ticket sessionless_;     // held while the stream carries no session
   bool remote_ = IsRemotePeer(peer_.address);  // came in over TCP
   bool raw_kernels_checked_ = false;           // RawKernelsAllowed looked it up
   bool raw_kernels_allowed_ = false;
@@ -932,8 +968,10 @@ class SessionConnection : public session::SessionEvents,
 
 class SessionReactor final : public Reactor {
  public:
-  SessionReactor(SessionServiceContext* context, session::PeerIdentity peer)
-      : connection_(std::make_shared<SessionConnection>(context, this, std::move(peer))) {
+  SessionReactor(SessionServiceContext* context, session::PeerIdentity peer,
+                 SessionlessStreams::Ticket sessionless)
+      : connection_(std::make_shared<SessionConnection>(context, this, std::move(peer),
+                                                        std::move(sessionless))) {
     Post([](SessionConnection& c) { c.Start(); }, "stream start");
   }
 
@@ -995,10 +1033,20 @@ void BroadcastDraining(SessionServiceContext* context, uint64_t grace_ms) {
   for (auto& s : streams) s->NotifyDraining(grace_ms);
 }
 
-// Ends a stream the daemon will not serve (a TCP peer without the bearer token).
+// Ends a stream the daemon will not serve (a TCP peer without the bearer token, a stream
+// past the sessionless streams' limits) with `status`.
+//
+// gRPC keeps a call the daemon has finished until the client closes its side too: 10,000
+// refused streams whose client kept them unread held 140 MiB of ferryd's memory (measured).
+// So a refusal that a flood may cause (`cancel`) also cancels the call at once: the client
+// then sees CANCELLED instead of `status` (libferry's open_session retries either), and
+// the call is gone as soon as gRPC has sent its reset.
 class RejectedReactor final : public Reactor {
  public:
-  explicit RejectedReactor(const grpc::Status& status) { Finish(status); }
+  RejectedReactor(const grpc::Status& status, grpc::CallbackServerContext* cancel = nullptr) {
+    Finish(status);
+    if (cancel != nullptr) cancel->TryCancel();
+  }
   void OnDone() override { delete this; }
 };
 
@@ -1010,7 +1058,17 @@ grpc::ServerBidiReactor<v1::ClientMessage, v1::ServerMessage>* SessionService::S
   session::PeerIdentity peer = context_->parts.local_connections
                                    ? context_->parts.local_connections->Identify(context->peer())
                                    : session::PeerIdentity{context->peer()};
-  return new SessionReactor(context_, std::move(peer));
+  SessionlessStreams::Ticket sessionless;
+  if (SessionlessStreams* streams = context_->parts.sessionless_streams) {
+    auto admitted = streams->Admit(session::IdentityOf(peer));
+    if (!admitted.ok()) {
+      spdlog::debug("stream from {} refused: {}", peer.address, admitted.status().message());
+      return new RejectedReactor(
+          grpc::Status(grpc::StatusCode::UNAVAILABLE, admitted.status().message()), context);
+    }
+    sessionless = std::move(*admitted);
+  }
+  return new SessionReactor(context_, std::move(peer), std::move(sessionless));
 }
 
 }  // namespace ferry::rpc

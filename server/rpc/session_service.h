@@ -29,6 +29,7 @@
 #include "rpc/auth.h"
 #include "rpc/local_connections.h"
 #include "rpc/metrics.h"
+#include "rpc/sessionless_streams.h"
 #include "session/device_supervisor.h"
 #include "session/registry.h"
 #include "session/session.h"
@@ -65,6 +66,8 @@ struct StreamGauges {
   std::atomic<int64_t> unsent_bytes{0};
   std::atomic<int64_t> streams_paused{0};
   std::atomic<uint64_t> read_pauses_total{0};
+  /// Streams ended because they sent no Open within the open timeout, since start.
+  std::atomic<uint64_t> open_timeouts_total{0};
   /// Set while draining: new sessions are refused with UNAVAILABLE.
   std::atomic<bool> draining{false};
 };
@@ -78,6 +81,8 @@ struct SessionLimits {
   uint64_t max_message_bytes = 0;
   uint64_t session_pinned_quota = 0;  // slab bytes one session may hold (0: no limit)
   uint64_t submit_ring_bytes = 0;     // each local session's ring (with a poller)
+  /// How long a stream may take to send its Open before it is ended (0: no deadline).
+  std::chrono::milliseconds open_timeout{0};
 };
 
 /// The daemon's objects a session uses (the daemon owns them; they outlive every session).
@@ -95,6 +100,8 @@ struct DaemonParts {
   transport::ChannelStock* channel_stock = nullptr;
   /// Local (Unix-socket) connections and their peers' credentials; may be null.
   const LocalConnections* local_connections = nullptr;
+  /// Streams not yet opened, bounded per identity and in all; may be null (no bound).
+  SessionlessStreams* sessionless_streams = nullptr;
 };
 
 /// Who may do what: the streams' and the Admin service's checks. Read-only after start.

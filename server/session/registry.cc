@@ -313,8 +313,12 @@ ResolvedUidLimits SessionRegistry::Resolve(const PeerIdentity& peer) const {
   return out;
 }
 
+std::string IdentityOf(const PeerIdentity& peer) {
+  return peer.uid ? "uid:" + std::to_string(*peer.uid) : "remote";
+}
+
 std::shared_ptr<UidAccount> SessionRegistry::AccountFor(const PeerIdentity& peer) {
-  std::string identity = peer.uid ? "uid:" + std::to_string(*peer.uid) : "remote";
+  std::string identity = IdentityOf(peer);
   MutexLock lock(&mu_);
   auto& account = accounts_[identity];
   if (!account) account = std::make_shared<UidAccount>(identity, Resolve(peer));

@@ -144,6 +144,10 @@ struct PeerIdentity {
   bool local() const { return uid.has_value(); }
 };
 
+/// The identity `peer`'s limits and usage are kept under: "uid:N" for a local client,
+/// "remote" for every TCP peer together.
+std::string IdentityOf(const PeerIdentity& peer);
+
 /// What the registry knows of one open session.
 struct SessionEntry {
   uint64_t id = 0;

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -632,6 +633,151 @@ void HoldSixteenStreams(int scale, uint64_t& growth, bool& held) {
   }
   for (auto& w : writers) w.join();
   for (auto& raw : raws) raw->Close();
+  EXPECT_EQ(d->Stop(), 0) << d->log();
+}
+
+// A client that opens stream after stream on one connection and reads nothing: on a thread of
+// its own, each stream sending `first` (if any); every stream's context is kept, so that the
+// test can cancel them all.
+class StreamHoarder {
+ public:
+  StreamHoarder(std::shared_ptr<grpc::Channel> channel, int attempts,
+                std::vector<v1::ClientMessage> first)
+      : stub_(v1::SessionService::NewStub(channel)),
+        thread_([this, attempts, first = std::move(first)] {
+          for (int i = 0; i < attempts && !stop_; ++i) {
+            grpc::ClientContext* ctx;
+            {
+              std::lock_guard<std::mutex> lock(mu_);
+              held_.push_back(Held{std::make_unique<grpc::ClientContext>(), nullptr});
+              ctx = held_.back().ctx.get();
+            }
+            auto stream = stub_->Session(ctx);
+            for (const auto& m : first) stream->Write(m);
+            std::lock_guard<std::mutex> lock(mu_);
+            held_.back().stream = std::move(stream);
+            ++opened_;
+          }
+        }) {}
+  ~StreamHoarder() { CancelAll(); }
+  int opened() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return opened_;
+  }
+  void CancelAll() {
+    stop_ = true;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto& h : held_) h.ctx->TryCancel();
+    }
+    if (thread_.joinable()) thread_.join();
+    for (auto& h : held_) {
+      if (h.stream) h.stream->Finish();
+    }
+    held_.clear();  // finished once: CancelAll again does nothing
+  }
+
+ private:
+  struct Held {
+    std::unique_ptr<grpc::ClientContext> ctx;
+    std::unique_ptr<grpc::ClientReaderWriter<v1::ClientMessage, v1::ServerMessage>> stream;
+  };
+  std::unique_ptr<v1::SessionService::Stub> stub_;
+  mutable std::mutex mu_;
+  std::vector<Held> held_;
+  int opened_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;  // last: it uses the members above
+};
+
+// Streams that never send Open, on one connection whose client reads nothing: the daemon holds
+// at most max-sessionless-streams-per-uid (64 by default) of them and resets the rest at once;
+// those it holds end at the open timeout, and, not closed by their client, still count (gRPC
+// keeps them) until it does. So the daemon's memory stays bounded. Without these bounds 20,000
+// such streams grew ferryd by 408 MiB; refused but not reset, 10,000 grew it by 140 MiB (both
+// measured), for as long as the client kept them.
+TEST(BoundedSessionTest, StreamsThatNeverSendOpenDoNotGrowTheDaemon) {
+  std::unique_ptr<FerrydProcess> owner;
+  FerrydProcess* d = StartDaemon(owner, {"--open-timeout", "1000"});
+  ASSERT_TRUE(d->ok()) << d->log();
+  const std::string metrics = testing::MetricsEndpoint(*d);
+  auto value = [&](const std::string& name, const std::string& label = "") {
+    return Value(Scrape(metrics), name, label);
+  };
+  auto channel = grpc::CreateChannel(d->unix_target(), grpc::InsecureChannelCredentials());
+  ASSERT_TRUE(
+      channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10)));
+  const uint64_t before = RssBytes(d->pid());
+  constexpr int kStreams = 6000;
+  constexpr int kHeld = 64;  // max-sessionless-streams-per-uid's default
+  StreamHoarder hoarder(channel, kStreams, {});
+  auto refused = [&] { return value("ferry_streams_refused_total", "max_sessionless_per_uid"); };
+  for (int i = 0; i < 6000 && (hoarder.opened() < kStreams || refused() < kStreams - kHeld); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  // The held ones reach the open timeout; ended, they stay counted while the client keeps them.
+  for (int i = 0; i < 1000 && value("ferry_streams_open_timeouts_total") < kHeld; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const uint64_t after = RssBytes(d->pid());
+  std::printf("ferryd RSS %llu -> %llu KiB after %d streams without Open\n",
+              static_cast<unsigned long long>(before >> 10),
+              static_cast<unsigned long long>(after >> 10), hoarder.opened());
+  ASSERT_EQ(hoarder.opened(), kStreams);
+  EXPECT_EQ(refused(), kStreams - kHeld);
+  EXPECT_EQ(value("ferry_streams_open_timeouts_total"), kHeld);
+  EXPECT_EQ(value("ferry_streams_sessionless"), kHeld);
+  EXPECT_LT(after, before + kRssGrowthBound)
+      << "ferryd grew from " << before << " to " << after << " bytes";
+  // The client gives its streams up: their places come back, and sessions open again.
+  hoarder.CancelAll();
+  for (int i = 0; i < 500 && value("ferry_streams_sessionless") > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(value("ferry_streams_sessionless"), 0);
+  ExpectAnotherSessionWorks(*d);
+  EXPECT_EQ(d->Stop(), 0) << d->log();
+}
+
+// Sessions whose client sends Open and Close and never reads: each session ends (the sessions
+// limits count it no more), and its finished stream counts among the uid's sessionless
+// streams only until gRPC is done with it, which it is without the client reading: nothing
+// stays counted, and the streams the client opened beyond the limit meanwhile were reset.
+TEST(BoundedSessionTest, EndedSessionsWhoseClientNeverReadsLeaveNothingCounted) {
+  std::unique_ptr<FerrydProcess> owner;
+  FerrydProcess* d = StartDaemon(owner, {"--max-sessionless-streams-per-uid", "16"});
+  ASSERT_TRUE(d->ok()) << d->log();
+  const std::string metrics = testing::MetricsEndpoint(*d);
+  auto value = [&](const std::string& name, const std::string& label = "") {
+    return Value(Scrape(metrics), name, label);
+  };
+  auto channel = grpc::CreateChannel(d->unix_target(), grpc::InsecureChannelCredentials());
+  ASSERT_TRUE(
+      channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10)));
+  v1::ClientMessage open, close;
+  open.mutable_open()->set_protocol_version(v1::PROTOCOL_VERSION_CURRENT);
+  close.mutable_close();
+  constexpr int kStreams = 2000;
+  StreamHoarder hoarder(channel, kStreams, {open, close});
+  auto accounted = [&] {
+    const std::string body = Scrape(metrics);
+    return Value(body, "ferry_sessions_total") +
+           Value(body, "ferry_streams_refused_total", "max_sessionless_per_uid");
+  };
+  for (int i = 0; i < 6000 && (hoarder.opened() < kStreams || accounted() < kStreams); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  for (int i = 0; i < 500 && value("ferry_streams_sessionless") > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(hoarder.opened(), kStreams);
+  std::printf("%.0f of %d streams became sessions\n", value("ferry_sessions_total"), kStreams);
+  EXPECT_EQ(accounted(), kStreams);
+  EXPECT_GE(value("ferry_sessions_total"), 16);
+  EXPECT_EQ(value("ferry_sessions_open"), 0);
+  EXPECT_EQ(value("ferry_streams_sessionless"), 0) << "the client still holds every stream";
+  ExpectAnotherSessionWorks(*d);
+  hoarder.CancelAll();
   EXPECT_EQ(d->Stop(), 0) << d->log();
 }
 

@@ -529,6 +529,59 @@ TEST_F(HostileClientsPerUidTest, OneUidCannotTakeEverySessionSlot) {
   EXPECT_EQ(d.Stop(), 0) << d.log();
 }
 
+// Before its Open a session stream is no session (the sessions limits count it from Open), yet
+// it costs the daemon gRPC's call state and a connection object (~20 KiB: 20,000 such streams
+// grew ferryd by 408 MiB before the bound). So the streams one uid holds without sending Open
+// are bounded (further ones are reset at once, CANCELLED, which libferry retries) and each
+// ends at the open timeout (DEADLINE_EXCEEDED, with a PROTOCOL_VIOLATION error first);
+// meanwhile another uid opens sessions, and the first uid opens one once its streams are gone.
+TEST_F(HostileClientsPerUidTest, StreamsThatNeverSendOpenAreBoundedPerUidAndEndAtTheirDeadline) {
+  ASSERT_NO_FATAL_FAILURE(Start({"--max-sessionless-streams-per-uid", "8", "--open-timeout", "3000",
+                                 "--metrics-listen", "127.0.0.1:0"}));
+  FerrydProcess& d = *daemon_;
+  const std::string ep = testing::MetricsEndpoint(d);
+  ASSERT_FALSE(ep.empty());
+  auto metric = [&](const std::string& name, const std::string& label = "") {
+    return testing::Value(testing::ResponseBody(testing::HttpGet(ep, "/metrics")), name, label);
+  };
+  // uid A opens its streams on one connection, as HTTP/2 lets a client do.
+  const int fd = ConnectAs(kUidA, kUidA, d.unix_target().substr(5));
+  ASSERT_GE(fd, 0);
+  auto channel = grpc::CreateInsecureChannelFromFd("ferryd", fd);
+  std::vector<std::unique_ptr<RawStream>> held;
+  for (int i = 0; i < 8; ++i) held.push_back(std::make_unique<RawStream>(channel));
+  for (int i = 0; i < 500 && metric("ferry_streams_sessionless") < 8; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(metric("ferry_streams_sessionless"), 8) << d.log();
+  RawStream refused(channel);
+  EXPECT_FALSE(refused.Read());
+  EXPECT_EQ(refused.Finish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_EQ(metric("ferry_streams_refused_total", "max_sessionless_per_uid"), 1);
+  // Another uid is not held back.
+  auto b = StreamAs(kUidB, d);
+  ASSERT_TRUE(b && b->Open()) << d.log();
+  // A's streams end at their deadline, each told why.
+  for (auto& s : held) {
+    auto m = s->Read();
+    ASSERT_TRUE(m && m->has_error());
+    EXPECT_EQ(m->error().kind(), v1::PROTOCOL_VIOLATION);
+    EXPECT_NE(m->error().message().find("no Open within the open timeout (3000 ms)"),
+              std::string::npos)
+        << m->error().message();
+    EXPECT_EQ(s->Finish().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  }
+  EXPECT_EQ(metric("ferry_streams_open_timeouts_total"), 8);
+  EXPECT_EQ(metric("ferry_streams_sessionless"), 0);  // B's stream opened: it counts no more
+  auto a = StreamAs(kUidA, d);
+  ASSERT_TRUE(a && a->Open()) << d.log();
+  a->Close();
+  b->Close();
+  EXPECT_EQ(metric("ferry_streams_sessionless"), 0);
+  EXPECT_EQ(d.WaitIdle().sessions_open(), 0u);
+  EXPECT_EQ(d.Stop(), 0) << d.log();
+}
+
 // A uid's device bytes are summed across its sessions: each session is within its own
 // quota, but together they are refused past the uid's limit; another uid is not affected,
 // and the bytes come back when a session closes.

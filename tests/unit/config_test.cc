@@ -333,6 +333,9 @@ session-max-graphs = 13
 session-max-graph-ops = 17
 max-objects = 1000
 max-sessions = 9
+max-sessionless-streams = 40
+max-sessionless-streams-per-uid = 0
+open-timeout = 750
 uid-limits = default:sessions=8,device=1G,pinned=none,inflight=100,inflight-bytes=40%,objects=30%
 uid-limits = uid:1000:sessions=4
 uid-limits = gid:50:device=10%,pinned=512K
