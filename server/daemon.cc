@@ -67,6 +67,12 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
   ctx.parts.io = &d->io_;
   d->sessionless_streams_ = std::make_unique<rpc::SessionlessStreams>(options.sessionless_streams);
   ctx.parts.sessionless_streams = d->sessionless_streams_.get();
+  // Streams refused for their token, whose client has not closed them: 64 are told why
+  // (UNAUTHENTICATED); further ones are reset. They never count against the limits above,
+  // which peers with the token share.
+  d->unauthenticated_streams_ = std::make_unique<rpc::SessionlessStreams>(
+      rpc::SessionlessStreamLimits{/*total=*/64, /*per_identity=*/0});
+  ctx.parts.unauthenticated_streams = d->unauthenticated_streams_.get();
   ctx.limits.open_timeout = options.open_timeout;
   ctx.limits.defaults = options.session_defaults;
   ctx.limits.max_device_bytes_quota =

@@ -142,6 +142,7 @@ class Daemon {
   std::unique_ptr<pool::StagingArea> staging_;      // gives its slabs back before the pool goes
   std::unique_ptr<session::CopyTurns> copy_turns_;  // outlives every session
   std::unique_ptr<rpc::SessionlessStreams> sessionless_streams_;  // outlives every stream
+  std::unique_ptr<rpc::SessionlessStreams> unauthenticated_streams_;
   boost::asio::io_context io_;
   std::unique_ptr<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> work_;
   std::vector<std::thread> threads_;

@@ -1034,26 +1034,44 @@ void BroadcastDraining(SessionServiceContext* context, uint64_t grace_ms) {
 }
 
 // Ends a stream the daemon will not serve (a TCP peer without the bearer token, a stream
-// past the sessionless streams' limits) with `status`.
+// past the sessionless streams' limits).
 //
 // gRPC keeps a call the daemon has finished until the client closes its side too: 10,000
 // refused streams whose client kept them unread held 140 MiB of ferryd's memory (measured).
-// So a refusal that a flood may cause (`cancel`) also cancels the call at once: the client
-// then sees CANCELLED instead of `status` (libferry's open_session retries either), and
-// the call is gone as soon as gRPC has sent its reset.
+// So a refusal either holds a ticket (`held`, given back when gRPC is done with the call)
+// and tells the client `status`, or, where there is no ticket to hold, is also cancelled at
+// once: the client then sees CANCELLED instead of `status` (libferry's open_session retries
+// either), and the call is gone as soon as gRPC has sent its reset.
 class RejectedReactor final : public Reactor {
  public:
-  RejectedReactor(const grpc::Status& status, grpc::CallbackServerContext* cancel = nullptr) {
+  RejectedReactor(const grpc::Status& status, SessionlessStreams::Ticket held)
+      : held_(std::move(held)) {
     Finish(status);
-    if (cancel != nullptr) cancel->TryCancel();
   }
-  void OnDone() override { delete this; }
+  RejectedReactor(const grpc::Status& status, grpc::CallbackServerContext* call) {
+    Finish(status);
+    call->TryCancel();
+  }
+  void OnDone() override {
+    held_.Release();
+    delete this;
+  }
+
+ private:
+  SessionlessStreams::Ticket held_;
 };
 
 grpc::ServerBidiReactor<v1::ClientMessage, v1::ServerMessage>* SessionService::Session(
     grpc::CallbackServerContext* context) {
   if (Status s = CheckToken(context_->access.token, *context); !s.ok()) {
-    return new RejectedReactor(grpc::Status(static_cast<grpc::StatusCode>(s.code()), s.message()));
+    const grpc::Status status(static_cast<grpc::StatusCode>(s.code()), s.message());
+    // A few such streams are told why; past them (a flood) they are reset.
+    if (SessionlessStreams* rejected = context_->parts.unauthenticated_streams) {
+      if (auto held = rejected->Admit("unauthenticated"); held.ok()) {
+        return new RejectedReactor(status, std::move(*held));
+      }
+    }
+    return new RejectedReactor(status, context);
   }
   session::PeerIdentity peer = context_->parts.local_connections
                                    ? context_->parts.local_connections->Identify(context->peer())

@@ -102,6 +102,9 @@ struct DaemonParts {
   const LocalConnections* local_connections = nullptr;
   /// Streams not yet opened, bounded per identity and in all; may be null (no bound).
   SessionlessStreams* sessionless_streams = nullptr;
+  /// Streams refused for a missing or wrong bearer token that gRPC still keeps (their client
+  /// has not closed them); past its limit they are reset. May be null (every one is reset).
+  SessionlessStreams* unauthenticated_streams = nullptr;
 };
 
 /// Who may do what: the streams' and the Admin service's checks. Read-only after start.

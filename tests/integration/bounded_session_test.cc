@@ -138,7 +138,8 @@ void ExpectAnotherSessionWorks(const FerrydProcess& d) {
 // with SessionsTogetherHoldAtMostTheDaemonsInFlightBytes (at most 59 MB held): the plain
 // daemon grew 90 MiB; under ASan 411 MiB with its defaults (a CI failure), 103-294 MiB in
 // three runs with these.
-FerrydProcess* StartDaemon(std::unique_ptr<FerrydProcess>& d, std::vector<std::string> args) {
+FerrydProcess* StartDaemon(std::unique_ptr<FerrydProcess>& d, std::vector<std::string> args,
+                           bool tcp = false) {
   args.push_back("--metrics-listen");
   args.push_back("127.0.0.1:0");
   const char* asan = std::getenv("ASAN_OPTIONS");
@@ -146,7 +147,7 @@ FerrydProcess* StartDaemon(std::unique_ptr<FerrydProcess>& d, std::vector<std::s
   if (asan != nullptr)
     ::setenv("ASAN_OPTIONS",
              (saved + ":quarantine_size_mb=16:allocator_release_to_os_interval_ms=100").c_str(), 1);
-  d = std::make_unique<FerrydProcess>(std::move(args));
+  d = std::make_unique<FerrydProcess>(std::move(args), tcp);
   if (asan != nullptr) ::setenv("ASAN_OPTIONS", saved.c_str(), 1);
   return d.get();
 }
@@ -737,6 +738,55 @@ TEST(BoundedSessionTest, StreamsThatNeverSendOpenDoNotGrowTheDaemon) {
   EXPECT_EQ(value("ferry_streams_sessionless"), 0);
   ExpectAnotherSessionWorks(*d);
   EXPECT_EQ(d->Stop(), 0) << d->log();
+}
+
+// A remote peer without the bearer token opening stream after stream and reading nothing:
+// each is refused (UNAUTHENTICATED), and gRPC would keep each refused call until the client
+// closes it; so 64 are held and told why, and further ones are reset at once. The daemon's
+// memory stays bounded, and a peer with the token opens sessions meanwhile.
+TEST(BoundedSessionTest, StreamsWithoutTheTokenDoNotGrowTheDaemon) {
+  char token_file[] = "/tmp/ferry-token-XXXXXX";
+  const int fd = mkstemp(token_file);
+  ASSERT_GE(fd, 0);
+  close(fd);
+  std::ofstream(token_file) << "the-token\n";
+  std::unique_ptr<FerrydProcess> owner;
+  FerrydProcess* d = StartDaemon(owner, {"--token-file", token_file}, /*tcp=*/true);
+  ASSERT_TRUE(d->ok()) << d->log();
+  const std::string tcp = d->tcp_target().substr(4);
+  auto channel = grpc::CreateChannel(tcp, grpc::InsecureChannelCredentials());
+  ASSERT_TRUE(
+      channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10)));
+  const uint64_t before = RssBytes(d->pid());
+  constexpr int kStreams = 6000;
+  StreamHoarder hoarder(channel, kStreams, {});
+  for (int i = 0; i < 6000 && hoarder.opened() < kStreams; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the last ones handled
+  const uint64_t after = RssBytes(d->pid());
+  std::printf("ferryd RSS %llu -> %llu KiB after %d streams without the token\n",
+              static_cast<unsigned long long>(before >> 10),
+              static_cast<unsigned long long>(after >> 10), hoarder.opened());
+  ASSERT_EQ(hoarder.opened(), kStreams);
+  EXPECT_LT(after, before + kRssGrowthBound)
+      << "ferryd grew from " << before << " to " << after << " bytes";
+  // A peer with the token is not held back.
+  ClientOptions options;
+  options.bearer_token = "the-token";
+  auto client = Client::connect(d->tcp_target(), options);
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  auto session = client->open_session();
+  ASSERT_TRUE(session.ok()) << session.status().ToString();
+  EXPECT_TRUE(session->close().ok());
+  // Once the flood is gone, a stream without the token is told why again.
+  hoarder.CancelAll();
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  RawStream stranger(channel);
+  EXPECT_FALSE(stranger.Read());
+  EXPECT_EQ(stranger.Finish().error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(d->Stop(), 0) << d->log();
+  unlink(token_file);
 }
 
 // Sessions whose client sends Open and Close and never reads: each session ends (the sessions
