@@ -740,6 +740,44 @@ TEST(BoundedSessionTest, StreamsThatNeverSendOpenDoNotGrowTheDaemon) {
   EXPECT_EQ(d->Stop(), 0) << d->log();
 }
 
+// A process that opens a session while its uid holds its maximum of streams without a session
+// is reset, and libferry's open_session retries: the open succeeds once a place comes back,
+// within the client's connect timeout.
+TEST(BoundedSessionTest, AnOpenPastTheSessionlessLimitSucceedsOnceAPlaceComesBack) {
+  std::unique_ptr<FerrydProcess> owner;
+  FerrydProcess* d = StartDaemon(owner, {"--max-sessionless-streams-per-uid", "2"});
+  ASSERT_TRUE(d->ok()) << d->log();
+  const std::string metrics = testing::MetricsEndpoint(*d);
+  auto refused = [&] {
+    return Value(Scrape(metrics), "ferry_streams_refused_total", "max_sessionless_per_uid");
+  };
+  // This uid's two places, taken by streams that send nothing.
+  auto held = std::make_unique<RawStream>(d->unix_target());
+  RawStream other(d->unix_target());
+  for (int i = 0; i < 500 && Value(Scrape(metrics), "ferry_streams_sessionless") < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(Value(Scrape(metrics), "ferry_streams_sessionless"), 2);
+  auto client = Client::connect(d->unix_target());
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  std::atomic<bool> opened{false};
+  Status status;
+  std::thread opener([&] {
+    auto session = client->open_session();
+    status = session.ok() ? session->close().status() : session.status();
+    opened = true;
+  });
+  for (int i = 0; i < 500 && refused() < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_GE(refused(), 2) << "the open was not refused and retried";
+  EXPECT_FALSE(opened) << "the open got through past the limit";
+  held.reset();  // a place comes back
+  opener.join();
+  EXPECT_TRUE(status.ok()) << status.ToString();
+  EXPECT_EQ(d->Stop(), 0) << d->log();
+}
+
 // A remote peer without the bearer token opening stream after stream and reading nothing:
 // each is refused (UNAUTHENTICATED), and gRPC would keep each refused call until the client
 // closes it; so 64 are held and told why, and further ones are reset at once. The daemon's
