@@ -622,9 +622,10 @@ means true; --allow-insecure-remote and --allow-remote-raw-kernels also take =tr
                              all sessions may hold together; a submit that could pass it is
                              refused with QUOTA_EXCEEDED (default 4194304; 0: no limit)
   --max-sessions N           sessions open at once (default 1024)
-  --max-sessionless-streams N   session streams that have not yet sent Open, held at once;
-                             past it a new stream is ended UNAVAILABLE (libferry retries)
-                             (default 1024; 0: no limit)
+  --max-sessionless-streams N   session streams that carry no session (before their Open,
+                             or ended and not yet closed by their client), held at once;
+                             past it a new stream is reset (libferry retries) (default
+                             1024; 0: no limit)
   --max-sessionless-streams-per-uid N  the same, per uid (every TCP peer together counts as
                              one, "remote") (default 64; 0: no limit)
   --open-timeout MS          a session stream that has not sent Open by then is ended

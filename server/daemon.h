@@ -64,8 +64,9 @@ struct DaemonOptions {
   uint32_t max_in_flight_submits = 1024;
   uint64_t device_bytes_cap = 0;  // 0: the device's total memory
   uint32_t max_sessions = 1024;
-  /// Session streams that have not yet sent Open: the most held at once, per identity and in
-  /// all (rpc/sessionless_streams.h), and how long each may take to send it (0: no deadline).
+  /// Session streams that carry no session (before their Open, or ended and not yet closed by
+  /// their client): the most held at once, per identity and in all (rpc/sessionless_streams.h);
+  /// and how long a stream may take to send its Open (0: no deadline).
   rpc::SessionlessStreamLimits sessionless_streams;
   std::chrono::milliseconds open_timeout{5000};
   /// The most bytes all sessions' submits may hold in the daemon together, read and not yet

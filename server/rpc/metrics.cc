@@ -127,6 +127,12 @@ std::string RenderMetrics(const SessionServiceContext& c,
       "Session streams reset at once, past a limit on streams without a session, since start.");
   e.Sample("ferry_streams_refused_total", refused_per_uid, "reason=\"max_sessionless_per_uid\"");
   e.Sample("ferry_streams_refused_total", refused_in_all, "reason=\"max_sessionless\"");
+  const uint64_t unauthenticated =
+      c.parts.unauthenticated_streams ? c.parts.unauthenticated_streams->count() : 0;
+  e.Metric("ferry_streams_unauthenticated", "gauge",
+           "Session streams refused for their bearer token that gRPC still keeps (at most 64; "
+           "further ones are reset).",
+           unauthenticated);
   e.Metric("ferry_streams_open_timeouts_total", "counter",
            "Session streams ended because they sent no Open within open-timeout, since start.",
            c.gauges.open_timeouts_total.load());

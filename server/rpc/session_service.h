@@ -100,7 +100,7 @@ struct DaemonParts {
   transport::ChannelStock* channel_stock = nullptr;
   /// Local (Unix-socket) connections and their peers' credentials; may be null.
   const LocalConnections* local_connections = nullptr;
-  /// Streams not yet opened, bounded per identity and in all; may be null (no bound).
+  /// Streams that carry no session, bounded per identity and in all; may be null (no bound).
   SessionlessStreams* sessionless_streams = nullptr;
   /// Streams refused for a missing or wrong bearer token that gRPC still keeps (their client
   /// has not closed them); past its limit they are reset. May be null (every one is reset).

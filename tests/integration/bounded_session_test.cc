@@ -156,6 +156,27 @@ FerrydProcess* StartDaemon(std::unique_ptr<FerrydProcess>& d, std::vector<std::s
 // below what the floods below made the daemon hold before it pushed back (≥ 80 MiB each).
 constexpr uint64_t kRssGrowthBound = 48ull << 20;
 
+// Whether `after` is within kFloodRssBound of `before`, for a flood of kFloodStreams streams that
+// the daemon ends or resets as they come (nothing held but what its limits allow). Held, they
+// would cost 14-20 KiB each (280-400 MiB; measured before the bounds); reset, the plain daemon
+// still grew by 48-74 MiB for 20,000 (23-60 for 6,000), about 3 KiB a stream: not zero, and
+// not found (docs/operations.md, "Streams without a session"), but a fraction of holding. Under
+// AddressSanitizer the churn grows it far more (redzones, 16 MiB of quarantine, an allocator
+// that rarely gives memory back: 78 and 156 MiB for 6,000), so there it only prints why it does
+// not check; what these tests bound is then checked by the daemon's gauges alone.
+constexpr int kFloodStreams = 20000;
+constexpr uint64_t kFloodRssBound = 96ull << 20;
+void ExpectFloodRssBounded(uint64_t before, uint64_t after) {
+  if (std::getenv("ASAN_OPTIONS") != nullptr) {
+    std::printf(
+        "not checking RSS growth under AddressSanitizer: its allocator's churn is not "
+        "what this bounds (the gauges above are checked)\n");
+    return;
+  }
+  EXPECT_LT(after, before + kFloodRssBound)
+      << "ferryd grew from " << before << " to " << after << " bytes";
+}
+
 // What one flood test varies: the messages a client writes and never reads, and what each
 // answer must be once it reads.
 struct FloodCase {
@@ -709,7 +730,7 @@ TEST(BoundedSessionTest, StreamsThatNeverSendOpenDoNotGrowTheDaemon) {
   ASSERT_TRUE(
       channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10)));
   const uint64_t before = RssBytes(d->pid());
-  constexpr int kStreams = 6000;
+  constexpr int kStreams = kFloodStreams;
   constexpr int kHeld = 64;  // max-sessionless-streams-per-uid's default
   StreamHoarder hoarder(channel, kStreams, {});
   auto refused = [&] { return value("ferry_streams_refused_total", "max_sessionless_per_uid"); };
@@ -728,8 +749,7 @@ TEST(BoundedSessionTest, StreamsThatNeverSendOpenDoNotGrowTheDaemon) {
   EXPECT_EQ(refused(), kStreams - kHeld);
   EXPECT_EQ(value("ferry_streams_open_timeouts_total"), kHeld);
   EXPECT_EQ(value("ferry_streams_sessionless"), kHeld);
-  EXPECT_LT(after, before + kRssGrowthBound)
-      << "ferryd grew from " << before << " to " << after << " bytes";
+  ExpectFloodRssBounded(before, after);
   // The client gives its streams up: their places come back, and sessions open again.
   hoarder.CancelAll();
   for (int i = 0; i < 500 && value("ferry_streams_sessionless") > 0; ++i) {
@@ -791,12 +811,13 @@ TEST(BoundedSessionTest, StreamsWithoutTheTokenDoNotGrowTheDaemon) {
   std::unique_ptr<FerrydProcess> owner;
   FerrydProcess* d = StartDaemon(owner, {"--token-file", token_file}, /*tcp=*/true);
   ASSERT_TRUE(d->ok()) << d->log();
+  const std::string metrics = testing::MetricsEndpoint(*d);
   const std::string tcp = d->tcp_target().substr(4);
   auto channel = grpc::CreateChannel(tcp, grpc::InsecureChannelCredentials());
   ASSERT_TRUE(
       channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10)));
   const uint64_t before = RssBytes(d->pid());
-  constexpr int kStreams = 6000;
+  constexpr int kStreams = kFloodStreams;
   StreamHoarder hoarder(channel, kStreams, {});
   for (int i = 0; i < 6000 && hoarder.opened() < kStreams; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -807,8 +828,8 @@ TEST(BoundedSessionTest, StreamsWithoutTheTokenDoNotGrowTheDaemon) {
               static_cast<unsigned long long>(before >> 10),
               static_cast<unsigned long long>(after >> 10), hoarder.opened());
   ASSERT_EQ(hoarder.opened(), kStreams);
-  EXPECT_LT(after, before + kRssGrowthBound)
-      << "ferryd grew from " << before << " to " << after << " bytes";
+  EXPECT_LE(Value(Scrape(metrics), "ferry_streams_unauthenticated"), 64);
+  ExpectFloodRssBounded(before, after);
   // A peer with the token is not held back.
   ClientOptions options;
   options.bearer_token = "the-token";
@@ -828,10 +849,12 @@ TEST(BoundedSessionTest, StreamsWithoutTheTokenDoNotGrowTheDaemon) {
 }
 
 // Sessions whose client sends Open and Close and never reads: each session ends (the sessions
-// limits count it no more), and its finished stream counts among the uid's sessionless
-// streams only until gRPC is done with it, which it is without the client reading: nothing
-// stays counted, and the streams the client opened beyond the limit meanwhile were reset.
-TEST(BoundedSessionTest, EndedSessionsWhoseClientNeverReadsLeaveNothingCounted) {
+// limits count it no more), and its finished stream counts among the uid's sessionless streams
+// until gRPC is done with it. gRPC mostly lets such a stream go without its client (2,000
+// sessions, nothing left counted, on an idle machine), but not always (9 kept under ctest -j 2):
+// those stay counted, at most the uid's limit, until the client closes them, and the client's
+// further streams are reset meanwhile.
+TEST(BoundedSessionTest, EndedSessionsWhoseClientNeverReadsCountUntilClosed) {
   std::unique_ptr<FerrydProcess> owner;
   FerrydProcess* d = StartDaemon(owner, {"--max-sessionless-streams-per-uid", "16"});
   ASSERT_TRUE(d->ok()) << d->log();
@@ -863,9 +886,13 @@ TEST(BoundedSessionTest, EndedSessionsWhoseClientNeverReadsLeaveNothingCounted) 
   EXPECT_EQ(accounted(), kStreams);
   EXPECT_GE(value("ferry_sessions_total"), 16);
   EXPECT_EQ(value("ferry_sessions_open"), 0);
-  EXPECT_EQ(value("ferry_streams_sessionless"), 0) << "the client still holds every stream";
-  ExpectAnotherSessionWorks(*d);
+  EXPECT_LE(value("ferry_streams_sessionless"), 16);
   hoarder.CancelAll();
+  for (int i = 0; i < 500 && value("ferry_streams_sessionless") > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(value("ferry_streams_sessionless"), 0);
+  ExpectAnotherSessionWorks(*d);
   EXPECT_EQ(d->Stop(), 0) << d->log();
 }
 
