@@ -733,12 +733,14 @@ TEST(BoundedSessionTest, StreamsThatNeverSendOpenDoNotGrowTheDaemon) {
   constexpr int kStreams = kFloodStreams;
   constexpr int kHeld = 64;  // max-sessionless-streams-per-uid's default
   StreamHoarder hoarder(channel, kStreams, {});
-  auto refused = [&] { return value("ferry_streams_refused_total", "max_sessionless_per_uid"); };
-  for (int i = 0; i < 6000 && (hoarder.opened() < kStreams || refused() < kStreams - kHeld); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  // The held ones reach the open timeout; ended, they stay counted while the client keeps them.
-  for (int i = 0; i < 1000 && value("ferry_streams_open_timeouts_total") < kHeld; ++i) {
+  // Every stream is refused, or held until its open timeout (1 s; the flood may outlast it, and
+  // a place comes back when gRPC lets an ended stream go).
+  auto ended = [&] {
+    const std::string body = Scrape(metrics);
+    return Value(body, "ferry_streams_refused_total", "max_sessionless_per_uid") +
+           Value(body, "ferry_streams_open_timeouts_total");
+  };
+  for (int i = 0; i < 6000 && (hoarder.opened() < kStreams || ended() < kStreams); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   const uint64_t after = RssBytes(d->pid());
@@ -746,9 +748,9 @@ TEST(BoundedSessionTest, StreamsThatNeverSendOpenDoNotGrowTheDaemon) {
               static_cast<unsigned long long>(before >> 10),
               static_cast<unsigned long long>(after >> 10), hoarder.opened());
   ASSERT_EQ(hoarder.opened(), kStreams);
-  EXPECT_EQ(refused(), kStreams - kHeld);
-  EXPECT_EQ(value("ferry_streams_open_timeouts_total"), kHeld);
-  EXPECT_EQ(value("ferry_streams_sessionless"), kHeld);
+  EXPECT_EQ(ended(), kStreams);
+  EXPECT_GE(value("ferry_streams_refused_total", "max_sessionless_per_uid"), kStreams / 2);
+  EXPECT_LE(value("ferry_streams_sessionless"), kHeld);
   ExpectFloodRssBounded(before, after);
   // The client gives its streams up: their places come back, and sessions open again.
   hoarder.CancelAll();
