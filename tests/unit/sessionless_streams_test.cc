@@ -74,6 +74,22 @@ TEST(SessionlessStreamsTest, APlaceComesBackOnceWhateverHappensToItsTicket) {
   EXPECT_EQ(streams.count(), 0u);
 }
 
+// A finished stream is counted whatever the limits (Hold), and while it is, new streams of
+// its identity are refused.
+TEST(SessionlessStreamsTest, AHoldIsNeverRefusedAndCountsAgainstTheLimit) {
+  SessionlessStreams streams({/*total=*/0, /*per_identity=*/1});
+  auto first = streams.Admit("uid:5");
+  ASSERT_TRUE(first.ok());
+  SessionlessStreams::Ticket held = streams.Hold("uid:5");  // past the limit: still counted
+  EXPECT_TRUE(held.held());
+  EXPECT_EQ(streams.count(), 2u);
+  first->Release();
+  EXPECT_FALSE(streams.Admit("uid:5").ok()) << "the hold keeps the identity at its limit";
+  held.Release();
+  EXPECT_TRUE(streams.Admit("uid:5").ok());
+  EXPECT_EQ(streams.refused_per_identity(), 1u);
+}
+
 TEST(SessionlessStreamsTest, ZeroMeansNoLimit) {
   SessionlessStreams streams({/*total=*/0, /*per_identity=*/0});
   std::vector<SessionlessStreams::Ticket> held;
