@@ -21,7 +21,9 @@
 //   closed by their client, or end at their deadline): libferry's open_session retries it
 //   until its connect timeout.
 // - Hold(identity) always gives a Ticket (a finished stream cannot be refused); it counts
-//   like any other, so new streams of that identity are refused while it is held.
+//   like any other, so new streams of that identity are refused while it is held. Holds can
+//   take an identity past its limit, by at most the sessions it had open (each held stream
+//   was a session until it ended).
 // - A Ticket gives its place back once: at Release(), or when destroyed.
 //
 // Thread-safe. Outlives every Ticket it gave.
