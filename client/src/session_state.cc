@@ -17,49 +17,45 @@ SessionState::~SessionState() {
 }
 
 template <typename Done>
-bool SessionState::Wait(Done done, std::optional<BoardRange> board) {
-  if (done()) return false;
-  if (board && BoardSaysSucceeded(*board)) return true;
+void SessionState::Wait(Done done, uint64_t board_last) {
+  if (done()) return;
+  const bool on_board = board_ && board_last != 0;
   const auto until = std::chrono::steady_clock::now() + client_->options.wait_spin;
   uint64_t seen = answers_.load(std::memory_order_acquire);
+  uint64_t seen_through = on_board ? board_->CompletedThrough() : 0;
   mu_.Unlock();
+  // Spin: look again whenever the reader applied a message or the board moved.
   while (std::chrono::steady_clock::now() < until) {
-    if (board && BoardSaysSucceeded(*board)) {
-      mu_.Lock();
-      return true;
-    }
-    if (answers_.load(std::memory_order_acquire) == seen) {
+    const uint64_t answers = answers_.load(std::memory_order_acquire);
+    const uint64_t through = on_board ? board_->CompletedThrough() : 0;
+    if (answers == seen && through == seen_through) {
       std::this_thread::yield();
       continue;
     }
+    seen = answers;
+    seen_through = through;
     mu_.Lock();
-    if (done()) return false;
-    seen = answers_.load(std::memory_order_acquire);
+    if (done()) return;
     mu_.Unlock();
   }
-  if (board) {
-    // Sleep on the board: the daemon wakes its futex at every post, so a long transfer's
-    // success is seen as soon as it is posted, not after the Completed message. A failure
-    // in range is read from the messages; a stream that died posts nothing, so the sleep
-    // is bounded (kBoardSleep) to look at the messages' side now and then.
+  if (on_board) {
+    // Sleep on the board until it covers board_last: the daemon wakes its futex at every
+    // post, and a success may come with no message at all (Opened.successes_on_board). Each
+    // sleep is bounded (kBoardSleep) to look at the messages' side (a dead stream posts
+    // nothing). Once the board covers the range, what is still missing can only come in
+    // messages (a failure's error, Download bytes), which wake cv_.
     for (;;) {
-      uint64_t through = 0;
-      const CompletionBoard::Answer answer = board_->Read(*board, &through);
-      if (answer == CompletionBoard::Answer::kSucceeded) {
-        mu_.Lock();
-        return true;
-      }
-      if (answer == CompletionBoard::Answer::kAskTheMessages)
-        break;  // a failure's error is a message
+      const uint64_t through = board_->CompletedThrough();
       mu_.Lock();
-      if (done()) return false;
+      if (done()) return;
+      if (through >= board_last) break;
       mu_.Unlock();
       board_->Sleep(through, kBoardSleep);
     }
+  } else {
+    mu_.Lock();
   }
-  mu_.Lock();
   cv_.Wait(&mu_, done);
-  return false;
 }
 
 Status SessionState::Open(std::shared_ptr<ClientState> client, const SessionOptions& options) {
@@ -75,6 +71,7 @@ Status SessionState::Open(std::shared_ptr<ClientState> client, const SessionOpti
   open->set_device_bytes_quota(options.device_bytes_quota);
   open->set_max_in_flight_submits(options.max_in_flight_submits);
   open->set_coalesced_completions(true);  // reader.cc reads first_submit_id
+  open->set_successes_on_board(true);     // CompletedLocked reads the board
   if (!stream_->Write(m)) return StreamFailure("sending Open");
   // Started now, it is ready by the time Opened has come; it reads once Open succeeded.
   reader_ = std::thread([this] {
@@ -155,15 +152,13 @@ Result<uint64_t> SessionState::Submit(
 
 Status SessionState::WaitSubmit(uint64_t id) {
   MutexLock lock(&mu_);
-  if (Wait(
-          [&] {
-            mu_.AssertHeld();
-            return last_completed_ >= id || !dead_.ok();
-          },
-          BoardForLocked(id, id))) {
-    return Status::Ok();  // the board says it succeeded: no failure to consume
-  }
-  if (last_completed_ < id) return dead_;
+  Wait(
+      [&] {
+        mu_.AssertHeld();
+        return CompletedLocked(id, id) || !dead_.ok();
+      },
+      id);
+  if (!CompletedLocked(id, id)) return dead_;
   auto it = failures_.find(id);
   if (it == failures_.end()) return Status::Ok();
   Status s = it->second;
@@ -174,24 +169,25 @@ Status SessionState::WaitSubmit(uint64_t id) {
 Status SessionState::Synchronize() {
   auto submitted = Submit();
   if (!submitted.ok()) return submitted.status();
-  // Every submit gets exactly one Completed, in order: once the last one submitted has
-  // completed, all have, and no Synchronize message (a round trip) is needed.
+  // Submits complete in order: once the last one submitted has completed, all have, and no
+  // Synchronize message (a round trip) is needed.
   uint64_t last = last_submitted_;
   MutexLock lock(&mu_);
   // Failures before synchronized_through_ were reported by an earlier Synchronize (or
-  // consumed by a WaitSubmit); the board's word covers the submits since.
-  const bool by_board = Wait(
+  // consumed by a WaitSubmit); the submits since are what this one reports.
+  const uint64_t first = synchronized_through_ + 1;
+  Wait(
       [&] {
         mu_.AssertHeld();
-        return last_completed_ >= last || !dead_.ok();
+        return CompletedLocked(first, last) || !dead_.ok();
       },
-      BoardForLocked(synchronized_through_ + 1, last));
-  if (!by_board && last_completed_ < last) return dead_;
+      last);
+  if (!CompletedLocked(first, last)) return dead_;
   synchronized_through_ = last;
-  Status first;
-  if (!failures_.empty()) first = failures_.begin()->second;
+  Status first_failure;
+  if (!failures_.empty()) first_failure = failures_.begin()->second;
   failures_.clear();
-  return first;
+  return first_failure;
 }
 
 Result<SessionStats> SessionState::Close() {
@@ -247,24 +243,18 @@ void SessionState::Shutdown() {
 
 bool SessionState::Outcome(uint64_t first, uint64_t last, Status* status) {
   MutexLock lock(&mu_);
-  if (auto board = BoardForLocked(first, last); board && BoardSaysSucceeded(*board)) {
-    *status = Status::Ok();
-    return true;
-  }
   return OutcomeLocked(first, last, status);
 }
 
 Status SessionState::WaitOutcome(uint64_t first, uint64_t last) {
   MutexLock lock(&mu_);
   Status s;
-  if (Wait(
-          [&] {
-            mu_.AssertHeld();
-            return OutcomeLocked(first, last, &s);
-          },
-          BoardForLocked(first, last))) {
-    s = Status::Ok();
-  }
+  Wait(
+      [&] {
+        mu_.AssertHeld();
+        return OutcomeLocked(first, last, &s);
+      },
+      last);
   for (uint64_t id = first; id <= last; ++id) tracked_.erase(id);
   // The waiter returns these submits' failure: consumed, as WaitSubmit does, so that the
   // next Synchronize does not report it again (docs/protocol.md, "Who reports a failed
@@ -365,30 +355,34 @@ bool SessionState::Send(v1::ClientMessage& m) {
   return stream_->Write(m);
 }
 
-std::optional<BoardRange> SessionState::BoardForLocked(uint64_t first, uint64_t last) const {
-  if (!board_ || first > last) return std::nullopt;
-  if (!download_targets_.empty() && download_targets_.begin()->first <= last) {
-    return std::nullopt;
-  }
-  return BoardRange{first, last};
+bool SessionState::CompletedLocked(uint64_t first, uint64_t last) const {
+  if (first > last || last_completed_ >= last) return true;  // messages come in submit order
+  if (!board_) return false;
+  // Download bytes come only in messages, before their submit's Completed.
+  if (!download_targets_.empty() && download_targets_.begin()->first <= last) return false;
+  uint64_t last_failed = 0;
+  if (board_->CompletedThrough(&last_failed) < last) return false;
+  // Every failure's error comes in a message, in order: with none from `first` on, the range
+  // succeeded; else once the message of the last failure posted has come, so have those of
+  // the range's failures.
+  return last_failed < first || last_completed_ >= last_failed;
 }
-// What the board says of the submits of `r`: not all completed yet (`*through`, when
 
 bool SessionState::OutcomeLocked(uint64_t first, uint64_t last, Status* status) {
-  Status first_failure;
-  for (uint64_t id = first; id <= last; ++id) {
-    auto it = tracked_.find(id);
-    if (it != tracked_.end() && it->second) {
-      if (first_failure.ok() && !it->second->ok()) first_failure = *it->second;
-      continue;
-    }
-    if (!dead_.ok()) {  // the stream ended before this completion
-      *status = dead_;
-      return true;
-    }
-    return false;
+  if (!CompletedLocked(first, last)) {
+    if (dead_.ok()) return false;
+    *status = dead_;  // the stream ended before these completed
+    return true;
   }
-  *status = first_failure;
+  // A tracked submit's failure is recorded when its Completed comes; one without is a success
+  // (its Completed may not have come, or may never come: Opened.successes_on_board).
+  *status = Status::Ok();
+  for (auto t = tracked_.lower_bound(first); t != tracked_.end() && t->first <= last; ++t) {
+    if (t->second && !t->second->ok()) {
+      *status = *t->second;
+      break;
+    }
+  }
   return true;
 }
 

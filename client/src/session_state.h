@@ -115,28 +115,29 @@ class SessionState {
   // session is below its in-flight limit. False when the stream is gone.
   bool Send(v1::ClientMessage& m);
 
-  // Submits [first, last], as far as the board may answer for them: not while any submit up
-  // to `last` has Download ops, whose bytes come only in messages. Call with mu_ held.
-  std::optional<BoardRange> BoardForLocked(uint64_t first, uint64_t last) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool BoardSaysSucceeded(const BoardRange& r) const { return board_->SaysSucceeded(r); }
+  // Whether submits [first, last] have all completed and everything the client learns of
+  // them in messages (failures' errors, Download bytes) has come: from the messages alone,
+  // which come in submit order, or from the completion board plus the messages it says are
+  // owed (docs/protocol.md, "Successes on the board"). True when first > last.
+  bool CompletedLocked(uint64_t first, uint64_t last) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // CompletedLocked for [first, last] and, if so, the first failure among its tracked
+  // submits; the stream's end when it ended before they completed.
   bool OutcomeLocked(uint64_t first, uint64_t last, Status* status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Status StreamFailure(const char* what);
   Status DeadOr(const char* what);
 
-  // Wait until `done()` (evaluated with mu_ held, as the caller holds it), or until the
-  // completion board says the submits of `board` all succeeded: then return true (and
-  // done() may not hold yet; the messages come later). For up to the client's wait_spin,
-  // poll the board and the reader's message count instead of sleeping, so an answer that
-  // comes quickly is seen without waking this thread; then sleep on the board's futex when
-  // there is a board range, else on cv_. Drops mu_ while it polls or sleeps; returns with
-  // mu_ held. Defined in session_state.cc, its only user.
+  // Wait until `done()` (evaluated with mu_ held, as the caller holds it). For up to the
+  // client's wait_spin, poll the reader's message count and the completion board instead of
+  // sleeping, so an answer that comes quickly is seen without waking this thread; then, with
+  // a board and `board_last` (not 0), sleep on the board's futex until it has posted
+  // `board_last`, and then (or without a board) on cv_, which the reader signals. Drops mu_
+  // while it polls or sleeps; returns with mu_ held. Defined in session_state.cc, its only
+  // user.
   template <typename Done>
-  bool Wait(Done done, std::optional<BoardRange> board = std::nullopt)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Wait(Done done, uint64_t board_last = 0) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The longest a wait sleeps on the board before it looks at the messages' side again.
   static constexpr std::chrono::nanoseconds kBoardSleep{1'000'000};
 

@@ -310,6 +310,17 @@ class SessionConnection : public session::SessionEvents,
       }
       received_at_.pop_front();
     }
+    if (successes_on_board_ && status.ok()) {
+      // The board's post (made before this call) is the report, unless Download bytes went
+      // out for it: the client waits for its Completed to know they all came.
+      auto charge = std::find_if(charges_.begin(), charges_.end(),
+                                 [&](const Charge& c) { return c.submit_id == submit_id; });
+      if (charge != charges_.end() && !charge->downloads) {
+        AnsweredOnBoard(charge);
+        MaybeReadMore();
+        return;
+      }
+    }
     SendCompleted(submit_id, status);
   }
   void SendCompleted(uint64_t submit_id, const Status& status) {
@@ -416,7 +427,8 @@ class SessionConnection : public session::SessionEvents,
   struct Charge {
     uint64_t submit_id = 0;
     uint64_t bytes = 0;
-    bool held = false;  // charged to the daemon's and the identity's in-flight bytes too
+    bool held = false;       // charged to the daemon's and the identity's in-flight bytes too
+    bool downloads = false;  // the submit has Download ops (its Completed always goes out)
   };
 
   // Charge a submit against the session's in-flight bytes, from now until its Completed is
@@ -427,16 +439,18 @@ class SessionConnection : public session::SessionEvents,
   Status ChargeSubmit(const v1::ClientMessage& message) {
     const v1::Submit& submit = message.submit();
     uint64_t charge = message.ByteSizeLong() + kMessageCost;
+    bool downloads = false;
     for (const v1::Op& op : submit.ops()) {
       charge += kOpCost;
       if (op.has_download()) {
+        downloads = true;
         // Saturating: the length is the client's word; admission checks it.
         const uint64_t length = std::min<uint64_t>(op.download().length(), 1ull << 62);
         charge = std::min<uint64_t>(charge + length + kMessageCost, 1ull << 62);
       }
     }
     Unanswered(1);
-    charges_.push_back({submit.submit_id(), charge, false});
+    charges_.push_back({submit.submit_id(), charge, false, downloads});
     bytes_in_flight_ += charge;
     context_->gauges.bytes_in_flight += static_cast<int64_t>(charge);
     const uint64_t limit = session_->config().max_in_flight_bytes;
@@ -483,6 +497,20 @@ class SessionConnection : public session::SessionEvents,
     answers = std::min(answers, unanswered_);
     unanswered_ -= answers;
     context_->gauges.unanswered -= static_cast<int64_t>(answers);
+  }
+
+  // A submit the board reported (Opened.successes_on_board): done, as if its Completed had
+  // been written. Its charge need not be the oldest: an earlier submit's Completed may still
+  // wait in the outbox.
+  void AnsweredOnBoard(std::deque<Charge>::iterator charge) {
+    bytes_in_flight_ -= charge->bytes;
+    context_->gauges.bytes_in_flight -= static_cast<int64_t>(charge->bytes);
+    RefundHeld(*charge);
+    charges_.erase(charge);
+    if (unanswered_ > 0) {
+      --unanswered_;
+      --context_->gauges.unanswered;
+    }
   }
 
   // Where a message came from: the gRPC stream or the submit ring.
@@ -630,6 +658,8 @@ class SessionConnection : public session::SessionEvents,
       if (auto& board = channels.board; board.ok()) {
         slabs->AttachBoard(std::move(*board));
         o->set_completion_board(true);
+        successes_on_board_ = open.successes_on_board();
+        o->set_successes_on_board(successes_on_board_);
       } else {
         spdlog::warn("session {}: no completion board: {}", session_id_, board.status().message());
       }
@@ -960,6 +990,7 @@ class SessionConnection : public session::SessionEvents,
   bool stall_watch_armed_ = false;      // a WatchForStalledWrite check is due
   size_t chunks_in_staging_ = 0;        // outbox messages whose bytes are still in staging
   bool coalesced_completions_ = false;  // Open.coalesced_completions
+  bool successes_on_board_ = false;     // Opened.successes_on_board
   StreamEnd end_ = StreamEnd::kOpen;    // changed only through NextStreamEnd
   // Written with the stream's end (StartWriteAndFinish): gRPC reads it until OnDone.
   std::unique_ptr<v1::ServerMessage> last_message_;

@@ -235,6 +235,49 @@ TEST(PendingTest, AFailureWaitReturnedIsNotReportedAgainBySynchronize) {
   }
 }
 
+// A local session whose pinned quota leaves no room for a staging buffer downloads inline
+// (Download ops, bytes in messages) while its other submits' successes are reported on the
+// completion board only (docs/protocol.md, "Successes on the board"): every wait still ends,
+// with the right bytes and each failure reported once.
+TEST(PendingTest, InlineDownloadsAmongSuccessesOnTheBoardComeWhole) {
+  FerrydProcess d({"--slab-size", "4M", "--pinned-budget", "16M", "--initial-slabs", "1",
+                   "--session-pinned-quota", "64K"});
+  ASSERT_TRUE(d.ok()) << d.log();
+  Session s = Open(d.unix_target());
+  EXPECT_FALSE(s.pinned_buffer(1 << 20).ok()) << "the quota should leave no room to stage";
+  const size_t n = (3u << 20) / sizeof(float) + 5;  // several inline download submits
+  Tensor t = s.create_tensor<float>({static_cast<int64_t>(n)});
+  Tensor small = s.create_tensor<float>({16});
+  for (int round = 0; round < 20; ++round) {
+    s.fill(t, static_cast<double>(round));
+    auto v = s.download<float>(t);  // inline, submits of their own
+    ASSERT_TRUE(v.ok()) << "round " << round << ": " << v.status().ToString();
+    ASSERT_EQ(v->size(), n);
+    EXPECT_EQ((*v)[0], static_cast<float>(round));
+    EXPECT_EQ((*v)[n - 1], static_cast<float>(round)) << "round " << round;
+    // Successes behind the download, and every other round a failure among them.
+    s.fill(small, 1.0);
+    ASSERT_TRUE(s.submit().ok());
+    if (round % 2 == 0) {
+      s.fill(Tensor(), 0.0);  // an invalid handle: this submit fails
+      ASSERT_TRUE(s.submit().ok());
+    }
+    s.fill(small, 2.0);
+    auto w = s.download<float>(small);
+    ASSERT_TRUE(w.ok()) << "round " << round << ": " << w.status().ToString();
+    EXPECT_EQ((*w)[15], 2.0f);
+    Status sync = s.synchronize();
+    if (round % 2 == 0) {
+      EXPECT_EQ(sync.kind(), ErrorKind::kInvalidHandle) << "round " << round;
+    } else {
+      EXPECT_TRUE(sync.ok()) << "round " << round << ": " << sync.ToString();
+    }
+  }
+  auto closed = s.close();
+  ASSERT_TRUE(closed.ok()) << closed.status().ToString();
+  EXPECT_EQ(closed->failed_submits, 10u);
+}
+
 TEST(PendingTest, WaitAfterTheDaemonDiedIsATypedError) {
   FerrydProcess d(SmallPool());
   ASSERT_TRUE(d.ok());

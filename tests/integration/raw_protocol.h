@@ -49,16 +49,17 @@ class RawStream {
   bool SendBuffered(const v1::ClientMessage& m) {
     return stream_->Write(m, grpc::WriteOptions().set_buffer_hint());
   }
-  /// Send an Open (and read nothing).
-  bool SendOpen(uint32_t version = v1::PROTOCOL_VERSION_CURRENT) {
+  /// Send an Open (and read nothing); `successes_on_board`: Open.successes_on_board.
+  bool SendOpen(uint32_t version = v1::PROTOCOL_VERSION_CURRENT, bool successes_on_board = false) {
     v1::ClientMessage m;
     m.mutable_open()->set_protocol_version(version);
     m.mutable_open()->set_client_name("raw");
+    m.mutable_open()->set_successes_on_board(successes_on_board);
     return Send(m);
   }
   /// Open the session: the Opened, or nullopt when the daemon answered anything else.
-  std::optional<v1::Opened> Open() {
-    if (!SendOpen()) return std::nullopt;
+  std::optional<v1::Opened> Open(bool successes_on_board = false) {
+    if (!SendOpen(v1::PROTOCOL_VERSION_CURRENT, successes_on_board)) return std::nullopt;
     auto r = Read();
     if (!r || !r->has_opened()) return std::nullopt;
     return r->opened();

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "ferry/client.h"
+#include "ferry/v1/admin.grpc.pb.h"
 #include "ferry/v1/session.grpc.pb.h"
 #include "ferryd_process.h"
 #include "raw_protocol.h"
@@ -213,6 +214,104 @@ TEST_F(SlabBadInputTest, CompletionBoardIsReadOnlyAndPostsEachDelivery) {
 
   ::munmap(map, board->size);
   raw.Close();
+  CheckServing();
+}
+
+// Open.successes_on_board (docs/protocol.md, "Successes on the board"): a success without
+// Download ops is reported on the board only; a failure and a submit with Download ops still
+// get their Completed, in submit order. A success reported on the board is answered for the
+// daemon's accounting too: far more of them than max-in-flight go through, and nothing stays
+// counted in flight.
+TEST_F(SlabBadInputTest, SuccessesOnTheBoardGetNoCompletedButFailuresAndDownloadsDo) {
+  RawStream raw(daemon_->unix_target());
+  auto opened = raw.Open(/*successes_on_board=*/true);
+  ASSERT_TRUE(opened);
+  ASSERT_TRUE(opened->completion_board());
+  ASSERT_TRUE(opened->successes_on_board());
+  RawSlabConnection conn(opened->slab_socket());
+  ASSERT_EQ(conn.Hello(opened->slab_token()), 0);
+  auto board = conn.Board();
+  ASSERT_TRUE(board && board->kind == 0 && board->fd >= 0);
+  void* map = ::mmap(nullptr, board->size, PROT_READ, MAP_SHARED, board->fd, 0);
+  ASSERT_NE(map, MAP_FAILED);
+  ::close(board->fd);
+  const volatile uint64_t* words = static_cast<const uint64_t*>(map);
+  auto board_reaches = [&](uint64_t id) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (words[0] < id && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return words[0] >= id;
+  };
+
+  ASSERT_TRUE(raw.Submit(1, {Create(1, v1::DTYPE_F32, {64}), Fill(1, 1.0)}));
+  ASSERT_TRUE(board_reaches(1));
+  ASSERT_TRUE(raw.Submit(2, {Fill(99, 1.0)}));  // tensor 99: none
+  auto failed = raw.Read();                     // the next message: submit 1 got none
+  ASSERT_TRUE(failed && failed->has_completed());
+  EXPECT_EQ(failed->completed().submit_id(), 2u);
+  EXPECT_EQ(failed->completed().first_submit_id(), 0u);
+  EXPECT_EQ(failed->completed().error().kind(), v1::INVALID_HANDLE);
+  EXPECT_EQ(words[0], 2u);
+  EXPECT_EQ(words[1], 2u);
+
+  // A success, then a download: its chunk and its Completed come, and nothing for submit 3.
+  ASSERT_TRUE(raw.Submit(3, {Fill(1, 3.0)}));
+  ASSERT_TRUE(raw.Submit(4, {Download(1, 0, 256)}));
+  std::string bytes;
+  for (;;) {
+    auto m = raw.Read();
+    ASSERT_TRUE(m);
+    if (m->has_download_chunk()) {
+      EXPECT_EQ(m->download_chunk().submit_id(), 4u);
+      bytes += m->download_chunk().data();
+      continue;
+    }
+    ASSERT_TRUE(m->has_completed());
+    EXPECT_EQ(m->completed().submit_id(), 4u);
+    EXPECT_EQ(m->completed().first_submit_id(), 0u);
+    EXPECT_EQ(m->completed().error().kind(), v1::ERROR_KIND_NONE);
+    break;
+  }
+  ASSERT_EQ(bytes.size(), 256u);
+  for (int i = 0; i < 64; ++i) {
+    float v;
+    std::memcpy(&v, bytes.data() + 4 * i, 4);
+    ASSERT_EQ(v, 3.0f) << "element " << i;
+  }
+
+  // 200 successes, three times the daemon's max-in-flight (64): a success the board reported
+  // and the daemon did not answer would stop the daemon reading after 64 of them.
+  for (uint64_t id = 5; id < 205; ++id) ASSERT_TRUE(raw.Submit(id, {Fill(1, 4.0)}));
+  ASSERT_TRUE(board_reaches(204)) << "the daemon stopped reading at " << words[0];
+  EXPECT_EQ(words[1], 2u);
+  EXPECT_EQ(daemon_->AdminStatus().submits_in_flight(), 0u);
+  {
+    auto admin = v1::Admin::NewStub(
+        grpc::CreateChannel(daemon_->unix_target(), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    v1::ListSessionsReply list;
+    ASSERT_TRUE(admin->ListSessions(&ctx, v1::ListSessionsRequest(), &list).ok());
+    for (const auto& u : list.usage()) {
+      EXPECT_EQ(u.in_flight_bytes(), 0u) << u.identity() << " still holds in-flight bytes";
+      EXPECT_EQ(u.submits_in_flight(), 0u) << u.identity();
+    }
+  }
+
+  // Close: Closed counts every submit, and no Completed came for any success.
+  v1::ClientMessage close;
+  close.mutable_close();
+  ASSERT_TRUE(raw.Send(close));
+  std::optional<v1::SessionStats> stats;
+  while (auto m = raw.Read()) {
+    EXPECT_FALSE(m->has_completed()) << "a Completed for submit " << m->completed().submit_id();
+    if (m->has_closed()) stats = m->closed().stats();
+  }
+  ASSERT_TRUE(stats);
+  EXPECT_EQ(stats->submits(), 204u);
+  EXPECT_EQ(stats->failed_submits(), 1u);
+  EXPECT_TRUE(raw.Finish().ok());
+  ::munmap(map, board->size);
   CheckServing();
 }
 
