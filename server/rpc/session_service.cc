@@ -236,7 +236,10 @@ class SessionConnection : public session::SessionEvents,
       if (here) {
         const auto until = std::chrono::steady_clock::now() + kRingWaitForExecutor;
         do {
-          if (executor.TryRun(fn)) return;
+          // The completions that queue meanwhile (the watcher found the executor busy with
+          // these messages) are delivered here too: handed on, they would wait for an io
+          // thread's wake-up, and a streaming client for them.
+          if (executor.TryRun(fn, session::SerialExecutor::Followers::kRunHere)) return;
           std::this_thread::yield();
         } while (std::chrono::steady_clock::now() < until);
       }

@@ -37,6 +37,10 @@ void SerialExecutor::RunOrPost(std::function<void()> fn, Followers followers) co
     state_->active = true;
     state_->runner = std::this_thread::get_id();
   }
+  RunTaken(std::move(fn), followers);
+}
+
+void SerialExecutor::RunTaken(std::function<void()> fn, Followers followers) const {
   fn();
   for (int ran = 1;; ++ran) {
     {
@@ -55,18 +59,14 @@ void SerialExecutor::RunOrPost(std::function<void()> fn, Followers followers) co
   }
 }
 
-bool SerialExecutor::TryRun(std::function<void()>& fn) const {
+bool SerialExecutor::TryRun(std::function<void()>& fn, Followers followers) const {
   {
     MutexLock lock(&state_->mu);
     if (state_->active) return false;
     state_->active = true;
     state_->runner = std::this_thread::get_id();
   }
-  std::function<void()> run = std::move(fn);
-  run();
-  MutexLock lock(&state_->mu);
-  state_->runner = std::thread::id();
-  ScheduleOrIdleLocked(state_);
+  RunTaken(std::move(fn), followers);
   return true;
 }
 

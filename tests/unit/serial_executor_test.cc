@@ -107,31 +107,37 @@ TEST_F(SerialExecutorTest, RunOrPostQueuesBehindWorkInProgress) {
   EXPECT_NE(ran_on, std::this_thread::get_id()) << "ran inline while the executor was busy";
 }
 
-// With Followers::kRunHere, the caller that ran its function inline also runs the short
-// functions (RunOrPost) that queued behind it, in order, and stops at a posted one: that
-// one, and what follows it, runs on the io_context's threads.
+// With Followers::kRunHere, the caller that ran its function inline (RunOrPost, or TryRun
+// as the ring poller does) also runs the short functions (RunOrPost) that queued behind it,
+// in order, and stops at a posted one: that one, and what follows it, runs on the
+// io_context's threads.
 TEST_F(SerialExecutorTest, RunHereRunsShortFollowersOnTheCaller) {
-  for (auto followers : {SerialExecutor::Followers::kRunHere, SerialExecutor::Followers::kPost}) {
-    SerialExecutor ex(io_);
-    const std::thread::id caller = std::this_thread::get_id();
-    std::vector<std::pair<int, bool>> ran;  // (which, on the caller); touched by ex only
-    ex.RunOrPost(
-        [&] {
-          ran.emplace_back(1, std::this_thread::get_id() == caller);
-          // Queued from other threads while this one runs.
-          std::thread([&] {
-            ex.RunOrPost([&] { ran.emplace_back(2, std::this_thread::get_id() == caller); });
-            ex.RunOrPost([&] { ran.emplace_back(3, std::this_thread::get_id() == caller); });
-            ex.Post([&] { ran.emplace_back(4, std::this_thread::get_id() == caller); });
-            ex.RunOrPost([&] { ran.emplace_back(5, std::this_thread::get_id() == caller); });
-          }).join();
-        },
-        followers);
-    Flush(ex);
-    const bool here = followers == SerialExecutor::Followers::kRunHere;
-    EXPECT_EQ(ran, (std::vector<std::pair<int, bool>>{
-                       {1, true}, {2, here}, {3, here}, {4, false}, {5, false}}))
-        << (here ? "kRunHere" : "kPost");
+  for (bool try_run : {false, true}) {
+    for (auto followers : {SerialExecutor::Followers::kRunHere, SerialExecutor::Followers::kPost}) {
+      SerialExecutor ex(io_);
+      const std::thread::id caller = std::this_thread::get_id();
+      std::vector<std::pair<int, bool>> ran;  // (which, on the caller); touched by ex only
+      std::function<void()> first = [&] {
+        ran.emplace_back(1, std::this_thread::get_id() == caller);
+        // Queued from other threads while this one runs.
+        std::thread([&] {
+          ex.RunOrPost([&] { ran.emplace_back(2, std::this_thread::get_id() == caller); });
+          ex.RunOrPost([&] { ran.emplace_back(3, std::this_thread::get_id() == caller); });
+          ex.Post([&] { ran.emplace_back(4, std::this_thread::get_id() == caller); });
+          ex.RunOrPost([&] { ran.emplace_back(5, std::this_thread::get_id() == caller); });
+        }).join();
+      };
+      if (try_run) {
+        ASSERT_TRUE(ex.TryRun(first, followers));
+      } else {
+        ex.RunOrPost(first, followers);
+      }
+      Flush(ex);
+      const bool here = followers == SerialExecutor::Followers::kRunHere;
+      EXPECT_EQ(ran, (std::vector<std::pair<int, bool>>{
+                         {1, true}, {2, here}, {3, here}, {4, false}, {5, false}}))
+          << (try_run ? "TryRun, " : "RunOrPost, ") << (here ? "kRunHere" : "kPost");
+    }
   }
 }
 
