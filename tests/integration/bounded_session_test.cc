@@ -30,6 +30,7 @@ namespace {
 
 using testing::Create;
 using testing::Download;
+using testing::Eventually;
 using testing::FerrydProcess;
 using testing::Fill;
 using testing::InlineUpload;
@@ -733,9 +734,7 @@ TEST(BoundedSessionTest, StreamsThatNeverSendOpenAreHeldAtTheLimitOrReset) {
     return Value(body, "ferry_streams_refused_total", "max_sessionless_per_uid") +
            Value(body, "ferry_streams_open_timeouts_total");
   };
-  for (int i = 0; i < 6000 && (hoarder.opened() < kStreams || ended() < kStreams); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  Eventually([&] { return hoarder.opened() >= kStreams && ended() >= kStreams; }, 60);
   const uint64_t after = RssBytes(d->pid());
   PrintFloodRss(before, after, "streams without Open");
   ASSERT_EQ(hoarder.opened(), kStreams);
@@ -744,9 +743,7 @@ TEST(BoundedSessionTest, StreamsThatNeverSendOpenAreHeldAtTheLimitOrReset) {
   EXPECT_LE(value("ferry_streams_sessionless"), kHeld);
   // The client gives its streams up: their places come back, and sessions open again.
   hoarder.CancelAll();
-  for (int i = 0; i < 3000 && value("ferry_streams_sessionless") > 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  Eventually([&] { return value("ferry_streams_sessionless") == 0; }, 30);
   EXPECT_EQ(value("ferry_streams_sessionless"), 0);
   ExpectAnotherSessionWorks(*d);
   EXPECT_EQ(d->Stop(), 0) << d->log();
@@ -766,9 +763,7 @@ TEST(BoundedSessionTest, AnOpenPastTheSessionlessLimitSucceedsOnceAPlaceComesBac
   // This uid's two places, taken by streams that send nothing.
   auto held = std::make_unique<RawStream>(d->unix_target());
   RawStream other(d->unix_target());
-  for (int i = 0; i < 500 && Value(Scrape(metrics), "ferry_streams_sessionless") < 2; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  Eventually([&] { return Value(Scrape(metrics), "ferry_streams_sessionless") >= 2; }, 5);
   ASSERT_EQ(Value(Scrape(metrics), "ferry_streams_sessionless"), 2);
   auto client = Client::connect(d->unix_target());
   ASSERT_TRUE(client.ok()) << client.status().ToString();
@@ -779,9 +774,7 @@ TEST(BoundedSessionTest, AnOpenPastTheSessionlessLimitSucceedsOnceAPlaceComesBac
     status = session.ok() ? session->close().status() : session.status();
     opened = true;
   });
-  for (int i = 0; i < 500 && refused() < 2; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  Eventually([&] { return refused() >= 2; }, 5);
   EXPECT_GE(refused(), 2) << "the open was not refused and retried";
   EXPECT_FALSE(opened) << "the open got through past the limit";
   held.reset();  // a place comes back
@@ -811,9 +804,7 @@ TEST(BoundedSessionTest, StreamsWithoutTheTokenAreHeldAtTheLimitOrReset) {
   const uint64_t before = RssBytes(d->pid());
   constexpr int kStreams = kFloodStreams;
   StreamHoarder hoarder(channel, kStreams, {});
-  for (int i = 0; i < 6000 && hoarder.opened() < kStreams; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  Eventually([&] { return hoarder.opened() >= kStreams; }, 60);
   std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the last ones handled
   const uint64_t after = RssBytes(d->pid());
   PrintFloodRss(before, after, "streams without the token");
@@ -864,12 +855,8 @@ TEST(BoundedSessionTest, EndedSessionsWhoseClientNeverReadsCountUntilClosed) {
     return Value(body, "ferry_sessions_total") +
            Value(body, "ferry_streams_refused_total", "max_sessionless_per_uid");
   };
-  for (int i = 0; i < 6000 && (hoarder.opened() < kStreams || accounted() < kStreams); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  for (int i = 0; i < 3000 && value("ferry_sessions_open") > 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  Eventually([&] { return hoarder.opened() >= kStreams && accounted() >= kStreams; }, 60);
+  Eventually([&] { return value("ferry_sessions_open") == 0; }, 30);
   ASSERT_EQ(hoarder.opened(), kStreams);
   std::printf("%.0f of %d streams became sessions\n", value("ferry_sessions_total"), kStreams);
   EXPECT_EQ(accounted(), kStreams);
@@ -880,9 +867,7 @@ TEST(BoundedSessionTest, EndedSessionsWhoseClientNeverReadsCountUntilClosed) {
   // they pass it the uid's new streams are reset.
   EXPECT_LE(value("ferry_streams_sessionless"), 16 + value("ferry_sessions_total"));
   hoarder.CancelAll();
-  for (int i = 0; i < 3000 && value("ferry_streams_sessionless") > 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  Eventually([&] { return value("ferry_streams_sessionless") == 0; }, 30);
   EXPECT_EQ(value("ferry_streams_sessionless"), 0);
   ExpectAnotherSessionWorks(*d);
   EXPECT_EQ(d->Stop(), 0) << d->log();
@@ -1166,17 +1151,6 @@ TEST(BoundedSessionTest, SessionsTogetherHoldAtMostTheDaemonsObjects) {
   }
   EXPECT_EQ(objects, 0);
   EXPECT_EQ(d->Stop(), 0) << d->log();
-}
-
-// Whether `done()` became true within `seconds`, looking every 10 ms.
-template <typename F>
-bool Eventually(F done, int seconds = 30) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > until) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return true;
 }
 
 // The f32 values of `bytes` (a download of f32 elements).

@@ -183,6 +183,17 @@ class FerrydProcess {
   std::vector<std::string> endpoints_;
 };
 
+/// Whether `done()` became true within `seconds`, looking every 10 ms.
+template <typename F>
+bool Eventually(F done, int seconds = 30) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
+
 /// Samples a daemon's submits in flight (Admin Status, as fast as it answers) on a thread of
 /// its own, from construction until Stop.
 class InFlightSampler {

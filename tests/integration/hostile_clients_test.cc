@@ -41,6 +41,7 @@
 namespace ferry {
 namespace {
 
+using testing::Eventually;
 using testing::FerrydProcess;
 using testing::RawSlabConnection;
 using testing::RawStream;
@@ -575,9 +576,7 @@ TEST_F(HostileClientsPerUidTest, StreamsThatNeverSendOpenAreBoundedPerUidAndEndA
   // A stream's place comes back once gRPC is done with its call, just after its client closed
   // it; B's stream opened a session, so it counts no more.
   auto sessionless_once_settled = [&] {
-    for (int i = 0; i < 3000 && metric("ferry_streams_sessionless") > 0; ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
+    Eventually([&] { return metric("ferry_streams_sessionless") == 0; }, 30);
     return metric("ferry_streams_sessionless");
   };
   EXPECT_EQ(sessionless_once_settled(), 0);
