@@ -32,20 +32,23 @@
 //  * Usage (backend.h): one pair of timing events per span of work between completions:
 //    the first work enqueued after a completion (outside a capture) records a start event,
 //    and the next OnComplete watches a timing event instead of a plain one, which is the
-//    span's end. Each host<->device copy of kMinTimedCopyBytes or more enqueued outside a
-//    capture gets its own pair, from the same pool (kMaxTimedCopies per direction and span; past
-//    that, a copy's bytes are counted and its time is estimated from the span's timed copies of
-//    that direction: a sample). A smaller copy's bytes are counted, its time only in busy_ns (or
-//    at the rate of the span's timed copies of its direction, if any): two more events would
-//    cost more than such a copy takes. Elapsed times are read on the watcher thread, before
-//    the completion's callback runs. Cost: one extra cudaEventRecord per submit, two per large
-//    copy, and a cudaEventElapsedTime each (docs/performance.md has it measured).
+//    span's end. Copies are sampled: a host<->device copy of kMinTimedCopyBytes or more
+//    enqueued outside a capture gets its own pair of events, from the same pool, when its
+//    direction and size class (a power of two of bytes) was last timed kCopySampleInterval ago
+//    or never (and at most kMaxTimedCopies per direction and span). Every other copy's bytes
+//    are counted and its time is estimated at the rate last measured for its direction and
+//    class (or the nearest class measured), never past the span's busy time. Timing every copy
+//    cost a streamed 64 KiB transfer about 4 us of its 14 and kept the copy engine from running
+//    back-to-back copies as one stream (docs/performance.md). Elapsed times are read on the
+//    watcher thread, before the completion's callback runs. Cost: one extra cudaEventRecord per
+//    submit, two per sampled copy, and a cudaEventElapsedTime each.
 //
 // Lifetime: a CudaDevice must outlive its streams; modules and graphs may outlive it (they
 // unload from the primary context, which stays). A callback must not destroy the device.
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <climits>
 #include <cmath>
 #include <cstdio>
@@ -865,18 +868,35 @@ class CudaStream final : public Stream {
     bool to_device = false;
     uint64_t bytes = 0;
   };
+  /// Copies are timed by size class: [0, 128 KiB), [128 KiB, 256 KiB), ..., [128 MiB, inf).
+  static constexpr int kSizeClasses = 12;
+  static int SizeClass(uint64_t bytes) {
+    int c = 0;
+    for (uint64_t b = bytes >> 17; b != 0 && c < kSizeClasses - 1; b >>= 1) ++c;
+    return c;
+  }
+  using PerClass = std::array<std::array<uint64_t, kSizeClasses>, 2>;  // [to_device][class]
+  /// The time per byte last measured for each direction and size class (0: not yet), for the
+  /// copies not timed with their own events. Touched only on the watcher thread.
+  struct CopyRates {
+    std::array<std::array<double, kSizeClasses>, 2> ns_per_byte{};
+  };
   /// What one span hands to its completion.
   struct Span {
     cudaEvent_t start = nullptr;
     std::vector<TimedCopyEvents> copies;
-    uint64_t untimed_h2d = 0, untimed_d2h = 0;  // bytes of copies not timed with events
-    size_t timed_h2d = 0, timed_d2h = 0;        // copies timed, per direction
+    PerClass untimed{};                   // bytes of copies not timed with events
+    size_t timed_h2d = 0, timed_d2h = 0;  // copies timed, per direction
   };
   // Per direction. Few: a span's events are held until its completion, and a session may
   // have 64 submits in flight; most submits copy once or twice.
   static constexpr size_t kMaxTimedCopies = 4;
   // Copies below this are not timed with their own events (see the file comment).
   static constexpr uint64_t kMinTimedCopyBytes = 64u << 10;
+  // A direction and size class is timed with events again once this long has passed since
+  // it last was: two timing events around every copy cost a small copy more than the copy
+  // (and keep the copy engine from running back-to-back copies as one stream).
+  static constexpr std::chrono::milliseconds kCopySampleInterval{10};
 
   /// Open a span (record its start event) unless one is open or the stream is capturing.
   /// Best effort: without an event the span's work goes unmeasured.
@@ -914,7 +934,11 @@ class CudaStream final : public Stream {
     timed.to_device = to_device;
     timed.bytes = bytes;
     size_t& timed_so_far = to_device ? span_.timed_h2d : span_.timed_d2h;
-    if (span_.start != nullptr && timed_so_far < kMaxTimedCopies && bytes >= kMinTimedCopyBytes) {
+    const int size_class = SizeClass(bytes);
+    std::chrono::steady_clock::time_point& next_sample = next_sample_[to_device][size_class];
+    const auto now = std::chrono::steady_clock::now();
+    if (span_.start != nullptr && timed_so_far < kMaxTimedCopies && bytes >= kMinTimedCopyBytes &&
+        now >= next_sample) {
       Result<cudaEvent_t> start = watcher().AcquireTimingEvent();
       Result<cudaEvent_t> end = watcher().AcquireTimingEvent();
       if (start.ok()) timed.start = *start;
@@ -926,22 +950,21 @@ class CudaStream final : public Stream {
       if (timed.start != nullptr) watcher().ReleaseTimingEvent(timed.start);
       if (timed.end != nullptr) watcher().ReleaseTimingEvent(timed.end);
       Status status = copy();
-      if (status.ok() && span_.start != nullptr) {
-        (to_device ? span_.untimed_h2d : span_.untimed_d2h) += bytes;
-      }
+      if (status.ok() && span_.start != nullptr) span_.untimed[to_device][size_class] += bytes;
       return status;
     }
     Status status = copy();
     if (status.ok() && cudaEventRecord(timed.end, stream_) == cudaSuccess) {
       span_.copies.push_back(timed);
       ++timed_so_far;
+      next_sample = now + kCopySampleInterval;
       return status;
     }
     (void)cudaGetLastError();
     // The start event may already be recorded: it completes with the stream, harmlessly.
     watcher().ReleaseTimingEvent(timed.start);
     watcher().ReleaseTimingEvent(timed.end);
-    if (status.ok()) (to_device ? span_.untimed_h2d : span_.untimed_d2h) += bytes;
+    if (status.ok()) span_.untimed[to_device][size_class] += bytes;
     return status;
   }
 
@@ -967,11 +990,11 @@ class CudaStream final : public Stream {
     span_ = Span();
     watcher().Watch(
         queue_, *end,
-        [span = std::move(span), end = *end, usage = usage_, device = device_, watcher = &watcher(),
-         done = std::move(done)](Status status) mutable {
+        [span = std::move(span), end = *end, usage = usage_, rates = rates_, device = device_,
+         watcher = &watcher(), done = std::move(done)](Status status) mutable {
           // Every event of the span precedes `end` on the stream: all have completed.
           if (status.ok()) {
-            const Usage used = MeasureSpan(span, end);
+            const Usage used = MeasureSpan(span, end, rates.get());
             usage->Add(used);
             device->AddUsage(used);
           }
@@ -991,7 +1014,7 @@ class CudaStream final : public Stream {
     return static_cast<uint64_t>(static_cast<double>(ms) * 1e6);
   }
 
-  static Usage MeasureSpan(const Span& span, cudaEvent_t end) {
+  static Usage MeasureSpan(const Span& span, cudaEvent_t end, CopyRates* rates) {
     Usage used;
     used.busy_ns = ElapsedNs(span.start, end);
     for (const TimedCopyEvents& c : span.copies) {
@@ -1003,20 +1026,40 @@ class CudaStream final : public Stream {
         used.d2h_bytes += c.bytes;
         used.d2h_ns += ns;
       }
+      if (c.bytes > 0 && ns > 0) {
+        rates->ns_per_byte[c.to_device][SizeClass(c.bytes)] =
+            static_cast<double>(ns) / static_cast<double>(c.bytes);
+      }
     }
-    // Copies not timed (small ones, and those past kMaxTimedCopies): their time at the rate of
-    // the span's timed ones of the same direction (none timed: in busy_ns only).
-    auto estimate = [](uint64_t untimed, uint64_t bytes, uint64_t ns) -> uint64_t {
-      if (untimed == 0 || bytes == 0) return 0;
-      return static_cast<uint64_t>(static_cast<double>(untimed) * static_cast<double>(ns) /
-                                   static_cast<double>(bytes));
-    };
-    const uint64_t h2d_extra = estimate(span.untimed_h2d, used.h2d_bytes, used.h2d_ns);
-    const uint64_t d2h_extra = estimate(span.untimed_d2h, used.d2h_bytes, used.d2h_ns);
-    used.h2d_bytes += span.untimed_h2d;
-    used.h2d_ns += h2d_extra;
-    used.d2h_bytes += span.untimed_d2h;
-    used.d2h_ns += d2h_extra;
+    // Copies not timed (small ones, those between samples, those past kMaxTimedCopies): their
+    // time at the rate last measured for their direction and size class, or the nearest class
+    // measured (none measured yet: in busy_ns only). Estimates never take the copies' time
+    // past the span's.
+    uint64_t estimated[2] = {0, 0};
+    for (int to_device = 0; to_device < 2; ++to_device) {
+      for (int c = 0; c < kSizeClasses; ++c) {
+        const uint64_t bytes = span.untimed[to_device][c];
+        if (bytes == 0) continue;
+        const auto& known = rates->ns_per_byte[to_device];
+        double rate = 0;
+        for (int d = 0; d < kSizeClasses && rate == 0; ++d) {
+          if (c - d >= 0 && known[c - d] > 0) rate = known[c - d];
+          if (rate == 0 && c + d < kSizeClasses && known[c + d] > 0) rate = known[c + d];
+        }
+        estimated[to_device] += static_cast<uint64_t>(static_cast<double>(bytes) * rate);
+        (to_device ? used.h2d_bytes : used.d2h_bytes) += bytes;
+      }
+    }
+    const uint64_t timed_ns = used.h2d_ns + used.d2h_ns;
+    const uint64_t room = used.busy_ns > timed_ns ? used.busy_ns - timed_ns : 0;
+    const uint64_t wanted = estimated[0] + estimated[1];
+    if (wanted > room) {  // scaled down to fit the span
+      const double scale = static_cast<double>(room) / static_cast<double>(wanted);
+      estimated[0] = static_cast<uint64_t>(static_cast<double>(estimated[0]) * scale);
+      estimated[1] = static_cast<uint64_t>(static_cast<double>(estimated[1]) * scale);
+    }
+    used.d2h_ns += estimated[0];
+    used.h2d_ns += estimated[1];
     return used;
   }
 
@@ -1184,6 +1227,9 @@ class CudaStream final : public Stream {
 
   // Owner-only: the span of work since the last completion (start null: none open).
   Span span_;
+  // When each direction and size class is next timed with events (TimedCopy; executor side).
+  std::array<std::array<std::chrono::steady_clock::time_point, kSizeClasses>, 2> next_sample_{};
+  const std::shared_ptr<CopyRates> rates_ = std::make_shared<CopyRates>();
   // Shared with the completions in flight, which add to it on the watcher thread.
   const std::shared_ptr<UsageCounter> usage_ = std::make_shared<UsageCounter>();
 };
