@@ -983,6 +983,29 @@ TEST_P(BackendConformanceTest, UsageCountsTenMillisecondsOfWork) {
   EXPECT_EQ(used.d2h_bytes, 0u) << "no copies ran";
 }
 
+// Submits back to back, a completion watched after each while the device still runs the
+// ones before (on CUDA a span then starts at the previous span's end): each submit's device
+// time is counted once, so together they are at least the work and at most the wall-clock
+// time it all took (spans that overlapped would count some of it twice).
+TEST_P(BackendConformanceTest, UsageOfBackToBackSubmitsCountsEachOnce) {
+  const Usage before = stream().usage();
+  const auto start = std::chrono::steady_clock::now();
+  std::atomic<int> completed{0};
+  for (int i = 0; i < 5; ++i) {
+    EnqueueWorkOfAtLeast(device(), stream(), std::chrono::milliseconds(2));
+    stream().OnComplete([&completed](Status status) {
+      if (status.ok()) ++completed;
+    });
+  }
+  ASSERT_TRUE(Sync(stream()).ok());
+  const auto wall = std::chrono::duration_cast<std::chrono::nanoseconds>(
+      std::chrono::steady_clock::now() - start);
+  const Usage used = Minus(stream().usage(), before);
+  EXPECT_EQ(completed.load(), 5);
+  EXPECT_GE(used.busy_ns, 10'000'000u) << Describe(used);
+  EXPECT_LE(used.busy_ns, static_cast<uint64_t>(wall.count())) << Describe(used);
+}
+
 TEST_P(BackendConformanceTest, UsageCountsCopiesByDirection) {
   constexpr uint64_t kBytes = 1u << 20;
   DeviceBuffer buf = MustAllocate(stream(), kBytes);

@@ -70,10 +70,10 @@ void CompletionWatcher::ReleaseTimingEvent(cudaEvent_t event) {
 }
 
 void CompletionWatcher::Watch(const std::shared_ptr<Queue>& queue, cudaEvent_t event,
-                              CompletionFn done, bool timing) {
+                              CompletionFn done, EventRelease release) {
   Entry entry;
   entry.event = event;
-  entry.timing = timing;
+  entry.release = release;
   entry.done = std::move(done);
   Push(queue, std::move(entry));
 }
@@ -217,9 +217,9 @@ void CompletionWatcher::Deliver(StreamQueue& stream, Entry entry, Status status)
   if (entry.done) entry.done(std::move(status));
   entry.done = nullptr;  // destroy the callback's state before counting it delivered
   if (entry.event != nullptr) {
-    if (entry.timing) {
+    if (entry.release == EventRelease::kToTimingPool) {
       ReleaseTimingEvent(entry.event);
-    } else {
+    } else if (entry.release == EventRelease::kToPool) {
       ReleaseEvent(entry.event);
     }
   }
