@@ -984,9 +984,9 @@ TEST_P(BackendConformanceTest, UsageCountsTenMillisecondsOfWork) {
 }
 
 // Submits back to back, a completion watched after each while the device still runs the
-// ones before (on CUDA a span then starts at the previous span's end): each submit's device
-// time is counted once, so together they are at least the work and at most the wall-clock
-// time it all took (spans that overlapped would count some of it twice).
+// ones before: each submit's device time is counted once, so together they are at least the
+// work and at most the wall-clock time it all took (spans that overlapped would count some
+// of it twice).
 TEST_P(BackendConformanceTest, UsageOfBackToBackSubmitsCountsEachOnce) {
   const Usage before = stream().usage();
   const auto start = std::chrono::steady_clock::now();

@@ -70,10 +70,10 @@ void CompletionWatcher::ReleaseTimingEvent(cudaEvent_t event) {
 }
 
 void CompletionWatcher::Watch(const std::shared_ptr<Queue>& queue, cudaEvent_t event,
-                              CompletionFn done, EventRelease release) {
+                              CompletionFn done, bool timing) {
   Entry entry;
   entry.event = event;
-  entry.release = release;
+  entry.timing = timing;
   entry.done = std::move(done);
   Push(queue, std::move(entry));
 }
@@ -217,9 +217,9 @@ void CompletionWatcher::Deliver(StreamQueue& stream, Entry entry, Status status)
   if (entry.done) entry.done(std::move(status));
   entry.done = nullptr;  // destroy the callback's state before counting it delivered
   if (entry.event != nullptr) {
-    if (entry.release == EventRelease::kToTimingPool) {
+    if (entry.timing) {
       ReleaseTimingEvent(entry.event);
-    } else if (entry.release == EventRelease::kToPool) {
+    } else {
       ReleaseEvent(entry.event);
     }
   }

@@ -82,13 +82,11 @@ class CompletionWatcher {
   Result<cudaEvent_t> AcquireTimingEvent();
   void ReleaseTimingEvent(cudaEvent_t event);
 
-  /// Who gives a watched event back after its callback ran: the watcher, to the pool it came
-  /// from (AcquireEvent or AcquireTimingEvent), or the caller (who keeps it for longer).
-  enum class EventRelease { kToPool, kToTimingPool, kByCaller };
   /// Call `done` once `event` (recorded on the stream of `queue`) has completed, after the
-  /// callbacks watched on `queue` before it; then release the event as `release` says.
+  /// callbacks watched on `queue` before it. `timing`: the event came from
+  /// AcquireTimingEvent (it goes back to that pool after `done` ran).
   void Watch(const std::shared_ptr<Queue>& queue, cudaEvent_t event, CompletionFn done,
-             EventRelease release = EventRelease::kToPool);
+             bool timing = false);
   /// Call `done` with `status` once the callbacks watched on `queue` before it have run.
   void WatchResolved(const std::shared_ptr<Queue>& queue, Status status, CompletionFn done);
 
@@ -105,8 +103,8 @@ class CompletionWatcher {
 
  private:
   struct Entry {
-    cudaEvent_t event = nullptr;  // null: already resolved with `status`
-    EventRelease release = EventRelease::kToPool;
+    cudaEvent_t event = nullptr;   // null: already resolved with `status`
+    bool timing = false;           // event is from the timing pool
     std::optional<Status> status;  // the fixed status of a resolved entry
     CompletionFn done;
   };

@@ -32,18 +32,16 @@
 //  * Usage (backend.h): one pair of timing events per span of work between completions:
 //    the first work enqueued after a completion (outside a capture) records a start event,
 //    and the next OnComplete watches a timing event instead of a plain one, which is the
-//    span's end. While the device has not reached the previous span's end, that end is the
-//    new span's start (no event recorded: a pipelining client's submits cost one event each).
-//    Copies are sampled: a host<->device copy of kMinTimedCopyBytes or more enqueued outside a
-//    capture gets its own pair of events, from the same pool, when its direction and size class (a
-//    power of two of bytes) was last timed kCopySampleInterval ago or never (and at most
-//    kMaxTimedCopies per direction and span). Every other copy's bytes are counted and its time is
-//    estimated at the rate last measured for its direction and class (or the nearest class
-//    measured), never past the span's busy time. Timing every copy cost a streamed 64 KiB transfer
-//    about 4 us of its 14 and kept the copy engine from running back-to-back copies as one stream
-//    (docs/performance.md). Elapsed times are read on the watcher thread, before the completion's
-//    callback runs. Cost: one extra cudaEventRecord per submit that follows an idle device, two
-//    per sampled copy, and a cudaEventElapsedTime each.
+//    span's end. Copies are sampled: a host<->device copy of kMinTimedCopyBytes or more
+//    enqueued outside a capture gets its own pair of events, from the same pool, when its
+//    direction and size class (a power of two of bytes) was last timed kCopySampleInterval ago
+//    or never (and at most kMaxTimedCopies per direction and span). Every other copy's bytes
+//    are counted and its time is estimated at the rate last measured for its direction and
+//    class (or the nearest class measured), never past the span's busy time. Timing every copy
+//    cost a streamed 64 KiB transfer about 4 us of its 14 and kept the copy engine from running
+//    back-to-back copies as one stream (docs/performance.md). Elapsed times are read on the
+//    watcher thread, before the completion's callback runs. Cost: one extra cudaEventRecord per
+//    submit, two per sampled copy, and a cudaEventElapsedTime each.
 //
 // Lifetime: a CudaDevice must outlive its streams; modules and graphs may outlive it (they
 // unload from the primary context, which stays). A callback must not destroy the device.
@@ -531,7 +529,6 @@ class CudaStream final : public Stream {
     for (auto& [nodes, exec] : batch_execs_) (void)cudaGraphExecDestroy(exec);
     if (!watcher().OnWatcherThread()) watcher().WaitForQueue(queue_);
     DropSpan();
-    last_end_.reset();
     if (cublas_ != nullptr) (void)cublas_api_->Destroy(cublas_);
     // The reduction scratch goes back to the pool in stream order, after this stream's
     // work, when no graph captured here holds it: cudaFree (the scratch's destructor) waits
@@ -884,21 +881,9 @@ class CudaStream final : public Stream {
   struct CopyRates {
     std::array<std::array<double, kSizeClasses>, 2> ns_per_byte{};
   };
-  /// A timing event shared by the span it ends and the span that starts at it; back to the
-  /// pool when the last of them lets it go.
-  struct SharedTimingEvent {
-    SharedTimingEvent(cudaEvent_t event, CompletionWatcher* watcher)
-        : event(event), watcher(watcher) {}
-    ~SharedTimingEvent() { watcher->ReleaseTimingEvent(event); }
-    SharedTimingEvent(const SharedTimingEvent&) = delete;
-    SharedTimingEvent& operator=(const SharedTimingEvent&) = delete;
-    const cudaEvent_t event;
-    CompletionWatcher* const watcher;
-  };
-  using EventRef = std::shared_ptr<const SharedTimingEvent>;
   /// What one span hands to its completion.
   struct Span {
-    EventRef start;
+    cudaEvent_t start = nullptr;
     std::vector<TimedCopyEvents> copies;
     PerClass untimed{};                   // bytes of copies not timed with events
     size_t timed_h2d = 0, timed_d2h = 0;  // copies timed, per direction
@@ -913,24 +898,10 @@ class CudaStream final : public Stream {
   // (and keep the copy engine from running back-to-back copies as one stream).
   static constexpr std::chrono::milliseconds kCopySampleInterval{10};
 
-  /// Open a span unless one is open or the stream is capturing. Best effort: without an
-  /// event the span's work goes unmeasured.
+  /// Open a span (record its start event) unless one is open or the stream is capturing.
+  /// Best effort: without an event the span's work goes unmeasured.
   void StartSpan() {
     if (capturing_ || span_.start != nullptr) return;
-    if (last_end_ != nullptr) {
-      // The device has not reached the previous span's end yet: this work runs right after
-      // it (a stream runs in order), so that end is this span's start, and no timing event
-      // need be recorded for it (a pipelining client's every submit saves one). The device
-      // may reach it while this work is enqueued: then the enqueue's few microseconds of
-      // idle device count as busy.
-      const cudaError_t reached = cudaEventQuery(last_end_->event);
-      if (reached == cudaErrorNotReady) {
-        span_.start = last_end_;
-        return;
-      }
-      if (reached != cudaSuccess) (void)cudaGetLastError();  // a fault: the record fails too
-      last_end_.reset();
-    }
     Result<cudaEvent_t> event = watcher().AcquireTimingEvent();
     if (!event.ok()) return;
     if (cudaEventRecord(*event, stream_) != cudaSuccess) {
@@ -938,7 +909,7 @@ class CudaStream final : public Stream {
       watcher().ReleaseTimingEvent(*event);
       return;
     }
-    span_.start = std::make_shared<const SharedTimingEvent>(*event, &watcher());
+    span_.start = *event;
   }
 
   /// Give the open span's events back, unmeasured.
@@ -947,6 +918,7 @@ class CudaStream final : public Stream {
     span_ = Span();
   }
   static void ReleaseSpan(CompletionWatcher* watcher, const Span& span) {
+    if (span.start != nullptr) watcher->ReleaseTimingEvent(span.start);
     for (const TimedCopyEvents& c : span.copies) {
       watcher->ReleaseTimingEvent(c.start);
       watcher->ReleaseTimingEvent(c.end);
@@ -1016,21 +988,20 @@ class CudaStream final : public Stream {
     }
     Span span = std::move(span_);
     span_ = Span();
-    last_end_ = std::make_shared<const SharedTimingEvent>(*end, &watcher());
     watcher().Watch(
         queue_, *end,
-        [span = std::move(span), end = last_end_, usage = usage_, rates = rates_, device = device_,
+        [span = std::move(span), end = *end, usage = usage_, rates = rates_, device = device_,
          watcher = &watcher(), done = std::move(done)](Status status) mutable {
           // Every event of the span precedes `end` on the stream: all have completed.
           if (status.ok()) {
-            const Usage used = MeasureSpan(span, end->event, rates.get());
+            const Usage used = MeasureSpan(span, end, rates.get());
             usage->Add(used);
             device->AddUsage(used);
           }
           ReleaseSpan(watcher, span);
           done(std::move(status));
         },
-        CompletionWatcher::EventRelease::kByCaller);  // `end`'s last holder releases it
+        /*timing=*/true);
     return true;
   }
 
@@ -1045,7 +1016,7 @@ class CudaStream final : public Stream {
 
   static Usage MeasureSpan(const Span& span, cudaEvent_t end, CopyRates* rates) {
     Usage used;
-    used.busy_ns = ElapsedNs(span.start->event, end);
+    used.busy_ns = ElapsedNs(span.start, end);
     for (const TimedCopyEvents& c : span.copies) {
       const uint64_t ns = ElapsedNs(c.start, c.end);
       if (c.to_device) {
@@ -1256,8 +1227,6 @@ class CudaStream final : public Stream {
 
   // Owner-only: the span of work since the last completion (start null: none open).
   Span span_;
-  // The end of the last span watched, while the next span may start at it (StartSpan).
-  EventRef last_end_;
   // When each direction and size class is next timed with events (TimedCopy; executor side).
   std::array<std::array<std::chrono::steady_clock::time_point, kSizeClasses>, 2> next_sample_{};
   const std::shared_ptr<CopyRates> rates_ = std::make_shared<CopyRates>();
