@@ -32,6 +32,14 @@ class RawStream {
     stub_ = v1::SessionService::NewStub(channel_);
     stream_ = stub_->Session(&ctx_);
   }
+  /// With a deadline: a test that waits for a message that never comes fails when it passes
+  /// (its reads end) instead of hanging.
+  RawStream(const std::string& target, std::chrono::seconds deadline) {
+    ctx_.set_deadline(std::chrono::system_clock::now() + deadline);
+    channel_ = grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
+    stub_ = v1::SessionService::NewStub(channel_);
+    stream_ = stub_->Session(&ctx_);
+  }
   /// Over a channel made elsewhere (e.g. from a connected fd).
   explicit RawStream(std::shared_ptr<grpc::Channel> channel) : channel_(std::move(channel)) {
     stub_ = v1::SessionService::NewStub(channel_);

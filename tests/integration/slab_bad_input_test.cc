@@ -223,7 +223,7 @@ TEST_F(SlabBadInputTest, CompletionBoardIsReadOnlyAndPostsEachDelivery) {
 // daemon's accounting too: far more of them than max-in-flight go through, and nothing stays
 // counted in flight.
 TEST_F(SlabBadInputTest, SuccessesOnTheBoardGetNoCompletedButFailuresAndDownloadsDo) {
-  RawStream raw(daemon_->unix_target());
+  RawStream raw(daemon_->unix_target(), std::chrono::seconds(60));
   auto opened = raw.Open(/*successes_on_board=*/true);
   ASSERT_TRUE(opened);
   ASSERT_TRUE(opened->completion_board());
