@@ -150,15 +150,19 @@ Result<uint64_t> SessionState::Submit(
   return id;
 }
 
-Status SessionState::WaitSubmit(uint64_t id) {
-  MutexLock lock(&mu_);
+bool SessionState::WaitCompletedLocked(uint64_t first, uint64_t last) {
   Wait(
       [&] {
         mu_.AssertHeld();
-        return CompletedLocked(id, id) || !dead_.ok();
+        return CompletedLocked(first, last) || !dead_.ok();
       },
-      id);
-  if (!CompletedLocked(id, id)) return dead_;
+      last);
+  return CompletedLocked(first, last);
+}
+
+Status SessionState::WaitSubmit(uint64_t id) {
+  MutexLock lock(&mu_);
+  if (!WaitCompletedLocked(id, id)) return dead_;
   auto it = failures_.find(id);
   if (it == failures_.end()) return Status::Ok();
   Status s = it->second;
@@ -175,14 +179,7 @@ Status SessionState::Synchronize() {
   MutexLock lock(&mu_);
   // Failures before synchronized_through_ were reported by an earlier Synchronize (or
   // consumed by a WaitSubmit); the submits since are what this one reports.
-  const uint64_t first = synchronized_through_ + 1;
-  Wait(
-      [&] {
-        mu_.AssertHeld();
-        return CompletedLocked(first, last) || !dead_.ok();
-      },
-      last);
-  if (!CompletedLocked(first, last)) return dead_;
+  if (!WaitCompletedLocked(synchronized_through_ + 1, last)) return dead_;
   synchronized_through_ = last;
   Status first_failure;
   if (!failures_.empty()) first_failure = failures_.begin()->second;
@@ -249,12 +246,8 @@ bool SessionState::Outcome(uint64_t first, uint64_t last, Status* status) {
 Status SessionState::WaitOutcome(uint64_t first, uint64_t last) {
   MutexLock lock(&mu_);
   Status s;
-  Wait(
-      [&] {
-        mu_.AssertHeld();
-        return OutcomeLocked(first, last, &s);
-      },
-      last);
+  WaitCompletedLocked(first, last);
+  OutcomeLocked(first, last, &s);  // completed, or the stream's end
   for (uint64_t id = first; id <= last; ++id) tracked_.erase(id);
   // The waiter returns these submits' failure: consumed, as WaitSubmit does, so that the
   // next Synchronize does not report it again (docs/protocol.md, "Who reports a failed

@@ -121,6 +121,10 @@ class SessionState {
   // owed (docs/protocol.md, "Successes on the board"). True when first > last.
   bool CompletedLocked(uint64_t first, uint64_t last) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // Wait (below) until CompletedLocked(first, last) or the stream has ended; return
+  // CompletedLocked(first, last).
+  bool WaitCompletedLocked(uint64_t first, uint64_t last) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // CompletedLocked for [first, last] and, if so, the first failure among its tracked
   // submits; the stream's end when it ended before they completed.
   bool OutcomeLocked(uint64_t first, uint64_t last, Status* status)

@@ -489,31 +489,36 @@ class SessionConnection : public session::SessionEvents,
       answers = last - first + 1;
       while (!charges_.empty() && charges_.front().submit_id >= first &&
              charges_.front().submit_id <= last) {
-        bytes_in_flight_ -= charges_.front().bytes;
-        context_->gauges.bytes_in_flight -= static_cast<int64_t>(charges_.front().bytes);
-        RefundHeld(charges_.front());
+        ReleaseCharge(charges_.front());
         charges_.pop_front();
       }
     } else if (!m.has_synchronized()) {
       return;
     }
-    answers = std::min(answers, unanswered_);
-    unanswered_ -= answers;
-    context_->gauges.unanswered -= static_cast<int64_t>(answers);
+    CountAnswered(answers);
   }
 
   // A submit the board reported (Opened.successes_on_board): done, as if its Completed had
   // been written. Its charge need not be the oldest: an earlier submit's Completed may still
   // wait in the outbox.
   void AnsweredOnBoard(std::deque<Charge>::iterator charge) {
-    bytes_in_flight_ -= charge->bytes;
-    context_->gauges.bytes_in_flight -= static_cast<int64_t>(charge->bytes);
-    RefundHeld(*charge);
+    ReleaseCharge(*charge);
     charges_.erase(charge);
-    if (unanswered_ > 0) {
-      --unanswered_;
-      --context_->gauges.unanswered;
-    }
+    CountAnswered(1);
+  }
+
+  // Give back what an answered submit's charge took: the session's in-flight bytes, the
+  // daemon-wide gauge, and the daemon's and the identity's share (RefundHeld).
+  void ReleaseCharge(const Charge& c) {
+    bytes_in_flight_ -= c.bytes;
+    context_->gauges.bytes_in_flight -= static_cast<int64_t>(c.bytes);
+    RefundHeld(c);
+  }
+  // `n` accepted messages were answered (never more than are counted unanswered).
+  void CountAnswered(uint64_t n) {
+    n = std::min(n, unanswered_);
+    unanswered_ -= n;
+    context_->gauges.unanswered -= static_cast<int64_t>(n);
   }
 
   // Where a message came from: the gRPC stream or the submit ring.
