@@ -632,11 +632,11 @@ means true; --allow-insecure-remote and --allow-remote-raw-kernels also take =tr
                              DEADLINE_EXCEEDED, 0..600000 (default 5000; 0: never)
   --uid-limits RULE          per-identity limits, repeatable: SELECTOR:KEY=VALUE,... with
                              SELECTOR default, remote (all TCP peers), uid:N or gid:N and
-                             KEY sessions, device, pinned, inflight-bytes, objects (N,
-                             SIZE, P% of the daemon's) or inflight (N); VALUE none: no
+                             KEY sessions, device, pinned, inflight-bytes, objects, queued
+                             (N, SIZE, P% of the daemon's) or inflight (N); VALUE none: no
                              limit (default default:sessions=50%,device=50%,pinned=50%,
-                             inflight=4096,inflight-bytes=50%,objects=50%; root and
-                             ferryd's own uid exempt unless a uid: rule names them)
+                             inflight=4096,inflight-bytes=50%,objects=50%,queued=50%; root
+                             and ferryd's own uid exempt unless a uid: rule names them)
   --device-memory-cap SIZE   device memory all sessions together may hold (default: all)
   --host-memory SIZE         emulated device memory of the host backend (default 8G)
   --max-message SIZE         largest gRPC message (default 64M)

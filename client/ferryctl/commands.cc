@@ -413,6 +413,8 @@ void PrintUsage(const Options& options, const v1::ListSessionsReply& reply, std:
                           .Add("max_in_flight_bytes", u.max_in_flight_bytes())
                           .Add("objects", u.objects())
                           .Add("max_objects", u.max_objects())
+                          .Add("queued_commands", u.queued_commands())
+                          .Add("max_queued_commands", u.max_queued_commands())
                           .str());
     }
     out << JsonArray(items) << "\n";
@@ -426,6 +428,7 @@ void PrintUsage(const Options& options, const v1::ListSessionsReply& reply, std:
   table.AddColumn("IN-FLIGHT", true);
   table.AddColumn("HELD", true);  // bytes its submits hold in the daemon
   table.AddColumn("OBJECTS", true);
+  table.AddColumn("QUEUED", true);  // device commands on its sessions' streams
   for (const v1::UidUsage& u : reply.usage()) {
     table.AddRow(
         {u.identity(),
@@ -438,7 +441,9 @@ void PrintUsage(const Options& options, const v1::ListSessionsReply& reply, std:
                  std::to_string(u.max_submits_in_flight())),
          OfLimit(HumanBytes(u.in_flight_bytes()), u.max_in_flight_bytes(),
                  HumanBytes(u.max_in_flight_bytes())),
-         OfLimit(std::to_string(u.objects()), u.max_objects(), std::to_string(u.max_objects()))});
+         OfLimit(std::to_string(u.objects()), u.max_objects(), std::to_string(u.max_objects())),
+         OfLimit(std::to_string(u.queued_commands()), u.max_queued_commands(),
+                 std::to_string(u.max_queued_commands()))});
   }
   out << table.Render();
 }

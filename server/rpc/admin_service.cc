@@ -135,6 +135,8 @@ grpc::ServerUnaryReactor* AdminService::ListSessions(grpc::CallbackServerContext
     p->set_max_in_flight_bytes(u.limits.in_flight_bytes);
     p->set_objects(u.objects);
     p->set_max_objects(u.limits.objects);
+    p->set_queued_commands(u.queued_commands);
+    p->set_max_queued_commands(u.limits.queued_commands);
   }
   const std::string own_uid = caller ? std::to_string(*caller) : std::string();
   for (const session::IdentityUsage& u : context_->parts.registry->UsageByIdentity()) {

@@ -236,6 +236,12 @@ std::string RenderMetrics(const SessionServiceContext& c,
           [](const session::UidUsage& u) { return u.objects; });
   per_uid("ferry_uid_max_objects", "Object limit per identity (0: none).",
           [](const session::UidUsage& u) { return u.limits.objects; });
+  per_uid("ferry_uid_queued_commands",
+          "Device commands queued on the streams of the identity's sessions.",
+          [](const session::UidUsage& u) { return u.queued_commands; });
+  per_uid("ferry_uid_max_queued_commands",
+          "Queued device command limit per identity (its share of queued-commands; 0: none).",
+          [](const session::UidUsage& u) { return u.limits.queued_commands; });
   // Per usage identity (uid and client name, folded past metrics-max-identities), kept
   // after its sessions close: device time and copies measured on the device (backend.h,
   // Usage), and the device memory its open sessions hold.

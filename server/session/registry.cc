@@ -82,6 +82,7 @@ UidLimitRule Overlay(UidLimitRule base, const UidLimitRule& over) {
   pick(base.inflight, over.inflight);
   pick(base.inflight_bytes, over.inflight_bytes);
   pick(base.objects, over.objects);
+  pick(base.queued, over.queued);
   return base;
 }
 
@@ -96,6 +97,7 @@ UidLimitRule DefaultUidLimitRule() {
   r.inflight = {UidLimit::Kind::kAmount, 4096};
   r.inflight_bytes = {UidLimit::Kind::kPercent, 50};
   r.objects = {UidLimit::Kind::kPercent, 50};
+  r.queued = {UidLimit::Kind::kPercent, 50};
   return r;
 }
 
@@ -145,10 +147,11 @@ Result<UidLimitRule> ParseUidLimitRule(const std::string& text) {
                       : key == "inflight"       ? &rule.inflight
                       : key == "inflight-bytes" ? &rule.inflight_bytes
                       : key == "objects"        ? &rule.objects
+                      : key == "queued"         ? &rule.queued
                                                 : nullptr;
     if (!limit) {
       return Invalid("unknown limit '" + std::string(key) +
-                     "' (sessions, device, pinned, inflight, inflight-bytes or objects)");
+                     "' (sessions, device, pinned, inflight, inflight-bytes, objects or queued)");
     }
     if (limit->kind != UidLimit::Kind::kUnset) {
       return Invalid("'" + std::string(key) + "' given twice");
@@ -209,6 +212,7 @@ std::string FormatUidLimitRule(const UidLimitRule& rule) {
   add("inflight", rule.inflight, false);
   add("inflight-bytes", rule.inflight_bytes, true);
   add("objects", rule.objects, false);
+  add("queued", rule.queued, false);
   return out;
 }
 
@@ -259,6 +263,7 @@ UidUsage UidAccount::Usage() const {
   u.inflight = inflight_.load();
   u.in_flight_bytes = in_flight_bytes_.load();
   u.objects = objects_.load();
+  u.queued_commands = launch_share_.queued.load();
   u.limits = limits_;
   return u;
 }
@@ -310,6 +315,7 @@ ResolvedUidLimits SessionRegistry::Resolve(const PeerIdentity& peer) const {
   };
   out.in_flight_bytes = share(rule.inflight_bytes, in_flight_bytes_limit_);
   out.objects = share(rule.objects, objects_limit_);
+  out.queued_commands = share(rule.queued, launch_room_.limit());
   return out;
 }
 
@@ -545,7 +551,7 @@ std::vector<UidUsage> SessionRegistry::UsageByUid() const {
   for (const auto& [identity, account] : accounts_) {
     UidUsage u = account->Usage();
     if (u.sessions || u.device_bytes || u.pinned_bytes || u.inflight || u.in_flight_bytes ||
-        u.objects) {
+        u.objects || u.queued_commands) {
       out.push_back(std::move(u));
     }
   }

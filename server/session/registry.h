@@ -4,8 +4,9 @@
 // Per-identity limits: every session is charged to an identity, "uid:N" for a local client
 // (its SO_PEERCRED uid) or "remote" for every TCP peer together. Each identity has limits on
 // its sessions, device bytes, pinned (slab) bytes, submits in flight, the bytes its
-// submits hold in the daemon (in-flight bytes) and the objects its sessions hold (live
-// tensors, modules, graphs and the ops recorded into them), from the rules of `uid-limits`
+// submits hold in the daemon (in-flight bytes), the objects its sessions hold (live
+// tensors, modules, graphs and the ops recorded into them) and the device commands they keep
+// queued (its LaunchShare of the LaunchRoom), from the rules of `uid-limits`
 // (UidLimitRule; docs/operations.md "Per-uid limits"). Root and the daemon's own uid are exempt
 // unless a uid: rule names them.
 //
@@ -32,7 +33,7 @@ namespace ferry::session {
 
 /// One limit of a uid-limits rule: unset (inherit the default rule's), none (no limit), an
 /// amount, or a percentage of the daemon-wide value (max-sessions, the device-memory cap,
-/// pinned-budget, in-flight-bytes, max-objects; not for inflight).
+/// pinned-budget, in-flight-bytes, max-objects, queued-commands; not for inflight).
 struct UidLimit {
   enum class Kind { kUnset, kNone, kAmount, kPercent };
   Kind kind = Kind::kUnset;
@@ -41,23 +42,23 @@ struct UidLimit {
 };
 
 /// One `uid-limits` rule: "SELECTOR:KEY=VALUE[,KEY=VALUE...]" where SELECTOR is default,
-/// remote, uid:N or gid:N and KEY is sessions, device, pinned, inflight, inflight-bytes or
-/// objects.
+/// remote, uid:N or gid:N and KEY is sessions, device, pinned, inflight, inflight-bytes,
+/// objects or queued.
 struct UidLimitRule {
   enum class Match { kDefault, kRemote, kUid, kGid };
   Match match = Match::kDefault;
   uint32_t id = 0;  // the uid or gid
-  UidLimit sessions, device, pinned, inflight, inflight_bytes, objects;
+  UidLimit sessions, device, pinned, inflight, inflight_bytes, objects, queued;
   bool operator==(const UidLimitRule& o) const {
     return match == o.match && id == o.id && sessions == o.sessions && device == o.device &&
            pinned == o.pinned && inflight == o.inflight && inflight_bytes == o.inflight_bytes &&
-           objects == o.objects;
+           objects == o.objects && queued == o.queued;
   }
 };
 
 /// The rule in force when none is configured: each identity may hold half of the sessions,
-/// of the device memory cap, of the pinned budget, of the daemon's in-flight bytes and of
-/// its objects, and 4096 submits in flight.
+/// of the device memory cap, of the pinned budget, of the daemon's in-flight bytes, of its
+/// objects and of its queued device commands, and 4096 submits in flight.
 UidLimitRule DefaultUidLimitRule();
 /// Parse one rule (the value of a `uid-limits` line); INVALID_ARGUMENT naming what is wrong.
 Result<UidLimitRule> ParseUidLimitRule(const std::string& text);
@@ -67,14 +68,14 @@ std::string FormatUidLimitRule(const UidLimitRule& rule);
 /// Limits resolved to amounts; 0: no limit.
 struct ResolvedUidLimits {
   uint64_t sessions = 0, device_bytes = 0, pinned_bytes = 0, inflight = 0, in_flight_bytes = 0,
-           objects = 0;
+           objects = 0, queued_commands = 0;
 };
 
 /// What one identity holds now, against its limits.
 struct UidUsage {
   std::string identity;  // "uid:1000", "remote"
   uint64_t sessions = 0, device_bytes = 0, pinned_bytes = 0, inflight = 0, in_flight_bytes = 0,
-           objects = 0;
+           objects = 0, queued_commands = 0;
   ResolvedUidLimits limits;
 };
 
@@ -84,7 +85,7 @@ struct UidUsage {
 class UidAccount : public pool::PinnedCharge {
  public:
   UidAccount(std::string identity, ResolvedUidLimits limits)
-      : identity_(std::move(identity)), limits_(limits) {}
+      : identity_(std::move(identity)), limits_(limits), launch_share_(limits.queued_commands) {}
   const std::string& identity() const { return identity_; }
   const ResolvedUidLimits& limits() const { return limits_; }
 
@@ -98,6 +99,8 @@ class UidAccount : public pool::PinnedCharge {
   uint64_t in_flight_bytes() const { return in_flight_bytes_.load(); }
   /// The objects the identity's sessions hold (SessionRegistry::ChargeObjects).
   uint64_t objects() const { return objects_.load(); }
+  /// The identity's part of the daemon's LaunchRoom (uid-limits queued).
+  LaunchShare& launch_share() { return launch_share_; }
   Status TryCharge(uint64_t bytes) override;  // pinned bytes
   void Refund(uint64_t bytes) override { pinned_bytes_ -= bytes; }
 
@@ -111,6 +114,7 @@ class UidAccount : public pool::PinnedCharge {
   const ResolvedUidLimits limits_;
   std::atomic<uint64_t> sessions_{0}, device_bytes_{0}, pinned_bytes_{0}, inflight_{0},
       in_flight_bytes_{0}, objects_{0};
+  LaunchShare launch_share_;
 };
 
 /// Counters of one session. Written only by its executor, read by anyone.

@@ -276,7 +276,7 @@ void Session::EndRunBatch() {
   if (ended.ok()) {
     ++counters_->kernel_batches;
     ++commands_enqueued_;  // one launch-queue command (see RoomForCommands)
-    registry_->launch_room().Add(1);
+    registry_->launch_room().Add(1, launch_share());
     return;
   }
   // Nothing of the batch runs: each of its submits fails, its first op reporting why. (They
@@ -485,7 +485,7 @@ bool Session::RoomForCommands(uint64_t commands) {
   // One op of more commands than the cap still goes, alone on the stream.
   const bool own_room = cap == 0 || commands == 0 || queued == 0 || queued + commands <= cap;
   LaunchRoom& daemon_room = registry_->launch_room();
-  if (own_room && daemon_room.TryTake(commands)) {
+  if (own_room && daemon_room.TryTake(commands, launch_share())) {
     // Ask for a completion every half of the cap, so that room shows up while the stream
     // still has the other half to run.
     if (cap != 0 && commands_enqueued_ + commands - commands_watched_ > cap / 2 && queued > 0) {
@@ -494,13 +494,15 @@ bool Session::RoomForCommands(uint64_t commands) {
     return true;
   }
   // No room: the session's own completions tell when it has some, and the daemon's room
-  // (all sessions' commands) wakes it when another session's complete.
+  // (all sessions' commands, and its identity's share) wakes it when others' complete.
   if (queued > 0 && commands_watched_ < commands_enqueued_) {
     WatchCompletion(/*may_run_inline=*/!StagedDownloadsInFlight());
   }
   if (own_room && !awaiting_launch_room_) {
     awaiting_launch_room_ = true;
-    daemon_room.Await(commands, [weak = weak_from_this()] {
+    std::shared_ptr<LaunchShare> share;
+    if (account_) share = std::shared_ptr<LaunchShare>(account_, &account_->launch_share());
+    daemon_room.Await(commands, std::move(share), [weak = weak_from_this()] {
       if (auto self = weak.lock()) {
         Executor executor = self->executor_;
         executor.Post(
@@ -516,7 +518,7 @@ bool Session::RoomForCommands(uint64_t commands) {
 }
 
 void Session::GiveBackQueuedCommands() {
-  registry_->launch_room().Give(commands_enqueued_ - commands_done_);
+  registry_->launch_room().Give(commands_enqueued_ - commands_done_, launch_share());
   commands_done_ = commands_watched_ = commands_enqueued_;
 }
 
@@ -913,7 +915,7 @@ void Session::OnDeviceComplete(uint64_t epoch, Status status, uint64_t through, 
   }
   if (status.kind() == ErrorKind::kDeviceReset) broken_ = status.WithOpIndex(-1);
   if (commands > commands_done_) {
-    registry_->launch_room().Give(commands - commands_done_);
+    registry_->launch_room().Give(commands - commands_done_, launch_share());
     commands_done_ = commands;
   }
   if (enqueue_paused() && !continue_posted_ &&

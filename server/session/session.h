@@ -352,6 +352,8 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   SessionRegistry* registry_;
   // The identity (uid) the session is charged to; set by Create, null in unit-built sessions.
   std::shared_ptr<UidAccount> account_;
+  // Its identity's share of the daemon's LaunchRoom; null without an account.
+  LaunchShare* launch_share() const { return account_ ? &account_->launch_share() : nullptr; }
   uint64_t objects_live_ = 0;     // what ReserveObjects counts, live now
   uint64_t objects_charged_ = 0;  // charged to the registry and account_ (>= objects_live_)
   // Reserve (or give back) device bytes under the daemon-wide cap and the identity's limit.

@@ -216,6 +216,9 @@ TEST_F(FerryctlTest, SessionsListsOpenSessions) {
   EXPECT_EQ(Field(u, "max_in_flight_bytes").number_value(), 0) << "the daemon's own uid is exempt";
   EXPECT_NE(table.out.find("HELD"), std::string::npos) << table.out;
   EXPECT_EQ(Field(u, "objects").number_value(), 1) << "one live tensor";
+  EXPECT_EQ(Field(u, "queued_commands").number_value(), 0) << "the session is idle";
+  EXPECT_EQ(Field(u, "max_queued_commands").number_value(), 0) << "its own uid is exempt";
+  EXPECT_NE(table.out.find("QUEUED"), std::string::npos) << table.out;
   ASSERT_TRUE(session->close().ok());
 }
 

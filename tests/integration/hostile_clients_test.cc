@@ -865,6 +865,105 @@ TEST_F(HostileClientsPerUidTest, ObjectsAreLimitedPerUidAcrossSessions) {
   EXPECT_EQ(d.Stop(), 0) << d.log();
 }
 
+// What `identity` ("uid:N") holds now (Admin ListSessions usage); all zero when nothing.
+v1::UidUsage UsageOf(v1::Admin::Stub& admin, const std::string& identity) {
+  grpc::ClientContext ctx;
+  v1::ListSessionsReply list;
+  if (admin.ListSessions(&ctx, v1::ListSessionsRequest(), &list).ok()) {
+    for (const auto& u : list.usage()) {
+      if (u.identity() == identity) return u;
+    }
+  }
+  return v1::UidUsage();
+}
+
+// The device time recorded for uid `uid`'s sessions so far (every client name together).
+uint64_t DeviceBusyNsOf(v1::Admin::Stub& admin, const std::string& uid) {
+  grpc::ClientContext ctx;
+  v1::ListSessionsReply list;
+  uint64_t ns = 0;
+  if (admin.ListSessions(&ctx, v1::ListSessionsRequest(), &list).ok()) {
+    for (const auto& i : list.identities()) ns += i.uid() == uid ? i.device_busy_ns() : 0;
+  }
+  return ns;
+}
+
+// One uid's sessions together keep at most its share of queued-commands (uid-limits queued,
+// built in half), so that its long work cannot fill the launch room and make another uid's
+// submits wait for its commands to run before they are even enqueued. Against a room of 64
+// (A's share 32), uid A's two sessions each submit 80 long fills (each session allowed 64
+// of its own); B's small submit is then enqueued at once and completes before the device
+// has reported any of A's queued fills done (no device time is recorded for A yet: a
+// session records it at a completion, and A's first covers the 32 it queued). A never holds
+// more than 32; every submit completes with its results.
+TEST_F(HostileClientsPerUidTest, OneUidKeepsAtMostItsShareOfTheQueuedCommands) {
+  ASSERT_NO_FATAL_FAILURE(Start({"--queued-commands", "64", "--session-queued-commands", "64",
+                                 "--kernel-batch", "0", "--session-quota", "8G"}));
+  FerrydProcess& d = *daemon_;
+  auto admin =
+      v1::Admin::NewStub(grpc::CreateChannel(d.unix_target(), grpc::InsecureChannelCredentials()));
+  using testing::Create;
+  using testing::Download;
+  using testing::Fill;
+  auto first_float = [](const std::string& bytes) {
+    float f = -1;
+    if (bytes.size() == sizeof f) std::memcpy(&f, bytes.data(), sizeof f);
+    return f;
+  };
+  // Fills that keep a stream busy: 128 MiB on the host backend (~10-30 ms each), 4 GiB on
+  // a GPU (~1.5 ms on the H200); 32 of them take far longer than one small submit's round
+  // trip.
+  const int64_t kElements = testing::TestBackend() == "cuda" ? int64_t{1} << 30 : 32 << 20;
+  std::vector<std::unique_ptr<RawStream>> a;
+  for (int k = 0; k < 2; ++k) {
+    a.push_back(StreamAs(kUidA, d));
+    ASSERT_TRUE(a.back() && a.back()->Open()) << d.log();
+    ASSERT_TRUE(a.back()->Submit(1, {Create(1, v1::DTYPE_F32, {kElements})}));
+    ASSERT_EQ(a.back()->Completion(1).kind(), v1::ERROR_KIND_NONE);
+  }
+  auto b = StreamAs(kUidB, d);
+  ASSERT_TRUE(b && b->Open()) << d.log();
+  ASSERT_TRUE(b->Submit(1, {Create(1, v1::DTYPE_F32, {1})}));
+  ASSERT_EQ(b->Completion(1).kind(), v1::ERROR_KIND_NONE);
+  EXPECT_EQ(UsageOf(*admin, "uid:41001").max_queued_commands(), 32u);
+
+  for (int k = 0; k < 2; ++k) {
+    std::vector<v1::Op> ops(80, Fill(1, 1.0));
+    ops.push_back(Fill(1, 5.0f + k));
+    ops.push_back(Download(1, 0, 4));
+    ASSERT_TRUE(a[k]->Submit(2, std::move(ops)));
+  }
+  ASSERT_TRUE(Eventually([&] { return UsageOf(*admin, "uid:41001").queued_commands() >= 32; }, 5))
+      << "uid A's sessions never filled their share";
+  const uint64_t a_busy = DeviceBusyNsOf(*admin, "41001");
+  ASSERT_TRUE(b->Submit(2, {Fill(1, 7.0), Download(1, 0, 4)}));
+  std::string bytes;
+  v1::Error e = b->Completion(2, &bytes);
+  ASSERT_EQ(e.kind(), v1::ERROR_KIND_NONE) << e.message();
+  EXPECT_EQ(first_float(bytes), 7.0f);
+  EXPECT_EQ(DeviceBusyNsOf(*admin, "41001"), a_busy)
+      << "uid B's submit waited for uid A's queued commands to complete";
+
+  uint64_t most = 0;
+  while (d.AdminStatus().submits_in_flight() > 0) {
+    most = std::max<uint64_t>(most, UsageOf(*admin, "uid:41001").queued_commands());
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  std::printf("uid A held at most %llu queued commands while its fills ran\n",
+              static_cast<unsigned long long>(most));
+  EXPECT_LE(most, 32u);
+  for (int k = 0; k < 2; ++k) {
+    bytes.clear();
+    e = a[k]->Completion(2, &bytes);
+    ASSERT_EQ(e.kind(), v1::ERROR_KIND_NONE) << e.message();
+    EXPECT_EQ(first_float(bytes), 5.0f + k);
+    a[k]->Close();
+  }
+  b->Close();
+  EXPECT_EQ(UsageOf(*admin, "uid:41001").queued_commands(), 0u);
+  EXPECT_EQ(d.Stop(), 0) << d.log();
+}
+
 // Every TCP peer is charged to the one identity "remote".
 TEST(HostileClientsTest, RemotePeersShareOneIdentity) {
   FerrydProcess d({"--uid-limits", "remote:sessions=1"}, /*tcp=*/true);

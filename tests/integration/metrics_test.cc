@@ -67,6 +67,8 @@ TEST(MetricsTest, ServesPrometheusTextThatMovesWithWork) {
                              "ferry_in_flight_bytes_limit",
                              "ferry_uid_objects",
                              "ferry_uid_max_objects",
+                             "ferry_uid_queued_commands",
+                             "ferry_uid_max_queued_commands",
                              "ferry_objects",
                              "ferry_objects_limit",
                              "ferry_slab_acquires_waiting",

@@ -336,7 +336,7 @@ max-sessions = 9
 max-sessionless-streams = 40
 max-sessionless-streams-per-uid = 0
 open-timeout = 750
-uid-limits = default:sessions=8,device=1G,pinned=none,inflight=100,inflight-bytes=40%,objects=30%
+uid-limits = default:sessions=8,device=1G,pinned=none,inflight=100,inflight-bytes=40%,objects=30%,queued=25%
 uid-limits = uid:1000:sessions=4
 uid-limits = gid:50:device=10%,pinned=512K
 uid-limits = remote:inflight=none,inflight-bytes=512M

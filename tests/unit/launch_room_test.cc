@@ -1,9 +1,11 @@
-// LaunchRoom: the daemon-wide count of queued device commands (session/launch_room.h).
+// LaunchRoom: the daemon-wide count of queued device commands and each identity's share of
+// it (session/launch_room.h).
 #include "session/launch_room.h"
 
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -13,13 +15,13 @@ namespace {
 TEST(LaunchRoomTest, TakesWithinTheLimitAndGivesBack) {
   LaunchRoom room;
   room.SetLimit(100);
-  EXPECT_TRUE(room.TryTake(60));
-  EXPECT_TRUE(room.TryTake(40));
-  EXPECT_FALSE(room.TryTake(1));
+  EXPECT_TRUE(room.TryTake(60, nullptr));
+  EXPECT_TRUE(room.TryTake(40, nullptr));
+  EXPECT_FALSE(room.TryTake(1, nullptr));
   EXPECT_EQ(room.queued(), 100u);
-  room.Give(30);
-  EXPECT_TRUE(room.TryTake(30));
-  EXPECT_FALSE(room.TryTake(1));
+  room.Give(30, nullptr);
+  EXPECT_TRUE(room.TryTake(30, nullptr));
+  EXPECT_FALSE(room.TryTake(1, nullptr));
 }
 
 // One op of more commands than half the limit counts as half for the test, so that it is
@@ -27,34 +29,34 @@ TEST(LaunchRoomTest, TakesWithinTheLimitAndGivesBack) {
 TEST(LaunchRoomTest, ALargeTakeCountsAsHalfTheLimitForTheTest) {
   LaunchRoom room;
   room.SetLimit(100);
-  ASSERT_TRUE(room.TryTake(40));
-  EXPECT_TRUE(room.TryTake(500));
+  ASSERT_TRUE(room.TryTake(40, nullptr));
+  EXPECT_TRUE(room.TryTake(500, nullptr));
   EXPECT_EQ(room.queued(), 540u);
-  EXPECT_FALSE(room.TryTake(1));
-  room.Give(540);
+  EXPECT_FALSE(room.TryTake(1, nullptr));
+  room.Give(540, nullptr);
   EXPECT_EQ(room.queued(), 0u);
-  ASSERT_TRUE(room.TryTake(60));
-  EXPECT_FALSE(room.TryTake(500)) << "60 + half of 100 passes 100";
+  ASSERT_TRUE(room.TryTake(60, nullptr));
+  EXPECT_FALSE(room.TryTake(500, nullptr)) << "60 + half of 100 passes 100";
 }
 
 TEST(LaunchRoomTest, NoLimitTakesEverythingAndStillCounts) {
   LaunchRoom room;
-  EXPECT_TRUE(room.TryTake(1'000'000));
+  EXPECT_TRUE(room.TryTake(1'000'000, nullptr));
   EXPECT_EQ(room.queued(), 1'000'000u);
-  room.Give(1'000'000);
+  room.Give(1'000'000, nullptr);
   EXPECT_EQ(room.queued(), 0u);
 }
 
 TEST(LaunchRoomTest, AWaiterIsWokenByTheNextGiveOnce) {
   LaunchRoom room;
   room.SetLimit(10);
-  ASSERT_TRUE(room.TryTake(10));
+  ASSERT_TRUE(room.TryTake(10, nullptr));
   int woken = 0;
-  room.Await(5, [&] { ++woken; });
+  room.Await(5, nullptr, [&] { ++woken; });
   EXPECT_EQ(woken, 0);
-  room.Give(5);
+  room.Give(5, nullptr);
   EXPECT_EQ(woken, 1);
-  room.Give(5);
+  room.Give(5, nullptr);
   EXPECT_EQ(woken, 1) << "woken once per Await";
 }
 
@@ -63,14 +65,15 @@ TEST(LaunchRoomTest, AWaiterIsWokenByTheNextGiveOnce) {
 TEST(LaunchRoomTest, WaitersAreWokenInOrderAsManyAsFit) {
   LaunchRoom room;
   room.SetLimit(100);
-  ASSERT_TRUE(room.TryTake(100));
+  ASSERT_TRUE(room.TryTake(100, nullptr));
   std::vector<int> woken;
-  room.Await(30, [&] { woken.push_back(1); });
-  room.Await(40, [&] { woken.push_back(2); });
-  room.Await(10, [&] { woken.push_back(3); });
-  room.Give(50);  // room for 50: the first (30) fits, the second (40) does not, nor after it
+  room.Await(30, nullptr, [&] { woken.push_back(1); });
+  room.Await(40, nullptr, [&] { woken.push_back(2); });
+  room.Await(10, nullptr, [&] { woken.push_back(3); });
+  room.Give(50,
+            nullptr);  // room for 50: the first (30) fits, the second (40) does not, nor after it
   EXPECT_EQ(woken, std::vector<int>({1}));
-  room.Give(30);  // 80 free (nobody took): 40 and 10 fit
+  room.Give(30, nullptr);  // 80 free (nobody took): 40 and 10 fit
   EXPECT_EQ(woken, std::vector<int>({1, 2, 3}));
 }
 
@@ -79,10 +82,10 @@ TEST(LaunchRoomTest, WaitersAreWokenInOrderAsManyAsFit) {
 TEST(LaunchRoomTest, AWaiterWhoseRoomCameAlreadyIsWokenAtOnce) {
   LaunchRoom room;
   room.SetLimit(10);
-  ASSERT_TRUE(room.TryTake(10));
-  room.Give(10);  // nobody waits yet
+  ASSERT_TRUE(room.TryTake(10, nullptr));
+  room.Give(10, nullptr);  // nobody waits yet
   int woken = 0;
-  room.Await(5, [&] { ++woken; });
+  room.Await(5, nullptr, [&] { ++woken; });
   EXPECT_EQ(woken, 1);
 }
 
@@ -97,24 +100,138 @@ TEST(LaunchRoomTest, ConcurrentTakesStayWithinTheLimit) {
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&] {
       for (int i = 0; i < 20000; ++i) {
-        if (room.TryTake(8)) {
+        if (room.TryTake(8, nullptr)) {
           uint64_t now = room.queued();
           uint64_t seen = most.load();
           while (now > seen && !most.compare_exchange_weak(seen, now)) {
           }
-          room.Give(8);
+          room.Give(8, nullptr);
         } else {
           awaits.fetch_add(1);
-          room.Await(8, [&] { wakes.fetch_add(1); });
+          room.Await(8, nullptr, [&] { wakes.fetch_add(1); });
         }
       }
     });
   }
   for (auto& t : threads) t.join();
   // Nobody takes now: each Give wakes as many waiters as 64 commands fit, until none waits.
-  for (int i = 0; i < 100000 && wakes.load() < awaits.load(); ++i) room.Give(0);
+  for (int i = 0; i < 100000 && wakes.load() < awaits.load(); ++i) room.Give(0, nullptr);
   EXPECT_LE(most.load(), 64u);
   EXPECT_EQ(room.queued(), 0u);
+  EXPECT_EQ(wakes.load(), awaits.load());
+}
+
+// An identity's sessions keep at most its share queued, however much of the room is free;
+// the commands count in the room and in the share, and a give returns both.
+TEST(LaunchRoomTest, AnIdentityTakesAtMostItsShare) {
+  LaunchRoom room;
+  room.SetLimit(100);
+  LaunchShare a(50), b(50);
+  EXPECT_TRUE(room.TryTake(30, &a));
+  EXPECT_TRUE(room.TryTake(20, &a));
+  EXPECT_FALSE(room.TryTake(1, &a)) << "a holds its 50";
+  EXPECT_EQ(room.queued(), 50u) << "a refused take leaves nothing taken";
+  EXPECT_EQ(a.queued.load(), 50u);
+  EXPECT_TRUE(room.TryTake(50, &b)) << "the other half is b's";
+  EXPECT_FALSE(room.TryTake(1, nullptr)) << "the room is full";
+  room.Give(10, &a);
+  EXPECT_EQ(a.queued.load(), 40u);
+  EXPECT_EQ(room.queued(), 90u);
+  EXPECT_FALSE(room.TryTake(11, &a));
+  EXPECT_TRUE(room.TryTake(10, &a));
+}
+
+// A take that fits its share but not the room gives its share back.
+TEST(LaunchRoomTest, ATakeRefusedByTheRoomLeavesTheShareAsItWas) {
+  LaunchRoom room;
+  room.SetLimit(10);
+  LaunchShare a(0), b(8);
+  ASSERT_TRUE(room.TryTake(8, &a));
+  EXPECT_FALSE(room.TryTake(4, &b));
+  EXPECT_EQ(b.queued.load(), 0u);
+  EXPECT_EQ(room.queued(), 8u);
+}
+
+// A waiter over its own share waits for its identity's commands and holds back nobody:
+// those behind it that fit are woken by others' gives; it is woken by its own identity's.
+TEST(LaunchRoomTest, AWaiterOverItsShareHoldsBackNobody) {
+  LaunchRoom room;
+  room.SetLimit(100);
+  auto a = std::make_shared<LaunchShare>(40);
+  auto b = std::make_shared<LaunchShare>(40);
+  ASSERT_TRUE(room.TryTake(40, a.get()));
+  ASSERT_TRUE(room.TryTake(40, b.get()));
+  ASSERT_TRUE(room.TryTake(20, nullptr));  // the room is full
+  std::vector<char> woken;
+  room.Await(10, a, [&] { woken.push_back('a'); });
+  room.Await(10, b, [&] { woken.push_back('b'); });
+  room.Give(20, nullptr);  // room for 20; neither share has any
+  EXPECT_TRUE(woken.empty());
+  room.Give(10, b.get());  // b's share has room: b goes, though a came first
+  EXPECT_EQ(woken, std::vector<char>({'b'}));
+  room.Give(10, a.get());
+  EXPECT_EQ(woken, std::vector<char>({'b', 'a'}));
+}
+
+// Waiters of one identity woken by one give count together against its share: a give of
+// 10 wakes one of two waiters of 10, not both.
+TEST(LaunchRoomTest, WaitersOfOneIdentityAreWokenAsManyAsItsShareFits) {
+  LaunchRoom room;
+  room.SetLimit(100);
+  auto a = std::make_shared<LaunchShare>(20);
+  ASSERT_TRUE(room.TryTake(20, a.get()));
+  int woken = 0;
+  room.Await(10, a, [&] { ++woken; });
+  room.Await(10, a, [&] { ++woken; });
+  room.Give(10, a.get());
+  EXPECT_EQ(woken, 1);
+  room.Give(10, a.get());
+  EXPECT_EQ(woken, 2);
+}
+
+// One op of more commands than half the share counts as half for the share's test, like
+// the room's: it goes once the identity holds no more than half.
+TEST(LaunchRoomTest, ALargeTakeCountsAsHalfTheShareForTheTest) {
+  LaunchRoom room;
+  room.SetLimit(1000);
+  LaunchShare a(100);
+  ASSERT_TRUE(room.TryTake(50, &a));
+  EXPECT_TRUE(room.TryTake(300, &a));
+  EXPECT_EQ(a.queued.load(), 350u);
+  EXPECT_FALSE(room.TryTake(1, &a));
+}
+
+// Identities taking and giving back on threads while others wait: no share ever holds
+// more than its limit, the room ends empty, and every waiter is woken.
+TEST(LaunchRoomTest, ConcurrentTakesStayWithinTheShares) {
+  LaunchRoom room;
+  room.SetLimit(64);
+  std::vector<std::shared_ptr<LaunchShare>> shares = {std::make_shared<LaunchShare>(24),
+                                                      std::make_shared<LaunchShare>(24)};
+  std::atomic<uint64_t> most{0};
+  std::atomic<int> awaits{0}, wakes{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, share = shares[t % 2]] {
+      for (int i = 0; i < 20000; ++i) {
+        if (room.TryTake(8, share.get())) {
+          uint64_t now = share->queued.load();
+          uint64_t seen = most.load();
+          while (now > seen && !most.compare_exchange_weak(seen, now)) {
+          }
+          room.Give(8, share.get());
+        } else {
+          awaits.fetch_add(1);
+          room.Await(8, share, [&] { wakes.fetch_add(1); });
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < 100000 && wakes.load() < awaits.load(); ++i) room.Give(0, nullptr);
+  EXPECT_LE(most.load(), 24u);
+  EXPECT_EQ(room.queued(), 0u);
+  for (const auto& s : shares) EXPECT_EQ(s->queued.load(), 0u);
   EXPECT_EQ(wakes.load(), awaits.load());
 }
 

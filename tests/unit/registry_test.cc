@@ -126,9 +126,10 @@ TEST(RegistryTest, RulesFormatAsTheyParse) {
   }
   EXPECT_EQ(FormatUidLimitRule(DefaultUidLimitRule()),
             "default:sessions=50%,device=50%,pinned=50%,inflight=4096,inflight-bytes=50%,"
-            "objects=50%");
-  for (const char* text : {"uid:1000:inflight-bytes=64M", "remote:inflight-bytes=25%",
-                           "gid:27:objects=100000", "uid:5:objects=10%"}) {
+            "objects=50%,queued=50%");
+  for (const char* text :
+       {"uid:1000:inflight-bytes=64M", "remote:inflight-bytes=25%", "gid:27:objects=100000",
+        "uid:5:objects=10%", "uid:7:queued=64", "remote:queued=25%", "gid:3:queued=none"}) {
     auto r = ParseUidLimitRule(text);
     ASSERT_TRUE(r.ok()) << text << ": " << r.status().ToString();
     EXPECT_EQ(FormatUidLimitRule(*r), text);
@@ -203,6 +204,38 @@ TEST(RegistryTest, ObjectsAreChargedToTheDaemonAndTheIdentity) {
   EXPECT_EQ(reg.objects(), 0u);
   EXPECT_EQ(a->objects(), 0u);
   EXPECT_EQ(b->objects(), 0u);
+}
+
+// Queued device commands: each identity's share of the daemon's LaunchRoom (uid-limits
+// queued, built in half of queued-commands), counted in its usage; root is exempt.
+TEST(RegistryTest, EachIdentityHasAShareOfTheQueuedCommands) {
+  SessionRegistry reg(1ull << 30, 16);
+  reg.launch_room().SetLimit(896);
+  reg.SetUidLimits(Rules({"uid:1001:queued=100"}), 1ull << 30, 999);
+  auto a = reg.AccountFor(Local(1000, 1000));
+  auto b = reg.AccountFor(Local(1001, 1001));
+  auto root = reg.AccountFor(Local(0, 0));
+  EXPECT_EQ(a->limits().queued_commands, 448u);
+  EXPECT_EQ(b->limits().queued_commands, 100u);
+  EXPECT_EQ(root->limits().queued_commands, 0u);
+  EXPECT_EQ(a->launch_share().limit, 448u);
+  ASSERT_TRUE(reg.launch_room().TryTake(448, &a->launch_share()));
+  EXPECT_FALSE(reg.launch_room().TryTake(1, &a->launch_share()));
+  EXPECT_TRUE(reg.launch_room().TryTake(100, &b->launch_share()));
+  EXPECT_TRUE(reg.launch_room().TryTake(348, &root->launch_share())) << "the rest of the room";
+  EXPECT_EQ(a->Usage().queued_commands, 448u);
+  bool listed = false;
+  for (const UidUsage& u : reg.UsageByUid()) {
+    if (u.identity == "uid:1000") listed = u.queued_commands == 448;
+  }
+  EXPECT_TRUE(listed) << "an identity with commands queued is listed with them";
+  reg.launch_room().Give(448, &a->launch_share());
+  EXPECT_EQ(a->Usage().queued_commands, 0u);
+  // Without a daemon-wide limit, a share is no limit and an amount still is one.
+  SessionRegistry unlimited(1ull << 30, 16);
+  unlimited.SetUidLimits(Rules({"uid:1001:queued=64"}), 1ull << 30, 999);
+  EXPECT_EQ(unlimited.AccountFor(Local(1000, 1000))->limits().queued_commands, 0u);
+  EXPECT_EQ(unlimited.AccountFor(Local(1001, 1001))->limits().queued_commands, 64u);
 }
 
 // --- usage identities (IdentityUsage) --------------------------------------------------
