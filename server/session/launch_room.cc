@@ -18,18 +18,22 @@ bool AddIfFits(std::atomic<uint64_t>& count, uint64_t n, FitsFn fits) {
 
 }  // namespace
 
-bool LaunchRoom::TryTake(uint64_t n, LaunchShare* share) {
+bool LaunchRoom::TakeBoth(uint64_t n, LaunchShare* share) {
   if (share &&
       !AddIfFits(share->queued, n, [&](uint64_t now) { return Fits(now, n, share->limit); })) {
     return false;
   }
   if (AddIfFits(queued_, n, [&](uint64_t now) { return Fits(now, n, limit_); })) return true;
-  if (share) {
-    // Not taken after all: a waiter of this identity passed over meanwhile for the share
-    // this take held must be looked at again.
-    share->queued.fetch_sub(n);
-    if (has_waiters_.load()) WakeThoseThatFit();
-  }
+  if (share) share->queued.fetch_sub(n);
+  return false;
+}
+
+bool LaunchRoom::TryTake(uint64_t n, LaunchShare* share) {
+  if (room_waiters_.load() > 0) return false;  // behind those already waiting
+  if (TakeBoth(n, share)) return true;
+  // Not taken after all: a waiter of this identity passed over meanwhile for the share
+  // this take held must be looked at again.
+  if (share && has_waiters_.load()) WakeThoseThatFit();
   return false;
 }
 
@@ -39,52 +43,54 @@ void LaunchRoom::Add(uint64_t n, LaunchShare* share) {
 }
 
 void LaunchRoom::Give(uint64_t n, LaunchShare* share) {
+  if (n == 0 && !has_waiters_.load()) return;
   // Sequentially consistent with Await's store and load: one of the two sees the other.
   if (share) share->queued.fetch_sub(n);
   queued_.fetch_sub(n);
   if (has_waiters_.load()) WakeThoseThatFit();
 }
 
-void LaunchRoom::Await(uint64_t n, std::shared_ptr<LaunchShare> share, std::function<void()> wake) {
-  const bool fits_share = FitsShare(share.get(), 0, n);
+void LaunchRoom::Await(uint64_t n, std::shared_ptr<LaunchShare> share, std::function<bool()> wake) {
   {
     MutexLock lock(&mu_);
     waiters_.push_back(Waiter{n, std::move(share), std::move(wake)});
     has_waiters_.store(true);
   }
   // Room may have come between the caller's TryTake and the registration (a Give that saw
-  // no waiter): look again, so that no waiter is left with nobody to wake it.
-  if (fits_share && Fits(queued_.load(), n, limit_)) WakeThoseThatFit();
+  // no waiter): look again, so that no waiter is left with nobody to wake it. (This also
+  // counts the new waiter in room_waiters_ where the room is what it waits for.)
+  WakeThoseThatFit();
 }
 
 void LaunchRoom::WakeThoseThatFit() {
-  std::vector<std::function<void()>> wake;
+  std::vector<std::pair<std::function<bool()>, std::pair<uint64_t, LaunchShare*>>> wake;
+  std::vector<std::shared_ptr<LaunchShare>> keep;  // the woken waiters' shares, until given
   {
     MutexLock lock(&mu_);
-    uint64_t promised = queued_.load();
-    // Promised to the shares of those woken in this pass (few: one entry per identity).
-    std::vector<std::pair<const LaunchShare*, uint64_t>> promised_to_share;
-    auto share_promised = [&](const LaunchShare* s) -> uint64_t& {
-      for (auto& [share, n] : promised_to_share) {
-        if (share == s) return n;
-      }
-      return promised_to_share.emplace_back(s, 0).second;
-    };
+    bool room_full = false;  // a waiter for the room was not served: those behind wait too
     for (auto it = waiters_.begin(); it != waiters_.end();) {
-      const LaunchShare* share = it->share.get();
-      if (share && !FitsShare(share, share_promised(share), it->n)) {
-        ++it;  // waits for its own identity's commands: holds back nobody
+      LaunchShare* share = it->share.get();
+      const bool fits_share = FitsShare(share, it->n);
+      if (fits_share != it->for_room) {  // what it waits for changed
+        it->for_room = fits_share;
+        fits_share ? room_waiters_.fetch_add(1) : room_waiters_.fetch_sub(1);
+      }
+      if (!fits_share || room_full || !TakeBoth(it->n, share)) {
+        // Waits for its own identity's commands (holds back nobody), or for the room.
+        room_full = room_full || fits_share;
+        ++it;
         continue;
       }
-      if (!Fits(promised, it->n, limit_)) break;
-      promised += it->n;
-      if (share) share_promised(share) += it->n;
-      wake.push_back(std::move(it->wake));
+      if (it->for_room) room_waiters_.fetch_sub(1);
+      wake.push_back({std::move(it->wake), {it->n, share}});
+      keep.push_back(std::move(it->share));
       it = waiters_.erase(it);
     }
     has_waiters_.store(!waiters_.empty());
   }
-  for (auto& w : wake) w();
+  for (auto& [w, taken] : wake) {
+    if (!w()) Give(taken.first, taken.second);  // nobody holds them: back at once
+  }
 }
 
 }  // namespace ferry::session

@@ -18,17 +18,20 @@
 // - limit == 0: no limit; a share's limit == 0: none for that identity. Counts are kept
 //   either way (the metrics show them).
 // - TryTake(n, share) takes n when the total stays within the limit and the share's count
-//   within its own; a take of more than half a limit counts as half for that limit's test,
-//   so that it is not starved while others keep the count above zero (the count may then
-//   pass the limit for as long as that op's commands are queued). `share` may be null (a
-//   session charged to no identity).
-// - Await(n, share, wake) runs `wake` once, when n fits: at once if it does by then, else
-//   from a later Give (on that Give's thread, outside the lock). Waiters are woken in the
-//   order they came, as many as the room then fits: one that does not fit the daemon-wide
-//   room holds back those behind it (so a large one is not starved), but one that does not
-//   fit its own share is passed over (it waits for its own identity's commands, and must
-//   not hold back others). `wake` must not block (a session posts to its executor, and takes
-//   again: one that loses the room to another taker awaits again, at the back).
+//   within its own, and no waiter waits for the room (takers do not pass those waiting);
+//   a take of more than half a limit counts as half for that limit's test, so that it is
+//   not starved while others keep the count above zero (the count may then pass the limit
+//   for as long as that op's commands are queued). `share` may be null (a session charged
+//   to no identity).
+// - Await(n, share, wake): once n fits, the room takes them for the waiter (as TryTake
+//   would) and runs `wake`: at once if they fit by then, else from a later Give (on that
+//   Give's thread, outside the lock). The waiter then holds those n and gives them back
+//   with Give; `wake` returning false (the waiter is gone) gives them back at once. Waiters
+//   are served in the order they came, as many as the room then fits: one that does not fit
+//   the daemon-wide room holds back those behind it and every TryTake (so a large one is not
+//   starved, and none is passed by takers that did not wait), but one that does not fit its
+//   own share is passed over (it waits for its own identity's commands, and must not hold
+//   back others). `wake` must not block (a session posts to its executor).
 //
 // Thread-safe.
 #pragma once
@@ -59,26 +62,32 @@ class LaunchRoom {
   uint64_t limit() const { return limit_; }
   uint64_t queued() const { return queued_.load(std::memory_order_relaxed); }
 
-  /// Take `n` commands if they fit the room and `share` (see the contract); false takes
-  /// nothing.
+  /// Take `n` commands if they fit the room and `share` and nobody waits for the room (see
+  /// the contract); false takes nothing.
   bool TryTake(uint64_t n, LaunchShare* share);
   /// Count `n` commands taken without asking (a batch's launch at the end of a run).
   void Add(uint64_t n, LaunchShare* share);
   /// Give back `n` commands the device has run; wakes the waiters that then fit.
   void Give(uint64_t n, LaunchShare* share);
-  /// Run `wake` after a later Give, or at once if `n` commands fit already. The share is
-  /// kept alive while the waiter waits.
-  void Await(uint64_t n, std::shared_ptr<LaunchShare> share, std::function<void()> wake);
+  /// Take `n` commands for the caller once they fit, then run `wake` (at once if they fit
+  /// already); `wake` returns false when nobody holds them any more. The share is kept
+  /// alive while the waiter waits.
+  void Await(uint64_t n, std::shared_ptr<LaunchShare> share, std::function<bool()> wake);
+  /// Waiters that wait for the room now (not for their share).
+  uint64_t room_waiters() const { return room_waiters_.load(std::memory_order_relaxed); }
 
  private:
   // Whether `n` more fit `now` under `limit` (a take of more than half counts as half).
   static bool Fits(uint64_t now, uint64_t n, uint64_t limit) {
     return limit == 0 || now + std::min(n, (limit + 1) / 2) <= limit;
   }
-  static bool FitsShare(const LaunchShare* share, uint64_t promised, uint64_t n) {
-    return !share || Fits(share->queued.load() + promised, n, share->limit);
+  static bool FitsShare(const LaunchShare* share, uint64_t n) {
+    return !share || Fits(share->queued.load(), n, share->limit);
   }
-  // Wake the waiters, in order, that fit the room and their shares now.
+  // Take n from `share` (may be null), then from the room; all or nothing.
+  bool TakeBoth(uint64_t n, LaunchShare* share);
+  // Take the room for the waiters, in order, that fit it and their shares now, and wake
+  // them.
   void WakeThoseThatFit();
 
   uint64_t limit_ = 0;
@@ -87,10 +96,12 @@ class LaunchRoom {
   struct Waiter {
     uint64_t n = 0;
     std::shared_ptr<LaunchShare> share;
-    std::function<void()> wake;
+    std::function<bool()> wake;
+    bool for_room = false;  // counted in room_waiters_: its share fits, the room does not
   };
   std::list<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
-  std::atomic<bool> has_waiters_{false};  // a cheap look before taking mu_ in Give
+  std::atomic<bool> has_waiters_{false};   // a cheap look before taking mu_ in Give
+  std::atomic<uint64_t> room_waiters_{0};  // waiters with for_room set
 };
 
 }  // namespace ferry::session

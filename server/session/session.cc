@@ -485,7 +485,11 @@ bool Session::RoomForCommands(uint64_t commands) {
   // One op of more commands than the cap still goes, alone on the stream.
   const bool own_room = cap == 0 || commands == 0 || queued == 0 || queued + commands <= cap;
   LaunchRoom& daemon_room = registry_->launch_room();
-  if (own_room && daemon_room.TryTake(commands, launch_share())) {
+  // Commands the room took for this session when it woke it (LaunchRoom::Await): this op's
+  // when they match it (ContinueEnqueue gives back what it did not use).
+  const bool held = own_room && launch_room_held_ != 0 && launch_room_held_ == commands;
+  if (held) launch_room_held_ = 0;
+  if (held || (own_room && daemon_room.TryTake(commands, launch_share()))) {
     // Ask for a completion every half of the cap, so that room shows up while the stream
     // still has the other half to run.
     if (cap != 0 && commands_enqueued_ + commands - commands_watched_ > cap / 2 && queued > 0) {
@@ -502,16 +506,19 @@ bool Session::RoomForCommands(uint64_t commands) {
     awaiting_launch_room_ = true;
     std::shared_ptr<LaunchShare> share;
     if (account_) share = std::shared_ptr<LaunchShare>(account_, &account_->launch_share());
-    daemon_room.Await(commands, std::move(share), [weak = weak_from_this()] {
-      if (auto self = weak.lock()) {
-        Executor executor = self->executor_;
-        executor.Post(
-            [self = std::move(self)] {
-              self->awaiting_launch_room_ = false;
-              self->ContinueEnqueue();
-            },
-            "launch room");
-      }
+    daemon_room.Await(commands, std::move(share), [weak = weak_from_this(), commands] {
+      auto self = weak.lock();
+      if (!self) return false;  // the room takes its commands back
+      Executor executor = self->executor_;
+      executor.Post(
+          [self = std::move(self), commands] {
+            self->awaiting_launch_room_ = false;
+            self->launch_room_held_ += commands;
+            self->ContinueEnqueue();
+            self->GiveBackHeldRoom();  // what the continuation did not use
+          },
+          "launch room");
+      return true;
     });
   }
   return false;
@@ -520,6 +527,12 @@ bool Session::RoomForCommands(uint64_t commands) {
 void Session::GiveBackQueuedCommands() {
   registry_->launch_room().Give(commands_enqueued_ - commands_done_, launch_share());
   commands_done_ = commands_watched_ = commands_enqueued_;
+  GiveBackHeldRoom();
+}
+
+void Session::GiveBackHeldRoom() {
+  if (launch_room_held_ == 0) return;
+  registry_->launch_room().Give(std::exchange(launch_room_held_, 0), launch_share());
 }
 
 bool Session::HasStagedDownloads(const InFlight& record) {

@@ -316,6 +316,8 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   // Give the daemon's LaunchRoom back every command not yet reported done (the stream is
   // done or gone).
   void GiveBackQueuedCommands();
+  // Give the LaunchRoom back the commands it took for this session and no op used.
+  void GiveBackHeldRoom();
   // Whether `record`, or any submit in flight, has download bytes in staging (whose
   // delivery cuts chunks: not for the completion thread, see WatchCompletion).
   static bool HasStagedDownloads(const InFlight& record);
@@ -393,6 +395,7 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   uint64_t commands_done_ = 0;         // of which a completion has reported this many done
   uint64_t commands_watched_ = 0;      // and the last completion asked for covers this many
   bool awaiting_launch_room_ = false;  // registered with the daemon's LaunchRoom
+  uint64_t launch_room_held_ = 0;      // taken for it by the LaunchRoom, not yet enqueued
   // The run between BeginSubmitRun and EndSubmitRun.
   bool run_open_ = false;
   uint64_t run_ops_left_ = 0;         // ops the caller expects in the rest of the run

@@ -52,7 +52,7 @@ TEST(LaunchRoomTest, AWaiterIsWokenByTheNextGiveOnce) {
   room.SetLimit(10);
   ASSERT_TRUE(room.TryTake(10, nullptr));
   int woken = 0;
-  room.Await(5, nullptr, [&] { ++woken; });
+  room.Await(5, nullptr, [&] { return ++woken > 0; });
   EXPECT_EQ(woken, 0);
   room.Give(5, nullptr);
   EXPECT_EQ(woken, 1);
@@ -67,14 +67,60 @@ TEST(LaunchRoomTest, WaitersAreWokenInOrderAsManyAsFit) {
   room.SetLimit(100);
   ASSERT_TRUE(room.TryTake(100, nullptr));
   std::vector<int> woken;
-  room.Await(30, nullptr, [&] { woken.push_back(1); });
-  room.Await(40, nullptr, [&] { woken.push_back(2); });
-  room.Await(10, nullptr, [&] { woken.push_back(3); });
+  room.Await(30, nullptr, [&] { return woken.push_back(1), true; });
+  room.Await(40, nullptr, [&] { return woken.push_back(2), true; });
+  room.Await(10, nullptr, [&] { return woken.push_back(3), true; });
   room.Give(50,
             nullptr);  // room for 50: the first (30) fits, the second (40) does not, nor after it
   EXPECT_EQ(woken, std::vector<int>({1}));
   room.Give(30, nullptr);  // 80 free (nobody took): 40 and 10 fit
   EXPECT_EQ(woken, std::vector<int>({1, 2, 3}));
+}
+
+// A waiter for the room is not passed by a taker that did not wait: TryTake fails while it
+// waits, though the take would fit; once it is served, takes go on.
+TEST(LaunchRoomTest, ATakerDoesNotPassAWaiter) {
+  LaunchRoom room;
+  room.SetLimit(10);
+  ASSERT_TRUE(room.TryTake(10, nullptr));
+  int woken = 0;
+  room.Await(5, nullptr, [&] { return ++woken > 0; });
+  room.Give(3, nullptr);  // 3 free: not enough for the waiter
+  EXPECT_EQ(room.room_waiters(), 1u);
+  EXPECT_FALSE(room.TryTake(1, nullptr)) << "the waiter came first";
+  room.Give(2, nullptr);  // 5 free: the room takes them for the waiter
+  EXPECT_EQ(woken, 1);
+  EXPECT_EQ(room.queued(), 10u);
+  EXPECT_EQ(room.room_waiters(), 0u);
+  room.Give(5, nullptr);
+  EXPECT_TRUE(room.TryTake(1, nullptr));
+}
+
+// A waiter over its own share does not make other takers wait.
+TEST(LaunchRoomTest, AWaiterForItsShareDoesNotHoldBackTakers) {
+  LaunchRoom room;
+  room.SetLimit(100);
+  auto a = std::make_shared<LaunchShare>(10);
+  ASSERT_TRUE(room.TryTake(10, a.get()));
+  int woken = 0;
+  room.Await(5, a, [&] { return ++woken > 0; });
+  EXPECT_EQ(room.room_waiters(), 0u);
+  EXPECT_TRUE(room.TryTake(50, nullptr));
+  room.Give(5, a.get());
+  EXPECT_EQ(woken, 1);
+  EXPECT_EQ(a->queued.load(), 10u) << "taken for the waiter";
+}
+
+// A waiter that is gone when its room comes (wake returns false) leaves nothing taken.
+TEST(LaunchRoomTest, TheRoomOfAWaiterThatIsGoneIsGivenBack) {
+  LaunchRoom room;
+  room.SetLimit(10);
+  auto a = std::make_shared<LaunchShare>(0);
+  ASSERT_TRUE(room.TryTake(10, nullptr));
+  room.Await(4, a, [] { return false; });
+  room.Give(10, nullptr);
+  EXPECT_EQ(room.queued(), 0u);
+  EXPECT_EQ(a->queued.load(), 0u);
 }
 
 // Room that came between a failed TryTake and the Await: the waiter is woken at once
@@ -85,7 +131,7 @@ TEST(LaunchRoomTest, AWaiterWhoseRoomCameAlreadyIsWokenAtOnce) {
   ASSERT_TRUE(room.TryTake(10, nullptr));
   room.Give(10, nullptr);  // nobody waits yet
   int woken = 0;
-  room.Await(5, nullptr, [&] { ++woken; });
+  room.Await(5, nullptr, [&] { return ++woken > 0; });
   EXPECT_EQ(woken, 1);
 }
 
@@ -108,7 +154,8 @@ TEST(LaunchRoomTest, ConcurrentTakesStayWithinTheLimit) {
           room.Give(8, nullptr);
         } else {
           awaits.fetch_add(1);
-          room.Await(8, nullptr, [&] { wakes.fetch_add(1); });
+          // Gone by the time it is woken: the room takes its 8 back.
+          room.Await(8, nullptr, [&] { return wakes.fetch_add(1), false; });
         }
       }
     });
@@ -163,8 +210,8 @@ TEST(LaunchRoomTest, AWaiterOverItsShareHoldsBackNobody) {
   ASSERT_TRUE(room.TryTake(40, b.get()));
   ASSERT_TRUE(room.TryTake(20, nullptr));  // the room is full
   std::vector<char> woken;
-  room.Await(10, a, [&] { woken.push_back('a'); });
-  room.Await(10, b, [&] { woken.push_back('b'); });
+  room.Await(10, a, [&] { return woken.push_back('a'), true; });
+  room.Await(10, b, [&] { return woken.push_back('b'), true; });
   room.Give(20, nullptr);  // room for 20; neither share has any
   EXPECT_TRUE(woken.empty());
   room.Give(10, b.get());  // b's share has room: b goes, though a came first
@@ -181,8 +228,8 @@ TEST(LaunchRoomTest, WaitersOfOneIdentityAreWokenAsManyAsItsShareFits) {
   auto a = std::make_shared<LaunchShare>(20);
   ASSERT_TRUE(room.TryTake(20, a.get()));
   int woken = 0;
-  room.Await(10, a, [&] { ++woken; });
-  room.Await(10, a, [&] { ++woken; });
+  room.Await(10, a, [&] { return ++woken > 0; });
+  room.Await(10, a, [&] { return ++woken > 0; });
   room.Give(10, a.get());
   EXPECT_EQ(woken, 1);
   room.Give(10, a.get());
@@ -222,7 +269,7 @@ TEST(LaunchRoomTest, ConcurrentTakesStayWithinTheShares) {
           room.Give(8, share.get());
         } else {
           awaits.fetch_add(1);
-          room.Await(8, share, [&] { wakes.fetch_add(1); });
+          room.Await(8, share, [&] { return wakes.fetch_add(1), false; });
         }
       }
     });
