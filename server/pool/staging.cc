@@ -12,6 +12,7 @@ StagingLease& StagingLease::operator=(StagingLease&& o) noexcept {
   if (this != &o) {
     Reset();
     area_ = o.area_;
+    holder_ = std::move(o.holder_);
     slab_index_ = o.slab_index_;
     offset_ = o.offset_;
     length_ = o.length_;
@@ -24,8 +25,13 @@ StagingLease& StagingLease::operator=(StagingLease&& o) noexcept {
 }
 
 void StagingLease::Reset() {
-  if (area_ && data_) area_->Free(slab_index_, offset_, reserved_);
+  if (area_ && data_) {
+    // Before Free, which wakes the waiters: a holder at its share sees the bytes gone.
+    if (holder_) holder_->held.fetch_sub(reserved_);
+    area_->Free(slab_index_, offset_, reserved_);
+  }
   area_ = nullptr;
+  holder_.reset();
   data_ = nullptr;
 }
 
@@ -38,7 +44,8 @@ StagingArea::~StagingArea() {
 
 StagingArea::Outcome StagingArea::AllocateAll(const std::vector<uint64_t>& sizes,
                                               std::vector<StagingLease>* out,
-                                              std::function<void()> wake) {
+                                              std::function<void()> wake,
+                                              const std::shared_ptr<StagingHolder>& holder) {
   out->clear();
   uint64_t total = 0;
   for (uint64_t n : sizes) {
@@ -48,6 +55,16 @@ StagingArea::Outcome StagingArea::AllocateAll(const std::vector<uint64_t>& sizes
   if (total > max_slabs_ * pool_->slab_size()) return Outcome::kNever;
   std::vector<StagingLease> taken;
   MutexLock lock(&mu_);
+  if (holder) {
+    // At its share (half the area) unless it holds nothing: it waits for its own ranges.
+    // Checked under the lock that Free takes after a lease's bytes leave `held`, so the
+    // wake-up of such a free is not missed.
+    const uint64_t held = holder->held.load();
+    if (held > 0 && held + total > holder_limit_) {
+      waiters_.push_back(std::move(wake));
+      return Outcome::kWaitOwn;
+    }
+  }
   for (uint64_t n : sizes) {
     StagingLease lease = AllocateLocked(n);
     if (lease) {
@@ -68,6 +85,12 @@ StagingArea::Outcome StagingArea::AllocateAll(const std::vector<uint64_t>& sizes
     if (stats_.bytes_in_use == 0) return Outcome::kNever;
     waiters_.push_back(std::move(wake));
     return Outcome::kWait;
+  }
+  if (holder) {
+    for (StagingLease& t : taken) {
+      holder->held.fetch_add(t.reserved_);
+      t.holder_ = holder;
+    }
   }
   *out = std::move(taken);
   return Outcome::kAllocated;

@@ -15,12 +15,21 @@
 // device and ordinary (pageable) memory may hold the calling thread until the stream's
 // earlier work is done (CUDA), so an executor thread must never make one.
 //
+// Each session is a StagingHolder, and holds at most half of the area (holder_limit) unless
+// it holds nothing: its uploads queued behind long device work of its own keep their ranges
+// until the device has copied them, and without a share one session could so hold all of
+// staging while every other session's inline transfers waited for it. A holder at its share
+// waits for its own ranges to be freed (kWaitOwn), which its own earlier submits do as they
+// complete.
+//
 // Thread-safe: sessions' executors allocate and free concurrently; Admin reads the stats.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <utility>
 #include <vector>
@@ -31,6 +40,11 @@
 namespace ferry::pool {
 
 class StagingArea;
+
+/// What one holder (a session) holds of the area: the bytes of its live leases.
+struct StagingHolder {
+  std::atomic<uint64_t> held{0};
+};
 
 /// One staging range; frees it when destroyed. Move-only; empty when `data()` is null.
 class StagingLease {
@@ -47,6 +61,7 @@ class StagingLease {
  private:
   friend class StagingArea;
   StagingArea* area_ = nullptr;
+  std::shared_ptr<StagingHolder> holder_;  // may be null
   size_t slab_index_ = 0;
   uint64_t offset_ = 0;
   uint64_t length_ = 0;  // as asked
@@ -63,7 +78,10 @@ struct StagingStats {
 
 class StagingArea {
  public:
-  StagingArea(SlabPool* pool, uint32_t max_slabs) : pool_(pool), max_slabs_(max_slabs) {}
+  StagingArea(SlabPool* pool, uint32_t max_slabs)
+      : pool_(pool),
+        max_slabs_(max_slabs),
+        holder_limit_(uint64_t{max_slabs} * pool->slab_size() / 2) {}
   ~StagingArea();  // gives the slabs back to the pool; every lease must be gone
   StagingArea(const StagingArea&) = delete;
   StagingArea& operator=(const StagingArea&) = delete;
@@ -71,11 +89,17 @@ class StagingArea {
   enum class Outcome {
     kAllocated,  // `out` holds a range for each size, in order
     kWait,       // none taken; `wake` runs once (on the freeing thread) when bytes are freed
+    kWaitOwn,    // none taken: `holder` holds its share; `wake` runs as for kWait (one of
+                 // its own ranges, or another's, is freed)
     kNever,      // none taken: more than the area can hold, or it can get no slab at all
   };
-  /// Ranges for every size in `sizes` (each > 0 and at most max_lease()), all or none.
+  /// Ranges for every size in `sizes` (each > 0 and at most max_lease()), all or none,
+  /// charged to `holder` (may be null: no share).
   Outcome AllocateAll(const std::vector<uint64_t>& sizes, std::vector<StagingLease>* out,
-                      std::function<void()> wake);
+                      std::function<void()> wake,
+                      const std::shared_ptr<StagingHolder>& holder = nullptr);
+  /// The most one holder may hold unless it holds nothing: half of the area.
+  uint64_t holder_limit() const { return holder_limit_; }
   /// The largest range Allocate can give: one slab.
   uint64_t max_lease() const { return pool_->slab_size(); }
   void CountFallback();
@@ -91,6 +115,7 @@ class StagingArea {
   };
   SlabPool* pool_;
   const uint32_t max_slabs_;
+  const uint64_t holder_limit_;
   // Place one range of `bytes` (taking a new slab if needed); an empty lease if none fits.
   StagingLease AllocateLocked(uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   mutable Mutex mu_;

@@ -164,7 +164,7 @@ bool Session::ReserveStaging(const SubmitRequest& request, InFlight& record) {
       executor.Post([self = std::move(self)] { self->OnStagingFreed(); }, "staging freed");
     }
   };
-  switch (staging_->AllocateAll(sizes, &leases, std::move(wake))) {
+  switch (staging_->AllocateAll(sizes, &leases, std::move(wake), staging_holder_)) {
     case pool::StagingArea::Outcome::kAllocated:
       record.staged_ops.resize(request.ops.size());
       for (size_t k = 0; k < leases.size(); ++k) {
@@ -192,6 +192,13 @@ bool Session::ReserveStaging(const SubmitRequest& request, InFlight& record) {
           "staging wait over");
       return false;
     }
+    case pool::StagingArea::Outcome::kWaitOwn:
+      // The session holds its share of staging (half): its own earlier submits free it as
+      // they complete. It waits for them however long they run: the direct path would hold
+      // an executor thread for as long (the copy waits for its stream's earlier work), and
+      // only its own later submits wait behind.
+      awaiting_staging_ = true;
+      return false;
     case pool::StagingArea::Outcome::kNever:
       // More than the whole area holds (staging-slabs x slab-size below the session's
       // in-flight bytes), or no slab to be had: the direct path, counted.

@@ -23,6 +23,7 @@ namespace {
 
 using testing::EnsureUser;
 using testing::FerrydProcess;
+using testing::RawStream;
 using testing::RunAs;
 
 constexpr float kPoison = -12345.0f;
@@ -541,6 +542,57 @@ TEST(PendingTest, InlineTransfersWaitForStagingRoomInsteadOfTheDirectPath) {
   EXPECT_TRUE(b.close().ok());
   auto end = d.WaitIdle();
   EXPECT_EQ(end.staging_bytes_in_use(), 0u);
+}
+
+// One session holds at most half of staging unless it holds nothing: a's inline uploads,
+// queued behind long work of its own, keep their ranges until the device copies them, so
+// without a share a's four 1 MiB uploads would hold the whole 4M area and b's 2 MiB upload
+// would wait for a's long work. With it a holds 2M (its third and fourth uploads wait for
+// its own), b's upload is staged at once and completes while a's work still runs, and
+// nothing goes direct.
+TEST(PendingTest, OneSessionHoldsAtMostHalfOfStaging) {
+  auto args = SmallPool();
+  args.insert(args.end(), {"--staging-slabs", "1", "--staging-wait", "30000"});
+  FerrydProcess d(args, /*tcp=*/true);
+  ASSERT_TRUE(d.ok()) << d.log();
+  using testing::Create;
+  using testing::Download;
+  using testing::Fill;
+  using testing::InlineUpload;
+  RawStream a(d.tcp_target().substr(4)), b(d.tcp_target().substr(4));  // HOST:PORT
+  ASSERT_TRUE(a.Open() && b.Open()) << d.log();
+  ASSERT_TRUE(
+      a.Submit(1, {Create(1, v1::DTYPE_F32, {16 << 20}), Create(2, v1::DTYPE_U8, {4 << 20})}));
+  ASSERT_EQ(a.Completion(1).kind(), v1::ERROR_KIND_NONE);
+  ASSERT_TRUE(b.Submit(1, {Create(1, v1::DTYPE_U8, {2 << 20})}));
+  ASSERT_EQ(b.Completion(1).kind(), v1::ERROR_KIND_NONE);
+  const uint64_t fallbacks = d.AdminStatus().staging_fallbacks_total();
+  // a: fills of 64 MiB that keep its stream busy for a second or more, then four uploads.
+  const int fills = testing::TestBackend() == "cuda" ? 40000 : 400;
+  ASSERT_TRUE(a.Submit(2, std::vector<v1::Op>(fills, Fill(1, 1.0))));
+  for (uint64_t k = 0; k < 4; ++k) {
+    ASSERT_TRUE(a.Submit(3 + k, {InlineUpload(2, k << 20, std::string(1 << 20, char('a' + k)))}));
+  }
+  for (int i = 0; i < 5000 && d.AdminStatus().staging_bytes_in_use() < (2u << 20); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(d.AdminStatus().staging_bytes_in_use(), 2u << 20) << "a holds half of staging";
+  ASSERT_TRUE(b.Submit(2, {InlineUpload(1, 0, std::string(2 << 20, 'b'))}));
+  EXPECT_EQ(b.Completion(2).kind(), v1::ERROR_KIND_NONE);
+  EXPECT_EQ(d.AdminStatus().submits_in_flight(), 5u)
+      << "b's upload waited for a's work (a's fills and four uploads should be in flight)";
+  EXPECT_LE(d.AdminStatus().staging_bytes_in_use(), 2u << 20);
+  for (uint64_t id = 2; id <= 6; ++id) EXPECT_EQ(a.Completion(id).kind(), v1::ERROR_KIND_NONE);
+  ASSERT_TRUE(a.Submit(7, {Download(2, 0, 4 << 20)}));
+  std::string bytes;
+  ASSERT_EQ(a.Completion(7, &bytes).kind(), v1::ERROR_KIND_NONE);
+  std::string want;
+  for (char c : {'a', 'b', 'c', 'd'}) want += std::string(1 << 20, c);
+  EXPECT_TRUE(bytes == want) << "a's uploads came back wrong";
+  EXPECT_EQ(d.AdminStatus().staging_fallbacks_total(), fallbacks) << "a transfer went direct";
+  a.Close();
+  b.Close();
+  EXPECT_EQ(d.WaitIdle().staging_bytes_in_use(), 0u);
 }
 
 // A client that downloads inline and never reads does not keep its staging: once a write to

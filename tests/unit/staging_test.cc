@@ -95,6 +95,47 @@ TEST(StagingTest, AllocateAllTakesEveryRangeOrWaitsForAFree) {
   EXPECT_EQ(area.stats().bytes_in_use, 0u);
 }
 
+// A holder (a session) holds at most half of the area unless it holds nothing: past that it
+// waits for a free (kWaitOwn) while another holder still gets the other half; its own free
+// lets it take again. One that holds nothing may take more than half.
+TEST(StagingTest, AHolderTakesAtMostHalfOfTheAreaUnlessItHoldsNothing) {
+  auto pool = MakePool(4);
+  StagingArea area(pool.get(), 2);  // 2M in all, 1M per holder
+  EXPECT_EQ(area.holder_limit(), kSlab);
+  auto a = std::make_shared<StagingHolder>();
+  auto b = std::make_shared<StagingHolder>();
+  int woken = 0;
+  auto wake = [&woken] { ++woken; };
+  std::vector<StagingLease> a1, a2, b1;
+  ASSERT_EQ(area.AllocateAll({kSlab / 2}, &a1, wake, a), StagingArea::Outcome::kAllocated);
+  ASSERT_EQ(area.AllocateAll({kSlab / 2}, &a2, wake, a), StagingArea::Outcome::kAllocated);
+  EXPECT_EQ(a->held.load(), kSlab);
+  std::vector<StagingLease> a3;
+  EXPECT_EQ(area.AllocateAll({kSlab / 4}, &a3, wake, a), StagingArea::Outcome::kWaitOwn);
+  EXPECT_TRUE(a3.empty());
+  EXPECT_EQ(area.AllocateAll({kSlab}, &b1, wake, b), StagingArea::Outcome::kAllocated)
+      << "the other half is another holder's";
+  a1.clear();  // a's own free wakes it, and it fits its share again
+  EXPECT_EQ(woken, 1);
+  EXPECT_EQ(a->held.load(), kSlab / 2);
+  EXPECT_EQ(area.AllocateAll({kSlab / 4}, &a3, wake, a), StagingArea::Outcome::kAllocated);
+  a2.clear();
+  a3.clear();
+  b1.clear();
+  EXPECT_EQ(a->held.load(), 0u);
+  EXPECT_EQ(b->held.load(), 0u);
+  // Holding nothing, a submit larger than the share still goes (alone).
+  std::vector<StagingLease> big;
+  EXPECT_EQ(area.AllocateAll({kSlab, kSlab / 2}, &big, wake, a), StagingArea::Outcome::kAllocated);
+  EXPECT_EQ(a->held.load(), kSlab + kSlab / 2);
+  StagingLease moved = std::move(big[0]);  // a moved lease still counts for its holder
+  big.clear();
+  EXPECT_EQ(a->held.load(), kSlab);
+  moved.Reset();
+  EXPECT_EQ(a->held.load(), 0u);
+  EXPECT_EQ(area.stats().bytes_in_use, 0u);
+}
+
 TEST(StagingTest, SessionPinnedQuotaCountsWholeSlabs) {
   auto pool = MakePool(8);
   SessionSlabs slabs(pool.get(), 2 * kSlab + 100);
