@@ -640,10 +640,11 @@ means true; --allow-insecure-remote and --allow-remote-raw-kernels also take =tr
   --device-memory-cap SIZE   device memory all sessions together may hold (default: all)
   --host-memory SIZE         emulated device memory of the host backend (default 8G)
   --max-message SIZE         largest gRPC message (default 64M)
-  --rpc-bandwidth-probe BOOL let gRPC grow each stream's receive window to the measured
-                             bandwidth-delay product (16M or more): faster large inline
-                             transfers over high-latency links, but each stream the daemon
-                             stops reading may then buffer that much (default true)
+  --rpc-bandwidth-probe BOOL let gRPC grow each TCP stream's receive window to the
+                             measured bandwidth-delay product (16M or more): faster large
+                             inline transfers over high-latency links, but each stream the
+                             daemon stops reading may then buffer that much (default true;
+                             Unix endpoints never probe)
   --executor-threads N       session executor threads (default: a quarter of the cores,
                              at least 2)
   --cuda-work-queues N       hardware work queues of the CUDA context, 1..32 (default 0:

@@ -55,20 +55,30 @@ Result<std::unique_ptr<RpcServer>> RpcServer::Prepare(
   FERRY_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> tcp_credentials,
                          MakeTcpCredentials(options.tls));
 
-  r->session_service_ = std::make_unique<SessionService>(context);
-  r->admin_service_ = std::make_unique<AdminService>(context, started);
-
   // grpc.health.v1 (status follows draining) and server reflection, for operators' tools.
   EnableHealthService();
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  r->builder_ = std::make_unique<grpc::ServerBuilder>();
-  grpc::ServerBuilder& builder = *r->builder_;
-  builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
-  builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
-  // Sessions are long-lived streams; keep idle connections open.
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  // What a stream the daemon stops reading may still make it buffer (RpcServerOptions).
-  if (!options.bandwidth_probe) builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  // Two gRPC servers with the same services: one for the TCP endpoints, one for the Unix
+  // endpoints' connections, because channel arguments are per server and the BDP probe
+  // (RpcServerOptions::bandwidth_probe) is for remote clients only.
+  for (Served* served : {&r->remote_, &r->local_}) {
+    served->session_service = std::make_unique<SessionService>(context);
+    served->admin_service = std::make_unique<AdminService>(context, started);
+    served->builder = std::make_unique<grpc::ServerBuilder>();
+    grpc::ServerBuilder& b = *served->builder;
+    b.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
+    b.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
+    // Sessions are long-lived streams; keep idle connections open.
+    b.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+    // What a stream the daemon stops reading may still make it buffer (RpcServerOptions):
+    // local clients never probe.
+    if (served == &r->local_ || !options.bandwidth_probe) {
+      b.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+    }
+    b.RegisterService(served->session_service.get());
+    b.RegisterService(served->admin_service.get());
+  }
+  grpc::ServerBuilder& builder = *r->remote_.builder;
   // Unix endpoints: listening sockets of ferryd's own, or inherited from systemd. ferryd
   // accepts their connections itself (LocalConnections says why).
   for (int fd : options.inherited_listen_fds) {
@@ -125,8 +135,6 @@ Result<std::unique_ptr<RpcServer>> RpcServer::Prepare(
                     "endpoint must be unix:PATH or tcp:HOST:PORT, got " + ep);
     }
   }
-  builder.RegisterService(r->session_service_.get());
-  builder.RegisterService(r->admin_service_.get());
   if (r->token_) {
     // Every method of a TCP endpoint, gRPC's health and reflection included, needs the token.
     std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
@@ -139,7 +147,7 @@ Result<std::unique_ptr<RpcServer>> RpcServer::Prepare(
 RpcServer::~RpcServer() {
   // Listeners Start did not hand to an acceptor (Prepare or Start failed half way).
   for (const UnixListener& l : unix_listeners_) ::close(l.fd);
-  if (!server_) {
+  if (!local_.server) {
     for (const std::string& p : owned_socket_paths_) ::unlink(p.c_str());
   }
 }
@@ -149,10 +157,12 @@ std::string RpcServer::first_unix_path() const {
 }
 
 Status RpcServer::Start() {
-  server_ = builder_->BuildAndStart();
-  builder_.reset();
-  if (!server_) {
-    return Status(ErrorKind::kUnavailable, "could not bind the listening endpoints");
+  for (Served* served : {&remote_, &local_}) {
+    served->server = served->builder->BuildAndStart();
+    served->builder.reset();
+    if (!served->server) {
+      return Status(ErrorKind::kUnavailable, "could not bind the listening endpoints");
+    }
   }
   for (size_t i = 0; i < listen_.size(); ++i) {  // in the order they were given
     const std::string& ep = listen_[i];
@@ -174,7 +184,7 @@ Status RpcServer::Start() {
     const UnixListener& l = listeners[i];
     std::string endpoint = "unix:" + l.path;
     auto acceptor = systemd::SocketAcceptor::Start(
-        l.fd, [server = server_.get(), local = local_connections_.get(), endpoint](
+        l.fd, [server = local_.server.get(), local = local_connections_.get(), endpoint](
                   int conn, const systemd::PeerCredentials& peer) {
           local->Add(conn, endpoint, peer);  // before gRPC can start a stream on it
           grpc::AddInsecureChannelFromFd(server, conn);
@@ -188,10 +198,15 @@ Status RpcServer::Start() {
   return Status::Ok();
 }
 
-void RpcServer::SetAccepting(bool accepting) { SetAcceptingSessions(server_.get(), accepting); }
+void RpcServer::SetAccepting(bool accepting) {
+  for (Served* served : {&remote_, &local_}) {
+    if (served->server) SetAcceptingSessions(served->server.get(), accepting);
+  }
+}
 
 void RpcServer::SetDrainHandler(std::function<void()> fn) {
-  admin_service_->SetDrainHandler(std::move(fn));
+  remote_.admin_service->SetDrainHandler(fn);
+  local_.admin_service->SetDrainHandler(std::move(fn));
 }
 
 void RpcServer::StopAccepting() {
@@ -200,11 +215,14 @@ void RpcServer::StopAccepting() {
 }
 
 void RpcServer::Shutdown() {
-  if (!server_) return;
-  ShutdownHealth(server_.get());
   // A short deadline: idle client connections must not hold the daemon up.
-  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(100));
-  spdlog::debug("gRPC server shut down");
+  const auto deadline = std::chrono::system_clock::now() + std::chrono::milliseconds(100);
+  for (Served* served : {&remote_, &local_}) {
+    if (!served->server) continue;
+    ShutdownHealth(served->server.get());
+    served->server->Shutdown(deadline);
+  }
+  spdlog::debug("gRPC servers shut down");
 }
 
 }  // namespace ferry::rpc

@@ -39,13 +39,14 @@ struct RpcServerOptions {
   TlsFiles tls;
   std::string token_file;
   uint64_t max_message_bytes = 64ull << 20;
-  // gRPC's BDP probe grows every stream's HTTP/2 receive window to 16 MiB or the measured
-  // bandwidth-delay product, and gRPC takes that much from a client even on a stream the
-  // daemon has stopped reading (backpressure): 16-22 MiB of daemon memory per held stream,
-  // measured. Off, a stream's window is 64 KiB beyond the message being read (about 1 MiB
-  // per held stream, measured): the cost is a round trip between large messages. On by
-  // default (gRPC's own default): off, a flood of small messages made the daemon allocate
-  // and free ~390 MB under ASan where on it did not (operations.md), not yet understood.
+  // TCP endpoints only: gRPC's BDP probe grows every stream's HTTP/2 receive window to 16 MiB
+  // or the measured bandwidth-delay product, and gRPC takes that much from a client even on
+  // a stream the daemon has stopped reading (backpressure): 16-22 MiB of daemon memory per
+  // held stream, measured. Off, a stream's window is 64 KiB beyond the message being read
+  // (about 1 MiB per held stream, measured): the cost is a round trip between large
+  // messages, which made remote inline uploads 6-24 % slower (operations.md). Unix
+  // endpoints never probe: local clients move their bulk bytes through shared memory, and
+  // measured no slower without it.
   bool bandwidth_probe = true;
 };
 
@@ -91,11 +92,16 @@ class RpcServer {
   std::vector<int> ports_;                    // per listen_ entry: the TCP port gRPC bound
   std::vector<UnixListener> unix_listeners_;  // owned until Start hands them to acceptors
   SessionServiceContext* context_ = nullptr;
-  std::unique_ptr<grpc::ServerBuilder> builder_;  // until Start
   std::unique_ptr<TokenChecker> token_;
-  std::unique_ptr<SessionService> session_service_;
-  std::unique_ptr<AdminService> admin_service_;
-  std::unique_ptr<grpc::Server> server_;
+  // One gRPC server and its services: remote_ for the TCP endpoints, local_ for the Unix
+  // endpoints' connections (channel arguments are per server; see Prepare).
+  struct Served {
+    std::unique_ptr<grpc::ServerBuilder> builder;  // until Start
+    std::unique_ptr<SessionService> session_service;
+    std::unique_ptr<AdminService> admin_service;
+    std::unique_ptr<grpc::Server> server;
+  };
+  Served remote_, local_;
   // Accept the Unix endpoints' connections (own and inherited listening sockets).
   std::unique_ptr<LocalConnections> local_connections_;
   std::vector<std::unique_ptr<systemd::SocketAcceptor>> acceptors_;

@@ -597,9 +597,8 @@ TEST(BoundedSessionTest, SessionsTogetherHoldAtMostTheDaemonsInFlightBytes) {
 void HoldSixteenStreams(int scale, uint64_t& growth, bool& held) {
   const bool cuda = testing::TestBackend() == "cuda";
   std::unique_ptr<FerrydProcess> d;
-  ASSERT_TRUE(StartDaemon(d, {"--rpc-bandwidth-probe", "false", "--raw-kernels",
-                              "uid:" + std::to_string(getuid())})
-                  ->ok())
+  // The default configuration: rpc-bandwidth-probe on, which is for TCP endpoints only.
+  ASSERT_TRUE(StartDaemon(d, {"--raw-kernels", "uid:" + std::to_string(getuid())})->ok())
       << d->log();
   constexpr int kStreams = 16;
   constexpr uint64_t kUploads = 12;
@@ -873,12 +872,13 @@ TEST(BoundedSessionTest, EndedSessionsWhoseClientNeverReadsCountUntilClosed) {
   EXPECT_EQ(d->Stop(), 0) << d->log();
 }
 
-// With rpc-bandwidth-probe off, what gRPC buffers for streams the daemon stops reading is
-// small: gRPC takes a client's data up to the stream's receive window even when the daemon
-// asks for none, and with its bandwidth probe (on by default) it grows that window to 16 MiB
-// or more per stream (16 held streams grew ferryd by 179-444 MiB on the development
-// machine). Off: about 1 MiB per held stream (6-17 MiB for the 16). Where the sessions' work was
-// done before the two seconds were over, the round runs again with three times the fills.
+// What gRPC buffers for local streams the daemon stops reading is small: gRPC takes a
+// client's data up to the stream's receive window even when the daemon asks for none, and
+// with its bandwidth probe it grows that window to 16 MiB or more per stream (16 held
+// streams grew ferryd by 179-444 MiB on the development machine when the probe was on for
+// every endpoint). The probe (rpc-bandwidth-probe, on by default) is for TCP endpoints only:
+// a Unix endpoint's stream keeps about 1 MiB (6-17 MiB for the 16). Where the sessions' work
+// was done before the two seconds were over, the round runs again with three times the fills.
 TEST(BoundedSessionTest, HeldStreamsBufferLittleInGrpc) {
   uint64_t growth = 0;
   bool held = false;
