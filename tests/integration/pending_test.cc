@@ -581,7 +581,10 @@ TEST(PendingTest, OneSessionHoldsAtMostHalfOfStaging) {
   EXPECT_EQ(b.Completion(2).kind(), v1::ERROR_KIND_NONE);
   EXPECT_EQ(d.AdminStatus().submits_in_flight(), 5u)
       << "b's upload waited for a's work (a's fills and four uploads should be in flight)";
-  EXPECT_LE(d.AdminStatus().staging_bytes_in_use(), 2u << 20);
+  // b's range is freed as its submit is delivered, which may be just after b reads it.
+  EXPECT_TRUE(
+      testing::Eventually([&] { return d.AdminStatus().staging_bytes_in_use() <= (2u << 20); }, 5))
+      << "a holds " << d.AdminStatus().staging_bytes_in_use() << " bytes of staging";
   for (uint64_t id = 2; id <= 6; ++id) EXPECT_EQ(a.Completion(id).kind(), v1::ERROR_KIND_NONE);
   ASSERT_TRUE(a.Submit(7, {Download(2, 0, 4 << 20)}));
   std::string bytes;
