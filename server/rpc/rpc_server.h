@@ -1,10 +1,12 @@
 // RpcServer: the daemon's gRPC side, which the Daemon (server/daemon.h) composes: the
 // services, the endpoints (TCP bound by gRPC with TLS and the token; Unix sockets listened on
 // and accepted by ferryd itself, LocalConnections says why), health and reflection. Every
-// grpc:: type of the daemon stays in server/rpc/.
+// grpc:: type of the daemon stays in server/rpc/. Two gRPC servers serve the same services:
+// one binds the TCP endpoints, the other takes the Unix endpoints' connections, so that the
+// channel arguments of each can differ (gRPC's bandwidth probe is for remote clients only).
 //
 // Life: Prepare (check and open the endpoints, make the services), then Start (build and
-// start the gRPC server, accept on the Unix endpoints), then StopAccepting and Shutdown at
+// start the gRPC servers, accept on the Unix endpoints), then StopAccepting and Shutdown at
 // the drain. Not thread-safe except SetAccepting (any thread: the serving hook).
 #pragma once
 
