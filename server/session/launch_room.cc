@@ -63,33 +63,37 @@ void LaunchRoom::Await(uint64_t n, std::shared_ptr<LaunchShare> share, std::func
 }
 
 void LaunchRoom::WakeThoseThatFit() {
-  std::vector<std::pair<std::function<bool()>, std::pair<uint64_t, LaunchShare*>>> wake;
-  std::vector<std::shared_ptr<LaunchShare>> keep;  // the woken waiters' shares, until given
+  // The waiters served: their wake-ups run outside the lock; each keeps its share alive
+  // until its commands are held or given back.
+  struct Served {
+    std::function<bool()> wake;
+    uint64_t n = 0;
+    std::shared_ptr<LaunchShare> share;
+  };
+  std::vector<Served> served;
   {
     MutexLock lock(&mu_);
     bool room_full = false;  // a waiter for the room was not served: those behind wait too
     for (auto it = waiters_.begin(); it != waiters_.end();) {
-      LaunchShare* share = it->share.get();
-      const bool fits_share = FitsShare(share, it->n);
+      const bool fits_share = FitsShare(it->share.get(), it->n);
       if (fits_share != it->for_room) {  // what it waits for changed
         it->for_room = fits_share;
         fits_share ? room_waiters_.fetch_add(1) : room_waiters_.fetch_sub(1);
       }
-      if (!fits_share || room_full || !TakeBoth(it->n, share)) {
+      if (!fits_share || room_full || !TakeBoth(it->n, it->share.get())) {
         // Waits for its own identity's commands (holds back nobody), or for the room.
         room_full = room_full || fits_share;
         ++it;
         continue;
       }
       if (it->for_room) room_waiters_.fetch_sub(1);
-      wake.push_back({std::move(it->wake), {it->n, share}});
-      keep.push_back(std::move(it->share));
+      served.push_back({std::move(it->wake), it->n, std::move(it->share)});
       it = waiters_.erase(it);
     }
     has_waiters_.store(!waiters_.empty());
   }
-  for (auto& [w, taken] : wake) {
-    if (!w()) Give(taken.first, taken.second);  // nobody holds them: back at once
+  for (Served& w : served) {
+    if (!w.wake()) Give(w.n, w.share.get());  // nobody holds them: back at once
   }
 }
 

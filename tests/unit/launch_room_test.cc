@@ -135,37 +135,53 @@ TEST(LaunchRoomTest, AWaiterWhoseRoomCameAlreadyIsWokenAtOnce) {
   EXPECT_EQ(woken, 1);
 }
 
-// Threads taking and giving back while others wait: the count never passes the limit (no
-// take counts as half), ends at zero, and every waiter is woken.
-TEST(LaunchRoomTest, ConcurrentTakesStayWithinTheLimit) {
-  LaunchRoom room;
-  room.SetLimit(64);
-  std::atomic<uint64_t> most{0};
+// Four threads take 8 commands and give them back, 20000 times each, thread t charged to
+// shares[t % shares.size()] (null: no identity); a take that fails awaits instead, and the
+// waiter is gone by the time it is woken (the room takes its 8 back). Then nobody takes, and
+// gives of nothing serve the waiters left. What the room and the shares held at most (seen
+// after each take), and how many waited and were woken.
+struct ConcurrentRun {
+  uint64_t most_room = 0, most_share = 0;
+  int awaits = 0, wakes = 0;
+};
+ConcurrentRun TakeAndGiveOnFourThreads(LaunchRoom& room,
+                                       const std::vector<std::shared_ptr<LaunchShare>>& shares) {
+  std::atomic<uint64_t> most_room{0}, most_share{0};
   std::atomic<int> awaits{0}, wakes{0};
+  auto raise = [](std::atomic<uint64_t>& most, uint64_t now) {
+    uint64_t seen = most.load();
+    while (now > seen && !most.compare_exchange_weak(seen, now)) {
+    }
+  };
   std::vector<std::thread> threads;
-  for (int t = 0; t < 4; ++t) {
-    threads.emplace_back([&] {
+  for (size_t t = 0; t < 4; ++t) {
+    threads.emplace_back([&, share = shares[t % shares.size()]] {
       for (int i = 0; i < 20000; ++i) {
-        if (room.TryTake(8, nullptr)) {
-          uint64_t now = room.queued();
-          uint64_t seen = most.load();
-          while (now > seen && !most.compare_exchange_weak(seen, now)) {
-          }
-          room.Give(8, nullptr);
+        if (room.TryTake(8, share.get())) {
+          raise(most_room, room.queued());
+          if (share) raise(most_share, share->queued.load());
+          room.Give(8, share.get());
         } else {
           awaits.fetch_add(1);
-          // Gone by the time it is woken: the room takes its 8 back.
-          room.Await(8, nullptr, [&] { return wakes.fetch_add(1), false; });
+          room.Await(8, share, [&] { return wakes.fetch_add(1), false; });
         }
       }
     });
   }
   for (auto& t : threads) t.join();
-  // Nobody takes now: each Give wakes as many waiters as 64 commands fit, until none waits.
   for (int i = 0; i < 100000 && wakes.load() < awaits.load(); ++i) room.Give(0, nullptr);
-  EXPECT_LE(most.load(), 64u);
+  return {most_room.load(), most_share.load(), awaits.load(), wakes.load()};
+}
+
+// Threads taking and giving back while others wait: the count never passes the limit (no
+// take counts as half), ends at zero, and every waiter is woken.
+TEST(LaunchRoomTest, ConcurrentTakesStayWithinTheLimit) {
+  LaunchRoom room;
+  room.SetLimit(64);
+  const ConcurrentRun run = TakeAndGiveOnFourThreads(room, {nullptr});
+  EXPECT_LE(run.most_room, 64u);
   EXPECT_EQ(room.queued(), 0u);
-  EXPECT_EQ(wakes.load(), awaits.load());
+  EXPECT_EQ(run.wakes, run.awaits);
 }
 
 // An identity's sessions keep at most its share queued, however much of the room is free;
@@ -255,31 +271,11 @@ TEST(LaunchRoomTest, ConcurrentTakesStayWithinTheShares) {
   room.SetLimit(64);
   std::vector<std::shared_ptr<LaunchShare>> shares = {std::make_shared<LaunchShare>(24),
                                                       std::make_shared<LaunchShare>(24)};
-  std::atomic<uint64_t> most{0};
-  std::atomic<int> awaits{0}, wakes{0};
-  std::vector<std::thread> threads;
-  for (int t = 0; t < 4; ++t) {
-    threads.emplace_back([&, share = shares[t % 2]] {
-      for (int i = 0; i < 20000; ++i) {
-        if (room.TryTake(8, share.get())) {
-          uint64_t now = share->queued.load();
-          uint64_t seen = most.load();
-          while (now > seen && !most.compare_exchange_weak(seen, now)) {
-          }
-          room.Give(8, share.get());
-        } else {
-          awaits.fetch_add(1);
-          room.Await(8, share, [&] { return wakes.fetch_add(1), false; });
-        }
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (int i = 0; i < 100000 && wakes.load() < awaits.load(); ++i) room.Give(0, nullptr);
-  EXPECT_LE(most.load(), 24u);
+  const ConcurrentRun run = TakeAndGiveOnFourThreads(room, shares);
+  EXPECT_LE(run.most_share, 24u);
   EXPECT_EQ(room.queued(), 0u);
   for (const auto& s : shares) EXPECT_EQ(s->queued.load(), 0u);
-  EXPECT_EQ(wakes.load(), awaits.load());
+  EXPECT_EQ(run.wakes, run.awaits);
 }
 
 }  // namespace
