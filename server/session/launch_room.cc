@@ -29,7 +29,9 @@ bool LaunchRoom::TakeBoth(uint64_t n, LaunchShare* share) {
 }
 
 bool LaunchRoom::TryTake(uint64_t n, LaunchShare* share) {
-  if (room_waiters_.load() > 0) return false;  // behind those already waiting
+  // Behind those already waiting; a take of nothing (an op that puts nothing on the stream)
+  // passes nobody.
+  if (n > 0 && room_waiters_.load() > 0) return false;
   if (TakeBoth(n, share)) return true;
   // Not taken after all: a waiter of this identity passed over meanwhile for the share
   // this take held must be looked at again.

@@ -18,7 +18,8 @@
 // - limit == 0: no limit; a share's limit == 0: none for that identity. Counts are kept
 //   either way (the metrics show them).
 // - TryTake(n, share) takes n when the total stays within the limit and the share's count
-//   within its own, and no waiter waits for the room (takers do not pass those waiting);
+//   within its own, and no waiter waits for the room (takers do not pass those waiting; a
+//   take of nothing is not held back);
 //   a take of more than half a limit counts as half for that limit's test, so that it is
 //   not starved while others keep the count above zero (the count may then pass the limit
 //   for as long as that op's commands are queued). `share` may be null (a session charged

@@ -88,6 +88,7 @@ TEST(LaunchRoomTest, ATakerDoesNotPassAWaiter) {
   room.Give(3, nullptr);  // 3 free: not enough for the waiter
   EXPECT_EQ(room.room_waiters(), 1u);
   EXPECT_FALSE(room.TryTake(1, nullptr)) << "the waiter came first";
+  EXPECT_TRUE(room.TryTake(0, nullptr)) << "an op that queues nothing passes nobody";
   room.Give(2, nullptr);  // 5 free: the room takes them for the waiter
   EXPECT_EQ(woken, 1);
   EXPECT_EQ(room.queued(), 10u);
