@@ -503,6 +503,11 @@ TEST(PendingTest, InlineTransfersWaitForStagingRoomInsteadOfTheDirectPath) {
   for (size_t i = 0; i < a_bytes.size(); ++i) a_bytes[i] = static_cast<uint8_t>(i * 7 + i / 4096);
   Tensor at = a.create_tensor<uint8_t>({static_cast<int64_t>(a_bytes.size())});
   ASSERT_TRUE(a.upload(at, a_bytes).ok());
+  // The upload's range is freed as its submit is delivered, which may be just after a reads
+  // its completion: staging must be empty before the download, or the wait below sees the
+  // upload's 3M instead of the download's.
+  ASSERT_TRUE(testing::Eventually([&] { return d.AdminStatus().staging_bytes_in_use() == 0; }, 5))
+      << "a's upload still holds " << d.AdminStatus().staging_bytes_in_use() << " bytes";
   const uint64_t fallbacks = d.AdminStatus().staging_fallbacks_total();
   // a: fills of 64 MiB that keep its stream busy (about a second), then a 3 MiB download,
   // which holds 3M of staging from its arrival until its chunks are written.
@@ -519,10 +524,12 @@ TEST(PendingTest, InlineTransfersWaitForStagingRoomInsteadOfTheDirectPath) {
       a_error = v.status().ToString();
     }
   });
-  for (int i = 0; i < 5000 && d.AdminStatus().staging_bytes_in_use() < (3u << 20); ++i) {
+  uint64_t staged = 0;
+  for (int i = 0; i < 5000 && staged < (3u << 20); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    staged = d.AdminStatus().staging_bytes_in_use();
   }
-  EXPECT_GE(d.AdminStatus().staging_bytes_in_use(), 3u << 20) << "a's download took no staging";
+  EXPECT_GE(staged, 3u << 20) << "a's download took no staging";
   // b: 2 MiB up, which does not fit beside a's 3M: it waits for a's download, then runs.
   std::vector<uint8_t> b_bytes(2u << 20, 0x5b);
   Tensor bt = b.create_tensor<uint8_t>({static_cast<int64_t>(b_bytes.size())});
