@@ -215,6 +215,16 @@ class Settings {
                                                       c_.daemon.sessionless_streams.per_identity =
                                                           static_cast<uint32_t>(n);
                                                     })},
+        {"max-local-connections", bounded(0, 1000000,
+                                          [this](uint64_t n) {
+                                            c_.daemon.local_connections.total =
+                                                static_cast<uint32_t>(n);
+                                          })},
+        {"max-local-connections-per-uid", bounded(0, 1000000,
+                                                  [this](uint64_t n) {
+                                                    c_.daemon.local_connections.per_uid =
+                                                        static_cast<uint32_t>(n);
+                                                  })},
         {"open-timeout",
          bounded(0, 600000,
                  [this](uint64_t n) { c_.daemon.open_timeout = std::chrono::milliseconds(n); })},
@@ -628,6 +638,10 @@ means true; --allow-insecure-remote and --allow-remote-raw-kernels also take =tr
                              1024; 0: no limit)
   --max-sessionless-streams-per-uid N  the same, per uid (every TCP peer together counts as
                              one, "remote") (default 64; 0: no limit)
+  --max-local-connections N  connections to the Unix endpoints held at once; past it a
+                             new one is closed at once (root and ferryd's uid are never
+                             refused) (default 4096; 0: no limit)
+  --max-local-connections-per-uid N  the same, per uid (default 1024; 0: no limit)
   --open-timeout MS          a session stream that has not sent Open by then is ended
                              DEADLINE_EXCEEDED, 0..600000 (default 5000; 0: never)
   --uid-limits RULE          per-identity limits, repeatable: SELECTOR:KEY=VALUE,... with
@@ -811,6 +825,10 @@ std::string FormatConfig(const DaemonConfig& c) {
       << limit(c.daemon.sessionless_streams.total) << "\n";
   out << "max-sessionless-streams-per-uid = " << c.daemon.sessionless_streams.per_identity
       << limit(c.daemon.sessionless_streams.per_identity) << "\n";
+  out << "max-local-connections = " << c.daemon.local_connections.total
+      << limit(c.daemon.local_connections.total) << "\n";
+  out << "max-local-connections-per-uid = " << c.daemon.local_connections.per_uid
+      << limit(c.daemon.local_connections.per_uid) << "\n";
   out << "open-timeout = " << c.daemon.open_timeout.count()
       << (c.daemon.open_timeout.count() == 0 ? "  # never" : "") << "\n";
   for (const auto& rule : c.daemon.uid_limits) {

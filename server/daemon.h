@@ -19,6 +19,7 @@
 #include "pool/slab_pool.h"
 #include "pool/staging.h"
 #include "rpc/auth.h"
+#include "rpc/local_connections.h"
 #include "rpc/metrics.h"
 #include "rpc/sessionless_streams.h"
 #include "session/device_supervisor.h"
@@ -69,6 +70,8 @@ struct DaemonOptions {
   /// and how long a stream may take to send its Open (0: no deadline).
   rpc::SessionlessStreamLimits sessionless_streams;
   std::chrono::milliseconds open_timeout{5000};
+  /// Unix endpoints' connections held at once, in all and per uid (rpc/local_connections.h).
+  rpc::LocalConnectionLimits local_connections;
   /// The most bytes all sessions' submits may hold in the daemon together, read and not yet
   /// answered (inline uploads, downloads, ops); 0: no limit. Each session's own limit is
   /// session_defaults.max_in_flight_bytes; an identity's, its uid-limits inflight-bytes.

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
+#include <map>
 
 namespace ferry::rpc {
 namespace {
@@ -27,9 +28,100 @@ bool UnixAddress(const std::string& path, sockaddr_un* addr) {
 
 }  // namespace
 
-void LocalConnections::Add(int fd, std::string endpoint, const systemd::PeerCredentials& peer) {
+bool LocalConnections::StillOpen(int fd, const Entry& e) {
+  struct stat st {};
+  return ::fstat(fd, &st) == 0 && st.st_dev == e.dev && st.st_ino == e.ino;
+}
+
+void LocalConnections::Forget(std::unordered_map<int, Entry>::iterator it) {
+  if (it->second.counted) {
+    auto uid = fds_by_uid_.find(it->second.peer.uid);
+    if (uid != fds_by_uid_.end()) {
+      uid->second.erase(it->first);
+      if (uid->second.empty()) fds_by_uid_.erase(uid);
+    }
+    --counted_;
+  }
+  by_fd_.erase(it);
+}
+
+void LocalConnections::SweepLocked(std::optional<uid_t> uid) {
+  std::vector<int> closed;
+  if (uid) {
+    auto fds = fds_by_uid_.find(*uid);
+    if (fds == fds_by_uid_.end()) return;
+    for (int fd : fds->second) {
+      if (!StillOpen(fd, by_fd_.at(fd))) closed.push_back(fd);
+    }
+  } else {
+    for (const auto& [fd, e] : by_fd_) {
+      if (!StillOpen(fd, e)) closed.push_back(fd);
+    }
+  }
+  for (int fd : closed) Forget(by_fd_.find(fd));
+}
+
+bool LocalConnections::Admit(int fd, std::string endpoint, const systemd::PeerCredentials& peer) {
+  Entry e{std::move(endpoint), peer};
+  struct stat st {};
+  if (::fstat(fd, &st) == 0) {
+    e.dev = st.st_dev;
+    e.ino = st.st_ino;
+  }
+  e.counted = peer.uid != 0 && peer.uid != static_cast<uid_t>(exempt_uid_);
   MutexLock lock(&mu_);
-  by_fd_[fd] = Entry{std::move(endpoint), peer};
+  // The fd number was closed by gRPC and reused for this connection: the old one is gone.
+  if (auto old = by_fd_.find(fd); old != by_fd_.end()) Forget(old);
+  if (e.counted) {
+    auto held = [&] {
+      auto it = fds_by_uid_.find(peer.uid);
+      return it == fds_by_uid_.end() ? size_t{0} : it->second.size();
+    };
+    if (limits_.per_uid != 0 && held() >= limits_.per_uid) {
+      SweepLocked(peer.uid);
+      if (held() >= limits_.per_uid) {
+        ++refused_per_uid_;
+        return false;
+      }
+    }
+    if (limits_.total != 0 && counted_ >= limits_.total) {
+      SweepLocked(std::nullopt);
+      if (counted_ >= limits_.total) {
+        ++refused_total_;
+        return false;
+      }
+    }
+    fds_by_uid_[peer.uid].insert(fd);
+    ++counted_;
+  }
+  by_fd_[fd] = std::move(e);
+  return true;
+}
+
+uint64_t LocalConnections::count() const {
+  MutexLock lock(&mu_);
+  uint64_t n = 0;
+  for (const auto& [fd, e] : by_fd_) n += StillOpen(fd, e) ? 1 : 0;
+  return n;
+}
+
+std::vector<std::pair<uint32_t, uint64_t>> LocalConnections::CountByUid() const {
+  MutexLock lock(&mu_);
+  std::map<uint32_t, uint64_t> by_uid;
+  for (const auto& [fd, e] : by_fd_) {
+    if (StillOpen(fd, e)) ++by_uid[static_cast<uint32_t>(e.peer.uid)];
+  }
+  return {by_uid.begin(), by_uid.end()};
+}
+
+uint64_t LocalConnections::refused_per_uid() const {
+  MutexLock lock(&mu_);
+  return refused_per_uid_;
+}
+
+uint64_t LocalConnections::refused_total_limit() const {
+  MutexLock lock(&mu_);
+  return refused_total_;
 }
 
 session::PeerIdentity LocalConnections::Identify(const std::string& grpc_peer) const {

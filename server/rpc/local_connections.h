@@ -6,11 +6,36 @@
 // here and only then hands the fd to gRPC, which names that peer "fd:N". A session stream
 // looks its peer up here: a hit means a local client (it may use shared memory) with a known
 // uid and pid, shown by `ferryctl sessions`.
+//
+// Connections are bounded here, in all and per uid (max-local-connections,
+// max-local-connections-per-uid). Why: each one costs the daemon a descriptor and gRPC's
+// per-connection state (about 6-12 KiB idle, measured), whether or not it ever carries a
+// stream, so a uid that opened connections and sent nothing could take every descriptor the
+// daemon may open (its slabs, other uids' connections and the device need them too).
+//
+// Contract:
+// - A connection counts from Admit until gRPC has closed its fd: gRPC closes it when the
+//   client closes its side or the transport ends. ferryd is not told when, so a recorded fd
+//   whose descriptor no longer refers to the socket it was accepted as (fstat's device and
+//   inode) is taken as closed. The counts of a uid are brought up to date that way when the
+//   uid reaches its limit, and all of them when the total does, before a refusal.
+// - Root and `exempt_uid` (the daemon's own) are never refused and not counted against the
+//   total: an operator can always reach a daemon others have filled.
+// - A refused connection is closed by the caller at once; refused_*() count them.
+//
+// Thread-safe: each Unix endpoint's acceptor admits on its own thread, streams identify.
 #pragma once
 
+#include <sys/types.h>
+
+#include <cstdint>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
 
 #include "ferry/mutex.h"
 #include "ferry/status.h"
@@ -19,24 +44,55 @@
 
 namespace ferry::rpc {
 
+struct LocalConnectionLimits {
+  uint32_t total = 4096;    // max-local-connections; 0: no limit
+  uint32_t per_uid = 1024;  // max-local-connections-per-uid; 0: no limit
+};
+
 class LocalConnections {
  public:
-  /// Record the connection accepted as `fd` on `endpoint` ("unix:PATH"). Call before gRPC
+  explicit LocalConnections(LocalConnectionLimits limits = {},
+                            uint32_t exempt_uid = static_cast<uint32_t>(-1))
+      : limits_(limits), exempt_uid_(exempt_uid) {}
+
+  /// Record the connection accepted as `fd` on `endpoint` ("unix:PATH") when the limits allow
+  /// it; false when refused (the caller closes the fd; nothing is recorded). Call before gRPC
   /// sees the fd. A later connection that reuses the fd number replaces the record (the
   /// earlier connection is closed by then, so no stream can still ask for it).
-  void Add(int fd, std::string endpoint, const systemd::PeerCredentials& peer);
+  bool Admit(int fd, std::string endpoint, const systemd::PeerCredentials& peer);
 
   /// Who is behind a gRPC peer name: the endpoint and credentials of a connection accepted
   /// here ("fd:N"), or only the address gRPC reports (TCP peers).
   session::PeerIdentity Identify(const std::string& grpc_peer) const;
 
+  /// Connections gRPC still holds, in all and by uid (uids holding none left out).
+  uint64_t count() const;
+  std::vector<std::pair<uint32_t, uint64_t>> CountByUid() const;
+  /// Connections refused since start: past per_uid, and past total.
+  uint64_t refused_per_uid() const;
+  uint64_t refused_total_limit() const;
+  const LocalConnectionLimits& limits() const { return limits_; }
+
  private:
   struct Entry {
     std::string endpoint;
     systemd::PeerCredentials peer;
+    dev_t dev = 0;  // the socket fd was accepted as
+    ino_t ino = 0;
+    bool counted = false;  // against the total and its uid (not exempt)
   };
+  static bool StillOpen(int fd, const Entry& e);
+  void Forget(std::unordered_map<int, Entry>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forget the entries whose fd gRPC has closed: of `uid`, or every uid when unset.
+  void SweepLocked(std::optional<uid_t> uid) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const LocalConnectionLimits limits_;
+  const uint32_t exempt_uid_;
   mutable Mutex mu_;
   std::unordered_map<int, Entry> by_fd_ ABSL_GUARDED_BY(mu_);
+  std::unordered_map<uid_t, std::unordered_set<int>> fds_by_uid_ ABSL_GUARDED_BY(mu_);  // counted
+  uint64_t counted_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t refused_per_uid_ ABSL_GUARDED_BY(mu_) = 0, refused_total_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 /// Create a listening Unix stream socket at `path` (mode 0660, close-on-exec). A stale socket

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "ferry/version.h"
+#include "rpc/local_connections.h"
 #include "rpc/session_service.h"
 
 namespace ferry::rpc {
@@ -133,6 +134,22 @@ std::string RenderMetrics(const SessionServiceContext& c,
            "Session streams refused for their bearer token that gRPC still keeps (at most 64; "
            "further ones are reset).",
            unauthenticated);
+  // Connections to the Unix endpoints (rpc/local_connections.h).
+  if (const LocalConnections* l = c.parts.local_connections) {
+    e.Metric("ferry_local_connections", "gauge",
+             "Connections to the Unix endpoints that gRPC holds now.", l->count());
+    e.Family("ferry_uid_local_connections", "gauge",
+             "Connections to the Unix endpoints that gRPC holds now, per uid holding any.");
+    for (const auto& [uid, n] : l->CountByUid()) {
+      e.Sample("ferry_uid_local_connections", n, "identity=\"uid:" + std::to_string(uid) + "\"");
+    }
+    e.Family("ferry_local_connections_refused_total", "counter",
+             "Connections to the Unix endpoints closed at once, past a limit, since start.");
+    e.Sample("ferry_local_connections_refused_total", l->refused_per_uid(),
+             "reason=\"max_local_connections_per_uid\"");
+    e.Sample("ferry_local_connections_refused_total", l->refused_total_limit(),
+             "reason=\"max_local_connections\"");
+  }
   e.Metric("ferry_streams_open_timeouts_total", "counter",
            "Session streams ended because they sent no Open within open-timeout, since start.",
            c.gauges.open_timeouts_total.load());

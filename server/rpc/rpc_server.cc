@@ -47,6 +47,7 @@ Result<std::unique_ptr<RpcServer>> RpcServer::Prepare(
   r->context_ = context;
   r->listen_ = options.listen;
   r->inherited_fds_ = options.inherited_listen_fds;
+  r->local_limits_ = options.local_connections;
   // Until they are checked below, the inherited fds are listeners to close on failure.
   if (!options.token_file.empty()) {
     FERRY_ASSIGN_OR_RETURN(r->token_, TokenChecker::Load(options.token_file));
@@ -175,7 +176,8 @@ Status RpcServer::Start() {
     endpoints_.push_back("tcp:" + tcp.host + ":" + std::to_string(ports_[i]));
   }
   for (int fd : inherited_fds_) endpoints_.push_back(systemd::SocketEndpoint(fd));
-  local_connections_ = std::make_unique<LocalConnections>();
+  local_connections_ =
+      std::make_unique<LocalConnections>(local_limits_, static_cast<uint32_t>(::geteuid()));
   context_->parts.local_connections = local_connections_.get();
   // Each acceptor owns its listening fd from here on.
   std::vector<UnixListener> listeners = std::move(unix_listeners_);
@@ -186,7 +188,11 @@ Status RpcServer::Start() {
     auto acceptor = systemd::SocketAcceptor::Start(
         l.fd, [server = local_.server.get(), local = local_connections_.get(), endpoint](
                   int conn, const systemd::PeerCredentials& peer) {
-          local->Add(conn, endpoint, peer);  // before gRPC can start a stream on it
+          // Recorded before gRPC can start a stream on it; past a limit closed at once.
+          if (!local->Admit(conn, endpoint, peer)) {
+            ::close(conn);
+            return;
+          }
           grpc::AddInsecureChannelFromFd(server, conn);
         });
     if (!acceptor.ok()) {

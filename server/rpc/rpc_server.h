@@ -18,6 +18,7 @@
 
 #include "ferry/status.h"
 #include "rpc/auth.h"
+#include "rpc/local_connections.h"
 
 namespace grpc {
 class Server;
@@ -29,7 +30,6 @@ namespace ferry::rpc {
 struct SessionServiceContext;
 class SessionService;
 class AdminService;
-class LocalConnections;
 namespace systemd {
 class SocketAcceptor;
 }
@@ -50,6 +50,8 @@ struct RpcServerOptions {
   // endpoints never probe: local clients move their bulk bytes through shared memory, and
   // measured no slower without it.
   bool bandwidth_probe = true;
+  // Unix endpoints' connections held at once, in all and per uid (LocalConnections).
+  LocalConnectionLimits local_connections;
 };
 
 class RpcServer {
@@ -105,6 +107,7 @@ class RpcServer {
   };
   Served remote_, local_;
   // Accept the Unix endpoints' connections (own and inherited listening sockets).
+  LocalConnectionLimits local_limits_;
   std::unique_ptr<LocalConnections> local_connections_;
   std::vector<std::unique_ptr<systemd::SocketAcceptor>> acceptors_;
   std::vector<std::string> owned_socket_paths_;  // bound here: removed at StopAccepting

@@ -21,6 +21,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -585,6 +586,62 @@ TEST_F(HostileClientsPerUidTest, StreamsThatNeverSendOpenAreBoundedPerUidAndEndA
   a->Close();
   b->Close();
   EXPECT_EQ(sessionless_once_settled(), 0);
+  EXPECT_EQ(d.WaitIdle().sessions_open(), 0u);
+  EXPECT_EQ(d.Stop(), 0) << d.log();
+}
+
+// Connections to the Unix endpoints are bounded per uid and in all: each costs the daemon a
+// descriptor and gRPC's per-connection state, session or not, so a uid that opened
+// connections and sent nothing could take every descriptor the daemon may open. Past a limit
+// a connection is closed at once; root is never refused; a closed connection's place comes
+// back, found when the uid next reaches its limit.
+TEST_F(HostileClientsPerUidTest, ConnectionsAreBoundedPerUidAndInAll) {
+  ASSERT_NO_FATAL_FAILURE(Start({"--max-local-connections", "12", "--max-local-connections-per-uid",
+                                 "8", "--metrics-listen", "127.0.0.1:0"}));
+  FerrydProcess& d = *daemon_;
+  const std::string ep = testing::MetricsEndpoint(d);
+  ASSERT_FALSE(ep.empty());
+  auto metric = [&](const std::string& name, const std::string& label = "") {
+    return testing::Value(testing::ResponseBody(testing::HttpGet(ep, "/metrics")), name, label);
+  };
+  const std::string path = d.unix_target().substr(5);
+  // Connections that send nothing; which of them the daemon closed within a second.
+  auto connect = [&](uid_t uid, int n) {
+    std::vector<int> fds;
+    for (int i = 0; i < n; ++i) fds.push_back(ConnectAs(uid, uid, path));
+    return fds;
+  };
+  auto closed = [](const std::vector<int>& fds) {
+    std::vector<bool> out;
+    for (int fd : fds) out.push_back(ClosedByPeer(fd, std::chrono::milliseconds(1000)));
+    return out;
+  };
+  std::vector<int> a = connect(kUidA, 10);
+  ASSERT_EQ(std::count(a.begin(), a.end(), -1), 0);
+  // Accepted in the order made: A's first 8 are held, its 9th and 10th closed at once.
+  EXPECT_EQ(closed(a), std::vector<bool>(
+                           {false, false, false, false, false, false, false, false, true, true}));
+  EXPECT_EQ(metric("ferry_uid_local_connections", "uid:41001"), 8);
+  EXPECT_EQ(metric("ferry_local_connections_refused_total", "max_local_connections_per_uid"), 2);
+  // B's 4 fit below its own limit; its 5th would pass the total (12), and is closed.
+  std::vector<int> b = connect(kUidB, 5);
+  ASSERT_EQ(std::count(b.begin(), b.end(), -1), 0);
+  EXPECT_EQ(closed(b), std::vector<bool>({false, false, false, false, true}));
+  EXPECT_EQ(metric("ferry_local_connections_refused_total", "\"max_local_connections\""), 1);
+  // Root is never refused: it opens a session with the daemon full.
+  RawStream root(d.unix_target());
+  ASSERT_TRUE(root.Open()) << d.log();
+  root.Close();
+  // A closes half of its connections: their places come back, to A and to B.
+  for (int i = 0; i < 4; ++i) ::close(a[i]);
+  auto a_session = StreamAs(kUidA, d);
+  ASSERT_TRUE(a_session && a_session->Open()) << d.log();
+  auto b_session = StreamAs(kUidB, d);
+  ASSERT_TRUE(b_session && b_session->Open()) << d.log();
+  a_session->Close();
+  b_session->Close();
+  for (size_t i = 4; i < a.size(); ++i) ::close(a[i]);
+  for (int fd : b) ::close(fd);
   EXPECT_EQ(d.WaitIdle().sessions_open(), 0u);
   EXPECT_EQ(d.Stop(), 0) << d.log();
 }

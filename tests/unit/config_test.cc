@@ -335,6 +335,8 @@ max-objects = 1000
 max-sessions = 9
 max-sessionless-streams = 40
 max-sessionless-streams-per-uid = 0
+max-local-connections = 300
+max-local-connections-per-uid = 0
 open-timeout = 750
 uid-limits = default:sessions=8,device=1G,pinned=none,inflight=100,inflight-bytes=40%,objects=30%,queued=25%
 uid-limits = uid:1000:sessions=4
