@@ -244,7 +244,8 @@ class Settings {
              return Status::Ok();
            }
            for (size_t i = 1; i < rules.size(); ++i) {
-             if (rules[i].match == rule.match && rules[i].id == rule.id) {
+             if (rules[i].match == rule.match && rules[i].id == rule.id &&
+                 rules[i].tenant == rule.tenant) {
                return Invalid("a rule for the same uid, gid or remote is already given: " + v);
              }
            }
@@ -597,8 +598,10 @@ means true; --allow-insecure-remote and --allow-remote-raw-kernels also take =tr
   --tls-key PATH             PEM private key of --tls-cert (default: none)
   --tls-client-ca PATH       PEM CA bundle: TCP clients must present a certificate it signed
                              (mutual TLS; default: none)
-  --token-file PATH          TCP clients must send "authorization: Bearer <token>" with the
-                             token in PATH (default: none). Unix endpoints stay plain
+  --token-file PATH          TCP clients must send "authorization: Bearer <token>" with a
+                             token of PATH, one per line: TOKEN (shared: identity remote)
+                             or NAME TOKEN (tenant NAME: identity remote:NAME, limits of
+                             its own) (default: none). Unix endpoints stay plain
   --allow-remote-raw-kernels let TCP clients load and launch raw kernels (default: refused);
                              such a client is trusted with every session's data
   --raw-kernels LIST         local peers that may load and launch raw kernels (PTX, CUBIN,
@@ -645,7 +648,8 @@ means true; --allow-insecure-remote and --allow-remote-raw-kernels also take =tr
   --open-timeout MS          a session stream that has not sent Open by then is ended
                              DEADLINE_EXCEEDED, 0..600000 (default 5000; 0: never)
   --uid-limits RULE          per-identity limits, repeatable: SELECTOR:KEY=VALUE,... with
-                             SELECTOR default, remote (all TCP peers), uid:N or gid:N and
+                             SELECTOR default, remote (each TCP identity), remote:NAME (a
+                             token-file tenant), uid:N or gid:N and
                              KEY sessions, device, pinned, inflight-bytes, objects, queued
                              (N, SIZE, P% of the daemon's) or inflight (N); VALUE none: no
                              limit (default default:sessions=50%,device=50%,pinned=50%,
@@ -677,7 +681,7 @@ means true; --allow-insecure-remote and --allow-remote-raw-kernels also take =tr
                              (default 4M)
   --device-turns N           submits of all sessions on the device at once, 0..1024; the
                              rest wait, ordered by uid-weights (default 0: no limit)
-  --uid-weights LIST         uid:N=W,remote=W,...: weights (1..1000, default 1) by which
+  --uid-weights LIST         uid:N=W,remote=W,remote:NAME=W,...: weights (1..1000, default 1) by which
                              waiting submits of different uids get copy and device turns
                              (default: none, every identity weighs 1)
   --kernel-batch N           a run of N or more kernel ops (fill, binary, scale, axpy) in

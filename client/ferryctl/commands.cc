@@ -389,6 +389,12 @@ int RunStatus(const Options& options, std::ostream& out, std::ostream& err) {
 
 namespace {
 
+// What the UID column shows for a TCP peer: its identity ("remote:NAME" for a tenant), "-"
+// from a daemon too old to say.
+std::string RemoteIdentity(const v1::SessionInfo& i) {
+  return i.identity().empty() ? "-" : i.identity();
+}
+
 // "used/limit" ("used" alone when there is no limit).
 std::string OfLimit(const std::string& used, uint64_t limit, const std::string& limit_text) {
   return limit == 0 ? used : used + "/" + limit_text;
@@ -497,6 +503,7 @@ int RunSessions(const Options& options, std::ostream& out, std::ostream& err) {
       // Known only for local (Unix-socket) clients; absent from the object otherwise.
       if (i.has_uid()) item.Add("uid", i.uid());
       if (i.has_pid()) item.Add("pid", i.pid());
+      item.Add("identity", i.identity());
       items.push_back(item.Add("age_ms", i.age_ms())
                           .Add("submits_in_flight", i.submits_in_flight())
                           .Add("device_bytes", i.device_bytes())
@@ -526,7 +533,7 @@ int RunSessions(const Options& options, std::ostream& out, std::ostream& err) {
   table.AddColumn("DOWN", true);
   for (const v1::SessionInfo& i : reply.sessions()) {
     table.AddRow({std::to_string(i.session_id()), i.client_name().empty() ? "-" : i.client_name(),
-                  i.peer(), i.has_uid() ? std::to_string(i.uid()) : "-",
+                  i.peer(), i.has_uid() ? std::to_string(i.uid()) : RemoteIdentity(i),
                   i.has_pid() ? std::to_string(i.pid()) : "-", HumanDuration(i.age_ms()),
                   std::to_string(i.submits_in_flight()), HumanBytes(i.device_bytes()),
                   std::to_string(i.live_tensors()), std::to_string(i.stats().ops()),

@@ -72,7 +72,7 @@ Sample Collect(const v1::ListSessionsReply& reply) {
     r.session_id = i.session_id();
     r.key = std::to_string(i.session_id());
     if (i.has_uid()) r.uid = std::to_string(i.uid());
-    if (!i.has_uid()) r.uid = "remote";
+    if (!i.has_uid()) r.uid = i.identity().empty() ? "remote" : i.identity();
     r.client = i.client_name().empty() ? "-" : i.client_name();
     if (i.has_pid()) r.pid = std::to_string(i.pid());
     r.age = HumanDuration(i.age_ms());

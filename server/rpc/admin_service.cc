@@ -111,6 +111,7 @@ grpc::ServerUnaryReactor* AdminService::ListSessions(grpc::CallbackServerContext
     s->set_peer(e.peer.address);
     if (e.peer.uid) s->set_uid(*e.peer.uid);
     if (e.peer.pid) s->set_pid(*e.peer.pid);
+    s->set_identity(session::IdentityOf(e.peer));
     s->set_age_ms(std::chrono::duration_cast<std::chrono::milliseconds>(now - e.opened_at).count());
     s->set_submits_in_flight(c.submits_in_flight);
     s->set_device_bytes(c.device_bytes);

@@ -8,7 +8,11 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
+#include <vector>
+
+#include "session/registry.h"
 
 namespace ferry::rpc {
 namespace {
@@ -66,15 +70,34 @@ bool ConstantTimeEquals(std::string_view a, std::string_view b) {
 Result<std::unique_ptr<TokenChecker>> TokenChecker::Load(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return Status(ErrorKind::kInvalidArgument, "cannot read token file " + path);
-  std::ostringstream out;
-  out << in.rdbuf();
-  std::string token = out.str();
-  size_t b = token.find_first_not_of(" \t\r\n");
-  size_t e = token.find_last_not_of(" \t\r\n");
-  if (b == std::string::npos) {
-    return Status(ErrorKind::kInvalidArgument, "token file " + path + " is empty");
+  std::vector<Token> tokens;
+  std::set<std::string> names, seen;
+  int number = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++number;
+    std::istringstream words(line);
+    std::vector<std::string> w;
+    for (std::string word; words >> word;) w.push_back(word);
+    if (w.empty() || w[0][0] == '#') continue;
+    auto bad = [&](const std::string& why) {
+      return Status(ErrorKind::kInvalidArgument,
+                    "token file " + path + " line " + std::to_string(number) + ": " + why);
+    };
+    if (w.size() > 2) return bad("expected TOKEN or NAME TOKEN");
+    Token t;
+    if (w.size() == 2) {
+      if (!session::IsTenantName(w[0])) return bad("a tenant name is 1..32 of A-Z a-z 0-9 _ . -");
+      if (!names.insert(w[0]).second) return bad("tenant " + w[0] + " is given twice");
+      t.tenant = w[0];
+    }
+    t.token = w.back();
+    if (!seen.insert(t.token).second) return bad("a token is given twice");
+    tokens.push_back(std::move(t));
   }
-  return std::unique_ptr<TokenChecker>(new TokenChecker(token.substr(b, e - b + 1)));
+  if (tokens.empty()) {
+    return Status(ErrorKind::kInvalidArgument, "token file " + path + " holds no token");
+  }
+  return std::unique_ptr<TokenChecker>(new TokenChecker(std::move(tokens)));
 }
 
 namespace {
@@ -134,20 +157,32 @@ class TokenInterceptorFactory final : public grpc::experimental::ServerIntercept
 
 }  // namespace
 
-Status TokenChecker::CheckAuthorization(const std::string_view* authorization) const {
+Result<std::string> TokenChecker::TenantOf(const std::string_view* authorization) const {
   if (!authorization) return Unauthenticated("this daemon needs a bearer token");
   constexpr std::string_view kBearer = "Bearer ";
   std::string_view value = *authorization;
-  if (value.rfind(kBearer, 0) != 0 || !ConstantTimeEquals(value.substr(kBearer.size()), token_)) {
-    return Unauthenticated("the bearer token is not valid");
+  if (value.rfind(kBearer, 0) != 0) return Unauthenticated("the bearer token is not valid");
+  value.remove_prefix(kBearer.size());
+  // Every token is compared, so the time says nothing about which one matched.
+  const Token* match = nullptr;
+  for (const Token& t : tokens_) {
+    if (ConstantTimeEquals(value, t.token)) match = &t;
   }
-  return Status::Ok();
+  if (!match) return Unauthenticated("the bearer token is not valid");
+  return match->tenant;
 }
 
 Status TokenChecker::Check(const grpc::ServerContextBase& context) const {
   if (!IsRemotePeer(context.peer())) return Status::Ok();
   std::optional<std::string_view> auth = Authorization(context.client_metadata());
   return CheckAuthorization(auth ? &*auth : nullptr);
+}
+
+std::string TokenChecker::TenantOf(const grpc::ServerContextBase& context) const {
+  if (!IsRemotePeer(context.peer())) return "";
+  std::optional<std::string_view> auth = Authorization(context.client_metadata());
+  auto tenant = TenantOf(auth ? &*auth : nullptr);
+  return tenant.ok() ? *tenant : "";
 }
 
 std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> MakeTokenInterceptorFactory(

@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "ferry/status.h"
 
@@ -37,22 +38,40 @@ bool IsRemotePeer(std::string_view peer);
 /// Compare in time that depends only on the lengths, not on where the bytes differ.
 bool ConstantTimeEquals(std::string_view a, std::string_view b);
 
-/// The bearer token TCP clients must send as "authorization: Bearer <token>" metadata.
-/// Immutable after Load; thread-safe.
+/// The bearer tokens TCP clients must send as "authorization: Bearer <token>" metadata, and
+/// the tenant each names. Immutable after Load; thread-safe.
+///
+/// The token file holds one token per line (blank lines and lines starting with '#'
+/// skipped, surrounding whitespace ignored): `TOKEN` alone is a shared token, whose peers are
+/// together the identity "remote"; `NAME TOKEN` is tenant NAME's (IsTenantName), whose peers
+/// are the identity "remote:NAME", with limits of its own (session/registry.h). A file of one
+/// token is what it always was.
 class TokenChecker {
  public:
-  /// Read the token from `path` (surrounding whitespace ignored; empty is an error).
+  /// Read the tokens from `path`; INVALID_ARGUMENT when it cannot be read, holds no token, a
+  /// line has more than two words or a bad name, or a name or token is given twice.
   static Result<std::unique_ptr<TokenChecker>> Load(const std::string& path);
 
-  /// OK for local peers and for remote ones that sent the token; UNAUTHENTICATED otherwise.
+  /// OK for local peers and for remote ones that sent a token; UNAUTHENTICATED otherwise.
   Status Check(const grpc::ServerContextBase& context) const;
   /// OK when `authorization` (the metadata's value; null when absent) is
-  /// "Bearer <token>"; UNAUTHENTICATED otherwise.
-  Status CheckAuthorization(const std::string_view* authorization) const;
+  /// "Bearer <token>" for one of the tokens; UNAUTHENTICATED otherwise.
+  Status CheckAuthorization(const std::string_view* authorization) const {
+    return TenantOf(authorization).status();
+  }
+  /// The tenant of the token `authorization` carries ("" for a shared token);
+  /// UNAUTHENTICATED when it carries none of them. Takes as long whichever token matches.
+  Result<std::string> TenantOf(const std::string_view* authorization) const;
+  /// The tenant of a remote call's token; "" for a local peer, a shared token or none.
+  std::string TenantOf(const grpc::ServerContextBase& context) const;
 
  private:
-  explicit TokenChecker(std::string token) : token_(std::move(token)) {}
-  const std::string token_;
+  struct Token {
+    std::string tenant;  // "": shared
+    std::string token;
+  };
+  explicit TokenChecker(std::vector<Token> tokens) : tokens_(std::move(tokens)) {}
+  const std::vector<Token> tokens_;
 };
 
 /// Check `context` against `checker` (null: no token configured, everything passes): OK, or

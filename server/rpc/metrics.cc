@@ -218,7 +218,7 @@ std::string RenderMetrics(const SessionServiceContext& c,
   e.Metric("ferry_slab_accept_backoffs_total", "counter",
            "Times the slab socket stopped accepting for a while: out of file descriptors.",
            bs.accept_backoffs);
-  // Per identity (uid:N, or remote): usage and limits (0: no limit), for those holding
+  // Per identity (uid:N, remote:NAME or remote): usage and limits (0: no limit), for those holding
   // anything now.
   const std::vector<session::UidUsage> usage = c.parts.registry->UsageByUid();
   auto per_uid = [&](const char* name, const char* help, auto field) {

@@ -1115,6 +1115,10 @@ grpc::ServerBidiReactor<v1::ClientMessage, v1::ServerMessage>* SessionService::S
   session::PeerIdentity peer = context_->parts.local_connections
                                    ? context_->parts.local_connections->Identify(context->peer())
                                    : session::PeerIdentity{context->peer()};
+  // A TCP peer that sent a named tenant's token is that tenant (its own limits).
+  if (!peer.local() && context_->access.token) {
+    peer.tenant = context_->access.token->TenantOf(*context);
+  }
   SessionlessStreams::Ticket sessionless;
   if (SessionlessStreams* streams = context_->parts.sessionless_streams) {
     auto admitted = streams->Admit(session::IdentityOf(peer));

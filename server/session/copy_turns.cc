@@ -7,6 +7,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "session/registry.h"
+
 namespace ferry::session {
 namespace {
 
@@ -48,13 +50,18 @@ Result<std::map<std::string, uint32_t>> ParseUidWeights(const std::string& text)
     while (!entry.empty() && entry.back() == ' ') entry.pop_back();
     size_t eq = entry.find('=');
     if (eq == std::string::npos) {
-      return invalid("expected uid:N=WEIGHT or remote=WEIGHT, got '" + entry + "'");
+      return invalid("expected uid:N=WEIGHT, remote=WEIGHT or remote:NAME=WEIGHT, got '" + entry +
+                     "'");
     }
     std::string who = entry.substr(0, eq), weight = entry.substr(eq + 1);
-    if (who != "remote") {
+    if (who.rfind("remote:", 0) == 0) {
+      if (!IsTenantName(who.substr(7))) {
+        return invalid("'" + who + "': a tenant name is 1..32 of A-Z a-z 0-9 _ . -");
+      }
+    } else if (who != "remote") {
       std::optional<uint64_t> uid;
       if (who.rfind("uid:", 0) == 0) uid = number(who.substr(4), UINT32_MAX);
-      if (!uid) return invalid("'" + who + "' is neither uid:N (a number) nor remote");
+      if (!uid) return invalid("'" + who + "' is neither uid:N (a number), remote nor remote:NAME");
       who = "uid:" + std::to_string(*uid);
     }
     std::optional<uint64_t> w = number(weight, 1000);

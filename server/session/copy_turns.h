@@ -24,7 +24,8 @@
 // Device turns and weights (fair shares, docs/operations.md "Fair shares"):
 // - device_turns > 0 (ferryd's `device-turns`): every submit with ops also takes a device
 //   turn (kDevice), so at most device_turns submits of all sessions are on the device at once.
-// - Waiters name the identity they belong to ("uid:1000", "remote"; `uid-weights` gives each
+// - Waiters name the identity they belong to ("uid:1000", "remote", "remote:NAME"; `uid-weights`
+// gives each
 //   a weight, 1 unless set). Among identities the turns go by start-time fair queuing: each
 //   take advances its identity's pass by kStride / weight, and the waiting request whose
 //   identity's pass is lowest goes first (the k-th request of an identity counts k strides
@@ -51,8 +52,8 @@
 
 namespace ferry::session {
 
-/// Parse `uid-weights`: "uid:N=W,remote=W,..." (W 1..1000) into weights by identity
-/// ("uid:N", "remote"); "" is none. INVALID_ARGUMENT naming what is wrong.
+/// Parse `uid-weights`: "uid:N=W,remote=W,remote:NAME=W,..." (W 1..1000) into weights by
+/// identity ("uid:N", "remote", "remote:NAME"); "" is none. INVALID_ARGUMENT naming what is wrong.
 Result<std::map<std::string, uint32_t>> ParseUidWeights(const std::string& text);
 /// The weights as ParseUidWeights reads them back.
 std::string FormatUidWeights(const std::map<std::string, uint32_t>& weights);

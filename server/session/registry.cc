@@ -123,12 +123,25 @@ Result<UidLimitRule> ParseUidLimitRule(const std::string& text) {
   } else if (rest.rfind("remote:", 0) == 0) {
     rule.match = UidLimitRule::Match::kRemote;
     rest.remove_prefix(7);
+    // remote:NAME:KEY=...: a name holds no '=', a first limit does.
+    const size_t colon = rest.find(':');
+    if (colon != std::string_view::npos &&
+        rest.substr(0, colon).find('=') == std::string_view::npos) {
+      std::string_view name = rest.substr(0, colon);
+      if (!IsTenantName(name)) {
+        return Invalid("a tenant name is 1..32 of A-Z a-z 0-9 _ . -, got '" + std::string(name) +
+                       "'");
+      }
+      rule.tenant = std::string(name);
+      rest.remove_prefix(colon + 1);
+    }
   } else if (rest.rfind("uid:", 0) == 0) {
     FERRY_RETURN_IF_ERROR(take_id("uid:", UidLimitRule::Match::kUid));
   } else if (rest.rfind("gid:", 0) == 0) {
     FERRY_RETURN_IF_ERROR(take_id("gid:", UidLimitRule::Match::kGid));
   } else {
-    return Invalid("a rule starts with default:, remote:, uid:N: or gid:N:, got '" + text + "'");
+    return Invalid("a rule starts with default:, remote:, remote:NAME:, uid:N: or gid:N:, got '" +
+                   text + "'");
   }
   if (rest.empty()) return Invalid("no limits in '" + text + "'");
   while (!rest.empty()) {
@@ -182,7 +195,7 @@ std::string FormatUidLimitRule(const UidLimitRule& rule) {
       out = "default:";
       break;
     case UidLimitRule::Match::kRemote:
-      out = "remote:";
+      out = rule.tenant.empty() ? "remote:" : "remote:" + rule.tenant + ":";
       break;
     case UidLimitRule::Match::kUid:
       out = "uid:" + std::to_string(rule.id) + ":";
@@ -283,14 +296,22 @@ ResolvedUidLimits SessionRegistry::Resolve(const PeerIdentity& peer) const {
     if (r.match == UidLimitRule::Match::kDefault) rule = r;
   }
   const UidLimitRule* specific = nullptr;
-  bool named = false;  // a uid: rule names this uid
+  bool named = false;                         // a uid: rule names this uid
+  const UidLimitRule* tenant_rule = nullptr;  // remote:NAME naming this peer's tenant
   for (const UidLimitRule& r : rules_) {
-    if (!peer.uid && r.match == UidLimitRule::Match::kRemote) specific = &r;
+    if (!peer.uid && r.match == UidLimitRule::Match::kRemote) {
+      if (r.tenant.empty()) {
+        specific = &r;
+      } else if (!peer.tenant.empty() && r.tenant == peer.tenant) {
+        tenant_rule = &r;
+      }
+    }
     if (peer.uid && r.match == UidLimitRule::Match::kUid && r.id == *peer.uid) {
       specific = &r;
       named = true;
     }
   }
+  if (tenant_rule) specific = tenant_rule;
   if (!specific && peer.gid) {
     for (const UidLimitRule& r : rules_) {  // the first gid: rule that matches
       if (r.match == UidLimitRule::Match::kGid && r.id == *peer.gid) {
@@ -320,7 +341,18 @@ ResolvedUidLimits SessionRegistry::Resolve(const PeerIdentity& peer) const {
 }
 
 std::string IdentityOf(const PeerIdentity& peer) {
-  return peer.uid ? "uid:" + std::to_string(*peer.uid) : "remote";
+  if (peer.uid) return "uid:" + std::to_string(*peer.uid);
+  return peer.tenant.empty() ? "remote" : "remote:" + peer.tenant;
+}
+
+bool IsTenantName(std::string_view name) {
+  if (name.empty() || name.size() > 32) return false;
+  for (char ch : name) {
+    const bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+                    (ch >= '0' && ch <= '9') || ch == '_' || ch == '.' || ch == '-';
+    if (!ok) return false;
+  }
+  return true;
 }
 
 std::shared_ptr<UidAccount> SessionRegistry::AccountFor(const PeerIdentity& peer) {
@@ -371,7 +403,7 @@ void SessionRegistry::SetUsageIdentityLimit(size_t max_identities) {
 std::string SessionRegistry::AssignUsageIdentityLocked(const PeerIdentity& peer,
                                                        const std::string& client,
                                                        std::string* uid_label) {
-  const std::string uid = peer.uid ? std::to_string(*peer.uid) : "remote";
+  const std::string uid = peer.uid ? std::to_string(*peer.uid) : IdentityOf(peer);
   // A label value: printable ASCII only (the name is a tenant's free text).
   std::string name = client.substr(0, kMaxClientLabel);
   for (char& ch : name) {

@@ -2,7 +2,8 @@
 // limits and usage, totals, and the snapshots ferryctl and the Admin service read.
 //
 // Per-identity limits: every session is charged to an identity, "uid:N" for a local client
-// (its SO_PEERCRED uid) or "remote" for every TCP peer together. Each identity has limits on
+// (its SO_PEERCRED uid), "remote:NAME" for a TCP peer that sent a named tenant's token
+// (token-file), or "remote" for every other TCP peer together. Each identity has limits on
 // its sessions, device bytes, pinned (slab) bytes, submits in flight, the bytes its
 // submits hold in the daemon (in-flight bytes), the objects its sessions hold (live
 // tensors, modules, graphs and the ops recorded into them) and the device commands they keep
@@ -22,6 +23,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ferry/mutex.h"
@@ -42,17 +44,19 @@ struct UidLimit {
 };
 
 /// One `uid-limits` rule: "SELECTOR:KEY=VALUE[,KEY=VALUE...]" where SELECTOR is default,
-/// remote, uid:N or gid:N and KEY is sessions, device, pinned, inflight, inflight-bytes,
-/// objects or queued.
+/// remote, remote:NAME, uid:N or gid:N and KEY is sessions, device, pinned, inflight,
+/// inflight-bytes, objects or queued. A remote rule applies to every remote identity (the
+/// shared one and each named tenant, each its own budget) that no remote:NAME rule names.
 struct UidLimitRule {
   enum class Match { kDefault, kRemote, kUid, kGid };
   Match match = Match::kDefault;
-  uint32_t id = 0;  // the uid or gid
+  uint32_t id = 0;     // the uid or gid
+  std::string tenant;  // kRemote: the tenant it names ("": every remote identity)
   UidLimit sessions, device, pinned, inflight, inflight_bytes, objects, queued;
   bool operator==(const UidLimitRule& o) const {
-    return match == o.match && id == o.id && sessions == o.sessions && device == o.device &&
-           pinned == o.pinned && inflight == o.inflight && inflight_bytes == o.inflight_bytes &&
-           objects == o.objects && queued == o.queued;
+    return match == o.match && id == o.id && tenant == o.tenant && sessions == o.sessions &&
+           device == o.device && pinned == o.pinned && inflight == o.inflight &&
+           inflight_bytes == o.inflight_bytes && objects == o.objects && queued == o.queued;
   }
 };
 
@@ -144,13 +148,16 @@ struct PeerIdentity {
   std::optional<uint32_t> uid;  // set only for local clients
   std::optional<int32_t> pid;
   std::optional<uint32_t> gid;  // the peer's gid at connect (SO_PEERCRED); local clients only
+  std::string tenant;           // a TCP peer's tenant: the name of the token it sent ("": none)
   /// A client on this machine, reached through a Unix socket: it may use shared memory.
   bool local() const { return uid.has_value(); }
 };
 
 /// The identity `peer`'s limits and usage are kept under: "uid:N" for a local client,
-/// "remote" for every TCP peer together.
+/// "remote:NAME" for a TCP peer of tenant NAME, "remote" for every other TCP peer together.
 std::string IdentityOf(const PeerIdentity& peer);
+/// A tenant name: 1..32 of A-Z a-z 0-9 _ . -
+bool IsTenantName(std::string_view name);
 
 /// What the registry knows of one open session.
 struct SessionEntry {

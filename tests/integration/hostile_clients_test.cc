@@ -1042,6 +1042,65 @@ TEST(HostileClientsTest, RemotePeersShareOneIdentity) {
   EXPECT_EQ(d.Stop(), 0) << d.log();
 }
 
+// A TCP peer that sends a named tenant's token (token-file `NAME TOKEN`) is that tenant: an
+// identity with a budget of its own, so one tenant's sessions leave the others theirs; peers
+// with the shared token share "remote". A remote:NAME rule sets one tenant's limits.
+TEST(HostileClientsTest, EachRemoteTenantHasABudgetOfItsOwn) {
+  char token_file[] = "/tmp/ferry-tenants-XXXXXX";
+  const int fd = ::mkstemp(token_file);
+  ASSERT_GE(fd, 0);
+  ::close(fd);
+  std::ofstream(token_file) << "# name token\nalice tok-a\nbob tok-b\nshared-tok\n";
+  FerrydProcess d({"--token-file", token_file, "--uid-limits", "remote:sessions=2", "--uid-limits",
+                   "remote:bob:sessions=1"},
+                  /*tcp=*/true);
+  ASSERT_TRUE(d.ok()) << d.log();
+  auto client = [&](const std::string& token) {
+    ClientOptions options;
+    options.bearer_token = token;
+    auto c = Client::connect(d.tcp_target(), options);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    return std::move(*c);
+  };
+  Client alice = client("tok-a"), bob = client("tok-b"), shared = client("shared-tok");
+  std::vector<Session> open;
+  // Each opens up to its limit; the next is refused naming the tenant.
+  auto fill = [&](Client& c, int limit, const std::string& identity) {
+    for (int i = 0; i < limit; ++i) {
+      auto s = c.open_session();
+      ASSERT_TRUE(s.ok()) << identity << " " << i << ": " << s.status().ToString();
+      open.push_back(std::move(*s));
+    }
+    auto refused = c.open_session();
+    ASSERT_FALSE(refused.ok()) << identity;
+    EXPECT_EQ(refused.status().kind(), ErrorKind::kQuotaExceeded);
+    EXPECT_NE(
+        refused.status().message().find(identity + "'s sessions limit (" + std::to_string(limit)),
+        std::string::npos)
+        << refused.status().message();
+  };
+  fill(alice, 2, "remote:alice");
+  fill(bob, 1, "remote:bob");
+  fill(shared, 2, "remote");
+  auto channel = grpc::CreateChannel(d.unix_target(), grpc::InsecureChannelCredentials());
+  auto admin = v1::Admin::NewStub(channel);
+  EXPECT_EQ(UsageOf(*admin, "remote:alice").sessions(), 2u);
+  EXPECT_EQ(UsageOf(*admin, "remote:bob").max_sessions(), 1u);
+  EXPECT_EQ(UsageOf(*admin, "remote").sessions(), 2u);
+  // Each session says whose it is (ferryctl sessions shows it).
+  grpc::ClientContext ctx;
+  v1::ListSessionsReply list;
+  ASSERT_TRUE(admin->ListSessions(&ctx, v1::ListSessionsRequest(), &list).ok());
+  std::map<std::string, int> by_identity;
+  for (const auto& s : list.sessions()) ++by_identity[s.identity()];
+  EXPECT_EQ(by_identity,
+            (std::map<std::string, int>{{"remote", 2}, {"remote:alice", 2}, {"remote:bob", 1}}));
+  for (Session& s : open) EXPECT_TRUE(s.close().ok());
+  EXPECT_EQ(d.WaitIdle().sessions_open(), 0u);
+  EXPECT_EQ(d.Stop(), 0) << d.log();
+  ::unlink(token_file);
+}
+
 // The long work of VictimBesideLongWork: one long op, or thousands of shorter ones, more
 // than the launch queue holds (about 1024: backend.h).
 enum class LongWork { kOneLongOp, kThousandsOfOps };

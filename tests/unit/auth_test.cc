@@ -164,5 +164,38 @@ TEST(TokenCheckerTest, TokenFileMustExistAndHoldAToken) {
   EXPECT_EQ(TokenChecker::Load(blank.path()).status().kind(), ErrorKind::kInvalidArgument);
 }
 
+// A file of tenants: each named token is its tenant's; an unnamed one is shared ("").
+TEST(TokenCheckerTest, NamedTokensSayWhoseTheyAre) {
+  auto checker = LoadToken("# tenants\nalice  tok-a\n\n  bob tok-b  \nshared-tok\n");
+  ASSERT_NE(checker, nullptr);
+  auto tenant = [&](std::string_view auth) {
+    auto t = checker->TenantOf(&auth);
+    return t.ok() ? *t : "refused: " + t.status().message();
+  };
+  EXPECT_EQ(tenant("Bearer tok-a"), "alice");
+  EXPECT_EQ(tenant("Bearer tok-b"), "bob");
+  EXPECT_EQ(tenant("Bearer shared-tok"), "");
+  EXPECT_EQ(tenant("Bearer alice"), "refused: the bearer token is not valid")
+      << "a name is no token";
+  EXPECT_EQ(tenant("Bearer tok-a "), "refused: the bearer token is not valid");
+  EXPECT_EQ(tenant("tok-a"), "refused: the bearer token is not valid");
+  grpc::ServerContext local;
+  EXPECT_EQ(checker->TenantOf(local), "") << "a local peer is no tenant";
+}
+
+TEST(TokenCheckerTest, BadTokenFilesAreRefusedNamingTheLine) {
+  for (const char* text :
+       {"# only a comment\n", "a b c\n", "al/ice tok\n", "alice tok\nalice tok2\n",
+        "alice tok\nbob tok\n", "tok\ntok\n", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa tok\n"}) {
+    TokenFile file(text);
+    auto loaded = TokenChecker::Load(file.path());
+    EXPECT_EQ(loaded.status().kind(), ErrorKind::kInvalidArgument) << text;
+  }
+  TokenFile twice("alice tok\nbob tok\n");
+  EXPECT_NE(
+      TokenChecker::Load(twice.path()).status().message().find("line 2: a token is given twice"),
+      std::string::npos);
+}
+
 }  // namespace
 }  // namespace ferry::rpc

@@ -342,6 +342,7 @@ uid-limits = default:sessions=8,device=1G,pinned=none,inflight=100,inflight-byte
 uid-limits = uid:1000:sessions=4
 uid-limits = gid:50:device=10%,pinned=512K
 uid-limits = remote:inflight=none,inflight-bytes=512M
+uid-limits = remote:alice:sessions=2
 device-memory-cap = 5000
 host-memory = 2G
 max-message = 1M

@@ -188,16 +188,18 @@ TEST(CopyTurnsSharesTest, DeviceTurnsGateEverySubmitWithOps) {
 }
 
 TEST(CopyTurnsSharesTest, UidWeightsParseAndFormat) {
-  auto w = ParseUidWeights("uid:1000=2, uid:1001=1,remote=5");
+  auto w = ParseUidWeights("uid:1000=2, uid:1001=1,remote=5,remote:alice=3");
   ASSERT_TRUE(w.ok()) << w.status().ToString();
   EXPECT_EQ(w->at("uid:1000"), 2u);
   EXPECT_EQ(w->at("uid:1001"), 1u);
   EXPECT_EQ(w->at("remote"), 5u);
-  EXPECT_EQ(FormatUidWeights(*w), "remote=5,uid:1000=2,uid:1001=1");
+  EXPECT_EQ(w->at("remote:alice"), 3u);
+  EXPECT_EQ(FormatUidWeights(*w), "remote=5,remote:alice=3,uid:1000=2,uid:1001=1");
   EXPECT_EQ(*ParseUidWeights(FormatUidWeights(*w)), *w);
   EXPECT_TRUE(ParseUidWeights("")->empty());
-  for (const char* bad : {"uid:1000", "uid:x=2", "gid:5=2", "uid:1=0", "uid:1=1001",
-                          "uid:1=2,uid:1=3", "uid:1=-2", ",", "uid:99999999999=1"}) {
+  for (const char* bad :
+       {"uid:1000", "uid:x=2", "gid:5=2", "uid:1=0", "uid:1=1001", "uid:1=2,uid:1=3", "uid:1=-2",
+        ",", "uid:99999999999=1", "remote:=2", "remote:a/b=2"}) {
     auto r = ParseUidWeights(bad);
     EXPECT_FALSE(r.ok()) << bad;
     if (!r.ok()) EXPECT_EQ(r.status().kind(), ErrorKind::kInvalidArgument) << bad;

@@ -135,6 +135,46 @@ TEST(RegistryTest, RulesFormatAsTheyParse) {
     EXPECT_EQ(FormatUidLimitRule(*r), text);
   }
   EXPECT_FALSE(ParseUidLimitRule("uid:1:inflight-bytes=0").ok());
+  for (const char* text : {"remote:alice:sessions=4", "remote:b-2.x_y:objects=none,queued=25%"}) {
+    auto r = ParseUidLimitRule(text);
+    ASSERT_TRUE(r.ok()) << text << ": " << r.status().ToString();
+    EXPECT_EQ(FormatUidLimitRule(*r), text);
+  }
+  EXPECT_FALSE(ParseUidLimitRule("remote:al/ice:sessions=4").ok());
+  EXPECT_FALSE(ParseUidLimitRule("remote::sessions=4").ok());
+}
+
+// Each named tenant is an identity of its own, under the remote rule unless a remote:NAME
+// rule names it; peers without a name share "remote".
+TEST(RegistryTest, EachRemoteTenantHasItsOwnBudget) {
+  SessionRegistry reg(8ull << 30, 100);
+  reg.SetUidLimits(Rules({"remote:sessions=10", "remote:bob:sessions=3"}), 1ull << 30, 999);
+  auto tenant = [](const char* name) {
+    PeerIdentity p = Remote();
+    p.tenant = name;
+    return p;
+  };
+  auto alice = reg.AccountFor(tenant("alice"));
+  EXPECT_EQ(alice->identity(), "remote:alice");
+  EXPECT_EQ(alice->limits().sessions, 10u);
+  EXPECT_EQ(alice->limits().device_bytes, 4ull << 30) << "the rest from the default rule";
+  EXPECT_EQ(reg.AccountFor(tenant("bob"))->limits().sessions, 3u);
+  EXPECT_NE(reg.AccountFor(tenant("carol")), alice);
+  EXPECT_EQ(reg.AccountFor(Remote())->identity(), "remote");
+  EXPECT_EQ(reg.AccountFor(Remote())->limits().sessions, 10u);
+  // Alice's sessions do not count against anyone else's.
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 10; ++i) {
+    auto id = reg.Open("c", tenant("alice"), std::make_shared<SessionCounters>());
+    ASSERT_TRUE(id.ok());
+    ids.push_back(*id);
+  }
+  auto refused = reg.Open("c", tenant("alice"), std::make_shared<SessionCounters>());
+  EXPECT_EQ(refused.status().kind(), ErrorKind::kQuotaExceeded);
+  EXPECT_NE(refused.status().message().find("remote:alice"), std::string::npos)
+      << refused.status().message();
+  EXPECT_TRUE(reg.Open("c", tenant("carol"), std::make_shared<SessionCounters>()).ok());
+  EXPECT_TRUE(reg.Open("c", Remote(), std::make_shared<SessionCounters>()).ok());
 }
 
 // The bytes submits hold in the daemon: charged to the daemon (in-flight-bytes) and to the
