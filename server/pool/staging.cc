@@ -27,7 +27,7 @@ StagingLease& StagingLease::operator=(StagingLease&& o) noexcept {
 void StagingLease::Reset() {
   if (area_ && data_) {
     // Before Free, which wakes the waiters: a holder at its share sees the bytes gone.
-    if (holder_) holder_->held.fetch_sub(reserved_);
+    for (StagingHolder* h = holder_.get(); h; h = h->parent.get()) h->held.fetch_sub(reserved_);
     area_->Free(slab_index_, offset_, reserved_);
   }
   area_ = nullptr;
@@ -55,11 +55,11 @@ StagingArea::Outcome StagingArea::AllocateAll(const std::vector<uint64_t>& sizes
   if (total > max_slabs_ * pool_->slab_size()) return Outcome::kNever;
   std::vector<StagingLease> taken;
   MutexLock lock(&mu_);
-  if (holder) {
-    // At its share (half the area) unless it holds nothing: it waits for its own ranges.
-    // Checked under the lock that Free takes after a lease's bytes leave `held`, so the
-    // wake-up of such a free is not missed.
-    const uint64_t held = holder->held.load();
+  // The holder or its parent at its share (half the area) unless it holds nothing: it
+  // waits for its own ranges. Checked under the lock that Free takes after a lease's bytes
+  // leave `held`, so the wake-up of such a free is not missed.
+  for (const StagingHolder* h = holder.get(); h; h = h->parent.get()) {
+    const uint64_t held = h->held.load();
     if (held > 0 && held + total > holder_limit_) {
       waiters_.push_back(std::move(wake));
       return Outcome::kWaitOwn;
@@ -86,11 +86,9 @@ StagingArea::Outcome StagingArea::AllocateAll(const std::vector<uint64_t>& sizes
     waiters_.push_back(std::move(wake));
     return Outcome::kWait;
   }
-  if (holder) {
-    for (StagingLease& t : taken) {
-      holder->held.fetch_add(t.reserved_);
-      t.holder_ = holder;
-    }
+  for (StagingLease& t : taken) {
+    for (StagingHolder* h = holder.get(); h; h = h->parent.get()) h->held.fetch_add(t.reserved_);
+    t.holder_ = holder;
   }
   *out = std::move(taken);
   return Outcome::kAllocated;

@@ -18,9 +18,11 @@
 // Each session is a StagingHolder, and holds at most half of the area (holder_limit) unless
 // it holds nothing: its uploads queued behind long device work of its own keep their ranges
 // until the device has copied them, and without a share one session could so hold all of
-// staging while every other session's inline transfers waited for it. A holder at its share
-// waits for its own ranges to be freed (kWaitOwn), which its own earlier submits do as they
-// complete.
+// staging while every other session's inline transfers waited for it. A session's holder has
+// its identity's (a uid, a remote tenant, the shared remote identity) as parent, which is
+// held to the same share: otherwise two sessions of one identity could hold it all. A holder
+// at its share, or whose parent is, waits for ranges to be freed (kWaitOwn), which the
+// identity's own earlier submits do as they complete.
 //
 // Thread-safe: sessions' executors allocate and free concurrently; Admin reads the stats.
 #pragma once
@@ -41,9 +43,13 @@ namespace ferry::pool {
 
 class StagingArea;
 
-/// What one holder (a session) holds of the area: the bytes of its live leases.
+/// What one holder (a session, or an identity) holds of the area: the bytes of its live
+/// leases; a lease charged to a holder counts in its parent too.
 struct StagingHolder {
+  explicit StagingHolder(std::shared_ptr<StagingHolder> parent = nullptr)
+      : parent(std::move(parent)) {}
   std::atomic<uint64_t> held{0};
+  const std::shared_ptr<StagingHolder> parent;  // may be null
 };
 
 /// One staging range; frees it when destroyed. Move-only; empty when `data()` is null.
@@ -89,16 +95,16 @@ class StagingArea {
   enum class Outcome {
     kAllocated,  // `out` holds a range for each size, in order
     kWait,       // none taken; `wake` runs once (on the freeing thread) when bytes are freed
-    kWaitOwn,    // none taken: `holder` holds its share; `wake` runs as for kWait (one of
-                 // its own ranges, or another's, is freed)
+    kWaitOwn,    // none taken: `holder` or its parent holds its share; `wake` runs as for
+                 // kWait (one of its own ranges, or another's, is freed)
     kNever,      // none taken: more than the area can hold, or it can get no slab at all
   };
   /// Ranges for every size in `sizes` (each > 0 and at most max_lease()), all or none,
-  /// charged to `holder` (may be null: no share).
+  /// charged to `holder` and its parent (may be null: no share).
   Outcome AllocateAll(const std::vector<uint64_t>& sizes, std::vector<StagingLease>* out,
                       std::function<void()> wake,
                       const std::shared_ptr<StagingHolder>& holder = nullptr);
-  /// The most one holder may hold unless it holds nothing: half of the area.
+  /// The most one holder (and one parent) may hold unless it holds nothing: half of the area.
   uint64_t holder_limit() const { return holder_limit_; }
   /// The largest range Allocate can give: one slab.
   uint64_t max_lease() const { return pool_->slab_size(); }

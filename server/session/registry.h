@@ -29,6 +29,7 @@
 #include "ferry/mutex.h"
 #include "ferry/status.h"
 #include "pool/session_slabs.h"
+#include "pool/staging.h"
 #include "session/launch_room.h"
 
 namespace ferry::session {
@@ -105,6 +106,8 @@ class UidAccount : public pool::PinnedCharge {
   uint64_t objects() const { return objects_.load(); }
   /// The identity's part of the daemon's LaunchRoom (uid-limits queued).
   LaunchShare& launch_share() { return launch_share_; }
+  /// What the identity's sessions hold of staging, against its share (half; StagingArea).
+  const std::shared_ptr<pool::StagingHolder>& staging_holder() const { return staging_holder_; }
   Status TryCharge(uint64_t bytes) override;  // pinned bytes
   void Refund(uint64_t bytes) override { pinned_bytes_ -= bytes; }
 
@@ -119,6 +122,8 @@ class UidAccount : public pool::PinnedCharge {
   std::atomic<uint64_t> sessions_{0}, device_bytes_{0}, pinned_bytes_{0}, inflight_{0},
       in_flight_bytes_{0}, objects_{0};
   LaunchShare launch_share_;
+  const std::shared_ptr<pool::StagingHolder> staging_holder_ =
+      std::make_shared<pool::StagingHolder>();
 };
 
 /// Counters of one session. Written only by its executor, read by anyone.

@@ -20,6 +20,10 @@ Result<std::shared_ptr<Session>> Session::Create(DeviceSupervisor* device,
       new Session(device, registry, std::move(executor), config, nullptr, events));
   session->id_ = id;
   session->account_ = registry->AccountOf(id);
+  if (session->account_) {
+    session->staging_holder_ =
+        std::make_shared<pool::StagingHolder>(session->account_->staging_holder());
+  }
   session->counters_ = std::move(counters);
   session->turns_ = turns;
   auto lease = device->Join(id, session);

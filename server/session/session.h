@@ -374,9 +374,9 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   HandleTable tensors_;
   std::shared_ptr<pool::SessionSlabs> slabs_;  // null: no shared memory (remote client)
   pool::StagingArea* staging_ = nullptr;       // remote clients' inline transfers; may be null
-  // What this session's staging leases hold, against its share of the area.
-  const std::shared_ptr<pool::StagingHolder> staging_holder_ =
-      std::make_shared<pool::StagingHolder>();
+  // What this session's staging leases hold, against its share of the area; its parent is
+  // its identity's (UidAccount::staging_holder), set at Create.
+  std::shared_ptr<pool::StagingHolder> staging_holder_ = std::make_shared<pool::StagingHolder>();
   uint64_t next_generation_ = 1;
   // While recording a graph: its handle, and the tensors its ops use.
   bool capturing_ = false;

@@ -551,12 +551,13 @@ TEST(PendingTest, InlineTransfersWaitForStagingRoomInsteadOfTheDirectPath) {
   EXPECT_EQ(end.staging_bytes_in_use(), 0u);
 }
 
-// One session holds at most half of staging unless it holds nothing: a's inline uploads,
-// queued behind long work of its own, keep their ranges until the device copies them, so
-// without a share a's four 1 MiB uploads would hold the whole 4M area and b's 2 MiB upload
-// would wait for a's long work. With it a holds 2M (its third and fourth uploads wait for
-// its own), b's upload is staged at once and completes while a's work still runs, and
-// nothing goes direct.
+// One session, and one identity, holds at most half of staging unless it holds nothing: a's
+// inline uploads, queued behind long work of its own, keep their ranges until the device
+// copies them, so without a share a's four 1 MiB uploads would hold the whole 4M area and
+// b's 2 MiB upload would wait for a's long work. With it a holds 2M (its third and fourth
+// uploads wait for its own); a2, another session of a's identity (every TCP peer here is
+// "remote"), waits for a's ranges too; b, another identity (a local client), is staged at
+// once and completes while a's work still runs; nothing goes direct.
 TEST(PendingTest, OneSessionHoldsAtMostHalfOfStaging) {
   auto args = SmallPool();
   args.insert(args.end(), {"--staging-slabs", "1", "--staging-wait", "30000"});
@@ -566,13 +567,16 @@ TEST(PendingTest, OneSessionHoldsAtMostHalfOfStaging) {
   using testing::Download;
   using testing::Fill;
   using testing::InlineUpload;
-  RawStream a(d.tcp_target().substr(4)), b(d.tcp_target().substr(4));  // HOST:PORT
-  ASSERT_TRUE(a.Open() && b.Open()) << d.log();
+  const std::string tcp = d.tcp_target().substr(4);  // HOST:PORT
+  RawStream a(tcp), a2(tcp), b(d.unix_target());
+  ASSERT_TRUE(a.Open() && a2.Open() && b.Open()) << d.log();
   ASSERT_TRUE(
       a.Submit(1, {Create(1, v1::DTYPE_F32, {16 << 20}), Create(2, v1::DTYPE_U8, {4 << 20})}));
   ASSERT_EQ(a.Completion(1).kind(), v1::ERROR_KIND_NONE);
   ASSERT_TRUE(b.Submit(1, {Create(1, v1::DTYPE_U8, {2 << 20})}));
   ASSERT_EQ(b.Completion(1).kind(), v1::ERROR_KIND_NONE);
+  ASSERT_TRUE(a2.Submit(1, {Create(1, v1::DTYPE_U8, {1 << 20})}));
+  ASSERT_EQ(a2.Completion(1).kind(), v1::ERROR_KIND_NONE);
   const uint64_t fallbacks = d.AdminStatus().staging_fallbacks_total();
   // a: fills of 64 MiB that keep its stream busy for a second or more, then four uploads.
   const int fills = testing::TestBackend() == "cuda" ? 40000 : 400;
@@ -584,15 +588,18 @@ TEST(PendingTest, OneSessionHoldsAtMostHalfOfStaging) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   EXPECT_EQ(d.AdminStatus().staging_bytes_in_use(), 2u << 20) << "a holds half of staging";
+  ASSERT_TRUE(a2.Submit(2, {InlineUpload(1, 0, std::string(1 << 20, 'e'))}));
   ASSERT_TRUE(b.Submit(2, {InlineUpload(1, 0, std::string(2 << 20, 'b'))}));
   EXPECT_EQ(b.Completion(2).kind(), v1::ERROR_KIND_NONE);
-  EXPECT_EQ(d.AdminStatus().submits_in_flight(), 5u)
-      << "b's upload waited for a's work (a's fills and four uploads should be in flight)";
+  EXPECT_EQ(d.AdminStatus().submits_in_flight(), 6u)
+      << "b's upload waited for a's work, or a2's did not (a's fills and four uploads, and "
+         "a2's upload, should be in flight)";
   // b's range is freed as its submit is delivered, which may be just after b reads it.
   EXPECT_TRUE(
       testing::Eventually([&] { return d.AdminStatus().staging_bytes_in_use() <= (2u << 20); }, 5))
       << "a holds " << d.AdminStatus().staging_bytes_in_use() << " bytes of staging";
   for (uint64_t id = 2; id <= 6; ++id) EXPECT_EQ(a.Completion(id).kind(), v1::ERROR_KIND_NONE);
+  EXPECT_EQ(a2.Completion(2).kind(), v1::ERROR_KIND_NONE);
   ASSERT_TRUE(a.Submit(7, {Download(2, 0, 4 << 20)}));
   std::string bytes;
   ASSERT_EQ(a.Completion(7, &bytes).kind(), v1::ERROR_KIND_NONE);
@@ -601,6 +608,7 @@ TEST(PendingTest, OneSessionHoldsAtMostHalfOfStaging) {
   EXPECT_TRUE(bytes == want) << "a's uploads came back wrong";
   EXPECT_EQ(d.AdminStatus().staging_fallbacks_total(), fallbacks) << "a transfer went direct";
   a.Close();
+  a2.Close();
   b.Close();
   EXPECT_EQ(d.WaitIdle().staging_bytes_in_use(), 0u);
 }

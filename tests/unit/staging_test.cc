@@ -136,6 +136,35 @@ TEST(StagingTest, AHolderTakesAtMostHalfOfTheAreaUnlessItHoldsNothing) {
   EXPECT_EQ(area.stats().bytes_in_use, 0u);
 }
 
+// Two sessions of one identity: each within its own share, but together held to the
+// identity's (the parent's) share; another identity's session is not.
+TEST(StagingTest, SessionsOfOneIdentityTogetherTakeAtMostHalf) {
+  auto pool = MakePool(4);
+  StagingArea area(pool.get(), 2);  // 2M in all, 1M per holder and per identity
+  auto identity = std::make_shared<StagingHolder>();
+  auto s1 = std::make_shared<StagingHolder>(identity);
+  auto s2 = std::make_shared<StagingHolder>(identity);
+  auto other = std::make_shared<StagingHolder>(std::make_shared<StagingHolder>());
+  int woken = 0;
+  auto wake = [&woken] { ++woken; };
+  std::vector<StagingLease> l1, l2, l3;
+  ASSERT_EQ(area.AllocateAll({kSlab}, &l1, wake, s1), StagingArea::Outcome::kAllocated);
+  EXPECT_EQ(identity->held.load(), kSlab);
+  EXPECT_EQ(area.AllocateAll({kSlab / 4}, &l2, wake, s2), StagingArea::Outcome::kWaitOwn)
+      << "s2 holds nothing, but its identity holds its share";
+  EXPECT_EQ(area.AllocateAll({kSlab}, &l3, wake, other), StagingArea::Outcome::kAllocated);
+  l1.clear();
+  EXPECT_EQ(woken, 1);
+  EXPECT_EQ(identity->held.load(), 0u);
+  EXPECT_EQ(area.AllocateAll({kSlab / 4}, &l2, wake, s2), StagingArea::Outcome::kAllocated);
+  EXPECT_EQ(identity->held.load(), kSlab / 4);
+  EXPECT_EQ(s1->held.load(), 0u);
+  l2.clear();
+  l3.clear();
+  EXPECT_EQ(identity->held.load(), 0u);
+  EXPECT_EQ(other->parent->held.load(), 0u);
+}
+
 TEST(StagingTest, SessionPinnedQuotaCountsWholeSlabs) {
   auto pool = MakePool(8);
   SessionSlabs slabs(pool.get(), 2 * kSlab + 100);
