@@ -162,6 +162,10 @@ class Settings {
            FERRY_ASSIGN_OR_RETURN(c_.daemon.rpc_bandwidth_probe, ParseBool(v));
            return Status::Ok();
          }},
+        {"tcp-idle-timeout", bounded(0, 86400000,
+                                     [this](uint64_t n) {
+                                       c_.daemon.tcp_idle_timeout = std::chrono::milliseconds(n);
+                                     })},
         {"max-message",
          [this](const std::string& v) -> Status {
            FERRY_ASSIGN_OR_RETURN(uint64_t n, ParseBytes(v));
@@ -663,6 +667,10 @@ means true; --allow-insecure-remote and --allow-remote-raw-kernels also take =tr
                              inline transfers over high-latency links, but each stream the
                              daemon stops reading may then buffer that much (default true;
                              Unix endpoints never probe)
+  --tcp-idle-timeout MS      a TCP connection that carries no call for this long, or has
+                             not finished its handshake (TLS, HTTP/2 settings) by then, is
+                             closed; clients reconnect when they next call, 0..86400000
+                             (default 60000; 0: gRPC's, no idle limit and 120 s handshakes)
   --executor-threads N       session executor threads (default: a quarter of the cores,
                              at least 2)
   --cuda-work-queues N       hardware work queues of the CUDA context, 1..32 (default 0:
@@ -843,6 +851,8 @@ std::string FormatConfig(const DaemonConfig& c) {
   out << "host-memory = " << FormatBytes(c.host.memory_bytes) << "\n";
   out << "max-message = " << FormatBytes(c.daemon.max_message_bytes) << "\n";
   out << "rpc-bandwidth-probe = " << (c.daemon.rpc_bandwidth_probe ? "true" : "false") << "\n";
+  out << "tcp-idle-timeout = " << c.daemon.tcp_idle_timeout.count()
+      << (c.daemon.tcp_idle_timeout.count() == 0 ? "  # gRPC's" : "") << "\n";
   out << "executor-threads = " << c.daemon.executor_threads
       << (c.daemon.executor_threads == 0 ? "  # a quarter of the cores, at least 2" : "") << "\n";
   out << "cuda-work-queues = " << c.cuda_work_queues

@@ -97,6 +97,7 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
   rpc_options.token_file = options.token_file;
   rpc_options.max_message_bytes = options.max_message_bytes;
   rpc_options.bandwidth_probe = options.rpc_bandwidth_probe;
+  rpc_options.tcp_idle_timeout = options.tcp_idle_timeout;
   rpc_options.local_connections = options.local_connections;
   FERRY_ASSIGN_OR_RETURN(d->rpc_,
                          rpc::RpcServer::Prepare(rpc_options, d->context_.get(), d->started_at_));

@@ -98,6 +98,9 @@ struct DaemonOptions {
   uint64_t max_message_bytes = 64ull << 20;
   /// gRPC's bandwidth-delay-product probe (rpc/rpc_server.h, RpcServerOptions).
   bool rpc_bandwidth_probe = true;
+  /// TCP connections without a call, or not through their handshake, for this long are closed
+  /// (rpc/rpc_server.h, RpcServerOptions); 0: gRPC's defaults.
+  std::chrono::milliseconds tcp_idle_timeout{60000};
   int executor_threads = 0;  // 0: a quarter of the cores, at least 2
   /// The shared-memory slab pool, served on PATH.slabs beside the first Unix endpoint (own
   /// or inherited). No pool without one (remote clients send bytes inline).

@@ -76,6 +76,11 @@ Result<std::unique_ptr<RpcServer>> RpcServer::Prepare(
     if (served == &r->local_ || !options.bandwidth_probe) {
       b.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
     }
+    if (served == &r->remote_ && options.tcp_idle_timeout.count() > 0) {
+      const int ms = static_cast<int>(options.tcp_idle_timeout.count());
+      b.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, ms);
+      b.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, ms);
+    }
     b.RegisterService(served->session_service.get());
     b.RegisterService(served->admin_service.get());
   }

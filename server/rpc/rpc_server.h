@@ -50,6 +50,13 @@ struct RpcServerOptions {
   // endpoints never probe: local clients move their bulk bytes through shared memory, and
   // measured no slower without it.
   bool bandwidth_probe = true;
+  // TCP endpoints only: a connection that carries no call for this long, or has not finished
+  // its handshake (TLS, then the client's HTTP/2 SETTINGS) by then, is closed (0: gRPC's
+  // defaults, no idle limit and 120 s). gRPC accepts TCP connections itself and cannot count
+  // them, so this bounds how long one that never authenticates (its calls are refused) holds
+  // a descriptor; a client reconnects when it next calls. Unix endpoints' connections are
+  // counted instead (LocalConnections).
+  std::chrono::milliseconds tcp_idle_timeout{60000};
   // Unix endpoints' connections held at once, in all and per uid (LocalConnections).
   LocalConnectionLimits local_connections;
 };

@@ -1,17 +1,26 @@
 // Reaching the daemon (docs/security.md): every method of a TCP endpoint behind the token
 // (gRPC's health and reflection included), no TCP endpoint that authenticates no client
 // without --allow-insecure-remote (loopback included), and socket files others cannot reach.
+#include <arpa/inet.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "ferry/client.h"
 #include "ferryd_process.h"
 
 namespace ferry {
@@ -140,6 +149,92 @@ TEST(EndpointAuthTest, HealthAndReflectionOnTcpNeedTheToken) {
   s = GenericUnary(local, kHealthCheck, "", "", &reply);
   EXPECT_TRUE(s.ok()) << s.error_message();
   unlink(tmpl);
+}
+
+// A TCP connection to `host_port` ("127.0.0.1:PORT"), or -1.
+int ConnectTcp(const std::string& host_port) {
+  const size_t colon = host_port.rfind(':');
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(std::stoi(host_port.substr(colon + 1))));
+  if (::inet_pton(AF_INET, host_port.substr(0, colon).c_str(), &addr.sin_addr) != 1) return -1;
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Whether the daemon closed `fd` (EOF or reset, after whatever it sent) within `timeout`.
+bool ClosedWithin(int fd, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  char buf[4096];
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    pollfd p = {fd, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) return false;
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n == 0 || (n < 0 && errno == ECONNRESET)) return true;
+  }
+}
+
+// gRPC accepts TCP connections itself and cannot count them, so each is closed once it has
+// carried no call for tcp-idle-timeout, or not finished its handshake by then: a peer that
+// never authenticates holds no descriptor for long. A client with the token reconnects by
+// itself when it next calls.
+TEST(EndpointAuthTest, IdleAndSilentTcpConnectionsAreClosed) {
+  char tmpl[] = "/tmp/ferry-token-XXXXXX";
+  int fd = mkstemp(tmpl);
+  ASSERT_GE(fd, 0);
+  close(fd);
+  std::ofstream(tmpl) << "idle-token\n";
+  FerrydProcess d({"--token-file", tmpl, "--tcp-idle-timeout", "1000"}, /*tcp=*/true);
+  ASSERT_TRUE(d.ok()) << d.log();
+  const std::string host_port = d.tcp_target().substr(4);
+  // One that sends nothing (no HTTP/2 preface), one that sends the preface and its SETTINGS
+  // and no call, and one whose only call is refused for want of the token.
+  const int silent = ConnectTcp(host_port);
+  const int settled = ConnectTcp(host_port);
+  ASSERT_GE(silent, 0);
+  ASSERT_GE(settled, 0);
+  const std::string preface = std::string("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n") +
+                              std::string("\x00\x00\x00\x04\x00\x00\x00\x00\x00", 9);
+  ASSERT_EQ(::send(settled, preface.data(), preface.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(preface.size()));
+  auto refused = grpc::CreateChannel(host_port, grpc::InsecureChannelCredentials());
+  std::string reply;
+  EXPECT_EQ(GenericUnary(refused, "/grpc.health.v1.Health/Check", "", "", &reply).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_TRUE(ClosedWithin(silent, std::chrono::seconds(10))) << "no handshake";
+  EXPECT_TRUE(ClosedWithin(settled, std::chrono::seconds(10))) << "no call";
+  // The refused client's connection went the same way: its channel is no longer connected.
+  EXPECT_TRUE(
+      testing::Eventually([&] { return refused->GetState(false) != GRPC_CHANNEL_READY; }, 10));
+  ::close(silent);
+  ::close(settled);
+  // A client with the token: its idle connection is closed between sessions, and its next
+  // session reconnects.
+  ClientOptions options;
+  options.bearer_token = "idle-token";
+  auto client = Client::connect(d.tcp_target(), options);
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  for (int i = 0; i < 2; ++i) {
+    auto session = client->open_session();
+    ASSERT_TRUE(session.ok()) << session.status().ToString();
+    Tensor t = session->create_tensor<float>({4});
+    session->fill(t, 2.5f);
+    auto back = session->download<float>(t);
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    EXPECT_EQ(*back, std::vector<float>(4, 2.5f));
+    t = Tensor();
+    EXPECT_TRUE(session->close().ok());
+    if (i == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // idle: closed
+  }
+  EXPECT_EQ(d.Stop(), 0) << d.log();
+  ::unlink(tmpl);
 }
 
 TEST(EndpointAuthTest, TcpWithoutTokenOrMutualTlsNeedsAllowInsecureRemoteEvenOnLoopback) {

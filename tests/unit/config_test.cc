@@ -347,6 +347,7 @@ device-memory-cap = 5000
 host-memory = 2G
 max-message = 1M
 rpc-bandwidth-probe = false
+tcp-idle-timeout = 1500
 executor-threads = 3
 cuda-work-queues = 2
 nvrtc-timeout = 1500
