@@ -45,6 +45,11 @@ void LocalConnections::Forget(std::unordered_map<int, Entry>::iterator it) {
   by_fd_.erase(it);
 }
 
+size_t LocalConnections::HeldLocked(uid_t uid) const {
+  auto it = fds_by_uid_.find(uid);
+  return it == fds_by_uid_.end() ? 0 : it->second.size();
+}
+
 void LocalConnections::SweepLocked(std::optional<uid_t> uid) {
   std::vector<int> closed;
   if (uid) {
@@ -73,13 +78,9 @@ bool LocalConnections::Admit(int fd, std::string endpoint, const systemd::PeerCr
   // The fd number was closed by gRPC and reused for this connection: the old one is gone.
   if (auto old = by_fd_.find(fd); old != by_fd_.end()) Forget(old);
   if (e.counted) {
-    auto held = [&] {
-      auto it = fds_by_uid_.find(peer.uid);
-      return it == fds_by_uid_.end() ? size_t{0} : it->second.size();
-    };
-    if (limits_.per_uid != 0 && held() >= limits_.per_uid) {
+    if (limits_.per_uid != 0 && HeldLocked(peer.uid) >= limits_.per_uid) {
       SweepLocked(peer.uid);
-      if (held() >= limits_.per_uid) {
+      if (HeldLocked(peer.uid) >= limits_.per_uid) {
         ++refused_per_uid_;
         return false;
       }

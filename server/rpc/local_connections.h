@@ -83,6 +83,8 @@ class LocalConnections {
   };
   static bool StillOpen(int fd, const Entry& e);
   void Forget(std::unordered_map<int, Entry>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The connections counted for `uid`.
+  size_t HeldLocked(uid_t uid) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forget the entries whose fd gRPC has closed: of `uid`, or every uid when unset.
   void SweepLocked(std::optional<uid_t> uid) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
