@@ -9,11 +9,11 @@
 namespace ferry::rpc {
 namespace {
 
-// Finish the call with CheckToken's status (UNAUTHENTICATED, by its contract) when a TCP peer
-// lacks the bearer token; null when it may go on.
+// Finish the call with CheckToken's status (UNAUTHENTICATED, by its contract) when a call on
+// a TCP endpoint (`tcp`) lacks the bearer token; null when it may go on.
 grpc::ServerUnaryReactor* RejectUnauthenticated(const SessionServiceContext& context,
-                                                grpc::CallbackServerContext* ctx) {
-  ferry::Status s = CheckToken(context.access.token, *ctx);
+                                                grpc::CallbackServerContext* ctx, bool tcp) {
+  ferry::Status s = CheckToken(context.access.token, *ctx, tcp);
   if (s.ok()) return nullptr;
   auto* reactor = ctx->DefaultReactor();
   reactor->Finish(grpc::Status(static_cast<grpc::StatusCode>(s.code()), s.message()));
@@ -21,10 +21,10 @@ grpc::ServerUnaryReactor* RejectUnauthenticated(const SessionServiceContext& con
 }
 
 // Who is calling: a local peer's uid (from its connection's SO_PEERCRED), or none for a
-// remote (TCP) peer or one whose connection is not known.
+// call on a TCP endpoint (`tcp`) or one whose connection is not known.
 std::optional<uid_t> CallerUid(const SessionServiceContext& context,
-                               const grpc::CallbackServerContext& ctx) {
-  if (IsRemotePeer(ctx.peer()) || !context.parts.local_connections) return std::nullopt;
+                               const grpc::CallbackServerContext& ctx, bool tcp) {
+  if (tcp || !context.parts.local_connections) return std::nullopt;
   session::PeerIdentity id = context.parts.local_connections->Identify(ctx.peer());
   if (!id.uid) return std::nullopt;
   return static_cast<uid_t>(*id.uid);
@@ -34,7 +34,7 @@ std::optional<uid_t> CallerUid(const SessionServiceContext& context,
 
 grpc::ServerUnaryReactor* AdminService::Status(grpc::CallbackServerContext* ctx,
                                                const v1::StatusRequest*, v1::StatusReply* reply) {
-  if (auto* rejected = RejectUnauthenticated(*context_, ctx)) return rejected;
+  if (auto* rejected = RejectUnauthenticated(*context_, ctx, tcp_)) return rejected;
   const backend::DeviceInfo info = context_->parts.device->info();
   session::DaemonTotals t = context_->parts.registry->Totals();
   reply->set_version(std::string(kVersion) + "+" + kGitCommit);
@@ -96,10 +96,10 @@ grpc::ServerUnaryReactor* AdminService::Status(grpc::CallbackServerContext* ctx,
 grpc::ServerUnaryReactor* AdminService::ListSessions(grpc::CallbackServerContext* ctx,
                                                      const v1::ListSessionsRequest*,
                                                      v1::ListSessionsReply* reply) {
-  if (auto* rejected = RejectUnauthenticated(*context_, ctx)) return rejected;
+  if (auto* rejected = RejectUnauthenticated(*context_, ctx, tcp_)) return rejected;
   // An admin sees every session; any other local caller only its own uid's, and a remote
   // caller none (it has no uid here, and a token may be shared by many tenants).
-  const std::optional<uid_t> caller = CallerUid(*context_, *ctx);
+  const std::optional<uid_t> caller = CallerUid(*context_, *ctx, tcp_);
   const bool admin = caller && context_->access.admin.IsAdmin(*caller);
   auto now = std::chrono::steady_clock::now();
   for (const session::SessionEntry& e : context_->parts.registry->List()) {
@@ -161,9 +161,9 @@ grpc::ServerUnaryReactor* AdminService::ListSessions(grpc::CallbackServerContext
 
 grpc::ServerUnaryReactor* AdminService::Drain(grpc::CallbackServerContext* ctx,
                                               const v1::DrainRequest*, v1::DrainReply*) {
-  if (auto* rejected = RejectUnauthenticated(*context_, ctx)) return rejected;
+  if (auto* rejected = RejectUnauthenticated(*context_, ctx, tcp_)) return rejected;
   // A drain ends every tenant's work: admins only (root, the daemon's uid, admin-group).
-  const std::optional<uid_t> caller = CallerUid(*context_, *ctx);
+  const std::optional<uid_t> caller = CallerUid(*context_, *ctx, tcp_);
   if (!caller || !context_->access.admin.IsAdmin(*caller)) {
     auto* reactor = ctx->DefaultReactor();
     reactor->Finish(

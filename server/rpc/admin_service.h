@@ -21,8 +21,10 @@ namespace ferry::rpc {
 
 class AdminService final : public v1::Admin::CallbackService {
  public:
-  AdminService(SessionServiceContext* context, std::chrono::steady_clock::time_point started_at)
-      : context_(context), started_at_(started_at) {}
+  /// `tcp`: this instance serves the TCP endpoints (see SessionService).
+  AdminService(SessionServiceContext* context, std::chrono::steady_clock::time_point started_at,
+               bool tcp)
+      : context_(context), started_at_(started_at), tcp_(tcp) {}
 
   grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* ctx,
                                    const v1::StatusRequest* request,
@@ -41,6 +43,7 @@ class AdminService final : public v1::Admin::CallbackService {
  private:
   SessionServiceContext* context_;
   std::chrono::steady_clock::time_point started_at_;
+  const bool tcp_;
   Mutex mu_;
   std::function<void()> drain_handler_ ABSL_GUARDED_BY(mu_);
 };

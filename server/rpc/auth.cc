@@ -125,7 +125,7 @@ class TokenInterceptor final : public grpc::experimental::Interceptor {
     if (methods->QueryInterceptionHookPoint(
             grpc::experimental::InterceptionHookPoints::POST_RECV_INITIAL_METADATA)) {
       grpc::ServerContextBase* ctx = info_->server_context();
-      if (ctx && IsRemotePeer(ctx->peer())) {
+      if (ctx) {
         std::optional<std::string_view> auth = Authorization(*methods->GetRecvInitialMetadata());
         Status s = checker_->CheckAuthorization(auth ? &*auth : nullptr);
         if (!s.ok()) {
@@ -173,13 +173,11 @@ Result<std::string> TokenChecker::TenantOf(const std::string_view* authorization
 }
 
 Status TokenChecker::Check(const grpc::ServerContextBase& context) const {
-  if (!IsRemotePeer(context.peer())) return Status::Ok();
   std::optional<std::string_view> auth = Authorization(context.client_metadata());
   return CheckAuthorization(auth ? &*auth : nullptr);
 }
 
 std::string TokenChecker::TenantOf(const grpc::ServerContextBase& context) const {
-  if (!IsRemotePeer(context.peer())) return "";
   std::optional<std::string_view> auth = Authorization(context.client_metadata());
   auto tenant = TenantOf(auth ? &*auth : nullptr);
   return tenant.ok() ? *tenant : "";
@@ -190,8 +188,8 @@ std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> MakeToken
   return std::make_unique<TokenInterceptorFactory>(checker);
 }
 
-Status CheckToken(const TokenChecker* checker, const grpc::ServerContextBase& context) {
-  return checker ? checker->Check(context) : Status::Ok();
+Status CheckToken(const TokenChecker* checker, const grpc::ServerContextBase& context, bool tcp) {
+  return tcp && checker ? checker->Check(context) : Status::Ok();
 }
 
 }  // namespace ferry::rpc

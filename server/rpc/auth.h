@@ -32,7 +32,10 @@ struct TlsFiles {
 /// of cert and key is given.
 Result<std::shared_ptr<grpc::ServerCredentials>> MakeTcpCredentials(const TlsFiles& tls);
 
-/// True for a gRPC peer that came in over TCP ("ipv4:..." or "ipv6:...").
+/// True for a gRPC peer string of a TCP connection ("ipv4:..." or "ipv6:..."). For logs and
+/// tests only: whether a call came in over TCP is what the gRPC server it arrived on says
+/// (ferryd serves its TCP endpoints from a server of their own), never its peer string, which
+/// gRPC may leave empty for a call it has already cancelled.
 bool IsRemotePeer(std::string_view peer);
 
 /// Compare in time that depends only on the lengths, not on where the bytes differ.
@@ -52,7 +55,7 @@ class TokenChecker {
   /// line has more than two words or a bad name, or a name or token is given twice.
   static Result<std::unique_ptr<TokenChecker>> Load(const std::string& path);
 
-  /// OK for local peers and for remote ones that sent a token; UNAUTHENTICATED otherwise.
+  /// OK when the call carries one of the tokens; UNAUTHENTICATED otherwise.
   Status Check(const grpc::ServerContextBase& context) const;
   /// OK when `authorization` (the metadata's value; null when absent) is
   /// "Bearer <token>" for one of the tokens; UNAUTHENTICATED otherwise.
@@ -62,7 +65,7 @@ class TokenChecker {
   /// The tenant of the token `authorization` carries ("" for a shared token);
   /// UNAUTHENTICATED when it carries none of them. Takes as long whichever token matches.
   Result<std::string> TenantOf(const std::string_view* authorization) const;
-  /// The tenant of a remote call's token; "" for a local peer, a shared token or none.
+  /// The tenant of the call's token; "" for a shared token or none.
   std::string TenantOf(const grpc::ServerContextBase& context) const;
 
  private:
@@ -74,15 +77,17 @@ class TokenChecker {
   const std::vector<Token> tokens_;
 };
 
-/// Check `context` against `checker` (null: no token configured, everything passes): OK, or
-/// UNAUTHENTICATED as TokenChecker::Check says; callers pass the code on as it is.
-Status CheckToken(const TokenChecker* checker, const grpc::ServerContextBase& context);
+/// Check a call that came in on a TCP endpoint (`tcp`) against `checker` (null: no token
+/// configured, everything passes): OK, or UNAUTHENTICATED as TokenChecker::Check says; callers
+/// pass the code on as it is. A call on a Unix endpoint (`tcp` false) always passes: the file
+/// system guards those.
+Status CheckToken(const TokenChecker* checker, const grpc::ServerContextBase& context, bool tcp);
 
-/// Return a server interceptor factory that holds every call from a remote (TCP) peer to
-/// `checker` before any handler sees it: every method, the daemon's own and gRPC's (health,
-/// reflection) alike. A call without the token is cancelled with UNAUTHENTICATED as soon as
-/// its metadata arrives, so a handler that still runs cannot send anything. `checker` must
-/// outlive the server.
+/// Return a server interceptor factory that holds every call to `checker` before any handler
+/// sees it: every method, the daemon's own and gRPC's (health, reflection) alike. For the
+/// server of the TCP endpoints only. A call without the token is cancelled with
+/// UNAUTHENTICATED as soon as its metadata arrives, so a handler that still runs cannot send
+/// anything (the daemon's own handlers check again). `checker` must outlive the server.
 std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> MakeTokenInterceptorFactory(
     const TokenChecker* checker);
 

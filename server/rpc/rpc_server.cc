@@ -63,8 +63,9 @@ Result<std::unique_ptr<RpcServer>> RpcServer::Prepare(
   // endpoints' connections, because channel arguments are per server and the BDP probe
   // (RpcServerOptions::bandwidth_probe) is for remote clients only.
   for (Served* served : {&r->remote_, &r->local_}) {
-    served->session_service = std::make_unique<SessionService>(context);
-    served->admin_service = std::make_unique<AdminService>(context, started);
+    const bool tcp = served == &r->remote_;
+    served->session_service = std::make_unique<SessionService>(context, tcp);
+    served->admin_service = std::make_unique<AdminService>(context, started, tcp);
     served->builder = std::make_unique<grpc::ServerBuilder>();
     grpc::ServerBuilder& b = *served->builder;
     b.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));

@@ -31,7 +31,7 @@ using Reactor = grpc::ServerBidiReactor<v1::ClientMessage, v1::ServerMessage>;
 constexpr int kQuickOps = 64;
 constexpr uint64_t kQuickUploadBytes = 64 << 10;
 bool IsQuick(const v1::ClientMessage& m) {
-  if (m.has_synchronize()) return true;
+  if (m.has_synchronize() || m.has_open() || m.has_close()) return true;
   if (!m.has_submit() || m.submit().ops_size() > kQuickOps) return false;
   uint64_t upload_bytes = 0;
   for (const v1::Op& op : m.submit().ops()) {
@@ -952,9 +952,9 @@ class SessionConnection : public session::SessionEvents,
   session::Executor executor_;
   Reactor* reactor_;  // valid until Finish; null after OnDone
   session::PeerIdentity peer_;
-  SessionlessStreams::Ticket sessionless_;     // held while the stream carries no session
-  bool remote_ = IsRemotePeer(peer_.address);  // came in over TCP
-  bool raw_kernels_checked_ = false;           // RawKernelsAllowed looked it up
+  SessionlessStreams::Ticket sessionless_;  // held while the stream carries no session
+  bool remote_ = peer_.tcp;                 // came in over TCP
+  bool raw_kernels_checked_ = false;        // RawKernelsAllowed looked it up
   bool raw_kernels_allowed_ = false;
   v1::ClientMessage read_buffer_;  // written by gRPC between StartRead and OnReadDone
 
@@ -1102,7 +1102,7 @@ class RejectedReactor final : public Reactor {
 
 grpc::ServerBidiReactor<v1::ClientMessage, v1::ServerMessage>* SessionService::Session(
     grpc::CallbackServerContext* context) {
-  if (Status s = CheckToken(context_->access.token, *context); !s.ok()) {
+  if (Status s = CheckToken(context_->access.token, *context, tcp_); !s.ok()) {
     const grpc::Status status(static_cast<grpc::StatusCode>(s.code()), s.message());
     // A few such streams are told why; past them (a flood) they are reset.
     if (SessionlessStreams* rejected = context_->parts.unauthenticated_streams) {
@@ -1112,13 +1112,12 @@ grpc::ServerBidiReactor<v1::ClientMessage, v1::ServerMessage>* SessionService::S
     }
     return new RejectedReactor(status, context);
   }
-  session::PeerIdentity peer = context_->parts.local_connections
+  session::PeerIdentity peer = !tcp_ && context_->parts.local_connections
                                    ? context_->parts.local_connections->Identify(context->peer())
                                    : session::PeerIdentity{context->peer()};
+  peer.tcp = tcp_;
   // A TCP peer that sent a named tenant's token is that tenant (its own limits).
-  if (!peer.local() && context_->access.token) {
-    peer.tenant = context_->access.token->TenantOf(*context);
-  }
+  if (tcp_ && context_->access.token) peer.tenant = context_->access.token->TenantOf(*context);
   SessionlessStreams::Ticket sessionless;
   if (SessionlessStreams* streams = context_->parts.sessionless_streams) {
     auto admitted = streams->Admit(session::IdentityOf(peer));

@@ -142,13 +142,16 @@ void BroadcastDraining(SessionServiceContext* context, uint64_t grace_ms);
 
 class SessionService final : public v1::SessionService::CallbackService {
  public:
-  explicit SessionService(SessionServiceContext* context) : context_(context) {}
+  /// `tcp`: this instance serves the TCP endpoints (every call needs the token, and its peer
+  /// is remote); else the Unix endpoints' connections (RpcServer runs one of each).
+  SessionService(SessionServiceContext* context, bool tcp) : context_(context), tcp_(tcp) {}
 
   grpc::ServerBidiReactor<v1::ClientMessage, v1::ServerMessage>* Session(
       grpc::CallbackServerContext* context) override;
 
  private:
   SessionServiceContext* context_;
+  const bool tcp_;
 };
 
 }  // namespace ferry::rpc

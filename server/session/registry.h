@@ -154,6 +154,7 @@ struct PeerIdentity {
   std::optional<int32_t> pid;
   std::optional<uint32_t> gid;  // the peer's gid at connect (SO_PEERCRED); local clients only
   std::string tenant;           // a TCP peer's tenant: the name of the token it sent ("": none)
+  bool tcp = false;             // came in on a TCP endpoint (the gRPC server it arrived on says so)
   /// A client on this machine, reached through a Unix socket: it may use shared memory.
   bool local() const { return uid.has_value(); }
 };

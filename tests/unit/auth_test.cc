@@ -1,7 +1,7 @@
-// The bearer-token check (server/rpc/auth.h): TokenChecker::Check's contract (OK for local
-// peers and for remote peers with the token, UNAUTHENTICATED otherwise), checked on real
-// gRPC calls over TCP loopback to an in-process server whose handler runs Check, and the
-// token file's rules.
+// The bearer-token check (server/rpc/auth.h): TokenChecker::Check's contract (OK for calls
+// with a token, UNAUTHENTICATED otherwise), checked on real gRPC calls over TCP loopback to
+// an in-process server whose handler runs Check; CheckToken's (calls on a Unix endpoint
+// always pass); and the token file's rules.
 #include "rpc/auth.h"
 
 #include <grpcpp/generic/async_generic_service.h>
@@ -149,12 +149,14 @@ TEST(TokenCheckerTest, CheckAuthorizationSaysUnauthenticated) {
   EXPECT_EQ(checker->CheckAuthorization(nullptr).code(), Code::kUnauthenticated);
 }
 
-TEST(TokenCheckerTest, LocalPeersAndNoCheckerPass) {
+TEST(TokenCheckerTest, UnixEndpointsCallsAndNoCheckerPass) {
   auto checker = LoadToken("tok");
   ASSERT_NE(checker, nullptr);
-  grpc::ServerContext local;  // no call: no TCP peer
-  EXPECT_TRUE(checker->Check(local).ok());
-  EXPECT_TRUE(CheckToken(nullptr, local).ok());
+  grpc::ServerContext local;  // no call, no metadata
+  EXPECT_TRUE(CheckToken(checker.get(), local, /*tcp=*/false).ok()) << "a Unix endpoint's call";
+  EXPECT_EQ(CheckToken(checker.get(), local, /*tcp=*/true).code(), Code::kUnauthenticated)
+      << "a TCP endpoint's call without the token, whatever its peer string";
+  EXPECT_TRUE(CheckToken(nullptr, local, /*tcp=*/true).ok()) << "no token configured";
 }
 
 TEST(TokenCheckerTest, TokenFileMustExistAndHoldAToken) {
@@ -180,7 +182,7 @@ TEST(TokenCheckerTest, NamedTokensSayWhoseTheyAre) {
   EXPECT_EQ(tenant("Bearer tok-a "), "refused: the bearer token is not valid");
   EXPECT_EQ(tenant("tok-a"), "refused: the bearer token is not valid");
   grpc::ServerContext local;
-  EXPECT_EQ(checker->TenantOf(local), "") << "a local peer is no tenant";
+  EXPECT_EQ(checker->TenantOf(local), "") << "a call without a token is no tenant";
 }
 
 TEST(TokenCheckerTest, BadTokenFilesAreRefusedNamingTheLine) {
