@@ -31,7 +31,7 @@ using Reactor = grpc::ServerBidiReactor<v1::ClientMessage, v1::ServerMessage>;
 constexpr int kQuickOps = 64;
 constexpr uint64_t kQuickUploadBytes = 64 << 10;
 bool IsQuick(const v1::ClientMessage& m) {
-  if (m.has_synchronize() || m.has_open() || m.has_close()) return true;
+  if (m.has_synchronize()) return true;
   if (!m.has_submit() || m.submit().ops_size() > kQuickOps) return false;
   uint64_t upload_bytes = 0;
   for (const v1::Op& op : m.submit().ops()) {
