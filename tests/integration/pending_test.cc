@@ -789,7 +789,7 @@ TEST(PendingTest, ClientKilledMidTransferLeaksNothing) {
   for (int i = 0; i < 1000; ++i) {
     end = d.WaitIdle();
     other_fds = OpenFds(d.pid()) - static_cast<int>(end.slab_fds_open());
-    if (end.slabs_in_use() == 0 && end.slab_connections() == 0 && other_fds == start_other_fds) {
+    if (end.slabs_in_use() == 0 && end.slab_connections() == 0 && other_fds <= start_other_fds) {
       break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -802,7 +802,10 @@ TEST(PendingTest, ClientKilledMidTransferLeaksNothing) {
   EXPECT_EQ(end.slab_connections(), 0u);
   EXPECT_EQ(end.slab_fds_open(), end.slabs_total());
   EXPECT_LE(end.slabs_total(), 4u);  // the budget: 16M of 4M slabs
-  EXPECT_EQ(other_fds, start_other_fds) << "the daemon leaked fds";
+  // At most as many as at the start (a leak is more): the start's count may include a
+  // connection gRPC has not yet closed after its client let it go (the TSan run once ended
+  // with 39 against 41).
+  EXPECT_LE(other_fds, start_other_fds) << "the daemon leaked fds";
   std::filesystem::remove_all(dir);
 }
 
