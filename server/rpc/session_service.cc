@@ -20,10 +20,12 @@ namespace {
 using Reactor = grpc::ServerBidiReactor<v1::ClientMessage, v1::ServerMessage>;
 
 // A message whose handling is short and never blocks may be handled on the gRPC thread
-// that read it (gRPC's reactions must not block): a Synchronize, or a submit of at most
-// kQuickOps ops, each of which only enqueues device work that runs asynchronously (and at
-// most kQuickUploadBytes of inline upload bytes). Everything else goes to the executor's
-// threads: Open (it may wait for a device rebuild), Close, and submits with an op that
+// that read it (gRPC's reactions must not block): a Synchronize; a Close (Session::Close
+// tears down at once only a session that holds nothing on the device, else it posts the
+// teardown); or a submit of at most kQuickOps ops, each of which only enqueues device work
+// that runs asynchronously (and at most kQuickUploadBytes of inline upload bytes). An Open
+// is handled there while the device serves (SessionReactor::OnReadDone). Everything else
+// goes to the executor's threads: Open while the device is rebuilt, and submits with an op that
 // may block the thread: a Download (into pageable chunks the copy waits for the stream),
 // a create or free (allocation may trim the pool), module loads (NVRTC compiles take up
 // to seconds) and unloads, GEMMs and graph captures (the first makes cuBLAS state, and
@@ -31,7 +33,7 @@ using Reactor = grpc::ServerBidiReactor<v1::ClientMessage, v1::ServerMessage>;
 constexpr int kQuickOps = 64;
 constexpr uint64_t kQuickUploadBytes = 64 << 10;
 bool IsQuick(const v1::ClientMessage& m) {
-  if (m.has_synchronize()) return true;
+  if (m.has_synchronize() || m.has_close()) return true;
   if (!m.has_submit() || m.submit().ops_size() > kQuickOps) return false;
   uint64_t upload_bytes = 0;
   for (const v1::Op& op : m.submit().ops()) {
@@ -1011,7 +1013,8 @@ class SessionReactor final : public Reactor {
                  SessionlessStreams::Ticket sessionless)
       : connection_(std::make_shared<SessionConnection>(context, this, std::move(peer),
                                                         std::move(sessionless))) {
-    Post([](SessionConnection& c) { c.Start(); }, "stream start");
+    // Start only registers the stream and starts its first read: on this gRPC thread.
+    RunOrPost([](SessionConnection& c) { c.Start(); });
   }
 
   void OnReadDone(bool ok) override {
@@ -1020,7 +1023,11 @@ class SessionReactor final : public Reactor {
       message = std::make_shared<v1::ClientMessage>(std::move(*connection_->read_buffer()));
       ++connection_->context()->gauges.messages_in_hand;  // until HandleRead has handled it
     }
-    const bool quick = message && IsQuick(*message);
+    // An Open is handled here too while the device serves (it then waits for nothing): the
+    // hand-off to an io thread was a quarter of an open's time.
+    const bool quick =
+        message && (IsQuick(*message) ||
+                    (message->has_open() && connection_->context()->parts.device->serving()));
     auto handle = [message = std::move(message)](SessionConnection& c) mutable {
       c.HandleRead(std::move(message));
     };

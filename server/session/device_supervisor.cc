@@ -51,6 +51,11 @@ Result<DeviceSupervisor::Lease> DeviceSupervisor::Join(uint64_t session_id,
   return Lease{std::move(stream), generation_};
 }
 
+bool DeviceSupervisor::serving() const {
+  MutexLock lock(&mu_);
+  return device_ && !lost_ && !unrecoverable_now_;
+}
+
 backend::Device* DeviceSupervisor::device() {
   MutexLock lock(&mu_);
   return device_.get();

@@ -62,6 +62,9 @@ class DeviceSupervisor {
   /// `wait` while the device is being rebuilt; UNAVAILABLE if it is not back by then.
   Result<Lease> Join(uint64_t session_id, std::weak_ptr<DeviceLostListener> listener,
                      std::chrono::milliseconds wait = std::chrono::seconds(5));
+  /// True while the device serves: a Join now creates a stream at once, without waiting for a
+  /// rebuild (unless a fault comes in between).
+  bool serving() const;
   /// Return the current device, for calls a session makes while it holds a stream of
   /// `generation` (the device stays alive until that stream is released).
   backend::Device* device();

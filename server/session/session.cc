@@ -1073,6 +1073,15 @@ void Session::Synchronize(uint64_t sync_id) {
 
 void Session::Close() {
   Advance(LifecycleEvent::kClose);
+  // A session with nothing in flight that holds no tensor, module or graph has nothing to
+  // release that takes a while: it is torn down here, so that a Close handled on the thread
+  // that read it (IsQuick) is answered without a hand-off.
+  if (lifecycle_ == Lifecycle::kClosing && queue_.empty() && tensors_.size() == 0 &&
+      tensors_.modules().empty() && tensors_.graphs().empty()) {
+    Advance(LifecycleEvent::kPostTearDown);
+    TearDown();
+    return;
+  }
   MaybeTearDown();
 }
 
@@ -1142,13 +1151,16 @@ void Session::RecordUsage() {
 
 void Session::Finalize() {
   GiveBackQueuedCommands();  // the device has run all of them (or is gone)
-  ReleaseStream();           // records the stream's usage last
+  RecordUsage();             // the stream's usage, last: it has no work left
   ReleaseSlabs();            // no device work touches them any more
   GiveBackObjects();
   SessionStatsSnapshot stats = Snapshot();
   registry_->Remove(id_);
   if (events_) events_->OnClosed(stats);
   events_ = nullptr;
+  // The stream goes once Closed is on its way: its destruction (on CUDA a synchronize of the
+  // idle stream and cudaStreamDestroy) is not part of the close the client waits for.
+  ReleaseStream();
 }
 
 SessionStatsSnapshot Session::Snapshot() const { return SnapshotOf(*counters_); }
