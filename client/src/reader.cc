@@ -68,6 +68,7 @@ void SessionState::ReadLoop() {
     }
   }
   MutexLock lock(&mu_);
+  answers_.fetch_add(1, std::memory_order_release);  // the stream's end, for waiters polling
   if (dead_.ok()) {
     dead_ = closed_stats_ ? Status(ErrorKind::kSessionClosed, "the session is closed")
                           : Status(ErrorKind::kUnavailable,

@@ -202,10 +202,13 @@ Result<SessionStats> SessionState::Close() {
   {
     MutexLock lock(&mu_);
     if (sent) {
-      cv_.Wait(&mu_, [&] {
-        mu_.AssertHeld();
-        return closed_stats_.has_value() || !dead_.ok();
-      });
+      // Spins first, as the waits for completions do: Closed comes within one round trip.
+      Wait(
+          [&] {
+            mu_.AssertHeld();
+            return closed_stats_.has_value() || !dead_.ok();
+          },
+          /*board_last=*/0);
     }
     stats = closed_stats_;
   }
