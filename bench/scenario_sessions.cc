@@ -501,7 +501,9 @@ std::vector<Table> RunOpenClose(Context& ctx) {
         std::vector<std::string> notes = {
             std::to_string(iterations) +
                 " sessions opened and closed one after another on "
-                "one Client; close() waits for the daemon's Closed",
+                "one Client; close() waits for the daemon's Closed (each session after the "
+                "first opens on the stream the last one kept: docs/protocol.md, \"Kept "
+                "streams\")",
             "baseline = in-process Device::CreateStream() / destroying the stream"};
         if (which < 0 || !IsRemote(ctx.targets[which].target)) {
           notes.push_back(

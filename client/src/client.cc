@@ -39,6 +39,9 @@ Result<Session> Client::open_session(const SessionOptions& options) {
     auto state = std::make_shared<internal::SessionState>();
     Status opened = state->Open(state_, options);
     if (opened.ok()) return Session(std::move(state));
+    // Open on a kept stream the daemon has ended since (a restart, a drain): again on a new
+    // stream, at once.
+    if (state->on_kept_stream() && std::chrono::system_clock::now() < deadline) continue;
     if (opened.kind() != ErrorKind::kUnavailable || std::chrono::system_clock::now() >= deadline) {
       return opened;
     }

@@ -9,7 +9,8 @@ namespace ferry::internal {
 
 void SessionState::ReadLoop() {
   v1::ServerMessage m;
-  while (stream_->Read(&m)) {
+  bool kept = false;  // a kept stream's Closed ends the reading (Closed.stream_kept)
+  while (!kept && stream_->Read(&m)) {
     MutexLock lock(&mu_);
     answers_.fetch_add(1, std::memory_order_release);  // for waiters polling (Wait)
     switch (m.kind_case()) {
@@ -54,6 +55,9 @@ void SessionState::ReadLoop() {
         break;
       case v1::ServerMessage::kClosed:
         closed_stats_ = wire::StatsFromProto<SessionStats>(m.closed().stats());
+        // A kept stream carries the next session's messages: read no further.
+        stream_kept_ = kept = m.closed().stream_kept();
+        kept_ms_ = m.closed().kept_ms();
         cv_.NotifyAll();
         break;
       case v1::ServerMessage::kError:

@@ -9,6 +9,35 @@
 
 namespace ferry::internal {
 
+ClientState::~ClientState() {
+  MutexLock lock(&kept_mu_);
+  if (kept_) kept_->Cancel();
+}
+
+std::unique_ptr<SessionCall> ClientState::TakeKeptCall() {
+  std::unique_ptr<SessionCall> call;
+  {
+    MutexLock lock(&kept_mu_);
+    call = std::move(kept_);
+  }
+  if (call && std::chrono::steady_clock::now() >= call->usable_until) {
+    call->Cancel();
+    call.reset();
+  }
+  return call;
+}
+
+void ClientState::KeepCall(std::unique_ptr<SessionCall> call, uint64_t kept_ms) {
+  auto age = kKeptCallMaxAge;
+  if (kept_ms != 0) age = std::min(age, std::chrono::milliseconds(kept_ms / 2));
+  call->usable_until = std::chrono::steady_clock::now() + age;
+  {
+    MutexLock lock(&kept_mu_);
+    std::swap(call, kept_);
+  }
+  if (call) call->Cancel();
+}
+
 SessionState::~SessionState() {
   Shutdown();
   detached_.clear();
@@ -60,10 +89,18 @@ void SessionState::Wait(Done done, uint64_t board_last) {
 
 Status SessionState::Open(std::shared_ptr<ClientState> client, const SessionOptions& options) {
   client_ = std::move(client);
-  // The stream's initial metadata goes out with Open, in one write, instead of in a blocking
-  // step of its own.
-  context_.set_initial_metadata_corked(true);
-  stream_ = client_->stub->Session(&context_);
+  // On the stream the last closed session left open, if there is one: no new stream to make
+  // (docs/protocol.md, "Kept streams").
+  call_ = client_->TakeKeptCall();
+  on_kept_stream_ = call_ != nullptr;
+  if (!call_) {
+    call_ = std::make_unique<SessionCall>();
+    // The stream's initial metadata goes out with Open, in one write, instead of in a
+    // blocking step of its own.
+    call_->context.set_initial_metadata_corked(true);
+    call_->stream = client_->stub->Session(&call_->context);
+  }
+  stream_ = call_->stream.get();
   v1::ClientMessage m;
   auto* open = m.mutable_open();
   open->set_protocol_version(v1::PROTOCOL_VERSION_CURRENT);
@@ -87,7 +124,10 @@ Status SessionState::Open(std::shared_ptr<ClientState> client, const SessionOpti
     ReadLoop();
   });
   v1::ServerMessage reply;
-  if (!stream_->Read(&reply)) return StreamFailure("waiting for Opened");
+  do {
+    if (!stream_->Read(&reply)) return StreamFailure("waiting for Opened");
+    if (reply.has_draining()) draining_ = true;  // sent to every stream: Opened (or not) follows
+  } while (reply.has_draining());
   if (reply.has_error()) {
     Status s = wire::FromProto(reply.error());
     Shutdown();
@@ -196,7 +236,7 @@ Result<SessionStats> SessionState::Close() {
     return submitted.status();
   }
   v1::ClientMessage m;
-  m.mutable_close();
+  m.mutable_close()->set_keep_stream(true);  // for the next session this client opens
   bool sent = Send(m);
   std::optional<SessionStats> stats;
   {
@@ -224,20 +264,33 @@ void SessionState::Shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
   closed_ = true;
-  if (stream_) {
+  bool kept = false;
+  uint64_t kept_ms = 0;
+  if (call_) {
     bool clean;
     {
       MutexLock lock(&mu_);
       clean = closed_stats_.has_value();
+      kept = stream_kept_;
+      kept_ms = kept_ms_;
     }
-    if (clean) {
+    if (kept) {
+      // The reader stopped at Closed: the stream waits for the next session's Open.
+    } else if (clean) {
       stream_->WritesDone();
     } else {
-      context_.TryCancel();
+      call_->context.TryCancel();
     }
   }
   if (reader_.joinable()) reader_.join();
-  if (stream_) stream_->Finish();
+  if (call_) {
+    if (kept) {
+      client_->KeepCall(std::move(call_), kept_ms);
+    } else {
+      stream_->Finish();
+    }
+    stream_ = nullptr;
+  }
   if (slab_socket_) slab_socket_->Close();
 }
 

@@ -47,12 +47,42 @@ struct PendingState {
   bool waited = false;
 };
 
+// A session stream (one gRPC call) with its context: a session's, or kept by the client
+// for its next session after the daemon kept it open (Closed.stream_kept).
+struct SessionCall {
+  grpc::ClientContext context;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::ClientMessage, v1::ServerMessage>> stream;
+  std::chrono::steady_clock::time_point usable_until;  // kept: the daemon still waits for Open
+  // End the call at once (cancelled) and let gRPC finish it.
+  void Cancel() {
+    context.TryCancel();
+    (void)stream->Finish();
+  }
+};
+
 class ClientState {
  public:
+  ~ClientState();
+
   std::string target;
   ClientOptions options;
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::SessionService::Stub> stub;
+
+  /// The stream the last closed session left open for the next Open, if it is still good
+  /// for a while; null otherwise. Thread-safe.
+  std::unique_ptr<SessionCall> TakeKeptCall();
+  /// Keep `call` (its session closed; the daemon waits `kept_ms` for the next Open, 0: no
+  /// limit) for the next open_session. One is kept: an older one is ended. Thread-safe.
+  void KeepCall(std::unique_ptr<SessionCall> call, uint64_t kept_ms);
+
+  /// The longest a kept stream is used after its session closed; at most half the daemon's
+  /// wait, so that an Open sent on it arrives in time.
+  static constexpr std::chrono::milliseconds kKeptCallMaxAge{2000};
+
+ private:
+  Mutex kept_mu_;
+  std::unique_ptr<SessionCall> kept_ ABSL_GUARDED_BY(kept_mu_);
 };
 
 class SessionState {
@@ -62,6 +92,9 @@ class SessionState {
   ~SessionState();
 
   Status Open(std::shared_ptr<ClientState> client, const SessionOptions& options);
+  /// Open went out on a stream a closed session left (ClientState::TakeKeptCall): if it
+  /// failed, the daemon may have ended that stream meanwhile, and a new one may do.
+  bool on_kept_stream() const { return on_kept_stream_; }
 
   const v1::Opened& opened() const { return opened_; }
   bool draining() const { return draining_; }
@@ -151,8 +184,9 @@ class SessionState {
   void StartReader(bool read);
 
   std::shared_ptr<ClientState> client_;
-  grpc::ClientContext context_;
-  std::unique_ptr<Stream> stream_;
+  std::unique_ptr<SessionCall> call_;  // the session's stream
+  Stream* stream_ = nullptr;           // call_->stream
+  bool on_kept_stream_ = false;
   std::thread reader_;
   v1::Opened opened_;
 
@@ -175,6 +209,10 @@ class SessionState {
   std::map<uint64_t, std::map<uint32_t, std::pair<void*, uint64_t>>> download_targets_
       ABSL_GUARDED_BY(mu_);
   std::optional<SessionStats> closed_stats_ ABSL_GUARDED_BY(mu_);
+  // Closed said the stream is kept (Closed.stream_kept; the reader then stops), and for how
+  // long the daemon waits for the next Open on it.
+  bool stream_kept_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t kept_ms_ ABSL_GUARDED_BY(mu_) = 0;
   // Whether the reader thread may read: it is started before Opened is read (its start then
   // costs the open nothing) and waits for Open's verdict.
   enum class ReaderStart : uint8_t { kWait, kRead, kEnd };

@@ -61,6 +61,15 @@ class InputSequencer {
     return Status::Ok();
   }
 
+  /// Start over, as new: the next session of a kept stream numbers its messages from 1.
+  /// Messages held are dropped (they came after the last session's Close). May be called
+  /// from `deliver`: Accept then delivers nothing more.
+  void Reset() {
+    next_sequence_ = 1;
+    sequenced_ = false;
+    held_[kStream] = held_[kRing] = nullptr;
+  }
+
   /// Whether a message from `source` is held, waiting for a lower number.
   bool holds(Source source) const { return held_[source] != nullptr; }
   /// The number the next delivered message must have.

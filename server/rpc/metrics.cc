@@ -120,9 +120,16 @@ std::string RenderMetrics(const SessionServiceContext& c,
     refused_in_all = u->refused_total_limit();
   }
   e.Metric("ferry_streams_sessionless", "gauge",
-           "Session streams that carry no session: before their Open, or ended and not yet closed "
-           "by their client.",
+           "Session streams that carry no session: before their Open (new, or kept after their "
+           "last session's Close), or ended and not yet closed by their client.",
            sessionless);
+  e.Metric("ferry_streams_started_total", "counter",
+           "Session streams taken (admitted past the sessionless limits), since start.",
+           c.gauges.streams_started_total.load());
+  e.Metric("ferry_streams_kept_total", "counter",
+           "Sessions closed whose stream was kept open for the client's next Open "
+           "(Close.keep_stream), since start.",
+           c.gauges.streams_kept_total.load());
   e.Family(
       "ferry_streams_refused_total", "counter",
       "Session streams reset at once, past a limit on streams without a session, since start.");

@@ -77,25 +77,43 @@ class SessionConnection : public session::SessionEvents,
   v1::ClientMessage* read_buffer() { return &read_buffer_; }
 
   void Start() {
+    ++context_->gauges.streams_started_total;
     {
       MutexLock lock(&context_->gauges.streams_mu);
       context_->gauges.streams[this] = shared_from_this();
     }
-    if (context_->limits.open_timeout.count() > 0) {
-      executor_.PostAfter(
-          context_->limits.open_timeout,
-          [weak = weak_from_this()] {
-            if (auto self = weak.lock()) self->OpenDeadline();
-          },
-          "open deadline");
-    }
+    ArmOpenDeadline();
     MaybeStartRead();
+  }
+
+  // From now (the stream's start, or its session's close with the stream kept) the stream
+  // has the open timeout to send its Open. One timer at a time per stream: a kept stream
+  // whose sessions come and go faster than that does not arm one per session.
+  void ArmOpenDeadline() {
+    sessionless_since_ = std::chrono::steady_clock::now();
+    if (context_->limits.open_timeout.count() <= 0 || open_deadline_armed_) return;
+    ArmOpenDeadlineIn(context_->limits.open_timeout);
+  }
+  void ArmOpenDeadlineIn(std::chrono::steady_clock::duration delay) {
+    open_deadline_armed_ = true;
+    executor_.PostAfter(
+        std::chrono::ceil<std::chrono::milliseconds>(delay),
+        [weak = weak_from_this()] {
+          if (auto self = weak.lock()) self->OpenDeadline();
+        },
+        "open deadline");
   }
 
   // The open timeout passed: a stream that has not sent its Open by now is ended, so that
   // streams which never open cannot hold the daemon's memory (rpc/sessionless_streams.h).
   void OpenDeadline() {
+    open_deadline_armed_ = false;
     if (session_ || session_done_ || finishing()) return;
+    const auto due = sessionless_since_ + context_->limits.open_timeout;
+    if (const auto now = std::chrono::steady_clock::now(); now < due) {
+      ArmOpenDeadlineIn(due - now);  // a kept stream's later span without a session
+      return;
+    }
     ++context_->gauges.open_timeouts_total;
     const std::string what = "no Open within the open timeout (" +
                              std::to_string(context_->limits.open_timeout.count()) + " ms)";
@@ -288,6 +306,7 @@ class SessionConnection : public session::SessionEvents,
     if (session_ && !session_done_) session_->Abort();
     session_done_ = true;
     session_.reset();
+    closed_session_.reset();
     reactor_ = nullptr;
   }
 
@@ -345,6 +364,15 @@ class SessionConnection : public session::SessionEvents,
     wire::StatsToProto(stats, m->mutable_closed()->mutable_stats());
     session_done_ = true;
     spdlog::info("session {} closed ({} submits, {} ops)", session_id_, stats.submits, stats.ops);
+    if (keep_stream_asked_ && KeepStream()) {
+      ++context_->gauges.streams_kept_total;
+      m->mutable_closed()->set_stream_kept(true);
+      m->mutable_closed()->set_kept_ms(
+          static_cast<uint64_t>(context_->limits.open_timeout.count()));
+      Send(std::move(m));
+      MaybeReadMore();  // the next Open
+      return;
+    }
     if (end_ == StreamEnd::kOpen && !write_in_flight_ && outbox_.empty() && reactor_) {
       // Nothing else to write: Closed and the stream's end go in one write, so the client
       // reads both at once instead of waiting for a second write after this one's.
@@ -406,6 +434,7 @@ class SessionConnection : public session::SessionEvents,
       case v1::ClientMessage::kClose:
         if (!session_) return ProtocolViolation("Close before Open");
         close_requested_ = true;
+        keep_stream_asked_ = message->close().keep_stream();
         session_->Close();
         return;
       case v1::ClientMessage::KIND_NOT_SET:
@@ -609,6 +638,7 @@ class SessionConnection : public session::SessionEvents,
   void Open(const v1::Open& open) {
     // From here the stream is a session (counted by the sessions limits) or ends.
     sessionless_.Release();
+    closed_session_.reset();  // a kept stream's last session
     if (open.protocol_version() != v1::PROTOCOL_VERSION_CURRENT) {
       return ProtocolViolation("protocol version " + std::to_string(open.protocol_version()) +
                                " is not supported; this daemon speaks " +
@@ -700,6 +730,41 @@ class SessionConnection : public session::SessionEvents,
     // no executor thread then waits in a copy to or from ordinary memory (Session::ReserveStaging).
     if (context_->parts.staging) session_->AttachStaging(context_->parts.staging);
     Send(std::move(m));
+  }
+
+  // Close.keep_stream: make the stream sessionless again, ready for the next Open, and return
+  // true; false (the stream then ends as usual) when something of the session is still to
+  // be answered, the stream is ending or its client has stopped writing, or the stream
+  // cannot take a sessionless place (SessionlessStreams::Keep). Called from OnClosed.
+  bool KeepStream() {
+    if (finishing() || !reactor_ || read_closed_ || unanswered_ != 0 || !charges_.empty()) {
+      return false;
+    }
+    if (SessionlessStreams* streams = context_->parts.sessionless_streams) {
+      std::optional<SessionlessStreams::Ticket> kept = streams->Keep(session::IdentityOf(peer_));
+      if (!kept) return false;
+      sessionless_ = std::move(*kept);
+    }
+    DropRing();
+    if (!slab_token_.empty()) {  // never used, or spent: either way no longer good
+      context_->parts.slab_broker->RevokeToken(slab_token_);
+      slab_token_.clear();
+    }
+    // Session::Finalize is still running (it called OnClosed): the session goes at the next
+    // Open, or with the stream.
+    closed_session_ = std::move(session_);
+    session_id_ = 0;
+    session_done_ = false;
+    account_.reset();
+    last_submit_id_ = 0;
+    received_at_.clear();
+    close_requested_ = false;
+    keep_stream_asked_ = false;
+    coalesced_completions_ = false;
+    successes_on_board_ = false;
+    sequencer_.Reset();  // the next session numbers its messages from 1
+    ArmOpenDeadline();
+    return true;
   }
 
   // Report a session-level error to the client, then end the stream with `rpc_status`.
@@ -995,6 +1060,12 @@ class SessionConnection : public session::SessionEvents,
   // Numbered messages (ClientMessage.sequence) put back in order across the two paths.
   Sequencer sequencer_;
   bool close_requested_ = false;
+  bool keep_stream_asked_ = false;  // the Close asked to keep the stream (Close.keep_stream)
+  // The session a kept stream carried last (see KeepStream); released at the next Open.
+  std::shared_ptr<session::Session> closed_session_;
+  // Since when the stream has carried no session, and whether an open deadline is armed.
+  std::chrono::steady_clock::time_point sessionless_since_;
+  bool open_deadline_armed_ = false;
   bool write_in_flight_ = false;
   uint64_t writes_started_ = 0;         // writes PumpWrites started (WatchForStalledWrite)
   bool stall_watch_armed_ = false;      // a WatchForStalledWrite check is due

@@ -68,6 +68,8 @@ struct StreamGauges {
   std::atomic<uint64_t> read_pauses_total{0};
   /// Streams ended because they sent no Open within the open timeout, since start.
   std::atomic<uint64_t> open_timeouts_total{0};
+  std::atomic<uint64_t> streams_started_total{0};  // session streams the daemon took
+  std::atomic<uint64_t> streams_kept_total{0};     // sessions closed with their stream kept
   /// Set while draining: new sessions are refused with UNAVAILABLE.
   std::atomic<bool> draining{false};
 };

@@ -19,16 +19,27 @@ void SessionlessStreams::Ticket::Release() {
 }
 
 Result<SessionlessStreams::Ticket> SessionlessStreams::Admit(const std::string& identity) {
+  return Take(identity, /*count_refusal=*/true);
+}
+
+std::optional<SessionlessStreams::Ticket> SessionlessStreams::Keep(const std::string& identity) {
+  Result<Ticket> ticket = Take(identity, /*count_refusal=*/false);
+  if (!ticket.ok()) return std::nullopt;
+  return std::move(*ticket);
+}
+
+Result<SessionlessStreams::Ticket> SessionlessStreams::Take(const std::string& identity,
+                                                            bool count_refusal) {
   MutexLock lock(&mu_);
   if (limits_.total != 0 && count_ >= limits_.total) {
-    ++refused_total_limit_;
+    if (count_refusal) ++refused_total_limit_;
     return Status(ErrorKind::kUnavailable,
                   "the daemon holds its maximum of streams without a session (" +
                       std::to_string(limits_.total) + ", max-sessionless-streams)");
   }
   uint32_t& mine = by_identity_[identity];
   if (limits_.per_identity != 0 && mine >= limits_.per_identity) {
-    ++refused_per_identity_;
+    if (count_refusal) ++refused_per_identity_;
     return Status(ErrorKind::kUnavailable,
                   identity + " holds its maximum of streams without a session (" +
                       std::to_string(limits_.per_identity) + ", max-sessionless-streams-per-uid)");

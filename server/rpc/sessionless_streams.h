@@ -3,6 +3,10 @@
 // whose Open has not yet been handled, and streams whose session has ended that gRPC still
 // keeps because their client has not closed its side.
 //
+// A stream whose session closed with the stream kept for the next Open (Close.keep_stream)
+// is sessionless again: it takes a Ticket with Keep, within the same limits (past them the
+// stream ends as usual, and a refusal to keep it is not counted in refused_*()).
+//
 // Why: a session counts against the sessions limits (max-sessions, uid-limits sessions=) only
 // from its Open until it ends. Outside that span a stream still costs the daemon gRPC's call
 // state and a connection object, about 20 KiB (measured on the development machine: 20,000
@@ -30,6 +34,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <unordered_map>
 
@@ -70,6 +75,9 @@ class SessionlessStreams {
   Result<Ticket> Admit(const std::string& identity);
   /// A place for a stream of `identity` whatever the limits (a finished stream).
   Ticket Hold(const std::string& identity);
+  /// A place for a kept stream of `identity` (its session closed, the stream waits for the
+  /// next Open) within the limits, as Admit gives; none past them (not counted as refused).
+  std::optional<Ticket> Keep(const std::string& identity);
 
   /// Streams holding a ticket now.
   uint64_t count() const;
@@ -80,6 +88,7 @@ class SessionlessStreams {
 
  private:
   void Give(const std::string& identity);
+  Result<Ticket> Take(const std::string& identity, bool count_refusal);
 
   const SessionlessStreamLimits limits_;
   mutable Mutex mu_;

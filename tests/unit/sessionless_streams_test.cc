@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -88,6 +89,26 @@ TEST(SessionlessStreamsTest, AHoldIsNeverRefusedAndCountsAgainstTheLimit) {
   held.Release();
   EXPECT_TRUE(streams.Admit("uid:5").ok());
   EXPECT_EQ(streams.refused_per_identity(), 1u);
+}
+
+// A kept stream (its session closed, Close.keep_stream) takes a place within the limits like
+// a new stream; past them it gets none, and that is not counted as a refused stream.
+TEST(SessionlessStreamsTest, AKeptStreamTakesAPlaceWithinTheLimitsAndIsNeverCountedRefused) {
+  SessionlessStreams streams({/*total=*/3, /*per_identity=*/1});
+  std::optional<SessionlessStreams::Ticket> kept = streams.Keep("uid:5");
+  ASSERT_TRUE(kept);
+  EXPECT_EQ(streams.count(), 1u);
+  EXPECT_FALSE(streams.Keep("uid:5")) << "past the identity's limit";
+  EXPECT_FALSE(streams.Admit("uid:5").ok()) << "the kept stream holds the identity's place";
+  auto other = streams.Admit("uid:6");
+  auto third = streams.Admit("uid:7");
+  ASSERT_TRUE(other.ok() && third.ok());
+  EXPECT_FALSE(streams.Keep("uid:8")) << "past the daemon-wide limit";
+  EXPECT_EQ(streams.refused_per_identity(), 1u) << "only the Admit counts";
+  EXPECT_EQ(streams.refused_total_limit(), 0u);
+  kept.reset();
+  EXPECT_EQ(streams.count(), 2u);
+  EXPECT_TRUE(streams.Keep("uid:5"));
 }
 
 TEST(SessionlessStreamsTest, ZeroMeansNoLimit) {
