@@ -787,13 +787,10 @@ TEST(BoundedSessionTest, AnOpenPastTheSessionlessLimitSucceedsOnceAPlaceComesBac
 // closes it; so 64 are held and told why, and further ones are reset at once; a peer with the
 // token opens sessions meanwhile.
 TEST(BoundedSessionTest, StreamsWithoutTheTokenAreHeldAtTheLimitOrReset) {
-  char token_file[] = "/tmp/ferry-token-XXXXXX";
-  const int fd = mkstemp(token_file);
-  ASSERT_GE(fd, 0);
-  close(fd);
-  std::ofstream(token_file) << "the-token\n";
+  const testing::TempFile token_file("the-token\n");
+  ASSERT_FALSE(token_file.path().empty());
   std::unique_ptr<FerrydProcess> owner;
-  FerrydProcess* d = StartDaemon(owner, {"--token-file", token_file}, /*tcp=*/true);
+  FerrydProcess* d = StartDaemon(owner, {"--token-file", token_file.path()}, /*tcp=*/true);
   ASSERT_TRUE(d->ok()) << d->log();
   const std::string metrics = testing::MetricsEndpoint(*d);
   const std::string tcp = d->tcp_target().substr(4);
@@ -831,7 +828,6 @@ TEST(BoundedSessionTest, StreamsWithoutTheTokenAreHeldAtTheLimitOrReset) {
   EXPECT_FALSE(stranger.Read());
   EXPECT_EQ(stranger.Finish().error_code(), grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_EQ(d->Stop(), 0) << d->log();
-  unlink(token_file);
 }
 
 // Sessions whose client sends Open and Close and never reads: each session ends (the sessions

@@ -111,12 +111,9 @@ grpc::Status ReflectionListServices(const std::shared_ptr<grpc::Channel>& channe
 }
 
 TEST(EndpointAuthTest, HealthAndReflectionOnTcpNeedTheToken) {
-  char tmpl[] = "/tmp/ferry-token-XXXXXX";
-  int fd = mkstemp(tmpl);
-  ASSERT_GE(fd, 0);
-  close(fd);
-  std::ofstream(tmpl) << "health-token\n";
-  FerrydProcess d({"--token-file", tmpl}, /*tcp=*/true);
+  const testing::TempFile token_file("health-token\n");
+  ASSERT_FALSE(token_file.path().empty());
+  FerrydProcess d({"--token-file", token_file.path()}, /*tcp=*/true);
   ASSERT_TRUE(d.ok()) << d.log();
   auto tcp = grpc::CreateChannel(d.tcp_target().substr(4), grpc::InsecureChannelCredentials());
   const std::string kHealthCheck = "/grpc.health.v1.Health/Check";
@@ -148,7 +145,6 @@ TEST(EndpointAuthTest, HealthAndReflectionOnTcpNeedTheToken) {
   auto local = grpc::CreateChannel(d.unix_target(), grpc::InsecureChannelCredentials());
   s = GenericUnary(local, kHealthCheck, "", "", &reply);
   EXPECT_TRUE(s.ok()) << s.error_message();
-  unlink(tmpl);
 }
 
 // A TCP connection to `host_port` ("127.0.0.1:PORT"), or -1.
@@ -186,12 +182,9 @@ bool ClosedWithin(int fd, std::chrono::milliseconds timeout) {
 // never authenticates holds no descriptor for long. A client with the token reconnects by
 // itself when it next calls.
 TEST(EndpointAuthTest, IdleAndSilentTcpConnectionsAreClosed) {
-  char tmpl[] = "/tmp/ferry-token-XXXXXX";
-  int fd = mkstemp(tmpl);
-  ASSERT_GE(fd, 0);
-  close(fd);
-  std::ofstream(tmpl) << "idle-token\n";
-  FerrydProcess d({"--token-file", tmpl, "--tcp-idle-timeout", "1000"}, /*tcp=*/true);
+  const testing::TempFile token_file("idle-token\n");
+  ASSERT_FALSE(token_file.path().empty());
+  FerrydProcess d({"--token-file", token_file.path(), "--tcp-idle-timeout", "1000"}, /*tcp=*/true);
   ASSERT_TRUE(d.ok()) << d.log();
   const std::string host_port = d.tcp_target().substr(4);
   // One that sends nothing (no HTTP/2 preface), one that sends the preface and its SETTINGS
@@ -234,7 +227,6 @@ TEST(EndpointAuthTest, IdleAndSilentTcpConnectionsAreClosed) {
     if (i == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // idle: closed
   }
   EXPECT_EQ(d.Stop(), 0) << d.log();
-  ::unlink(tmpl);
 }
 
 TEST(EndpointAuthTest, TcpWithoutTokenOrMutualTlsNeedsAllowInsecureRemoteEvenOnLoopback) {

@@ -1046,13 +1046,10 @@ TEST(HostileClientsTest, RemotePeersShareOneIdentity) {
 // identity with a budget of its own, so one tenant's sessions leave the others theirs; peers
 // with the shared token share "remote". A remote:NAME rule sets one tenant's limits.
 TEST(HostileClientsTest, EachRemoteTenantHasABudgetOfItsOwn) {
-  char token_file[] = "/tmp/ferry-tenants-XXXXXX";
-  const int fd = ::mkstemp(token_file);
-  ASSERT_GE(fd, 0);
-  ::close(fd);
-  std::ofstream(token_file) << "# name token\nalice tok-a\nbob tok-b\nshared-tok\n";
-  FerrydProcess d({"--token-file", token_file, "--uid-limits", "remote:sessions=2", "--uid-limits",
-                   "remote:bob:sessions=1"},
+  const testing::TempFile token_file("# name token\nalice tok-a\nbob tok-b\nshared-tok\n");
+  ASSERT_FALSE(token_file.path().empty());
+  FerrydProcess d({"--token-file", token_file.path(), "--uid-limits", "remote:sessions=2",
+                   "--uid-limits", "remote:bob:sessions=1"},
                   /*tcp=*/true);
   ASSERT_TRUE(d.ok()) << d.log();
   auto client = [&](const std::string& token) {
@@ -1098,7 +1095,6 @@ TEST(HostileClientsTest, EachRemoteTenantHasABudgetOfItsOwn) {
   for (Session& s : open) EXPECT_TRUE(s.close().ok());
   EXPECT_EQ(d.WaitIdle().sessions_open(), 0u);
   EXPECT_EQ(d.Stop(), 0) << d.log();
-  ::unlink(token_file);
 }
 
 // The long work of VictimBesideLongWork: one long op, or thousands of shorter ones, more
