@@ -143,11 +143,15 @@ std::string RenderMetrics(const SessionServiceContext& c,
            unauthenticated);
   // Connections to the Unix endpoints (rpc/local_connections.h).
   if (const LocalConnections* l = c.parts.local_connections) {
+    // One look at each connection (an fstat) gives both the total and the uids' counts.
+    const std::vector<std::pair<uint32_t, uint64_t>> by_uid = l->CountByUid();
+    uint64_t total = 0;
+    for (const auto& [uid, n] : by_uid) total += n;
     e.Metric("ferry_local_connections", "gauge",
-             "Connections to the Unix endpoints that gRPC holds now.", l->count());
+             "Connections to the Unix endpoints that gRPC holds now.", total);
     e.Family("ferry_uid_local_connections", "gauge",
              "Connections to the Unix endpoints that gRPC holds now, per uid holding any.");
-    for (const auto& [uid, n] : l->CountByUid()) {
+    for (const auto& [uid, n] : by_uid) {
       e.Sample("ferry_uid_local_connections", n, "identity=\"uid:" + std::to_string(uid) + "\"");
     }
     e.Family("ferry_local_connections_refused_total", "counter",
