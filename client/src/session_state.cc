@@ -139,12 +139,20 @@ Status SessionState::Open(std::shared_ptr<ClientState> client, const SessionOpti
   }
   opened_ = reply.opened();
   if (local()) {
+    // The slab socket is connected at the first slab's acquire, or now for the channels.
     slab_socket_ = std::make_unique<SlabSocket>(opened_.slab_socket(), opened_.slab_token());
-    SlabSocket::SessionChannels channels =
-        slab_socket_->MapSessionChannels(opened_.completion_board(), opened_.submit_ring());
-    board_ = std::move(channels.board);
-    ring_ = std::move(channels.ring);
+    if (opened_.channels_kept() && call_->board && call_->ring) {
+      board_ = std::move(call_->board);
+      ring_ = std::move(call_->ring);
+    } else {
+      SlabSocket::SessionChannels channels =
+          slab_socket_->MapSessionChannels(opened_.completion_board(), opened_.submit_ring());
+      board_ = std::move(channels.board);
+      ring_ = std::move(channels.ring);
+    }
   }
+  call_->board.reset();  // a kept stream's channels this session did not take over
+  call_->ring.reset();
   StartReader(/*read=*/true);
   return Status::Ok();
 }
@@ -285,6 +293,10 @@ void SessionState::Shutdown() {
   if (reader_.joinable()) reader_.join();
   if (call_) {
     if (kept) {
+      // The daemon keeps the board and ring for the next session on the stream: so does the
+      // client (nothing of this session reads or writes them any more).
+      call_->board = std::move(board_);
+      call_->ring = std::move(ring_);
       client_->KeepCall(std::move(call_), kept_ms);
     } else {
       stream_->Finish();

@@ -53,6 +53,10 @@ struct SessionCall {
   grpc::ClientContext context;
   std::unique_ptr<grpc::ClientReaderWriter<v1::ClientMessage, v1::ServerMessage>> stream;
   std::chrono::steady_clock::time_point usable_until;  // kept: the daemon still waits for Open
+  // Kept: the last session's completion board and submit ring, still mapped, which the next
+  // session on this stream takes over when the daemon says so (Opened.channels_kept).
+  std::unique_ptr<CompletionBoard> board;
+  std::unique_ptr<RingWriter> ring;
   // End the call at once (cancelled) and let gRPC finish it.
   void Cancel() {
     context.TryCancel();

@@ -692,27 +692,22 @@ class SessionConnection : public session::SessionEvents,
       auto slabs = std::make_shared<pool::SessionSlabs>(context_->parts.slab_pool,
                                                         context_->limits.session_pinned_quota);
       slabs->SetCharge(context_->parts.registry->AccountOf(session_id_));  // the uid's pinned limit
-      // And a completion board, where the client sees its submits complete without waiting
-      // for Completed (a session without one still works; only its waits are slower).
-      transport::ChannelStock::Channels channels = TakeChannels();
-      if (auto& board = channels.board; board.ok()) {
-        slabs->AttachBoard(std::move(*board));
+      session_slabs_ = slabs;
+      if (kept_board_ && kept_ring_ && ring_) {
+        // A kept stream: the last session's board (reset) and ring, which the client has
+        // mapped; the ring's registration with the poller is the same.
+        slabs->AttachBoard(std::move(kept_board_));
+        slabs->AttachRing(std::move(kept_ring_));
         o->set_completion_board(true);
         successes_on_board_ = open.successes_on_board();
         o->set_successes_on_board(successes_on_board_);
+        o->set_submit_ring(true);
+        o->set_channels_kept(true);
       } else {
-        spdlog::warn("session {}: no completion board: {}", session_id_, board.status().message());
-      }
-      // And a submit ring, through which the client may send its messages without gRPC.
-      if (context_->parts.ring_poller && context_->limits.submit_ring_bytes > 0) {
-        if (auto& ring = channels.ring; ring.ok()) {
-          std::shared_ptr<transport::SubmitRing> shared = std::move(*ring);
-          slabs->AttachRing(shared);
-          ring_ = context_->parts.ring_poller->Add(std::move(shared), RingHandler());
-          o->set_submit_ring(true);
-        } else {
-          spdlog::warn("session {}: no submit ring: {}", session_id_, ring.status().message());
-        }
+        DropRing();  // a kept ring without its board (none is kept apart)
+        kept_board_.reset();
+        kept_ring_.reset();
+        OpenChannels(open, *slabs, o);
       }
       session_->AttachSlabs(slabs);
       auto token = context_->parts.slab_broker->IssueToken(slabs, *peer_.uid);
@@ -745,7 +740,21 @@ class SessionConnection : public session::SessionEvents,
       if (!kept) return false;
       sessionless_ = std::move(*kept);
     }
-    DropRing();
+    // The board (reset to nothing completed) and the ring go to the next session: the client
+    // keeps them mapped, and the ring stays registered with the poller (not armed until the
+    // next Open: MaybeArmRing). What the poller took after the Close is dropped.
+    if (session_slabs_ && session_slabs_->shared_board() && session_slabs_->shared_ring() &&
+        ring_) {
+      kept_board_ = session_slabs_->shared_board();
+      kept_ring_ = session_slabs_->shared_ring();
+      kept_board_->Reset();
+      context_->gauges.messages_in_hand -= static_cast<int64_t>(ring_backlog_.size());
+      ring_backlog_.clear();
+      ring_broken_.clear();
+    } else {
+      DropRing();
+    }
+    session_slabs_.reset();
     if (!slab_token_.empty()) {  // never used, or spent: either way no longer good
       context_->parts.slab_broker->RevokeToken(slab_token_);
       slab_token_.clear();
@@ -765,6 +774,33 @@ class SessionConnection : public session::SessionEvents,
     sequencer_.Reset();  // the next session numbers its messages from 1
     ArmOpenDeadline();
     return true;
+  }
+
+  // A local session's new completion board and submit ring (made ahead by ChannelStock, or
+  // now), attached to `slabs` and announced in `o`.
+  void OpenChannels(const v1::Open& open, pool::SessionSlabs& slabs, v1::Opened* o) {
+    transport::ChannelStock::Channels channels = TakeChannels();
+    // A completion board, where the client sees its submits complete without waiting for
+    // Completed (a session without one still works; only its waits are slower).
+    if (auto& board = channels.board; board.ok()) {
+      slabs.AttachBoard(std::move(*board));
+      o->set_completion_board(true);
+      successes_on_board_ = open.successes_on_board();
+      o->set_successes_on_board(successes_on_board_);
+    } else {
+      spdlog::warn("session {}: no completion board: {}", session_id_, board.status().message());
+    }
+    // And a submit ring, through which the client may send its messages without gRPC.
+    if (context_->parts.ring_poller && context_->limits.submit_ring_bytes > 0) {
+      if (auto& ring = channels.ring; ring.ok()) {
+        std::shared_ptr<transport::SubmitRing> shared = std::move(*ring);
+        slabs.AttachRing(shared);
+        ring_ = context_->parts.ring_poller->Add(std::move(shared), RingHandler());
+        o->set_submit_ring(true);
+      } else {
+        spdlog::warn("session {}: no submit ring: {}", session_id_, ring.status().message());
+      }
+    }
   }
 
   // Report a session-level error to the client, then end the stream with `rpc_status`.
@@ -964,8 +1000,8 @@ class SessionConnection : public session::SessionEvents,
   // Likewise let the ring poller take the next messages from the submit ring: as many as
   // the in-flight limit has room for (at most kRingBatch), once the last ones are handled.
   void MaybeArmRing(size_t arriving = 0) {
-    if (!ring_ || ring_credits_ > 0 || !ring_backlog_.empty() || sequencer_.holds(kRing) ||
-        !MayTakeMore(arriving)) {
+    if (!ring_ || !session_ || ring_credits_ > 0 || !ring_backlog_.empty() ||
+        sequencer_.holds(kRing) || !MayTakeMore(arriving)) {
       return;
     }
     const size_t used = unanswered_ + arriving + Incoming();  // below the limit: MayTakeMore
@@ -1063,6 +1099,11 @@ class SessionConnection : public session::SessionEvents,
   bool keep_stream_asked_ = false;  // the Close asked to keep the stream (Close.keep_stream)
   // The session a kept stream carried last (see KeepStream); released at the next Open.
   std::shared_ptr<session::Session> closed_session_;
+  // A local session's slab set (with its board and ring), and, on a kept stream between
+  // sessions, the board and ring the next session takes over (Opened.channels_kept).
+  std::shared_ptr<pool::SessionSlabs> session_slabs_;
+  std::shared_ptr<transport::CompletionBoard> kept_board_;
+  std::shared_ptr<transport::SubmitRing> kept_ring_;
   // Since when the stream has carried no session, and whether an open deadline is armed.
   std::chrono::steady_clock::time_point sessionless_since_;
   bool open_deadline_armed_ = false;

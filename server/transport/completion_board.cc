@@ -68,6 +68,11 @@ CompletionBoard::~CompletionBoard() {
   if (read_only_fd_ >= 0) ::close(read_only_fd_);
 }
 
+void CompletionBoard::Reset() {
+  last_failed_->store(0, std::memory_order_relaxed);
+  completed_through_->store(0, std::memory_order_release);
+}
+
 void CompletionBoard::Post(uint64_t submit_id, bool ok) {
   if (!ok) last_failed_->store(submit_id, std::memory_order_relaxed);
   completed_through_->store(submit_id, std::memory_order_release);

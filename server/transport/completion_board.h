@@ -39,8 +39,12 @@ class CompletionBoard {
   CompletionBoard(const CompletionBoard&) = delete;
   CompletionBoard& operator=(const CompletionBoard&) = delete;
 
-  /// Submit `submit_id` was delivered, `ok` or not. Ids must increase across calls.
+  /// Submit `submit_id` was delivered, `ok` or not. Ids must increase across calls (until
+  /// Reset).
   void Post(uint64_t submit_id, bool ok);
+  /// Back to nothing completed, for the next session of a kept stream (its ids start at 1
+  /// again). Only between sessions: no submit of either is being posted or waited on.
+  void Reset();
 
   /// A read-only fd of the page, for handing to the client (owned by the board).
   int fd() const { return read_only_fd_; }

@@ -23,6 +23,7 @@ using testing::Eventually;
 using testing::FerrydProcess;
 using testing::Fill;
 using testing::MetricsEndpoint;
+using testing::RawSlabConnection;
 using testing::RawStream;
 using testing::Scrape;
 using testing::Value;
@@ -86,8 +87,18 @@ TEST(KeptStreamTest, TheNextSessionOnAKeptStreamStartsFromNothing) {
   RawStream raw(d->unix_target(), std::chrono::seconds(60));
   auto first = raw.Open();
   ASSERT_TRUE(first);
+  ASSERT_TRUE(first->completion_board());
+  // The first session's completion board, mapped as a client maps it.
+  RawSlabConnection slab(first->slab_socket());
+  ASSERT_EQ(slab.Hello(first->slab_token()), 0);
+  auto board_fd = slab.Board();
+  ASSERT_TRUE(board_fd && board_fd->kind == 0 && board_fd->fd >= 0);
+  void* page = mmap(nullptr, board_fd->size, PROT_READ, MAP_SHARED, board_fd->fd, 0);
+  ASSERT_NE(page, MAP_FAILED);
+  const auto* board = static_cast<const volatile uint64_t*>(page);
   ASSERT_TRUE(raw.Submit(1, {Create(1, v1::DTYPE_F32, {4}), Fill(1, 2.0)}));
   ASSERT_EQ(raw.Completion(1).kind(), v1::ERROR_KIND_NONE);
+  EXPECT_EQ(board[0], 1u) << "completed_through";
   auto closed = CloseKeeping(raw);
   ASSERT_TRUE(closed);
   EXPECT_TRUE(closed->stream_kept());
@@ -97,6 +108,12 @@ TEST(KeptStreamTest, TheNextSessionOnAKeptStreamStartsFromNothing) {
   auto second = raw.Open();
   ASSERT_TRUE(second) << "a kept stream did not take the next Open";
   EXPECT_NE(second->session_id(), first->session_id());
+  EXPECT_NE(second->slab_token(), first->slab_token());
+  // The board and ring are the last session's, the board back to nothing completed.
+  EXPECT_TRUE(second->channels_kept());
+  EXPECT_TRUE(second->completion_board() && second->submit_ring());
+  EXPECT_EQ(board[0], 0u) << "the board still shows the last session's completions";
+  EXPECT_EQ(board[1], 0u) << "last_failed";
   // Submit id 1 again, and the last session's handle 1 is not this session's.
   ASSERT_TRUE(raw.Submit(1, {Download(1, 0, 16)}));
   EXPECT_EQ(raw.Completion(1).kind(), v1::INVALID_HANDLE);
@@ -104,6 +121,10 @@ TEST(KeptStreamTest, TheNextSessionOnAKeptStreamStartsFromNothing) {
   std::string bytes;
   EXPECT_EQ(raw.Completion(2, &bytes).kind(), v1::ERROR_KIND_NONE);
   EXPECT_EQ(bytes, std::string(16, '\0')) << "a new tensor showed the last session's bytes";
+  EXPECT_EQ(board[0], 2u) << "the second session's completions on the kept board";
+  EXPECT_EQ(board[1], 1u) << "its submit 1 failed";
+  munmap(page, board_fd->size);
+  close(board_fd->fd);
   // A Close without keep_stream ends the stream, as it always did.
   raw.Close();
   auto s = d->WaitIdle();
