@@ -273,6 +273,11 @@ class Settings {
          }},
         {"nvrtc-concurrency",
          bounded(0, 256, [this](uint64_t n) { c_.cuda.nvrtc_concurrency = static_cast<int>(n); })},
+        {"fuse-elementwise",
+         [this](const std::string& v) -> Status {
+           FERRY_ASSIGN_OR_RETURN(c_.cuda.fuse_elementwise, ParseBool(v));
+           return Status::Ok();
+         }},
         {"copy-turns",
          bounded(0, 1024, [this](uint64_t n) { c_.daemon.copy_turns = static_cast<uint32_t>(n); })},
         {"copy-turn-size", bytes(&c_.daemon.copy_turn_bytes)},
@@ -682,6 +687,9 @@ means true; --allow-insecure-remote and --allow-remote-raw-kernels also take =tr
   --nvrtc-concurrency N      CUDA C++ compiles at once, 0..256; one more is refused with
                              BUSY (default 0: a quarter of the cores, at least 1; at most
                              the executor threads less one)
+  --fuse-elementwise BOOL    run each run of consecutive f32/f64 fill, add, sub, mul,
+                             div, scale and axpy ops of a kernel batch or a graph as one
+                             kernel where the results are the same (default true)
   --copy-turns N             submits copying copy-turn-size or more one way that run at
                              once, per direction; the rest wait in arrival order, so
                              sessions share the copy engines fairly (default 4; 0: no limit)
@@ -861,6 +869,7 @@ std::string FormatConfig(const DaemonConfig& c) {
   out << "nvrtc-memory = " << FormatBytes(c.cuda.nvrtc_memory) << "\n";
   out << "nvrtc-concurrency = " << c.cuda.nvrtc_concurrency
       << (c.cuda.nvrtc_concurrency == 0 ? "  # a quarter of the cores, at least 1" : "") << "\n";
+  out << "fuse-elementwise = " << (c.cuda.fuse_elementwise ? "true" : "false") << "\n";
   out << "copy-turns = " << c.daemon.copy_turns << (c.daemon.copy_turns == 0 ? "  # no limit" : "")
       << "\n";
   out << "copy-turn-size = " << FormatBytes(c.daemon.copy_turn_bytes) << "\n";

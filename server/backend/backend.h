@@ -91,7 +91,8 @@ class Module {
 class Graph {
  public:
   virtual ~Graph() = default;
-  /// Return the number of operations (nodes) the graph holds.
+  /// Return the number of nodes the graph holds: one per operation, except that the CUDA
+  /// backend may run a run of elementwise ops as one node (CudaDeviceOptions::fuse_elementwise).
   virtual size_t node_count() const = 0;
 };
 
@@ -276,6 +277,9 @@ struct CudaDeviceOptions {
   int nvrtc_concurrency = 0;
   /// The helper (ferry-nvrtc); empty: next to the running executable, else where installed.
   std::string nvrtc_helper;
+  /// Batches and graphs run each run of consecutive f32/f64 elementwise ops (Fill, Binary,
+  /// Scale, Axpy) as one kernel, where that gives the same results (backend/elementwise_run.h).
+  bool fuse_elementwise = true;
 };
 
 /// A quarter of the machine's cores, at least 1.

@@ -632,8 +632,8 @@ TEST_P(BackendConformanceTest, GraphCaptureAndReplay) {
   ASSERT_TRUE(graph.ok()) << graph.status().ToString();
   if (GetParam() == "host") {
     EXPECT_EQ((*graph)->node_count(), 2u);
-  } else {
-    EXPECT_GE((*graph)->node_count(), 2u);
+  } else {  // the fill and the axpy may be one fused kernel (see elementwise_run.h)
+    EXPECT_GE((*graph)->node_count(), 1u);
   }
   // Capturing recorded the work without running it.
   for (float v : Download<float>(stream(), x.ptr(), kCount)) ASSERT_EQ(v, 0.0f);
@@ -832,6 +832,142 @@ TEST_P(BackendConformanceTest, BatchRulesAndRefusals) {
   ASSERT_TRUE(stream().EndCapture().ok());
   ASSERT_TRUE(stream().Fill(DType::kF64, x.ptr(), kCount, 4.0).ok());
   for (double v : Download<double>(stream(), x.ptr(), kCount)) ASSERT_EQ(v, 4.0);
+}
+
+// A random script of elementwise ops (f32 and f64) on two arenas, whose ranges overlap
+// from op to op at the same and at other starts (never within one op, where the order of
+// elements is not defined), mixed with ops of other kinds (a sum, an i32 fill, a copy).
+// Enqueued op by op, in a batch or into a graph, it must leave the same bytes: on CUDA,
+// batches and graphs run runs of these ops as one kernel where that is the same
+// (backend/elementwise_run.h), and split them where it is not.
+struct ElementwiseScript {
+  static constexpr uint64_t kArenaElements = 1024;
+  struct Arenas {
+    DevicePtr f32 = 0, f64 = 0, i32 = 0, sums = 0;  // the sums: 64 doubles
+  };
+
+  explicit ElementwiseScript(uint64_t seed) : seed(seed) {}
+
+  /// Enqueue the script; every op must be accepted.
+  void Enqueue(Stream& s, const Arenas& arenas) const {
+    std::mt19937_64 rng(seed);
+    auto pick = [&](uint64_t lo, uint64_t hi) {
+      return std::uniform_int_distribution<uint64_t>(lo, hi)(rng);
+    };
+    for (int op = 0; op < kOps; ++op) {
+      const bool f64 = pick(0, 3) == 0;
+      const DType dtype = f64 ? DType::kF64 : DType::kF32;
+      const uint64_t size = f64 ? 8 : 4;
+      const DevicePtr arena = f64 ? arenas.f64 : arenas.f32;
+      const uint64_t count = pick(1, 300);
+      auto start = [&] { return arena + pick(0, kArenaElements - count) * size; };
+      // A range of `count` elements that is `other` itself or does not overlap it.
+      auto beside = [&](DevicePtr other) {
+        for (;;) {
+          const DevicePtr p = start();
+          if (p == other || p + count * size <= other || other + count * size <= p) return p;
+        }
+      };
+      const DevicePtr out = start();
+      Status status;
+      switch (pick(0, 9)) {
+        case 0:
+          status = s.Fill(dtype, out, count, static_cast<double>(pick(1, 8)) / 4);
+          break;
+        case 1:
+        case 2:
+        case 3: {
+          const BinaryOp bop = static_cast<BinaryOp>(pick(0, 3));
+          const DevicePtr a = beside(out);
+          const DevicePtr b = beside(out);
+          status = s.Binary(bop, dtype, a, b, out, count);
+          break;
+        }
+        case 4:
+        case 5: {
+          const DevicePtr x = beside(out);
+          status = s.Scale(dtype, x, 0.5 + static_cast<double>(pick(0, 8)) / 8, out, count);
+          break;
+        }
+        case 6:
+        case 7: {
+          DevicePtr x = beside(out);
+          while (x == out) x = beside(out);  // Axpy's x and y do not alias
+          status = s.Axpy(dtype, static_cast<double>(pick(1, 4)) / 8, x, out, count);
+          break;
+        }
+        case 8: {  // the sum is written as dtype: an f32 sum fills half of a slot
+          const DevicePtr in = start();
+          status = s.ReduceSum(dtype, in, count, arenas.sums + pick(0, 63) * 8);
+          break;
+        }
+        default:
+          if (pick(0, 1) == 0) {
+            status = s.Fill(DType::kI32, arenas.i32, pick(1, 64), 7.0);
+          } else {
+            status = s.CopyDeviceToDevice(out, beside(out), count * size);
+          }
+          break;
+      }
+      ASSERT_TRUE(status.ok()) << "op " << op << ": " << status.ToString();
+    }
+  }
+
+  static constexpr int kOps = 300;
+  uint64_t seed;
+};
+
+TEST_P(BackendConformanceTest, BatchesAndGraphsOfElementwiseOpsLeaveTheBytesOfOpByOp) {
+  using Script = ElementwiseScript;
+  std::mt19937_64 rng(42);
+  const std::vector<float> f32 = RandomDivisors<float>(rng, Script::kArenaElements);
+  const std::vector<double> f64 = RandomDivisors<double>(rng, Script::kArenaElements);
+  struct Run {
+    DeviceBuffer f32, f64, i32, sums;
+    Script::Arenas arenas() const { return {f32.ptr(), f64.ptr(), i32.ptr(), sums.ptr()}; }
+  };
+  auto fresh = [&] {
+    Run r{AllocateElements<float>(stream(), Script::kArenaElements),
+          AllocateElements<double>(stream(), Script::kArenaElements),
+          AllocateElements<int32_t>(stream(), 64), AllocateElements<double>(stream(), 64)};
+    Upload(stream(), r.f32, f32);
+    Upload(stream(), r.f64, f64);
+    return r;
+  };
+  auto bytes = [&](const Run& r) {
+    std::vector<char> out;
+    for (auto [ptr, n] :
+         {std::pair{r.f32.ptr(), Script::kArenaElements * 4},
+          std::pair{r.f64.ptr(), Script::kArenaElements * 8},
+          std::pair{r.i32.ptr(), uint64_t{64 * 4}}, std::pair{r.sums.ptr(), uint64_t{64 * 8}}}) {
+      std::vector<char> part = Download<char>(stream(), ptr, n);
+      out.insert(out.end(), part.begin(), part.end());
+    }
+    return out;
+  };
+
+  for (uint64_t seed : {1, 2, 3}) {
+    SCOPED_TRACE("script seed " + std::to_string(seed));
+    const Script script(seed);
+    Run op_by_op = fresh(), batched = fresh(), graphed = fresh();
+    script.Enqueue(stream(), op_by_op.arenas());
+    ASSERT_TRUE(Sync(stream()).ok());
+
+    ASSERT_TRUE(stream().BeginBatch().ok());
+    script.Enqueue(stream(), batched.arenas());
+    ASSERT_TRUE(stream().EndBatch().ok());
+
+    ASSERT_TRUE(stream().BeginCapture().ok());
+    script.Enqueue(stream(), graphed.arenas());
+    Result<std::unique_ptr<Graph>> graph = stream().EndCapture();
+    ASSERT_TRUE(graph.ok()) << graph.status().ToString();
+    ASSERT_TRUE(stream().LaunchGraph(**graph).ok());
+    ASSERT_TRUE(Sync(stream()).ok());
+
+    const std::vector<char> expected = bytes(op_by_op);
+    EXPECT_TRUE(bytes(batched) == expected) << "the batch left other bytes";
+    EXPECT_TRUE(bytes(graphed) == expected) << "the graph left other bytes";
+  }
 }
 
 TEST_P(BackendConformanceTest, ManyStreamsFromManyThreads) {

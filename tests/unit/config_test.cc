@@ -353,6 +353,7 @@ cuda-work-queues = 2
 nvrtc-timeout = 1500
 nvrtc-memory = 512M
 nvrtc-concurrency = 2
+fuse-elementwise = false
 copy-turns = 0
 kernel-batch = 3
 submit-run = 5

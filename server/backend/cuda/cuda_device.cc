@@ -70,6 +70,7 @@
 #include "backend/cuda/cuda_internal.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/nvrtc_compile.h"
+#include "backend/elementwise_run.h"
 #include "backend/enqueue_checks.h"
 #include "ferry/mutex.h"
 
@@ -360,6 +361,8 @@ class CudaDevice final : public Device {
   int ordinal() const { return info_.ordinal; }
   CompletionWatcher& watcher() { return *watcher_; }
   const cuda_kernels::LaunchLimits& limits() const { return limits_; }
+  /// Whether batches and graphs run their runs of elementwise ops as one kernel each.
+  bool fuse_elementwise() const { return fuse_elementwise_; }
   const cudaDeviceProp& props() const { return props_; }
 
   /// Make this device's primary context current on the calling thread.
@@ -452,6 +455,7 @@ class CudaDevice final : public Device {
     nvrtc_limits_.max_concurrent =
         options.nvrtc_concurrency > 0 ? options.nvrtc_concurrency : DefaultNvrtcConcurrency();
     nvrtc_limits_.helper = options.nvrtc_helper;
+    fuse_elementwise_ = options.fuse_elementwise;
   }
 
   Status Init() {
@@ -488,6 +492,7 @@ class CudaDevice final : public Device {
   NvrtcLimits nvrtc_limits_;  // for CUDA C++ modules; see nvrtc_compile.h
   cudaDeviceProp props_{};
   cuda_kernels::LaunchLimits limits_;
+  bool fuse_elementwise_ = true;  // CudaDeviceOptions::fuse_elementwise
   cudaMemPool_t pool_ = nullptr;
   const DriverApi* driver_api_ = nullptr;
   Status driver_api_status_;
@@ -613,6 +618,15 @@ class CudaStream final : public Stream {
       }
     }
     FERRY_ASSIGN_OR_RETURN(uint64_t bytes, ByteSize(dtype, count, "Fill"));
+    if (Fuses(dtype)) {
+      cuda_kernels::FusedOp op;
+      op.kind = cuda_kernels::FusedOp::kFill;
+      op.scalar = value;
+      op.out = Address(dst);
+      op.count = count;
+      return EnqueueFused(dtype, {Access{dst, bytes, "Fill destination"}},
+                          {ElementwiseRun::Range{dst, bytes, true}}, op);
+    }
     return Enqueue({Access{dst, bytes, "Fill destination"}}, [&] {
       void* d = Address(dst);
       const auto& limits = device_->limits();
@@ -643,6 +657,24 @@ class CudaStream final : public Stream {
       return InvalidArgument("Binary: unknown op " + std::to_string(static_cast<int>(bop)));
     }
     FERRY_ASSIGN_OR_RETURN(uint64_t bytes, ByteSize(dtype, count, "Binary"));
+    if (Fuses(dtype)) {
+      cuda_kernels::FusedOp op;
+      op.kind = bop == BinaryOp::kAdd   ? cuda_kernels::FusedOp::kAdd
+                : bop == BinaryOp::kSub ? cuda_kernels::FusedOp::kSub
+                : bop == BinaryOp::kMul ? cuda_kernels::FusedOp::kMul
+                                        : cuda_kernels::FusedOp::kDiv;
+      op.a = Address(a);
+      op.b = Address(b);
+      op.out = Address(out);
+      op.count = count;
+      return EnqueueFused(
+          dtype,
+          {Access{a, bytes, "Binary operand a"}, Access{b, bytes, "Binary operand b"},
+           Access{out, bytes, "Binary output"}},
+          {ElementwiseRun::Range{a, bytes, false}, ElementwiseRun::Range{b, bytes, false},
+           ElementwiseRun::Range{out, bytes, true}},
+          op);
+    }
     return Enqueue({Access{a, bytes, "Binary operand a"}, Access{b, bytes, "Binary operand b"},
                     Access{out, bytes, "Binary output"}},
                    [&] {
@@ -656,6 +688,17 @@ class CudaStream final : public Stream {
   Status Scale(DType dtype, DevicePtr x, double alpha, DevicePtr out, uint64_t count) override {
     FERRY_RETURN_IF_ERROR(CheckArithmeticDType(dtype, "Scale"));
     FERRY_ASSIGN_OR_RETURN(uint64_t bytes, ByteSize(dtype, count, "Scale"));
+    if (Fuses(dtype)) {
+      cuda_kernels::FusedOp op;
+      op.kind = cuda_kernels::FusedOp::kScale;
+      op.scalar = alpha;
+      op.a = Address(x);
+      op.out = Address(out);
+      op.count = count;
+      return EnqueueFused(
+          dtype, {Access{x, bytes, "Scale input"}, Access{out, bytes, "Scale output"}},
+          {ElementwiseRun::Range{x, bytes, false}, ElementwiseRun::Range{out, bytes, true}}, op);
+    }
     return Enqueue({Access{x, bytes, "Scale input"}, Access{out, bytes, "Scale output"}}, [&] {
       return device_->Check(cuda_kernels::Scale(stream_, device_->limits(), dtype, Address(x),
                                                 alpha, Address(out), count),
@@ -666,6 +709,17 @@ class CudaStream final : public Stream {
   Status Axpy(DType dtype, double alpha, DevicePtr x, DevicePtr y, uint64_t count) override {
     FERRY_RETURN_IF_ERROR(CheckArithmeticDType(dtype, "Axpy"));
     FERRY_ASSIGN_OR_RETURN(uint64_t bytes, ByteSize(dtype, count, "Axpy"));
+    if (Fuses(dtype)) {
+      cuda_kernels::FusedOp op;
+      op.kind = cuda_kernels::FusedOp::kAxpy;
+      op.scalar = alpha;
+      op.a = Address(x);
+      op.out = Address(y);
+      op.count = count;
+      return EnqueueFused(
+          dtype, {Access{x, bytes, "Axpy x"}, Access{y, bytes, "Axpy y"}},
+          {ElementwiseRun::Range{x, bytes, false}, ElementwiseRun::Range{y, bytes, true}}, op);
+    }
     return Enqueue({Access{x, bytes, "Axpy x"}, Access{y, bytes, "Axpy y"}}, [&] {
       return device_->Check(cuda_kernels::Axpy(stream_, device_->limits(), dtype, alpha, Address(x),
                                                Address(y), count),
@@ -737,6 +791,7 @@ class CudaStream final : public Stream {
       FERRY_RETURN_IF_ERROR(device_->CheckRange(access));
     }
     FERRY_RETURN_IF_ERROR(device_->MakeCurrent());
+    FERRY_RETURN_IF_ERROR(FlushFused());
     StartSpan();
     FERRY_RETURN_IF_ERROR(
         device_->Check(cudaGraphLaunch(cuda_graph->exec(), stream_), "cudaGraphLaunch"));
@@ -1069,10 +1124,55 @@ class CudaStream final : public Stream {
   Status Enqueue(std::initializer_list<Access> accesses, LaunchFn&& launch) {
     for (const Access& access : accesses) FERRY_RETURN_IF_ERROR(device_->CheckRange(access));
     FERRY_RETURN_IF_ERROR(device_->MakeCurrent());
+    FERRY_RETURN_IF_ERROR(FlushFused());
     StartSpan();
     FERRY_RETURN_IF_ERROR(launch());
     if (capturing_) captured_.insert(captured_.end(), accesses.begin(), accesses.end());
     return Status::Ok();
+  }
+
+  /// Whether an elementwise op of `dtype` enqueued now joins a fused run instead of being
+  /// launched: while recording a batch or a graph, for f32 and f64, unless the device was
+  /// made without fusion.
+  bool Fuses(DType dtype) const {
+    return capturing_ && device_->fuse_elementwise() &&
+           (dtype == DType::kF32 || dtype == DType::kF64);
+  }
+
+  /// Check `accesses` and add `op` to the open fused run, launching that run first where
+  /// the op may not join it (ElementwiseRun). The run is launched, as one kernel recorded
+  /// where its ops were, by the next op that is not fused, a graph launch, or the capture's
+  /// end.
+  Status EnqueueFused(DType dtype, std::initializer_list<Access> accesses,
+                      std::initializer_list<ElementwiseRun::Range> ranges,
+                      const cuda_kernels::FusedOp& op) {
+    for (const Access& access : accesses) FERRY_RETURN_IF_ERROR(device_->CheckRange(access));
+    if (op.count > 0) {
+      if (!fused_run_.CanJoin(dtype, ranges)) FERRY_RETURN_IF_ERROR(FlushFused());
+      fused_run_.Add(dtype, ranges);
+      fused_dtype_ = dtype;
+      fused_ops_.ops[fused_ops_.n++] = op;
+      fused_ops_.max_count = std::max(fused_ops_.max_count, op.count);
+    }
+    captured_.insert(captured_.end(), accesses.begin(), accesses.end());
+    return Status::Ok();
+  }
+
+  /// Launch the open fused run, if any, as one kernel. A launch that fails makes the capture
+  /// invalid (its ops were accepted: none of the capture may run without them).
+  Status FlushFused() {
+    if (fused_run_.empty()) return Status::Ok();
+    const cuda_kernels::FusedOps ops = fused_ops_;
+    fused_run_.Clear();
+    fused_ops_.n = 0;
+    fused_ops_.max_count = 0;
+    Status launched = device_->MakeCurrent();
+    if (launched.ok()) {
+      launched = device_->Check(cuda_kernels::Fused(stream_, device_->limits(), fused_dtype_, ops),
+                                "fused elementwise kernel launch");
+    }
+    if (!launched.ok() && capture_error_.empty()) capture_error_ = launched.ToString();
+    return launched;
   }
 
   Status CopyDeviceToDeviceChecked(DevicePtr dst, DevicePtr src, uint64_t bytes) {
@@ -1159,6 +1259,7 @@ class CudaStream final : public Stream {
   /// recorded, or why it is invalid. The frees deferred during it are enqueued after it.
   Result<EndedCapture> FinishCapture(const std::string& what) {
     FERRY_RETURN_IF_ERROR(device_->MakeCurrent());
+    (void)FlushFused();  // a failed launch is in capture_error_
     capturing_ = false;
     batching_ = false;
     EndedCapture out;
@@ -1221,6 +1322,12 @@ class CudaStream final : public Stream {
   std::string capture_error_;              // why EndCapture must fail; empty while valid
   std::vector<DevicePtr> deferred_frees_;  // freed during capture, released after it
   bool batching_ = false;                  // the capture is a batch (BeginBatch)
+  // The elementwise ops recorded since the last other work, waiting to be launched as one
+  // kernel (FlushFused); empty outside a capture.
+  ElementwiseRun fused_run_;
+  cuda_kernels::FusedOps fused_ops_;
+  DType fused_dtype_ = DType::kF32;
+  static_assert(ElementwiseRun::kMaxOps == cuda_kernels::kMaxFusedOps);
   // Executable graphs of past batches by node count (at most kMaxBatchExecs).
   static constexpr size_t kMaxBatchExecs = 8;
   std::map<size_t, cudaGraphExec_t> batch_execs_;
@@ -1314,6 +1421,7 @@ Status CudaStream::Launch(const Module& module, std::string_view function,
                      "cuFuncSetAttribute (dynamic shared memory)")));
   }
 
+  FERRY_RETURN_IF_ERROR(FlushFused());
   StartSpan();
   const CUresult launched =
       api.LaunchKernel(func, config.grid[0], config.grid[1], config.grid[2], config.block[0],

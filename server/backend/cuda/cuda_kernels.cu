@@ -53,6 +53,53 @@ __global__ void AxpyKernel(T alpha, const T* __restrict__ x, T* __restrict__ y, 
   for (uint64_t i = FirstIndex(); i < count; i += GridStride()) y[i] = y[i] + Mul(alpha, x[i]);
 }
 
+// Every op of a fused run on each element in turn. The arithmetic of each op is that of
+// its own kernel above, so the results match them bit for bit. Each result is stored; the
+// thread also keeps the last one in a register, and an op that reads the element the last
+// op wrote (same base address: the run's ranges are either the same elements or disjoint,
+// backend/elementwise_run.h) takes it from there instead of reloading it.
+template <typename T>
+__global__ void FusedKernel(const FusedOps ops) {
+  for (uint64_t i = FirstIndex(); i < ops.max_count; i += GridStride()) {
+    const void* last_out = nullptr;  // base of the range the last op wrote element i of
+    T last = T(0);
+    auto load = [&](const void* base) {
+      return base == last_out ? last : static_cast<const T*>(base)[i];
+    };
+    for (uint32_t k = 0; k < ops.n; ++k) {
+      const FusedOp& op = ops.ops[k];
+      if (i >= op.count) continue;
+      T value;
+      switch (op.kind) {
+        case FusedOp::kFill:
+          value = static_cast<T>(op.scalar);
+          break;
+        case FusedOp::kAdd:
+          value = load(op.a) + load(op.b);
+          break;
+        case FusedOp::kSub:
+          value = load(op.a) - load(op.b);
+          break;
+        case FusedOp::kMul:
+          value = Mul(load(op.a), load(op.b));
+          break;
+        case FusedOp::kDiv:
+          value = load(op.a) / load(op.b);
+          break;
+        case FusedOp::kScale:
+          value = Mul(static_cast<T>(op.scalar), load(op.a));
+          break;
+        default:  // kAxpy
+          value = load(op.out) + Mul(static_cast<T>(op.scalar), load(op.a));
+          break;
+      }
+      static_cast<T*>(op.out)[i] = value;
+      last_out = op.out;
+      last = value;
+    }
+  }
+}
+
 // Tree-reduce one value per thread of a kBlockSize block; thread 0 gets the block's sum.
 // The order of additions is fixed, so the result is deterministic.
 __device__ double BlockSum(double value) {
@@ -207,6 +254,20 @@ cudaError_t ReduceSum(cudaStream_t stream, DType dtype, const void* in, uint64_t
   if (dtype == DType::kF32) return LaunchReduce<float>(stream, in, count, out, partials);
   if (dtype == DType::kF64) return LaunchReduce<double>(stream, in, count, out, partials);
   return cudaErrorInvalidValue;
+}
+
+cudaError_t Fused(cudaStream_t stream, const LaunchLimits& limits, DType dtype,
+                  const FusedOps& ops) {
+  if (ops.n == 0 || ops.max_count == 0) return cudaSuccess;
+  const unsigned blocks = Blocks(ops.max_count, limits.max_blocks);
+  if (dtype == DType::kF32) {
+    FusedKernel<float><<<blocks, kBlockSize, 0, stream>>>(ops);
+  } else if (dtype == DType::kF64) {
+    FusedKernel<double><<<blocks, kBlockSize, 0, stream>>>(ops);
+  } else {
+    return cudaErrorInvalidValue;
+  }
+  return LaunchError();
 }
 
 }  // namespace ferry::backend::cuda_kernels

@@ -49,4 +49,31 @@ cudaError_t Axpy(cudaStream_t stream, const LaunchLimits& limits, DType dtype, d
 cudaError_t ReduceSum(cudaStream_t stream, DType dtype, const void* in, uint64_t count, void* out,
                       double* partials);
 
+/// One elementwise op of a fused run, with the arithmetic of its own launcher above.
+struct FusedOp {
+  enum Kind : uint32_t { kFill, kAdd, kSub, kMul, kDiv, kScale, kAxpy };
+  uint32_t kind = kFill;
+  double scalar = 0;        // Fill's value, Scale's and Axpy's alpha (converted to T in the kernel)
+  const void* a = nullptr;  // Binary's a, Scale's x, Axpy's x
+  const void* b = nullptr;  // Binary's b
+  void* out = nullptr;      // Fill's dst, Binary's and Scale's out, Axpy's y
+  uint64_t count = 0;       // > 0
+};
+
+/// The most ops of one fused launch: the run travels as the kernel's parameter (48 bytes an
+/// op, within the 4 KiB every CUDA version takes).
+inline constexpr int kMaxFusedOps = 64;
+
+struct FusedOps {
+  FusedOp ops[kMaxFusedOps];
+  uint32_t n = 0;
+  uint64_t max_count = 0;  // the largest count of the n ops
+};
+
+/// Run ops[0..n) (dtype f32 or f64) as one kernel: each thread takes element indices and runs
+/// every op on each in turn (see backend/elementwise_run.h for when that equals running them
+/// one after another). Results are bit for bit those of the ops' own launchers.
+cudaError_t Fused(cudaStream_t stream, const LaunchLimits& limits, DType dtype,
+                  const FusedOps& ops);
+
 }  // namespace ferry::backend::cuda_kernels

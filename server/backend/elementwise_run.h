@@ -1,0 +1,77 @@
+// ElementwiseRun: which consecutive elementwise ops recorded into a batch or a graph may run
+// as one kernel (the CUDA backend's fused kernel, cuda_kernels::Fused).
+//
+// The fused kernel hands each thread element indices and, for each index, runs every op of
+// the run on that element in turn. Op k on element i thus runs before op k + 1 on element i,
+// but in no order against any op on another element. That gives exactly the results of the
+// ops run one after another when no element one op of the run writes is an element another
+// op touches at another index: so two ranges of the run, one of them written, must either
+// not overlap or start at the same address, and every op of the run has one dtype (element
+// i is then the same bytes in both). Ranges of zero bytes touch nothing.
+//
+// Thread-safety: none; owned by one stream, used by its owner.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <vector>
+
+#include "backend/backend.h"
+#include "ferry/dtype.h"
+
+namespace ferry::backend {
+
+class ElementwiseRun {
+ public:
+  /// The most ops one run holds (the fused kernel's parameter block has room for this many).
+  static constexpr size_t kMaxOps = 64;
+
+  /// Bytes an op reads or writes: [start, start + bytes).
+  struct Range {
+    DevicePtr start = 0;
+    uint64_t bytes = 0;
+    bool written = false;
+  };
+
+  /// Whether an op of `dtype` touching `ranges` may join the run (see the file comment).
+  /// Always true for an empty run.
+  bool CanJoin(DType dtype, std::initializer_list<Range> ranges) const {
+    if (ops_ == 0) return true;
+    if (dtype != dtype_ || ops_ >= kMaxOps) return false;
+    for (const Range& r : ranges) {
+      if (r.bytes == 0) continue;
+      for (const Range& e : ranges_) {
+        if (!r.written && !e.written) continue;
+        if (r.start == e.start) continue;
+        const bool overlap = r.start < e.start + e.bytes && e.start < r.start + r.bytes;
+        if (overlap) return false;
+      }
+    }
+    return true;
+  }
+
+  /// Add an op that CanJoin allowed.
+  void Add(DType dtype, std::initializer_list<Range> ranges) {
+    dtype_ = dtype;
+    ++ops_;
+    for (const Range& r : ranges) {
+      if (r.bytes > 0) ranges_.push_back(r);
+    }
+  }
+
+  void Clear() {
+    ops_ = 0;
+    ranges_.clear();
+  }
+
+  size_t ops() const { return ops_; }
+  bool empty() const { return ops_ == 0; }
+
+ private:
+  DType dtype_ = DType::kF32;
+  size_t ops_ = 0;
+  std::vector<Range> ranges_;  // of every op in the run
+};
+
+}  // namespace ferry::backend
