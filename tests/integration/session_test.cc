@@ -339,6 +339,25 @@ TEST_P(SessionTest, LargeTransfersAreChunked) {
   ASSERT_TRUE(session->close().ok());
 }
 
+// Blocking transfers between one staging half and a few MiB (LargeTransfersAreChunked
+// takes several halves), of sizes that are a multiple of no copy or piece size.
+TEST_P(SessionTest, MidSizeTransfersRoundTrip) {
+  auto session = client_->open_session();
+  ASSERT_TRUE(session.ok());
+  for (size_t bytes : {(256u << 10) - 4, (256u << 10) + 4, (1u << 20) + 12, (3u << 20) + 20}) {
+    SCOPED_TRACE(std::to_string(bytes) + " bytes");
+    const size_t n = bytes / sizeof(float);
+    std::vector<float> data(n);
+    std::iota(data.begin(), data.end(), static_cast<float>(bytes));
+    Tensor t = session->create_tensor<float>({static_cast<int64_t>(n)});
+    ASSERT_TRUE(session->upload(t, data).ok());
+    std::vector<float> back;
+    ASSERT_TRUE(session->download_into(t, back).ok());
+    EXPECT_EQ(back, data);
+  }
+  ASSERT_TRUE(session->close().ok());
+}
+
 TEST_P(SessionTest, ManyConcurrentClients) {
   constexpr int kClients = 40;
   std::atomic<int> good{0};
