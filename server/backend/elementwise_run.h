@@ -9,9 +9,14 @@
 // not overlap or start at the same address, and every op of the run has one dtype (element
 // i is then the same bytes in both). Ranges of zero bytes touch nothing.
 //
+// Every thread looks at every op of the run for each of its elements, so a run whose ops
+// differ much in length would make a long op pay for the short ones: the longest op of a
+// run has at most kMaxCountRatio times the elements of the shortest.
+//
 // Thread-safety: none; owned by one stream, used by its owner.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
@@ -34,11 +39,17 @@ class ElementwiseRun {
     bool written = false;
   };
 
-  /// Whether an op of `dtype` touching `ranges` may join the run (see the file comment).
-  /// Always true for an empty run.
-  bool CanJoin(DType dtype, std::initializer_list<Range> ranges) const {
+  /// The longest op of a run over the shortest, at most.
+  static constexpr uint64_t kMaxCountRatio = 4;
+
+  /// Whether an op of `dtype` over `count` (> 0) elements touching `ranges` may join the
+  /// run (see the file comment). Always true for an empty run.
+  bool CanJoin(DType dtype, uint64_t count, std::initializer_list<Range> ranges) const {
     if (ops_ == 0) return true;
     if (dtype != dtype_ || ops_ >= kMaxOps) return false;
+    const uint64_t shortest = std::min(min_count_, count);
+    const uint64_t longest = std::max(max_count_, count);
+    if (longest > shortest * kMaxCountRatio) return false;
     for (const Range& r : ranges) {
       if (r.bytes == 0) continue;
       for (const Range& e : ranges_) {
@@ -52,8 +63,10 @@ class ElementwiseRun {
   }
 
   /// Add an op that CanJoin allowed.
-  void Add(DType dtype, std::initializer_list<Range> ranges) {
+  void Add(DType dtype, uint64_t count, std::initializer_list<Range> ranges) {
     dtype_ = dtype;
+    min_count_ = ops_ == 0 ? count : std::min(min_count_, count);
+    max_count_ = ops_ == 0 ? count : std::max(max_count_, count);
     ++ops_;
     for (const Range& r : ranges) {
       if (r.bytes > 0) ranges_.push_back(r);
@@ -71,7 +84,8 @@ class ElementwiseRun {
  private:
   DType dtype_ = DType::kF32;
   size_t ops_ = 0;
-  std::vector<Range> ranges_;  // of every op in the run
+  uint64_t min_count_ = 0, max_count_ = 0;  // elements of the run's shortest and longest op
+  std::vector<Range> ranges_;               // of every op in the run
 };
 
 }  // namespace ferry::backend

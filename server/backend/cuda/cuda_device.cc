@@ -1148,8 +1148,8 @@ class CudaStream final : public Stream {
                       const cuda_kernels::FusedOp& op) {
     for (const Access& access : accesses) FERRY_RETURN_IF_ERROR(device_->CheckRange(access));
     if (op.count > 0) {
-      if (!fused_run_.CanJoin(dtype, ranges)) FERRY_RETURN_IF_ERROR(FlushFused());
-      fused_run_.Add(dtype, ranges);
+      if (!fused_run_.CanJoin(dtype, op.count, ranges)) FERRY_RETURN_IF_ERROR(FlushFused());
+      fused_run_.Add(dtype, op.count, ranges);
       fused_dtype_ = dtype;
       fused_ops_.ops[fused_ops_.n++] = op;
       fused_ops_.max_count = std::max(fused_ops_.max_count, op.count);
