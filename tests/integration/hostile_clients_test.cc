@@ -721,7 +721,9 @@ TEST_F(HostileClientsPerUidTest, PinnedBytesAreLimitedPerUidAcrossSessions) {
 // each of its two sessions, a third submit passes the uid's limit of 2 and is refused; the
 // limit counts only what is in flight, so later submits run again.
 TEST_F(HostileClientsPerUidTest, SubmitsInFlightAreLimitedPerUidAcrossSessions) {
-  ASSERT_NO_FATAL_FAILURE(Start({"--uid-limits", "uid:41001:inflight=2"}));
+  const bool cuda = testing::TestBackend() == "cuda";
+  ASSERT_NO_FATAL_FAILURE(
+      Start({"--uid-limits", "uid:41001:inflight=2", "--raw-kernels", "uid:41001"}));
   FerrydProcess& d = *daemon_;
   auto a1 = StreamAs(kUidA, d);
   auto a2 = StreamAs(kUidA, d);
@@ -729,14 +731,20 @@ TEST_F(HostileClientsPerUidTest, SubmitsInFlightAreLimitedPerUidAcrossSessions) 
   using testing::Create;
   using testing::Fill;
   for (auto* a : {a1.get(), a2.get()}) {
-    ASSERT_TRUE(a->Submit(1, {Create(1, v1::DTYPE_U8, {64 << 20})}));
-    ASSERT_EQ(a->Completion(1).kind(), v1::ERROR_KIND_NONE);
+    std::vector<v1::Op> setup{Create(1, v1::DTYPE_U8, {64 << 20})};
+    if (cuda) setup.push_back(testing::LoadSpin(2));
+    ASSERT_TRUE(a->Submit(1, setup));
+    v1::Error e = a->Completion(1);
+    ASSERT_EQ(e.kind(), v1::ERROR_KIND_NONE) << e.message();
   }
-  // Long: fills of 64 MiB, a second or so on either backend (32 of memset on the host
-  // backend, 60000 on a GPU: 20000, ~0.4 s on the H200, once ended before the third submit
-  // came), so that what follows arrives while both run. A session's
-  // submits complete in order, so a2's third submit stays in flight behind its long one.
-  const std::vector<v1::Op> long_ops(testing::TestBackend() == "cuda" ? 60000 : 32, Fill(1, 1.0));
+  // Long, so that what follows arrives while both run: on a GPU one kernel that spins for
+  // about 2 s, one launch to enqueue (with 20000 and then 60000 fills of 64 MiB instead,
+  // a1's had ended when a2's third submit came, once each on the H200); on the host
+  // backend 32 fills of 64 MiB, a second or so. A session's submits complete in order, so
+  // a2's third submit stays in flight behind its long one.
+  const std::vector<v1::Op> long_ops =
+      cuda ? std::vector<v1::Op>{testing::Spin(2, 1, 1.0f, 4'000'000'000ull)}
+           : std::vector<v1::Op>(32, Fill(1, 1.0));
   ASSERT_TRUE(a1->Submit(2, long_ops));
   // a1's is charged first: wait (bounded) until the daemon counts it in flight for uid A.
   auto admin =
