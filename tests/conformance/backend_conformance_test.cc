@@ -970,6 +970,74 @@ TEST_P(BackendConformanceTest, BatchesAndGraphsOfElementwiseOpsLeaveTheBytesOfOp
   }
 }
 
+// On CUDA a graph's runs of elementwise ops are one kernel node each, cut where fusing would
+// change the results or cost a long op (backend/elementwise_run.h); the host backend records
+// one node per op. CudaDeviceOptions::fuse_elementwise = false gives one node per op.
+TEST_P(BackendConformanceTest, ElementwiseRunsOfAGraphAreOneNodeEachOnCuda) {
+  const bool cuda = GetParam() == "cuda";
+  constexpr uint64_t kCount = 1024;
+  DeviceBuffer x = AllocateElements<float>(stream(), kCount);
+  DeviceBuffer y = AllocateElements<float>(stream(), kCount);
+  DeviceBuffer z = AllocateElements<double>(stream(), kCount);
+  auto nodes = [&](Stream& s, auto&& record) -> size_t {
+    EXPECT_TRUE(s.BeginCapture().ok());
+    record(s);
+    Result<std::unique_ptr<Graph>> graph = s.EndCapture();
+    EXPECT_TRUE(graph.ok()) << graph.status().ToString();
+    return graph.ok() ? (*graph)->node_count() : 0;
+  };
+  auto axpys = [&](int n) {
+    return [&, n](Stream& s) {
+      for (int i = 0; i < n; ++i) {
+        ASSERT_TRUE(s.Axpy(DType::kF32, 0.5, x.ptr(), y.ptr(), kCount).ok());
+      }
+    };
+  };
+  EXPECT_EQ(nodes(stream(), axpys(64)), cuda ? 1u : 64u) << "64 axpy on the same y";
+  EXPECT_EQ(nodes(stream(), axpys(65)), cuda ? 2u : 65u) << "at most 64 ops a run";
+  // y written, then read one element further on: the second op starts a new run.
+  EXPECT_EQ(nodes(stream(),
+                  [&](Stream& s) {
+                    ASSERT_TRUE(s.Fill(DType::kF32, y.ptr(), kCount, 1.0).ok());
+                    ASSERT_TRUE(s.Scale(DType::kF32, y.at(4), 2.0, x.ptr(), kCount - 1).ok());
+                  }),
+            2u);
+  // Another dtype, and an op 8 times longer than the run's: new runs.
+  EXPECT_EQ(nodes(stream(),
+                  [&](Stream& s) {
+                    ASSERT_TRUE(s.Fill(DType::kF32, y.ptr(), kCount, 1.0).ok());
+                    ASSERT_TRUE(s.Fill(DType::kF64, z.ptr(), kCount, 1.0).ok());
+                    ASSERT_TRUE(s.Fill(DType::kF64, z.ptr(), kCount / 8, 2.0).ok());
+                  }),
+            3u);
+}
+
+TEST_P(BackendConformanceTest, WithoutFusionEachElementwiseOpOfAGraphIsANode) {
+  if (GetParam() != "cuda") GTEST_SKIP() << "the host backend fuses nothing";
+  stream_.reset();  // one CUDA device of ordinal 0 at a time, as in ferryd
+  device_.reset();
+  CudaDeviceOptions options;
+  options.fuse_elementwise = false;
+  Result<std::unique_ptr<Device>> device = CreateCudaDevice(0, options);
+  ASSERT_TRUE(device.ok()) << device.status().ToString();
+  Result<std::unique_ptr<Stream>> s = (*device)->CreateStream();
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  constexpr uint64_t kCount = 1024;
+  {
+    DeviceBuffer x = AllocateElements<float>(**s, kCount);
+    DeviceBuffer y = AllocateElements<float>(**s, kCount);
+    ASSERT_TRUE((*s)->BeginCapture().ok());
+    for (int i = 0; i < 64; ++i) {
+      ASSERT_TRUE((*s)->Axpy(DType::kF32, 0.5, x.ptr(), y.ptr(), kCount).ok());
+    }
+    Result<std::unique_ptr<Graph>> graph = (*s)->EndCapture();
+    ASSERT_TRUE(graph.ok()) << graph.status().ToString();
+    EXPECT_EQ((*graph)->node_count(), 64u);
+  }
+  ASSERT_TRUE(Sync(**s).ok());
+  s->reset();  // before its device
+}
+
 TEST_P(BackendConformanceTest, ManyStreamsFromManyThreads) {
   constexpr int kThreads = 16;
   constexpr int kRounds = 10;
