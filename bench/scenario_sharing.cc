@@ -242,7 +242,8 @@ int InProcessWorker(const std::string& kind, int rounds) {
 // `n` threads of this process, each with its own stream of one device (on CUDA one context),
 // running the same rounds at once: the most a daemon that owns one context can get, with
 // none of ferryd's hops (no RPC, no hand-off between threads). `batched`: the 64 Axpy go as
-// one batch (BeginBatch/EndBatch), as ferryd sends a submit's run of kernels.
+// one batch (BeginBatch/EndBatch), as ferryd sends a submit's run of kernels (on CUDA, with
+// the backend's default options, one fused kernel: CudaDeviceOptions::fuse_elementwise).
 SharingRun RunOneContext(const std::string& kind, int n, int rounds, bool batched) {
   std::string why;
   auto dev = Check(backend::CreateDevice(kind, 0, backend::HostDeviceOptions{}, &why),
@@ -415,7 +416,8 @@ std::vector<Table> RunSharing(Context& ctx) {
                    ctx.baseline->backend +
                    " device, running the processes' rounds at once (no RPC, no hand-off between "
                    "threads): the ceiling of any daemon that owns one context; batched = the 64 "
-                   "axpy as one batch (BeginBatch/EndBatch), as ferryd sends a submit's kernels",
+                   "axpy as one batch (BeginBatch/EndBatch), as ferryd sends a submit's kernels "
+                   "(on CUDA one fused kernel, as in ferryd unless --fuse-elementwise=false)",
                "own contexts and MPS: the same figures as the table above"};
     tables.push_back(std::move(t));
   }
