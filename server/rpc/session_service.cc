@@ -279,6 +279,7 @@ class SessionConnection : public session::SessionEvents,
       Unqueue(outbox_.front());
       outbox_.pop_front();
     }
+    if (closed_held_ && outbox_.empty()) SendClosed(std::move(closed_held_));
     PumpWrites();
     TryFinish();
     MaybeReadMore();  // reads may have stopped for answers or bytes not yet written
@@ -364,6 +365,19 @@ class SessionConnection : public session::SessionEvents,
     wire::StatsToProto(stats, m->mutable_closed()->mutable_stats());
     session_done_ = true;
     spdlog::info("session {} closed ({} submits, {} ops)", session_id_, stats.submits, stats.ops);
+    if (keep_stream_asked_ && !finishing() && reactor_ && (write_in_flight_ || !outbox_.empty())) {
+      // Answers of the session are still being written, and count as unanswered until they
+      // are: Closed waits for them (HandleWriteDone), and whether the stream is kept is
+      // decided then. (It would be written after them anyway.)
+      closed_held_ = std::move(m);
+      return;
+    }
+    SendClosed(std::move(m));
+  }
+
+  // Write the session's Closed `m`: on a kept stream (Close.keep_stream, KeepStream), or as
+  // the stream's last message.
+  void SendClosed(std::unique_ptr<v1::ServerMessage> m) {
     if (keep_stream_asked_ && KeepStream()) {
       ++context_->gauges.streams_kept_total;
       m->mutable_closed()->set_stream_kept(true);
@@ -1116,6 +1130,8 @@ class SessionConnection : public session::SessionEvents,
   StreamEnd end_ = StreamEnd::kOpen;    // changed only through NextStreamEnd
   // Written with the stream's end (StartWriteAndFinish): gRPC reads it until OnDone.
   std::unique_ptr<v1::ServerMessage> last_message_;
+  // The session's Closed, held while answers before it are still being written (OnClosed).
+  std::unique_ptr<v1::ServerMessage> closed_held_;
   grpc::Status finish_status_;
 };
 

@@ -135,6 +135,27 @@ TEST(KeptStreamTest, TheNextSessionOnAKeptStreamStartsFromNothing) {
 
 // A kept stream is a stream without a session: it has the open timeout to send its next
 // Open, then ends like a new stream that sent none.
+// A Close sent right behind a submit whose answer is written (a download's bytes come in
+// its Completed): the session closes once the submit is done, while its Completed may still
+// be on its way to the client, and the stream is kept all the same (Closed follows it), 20
+// times over.
+TEST(KeptStreamTest, ACloseRightBehindASubmitStillKeepsTheStream) {
+  auto d = StartDaemon({});
+  ASSERT_TRUE(d->ok()) << d->log();
+  RawStream raw(d->unix_target(), std::chrono::seconds(60));
+  for (int i = 0; i < 20; ++i) {
+    SCOPED_TRACE("session " + std::to_string(i));
+    ASSERT_TRUE(raw.Open());
+    ASSERT_TRUE(raw.Submit(1, {Create(1, v1::DTYPE_F32, {1024}), Download(1, 0, 4096)}));
+    auto closed = CloseKeeping(raw);  // reads the Completed on the way
+    ASSERT_TRUE(closed);
+    EXPECT_TRUE(closed->stream_kept());
+    EXPECT_EQ(closed->stats().submits(), 1u);
+    if (!closed->stream_kept()) break;
+  }
+  EXPECT_EQ(d->Stop(), 0) << d->log();
+}
+
 TEST(KeptStreamTest, AKeptStreamWithoutAnOpenEndsAtTheOpenTimeout) {
   auto d = StartDaemon({"--open-timeout", "300"});
   ASSERT_TRUE(d->ok()) << d->log();
