@@ -875,6 +875,48 @@ TEST(BoundedSessionTest, EndedSessionsWhoseClientNeverReadsCountUntilClosed) {
   EXPECT_EQ(d->Stop(), 0) << d->log();
 }
 
+// Clients that ask to keep their stream at Close and never read: each session's Closed waits
+// for the session's unwritten download answers (the stream is kept or not only once they are
+// written), and while it waits those answers stay charged to the daemon's in-flight bytes,
+// within its limit; the sessions themselves are closed. Cancelled, the streams give
+// everything back.
+TEST(BoundedSessionTest, KeepingClosesOfClientsThatNeverReadStayCharged) {
+  std::unique_ptr<FerrydProcess> owner;
+  FerrydProcess* d = StartDaemon(owner, {});
+  ASSERT_TRUE(d->ok()) << d->log();
+  const std::string metrics = MetricsEndpoint(*d);
+  auto value = [&](const std::string& name) { return Value(Scrape(metrics), name); };
+  auto channel = grpc::CreateChannel(d->unix_target(), grpc::InsecureChannelCredentials());
+  ASSERT_TRUE(
+      channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10)));
+  v1::ClientMessage open, submit, close;
+  open.mutable_open()->set_protocol_version(v1::PROTOCOL_VERSION_CURRENT);
+  submit.mutable_submit()->set_submit_id(1);
+  *submit.mutable_submit()->add_ops() = Create(1, v1::DTYPE_U8, {4 << 20});
+  for (int k = 0; k < 4; ++k) *submit.mutable_submit()->add_ops() = Download(1, k << 20, 1 << 20);
+  close.mutable_close()->set_keep_stream(true);
+  constexpr int kStreams = 16;
+  StreamHoarder hoarder(channel, kStreams, {open, submit, close});
+  EXPECT_TRUE(Eventually(
+      [&] {
+        return hoarder.opened() == kStreams && value("ferry_sessions_total") == kStreams &&
+               value("ferry_sessions_open") == 0;
+      },
+      60))
+      << "the sessions did not all close";
+  const double charged = value("ferry_in_flight_bytes");
+  std::printf("%d closed sessions, never read: %.0f bytes in flight\n", kStreams, charged);
+  EXPECT_GT(charged, 0) << "unwritten answers went uncharged";
+  EXPECT_LE(charged, value("ferry_in_flight_bytes_limit"));
+  hoarder.CancelAll();
+  EXPECT_TRUE(Eventually([&] {
+    return value("ferry_in_flight_bytes") == 0 && value("ferry_submits_in_flight") == 0 &&
+           value("ferry_streams_sessionless") == 0;
+  })) << "cancelled streams kept what they held";
+  ExpectAnotherSessionWorks(*d);
+  EXPECT_EQ(d->Stop(), 0) << d->log();
+}
+
 // What gRPC buffers for local streams the daemon stops reading is small: gRPC takes a
 // client's data up to the stream's receive window even when the daemon asks for none, and
 // with its bandwidth probe it grows that window to 16 MiB or more per stream (16 held
