@@ -1,5 +1,6 @@
 #include "rpc/local_connections.h"
 
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -30,7 +31,11 @@ bool UnixAddress(const std::string& path, sockaddr_un* addr) {
 
 bool LocalConnections::StillOpen(int fd, const Entry& e) {
   struct stat st {};
-  return ::fstat(fd, &st) == 0 && st.st_dev == e.dev && st.st_ino == e.ino;
+  if (::fstat(fd, &st) != 0 || st.st_dev != e.dev || st.st_ino != e.ino) return false;
+  // The client closed its end (or shut down its writes): the kernel says so on the daemon's
+  // end at once, while gRPC reads the end of the stream and closes the fd a moment later.
+  pollfd p = {fd, POLLRDHUP, 0};
+  return !(::poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0);
 }
 
 void LocalConnections::Forget(std::unordered_map<int, Entry>::iterator it) {

@@ -14,11 +14,17 @@
 // daemon may open (its slabs, other uids' connections and the device need them too).
 //
 // Contract:
-// - A connection counts from Admit until gRPC has closed its fd: gRPC closes it when the
-//   client closes its side or the transport ends. ferryd is not told when, so a recorded fd
-//   whose descriptor no longer refers to the socket it was accepted as (fstat's device and
-//   inode) is taken as closed. The counts of a uid are brought up to date that way when the
-//   uid reaches its limit, and all of them when the total does, before a refusal.
+// - A connection counts from Admit until its client closes its end or gRPC closes the fd
+//   (gRPC does when the client closes its side or the transport ends). ferryd is not told
+//   when, so a recorded fd is taken as closed when its descriptor no longer refers to the
+//   socket it was accepted as (fstat's device and inode) or the kernel reports the peer's
+//   hang-up on it (poll's POLLRDHUP/POLLHUP: set as the client's close returns, while gRPC
+//   closes the fd only once it has read the end of the stream; so a client that closes a
+//   connection and at once opens another at its limit is not refused). The counts of a uid
+//   are brought up to date that way when the uid reaches its limit, and all of them when the
+//   total does, before a refusal. A hung-up connection still holds its descriptor until gRPC
+//   closes it, which it does on its next read: the limits may be passed by the connections
+//   gRPC is closing at that moment.
 // - Root and `exempt_uid` (the daemon's own) are never refused and not counted against the
 //   total: an operator can always reach a daemon others have filled.
 // - A refused connection is closed by the caller at once; refused_*() count them.

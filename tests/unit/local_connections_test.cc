@@ -13,13 +13,18 @@ namespace {
 
 constexpr uint32_t kDaemonUid = 999;
 
-// One end of a fresh socket pair (the daemon's end of a connection); the other is closed.
-int Connection() {
-  int pair[2];
-  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) return -1;
-  ::close(pair[1]);
-  return pair[0];
-}
+// A fresh socket pair: the daemon's end of a connection and its client's.
+struct Connection {
+  Connection() {
+    int pair[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) == 0) {
+      daemon = pair[0];
+      client = pair[1];
+    }
+  }
+  int daemon = -1;
+  int client = -1;
+};
 
 systemd::PeerCredentials Peer(uid_t uid) {
   systemd::PeerCredentials p;
@@ -33,19 +38,24 @@ class LocalConnectionsTest : public ::testing::Test {
  protected:
   ~LocalConnectionsTest() override {
     for (int fd : fds_) ::close(fd);
+    for (int fd : clients_) ::close(fd);
   }
-  // Admit a new connection of `uid`; the fd stays open (closed at the end) when admitted.
+  // Admit a new connection of `uid`; both ends stay open (closed at the end) when admitted:
+  // fds_ holds the daemon's ends, clients_ the clients'.
   bool Admit(LocalConnections& c, uid_t uid) {
-    int fd = Connection();
-    EXPECT_GE(fd, 0);
-    if (!c.Admit(fd, "unix:/x", Peer(uid))) {
-      ::close(fd);
+    Connection conn;
+    EXPECT_GE(conn.daemon, 0);
+    if (!c.Admit(conn.daemon, "unix:/x", Peer(uid))) {
+      ::close(conn.daemon);
+      ::close(conn.client);
       return false;
     }
-    fds_.push_back(fd);
+    fds_.push_back(conn.daemon);
+    clients_.push_back(conn.client);
     return true;
   }
   std::vector<int> fds_;
+  std::vector<int> clients_;
 };
 
 TEST_F(LocalConnectionsTest, EachUidHoldsAtMostItsLimitAndAllAtMostTheTotal) {
@@ -83,6 +93,26 @@ TEST_F(LocalConnectionsTest, AClosedConnectionsPlaceComesBack) {
   EXPECT_TRUE(Admit(c, 1002));
 }
 
+// A client that closes a connection and at once opens another is not refused, though gRPC
+// still holds the first one's fd (it closes it once it has read the end of the stream).
+TEST_F(LocalConnectionsTest, AConnectionWhoseClientClosedItsEndNoLongerCounts) {
+  LocalConnections c({/*total=*/3, /*per_uid=*/2}, kDaemonUid);
+  ASSERT_TRUE(Admit(c, 1000));
+  ASSERT_TRUE(Admit(c, 1000));
+  ASSERT_FALSE(Admit(c, 1000));
+  ::close(clients_[0]);  // the client goes; the daemon's end is still open
+  clients_[0] = -1;
+  EXPECT_EQ(c.count(), 1u);
+  EXPECT_TRUE(Admit(c, 1000)) << "the hung-up one no longer counts";
+  // A client that only shuts down its writes has ended its side too; for the total as well.
+  ASSERT_TRUE(Admit(c, 1001));
+  ASSERT_FALSE(Admit(c, 1002)) << "3 in all";
+  ASSERT_EQ(::shutdown(clients_.back(), SHUT_WR), 0);
+  EXPECT_TRUE(Admit(c, 1002));
+  using Counts = std::vector<std::pair<uint32_t, uint64_t>>;
+  EXPECT_EQ(c.CountByUid(), (Counts{{1000, 2}, {1002, 1}}));
+}
+
 TEST_F(LocalConnectionsTest, AReusedFdNumberIsANewConnection) {
   LocalConnections c({/*total=*/4, /*per_uid=*/1}, kDaemonUid);
   ASSERT_TRUE(Admit(c, 1000));
@@ -90,7 +120,9 @@ TEST_F(LocalConnectionsTest, AReusedFdNumberIsANewConnection) {
   ::close(fd);
   fds_.clear();
   // The next socket takes the lowest free number: the same fd, now uid 1001's.
-  int again = Connection();
+  Connection conn;
+  const int again = conn.daemon;
+  clients_.push_back(conn.client);
   ASSERT_EQ(again, fd);
   ASSERT_TRUE(c.Admit(again, "unix:/y", Peer(1001)));
   fds_.push_back(again);
