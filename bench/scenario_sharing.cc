@@ -13,13 +13,17 @@
 //     of one device (on CUDA one context), one launch per axpy and batched: what any daemon
 //     that owns one context could reach, without ferryd's RPC and hand-offs.
 // The baseline and MPS processes copy from a registered buffer; both routes' rows show the
-// same baseline and MPS figures.
+// same baseline and MPS figures. A third row per count, "blocking vs pageable", sets the
+// blocking route against baseline and MPS processes that copy from ordinary (pageable)
+// memory, as a program without a daemon does when its bytes are in ordinary memory (the CUDA
+// runtime stages them through pinned memory of its own): the same work on both sides.
 // The processes are this program re-executed as `ferry-bench --worker sharing ...` (through
 // RunWorkers). Each sets up (one untimed warm-up round: a session's first transfer maps its
 // first slab, as the baseline registers its buffer before the start), prints "ready", waits
 // for a go byte on stdin (so all start together), runs R rounds of
 //     64 x axpy(256) in one submit | upload 1 MiB | download 1 MiB
-// (in process: 64 Axpy launches, H2D and D2H of a registered buffer, one wait), and prints
+// (in process: 64 Axpy launches, H2D and D2H of a registered buffer, or of a pageable one with
+// `--memory pageable`, one wait), and prints
 // its counts, its elapsed time and each round's time on stdout.
 // Figures: ops/s and GB/s = all processes' small ops / bytes over the slowest process's
 // elapsed time; round p50 / p99 (ms) over every round of every process; max/min = the
@@ -112,6 +116,16 @@ std::vector<std::string> WorkerArgs(const std::string& mode, const std::string& 
           "--route",  route == Route::kPinned ? "pinned" : "blocking"};
 }
 
+/// An in-process worker's host memory: registered (pinned) first, or ordinary pageable memory.
+enum class HostMemory { kRegistered, kPageable };
+
+std::vector<std::string> InProcessArgs(const std::string& where, int rounds, HostMemory memory) {
+  std::vector<std::string> args = WorkerArgs("inprocess", where, rounds);
+  args.push_back("--memory");
+  args.push_back(memory == HostMemory::kPageable ? "pageable" : "registered");
+  return args;
+}
+
 void PrintResult(double ops, double bytes, double elapsed_ns, const Samples& rounds) {
   std::printf("result %.0f %.0f %.0f\n", ops, bytes, elapsed_ns);
   for (double ns : rounds.ns) std::printf("%.0f\n", ns);
@@ -172,14 +186,19 @@ int DaemonWorker(const std::string& target, int rounds, Route route) {
 }
 
 // One stream's share of the in-process work: its buffers, and the round of the header
-// comment (64 Axpy launches, or one batch of them, H2D and D2H of a registered buffer, one
-// wait).
+// comment (64 Axpy launches, or one batch of them, H2D and D2H of a registered buffer, or of
+// a pageable one, one wait).
 class InProcessStream {
  public:
-  InProcessStream(backend::Device& dev, bool batched)
-      : dev_(dev), batched_(batched), buf_(kRoundBytes) {
+  InProcessStream(backend::Device& dev, bool batched, HostMemory memory = HostMemory::kRegistered)
+      : dev_(dev),
+        batched_(batched),
+        registered_(memory == HostMemory::kRegistered),
+        buf_(kRoundBytes) {
     stream_ = Check(dev.CreateStream(), "CreateStream");
-    Check(dev.RegisterHostMemory(buf_.data(), kRoundBytes), "RegisterHostMemory");
+    if (registered_) {
+      Check(dev.RegisterHostMemory(buf_.data(), kRoundBytes), "RegisterHostMemory");
+    }
     d_ = Check(stream_->Allocate(kRoundBytes), "Allocate");
     x_ = Check(stream_->Allocate(kAxpyElements * sizeof(float)), "Allocate");
     y_ = Check(stream_->Allocate(kAxpyElements * sizeof(float)), "Allocate");
@@ -192,7 +211,7 @@ class InProcessStream {
     stream_->Free(x_);
     stream_->Free(y_);
     Check(WaitStream(*stream_), "free");
-    Check(dev_.UnregisterHostMemory(buf_.data()), "UnregisterHostMemory");
+    if (registered_) Check(dev_.UnregisterHostMemory(buf_.data()), "UnregisterHostMemory");
   }
   void Round() {
     if (batched_) Check(stream_->BeginBatch(), "BeginBatch");
@@ -218,19 +237,20 @@ class InProcessStream {
  private:
   backend::Device& dev_;
   const bool batched_;
+  const bool registered_;
   HostBuffer buf_;
   std::unique_ptr<backend::Stream> stream_;
   backend::DevicePtr d_ = 0, x_ = 0, y_ = 0;
 };
 
-int InProcessWorker(const std::string& kind, int rounds) {
+int InProcessWorker(const std::string& kind, int rounds, HostMemory memory) {
   std::string why;
   auto dev = Check(backend::CreateDevice(kind, 0, backend::HostDeviceOptions{}, &why),
                    "CreateDevice " + kind);
   Samples samples;
   double elapsed = 0;
   {
-    InProcessStream stream(*dev, /*batched=*/false);
+    InProcessStream stream(*dev, /*batched=*/false, memory);
     AwaitGo();
     elapsed = stream.Run(rounds, samples);
   }
@@ -306,11 +326,18 @@ std::vector<Table> RunSharing(Context& ctx) {
                             : ctx.options.quick            ? std::vector<int>{1, 2}
                                                            : std::vector<int>{1, 4, 8};
   int rounds = ctx.options.quick ? 5 : 100;
+  // [i]: counts[i] processes; the _pageable runs copy from ordinary memory.
   std::vector<SharingRun> base(counts.size()), mps(counts.size());
+  std::vector<SharingRun> base_pageable(counts.size()), mps_pageable(counts.size());
   if (ctx.baseline) {
     for (size_t i = 0; i < counts.size(); ++i) {
       ctx.progress->Case("baseline " + std::to_string(counts[i]) + " processes, own device each");
-      base[i] = RunOwn(ctx, counts[i], WorkerArgs("inprocess", ctx.baseline->backend, rounds));
+      base[i] = RunOwn(ctx, counts[i],
+                       InProcessArgs(ctx.baseline->backend, rounds, HostMemory::kRegistered));
+      ctx.progress->Case("baseline " + std::to_string(counts[i]) +
+                         " processes, own device each, pageable");
+      base_pageable[i] = RunOwn(
+          ctx, counts[i], InProcessArgs(ctx.baseline->backend, rounds, HostMemory::kPageable));
     }
   }
   // One context, n threads (batched and not): beside own contexts and MPS, in a table of its
@@ -327,7 +354,11 @@ std::vector<Table> RunSharing(Context& ctx) {
   if (with_mps) {
     for (size_t i = 0; i < counts.size(); ++i) {
       ctx.progress->Case("MPS " + std::to_string(counts[i]) + " processes");
-      mps[i] = Collect(RunMpsWorkers(ctx, counts[i], WorkerArgs("inprocess", "cuda", rounds)));
+      mps[i] = Collect(
+          RunMpsWorkers(ctx, counts[i], InProcessArgs("cuda", rounds, HostMemory::kRegistered)));
+      ctx.progress->Case("MPS " + std::to_string(counts[i]) + " processes, pageable");
+      mps_pageable[i] = Collect(
+          RunMpsWorkers(ctx, counts[i], InProcessArgs("cuda", rounds, HostMemory::kPageable)));
     }
   }
   // daemon[t][i][route]
@@ -351,8 +382,14 @@ std::vector<Table> RunSharing(Context& ctx) {
           std::string n = std::to_string(counts[i]) + (counts[i] == 1 ? " process" : " processes");
           const SharingRun* b = ctx.baseline ? &base[i] : nullptr;
           const SharingRun* m = with_mps ? &mps[i] : nullptr;
-          if (which == kNoTarget) {  // baseline only: one row per count
+          const SharingRun* b_pageable = ctx.baseline ? &base_pageable[i] : nullptr;
+          const SharingRun* m_pageable = with_mps ? &mps_pageable[i] : nullptr;
+          if (which == kNoTarget) {  // baseline only: a row per count and host memory
             rows.push_back(SharingRow(n, counts[i], nullptr, b, m, ctx));
+            Row pageable =
+                SharingRow(n + ", pageable", counts[i], nullptr, b_pageable, m_pageable, ctx);
+            pageable.tags.push_back({"baseline", "pageable"});
+            rows.push_back(std::move(pageable));
             continue;
           }
           for (size_t r = 0; r < std::size(kRoutes); ++r) {
@@ -366,6 +403,13 @@ std::vector<Table> RunSharing(Context& ctx) {
                 SharingRow(n + ", " + RouteLabel(kRoutes[r], target), counts[i], &d, b, m, ctx);
             row.tags.push_back({"route", RouteLabel(kRoutes[r], target)});
             rows.push_back(std::move(row));
+            if (kRoutes[r] != Route::kBlocking) continue;
+            // The blocking route again, against processes that copy from ordinary memory.
+            Row pageable = SharingRow(n + ", blocking vs pageable", counts[i], &d, b_pageable,
+                                      m_pageable, ctx);
+            pageable.tags.push_back({"route", "blocking"});
+            pageable.tags.push_back({"baseline", "pageable"});
+            rows.push_back(std::move(pageable));
           }
         }
         return rows;
@@ -388,7 +432,10 @@ std::vector<Table> RunSharing(Context& ctx) {
                 std::string(ctx.baseline ? ctx.baseline->backend : "device") +
                 (ctx.baseline && ctx.baseline->backend == "cuda" ? " context" : " emulation") +
                 "), copying from a registered buffer; the same baseline figures on both routes' "
-                "rows"};
+                "rows",
+            "blocking vs pageable: the blocking route's figures against baseline (and MPS) "
+            "processes that copy from ordinary, unregistered (pageable) memory, as a program "
+            "whose bytes are in ordinary memory does without a daemon"};
         std::string mps_note = MpsNote(ctx, "the baseline's processes");
         if (!mps_note.empty()) notes.push_back(mps_note);
         if (which == kAllTargets) notes.push_back("all targets: summed, samples pooled");
@@ -427,15 +474,17 @@ std::vector<Table> RunSharing(Context& ctx) {
 int SharingWorkerMain(const std::vector<std::string>& args) {
   std::string mode, where;
   Route route = Route::kBlocking;
+  HostMemory memory = HostMemory::kRegistered;
   int rounds = 10;
   for (size_t i = 0; i + 1 < args.size(); i += 2) {
     if (args[i] == "--mode") mode = args[i + 1];
     if (args[i] == "--where") where = args[i + 1];
     if (args[i] == "--rounds") rounds = std::max(1, std::atoi(args[i + 1].c_str()));
     if (args[i] == "--route" && args[i + 1] == "pinned") route = Route::kPinned;
+    if (args[i] == "--memory" && args[i + 1] == "pageable") memory = HostMemory::kPageable;
   }
   if (mode == "daemon") return DaemonWorker(where, rounds, route);
-  if (mode == "inprocess") return InProcessWorker(where, rounds);
+  if (mode == "inprocess") return InProcessWorker(where, rounds, memory);
   std::fprintf(stderr, "sharing worker: --mode daemon|inprocess\n");
   return 2;
 }

@@ -146,6 +146,10 @@ TEST(BenchSmokeTest, QuickRunWithBaselineWritesJson) {
   // Concurrency on both routes, every pending row measured.
   EXPECT_NE(output.find("64 sessions, 1 MiB, blocking"), std::string::npos) << output;
   EXPECT_NE(output.find("64 sessions, 1 MiB, pending"), std::string::npos) << output;
+  // Sharing: both routes, and the blocking route against processes copying from pageable
+  // memory.
+  EXPECT_NE(output.find("2 processes, pinned"), std::string::npos) << output;
+  EXPECT_NE(output.find("2 processes, blocking vs pageable"), std::string::npos) << output;
   EXPECT_EQ(output.find("not measured"), std::string::npos) << output;
   EXPECT_NE(output.find("64 sessions, pools excluded"), std::string::npos) << output;
   EXPECT_NE(ReadFile(svg).find("(pending)"), std::string::npos);
