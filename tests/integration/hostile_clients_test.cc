@@ -646,6 +646,43 @@ TEST_F(HostileClientsPerUidTest, ConnectionsAreBoundedPerUidAndInAll) {
   EXPECT_EQ(d.Stop(), 0) << d.log();
 }
 
+// A connection stops counting once its client has hung up, before gRPC closes the daemon's
+// end. A uid that shuts down its writes on each connection but keeps it open (so the socket
+// never closes from its side) must not get past its limit that way: gRPC reads the end of
+// the stream and closes the daemon's end, so ferryd's descriptors stay within the limit.
+TEST_F(HostileClientsPerUidTest, HalfClosedConnectionsHoldNoDescriptorsPastTheLimit) {
+  ASSERT_NO_FATAL_FAILURE(Start({"--max-local-connections", "12", "--max-local-connections-per-uid",
+                                 "8", "--metrics-listen", "127.0.0.1:0"}));
+  FerrydProcess& d = *daemon_;
+  const std::string ep = testing::MetricsEndpoint(d);
+  ASSERT_FALSE(ep.empty());
+  const size_t fds_before = OpenFds(d.pid());
+  std::vector<int> held;
+  for (int i = 0; i < 200; ++i) {
+    const int fd = ConnectAs(kUidA, kUidA, d.unix_target().substr(5));
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::shutdown(fd, SHUT_WR), 0);
+    held.push_back(fd);  // kept open: only its writes are shut
+  }
+  const bool within = Eventually([&] { return OpenFds(d.pid()) <= fds_before + 8; }, 30);
+  EXPECT_TRUE(within) << "ferryd holds " << OpenFds(d.pid()) << " descriptors, " << fds_before
+                      << " before 200 half-closed connections";
+  // A uid holding no connection has no series (-1: none).
+  EXPECT_EQ(testing::Value(testing::ResponseBody(testing::HttpGet(ep, "/metrics")),
+                           "ferry_uid_local_connections", "uid:41001"),
+            -1);
+  // uid A, and another uid, still connect and open sessions.
+  auto a = StreamAs(kUidA, d);
+  ASSERT_TRUE(a && a->Open()) << d.log();
+  auto b = StreamAs(kUidB, d);
+  ASSERT_TRUE(b && b->Open()) << d.log();
+  a->Close();
+  b->Close();
+  for (int fd : held) ::close(fd);
+  EXPECT_EQ(d.WaitIdle().sessions_open(), 0u);
+  EXPECT_EQ(d.Stop(), 0) << d.log();
+}
+
 // A uid's device bytes are summed across its sessions: each session is within its own
 // quota, but together they are refused past the uid's limit; another uid is not affected,
 // and the bytes come back when a session closes.
