@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <span>
 #include <vector>
 
 #include "backend/backend.h"
@@ -44,7 +45,7 @@ class ElementwiseRun {
 
   /// Whether an op of `dtype` over `count` (> 0) elements touching `ranges` may join the
   /// run (see the file comment). Always true for an empty run.
-  bool CanJoin(DType dtype, uint64_t count, std::initializer_list<Range> ranges) const {
+  bool CanJoin(DType dtype, uint64_t count, std::span<const Range> ranges) const {
     if (ops_ == 0) return true;
     if (dtype != dtype_ || ops_ >= kMaxOps) return false;
     const uint64_t shortest = std::min(min_count_, count);
@@ -63,7 +64,7 @@ class ElementwiseRun {
   }
 
   /// Add an op that CanJoin allowed.
-  void Add(DType dtype, uint64_t count, std::initializer_list<Range> ranges) {
+  void Add(DType dtype, uint64_t count, std::span<const Range> ranges) {
     dtype_ = dtype;
     min_count_ = ops_ == 0 ? count : std::min(min_count_, count);
     max_count_ = ops_ == 0 ? count : std::max(max_count_, count);
@@ -73,6 +74,13 @@ class ElementwiseRun {
     }
   }
 
+  bool CanJoin(DType dtype, uint64_t count, std::initializer_list<Range> ranges) const {
+    return CanJoin(dtype, count, std::span<const Range>(ranges.begin(), ranges.size()));
+  }
+  void Add(DType dtype, uint64_t count, std::initializer_list<Range> ranges) {
+    Add(dtype, count, std::span<const Range>(ranges.begin(), ranges.size()));
+  }
+
   void Clear() {
     ops_ = 0;
     ranges_.clear();
@@ -80,6 +88,9 @@ class ElementwiseRun {
 
   size_t ops() const { return ops_; }
   bool empty() const { return ops_ == 0; }
+  /// The dtype of the run's ops, and the elements of its longest op; only while not empty.
+  DType dtype() const { return dtype_; }
+  uint64_t max_count() const { return max_count_; }
 
  private:
   DType dtype_ = DType::kF32;

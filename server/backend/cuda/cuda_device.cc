@@ -58,6 +58,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <unordered_map>
@@ -102,11 +103,13 @@ Status CompileError(std::string message) {
 void* Address(DevicePtr ptr) { return reinterpret_cast<void*>(static_cast<uintptr_t>(ptr)); }
 
 /// A device range an op touches, checked against the live allocations at enqueue (and
-/// again at every replay of a graph that recorded it).
+/// again at every replay of a graph that recorded it). `written`: the op writes the range,
+/// which decides whether an elementwise op may join a fused run (ElementwiseRun).
 struct Access {
   DevicePtr ptr = 0;
   uint64_t bytes = 0;
   const char* what = "";
+  bool written = false;
 };
 
 /// Format a CUDA UUID the way nvidia-smi does: GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx.
@@ -577,7 +580,7 @@ class CudaStream final : public Stream {
 
   Status CopyHostToDevice(DevicePtr dst, const void* src, uint64_t bytes) override {
     if (src == nullptr) return InvalidArgument("CopyHostToDevice: null host pointer");
-    return Enqueue({Access{dst, bytes, "CopyHostToDevice destination"}}, [&] {
+    return Enqueue({Access{dst, bytes, "CopyHostToDevice destination", true}}, [&] {
       if (bytes == 0) return Status::Ok();
       return TimedCopy(/*to_device=*/true, bytes, [&] {
         return device_->Check(
@@ -600,7 +603,7 @@ class CudaStream final : public Stream {
   }
 
   Status CopyDeviceToDevice(DevicePtr dst, DevicePtr src, uint64_t bytes) override {
-    return Enqueue({Access{dst, bytes, "CopyDeviceToDevice destination"},
+    return Enqueue({Access{dst, bytes, "CopyDeviceToDevice destination", true},
                     Access{src, bytes, "CopyDeviceToDevice source"}},
                    [&] { return CopyDeviceToDeviceChecked(dst, src, bytes); });
   }
@@ -618,16 +621,12 @@ class CudaStream final : public Stream {
       }
     }
     FERRY_ASSIGN_OR_RETURN(uint64_t bytes, ByteSize(dtype, count, "Fill"));
-    if (Fuses(dtype)) {
-      cuda_kernels::FusedOp op;
-      op.kind = cuda_kernels::FusedOp::kFill;
-      op.scalar = value;
-      op.out = Address(dst);
-      op.count = count;
-      return EnqueueFused(dtype, {Access{dst, bytes, "Fill destination"}},
-                          {ElementwiseRun::Range{dst, bytes, true}}, op);
-    }
-    return Enqueue({Access{dst, bytes, "Fill destination"}}, [&] {
+    cuda_kernels::FusedOp op;
+    op.kind = cuda_kernels::FusedOp::kFill;
+    op.scalar = value;
+    op.out = Address(dst);
+    op.count = count;
+    return EnqueueElementwise(dtype, {Access{dst, bytes, "Fill destination", true}}, op, [&] {
       void* d = Address(dst);
       const auto& limits = device_->limits();
       cudaError_t error = cudaSuccess;
@@ -657,86 +656,72 @@ class CudaStream final : public Stream {
       return InvalidArgument("Binary: unknown op " + std::to_string(static_cast<int>(bop)));
     }
     FERRY_ASSIGN_OR_RETURN(uint64_t bytes, ByteSize(dtype, count, "Binary"));
-    if (Fuses(dtype)) {
-      cuda_kernels::FusedOp op;
-      op.kind = bop == BinaryOp::kAdd   ? cuda_kernels::FusedOp::kAdd
-                : bop == BinaryOp::kSub ? cuda_kernels::FusedOp::kSub
-                : bop == BinaryOp::kMul ? cuda_kernels::FusedOp::kMul
-                                        : cuda_kernels::FusedOp::kDiv;
-      op.a = Address(a);
-      op.b = Address(b);
-      op.out = Address(out);
-      op.count = count;
-      return EnqueueFused(
-          dtype,
-          {Access{a, bytes, "Binary operand a"}, Access{b, bytes, "Binary operand b"},
-           Access{out, bytes, "Binary output"}},
-          {ElementwiseRun::Range{a, bytes, false}, ElementwiseRun::Range{b, bytes, false},
-           ElementwiseRun::Range{out, bytes, true}},
-          op);
-    }
-    return Enqueue({Access{a, bytes, "Binary operand a"}, Access{b, bytes, "Binary operand b"},
-                    Access{out, bytes, "Binary output"}},
-                   [&] {
-                     return device_->Check(
-                         cuda_kernels::Binary(stream_, device_->limits(), bop, dtype, Address(a),
-                                              Address(b), Address(out), count),
-                         "Binary kernel launch");
-                   });
+    cuda_kernels::FusedOp op;
+    op.kind = bop == BinaryOp::kAdd   ? cuda_kernels::FusedOp::kAdd
+              : bop == BinaryOp::kSub ? cuda_kernels::FusedOp::kSub
+              : bop == BinaryOp::kMul ? cuda_kernels::FusedOp::kMul
+                                      : cuda_kernels::FusedOp::kDiv;
+    op.a = Address(a);
+    op.b = Address(b);
+    op.out = Address(out);
+    op.count = count;
+    return EnqueueElementwise(
+        dtype,
+        {Access{a, bytes, "Binary operand a"}, Access{b, bytes, "Binary operand b"},
+         Access{out, bytes, "Binary output", true}},
+        op, [&] {
+          return device_->Check(cuda_kernels::Binary(stream_, device_->limits(), bop, dtype,
+                                                     Address(a), Address(b), Address(out), count),
+                                "Binary kernel launch");
+        });
   }
 
   Status Scale(DType dtype, DevicePtr x, double alpha, DevicePtr out, uint64_t count) override {
     FERRY_RETURN_IF_ERROR(CheckArithmeticDType(dtype, "Scale"));
     FERRY_ASSIGN_OR_RETURN(uint64_t bytes, ByteSize(dtype, count, "Scale"));
-    if (Fuses(dtype)) {
-      cuda_kernels::FusedOp op;
-      op.kind = cuda_kernels::FusedOp::kScale;
-      op.scalar = alpha;
-      op.a = Address(x);
-      op.out = Address(out);
-      op.count = count;
-      return EnqueueFused(
-          dtype, {Access{x, bytes, "Scale input"}, Access{out, bytes, "Scale output"}},
-          {ElementwiseRun::Range{x, bytes, false}, ElementwiseRun::Range{out, bytes, true}}, op);
-    }
-    return Enqueue({Access{x, bytes, "Scale input"}, Access{out, bytes, "Scale output"}}, [&] {
-      return device_->Check(cuda_kernels::Scale(stream_, device_->limits(), dtype, Address(x),
-                                                alpha, Address(out), count),
-                            "Scale kernel launch");
-    });
+    cuda_kernels::FusedOp op;
+    op.kind = cuda_kernels::FusedOp::kScale;
+    op.scalar = alpha;
+    op.a = Address(x);
+    op.out = Address(out);
+    op.count = count;
+    return EnqueueElementwise(
+        dtype, {Access{x, bytes, "Scale input"}, Access{out, bytes, "Scale output", true}}, op,
+        [&] {
+          return device_->Check(cuda_kernels::Scale(stream_, device_->limits(), dtype, Address(x),
+                                                    alpha, Address(out), count),
+                                "Scale kernel launch");
+        });
   }
 
   Status Axpy(DType dtype, double alpha, DevicePtr x, DevicePtr y, uint64_t count) override {
     FERRY_RETURN_IF_ERROR(CheckArithmeticDType(dtype, "Axpy"));
     FERRY_ASSIGN_OR_RETURN(uint64_t bytes, ByteSize(dtype, count, "Axpy"));
-    if (Fuses(dtype)) {
-      cuda_kernels::FusedOp op;
-      op.kind = cuda_kernels::FusedOp::kAxpy;
-      op.scalar = alpha;
-      op.a = Address(x);
-      op.out = Address(y);
-      op.count = count;
-      return EnqueueFused(
-          dtype, {Access{x, bytes, "Axpy x"}, Access{y, bytes, "Axpy y"}},
-          {ElementwiseRun::Range{x, bytes, false}, ElementwiseRun::Range{y, bytes, true}}, op);
-    }
-    return Enqueue({Access{x, bytes, "Axpy x"}, Access{y, bytes, "Axpy y"}}, [&] {
-      return device_->Check(cuda_kernels::Axpy(stream_, device_->limits(), dtype, alpha, Address(x),
-                                               Address(y), count),
-                            "Axpy kernel launch");
-    });
+    cuda_kernels::FusedOp op;
+    op.kind = cuda_kernels::FusedOp::kAxpy;
+    op.scalar = alpha;
+    op.a = Address(x);
+    op.out = Address(y);
+    op.count = count;
+    return EnqueueElementwise(
+        dtype, {Access{x, bytes, "Axpy x"}, Access{y, bytes, "Axpy y", true}}, op, [&] {
+          return device_->Check(cuda_kernels::Axpy(stream_, device_->limits(), dtype, alpha,
+                                                   Address(x), Address(y), count),
+                                "Axpy kernel launch");
+        });
   }
 
   Status ReduceSum(DType dtype, DevicePtr in, uint64_t count, DevicePtr out) override {
     FERRY_RETURN_IF_ERROR(CheckArithmeticDType(dtype, "ReduceSum"));
     FERRY_ASSIGN_OR_RETURN(uint64_t bytes, ByteSize(dtype, count, "ReduceSum"));
-    return Enqueue(
-        {Access{in, bytes, "ReduceSum input"}, Access{out, DTypeSize(dtype), "ReduceSum output"}},
-        [&] {
-          return device_->Check(cuda_kernels::ReduceSum(stream_, dtype, Address(in), count,
-                                                        Address(out), scratch_->reduce_partials),
-                                "ReduceSum kernel launch");
-        });
+    return Enqueue({Access{in, bytes, "ReduceSum input"},
+                    Access{out, DTypeSize(dtype), "ReduceSum output", true}},
+                   [&] {
+                     return device_->Check(
+                         cuda_kernels::ReduceSum(stream_, dtype, Address(in), count, Address(out),
+                                                 scratch_->reduce_partials),
+                         "ReduceSum kernel launch");
+                   });
   }
 
   Status Gemm(const GemmArgs& args) override {
@@ -752,7 +737,7 @@ class CudaStream final : public Stream {
     const bool empty = args.m == 0 || args.n == 0;
     return Enqueue(
         {Access{args.a, empty ? 0 : a_bytes, "Gemm A"},
-         Access{args.b, empty ? 0 : b_bytes, "Gemm B"}, Access{args.c, c_bytes, "Gemm C"}},
+         Access{args.b, empty ? 0 : b_bytes, "Gemm B"}, Access{args.c, c_bytes, "Gemm C", true}},
         [&] { return GemmChecked(args); });
   }
 
@@ -1121,7 +1106,7 @@ class CudaStream final : public Stream {
   /// Check `accesses`, make the device current, run `launch` (which enqueues the work and
   /// returns its launch status) and, while capturing, record the accesses for replays.
   template <typename LaunchFn>
-  Status Enqueue(std::initializer_list<Access> accesses, LaunchFn&& launch) {
+  Status Enqueue(std::span<const Access> accesses, LaunchFn&& launch) {
     for (const Access& access : accesses) FERRY_RETURN_IF_ERROR(device_->CheckRange(access));
     FERRY_RETURN_IF_ERROR(device_->MakeCurrent());
     FERRY_RETURN_IF_ERROR(FlushFused());
@@ -1129,6 +1114,11 @@ class CudaStream final : public Stream {
     FERRY_RETURN_IF_ERROR(launch());
     if (capturing_) captured_.insert(captured_.end(), accesses.begin(), accesses.end());
     return Status::Ok();
+  }
+  template <typename LaunchFn>
+  Status Enqueue(std::initializer_list<Access> accesses, LaunchFn&& launch) {
+    return Enqueue(std::span<const Access>(accesses.begin(), accesses.size()),
+                   std::forward<LaunchFn>(launch));
   }
 
   /// Whether an elementwise op of `dtype` enqueued now joins a fused run instead of being
@@ -1139,22 +1129,32 @@ class CudaStream final : public Stream {
            (dtype == DType::kF32 || dtype == DType::kF64);
   }
 
+  /// An elementwise op over `accesses`: added to the open fused run where it Fuses, as `op`,
+  /// else enqueued by `launch` (its own kernel).
+  template <size_t N, typename LaunchFn>
+  Status EnqueueElementwise(DType dtype, const Access (&accesses)[N],
+                            const cuda_kernels::FusedOp& op, LaunchFn&& launch) {
+    if (!Fuses(dtype)) return Enqueue(std::span<const Access>(accesses), launch);
+    return EnqueueFused(dtype, accesses, op);
+  }
+
   /// Check `accesses` and add `op` to the open fused run, launching that run first where
   /// the op may not join it (ElementwiseRun). The run is launched, as one kernel recorded
   /// where its ops were, by the next op that is not fused, a graph launch, or the capture's
   /// end.
-  Status EnqueueFused(DType dtype, std::initializer_list<Access> accesses,
-                      std::initializer_list<ElementwiseRun::Range> ranges,
-                      const cuda_kernels::FusedOp& op) {
+  template <size_t N>
+  Status EnqueueFused(DType dtype, const Access (&accesses)[N], const cuda_kernels::FusedOp& op) {
     for (const Access& access : accesses) FERRY_RETURN_IF_ERROR(device_->CheckRange(access));
     if (op.count > 0) {
-      if (!fused_run_.CanJoin(dtype, op.count, ranges)) FERRY_RETURN_IF_ERROR(FlushFused());
-      fused_run_.Add(dtype, op.count, ranges);
-      fused_dtype_ = dtype;
+      std::array<ElementwiseRun::Range, N> touched;
+      for (size_t k = 0; k < N; ++k) {
+        touched[k] = {accesses[k].ptr, accesses[k].bytes, accesses[k].written};
+      }
+      if (!fused_run_.CanJoin(dtype, op.count, touched)) FERRY_RETURN_IF_ERROR(FlushFused());
+      fused_run_.Add(dtype, op.count, touched);
       fused_ops_.ops[fused_ops_.n++] = op;
-      fused_ops_.max_count = std::max(fused_ops_.max_count, op.count);
     }
-    captured_.insert(captured_.end(), accesses.begin(), accesses.end());
+    captured_.insert(captured_.end(), std::begin(accesses), std::end(accesses));
     return Status::Ok();
   }
 
@@ -1162,15 +1162,15 @@ class CudaStream final : public Stream {
   /// invalid (its ops were accepted: none of the capture may run without them).
   Status FlushFused() {
     if (fused_run_.empty()) return Status::Ok();
-    const cuda_kernels::FusedOps ops = fused_ops_;
-    fused_run_.Clear();
-    fused_ops_.n = 0;
-    fused_ops_.max_count = 0;
+    fused_ops_.max_count = fused_run_.max_count();
     Status launched = device_->MakeCurrent();
     if (launched.ok()) {
-      launched = device_->Check(cuda_kernels::Fused(stream_, device_->limits(), fused_dtype_, ops),
-                                "fused elementwise kernel launch");
+      launched = device_->Check(
+          cuda_kernels::Fused(stream_, device_->limits(), fused_run_.dtype(), fused_ops_),
+          "fused elementwise kernel launch");
     }
+    fused_run_.Clear();
+    fused_ops_.n = 0;
     if (!launched.ok() && capture_error_.empty()) capture_error_ = launched.ToString();
     return launched;
   }
@@ -1325,8 +1325,7 @@ class CudaStream final : public Stream {
   // The elementwise ops recorded since the last other work, waiting to be launched as one
   // kernel (FlushFused); empty outside a capture.
   ElementwiseRun fused_run_;
-  cuda_kernels::FusedOps fused_ops_;
-  DType fused_dtype_ = DType::kF32;
+  cuda_kernels::FusedOps fused_ops_;  // the run's ops; n and max_count set as fused_run_'s
   static_assert(ElementwiseRun::kMaxOps == cuda_kernels::kMaxFusedOps);
   // Executable graphs of past batches by node count (at most kMaxBatchExecs).
   static constexpr size_t kMaxBatchExecs = 8;
