@@ -1160,6 +1160,28 @@ void EnqueueWorkOfAtLeast(Device& device, Stream& stream, std::chrono::milliseco
   ASSERT_TRUE(launched.ok()) << launched.ToString();
 }
 
+/// Host memory registered with a device (pinned on CUDA) for as long as it lives: `bytes`
+/// bytes, each `fill`. Check registered() before using it.
+class RegisteredHostBytes {
+ public:
+  RegisteredHostBytes(Device& device, uint64_t bytes, uint8_t fill)
+      : device_(device), bytes_(bytes, fill) {
+    registered_ = device_.RegisterHostMemory(bytes_.data(), bytes);
+  }
+  ~RegisteredHostBytes() {
+    if (registered_.ok()) (void)device_.UnregisterHostMemory(bytes_.data());
+  }
+  RegisteredHostBytes(const RegisteredHostBytes&) = delete;
+  RegisteredHostBytes& operator=(const RegisteredHostBytes&) = delete;
+  const Status& registered() const { return registered_; }
+  uint8_t* data() { return bytes_.data(); }
+
+ private:
+  Device& device_;
+  std::vector<uint8_t> bytes_;
+  Status registered_;
+};
+
 Usage Minus(const Usage& a, const Usage& b) {
   Usage d;
   d.busy_ns = a.busy_ns - b.busy_ns;
@@ -1258,13 +1280,8 @@ TEST_P(BackendConformanceTest, UsageOfSubmitsThatOnlyCopyCountsEveryCopy) {
   constexpr uint64_t kBytes = 256u << 10;
   constexpr int kSubmits = 16;
   DeviceBuffer buf = MustAllocate(stream(), kBytes);
-  std::vector<uint8_t> host(kBytes, 5);
-  ASSERT_TRUE(device().RegisterHostMemory(host.data(), kBytes).ok());
-  struct Unregister {
-    Device& device;
-    void* ptr;
-    ~Unregister() { (void)device.UnregisterHostMemory(ptr); }
-  } unregister{device(), host.data()};
+  RegisteredHostBytes host(device(), kBytes, 5);
+  ASSERT_TRUE(host.registered().ok()) << host.registered().ToString();
   // One of each direction first, waited for: the CUDA backend then knows both rates.
   ASSERT_TRUE(stream().CopyHostToDevice(buf.ptr(), host.data(), kBytes).ok());
   ASSERT_TRUE(stream().CopyDeviceToHost(host.data(), buf.ptr(), kBytes).ok());
@@ -1298,13 +1315,8 @@ TEST_P(BackendConformanceTest, UsageOfCopiesReplayedFromAGraphIsBusyTimeOnly) {
   constexpr uint64_t kBytes = 64u << 10;
   DeviceBuffer buf = MustAllocate(stream(), kBytes);
   // Registered (pinned on CUDA): a capture cannot hold a copy from pageable memory.
-  std::vector<uint8_t> host(kBytes, 3);
-  ASSERT_TRUE(device().RegisterHostMemory(host.data(), kBytes).ok());
-  struct Unregister {
-    Device& device;
-    void* ptr;
-    ~Unregister() { (void)device.UnregisterHostMemory(ptr); }
-  } unregister{device(), host.data()};
+  RegisteredHostBytes host(device(), kBytes, 3);
+  ASSERT_TRUE(host.registered().ok()) << host.registered().ToString();
   ASSERT_TRUE(Sync(stream()).ok());
   ASSERT_TRUE(stream().BeginCapture().ok());
   ASSERT_TRUE(stream().CopyHostToDevice(buf.ptr(), host.data(), kBytes).ok());

@@ -626,11 +626,8 @@ class CudaStream final : public Stream {
       }
     }
     FERRY_ASSIGN_OR_RETURN(uint64_t bytes, ByteSize(dtype, count, "Fill"));
-    cuda_kernels::FusedOp op;
-    op.kind = cuda_kernels::FusedOp::kFill;
-    op.scalar = value;
-    op.out = Address(dst);
-    op.count = count;
+    const cuda_kernels::FusedOp op{
+        .kind = cuda_kernels::FusedOp::kFill, .scalar = value, .out = Address(dst), .count = count};
     return EnqueueElementwise(dtype, {Access{dst, bytes, "Fill destination", true}}, op, [&] {
       void* d = Address(dst);
       const auto& limits = device_->limits();
@@ -661,15 +658,14 @@ class CudaStream final : public Stream {
       return InvalidArgument("Binary: unknown op " + std::to_string(static_cast<int>(bop)));
     }
     FERRY_ASSIGN_OR_RETURN(uint64_t bytes, ByteSize(dtype, count, "Binary"));
-    cuda_kernels::FusedOp op;
-    op.kind = bop == BinaryOp::kAdd   ? cuda_kernels::FusedOp::kAdd
-              : bop == BinaryOp::kSub ? cuda_kernels::FusedOp::kSub
-              : bop == BinaryOp::kMul ? cuda_kernels::FusedOp::kMul
-                                      : cuda_kernels::FusedOp::kDiv;
-    op.a = Address(a);
-    op.b = Address(b);
-    op.out = Address(out);
-    op.count = count;
+    const cuda_kernels::FusedOp op{.kind = bop == BinaryOp::kAdd   ? cuda_kernels::FusedOp::kAdd
+                                           : bop == BinaryOp::kSub ? cuda_kernels::FusedOp::kSub
+                                           : bop == BinaryOp::kMul ? cuda_kernels::FusedOp::kMul
+                                                                   : cuda_kernels::FusedOp::kDiv,
+                                   .a = Address(a),
+                                   .b = Address(b),
+                                   .out = Address(out),
+                                   .count = count};
     return EnqueueElementwise(
         dtype,
         {Access{a, bytes, "Binary operand a"}, Access{b, bytes, "Binary operand b"},
@@ -684,12 +680,11 @@ class CudaStream final : public Stream {
   Status Scale(DType dtype, DevicePtr x, double alpha, DevicePtr out, uint64_t count) override {
     FERRY_RETURN_IF_ERROR(CheckArithmeticDType(dtype, "Scale"));
     FERRY_ASSIGN_OR_RETURN(uint64_t bytes, ByteSize(dtype, count, "Scale"));
-    cuda_kernels::FusedOp op;
-    op.kind = cuda_kernels::FusedOp::kScale;
-    op.scalar = alpha;
-    op.a = Address(x);
-    op.out = Address(out);
-    op.count = count;
+    const cuda_kernels::FusedOp op{.kind = cuda_kernels::FusedOp::kScale,
+                                   .scalar = alpha,
+                                   .a = Address(x),
+                                   .out = Address(out),
+                                   .count = count};
     return EnqueueElementwise(
         dtype, {Access{x, bytes, "Scale input"}, Access{out, bytes, "Scale output", true}}, op,
         [&] {
@@ -702,12 +697,11 @@ class CudaStream final : public Stream {
   Status Axpy(DType dtype, double alpha, DevicePtr x, DevicePtr y, uint64_t count) override {
     FERRY_RETURN_IF_ERROR(CheckArithmeticDType(dtype, "Axpy"));
     FERRY_ASSIGN_OR_RETURN(uint64_t bytes, ByteSize(dtype, count, "Axpy"));
-    cuda_kernels::FusedOp op;
-    op.kind = cuda_kernels::FusedOp::kAxpy;
-    op.scalar = alpha;
-    op.a = Address(x);
-    op.out = Address(y);
-    op.count = count;
+    const cuda_kernels::FusedOp op{.kind = cuda_kernels::FusedOp::kAxpy,
+                                   .scalar = alpha,
+                                   .a = Address(x),
+                                   .out = Address(y),
+                                   .count = count};
     return EnqueueElementwise(
         dtype, {Access{x, bytes, "Axpy x"}, Access{y, bytes, "Axpy y", true}}, op, [&] {
           return device_->Check(cuda_kernels::Axpy(stream_, device_->limits(), dtype, alpha,
