@@ -1198,6 +1198,31 @@ std::string Describe(const Usage& u) {
          std::to_string(u.d2h_ns) + "ns";
 }
 
+/// `submits` submits back to back on `stream`: `enqueue(i)` enqueues the i-th one's work, and
+/// a completion is watched after each while the device still runs the ones before. Waits for
+/// them all (Sync): how that went, how many completed OK, and the wall-clock time from the
+/// first enqueue. Stops enqueueing at the first fatal failure of `enqueue`.
+struct BackToBack {
+  Status synced;
+  int completed = 0;
+  std::chrono::nanoseconds wall{0};
+};
+template <typename EnqueueFn>
+BackToBack RunBackToBack(Stream& stream, int submits, EnqueueFn&& enqueue) {
+  const auto start = std::chrono::steady_clock::now();
+  auto completed = std::make_shared<std::atomic<int>>(0);
+  for (int i = 0; i < submits && !::testing::Test::HasFatalFailure(); ++i) {
+    enqueue(i);
+    stream.OnComplete([completed](Status status) {
+      if (status.ok()) ++*completed;
+    });
+  }
+  Status synced = Sync(stream);
+  return {std::move(synced), completed->load(),
+          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
+                                                               start)};
+}
+
 TEST_P(BackendConformanceTest, UsageCountsTenMillisecondsOfWork) {
   const Usage before = stream().usage();
   EnqueueWorkOfAtLeast(device(), stream(), std::chrono::milliseconds(10));
@@ -1215,21 +1240,15 @@ TEST_P(BackendConformanceTest, UsageCountsTenMillisecondsOfWork) {
 // of it twice).
 TEST_P(BackendConformanceTest, UsageOfBackToBackSubmitsCountsEachOnce) {
   const Usage before = stream().usage();
-  const auto start = std::chrono::steady_clock::now();
-  std::atomic<int> completed{0};
-  for (int i = 0; i < 5; ++i) {
+  const BackToBack run = RunBackToBack(stream(), 5, [&](int) {
     EnqueueWorkOfAtLeast(device(), stream(), std::chrono::milliseconds(2));
-    stream().OnComplete([&completed](Status status) {
-      if (status.ok()) ++completed;
-    });
-  }
-  ASSERT_TRUE(Sync(stream()).ok());
-  const auto wall = std::chrono::duration_cast<std::chrono::nanoseconds>(
-      std::chrono::steady_clock::now() - start);
+  });
+  ASSERT_FALSE(HasFatalFailure());
+  ASSERT_TRUE(run.synced.ok()) << run.synced.ToString();
   const Usage used = Minus(stream().usage(), before);
-  EXPECT_EQ(completed.load(), 5);
+  EXPECT_EQ(run.completed, 5);
   EXPECT_GE(used.busy_ns, 10'000'000u) << Describe(used);
-  EXPECT_LE(used.busy_ns, static_cast<uint64_t>(wall.count())) << Describe(used);
+  EXPECT_LE(used.busy_ns, static_cast<uint64_t>(run.wall.count())) << Describe(used);
 }
 
 TEST_P(BackendConformanceTest, UsageCountsCopiesByDirection) {
@@ -1287,28 +1306,22 @@ TEST_P(BackendConformanceTest, UsageOfSubmitsThatOnlyCopyCountsEveryCopy) {
   ASSERT_TRUE(stream().CopyDeviceToHost(host.data(), buf.ptr(), kBytes).ok());
   ASSERT_TRUE(Sync(stream()).ok());
   const Usage before = stream().usage();
-  const auto start = std::chrono::steady_clock::now();
-  std::atomic<int> completed{0};
-  for (int i = 0; i < kSubmits; ++i) {
+  const BackToBack run = RunBackToBack(stream(), kSubmits, [&](int i) {
     Status copied = i % 2 == 0 ? stream().CopyHostToDevice(buf.ptr(), host.data(), kBytes)
                                : stream().CopyDeviceToHost(host.data(), buf.ptr(), kBytes);
     ASSERT_TRUE(copied.ok()) << copied.ToString();
-    stream().OnComplete([&completed](Status status) {
-      if (status.ok()) ++completed;
-    });
-  }
-  ASSERT_TRUE(Sync(stream()).ok());
-  const auto wall = std::chrono::duration_cast<std::chrono::nanoseconds>(
-      std::chrono::steady_clock::now() - start);
+  });
+  ASSERT_FALSE(HasFatalFailure());
+  ASSERT_TRUE(run.synced.ok()) << run.synced.ToString();
   const Usage used = Minus(stream().usage(), before);
-  EXPECT_EQ(completed.load(), kSubmits);
+  EXPECT_EQ(run.completed, kSubmits);
   EXPECT_EQ(used.h2d_bytes, kSubmits / 2 * kBytes) << Describe(used);
   EXPECT_EQ(used.d2h_bytes, kSubmits / 2 * kBytes) << Describe(used);
   EXPECT_GT(used.h2d_ns, 0u) << Describe(used);
   EXPECT_GT(used.d2h_ns, 0u) << Describe(used);
   EXPECT_LE(used.h2d_ns + used.d2h_ns, used.busy_ns)
       << "copies are part of the busy time; " << Describe(used);
-  EXPECT_LE(used.busy_ns, static_cast<uint64_t>(wall.count())) << Describe(used);
+  EXPECT_LE(used.busy_ns, static_cast<uint64_t>(run.wall.count())) << Describe(used);
 }
 
 TEST_P(BackendConformanceTest, UsageOfCopiesReplayedFromAGraphIsBusyTimeOnly) {

@@ -428,10 +428,7 @@ TEST_F(HostileClientsPerUidTest, OneUidsBurstOfSlabAcquiresDoesNotQueueAheadOfAn
   FerrydProcess& d = *daemon_;
   const std::string ep = testing::MetricsEndpoint(d);
   ASSERT_FALSE(ep.empty());
-  auto waiting = [&] {
-    return testing::Value(testing::ResponseBody(testing::HttpGet(ep, "/metrics")),
-                          "ferry_slab_acquires_waiting");
-  };
+  auto waiting = [&] { return testing::Value(testing::Scrape(ep), "ferry_slab_acquires_waiting"); };
   const std::string slab_path = d.unix_target().substr(5) + ".slabs";
   // A session of `uid` with its slab connection bound (made as that uid).
   struct Tenant {
@@ -544,7 +541,7 @@ TEST_F(HostileClientsPerUidTest, StreamsThatNeverSendOpenAreBoundedPerUidAndEndA
   const std::string ep = testing::MetricsEndpoint(d);
   ASSERT_FALSE(ep.empty());
   auto metric = [&](const std::string& name, const std::string& label = "") {
-    return testing::Value(testing::ResponseBody(testing::HttpGet(ep, "/metrics")), name, label);
+    return testing::Value(testing::Scrape(ep), name, label);
   };
   // uid A opens its streams on one connection, as HTTP/2 lets a client do.
   const int fd = ConnectAs(kUidA, kUidA, d.unix_target().substr(5));
@@ -602,7 +599,7 @@ TEST_F(HostileClientsPerUidTest, ConnectionsAreBoundedPerUidAndInAll) {
   const std::string ep = testing::MetricsEndpoint(d);
   ASSERT_FALSE(ep.empty());
   auto metric = [&](const std::string& name, const std::string& label = "") {
-    return testing::Value(testing::ResponseBody(testing::HttpGet(ep, "/metrics")), name, label);
+    return testing::Value(testing::Scrape(ep), name, label);
   };
   const std::string path = d.unix_target().substr(5);
   // Connections that send nothing; which of them the daemon closed within a second.
@@ -668,9 +665,7 @@ TEST_F(HostileClientsPerUidTest, HalfClosedConnectionsHoldNoDescriptorsPastTheLi
   EXPECT_TRUE(within) << "ferryd holds " << OpenFds(d.pid()) << " descriptors, " << fds_before
                       << " before 200 half-closed connections";
   // A uid holding no connection has no series (-1: none).
-  EXPECT_EQ(testing::Value(testing::ResponseBody(testing::HttpGet(ep, "/metrics")),
-                           "ferry_uid_local_connections", "uid:41001"),
-            -1);
+  EXPECT_EQ(testing::Value(testing::Scrape(ep), "ferry_uid_local_connections", "uid:41001"), -1);
   // uid A, and another uid, still connect and open sessions.
   auto a = StreamAs(kUidA, d);
   ASSERT_TRUE(a && a->Open()) << d.log();
