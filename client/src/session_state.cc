@@ -151,8 +151,20 @@ Status SessionState::Open(std::shared_ptr<ClientState> client, const SessionOpti
       ring_ = std::move(channels.ring);
     }
   }
+  if (local()) {
+    // The last session's slabs the daemon kept for this one: mapped already, no acquire.
+    for (uint64_t id : opened_.kept_slabs()) {
+      for (auto& slab : call_->slabs) {
+        if (slab && slab->id == id) {
+          arena_->Add(std::move(slab));
+          break;
+        }
+      }
+    }
+  }
   call_->board.reset();  // a kept stream's channels this session did not take over
   call_->ring.reset();
+  call_->slabs.clear();  // likewise its slabs
   StartReader(/*read=*/true);
   return Status::Ok();
 }
@@ -245,6 +257,12 @@ Result<SessionStats> SessionState::Close() {
   }
   v1::ClientMessage m;
   m.mutable_close()->set_keep_stream(true);  // for the next session this client opens
+  // And the slabs no buffer uses, so that the next session's buffers need no fresh slab
+  // (docs/protocol.md, "Kept slabs"). The staging buffer's slab among them: nothing uses it
+  // once the session is closed.
+  staging_ = PinnedBuffer();
+  closing_slabs_ = arena_->TakeUnused();
+  for (const auto& slab : closing_slabs_) m.mutable_close()->add_keep_slabs(slab->id);
   bool sent = Send(m);
   std::optional<SessionStats> stats;
   {
@@ -297,12 +315,14 @@ void SessionState::Shutdown() {
       // client (nothing of this session reads or writes them any more).
       call_->board = std::move(board_);
       call_->ring = std::move(ring_);
+      call_->slabs = std::move(closing_slabs_);
       client_->KeepCall(std::move(call_), kept_ms);
     } else {
       stream_->Finish();
     }
     stream_ = nullptr;
   }
+  closing_slabs_.clear();  // not kept: unmapped (moved to the kept call otherwise)
   if (slab_socket_) slab_socket_->Close();
 }
 

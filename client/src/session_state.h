@@ -57,6 +57,9 @@ struct SessionCall {
   // session on this stream takes over when the daemon says so (Opened.channels_kept).
   std::unique_ptr<CompletionBoard> board;
   std::unique_ptr<RingWriter> ring;
+  // Kept: the last session's slabs that no buffer used, still mapped, which the next session
+  // takes over where the daemon says so (Opened.kept_slabs; docs/protocol.md, "Kept slabs").
+  std::vector<std::shared_ptr<SlabMapping>> slabs;
   // End the call at once (cancelled) and let gRPC finish it.
   void Cancel() {
     context.TryCancel();
@@ -237,6 +240,9 @@ class SessionState {
   std::unique_ptr<RingWriter> ring_;
   uint64_t next_sequence_ = 1;
   PinnedBuffer staging_;
+  // The slabs Close asked the daemon to keep (Close.keep_slabs), out of the arena: the kept
+  // stream's next session takes them over, or they are unmapped with the last buffer.
+  std::vector<std::shared_ptr<SlabMapping>> closing_slabs_;
   bool staging_failed_ = false;
   std::vector<std::shared_ptr<PendingState>> detached_;
 };

@@ -47,4 +47,16 @@ void SlabArena::Free(uint64_t slab, uint64_t offset, uint64_t bytes) {
   }
 }
 
+std::vector<std::shared_ptr<SlabMapping>> SlabArena::TakeUnused() {
+  MutexLock lock(&mu_);
+  std::vector<std::shared_ptr<SlabMapping>> unused;
+  std::erase_if(slabs_, [&](Entry& e) {
+    const bool all_free =
+        e.free.size() == 1 && e.free.begin()->first == 0 && e.free.begin()->second == e.map->size;
+    if (all_free) unused.push_back(std::move(e.map));
+    return all_free;
+  });
+  return unused;
+}
+
 }  // namespace ferry::internal

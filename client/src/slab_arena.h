@@ -35,6 +35,9 @@ class SlabArena {
   bool Allocate(uint64_t bytes, std::shared_ptr<SlabMapping>* map, uint64_t* offset);
   // Return a range Allocate gave out of slab `slab`, merging it with its free neighbours.
   void Free(uint64_t slab, uint64_t offset, uint64_t bytes);
+  // Take out every slab no buffer uses (all of it free), for the next session on a kept
+  // stream (docs/protocol.md, "Kept slabs"); nothing is carved from them here any more.
+  std::vector<std::shared_ptr<SlabMapping>> TakeUnused();
 
  private:
   struct Entry {

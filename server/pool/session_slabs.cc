@@ -154,11 +154,67 @@ void SessionSlabs::Close() {
     MutexLock lock(&mu_);
     closed_ = true;
     slabs.swap(slabs_);
+    for (uint64_t id : keep_at_close_) {
+      auto it = slabs.find(id);
+      // A quarantined slab's bytes are of unknown state, and a busy one is still in use.
+      if (it == slabs.end() || it->second.quarantined || !it->second.busy.empty()) continue;
+      kept_.emplace(id, it->second.ref);
+      slabs.erase(it);
+    }
+    keep_at_close_.clear();
   }
   for (auto& [id, h] : slabs) {
     pool_->Release(id, h.quarantined);
     if (charge_) charge_->Refund(pool_->slab_size());
   }
+}
+
+void SessionSlabs::KeepAtClose(std::vector<uint64_t> ids) {
+  MutexLock lock(&mu_);
+  if (!closed_ && !keeping_over_) keep_at_close_ = std::move(ids);
+}
+
+void SessionSlabs::ReleaseKept() {
+  std::map<uint64_t, SlabRef> kept;
+  {
+    MutexLock lock(&mu_);
+    kept.swap(kept_);
+    keep_at_close_.clear();  // a Close still to come gives everything back
+    keeping_over_ = true;
+  }
+  for (auto& [id, ref] : kept) {
+    pool_->Release(id, /*quarantined=*/false);
+    if (charge_) charge_->Refund(pool_->slab_size());
+  }
+}
+
+std::vector<uint64_t> SessionSlabs::AdoptKept(SessionSlabs& last) {
+  std::map<uint64_t, SlabRef> kept;
+  std::shared_ptr<PinnedCharge> last_charge;
+  {
+    MutexLock lock(&last.mu_);
+    kept.swap(last.kept_);
+    last_charge = last.charge_;
+  }
+  std::vector<uint64_t> adopted;
+  MutexLock lock(&mu_);
+  for (auto& [id, ref] : kept) {
+    // The charge moves with the slab: nothing to do where both sessions pay the same account.
+    bool charged = last_charge == charge_;
+    if (!charged) {
+      if (last_charge) last_charge->Refund(pool_->slab_size());
+      charged = !charge_ || charge_->TryCharge(pool_->slab_size()).ok();
+    }
+    const bool fits = !pinned_quota_ || (slabs_.size() + 1) * pool_->slab_size() <= pinned_quota_;
+    if (closed_ || !charged || !fits) {
+      if (charged && charge_) charge_->Refund(pool_->slab_size());
+      pool_->Release(id, /*quarantined=*/false);
+      continue;
+    }
+    slabs_[id].ref = ref;
+    adopted.push_back(id);
+  }
+  return adopted;
 }
 
 size_t SessionSlabs::slab_count() const {

@@ -75,7 +75,10 @@ class SessionSlabs {
   /// `pinned_quota`: the most slab bytes the session may hold (0: no limit but the pool's).
   explicit SessionSlabs(SlabPool* pool, uint64_t pinned_quota = 0)
       : pool_(pool), pinned_quota_(pinned_quota) {}
-  ~SessionSlabs() { Close(); }
+  ~SessionSlabs() {
+    Close();
+    ReleaseKept();
+  }
   SessionSlabs(const SessionSlabs&) = delete;
   SessionSlabs& operator=(const SessionSlabs&) = delete;
 
@@ -104,9 +107,26 @@ class SessionSlabs {
   /// failed (quarantined: the slab is destroyed, not pooled, at Close).
   void Finish(const SlabRange& r, bool failed);
 
-  /// Give every slab back to the pool (quarantined ones are destroyed). Call only once no
+  /// Give every slab back to the pool (quarantined ones are destroyed), except those named
+  /// by KeepAtClose, which the session kept for the next one on its stream. Call only once no
   /// device work touches them. Idempotent.
   void Close();
+
+  // --- kept slabs (docs/protocol.md, "Kept slabs") ------------------------------------------
+  // A session closed with its stream kept may hand the slabs its client asked to keep to the
+  // next session on that stream: the same client, which has them mapped, so no one sees
+  // memory they could not see before. Until then they stay held and charged.
+
+  /// At Close, keep the slabs of `ids` that the session holds and no failed copy quarantined
+  /// (other ids are ignored) instead of giving them back. Before Close; the last call wins.
+  void KeepAtClose(std::vector<uint64_t> ids);
+  /// Give the slabs kept at Close back to the pool (the stream was not kept, or ended before
+  /// the next Open); a Close after it keeps nothing. Idempotent; the destructor does it too.
+  void ReleaseKept();
+  /// Take over the slabs `last` kept at its Close, as if this session had acquired them; the
+  /// ids taken, in order. A slab that would pass this session's pinned quota, or its charge,
+  /// goes back to the pool instead. Call before the slabs are shared with the broker.
+  std::vector<uint64_t> AdoptKept(SessionSlabs& last);
 
   size_t slab_count() const;
 
@@ -138,6 +158,9 @@ class SessionSlabs {
   std::map<uint64_t, Held> slabs_ ABSL_GUARDED_BY(mu_);
   uint64_t acquiring_ ABSL_GUARDED_BY(mu_) = 0;  // Acquire calls waiting for the pool
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<uint64_t> keep_at_close_ ABSL_GUARDED_BY(mu_);  // KeepAtClose
+  std::map<uint64_t, SlabRef> kept_ ABSL_GUARDED_BY(mu_);     // kept at Close, still charged
+  bool keeping_over_ ABSL_GUARDED_BY(mu_) = false;            // ReleaseKept ran: keep no more
 };
 
 }  // namespace ferry::pool

@@ -130,6 +130,10 @@ std::string RenderMetrics(const SessionServiceContext& c,
            "Sessions closed whose stream was kept open for the client's next Open "
            "(Close.keep_stream), since start.",
            c.gauges.streams_kept_total.load());
+  e.Metric("ferry_slabs_kept_total", "counter",
+           "Slabs a session started with because the last session on its kept stream kept "
+           "them (Close.keep_slabs), instead of fresh ones, since start.",
+           c.gauges.slabs_kept_total.load());
   e.Family(
       "ferry_streams_refused_total", "counter",
       "Session streams reset at once, past a limit on streams without a session, since start.");

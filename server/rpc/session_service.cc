@@ -305,6 +305,10 @@ class SessionConnection : public session::SessionEvents,
     paused_ = false;
     if (!slab_token_.empty()) context_->parts.slab_broker->RevokeToken(slab_token_);
     if (session_ && !session_done_) session_->Abort();
+    // Kept slabs (docs/protocol.md, "Kept slabs") go back with the stream.
+    if (session_slabs_) session_slabs_->ReleaseKept();
+    if (last_slabs_) last_slabs_->ReleaseKept();
+    last_slabs_.reset();
     session_done_ = true;
     session_.reset();
     closed_session_.reset();
@@ -387,6 +391,7 @@ class SessionConnection : public session::SessionEvents,
       MaybeReadMore();  // the next Open
       return;
     }
+    if (session_slabs_) session_slabs_->ReleaseKept();  // no next session to take them
     if (end_ == StreamEnd::kOpen && !write_in_flight_ && outbox_.empty() && reactor_) {
       // Nothing else to write: Closed and the stream's end go in one write, so the client
       // reads both at once instead of waiting for a second write after this one's.
@@ -449,6 +454,10 @@ class SessionConnection : public session::SessionEvents,
         if (!session_) return ProtocolViolation("Close before Open");
         close_requested_ = true;
         keep_stream_asked_ = message->close().keep_stream();
+        if (keep_stream_asked_ && session_slabs_) {
+          const auto& ids = message->close().keep_slabs();
+          session_slabs_->KeepAtClose(std::vector<uint64_t>(ids.begin(), ids.end()));
+        }
         session_->Close();
         return;
       case v1::ClientMessage::KIND_NOT_SET:
@@ -653,6 +662,15 @@ class SessionConnection : public session::SessionEvents,
     // From here the stream is a session (counted by the sessions limits) or ends.
     sessionless_.Release();
     closed_session_.reset();  // a kept stream's last session
+    // The slabs it kept go to this session (below); whatever is left of them, whatever
+    // happens, back to the pool when Open returns.
+    struct ReleaseKeptOnReturn {
+      std::shared_ptr<pool::SessionSlabs> slabs;
+      ~ReleaseKeptOnReturn() {
+        if (slabs) slabs->ReleaseKept();
+      }
+    } last{std::move(last_slabs_)};
+    pool::SessionSlabs* last_slabs = last.slabs.get();
     if (open.protocol_version() != v1::PROTOCOL_VERSION_CURRENT) {
       return ProtocolViolation("protocol version " + std::to_string(open.protocol_version()) +
                                " is not supported; this daemon speaks " +
@@ -723,6 +741,14 @@ class SessionConnection : public session::SessionEvents,
         kept_ring_.reset();
         OpenChannels(open, *slabs, o);
       }
+      if (last_slabs) {
+        // The slabs the last session on this stream kept for this one (docs/protocol.md,
+        // "Kept slabs"): the same client, which has them mapped.
+        for (uint64_t id : slabs->AdoptKept(*last_slabs)) {
+          o->add_kept_slabs(id);
+          ++context_->gauges.slabs_kept_total;
+        }
+      }
       session_->AttachSlabs(slabs);
       auto token = context_->parts.slab_broker->IssueToken(slabs, *peer_.uid);
       if (!token.ok()) {
@@ -768,8 +794,8 @@ class SessionConnection : public session::SessionEvents,
     } else {
       DropRing();
     }
-    session_slabs_.reset();
-    if (!slab_token_.empty()) {  // never used, or spent: either way no longer good
+    last_slabs_ = std::move(session_slabs_);  // with the slabs it kept for the next session
+    if (!slab_token_.empty()) {               // never used, or spent: either way no longer good
       context_->parts.slab_broker->RevokeToken(slab_token_);
       slab_token_.clear();
     }
@@ -1116,6 +1142,9 @@ class SessionConnection : public session::SessionEvents,
   // A local session's slab set (with its board and ring), and, on a kept stream between
   // sessions, the board and ring the next session takes over (Opened.channels_kept).
   std::shared_ptr<pool::SessionSlabs> session_slabs_;
+  // On a kept stream between sessions: the last session's slab set, holding the slabs it
+  // kept for the next one (Close.keep_slabs); given back at the next Open or with the stream.
+  std::shared_ptr<pool::SessionSlabs> last_slabs_;
   std::shared_ptr<transport::CompletionBoard> kept_board_;
   std::shared_ptr<transport::SubmitRing> kept_ring_;
   // Since when the stream has carried no session, and whether an open deadline is armed.

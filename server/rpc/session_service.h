@@ -70,6 +70,7 @@ struct StreamGauges {
   std::atomic<uint64_t> open_timeouts_total{0};
   std::atomic<uint64_t> streams_started_total{0};  // session streams the daemon took
   std::atomic<uint64_t> streams_kept_total{0};     // sessions closed with their stream kept
+  std::atomic<uint64_t> slabs_kept_total{0};       // slabs a session took over from the last one
   /// Set while draining: new sessions are refused with UNAVAILABLE.
   std::atomic<bool> draining{false};
 };

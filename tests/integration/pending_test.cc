@@ -72,12 +72,13 @@ void RoundTrip(Session& s, bool expect_shared) {
 TEST(PendingTest, LocalRoundTripThroughSharedMemory) {
   FerrydProcess d(SmallPool());
   ASSERT_TRUE(d.ok());
-  Session s = Open(d.unix_target());
-  EXPECT_EQ(s.slab_size(), 4u << 20);
-  RoundTrip(s, true);
-  EXPECT_TRUE(s.close().ok());
-  auto st = d.WaitIdle();
-  EXPECT_EQ(st.slabs_in_use(), 0u);
+  {
+    Session s = Open(d.unix_target());
+    EXPECT_EQ(s.slab_size(), 4u << 20);
+    RoundTrip(s, true);
+    EXPECT_TRUE(s.close().ok());
+  }  // its client goes, and the stream that kept its slabs (docs/protocol.md, "Kept slabs")
+  EXPECT_TRUE(testing::Eventually([&] { return d.WaitIdle().slabs_in_use() == 0; }));
 }
 
 TEST(PendingTest, RemoteRoundTripInline) {
@@ -715,30 +716,32 @@ TEST(PendingTest, PinnedBuffersBeyondTheSessionQuotaAreQuotaExceeded) {
   args.insert(args.end(), {"--session-pinned-quota", "8M"});
   FerrydProcess d(args);
   ASSERT_TRUE(d.ok());
-  Session s = Open(d.unix_target());
-  auto a = s.pinned_buffer(s.slab_size());
-  auto b = s.pinned_buffer(s.slab_size());
-  ASSERT_TRUE(a.ok() && b.ok());
-  auto c = s.pinned_buffer(s.slab_size());  // a third slab: 12M > 8M
-  ASSERT_FALSE(c.ok());
-  EXPECT_EQ(c.status().kind(), ErrorKind::kQuotaExceeded) << c.status().ToString();
-  EXPECT_NE(c.status().message().find("session-pinned-quota"), std::string::npos)
-      << c.status().ToString();
-  EXPECT_EQ(d.AdminStatus().slabs_in_use(), 2u);
-  // The budget still has room: another session gets its slabs.
-  Session other = Open(d.unix_target());
-  auto o = other.pinned_buffer(other.slab_size());
-  ASSERT_TRUE(o.ok()) << o.status().ToString();
-  // A buffer freed makes room again in the slabs already held; the session keeps working.
-  *a = PinnedBuffer();
-  auto again = s.pinned_buffer(1 << 20);
-  ASSERT_TRUE(again.ok()) << again.status().ToString();
-  RoundTrip(s, true);
-  EXPECT_EQ(d.AdminStatus().slabs_in_use(), 3u);
-  *o = PinnedBuffer();
-  EXPECT_TRUE(other.close().ok());
-  EXPECT_TRUE(s.close().ok());
-  EXPECT_EQ(d.WaitIdle().slabs_in_use(), 0u);
+  {
+    Session s = Open(d.unix_target());
+    auto a = s.pinned_buffer(s.slab_size());
+    auto b = s.pinned_buffer(s.slab_size());
+    ASSERT_TRUE(a.ok() && b.ok());
+    auto c = s.pinned_buffer(s.slab_size());  // a third slab: 12M > 8M
+    ASSERT_FALSE(c.ok());
+    EXPECT_EQ(c.status().kind(), ErrorKind::kQuotaExceeded) << c.status().ToString();
+    EXPECT_NE(c.status().message().find("session-pinned-quota"), std::string::npos)
+        << c.status().ToString();
+    EXPECT_EQ(d.AdminStatus().slabs_in_use(), 2u);
+    // The budget still has room: another session gets its slabs.
+    Session other = Open(d.unix_target());
+    auto o = other.pinned_buffer(other.slab_size());
+    ASSERT_TRUE(o.ok()) << o.status().ToString();
+    // A buffer freed makes room again in the slabs already held; the session keeps working.
+    *a = PinnedBuffer();
+    auto again = s.pinned_buffer(1 << 20);
+    ASSERT_TRUE(again.ok()) << again.status().ToString();
+    RoundTrip(s, true);
+    EXPECT_EQ(d.AdminStatus().slabs_in_use(), 3u);
+    *o = PinnedBuffer();
+    EXPECT_TRUE(other.close().ok());
+    EXPECT_TRUE(s.close().ok());
+  }  // the clients go, and the streams that kept slabs (docs/protocol.md, "Kept slabs")
+  EXPECT_TRUE(testing::Eventually([&] { return d.WaitIdle().slabs_in_use() == 0; }));
 }
 
 // Open fds of process `pid` (-1 when /proc cannot tell).

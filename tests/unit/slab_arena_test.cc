@@ -88,6 +88,36 @@ TEST(SlabArenaTest, SpillsToTheNextSlabAndFreesIntoTheRightOne) {
   EXPECT_FALSE(arena.Allocate(2048, &map, &offset));
 }
 
+// At a close, the slabs no buffer uses leave the arena (for the next session on a kept
+// stream: docs/protocol.md, "Kept slabs"); a slab with any range given out stays.
+TEST(SlabArenaTest, TakeUnusedTakesOnlyWhollyFreeSlabs) {
+  SlabArena arena;
+  arena.Add(FakeSlab(1, 4096));
+  arena.Add(FakeSlab(2, 4096));
+  arena.Add(FakeSlab(3, 4096));
+  uint64_t slab = 0;
+  EXPECT_EQ(MustAllocate(arena, 4096, &slab), 0u);
+  EXPECT_EQ(slab, 1u);
+  const uint64_t at = MustAllocate(arena, 256, &slab);
+  EXPECT_EQ(slab, 2u);
+  const uint64_t freed = MustAllocate(arena, 256, &slab);
+  arena.Free(2, freed, 256);  // freed again: slab 2 still has one range out
+  auto unused = arena.TakeUnused();
+  ASSERT_EQ(unused.size(), 1u);
+  EXPECT_EQ(unused[0]->id, 3u);
+  // Nothing is carved from a taken slab: slab 2's rest, then no room.
+  EXPECT_EQ(MustAllocate(arena, 4096 - 256, &slab), 256u);
+  EXPECT_EQ(slab, 2u);
+  std::shared_ptr<SlabMapping> map;
+  uint64_t offset = 0;
+  EXPECT_FALSE(arena.Allocate(256, &map, &offset));
+  arena.Free(2, at, 256);
+  arena.Free(2, 256, 4096 - 256);
+  arena.Free(1, 0, 4096);
+  EXPECT_EQ(arena.TakeUnused().size(), 2u);
+  EXPECT_TRUE(arena.TakeUnused().empty());
+}
+
 TEST(SlabArenaTest, ADroppedBufferGivesItsRangeBack) {
   auto arena = std::make_shared<SlabArena>();
   arena->Add(FakeSlab(3, 1024));

@@ -8,7 +8,9 @@
 
 #include <atomic>
 #include <cstring>
+#include <memory>
 #include <set>
+#include <vector>
 
 #include "pool/session_slabs.h"
 #include "session/admission.h"
@@ -225,6 +227,123 @@ TEST(SessionSlabsTest, RangesAreCheckedAndBusy) {
   s.Close();
   pool->WaitIdleForTest();
   EXPECT_EQ(pool->stats().slabs_total, 0u);  // destroyed, not pooled
+}
+
+// What Close keeps for the next session on a kept stream (docs/protocol.md, "Kept slabs"):
+// only slabs the session holds, none a failed copy quarantined, none still busy; the next
+// session takes them over, charge and all, and what no session takes goes back.
+class CountingCharge : public PinnedCharge {
+ public:
+  Status TryCharge(uint64_t bytes) override {
+    if (limit && held + bytes > limit) return Status(ErrorKind::kQuotaExceeded, "limit");
+    held += bytes;
+    return Status::Ok();
+  }
+  void Refund(uint64_t bytes) override { held -= bytes; }
+  uint64_t held = 0;
+  uint64_t limit = 0;
+};
+
+TEST(SessionSlabsTest, CloseKeepsOnlyHealthySlabsItHoldsAndTheNextSessionTakesThem) {
+  std::atomic<int> registered{0};
+  auto pool = MakePool(8, 0, &registered);
+  auto charge = std::make_shared<CountingCharge>();
+  auto last = std::make_unique<SessionSlabs>(pool.get());
+  last->SetCharge(charge);
+  ASSERT_TRUE(last->Bind(7));
+  auto healthy = last->Acquire(), quarantined = last->Acquire(), busy = last->Acquire();
+  ASSERT_TRUE(healthy.ok() && quarantined.ok() && busy.ok());
+  last->MarkBusy({quarantined->id, 0, 16});
+  last->Finish({quarantined->id, 0, 16}, /*failed=*/true);
+  last->MarkBusy({busy->id, 0, 16});  // never finished
+  EXPECT_EQ(charge->held, 3 * kSlab);
+  last->KeepAtClose({healthy->id, quarantined->id, busy->id, healthy->id + 1000});
+  last->Close();
+  pool->WaitIdleForTest();
+  EXPECT_EQ(pool->stats().slabs_in_use, 1u) << "only the healthy slab is kept";
+  EXPECT_EQ(charge->held, kSlab) << "a kept slab stays charged";
+
+  SessionSlabs next(pool.get());
+  next.SetCharge(charge);
+  EXPECT_EQ(next.AdoptKept(*last), std::vector<uint64_t>{healthy->id});
+  EXPECT_TRUE(next.Check({healthy->id, 0, kSlab}).ok());
+  EXPECT_EQ(charge->held, kSlab) << "the same account pays once";
+  last.reset();  // the taken slab is not the last session's to give back any more
+  EXPECT_EQ(pool->stats().slabs_in_use, 1u);
+  next.Close();
+  pool->WaitIdleForTest();
+  EXPECT_EQ(pool->stats().slabs_in_use, 0u);
+  EXPECT_EQ(charge->held, 0u);
+}
+
+TEST(SessionSlabsTest, KeptSlabsNoSessionTakesGoBack) {
+  std::atomic<int> registered{0};
+  auto pool = MakePool(4, 0, &registered);
+  auto charge = std::make_shared<CountingCharge>();
+  {  // the stream was not kept, or ended before the next Open
+    SessionSlabs last(pool.get());
+    last.SetCharge(charge);
+    ASSERT_TRUE(last.Bind(7));
+    auto slab = last.Acquire();
+    ASSERT_TRUE(slab.ok());
+    last.KeepAtClose({slab->id});
+    last.Close();
+    EXPECT_EQ(pool->stats().slabs_in_use, 1u);
+    last.ReleaseKept();
+    pool->WaitIdleForTest();
+    EXPECT_EQ(pool->stats().slabs_in_use, 0u);
+    EXPECT_EQ(charge->held, 0u);
+  }
+  {  // given up before the Close: the Close keeps nothing
+    SessionSlabs last(pool.get());
+    ASSERT_TRUE(last.Bind(7));
+    auto slab = last.Acquire();
+    ASSERT_TRUE(slab.ok());
+    last.KeepAtClose({slab->id});
+    last.ReleaseKept();
+    last.Close();
+    pool->WaitIdleForTest();
+    EXPECT_EQ(pool->stats().slabs_in_use, 0u);
+  }
+  {  // dropped with its kept slab
+    auto last = std::make_unique<SessionSlabs>(pool.get());
+    ASSERT_TRUE(last->Bind(7));
+    auto slab = last->Acquire();
+    ASSERT_TRUE(slab.ok());
+    last->KeepAtClose({slab->id});
+    last->Close();
+    last.reset();
+    pool->WaitIdleForTest();
+    EXPECT_EQ(pool->stats().slabs_in_use, 0u);
+  }
+}
+
+// The next session's own limits hold for what it takes over: past its pinned quota, or its
+// account's limit where another account pays, a kept slab goes back instead.
+TEST(SessionSlabsTest, AdoptedSlabsStayWithinTheNextSessionsLimits) {
+  std::atomic<int> registered{0};
+  auto pool = MakePool(8, 0, &registered);
+  SessionSlabs last(pool.get());
+  auto last_charge = std::make_shared<CountingCharge>();
+  last.SetCharge(last_charge);
+  ASSERT_TRUE(last.Bind(7));
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 3; ++i) {
+    auto slab = last.Acquire();
+    ASSERT_TRUE(slab.ok());
+    ids.push_back(slab->id);
+  }
+  last.KeepAtClose(ids);
+  last.Close();
+  SessionSlabs next(pool.get(), /*pinned_quota=*/2 * kSlab);
+  auto next_charge = std::make_shared<CountingCharge>();
+  next_charge->limit = kSlab;
+  next.SetCharge(next_charge);
+  EXPECT_EQ(next.AdoptKept(last).size(), 1u) << "its account's limit admits one slab";
+  EXPECT_EQ(last_charge->held, 0u);
+  EXPECT_EQ(next_charge->held, kSlab);
+  pool->WaitIdleForTest();
+  EXPECT_EQ(pool->stats().slabs_in_use, 1u);
 }
 
 // Overlapping ranges are kept apart: a byte stays busy while any range holding it does.
