@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <iterator>
@@ -69,13 +70,34 @@ Result<SlabRef> SessionSlabs::Acquire() {
                                                  " bytes, --session-pinned-quota) is held by its " +
                                                  std::to_string(counted) + " slabs");
   }
-  if (charge_) FERRY_RETURN_IF_ERROR(charge_->TryCharge(pool_->slab_size()));
   const uid_t uid = *uid_;
+  if (charge_) {
+    Status charged = charge_->TryCharge(pool_->slab_size());
+    if (!charged.ok()) {
+      // The uid's own kept slabs may be what holds its limit (not under mu_: giving them
+      // back takes other slab sets' locks).
+      lock.Unlock();
+      while (!charged.ok() && pool_->kept().ReleaseOldest(uid)) {
+        charged = charge_->TryCharge(pool_->slab_size());
+      }
+      lock.Lock();
+      FERRY_RETURN_IF_ERROR(charged);
+      if (closed_) {
+        charge_->Refund(pool_->slab_size());
+        return Status(ErrorKind::kSessionClosed, "the session is closed");
+      }
+    }
+  }
   ++acquiring_;
   // Not under mu_: the pool may make the slab now (tens of ms), and the session's executor
   // checks and marks ranges of the slabs it holds meanwhile.
   lock.Unlock();
   Result<SlabRef> ref = pool_->Acquire(uid);
+  // The budget held by slabs in use: idle kept slabs, anyone's, go first.
+  while (!ref.ok() && ref.status().kind() == ErrorKind::kQuotaExceeded &&
+         pool_->kept().ReleaseOldest(std::nullopt)) {
+    ref = pool_->Acquire(uid);
+  }
   lock.Lock();
   --acquiring_;
   if (ref.ok() && closed_) {  // closed while the slab was made: it goes back at once
@@ -150,6 +172,7 @@ void SessionSlabs::Finish(const SlabRange& r, bool failed) {
 
 void SessionSlabs::Close() {
   std::map<uint64_t, Held> slabs;
+  std::optional<uid_t> kept_by;  // set when this Close kept slabs
   {
     MutexLock lock(&mu_);
     closed_ = true;
@@ -162,10 +185,18 @@ void SessionSlabs::Close() {
       slabs.erase(it);
     }
     keep_at_close_.clear();
+    if (!kept_.empty() && uid_) kept_by = *uid_;
   }
   for (auto& [id, h] : slabs) {
     pool_->Release(id, h.quarantined);
     if (charge_) charge_->Refund(pool_->slab_size());
+  }
+  // Indexed for grants short of room (a set made without a shared_ptr, as in unit tests,
+  // cannot be: its kept slabs go back only as below).
+  if (kept_by) {
+    if (std::weak_ptr<SessionSlabs> self = weak_from_this(); !self.expired()) {
+      pool_->kept().Add(std::move(self), *kept_by);
+    }
   }
 }
 
@@ -174,7 +205,7 @@ void SessionSlabs::KeepAtClose(std::vector<uint64_t> ids) {
   if (!closed_ && !keeping_over_) keep_at_close_ = std::move(ids);
 }
 
-void SessionSlabs::ReleaseKept() {
+size_t SessionSlabs::ReleaseKept() {
   std::map<uint64_t, SlabRef> kept;
   {
     MutexLock lock(&mu_);
@@ -186,6 +217,7 @@ void SessionSlabs::ReleaseKept() {
     pool_->Release(id, /*quarantined=*/false);
     if (charge_) charge_->Refund(pool_->slab_size());
   }
+  return kept.size();
 }
 
 std::vector<uint64_t> SessionSlabs::AdoptKept(SessionSlabs& last) {
@@ -220,6 +252,32 @@ std::vector<uint64_t> SessionSlabs::AdoptKept(SessionSlabs& last) {
 size_t SessionSlabs::slab_count() const {
   MutexLock lock(&mu_);
   return slabs_.size();
+}
+
+void KeptSlabsIndex::Add(std::weak_ptr<SessionSlabs> holder, uid_t uid) {
+  MutexLock lock(&mu_);
+  // Holders gone since (their kept slabs taken over or given back) go now: the index holds
+  // at most one entry per slab set alive.
+  std::erase_if(holders_, [](const Holder& h) { return h.slabs.expired(); });
+  holders_.push_back({std::move(holder), uid});
+}
+
+bool KeptSlabsIndex::ReleaseOldest(std::optional<uid_t> uid) {
+  for (;;) {
+    std::shared_ptr<SessionSlabs> oldest;
+    {
+      MutexLock lock(&mu_);
+      auto it = std::find_if(holders_.begin(), holders_.end(), [&](const Holder& h) {
+        return !h.slabs.expired() && (!uid || h.uid == *uid);
+      });
+      if (it == holders_.end()) return false;
+      oldest = it->slabs.lock();
+      holders_.erase(it);
+    }
+    // Not under mu_: ReleaseKept takes the set's lock and the pool's. A set whose slabs the
+    // next session took over (or that gave them back) has none: look further.
+    if (oldest && oldest->ReleaseKept() > 0) return true;
+  }
 }
 
 }  // namespace ferry::pool

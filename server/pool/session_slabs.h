@@ -70,7 +70,7 @@ class PinnedCharge {
   virtual void Refund(uint64_t bytes) = 0;
 };
 
-class SessionSlabs {
+class SessionSlabs : public std::enable_shared_from_this<SessionSlabs> {
  public:
   /// `pinned_quota`: the most slab bytes the session may hold (0: no limit but the pool's).
   explicit SessionSlabs(SlabPool* pool, uint64_t pinned_quota = 0)
@@ -89,8 +89,10 @@ class SessionSlabs {
   /// Acquire one more slab for the session. SESSION_CLOSED once closed (also when Close came
   /// while the slab was made: it goes back to the pool); QUOTA_EXCEEDED when one more slab
   /// would take the session past its pinned quota (slabs being acquired count), or the
-  /// pool's budget is held by slabs in use. The session's mutex is not held while the pool
-  /// makes the slab: Check, MarkBusy and Finish go on meanwhile.
+  /// pool's budget is held by slabs in use. Where the charge or the budget has no room,
+  /// kept slabs (the uid's, or anyone's for the budget) are given back first, oldest first
+  /// (KeptSlabsIndex). The session's mutex is not held while the pool makes the slab:
+  /// Check, MarkBusy and Finish go on meanwhile.
   Result<SlabRef> Acquire();
 
   /// A duplicate of the memfd of slab `id` (the caller closes it), taken while the session
@@ -121,8 +123,9 @@ class SessionSlabs {
   /// (other ids are ignored) instead of giving them back. Before Close; the last call wins.
   void KeepAtClose(std::vector<uint64_t> ids);
   /// Give the slabs kept at Close back to the pool (the stream was not kept, or ended before
-  /// the next Open); a Close after it keeps nothing. Idempotent; the destructor does it too.
-  void ReleaseKept();
+  /// the next Open, or a grant needs the room); a Close after it keeps nothing. Returns how
+  /// many went back. Idempotent; the destructor does it too.
+  size_t ReleaseKept();
   /// Take over the slabs `last` kept at its Close, as if this session had acquired them; the
   /// ids taken, in order. A slab that would pass this session's pinned quota, or its charge,
   /// goes back to the pool instead. Call before the slabs are shared with the broker.

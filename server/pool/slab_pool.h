@@ -46,6 +46,31 @@
 
 namespace ferry::pool {
 
+class SessionSlabs;  // session_slabs.h
+
+/// The slab sets that hold kept slabs (SessionSlabs::KeepAtClose: slabs a closed session
+/// keeps for the next session on its stream), oldest first. Kept slabs are idle: they only
+/// save their stream's next session a fresh slab. So a grant that finds no room, in the
+/// pool's budget or under its uid's pinned limit, has them given back first (ReleaseOldest)
+/// rather than fail while they wait. Thread-safe; its lock is never held while a slab set's
+/// or the pool's is taken.
+class KeptSlabsIndex {
+ public:
+  /// `holder` (of `uid`) keeps slabs now.
+  void Add(std::weak_ptr<SessionSlabs> holder, uid_t uid);
+  /// Have the oldest holder that still keeps slabs (of `uid` only, where set) give them
+  /// back (SessionSlabs::ReleaseKept); false when no holder had any.
+  bool ReleaseOldest(std::optional<uid_t> uid);
+
+ private:
+  struct Holder {
+    std::weak_ptr<SessionSlabs> slabs;
+    uid_t uid;
+  };
+  Mutex mu_;
+  std::vector<Holder> holders_ ABSL_GUARDED_BY(mu_);  // oldest first
+};
+
 struct SlabPoolOptions {
   uint64_t slab_size = 64ull << 20;
   uint64_t budget = 1ull << 30;  // the most bytes all slabs together may take
@@ -113,6 +138,8 @@ class SlabPool {
 
   uint64_t slab_size() const { return options_.slab_size; }
   SlabPoolStats stats() const;
+  /// The slab sets holding kept slabs of this pool's slabs.
+  KeptSlabsIndex& kept() { return kept_; }
 
   /// Wait until the pool's thread has nothing left to do (released slabs destroyed, fresh
   /// slabs made up to the target the budget allows, or a make failed), so tests see
@@ -164,6 +191,7 @@ class SlabPool {
 
   const SlabPoolOptions options_;
   const HostRegistration registration_;
+  KeptSlabsIndex kept_;
   mutable Mutex mu_;
   CondVar cv_;  // work for the thread, a make or destroy ended, or the thread went idle
   std::map<uint64_t, Slab> slabs_ ABSL_GUARDED_BY(mu_);

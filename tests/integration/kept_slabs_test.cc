@@ -211,6 +211,45 @@ TEST(KeptSlabsTest, KeptSlabsNeverGoToAnotherStreamAndGoBackWithTheirs) {
   EXPECT_EQ(d->Stop(), 0) << d->log();
 }
 
+// Kept slabs are idle: another client short of room in the pinned budget gets it from them
+// instead of QUOTA_EXCEEDED, and the client whose slabs went back still works (its next
+// session takes a fresh slab).
+TEST(KeptSlabsTest, AnotherClientShortOfRoomGetsItFromKeptSlabs) {
+  FerrydProcess d({"--slab-size", "4M", "--pinned-budget", "8M", "--initial-slabs", "0"});
+  ASSERT_TRUE(d.ok()) << d.log();
+  auto keeper = Client::connect(d.unix_target());
+  ASSERT_TRUE(keeper.ok()) << keeper.status().ToString();
+  {
+    auto session = keeper->open_session();
+    ASSERT_TRUE(session.ok()) << session.status().ToString();
+    auto a = session->pinned_buffer(kSlabBytes);
+    auto b = session->pinned_buffer(kSlabBytes);
+    ASSERT_TRUE(a.ok() && b.ok());
+    *a = PinnedBuffer();
+    *b = PinnedBuffer();
+    ASSERT_TRUE(session->close().ok());
+  }
+  ASSERT_EQ(d.AdminStatus().slabs_in_use(), 2u) << "both slabs kept: the budget is full";
+
+  auto other = Client::connect(d.unix_target());
+  ASSERT_TRUE(other.ok()) << other.status().ToString();
+  auto session = other->open_session();
+  ASSERT_TRUE(session.ok()) << session.status().ToString();
+  auto buffer = session->pinned_buffer(4096);
+  ASSERT_TRUE(buffer.ok()) << "kept slabs held the budget: " << buffer.status().ToString();
+
+  // The keeper's next session starts with nothing kept, and gets a fresh slab.
+  auto next = keeper->open_session();
+  ASSERT_TRUE(next.ok()) << next.status().ToString();
+  auto mine = next->pinned_buffer(4096);
+  ASSERT_TRUE(mine.ok()) << mine.status().ToString();
+  std::memset(mine->data(), 7, 4096);
+  Tensor t = next->create_tensor<uint8_t>({4096});
+  Transfer up = next->upload_pending(std::move(*mine), std::move(t)).wait();
+  EXPECT_TRUE(up.status.ok()) << up.status.ToString();
+  EXPECT_EQ(d.Stop(), 0) << d.log();
+}
+
 // Raw protocol: the slab a session kept is the next one's (Opened.kept_slabs) without the
 // slab socket; a Close that keeps nothing gives it back.
 TEST(KeptSlabsTest, TheKeptSlabIsTheNextSessionsUntilAStreamKeepsNothing) {

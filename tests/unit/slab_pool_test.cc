@@ -346,6 +346,59 @@ TEST(SessionSlabsTest, AdoptedSlabsStayWithinTheNextSessionsLimits) {
   EXPECT_EQ(pool->stats().slabs_in_use, 1u);
 }
 
+// Kept slabs are idle: a grant short of room has them given back first, oldest first, rather
+// than fail while they wait for their stream's next session. The pool's budget takes anyone's;
+// a uid's pinned limit only that uid's own.
+TEST(SessionSlabsTest, AGrantShortOfRoomHasKeptSlabsGivenBackFirst) {
+  std::atomic<int> registered{0};
+  auto pool = MakePool(2, 0, &registered);  // room for two slabs
+  auto charge7 = std::make_shared<CountingCharge>();
+  charge7->limit = kSlab;  // uid 7 may hold one
+  auto charge8 = std::make_shared<CountingCharge>();
+  auto keep_one = [&](uid_t uid, std::shared_ptr<CountingCharge> charge) {
+    auto last = std::make_shared<SessionSlabs>(pool.get());
+    last->SetCharge(std::move(charge));
+    EXPECT_TRUE(last->Bind(uid));
+    auto slab = last->Acquire();
+    EXPECT_TRUE(slab.ok()) << slab.status().ToString();
+    last->KeepAtClose({slab.ok() ? slab->id : 0});
+    last->Close();
+    return last;
+  };
+  auto kept7 = keep_one(7, charge7);
+  auto kept8 = keep_one(8, charge8);
+  EXPECT_EQ(pool->stats().slabs_in_use, 2u);
+
+  // uid 7 at its limit, held by its own kept slab: that one goes, uid 8's stays.
+  SessionSlabs next7(pool.get());
+  next7.SetCharge(charge7);
+  ASSERT_TRUE(next7.Bind(7));
+  auto got7 = next7.Acquire();
+  ASSERT_TRUE(got7.ok()) << got7.status().ToString();
+  EXPECT_EQ(kept7->ReleaseKept(), 0u) << "uid 7's kept slab was not given back";
+  EXPECT_EQ(charge7->held, kSlab);
+  // The budget full (uid 7's new slab, uid 8's kept one): uid 8's kept slab goes for uid 9.
+  SessionSlabs next9(pool.get());
+  ASSERT_TRUE(next9.Bind(9));
+  auto got9 = next9.Acquire();
+  ASSERT_TRUE(got9.ok()) << got9.status().ToString();
+  EXPECT_EQ(kept8->ReleaseKept(), 0u);
+  EXPECT_EQ(charge8->held, 0u);
+  // Nothing kept is left: the budget is held by slabs in use.
+  SessionSlabs next10(pool.get());
+  ASSERT_TRUE(next10.Bind(10));
+  EXPECT_EQ(next10.Acquire().status().kind(), ErrorKind::kQuotaExceeded);
+  // A uid's limit never takes another uid's kept slab.
+  next9.Close();
+  pool->WaitIdleForTest();
+  auto kept11 = keep_one(11, std::make_shared<CountingCharge>());
+  SessionSlabs again7(pool.get());
+  again7.SetCharge(charge7);
+  ASSERT_TRUE(again7.Bind(7));
+  EXPECT_EQ(again7.Acquire().status().kind(), ErrorKind::kQuotaExceeded);
+  EXPECT_EQ(kept11->ReleaseKept(), 1u) << "uid 7's limit took uid 11's kept slab";
+}
+
 // Overlapping ranges are kept apart: a byte stays busy while any range holding it does.
 TEST(BusyRangesTest, OverlappingRangesAreCountedNotOverwritten) {
   BusyRanges b;
