@@ -154,7 +154,9 @@ TEST(KeptSlabsTest, KeptSlabsNeverGoToAnotherStreamAndGoBackWithTheirs) {
   auto d = StartDaemon();
   ASSERT_TRUE(d->ok()) << d->log();
   const std::string metrics = MetricsEndpoint(*d);
-  auto owner = std::make_unique<Client>(*Client::connect(d->unix_target()));
+  auto connected = Client::connect(d->unix_target());
+  ASSERT_TRUE(connected.ok()) << connected.status().ToString();
+  auto owner = std::make_unique<Client>(std::move(*connected));
   {
     auto session = owner->open_session();
     ASSERT_TRUE(session.ok()) << session.status().ToString();
