@@ -137,6 +137,7 @@ std::string StatusJson(const Options& options, const v1::StatusReply& r) {
       .Add("last_recovery_ms", r.last_recovery_ms())
       .Add("slabs_total", r.slabs_total())
       .Add("slabs_in_use", r.slabs_in_use())
+      .Add("slabs_kept", r.slabs_kept())
       .Add("slab_bytes", r.slab_bytes())
       .Add("slab_size", r.slab_size())
       .Add("staging_slabs", r.staging_slabs())
@@ -367,7 +368,8 @@ int RunStatus(const Options& options, std::ostream& out, std::ostream& err) {
       {"bytes down", HumanBytes(r.bytes_downloaded_total())},
       {"tensors", std::to_string(r.live_tensors()) + " live"},
       {"pinned pool", std::to_string(r.slabs_total()) + " slabs (" +
-                          std::to_string(r.slabs_in_use()) + " held by sessions), " +
+                          std::to_string(r.slabs_in_use()) + " held by sessions, " +
+                          std::to_string(r.slabs_kept()) + " of them kept for a next session), " +
                           HumanBytes(r.slab_bytes()) + "; staging " +
                           std::to_string(r.staging_slabs()) + " slabs, " +
                           HumanBytes(r.staging_bytes_in_use()) + " in use"},

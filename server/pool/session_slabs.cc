@@ -172,20 +172,23 @@ void SessionSlabs::Finish(const SlabRange& r, bool failed) {
 
 void SessionSlabs::Close() {
   std::map<uint64_t, Held> slabs;
-  std::optional<uid_t> kept_by;  // set when this Close kept slabs
+  std::optional<uid_t> kept_by;  // set when this call kept slabs (a later call keeps none)
   {
     MutexLock lock(&mu_);
     closed_ = true;
     slabs.swap(slabs_);
+    int64_t kept = 0;
     for (uint64_t id : keep_at_close_) {
       auto it = slabs.find(id);
       // A quarantined slab's bytes are of unknown state, and a busy one is still in use.
       if (it == slabs.end() || it->second.quarantined || !it->second.busy.empty()) continue;
       kept_.emplace(id, it->second.ref);
       slabs.erase(it);
+      ++kept;
     }
     keep_at_close_.clear();
-    if (!kept_.empty() && uid_) kept_by = *uid_;
+    pool_->kept().Count(kept);
+    if (kept > 0 && uid_) kept_by = *uid_;
   }
   for (auto& [id, h] : slabs) {
     pool_->Release(id, h.quarantined);
@@ -213,6 +216,7 @@ size_t SessionSlabs::ReleaseKept() {
     keep_at_close_.clear();  // a Close still to come gives everything back
     keeping_over_ = true;
   }
+  pool_->kept().Count(-static_cast<int64_t>(kept.size()));
   for (auto& [id, ref] : kept) {
     pool_->Release(id, /*quarantined=*/false);
     if (charge_) charge_->Refund(pool_->slab_size());
@@ -228,6 +232,7 @@ std::vector<uint64_t> SessionSlabs::AdoptKept(SessionSlabs& last) {
     kept.swap(last.kept_);
     last_charge = last.charge_;
   }
+  pool_->kept().Count(-static_cast<int64_t>(kept.size()));  // taken over, or given back
   std::vector<uint64_t> adopted;
   MutexLock lock(&mu_);
   for (auto& [id, ref] : kept) {

@@ -298,6 +298,7 @@ SlabPoolStats SlabPool::stats() const {
   SlabPoolStats s;
   s.slabs_total = slabs_.size();
   s.slabs_in_use = CountLocked(Use::kSession);
+  s.slabs_kept = kept_.slabs();
   s.slabs_daemon = CountLocked(Use::kDaemon);
   s.slabs_fresh = CountLocked(Use::kFresh);
   s.slabs_free = s.slabs_fresh + CountLocked(Use::kDaemonFree);

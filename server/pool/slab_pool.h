@@ -31,6 +31,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -61,6 +62,10 @@ class KeptSlabsIndex {
   /// Have the oldest holder that still keeps slabs (of `uid` only, where set) give them
   /// back (SessionSlabs::ReleaseKept); false when no holder had any.
   bool ReleaseOldest(std::optional<uid_t> uid);
+  /// Count `delta` slabs kept (+) or no longer kept (-): every slab set does, indexed or not.
+  void Count(int64_t delta) { slabs_.fetch_add(delta, std::memory_order_relaxed); }
+  /// Slabs kept now (SlabPoolStats::slabs_kept).
+  uint64_t slabs() const { return static_cast<uint64_t>(slabs_.load(std::memory_order_relaxed)); }
 
  private:
   struct Holder {
@@ -69,6 +74,7 @@ class KeptSlabsIndex {
   };
   Mutex mu_;
   std::vector<Holder> holders_ ABSL_GUARDED_BY(mu_);  // oldest first
+  std::atomic<int64_t> slabs_{0};
 };
 
 struct SlabPoolOptions {
@@ -97,6 +103,7 @@ struct SlabRef {
 struct SlabPoolStats {
   uint64_t slabs_total = 0;          // every slab the pool has, whatever its state
   uint64_t slabs_in_use = 0;         // held by sessions
+  uint64_t slabs_kept = 0;           // of slabs_in_use: kept for a kept stream's next session
   uint64_t slabs_daemon = 0;         // held by the daemon itself (staging for remote clients)
   uint64_t slabs_free = 0;           // ready: fresh (any grant) or the daemon's own (daemon only)
   uint64_t slabs_fresh = 0;          // of slabs_free: never handed out, ready for the next grant

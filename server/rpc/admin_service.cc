@@ -65,6 +65,7 @@ grpc::ServerUnaryReactor* AdminService::Status(grpc::CallbackServerContext* ctx,
     pool::SlabPoolStats p = context_->parts.slab_pool->stats();
     reply->set_slabs_total(p.slabs_total);
     reply->set_slabs_in_use(p.slabs_in_use);
+    reply->set_slabs_kept(p.slabs_kept);
     reply->set_slab_bytes(p.bytes_total);
     reply->set_slab_fds_open(p.fds_open);
     reply->set_slab_size(context_->parts.slab_pool->slab_size());

@@ -209,6 +209,10 @@ std::string RenderMetrics(const SessionServiceContext& c,
            p.slabs_total);
   e.Metric("ferry_slab_pool_slabs_in_use", "gauge", "Shared-memory slabs sessions hold.",
            p.slabs_in_use);
+  e.Metric("ferry_slab_pool_slabs_kept", "gauge",
+           "Of the slabs sessions hold: slabs closed sessions keep for the next session on "
+           "their kept stream (Close.keep_slabs).",
+           p.slabs_kept);
   e.Metric("ferry_slab_pool_bytes", "gauge", "Bytes of all shared-memory slabs.", p.bytes_total);
   e.Metric("ferry_slab_pool_slab_size_bytes", "gauge", "Size of one slab.", slab_size);
   e.Metric("ferry_slab_pool_fds_open", "gauge", "memfds the slab pool holds open.", p.fds_open);

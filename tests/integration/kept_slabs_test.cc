@@ -97,6 +97,8 @@ TEST(KeptSlabsTest, TheNextSessionTakesOverTheSlabNoBufferUsed) {
   // Kept with the stream: still held and charged to this uid.
   EXPECT_EQ(PinnedBytes(metrics), static_cast<double>(kSlabBytes));
   EXPECT_EQ(d->AdminStatus().slabs_in_use(), 1u);
+  EXPECT_EQ(d->AdminStatus().slabs_kept(), 1u);
+  EXPECT_EQ(Value(Scrape(metrics), "ferry_slab_pool_slabs_kept"), 1);
 
   auto session = client->open_session();
   ASSERT_TRUE(session.ok()) << session.status().ToString();
@@ -105,6 +107,7 @@ TEST(KeptSlabsTest, TheNextSessionTakesOverTheSlabNoBufferUsed) {
   ASSERT_TRUE(buffer.ok()) << buffer.status().ToString();
   EXPECT_EQ(buffer->data(), first_data) << "the kept slab's mapping was not reused";
   EXPECT_EQ(d->AdminStatus().slabs_in_use(), 1u) << "a fresh slab was taken besides the kept one";
+  EXPECT_EQ(d->AdminStatus().slabs_kept(), 0u) << "the session's own slab still counts as kept";
   // Through the kept slab, both ways.
   std::vector<float> values = {1.5f, -2.0f, 3.25f, 8.0f};
   std::memcpy(buffer->data(), values.data(), sizeof(float) * values.size());
@@ -209,6 +212,7 @@ TEST(KeptSlabsTest, KeptSlabsNeverGoToAnotherStreamAndGoBackWithTheirs) {
   owner.reset();
   EXPECT_TRUE(Eventually([&] { return d->AdminStatus().slabs_in_use() == 0; }))
       << "a kept slab outlived its stream";
+  EXPECT_EQ(d->AdminStatus().slabs_kept(), 0u);
   EXPECT_TRUE(Eventually([&] { return PinnedBytes(metrics) == 0; }));
   EXPECT_EQ(d->Stop(), 0) << d->log();
 }
@@ -232,6 +236,7 @@ TEST(KeptSlabsTest, AnotherClientShortOfRoomGetsItFromKeptSlabs) {
     ASSERT_TRUE(session->close().ok());
   }
   ASSERT_EQ(d.AdminStatus().slabs_in_use(), 2u) << "both slabs kept: the budget is full";
+  EXPECT_EQ(d.AdminStatus().slabs_kept(), 2u);
 
   auto other = Client::connect(d.unix_target());
   ASSERT_TRUE(other.ok()) << other.status().ToString();
@@ -239,6 +244,7 @@ TEST(KeptSlabsTest, AnotherClientShortOfRoomGetsItFromKeptSlabs) {
   ASSERT_TRUE(session.ok()) << session.status().ToString();
   auto buffer = session->pinned_buffer(4096);
   ASSERT_TRUE(buffer.ok()) << "kept slabs held the budget: " << buffer.status().ToString();
+  EXPECT_EQ(d.AdminStatus().slabs_kept(), 0u) << "the oldest holder gives back all it kept";
 
   // The keeper's next session starts with nothing kept, and gets a fresh slab.
   auto next = keeper->open_session();

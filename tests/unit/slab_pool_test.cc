@@ -259,8 +259,10 @@ TEST(SessionSlabsTest, CloseKeepsOnlyHealthySlabsItHoldsAndTheNextSessionTakesTh
   EXPECT_EQ(charge->held, 3 * kSlab);
   last->KeepAtClose({healthy->id, quarantined->id, busy->id, healthy->id + 1000});
   last->Close();
+  last->Close();  // as the session's destructor does again: nothing more is kept or counted
   pool->WaitIdleForTest();
   EXPECT_EQ(pool->stats().slabs_in_use, 1u) << "only the healthy slab is kept";
+  EXPECT_EQ(pool->stats().slabs_kept, 1u);
   EXPECT_EQ(charge->held, kSlab) << "a kept slab stays charged";
 
   SessionSlabs next(pool.get());
@@ -268,6 +270,7 @@ TEST(SessionSlabsTest, CloseKeepsOnlyHealthySlabsItHoldsAndTheNextSessionTakesTh
   EXPECT_EQ(next.AdoptKept(*last), std::vector<uint64_t>{healthy->id});
   EXPECT_TRUE(next.Check({healthy->id, 0, kSlab}).ok());
   EXPECT_EQ(charge->held, kSlab) << "the same account pays once";
+  EXPECT_EQ(pool->stats().slabs_kept, 0u) << "taken over, no longer kept";
   last.reset();  // the taken slab is not the last session's to give back any more
   EXPECT_EQ(pool->stats().slabs_in_use, 1u);
   next.Close();
@@ -289,9 +292,11 @@ TEST(SessionSlabsTest, KeptSlabsNoSessionTakesGoBack) {
     last.KeepAtClose({slab->id});
     last.Close();
     EXPECT_EQ(pool->stats().slabs_in_use, 1u);
+    EXPECT_EQ(pool->stats().slabs_kept, 1u);
     last.ReleaseKept();
     pool->WaitIdleForTest();
     EXPECT_EQ(pool->stats().slabs_in_use, 0u);
+    EXPECT_EQ(pool->stats().slabs_kept, 0u);
     EXPECT_EQ(charge->held, 0u);
   }
   {  // given up before the Close: the Close keeps nothing
@@ -368,6 +373,7 @@ TEST(SessionSlabsTest, AGrantShortOfRoomHasKeptSlabsGivenBackFirst) {
   auto kept7 = keep_one(7, charge7);
   auto kept8 = keep_one(8, charge8);
   EXPECT_EQ(pool->stats().slabs_in_use, 2u);
+  EXPECT_EQ(pool->stats().slabs_kept, 2u);
 
   // uid 7 at its limit, held by its own kept slab: that one goes, uid 8's stays.
   SessionSlabs next7(pool.get());
@@ -384,6 +390,7 @@ TEST(SessionSlabsTest, AGrantShortOfRoomHasKeptSlabsGivenBackFirst) {
   ASSERT_TRUE(got9.ok()) << got9.status().ToString();
   EXPECT_EQ(kept8->ReleaseKept(), 0u);
   EXPECT_EQ(charge8->held, 0u);
+  EXPECT_EQ(pool->stats().slabs_kept, 0u);
   // Nothing kept is left: the budget is held by slabs in use.
   SessionSlabs next10(pool.get());
   ASSERT_TRUE(next10.Bind(10));
