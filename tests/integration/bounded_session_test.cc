@@ -184,6 +184,10 @@ constexpr uint64_t kRssGrowthBound = 48ull << 20;
 // stream only when it gets to it, so what a flood costs while it lasts is not bounded
 // (docs/operations.md, "Streams without a session").
 constexpr int kFloodStreams = 20000;
+// How long a flood may take to be made and answered: 6-45 s as a rule, past 60 s once under
+// ASan with CI's other tests beside it (14145 streams by then). A bound, not a timing: the
+// waits end as soon as the flood is done, and ctest's 300 s per test still holds.
+constexpr int kFloodSeconds = 180;
 void PrintFloodRss(uint64_t before, uint64_t after, const char* what) {
   std::printf("ferryd RSS %llu -> %llu KiB after %d %s (not asserted: see PrintFloodRss)\n",
               static_cast<unsigned long long>(before >> 10),
@@ -752,7 +756,7 @@ TEST(BoundedSessionTest, StreamsThatNeverSendOpenAreHeldAtTheLimitOrReset) {
     return Value(body, "ferry_streams_refused_total", "max_sessionless_per_uid") +
            Value(body, "ferry_streams_open_timeouts_total");
   };
-  Eventually([&] { return hoarder.opened() >= kStreams && ended() >= kStreams; }, 60);
+  Eventually([&] { return hoarder.opened() >= kStreams && ended() >= kStreams; }, kFloodSeconds);
   const uint64_t after = RssBytes(d->pid());
   PrintFloodRss(before, after, "streams without Open");
   ASSERT_EQ(hoarder.opened(), kStreams);
@@ -819,7 +823,7 @@ TEST(BoundedSessionTest, StreamsWithoutTheTokenAreHeldAtTheLimitOrReset) {
   const uint64_t before = RssBytes(d->pid());
   constexpr int kStreams = kFloodStreams;
   StreamHoarder hoarder(channel, kStreams, {});
-  Eventually([&] { return hoarder.opened() >= kStreams; }, 60);
+  Eventually([&] { return hoarder.opened() >= kStreams; }, kFloodSeconds);
   std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the last ones handled
   const uint64_t after = RssBytes(d->pid());
   PrintFloodRss(before, after, "streams without the token");
@@ -876,7 +880,8 @@ TEST(BoundedSessionTest, EndedSessionsWhoseClientNeverReadsCountUntilClosed) {
     return Value(body, "ferry_sessions_total") +
            Value(body, "ferry_streams_refused_total", "max_sessionless_per_uid");
   };
-  Eventually([&] { return hoarder.opened() >= kStreams && accounted() >= kStreams; }, 60);
+  Eventually([&] { return hoarder.opened() >= kStreams && accounted() >= kStreams; },
+             kFloodSeconds);
   Eventually([&] { return value("ferry_sessions_open") == 0; }, 30);
   ASSERT_EQ(hoarder.opened(), kStreams);
   std::printf("%.0f of %d streams became sessions\n", value("ferry_sessions_total"), kStreams);
