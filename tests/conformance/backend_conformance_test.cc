@@ -1293,8 +1293,8 @@ TEST_P(BackendConformanceTest, UsageCountsSmallCopiesBytesExactly) {
 
 // Submits that only copy, back to back, a completion watched after each (a stream of pending
 // transfers): every copy's bytes count, and their time is in the busy time, which stays
-// within the wall-clock time. (The CUDA backend times few of the copies with their own events
-// and estimates the rest, each submit's span measured by its start and end events.)
+// within the wall-clock time. (The CUDA backend times few of them with events and estimates
+// the rest, with no timing event for the others' submits.)
 TEST_P(BackendConformanceTest, UsageOfSubmitsThatOnlyCopyCountsEveryCopy) {
   constexpr uint64_t kBytes = 256u << 10;
   constexpr int kSubmits = 16;

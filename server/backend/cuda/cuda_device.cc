@@ -39,15 +39,20 @@
 //    are counted and its time is estimated at the rate last measured for its direction and
 //    class (or the nearest class measured), never past the span's busy time. Timing every copy
 //    cost a streamed 64 KiB transfer about 4 us of its 14 and kept the copy engine from running
-//    back-to-back copies as one stream (docs/performance.md). Elapsed times are read on the
-//    watcher thread, before the completion's callback runs. Cost: one extra cudaEventRecord per
-//    submit, two per sampled copy, and a cudaEventElapsedTime each.
+//    back-to-back copies as one stream (docs/performance.md). A copy of kMinTimedCopyBytes or
+//    more, not sampled, whose class has been measured, opens no span: enqueued while none is
+//    open, its estimate is its whole account (busy time included), and a completion after
+//    only such copies watches a plain event; so pending transfers streamed back to back
+//    record no timing event but a sample's. Elapsed times are read on the watcher thread,
+//    before the completion's callback runs. Cost: one extra cudaEventRecord per submit with
+//    other work, two per sampled copy, and a cudaEventElapsedTime each.
 //
 // Lifetime: a CudaDevice must outlive its streams; modules and graphs may outlive it (they
 // unload from the primary context, which stays). A callback must not destroy the device.
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <climits>
 #include <cmath>
@@ -580,26 +585,32 @@ class CudaStream final : public Stream {
 
   Status CopyHostToDevice(DevicePtr dst, const void* src, uint64_t bytes) override {
     if (src == nullptr) return InvalidArgument("CopyHostToDevice: null host pointer");
-    return Enqueue({Access{dst, bytes, "CopyHostToDevice destination", true}}, [&] {
-      if (bytes == 0) return Status::Ok();
-      return TimedCopy(/*to_device=*/true, bytes, [&] {
-        return device_->Check(
-            cudaMemcpyAsync(Address(dst), src, bytes, cudaMemcpyHostToDevice, stream_),
-            "cudaMemcpyAsync (host to device)");
-      });
-    });
+    return Enqueue(
+        {Access{dst, bytes, "CopyHostToDevice destination", true}},
+        [&] {
+          if (bytes == 0) return Status::Ok();
+          return TimedCopy(/*to_device=*/true, bytes, [&] {
+            return device_->Check(
+                cudaMemcpyAsync(Address(dst), src, bytes, cudaMemcpyHostToDevice, stream_),
+                "cudaMemcpyAsync (host to device)");
+          });
+        },
+        SpanStart::kCopyDecides);
   }
 
   Status CopyDeviceToHost(void* dst, DevicePtr src, uint64_t bytes) override {
     if (dst == nullptr) return InvalidArgument("CopyDeviceToHost: null host pointer");
-    return Enqueue({Access{src, bytes, "CopyDeviceToHost source"}}, [&] {
-      if (bytes == 0) return Status::Ok();
-      return TimedCopy(/*to_device=*/false, bytes, [&] {
-        return device_->Check(
-            cudaMemcpyAsync(dst, Address(src), bytes, cudaMemcpyDeviceToHost, stream_),
-            "cudaMemcpyAsync (device to host)");
-      });
-    });
+    return Enqueue(
+        {Access{src, bytes, "CopyDeviceToHost source"}},
+        [&] {
+          if (bytes == 0) return Status::Ok();
+          return TimedCopy(/*to_device=*/false, bytes, [&] {
+            return device_->Check(
+                cudaMemcpyAsync(dst, Address(src), bytes, cudaMemcpyDeviceToHost, stream_),
+                "cudaMemcpyAsync (device to host)");
+          });
+        },
+        SpanStart::kCopyDecides);
   }
 
   Status CopyDeviceToDevice(DevicePtr dst, DevicePtr src, uint64_t bytes) override {
@@ -802,7 +813,7 @@ class CudaStream final : public Stream {
   }
 
   void OnComplete(CompletionFn done) override {
-    if (!capturing_ && span_.start != nullptr) {
+    if (!capturing_ && span_.open()) {
       if (WatchSpan(done)) return;  // else `done` is untouched: complete it as usual
     }
     if (capturing_) {
@@ -911,16 +922,31 @@ class CudaStream final : public Stream {
   }
   using PerClass = std::array<std::array<uint64_t, kSizeClasses>, 2>;  // [to_device][class]
   /// The time per byte last measured for each direction and size class (0: not yet), for the
-  /// copies not timed with their own events. Touched only on the watcher thread.
+  /// copies not timed with their own events. Written on the watcher thread; read there and,
+  /// to know whether a class has been measured, by the stream's owner.
   struct CopyRates {
-    std::array<std::array<double, kSizeClasses>, 2> ns_per_byte{};
+    std::array<std::array<std::atomic<double>, kSizeClasses>, 2> ns_per_byte{};
+    double Get(bool to_device, int size_class) const {
+      return ns_per_byte[to_device][size_class].load(std::memory_order_relaxed);
+    }
   };
   /// What one span hands to its completion.
   struct Span {
     cudaEvent_t start = nullptr;
     std::vector<TimedCopyEvents> copies;
-    PerClass untimed{};                   // bytes of copies not timed with events
+    PerClass untimed{};                   // bytes of copies not timed with events, after start
+    PerClass estimated{};                 // bytes of copies enqueued while no start was open
     size_t timed_h2d = 0, timed_d2h = 0;  // copies timed, per direction
+    /// Work to account for at the next completion: a start event, or estimated copies.
+    bool open() const {
+      if (start != nullptr) return true;
+      for (const auto& per_class : estimated) {
+        for (uint64_t bytes : per_class) {
+          if (bytes != 0) return true;
+        }
+      }
+      return false;
+    }
   };
   // Per direction. Few: a span's events are held until its completion, and a session may
   // have 64 submits in flight; most submits copy once or twice.
@@ -959,20 +985,31 @@ class CudaStream final : public Stream {
     }
   }
 
-  /// Run `copy` (which enqueues one cudaMemcpyAsync) between a pair of timing events.
+  /// Run `copy` (which enqueues one cudaMemcpyAsync of `bytes`, more than 0) between a pair
+  /// of timing events when it is sampled; else count its bytes for an estimate. A copy of
+  /// kMinTimedCopyBytes or more whose class has been measured, enqueued while no span is
+  /// open, opens none: its time, estimated, is its whole account (so a run of such copies,
+  /// a stream of pending transfers, records no timing event at all).
   template <typename CopyFn>
   Status TimedCopy(bool to_device, uint64_t bytes, CopyFn&& copy) {
     if (capturing_) return copy();  // inside a graph: counted in busy_ns only
-    StartSpan();
-    TimedCopyEvents timed;
-    timed.to_device = to_device;
-    timed.bytes = bytes;
     size_t& timed_so_far = to_device ? span_.timed_h2d : span_.timed_d2h;
     const int size_class = SizeClass(bytes);
     std::chrono::steady_clock::time_point& next_sample = next_sample_[to_device][size_class];
     const auto now = std::chrono::steady_clock::now();
-    if (span_.start != nullptr && timed_so_far < kMaxTimedCopies && bytes >= kMinTimedCopyBytes &&
-        now >= next_sample) {
+    const bool sample =
+        timed_so_far < kMaxTimedCopies && bytes >= kMinTimedCopyBytes && now >= next_sample;
+    if (!sample && span_.start == nullptr && bytes >= kMinTimedCopyBytes &&
+        rates_->Get(to_device, size_class) > 0) {
+      Status status = copy();
+      if (status.ok()) span_.estimated[to_device][size_class] += bytes;
+      return status;
+    }
+    StartSpan();
+    TimedCopyEvents timed;
+    timed.to_device = to_device;
+    timed.bytes = bytes;
+    if (span_.start != nullptr && sample) {
       Result<cudaEvent_t> start = watcher().AcquireTimingEvent();
       Result<cudaEvent_t> end = watcher().AcquireTimingEvent();
       if (start.ok()) timed.start = *start;
@@ -1002,21 +1039,27 @@ class CudaStream final : public Stream {
     return status;
   }
 
-  /// Close the open span with `done`'s completion: record a timing event as its end and
-  /// watch it, measuring the span before `done` runs. Return false (nothing done with
-  /// `done`, the span dropped) when the end cannot be recorded.
+  /// Close the open span with `done`'s completion: record its end (a timing event where the
+  /// span has a start, else a plain one) and watch it, measuring the span before `done`
+  /// runs. Return false (nothing done with `done`, the span dropped) when the end cannot be
+  /// recorded.
   bool WatchSpan(CompletionFn& done) {
     if (!watcher().fault().ok() || !device_->MakeCurrent().ok()) {
       DropSpan();
       return false;
     }
-    Result<cudaEvent_t> end = watcher().AcquireTimingEvent();
+    const bool timing = span_.start != nullptr;
+    Result<cudaEvent_t> end = timing ? watcher().AcquireTimingEvent() : watcher().AcquireEvent();
     if (!end.ok()) {
       DropSpan();
       return false;
     }
     if (!device_->Check(cudaEventRecord(*end, stream_), "cudaEventRecord").ok()) {
-      watcher().ReleaseTimingEvent(*end);
+      if (timing) {
+        watcher().ReleaseTimingEvent(*end);
+      } else {
+        watcher().ReleaseEvent(*end);
+      }
       DropSpan();
       return false;
     }
@@ -1035,7 +1078,7 @@ class CudaStream final : public Stream {
           ReleaseSpan(watcher, span);
           done(std::move(status));
         },
-        /*timing=*/true);
+        timing);
     return true;
   }
 
@@ -1048,9 +1091,21 @@ class CudaStream final : public Stream {
     return static_cast<uint64_t>(static_cast<double>(ms) * 1e6);
   }
 
+  /// The time of `bytes` of copies of a direction and size class, at the rate last measured
+  /// for it or the nearest class measured (0 where none is).
+  static uint64_t EstimateNs(const CopyRates& rates, bool to_device, int size_class,
+                             uint64_t bytes) {
+    double rate = 0;
+    for (int d = 0; d < kSizeClasses && rate == 0; ++d) {
+      if (size_class - d >= 0) rate = rates.Get(to_device, size_class - d);
+      if (rate == 0 && size_class + d < kSizeClasses) rate = rates.Get(to_device, size_class + d);
+    }
+    return static_cast<uint64_t>(static_cast<double>(bytes) * rate);
+  }
+
   static Usage MeasureSpan(const Span& span, cudaEvent_t end, CopyRates* rates) {
     Usage used;
-    used.busy_ns = ElapsedNs(span.start, end);
+    if (span.start != nullptr) used.busy_ns = ElapsedNs(span.start, end);
     for (const TimedCopyEvents& c : span.copies) {
       const uint64_t ns = ElapsedNs(c.start, c.end);
       if (c.to_device) {
@@ -1061,8 +1116,8 @@ class CudaStream final : public Stream {
         used.d2h_ns += ns;
       }
       if (c.bytes > 0 && ns > 0) {
-        rates->ns_per_byte[c.to_device][SizeClass(c.bytes)] =
-            static_cast<double>(ns) / static_cast<double>(c.bytes);
+        rates->ns_per_byte[c.to_device][SizeClass(c.bytes)].store(
+            static_cast<double>(ns) / static_cast<double>(c.bytes), std::memory_order_relaxed);
       }
     }
     // Copies not timed (small ones, those between samples, those past kMaxTimedCopies): their
@@ -1074,13 +1129,7 @@ class CudaStream final : public Stream {
       for (int c = 0; c < kSizeClasses; ++c) {
         const uint64_t bytes = span.untimed[to_device][c];
         if (bytes == 0) continue;
-        const auto& known = rates->ns_per_byte[to_device];
-        double rate = 0;
-        for (int d = 0; d < kSizeClasses && rate == 0; ++d) {
-          if (c - d >= 0 && known[c - d] > 0) rate = known[c - d];
-          if (rate == 0 && c + d < kSizeClasses && known[c + d] > 0) rate = known[c + d];
-        }
-        estimated[to_device] += static_cast<uint64_t>(static_cast<double>(bytes) * rate);
+        estimated[to_device] += EstimateNs(*rates, to_device, c, bytes);
         (to_device ? used.h2d_bytes : used.d2h_bytes) += bytes;
       }
     }
@@ -1094,25 +1143,43 @@ class CudaStream final : public Stream {
     }
     used.d2h_ns += estimated[0];
     used.h2d_ns += estimated[1];
+    // Copies enqueued while no start was open ran before the span's start (or the span has
+    // none): outside its measured time, their estimate adds to it.
+    for (int to_device = 0; to_device < 2; ++to_device) {
+      for (int c = 0; c < kSizeClasses; ++c) {
+        const uint64_t bytes = span.estimated[to_device][c];
+        if (bytes == 0) continue;
+        const uint64_t ns = EstimateNs(*rates, to_device, c, bytes);
+        used.busy_ns += ns;
+        (to_device ? used.h2d_ns : used.d2h_ns) += ns;
+        (to_device ? used.h2d_bytes : used.d2h_bytes) += bytes;
+      }
+    }
     return used;
   }
 
+  /// How an enqueued piece of work is accounted: it opens the stream's span (its start
+  /// event) first, or, a host<->device copy, it decides that itself (TimedCopy: a copy whose
+  /// time is estimated opens none).
+  enum class SpanStart { kOpens, kCopyDecides };
   /// Check `accesses`, make the device current, run `launch` (which enqueues the work and
   /// returns its launch status) and, while capturing, record the accesses for replays.
   template <typename LaunchFn>
-  Status Enqueue(std::span<const Access> accesses, LaunchFn&& launch) {
+  Status Enqueue(std::span<const Access> accesses, LaunchFn&& launch,
+                 SpanStart span = SpanStart::kOpens) {
     for (const Access& access : accesses) FERRY_RETURN_IF_ERROR(device_->CheckRange(access));
     FERRY_RETURN_IF_ERROR(device_->MakeCurrent());
     FERRY_RETURN_IF_ERROR(FlushFused());
-    StartSpan();
+    if (span == SpanStart::kOpens) StartSpan();
     FERRY_RETURN_IF_ERROR(launch());
     if (capturing_) captured_.insert(captured_.end(), accesses.begin(), accesses.end());
     return Status::Ok();
   }
   template <typename LaunchFn>
-  Status Enqueue(std::initializer_list<Access> accesses, LaunchFn&& launch) {
+  Status Enqueue(std::initializer_list<Access> accesses, LaunchFn&& launch,
+                 SpanStart span = SpanStart::kOpens) {
     return Enqueue(std::span<const Access>(accesses.begin(), accesses.size()),
-                   std::forward<LaunchFn>(launch));
+                   std::forward<LaunchFn>(launch), span);
   }
 
   /// Whether an elementwise op of `dtype` enqueued now joins a fused run instead of being
@@ -1325,7 +1392,7 @@ class CudaStream final : public Stream {
   static constexpr size_t kMaxBatchExecs = 8;
   std::map<size_t, cudaGraphExec_t> batch_execs_;
 
-  // Owner-only: the span of work since the last completion (start null: none open).
+  // Owner-only: the work since the last completion (Span::open).
   Span span_;
   // When each direction and size class is next timed with events (TimedCopy; executor side).
   std::array<std::array<std::chrono::steady_clock::time_point, kSizeClasses>, 2> next_sample_{};
