@@ -1324,6 +1324,39 @@ TEST_P(BackendConformanceTest, UsageOfSubmitsThatOnlyCopyCountsEveryCopy) {
   EXPECT_LE(used.busy_ns, static_cast<uint64_t>(run.wall.count())) << Describe(used);
 }
 
+// A submit that only copies is accounted as its copies' time (operations.md, "Device time and
+// usage"): the host backend times each op; the CUDA backend, once the copies' direction and
+// size class are measured and none of them is sampled, records no timing event for such a
+// submit and gives it its copies' estimate as its device time. Either way its busy time is
+// exactly its copy time. (On CUDA a sampled submit is measured by events instead: one every
+// 10 ms per class, so one or two of these submits at most.)
+TEST_P(BackendConformanceTest, UsageOfASubmitThatOnlyCopiesIsItsCopiesTime) {
+  constexpr uint64_t kBytes = 256u << 10;
+  constexpr int kSubmits = 8;
+  DeviceBuffer buf = MustAllocate(stream(), kBytes);
+  RegisteredHostBytes host(device(), kBytes, 7);
+  ASSERT_TRUE(host.registered().ok()) << host.registered().ToString();
+  // One of each direction first, waited for: the CUDA backend then knows both rates.
+  ASSERT_TRUE(stream().CopyHostToDevice(buf.ptr(), host.data(), kBytes).ok());
+  ASSERT_TRUE(stream().CopyDeviceToHost(host.data(), buf.ptr(), kBytes).ok());
+  ASSERT_TRUE(Sync(stream()).ok());
+  int copy_time_only = 0;
+  std::string seen;
+  for (int i = 0; i < kSubmits; ++i) {
+    const Usage before = stream().usage();
+    Status copied = i % 2 == 0 ? stream().CopyHostToDevice(buf.ptr(), host.data(), kBytes)
+                               : stream().CopyDeviceToHost(host.data(), buf.ptr(), kBytes);
+    ASSERT_TRUE(copied.ok()) << copied.ToString();
+    ASSERT_TRUE(Sync(stream()).ok());
+    const Usage used = Minus(stream().usage(), before);
+    EXPECT_EQ(used.h2d_bytes + used.d2h_bytes, kBytes) << Describe(used);
+    if (used.busy_ns > 0 && used.busy_ns == used.h2d_ns + used.d2h_ns) ++copy_time_only;
+    seen += "\n  " + Describe(used);
+  }
+  EXPECT_GE(copy_time_only, kSubmits - 2)
+      << "submits whose busy time is their copies' time:" << seen;
+}
+
 TEST_P(BackendConformanceTest, UsageOfCopiesReplayedFromAGraphIsBusyTimeOnly) {
   constexpr uint64_t kBytes = 64u << 10;
   DeviceBuffer buf = MustAllocate(stream(), kBytes);
