@@ -32,20 +32,21 @@
 //  * Usage (backend.h): one pair of timing events per span of work between completions:
 //    the first work enqueued after a completion (outside a capture) records a start event,
 //    and the next OnComplete watches a timing event instead of a plain one, which is the
-//    span's end. Copies are sampled: a host<->device copy of kMinTimedCopyBytes or more
-//    enqueued outside a capture gets its own pair of events, from the same pool, when its
-//    direction and size class (a power of two of bytes) was last timed kCopySampleInterval ago
-//    or never (and at most kMaxTimedCopies per direction and span). Every other copy's bytes
-//    are counted and its time is estimated at the rate last measured for its direction and
-//    class (or the nearest class measured), never past the span's busy time. Timing every copy
-//    cost a streamed 64 KiB transfer about 4 us of its 14 and kept the copy engine from running
-//    back-to-back copies as one stream (docs/performance.md). A copy of kMinTimedCopyBytes or
-//    more, not sampled, whose class has been measured, opens no span: enqueued while none is
-//    open, its estimate is its whole account (busy time included), and a completion after
-//    only such copies watches a plain event; so pending transfers streamed back to back
-//    record no timing event but a sample's. Elapsed times are read on the watcher thread,
-//    before the completion's callback runs. Cost: one extra cudaEventRecord per submit with
-//    other work, two per sampled copy, and a cudaEventElapsedTime each.
+//    span's end. Copies are sampled: a host<->device copy of kMinTimedCopyBytes or more enqueued
+//    outside a capture gets its own pair of events, from the same pool, when its direction and size
+//    class (a power of two of bytes) was last timed kCopySampleInterval ago or never, or at its
+//    next copy after a class's first sample or one kResampleSlowdown times slower than the last
+//    (and at most kMaxTimedCopies per direction and span). Every other copy's bytes are counted and
+//    its time is estimated at the rate last measured for its direction and class (or the nearest
+//    class measured), never past the span's busy time. Timing every copy cost a streamed 64 KiB
+//    transfer about 4 us of its 14 and kept the copy engine from running back-to-back copies as one
+//    stream (docs/performance.md). A copy of kMinTimedCopyBytes or more, not sampled, whose class
+//    has been measured, opens no span: enqueued while none is open, its estimate is its whole
+//    account (busy time included; never more than the wall clock from its enqueue to its completion
+//    seen), and a completion after only such copies watches a plain event; so pending transfers
+//    streamed back to back record no timing event but a sample's. Elapsed times are read on the
+//    watcher thread, before the completion's callback runs. Cost: one extra cudaEventRecord per
+//    submit with other work, two per sampled copy, and a cudaEventElapsedTime each.
 //
 // Lifetime: a CudaDevice must outlive its streams; modules and graphs may outlive it (they
 // unload from the primary context, which stays). A callback must not destroy the device.
@@ -929,13 +930,23 @@ class CudaStream final : public Stream {
     double Get(bool to_device, int size_class) const {
       return ns_per_byte[to_device][size_class].load(std::memory_order_relaxed);
     }
+    // Set where the last sample was a class's first, or more than kResampleSlowdown times
+    // slower than the one before: the class is timed again at its next copy, not
+    // kCopySampleInterval later, so that one outlier (a first copy, a burst of contention)
+    // does not set the estimates for long. Written on the watcher thread, cleared by the owner.
+    std::array<std::array<std::atomic<bool>, kSizeClasses>, 2> resample{};
+    // Watcher thread only: when the stream's last span was seen complete, where the next
+    // span's estimates may begin (MeasureSpan).
+    std::chrono::steady_clock::time_point last_span_seen{};
   };
   /// What one span hands to its completion.
   struct Span {
     cudaEvent_t start = nullptr;
     std::vector<TimedCopyEvents> copies;
-    PerClass untimed{};                   // bytes of copies not timed with events, after start
-    PerClass estimated{};                 // bytes of copies enqueued while no start was open
+    PerClass untimed{};    // bytes of copies not timed with events, after start
+    PerClass estimated{};  // bytes of copies enqueued while no start was open
+    // When the first of `estimated` was enqueued: none of it ran on the device before.
+    std::chrono::steady_clock::time_point first_estimated{};
     size_t timed_h2d = 0, timed_d2h = 0;  // copies timed, per direction
     /// Work to account for at the next completion: a start event, or estimated copies.
     bool open() const {
@@ -957,6 +968,7 @@ class CudaStream final : public Stream {
   // it last was: two timing events around every copy cost a small copy more than the copy
   // (and keep the copy engine from running back-to-back copies as one stream).
   static constexpr std::chrono::milliseconds kCopySampleInterval{10};
+  static constexpr double kResampleSlowdown = 2.0;
 
   /// Open a span (record its start event) unless one is open or the stream is capturing.
   /// Best effort: without an event the span's work goes unmeasured.
@@ -997,10 +1009,12 @@ class CudaStream final : public Stream {
     const int size_class = SizeClass(bytes);
     std::chrono::steady_clock::time_point& next_sample = next_sample_[to_device][size_class];
     const auto now = std::chrono::steady_clock::now();
-    const bool sample =
-        timed_so_far < kMaxTimedCopies && bytes >= kMinTimedCopyBytes && now >= next_sample;
+    std::atomic<bool>& resample = rates_->resample[to_device][size_class];
+    const bool sample = timed_so_far < kMaxTimedCopies && bytes >= kMinTimedCopyBytes &&
+                        (now >= next_sample || resample.load(std::memory_order_relaxed));
     if (!sample && span_.start == nullptr && bytes >= kMinTimedCopyBytes &&
         rates_->Get(to_device, size_class) > 0) {
+      if (!span_.open()) span_.first_estimated = now;
       Status status = copy();
       if (status.ok()) span_.estimated[to_device][size_class] += bytes;
       return status;
@@ -1029,6 +1043,7 @@ class CudaStream final : public Stream {
       span_.copies.push_back(timed);
       ++timed_so_far;
       next_sample = now + kCopySampleInterval;
+      resample.store(false, std::memory_order_relaxed);
       return status;
     }
     (void)cudaGetLastError();
@@ -1071,7 +1086,8 @@ class CudaStream final : public Stream {
          watcher = &watcher(), done = std::move(done)](Status status) mutable {
           // Every event of the span precedes `end` on the stream: all have completed.
           if (status.ok()) {
-            const Usage used = MeasureSpan(span, end, rates.get());
+            const Usage used =
+                MeasureSpan(span, end, std::chrono::steady_clock::now(), rates.get());
             usage->Add(used);
             device->AddUsage(used);
           }
@@ -1103,7 +1119,23 @@ class CudaStream final : public Stream {
     return static_cast<uint64_t>(static_cast<double>(bytes) * rate);
   }
 
-  static Usage MeasureSpan(const Span& span, cudaEvent_t end, CopyRates* rates) {
+  /// Scale `estimated` (ns per direction) down so that together they fit in `room`.
+  static void FitEstimates(uint64_t (&estimated)[2], uint64_t room) {
+    const uint64_t wanted = estimated[0] + estimated[1];
+    if (wanted <= room) return;
+    const double scale = static_cast<double>(room) / static_cast<double>(wanted);
+    estimated[0] = static_cast<uint64_t>(static_cast<double>(estimated[0]) * scale);
+    estimated[1] = static_cast<uint64_t>(static_cast<double>(estimated[1]) * scale);
+  }
+
+  /// The usage of `span`, whose end event completed and was seen at `seen`. Estimates never
+  /// take a span past what was measured of it with events, nor past the wall-clock time
+  /// its estimated copies could have run in: from the first one's enqueue (or the stream's
+  /// last span seen complete, if later) until `seen`. A rate is one sample, and one sample
+  /// can be far off (a first copy on the H200 took 1 ms for 256 KiB): a tenant is never
+  /// charged more device time than has passed.
+  static Usage MeasureSpan(const Span& span, cudaEvent_t end,
+                           std::chrono::steady_clock::time_point seen, CopyRates* rates) {
     Usage used;
     if (span.start != nullptr) used.busy_ns = ElapsedNs(span.start, end);
     for (const TimedCopyEvents& c : span.copies) {
@@ -1116,8 +1148,13 @@ class CudaStream final : public Stream {
         used.d2h_ns += ns;
       }
       if (c.bytes > 0 && ns > 0) {
-        rates->ns_per_byte[c.to_device][SizeClass(c.bytes)].store(
-            static_cast<double>(ns) / static_cast<double>(c.bytes), std::memory_order_relaxed);
+        const int size_class = SizeClass(c.bytes);
+        const double rate = static_cast<double>(ns) / static_cast<double>(c.bytes);
+        const double last = rates->Get(c.to_device, size_class);
+        rates->ns_per_byte[c.to_device][size_class].store(rate, std::memory_order_relaxed);
+        if (last == 0 || rate > kResampleSlowdown * last) {
+          rates->resample[c.to_device][size_class].store(true, std::memory_order_relaxed);
+        }
       }
     }
     // Copies not timed (small ones, those between samples, those past kMaxTimedCopies): their
@@ -1134,27 +1171,32 @@ class CudaStream final : public Stream {
       }
     }
     const uint64_t timed_ns = used.h2d_ns + used.d2h_ns;
-    const uint64_t room = used.busy_ns > timed_ns ? used.busy_ns - timed_ns : 0;
-    const uint64_t wanted = estimated[0] + estimated[1];
-    if (wanted > room) {  // scaled down to fit the span
-      const double scale = static_cast<double>(room) / static_cast<double>(wanted);
-      estimated[0] = static_cast<uint64_t>(static_cast<double>(estimated[0]) * scale);
-      estimated[1] = static_cast<uint64_t>(static_cast<double>(estimated[1]) * scale);
-    }
+    FitEstimates(estimated, used.busy_ns > timed_ns ? used.busy_ns - timed_ns : 0);
     used.d2h_ns += estimated[0];
     used.h2d_ns += estimated[1];
     // Copies enqueued while no start was open ran before the span's start (or the span has
-    // none): outside its measured time, their estimate adds to it.
+    // none): outside its measured time, their estimate adds to it, within the wall clock.
+    uint64_t before_start[2] = {0, 0};
+    bool any_before_start = false;
     for (int to_device = 0; to_device < 2; ++to_device) {
       for (int c = 0; c < kSizeClasses; ++c) {
         const uint64_t bytes = span.estimated[to_device][c];
         if (bytes == 0) continue;
-        const uint64_t ns = EstimateNs(*rates, to_device, c, bytes);
-        used.busy_ns += ns;
-        (to_device ? used.h2d_ns : used.d2h_ns) += ns;
+        any_before_start = true;
+        before_start[to_device] += EstimateNs(*rates, to_device, c, bytes);
         (to_device ? used.h2d_bytes : used.d2h_bytes) += bytes;
       }
     }
+    if (any_before_start) {
+      const auto from = std::max(span.first_estimated, rates->last_span_seen);
+      const uint64_t wall =
+          seen > from ? static_cast<uint64_t>(std::chrono::nanoseconds(seen - from).count()) : 0;
+      FitEstimates(before_start, wall > used.busy_ns ? wall - used.busy_ns : 0);
+      used.busy_ns += before_start[0] + before_start[1];
+      used.d2h_ns += before_start[0];
+      used.h2d_ns += before_start[1];
+    }
+    rates->last_span_seen = seen;
     return used;
   }
 
