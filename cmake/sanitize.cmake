@@ -14,7 +14,9 @@ if(FERRY_SANITIZE AND NOT FERRY_SANITIZE STREQUAL "OFF")
   if(FERRY_SANITIZE MATCHES "undefined")
     list(APPEND _ferry_san -fno-sanitize-recover=undefined)
   endif()
-  add_compile_options(${_ferry_san} -fno-omit-frame-pointer)
+  # C and C++ only: nvcc takes no -fsanitize (a CUDA backend build sanitizes its host code
+  # in .cc files; the kernels' .cu file is built as usual).
+  add_compile_options("$<$<COMPILE_LANGUAGE:C,CXX>:${_ferry_san};-fno-omit-frame-pointer>")
   add_link_options(${_ferry_san})
   message(STATUS "ferry: sanitizers ${FERRY_SANITIZE}")
 endif()

@@ -1,11 +1,24 @@
 #!/bin/bash
 # On the GPU machine: run the conformance suite and the integration suite against the CUDA
 # backend from a bundle made by tests/gpu/bundle.sh, then print a pass/fail table.
-#   tests/gpu/run.sh [BUNDLE_DIR]        (default .gpu/bundle; logs in $OUT or /tmp)
+#   tests/gpu/run.sh [BUNDLE_DIR [FILTER]]   (default .gpu/bundle; logs in $OUT or /tmp)
+# FILTER: a gtest filter for the integration suite (e.g. -BoundedSessionTest.*).
+# A sanitized bundle (tests/gpu/bundle.sh asan) runs with ASan's and UBSan's reports written
+# to files, every process's (ferryd's too), gathered into sanitizer-reports.txt at the end.
 set -uo pipefail
 bundle=$(cd "${1:-.gpu/bundle}" && pwd)
+filter=${2:-}
 out=${OUT:-/tmp/ferry-gpu}
 mkdir -p "$out"
+reports=""
+if [[ -f "$bundle/SANITIZED" ]]; then
+  reports=$(mktemp -d /tmp/ferry-gpu-sanitizer-XXXXXX) && chmod 1777 "$reports"
+  here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+  # protect_shadow_gap=0: the CUDA driver maps memory where ASan would otherwise protect.
+  export ASAN_OPTIONS="protect_shadow_gap=0:detect_leaks=1:log_path=$reports/asan:print_summary=1"
+  export LSAN_OPTIONS="suppressions=$here/lsan-cuda.supp:print_suppressions=0"
+  export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$reports/ubsan"
+fi
 export LD_LIBRARY_PATH="$bundle/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export FERRY_TEST_BACKEND=cuda
 export FERRY_TEST_FERRYD="$bundle/bin/ferryd"
@@ -27,7 +40,12 @@ suite() {  # NAME BINARY [gtest args]
     grep -vE "^\[ RUN|^\[       OK" | head -60
 }
 suite conformance ferry_conformance_tests
-suite integration ferry_integration_tests
+suite integration ferry_integration_tests ${filter:+--gtest_filter="$filter"}
+if [[ -n $reports ]]; then
+  for f in "$reports"/*; do [[ -f $f ]] && { echo "=== $f"; cat "$f"; }; done >"$out/sanitizer-reports.txt"
+  echo "=== sanitizer reports: $(find "$reports" -type f | wc -l) files"
+  grep -hE "^SUMMARY|ERROR: [A-Za-z]+Sanitizer|runtime error" "$out/sanitizer-reports.txt" | sort | uniq -c | head -20
+fi
 
 python3 - "$out" <<'PY'
 import json, sys, os
