@@ -39,6 +39,7 @@ struct Options {
   std::string svg_path;
   std::vector<uint64_t> sizes;            // transfers sizes in bytes; empty: defaults
   int iterations = 0;                     // samples per small case; 0: default
+  int stream_depth = 4;                   // transfers' streamed route: transfers in flight
   std::vector<int> sessions;              // concurrency session counts; empty: defaults
   std::vector<int> processes;             // sharing process counts; empty: defaults
   std::vector<int> ops_per_submit;        // throughput rows' ops per submit; empty: defaults

@@ -63,6 +63,7 @@ what to run:
   --quick                            small sizes and few iterations: finishes in seconds
   --sizes LIST                       transfer sizes, e.g. 16,64K,1M,8M,64M,256M
   --iterations N                     samples per small case (large transfers take fewer)
+  --stream-depth N                   transfers in flight on the streamed route (default 4)
   --sessions LIST                    concurrency session counts (default 1,8,64)
   --processes LIST                   sharing process counts (default 1,4,8; quick 1,2)
   --ops-per-submit LIST              throughput rows' axpy per submit (default 1,8,64,512)
@@ -150,6 +151,9 @@ Options ParseFlags(const std::vector<std::string>& args) {
     } else if (a == "--iterations") {
       o.iterations = std::atoi(value().c_str());
       if (o.iterations < 1) Usage("--iterations must be >= 1");
+    } else if (a == "--stream-depth") {
+      o.stream_depth = std::atoi(value().c_str());
+      if (o.stream_depth < 1 || o.stream_depth > 64) Usage("--stream-depth must be 1..64");
     } else if (a == "--sessions") {
       o.sessions = ParseCounts(a, value());
     } else if (a == "--processes") {

@@ -14,13 +14,13 @@
 //             slab (Opened's slab_size, default 64 MiB; or a QUOTA_EXCEEDED from
 //             pinned_buffer) is split into slab-sized parts (a buffer and a tensor each),
 //             issued back to back and waited together; the time covers all parts.
-//   streamed  the pending route kept kStreamDepth transfers deep, as a program streaming
-//             data through the GPU uses it: kStreamDepth PinnedBuffers and tensors; each
-//             round issues kStreamRound(bytes) transfers, waiting for the oldest before
-//             issuing into its buffer again. Sizes from 64 KiB up to 8 MiB (above that one
-//             pending transfer already is split into parts issued back to back). Time =
-//             round time / transfers in it. Baseline: the same number of copies enqueued
-//             back to back on one stream from one registered buffer, one wait.
+//   streamed  the pending route kept `depth` transfers deep (--stream-depth, default 4), as
+//             a program streaming data through the GPU uses it: `depth` PinnedBuffers and
+//             tensors; each round issues StreamRound(bytes) transfers, waiting for the
+//             oldest before issuing into its buffer again. Sizes from 64 KiB up to 8 MiB
+//             (above that one pending transfer already is split into parts issued back to
+//             back). Time = round time / transfers in it. Baseline: the same number of
+//             copies enqueued back to back on one stream from one registered buffer, one wait.
 // Baseline: in process, a host buffer registered once with Device::RegisterHostMemory
 // (cudaHostRegister on CUDA: pinned), then Stream::CopyHostToDevice / CopyDeviceToHost and
 // OnComplete, waited on — what a program owning the GPU itself does at best. Both routes
@@ -66,8 +66,7 @@ const char* RouteName(Route r) {
 }
 const Route kRoutes[] = {Route::kPending, Route::kStreamed, Route::kBlocking};
 
-/// The streamed route: transfers in flight, and the sizes it runs at.
-constexpr int kStreamDepth = 4;
+/// The sizes the streamed route runs at.
 bool Streams(uint64_t bytes) { return bytes >= (64ull << 10) && bytes <= (8ull << 20); }
 /// Transfers per streamed round: at least 16, about 512 MiB per round, at most 256.
 int StreamRound(uint64_t bytes) {
@@ -195,18 +194,18 @@ Samples DaemonPendingCase(Session& s, const Case& c, PendingInfo* info) {
   return out;
 }
 
-/// The streamed route: kStreamDepth pending transfers in flight, each buffer reissued as soon
+/// The streamed route: `depth` pending transfers in flight, each buffer reissued as soon
 /// as its transfer is waited for. One sample per round: round time / transfers in it.
-Samples DaemonStreamedCase(Session& s, const Case& c) {
+Samples DaemonStreamedCase(Session& s, const Case& c, int depth) {
   std::vector<PinnedBuffer> bufs;
   std::vector<Tensor> tensors;
-  for (int k = 0; k < kStreamDepth; ++k) {
+  for (int k = 0; k < depth; ++k) {
     bufs.push_back(Check(s.pinned_buffer(c.bytes), "pinned_buffer for " + c.label()));
     std::memset(bufs.back().data(), 0x5a, c.bytes);  // touch once, untimed
     tensors.push_back(s.create_tensor<uint8_t>({static_cast<int64_t>(c.bytes)}));
   }
   Check(s.synchronize(), "creating tensors for " + c.label());
-  std::vector<PendingTransfer> pending(kStreamDepth);
+  std::vector<PendingTransfer> pending(depth);
   auto issue = [&](int k) {
     pending[k] = c.dir == Direction::kUpload
                      ? s.upload_pending(std::move(bufs[k]), std::move(tensors[k]))
@@ -223,12 +222,12 @@ Samples DaemonStreamedCase(Session& s, const Case& c) {
   for (int round = 0; round < 1 + c.iterations; ++round) {  // the first warms up
     auto t0 = Clock::now();
     for (int i = 0; i < per_round; ++i) {
-      int k = i % kStreamDepth;
-      if (i >= kStreamDepth) reap(k);
+      int k = i % depth;
+      if (i >= depth) reap(k);
       issue(k);
     }
-    for (int i = per_round; i < per_round + kStreamDepth; ++i) {
-      if (i - kStreamDepth >= 0) reap(i % kStreamDepth);
+    for (int i = per_round; i < per_round + depth; ++i) {
+      if (i - depth >= 0) reap(i % depth);
     }
     double ns = NsSince(t0) / per_round;
     if (round > 0) out.Add(ns);
@@ -440,7 +439,7 @@ std::vector<Table> RunTransfers(Context& ctx) {
     for (const Case& c : cases) {
       ctx.progress->Case(target + " " + c.label(RouteLabel(c.route, target)));
       if (c.route == Route::kStreamed) {
-        daemon[t].push_back(DaemonStreamedCase(session, c));
+        daemon[t].push_back(DaemonStreamedCase(session, c, ctx.options.stream_depth));
       } else if (c.route == Route::kPending) {
         PendingInfo info;
         daemon[t].push_back(DaemonPendingCase(session, c, &info));
@@ -469,7 +468,7 @@ std::vector<Table> RunTransfers(Context& ctx) {
         "and moved through every transfer (buffer and tensor taken back from wait()); "
         "through a shared-memory slab on a unix target, bytes inline on a tcp target "
         "(pending-inline)",
-        "streamed = the pending route kept " + std::to_string(kStreamDepth) +
+        "streamed = the pending route kept " + std::to_string(ctx.options.stream_depth) +
             " transfers deep (the oldest waited for, its buffer reissued); time = round time "
             "/ transfers; baseline: the same copies enqueued back to back on one stream, one "
             "wait",
