@@ -1177,25 +1177,22 @@ class CudaStream final : public Stream {
     // Copies enqueued while no start was open ran before the span's start (or the span has
     // none): outside its measured time, their estimate adds to it, within the wall clock.
     uint64_t before_start[2] = {0, 0};
-    bool any_before_start = false;
     for (int to_device = 0; to_device < 2; ++to_device) {
       for (int c = 0; c < kSizeClasses; ++c) {
         const uint64_t bytes = span.estimated[to_device][c];
         if (bytes == 0) continue;
-        any_before_start = true;
         before_start[to_device] += EstimateNs(*rates, to_device, c, bytes);
         (to_device ? used.h2d_bytes : used.d2h_bytes) += bytes;
       }
     }
-    if (any_before_start) {
-      const auto from = std::max(span.first_estimated, rates->last_span_seen);
-      const uint64_t wall =
-          seen > from ? static_cast<uint64_t>(std::chrono::nanoseconds(seen - from).count()) : 0;
-      FitEstimates(before_start, wall > used.busy_ns ? wall - used.busy_ns : 0);
-      used.busy_ns += before_start[0] + before_start[1];
-      used.d2h_ns += before_start[0];
-      used.h2d_ns += before_start[1];
-    }
+    // (No such copy: both estimates are 0, and so is what this adds.)
+    const auto from = std::max(span.first_estimated, rates->last_span_seen);
+    const uint64_t wall =
+        seen > from ? static_cast<uint64_t>(std::chrono::nanoseconds(seen - from).count()) : 0;
+    FitEstimates(before_start, wall > used.busy_ns ? wall - used.busy_ns : 0);
+    used.busy_ns += before_start[0] + before_start[1];
+    used.d2h_ns += before_start[0];
+    used.h2d_ns += before_start[1];
     rates->last_span_seen = seen;
     return used;
   }
