@@ -16,7 +16,10 @@ else
   build="$root/build-gpu" dest="$root/.gpu/bundle"
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFERRY_CUDA=ON >/dev/null
 fi
-targets=(ferryd ferry-nvrtc ferry_conformance_tests ferry_integration_tests ferry_test_client ferry_quickstart)
+targets=(ferryd ferry_conformance_tests ferry_integration_tests ferry_test_client ferry_quickstart)
+# The compile helper runs under RLIMIT_AS (nvrtc-memory), in which ASan's shadow memory does
+# not fit (a sanitized helper dies at start): an asan bundle takes it from the Release build.
+[[ $variant != asan ]] && targets+=(ferry-nvrtc)
 [[ $variant != asan && -f "$root/bench/ferry_bench.cc" ]] && targets+=(ferry-bench)
 [[ -d "$root/client/ferryctl" ]] && targets+=(ferryctl)
 cmake --build "$build" --target "${targets[@]}" -j "$(nproc)"
@@ -30,14 +33,9 @@ if [[ $variant == asan ]]; then
     cp "${bins[$i]}" "$strip_dir/" && strip --strip-debug "$strip_dir/$(basename "${bins[$i]}")"
     bins[$i]="$strip_dir/$(basename "${bins[$i]}")"
   done
-  # The compile helper runs under RLIMIT_AS (nvrtc-memory), in which ASan's shadow memory
-  # does not fit (a sanitized helper dies at start): it comes from the Release build.
   cmake -S "$root" -B "$root/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFERRY_CUDA=ON >/dev/null
   cmake --build "$root/build-gpu" --target ferry-nvrtc
-  for i in "${!bins[@]}"; do
-    [[ $(basename "${bins[$i]}") == ferry-nvrtc ]] &&
-      bins[$i]=$(find "$root/build-gpu" -type f -name ferry-nvrtc -perm -u+x | head -1)
-  done
+  bins+=("$(find "$root/build-gpu" -type f -name ferry-nvrtc -perm -u+x | head -1)")
 fi
 bash "$root/../shared/gpu/bundle.sh" "$dest" "${bins[@]}"
 [[ $variant == asan ]] && { rm -rf "$strip_dir"; touch "$dest/SANITIZED"; }

@@ -16,7 +16,11 @@ if [[ -f "$bundle/SANITIZED" ]]; then
   here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
   # protect_shadow_gap=0: the CUDA driver maps memory where ASan would otherwise protect.
   export ASAN_OPTIONS="protect_shadow_gap=0:detect_leaks=1:log_path=$reports/asan:print_summary=1"
-  export LSAN_OPTIONS="suppressions=$here/lsan-cuda.supp:print_suppressions=0"
+  # LSAN_OPTIONS takes one file: CI's suppressions and the CUDA libraries' together (outside
+  # $reports, which holds only reports; readable by the tests' second uid).
+  supp=$(mktemp /tmp/ferry-gpu-lsan-XXXXXX) && chmod 644 "$supp"
+  cat "$here/../lsan.supp" "$here/lsan-cuda.supp" >"$supp"
+  export LSAN_OPTIONS="suppressions=$supp:print_suppressions=0"
   export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$reports/ubsan"
 fi
 export LD_LIBRARY_PATH="$bundle/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
