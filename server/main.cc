@@ -22,6 +22,7 @@
 #include "backend/select.h"
 #include "config.h"
 #include "daemon.h"
+#include "ferry/trace_points.h"
 #include "ferry/version.h"
 #include "rpc/systemd_notify.h"
 #include "session/device_supervisor.h"
@@ -226,6 +227,7 @@ int main(int argc, char** argv) {
   // TCP sessions had moved tens of MiB (docs/performance.md). Nothing of ferryd's is left
   // to release; the kernel and the driver reclaim the rest.
   spdlog::shutdown();
+  ferry::trace::Dump();  // trace points (FERRY_TRACE_POINTS builds): _Exit skips atexit
   std::fflush(nullptr);
   std::_Exit(0);
 }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <string>
 
+#include "ferry/trace_points.h"
 #include "ferry/wire.h"
 
 namespace ferry::internal {
@@ -200,6 +201,7 @@ Result<uint64_t> SessionState::Submit(
       for (auto& [op, dest] : downloads) targets[op] = dest;
     }
   }
+  FERRY_TRACE(trace::kIssue, id);
   if (!Send(m)) {
     MutexLock lock(&mu_);
     download_targets_.erase(id);

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "ferry/client.h"
+#include "ferry/trace_points.h"
 #include "parallel_copy.h"
 #include "session_state.h"
 
@@ -71,7 +72,9 @@ Transfer PendingTransfer::wait() {
   if (state_->first_id == 0) {
     t.status = state_->refused;
   } else if (auto s = state_->session.lock()) {
+    FERRY_TRACE(trace::kWait0, state_->last_id);
     t.status = s->WaitOutcome(state_->first_id, state_->last_id);
+    FERRY_TRACE(trace::kWait1, state_->last_id);
   } else {
     t.status = Status(ErrorKind::kSessionClosed, "the session is gone");
   }

@@ -9,6 +9,7 @@
 #include <thread>
 #include <utility>
 
+#include "ferry/trace_points.h"
 #include "ferry/wire.h"
 #include "rpc/convert.h"
 #include "rpc/input_sequencer.h"
@@ -238,6 +239,7 @@ class SessionConnection : public session::SessionEvents,
           message = nullptr;
           here = false;
         } else {
+          if (message->has_submit()) FERRY_TRACE(trace::kTake, message->submit().submit_id());
           here = here && IsQuick(*message);
           if (message->has_submit()) ops += message->submit().ops_size();
         }
@@ -255,11 +257,16 @@ class SessionConnection : public session::SessionEvents,
       std::function<void()> fn = std::move(handle);
       if (here) {
         const auto until = std::chrono::steady_clock::now() + kRingWaitForExecutor;
+        FERRY_TRACE(trace::kRun0, 0);
         do {
           // The completions that queue meanwhile (the watcher found the executor busy with
           // these messages) are delivered here too: handed on, they would wait for an io
           // thread's wake-up, and a streaming client for them.
-          if (executor.TryRun(fn, session::SerialExecutor::Followers::kRunHere)) return;
+          if (executor.TryRun(fn, session::SerialExecutor::Followers::kRunHere)) {
+            FERRY_TRACE(trace::kRun1, 0);
+            return;
+          }
+          FERRY_TRACE(trace::kRunFail, 0);
           std::this_thread::yield();
         } while (std::chrono::steady_clock::now() < until);
       }

@@ -4,6 +4,8 @@
 #include <cstring>
 #include <type_traits>
 
+#include "ferry/trace_points.h"
+
 namespace ferry::session {
 
 using backend::DevicePtr;
@@ -84,6 +86,8 @@ void Session::ReleaseStream() {
 }
 
 void Session::Submit(SubmitRequest request) {
+  [[maybe_unused]] const uint64_t traced_id = request.submit_id;  // for the trace points
+  FERRY_TRACE(trace::kSubmit0, traced_id, id_);
   InFlight record;
   record.submit_id = request.submit_id;
   ++counters_->submits;
@@ -117,8 +121,8 @@ void Session::Submit(SubmitRequest request) {
   queue_.push_back(std::move(record));
   counters_->submits_in_flight = queue_.size();
   InFlight& added = queue_.back();
-  if (added.parked) return;
-  if (!added.on_device) DeliverReady();
+  if (!added.parked && !added.on_device) DeliverReady();
+  FERRY_TRACE(trace::kSubmit1, traced_id, id_);
 }
 
 bool Session::Start(SubmitRequest& request, InFlight& record) {
@@ -358,6 +362,7 @@ Status Session::Enqueue(SubmitRequest& request, const AdmissionResult& admitted,
 
   record.on_device = true;
   record.seq = ++enqueued_seq_;
+  FERRY_TRACE(trace::kSeq, record.submit_id, record.seq);
   if (joins_run_batch && !run_batch_ && stream_->BeginBatch().ok()) {
     run_batch_ = true;
     run_batch_first_seq_ = record.seq;
@@ -596,9 +601,11 @@ void Session::AbandonPausedEnqueue(const Status& why, bool device_gone) {
 void Session::WatchCompletion(bool may_run_inline) {
   // A submit still being enqueued (or paused) is not complete with what is enqueued so far.
   const uint64_t through = enqueuing_seq_ != 0 ? enqueuing_seq_ - 1 : enqueued_seq_;
+  FERRY_TRACE(trace::kWatch, through, id_);
   commands_watched_ = commands_enqueued_;
   stream_->OnComplete([self = shared_from_this(), epoch = epoch_, through,
                        commands = commands_enqueued_, may_run_inline](Status status) mutable {
+    FERRY_TRACE(trace::kSeen, through, self->id_);
     Executor executor = self->executor_;
     // A cheap completion runs on the completion thread itself when the session is idle (no
     // wake-up of an executor thread). A fault goes to the executor: handling it rebuilds the
@@ -606,7 +613,9 @@ void Session::WatchCompletion(bool may_run_inline) {
     const bool run_here = may_run_inline && status.ok();
     auto handle = [self = std::move(self), epoch, through, commands,
                    status = std::move(status)]() mutable {
+      FERRY_TRACE(trace::kComplete0, through, self->id_);
       self->OnDeviceComplete(epoch, std::move(status), through, commands);
+      FERRY_TRACE(trace::kComplete1, through, self->id_);
     };
     if (run_here) {
       executor.RunOrPost(std::move(handle));

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <string>
 
+#include "ferry/trace_points.h"
 #include "pool/sys_error.h"
 
 namespace ferry::transport {
@@ -74,6 +75,7 @@ void CompletionBoard::Reset() {
 }
 
 void CompletionBoard::Post(uint64_t submit_id, bool ok) {
+  FERRY_TRACE(trace::kPost, submit_id);
   if (!ok) last_failed_->store(submit_id, std::memory_order_relaxed);
   completed_through_->store(submit_id, std::memory_order_release);
   // Wake clients asleep on the board: a shared (not private) futex on the low 32 bits of
