@@ -20,7 +20,7 @@ std::vector<Event> ReadEvents(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   std::vector<Event> events(bytes.size() / sizeof(Event));
-  std::memcpy(events.data(), bytes.data(), events.size() * sizeof(Event));
+  if (!events.empty()) std::memcpy(events.data(), bytes.data(), events.size() * sizeof(Event));
   return events;
 }
 
