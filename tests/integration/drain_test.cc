@@ -14,11 +14,12 @@ namespace {
 TEST(DrainTest, WorkAcceptedBeforeTheDrainCompletesAndIsDelivered) {
   testing::FerrydProcess daemon({"--drain-timeout", "60000"});
   ASSERT_TRUE(daemon.ok()) << daemon.log();
-  auto client =
-      Client::connect(daemon.unix_target(), {.connect_timeout = std::chrono::milliseconds(500)});
-  ASSERT_TRUE(client.ok());
+  // The default connect timeout (5 s): under TSan on a loaded machine a connect took more
+  // than the 500 ms this test once allowed, and how long it takes is not what it checks.
+  auto client = Client::connect(daemon.unix_target());
+  ASSERT_TRUE(client.ok()) << client.status().ToString() << "\n" << daemon.log();
   auto s = client->open_session();
-  ASSERT_TRUE(s.ok());
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
   // Enough work that the drain starts while it runs: 30 GEMMs of 256^3 on the host backend.
   const int n = 256;
   Tensor a = s->create_tensor<double>({n, n});
