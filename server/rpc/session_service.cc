@@ -239,9 +239,11 @@ class SessionConnection : public session::SessionEvents,
           message = nullptr;
           here = false;
         } else {
-          if (message->has_submit()) FERRY_TRACE(trace::kTake, message->submit().submit_id());
           here = here && IsQuick(*message);
-          if (message->has_submit()) ops += message->submit().ops_size();
+          if (message->has_submit()) {
+            FERRY_TRACE(trace::kTake, message->submit().submit_id());
+            ops += message->submit().ops_size();
+          }
         }
         messages.push_back(std::move(message));
       }

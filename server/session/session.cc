@@ -86,7 +86,8 @@ void Session::ReleaseStream() {
 }
 
 void Session::Submit(SubmitRequest request) {
-  [[maybe_unused]] const uint64_t traced_id = request.submit_id;  // for the trace points
+  // For the trace points: by the end the request may be moved and the record delivered.
+  [[maybe_unused]] const uint64_t traced_id = request.submit_id;
   FERRY_TRACE(trace::kSubmit0, traced_id, id_);
   InFlight record;
   record.submit_id = request.submit_id;
