@@ -16,7 +16,7 @@ import struct
 import sys
 
 POINTS = ["Issue", "Wait0", "Wait1", "Take", "Submit0", "Submit1", "Seq", "Watch", "Seen",
-          "Complete0", "Complete1", "Post", "Run0", "Run1", "RunFail"]
+          "Complete0", "Complete1", "Post", "Run0", "Run1", "RunFail", "Step"]
 P = {name: i + 1 for i, name in enumerate(POINTS)}  # as trace::Point numbers them
 EVENT = struct.Struct("<QQQII")  # ns, a, b, tid, point: trace::Event
 
@@ -24,6 +24,26 @@ EVENT = struct.Struct("<QQQII")  # ns, a, b, tid, point: trace::Event
 def load(path):
     data = open(path, "rb").read()
     return [EVENT.unpack_from(data, i) for i in range(0, len(data) - EVENT.size + 1, EVENT.size)]
+
+
+def print_steps(events, who):
+    """Per kStep number: the time from the previous point on the same thread."""
+    last = {}  # tid -> (ns, label) of its previous point
+    steps = collections.defaultdict(list)  # (previous label, step) -> ns
+    for ns, a, b, tid, point in sorted(events):
+        label = "step %d" % a if point == P["Step"] else POINTS[point - 1]
+        if point == P["Step"] and tid in last:
+            steps[(last[tid][1], label)].append(ns - last[tid][0])
+        last[tid] = (ns, label)
+    if not steps:
+        return
+    print("%s steps (us, from the previous point on the thread)    count       p50      mean" % who)
+    for (before, label), v in sorted(steps.items(), key=lambda kv: (int(kv[0][1].split()[1]), -len(kv[1]))):
+        if len(v) * 20 < max(len(x) for x in steps.values()):
+            continue  # rare paths
+        v.sort()
+        print("  %-20s -> %-20s %12d %9.2f %9.2f" % (before, label, len(v), v[len(v) // 2] / 1000,
+                                                      statistics.mean(v) / 1000))
 
 
 def main():
@@ -79,6 +99,12 @@ def main():
         return values[min(len(values) - 1, int(q * len(values)))] / 1000
 
     n = len(stages["= issue -> wait returns"])
+    if n == 0:
+        print("no submit passed every point (one session's submits are needed)")
+    print_steps(daemon, "ferryd")
+    print_steps(client, "client")
+    if n == 0:
+        return
     print("submits with every point: %d; completions handled on: %s" % (n, dict(handled_on)))
     print("%-42s %9s %9s %9s" % ("stage (us)", "p50", "p90", "mean"))
     for name in sorted(stages):

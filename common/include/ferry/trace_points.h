@@ -16,6 +16,8 @@
 //            completion is asked for; kSeen (the same) when the backend reports it, on its
 //            completion thread; kComplete0/kComplete1 (the same) around its handling; kPost
 //            (submit id) when a success is posted on the completion board.
+//   either:  kStep (a step number, 0): a split of a stage, placed where one is wanted; the tool
+//            prints the time from the previous point on the same thread, per step.
 // Thread-safe; events past kMaxEvents are dropped.
 #pragma once
 
@@ -46,7 +48,8 @@ enum Point : uint32_t {
   kPost,
   kRun0,
   kRun1,
-  kRunFail
+  kRunFail,
+  kStep
 };
 
 /// One recorded point, as written to the file (little-endian, 32 bytes).
