@@ -33,7 +33,7 @@ CompletionWatcher::~CompletionWatcher() {
 
 Result<cudaEvent_t> CompletionWatcher::AcquireEvent() {
   {
-    MutexLock lock(&mu_);
+    MutexLock lock(&pool_mu_);
     if (!free_events_.empty()) {
       cudaEvent_t event = free_events_.back();
       free_events_.pop_back();
@@ -46,13 +46,13 @@ Result<cudaEvent_t> CompletionWatcher::AcquireEvent() {
 }
 
 void CompletionWatcher::ReleaseEvent(cudaEvent_t event) {
-  MutexLock lock(&mu_);
+  MutexLock lock(&pool_mu_);
   free_events_.push_back(event);
 }
 
 Result<cudaEvent_t> CompletionWatcher::AcquireTimingEvent() {
   {
-    MutexLock lock(&mu_);
+    MutexLock lock(&pool_mu_);
     if (!free_timing_events_.empty()) {
       cudaEvent_t event = free_timing_events_.back();
       free_timing_events_.pop_back();
@@ -65,7 +65,7 @@ Result<cudaEvent_t> CompletionWatcher::AcquireTimingEvent() {
 }
 
 void CompletionWatcher::ReleaseTimingEvent(cudaEvent_t event) {
-  MutexLock lock(&mu_);
+  MutexLock lock(&pool_mu_);
   free_timing_events_.push_back(event);
 }
 
@@ -91,13 +91,16 @@ void CompletionWatcher::Push(const std::shared_ptr<Queue>& queue, Entry entry) {
     MutexLock lock(&mu_);
     ++queue->pending_;
     incoming_.emplace_back(queue, std::move(entry));
+    has_incoming_.store(true, std::memory_order_release);
   }
   wake_cv_.NotifyOne();
 }
 
 void CompletionWatcher::WaitForQueue(const std::shared_ptr<Queue>& queue) {
   MutexLock lock(&mu_);
+  ++queue_waiters_;
   delivered_cv_.Wait(&mu_, [&queue] { return queue->pending_ == 0; });
+  --queue_waiters_;
 }
 
 bool CompletionWatcher::OnWatcherThread() const {
@@ -105,6 +108,7 @@ bool CompletionWatcher::OnWatcherThread() const {
 }
 
 Status CompletionWatcher::fault() const {
+  if (!faulted_.load(std::memory_order_acquire)) return Status::Ok();
   MutexLock lock(&mu_);
   return fault_;
 }
@@ -113,6 +117,7 @@ void CompletionWatcher::ReportFault(const Status& fault) {
   if (fault.ok()) return;
   MutexLock lock(&mu_);
   if (fault_.ok()) fault_ = fault;
+  faulted_.store(true, std::memory_order_release);
 }
 
 void CompletionWatcher::Loop() {
@@ -124,16 +129,17 @@ void CompletionWatcher::Loop() {
   Clock::time_point idle_since = Clock::now();
   std::vector<std::pair<std::shared_ptr<Queue>, Entry>> batch;
   for (;;) {
-    {
+    const bool incoming = has_incoming_.load(std::memory_order_acquire);
+    if (streams_pending_ == 0 && !incoming && Clock::now() - idle_since < kIdleSpin) {
+      // Idle. Spin a little before blocking: an owner that submits again right after its
+      // completion then finds the watcher awake, saving a thread wake-up (several µs).
+      std::this_thread::yield();
+      continue;
+    }
+    // Work pending and nothing new watched: straight to polling, without the lock.
+    if (streams_pending_ == 0 || incoming) {
       MutexLock lock(&mu_);
       if (streams_pending_ == 0 && incoming_.empty()) {
-        // Idle. Spin a little before blocking: an owner that submits again right after its
-        // completion then finds the watcher awake, saving a thread wake-up (several µs).
-        if (!stop_ && Clock::now() - idle_since < kIdleSpin) {
-          lock.Unlock();
-          std::this_thread::yield();
-          continue;
-        }
         wake_cv_.Wait(&mu_, [this] {
           mu_.AssertHeld();
           return stop_ || !incoming_.empty();
@@ -142,6 +148,7 @@ void CompletionWatcher::Loop() {
       }
       if (!incoming_.empty()) {
         batch.swap(incoming_);
+        has_incoming_.store(false, std::memory_order_relaxed);
         idle_since = Clock::now();  // new work: spin again, it may finish within µs
       }
     }
@@ -224,11 +231,12 @@ void CompletionWatcher::Deliver(StreamQueue& stream, Entry entry, Status status)
     }
   }
   --streams_pending_;
-  {
-    MutexLock lock(&mu_);
-    --stream.queue->pending_;
+  // A waiter checks pending_ under mu_: taking mu_ before the notification means it either
+  // sees the new count or is already waiting.
+  if (--stream.queue->pending_ == 0 && queue_waiters_.load() > 0) {
+    { MutexLock lock(&mu_); }
+    delivered_cv_.NotifyAll();
   }
-  delivered_cv_.NotifyAll();
 }
 
 }  // namespace ferry::backend

@@ -26,11 +26,15 @@
 //
 // Thread-safety: all public methods are safe from any thread. Callbacks run on the watcher
 // thread, outside the watcher's lock, so a callback may call Watch again (and may destroy a
-// stream: the stream does not then wait for its own later callbacks).
+// stream: the stream does not then wait for its own later callbacks). The spinning watcher
+// takes no lock while nothing new was watched and no fault was seen (atomic flags say so), and
+// the event pools have a lock of their own: the threads that enqueue work and watch it, which
+// take these locks on every completion, do not meet a spinning watcher holding them.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -55,12 +59,9 @@ class CompletionWatcher {
 
   /// One watched stream's bookkeeping: its callbacks watched and not yet run.
   class Queue {
-   public:
-    uint64_t pending() const { return pending_; }
-
    private:
     friend class CompletionWatcher;
-    uint64_t pending_ = 0;  // guarded by the watcher's mu_
+    std::atomic<uint64_t> pending_{0};
   };
 
   /// Start the watcher thread for device `ordinal` (made current on the thread).
@@ -125,13 +126,20 @@ class CompletionWatcher {
 
   mutable Mutex mu_;
   CondVar wake_cv_;       // incoming_ grew or stop_ was set
-  CondVar delivered_cv_;  // some Queue::pending_ dropped
+  CondVar delivered_cv_;  // some Queue::pending_ dropped to 0 while a WaitForQueue waited
   // Entries watched since the watcher last looked, per queue, in watch order.
   std::vector<std::pair<std::shared_ptr<Queue>, Entry>> incoming_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   Status fault_ ABSL_GUARDED_BY(mu_);
-  std::vector<cudaEvent_t> free_events_ ABSL_GUARDED_BY(mu_);
-  std::vector<cudaEvent_t> free_timing_events_ ABSL_GUARDED_BY(mu_);
+  // Lock-free hints for the spinning watcher: set (under mu_) when incoming_ gained entries,
+  // cleared when the watcher takes them; set once fault_ is.
+  std::atomic<bool> has_incoming_{false};
+  std::atomic<bool> faulted_{false};
+  std::atomic<int> queue_waiters_{0};  // WaitForQueue calls waiting (they hold mu_ to check)
+
+  Mutex pool_mu_;
+  std::vector<cudaEvent_t> free_events_ ABSL_GUARDED_BY(pool_mu_);
+  std::vector<cudaEvent_t> free_timing_events_ ABSL_GUARDED_BY(pool_mu_);
 
   // Watcher-thread state: the entries being polled, by queue.
   std::unordered_map<Queue*, StreamQueue> streams_;
