@@ -17,8 +17,8 @@ namespace ferry::internal {
 
 // The session's submit ring, mapped read-write (docs/protocol.md, "Submit ring"): the owner
 // thread writes numbered messages into it, and the daemon's ring poller takes them, instead of
-// the stream's gRPC write. Owner thread only. Owns `map` (kHeaderBytes + capacity bytes,
-// unmapped at destruction) and `doorbell` (closed).
+// the stream's gRPC write. Owner thread only, but AnnounceBoardSleep (any thread). Owns `map`
+// (kHeaderBytes + capacity bytes, unmapped at destruction) and `doorbell` (closed).
 class RingWriter {
  public:
   RingWriter(char* map, uint64_t capacity, int doorbell)
@@ -67,8 +67,18 @@ class RingWriter {
     return Wrote::kWritten;
   }
 
+  /// Count one more (+1) or one fewer (-1) of the client's threads asleep on the session's
+  /// completion board, for the daemon, which wakes the board's futex only while some are
+  /// (Open.board_sleeps_announced). Sequentially consistent: raised before the sleep's
+  /// FUTEX_WAIT reads the board. Any thread, while the writer lives.
+  void AnnounceBoardSleep(int delta) const {
+    reinterpret_cast<std::atomic<uint32_t>*>(map_ + kBoardSleepersOffset)
+        ->fetch_add(static_cast<uint32_t>(delta), std::memory_order_seq_cst);
+  }
+
  private:
-  static constexpr uint64_t kHeadOffset = 0, kTailOffset = 64, kAsleepOffset = 128;
+  static constexpr uint64_t kHeadOffset = 0, kTailOffset = 64, kAsleepOffset = 128,
+                            kBoardSleepersOffset = 192;
   std::atomic<uint64_t>* Word64(uint64_t offset) const {
     return reinterpret_cast<std::atomic<uint64_t>*>(map_ + offset);
   }

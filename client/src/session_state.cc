@@ -70,17 +70,21 @@ void SessionState::Wait(Done done, uint64_t board_last) {
   }
   if (on_board) {
     // Sleep on the board until it covers board_last: the daemon wakes its futex at every
-    // post, and a success may come with no message at all (Opened.successes_on_board). Each
-    // sleep is bounded (kBoardSleep) to look at the messages' side (a dead stream posts
-    // nothing). Once the board covers the range, what is still missing can only come in
-    // messages (a failure's error, Download bytes), which wake cv_.
+    // post while a sleep is announced, and a success may come with no message at all
+    // (Opened.successes_on_board). Each sleep is bounded (kBoardSleep) to look at the messages'
+    // side (a dead stream posts nothing). Once the board covers the range, what is still missing
+    // can only come in messages (a failure's error, Download bytes), which wake cv_.
     for (;;) {
       const uint64_t through = board_->CompletedThrough();
       mu_.Lock();
       if (done()) return;
       if (through >= board_last) break;
       mu_.Unlock();
+      // Announced in the ring, the daemon wakes the board only then; the ring lives as
+      // long as the board (both go at Shutdown, when no waiter is left).
+      if (ring_) ring_->AnnounceBoardSleep(+1);
       board_->Sleep(through, kBoardSleep);
+      if (ring_) ring_->AnnounceBoardSleep(-1);
     }
   } else {
     mu_.Lock();
@@ -108,8 +112,9 @@ Status SessionState::Open(std::shared_ptr<ClientState> client, const SessionOpti
   open->set_client_name(client_->options.client_name);
   open->set_device_bytes_quota(options.device_bytes_quota);
   open->set_max_in_flight_submits(options.max_in_flight_submits);
-  open->set_coalesced_completions(true);  // reader.cc reads first_submit_id
-  open->set_successes_on_board(true);     // CompletedLocked reads the board
+  open->set_coalesced_completions(true);   // reader.cc reads first_submit_id
+  open->set_successes_on_board(true);      // CompletedLocked reads the board
+  open->set_board_sleeps_announced(true);  // Wait announces its sleeps in the ring
   if (!stream_->Write(m)) return StreamFailure("sending Open");
   // Started now, it is ready by the time Opened has come; it reads once Open succeeded.
   reader_ = std::thread([this] {

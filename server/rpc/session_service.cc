@@ -750,6 +750,15 @@ class SessionConnection : public session::SessionEvents,
         kept_ring_.reset();
         OpenChannels(open, *slabs, o);
       }
+      if (const auto& board = slabs->shared_board()) {
+        // Where the client announces its sleeps on the board in its ring, the board wakes
+        // its futex only then (on a kept stream, as this session's Open asks).
+        const auto& ring = slabs->shared_ring();
+        board->WakeOnlyAnnounced(
+            open.board_sleeps_announced() && ring
+                ? std::shared_ptr<const std::atomic<uint32_t>>(ring, ring->board_sleepers())
+                : nullptr);
+      }
       if (last_slabs) {
         // The slabs the last session on this stream kept for this one (docs/protocol.md,
         // "Kept slabs"): the same client, which has them mapped.

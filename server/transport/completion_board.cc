@@ -77,7 +77,9 @@ void CompletionBoard::Reset() {
 void CompletionBoard::Post(uint64_t submit_id, bool ok) {
   FERRY_TRACE(trace::kPost, submit_id);
   if (!ok) last_failed_->store(submit_id, std::memory_order_relaxed);
-  completed_through_->store(submit_id, std::memory_order_release);
+  // Sequentially consistent, with the read of sleepers_ below (see WakeOnlyAnnounced).
+  completed_through_->store(submit_id, std::memory_order_seq_cst);
+  if (sleepers_ && sleepers_->load(std::memory_order_seq_cst) == 0) return;
   // Wake clients asleep on the board: a shared (not private) futex on the low 32 bits of
   // completed_through. Without waiters the kernel finds none and returns (< 1 µs).
   (void)::syscall(SYS_futex, page_, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);

@@ -12,7 +12,10 @@
 // [F, N] all succeeded. Anything else the client learns from the messages, which still
 // come for every submit: the board is a shortcut for success, never the only word.
 // Each Post also wakes the futex at offset 0 (completed_through's low 32 bits), so a client
-// may sleep on the board (FUTEX_WAIT, shared) instead of spinning.
+// may sleep on the board (FUTEX_WAIT, shared) instead of spinning; or, after
+// WakeOnlyAnnounced, only while the client's count of sleepers (a word it writes, in its
+// submit ring) is not 0: a wake with nobody asleep is a system call (~0.5 µs) on the
+// session's executor at every completion.
 //
 // The daemon only writes the page, never reads what a client may have written to it. The
 // client gets a read-only fd (F_SEAL_FUTURE_WRITE where the kernel has it: no writable
@@ -45,6 +48,14 @@ class CompletionBoard {
   /// Back to nothing completed, for the next session of a kept stream (its ids start at 1
   /// again). Only between sessions: no submit of either is being posted or waited on.
   void Reset();
+  /// Wake the futex after a post only while `*sleepers` is not 0 (null: after every post).
+  /// The client raises it before it sleeps and lowers it after (a sequentially consistent
+  /// read-modify-write); Post stores completed_through and then reads it, both sequentially
+  /// consistent, so a client either sees the post before it sleeps or is woken. A client
+  /// that writes anything else there only delays its own wake-ups. From Post's thread.
+  void WakeOnlyAnnounced(std::shared_ptr<const std::atomic<uint32_t>> sleepers) {
+    sleepers_ = std::move(sleepers);
+  }
 
   /// A read-only fd of the page, for handing to the client (owned by the board).
   int fd() const { return read_only_fd_; }
@@ -54,6 +65,7 @@ class CompletionBoard {
 
   std::atomic<uint64_t>* completed_through_ = nullptr;
   std::atomic<uint64_t>* last_failed_ = nullptr;
+  std::shared_ptr<const std::atomic<uint32_t>> sleepers_;
   void* page_ = nullptr;
   int read_only_fd_ = -1;
 };

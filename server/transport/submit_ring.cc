@@ -46,6 +46,7 @@ Result<std::unique_ptr<SubmitRing>> SubmitRing::Create(uint64_t capacity) {
   ring->head_ = new (ring->map_ + kHeadOffset) std::atomic<uint64_t>(0);
   ring->tail_word_ = new (ring->map_ + kTailOffset) std::atomic<uint64_t>(0);
   ring->asleep_ = new (ring->map_ + kAsleepOffset) std::atomic<uint32_t>(0);
+  ring->board_sleepers_ = new (ring->map_ + kBoardSleepersOffset) std::atomic<uint32_t>(0);
   ring->doorbell_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (ring->doorbell_ < 0) return SysError("eventfd for a submit ring");
   return ring;

@@ -12,6 +12,8 @@
 //   [64]   u64 tail    the daemon: bytes taken so far; the client may reuse what is below
 //   [128]  u32 asleep  the daemon: 1 while the poller may sleep; the client then writes its
 //                      doorbell (an eventfd) after it stores head
+//   [192]  u32 board_sleepers  the client: how many of its threads are (about to be) asleep
+//                      on the session's completion board (CompletionBoard::WakeOnlyAnnounced)
 //   [4096] data, `capacity` bytes (a power of two)
 // A record starts at an 8-aligned position p = (bytes so far) mod capacity: u32 length, u32 0,
 // then `length` bytes of one serialized ClientMessage; the next starts at the next multiple
@@ -43,6 +45,7 @@ class SubmitRing {
   static constexpr uint64_t kHeadOffset = 0;
   static constexpr uint64_t kTailOffset = 64;
   static constexpr uint64_t kAsleepOffset = 128;
+  static constexpr uint64_t kBoardSleepersOffset = 192;
   static constexpr uint32_t kSkipToStart = 0xFFFFFFFFu;
   static constexpr uint64_t kMinCapacity = 4096;
   static constexpr uint64_t kMaxCapacity = 16ull << 20;
@@ -65,6 +68,9 @@ class SubmitRing {
   void SetAsleep(bool asleep);
   /// Read the doorbell's count to zero (non-blocking).
   void ClearDoorbell();
+  /// The client's count of its threads asleep on the completion board (any value: the
+  /// client writes it). Any thread; valid while the ring lives.
+  const std::atomic<uint32_t>* board_sleepers() const { return board_sleepers_; }
 
   uint64_t capacity() const { return capacity_; }
   uint64_t map_bytes() const { return kHeaderBytes + capacity_; }
@@ -83,6 +89,7 @@ class SubmitRing {
   std::atomic<uint64_t>* head_ = nullptr;
   std::atomic<uint64_t>* tail_word_ = nullptr;
   std::atomic<uint32_t>* asleep_ = nullptr;
+  std::atomic<uint32_t>* board_sleepers_ = nullptr;
   // The daemon's own tail (what the client writes at kTailOffset is ignored): written by the
   // poller thread, read by HasRecord on any.
   std::atomic<uint64_t> tail_{0};

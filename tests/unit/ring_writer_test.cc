@@ -2,17 +2,26 @@
 // (server/transport/submit_ring.h): what the client writes comes out whole, parseable and in
 // order across the ring's end; a full ring refuses the write without writing anything; a
 // message too large for the ring is left to the stream; the doorbell is rung only while the
-// poller may sleep.
+// poller may sleep; a thread that announces its sleep on the completion board in the ring is
+// woken by the board's next post (Open.board_sleeps_announced).
 #include "ring_writer.h"
 
 #include <gtest/gtest.h>
+#include <linux/futex.h>
 #include <poll.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 
+#include "transport/completion_board.h"
 #include "transport/submit_ring.h"
 
 namespace ferry::internal {
@@ -130,6 +139,46 @@ TEST(RingWriterTest, TheDoorbellRingsOnlyWhileThePollerMaySleep) {
   ASSERT_EQ(p.writer->Write(SubmitMessage(3, 3, 10)), Wrote::kWritten);
   EXPECT_FALSE(DoorbellRung(doorbell));
   for (uint64_t k = 1; k <= 3; ++k) EXPECT_EQ(TakeMessage(*p.ring).sequence(), k);
+}
+
+// The daemon wakes the board's futex only while the client's count of sleepers in the ring is
+// not 0. A sleeper that announced itself is never left asleep by a post: its FUTEX_WAIT is
+// either woken (0) or sees the posted value and does not sleep (EAGAIN); a lost wake-up
+// would show as ETIMEDOUT after 10 s. Half the rounds post while the sleeper is most likely
+// in the kernel, half as it gets there.
+TEST(RingWriterTest, ASleepAnnouncedInTheRingIsWokenByTheBoardsPost) {
+  Pair p = MakePair();
+  std::shared_ptr<SubmitRing> ring = std::move(p.ring);
+  auto made = transport::CompletionBoard::Create();
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  std::unique_ptr<transport::CompletionBoard> board = std::move(*made);
+  board->WakeOnlyAnnounced(
+      std::shared_ptr<const std::atomic<uint32_t>>(ring, ring->board_sleepers()));
+  void* page =
+      ::mmap(nullptr, transport::CompletionBoard::kBytes, PROT_READ, MAP_SHARED, board->fd(), 0);
+  ASSERT_NE(page, MAP_FAILED);
+  for (uint32_t round = 1; round <= 20; ++round) {
+    std::atomic<bool> announced{false};
+    int result = -1;
+    std::thread sleeper([&] {
+      p.writer->AnnounceBoardSleep(+1);
+      announced = true;
+      timespec timeout = {10, 0};
+      const long r = ::syscall(SYS_futex, page, FUTEX_WAIT, round - 1, &timeout, nullptr,
+                               0);  // board: round - 1
+      result = r == 0 ? 0 : errno;
+      p.writer->AnnounceBoardSleep(-1);
+    });
+    while (!announced) std::this_thread::yield();
+    EXPECT_EQ(ring->board_sleepers()->load(), 1u) << "the daemon sees what the client announced";
+    if (round % 2 == 1) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    board->Post(round, true);
+    sleeper.join();
+    EXPECT_TRUE(result == 0 || result == EAGAIN)
+        << "round " << round << ": " << std::strerror(result);
+  }
+  EXPECT_EQ(ring->board_sleepers()->load(), 0u);
+  ::munmap(page, transport::CompletionBoard::kBytes);
 }
 
 }  // namespace
