@@ -17,7 +17,8 @@
 // submit ring) is not 0: a wake with nobody asleep is a system call (~0.5 µs) on the
 // session's executor at every completion.
 //
-// The daemon only writes the page, never reads what a client may have written to it. The
+// The daemon only writes the page, never reads what a client may have written to it (the
+// count of sleepers it reads lives in the client's ring, whose every value is harmless). The
 // client gets a read-only fd (F_SEAL_FUTURE_WRITE where the kernel has it: no writable
 // mapping can be made from any fd), sealed against shrinking, so nothing a client does
 // with it can fault the daemon.
