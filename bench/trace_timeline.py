@@ -54,7 +54,12 @@ def main():
     clients = [p for p, ev in events.items() if p not in daemons and
                any(e[4] == P["Issue"] for e in ev)]
     if not daemons or not clients:
-        sys.exit("need the trace files of a client and of a ferryd (found: %s)" % list(events))
+        # No submit went through (an open/close run, say): only the steps can be told.
+        for path, ev in events.items():
+            print_steps(ev, path)
+        if not any(e[4] == P["Step"] for ev in events.values() for e in ev):
+            sys.exit("need the trace files of a client and of a ferryd (found: %s)" % list(events))
+        return
     daemon, client = events[daemons[0]], events[clients[0]]
     by_id = collections.defaultdict(dict)  # submit id -> point -> (ns, b, tid)
     for ns, a, b, tid, point in client:
