@@ -104,11 +104,10 @@ def main():
         return values[min(len(values) - 1, int(q * len(values)))] / 1000
 
     n = len(stages["= issue -> wait returns"])
-    if n == 0:
-        print("no submit passed every point (one session's submits are needed)")
     print_steps(daemon, "ferryd")
     print_steps(client, "client")
     if n == 0:
+        print("no submit passed every point (one session's submits are needed)")
         return
     print("submits with every point: %d; completions handled on: %s" % (n, dict(handled_on)))
     print("%-42s %9s %9s %9s" % ("stage (us)", "p50", "p90", "mean"))
