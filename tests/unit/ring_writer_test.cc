@@ -16,6 +16,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -178,6 +179,48 @@ TEST(RingWriterTest, ASleepAnnouncedInTheRingIsWokenByTheBoardsPost) {
         << "round " << round << ": " << std::strerror(result);
   }
   EXPECT_EQ(ring->board_sleepers()->load(), 0u);
+  ::munmap(page, transport::CompletionBoard::kBytes);
+}
+
+// The count is the client's to write, anything at all: a client that writes garbage into its
+// own ring's count (here, the largest value) still has its board posted and woken, and
+// decides nothing about another session's board, whose sleeper, announced in its own ring, is
+// woken as ever.
+TEST(RingWriterTest, AClientsSleepersCountDecidesOnlyItsOwnBoardsWakes) {
+  Pair hostile = MakePair(), other = MakePair();
+  std::shared_ptr<SubmitRing> hostile_ring = std::move(hostile.ring);
+  std::shared_ptr<SubmitRing> other_ring = std::move(other.ring);
+  auto made_a = transport::CompletionBoard::Create();
+  auto made_b = transport::CompletionBoard::Create();
+  ASSERT_TRUE(made_a.ok() && made_b.ok());
+  std::unique_ptr<transport::CompletionBoard> hostile_board = std::move(*made_a);
+  std::unique_ptr<transport::CompletionBoard> other_board = std::move(*made_b);
+  hostile_board->WakeOnlyAnnounced(
+      std::shared_ptr<const std::atomic<uint32_t>>(hostile_ring, hostile_ring->board_sleepers()));
+  other_board->WakeOnlyAnnounced(
+      std::shared_ptr<const std::atomic<uint32_t>>(other_ring, other_ring->board_sleepers()));
+  hostile.writer->AnnounceBoardSleep(-1);  // 0 - 1: the largest count
+  ASSERT_EQ(hostile_ring->board_sleepers()->load(), UINT32_MAX);
+  void* page = ::mmap(nullptr, transport::CompletionBoard::kBytes, PROT_READ, MAP_SHARED,
+                      other_board->fd(), 0);
+  ASSERT_NE(page, MAP_FAILED);
+  std::atomic<bool> announced{false};
+  int result = -1;
+  std::thread sleeper([&] {
+    other.writer->AnnounceBoardSleep(+1);
+    announced = true;
+    timespec timeout = {10, 0};
+    const long r = ::syscall(SYS_futex, page, FUTEX_WAIT, 0, &timeout, nullptr, 0);
+    result = r == 0 ? 0 : errno;
+    other.writer->AnnounceBoardSleep(-1);
+  });
+  while (!announced) std::this_thread::yield();
+  std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  for (uint64_t id = 1; id <= 100; ++id) hostile_board->Post(id, true);
+  other_board->Post(1, true);
+  sleeper.join();
+  EXPECT_TRUE(result == 0 || result == EAGAIN) << std::strerror(result);
+  EXPECT_EQ(other_ring->board_sleepers()->load(), 0u);
   ::munmap(page, transport::CompletionBoard::kBytes);
 }
 
