@@ -278,6 +278,8 @@ class Settings {
            FERRY_ASSIGN_OR_RETURN(c_.cuda.fuse_elementwise, ParseBool(v));
            return Status::Ok();
          }},
+        {"streams-ahead",
+         bounded(0, 256, [this](uint64_t n) { c_.cuda.streams_ahead = static_cast<uint32_t>(n); })},
         {"copy-turns",
          bounded(0, 1024, [this](uint64_t n) { c_.daemon.copy_turns = static_cast<uint32_t>(n); })},
         {"copy-turn-size", bytes(&c_.daemon.copy_turn_bytes)},
@@ -690,6 +692,9 @@ means true; --allow-insecure-remote and --allow-remote-raw-kernels also take =tr
   --fuse-elementwise BOOL    run each run of consecutive f32/f64 fill, add, sub, mul,
                              div, scale and axpy ops of a kernel batch or a graph as one
                              kernel where the results are the same (default true)
+  --streams-ahead N          fresh CUDA streams made ahead for the next sessions to open
+                             on, 0..256; closed sessions' streams are destroyed on the same
+                             thread (default 4; 0: made at the open, destroyed at the close)
   --copy-turns N             submits copying copy-turn-size or more one way that run at
                              once, per direction; the rest wait in arrival order, so
                              sessions share the copy engines fairly (default 4; 0: no limit)
@@ -870,6 +875,8 @@ std::string FormatConfig(const DaemonConfig& c) {
   out << "nvrtc-concurrency = " << c.cuda.nvrtc_concurrency
       << (c.cuda.nvrtc_concurrency == 0 ? "  # a quarter of the cores, at least 1" : "") << "\n";
   out << "fuse-elementwise = " << (c.cuda.fuse_elementwise ? "true" : "false") << "\n";
+  out << "streams-ahead = " << c.cuda.streams_ahead
+      << (c.cuda.streams_ahead == 0 ? "  # made at the open" : "") << "\n";
   out << "copy-turns = " << c.daemon.copy_turns << (c.daemon.copy_turns == 0 ? "  # no limit" : "")
       << "\n";
   out << "copy-turn-size = " << FormatBytes(c.daemon.copy_turn_bytes) << "\n";

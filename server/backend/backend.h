@@ -280,6 +280,10 @@ struct CudaDeviceOptions {
   /// Batches and graphs run each run of consecutive f32/f64 elementwise ops (Fill, Binary,
   /// Scale, Axpy) as one kernel, where that gives the same results (backend/elementwise_run.h).
   bool fuse_elementwise = true;
+  /// Fresh CUDA streams (with their scratch) a thread of the device keeps made ahead for
+  /// the next sessions, which also destroys closed sessions' streams; 0: no such thread, a
+  /// session makes its stream at its open and destroys it at its close.
+  uint32_t streams_ahead = 4;
 };
 
 /// A quarter of the machine's cores, at least 1.

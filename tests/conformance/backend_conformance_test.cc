@@ -1223,6 +1223,59 @@ BackToBack RunBackToBack(Stream& stream, int submits, EnqueueFn&& enqueue) {
                                                                start)};
 }
 
+// Streams closed in every state (work still running, a capture left open, idle) leave
+// nothing to the streams made after them: each new stream starts with zero usage, not
+// capturing, runs its own work (a reduction through the stream's scratch is right) and
+// counts only that. On CUDA a thread makes streams ahead and destroys closed ones.
+void ExpectStreamsMadeAfterOthersClosedStartClean(Device& device) {
+  constexpr uint64_t kCount = 4096;
+  for (int round = 0; round < 6; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    Result<std::unique_ptr<Stream>> made = device.CreateStream();
+    ASSERT_TRUE(made.ok()) << made.status().ToString();
+    std::unique_ptr<Stream> s = std::move(made).value();
+    EXPECT_EQ(s->usage(), Usage{}) << Describe(s->usage());
+    Result<DevicePtr> x = s->Allocate(kCount * sizeof(float));
+    Result<DevicePtr> sum = s->Allocate(sizeof(float));
+    ASSERT_TRUE(x.ok() && sum.ok());
+    const float value = 1.0f + static_cast<float>(round);
+    std::vector<float> values(kCount, value);
+    ASSERT_TRUE(s->CopyHostToDevice(*x, values.data(), kCount * sizeof(float)).ok());
+    ASSERT_TRUE(s->ReduceSum(DType::kF32, *x, kCount, *sum).ok());
+    for (float v : Download<float>(*s, *sum, 1)) EXPECT_EQ(v, value * kCount);
+    EXPECT_EQ(s->usage().h2d_bytes, kCount * sizeof(float)) << Describe(s->usage());
+    s->Free(*x);
+    s->Free(*sum);
+    switch (round % 3) {
+      case 0:  // closed with work still running
+        EnqueueWorkOfAtLeast(device, *s, std::chrono::milliseconds(5));
+        break;
+      case 1:  // closed inside a capture
+        ASSERT_TRUE(s->BeginCapture().ok());
+        break;
+      default:  // closed idle
+        ASSERT_TRUE(Sync(*s).ok());
+        break;
+    }
+    s.reset();
+  }
+}
+
+TEST_P(BackendConformanceTest, AStreamMadeAfterOthersClosedStartsClean) {
+  ExpectStreamsMadeAfterOthersClosedStartClean(device());
+}
+
+TEST_P(BackendConformanceTest, AStreamMadeAtItsOpenAfterOthersClosedStartsClean) {
+  if (GetParam() != "cuda") GTEST_SKIP() << "the host backend makes no streams ahead";
+  stream_.reset();  // one CUDA device of ordinal 0 at a time, as in ferryd
+  device_.reset();
+  CudaDeviceOptions options;
+  options.streams_ahead = 0;
+  Result<std::unique_ptr<Device>> made = CreateCudaDevice(0, options);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  ExpectStreamsMadeAfterOthersClosedStartClean(**made);
+}
+
 TEST_P(BackendConformanceTest, UsageCountsTenMillisecondsOfWork) {
   const Usage before = stream().usage();
   EnqueueWorkOfAtLeast(device(), stream(), std::chrono::milliseconds(10));

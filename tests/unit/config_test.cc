@@ -354,6 +354,7 @@ nvrtc-timeout = 1500
 nvrtc-memory = 512M
 nvrtc-concurrency = 2
 fuse-elementwise = false
+streams-ahead = 5
 copy-turns = 0
 kernel-batch = 3
 submit-run = 5

@@ -51,6 +51,8 @@
 // Lifetime: a CudaDevice must outlive its streams; modules and graphs may outlive it (they
 // unload from the primary context, which stays). A callback must not destroy the device.
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -59,13 +61,16 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <unordered_map>
 #include <utility>
@@ -294,6 +299,147 @@ class CudaGraph final : public Graph {
 
 class CudaStream;
 
+// --- streams made ahead ------------------------------------------------------------------------
+
+/// A session's CUDA stream and its reduction scratch (cuda_kernels::kReduceMaxBlocks doubles,
+/// allocated on it): what a session's open would otherwise make with
+/// cudaStreamCreateWithFlags and cudaMallocAsync, most of a session's creation
+/// (docs/performance.md).
+struct ReadyStream {
+  cudaStream_t stream = nullptr;
+  double* reduce_partials = nullptr;
+};
+
+/// Make a non-blocking stream and its scratch on the current device.
+Result<ReadyStream> MakeReadyStream() {
+  ReadyStream ready;
+  FERRY_RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&ready.stream, cudaStreamNonBlocking),
+                                   "cudaStreamCreateWithFlags"));
+  // Stream-ordered, from the device's pool: cudaMalloc may wait for the whole device.
+  Status allocated =
+      CudaStatus(cudaMallocAsync(reinterpret_cast<void**>(&ready.reduce_partials),
+                                 cuda_kernels::kReduceMaxBlocks * sizeof(double), ready.stream),
+                 "cudaMallocAsync (reduction scratch)");
+  if (!allocated.ok()) {
+    (void)cudaStreamDestroy(ready.stream);
+    (void)cudaGetLastError();
+    return allocated;
+  }
+  return ready;
+}
+
+/// Release a stream's scratch (in its order, unless null) and destroy the stream; on the
+/// current device. Harmless on a dead context.
+void DestroyReadyStream(ReadyStream ready) {
+  if (ready.stream == nullptr) return;
+  if (ready.reduce_partials != nullptr) (void)cudaFreeAsync(ready.reduce_partials, ready.stream);
+  (void)cudaStreamDestroy(ready.stream);
+  (void)cudaGetLastError();
+}
+
+/// Makes streams ahead for the next sessions and destroys closed sessions' streams, on a
+/// thread of its own, so that neither is on an open's or a close's path. Only fresh
+/// streams are handed out, in the order they were made, never one another session used:
+/// CUDA gives a stream its hardware work queue when the stream is made (round robin), so a
+/// session gets the queue a stream made at its open would have had (reused streams of
+/// earlier sessions were tried and shared queues: docs/architecture.md).
+class StreamMaker {
+ public:
+  StreamMaker(int ordinal, size_t ahead) : ordinal_(ordinal), ahead_(ahead) {
+    thread_ = std::thread([this] { Run(); });
+  }
+
+  /// Joins the thread; destroys the streams made and not taken, and those retired.
+  ~StreamMaker() {
+    {
+      MutexLock lock(&mu_);
+      stopping_ = true;
+    }
+    cv_.NotifyAll();
+    thread_.join();
+    if (cudaSetDevice(ordinal_) != cudaSuccess) (void)cudaGetLastError();
+    MutexLock lock(&mu_);  // the thread is gone: for the analysis
+    for (const ReadyStream& ready : ready_) DestroyReadyStream(ready);
+    for (const ReadyStream& closed : retired_) DestroyReadyStream(closed);
+  }
+
+  StreamMaker(const StreamMaker&) = delete;
+  StreamMaker& operator=(const StreamMaker&) = delete;
+
+  /// The oldest stream made ahead, or nothing when none is ready (or making failed).
+  std::optional<ReadyStream> Take() {
+    std::optional<ReadyStream> taken;
+    {
+      MutexLock lock(&mu_);
+      if (ready_.empty()) return std::nullopt;
+      taken = ready_.front();
+      ready_.pop_front();
+    }
+    cv_.NotifyOne();
+    return taken;
+  }
+
+  /// Destroy `closed` (drained: nothing enqueued on it) on the maker's thread; at once on
+  /// the caller's when kMaxRetired are already waiting.
+  void Retire(ReadyStream closed) {
+    {
+      MutexLock lock(&mu_);
+      if (retired_.size() < kMaxRetired) {
+        retired_.push_back(closed);
+        cv_.NotifyOne();
+        return;
+      }
+    }
+    DestroyReadyStream(closed);
+  }
+
+ private:
+  static constexpr size_t kMaxRetired = 64;
+
+  void Run() {
+    pthread_setname_np(pthread_self(), "ferry-streams");
+    if (cudaSetDevice(ordinal_) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return;  // nothing made ahead: sessions make their own streams
+    }
+    MutexLock lock(&mu_);
+    while (true) {
+      cv_.Wait(&mu_, [&] {
+        mu_.AssertHeld();
+        return stopping_ || !retired_.empty() || (!failed_ && ready_.size() < ahead_);
+      });
+      if (stopping_) return;
+      if (!retired_.empty()) {
+        std::vector<ReadyStream> closed(retired_.begin(), retired_.end());
+        retired_.clear();
+        lock.Unlock();
+        for (const ReadyStream& c : closed) DestroyReadyStream(c);
+        lock.Lock();
+        continue;
+      }
+      lock.Unlock();
+      Result<ReadyStream> made = MakeReadyStream();
+      lock.Lock();
+      if (!made.ok()) {
+        // A broken context: sessions make their own streams and see the error.
+        failed_ = true;
+        continue;
+      }
+      ready_.push_back(*made);
+    }
+  }
+
+  const int ordinal_;
+  const size_t ahead_;
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<ReadyStream> ready_ ABSL_GUARDED_BY(mu_);     // made, oldest first
+  std::vector<ReadyStream> retired_ ABSL_GUARDED_BY(mu_);  // closed, to destroy
+  bool failed_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
 // --- device ----------------------------------------------------------------------------------
 
 class CudaDevice final : public Device {
@@ -312,7 +458,8 @@ class CudaDevice final : public Device {
   }
 
   ~CudaDevice() override {
-    watcher_.reset();  // runs the callbacks still pending
+    stream_maker_.reset();  // joins its thread; destroys the streams it holds
+    watcher_.reset();       // runs the callbacks still pending
   }
 
   CudaDevice(const CudaDevice&) = delete;
@@ -366,6 +513,28 @@ class CudaDevice final : public Device {
   }
 
   // --- for CudaStream ---
+
+  /// A fresh stream made ahead for a session, or nothing (the session makes its own).
+  std::optional<ReadyStream> TakeReadyStream() {
+    return stream_maker_ ? stream_maker_->Take() : std::nullopt;
+  }
+
+  /// Make a stream for a session on the calling thread, its faults reported.
+  Result<ReadyStream> MakeStreamNow() {
+    Result<ReadyStream> made = MakeReadyStream();
+    if (!made.ok()) return CheckStatus(made.status());
+    return made;
+  }
+
+  /// Destroy a closed session's drained stream (and release its scratch, unless null),
+  /// on the stream maker's thread where there is one.
+  void RetireStream(ReadyStream closed) {
+    if (stream_maker_) {
+      stream_maker_->Retire(closed);
+    } else {
+      DestroyReadyStream(closed);
+    }
+  }
 
   int ordinal() const { return info_.ordinal; }
   CompletionWatcher& watcher() { return *watcher_; }
@@ -465,6 +634,7 @@ class CudaDevice final : public Device {
         options.nvrtc_concurrency > 0 ? options.nvrtc_concurrency : DefaultNvrtcConcurrency();
     nvrtc_limits_.helper = options.nvrtc_helper;
     fuse_elementwise_ = options.fuse_elementwise;
+    streams_ahead_ = options.streams_ahead;
   }
 
   Status Init() {
@@ -494,6 +664,7 @@ class CudaDevice final : public Device {
       driver_api_status_ = api.status();
     }
     watcher_ = std::make_unique<CompletionWatcher>(ordinal);
+    if (streams_ahead_ > 0) stream_maker_ = std::make_unique<StreamMaker>(ordinal, streams_ahead_);
     return Status::Ok();
   }
 
@@ -517,6 +688,9 @@ class CudaDevice final : public Device {
 
   UsageCounter usage_;  // every stream's, added on the watcher thread
   std::unique_ptr<CompletionWatcher> watcher_;
+
+  size_t streams_ahead_ = 0;                   // CudaDeviceOptions::streams_ahead
+  std::unique_ptr<StreamMaker> stream_maker_;  // when streams_ahead_ > 0
 };
 
 // --- stream ----------------------------------------------------------------------------------
@@ -544,16 +718,17 @@ class CudaStream final : public Stream {
     if (!watcher().OnWatcherThread()) watcher().WaitForQueue(queue_);
     DropSpan();
     if (cublas_ != nullptr) (void)cublas_api_->Destroy(cublas_);
-    // The reduction scratch goes back to the pool in stream order, after this stream's
-    // work, when no graph captured here holds it: cudaFree (the scratch's destructor) waits
-    // for the whole device, every other session's kernels included, and a close would wait
-    // for them. (The cuBLAS workspace, of sessions that ran a GEMM, still goes that way.)
-    if (stream_ != nullptr && scratch_.use_count() == 1 && scratch_->reduce_partials != nullptr &&
-        cudaFreeAsync(scratch_->reduce_partials, stream_) == cudaSuccess) {
-      scratch_->reduce_partials = nullptr;
-    }
-    if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
     (void)cudaGetLastError();
+    // The stream is destroyed off the closing thread (the stream maker's). Its reduction
+    // scratch goes back to the pool with it, in stream order, when no graph captured here
+    // holds it: cudaFree (the scratch's destructor) waits for the whole device, every other
+    // session's kernels included, and a close would wait for them. (The cuBLAS workspace, of
+    // sessions that ran a GEMM, still goes that way.)
+    if (stream_ != nullptr) {
+      ReadyStream closed{stream_, nullptr};
+      if (scratch_.use_count() == 1) std::swap(closed.reduce_partials, scratch_->reduce_partials);
+      device_->RetireStream(closed);
+    }
     // scratch_ goes last: graphs captured here may still hold it (then it frees itself).
   }
 
@@ -860,15 +1035,16 @@ class CudaStream final : public Stream {
     scratch_->ordinal = device->ordinal();
   }
 
+  // A stream made ahead by the device's stream maker, or a new one.
   Status Init() {
     FERRY_RETURN_IF_ERROR(device_->MakeCurrent());
-    FERRY_RETURN_IF_ERROR(device_->Check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
-                                         "cudaStreamCreateWithFlags"));
-    // Stream-ordered, from the device's pool: cudaMalloc may wait for the whole device.
-    FERRY_RETURN_IF_ERROR(
-        device_->Check(cudaMallocAsync(reinterpret_cast<void**>(&scratch_->reduce_partials),
-                                       cuda_kernels::kReduceMaxBlocks * sizeof(double), stream_),
-                       "cudaMallocAsync (reduction scratch)"));
+    FERRY_RETURN_IF_ERROR(watcher().fault());
+    std::optional<ReadyStream> ready = device_->TakeReadyStream();
+    if (!ready) {
+      FERRY_ASSIGN_OR_RETURN(ready, device_->MakeStreamNow());
+    }
+    stream_ = ready->stream;
+    scratch_->reduce_partials = ready->reduce_partials;
     return Status::Ok();
   }
 
