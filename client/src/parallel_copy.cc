@@ -15,7 +15,8 @@ namespace ferry::internal {
 namespace {
 
 constexpr int kMaxThreads = 16;
-constexpr uint64_t kPieceBytes = 1ull << 20;  // smallest piece handed to another thread
+// Smallest piece handed to another thread: a 2 MiB chunk of a blocking transfer goes to 4.
+constexpr uint64_t kPieceBytes = 512ull << 10;
 
 // One ParallelCopy call: its pieces not yet taken, and those taken but not finished.
 struct Job {

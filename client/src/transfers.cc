@@ -136,6 +136,17 @@ void SetSlabRange(SlabOp* op, uint64_t tensor, uint64_t offset, uint64_t slab, u
   op->set_length(length);
 }
 
+// The bytes a blocking download of `bytes` through the staging buffer asks for per submit,
+// each chunk into one half (`half` bytes) of it: a quarter of the transfer, at most a half
+// and at least what the client copies out with several threads (kParallelCopyMinBytes). In
+// chunks the copy out of one overlaps the DMA of the next, so a download of a few MiB is not
+// a DMA and then a copy (8 and 16 MiB downloads 10-45 % faster on the H200;
+// docs/performance.md). Uploads keep halves: in chunks, 8 MiB uploads were slower.
+uint64_t StagingChunkBytes(uint64_t bytes, uint64_t half) {
+  return std::clamp<uint64_t>((bytes + 3) / 4, std::min(internal::kParallelCopyMinBytes, half),
+                              half);
+}
+
 // Record inline Upload ops (at most kUploadChunkBytes each) for t's bytes from `off` up to
 // kUploadSubmitBytes more (or `bytes`, the end); return where they stop.
 uint64_t RecordUploadWindow(Session& session, const Tensor& t, const char* data, uint64_t off,
@@ -230,7 +241,7 @@ Status Session::upload_bytes(const Tensor& t, const void* data, uint64_t bytes) 
   if (state_->local() && bytes > 0) {
     if (PinnedBuffer* staging = state_->Staging()) {
       // Through shared memory: copy a half of the staging buffer while the daemon DMAs
-      // from the other one.
+      // from the other one. (Smaller chunks, as downloads use, made 8 MiB uploads slower.)
       FERRY_RETURN_IF_ERROR(state_->Submit().status());
       const uint64_t half = staging->size() / 2;
       char* base = static_cast<char*>(staging->data());
@@ -288,9 +299,11 @@ Status Session::download_bytes(const Tensor& t, void* out, uint64_t bytes) {
   FERRY_RETURN_IF_ERROR(CoversTensor(t, bytes, "download of", "from"));
   if (state_->local() && bytes > 0) {
     if (PinnedBuffer* staging = state_->Staging()) {
-      // Through shared memory: the daemon fills one half while the other is copied out.
+      // Through shared memory: the daemon fills a chunk into one half while the last chunk
+      // is copied out of the other.
       FERRY_RETURN_IF_ERROR(state_->Submit().status());
       const uint64_t half = staging->size() / 2;
+      const uint64_t chunk = StagingChunkBytes(bytes, half);
       char* base = static_cast<char*>(staging->data());
       struct Chunk {
         uint64_t id = 0, off = 0, n = 0;
@@ -298,7 +311,7 @@ Status Session::download_bytes(const Tensor& t, void* out, uint64_t bytes) {
       Status result;
       uint64_t next = 0;
       auto send = [&](int k) -> Status {
-        uint64_t n = std::min(half, bytes - next);
+        uint64_t n = std::min(chunk, bytes - next);
         SetSlabRange(state_->Record()->mutable_download_to_slab(), t.handle(), next,
                      staging->block_->slab->id, staging->block_->slab_offset + k * half, n);
         FERRY_ASSIGN_OR_RETURN(chunks[k].id, state_->Submit());

@@ -109,6 +109,34 @@ TEST(PendingTest, BlockingTransfersLargerThanTheStagingBuffer) {
   EXPECT_EQ(stats->bytes_downloaded, n * sizeof(float));
 }
 
+// Blocking transfers go through the 16 MiB staging buffer, uploads in halves, downloads in
+// chunks (a quarter of the transfer, at least 2 MiB, at most a half): whatever the size,
+// every byte arrives where it belongs, both ways.
+TEST(PendingTest, BlockingTransfersOfSizesAroundTheirChunksArriveWhole) {
+  FerrydProcess d({"--slab-size", "16M", "--pinned-budget", "64M", "--initial-slabs", "1"});
+  ASSERT_TRUE(d.ok());
+  Session s = Open(d.unix_target());
+  uint64_t moved = 0;
+  // In floats: one chunk, just over one, four of 2 MiB and a bit, four of a quarter, five halves.
+  for (int64_t n :
+       {int64_t{1}, int64_t{(1 << 19) - 1}, int64_t{(1 << 19) + 1}, int64_t{3 * (1 << 19) + 3},
+        int64_t{5 * (1 << 20) + 3}, int64_t{9 * (1 << 20) + 1}}) {
+    SCOPED_TRACE(std::to_string(n) + " floats");
+    std::vector<float> in(n);
+    for (int64_t i = 0; i < n; ++i) in[i] = static_cast<float>((i * 7 + n) % 100003);
+    Tensor t = s.create_tensor<float>({n});
+    ASSERT_TRUE(s.upload(t, in).ok());
+    std::vector<float> out(n, kPoison);
+    ASSERT_TRUE(s.download_into(t, out).ok());
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(out[i], in[i]) << "element " << i;
+    moved += n * sizeof(float);
+  }
+  auto stats = s.close();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->bytes_uploaded, moved);
+  EXPECT_EQ(stats->bytes_downloaded, moved);
+}
+
 TEST(PendingTest, DownloadOverlapsHostWork) {
   FerrydProcess d(SmallPool());
   ASSERT_TRUE(d.ok());

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <initializer_list>
 #include <thread>
 #include <vector>
 
@@ -25,7 +26,9 @@ std::vector<char> Pattern(uint64_t n, uint32_t seed) {
 }
 
 TEST(ParallelCopyTest, EveryByteArrivesForEverySizeAndThreadCount) {
-  for (uint64_t n : {0ull, 1ull, 4095ull, (2ull << 20) - 1, 2ull << 20, (8ull << 20) + 12345}) {
+  for (uint64_t n :
+       std::initializer_list<uint64_t>{0, 1, 4095, kParallelCopyMinBytes - 1, kParallelCopyMinBytes,
+                                       (1ull << 20) + 3, (2ull << 20) - 1, (8ull << 20) + 12345}) {
     for (int threads : {1, 2, 3, 4, 16}) {
       auto src = Pattern(n, static_cast<uint32_t>(n + threads));
       // A guard byte on each side catches a piece written out of place.
