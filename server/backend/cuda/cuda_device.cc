@@ -410,8 +410,8 @@ class StreamMaker {
       });
       if (stopping_) return;
       if (!retired_.empty()) {
-        std::vector<ReadyStream> closed(retired_.begin(), retired_.end());
-        retired_.clear();
+        std::vector<ReadyStream> closed;
+        closed.swap(retired_);
         lock.Unlock();
         for (const ReadyStream& c : closed) DestroyReadyStream(c);
         lock.Lock();
