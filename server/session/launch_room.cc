@@ -52,16 +52,39 @@ void LaunchRoom::Give(uint64_t n, LaunchShare* share) {
   if (has_waiters_.load()) WakeThoseThatFit();
 }
 
-void LaunchRoom::Await(uint64_t n, std::shared_ptr<LaunchShare> share, std::function<bool()> wake) {
+uint64_t LaunchRoom::Await(uint64_t n, std::shared_ptr<LaunchShare> share,
+                           std::function<bool()> wake) {
+  uint64_t id = 0;
   {
     MutexLock lock(&mu_);
-    waiters_.push_back(Waiter{n, std::move(share), std::move(wake)});
+    id = next_wait_id_++;
+    waiters_.push_back(Waiter{id, n, std::move(share), std::move(wake)});
+    waiter_count_.store(waiters_.size(), std::memory_order_relaxed);
     has_waiters_.store(true);
   }
   // Room may have come between the caller's TryTake and the registration (a Give that saw
   // no waiter): look again, so that no waiter is left with nobody to wake it. (This also
   // counts the new waiter in room_waiters_ where the room is what it waits for.)
   WakeThoseThatFit();
+  return id;
+}
+
+void LaunchRoom::Cancel(uint64_t id) {
+  bool removed = false;
+  {
+    MutexLock lock(&mu_);
+    for (auto it = waiters_.begin(); it != waiters_.end(); ++it) {
+      if (it->id != id) continue;
+      if (it->for_room) room_waiters_.fetch_sub(1);
+      waiters_.erase(it);
+      removed = true;
+      break;
+    }
+    waiter_count_.store(waiters_.size(), std::memory_order_relaxed);
+    has_waiters_.store(!waiters_.empty());
+  }
+  // It may have held back those behind it (and every TryTake): look at them again.
+  if (removed && has_waiters_.load()) WakeThoseThatFit();
 }
 
 void LaunchRoom::WakeThoseThatFit() {
@@ -73,29 +96,41 @@ void LaunchRoom::WakeThoseThatFit() {
     std::shared_ptr<LaunchShare> share;
   };
   std::vector<Served> served;
-  {
-    MutexLock lock(&mu_);
-    bool room_full = false;  // a waiter for the room was not served: those behind wait too
-    for (auto it = waiters_.begin(); it != waiters_.end();) {
-      const bool fits_share = FitsShare(it->share.get(), it->n);
-      if (fits_share != it->for_room) {  // what it waits for changed
-        it->for_room = fits_share;
-        fits_share ? room_waiters_.fetch_add(1) : room_waiters_.fetch_sub(1);
+  // Commands that served waiters gave back (nobody held them) make room for those behind:
+  // another pass, until a pass gives nothing back.
+  for (bool again = true; again;) {
+    again = false;
+    served.clear();
+    {
+      MutexLock lock(&mu_);
+      bool room_full = false;  // a waiter for the room was not served: those behind wait too
+      for (auto it = waiters_.begin(); it != waiters_.end();) {
+        const bool fits_share = FitsShare(it->share.get(), it->n);
+        if (fits_share != it->for_room) {  // what it waits for changed
+          it->for_room = fits_share;
+          fits_share ? room_waiters_.fetch_add(1) : room_waiters_.fetch_sub(1);
+        }
+        if (!fits_share || room_full || !TakeBoth(it->n, it->share.get())) {
+          // Waits for its own identity's commands (holds back nobody), or for the room.
+          room_full = room_full || fits_share;
+          ++it;
+          continue;
+        }
+        if (it->for_room) room_waiters_.fetch_sub(1);
+        served.push_back({std::move(it->wake), it->n, std::move(it->share)});
+        it = waiters_.erase(it);
       }
-      if (!fits_share || room_full || !TakeBoth(it->n, it->share.get())) {
-        // Waits for its own identity's commands (holds back nobody), or for the room.
-        room_full = room_full || fits_share;
-        ++it;
-        continue;
-      }
-      if (it->for_room) room_waiters_.fetch_sub(1);
-      served.push_back({std::move(it->wake), it->n, std::move(it->share)});
-      it = waiters_.erase(it);
+      waiter_count_.store(waiters_.size(), std::memory_order_relaxed);
+      has_waiters_.store(!waiters_.empty());
     }
-    has_waiters_.store(!waiters_.empty());
-  }
-  for (Served& w : served) {
-    if (!w.wake()) Give(w.n, w.share.get());  // nobody holds them: back at once
+    for (Served& w : served) {
+      if (w.wake()) continue;
+      // Nobody holds them: back at once (Give's accounting, without its own pass).
+      if (w.share) w.share->queued.fetch_sub(w.n);
+      queued_.fetch_sub(w.n);
+      again = true;
+    }
+    again = again && has_waiters_.load();
   }
 }
 

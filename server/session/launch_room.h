@@ -32,7 +32,9 @@
 //   the daemon-wide room holds back those behind it and every TryTake (so a large one is not
 //   starved, and none is passed by takers that did not wait), but one that does not fit its
 //   own share is passed over (it waits for its own identity's commands, and must not hold
-//   back others). `wake` must not block (a session posts to its executor).
+//   back others). `wake` must not block (a session posts to its executor). Waiters whose
+//   `wake` returns false give their commands back before the next waiters are looked at, in
+//   a loop (never by recursion, however many there are). Cancel(id) removes a wait.
 //
 // Thread-safe.
 #pragma once
@@ -72,8 +74,14 @@ class LaunchRoom {
   void Give(uint64_t n, LaunchShare* share);
   /// Take `n` commands for the caller once they fit, then run `wake` (at once if they fit
   /// already); `wake` returns false when nobody holds them any more. The share is kept
-  /// alive while the waiter waits.
-  void Await(uint64_t n, std::shared_ptr<LaunchShare> share, std::function<bool()> wake);
+  /// alive while the waiter waits. Returns the wait's id, for Cancel.
+  uint64_t Await(uint64_t n, std::shared_ptr<LaunchShare> share, std::function<bool()> wake);
+  /// Forget the wait `id` if it still waits (its `wake` will not run); one already served
+  /// is not affected. A waiter that goes away (a session that ends) cancels its wait: a
+  /// wait left behind would hold back every TryTake while it waits for the room.
+  void Cancel(uint64_t id);
+  /// Waiters now, whatever they wait for.
+  uint64_t waiters() const { return waiter_count_.load(std::memory_order_relaxed); }
   /// Waiters that wait for the room now (not for their share).
   uint64_t room_waiters() const { return room_waiters_.load(std::memory_order_relaxed); }
 
@@ -95,12 +103,15 @@ class LaunchRoom {
   std::atomic<uint64_t> queued_{0};
   Mutex mu_;
   struct Waiter {
+    uint64_t id = 0;
     uint64_t n = 0;
     std::shared_ptr<LaunchShare> share;
     std::function<bool()> wake;
     bool for_room = false;  // counted in room_waiters_: its share fits, the room does not
   };
   std::list<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_wait_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::atomic<uint64_t> waiter_count_{0};  // waiters_.size()
   std::atomic<bool> has_waiters_{false};   // a cheap look before taking mu_ in Give
   std::atomic<uint64_t> room_waiters_{0};  // waiters with for_room set
 };

@@ -523,28 +523,36 @@ bool Session::RoomForCommands(uint64_t commands) {
     awaiting_launch_room_ = true;
     std::shared_ptr<LaunchShare> share;
     if (account_) share = std::shared_ptr<LaunchShare>(account_, &account_->launch_share());
-    daemon_room.Await(commands, std::move(share), [weak = weak_from_this(), commands] {
-      auto self = weak.lock();
-      if (!self) return false;  // the room takes its commands back
-      Executor executor = self->executor_;
-      executor.Post(
-          [self = std::move(self), commands] {
-            self->awaiting_launch_room_ = false;
-            self->launch_room_held_ += commands;
-            self->ContinueEnqueue();
-            self->GiveBackHeldRoom();  // what the continuation did not use
-          },
-          "launch room");
-      return true;
-    });
+    launch_room_wait_ =
+        daemon_room.Await(commands, std::move(share), [weak = weak_from_this(), commands] {
+          auto self = weak.lock();
+          if (!self) return false;  // the room takes its commands back
+          Executor executor = self->executor_;
+          executor.Post(
+              [self = std::move(self), commands] {
+                self->awaiting_launch_room_ = false;
+                self->launch_room_held_ += commands;
+                self->ContinueEnqueue();
+                self->GiveBackHeldRoom();  // what the continuation did not use
+              },
+              "launch room");
+          return true;
+        });
   }
   return false;
 }
 
 void Session::GiveBackQueuedCommands() {
+  CancelLaunchRoomWait();  // nothing will be enqueued on this stream any more
   registry_->launch_room().Give(commands_enqueued_ - commands_done_, launch_share());
   commands_done_ = commands_watched_ = commands_enqueued_;
   GiveBackHeldRoom();
+}
+
+void Session::CancelLaunchRoomWait() {
+  if (!awaiting_launch_room_) return;
+  registry_->launch_room().Cancel(launch_room_wait_);
+  awaiting_launch_room_ = false;
 }
 
 void Session::GiveBackHeldRoom() {
@@ -588,6 +596,7 @@ void Session::AbandonPausedEnqueue(const Status& why, bool device_gone) {
   InFlight* record = PausedRecord();
   if (record == nullptr) return;
   std::unique_ptr<EnqueueWork> work = std::move(record->paused);
+  CancelLaunchRoomWait();  // the room it waited for would go unused
   ReleaseUnenqueued(*work, device_gone);
   if (device_gone) {  // OnDeviceLost gives the submit its status, with the fault's culprit
     enqueuing_seq_ = 0;

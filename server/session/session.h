@@ -314,8 +314,10 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   // completion is asked for (to learn when they will), and one every half of the limit.
   bool RoomForCommands(uint64_t commands);
   // Give the daemon's LaunchRoom back every command not yet reported done (the stream is
-  // done or gone).
+  // done or gone), and cancel the session's wait for room, if any.
   void GiveBackQueuedCommands();
+  // Withdraw the session's wait for launch room, if any (the session will not use it).
+  void CancelLaunchRoomWait();
   // Give the LaunchRoom back the commands it took for this session and no op used.
   void GiveBackHeldRoom();
   // Whether `record`, or any submit in flight, has download bytes in staging (whose
@@ -397,7 +399,8 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   uint64_t commands_enqueued_ = 0;     // launch-queue commands enqueued on the stream, ever
   uint64_t commands_done_ = 0;         // of which a completion has reported this many done
   uint64_t commands_watched_ = 0;      // and the last completion asked for covers this many
-  bool awaiting_launch_room_ = false;  // registered with the daemon's LaunchRoom
+  bool awaiting_launch_room_ = false;  // registered with the daemon's LaunchRoom...
+  uint64_t launch_room_wait_ = 0;      // ...as this wait (LaunchRoom::Cancel)
   uint64_t launch_room_held_ = 0;      // taken for it by the LaunchRoom, not yet enqueued
   // The run between BeginSubmitRun and EndSubmitRun.
   bool run_open_ = false;

@@ -3,6 +3,7 @@
 #include "session/launch_room.h"
 
 #include <gtest/gtest.h>
+#include <pthread.h>
 
 #include <atomic>
 #include <memory>
@@ -277,6 +278,67 @@ TEST(LaunchRoomTest, ConcurrentTakesStayWithinTheShares) {
   EXPECT_EQ(room.queued(), 0u);
   for (const auto& s : shares) EXPECT_EQ(s->queued.load(), 0u);
   EXPECT_EQ(run.wakes, run.awaits);
+}
+
+// Many waiters whose owners are gone (their wake returns false) are served by one Give and
+// each hands its commands straight back: in a loop, not a call per waiter (a recursion as
+// deep as the waiters overflowed the stack once enough had piled up), and the room ends
+// empty with every waiter gone.
+TEST(LaunchRoomTest, ManyWaitersThatAreGoneAreServedByOneGiveWithoutRecursion) {
+  LaunchRoom room;
+  room.SetLimit(100);
+  ASSERT_TRUE(room.TryTake(100, nullptr));
+  constexpr int kWaiters = 20000;
+  int wakes = 0;
+  for (int i = 0; i < kWaiters; ++i) room.Await(10, nullptr, [&] { return ++wakes, false; });
+  EXPECT_EQ(room.waiters(), static_cast<uint64_t>(kWaiters));
+  EXPECT_EQ(room.room_waiters(), static_cast<uint64_t>(kWaiters));
+  // On a thread with a 512 KiB stack: a frame per waiter (20000 of them) would overflow it.
+  struct Call {
+    LaunchRoom* room;
+  } call{&room};
+  pthread_attr_t attr;
+  ASSERT_EQ(pthread_attr_init(&attr), 0);
+  ASSERT_EQ(pthread_attr_setstacksize(&attr, 512 * 1024), 0);
+  pthread_t thread;
+  ASSERT_EQ(pthread_create(
+                &thread, &attr,
+                [](void* arg) -> void* {
+                  static_cast<Call*>(arg)->room->Give(100, nullptr);
+                  return nullptr;
+                },
+                &call),
+            0);
+  ASSERT_EQ(pthread_join(thread, nullptr), 0);
+  pthread_attr_destroy(&attr);
+  EXPECT_EQ(wakes, kWaiters);
+  EXPECT_EQ(room.waiters(), 0u);
+  EXPECT_EQ(room.room_waiters(), 0u);
+  EXPECT_EQ(room.queued(), 0u);
+  EXPECT_TRUE(room.TryTake(100, nullptr)) << "nobody holds the room";
+}
+
+// A cancelled wait is never woken and holds back nobody: the takers and waiters it held
+// back go on at once; cancelling one already served changes nothing.
+TEST(LaunchRoomTest, ACancelledWaitIsNotWokenAndHoldsBackNobody) {
+  LaunchRoom room;
+  room.SetLimit(100);
+  ASSERT_TRUE(room.TryTake(80, nullptr));
+  int first = 0, second = 0;
+  const uint64_t big = room.Await(50, nullptr, [&] { return ++first > 0; });
+  room.Await(10, nullptr, [&] { return ++second > 0; });
+  EXPECT_FALSE(room.TryTake(5, nullptr)) << "behind the waiter";
+  EXPECT_EQ(second, 0) << "held back by the first, which does not fit";
+  room.Cancel(big);
+  EXPECT_EQ(second, 1) << "the one behind fits once the first is gone";
+  EXPECT_EQ(room.waiters(), 0u);
+  EXPECT_EQ(room.room_waiters(), 0u);
+  EXPECT_TRUE(room.TryTake(5, nullptr));
+  room.Give(95, nullptr);
+  room.Give(0, nullptr);
+  EXPECT_EQ(first, 0) << "a cancelled wait is never woken";
+  room.Cancel(big);  // again, and already gone: nothing
+  EXPECT_EQ(room.queued(), 0u);
 }
 
 }  // namespace
