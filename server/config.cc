@@ -736,7 +736,7 @@ means true; --allow-insecure-remote and --allow-remote-raw-kernels also take =tr
                              closed, 1..60000 (default 1000)
   --slab-max-connections N   slab-socket connections open at once (default 4096)
   --slab-max-pending-per-uid N  slab-socket connections of one uid not yet past their
-                             hello (default 32)
+                             hello, and of those closed with answers unread (default 32)
   --slab-grant-threads N     threads that answer slab acquires, each making a slab when
                              none is ready, 0..64 (default 0: one per core, 1 to 16)
   --drain-timeout MS         on SIGTERM, how long open sessions may run on (default 10000)

@@ -86,6 +86,11 @@ class SessionSlabs : public std::enable_shared_from_this<SessionSlabs> {
   void SetCharge(std::shared_ptr<PinnedCharge> charge) { charge_ = std::move(charge); }
   /// Fix the session's uid (the first slab connection does); false when already bound.
   bool Bind(uid_t uid);
+  /// True once Close ran: the session hands out nothing more.
+  bool closed() const {
+    MutexLock lock(&mu_);
+    return closed_;
+  }
   /// Acquire one more slab for the session. SESSION_CLOSED once closed (also when Close came
   /// while the slab was made: it goes back to the pool); QUOTA_EXCEEDED when one more slab
   /// would take the session past its pinned quota (slabs being acquired count), or the

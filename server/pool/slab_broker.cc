@@ -1,9 +1,11 @@
 #include "pool/slab_broker.h"
 
 #include <fcntl.h>
+#include <linux/sockios.h>
 #include <poll.h>
 #include <pthread.h>
 #include <spdlog/spdlog.h>
+#include <sys/ioctl.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -261,6 +263,8 @@ SlabBrokerStats SlabBroker::stats() const {
   s.refused_uid_pending = refused_uid_pending_.load();
   s.hello_timeouts = hello_timeouts_.load();
   s.accept_backoffs = accept_backoffs_.load();
+  s.refused_unread = refused_unread_.load();
+  s.unread_connections = unread_connections_.load();
   MutexLock lock(&grant_mu_);
   s.acquires_waiting = acquires_waiting_;
   return s;
@@ -292,6 +296,12 @@ bool SlabBroker::AcceptAll(std::map<int, Connection>& conns, std::map<uid_t, uin
       ::close(fd);
       continue;
     }
+    if (auto u = unread_of_uid_.find(cred.uid);
+        u != unread_of_uid_.end() && u->second >= options_.max_pending_per_uid) {
+      ++refused_unread_;  // until it reads, or closes, what it was sent
+      ::close(fd);
+      continue;
+    }
     uint32_t& waiting = pending[cred.uid];
     if (waiting >= PendingAllowance(cred.uid)) {
       ++refused_uid_pending_;
@@ -320,16 +330,26 @@ void SlabBroker::Run() {
       auto p = pending.find(it->second.uid);
       if (p != pending.end() && --p->second == 0) pending.erase(p);
     }
-    ::close(it->first);
+    CloseOrKeepUnread(it->first, it->second.uid);
     auto next = conns.erase(it);
     connections_ = conns.size();
     return next;
   };
   while (!stop_) {
     const Clock::time_point now = Clock::now();
-    // Close connections past their hello deadline, and find the next deadline.
+    // Close connections past their hello deadline, and find the next deadline; close bound
+    // connections whose session has ended (looked at again within kSessionEndCheck).
     Clock::time_point wake_at = Clock::time_point::max();
+    bool bound_any = false;
     for (auto it = conns.begin(); it != conns.end();) {
+      if (it->second.bound && !it->second.granting) {
+        auto slabs = it->second.slabs.lock();
+        if (!slabs || slabs->closed()) {
+          it = close_conn(it);
+          continue;
+        }
+        bound_any = true;
+      }
       if (!it->second.bound) {
         if (it->second.hello_deadline <= now) {
           ++hello_timeouts_;
@@ -342,6 +362,7 @@ void SlabBroker::Run() {
     }
     const bool accepting = now >= accept_paused_until;
     if (!accepting) wake_at = std::min(wake_at, accept_paused_until);
+    if (bound_any || !unread_.empty()) wake_at = std::min(wake_at, now + kSessionEndCheck);
     int timeout_ms = -1;
     if (wake_at != Clock::time_point::max()) {
       auto ms = std::chrono::ceil<std::chrono::milliseconds>(wake_at - now).count();
@@ -355,6 +376,8 @@ void SlabBroker::Run() {
     for (auto& [fd, c] : conns) {
       if (!c.granting) fds.push_back({fd, POLLIN, 0});  // a grant thread answers it now
     }
+    const size_t unread_at = fds.size();
+    for (const auto& [fd, uid] : unread_) fds.push_back({fd, 0, 0});  // hang-ups only
     if (::poll(fds.data(), fds.size(), timeout_ms) < 0) {
       if (errno == EINTR) continue;
       spdlog::error("slab socket poll: {}", std::strerror(errno));
@@ -378,7 +401,12 @@ void SlabBroker::Run() {
       it->second.granting = false;
       if (!g.sent || !Process(it->second)) close_conn(it);
     }
-    for (size_t i = 2; i < fds.size(); ++i) {
+    std::vector<int> hung_up;
+    for (size_t i = unread_at; i < fds.size(); ++i) {
+      if (fds[i].revents) hung_up.push_back(fds[i].fd);
+    }
+    ReleaseRead(hung_up);
+    for (size_t i = 2; i < unread_at; ++i) {
       if (!fds[i].revents) continue;
       auto it = conns.find(fds[i].fd);
       const bool was_bound = it->second.bound;
@@ -405,7 +433,42 @@ void SlabBroker::Run() {
     }
   }
   for (auto& [fd, c] : conns) ::close(fd);
+  for (auto& [fd, uid] : unread_) ::close(fd);
+  unread_.clear();
+  unread_of_uid_.clear();
+  unread_connections_ = 0;
   connections_ = 0;
+}
+
+void SlabBroker::CloseOrKeepUnread(int fd, uid_t uid) {
+  int unread = 0;
+  if (::ioctl(fd, SIOCOUTQ, &unread) != 0 || unread <= 0) {
+    ::close(fd);
+    return;
+  }
+  // The peer reads what is queued, then end of file. (Not SHUT_RDWR: a socket shut both
+  // ways polls as hung up at once, and the peer's own hang-up is what is watched for.)
+  (void)::shutdown(fd, SHUT_WR);
+  unread_.emplace(fd, uid);
+  ++unread_of_uid_[uid];
+  unread_connections_ = unread_.size();
+}
+
+void SlabBroker::ReleaseRead(const std::vector<int>& hung_up) {
+  for (auto it = unread_.begin(); it != unread_.end();) {
+    int unread = 0;
+    const bool done = std::find(hung_up.begin(), hung_up.end(), it->first) != hung_up.end() ||
+                      ::ioctl(it->first, SIOCOUTQ, &unread) != 0 || unread <= 0;
+    if (!done) {
+      ++it;
+      continue;
+    }
+    ::close(it->first);
+    auto u = unread_of_uid_.find(it->second);
+    if (u != unread_of_uid_.end() && --u->second == 0) unread_of_uid_.erase(u);
+    it = unread_.erase(it);
+  }
+  unread_connections_ = unread_.size();
 }
 
 bool SlabBroker::Serve(Connection& c) {
@@ -449,12 +512,28 @@ bool SlabBroker::Process(Connection& c) {
       return false;
     }
     auto slabs = c.slabs.lock();
-    // A board or ring the session does not have (UNSUPPORTED), or a session gone; no fd.
+    if (!slabs || slabs->closed()) {  // the session ended: so does its connection
+      Put32(reply, static_cast<uint32_t>(ErrorKind::kSessionClosed));
+      (void)SendWithFd(c.fd, reply, sizeof(reply), -1);
+      return false;
+    }
+    // A board or ring the session does not have; no fd.
     auto answer_none = [&] {
-      Put32(reply,
-            static_cast<uint32_t>(slabs ? ErrorKind::kUnsupported : ErrorKind::kSessionClosed));
+      Put32(reply, static_cast<uint32_t>(ErrorKind::kUnsupported));
       return SendWithFd(c.fd, reply, sizeof(reply), -1);
     };
+    // The board, the ring and the doorbell are handed once each: a client asking again would
+    // only pile descriptors up in flight (see the header).
+    const uint8_t once = op == kSlabRequestCompletionBoard ? kHandedBoard
+                         : op == kSlabRequestSubmitRing    ? kHandedRing
+                         : op == kSlabRequestRingDoorbell  ? kHandedDoorbell
+                                                           : 0;
+    if (once != 0 && (c.handed & once) != 0) {
+      Put32(reply, static_cast<uint32_t>(ErrorKind::kProtocolViolation));
+      (void)SendWithFd(c.fd, reply, sizeof(reply), -1);
+      return false;
+    }
+    c.handed |= once;
     if (op == kSlabRequestSubmitRing || op == kSlabRequestRingDoorbell) {
       transport::SubmitRing* ring = slabs ? slabs->ring() : nullptr;
       if (!ring) {
@@ -464,7 +543,8 @@ bool SlabBroker::Process(Connection& c) {
       const bool memory = op == kSlabRequestSubmitRing;
       Put64(reply + 8, memory ? ring->capacity() : 0);
       Put64(reply + 16, memory ? ring->map_bytes() : 8);
-      if (!SendWithFd(c.fd, reply, sizeof(reply), memory ? ring->memfd() : ring->doorbell())) {
+      if (!SendWithFd(c.fd, reply, sizeof(reply),
+                      memory ? ring->memfd() : ring->doorbell_for_client())) {
         return false;
       }
       continue;
@@ -477,10 +557,6 @@ bool SlabBroker::Process(Connection& c) {
       }
       Put64(reply + 16, transport::CompletionBoard::kBytes);
       if (!SendWithFd(c.fd, reply, sizeof(reply), board->fd())) return false;
-      continue;
-    }
-    if (!slabs) {
-      if (!answer_none()) return false;
       continue;
     }
     // An acquire may make its slab: a grant thread answers it, and the messages after it

@@ -27,6 +27,17 @@
 // and closed at once (so the listen backlog never fills with them); when accept fails for want of
 // descriptors (EMFILE, ENFILE, ENOBUFS, ENOMEM) the thread stops polling the listening socket for
 // kAcceptBackoff instead of spinning on it, and keeps serving the connections it has.
+//
+// Descriptors in flight: a descriptor sent with SCM_RIGHTS and not yet read by the peer is
+// charged by the kernel to the daemon's user, and past its RLIMIT_NOFILE of them every later
+// send of the daemon fails (ETOOMANYREFS) for every uid. So a client gets each descriptor of
+// its session once: its board, ring and doorbell at most once per connection (a second
+// request is a protocol violation that ends the connection), its slabs within its pinned
+// quota; a connection ends once its session has (a client cannot keep connections beyond
+// its sessions); and a connection closed while the peer still has answers unread stays
+// open, counted against its uid, until the peer reads them or hangs up. A uid with
+// max_pending_per_uid such connections has its new connections closed at accept, so what
+// one uid holds unread is bounded by its live sessions and that cap.
 #pragma once
 
 #include <sys/random.h>
@@ -92,6 +103,8 @@ struct SlabBrokerStats {
   uint64_t hello_timeouts = 0;       // closed: no hello within hello_timeout
   uint64_t accept_backoffs = 0;      // accept failed for want of descriptors; paused
   uint64_t acquires_waiting = 0;     // now: acquires queued for or with the grant threads
+  uint64_t refused_unread = 0;       // closed at accept: the uid's connections left unread
+  uint64_t unread_connections = 0;   // now: closed connections whose peer has answers unread
 };
 
 /// One message parsed off the front of a connection's received bytes (pure: no I/O, no
@@ -116,6 +129,9 @@ class SlabBroker {
  public:
   /// How long the listening socket is left alone after accept ran out of descriptors.
   static constexpr std::chrono::milliseconds kAcceptBackoff{100};
+  /// How soon a bound connection is closed after its session ended (at the latest), and a
+  /// connection left unread is looked at again.
+  static constexpr std::chrono::milliseconds kSessionEndCheck{200};
 
   /// Serve the slab protocol on `listen_fd`, a listening Unix socket bound at `path`
   /// (rpc::ListenUnix makes it: a live path refused, a stale one replaced). Owns the fd from
@@ -139,12 +155,14 @@ class SlabBroker {
   SlabBrokerStats stats() const;
 
  private:
+  static constexpr uint8_t kHandedBoard = 1, kHandedRing = 2, kHandedDoorbell = 4;
   struct Connection {
     int fd = -1;
     uid_t uid = 0;
     std::weak_ptr<SessionSlabs> slabs;
     bool bound = false;
     bool granting = false;  // an acquire is with the grant threads: not read, not closed
+    uint8_t handed = 0;     // kHanded* bits: the descriptors answered (each at most once)
     std::chrono::steady_clock::time_point hello_deadline;  // while not bound
     std::string in;  // bytes received, not yet a whole message
   };
@@ -179,6 +197,12 @@ class SlabBroker {
   // Accept what the backlog holds (a bounded batch), within the caps; false when out of
   // descriptors.
   bool AcceptAll(std::map<int, Connection>& conns, std::map<uid_t, uint32_t>& pending);
+  // Close the connection `fd` of `uid`, or, where its peer has not read all it was sent
+  // (descriptors among it), keep it open in unread_ until the peer has (poll thread).
+  void CloseOrKeepUnread(int fd, uid_t uid);
+  // Close the connections of unread_ whose peer has read everything or hung up; `hung_up`:
+  // the fds poll reported done (poll thread).
+  void ReleaseRead(const std::vector<int>& hung_up);
   // Read what `c` sent and Process it; false closes the connection.
   bool Serve(Connection& c);
   void Wake();
@@ -198,7 +222,11 @@ class SlabBroker {
   SlabBrokerOptions options_;
   std::atomic<uint64_t> connections_{0};
   std::atomic<uint64_t> refused_over_cap_{0}, refused_uid_pending_{0}, hello_timeouts_{0},
-      accept_backoffs_{0};
+      accept_backoffs_{0}, refused_unread_{0}, unread_connections_{0};
+  // Closed connections whose peer has answers unread, and how many each uid has (the poll
+  // thread's alone).
+  std::map<int, uid_t> unread_;
+  std::map<uid_t, uint32_t> unread_of_uid_;
   Mutex mu_;
   // Pending tokens (one per session that has not bound its slab connection yet): searched
   // by a full scan, never by a keyed container whose lookup compares the secret.

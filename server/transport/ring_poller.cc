@@ -126,7 +126,7 @@ void RingPoller::Refresh(std::vector<std::shared_ptr<Registration>>& regs) {
   }
   for (auto& reg : regs) {  // dropped ones leave the epoll set; the ring may then go
     if (reg->removed_.load() && reg->in_epoll_) {
-      (void)::epoll_ctl(epoll_, EPOLL_CTL_DEL, reg->ring_->doorbell(), nullptr);
+      (void)::epoll_ctl(epoll_, EPOLL_CTL_DEL, reg->ring_->doorbell_to_watch(), nullptr);
       reg->in_epoll_ = false;
     }
   }
@@ -135,7 +135,7 @@ void RingPoller::Refresh(std::vector<std::shared_ptr<Registration>>& regs) {
       epoll_event ev{};
       ev.events = EPOLLIN;
       ev.data.ptr = reg.get();
-      if (::epoll_ctl(epoll_, EPOLL_CTL_ADD, reg->ring_->doorbell(), &ev) == 0) {
+      if (::epoll_ctl(epoll_, EPOLL_CTL_ADD, reg->ring_->doorbell_to_watch(), &ev) == 0) {
         reg->in_epoll_ = true;
       }
     }
@@ -185,7 +185,7 @@ void RingPoller::CountEmptyWake(Registration& reg, std::chrono::steady_clock::ti
   }
   if (++reg.empty_wakes_ < kStormWakes || reg.muted_ || !reg.in_epoll_) return;
   reg.mute_for_ = reg.mute_for_.count() == 0 ? kMuteFirst : std::min(reg.mute_for_ * 2, kMuteMax);
-  (void)::epoll_ctl(epoll_, EPOLL_CTL_DEL, reg.ring_->doorbell(), nullptr);
+  (void)::epoll_ctl(epoll_, EPOLL_CTL_DEL, reg.ring_->doorbell_to_watch(), nullptr);
   reg.in_epoll_ = false;
   reg.muted_ = true;
   reg.muted_until_ = now + reg.mute_for_;
@@ -208,7 +208,8 @@ std::chrono::steady_clock::time_point RingPoller::Unmute(
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.ptr = reg.get();
-    if (::epoll_ctl(epoll_, EPOLL_CTL_ADD, reg->ring_->doorbell(), &ev) == 0) reg->in_epoll_ = true;
+    if (::epoll_ctl(epoll_, EPOLL_CTL_ADD, reg->ring_->doorbell_to_watch(), &ev) == 0)
+      reg->in_epoll_ = true;
   }
   return next;
 }

@@ -11,7 +11,7 @@
 //   [0]    u64 head    the client: bytes written so far; stored (release) after the record
 //   [64]   u64 tail    the daemon: bytes taken so far; the client may reuse what is below
 //   [128]  u32 asleep  the daemon: 1 while the poller may sleep; the client then writes its
-//                      doorbell (an eventfd) after it stores head
+//                      doorbell (8 bytes into a pipe) after it stores head
 //   [192]  u32 board_sleepers  the client: how many of its threads are (about to be) asleep
 //                      on the session's completion board (CompletionBoard::WakeOnlyAnnounced)
 //   [4096] data, `capacity` bytes (a power of two)
@@ -25,6 +25,13 @@
 // copies a record's bytes out before anything parses them: nothing the client writes makes
 // the daemon read outside the mapping or parse bytes that change under it. A ring that breaks
 // a rule is broken for good (Take says why; the session ends with PROTOCOL_VIOLATION).
+//
+// The doorbell is a pipe, not an eventfd: the client gets only its write end, and the read end,
+// which the poller reads, is an open file of the daemon's alone. (An eventfd passed over
+// SCM_RIGHTS shares its open file, O_NONBLOCK included: a client that cleared the flag made
+// the poller's next read block, and every session's ring with it.) Whatever the client does
+// with its end (clears O_NONBLOCK, fills the pipe, closes it) changes only what its own
+// writes do.
 //
 // Thread-safety: Take, SetAsleep and ClearDoorbell from one thread at a time (the poller's);
 // HasRecord and the fds anywhere.
@@ -66,7 +73,7 @@ class SubmitRing {
   bool HasRecord() const;
   /// Tell the client whether to ring the doorbell after a write.
   void SetAsleep(bool asleep);
-  /// Read the doorbell's count to zero (non-blocking).
+  /// Read what the doorbell holds (non-blocking; at most one pipe's worth).
   void ClearDoorbell();
   /// The client's count of its threads asleep on the completion board (any value: the
   /// client writes it). Any thread; valid while the ring lives.
@@ -74,10 +81,16 @@ class SubmitRing {
 
   uint64_t capacity() const { return capacity_; }
   uint64_t map_bytes() const { return kHeaderBytes + capacity_; }
-  /// The memfd (read-write, sealed against resizing) and the doorbell (an eventfd), for
+  /// The memfd (read-write, sealed against resizing) and the doorbell's write end, for
   /// handing to the client; owned by the ring.
   int memfd() const { return memfd_; }
-  int doorbell() const { return doorbell_; }
+  int doorbell_for_client() const { return doorbell_write_; }
+  /// The doorbell's read end, readable once the client rang (for the poller's epoll set);
+  /// never handed out.
+  int doorbell_to_watch() const { return doorbell_read_; }
+  /// The doorbell pipe's capacity: rings past it (a client that rings without pause) find it
+  /// full, which is harmless (the poller is awake by then).
+  static constexpr int kDoorbellPipeBytes = 4096;
 
  private:
   SubmitRing() = default;
@@ -85,7 +98,8 @@ class SubmitRing {
   char* map_ = nullptr;
   uint64_t capacity_ = 0;
   int memfd_ = -1;
-  int doorbell_ = -1;
+  int doorbell_read_ = -1;
+  int doorbell_write_ = -1;
   std::atomic<uint64_t>* head_ = nullptr;
   std::atomic<uint64_t>* tail_word_ = nullptr;
   std::atomic<uint32_t>* asleep_ = nullptr;

@@ -4,6 +4,7 @@
 // uses a slab connection closed before acquire. Every one gets its typed error, the daemon
 // keeps serving, and the Admin accounting returns to where it started.
 #include <gtest/gtest.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -12,8 +13,10 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <thread>
+#include <vector>
 
 #include "ferry/client.h"
 #include "ferry/v1/admin.grpc.pb.h"
@@ -200,14 +203,7 @@ TEST_F(SlabBadInputTest, CompletionBoardIsReadOnlyAndPostsEachDelivery) {
   EXPECT_EQ(words[0], 5u);
   EXPECT_EQ(words[1], 2u) << "a success does not clear the last failure";
 
-  // Asking again gives the same page; the connection still serves slabs.
-  auto again = conn.Board();
-  ASSERT_TRUE(again && again->kind == 0 && again->fd >= 0);
-  void* map2 = ::mmap(nullptr, again->size, PROT_READ, MAP_SHARED, again->fd, 0);
-  ASSERT_NE(map2, MAP_FAILED);
-  ::close(again->fd);
-  EXPECT_EQ(static_cast<const uint64_t*>(map2)[0], 5u);
-  ::munmap(map2, again->size);
+  // The connection still serves slabs (the board is handed once: EachDescriptorOfASession...).
   auto slab = conn.Acquire();
   ASSERT_TRUE(slab && slab->kind == 0);
   ::close(slab->fd);
@@ -502,9 +498,9 @@ TEST_F(SlabBadInputTest, SlabConnectionClosedBeforeAcquire) {
 
 // Pipelined requests (docs/protocol.md, "Slab socket"): a hello and requests sent in one write
 // are answered in order, each with its fd. A client that pipelines requests and never reads is
-// closed once its answers fill the connection, without the daemon holding them back; it gets
-// fewer answers than it asked for, its session still works through its messages, and so does
-// everyone else.
+// closed (at its second board request, which is a protocol violation; or once its answers fill
+// the connection), without the daemon holding them back; it gets fewer answers than it asked
+// for, its session still works through its messages, and so does everyone else.
 TEST_F(SlabBadInputTest, PipelinedRequestsAreAnsweredInOrderAndAnUnreadFloodIsClosed) {
   {
     RawStream raw(daemon_->unix_target());
@@ -569,6 +565,108 @@ TEST_F(SlabBadInputTest, PipelinedRequestsAreAnsweredInOrderAndAnUnreadFloodIsCl
     EXPECT_EQ(raw.Completion(1).kind(), v1::ERROR_KIND_NONE);
     raw.Close();
   }
+  CheckServing();
+}
+
+// A session's board, ring and doorbell are handed once each (a descriptor sent and not yet
+// read is charged to the daemon's user, and enough of them stop every uid's sends): asking
+// again ends the connection, typed, without a descriptor; the session goes on through its
+// messages.
+TEST_F(SlabBadInputTest, EachDescriptorOfASessionIsHandedOnce) {
+  for (char op : {char{2}, char{3}, char{4}}) {
+    RawStream raw(daemon_->unix_target());
+    auto opened = raw.Open();
+    ASSERT_TRUE(opened);
+    RawSlabConnection conn(opened->slab_socket());
+    ASSERT_EQ(conn.Hello(opened->slab_token()), 0);
+    auto first = conn.Request(op);
+    ASSERT_TRUE(first && first->kind == 0 && first->fd >= 0) << "op " << int{op};
+    ::close(first->fd);
+    auto again = conn.Request(op);
+    ASSERT_TRUE(again) << "op " << int{op};
+    EXPECT_EQ(again->kind, static_cast<uint32_t>(ErrorKind::kProtocolViolation));
+    EXPECT_LT(again->fd, 0) << "a second descriptor was handed";
+    EXPECT_FALSE(conn.Acquire().has_value()) << "the connection goes on after a violation";
+    ASSERT_TRUE(raw.Submit(1, {Create(1, v1::DTYPE_U8, {64}), Fill(1, 5)}));
+    EXPECT_EQ(raw.Completion(1).kind(), v1::ERROR_KIND_NONE);
+    raw.Close();
+  }
+  CheckServing();
+}
+
+// A slab connection ends with its session, so that a client cannot keep connections (and
+// descriptors in flight) beyond its sessions: the daemon closes it soon after the session
+// ended, whether or not the client asks anything more.
+TEST_F(SlabBadInputTest, ASlabConnectionEndsWithItsSession) {
+  RawStream raw(daemon_->unix_target());
+  auto opened = raw.Open();
+  ASSERT_TRUE(opened);
+  RawSlabConnection conn(opened->slab_socket());
+  ASSERT_EQ(conn.Hello(opened->slab_token()), 0);
+  auto board = conn.Board();
+  ASSERT_TRUE(board && board->kind == 0);
+  ::close(board->fd);
+  raw.Close();
+  timeval ten_seconds{10, 0};
+  ASSERT_EQ(::setsockopt(conn.fd(), SOL_SOCKET, SO_RCVTIMEO, &ten_seconds, sizeof(ten_seconds)), 0);
+  char byte;
+  EXPECT_EQ(::recv(conn.fd(), &byte, 1, 0), 0) << "the connection outlived its session";
+  CheckServing();
+}
+
+// A uid whose connections ended with answers it never read (descriptors still in flight to
+// it) gets no new slab connection once it has slab-max-pending-per-uid of them, until it
+// reads them or closes its ends; then it is served again.
+TEST_F(SlabBadInputTest, AUidThatLeavesAnswersUnreadIsHeldBackUntilItReadsThem) {
+  ASSERT_EQ(daemon_->Stop(), 0);
+  daemon_ = std::make_unique<FerrydProcess>(
+      std::vector<std::string>{"--slab-size", "4M", "--pinned-budget", "32M", "--initial-slabs",
+                               "1", "--slab-max-pending-per-uid", "2"});
+  ASSERT_TRUE(daemon_->ok()) << daemon_->log();
+  start_ = daemon_->AdminStatus();
+  // Connect and present a session's token; the hello's answer (0: bound, -1: closed at once).
+  auto try_bind = [this] {
+    RawStream raw(daemon_->unix_target());
+    auto opened = raw.Open();
+    if (!opened) return -2;
+    RawSlabConnection conn(opened->slab_socket());
+    const int answer = conn.Hello(opened->slab_token());
+    raw.Close();
+    return answer;
+  };
+  std::vector<std::unique_ptr<RawSlabConnection>> unread;
+  for (int i = 0; i < 2; ++i) {
+    RawStream raw(daemon_->unix_target());
+    auto opened = raw.Open();
+    ASSERT_TRUE(opened);
+    auto conn = std::make_unique<RawSlabConnection>(opened->slab_socket());
+    ASSERT_TRUE(conn->Send("FSL1" + opened->slab_token() + RawSlabConnection::RequestBytes(2)));
+    // Wait until the daemon has answered (both answers sit unread in our queue).
+    for (int n = 0; n < 1000; ++n) {
+      int queued = 0;
+      ASSERT_EQ(::ioctl(conn->fd(), FIONREAD, &queued), 0);
+      if (queued >= 8 + 24) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    raw.Close();  // the daemon closes the connection it cannot close: it keeps it, unread
+    unread.push_back(std::move(conn));
+  }
+  int answer = 0;
+  for (int n = 0; n < 100 && (answer = try_bind()) == 0; ++n) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_EQ(answer, -1) << "a uid with answers unread on 2 connections still got a third";
+  for (auto& conn : unread) {  // read what was sent: the descriptors arrive, and are closed
+    EXPECT_EQ(conn->HelloAnswer(), 0);
+    auto board = conn->Answer();
+    ASSERT_TRUE(board && board->kind == 0 && board->fd >= 0);
+    ::close(board->fd);
+  }
+  for (int n = 0; n < 100 && (answer = try_bind()) != 0; ++n) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_EQ(answer, 0) << "the uid was not served again once it had read its answers";
+  unread.clear();
   CheckServing();
 }
 

@@ -3,6 +3,7 @@
 // daemon handles them in number order; every way of breaking the ring or the numbering ends
 // that session with PROTOCOL_VIOLATION while another session goes on; libferry uses the ring,
 // falls back to the stream when it is full, and loses nothing either way.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -138,6 +139,44 @@ TEST_F(SubmitRingTest, RecordsWrittenDuringADoorbellStormAreNotLost) {
     EXPECT_EQ(v, static_cast<float>(id));
   }
   raw.Close();
+}
+
+// The doorbell a client is handed is its own: a client that makes it blocking (clears
+// O_NONBLOCK on it, as any process holding an fd may) and never rings must not make the
+// poller block when it next clears doorbells after a sleep, which would stop every other
+// session's ring. (Found by review: the doorbell was an eventfd, whose O_NONBLOCK flag the
+// daemon's descriptor and the client's share.)
+TEST_F(SubmitRingTest, ADoorbellItsClientMadeBlockingStopsNoOtherRing) {
+  RawStream hostile(daemon_->unix_target());
+  auto hostile_opened = hostile.Open();
+  ASSERT_TRUE(hostile_opened);
+  RawRing hostile_ring;
+  ASSERT_TRUE(hostile_ring.Map(*hostile_opened));
+  const int flags = ::fcntl(hostile_ring.doorbell(), F_GETFL);
+  ASSERT_GE(flags, 0);
+  ASSERT_EQ(::fcntl(hostile_ring.doorbell(), F_SETFL, flags & ~O_NONBLOCK), 0);
+  // The poller spins, then sleeps (kSleepMax 50 ms at most), then clears every doorbell.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // Bounded: on a stuck poller the other session's submits would never complete.
+  RawStream other(daemon_->unix_target(), std::chrono::seconds(30));
+  auto opened = other.Open();
+  ASSERT_TRUE(opened);
+  RawRing ring;
+  ASSERT_TRUE(ring.Map(*opened));
+  ring.Write(SubmitMessage(1, 1, {Create(1, v1::DTYPE_F32, {1})}));
+  ASSERT_EQ(other.Completion(1).kind(), v1::ERROR_KIND_NONE);
+  for (uint64_t id = 2; id <= 5; ++id) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the poller sleeps again
+    std::string chunks;
+    ring.Write(SubmitMessage(id, id, {Fill(1, static_cast<double>(id)), Download(1, 0, 4)}));
+    ASSERT_EQ(other.Completion(id, &chunks).kind(), v1::ERROR_KIND_NONE) << id;
+    float v = 0;
+    ASSERT_EQ(chunks.size(), 4u);
+    std::memcpy(&v, chunks.data(), 4);
+    EXPECT_EQ(v, static_cast<float>(id));
+  }
+  other.Close();
+  hostile.Close();
 }
 
 // The daemon takes ring records only while the session is below its in-flight limit (the

@@ -46,8 +46,8 @@ Pair MakePair(uint64_t capacity = 4096) {
       ::mmap(nullptr, p.ring->map_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, p.ring->memfd(), 0);
   EXPECT_NE(map, MAP_FAILED);
   static_assert(RingWriter::kHeaderBytes == SubmitRing::kHeaderBytes);
-  p.writer =
-      std::make_unique<RingWriter>(static_cast<char*>(map), capacity, ::dup(p.ring->doorbell()));
+  p.writer = std::make_unique<RingWriter>(static_cast<char*>(map), capacity,
+                                          ::dup(p.ring->doorbell_for_client()));
   return p;
 }
 
@@ -129,7 +129,7 @@ TEST(RingWriterTest, AMessageOverAQuarterOfTheRingIsLeftToTheStream) {
 
 TEST(RingWriterTest, TheDoorbellRingsOnlyWhileThePollerMaySleep) {
   Pair p = MakePair();
-  const int doorbell = p.ring->doorbell();
+  const int doorbell = p.ring->doorbell_to_watch();
   ASSERT_EQ(p.writer->Write(SubmitMessage(1, 1, 10)), Wrote::kWritten);
   EXPECT_FALSE(DoorbellRung(doorbell)) << "an awake poller needs no doorbell";
   p.ring->SetAsleep(true);

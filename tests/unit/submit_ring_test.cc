@@ -4,7 +4,9 @@
 // wakes for a doorbell.
 #include "transport/submit_ring.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -12,6 +14,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <future>
 #include <mutex>
 #include <thread>
 
@@ -30,7 +33,7 @@ class ClientSide {
         ::mmap(nullptr, ring.map_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, ring.memfd(), 0);
     EXPECT_NE(p, MAP_FAILED);
     map_ = static_cast<char*>(p);
-    doorbell_ = ring.doorbell();
+    doorbell_ = ring.doorbell_for_client();
   }
   ~ClientSide() { ::munmap(map_, SubmitRing::kHeaderBytes + capacity_); }
 
@@ -187,6 +190,42 @@ TEST(SubmitRingTest, ARecordIsCopiedOutBeforeTheClientCanChangeIt) {
 }
 
 // A registration gets one record per Arm, in order; nothing before the first Arm.
+// The client's doorbell is a descriptor the daemon never reads: whatever the client does with
+// it (makes it blocking, fills it) the poller's ClearDoorbell returns at once, and the doorbell
+// still wakes the poller's epoll (through the read end, which is never handed out).
+TEST(SubmitRingTest, AClientsDoorbellCannotMakeTheDaemonsReadBlock) {
+  auto made = SubmitRing::Create(4096);
+  ASSERT_TRUE(made.ok());
+  SubmitRing& ring = **made;
+  const int client_end = ::dup(ring.doorbell_for_client());  // as SCM_RIGHTS hands it
+  ASSERT_GE(client_end, 0);
+  EXPECT_NE(ring.doorbell_to_watch(), ring.doorbell_for_client());
+  const int flags = ::fcntl(client_end, F_GETFL);
+  ASSERT_EQ(::fcntl(client_end, F_SETFL, flags & ~O_NONBLOCK), 0);
+  auto clear = [&ring, client_end] {
+    auto cleared = std::async(std::launch::async, [&ring] { ring.ClearDoorbell(); });
+    if (cleared.wait_for(std::chrono::seconds(10)) == std::future_status::ready) return true;
+    const uint64_t unblock = 1;  // so that the stuck read returns and the test ends
+    (void)!::write(client_end, &unblock, sizeof(unblock));
+    return false;
+  };
+  ASSERT_TRUE(clear()) << "ClearDoorbell blocked on a doorbell that was never rung";
+  const uint64_t one = 1;
+  ASSERT_EQ(::write(client_end, &one, sizeof(one)), 8);
+  pollfd p = {ring.doorbell_to_watch(), POLLIN, 0};
+  EXPECT_EQ(::poll(&p, 1, 0), 1) << "a ring is readable on the end the poller watches";
+  ASSERT_TRUE(clear());
+  EXPECT_EQ(::poll(&p, 1, 0), 0) << "cleared";
+  // A client that rings without pause fills its pipe; only its own writes block then.
+  ASSERT_EQ(::fcntl(client_end, F_SETFL, flags | O_NONBLOCK), 0);
+  int rings = 0;
+  while (::write(client_end, &one, sizeof(one)) == 8 && rings < 1'000'000) ++rings;
+  EXPECT_LT(rings, 1'000'000) << "the pipe never filled";
+  ASSERT_TRUE(clear());
+  ASSERT_TRUE(clear()) << "a second clear, on what the first left";
+  ::close(client_end);
+}
+
 TEST(RingPollerTest, HandsOneRecordPerArm) {
   auto poller = RingPoller::Start(std::chrono::microseconds(100));
   ASSERT_TRUE(poller.ok());
