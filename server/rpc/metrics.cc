@@ -168,6 +168,10 @@ std::string RenderMetrics(const SessionServiceContext& c,
   e.Metric("ferry_streams_open_timeouts_total", "counter",
            "Session streams ended because they sent no Open within open-timeout, since start.",
            c.gauges.open_timeouts_total.load());
+  e.Metric("ferry_streams_finish_timeouts_total", "counter",
+           "Session streams cancelled because, their session ended, their last writes were not "
+           "read within open-timeout, since start.",
+           c.gauges.finish_timeouts_total.load());
   e.Metric("ferry_submits_total", "counter", "Submits accepted since start.", t.submits);
   e.Metric("ferry_submits_in_flight", "gauge", "Submits accepted and not yet completed.",
            t.submits_in_flight);

@@ -65,13 +65,29 @@ class SessionConnection : public session::SessionEvents,
                           public DrainListener,
                           public std::enable_shared_from_this<SessionConnection> {
  public:
+  // The call's context, for cancelling it from a timer: cleared (under its mutex) when gRPC
+  // is done with the call, after which the context is gone.
+  struct CallHandle {
+    Mutex mu;
+    grpc::CallbackServerContext* call ABSL_GUARDED_BY(mu) = nullptr;
+  };
+
   SessionConnection(SessionServiceContext* context, Reactor* reactor, session::PeerIdentity peer,
-                    SessionlessStreams::Ticket sessionless)
+                    SessionlessStreams::Ticket sessionless, grpc::CallbackServerContext* call)
       : context_(context),
         executor_(*context->parts.io),
         reactor_(reactor),
         peer_(std::move(peer)),
-        sessionless_(std::move(sessionless)) {}
+        sessionless_(std::move(sessionless)) {
+    MutexLock lock(&call_->mu);
+    call_->call = call;
+  }
+
+  /// gRPC is done with the call (OnDone, on its thread): its context is about to go.
+  void ForgetCall() {
+    MutexLock lock(&call_->mu);
+    call_->call = nullptr;
+  }
 
   const session::Executor& executor() const { return executor_; }
   SessionServiceContext* context() const { return context_; }
@@ -383,6 +399,8 @@ class SessionConnection : public session::SessionEvents,
       // are: Closed waits for them (HandleWriteDone), and whether the stream is kept is
       // decided then. (It would be written after them anyway.)
       closed_held_ = std::move(m);
+      HoldUntilDone();  // no session now: counted as sessionless until the stream ends
+      ArmFinishDeadline();
       return;
     }
     SendClosed(std::move(m));
@@ -410,6 +428,7 @@ class SessionConnection : public session::SessionEvents,
       last_message_ = std::move(m);
       reactor_->StartWriteAndFinish(last_message_.get(), grpc::WriteOptions(), grpc::Status::OK);
       HoldUntilDone();
+      ArmFinishDeadline();
       return;
     }
     Send(std::move(m));
@@ -794,6 +813,7 @@ class SessionConnection : public session::SessionEvents,
       return false;
     }
     if (SessionlessStreams* streams = context_->parts.sessionless_streams) {
+      sessionless_.Release();  // the hold while Closed waited, if any: Keep counts afresh
       std::optional<SessionlessStreams::Ticket> kept = streams->Keep(session::IdentityOf(peer_));
       if (!kept) return false;
       sessionless_ = std::move(*kept);
@@ -1083,6 +1103,8 @@ class SessionConnection : public session::SessionEvents,
 
   // End the stream with `status` (the first one asked for wins) once writes have drained.
   void FinishWith(const grpc::Status& status) {
+    HoldUntilDone();
+    ArmFinishDeadline();
     DropRing();
     if (end_ == StreamEnd::kOpen) finish_status_ = status;
     end_ = NextStreamEnd(end_, StreamEndEvent::kFinishAsked);
@@ -1098,8 +1120,35 @@ class SessionConnection : public session::SessionEvents,
     HoldUntilDone();
   }
 
-  // The stream is finished: until gRPC is done with the call (HandleDone), which takes until
-  // its client closes its side, it counts among the sessionless streams again.
+  // A stream that carries no session any more and is being finished, or waits for its writes
+  // to drain, has the open timeout to get there: a client that never reads (a zero flow-control
+  // window) would otherwise keep its last write, and the stream, in flight for ever. Past it
+  // the call is cancelled (gRPC then ends it: OnCancel, OnDone).
+  void ArmFinishDeadline() {
+    if (finish_deadline_armed_ || context_->limits.open_timeout.count() <= 0) return;
+    finish_deadline_armed_ = true;
+    executor_.PostAfter(
+        context_->limits.open_timeout,
+        [weak = weak_from_this(), handle = call_] {
+          auto self = weak.lock();
+          if (!self) return;
+          self->finish_deadline_armed_ = false;
+          // Still finishing, or Closed still waiting (a stream kept meanwhile has moved on).
+          if (!self->finishing() && !self->closed_held_) return;
+          ++self->context_->gauges.finish_timeouts_total;
+          spdlog::info(
+              "stream from {}: its last writes were not read within the open timeout; "
+              "cancelling it",
+              self->peer_.address);
+          MutexLock lock(&handle->mu);
+          if (handle->call) handle->call->TryCancel();
+        },
+        "finish deadline");
+  }
+
+  // The stream is finished, or carries no session while its last writes drain: until gRPC is
+  // done with the call (HandleDone), which takes until its client closes its side, it counts
+  // among the sessionless streams again.
   void HoldUntilDone() {
     if (SessionlessStreams* streams = context_->parts.sessionless_streams) {
       if (!sessionless_.held()) sessionless_ = streams->Hold(session::IdentityOf(peer_));
@@ -1168,6 +1217,8 @@ class SessionConnection : public session::SessionEvents,
   // Since when the stream has carried no session, and whether an open deadline is armed.
   std::chrono::steady_clock::time_point sessionless_since_;
   bool open_deadline_armed_ = false;
+  bool finish_deadline_armed_ = false;
+  std::shared_ptr<CallHandle> call_ = std::make_shared<CallHandle>();
   bool write_in_flight_ = false;
   uint64_t writes_started_ = 0;         // writes PumpWrites started (WatchForStalledWrite)
   bool stall_watch_armed_ = false;      // a WatchForStalledWrite check is due
@@ -1185,9 +1236,9 @@ class SessionConnection : public session::SessionEvents,
 class SessionReactor final : public Reactor {
  public:
   SessionReactor(SessionServiceContext* context, session::PeerIdentity peer,
-                 SessionlessStreams::Ticket sessionless)
+                 SessionlessStreams::Ticket sessionless, grpc::CallbackServerContext* call)
       : connection_(std::make_shared<SessionConnection>(context, this, std::move(peer),
-                                                        std::move(sessionless))) {
+                                                        std::move(sessionless), call)) {
     // Start only registers the stream and starts its first read: on this gRPC thread.
     RunOrPost([](SessionConnection& c) { c.Start(); });
   }
@@ -1219,6 +1270,7 @@ class SessionReactor final : public Reactor {
     Post([](SessionConnection& c) { c.HandleCancel(); }, "stream cancel");
   }
   void OnDone() override {
+    connection_->ForgetCall();
     Post([](SessionConnection& c) { c.HandleDone(); }, "stream done");
     delete this;
   }
@@ -1310,7 +1362,7 @@ grpc::ServerBidiReactor<v1::ClientMessage, v1::ServerMessage>* SessionService::S
     }
     sessionless = std::move(*admitted);
   }
-  return new SessionReactor(context_, std::move(peer), std::move(sessionless));
+  return new SessionReactor(context_, std::move(peer), std::move(sessionless), context);
 }
 
 }  // namespace ferry::rpc

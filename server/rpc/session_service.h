@@ -68,6 +68,9 @@ struct StreamGauges {
   std::atomic<uint64_t> read_pauses_total{0};
   /// Streams ended because they sent no Open within the open timeout, since start.
   std::atomic<uint64_t> open_timeouts_total{0};
+  /// Streams cancelled because, with no session left, their last writes were not read within
+  /// the open timeout (a client that never reads), since start.
+  std::atomic<uint64_t> finish_timeouts_total{0};
   std::atomic<uint64_t> streams_started_total{0};  // session streams the daemon took
   std::atomic<uint64_t> streams_kept_total{0};     // sessions closed with their stream kept
   std::atomic<uint64_t> slabs_kept_total{0};       // slabs a session took over from the last one

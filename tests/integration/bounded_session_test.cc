@@ -5,6 +5,8 @@
 // session's in-flight bytes is refused. Each test runs a real ferryd on the host backend and
 // asserts on the daemon's own gauges (metrics) plus a generous bound on its resident memory.
 #include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -895,6 +897,136 @@ TEST(BoundedSessionTest, EndedSessionsWhoseClientNeverReadsCountUntilClosed) {
   hoarder.CancelAll();
   Eventually([&] { return value("ferry_streams_sessionless") == 0; }, 30);
   EXPECT_EQ(value("ferry_streams_sessionless"), 0);
+  ExpectAnotherSessionWorks(*d);
+  EXPECT_EQ(d->Stop(), 0) << d->log();
+}
+
+// A raw HTTP/2 client (written from RFC 7540 and the gRPC wire format, no gRPC library)
+// that advertises a stream window of 0: the daemon can send it HEADERS but no DATA, so every
+// answer of every stream stays unwritten for as long as the client likes. It answers the
+// daemon's SETTINGS and PINGs (a reader thread discards the rest) and never sends a
+// WINDOW_UPDATE.
+class ZeroWindowClient {
+ public:
+  explicit ZeroWindowClient(const std::string& unix_path) {
+    fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr = {};
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path, unix_path.c_str(),
+                std::min(unix_path.size() + 1, sizeof(addr.sun_path)));
+    if (::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+      ::close(fd_);
+      fd_ = -1;
+      return;
+    }
+    Write("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
+    Frame(0x4, 0, 0, std::string("\x00\x04\x00\x00\x00\x00", 6));  // INITIAL_WINDOW_SIZE 0
+    reader_ = std::thread([this] { Read(); });
+  }
+  ~ZeroWindowClient() {
+    if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
+    if (reader_.joinable()) reader_.join();
+    if (fd_ >= 0) ::close(fd_);
+  }
+  bool connected() const { return fd_ >= 0; }
+
+  // Start a Session stream and send `messages` on it (gRPC-framed), without ending it.
+  void Stream(const std::vector<v1::ClientMessage>& messages) {
+    const uint32_t id = next_stream_;
+    next_stream_ += 2;
+    std::string block;
+    block += '\x83';  // :method POST (static table 3)
+    block += '\x86';  // :scheme http (static table 6)
+    auto literal = [&block](const std::string& name, const std::string& value) {
+      block += '\x00';  // literal, not indexed, new name (lengths below 127)
+      block += static_cast<char>(name.size());
+      block += name;
+      block += static_cast<char>(value.size());
+      block += value;
+    };
+    literal(":path", "/ferry.v1.SessionService/Session");
+    literal(":authority", "localhost");
+    literal("content-type", "application/grpc");
+    literal("te", "trailers");
+    Frame(0x1, 0x4, id, block);  // HEADERS, END_HEADERS
+    std::string data;
+    for (const auto& m : messages) {
+      const std::string bytes = m.SerializeAsString();
+      data += '\x00';
+      for (int shift = 24; shift >= 0; shift -= 8) data += static_cast<char>(bytes.size() >> shift);
+      data += bytes;
+    }
+    Frame(0x0, 0, id, data);  // DATA, the stream left open
+  }
+
+ private:
+  void Frame(uint8_t type, uint8_t flags, uint32_t stream, const std::string& payload) {
+    std::string f;
+    for (int shift = 16; shift >= 0; shift -= 8) f += static_cast<char>(payload.size() >> shift);
+    f += static_cast<char>(type);
+    f += static_cast<char>(flags);
+    for (int shift = 24; shift >= 0; shift -= 8) f += static_cast<char>(stream >> shift);
+    Write(f + payload);
+  }
+  void Write(const std::string& bytes) {
+    std::lock_guard<std::mutex> lock(write_mu_);
+    (void)!::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+  }
+  void Read() {
+    std::string in;
+    char buf[16384];
+    for (;;) {
+      const ssize_t n = ::recv(fd_, buf, sizeof(buf), 0);
+      if (n <= 0) return;
+      in.append(buf, static_cast<size_t>(n));
+      while (in.size() >= 9) {
+        const size_t length = (size_t{static_cast<unsigned char>(in[0])} << 16) |
+                              (size_t{static_cast<unsigned char>(in[1])} << 8) |
+                              static_cast<unsigned char>(in[2]);
+        if (in.size() < 9 + length) break;
+        const uint8_t type = static_cast<uint8_t>(in[3]), flags = static_cast<uint8_t>(in[4]);
+        if (type == 0x4 && !(flags & 0x1)) Frame(0x4, 0x1, 0, "");  // SETTINGS: ACK
+        if (type == 0x6 && !(flags & 0x1)) Frame(0x6, 0x1, 0, in.substr(9, length));  // PING
+        in.erase(0, 9 + length);
+      }
+    }
+  }
+
+  int fd_ = -1;
+  uint32_t next_stream_ = 1;
+  std::mutex write_mu_;
+  std::thread reader_;
+};
+
+// Streams whose answers can never be written (a client with a zero flow-control window that
+// opens a session and closes it): once the session has ended, such a stream counts among its
+// uid's sessionless streams (past the limit the uid's next streams are refused), and once the
+// open timeout has passed without its answers written it is cancelled, though its client
+// keeps its connection: nothing of it stays in the daemon. (Found by review: these streams
+// were counted by no limit and never ended.)
+TEST(BoundedSessionTest, StreamsWhoseAnswersCannotBeWrittenAreCountedAndCancelled) {
+  std::unique_ptr<FerrydProcess> owner;
+  FerrydProcess* d =
+      StartDaemon(owner, {"--max-sessionless-streams-per-uid", "8", "--open-timeout", "1000"});
+  ASSERT_TRUE(d->ok()) << d->log();
+  const std::string metrics = MetricsEndpoint(*d);
+  auto value = [&](const std::string& name, const std::string& label = "") {
+    return Value(Scrape(metrics), name, label);
+  };
+  v1::ClientMessage open, close;
+  open.mutable_open()->set_protocol_version(v1::PROTOCOL_VERSION_CURRENT);
+  close.mutable_close();
+  ZeroWindowClient client(d->unix_target().substr(5));
+  ASSERT_TRUE(client.connected());
+  constexpr int kStreams = 40;
+  for (int i = 0; i < kStreams; ++i) client.Stream({open, close});
+  EXPECT_TRUE(Eventually([&] { return value("ferry_streams_finish_timeouts_total") >= 1; }, 30))
+      << "no stream whose answers could not be written was cancelled";
+  EXPECT_GE(value("ferry_streams_refused_total", "max_sessionless_per_uid"), 1)
+      << "the stuck streams did not count against the uid's limit";
+  EXPECT_TRUE(Eventually([&] { return value("ferry_streams_sessionless") == 0; }, 30))
+      << "streams stayed in the daemon though their client keeps its connection";
+  EXPECT_EQ(value("ferry_sessions_open"), 0);
   ExpectAnotherSessionWorks(*d);
   EXPECT_EQ(d->Stop(), 0) << d->log();
 }
