@@ -718,9 +718,10 @@ class SessionConnection : public session::SessionEvents,
       config.max_in_flight_submits =
           std::min<uint32_t>(open.max_in_flight_submits(), context_->limits.max_in_flight_submits);
     }
-    auto created = session::Session::Create(context_->parts.device, context_->parts.registry,
-                                            executor_, config, open.client_name(), peer_, this,
-                                            context_->parts.copy_turns);
+    const std::string client_name = session::CleanClientName(open.client_name());
+    auto created =
+        session::Session::Create(context_->parts.device, context_->parts.registry, executor_,
+                                 config, client_name, peer_, this, context_->parts.copy_turns);
     if (!created.ok()) {
       return Fail(created.status(),
                   grpc::Status(static_cast<grpc::StatusCode>(created.status().code()),
@@ -730,11 +731,10 @@ class SessionConnection : public session::SessionEvents,
     session_id_ = session_->id();
     account_ = context_->parts.registry->AccountOf(session_id_);
     if (peer_.local()) {
-      spdlog::info("session {} opened by '{}' from {} (uid {}, pid {})", session_id_,
-                   open.client_name(), peer_.address, *peer_.uid, *peer_.pid);
+      spdlog::info("session {} opened by '{}' from {} (uid {}, pid {})", session_id_, client_name,
+                   peer_.address, *peer_.uid, *peer_.pid);
     } else {
-      spdlog::info("session {} opened by '{}' from {}", session_id_, open.client_name(),
-                   peer_.address);
+      spdlog::info("session {} opened by '{}' from {}", session_id_, client_name, peer_.address);
     }
     auto m = std::make_unique<v1::ServerMessage>();
     auto* o = m->mutable_opened();

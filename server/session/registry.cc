@@ -340,6 +340,14 @@ ResolvedUidLimits SessionRegistry::Resolve(const PeerIdentity& peer) const {
   return out;
 }
 
+std::string CleanClientName(std::string_view name) {
+  std::string clean(name.substr(0, kMaxClientName));
+  for (char& ch : clean) {
+    if (ch < 0x20 || ch > 0x7e) ch = '_';
+  }
+  return clean;
+}
+
 std::string IdentityOf(const PeerIdentity& peer) {
   if (peer.uid) return "uid:" + std::to_string(*peer.uid);
   return peer.tenant.empty() ? "remote" : "remote:" + peer.tenant;
@@ -404,11 +412,7 @@ std::string SessionRegistry::AssignUsageIdentityLocked(const PeerIdentity& peer,
                                                        const std::string& client,
                                                        std::string* uid_label) {
   const std::string uid = peer.uid ? std::to_string(*peer.uid) : IdentityOf(peer);
-  // A label value: printable ASCII only (the name is a tenant's free text).
-  std::string name = client.substr(0, kMaxClientLabel);
-  for (char& ch : name) {
-    if (ch < 0x20 || ch > 0x7e) ch = '_';
-  }
+  std::string name = CleanClientName(client);  // a label value: printable ASCII only
   *uid_label = uid;
   if (usage_.count({uid, name})) return name;
   // A new name of a uid that has used up its names goes to that uid's "other".

@@ -162,6 +162,12 @@ struct PeerIdentity {
 /// The identity `peer`'s limits and usage are kept under: "uid:N" for a local client,
 /// "remote:NAME" for a TCP peer of tenant NAME, "remote" for every other TCP peer together.
 std::string IdentityOf(const PeerIdentity& peer);
+/// The most bytes of a client's name (Open.client_name) the daemon keeps.
+inline constexpr size_t kMaxClientName = 64;
+/// A client's name as the daemon keeps, logs and reports it: its first kMaxClientName bytes,
+/// each outside printable ASCII replaced by '_' (the name is a tenant's free text: it must
+/// not cost the daemon memory, forge log lines or reach a terminal as control sequences).
+std::string CleanClientName(std::string_view name);
 /// A tenant name: 1..32 of A-Z a-z 0-9 _ . -
 bool IsTenantName(std::string_view name);
 
@@ -276,7 +282,7 @@ class SessionRegistry {
   std::vector<UidUsage> UsageByUid() const;
 
   static constexpr size_t kMaxClientsPerUid = 16;
-  static constexpr size_t kMaxClientLabel = 64;
+  static constexpr size_t kMaxClientLabel = kMaxClientName;
   /// Keep at most `max_identities` (>= 1) usage identities (metrics-max-identities); call
   /// before sessions open.
   void SetUsageIdentityLimit(size_t max_identities);

@@ -1062,6 +1062,37 @@ TEST_F(HostileClientsPerUidTest, OneUidKeepsAtMostItsShareOfTheQueuedCommands) {
 }
 
 // Every TCP peer is charged to the one identity "remote".
+// A client's name is free text from the wire: the daemon keeps, logs and lists at most its
+// first 64 bytes, printable ASCII only, so a name cannot cost the daemon memory (one of 1 MiB
+// here), forge a log line (a newline) or reach an operator's terminal as control sequences.
+TEST(HostileClientsTest, AClientsNameIsCutAndCleanedWhereverTheDaemonKeepsIt) {
+  FerrydProcess d(std::vector<std::string>{});
+  ASSERT_TRUE(d.ok()) << d.log();
+  RawStream raw(d.unix_target());
+  v1::ClientMessage open;
+  open.mutable_open()->set_protocol_version(v1::PROTOCOL_VERSION_CURRENT);
+  open.mutable_open()->set_client_name("evil\nsession 1 opened by 'root'\x1b[2J" +
+                                       std::string(1 << 20, 'x'));
+  ASSERT_TRUE(raw.Send(open));
+  auto opened = raw.Read();
+  ASSERT_TRUE(opened && opened->has_opened());
+  auto admin =
+      v1::Admin::NewStub(grpc::CreateChannel(d.unix_target(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  v1::ListSessionsReply list;
+  ASSERT_TRUE(admin->ListSessions(&ctx, v1::ListSessionsRequest(), &list).ok());
+  ASSERT_EQ(list.sessions_size(), 1);
+  const std::string& name = list.sessions(0).client_name();
+  EXPECT_EQ(name.size(), 64u);
+  EXPECT_EQ(name.substr(0, 5), "evil_");
+  EXPECT_TRUE(std::all_of(name.begin(), name.end(), [](char c) { return c >= 0x20 && c < 0x7f; }))
+      << name;
+  raw.Close();
+  EXPECT_EQ(d.log().find("evil\nsession"), std::string::npos) << "the newline reached the log";
+  EXPECT_NE(d.log().find("opened by 'evil_session 1 opened by"), std::string::npos) << d.log();
+  EXPECT_EQ(d.Stop(), 0) << d.log();
+}
+
 TEST(HostileClientsTest, RemotePeersShareOneIdentity) {
   FerrydProcess d({"--uid-limits", "remote:sessions=1"}, /*tcp=*/true);
   ASSERT_TRUE(d.ok()) << d.log();
