@@ -49,6 +49,7 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
   d->registry_->SetInFlightBytesLimit(options.in_flight_bytes);
   d->registry_->SetObjectsLimit(options.max_objects);
   d->registry_->launch_room().SetLimit(options.queued_commands);
+  d->registry_->SetGroupLookup(rpc::GroupsOfUid);  // gid: rules match the user database's
   d->registry_->SetUidLimits(options.uid_limits, options.slab_pool.budget,
                              static_cast<uint32_t>(::geteuid()));
   d->registry_->SetUsageIdentityLimit(options.metrics_max_identities);

@@ -312,9 +312,15 @@ ResolvedUidLimits SessionRegistry::Resolve(const PeerIdentity& peer) const {
     }
   }
   if (tenant_rule) specific = tenant_rule;
-  if (!specific && peer.gid) {
+  if (!specific && peer.uid) {
+    // The uid's groups in the user database, not the gid it connected with: a process may
+    // switch its effective gid among its groups (sg), and so pick or dodge a gid: rule.
+    std::vector<gid_t> groups;
+    if (groups_of_uid_) groups = groups_of_uid_(*peer.uid);
+    if (groups.empty() && peer.gid) groups.push_back(*peer.gid);  // no lookup, no entry
     for (const UidLimitRule& r : rules_) {  // the first gid: rule that matches
-      if (r.match == UidLimitRule::Match::kGid && r.id == *peer.gid) {
+      if (r.match == UidLimitRule::Match::kGid &&
+          std::find(groups.begin(), groups.end(), r.id) != groups.end()) {
         specific = &r;
         break;
       }

@@ -18,6 +18,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -218,6 +219,13 @@ class SessionRegistry {
   SessionRegistry(uint64_t device_bytes_cap, uint32_t max_sessions)
       : device_bytes_cap_(device_bytes_cap), max_sessions_(max_sessions) {}
 
+  /// How `gid:` rules learn a local uid's groups: the user database's (rpc::GroupsOfUid, set
+  /// by the daemon before SetUidLimits), which the uid cannot choose. Where none is set, or
+  /// the uid has no entry, its effective gid at connect (SO_PEERCRED) is matched instead.
+  void SetGroupLookup(std::function<std::vector<gid_t>(uid_t)> groups_of_uid) {
+    MutexLock lock(&mu_);
+    groups_of_uid_ = std::move(groups_of_uid);
+  }
   /// Set the per-identity rules (before any session opens), resolving percentages against
   /// max_sessions, the device cap and `pinned_budget`; `daemon_uid` is exempt like root.
   void SetUidLimits(std::vector<UidLimitRule> rules, uint64_t pinned_budget, uint32_t daemon_uid);
@@ -334,6 +342,7 @@ class SessionRegistry {
   // Set before sessions open; none (no per-identity limits) until SetUidLimits. The
   // daemon's options carry DefaultUidLimitRule unless configured otherwise.
   std::vector<UidLimitRule> rules_;
+  std::function<std::vector<gid_t>(uid_t)> groups_of_uid_;  // SetGroupLookup
   uint64_t pinned_budget_ = 0;
   uint32_t daemon_uid_ = 0;
   std::map<std::string, std::shared_ptr<UidAccount>> accounts_ ABSL_GUARDED_BY(mu_);

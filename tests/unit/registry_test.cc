@@ -77,6 +77,26 @@ TEST(RegistryTest, UidRulesWinOverGidRulesWhichWinOverTheDefault) {
   EXPECT_EQ(reg.AccountFor(Local(1001, 50))->limits().device_bytes, 0u) << "none: no limit";
 }
 
+// With the user database's groups (the daemon's lookup), a gid: rule applies to every
+// member of the group whatever gid its process connected with: a member cannot dodge the
+// rule by switching its effective gid (sg), and a non-member cannot take it by connecting
+// with that gid. Without an entry for the uid, the effective gid is matched.
+TEST(RegistryTest, GidRulesMatchTheUidsGroupsNotTheGidItConnectedWith) {
+  SessionRegistry reg(8ull << 30, 100);
+  reg.SetGroupLookup([](uid_t uid) {
+    if (uid == 1001) return std::vector<gid_t>{1001, 2000};  // a member of 2000
+    if (uid == 1002) return std::vector<gid_t>{1002};
+    return std::vector<gid_t>{};  // no entry
+  });
+  reg.SetUidLimits(Rules({"default:sessions=10", "gid:2000:sessions=1"}), 1ull << 30, 999);
+  EXPECT_EQ(reg.AccountFor(Local(1001, 1001))->limits().sessions, 1u)
+      << "a member connecting with another of its gids";
+  EXPECT_EQ(reg.AccountFor(Local(1002, 2000))->limits().sessions, 10u)
+      << "a non-member connecting with the rule's gid";
+  EXPECT_EQ(reg.AccountFor(Local(1003, 2000))->limits().sessions, 1u)
+      << "no entry: the effective gid";
+}
+
 TEST(RegistryTest, SessionsAndBytesAreChargedPerUidAcrossSessions) {
   SessionRegistry reg(1ull << 30, 16);
   reg.SetUidLimits(Rules({"uid:1000:sessions=2,device=1M,pinned=8M,inflight=2"}), 1ull << 30, 999);
