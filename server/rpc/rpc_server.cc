@@ -142,11 +142,14 @@ Result<std::unique_ptr<RpcServer>> RpcServer::Prepare(
                     "endpoint must be unix:PATH or tcp:HOST:PORT, got " + ep);
     }
   }
-  if (r->token_) {
-    // Every method of a TCP endpoint, gRPC's health and reflection included, needs the token.
+  for (Served* served : {&r->remote_, &r->local_}) {
+    const bool tcp = served == &r->remote_;
     std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
-    creators.push_back(MakeTokenInterceptorFactory(r->token_.get()));
-    builder.experimental().SetInterceptorCreators(std::move(creators));
+    // Every method of a TCP endpoint, gRPC's health and reflection included, needs the token.
+    if (tcp && r->token_) creators.push_back(MakeTokenInterceptorFactory(r->token_.get()));
+    // Streams without a session (Health/Watch, reflection) are counted like sessionless ones.
+    creators.push_back(MakeSessionlessCallsInterceptorFactory(context, tcp));
+    served->builder->experimental().SetInterceptorCreators(std::move(creators));
   }
   return r;
 }

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <deque>
 #include <optional>
+#include <string_view>
 #include <thread>
 #include <utility>
 
@@ -1294,6 +1295,73 @@ class SessionReactor final : public Reactor {
 };
 
 }  // namespace
+
+namespace {
+
+class SessionlessCallInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  SessionlessCallInterceptor(SessionServiceContext* context, bool tcp,
+                             grpc::experimental::ServerRpcInfo* info)
+      : context_(context), tcp_(tcp), info_(info) {}
+
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::POST_RECV_INITIAL_METADATA)) {
+      TakePlace();
+    }
+    methods->Proceed();
+  }
+
+ private:
+  void TakePlace() {
+    if (info_->type() == grpc::experimental::ServerRpcInfo::Type::UNARY) return;
+    if (std::string_view(info_->method()) == "/ferry.v1.SessionService/Session") return;
+    SessionlessStreams* streams = context_->parts.sessionless_streams;
+    grpc::ServerContextBase* call = info_->server_context();
+    if (!streams || !call) return;
+    session::PeerIdentity peer = !tcp_ && context_->parts.local_connections
+                                     ? context_->parts.local_connections->Identify(call->peer())
+                                     : session::PeerIdentity{call->peer()};
+    peer.tcp = tcp_;
+    if (tcp_ && context_->access.token) peer.tenant = context_->access.token->TenantOf(*call);
+    auto admitted = streams->Admit(session::IdentityOf(peer));
+    if (!admitted.ok()) {
+      spdlog::debug("{} from {} refused: {}", info_->method(), peer.address,
+                    admitted.status().message());
+      grpc_call_cancel_with_status(call->c_call(), GRPC_STATUS_RESOURCE_EXHAUSTED,
+                                   admitted.status().message().c_str(), nullptr);
+      return;
+    }
+    place_ = std::move(*admitted);
+  }
+
+  SessionServiceContext* context_;
+  const bool tcp_;
+  grpc::experimental::ServerRpcInfo* info_;
+  SessionlessStreams::Ticket place_;  // given back when the call ends (and this with it)
+};
+
+class SessionlessCallInterceptorFactory final
+    : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  SessionlessCallInterceptorFactory(SessionServiceContext* context, bool tcp)
+      : context_(context), tcp_(tcp) {}
+  grpc::experimental::Interceptor* CreateServerInterceptor(
+      grpc::experimental::ServerRpcInfo* info) override {
+    return new SessionlessCallInterceptor(context_, tcp_, info);
+  }
+
+ private:
+  SessionServiceContext* context_;
+  const bool tcp_;
+};
+
+}  // namespace
+
+std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>
+MakeSessionlessCallsInterceptorFactory(SessionServiceContext* context, bool tcp) {
+  return std::make_unique<SessionlessCallInterceptorFactory>(context, tcp);
+}
 
 void BroadcastDraining(SessionServiceContext* context, uint64_t grace_ms) {
   std::vector<std::shared_ptr<DrainListener>> streams;

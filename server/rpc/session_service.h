@@ -10,6 +10,7 @@
 #pragma once
 
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/support/server_interceptor.h>
 
 #include <atomic>
 #include <boost/asio/io_context.hpp>
@@ -159,5 +160,14 @@ class SessionService final : public v1::SessionService::CallbackService {
   SessionServiceContext* context_;
   const bool tcp_;
 };
+
+/// An interceptor for every call of a server (the Unix endpoints' or the TCP endpoints'):
+/// a streaming call other than SessionService/Session (gRPC's Health/Watch, server reflection)
+/// carries no session, so it takes a place among its identity's sessionless streams
+/// (rpc/sessionless_streams.h) for as long as it lasts, or is cancelled with
+/// RESOURCE_EXHAUSTED past the limits. (Session streams take theirs in the service; unary
+/// calls end with their handler.) `context` must outlive the server.
+std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>
+MakeSessionlessCallsInterceptorFactory(SessionServiceContext* context, bool tcp);
 
 }  // namespace ferry::rpc

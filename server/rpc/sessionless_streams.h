@@ -14,7 +14,10 @@
 // every stream takes a Ticket when gRPC hands it to the daemon and gives it back when its
 // Open has been handled, takes one again (Hold) when the daemon finishes it, and gives that
 // back when gRPC is done with the call; and a stream has open-timeout to send its Open
-// (rpc/session_service.cc ends it DEADLINE_EXCEEDED after that).
+// (rpc/session_service.cc ends it DEADLINE_EXCEEDED after that), and, its session ended, to
+// have its last answers read (else it is cancelled). The other streaming calls (gRPC's
+// Health/Watch, server reflection) carry no session either: each holds a Ticket while it
+// lasts (MakeSessionlessCallsInterceptorFactory).
 //
 // Contract:
 // - Admit(identity) gives a Ticket while fewer than `per_identity` streams of that identity
