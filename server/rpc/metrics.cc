@@ -415,14 +415,25 @@ using asio::ip::tcp;
 
 constexpr size_t kMaxRequestBytes = 8192;
 constexpr auto kRequestTimeout = std::chrono::seconds(5);
+// Connections served at once: the endpoint has no authentication (a scraper needs one), and
+// each connection is a descriptor for up to kRequestTimeout: more are closed at accept, so
+// that a flood of them cannot take the descriptors every client of the daemon needs.
+constexpr size_t kMaxConnections = 64;
+// After accept fails (out of descriptors), it is tried again this much later, not at once.
+constexpr auto kAcceptBackoff = std::chrono::milliseconds(100);
 
 class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
  public:
-  HttpConnection(tcp::socket socket, const std::function<std::string()>* render)
+  // `open` counts the connections alive (the io thread's alone).
+  HttpConnection(tcp::socket socket, const std::function<std::string()>* render, size_t* open)
       : socket_(std::move(socket)),
         timer_(socket_.get_executor()),
         request_(kMaxRequestBytes),
-        render_(render) {}
+        render_(render),
+        open_(open) {
+    ++*open_;
+  }
+  ~HttpConnection() { --*open_; }
 
   void Start() {
     auto self = shared_from_this();
@@ -490,21 +501,37 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
   asio::streambuf request_;
   std::string response_;
   const std::function<std::string()>* render_;
+  size_t* open_;
 };
 
 }  // namespace
 
 struct MetricsServer::Impl {
+  // Before io: connections still queued in io when it goes count themselves out of it.
+  size_t open = 0;  // connections alive (io thread)
   asio::io_context io;
   tcp::acceptor acceptor{io};
   std::function<std::string()> render;
   std::string endpoint;
   std::thread thread;
+  asio::steady_timer backoff{io};
 
   void Accept() {
     acceptor.async_accept([this](const boost::system::error_code& ec, tcp::socket socket) {
       if (ec == asio::error::operation_aborted || !acceptor.is_open()) return;
-      if (!ec) std::make_shared<HttpConnection>(std::move(socket), &render)->Start();
+      if (ec) {  // e.g. out of descriptors: not again at once (it would spin)
+        backoff.expires_after(kAcceptBackoff);
+        backoff.async_wait([this](const boost::system::error_code& wait) {
+          if (!wait) Accept();
+        });
+        return;
+      }
+      if (open >= kMaxConnections) {
+        boost::system::error_code ignored;
+        socket.close(ignored);
+      } else {
+        std::make_shared<HttpConnection>(std::move(socket), &render, &open)->Start();
+      }
       Accept();
     });
   }

@@ -1,7 +1,11 @@
 // ferryd's --metrics-listen: a real daemon scraped over TCP loopback.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -152,6 +156,45 @@ TEST(MetricsTest, AnswersOtherPathsAndMethodsWithErrors) {
   EXPECT_EQ(HttpExchange(ep, "garbage\r\n\r\n").rfind("HTTP/1.1 400", 0), 0u);
   // Still serving after the bad requests.
   EXPECT_EQ(HttpGet(ep, "/metrics").rfind("HTTP/1.1 200", 0), 0u);
+}
+
+// The endpoint needs no credentials, so anyone who reaches it may open connections and send
+// nothing: it serves at most 64 at once and closes the rest at accept, so that such a flood
+// holds at most 64 of the daemon's descriptors (each for the 5 s request timeout); once the
+// flood is gone, it serves again.
+TEST(MetricsTest, IdleConnectionsBeyondTheCapAreClosedAtAccept) {
+  testing::FerrydProcess daemon({"--metrics-listen", "127.0.0.1:0"});
+  ASSERT_TRUE(daemon.ok()) << daemon.log();
+  const std::string ep = MetricsEndpoint(daemon);
+  const size_t colon = ep.rfind(':');
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(std::stoi(ep.substr(colon + 1))));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  constexpr int kConnections = 200;
+  std::vector<int> fds;
+  for (int i = 0; i < kConnections; ++i) {
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    fds.push_back(fd);
+  }
+  // Those closed at accept have read end of file (or a reset) within a second; served ones
+  // have not (the server waits 5 s for their request).
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  int closed = 0;
+  for (int fd : fds) {
+    char byte;
+    errno = 0;
+    const ssize_t n = ::recv(fd, &byte, 1, MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno == ECONNRESET)) ++closed;
+  }
+  std::printf("%d of %d idle connections closed at accept\n", closed, kConnections);
+  EXPECT_GE(closed, kConnections - 64);
+  EXPECT_LE(closed, kConnections - 1) << "none was served";
+  for (int fd : fds) ::close(fd);
+  EXPECT_TRUE(testing::Eventually(
+      [&] { return HttpGet(ep, "/metrics").rfind("HTTP/1.1 200", 0) == 0; }, 10));
 }
 
 TEST(MetricsTest, FerryctlMetricsPrintsTheExposition) {
