@@ -14,7 +14,16 @@ bash "$root/deploy/install-deps.sh"
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFERRY_BUILD_TESTS=OFF >/dev/null
 cmake --build "$build" --target ferryd ferry_quickstart ferryctl
 
-mkdir -p "$rundir"
+# The run directory holds the pid file, the log, the ready file and the socket, all of which
+# this script and ferryd trust: it must be this user's own, a real directory, and writable by
+# nobody else (another local user who made /tmp/ferry first could otherwise plant links in it,
+# or a pid for this script to kill).
+mkdir -p -m 0755 "$rundir"
+if [[ -L "$rundir" || ! -d "$rundir" || ! -O "$rundir" ]] || ((8#$(stat -c %a "$rundir") & 8#022)); then
+  echo "quickstart: $rundir is not a directory of $(id -un)'s that only it may write;" \
+    "remove it, or set FERRY_SOCKET to a path in a directory of your own" >&2
+  exit 1
+fi
 if [[ -f "$rundir/ferryd.pid" ]] && kill -0 "$(cat "$rundir/ferryd.pid")" 2>/dev/null; then
   echo "stopping the ferryd started earlier (pid $(cat "$rundir/ferryd.pid"))"
   kill "$(cat "$rundir/ferryd.pid")"

@@ -149,12 +149,20 @@ int main(int argc, char** argv) {
   boost::asio::signal_set signals(signals_io, SIGINT, SIGTERM);
   if (!config.ready_file.empty()) {
     std::string tmp = config.ready_file + ".tmp";
-    {
-      std::ofstream out(tmp);
-      for (const auto& ep : (*daemon)->endpoints()) out << ep << "\n";
-      if (std::string m = (*daemon)->metrics_endpoint(); !m.empty()) out << "metrics:" << m << "\n";
+    std::string text;
+    for (const auto& ep : (*daemon)->endpoints()) text += ep + "\n";
+    if (std::string m = (*daemon)->metrics_endpoint(); !m.empty()) text += "metrics:" + m + "\n";
+    // Made afresh, never through a link planted at its name (the directory may be shared):
+    // written nowhere else, and the rename replaces whatever entry has the ready file's name.
+    ::unlink(tmp.c_str());
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    const bool written =
+        fd >= 0 && ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+    if (fd >= 0) ::close(fd);
+    if (!written || std::rename(tmp.c_str(), config.ready_file.c_str()) != 0) {
+      spdlog::error("cannot write the ready file {}: {}", config.ready_file, std::strerror(errno));
+      ::unlink(tmp.c_str());
     }
-    std::rename(tmp.c_str(), config.ready_file.c_str());
   }
 
   // Serving: tell systemd (Type=notify), then keep it told: WATCHDOG=1 at half of

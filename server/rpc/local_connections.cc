@@ -1,5 +1,6 @@
 #include "rpc/local_connections.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -202,7 +203,9 @@ Result<int> ListenUnix(const std::string& path) {
   // group's (a chmod never gives others access).
   struct stat made {};
   const bool needs_chmod = ::lstat(path.c_str(), &made) != 0 || (made.st_mode & 0777) != 0660;
-  if ((needs_chmod && ::chmod(path.c_str(), 0660) < 0) || ::listen(fd, SOMAXCONN) < 0) {
+  // Not through a link swapped in for the socket meanwhile (the directory may be shared).
+  if ((needs_chmod && ::fchmodat(AT_FDCWD, path.c_str(), 0660, AT_SYMLINK_NOFOLLOW) < 0) ||
+      ::listen(fd, SOMAXCONN) < 0) {
     Status s = SocketError("listen " + path);
     ::close(fd);
     ::unlink(path.c_str());

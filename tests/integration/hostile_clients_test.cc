@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -1091,6 +1092,37 @@ TEST(HostileClientsTest, AClientsNameIsCutAndCleanedWhereverTheDaemonKeepsIt) {
   EXPECT_EQ(d.log().find("evil\nsession"), std::string::npos) << "the newline reached the log";
   EXPECT_NE(d.log().find("opened by 'evil_session 1 opened by"), std::string::npos) << d.log();
   EXPECT_EQ(d.Stop(), 0) << d.log();
+}
+
+// ferryd writes its ready file through a temporary name next to it; in a directory others
+// may write (as /tmp/ferry could be for deploy/quickstart.sh), a link planted at that name
+// must not make it write elsewhere: the file it links to stays as it was.
+TEST(HostileClientsTest, TheReadyFileIsNeverWrittenThroughALinkPlantedAtItsTemporaryName) {
+  char tmpl[] = "/tmp/ferry-test-ready-XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl);
+  const std::string victim = dir + "/victim";
+  { std::ofstream(victim) << "precious\n"; }
+  ASSERT_EQ(::symlink(victim.c_str(), (dir + "/ready.tmp").c_str()), 0);
+  const pid_t pid = testing::Spawn(testing::FerrydPath(),
+                                   {"--backend", testing::TestBackend(), "--listen",
+                                    "unix:" + dir + "/ferryd.sock", "--ready-file", dir + "/ready"},
+                                   dir + "/ferryd.log");
+  ASSERT_GT(pid, 0);
+  std::string ready;
+  EXPECT_TRUE(Eventually([&] {
+    std::ifstream in(dir + "/ready");
+    std::getline(in, ready);
+    return !ready.empty();
+  }));
+  EXPECT_EQ(ready, "unix:" + dir + "/ferryd.sock");
+  std::string kept;
+  std::getline(std::ifstream(victim), kept);
+  EXPECT_EQ(kept, "precious") << "the ready file was written through the link";
+  ::kill(pid, SIGTERM);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(HostileClientsTest, RemotePeersShareOneIdentity) {
