@@ -184,7 +184,7 @@ void SlabBroker::RevokeToken(const std::string& token) {
   }
 }
 
-std::shared_ptr<SessionSlabs> SlabBroker::SpendToken(std::string_view presented) {
+std::shared_ptr<SessionSlabs> SlabBroker::SpendToken(std::string_view presented, uid_t presenter) {
   MutexLock lock(&mu_);
   // Every pending token is compared in full, whether or not one matched before it: the time
   // taken depends on how many tokens are pending, never on the bytes presented.
@@ -193,7 +193,9 @@ std::shared_ptr<SessionSlabs> SlabBroker::SpendToken(std::string_view presented)
     if (TokenEquals(tokens_[i].token, presented)) match = i;
   }
   if (match == tokens_.size()) return nullptr;
-  std::shared_ptr<SessionSlabs> slabs = tokens_[match].slabs.lock();
+  // Only the session's own uid binds it: a token another uid learned is spent, binding nothing.
+  std::shared_ptr<SessionSlabs> slabs =
+      tokens_[match].uid == presenter ? tokens_[match].slabs.lock() : nullptr;
   ForgetTokenOfUidLocked(tokens_[match].uid);
   tokens_.erase(tokens_.begin() + static_cast<std::ptrdiff_t>(match));  // one connection per
   return slabs;                                                         // token, whatever next
@@ -492,7 +494,7 @@ bool SlabBroker::Process(Connection& c) {
       // A hello with a bad magic is not this protocol: it is refused before its token is
       // looked at, so the token stays unspent (docs/protocol.md, "Slab socket").
       if (m.kind == SlabMessage::Kind::kHello) {
-        slabs = SpendToken(m.token);
+        slabs = SpendToken(m.token, c.uid);
       }
       if (!slabs || !slabs->Bind(c.uid)) {
         Put32(reply, static_cast<uint32_t>(ErrorKind::kInvalidArgument));

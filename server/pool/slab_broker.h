@@ -2,14 +2,14 @@
 // session's connection), with SCM_RIGHTS.
 //
 // Every connection's peer uid is read with SO_PEERCRED at accept. The first message names
-// a one-time token the session stream issued (Opened.slab_token); it binds the connection
-// to that session and fixes the session's uid (the token is then spent, whether or not the
-// bind succeeds; a hello whose magic is wrong is refused without looking at its token, which
-// stays unspent). Tokens are compared in constant time: every pending token in full, so
-// the time to answer says nothing about how much of a guess was right. After that, each
-// request acquires one slab from the pool for the session and answers its id and size with
-// the fd, or answers the session's completion board (a read-only fd). The wire format is in
-// docs/protocol.md ("slab socket").
+// a one-time token the session stream issued (Opened.slab_token) to the session's uid; it
+// binds a connection of that uid (of no other) to that session and fixes the session's uid (the
+// token is then spent, whether or not the bind succeeds; a hello whose magic is wrong is refused
+// without looking at its token, which stays unspent). Tokens are compared in constant time: every
+// pending token in full, so the time to answer says nothing about how much of a guess was right.
+// After that, each request acquires one slab from the pool for the session and answers its id and
+// size with the fd, or answers the session's completion board (a read-only fd). The wire format is
+// in docs/protocol.md ("slab socket").
 //
 // Thread-safe. One thread polls the listening socket and every connection (non-blocking);
 // requests are a few bytes, answered at once, except a slab's acquire: that may make the
@@ -192,8 +192,9 @@ class SlabBroker {
   // its answer); false closes the connection.
   bool Process(Connection& c);
   // Remove and return the session of the pending token equal to `presented` (null when none
-  // is, or its session is gone), in time independent of the bytes presented.
-  std::shared_ptr<SessionSlabs> SpendToken(std::string_view presented);
+  // is, its session is gone, or it was issued to a uid other than `presenter`: the token is
+  // spent then too), in time independent of the bytes presented.
+  std::shared_ptr<SessionSlabs> SpendToken(std::string_view presented, uid_t presenter);
   // Accept what the backlog holds (a bounded batch), within the caps; false when out of
   // descriptors.
   bool AcceptAll(std::map<int, Connection>& conns, std::map<uid_t, uint32_t>& pending);

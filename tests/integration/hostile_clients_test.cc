@@ -722,7 +722,9 @@ TEST_F(HostileClientsPerUidTest, PinnedBytesAreLimitedPerUidAcrossSessions) {
   auto o1 = a1->Open();
   auto o2 = a2->Open();
   ASSERT_TRUE(o1 && o2) << d.log();
-  RawSlabConnection c1(o1->slab_socket()), c2(o2->slab_socket());
+  // Connected as uid A: a session's token binds a connection of its own uid only.
+  RawSlabConnection c1(ConnectAs(kUidA, kUidA, o1->slab_socket()));
+  RawSlabConnection c2(ConnectAs(kUidA, kUidA, o2->slab_socket()));
   ASSERT_EQ(c1.Hello(o1->slab_token()), 0);
   ASSERT_EQ(c2.Hello(o2->slab_token()), 0);
   std::vector<int> kinds;
@@ -747,6 +749,36 @@ TEST_F(HostileClientsPerUidTest, PinnedBytesAreLimitedPerUidAcrossSessions) {
   EXPECT_TRUE(granted);
   a2->Close();
   EXPECT_EQ(d.WaitIdle().slabs_in_use(), 0u);
+  EXPECT_EQ(d.Stop(), 0) << d.log();
+}
+
+// A session's slab token binds a slab connection of the session's own uid, of no other: a
+// token another uid learned (a client that leaked it) is spent by the attempt and binds
+// nothing, so no other uid ever maps the session's slabs.
+TEST_F(HostileClientsPerUidTest, ASlabTokenBindsOnlyAConnectionOfTheSessionsUid) {
+  ASSERT_NO_FATAL_FAILURE(Start({"--slab-size", "4M", "--pinned-budget", "16M"}));
+  FerrydProcess& d = *daemon_;
+  auto a = StreamAs(kUidA, d);
+  ASSERT_TRUE(a);
+  auto opened = a->Open();
+  ASSERT_TRUE(opened) << d.log();
+  RawSlabConnection thief(ConnectAs(kUidB, kUidB, opened->slab_socket()));
+  ASSERT_TRUE(thief.connected());
+  EXPECT_EQ(thief.Hello(opened->slab_token()), static_cast<int>(ErrorKind::kInvalidArgument));
+  RawSlabConnection own(ConnectAs(kUidA, kUidA, opened->slab_socket()));
+  ASSERT_TRUE(own.connected());
+  EXPECT_EQ(own.Hello(opened->slab_token()), static_cast<int>(ErrorKind::kInvalidArgument))
+      << "the token was spent by the other uid's attempt";
+  EXPECT_EQ(d.AdminStatus().slabs_in_use(), 0u);
+  a->Close();
+  // A session's own uid binds its token as before.
+  auto b = StreamAs(kUidA, d);
+  ASSERT_TRUE(b);
+  auto opened_b = b->Open();
+  ASSERT_TRUE(opened_b);
+  RawSlabConnection conn(ConnectAs(kUidA, kUidA, opened_b->slab_socket()));
+  EXPECT_EQ(conn.Hello(opened_b->slab_token()), 0);
+  b->Close();
   EXPECT_EQ(d.Stop(), 0) << d.log();
 }
 
