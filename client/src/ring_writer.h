@@ -5,9 +5,11 @@
 #pragma once
 
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdint>
 #include <cstring>
 
@@ -62,7 +64,12 @@ class RingWriter {
     if (reinterpret_cast<std::atomic<uint32_t>*>(map_ + kAsleepOffset)
             ->load(std::memory_order_relaxed)) {
       const uint64_t one = 1;
-      (void)!::write(doorbell_, &one, sizeof(one));
+      // A socket (send: no SIGPIPE when the daemon is gone); an eventfd from a daemon of
+      // before 2026-12-04 is not one (write).
+      if (::send(doorbell_, &one, sizeof(one), MSG_NOSIGNAL | MSG_DONTWAIT) < 0 &&
+          errno == ENOTSOCK) {
+        (void)!::write(doorbell_, &one, sizeof(one));
+      }
     }
     return Wrote::kWritten;
   }

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <bit>
@@ -47,12 +48,11 @@ Result<std::unique_ptr<SubmitRing>> SubmitRing::Create(uint64_t capacity) {
   ring->asleep_ = new (ring->map_ + kAsleepOffset) std::atomic<uint32_t>(0);
   ring->board_sleepers_ = new (ring->map_ + kBoardSleepersOffset) std::atomic<uint32_t>(0);
   int ends[2] = {-1, -1};
-  if (::pipe2(ends, O_CLOEXEC | O_NONBLOCK) != 0) return SysError("pipe2 for a submit ring");
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, ends) != 0) {
+    return SysError("socketpair for a submit ring's doorbell");
+  }
   ring->doorbell_read_ = ends[0];
   ring->doorbell_write_ = ends[1];
-  // One page is room for 512 rings; a pipe's default (16 pages) would count 16 pages per
-  // session against the daemon user's pipe allowance (pipe-user-pages-soft). Best effort.
-  (void)::fcntl(ring->doorbell_write_, F_SETPIPE_SZ, kDoorbellPipeBytes);
   return ring;
 }
 
@@ -116,11 +116,14 @@ void SubmitRing::SetAsleep(bool asleep) {
 }
 
 void SubmitRing::ClearDoorbell() {
-  // Bounded: the pipe holds at most kDoorbellPipeBytes (or the kernel's larger minimum), and a
-  // client writing on meanwhile is muted by the poller, not chased here.
-  char drain[kDoorbellPipeBytes];
+  // Bounded: at most kDoorbellDrainBytes; a client ringing on meanwhile is muted by the
+  // poller, not chased here. MSG_DONTWAIT: never blocks, whatever flags the socket has.
+  char drain[kDoorbellDrainBytes / 4];
   for (int i = 0; i < 4; ++i) {
-    if (::read(doorbell_read_, drain, sizeof(drain)) < static_cast<ssize_t>(sizeof(drain))) return;
+    if (::recv(doorbell_read_, drain, sizeof(drain), MSG_DONTWAIT) <
+        static_cast<ssize_t>(sizeof(drain))) {
+      return;
+    }
   }
 }
 

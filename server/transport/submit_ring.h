@@ -11,7 +11,7 @@
 //   [0]    u64 head    the client: bytes written so far; stored (release) after the record
 //   [64]   u64 tail    the daemon: bytes taken so far; the client may reuse what is below
 //   [128]  u32 asleep  the daemon: 1 while the poller may sleep; the client then writes its
-//                      doorbell (8 bytes into a pipe) after it stores head
+//                      doorbell (sends 8 bytes on its socket) after it stores head
 //   [192]  u32 board_sleepers  the client: how many of its threads are (about to be) asleep
 //                      on the session's completion board (CompletionBoard::WakeOnlyAnnounced)
 //   [4096] data, `capacity` bytes (a power of two)
@@ -26,12 +26,14 @@
 // the daemon read outside the mapping or parse bytes that change under it. A ring that breaks
 // a rule is broken for good (Take says why; the session ends with PROTOCOL_VIOLATION).
 //
-// The doorbell is a pipe, not an eventfd: the client gets only its write end, and the read end,
-// which the poller reads, is an open file of the daemon's alone. (An eventfd passed over
-// SCM_RIGHTS shares its open file, O_NONBLOCK included: a client that cleared the flag made
-// the poller's next read block, and every session's ring with it.) Whatever the client does
-// with its end (clears O_NONBLOCK, fills the pipe, closes it) changes only what its own
-// writes do.
+// The doorbell is a Unix stream socket pair, not an eventfd: the client gets one end, and the
+// other, which the poller watches and reads (MSG_DONTWAIT, whatever the flags), is an open
+// file of the daemon's alone. (An eventfd passed over SCM_RIGHTS shares its open file,
+// O_NONBLOCK included: a client that cleared the flag made the poller's next read block, and
+// every session's ring with it.) Whatever the client does with its end (clears O_NONBLOCK,
+// fills it, closes it) changes only what its own sends do. A socket, not a pipe: the client
+// rings with send(MSG_NOSIGNAL), so a daemon that is gone makes the ring fail (EPIPE), never
+// kills the client with SIGPIPE, as a write into a pipe without a reader does.
 //
 // Thread-safety: Take, SetAsleep and ClearDoorbell from one thread at a time (the poller's);
 // HasRecord and the fds anywhere.
@@ -73,7 +75,7 @@ class SubmitRing {
   bool HasRecord() const;
   /// Tell the client whether to ring the doorbell after a write.
   void SetAsleep(bool asleep);
-  /// Read what the doorbell holds (non-blocking; at most one pipe's worth).
+  /// Read what the doorbell holds (non-blocking; a bounded amount).
   void ClearDoorbell();
   /// The client's count of its threads asleep on the completion board (any value: the
   /// client writes it). Any thread; valid while the ring lives.
@@ -88,9 +90,10 @@ class SubmitRing {
   /// The doorbell's read end, readable once the client rang (for the poller's epoll set);
   /// never handed out.
   int doorbell_to_watch() const { return doorbell_read_; }
-  /// The doorbell pipe's capacity: rings past it (a client that rings without pause) find it
-  /// full, which is harmless (the poller is awake by then).
-  static constexpr int kDoorbellPipeBytes = 4096;
+  /// What ClearDoorbell reads at most per call, in 4 reads: a client that rings without pause
+  /// fills its end until its sends fail (EAGAIN), which is harmless (the poller is awake by
+  /// then, and the poller mutes such a doorbell).
+  static constexpr int kDoorbellDrainBytes = 4 * 4096;
 
  private:
   SubmitRing() = default;

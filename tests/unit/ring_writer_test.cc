@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <linux/futex.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -125,6 +126,23 @@ TEST(RingWriterTest, AMessageOverAQuarterOfTheRingIsLeftToTheStream) {
   EXPECT_FALSE(p.ring->HasRecord()) << "nothing was written";
   EXPECT_EQ(p.writer->Write(SubmitMessage(1, 1, 900)), Wrote::kWritten);
   EXPECT_EQ(TakeMessage(*p.ring).sequence(), 1u);
+}
+
+// A daemon that is gone (its end of the doorbell closed, the ring still mapped by the client)
+// makes a ring fail quietly: the client's process is never killed by SIGPIPE (with SIGPIPE
+// at its default action here, a write into a closed pipe would end this test binary).
+TEST(RingWriterTest, RingingADaemonThatIsGoneRaisesNoSignal) {
+  Pair p = MakePair();
+  p.ring->SetAsleep(true);
+  ASSERT_EQ(p.writer->Write(SubmitMessage(1, 1, 10)), Wrote::kWritten);
+  p.ring.reset();  // the daemon's side: its doorbell end closed
+  struct sigaction old_action {};
+  struct sigaction default_action {};
+  default_action.sa_handler = SIG_DFL;
+  ASSERT_EQ(::sigaction(SIGPIPE, &default_action, &old_action), 0);
+  EXPECT_EQ(p.writer->Write(SubmitMessage(2, 2, 10)), Wrote::kWritten)
+      << "the record goes into the mapping; only the ring fails";
+  ::sigaction(SIGPIPE, &old_action, nullptr);
 }
 
 TEST(RingWriterTest, TheDoorbellRingsOnlyWhileThePollerMaySleep) {

@@ -216,11 +216,11 @@ TEST(SubmitRingTest, AClientsDoorbellCannotMakeTheDaemonsReadBlock) {
   EXPECT_EQ(::poll(&p, 1, 0), 1) << "a ring is readable on the end the poller watches";
   ASSERT_TRUE(clear());
   EXPECT_EQ(::poll(&p, 1, 0), 0) << "cleared";
-  // A client that rings without pause fills its pipe; only its own writes block then.
+  // A client that rings without pause fills its end; only its own sends block then.
   ASSERT_EQ(::fcntl(client_end, F_SETFL, flags | O_NONBLOCK), 0);
   int rings = 0;
   while (::write(client_end, &one, sizeof(one)) == 8 && rings < 1'000'000) ++rings;
-  EXPECT_LT(rings, 1'000'000) << "the pipe never filled";
+  EXPECT_LT(rings, 1'000'000) << "the doorbell never filled";
   ASSERT_TRUE(clear());
   ASSERT_TRUE(clear()) << "a second clear, on what the first left";
   ::close(client_end);
