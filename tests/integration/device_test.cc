@@ -204,10 +204,15 @@ extern "C" __global__ void wild(float* p) { *(float*)((unsigned long long)p ^ 0x
   culprit->fill(t, 0);
   EXPECT_EQ(culprit->synchronize().kind(), ErrorKind::kDeviceFault);
 
-  // The bystander's state went with the context.
+  // The bystander's state went with the context: DEVICE_RESET; or, where the daemon restarts
+  // (it gives its sessions 200 ms to hear of the reset, then re-executes: server/main.cc), the
+  // end of its stream when this submit comes later than that (a slow client: a sanitizer's).
   victim->fill(kept, 2.0);
   Status reset = victim->synchronize();
-  EXPECT_EQ(reset.kind(), ErrorKind::kDeviceReset) << reset.ToString();
+  const bool may_restart = cuda || !GetParam();
+  EXPECT_TRUE(reset.kind() == ErrorKind::kDeviceReset ||
+              (may_restart && reset.kind() == ErrorKind::kUnavailable))
+      << reset.ToString();
 
   // A new session works on the rebuilt device.
   auto fresh = client_->open_session();
