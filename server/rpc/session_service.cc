@@ -1122,20 +1122,25 @@ class SessionConnection : public session::SessionEvents,
   }
 
   // A stream that carries no session any more and is being finished, or waits for its writes
-  // to drain, has the open timeout to get there: a client that never reads (a zero flow-control
-  // window) would otherwise keep its last write, and the stream, in flight for ever. Past it
-  // the call is cancelled (gRPC then ends it: OnCancel, OnDone).
+  // to drain, may not stall there: a client that never reads (a zero flow-control window)
+  // would otherwise keep its last write, and the stream, in flight for ever. One whose writes
+  // make no progress for the open timeout is cancelled (gRPC then ends it: OnCancel, OnDone);
+  // one still reading its last answers, however slowly, is looked at again.
   void ArmFinishDeadline() {
     if (finish_deadline_armed_ || context_->limits.open_timeout.count() <= 0) return;
     finish_deadline_armed_ = true;
     executor_.PostAfter(
         context_->limits.open_timeout,
-        [weak = weak_from_this(), handle = call_] {
+        [weak = weak_from_this(), handle = call_, writes = writes_started_] {
           auto self = weak.lock();
           if (!self) return;
           self->finish_deadline_armed_ = false;
           // Still finishing, or Closed still waiting (a stream kept meanwhile has moved on).
           if (!self->finishing() && !self->closed_held_) return;
+          if (self->writes_started_ != writes) {  // writes moved on: give it another span
+            self->ArmFinishDeadline();
+            return;
+          }
           ++self->context_->gauges.finish_timeouts_total;
           spdlog::info(
               "stream from {}: its last writes were not read within the open timeout; "
