@@ -1,6 +1,7 @@
 #include "transport/submit_ring.h"
 
 #include <fcntl.h>
+#include <linux/falloc.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -58,6 +59,12 @@ Result<std::unique_ptr<SubmitRing>> SubmitRing::Create(uint64_t capacity) {
 
 SubmitRing::~SubmitRing() {
   if (map_) ::munmap(map_, map_bytes());
+  // A client may keep the memfd (or its mapping) after the session: the pages go now, so that
+  // those the daemon wrote (the header) stay charged to it no longer. Its mapping reads zeros.
+  if (memfd_ >= 0) {
+    (void)::fallocate(memfd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
+                      static_cast<off_t>(map_bytes()));
+  }
   if (memfd_ >= 0) ::close(memfd_);
   if (doorbell_read_ >= 0) ::close(doorbell_read_);
   if (doorbell_write_ >= 0) ::close(doorbell_write_);

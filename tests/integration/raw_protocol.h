@@ -284,7 +284,7 @@ class RawRing {
     head_ = head;
     reinterpret_cast<std::atomic<uint64_t>*>(map_)->store(head_);
     const uint64_t one = 1;
-    (void)!::write(doorbell_, &one, sizeof(one));
+    (void)::send(doorbell_, &one, sizeof(one), MSG_NOSIGNAL | MSG_DONTWAIT);
   }
   void Put32(uint64_t at, uint32_t v) { std::memcpy(map_ + 4096 + at, &v, 4); }
   uint64_t capacity() const { return capacity_; }

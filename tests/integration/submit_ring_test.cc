@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -177,6 +178,35 @@ TEST_F(SubmitRingTest, ADoorbellItsClientMadeBlockingStopsNoOtherRing) {
   }
   other.Close();
   hostile.Close();
+}
+
+// A client that keeps its ring's memfd after the session does not keep the daemon's pages:
+// the ring's pages (the header the daemon writes, the records the client wrote) are punched
+// out when the daemon lets the ring go, so they are charged to nobody any more.
+TEST_F(SubmitRingTest, ARingsPagesGoWithTheSessionThoughItsClientKeepsTheMemfd) {
+  int memfd = -1;
+  {
+    RawStream raw(daemon_->unix_target());
+    auto opened = raw.Open();
+    ASSERT_TRUE(opened && opened->submit_ring());
+    RawSlabConnection conn(opened->slab_socket());
+    ASSERT_EQ(conn.Hello(opened->slab_token()), 0);
+    auto ring = conn.Ring();
+    ASSERT_TRUE(ring && ring->kind == 0 && ring->fd >= 0);
+    memfd = ring->fd;
+    void* map = ::mmap(nullptr, ring->size, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+    ASSERT_NE(map, MAP_FAILED);
+    std::memset(static_cast<char*>(map) + 4096, 0x5a, ring->size - 4096);  // the client's pages
+    ::munmap(map, ring->size);
+    struct stat st {};
+    ASSERT_EQ(::fstat(memfd, &st), 0);
+    EXPECT_GT(st.st_blocks, 0);
+    raw.Close();
+  }
+  struct stat st {};
+  EXPECT_TRUE(testing::Eventually([&] { return ::fstat(memfd, &st) == 0 && st.st_blocks == 0; }))
+      << st.st_blocks << " blocks of the ring stayed after the session";
+  ::close(memfd);
 }
 
 // The daemon takes ring records only while the session is below its in-flight limit (the
