@@ -1303,6 +1303,18 @@ class SessionReactor final : public Reactor {
 
 namespace {
 
+// Who is calling: a local peer by its connection's SO_PEERCRED (LocalConnections), a TCP peer
+// as remote, and, where it sent a named tenant's token, as that tenant (its own limits).
+session::PeerIdentity PeerOf(SessionServiceContext* context, bool tcp,
+                             const grpc::ServerContextBase& call) {
+  session::PeerIdentity peer = !tcp && context->parts.local_connections
+                                   ? context->parts.local_connections->Identify(call.peer())
+                                   : session::PeerIdentity{call.peer()};
+  peer.tcp = tcp;
+  if (tcp && context->access.token) peer.tenant = context->access.token->TenantOf(call);
+  return peer;
+}
+
 class SessionlessCallInterceptor final : public grpc::experimental::Interceptor {
  public:
   SessionlessCallInterceptor(SessionServiceContext* context, bool tcp,
@@ -1324,11 +1336,7 @@ class SessionlessCallInterceptor final : public grpc::experimental::Interceptor 
     SessionlessStreams* streams = context_->parts.sessionless_streams;
     grpc::ServerContextBase* call = info_->server_context();
     if (!streams || !call) return;
-    session::PeerIdentity peer = !tcp_ && context_->parts.local_connections
-                                     ? context_->parts.local_connections->Identify(call->peer())
-                                     : session::PeerIdentity{call->peer()};
-    peer.tcp = tcp_;
-    if (tcp_ && context_->access.token) peer.tenant = context_->access.token->TenantOf(*call);
+    const session::PeerIdentity peer = PeerOf(context_, tcp_, *call);
     auto admitted = streams->Admit(session::IdentityOf(peer));
     if (!admitted.ok()) {
       spdlog::debug("{} from {} refused: {}", info_->method(), peer.address,
@@ -1419,12 +1427,7 @@ grpc::ServerBidiReactor<v1::ClientMessage, v1::ServerMessage>* SessionService::S
     }
     return new RejectedReactor(status, context);
   }
-  session::PeerIdentity peer = !tcp_ && context_->parts.local_connections
-                                   ? context_->parts.local_connections->Identify(context->peer())
-                                   : session::PeerIdentity{context->peer()};
-  peer.tcp = tcp_;
-  // A TCP peer that sent a named tenant's token is that tenant (its own limits).
-  if (tcp_ && context_->access.token) peer.tenant = context_->access.token->TenantOf(*context);
+  session::PeerIdentity peer = PeerOf(context_, tcp_, *context);
   SessionlessStreams::Ticket sessionless;
   if (SessionlessStreams* streams = context_->parts.sessionless_streams) {
     auto admitted = streams->Admit(session::IdentityOf(peer));
