@@ -442,9 +442,16 @@ void SlabBroker::Run() {
   connections_ = 0;
 }
 
-void SlabBroker::CloseOrKeepUnread(int fd, uid_t uid) {
+namespace {
+// Whether the peer of connection `fd` has not yet read all that was sent on it.
+bool PeerHasUnread(int fd) {
   int unread = 0;
-  if (::ioctl(fd, SIOCOUTQ, &unread) != 0 || unread <= 0) {
+  return ::ioctl(fd, SIOCOUTQ, &unread) == 0 && unread > 0;
+}
+}  // namespace
+
+void SlabBroker::CloseOrKeepUnread(int fd, uid_t uid) {
+  if (!PeerHasUnread(fd)) {
     ::close(fd);
     return;
   }
@@ -458,9 +465,8 @@ void SlabBroker::CloseOrKeepUnread(int fd, uid_t uid) {
 
 void SlabBroker::ReleaseRead(const std::vector<int>& hung_up) {
   for (auto it = unread_.begin(); it != unread_.end();) {
-    int unread = 0;
     const bool done = std::find(hung_up.begin(), hung_up.end(), it->first) != hung_up.end() ||
-                      ::ioctl(it->first, SIOCOUTQ, &unread) != 0 || unread <= 0;
+                      !PeerHasUnread(it->first);
     if (!done) {
       ++it;
       continue;
