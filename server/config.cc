@@ -127,6 +127,12 @@ class Settings {
            c_.daemon.raw_kernels = v;
            return Status::Ok();
          }},
+        {"admins",
+         [this](const std::string& v) -> Status {
+           FERRY_RETURN_IF_ERROR(rpc::AccessList::Parse(v).status());
+           c_.daemon.admins = v;
+           return Status::Ok();
+         }},
         {"admin-group",
          [this](const std::string& v) -> Status {
            if (!v.empty()) FERRY_RETURN_IF_ERROR(rpc::ResolveGroup(v).status());
@@ -619,8 +625,11 @@ means true; --allow-insecure-remote and --allow-remote-raw-kernels also take =tr
                              CUDA C++): comma list of uid:USER and gid:GROUP, names or
                              numbers, e.g. uid:1000,gid:gpuadmin (default: none; others get
                              PERMISSION_DENIED). They are trusted with every session's data
-  --admin-group GROUP        members may drain the daemon and list every session, besides
-                             root and the daemon's uid (default: none)
+  --admins LIST              local peers that may drain the daemon and list every session,
+                             besides the daemon's own uid: comma list of uid:USER and
+                             gid:GROUP (default uid:0; "" leaves root out, as a host whose
+                             containers run as root needs)
+  --admin-group GROUP        a group added to --admins (default: none)
   --metrics-listen HOST:PORT serve Prometheus metrics at http://HOST:PORT/metrics
                              (port 0 picks one; default: off)
   --metrics-max-identities N usage identities (uid + client name) with their own
@@ -665,7 +674,8 @@ means true; --allow-insecure-remote and --allow-remote-raw-kernels also take =tr
                              (N, SIZE, P% of the daemon's) or inflight (N); VALUE none: no
                              limit (default default:sessions=50%,device=50%,pinned=50%,
                              inflight=4096,inflight-bytes=50%,objects=50%,queued=50%; root
-                             and ferryd's own uid exempt unless a uid: rule names them)
+                             (while in --admins) and ferryd's own uid exempt unless a uid:
+                             rule names them)
   --device-memory-cap SIZE   device memory all sessions together may hold (default: all)
   --host-memory SIZE         emulated device memory of the host backend (default 8G)
   --max-message SIZE         largest gRPC message (default 64M)
@@ -828,6 +838,7 @@ std::string FormatConfig(const DaemonConfig& c) {
   out << "allow-remote-raw-kernels = " << (c.daemon.allow_remote_raw_kernels ? "true" : "false")
       << "\n";
   out << "raw-kernels =" << Quoted(c.daemon.raw_kernels) << "\n";
+  out << "admins =" << Quoted(c.daemon.admins) << "\n";
   out << "admin-group =" << Quoted(c.daemon.admin_group) << "\n";
   out << "metrics-listen =" << Quoted(c.daemon.metrics_listen) << "\n";
   out << "metrics-max-identities = " << c.daemon.metrics_max_identities << "\n";

@@ -50,8 +50,16 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
   d->registry_->SetObjectsLimit(options.max_objects);
   d->registry_->launch_room().SetLimit(options.queued_commands);
   d->registry_->SetGroupLookup(rpc::GroupsOfUid);  // gid: rules match the user database's
+  // Admins: config `admins` (and `admin-group`). Root is trusted, exempt from the per-uid
+  // and connection limits like the daemon's uid, only while it is an admin.
+  std::string admins = options.admins;
+  if (!options.admin_group.empty()) {
+    admins += (admins.empty() ? "gid:" : ",gid:") + options.admin_group;
+  }
+  FERRY_ASSIGN_OR_RETURN(rpc::AccessList admin_list, rpc::AccessList::Parse(admins));
+  const bool root_trusted = admin_list.Admits(0);
   d->registry_->SetUidLimits(options.uid_limits, options.slab_pool.budget,
-                             static_cast<uint32_t>(::geteuid()));
+                             static_cast<uint32_t>(::geteuid()), root_trusted);
   d->registry_->SetUsageIdentityLimit(options.metrics_max_identities);
 
   if (options.copy_turns > 0 || options.device_turns > 0) {
@@ -83,10 +91,7 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
   ctx.limits.max_message_bytes = options.max_message_bytes;
   ctx.access.allow_remote_raw_kernels = options.allow_remote_raw_kernels;
   FERRY_ASSIGN_OR_RETURN(ctx.access.raw_kernels, rpc::AccessList::Parse(options.raw_kernels));
-  if (!options.admin_group.empty()) {
-    FERRY_ASSIGN_OR_RETURN(gid_t admin_gid, rpc::ResolveGroup(options.admin_group));
-    ctx.access.admin = rpc::AdminPolicy(admin_gid);
-  }
+  ctx.access.admin = rpc::AdminPolicy(std::move(admin_list));
   ctx.latency.submit_latency = &d->submit_latency_;
   ctx.latency.transfer_latency = &d->transfer_latency_;
   // The gRPC side: endpoints checked and the Unix ones opened now, served from Start below.
@@ -100,6 +105,7 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
   rpc_options.bandwidth_probe = options.rpc_bandwidth_probe;
   rpc_options.tcp_idle_timeout = options.tcp_idle_timeout;
   rpc_options.local_connections = options.local_connections;
+  rpc_options.root_exempt = root_trusted;
   FERRY_ASSIGN_OR_RETURN(d->rpc_,
                          rpc::RpcServer::Prepare(rpc_options, d->context_.get(), d->started_at_));
 

@@ -52,8 +52,12 @@ struct DaemonOptions {
   /// The local uids and gids allowed raw kernels: "uid:1000,gid:gpuadmin" (AccessList::Parse);
   /// "" none. Raw kernels run in the shared context and can read every session's memory.
   std::string raw_kernels;
-  /// The group (name or number) whose members may drain the daemon and list every session,
-  /// besides root and the daemon's own uid; "" none.
+  /// The local uids and gids that may drain the daemon and list every session, besides the
+  /// daemon's own uid (AccessList::Parse; "" none but that uid). Root is an admin only while
+  /// listed, as it is by default.
+  std::string admins = "uid:0";
+  /// A group (name or number) added to `admins`, the older form of `admins = ...,gid:G`; ""
+  /// none.
   std::string admin_group;
   /// Serve Prometheus metrics over HTTP on "HOST:PORT" (port 0 picks one); "" none.
   std::string metrics_listen;

@@ -130,11 +130,11 @@ std::vector<gid_t> GroupsOfUid(uid_t uid) {
   return {found->pw_gid};
 }
 
-bool AdminPolicy::IsAdmin(uid_t uid) const {
-  if (uid == 0 || uid == daemon_uid_) return true;
-  if (admin_group_ == static_cast<gid_t>(-1)) return false;
-  std::vector<gid_t> groups = GroupsOfUid(uid);
-  return std::find(groups.begin(), groups.end(), admin_group_) != groups.end();
+AdminPolicy::AdminPolicy() : daemon_uid_(::geteuid()) {
+  Result<AccessList> root = AccessList::Parse("uid:0");
+  if (root.ok()) admins_ = *std::move(root);
 }
+
+bool AdminPolicy::IsAdmin(uid_t uid) const { return uid == daemon_uid_ || admins_.Admits(uid); }
 
 }  // namespace ferry::rpc

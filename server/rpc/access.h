@@ -1,5 +1,5 @@
 // Who may do what: the local uids and gids that config lists for raw kernels (raw-kernels)
-// and admin calls (admin-group), and the groups a uid belongs to.
+// and admin calls (admins, admin-group), and the groups a uid belongs to.
 //
 // Local peers are known by the uid SO_PEERCRED gave at accept; their groups are looked up
 // in the user database (getpwuid_r, getgrouplist: the uid's primary gid and supplementary
@@ -14,6 +14,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "ferry/status.h"
@@ -49,19 +50,23 @@ std::vector<gid_t> GroupsOfUid(uid_t uid);
 /// name (a number is taken as it is).
 Result<gid_t> ResolveGroup(std::string_view name_or_number);
 
-/// The callers trusted with admin calls (Drain, the full session list): root, the daemon's
-/// own uid, and members of the admin group when one is configured. Immutable; thread-safe.
+/// The callers trusted with admin calls (Drain, the full session list): the daemon's own uid
+/// always (it can stop the daemon anyway, and a container's preStop drain runs as it), and
+/// the local peers of `admins` (config `admins`, default uid:0; root is no admin where the
+/// list leaves it out: a container running as root is uid 0 to SO_PEERCRED). Remote peers are
+/// never asked. Immutable; thread-safe.
 class AdminPolicy {
  public:
-  AdminPolicy() : daemon_uid_(::geteuid()) {}
-  /// `admin_group`: the group's gid, or -1 for none.
-  explicit AdminPolicy(gid_t admin_group) : daemon_uid_(::geteuid()), admin_group_(admin_group) {}
-  /// True when local peer `uid` is an admin (looks up its groups when an admin group is set).
+  /// Root and the daemon's uid.
+  AdminPolicy();
+  explicit AdminPolicy(AccessList admins, uid_t daemon_uid = ::geteuid())
+      : daemon_uid_(daemon_uid), admins_(std::move(admins)) {}
+  /// True when local peer `uid` is an admin (looks up its groups when `admins` lists a gid).
   bool IsAdmin(uid_t uid) const;
 
  private:
   uid_t daemon_uid_;
-  gid_t admin_group_ = static_cast<gid_t>(-1);
+  AccessList admins_;
 };
 
 }  // namespace ferry::rpc

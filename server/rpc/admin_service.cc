@@ -163,16 +163,16 @@ grpc::ServerUnaryReactor* AdminService::ListSessions(grpc::CallbackServerContext
 grpc::ServerUnaryReactor* AdminService::Drain(grpc::CallbackServerContext* ctx,
                                               const v1::DrainRequest*, v1::DrainReply*) {
   if (auto* rejected = RejectUnauthenticated(*context_, ctx, tcp_)) return rejected;
-  // A drain ends every tenant's work: admins only (root, the daemon's uid, admin-group).
+  // A drain ends every tenant's work: admins only (the daemon's uid and config `admins`).
   const std::optional<uid_t> caller = CallerUid(*context_, *ctx, tcp_);
   if (!caller || !context_->access.admin.IsAdmin(*caller)) {
     auto* reactor = ctx->DefaultReactor();
-    reactor->Finish(
-        grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
-                     caller ? "drain is for root, the daemon's uid and the admin-group; uid " +
-                                  std::to_string(*caller) + " is none of them"
-                            : std::string("drain is for local admins only (root, the daemon's uid, "
-                                          "admin-group), never for a remote peer")));
+    reactor->Finish(grpc::Status(
+        grpc::StatusCode::PERMISSION_DENIED,
+        caller ? "drain is for the daemon's uid and the admins its config lists; uid " +
+                     std::to_string(*caller) + " is none of them"
+               : std::string("drain is for local admins only (the daemon's uid and "
+                             "config admins), never for a remote peer")));
     return reactor;
   }
   context_->gauges.draining = true;

@@ -79,7 +79,7 @@ bool LocalConnections::Admit(int fd, std::string endpoint, const systemd::PeerCr
     e.dev = st.st_dev;
     e.ino = st.st_ino;
   }
-  e.counted = peer.uid != 0 && peer.uid != static_cast<uid_t>(exempt_uid_);
+  e.counted = !(peer.uid == 0 && exempt_root_) && peer.uid != static_cast<uid_t>(exempt_uid_);
   MutexLock lock(&mu_);
   // The fd number was closed by gRPC and reused for this connection: the old one is gone.
   if (auto old = by_fd_.find(fd); old != by_fd_.end()) Forget(old);

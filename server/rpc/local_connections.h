@@ -25,8 +25,10 @@
 //   total does, before a refusal. A hung-up connection still holds its descriptor until gRPC
 //   closes it, which it does on its next read: the limits may be passed by the connections
 //   gRPC is closing at that moment.
-// - Root and `exempt_uid` (the daemon's own) are never refused and not counted against the
-//   total: an operator can always reach a daemon others have filled.
+// - `exempt_uid` (the daemon's own) and root, while `exempt_root` (config `admins` lists
+//   root), are never refused and not counted against the total: an operator can always
+//   reach a daemon others have filled. Where root is no admin (clients in containers running
+//   as root), it is counted like any uid.
 // - A refused connection is closed by the caller at once; refused_*() count them.
 //
 // Thread-safe: each Unix endpoint's acceptor admits on its own thread, streams identify.
@@ -58,8 +60,9 @@ struct LocalConnectionLimits {
 class LocalConnections {
  public:
   explicit LocalConnections(LocalConnectionLimits limits = {},
-                            uint32_t exempt_uid = static_cast<uint32_t>(-1))
-      : limits_(limits), exempt_uid_(exempt_uid) {}
+                            uint32_t exempt_uid = static_cast<uint32_t>(-1),
+                            bool exempt_root = true)
+      : limits_(limits), exempt_uid_(exempt_uid), exempt_root_(exempt_root) {}
 
   /// Record the connection accepted as `fd` on `endpoint` ("unix:PATH") when the limits allow
   /// it; false when refused (the caller closes the fd; nothing is recorded). Call before gRPC
@@ -96,6 +99,7 @@ class LocalConnections {
 
   const LocalConnectionLimits limits_;
   const uint32_t exempt_uid_;
+  const bool exempt_root_;
   mutable Mutex mu_;
   std::unordered_map<int, Entry> by_fd_ ABSL_GUARDED_BY(mu_);
   std::unordered_map<uid_t, std::unordered_set<int>> fds_by_uid_ ABSL_GUARDED_BY(mu_);  // counted

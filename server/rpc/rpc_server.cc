@@ -48,6 +48,7 @@ Result<std::unique_ptr<RpcServer>> RpcServer::Prepare(
   r->listen_ = options.listen;
   r->inherited_fds_ = options.inherited_listen_fds;
   r->local_limits_ = options.local_connections;
+  r->root_exempt_ = options.root_exempt;
   // Until they are checked below, the inherited fds are listeners to close on failure.
   if (!options.token_file.empty()) {
     FERRY_ASSIGN_OR_RETURN(r->token_, TokenChecker::Load(options.token_file));
@@ -185,8 +186,8 @@ Status RpcServer::Start() {
     endpoints_.push_back("tcp:" + tcp.host + ":" + std::to_string(ports_[i]));
   }
   for (int fd : inherited_fds_) endpoints_.push_back(systemd::SocketEndpoint(fd));
-  local_connections_ =
-      std::make_unique<LocalConnections>(local_limits_, static_cast<uint32_t>(::geteuid()));
+  local_connections_ = std::make_unique<LocalConnections>(
+      local_limits_, static_cast<uint32_t>(::geteuid()), root_exempt_);
   context_->parts.local_connections = local_connections_.get();
   // Each acceptor owns its listening fd from here on.
   std::vector<UnixListener> listeners = std::move(unix_listeners_);

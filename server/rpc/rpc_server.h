@@ -59,6 +59,8 @@ struct RpcServerOptions {
   std::chrono::milliseconds tcp_idle_timeout{60000};
   // Unix endpoints' connections held at once, in all and per uid (LocalConnections).
   LocalConnectionLimits local_connections;
+  // Root is exempt from local_connections (config `admins` lists root).
+  bool root_exempt = true;
 };
 
 class RpcServer {
@@ -115,6 +117,7 @@ class RpcServer {
   Served remote_, local_;
   // Accept the Unix endpoints' connections (own and inherited listening sockets).
   LocalConnectionLimits local_limits_;
+  bool root_exempt_ = true;
   std::unique_ptr<LocalConnections> local_connections_;
   std::vector<std::unique_ptr<systemd::SocketAcceptor>> acceptors_;
   std::vector<std::string> owned_socket_paths_;  // bound here: removed at StopAccepting

@@ -282,11 +282,12 @@ UidUsage UidAccount::Usage() const {
 }
 
 void SessionRegistry::SetUidLimits(std::vector<UidLimitRule> rules, uint64_t pinned_budget,
-                                   uint32_t daemon_uid) {
+                                   uint32_t daemon_uid, bool root_exempt) {
   MutexLock lock(&mu_);
   rules_ = std::move(rules);
   pinned_budget_ = pinned_budget;
   daemon_uid_ = daemon_uid;
+  root_exempt_ = root_exempt;
   accounts_.clear();
 }
 
@@ -326,8 +327,8 @@ ResolvedUidLimits SessionRegistry::Resolve(const PeerIdentity& peer) const {
       }
     }
   }
-  if (peer.uid && (*peer.uid == 0 || *peer.uid == daemon_uid_) && !named) {
-    return {};  // root and the daemon's own uid: exempt unless named
+  if (peer.uid && ((*peer.uid == 0 && root_exempt_) || *peer.uid == daemon_uid_) && !named) {
+    return {};  // root (while trusted) and the daemon's own uid: exempt unless named
   }
   if (specific) rule = Overlay(rule, *specific);
   ResolvedUidLimits out;

@@ -8,8 +8,8 @@
 // submits hold in the daemon (in-flight bytes), the objects its sessions hold (live
 // tensors, modules, graphs and the ops recorded into them) and the device commands they keep
 // queued (its LaunchShare of the LaunchRoom), from the rules of `uid-limits`
-// (UidLimitRule; docs/operations.md "Per-uid limits"). Root and the daemon's own uid are exempt
-// unless a uid: rule names them.
+// (UidLimitRule; docs/operations.md "Per-uid limits"). The daemon's own uid, and root while
+// config `admins` lists it, are exempt unless a uid: rule names them.
 //
 // Thread-safe: sessions update it from their executors, the Admin service reads it from
 // gRPC threads; a UidAccount's counters are atomics any thread may charge.
@@ -227,8 +227,10 @@ class SessionRegistry {
     groups_of_uid_ = std::move(groups_of_uid);
   }
   /// Set the per-identity rules (before any session opens), resolving percentages against
-  /// max_sessions, the device cap and `pinned_budget`; `daemon_uid` is exempt like root.
-  void SetUidLimits(std::vector<UidLimitRule> rules, uint64_t pinned_budget, uint32_t daemon_uid);
+  /// max_sessions, the device cap and `pinned_budget`. `daemon_uid` is exempt unless a rule
+  /// names it, and so is root while `root_exempt` (config `admins` lists root).
+  void SetUidLimits(std::vector<UidLimitRule> rules, uint64_t pinned_budget, uint32_t daemon_uid,
+                    bool root_exempt = true);
   /// The most bytes all sessions' submits may hold in the daemon together (in-flight-bytes;
   /// 0: no limit), which inflight-bytes percentages resolve against; call before
   /// SetUidLimits.
@@ -345,6 +347,7 @@ class SessionRegistry {
   std::function<std::vector<gid_t>(uid_t)> groups_of_uid_;  // SetGroupLookup
   uint64_t pinned_budget_ = 0;
   uint32_t daemon_uid_ = 0;
+  bool root_exempt_ = true;
   std::map<std::string, std::shared_ptr<UidAccount>> accounts_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t sessions_total_ ABSL_GUARDED_BY(mu_) = 0;

@@ -51,6 +51,19 @@ int ExitCode(const std::string& user, const std::vector<std::string>& args, std:
   return status >= 0 && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+// True when `d` ends by itself within 30 s, as a drain makes it (it turns zombie before any
+// signal of ours).
+bool EndsByItself(const FerrydProcess& d) {
+  for (int i = 0; i < 3000; ++i) {
+    std::ifstream stat("/proc/" + std::to_string(d.pid()) + "/stat");
+    std::string pid, comm, state;
+    stat >> pid >> comm >> state;
+    if (!stat || state == "Z") return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
 // One submit that creates a tensor and loads a module, in this process (the daemon's uid).
 Status RawKernelSubmit(const std::string& target, bool* tensor_exists_after) {
   auto client = Client::connect(target);
@@ -146,16 +159,20 @@ TEST(AccessTest, DrainIsGrantedToTheAdminGroup) {
   std::string out;
   EXPECT_EQ(ExitCode(kUserB, {d.unix_target(), "drain"}, &out), 7) << out;
   EXPECT_EQ(ExitCode(kUserC, {d.unix_target(), "drain"}, &out), 0) << out;
-  // The drain ends the daemon by itself (it turns zombie before any signal of ours), exit 0.
-  bool exited = false;
-  for (int i = 0; i < 3000 && !exited; ++i) {
-    std::ifstream stat("/proc/" + std::to_string(d.pid()) + "/stat");
-    std::string pid, comm, state;
-    stat >> pid >> comm >> state;
-    exited = !stat || state == "Z";
-    if (!exited) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  EXPECT_TRUE(exited) << "the admin group's drain did not end the daemon";
+  EXPECT_TRUE(EndsByItself(d)) << "the admin group's drain did not end the daemon";
+  EXPECT_EQ(d.Stop(), 0) << d.log();
+}
+
+TEST(AccessTest, DrainIsGrantedToTheUidsAdminsLists) {
+  if (std::string why = TwoUsersUnavailable(); !why.empty()) GTEST_SKIP() << why;
+  FerrydProcess d({"--admins", std::string("uid:") + kUserC});
+  ASSERT_TRUE(d.ok()) << d.log();
+  ASSERT_TRUE(testing::OpenSocketsToEveryone(d));
+  std::string out;
+  EXPECT_EQ(ExitCode(kUserB, {d.unix_target(), "drain"}, &out), 7) << out;
+  EXPECT_FALSE(d.AdminStatus().draining());
+  EXPECT_EQ(ExitCode(kUserC, {d.unix_target(), "drain"}, &out), 0) << out;
+  EXPECT_TRUE(EndsByItself(d)) << "the listed uid's drain did not end the daemon";
   EXPECT_EQ(d.Stop(), 0) << d.log();
 }
 

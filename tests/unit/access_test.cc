@@ -46,13 +46,32 @@ TEST(AccessListTest, AGroupMatchesThroughTheUidsGroups) {
   EXPECT_FALSE(l->Admits(3999999));
 }
 
-TEST(AdminPolicyTest, RootAndTheDaemonsUidAreAdminsOthersOnlyByGroup) {
-  rpc::AdminPolicy none;
-  EXPECT_TRUE(none.IsAdmin(0));
-  EXPECT_TRUE(none.IsAdmin(geteuid()));
-  EXPECT_FALSE(none.IsAdmin(3999999));
-  rpc::AdminPolicy by_group(0);
-  EXPECT_FALSE(by_group.IsAdmin(3999999)) << "no entry, no groups";
+TEST(AdminPolicyTest, RootAndTheDaemonsUidAreAdminsByDefault) {
+  rpc::AdminPolicy defaults;
+  EXPECT_TRUE(defaults.IsAdmin(0));
+  EXPECT_TRUE(defaults.IsAdmin(geteuid()));
+  EXPECT_FALSE(defaults.IsAdmin(3999999));
+  auto by_group = rpc::AccessList::Parse("gid:0");
+  ASSERT_TRUE(by_group.ok());
+  EXPECT_FALSE(rpc::AdminPolicy(*by_group).IsAdmin(3999999)) << "no entry, no groups";
+}
+
+// A container running as root is uid 0 to SO_PEERCRED: a list that leaves root out makes it
+// no admin, while the daemon's own uid (a container's preStop drain) stays one.
+TEST(AdminPolicyTest, RootIsNoAdminWhereTheListLeavesItOut) {
+  auto none = rpc::AccessList::Parse("");
+  ASSERT_TRUE(none.ok());
+  rpc::AdminPolicy daemon_only(*none, /*daemon_uid=*/2500);
+  EXPECT_FALSE(daemon_only.IsAdmin(0));
+  EXPECT_TRUE(daemon_only.IsAdmin(2500));
+  EXPECT_FALSE(daemon_only.IsAdmin(1000));
+  auto listed = rpc::AccessList::Parse("uid:1000");
+  ASSERT_TRUE(listed.ok());
+  rpc::AdminPolicy with_1000(*listed, /*daemon_uid=*/2500);
+  EXPECT_TRUE(with_1000.IsAdmin(1000));
+  EXPECT_TRUE(with_1000.IsAdmin(2500));
+  EXPECT_FALSE(with_1000.IsAdmin(0));
+  EXPECT_FALSE(with_1000.IsAdmin(1001));
 }
 
 }  // namespace

@@ -319,6 +319,7 @@ tls-client-ca = /etc/ferry/tls/ca.crt
 token-file = /etc/ferry/token
 allow-remote-raw-kernels = true
 raw-kernels = "uid:1000, gid:0,uid:root"
+admins = "uid:0,gid:0"
 admin-group = 0
 metrics-listen = 127.0.0.1:9402
 metrics-max-identities = 3
@@ -617,6 +618,11 @@ TEST(ConfigTest, RawKernelsAndAdminGroupAreCheckedAtParse) {
   ASSERT_TRUE(d.ok());
   EXPECT_EQ(d->daemon.raw_kernels, "");
   EXPECT_EQ(d->daemon.admin_group, "");
+  EXPECT_EQ(d->daemon.admins, "uid:0") << "root is an admin by default";
+  auto e = ParseFlags({"--admins", ""});
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  EXPECT_EQ(e->daemon.admins, "") << "an empty list leaves root out";
+  EXPECT_FALSE(ParseFlags({"--admins", "uid:no-such-user-ferry-test"}).ok());
   // What --check-config must report: a malformed entry, an unknown user or group.
   for (const char* bad : {"1000", "uid:", "user:1000", "uid:1000,,gid:0",
                           "uid:no-such-user-ferry-test", "gid:no-such-group-ferry-test"}) {

@@ -1,5 +1,5 @@
 // LocalConnections: the Unix endpoints' connections, counted per uid and in all until their
-// fd is closed; root and the daemon's uid are never refused.
+// fd is closed; the daemon's uid, and root while it is an admin, are never refused.
 #include "rpc/local_connections.h"
 
 #include <gtest/gtest.h>
@@ -73,6 +73,19 @@ TEST_F(LocalConnectionsTest, EachUidHoldsAtMostItsLimitAndAllAtMostTheTotal) {
   EXPECT_EQ(c.count(), 7u);
   using Counts = std::vector<std::pair<uint32_t, uint64_t>>;
   EXPECT_EQ(c.CountByUid(), (Counts{{0, 1}, {kDaemonUid, 1}, {1000, 3}, {1001, 2}}));
+}
+
+// Where config `admins` leaves root out (clients in containers run as root, and SO_PEERCRED
+// gives them uid 0), root is counted and refused like any uid; the daemon's uid is not.
+TEST_F(LocalConnectionsTest, RootIsCountedLikeAnyUidWhereItIsNoAdmin) {
+  LocalConnections c({/*total=*/3, /*per_uid=*/2}, kDaemonUid, /*exempt_root=*/false);
+  EXPECT_TRUE(Admit(c, 0));
+  EXPECT_TRUE(Admit(c, 0));
+  EXPECT_FALSE(Admit(c, 0)) << "root holds its 2";
+  EXPECT_EQ(c.refused_per_uid(), 1u);
+  EXPECT_TRUE(Admit(c, 1000));
+  EXPECT_FALSE(Admit(c, 1001)) << "3 in all, root's 2 among them";
+  EXPECT_TRUE(Admit(c, kDaemonUid));
 }
 
 TEST_F(LocalConnectionsTest, AClosedConnectionsPlaceComesBack) {

@@ -66,6 +66,18 @@ TEST(RegistryTest, RootAndTheDaemonUidAreExemptUnlessNamed) {
   EXPECT_EQ(root.device_bytes, 4ull << 30) << "the rest from the default rule";
 }
 
+// Where config `admins` leaves root out, root gets the rules any uid gets.
+TEST(RegistryTest, RootIsBoundLikeAnyUidWhereItIsNoAdmin) {
+  SessionRegistry reg(8ull << 30, 1024);
+  reg.SetUidLimits(Rules({"gid:0:sessions=1"}), 1ull << 30, /*daemon_uid=*/999,
+                   /*root_exempt=*/false);
+  EXPECT_EQ(reg.AccountFor(Local(0, 0))->limits().sessions, 1u);
+  EXPECT_EQ(reg.AccountFor(Local(999, 999))->limits().device_bytes, 0u) << "the daemon's uid";
+  SessionRegistry defaults(8ull << 30, 1024);
+  defaults.SetUidLimits(Rules({}), 1ull << 30, 999, /*root_exempt=*/false);
+  EXPECT_EQ(defaults.AccountFor(Local(0, 0))->limits().sessions, 512u);
+}
+
 TEST(RegistryTest, UidRulesWinOverGidRulesWhichWinOverTheDefault) {
   SessionRegistry reg(8ull << 30, 100);
   reg.SetUidLimits(
