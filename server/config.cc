@@ -154,6 +154,7 @@ class Settings {
            c_.daemon.metrics_listen = v;
            return Status::Ok();
          }},
+        {"metrics-token-file", path(&c_.daemon.metrics_token_file)},
         {"metrics-max-identities", bounded(1, 65536,
                                            [this](uint64_t n) {
                                              c_.daemon.metrics_max_identities =
@@ -435,8 +436,8 @@ class Settings {
   }
 
   /// Return the config built, after the checks that span settings (those ferryd would
-  /// otherwise fail at start on). Opens no file: an unreadable TLS or token file is found at
-  /// start.
+  /// otherwise fail at start on). Opens no file: an unreadable TLS, token or metrics token
+  /// file is found at start.
   Result<DaemonConfig> Finish() {
     if (listen_source_ == Source::kDefault) {
       c_.daemon.listen = {"unix:/run/ferry/ferryd-" + std::to_string(c_.device) + ".sock"};
@@ -632,6 +633,9 @@ means true; --allow-insecure-remote and --allow-remote-raw-kernels also take =tr
   --admin-group GROUP        a group added to --admins (default: none)
   --metrics-listen HOST:PORT serve Prometheus metrics at http://HOST:PORT/metrics
                              (port 0 picks one; default: off)
+  --metrics-token-file PATH  requests to --metrics-listen must send "Authorization: Bearer
+                             <token>" with a token of PATH, one per line; others get 401
+                             (default: none, the metrics are open to whoever reaches them)
   --metrics-max-identities N usage identities (uid + client name) with their own
                              accounting and metrics labels, 1..65536; more fold into
                              uid="other" (default 256)
@@ -841,6 +845,7 @@ std::string FormatConfig(const DaemonConfig& c) {
   out << "admins =" << Quoted(c.daemon.admins) << "\n";
   out << "admin-group =" << Quoted(c.daemon.admin_group) << "\n";
   out << "metrics-listen =" << Quoted(c.daemon.metrics_listen) << "\n";
+  out << "metrics-token-file =" << Quoted(c.daemon.metrics_token_file) << "\n";
   out << "metrics-max-identities = " << c.daemon.metrics_max_identities << "\n";
   out << "session-quota = " << FormatBytes(c.daemon.session_defaults.device_bytes_quota) << "\n";
   out << "max-session-quota = " << FormatBytes(c.daemon.max_device_bytes_quota) << "\n";

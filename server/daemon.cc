@@ -40,6 +40,11 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
   if (options.listen.empty() && options.inherited_listen_fds.empty()) {
     return Status(ErrorKind::kInvalidArgument, "no endpoint to listen on");
   }
+  // The metrics endpoint's tokens, read before anything is opened or served.
+  std::vector<std::string> metrics_tokens;
+  if (!options.metrics_listen.empty() && !options.metrics_token_file.empty()) {
+    FERRY_ASSIGN_OR_RETURN(metrics_tokens, rpc::LoadMetricsTokens(options.metrics_token_file));
+  }
   std::unique_ptr<Daemon> d(new Daemon());
   d->started_at_ = std::chrono::steady_clock::now();
   d->device_ = std::move(device);
@@ -163,11 +168,12 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
   }
   FERRY_RETURN_IF_ERROR(d->rpc_->Start());
   if (!options.metrics_listen.empty()) {
-    FERRY_ASSIGN_OR_RETURN(d->metrics_,
-                           rpc::MetricsServer::Start(options.metrics_listen,
-                                                     [ctx = d->context_.get(), t = d->started_at_] {
-                                                       return rpc::RenderMetrics(*ctx, t);
-                                                     }));
+    FERRY_ASSIGN_OR_RETURN(d->metrics_, rpc::MetricsServer::Start(
+                                            options.metrics_listen,
+                                            [ctx = d->context_.get(), t = d->started_at_] {
+                                              return rpc::RenderMetrics(*ctx, t);
+                                            },
+                                            std::move(metrics_tokens)));
   }
   d->rpc_->SetAccepting(true);
   // grpc.health.v1 follows device loss: NOT_SERVING while the device is rebuilt.

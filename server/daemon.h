@@ -61,6 +61,11 @@ struct DaemonOptions {
   std::string admin_group;
   /// Serve Prometheus metrics over HTTP on "HOST:PORT" (port 0 picks one); "" none.
   std::string metrics_listen;
+  /// A file of bearer tokens (rpc/metrics.h, LoadMetricsTokens) every request to the metrics
+  /// endpoint must carry one of, as "Authorization: Bearer <token>"; "" none (the endpoint
+  /// asks for no credentials). Read at Start when metrics_listen is set: a file that cannot
+  /// be read or holds no token fails it.
+  std::string metrics_token_file;
   /// Usage identities (uid + client name) kept for accounting and metrics labels; past it
   /// new ones fold into uid "other" (session/registry.h, IdentityUsage).
   uint32_t metrics_max_identities = 256;

@@ -718,8 +718,11 @@ int RunMetrics(const Options& options, std::ostream& out, std::ostream& err) {
     err << "ferryctl: cannot reach metrics at " << ep << "\n";
     return kExitCritical;
   }
-  std::string request = "GET " + path + " HTTP/1.1\r\nHost: " + ep +
-                        "\r\nAccept: text/plain\r\nConnection: close\r\n\r\n";
+  // --token: the endpoint's --metrics-token-file asks for it.
+  const std::string authorization =
+      options.token.empty() ? "" : "Authorization: Bearer " + Token(options) + "\r\n";
+  std::string request = "GET " + path + " HTTP/1.1\r\nHost: " + ep + "\r\n" + authorization +
+                        "Accept: text/plain\r\nConnection: close\r\n\r\n";
   bool sent = ::send(fd, request.data(), request.size(), MSG_NOSIGNAL) ==
               static_cast<ssize_t>(request.size());
   std::string response;

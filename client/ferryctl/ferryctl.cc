@@ -49,7 +49,8 @@ options:
   --tls-ca PATH        PEM CA of the daemon's certificate: speak TLS (tcp: targets)
   --tls-cert PATH      PEM client certificate, for mutual TLS
   --tls-key PATH       PEM key of --tls-cert
-  --token T            bearer token for tcp: targets: the token, @PATH, or a file path
+  --token T            bearer token for tcp: targets and for metrics (ferryd's
+                       --metrics-token-file): the token, @PATH, or a file path
   --version, --help
 
 exit codes: 0 ok, 1 warning, 2 critical or unreachable, 3 usage error

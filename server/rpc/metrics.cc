@@ -10,11 +10,15 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/streambuf.hpp>
 #include <boost/asio/write.hpp>
+#include <cctype>
+#include <fstream>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <thread>
 
 #include "ferry/version.h"
+#include "rpc/auth.h"
 #include "rpc/local_connections.h"
 #include "rpc/session_service.h"
 
@@ -406,6 +410,54 @@ std::string RenderMetrics(const SessionServiceContext& c,
   return e.str();
 }
 
+// --- the bearer token -----------------------------------------------------------------------
+
+Result<std::vector<std::string>> LoadMetricsTokens(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return Status(ErrorKind::kInvalidArgument, "cannot read metrics token file " + path);
+  }
+  std::vector<std::string> tokens;
+  int number = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++number;
+    std::istringstream words(line);
+    std::vector<std::string> w;
+    for (std::string word; words >> word;) w.push_back(word);
+    if (w.empty() || w[0][0] == '#') continue;
+    if (w.size() > 1) {
+      return Status(ErrorKind::kInvalidArgument, "metrics token file " + path + " line " +
+                                                     std::to_string(number) +
+                                                     ": expected one token, without blanks");
+    }
+    tokens.push_back(std::move(w[0]));
+  }
+  if (in.bad()) {
+    return Status(ErrorKind::kInvalidArgument, "cannot read metrics token file " + path);
+  }
+  if (tokens.empty()) {
+    return Status(ErrorKind::kInvalidArgument, "metrics token file " + path + " holds no token");
+  }
+  return tokens;
+}
+
+bool MetricsRequestAuthorized(const std::vector<std::string>& tokens,
+                              const std::string_view* authorization) {
+  if (!authorization) return false;
+  constexpr std::string_view kScheme = "bearer";
+  std::string_view value = *authorization;
+  if (value.size() <= kScheme.size()) return false;
+  for (size_t i = 0; i < kScheme.size(); ++i) {
+    if (std::tolower(static_cast<unsigned char>(value[i])) != kScheme[i]) return false;
+  }
+  if (value[kScheme.size()] != ' ') return false;
+  value.remove_prefix(kScheme.size());
+  value.remove_prefix(std::min(value.size(), value.find_first_not_of(' ')));
+  bool match = false;
+  for (const std::string& token : tokens) match |= ConstantTimeEquals(value, token);
+  return match;
+}
+
 // --- MetricsServer -------------------------------------------------------------------------
 
 namespace {
@@ -415,21 +467,25 @@ using asio::ip::tcp;
 
 constexpr size_t kMaxRequestBytes = 8192;
 constexpr auto kRequestTimeout = std::chrono::seconds(5);
-// Connections served at once: the endpoint has no authentication (a scraper needs one), and
-// each connection is a descriptor for up to kRequestTimeout: more are closed at accept, so
-// that a flood of them cannot take the descriptors every client of the daemon needs.
+// Connections served at once: without --metrics-token-file the endpoint has no
+// authentication, and with it a connection is still held until its request is read; each is
+// a descriptor for up to kRequestTimeout: more are closed at accept, so that a flood of them
+// cannot take the descriptors every client of the daemon needs.
 constexpr size_t kMaxConnections = 64;
 // After accept fails (out of descriptors), it is tried again this much later, not at once.
 constexpr auto kAcceptBackoff = std::chrono::milliseconds(100);
 
 class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
  public:
-  // `open` counts the connections alive (the io thread's alone).
-  HttpConnection(tcp::socket socket, const std::function<std::string()>* render, size_t* open)
+  // `open` counts the connections alive (the io thread's alone); `tokens` empty: no token
+  // needed.
+  HttpConnection(tcp::socket socket, const std::function<std::string()>* render,
+                 const std::vector<std::string>* tokens, size_t* open)
       : socket_(std::move(socket)),
         timer_(socket_.get_executor()),
         request_(kMaxRequestBytes),
         render_(render),
+        tokens_(tokens),
         open_(open) {
     ++*open_;
   }
@@ -469,6 +525,15 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
     if (version.rfind("HTTP/1.", 0) != 0) {
       return Reply("400 Bad Request", "text/plain", "bad request\n");
     }
+    if (!tokens_->empty()) {
+      std::optional<std::string> authorization = Authorization(in);
+      std::optional<std::string_view> value;
+      if (authorization) value = *authorization;
+      if (!MetricsRequestAuthorized(*tokens_, value ? &*value : nullptr)) {
+        return Reply("401 Unauthorized", "text/plain", "unauthorized\n", std::string::npos,
+                     "WWW-Authenticate: Bearer\r\n");
+      }
+    }
     std::string path = target.substr(0, target.find('?'));
     if (path != "/metrics") return Reply("404 Not Found", "text/plain", "not found\n");
     if (method != "GET" && method != "HEAD") {
@@ -479,9 +544,31 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
           body.size());
   }
 
+  // The value of the request's first Authorization header, surrounding whitespace removed;
+  // none when it has none. Reads `in` (the headers after the request line) up to their end.
+  static std::optional<std::string> Authorization(std::istream& in) {
+    std::optional<std::string> value;
+    for (std::string line; std::getline(in, line);) {
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      if (line.empty()) break;  // end of the headers
+      const size_t colon = line.find(':');
+      if (value || colon == std::string::npos) continue;
+      std::string name = line.substr(0, colon);
+      std::transform(name.begin(), name.end(), name.begin(),
+                     [](unsigned char c) { return std::tolower(c); });
+      if (name != "authorization") continue;
+      const size_t begin = line.find_first_not_of(" \t", colon + 1);
+      const size_t end = line.find_last_not_of(" \t");
+      value = begin == std::string::npos ? "" : line.substr(begin, end - begin + 1);
+    }
+    return value;
+  }
+
+  // `headers`: further header lines, each ending in "\r\n".
   void Reply(const std::string& status, const std::string& type, std::string body,
-             size_t length = std::string::npos) {
-    response_ = "HTTP/1.1 " + status + "\r\nContent-Type: " + type + "\r\nContent-Length: " +
+             size_t length = std::string::npos, const std::string& headers = "") {
+    response_ = "HTTP/1.1 " + status + "\r\n" + headers + "Content-Type: " + type +
+                "\r\nContent-Length: " +
                 std::to_string(length == std::string::npos ? body.size() : length) +
                 "\r\nConnection: close\r\n\r\n" + body;
     auto self = shared_from_this();
@@ -501,6 +588,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
   asio::streambuf request_;
   std::string response_;
   const std::function<std::string()>* render_;
+  const std::vector<std::string>* tokens_;
   size_t* open_;
 };
 
@@ -512,6 +600,7 @@ struct MetricsServer::Impl {
   asio::io_context io;
   tcp::acceptor acceptor{io};
   std::function<std::string()> render;
+  std::vector<std::string> tokens;  // empty: no token needed
   std::string endpoint;
   std::thread thread;
   asio::steady_timer backoff{io};
@@ -530,7 +619,7 @@ struct MetricsServer::Impl {
         boost::system::error_code ignored;
         socket.close(ignored);
       } else {
-        std::make_shared<HttpConnection>(std::move(socket), &render, &open)->Start();
+        std::make_shared<HttpConnection>(std::move(socket), &render, &tokens, &open)->Start();
       }
       Accept();
     });
@@ -540,7 +629,8 @@ struct MetricsServer::Impl {
 MetricsServer::MetricsServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Result<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& host_port,
-                                                            std::function<std::string()> render) {
+                                                            std::function<std::string()> render,
+                                                            std::vector<std::string> tokens) {
   size_t colon = host_port.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == host_port.size()) {
     return Status(ErrorKind::kInvalidArgument, "metrics: expected HOST:PORT, got " + host_port);
@@ -552,6 +642,7 @@ Result<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& h
   }
   auto impl = std::make_unique<Impl>();
   impl->render = std::move(render);
+  impl->tokens = std::move(tokens);
   boost::system::error_code ec;
   tcp::resolver resolver(impl->io);
   auto results = resolver.resolve(host, port, tcp::resolver::passive, ec);

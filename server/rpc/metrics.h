@@ -12,6 +12,8 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "ferry/status.h"
 
@@ -48,14 +50,30 @@ class LatencyHistogram {
 std::string RenderMetrics(const SessionServiceContext& context,
                           std::chrono::steady_clock::time_point started_at);
 
+/// Read the bearer tokens of --metrics-token-file: one per line, surrounding whitespace
+/// ignored, blank lines and lines starting with '#' skipped. INVALID_ARGUMENT when the file
+/// cannot be read, holds no token, or a line holds more than one word (a token has no blanks;
+/// token-file's `NAME TOKEN` lines are not metrics tokens).
+Result<std::vector<std::string>> LoadMetricsTokens(const std::string& path);
+
+/// True when `authorization` (the value of a request's Authorization header, surrounding
+/// whitespace removed; null when the request has none) is "Bearer <token>" (the scheme in any
+/// case) for one of `tokens`. Every token is compared, each in time that depends only on the
+/// lengths: the time says neither which token matched nor how much of one.
+bool MetricsRequestAuthorized(const std::vector<std::string>& tokens,
+                              const std::string_view* authorization);
+
 /// A minimal HTTP/1.1 server: GET /metrics answers 200 with `render()`, anything else 404
-/// (405 for other methods). One connection at a time per request, closed after the reply.
+/// (405 for other methods). With tokens, a request that does not carry one of them
+/// (MetricsRequestAuthorized) answers 401 with "WWW-Authenticate: Bearer" and no metrics,
+/// whatever its path. One connection at a time per request, closed after the reply.
 /// Runs on its own thread; `render` is called there.
 class MetricsServer {
  public:
-  /// Listen on "HOST:PORT" (port 0 picks one).
+  /// Listen on "HOST:PORT" (port 0 picks one). `tokens` empty: no token needed.
   static Result<std::unique_ptr<MetricsServer>> Start(const std::string& host_port,
-                                                      std::function<std::string()> render);
+                                                      std::function<std::string()> render,
+                                                      std::vector<std::string> tokens = {});
   /// Stop listening, close connections, join the thread.
   ~MetricsServer();
 

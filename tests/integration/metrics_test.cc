@@ -197,6 +197,87 @@ TEST(MetricsTest, IdleConnectionsBeyondTheCapAreClosedAtAccept) {
       [&] { return HttpGet(ep, "/metrics").rfind("HTTP/1.1 200", 0) == 0; }, 10));
 }
 
+// With --metrics-token-file every request needs "Authorization: Bearer <token>" with a token
+// of the file: without one, or with a wrong one, it gets 401 with "WWW-Authenticate: Bearer"
+// and no metrics, whatever its path; with one of them (any line of the file) the metrics.
+TEST(MetricsTest, TokenFileRestrictsTheEndpointToScrapersWithAToken) {
+  const testing::TempFile tokens("# the scrapers' tokens\n  scrape-token-a \n\nscrape-token-b\n");
+  ASSERT_FALSE(tokens.path().empty());
+  testing::FerrydProcess daemon(
+      {"--metrics-listen", "127.0.0.1:0", "--metrics-token-file", tokens.path()});
+  ASSERT_TRUE(daemon.ok()) << daemon.log();
+  const std::string ep = MetricsEndpoint(daemon);
+  ASSERT_FALSE(ep.empty()) << "no metrics: line in the ready file";
+  auto get = [&](const std::string& path, const std::string& headers) {
+    return HttpExchange(ep, "GET " + path + " HTTP/1.1\r\nHost: x\r\n" + headers + "\r\n");
+  };
+  auto refused = [](const std::string& response) {
+    return response.rfind("HTTP/1.1 401 Unauthorized\r\n", 0) == 0 &&
+           response.find("\r\nWWW-Authenticate: Bearer\r\n") != std::string::npos &&
+           response.find("ferry_") == std::string::npos;
+  };
+
+  // No token.
+  std::string none = HttpGet(ep, "/metrics");
+  EXPECT_TRUE(refused(none)) << none;
+  EXPECT_TRUE(refused(HttpExchange(ep, "HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n")));
+  // Other paths say nothing either (no 404 before the token).
+  EXPECT_TRUE(refused(HttpGet(ep, "/")));
+  // Wrong tokens: another, a prefix or an extension of a right one, the file's comment, the
+  // right one in another scheme or without one.
+  for (const char* header :
+       {"Authorization: Bearer wrong-token\r\n", "Authorization: Bearer scrape-token-\r\n",
+        "Authorization: Bearer scrape-token-ab\r\n",
+        "Authorization: Bearer # the scrapers' tokens\r\n", "Authorization: Bearer \r\n",
+        "Authorization: Basic scrape-token-a\r\n", "Authorization: scrape-token-a\r\n",
+        "X-Authorization: Bearer scrape-token-a\r\n"}) {
+    std::string response = get("/metrics", header);
+    EXPECT_TRUE(refused(response)) << header << response;
+  }
+
+  // The right tokens: each line of the file, the scheme and the header name in any case.
+  for (const char* header :
+       {"Authorization: Bearer scrape-token-a\r\n", "Authorization: Bearer scrape-token-b\r\n",
+        "authorization:bearer   scrape-token-a  \r\n"}) {
+    std::string response = get("/metrics", header);
+    ASSERT_EQ(response.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << header << response;
+    EXPECT_NE(ResponseBody(response).find("# TYPE ferry_sessions_open gauge"), std::string::npos)
+        << response;
+    EXPECT_EQ(Value(ResponseBody(response), "ferry_sessions_open"), 0) << response;
+  }
+  // Prometheus' request, with the token among other headers.
+  std::string scrape = get("/metrics",
+                           "Accept: text/plain;version=0.0.4\r\nAuthorization: Bearer "
+                           "scrape-token-b\r\nUser-Agent: Prometheus/2.53.0\r\n");
+  EXPECT_EQ(scrape.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << scrape;
+  // With the token, the other answers are as without --metrics-token-file.
+  EXPECT_EQ(get("/", "Authorization: Bearer scrape-token-a\r\n").rfind("HTTP/1.1 404", 0), 0u);
+  EXPECT_EQ(HttpExchange(ep,
+                         "POST /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                         "scrape-token-a\r\n\r\n")
+                .rfind("HTTP/1.1 405", 0),
+            0u);
+}
+
+// A metrics token file that cannot be read, or holds no token, is an error at start: ferryd
+// does not start (rather than serving the metrics to everyone, or to no one).
+TEST(MetricsTest, UnreadableOrEmptyTokenFileFailsTheStart) {
+  {
+    testing::FerrydProcess daemon({"--metrics-listen", "127.0.0.1:0", "--metrics-token-file",
+                                   "/nonexistent/ferry-metrics-token"});
+    EXPECT_FALSE(daemon.ok());
+    EXPECT_NE(daemon.log().find("cannot read metrics token file /nonexistent/ferry-metrics-token"),
+              std::string::npos)
+        << daemon.log();
+  }
+  const testing::TempFile empty("# no token yet\n\n   \n");
+  ASSERT_FALSE(empty.path().empty());
+  testing::FerrydProcess daemon(
+      {"--metrics-listen", "127.0.0.1:0", "--metrics-token-file", empty.path()});
+  EXPECT_FALSE(daemon.ok());
+  EXPECT_NE(daemon.log().find("holds no token"), std::string::npos) << daemon.log();
+}
+
 TEST(MetricsTest, FerryctlMetricsPrintsTheExposition) {
   testing::FerrydProcess daemon({"--metrics-listen", "127.0.0.1:0"});
   ASSERT_TRUE(daemon.ok()) << daemon.log();
@@ -213,6 +294,24 @@ TEST(MetricsTest, FerryctlMetricsPrintsTheExposition) {
                     8 &
                 0xff,
             3);  // usage: no endpoint
+}
+
+// ferryctl metrics sends --token as the bearer token that --metrics-token-file asks for.
+TEST(MetricsTest, FerryctlMetricsSendsItsToken) {
+  const testing::TempFile tokens("scrape-token-a\n");
+  testing::FerrydProcess daemon(
+      {"--metrics-listen", "127.0.0.1:0", "--metrics-token-file", tokens.path()});
+  ASSERT_TRUE(daemon.ok()) << daemon.log();
+  const std::string ctl = testing::ProgramPath("FERRY_TEST_FERRYCTL", FERRYCTL_PATH) +
+                          " metrics --metrics " + MetricsEndpoint(daemon);
+  std::string out_path = ::testing::TempDir() + "/ferryctl_metrics_token.out";
+  ASSERT_EQ(std::system((ctl + " --token scrape-token-a > " + out_path).c_str()), 0);
+  std::ifstream in(out_path);
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_NE(text.find("# TYPE ferry_sessions_open gauge"), std::string::npos) << text;
+  // Without it, or with another, the endpoint refuses: critical (2).
+  EXPECT_EQ(std::system((ctl + " > /dev/null 2>&1").c_str()) >> 8 & 0xff, 2);
+  EXPECT_EQ(std::system((ctl + " --token wrong > /dev/null 2>&1").c_str()) >> 8 & 0xff, 2);
 }
 
 }  // namespace

@@ -196,6 +196,43 @@ TEST_F(ConfigFileTest, FileErrorsNameTheLine) {
   }
 }
 
+// metrics-token-file is a path like token-file: default none, set from the file or a flag
+// (the flag wins), printed by --check-config; the file itself is read at start, not here.
+TEST_F(ConfigFileTest, MetricsTokenFileIsAPathFlagsWin) {
+  auto c = ParseFlags({});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->daemon.metrics_token_file, "");
+  EXPECT_NE(FormatConfig(*c).find("\nmetrics-token-file =\n"), std::string::npos)
+      << FormatConfig(*c);
+
+  std::string path = Write("ferryd.conf",
+                           "metrics-listen = 0.0.0.0:9400\n"
+                           "metrics-token-file = /etc/ferry/metrics-token  # Prometheus'\n");
+  c = ParseFlags({"--config", path});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->daemon.metrics_listen, "0.0.0.0:9400");
+  EXPECT_EQ(c->daemon.metrics_token_file, "/etc/ferry/metrics-token");
+  EXPECT_NE(FormatConfig(*c).find("\nmetrics-token-file = \"/etc/ferry/metrics-token\"\n"),
+            std::string::npos)
+      << FormatConfig(*c);
+
+  c = ParseFlags({"--config", path, "--metrics-token-file", "/run/secrets/metrics token"});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->daemon.metrics_token_file, "/run/secrets/metrics token");
+  c = ParseFlags({"--config", path, "--metrics-token-file="});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->daemon.metrics_token_file, "");
+  // No file is opened while parsing: one that does not exist is found at start.
+  c = ParseFlags({"--metrics-token-file", dir_ + "/nope"});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_FALSE(ParseFlags({"--metrics-token-file"}).ok());  // needs a value
+  auto twice = ParseConfigText("metrics-token-file = /a\nmetrics-token-file = /b\n", "f");
+  ASSERT_FALSE(twice.ok());
+  EXPECT_NE(twice.status().message().find("f:2: 'metrics-token-file' is already set on line 1"),
+            std::string::npos)
+      << twice.status().message();
+}
+
 TEST(ConfigTest, CheckConfigSwitch) {
   auto c = ParseFlags({"--check-config", "--backend", "host"});
   ASSERT_TRUE(c.ok()) << c.status().ToString();
@@ -322,6 +359,7 @@ raw-kernels = "uid:1000, gid:0,uid:root"
 admins = "uid:0,gid:0"
 admin-group = 0
 metrics-listen = 127.0.0.1:9402
+metrics-token-file = "/etc/ferry/metrics token"
 metrics-max-identities = 3
 session-quota = 2G
 max-session-quota = 3G
