@@ -191,8 +191,9 @@ struct SessionEntry {
 /// folds into client "other" of that uid, so neither a flood of uids nor of client names
 /// (free text a tenant chooses) can grow the daemon's memory or the metrics without bound.
 struct IdentityUsage {
-  std::string uid;     // "1000", "remote" or "other"
-  std::string client;  // as given (at most kMaxClientLabel bytes), or "other"
+  std::string uid;  // "1000", "remote" or "other"
+  std::string
+      client;  // as the daemon keeps it (CleanClientName: at most kMaxClientName bytes), or "other"
   uint64_t sessions_open = 0, sessions_total = 0;
   // Sums over its sessions, closed and open (SessionCounters).
   uint64_t device_busy_ns = 0, h2d_bytes = 0, h2d_ns = 0, d2h_bytes = 0, d2h_ns = 0;
@@ -292,7 +293,6 @@ class SessionRegistry {
   std::vector<UidUsage> UsageByUid() const;
 
   static constexpr size_t kMaxClientsPerUid = 16;
-  static constexpr size_t kMaxClientLabel = kMaxClientName;
   /// Keep at most `max_identities` (>= 1) usage identities (metrics-max-identities); call
   /// before sessions open.
   void SetUsageIdentityLimit(size_t max_identities);

@@ -909,16 +909,8 @@ TEST(BoundedSessionTest, EndedSessionsWhoseClientNeverReadsCountUntilClosed) {
 class ZeroWindowClient {
  public:
   explicit ZeroWindowClient(const std::string& unix_path) {
-    fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_un addr = {};
-    addr.sun_family = AF_UNIX;
-    std::memcpy(addr.sun_path, unix_path.c_str(),
-                std::min(unix_path.size() + 1, sizeof(addr.sun_path)));
-    if (::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-      ::close(fd_);
-      fd_ = -1;
-      return;
-    }
+    fd_ = testing::ConnectUnix(unix_path);
+    if (fd_ < 0) return;
     Write("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
     Frame(0x4, 0, 0, std::string("\x00\x04\x00\x00\x00\x00", 6));  // INITIAL_WINDOW_SIZE 0
     reader_ = std::thread([this] { Read(); });

@@ -143,16 +143,24 @@ inline uint64_t Get64(const char* p) {
   return v;
 }
 
+// A new connection to the Unix socket at `path`; its fd, or -1 when it could not connect.
+inline int ConnectUnix(const std::string& path) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_un addr = {};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), std::min(path.size() + 1, sizeof(addr.sun_path)));
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
 // One connection on the slab socket, spoken byte by byte (docs/protocol.md, "slab socket").
 class RawSlabConnection {
  public:
-  explicit RawSlabConnection(const std::string& path) {
-    fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_un addr = {};
-    addr.sun_family = AF_UNIX;
-    std::memcpy(addr.sun_path, path.c_str(), std::min(path.size() + 1, sizeof(addr.sun_path)));
-    if (::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) Close();
-  }
+  explicit RawSlabConnection(const std::string& path) : fd_(ConnectUnix(path)) {}
   // Take a connection made elsewhere (e.g. as another uid); owns `connected_fd`.
   explicit RawSlabConnection(int connected_fd) : fd_(connected_fd) {}
   ~RawSlabConnection() { Close(); }

@@ -416,7 +416,7 @@ TEST(RegistryUsageTest, OneUidsClientNamesAreBoundedAndSanitized) {
     if (u.uid == "1001") odd = &u;
   }
   ASSERT_NE(odd, nullptr);
-  EXPECT_EQ(odd->client.size(), SessionRegistry::kMaxClientLabel);
+  EXPECT_EQ(odd->client.size(), kMaxClientName);
   EXPECT_EQ(odd->client.substr(0, 5), "a\"b__") << "printable ASCII only";
 }
 
