@@ -1,6 +1,7 @@
 // Tenant isolation through a real ferryd (issue 14): what one session wrote must never be
 // readable by another, neither through a new tensor's device memory (item 1) nor through a
-// shared-memory slab the first session's client still maps after it ended (item 5).
+// shared-memory slab the first session's client still maps after it ended (item 5), nor
+// through the daemon's pinned staging that inline downloads pass through.
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -127,6 +128,59 @@ TEST(IsolationTest, OldSlabMappingNeverSeesTheNextSessionsBytes) {
     }
   }
   ::munmap(old_map, kSlab);
+  EXPECT_EQ(d.Stop(), 0) << d.log();
+}
+
+// Inline downloads go through the daemon's pinned staging, whose ranges are reused across
+// sessions and never zeroed: what keeps another session's bytes out of a download is that
+// chunks go out only for a submit that succeeded, and that the device wrote every byte of
+// them. Session A fills staging with a secret (inline uploads and downloads, many rounds);
+// session B then downloads a fresh tensor in a submit that fails at a later op (a Fill its
+// dtype cannot hold, refused when enqueued): no chunk comes for it. B's download of the same
+// fresh tensor in a submit that succeeds is all zeros.
+TEST(IsolationTest, StagedDownloadsNeverShowAnotherSessionsBytes) {
+  FerrydProcess d;
+  ASSERT_TRUE(d.ok()) << d.log();
+  constexpr uint64_t kBytes = 1 << 20;
+  const std::string secret(kBytes, '\xA5');
+  testing::RawStream a(d.unix_target(), std::chrono::seconds(60));
+  ASSERT_TRUE(a.Open());
+  ASSERT_TRUE(a.Submit(1, {testing::Create(1, v1::DTYPE_U8, {static_cast<int64_t>(kBytes)})}));
+  ASSERT_EQ(a.Completion(1).kind(), v1::ERROR_KIND_NONE);
+  for (uint64_t id = 2; id < 34; ++id) {
+    std::string back;
+    ASSERT_TRUE(
+        a.Submit(id, {testing::InlineUpload(1, 0, secret), testing::Download(1, 0, kBytes)}));
+    ASSERT_EQ(a.Completion(id, &back).kind(), v1::ERROR_KIND_NONE);
+    ASSERT_EQ(back, secret);
+  }
+  a.Close();
+
+  testing::RawStream b(d.unix_target(), std::chrono::seconds(60));
+  ASSERT_TRUE(b.Open());
+  for (uint64_t round = 0; round < 8; ++round) {
+    const uint64_t h = 10 + round;
+    const uint64_t id = 1 + 2 * round;
+    std::string leaked;
+    ASSERT_TRUE(
+        b.Submit(id, {testing::Create(h, v1::DTYPE_U8, {static_cast<int64_t>(kBytes)}),
+                      testing::Download(h, 0, kBytes), testing::Create(100 + h, v1::DTYPE_I32, {4}),
+                      testing::Fill(100 + h, 1e20)}));
+    v1::Error failed = b.Completion(id, &leaked);
+    EXPECT_NE(failed.kind(), v1::ERROR_KIND_NONE) << "the Fill of 1e20 into i32 fails";
+    EXPECT_EQ(failed.op_index(), 3) << failed.message();
+    EXPECT_EQ(leaked.size(), 0u) << "a failed submit's download sent " << leaked.size()
+                                 << " bytes, " << std::count(leaked.begin(), leaked.end(), '\xA5')
+                                 << " of them session A's secret";
+    // The tensor was created before the failing op: downloading it alone succeeds, zeros.
+    std::string zeros;
+    ASSERT_TRUE(b.Submit(id + 1, {testing::Download(h, 0, kBytes)}));
+    ASSERT_EQ(b.Completion(id + 1, &zeros).kind(), v1::ERROR_KIND_NONE);
+    ASSERT_EQ(zeros.size(), kBytes);
+    EXPECT_EQ(std::count(zeros.begin(), zeros.end(), '\0'), static_cast<long>(kBytes))
+        << "round " << round << ": a fresh tensor's staged download is not all zeros";
+  }
+  b.Close();
   EXPECT_EQ(d.Stop(), 0) << d.log();
 }
 
