@@ -130,7 +130,12 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
   }
 
   const std::string first_unix_path = d->rpc_->first_unix_path();
-  if (options.slab_pool_enabled && !first_unix_path.empty()) {
+  // The slab pool backs local clients' shared memory (with a Unix endpoint) and the pinned
+  // staging every session's inline transfers go through: a daemon that listens on TCP alone
+  // needs it too, or its remote sessions' inline downloads would copy into ordinary memory,
+  // which holds an executor thread until the stream's earlier work is done.
+  const bool local_clients = !first_unix_path.empty();
+  if (options.slab_pool_enabled && (local_clients || options.staging_slabs > 0)) {
     // Slabs are registered with whatever device is current; a rebuilt device gets them all
     // registered again.
     session::DeviceSupervisor* sup = d->device_.get();
@@ -144,11 +149,13 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
     };
     FERRY_ASSIGN_OR_RETURN(d->slab_pool_, pool::SlabPool::Create(options.slab_pool, reg));
     sup->SetRebuiltHook([pool = d->slab_pool_.get()] { pool->ReregisterAll(); });
+    ctx.parts.slab_pool = d->slab_pool_.get();
+  }
+  if (d->slab_pool_ && local_clients) {
     const std::string slab_path = first_unix_path + ".slabs";
     FERRY_ASSIGN_OR_RETURN(int slab_fd, rpc::ListenUnix(slab_path));
     FERRY_ASSIGN_OR_RETURN(d->slab_broker_,
                            pool::SlabBroker::Start(slab_path, slab_fd, options.slab_broker));
-    ctx.parts.slab_pool = d->slab_pool_.get();
     ctx.parts.slab_broker = d->slab_broker_.get();
     ctx.limits.session_pinned_quota = options.session_pinned_quota;
     if (options.submit_ring_bytes > 0) {
@@ -161,10 +168,10 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
         ctx.limits.submit_ring_bytes, kChannelStockDepth,
         [io = &d->io_](std::function<void()> fn) { boost::asio::post(*io, std::move(fn)); });
     ctx.parts.channel_stock = d->channel_stock_.get();
-    if (options.staging_slabs > 0) {
-      d->staging_ = std::make_unique<pool::StagingArea>(d->slab_pool_.get(), options.staging_slabs);
-      ctx.parts.staging = d->staging_.get();
-    }
+  }
+  if (d->slab_pool_ && options.staging_slabs > 0) {
+    d->staging_ = std::make_unique<pool::StagingArea>(d->slab_pool_.get(), options.staging_slabs);
+    ctx.parts.staging = d->staging_.get();
   }
   FERRY_RETURN_IF_ERROR(d->rpc_->Start());
   if (!options.metrics_listen.empty()) {

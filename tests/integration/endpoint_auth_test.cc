@@ -255,6 +255,54 @@ TEST(EndpointAuthTest, TcpWithoutTokenOrMutualTlsNeedsAllowInsecureRemoteEvenOnL
   EXPECT_TRUE(allowed.ok()) << allowed.log();
 }
 
+// A daemon that listens on TCP alone still has its pinned staging: remote sessions' inline
+// transfers go through it, rather than into ordinary memory, whose copies hold an executor
+// thread until the stream's earlier work is done.
+TEST(EndpointAuthTest, ADaemonOnTcpAloneStagesInlineTransfers) {
+  char tmpl[] = "/tmp/ferry-tcp-only-XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  pid_t pid = testing::Spawn(testing::FerrydPath(),
+                             {"--backend", testing::TestBackend(), "--listen", "tcp:127.0.0.1:0",
+                              "--allow-insecure-remote", "--ready-file", dir + "/ready"},
+                             dir + "/ferryd.log");
+  ASSERT_GT(pid, 0);
+  std::string target;
+  for (int i = 0; i < 2000 && target.empty(); ++i) {
+    std::ifstream in(dir + "/ready");
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind("tcp:", 0) == 0) target = line;
+    }
+    if (target.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_FALSE(target.empty()) << "no tcp: endpoint in the ready file";
+  // A remote session's inline upload and download, byte-exact.
+  auto client = Client::connect(target);
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  Status s = client->with_session([](Session& session) -> Status {
+    Tensor t = session.create_tensor<float>({1 << 18});
+    std::vector<float> x(1 << 18);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i);
+    FERRY_RETURN_IF_ERROR(session.upload(t, x));
+    FERRY_ASSIGN_OR_RETURN(std::vector<float> back, session.download<float>(t));
+    if (back != x) return Status(ErrorKind::kInternal, "the download differs from the upload");
+    return Status::Ok();
+  });
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  // They went through staging (taken when first needed, kept).
+  auto stub = v1::Admin::NewStub(
+      grpc::CreateChannel(target.substr(4), grpc::InsecureChannelCredentials()));  // no "tcp:"
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::StatusReply status;
+  ASSERT_TRUE(stub->Status(&ctx, v1::StatusRequest(), &status).ok());
+  EXPECT_GT(status.staging_slabs(), 0u) << status.DebugString();
+  EXPECT_GE(status.staged_bytes_total(), 2u << 20) << status.DebugString();
+  kill(pid, SIGTERM);
+  EXPECT_NE(testing::WaitExit(pid, std::chrono::seconds(20)), -1);
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
+
 TEST(EndpointAuthTest, SocketFilesAreNeverWorldAccessible) {
   // Started with umask 0: the sockets' modes come from ferryd alone.
   mode_t old = umask(0);
