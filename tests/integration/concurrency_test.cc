@@ -210,5 +210,63 @@ TEST(ConcurrencyTest, SessionsTakingTurnsForLargeCopiesAllGetTheirOwnBytesBack) 
   std::filesystem::remove_all(dir);
 }
 
+// A session that ran a GEMM and closes must not hold a daemon thread until the device has
+// finished every other session's work: on CUDA, cublasDestroy and cudaFree wait for the whole
+// device. With one executor thread, session A keeps the device busy (GEMMs in flight); B
+// runs a GEMM and closes; C then opens a session, moves bytes and closes. C is done while A's
+// work is still in flight (its pending download not ready): nothing of B's close waited for A.
+TEST(ConcurrencyTest, AClosingSessionsGemmWaitsForNoOtherSessionsWork) {
+  testing::FerrydProcess d({"--executor-threads", "1"});
+  ASSERT_TRUE(d.ok()) << d.log();
+  auto client = Client::connect(d.unix_target());
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  // A: about a second of GEMMs on either backend (the host backend's are far slower).
+  const bool host = testing::TestBackend() == "host";
+  const int64_t n = host ? 256 : 8192;
+  const int gemms = host ? 40 : 60;
+  auto a = client->open_session();
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  Tensor x = a->create_tensor<float>({n, n});
+  Tensor y = a->create_tensor<float>({n, n});
+  a->fill(x, 1.0f / static_cast<float>(n));
+  a->fill(y, 0.0f);
+  for (int i = 0; i < gemms; ++i) a->gemm(x, x, y, {.alpha = 1.0, .beta = 1.0});
+  auto buffer = a->pinned_buffer(4096);
+  ASSERT_TRUE(buffer.ok()) << buffer.status().ToString();
+  Tensor tail = a->create_tensor<float>({1024});
+  a->fill(tail, 3.0f);
+  PendingTransfer a_done = a->download_pending(std::move(tail), std::move(*buffer));
+  ASSERT_TRUE(a->submit().ok());
+  // B: a small GEMM, then close.
+  {
+    auto b = client->open_session();
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    Tensor m = b->create_tensor<float>({16, 16});
+    b->fill(m, 1.0f);
+    b->gemm(m, m, m, {.alpha = 1.0, .beta = 0.0});
+    ASSERT_TRUE(b->synchronize().ok());
+    ASSERT_TRUE(b->close().ok());
+  }
+  // C: a whole session after B's close.
+  {
+    auto c = client->open_session();
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    Tensor t = c->create_tensor<float>({256});
+    std::vector<float> v(256, 2.0f);
+    ASSERT_TRUE(c->upload(t, v).ok());
+    auto back = c->download<float>(t);
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    EXPECT_EQ(*back, v);
+    ASSERT_TRUE(c->close().ok());
+  }
+  auto ready = a_done.is_ready();
+  ASSERT_TRUE(ready.ok()) << ready.status().ToString();
+  EXPECT_FALSE(*ready) << "session A's work was done before C finished: either C waited for it "
+                          "(B's close held the executor thread) or A's work was too short";
+  Transfer done = a_done.wait();
+  EXPECT_TRUE(done.status.ok()) << done.status.ToString();
+  EXPECT_TRUE(a->close().ok());
+}
+
 }  // namespace
 }  // namespace ferry

@@ -251,14 +251,22 @@ Result<CUmodule> LoadImage(const DriverApi& api, const std::string& image) {
 /// graphs captured on the stream, since their nodes point into them.
 struct StreamScratch {
   int ordinal = 0;
-  double* reduce_partials = nullptr;  // cuda_kernels::kReduceMaxBlocks doubles
+  double* reduce_partials = nullptr;  // cuda_kernels::kReduceMaxBlocks doubles, from the pool
   void* cublas_workspace = nullptr;   // kCublasWorkspaceBytes
+  bool workspace_from_pool = false;   // cudaMallocAsync'd (else cudaMalloc'd)
 
+  // The last holder goes after the stream (drained when it was destroyed) and every graph
+  // captured on it: nothing can use the buffers any more. Pool memory goes back with
+  // cudaFreeAsync on the legacy default stream, which waits for no session's stream (they
+  // are all non-blocking); cudaFree would wait for the whole device, every session's work
+  // included. It fails harmlessly on a dead context.
   ~StreamScratch() {
-    // cudaFree waits for work using the memory; it fails harmlessly on a dead context.
     if (cudaSetDevice(ordinal) == cudaSuccess) {
-      if (reduce_partials != nullptr) (void)cudaFree(reduce_partials);
-      if (cublas_workspace != nullptr) (void)cudaFree(cublas_workspace);
+      if (reduce_partials != nullptr) (void)cudaFreeAsync(reduce_partials, nullptr);
+      if (cublas_workspace != nullptr) {
+        (void)(workspace_from_pool ? cudaFreeAsync(cublas_workspace, nullptr)
+                                   : cudaFree(cublas_workspace));
+      }
     }
     (void)cudaGetLastError();
   }
@@ -308,6 +316,13 @@ class CudaStream;
 struct ReadyStream {
   cudaStream_t stream = nullptr;
   double* reduce_partials = nullptr;
+  // A closed session's cuBLAS handle and workspace, when it ran a GEMM (DestroyReadyStream):
+  // cublasDestroy waits for the whole device, and so does cudaFree of a workspace made with
+  // cudaMalloc (one made inside a graph capture), so neither is left for a closing thread.
+  cublasHandle_t cublas = nullptr;
+  const CublasApi* cublas_api = nullptr;
+  void* cublas_workspace = nullptr;
+  bool workspace_from_pool = false;
 };
 
 /// Make a non-blocking stream and its scratch on the current device.
@@ -332,6 +347,11 @@ Result<ReadyStream> MakeReadyStream() {
 /// current device. Harmless on a dead context.
 void DestroyReadyStream(ReadyStream ready) {
   if (ready.stream == nullptr) return;
+  if (ready.cublas != nullptr) (void)ready.cublas_api->Destroy(ready.cublas);
+  if (ready.cublas_workspace != nullptr) {
+    (void)(ready.workspace_from_pool ? cudaFreeAsync(ready.cublas_workspace, ready.stream)
+                                     : cudaFree(ready.cublas_workspace));
+  }
   if (ready.reduce_partials != nullptr) (void)cudaFreeAsync(ready.reduce_partials, ready.stream);
   (void)cudaStreamDestroy(ready.stream);
   (void)cudaGetLastError();
@@ -717,17 +737,25 @@ class CudaStream final : public Stream {
     for (auto& [nodes, exec] : batch_execs_) (void)cudaGraphExecDestroy(exec);
     if (!watcher().OnWatcherThread()) watcher().WaitForQueue(queue_);
     DropSpan();
-    if (cublas_ != nullptr) (void)cublas_api_->Destroy(cublas_);
     (void)cudaGetLastError();
-    // The stream is destroyed off the closing thread (the stream maker's). Its reduction
-    // scratch goes back to the pool with it, in stream order, when no graph captured here
-    // holds it: cudaFree (the scratch's destructor) waits for the whole device, every other
-    // session's kernels included, and a close would wait for them. (The cuBLAS workspace, of
-    // sessions that ran a GEMM, still goes that way.)
+    // The stream is destroyed off the closing thread (the stream maker's), with its cuBLAS
+    // handle (cublasDestroy waits for the whole device, every other session's kernels
+    // included, and a close would wait for them). Its reduction scratch and cuBLAS workspace
+    // go back with it, in stream order, when no graph captured here holds them; else the
+    // scratch frees them when the last graph goes (StreamScratch, without waiting).
     if (stream_ != nullptr) {
-      ReadyStream closed{stream_, nullptr};
-      if (scratch_.use_count() == 1) std::swap(closed.reduce_partials, scratch_->reduce_partials);
+      ReadyStream closed;
+      closed.stream = stream_;
+      closed.cublas = cublas_;
+      closed.cublas_api = cublas_api_;
+      if (scratch_.use_count() == 1) {
+        std::swap(closed.reduce_partials, scratch_->reduce_partials);
+        std::swap(closed.cublas_workspace, scratch_->cublas_workspace);
+        closed.workspace_from_pool = scratch_->workspace_from_pool;
+      }
       device_->RetireStream(closed);
+    } else if (cublas_ != nullptr) {
+      (void)cublas_api_->Destroy(cublas_);
     }
     // scratch_ goes last: graphs captured here may still hold it (then it frees itself).
   }
@@ -1049,14 +1077,24 @@ class CudaStream final : public Stream {
   }
 
   // cuBLAS for this stream, made on its first GEMM: a session that never multiplies matrices
-  // costs no handle and no workspace. A first GEMM inside a graph capture makes it there:
-  // the capture is relaxed, so the workspace's cudaMalloc is allowed (and not captured).
+  // costs no handle and no workspace. The workspace comes from the pool in stream order, so
+  // that it goes back without waiting for the device (cudaFree would). A first GEMM inside
+  // a graph capture makes it there with cudaMalloc instead (the capture is relaxed, so it is
+  // allowed and not captured; cudaMallocAsync would be captured as the graph's own memory).
   Status EnsureCublas() {
     if (cublas_ != nullptr) return Status::Ok();
     if (scratch_->cublas_workspace == nullptr) {
-      FERRY_RETURN_IF_ERROR(
-          device_->Check(cudaMalloc(&scratch_->cublas_workspace, kCublasWorkspaceBytes),
-                         "cudaMalloc (cuBLAS workspace)"));
+      if (capturing_) {
+        FERRY_RETURN_IF_ERROR(
+            device_->Check(cudaMalloc(&scratch_->cublas_workspace, kCublasWorkspaceBytes),
+                           "cudaMalloc (cuBLAS workspace)"));
+        scratch_->workspace_from_pool = false;
+      } else {
+        FERRY_RETURN_IF_ERROR(device_->Check(
+            cudaMallocAsync(&scratch_->cublas_workspace, kCublasWorkspaceBytes, stream_),
+            "cudaMallocAsync (cuBLAS workspace)"));
+        scratch_->workspace_from_pool = true;
+      }
     }
     FERRY_ASSIGN_OR_RETURN(const CublasApi* api, GetCublasApi());
     cublasHandle_t handle = nullptr;
