@@ -24,26 +24,26 @@ using Reactor = grpc::ServerBidiReactor<v1::ClientMessage, v1::ServerMessage>;
 // A message whose handling is short and never blocks may be handled on the gRPC thread
 // that read it (gRPC's reactions must not block): a Synchronize; a Close (Session::Close
 // tears down at once only a session that holds nothing on the device, else it posts the
-// teardown); or a submit of at most kQuickOps ops, each of which only enqueues device work
-// that runs asynchronously (and at most kQuickUploadBytes of inline upload bytes). An Open
-// is handled there while the device serves (SessionReactor::OnReadDone). Everything else
-// goes to the executor's threads: Open while the device is rebuilt, and submits with an op that
-// may block the thread: a Download (into pageable chunks the copy waits for the stream),
-// a create or free (allocation may trim the pool), module loads (NVRTC compiles take up
-// to seconds) and unloads, GEMMs and graph captures (the first makes cuBLAS state, and
-// loads the library), graph frees.
-constexpr int kQuickOps = 64;
-constexpr uint64_t kQuickUploadBytes = 64 << 10;
+// teardown); or a submit of at most session::kQuickSubmitOps ops, each of which only enqueues
+// device work that runs asynchronously (and at most session::kQuickSubmitUploadBytes of inline
+// upload bytes). An Open is handled there while the device serves (SessionReactor::OnReadDone).
+// Everything else goes to the executor's threads: Open while the device is rebuilt, and submits
+// with an op that may block the thread: a Download (into pageable chunks the copy waits for the
+// stream), a create or free (allocation may trim the pool), module loads (NVRTC compiles take up to
+// seconds) and unloads, GEMMs and graph captures (the first makes cuBLAS state, and loads the
+// library), graph frees. The same rule as session::IsQuickSubmit, on the wire's message.
 bool IsQuick(const v1::ClientMessage& m) {
   if (m.has_synchronize() || m.has_close()) return true;
-  if (!m.has_submit() || m.submit().ops_size() > kQuickOps) return false;
+  if (!m.has_submit() || static_cast<size_t>(m.submit().ops_size()) > session::kQuickSubmitOps) {
+    return false;
+  }
   uint64_t upload_bytes = 0;
   for (const v1::Op& op : m.submit().ops()) {
     const std::optional<session::OpKind> kind = KindOf(op);
     if (!kind || !session::Traits(*kind).quick) return false;
     if (*kind == session::OpKind::kUpload) upload_bytes += op.upload().data().size();
   }
-  return upload_bytes <= kQuickUploadBytes;
+  return upload_bytes <= session::kQuickSubmitUploadBytes;
 }
 
 // Messages from the submit ring that are quick and have at most this many ops together are

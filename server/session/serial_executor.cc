@@ -40,7 +40,21 @@ void SerialExecutor::RunOrPost(std::function<void()> fn, Followers followers) co
   RunTaken(std::move(fn), followers);
 }
 
+namespace {
+// How deep this thread is in RunTaken (functions run on a RunOrPost's or TryRun's caller's
+// thread); an io_context thread draining a queue may be inside one only through a nested
+// RunOrPost.
+thread_local int callers_thread_runs = 0;
+struct CallersThreadRun {
+  CallersThreadRun() { ++callers_thread_runs; }
+  ~CallersThreadRun() { --callers_thread_runs; }
+};
+}  // namespace
+
+bool SerialExecutor::RunningOnCallersThread() { return callers_thread_runs > 0; }
+
 void SerialExecutor::RunTaken(std::function<void()> fn, Followers followers) const {
+  CallersThreadRun on_callers_thread;
   fn();
   for (int ran = 1;; ++ran) {
     {

@@ -60,6 +60,11 @@ class SerialExecutor {
   bool TryRun(std::function<void()>& fn, Followers followers = Followers::kPost) const;
   /// True on the thread running one of this executor's functions now.
   bool running_in_this_thread() const;
+  /// True while this thread runs a function of any executor that a RunOrPost or TryRun ran
+  /// on the caller's thread (a gRPC thread, the ring poller, the completion watcher), which
+  /// must not block or run long; false on the io_context's threads running what was posted.
+  /// A function that finds work it must not do here posts it instead.
+  static bool RunningOnCallersThread();
 
   /// The most functions one io_context turn runs before it yields to other executors.
   static constexpr int kBatch = 16;

@@ -105,7 +105,15 @@ void Session::Submit(SubmitRequest request) {
     record.turns_needed = needs;
     // Behind a paused enqueue a submit waits for it, not for turns (ContinueEnqueue starts it).
     bool waits_for_turns = !enqueue_paused();
-    if (parked_ == 0 && !enqueue_paused() &&
+    // A submit that may block or run long is not started on a caller's thread (a gRPC
+    // thread, the ring poller, the completion watcher, which every session shares): the
+    // connection hands such messages to the io threads, but one that was held for the
+    // sequencer or backpressure can reach here from a quick one's handling. It parks, and
+    // an io thread starts it (ResumeParked); the session's later submits wait behind it.
+    const bool start_elsewhere =
+        SerialExecutor::RunningOnCallersThread() && !IsQuickSubmit(request.ops);
+    if (start_elsewhere) waits_for_turns = false;
+    if (parked_ == 0 && !enqueue_paused() && !start_elsewhere &&
         (needs == CopyTurns::kNone || turns_->TryTake(needs, TurnsIdentity()))) {
       record.turns_held = needs;
       waits_for_turns = false;
@@ -118,6 +126,7 @@ void Session::Submit(SubmitRequest request) {
       // The first parked submit is one whose turn was not free: queue for it.
       AwaitTurns(needs);
     }
+    if (record.parked && parked_ == 1 && start_elsewhere) PostResumeParked();
   }
   queue_.push_back(std::move(record));
   counters_->submits_in_flight = queue_.size();
@@ -241,10 +250,37 @@ void Session::OnTurnsGranted() {
   ResumeParked(granted);
 }
 
+void Session::PostResumeParked() {
+  if (resume_posted_) return;
+  resume_posted_ = true;
+  executor_.Post(
+      [self = shared_from_this()] {
+        self->resume_posted_ = false;
+        if (self->awaiting_turns_ == CopyTurns::kNone && !self->awaiting_staging_) {
+          self->ResumeParked(CopyTurns::kNone);
+        }
+      },
+      "parked submits");
+}
+
+bool IsQuickSubmit(const std::vector<Op>& ops) {
+  if (ops.size() > kQuickSubmitOps) return false;
+  uint64_t upload_bytes = 0;
+  for (const Op& op : ops) {
+    if (!Traits(KindOf(op)).quick) return false;
+    if (const auto* up = std::get_if<UploadOp>(&op)) upload_bytes += up->data.size();
+  }
+  return upload_bytes <= kQuickSubmitUploadBytes;
+}
+
 void Session::ResumeParked(uint8_t granted) {
   for (InFlight& r : queue_) {
     if (enqueue_paused()) break;  // the submits after it wait (ContinueEnqueue resumes them)
     if (!r.parked) continue;
+    if (SerialExecutor::RunningOnCallersThread() && !IsQuickSubmit(r.request.ops)) {
+      PostResumeParked();  // not on a caller's thread (Submit): an io thread starts it
+      break;
+    }
     // A submit that waited for staging holds its turns already.
     const bool has_turns = r.turns_needed == CopyTurns::kNone || r.turns_held != CopyTurns::kNone;
     if (!has_turns) {

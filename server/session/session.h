@@ -74,6 +74,14 @@ struct SessionConfig {
   uint32_t max_queued_commands = 128;
 };
 
+/// A submit of at most kQuickSubmitOps ops, each quick (OpTraits::quick), with at most
+/// kQuickSubmitUploadBytes inline upload bytes: one that may be started on the thread that
+/// read it (rpc's IsQuick asks the same of a wire message). Anything else is started on an
+/// io thread (Session::Submit parks it when it is reached on another).
+inline constexpr size_t kQuickSubmitOps = 64;
+inline constexpr uint64_t kQuickSubmitUploadBytes = 64 << 10;
+bool IsQuickSubmit(const std::vector<Op>& ops);
+
 /// Plain copy of a session's counters, as Closed reports them.
 struct SessionStatsSnapshot {
   uint64_t submits = 0, failed_submits = 0, ops = 0, kernel_launches = 0;
@@ -284,6 +292,10 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   // Start parked submits in order, with `granted` turns for the first that waits for them,
   // until one must wait (for turns, or for staging).
   void ResumeParked(uint8_t granted);
+  // Post ResumeParked to the io threads (once until it runs): the first parked submit may
+  // not be started on the thread that reached it.
+  void PostResumeParked();
+  bool resume_posted_ = false;
   // Queue for the turns of the first parked submit; OnTurnsGranted follows on the executor.
   void AwaitTurns(uint8_t mask);
   // The identity whose weight (uid-weights) orders this session's turns.

@@ -435,6 +435,38 @@ TEST_F(SessionTest, ARunsSubmitsShareOneBatchAndAreEachReportedInOrder) {
   EXPECT_EQ(CloseAndWait(c).kernel_batches, 3u);  // 10, 11, 13; 15, 16; 20..35
 }
 
+// A submit that may block or run long (here a create: an allocation) that reaches the
+// session on a caller's thread (a RunOrPost or TryRun run there: a gRPC thread, the ring
+// poller, the completion watcher) is not started there: it parks, and an io thread starts it
+// once that thread is done; a quick submit behind it waits for it.
+TEST_F(SessionTest, ASubmitThatMayBlockIsNotStartedOnACallersThread) {
+  Client c = Open();
+  ASSERT_TRUE(SubmitAndWait(c, 1, {CreateTensorOp{1, DType::kF32, {64}}}).ok());
+  const uint64_t before = reserved();
+  uint64_t reserved_there = 0;
+  size_t in_flight_there = 0;
+  std::function<void()> on_callers_thread = [&] {
+    EXPECT_TRUE(SerialExecutor::RunningOnCallersThread());
+    c.session->Submit(Request(2, {CreateTensorOp{2, DType::kF32, {1 << 20}}}));
+    c.session->Submit(Request(3, {FillOp{1, 2.0}}));
+    // Nothing of the session's can run elsewhere meanwhile: what is seen here is this
+    // thread's doing alone.
+    reserved_there = reserved();
+    in_flight_there = c.session->in_flight();
+  };
+  while (!c.session->executor().TryRun(on_callers_thread)) std::this_thread::yield();
+  EXPECT_EQ(reserved_there, before) << "the create was started on the caller's thread";
+  EXPECT_EQ(in_flight_there, 2u);
+  ASSERT_TRUE(c.events->WaitForCompletions(3));
+  EXPECT_TRUE(c.events->CompletionOf(2).ok()) << c.events->CompletionOf(2).ToString();
+  EXPECT_TRUE(c.events->CompletionOf(3).ok()) << c.events->CompletionOf(3).ToString();
+  EXPECT_EQ(reserved(), before + (4ull << 20)) << "the create ran, on an io thread";
+  const std::vector<Event> done = c.events->completions();
+  ASSERT_EQ(done.size(), 3u);
+  EXPECT_EQ(done[1].id, 2u);
+  EXPECT_EQ(done[2].id, 3u) << "the quick submit waited behind the parked one";
+}
+
 TEST_F(SessionTest, SynchronizeWithNothingInFlightAnswersAtOnce) {
   Client c = Open();
   ASSERT_TRUE(OnStrand(c.session->executor(), [&] { c.session->Synchronize(5); }));
