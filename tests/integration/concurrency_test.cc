@@ -242,9 +242,11 @@ TEST(ConcurrencyTest, AClosingSessionsGemmWaitsForNoOtherSessionsWork) {
     auto b = client->open_session();
     ASSERT_TRUE(b.ok()) << b.status().ToString();
     Tensor m = b->create_tensor<float>({16, 16});
+    Tensor out = b->create_tensor<float>({16, 16});
     b->fill(m, 1.0f);
-    b->gemm(m, m, m, {.alpha = 1.0, .beta = 0.0});
-    ASSERT_TRUE(b->synchronize().ok());
+    b->gemm(m, m, out, {.alpha = 1.0, .beta = 0.0});
+    Status gemm = b->synchronize();
+    ASSERT_TRUE(gemm.ok()) << gemm.ToString();
     ASSERT_TRUE(b->close().ok());
   }
   // C: a whole session after B's close.
