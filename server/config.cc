@@ -201,6 +201,9 @@ class Settings {
            c_.daemon.in_flight_bytes = n;
            return Status::Ok();
          }},
+        {"session-max-submit-ops",
+         bounded(0, 1ull << 32,
+                 [this](uint64_t n) { c_.daemon.session_defaults.max_ops_per_submit = n; })},
         {"session-max-tensors",
          bounded(0, 1ull << 32,
                  [this](uint64_t n) { c_.daemon.session_defaults.max_tensors = n; })},
@@ -650,6 +653,9 @@ means true; --allow-insecure-remote and --allow-remote-raw-kernels also take =tr
                              a submit past it is refused with QUOTA_EXCEEDED, and a session
                              holding some stops reading when less than max-message is left
                              (default 4G; 0: no limit; else at least 16M)
+  --session-max-submit-ops N  ops one submit may carry, each LaunchGraph counted as the
+                             ops its graph recorded; past it the submit is refused with
+                             QUOTA_EXCEEDED (default 1048576; 0: no limit)
   --session-max-tensors N    live tensors per session (default 65536; 0: no limit)
   --session-max-modules N    loaded modules per session (default 256; 0: no limit)
   --session-max-graphs N     recorded graphs per session (default 4096; 0: no limit)
@@ -856,6 +862,8 @@ std::string FormatConfig(const DaemonConfig& c) {
       << limit(sd.max_in_flight_bytes) << "\n";
   out << "in-flight-bytes = " << FormatBytes(c.daemon.in_flight_bytes)
       << limit(c.daemon.in_flight_bytes) << "\n";
+  out << "session-max-submit-ops = " << sd.max_ops_per_submit << limit(sd.max_ops_per_submit)
+      << "\n";
   out << "session-max-tensors = " << sd.max_tensors << limit(sd.max_tensors) << "\n";
   out << "session-max-modules = " << sd.max_modules << limit(sd.max_modules) << "\n";
   out << "session-max-graphs = " << sd.max_graphs << limit(sd.max_graphs) << "\n";

@@ -1,5 +1,6 @@
 #include "session/admission.h"
 
+#include <algorithm>
 #include <string>
 #include <type_traits>
 #include <unordered_map>
@@ -81,6 +82,13 @@ class ObjectOverlay {
     auto it = table_.graphs().find(h);
     return it == table_.graphs().end() ? nullptr : &it->second.tensors;
   }
+  // Return the ops graph `h` recorded (0 when no live graph has that handle).
+  uint64_t GraphOps(uint64_t h) const {
+    if (auto it = graphs_created_.find(h); it != graphs_created_.end()) return it->second.second;
+    if (graphs_freed_.count(h)) return 0;
+    auto it = table_.graphs().find(h);
+    return it == table_.graphs().end() ? 0 : it->second.ops;
+  }
   void CreateGraph(uint64_t h, TensorRefs refs, uint64_t ops) {
     graphs_created_[h] = {std::move(refs), ops};
   }
@@ -114,8 +122,9 @@ constexpr bool IsGraphable() {
 
 class Admitter {
  public:
-  Admitter(const HandleTable& table, const AdmissionLimits& limits, const pool::SessionSlabs* slabs)
-      : overlay_(table), objects_(table), limits_(limits), slabs_(slabs) {
+  Admitter(const HandleTable& table, const AdmissionLimits& limits, const pool::SessionSlabs* slabs,
+           uint64_t ops)
+      : overlay_(table), objects_(table), limits_(limits), slabs_(slabs), work_(ops) {
     result_.peak_device_bytes = table.bytes();
   }
 
@@ -231,6 +240,7 @@ class Admitter {
   Status Do(const FreeTensorOp& op) {
     FERRY_ASSIGN_OR_RETURN([[maybe_unused]] const TensorRecord* r, Live(op.handle));
     overlay_.Free(op.handle);
+    ++frees_;
     return Status::Ok();
   }
   Status Do(const UploadOp& op) {
@@ -385,6 +395,7 @@ class Admitter {
   Status Do(const EndGraphOp&) {
     if (!capturing_) return Status(ErrorKind::kInvalidArgument, "EndGraph without BeginGraph");
     capturing_ = false;
+    graphs_checked_.erase(capture_handle_);
     objects_.CreateGraph(capture_handle_, std::move(capture_refs_), capture_ops_);
     capture_refs_.clear();
     if (limits_.max_graph_ops) {
@@ -398,11 +409,35 @@ class Admitter {
     }
     return Status::Ok();
   }
+  // A graph launch replays every op the graph recorded: admission checks each tensor they
+  // use again, the backend checks each range again (the CUDA backend under its device-wide
+  // lock) and the device runs them all. So it counts toward the submit's ops as the ops its
+  // graph recorded (at least one), and the limit on ops per submit bounds that work as it
+  // bounds a submit of those ops themselves (docs/protocol.md, "Limits"). Checked before the
+  // tensors, so that a submit past it costs no more than this count to refuse.
   Status Do(const LaunchGraphOp& op) {
     const TensorRefs* refs = objects_.Graph(op.graph);
     if (!refs) {
       return Status(ErrorKind::kInvalidHandle,
                     "graph " + std::to_string(op.graph) + " does not exist");
+    }
+    const uint64_t ops = std::max<uint64_t>(1, objects_.GraphOps(op.graph));
+    work_ += ops - 1;  // the launch itself is counted already
+    if (limits_.max_ops_per_submit && work_ > limits_.max_ops_per_submit) {
+      return Status(ErrorKind::kQuotaExceeded,
+                    "a submit may carry at most " + std::to_string(limits_.max_ops_per_submit) +
+                        " ops, counting each LaunchGraph as the ops its graph recorded; with "
+                        "this launch of graph " +
+                        std::to_string(op.graph) + " (" + std::to_string(ops) +
+                        " ops) this one has at least " + std::to_string(work_) +
+                        " (ferryd --session-max-submit-ops); launch it from more submits");
+    }
+    // No tensor was freed since this submit last found the graph's tensors live (creates
+    // only make live handles that were not): they still are. A free, or the graph recorded
+    // again, checks them again.
+    if (auto it = graphs_checked_.find(op.graph);
+        it != graphs_checked_.end() && it->second == frees_) {
+      return Status::Ok();
     }
     for (const auto& [handle, generation] : *refs) {
       const TensorRecord* r = overlay_.Find(handle);
@@ -412,6 +447,7 @@ class Admitter {
                           ", which was freed after the graph was recorded");
       }
     }
+    graphs_checked_[op.graph] = frees_;
     return Status::Ok();
   }
   Status Do(const FreeGraphOp& op) {
@@ -419,6 +455,7 @@ class Admitter {
       return Status(ErrorKind::kInvalidHandle,
                     "graph " + std::to_string(op.handle) + " does not exist");
     }
+    graphs_checked_.erase(op.handle);
     objects_.FreeGraph(op.handle);
     return Status::Ok();
   }
@@ -473,6 +510,13 @@ class Admitter {
   int capture_begin_ = 0;
   uint64_t capture_ops_ = 0;  // ops recorded into the graph being recorded
   TensorRefs capture_refs_;
+  // The submit's ops, each LaunchGraph counted as the ops its graph recorded (those admitted
+  // so far; every other op counted from the start).
+  uint64_t work_;
+  uint64_t frees_ = 0;  // tensors freed by the ops admitted so far
+  // Graphs launched by the ops admitted so far whose tensors were all live: the value of
+  // frees_ when they were checked.
+  std::unordered_map<uint64_t, uint64_t> graphs_checked_;
 };
 
 }  // namespace
@@ -493,9 +537,10 @@ Result<AdmissionResult> AdmitSubmit(const SubmitRequest& request, const HandleTa
   if (limits.max_ops_per_submit && request.ops.size() > limits.max_ops_per_submit) {
     return Status(ErrorKind::kQuotaExceeded,
                   "a submit may carry at most " + std::to_string(limits.max_ops_per_submit) +
-                      " ops, this one has " + std::to_string(request.ops.size()));
+                      " ops, this one has " + std::to_string(request.ops.size()) +
+                      " (ferryd --session-max-submit-ops)");
   }
-  Admitter admitter(table, limits, slabs);
+  Admitter admitter(table, limits, slabs, request.ops.size());
   for (size_t i = 0; i < request.ops.size(); ++i) {
     Status s = admitter.Check(request.ops[i], static_cast<int>(i));
     if (!s.ok()) return s.WithOpIndex(static_cast<int>(i));

@@ -17,7 +17,9 @@ namespace ferry::session {
 
 struct AdmissionLimits {
   uint64_t device_bytes_quota = 0;  // the session's quota for live tensor bytes
-  uint64_t max_ops_per_submit = 0;  // 0: no limit
+  // Ops one submit may carry, each LaunchGraph counted as the ops its graph recorded (at
+  // least one): what admitting and enqueueing the submit checks and enqueues. 0: no limit.
+  uint64_t max_ops_per_submit = 0;
   // Total inline Download bytes one submit may ask for (the daemon buffers them until they
   // are sent); 0: none. DownloadToSlab bytes land in the client's slab and do not count.
   uint64_t max_download_bytes = 0;

@@ -161,8 +161,9 @@ enum class CopyDirection : uint8_t { kNone, kToDevice, kToHost };
 struct OpTraits {
   std::string_view name;
   /// Only enqueues device work that runs asynchronously and never blocks the thread (no
-  /// allocation, no compile, no wait for a copy into pageable memory): a submit of such ops
-  /// (and few inline upload bytes) may run on the thread that read it.
+  /// allocation, no compile, no wait for a copy into pageable memory), and takes little CPU
+  /// time to admit and enqueue: a submit of such ops (and few inline upload bytes) may run on
+  /// the thread that read it.
   bool quick;
   /// Moves bytes between host and device, and which way (copy turns, busy accounting).
   CopyDirection copy;
@@ -193,7 +194,11 @@ inline constexpr OpTraits kOpTraits[] = {
     {"launch", true, CopyDirection::kNone, true, false, true},
     {"begin_graph", false, CopyDirection::kNone, false, false, false},
     {"end_graph", false, CopyDirection::kNone, false, false, true},
-    {"launch_graph", true, CopyDirection::kNone, false, false, false},
+    // Not quick: a launch replays up to session-max-graph-ops recorded ops, and admission and
+    // the backend check every tensor they use (milliseconds for a large graph). Which
+    // messages are quick is decided per wire message (rpc IsQuick) before the session's
+    // executor runs, where the session's graphs cannot be looked at, so no graph launch is.
+    {"launch_graph", false, CopyDirection::kNone, false, false, false},
     {"free_graph", false, CopyDirection::kNone, false, false, false},
     {"upload_from_slab", true, CopyDirection::kToDevice, false, false, false},
     {"download_to_slab", true, CopyDirection::kToHost, false, false, false},

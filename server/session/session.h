@@ -37,6 +37,8 @@ inline constexpr uint64_t kMaxChunkBytes = 1ull << 20;
 struct SessionConfig {
   uint64_t device_bytes_quota = 1ull << 30;
   uint32_t max_in_flight_submits = 64;
+  // Ops one submit may carry, each LaunchGraph counted as the ops its graph recorded
+  // (AdmissionLimits); beyond it the submit is refused with QUOTA_EXCEEDED. 0: no limit.
   uint64_t max_ops_per_submit = 1u << 20;
   uint64_t max_download_bytes_per_submit = 1ull << 30;
   // Live objects a session may hold, and ops recorded into its live graphs (together): each

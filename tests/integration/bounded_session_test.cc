@@ -1320,6 +1320,87 @@ TEST(BoundedSessionTest, GraphRecordingPastTheOpLimitIsRefused) {
   EXPECT_EQ(d.Stop(), 0) << d.log();
 }
 
+// A LaunchGraph counts toward the ops per submit (--session-max-submit-ops, 2^20 by default)
+// as the ops its graph recorded: a submit of many launches of a graph of the most ops a
+// session may record, each of which admission checks again tensor by tensor (minutes of an
+// executor thread for this submit before the bound), is refused whole with QUOTA_EXCEEDED;
+// the session and the daemon serve on, and launches within the limit run.
+TEST(BoundedSessionTest, ManyLaunchesOfALargeGraphAreRefusedWhole) {
+  FerrydProcess d;
+  ASSERT_TRUE(d.ok()) << d.log();
+  RawStream raw(d.unix_target());
+  ASSERT_TRUE(raw.Open());
+  constexpr int kGraphOps = 262144;  // --session-max-graph-ops
+  std::vector<v1::Op> record{Create(1, v1::DTYPE_F32, {16})};
+  record.emplace_back().mutable_begin_graph()->set_handle(1);
+  for (int i = 0; i < kGraphOps; ++i) record.push_back(Fill(1, 1.0));
+  record.emplace_back().mutable_end_graph();
+  ASSERT_TRUE(raw.Submit(1, record));
+  v1::Error e = raw.Completion(1);
+  ASSERT_EQ(e.kind(), v1::ERROR_KIND_NONE) << e.message();
+  v1::Op launch;
+  launch.mutable_launch_graph()->set_graph(1);
+  ASSERT_TRUE(raw.Submit(2, std::vector<v1::Op>(100000, launch)));
+  e = raw.Completion(2);
+  EXPECT_EQ(e.kind(), v1::QUOTA_EXCEEDED) << e.message();
+  EXPECT_EQ(e.op_index(), 3);  // 3 launches of 262144 and 99997 of one each already fill it
+  EXPECT_NE(e.message().find("--session-max-submit-ops"), std::string::npos) << e.message();
+
+  // Another session is served.
+  RawStream other(d.unix_target());
+  ASSERT_TRUE(other.Open());
+  ASSERT_TRUE(other.Submit(1, {Create(1, v1::DTYPE_F32, {4}), Fill(1, 2.0), Download(1, 0, 16)}));
+  std::string bytes;
+  e = other.Completion(1, &bytes);
+  ASSERT_EQ(e.kind(), v1::ERROR_KIND_NONE) << e.message();
+  ASSERT_EQ(bytes.size(), 16u);
+  float value = 0;
+  std::memcpy(&value, bytes.data() + 12, sizeof value);
+  EXPECT_EQ(value, 2.0f);
+  other.Close();
+
+  // So is this one: launching the graph (4 times: the limit) runs.
+  ASSERT_TRUE(raw.Submit(3, std::vector<v1::Op>(4, launch)));
+  e = raw.Completion(3);
+  EXPECT_EQ(e.kind(), v1::ERROR_KIND_NONE) << e.message();
+  raw.Close();
+  EXPECT_EQ(d.Stop(), 0) << d.log();
+}
+
+// --session-max-submit-ops sets the limit: plain ops count one each, a launch its graph's ops.
+TEST(BoundedSessionTest, OpsPerSubmitFollowTheSetting) {
+  FerrydProcess d({"--session-max-submit-ops", "100"});
+  ASSERT_TRUE(d.ok()) << d.log();
+  RawStream raw(d.unix_target());
+  ASSERT_TRUE(raw.Open());
+  std::vector<v1::Op> record{Create(1, v1::DTYPE_F32, {16})};
+  record.emplace_back().mutable_begin_graph()->set_handle(1);
+  for (int i = 0; i < 30; ++i) record.push_back(Fill(1, i));
+  record.emplace_back().mutable_end_graph();
+  ASSERT_TRUE(raw.Submit(1, record));
+  v1::Error e = raw.Completion(1);
+  ASSERT_EQ(e.kind(), v1::ERROR_KIND_NONE) << e.message();
+  v1::Op launch;
+  launch.mutable_launch_graph()->set_graph(1);
+  ASSERT_TRUE(raw.Submit(2, std::vector<v1::Op>(3, launch)));  // 90
+  e = raw.Completion(2);
+  EXPECT_EQ(e.kind(), v1::ERROR_KIND_NONE) << e.message();
+  ASSERT_TRUE(raw.Submit(3, std::vector<v1::Op>(4, launch)));  // 120
+  e = raw.Completion(3);
+  EXPECT_EQ(e.kind(), v1::QUOTA_EXCEEDED) << e.message();
+  EXPECT_EQ(e.op_index(), 3);
+  ASSERT_TRUE(raw.Submit(4, std::vector<v1::Op>(101, Fill(1, 0))));
+  e = raw.Completion(4);
+  EXPECT_EQ(e.kind(), v1::QUOTA_EXCEEDED) << e.message();
+  EXPECT_EQ(e.op_index(), -1);
+  EXPECT_NE(e.message().find("--session-max-submit-ops"), std::string::npos) << e.message();
+  ASSERT_TRUE(raw.Submit(5, std::vector<v1::Op>(100, Fill(1, 0))));
+  e = raw.Completion(5);
+  EXPECT_EQ(e.kind(), v1::ERROR_KIND_NONE) << e.message();
+  raw.Close();
+  EXPECT_EQ(d.Stop(), 0) << d.log();
+}
+
 // The objects all sessions hold together are bounded (--max-objects): a uid may open
 // hundreds of sessions, each allowed 65536 tensors and 262144 recorded graph ops. A submit is
 // charged as many objects as it could add before it is enqueued and given back what it did

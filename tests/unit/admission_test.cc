@@ -3,6 +3,11 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+#include <vector>
+
+#include "session/session.h"
+
 namespace ferry::session {
 namespace {
 
@@ -213,6 +218,128 @@ TEST_F(AdmissionTest, RecordedGraphOpsLimit) {
   // Freeing it first makes room again.
   EXPECT_TRUE(Admit({FreeGraphOp{9}, BeginGraphOp{1}, FillOp{1, 0}, FillOp{1, 0}, FillOp{1, 0},
                      FillOp{1, 0}, EndGraphOp{}})
+                  .ok());
+}
+
+// A LaunchGraph counts toward the ops per submit as the ops its graph recorded (at least one):
+// admitting it checks every tensor those ops use (and the CUDA backend checks every range
+// again), so a submit of launches costs what a submit of their recorded ops would. With the
+// session's defaults a submit may launch a graph of session-max-graph-ops ops 4 times.
+class GraphLaunchWorkTest : public AdmissionTest {
+ protected:
+  GraphLaunchWorkTest() {
+    const SessionConfig defaults;
+    limits_.max_ops_per_submit = defaults.max_ops_per_submit;
+    limits_.max_graph_ops = defaults.max_graph_ops;
+    AddTensor(1, DType::kF32, {16});
+    AddTensor(2, DType::kF32, {16});
+    AddTensor(3, DType::kF32, {16});
+  }
+  // Put into the table graph `handle` of `ops` recorded binary ops over tensors 1, 2 and 3
+  // (three uses each).
+  void AddGraph(uint64_t handle, uint64_t ops) {
+    GraphRecord g;
+    g.ops = ops;
+    g.tensors.reserve(3 * ops);
+    for (uint64_t i = 0; i < ops; ++i) {
+      for (uint64_t t = 1; t <= 3; ++t) g.tensors.emplace_back(t, table_.Find(t)->generation);
+    }
+    table_.graphs()[handle] = std::move(g);
+  }
+  static std::vector<Op> Launches(uint64_t graph, size_t n) {
+    return std::vector<Op>(n, Op{LaunchGraphOp{graph}});
+  }
+};
+
+TEST_F(GraphLaunchWorkTest, ManyLaunchesOfALargeGraphAreRefusedAtTheLaunchPastTheLimit) {
+  const uint64_t max_graph_ops = SessionConfig().max_graph_ops;
+  AddGraph(7, max_graph_ops);
+  // 4096 launches of a 262144-op graph: 2^30 recorded ops, 3 * 2^30 tensor checks (seconds
+  // of one executor thread before the bound; a submit of 2^20 launches, about an hour).
+  // Refused whole, at the fourth launch: the ops after it count one each already.
+  Status s = Admit(Launches(7, 4096));
+  EXPECT_EQ(s.kind(), ErrorKind::kQuotaExceeded) << s.ToString();
+  EXPECT_EQ(s.op_index(), 3);
+  EXPECT_NE(s.message().find("session-max-submit-ops"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("graph 7"), std::string::npos) << s.message();
+  // Exactly at the limit is admitted; one op more is not (it counts wherever it is).
+  EXPECT_TRUE(Admit(Launches(7, 4)).ok());
+  std::vector<Op> over = Launches(7, 4);
+  over.push_back(FillOp{1, 0});
+  Status one_more = Admit(over);
+  EXPECT_EQ(one_more.kind(), ErrorKind::kQuotaExceeded) << one_more.ToString();
+  EXPECT_EQ(one_more.op_index(), 3);
+}
+
+TEST_F(GraphLaunchWorkTest, OneLaunchOfTheLargestGraphIsAdmitted) {
+  AddGraph(7, SessionConfig().max_graph_ops);
+  EXPECT_TRUE(Admit({LaunchGraphOp{7}}).ok());
+  EXPECT_TRUE(Admit({FillOp{1, 1}, LaunchGraphOp{7}, AxpyOp{2.0, 1, 2}}).ok());
+}
+
+TEST_F(GraphLaunchWorkTest, NormalUseOfSmallGraphsIsAdmitted) {
+  AddGraph(8, 100);
+  EXPECT_TRUE(Admit({LaunchGraphOp{8}, LaunchGraphOp{8}, LaunchGraphOp{8}}).ok());
+  // A training loop's submit: a launch and a few ops, a thousand times over.
+  std::vector<Op> loop;
+  for (int i = 0; i < 1000; ++i) {
+    loop.push_back(FillOp{1, 0});
+    loop.push_back(LaunchGraphOp{8});
+    loop.push_back(AxpyOp{1.0, 1, 2});
+  }
+  EXPECT_TRUE(Admit(loop).ok());
+  // 2^20 / 100 launches fit in one submit, one more does not.
+  EXPECT_TRUE(Admit(Launches(8, (1u << 20) / 100)).ok());
+  EXPECT_EQ(Admit(Launches(8, (1u << 20) / 100 + 1)).kind(), ErrorKind::kQuotaExceeded);
+}
+
+// What counts, with a small limit: the submit's ops, each launch as its graph's ops (a graph
+// recorded in the same submit too), an empty graph's launch as one.
+TEST_F(AdmissionTest, GraphLaunchesCountTheirRecordedOpsTowardOpsPerSubmit) {
+  limits_.max_ops_per_submit = 10;
+  AddTensor(1, DType::kF32, {4});
+  GraphRecord g;
+  g.ops = 4;
+  g.tensors = {{1, 0}, {1, 0}, {1, 0}, {1, 0}};
+  table_.graphs()[9] = g;
+  EXPECT_TRUE(Admit({LaunchGraphOp{9}, LaunchGraphOp{9}, FillOp{1, 0}, FillOp{1, 0}}).ok());  // 10
+  Status s = Admit({LaunchGraphOp{9}, LaunchGraphOp{9}, LaunchGraphOp{9}});                   // 12
+  EXPECT_EQ(s.kind(), ErrorKind::kQuotaExceeded) << s.ToString();
+  EXPECT_EQ(s.op_index(), 2);
+  // Recorded here: 5 ops plus 3 for each launch.
+  EXPECT_TRUE(Admit({BeginGraphOp{10}, FillOp{1, 0}, FillOp{1, 0}, FillOp{1, 0}, EndGraphOp{},
+                     LaunchGraphOp{10}})
+                  .ok());  // 6 + 2
+  Status here = Admit({BeginGraphOp{10}, FillOp{1, 0}, FillOp{1, 0}, FillOp{1, 0}, EndGraphOp{},
+                       LaunchGraphOp{10}, LaunchGraphOp{10}});  // 7 + 4
+  EXPECT_EQ(here.kind(), ErrorKind::kQuotaExceeded) << here.ToString();
+  EXPECT_EQ(here.op_index(), 6);
+  // An empty graph's launch counts as one op.
+  table_.graphs()[11] = GraphRecord{};
+  EXPECT_TRUE(Admit(std::vector<Op>(10, Op{LaunchGraphOp{11}})).ok());
+  EXPECT_EQ(Admit(std::vector<Op>(11, Op{LaunchGraphOp{11}})).kind(), ErrorKind::kQuotaExceeded);
+}
+
+// Admission checks a graph's tensors once per submit while no tensor is freed; a free (or the
+// graph recorded again) makes the next launch check them again.
+TEST_F(AdmissionTest, GraphLaunchAfterAFreeInTheSameSubmitChecksItsTensorsAgain) {
+  AddTensor(1, DType::kF32, {4});
+  AddTensor(2, DType::kF32, {4});
+  GraphRecord g;
+  g.ops = 1;
+  g.tensors = {{1, 0}, {2, 0}};
+  table_.graphs()[5] = g;
+  EXPECT_TRUE(Admit({LaunchGraphOp{5}, LaunchGraphOp{5}, FreeTensorOp{2}}).ok());
+  Status freed = Admit({LaunchGraphOp{5}, LaunchGraphOp{5}, FreeTensorOp{2}, LaunchGraphOp{5}});
+  EXPECT_EQ(freed.kind(), ErrorKind::kInvalidHandle) << freed.ToString();
+  EXPECT_EQ(freed.op_index(), 3);
+  Status reused = Admit(
+      {LaunchGraphOp{5}, FreeTensorOp{2}, CreateTensorOp{2, DType::kF32, {4}}, LaunchGraphOp{5}});
+  EXPECT_EQ(reused.kind(), ErrorKind::kInvalidHandle) << reused.ToString();
+  EXPECT_EQ(reused.op_index(), 3);
+  // Recorded again after the free, over live tensors only: admitted.
+  EXPECT_TRUE(Admit({LaunchGraphOp{5}, FreeTensorOp{2}, FreeGraphOp{5}, BeginGraphOp{5},
+                     FillOp{1, 0}, EndGraphOp{}, LaunchGraphOp{5}})
                   .ok());
 }
 

@@ -366,6 +366,7 @@ max-session-quota = 3G
 max-in-flight = 7
 session-in-flight-bytes = 32M
 in-flight-bytes = 1G
+session-max-submit-ops = 4096
 session-max-tensors = 11
 session-max-modules = 0
 session-max-graphs = 13
@@ -428,6 +429,7 @@ log-level = debug
   EXPECT_TRUE(back->host_rebuild_fails_for_test);
   EXPECT_EQ(back->host_fault_after_ops_for_test, 99u);
   EXPECT_EQ(back->daemon.slab_broker.grant_threads, 2u);
+  EXPECT_EQ(back->daemon.session_defaults.max_ops_per_submit, 4096u);
   EXPECT_EQ(back->cuda.nvrtc_timeout.count(), 1500);
   EXPECT_EQ(back->cuda.nvrtc_memory, 512ull << 20);
   EXPECT_EQ(back->cuda.nvrtc_concurrency, 2);
