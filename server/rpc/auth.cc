@@ -67,11 +67,10 @@ bool ConstantTimeEquals(std::string_view a, std::string_view b) {
   return diff == 0;
 }
 
-Result<std::unique_ptr<TokenChecker>> TokenChecker::Load(const std::string& path) {
+Result<std::vector<TokenFileLine>> ReadTokenFile(const std::string& path, const std::string& what) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) return Status(ErrorKind::kInvalidArgument, "cannot read token file " + path);
-  std::vector<Token> tokens;
-  std::set<std::string> names, seen;
+  if (!in) return Status(ErrorKind::kInvalidArgument, "cannot read " + what + " " + path);
+  std::vector<TokenFileLine> lines;
   int number = 0;
   for (std::string line; std::getline(in, line);) {
     ++number;
@@ -79,9 +78,24 @@ Result<std::unique_ptr<TokenChecker>> TokenChecker::Load(const std::string& path
     std::vector<std::string> w;
     for (std::string word; words >> word;) w.push_back(word);
     if (w.empty() || w[0][0] == '#') continue;
+    lines.push_back(TokenFileLine{number, std::move(w)});
+  }
+  if (in.bad()) return Status(ErrorKind::kInvalidArgument, "cannot read " + what + " " + path);
+  if (lines.empty()) {
+    return Status(ErrorKind::kInvalidArgument, what + " " + path + " holds no token");
+  }
+  return lines;
+}
+
+Result<std::unique_ptr<TokenChecker>> TokenChecker::Load(const std::string& path) {
+  FERRY_ASSIGN_OR_RETURN(std::vector<TokenFileLine> lines, ReadTokenFile(path, "token file"));
+  std::vector<Token> tokens;
+  std::set<std::string> names, seen;
+  for (const TokenFileLine& line : lines) {
+    const std::vector<std::string>& w = line.words;
     auto bad = [&](const std::string& why) {
       return Status(ErrorKind::kInvalidArgument,
-                    "token file " + path + " line " + std::to_string(number) + ": " + why);
+                    "token file " + path + " line " + std::to_string(line.number) + ": " + why);
     };
     if (w.size() > 2) return bad("expected TOKEN or NAME TOKEN");
     Token t;
@@ -93,9 +107,6 @@ Result<std::unique_ptr<TokenChecker>> TokenChecker::Load(const std::string& path
     t.token = w.back();
     if (!seen.insert(t.token).second) return bad("a token is given twice");
     tokens.push_back(std::move(t));
-  }
-  if (tokens.empty()) {
-    return Status(ErrorKind::kInvalidArgument, "token file " + path + " holds no token");
   }
   return std::unique_ptr<TokenChecker>(new TokenChecker(std::move(tokens)));
 }

@@ -41,6 +41,17 @@ bool IsRemotePeer(std::string_view peer);
 /// Compare in time that depends only on the lengths, not on where the bytes differ.
 bool ConstantTimeEquals(std::string_view a, std::string_view b);
 
+/// One line of a token file that says something: its number (from 1) and its words.
+struct TokenFileLine {
+  int number = 0;
+  std::vector<std::string> words;
+};
+/// Read the token file at `path`, which error messages call `what` ("token file"): its lines
+/// split into words at blanks, blank lines and lines starting with '#' left out.
+/// INVALID_ARGUMENT "cannot read WHAT PATH" when it cannot be read, "WHAT PATH holds no
+/// token" when no line is left.
+Result<std::vector<TokenFileLine>> ReadTokenFile(const std::string& path, const std::string& what);
+
 /// The bearer tokens TCP clients must send as "authorization: Bearer <token>" metadata, and
 /// the tenant each names. Immutable after Load; thread-safe.
 ///

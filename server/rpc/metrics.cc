@@ -11,7 +11,6 @@
 #include <boost/asio/streambuf.hpp>
 #include <boost/asio/write.hpp>
 #include <cctype>
-#include <fstream>
 #include <limits>
 #include <optional>
 #include <sstream>
@@ -413,30 +412,16 @@ std::string RenderMetrics(const SessionServiceContext& c,
 // --- the bearer token -----------------------------------------------------------------------
 
 Result<std::vector<std::string>> LoadMetricsTokens(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return Status(ErrorKind::kInvalidArgument, "cannot read metrics token file " + path);
-  }
+  FERRY_ASSIGN_OR_RETURN(std::vector<TokenFileLine> lines,
+                         ReadTokenFile(path, "metrics token file"));
   std::vector<std::string> tokens;
-  int number = 0;
-  for (std::string line; std::getline(in, line);) {
-    ++number;
-    std::istringstream words(line);
-    std::vector<std::string> w;
-    for (std::string word; words >> word;) w.push_back(word);
-    if (w.empty() || w[0][0] == '#') continue;
-    if (w.size() > 1) {
+  for (TokenFileLine& line : lines) {
+    if (line.words.size() > 1) {
       return Status(ErrorKind::kInvalidArgument, "metrics token file " + path + " line " +
-                                                     std::to_string(number) +
+                                                     std::to_string(line.number) +
                                                      ": expected one token, without blanks");
     }
-    tokens.push_back(std::move(w[0]));
-  }
-  if (in.bad()) {
-    return Status(ErrorKind::kInvalidArgument, "cannot read metrics token file " + path);
-  }
-  if (tokens.empty()) {
-    return Status(ErrorKind::kInvalidArgument, "metrics token file " + path + " holds no token");
+    tokens.push_back(std::move(line.words[0]));
   }
   return tokens;
 }
