@@ -271,6 +271,14 @@ class Settings {
                  [this](uint64_t n) { c_.daemon.executor_threads = static_cast<int>(n); })},
         {"cuda-work-queues",
          bounded(0, 32, [this](uint64_t n) { c_.cuda_work_queues = static_cast<int>(n); })},
+        {"cuda-module-loading",
+         [this](const std::string& v) -> Status {
+           if (v != "eager" && v != "lazy" && v != "environment") {
+             return Invalid("eager|lazy|environment");
+           }
+           c_.cuda_module_loading = v;
+           return Status::Ok();
+         }},
         {"nvrtc-timeout",
          bounded(100, 3600ull * 1000,
                  [this](uint64_t n) { c_.cuda.nvrtc_timeout = std::chrono::milliseconds(n); })},
@@ -702,6 +710,10 @@ means true; --allow-insecure-remote and --allow-remote-raw-kernels also take =tr
                              at least 2)
   --cuda-work-queues N       hardware work queues of the CUDA context, 1..32 (default 0:
                              CUDA's, 8); fewer save host memory (docs/operations.md)
+  --cuda-module-loading MODE eager: every kernel is loaded when the CUDA context is made;
+                             lazy: on its first launch, which may wait for every session's
+                             queued work; environment: CUDA_MODULE_LOADING's, else CUDA's
+                             (lazy) (default environment; docs/operations.md)
   --nvrtc-timeout MS         wall-clock (and CPU) time one CUDA C++ module's compile may
                              take, 100..3600000 (default 30000)
   --nvrtc-memory SIZE        address space of one CUDA C++ module's compile, at least 256M
@@ -894,6 +906,7 @@ std::string FormatConfig(const DaemonConfig& c) {
       << (c.daemon.executor_threads == 0 ? "  # a quarter of the cores, at least 2" : "") << "\n";
   out << "cuda-work-queues = " << c.cuda_work_queues
       << (c.cuda_work_queues == 0 ? "  # CUDA's default (8)" : "") << "\n";
+  out << "cuda-module-loading = " << c.cuda_module_loading << "\n";
   out << "nvrtc-timeout = " << c.cuda.nvrtc_timeout.count() << "\n";
   out << "nvrtc-memory = " << FormatBytes(c.cuda.nvrtc_memory) << "\n";
   out << "nvrtc-concurrency = " << c.cuda.nvrtc_concurrency

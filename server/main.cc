@@ -78,6 +78,11 @@ int main(int argc, char** argv) {
   if (config.cuda_work_queues > 0) {
     ::setenv("CUDA_DEVICE_MAX_CONNECTIONS", std::to_string(config.cuda_work_queues).c_str(), 1);
   }
+  // A kernel loaded on its first launch (lazy loading, CUDA's default) may wait for the whole
+  // device: a session's first fill of a new type, or first GEMM of a new shape, may wait for
+  // every other session's queued kernels (docs/operations.md, "Module loading").
+  if (config.cuda_module_loading == "eager") ::setenv("CUDA_MODULE_LOADING", "EAGER", 1);
+  if (config.cuda_module_loading == "lazy") ::setenv("CUDA_MODULE_LOADING", "LAZY", 1);
   auto notify = [](const std::string& state) {
     if (ferry::Status s = sd::Notify(state); !s.ok()) spdlog::warn("sd_notify: {}", s.ToString());
   };

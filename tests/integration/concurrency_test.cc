@@ -210,5 +210,63 @@ TEST(ConcurrencyTest, SessionsTakingTurnsForLargeCopiesAllGetTheirOwnBytesBack) 
   std::filesystem::remove_all(dir);
 }
 
+// With eager module loading, a session's first use of a kernel waits for no other session's
+// work. On CUDA a kernel loaded on its first launch (lazy loading, CUDA's default) may wait
+// for the whole device, so a tenant's first fill of a new type, or its first GEMM of a new
+// shape, would wait for every other tenant's queued kernels. Session A keeps the device busy
+// for about a second (GEMMs in flight, a pending download behind them); B, opened after,
+// fills a tensor of a type nobody used yet and synchronizes, then runs a GEMM of that type
+// and synchronizes. After each, A's work is still in flight: B waited for none of it.
+TEST(ConcurrencyTest, ASessionsFirstKernelsWaitForNoOtherSessionsWork) {
+  testing::FerrydProcess d({"--cuda-module-loading", "eager"});
+  ASSERT_TRUE(d.ok()) << d.log();
+  auto client = Client::connect(d.unix_target());
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  // A: about a second of GEMMs on either backend (the host backend's are far slower).
+  const bool host = testing::TestBackend() == "host";
+  const int64_t n = host ? 256 : 8192;
+  const int gemms = host ? 40 : 60;
+  auto a = client->open_session();
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  Tensor x = a->create_tensor<float>({n, n});
+  Tensor y = a->create_tensor<float>({n, n});
+  a->fill(x, 1.0f / static_cast<float>(n));
+  a->fill(y, 0.0f);
+  ASSERT_TRUE(a->synchronize().ok());  // A's kernels are loaded before its long work starts
+  for (int i = 0; i < gemms; ++i) a->gemm(x, x, y, {.alpha = 1.0, .beta = 1.0});
+  auto buffer = a->pinned_buffer(4096);
+  ASSERT_TRUE(buffer.ok()) << buffer.status().ToString();
+  Tensor tail = a->create_tensor<float>({1024});
+  a->fill(tail, 3.0f);
+  PendingTransfer a_done = a->download_pending(std::move(tail), std::move(*buffer));
+  ASSERT_TRUE(a->submit().ok());
+
+  auto b = client->open_session();
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  Tensor m = b->create_tensor<double>({16, 16});
+  Tensor out = b->create_tensor<double>({16, 16});
+  b->fill(m, 1.0);
+  Status filled = b->synchronize();
+  ASSERT_TRUE(filled.ok()) << filled.ToString();
+  auto ready = a_done.is_ready();
+  ASSERT_TRUE(ready.ok()) << ready.status().ToString();
+  EXPECT_FALSE(*ready) << "session A's work was done before B's first fill: either B waited "
+                          "for it or A's work was too short";
+  b->gemm(m, m, out, {.alpha = 1.0, .beta = 0.0});
+  Status gemm = b->synchronize();
+  ASSERT_TRUE(gemm.ok()) << gemm.ToString();
+  ready = a_done.is_ready();
+  ASSERT_TRUE(ready.ok()) << ready.status().ToString();
+  EXPECT_FALSE(*ready) << "session A's work was done before B's first GEMM: either B waited "
+                          "for it or A's work was too short";
+  auto result = b->download<double>(out);
+  ASSERT_TRUE(result.ok()) << result.status().ToString();
+  EXPECT_EQ(*result, std::vector<double>(256, 16.0));
+  EXPECT_TRUE(b->close().ok());
+  Transfer done = a_done.wait();
+  EXPECT_TRUE(done.status.ok()) << done.status.ToString();
+  EXPECT_TRUE(a->close().ok());
+}
+
 }  // namespace
 }  // namespace ferry

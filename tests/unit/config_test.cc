@@ -48,6 +48,10 @@ TEST(ConfigTest, BadInputIsATypedError) {
   EXPECT_EQ(ParseFlags({"--nvrtc-memory", "1G"})->cuda.nvrtc_memory, 1ull << 30);
   EXPECT_FALSE(ParseFlags({"--cuda-work-queues", "33"}).ok());
   EXPECT_EQ(ParseFlags({"--cuda-work-queues", "32"})->cuda_work_queues, 32);
+  EXPECT_EQ(ParseFlags({})->cuda_module_loading, "environment");
+  EXPECT_EQ(ParseFlags({"--cuda-module-loading", "lazy"})->cuda_module_loading, "lazy");
+  EXPECT_EQ(ParseFlags({"--cuda-module-loading", "eager"})->cuda_module_loading, "eager");
+  EXPECT_FALSE(ParseFlags({"--cuda-module-loading", "EAGER"}).ok());
   EXPECT_FALSE(ParseFlags({"--copy-turns", "1025"}).ok());
   EXPECT_FALSE(ParseFlags({"--copy-turn-size", "-1"}).ok());
   EXPECT_EQ(ParseFlags({"--copy-turns", "0"})->daemon.copy_turns, 0u);
@@ -390,6 +394,7 @@ rpc-bandwidth-probe = false
 tcp-idle-timeout = 1500
 executor-threads = 3
 cuda-work-queues = 2
+cuda-module-loading = lazy
 nvrtc-timeout = 1500
 nvrtc-memory = 512M
 nvrtc-concurrency = 2
