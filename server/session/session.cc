@@ -430,7 +430,7 @@ Status Session::EnqueueOps(InFlight& record, EnqueueWork& work) {
     bool starts_batch = false;
     size_t run = i;
     if (i >= scanned) {
-      while (run < ops.size() && IsKernelOp(ops[run])) ++run;
+      while (run < ops.size() && run - i < MaxBatchOps() && IsKernelOp(ops[run])) ++run;
       scanned = std::max(run, i + 1);
       starts_batch =
           !capturing_ && !run_batch_ && config_.kernel_batch > 0 && run - i >= config_.kernel_batch;

@@ -162,6 +162,13 @@ class SessionEvents {
 
 class Session : public DeviceLostListener, public std::enable_shared_from_this<Session> {
  public:
+  // A longer run of kernel ops in one submit is cut into batches of this many (or of
+  // kernel_batch where that is more). A batch's capture and instantiation hold an executor
+  // thread, which every session shares (CUDA: 2^20 nodes took about 12 s), and a batch is one
+  // command of the launch queue, so one batch would also pass session-queued-commands' bound
+  // on what a session keeps queued.
+  static constexpr uint64_t kMaxBatchOps = 4096;
+
   /// Create a session on the supervised device. Fails with QUOTA_EXCEEDED when the daemon
   /// holds its maximum number of sessions, or with the backend's error when no stream can
   /// be made. `turns` (may be null: none) is the daemon's CopyTurns; it must outlive the
@@ -426,6 +433,9 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   bool run_inline_ = true;            // and their completion may run on the watcher thread
   // The size of a run's batches: twice kernel_batch, at least 16.
   uint64_t RunBatchOps() const { return std::max<uint64_t>(16, 2ull * config_.kernel_batch); }
+  // The most ops of one submit that go as one batch: kMaxBatchOps, or kernel_batch where
+  // that is more.
+  uint64_t MaxBatchOps() const { return std::max<uint64_t>(kMaxBatchOps, config_.kernel_batch); }
   CopyTurns* turns_ = nullptr;                 // null: no turns
   size_t parked_ = 0;                          // records of queue_ that are parked
   uint8_t awaiting_turns_ = CopyTurns::kNone;  // a Wait for these turns is outstanding

@@ -435,6 +435,22 @@ TEST_F(SessionTest, ARunsSubmitsShareOneBatchAndAreEachReportedInOrder) {
   EXPECT_EQ(CloseAndWait(c).kernel_batches, 3u);  // 10, 11, 13; 15, 16; 20..35
 }
 
+// A long run of kernel ops in one submit goes as batches of at most kMaxBatchOps ops: one
+// batch's capture and instantiation hold an executor thread every session shares. The ops'
+// results are those of running them one by one.
+TEST_F(SessionTest, ALongRunOfKernelOpsGoesAsSeveralBatches) {
+  Client c = Open();
+  const size_t ops = 2 * Session::kMaxBatchOps + 100;
+  std::vector<Op> submit{CreateTensorOp{1, DType::kF64, {4}}};
+  for (size_t i = 0; i < ops; ++i) submit.push_back(FillOp{1, static_cast<double>(i)});
+  submit.push_back(DownloadOp{1, 0, 32});
+  Status s = SubmitAndWait(c, 1, std::move(submit));
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(Decode<double>(c.events->Downloaded(1, ops + 1)),
+            std::vector<double>(4, static_cast<double>(ops - 1)));
+  EXPECT_EQ(CloseAndWait(c).kernel_batches, 3u);  // 4096, 4096, 100
+}
+
 // A submit that may block or run long (here a create: an allocation) that reaches the
 // session on a caller's thread (a RunOrPost or TryRun run there: a gRPC thread, the ring
 // poller, the completion watcher) is not started there: it parks, and an io thread starts it
