@@ -177,8 +177,9 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
   if (!options.metrics_listen.empty()) {
     FERRY_ASSIGN_OR_RETURN(d->metrics_, rpc::MetricsServer::Start(
                                             options.metrics_listen,
-                                            [ctx = d->context_.get(), t = d->started_at_] {
-                                              return rpc::RenderMetrics(*ctx, t);
+                                            [ctx = d->context_.get(), t = d->started_at_](
+                                                const rpc::MetricsEndpointStats& endpoint) {
+                                              return rpc::RenderMetrics(*ctx, t, endpoint);
                                             },
                                             std::move(metrics_tokens)));
   }

@@ -12,6 +12,7 @@
 #include <boost/asio/write.hpp>
 #include <cctype>
 #include <limits>
+#include <list>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -98,7 +99,8 @@ class Exposition {
 }  // namespace
 
 std::string RenderMetrics(const SessionServiceContext& c,
-                          std::chrono::steady_clock::time_point started_at) {
+                          std::chrono::steady_clock::time_point started_at,
+                          const MetricsEndpointStats& endpoint) {
   const backend::DeviceInfo info = c.parts.device->info();
   const session::DaemonTotals t = c.parts.registry->Totals();
   Exposition e("gpu=\"" + std::to_string(info.ordinal) + "\",UUID=\"" + EscapeLabel(info.uuid) +
@@ -386,6 +388,14 @@ std::string RenderMetrics(const SessionServiceContext& c,
   e.Metric("ferry_submit_ring_doorbell_mutes_total", "counter",
            "Times a ring's doorbell was muted for a storm of empty wake-ups, since start.",
            c.parts.ring_poller ? c.parts.ring_poller->doorbell_mutes_total() : 0);
+  e.Family("ferry_metrics_connections_evicted_total", "counter",
+           "Connections to this metrics endpoint closed to make room for a new one (it holds "
+           "at most 64), since start, by what they were doing: waiting for their request, or "
+           "answering it.");
+  e.Sample("ferry_metrics_connections_evicted_total", endpoint.evicted_waiting,
+           "state=\"waiting\"");
+  e.Sample("ferry_metrics_connections_evicted_total", endpoint.evicted_answering,
+           "state=\"answering\"");
   auto histogram = [&e](const LatencyHistogram* hist, const std::string& name, const char* help) {
     if (!hist) return;
     const LatencyHistogram::Snapshot h = hist->snapshot();
@@ -451,30 +461,69 @@ namespace asio = boost::asio;
 using asio::ip::tcp;
 
 constexpr size_t kMaxRequestBytes = 8192;
+// How long a connection is held, from its accept: its request must arrive and its answer be
+// written within it, else it is closed.
 constexpr auto kRequestTimeout = std::chrono::seconds(5);
-// Connections served at once: without --metrics-token-file the endpoint has no
-// authentication, and with it a connection is still held until its request is read; each is
-// a descriptor for up to kRequestTimeout: more are closed at accept, so that a flood of them
-// cannot take the descriptors every client of the daemon needs.
+// Connections held at once (ConnectionTable): without --metrics-token-file the endpoint has no
+// authentication, and with it a connection is still held until its request is read. Each is a
+// descriptor: a bound, so that a flood of them cannot take the descriptors every client of the
+// daemon needs.
 constexpr size_t kMaxConnections = 64;
 // After accept fails (out of descriptors), it is tried again this much later, not at once.
 constexpr auto kAcceptBackoff = std::chrono::milliseconds(100);
 
+using RenderFunction = std::function<std::string(const MetricsEndpointStats&)>;
+
+class HttpConnection;
+
+// The connections the endpoint holds, in the order they were accepted, and what it counts of
+// them. The io thread's alone, like every connection, the acceptor and the render: no lock.
+//
+// It holds at most kMaxConnections (with, for a moment, the one just accepted). A connection
+// accepted while it holds that many takes the place of one it closes (MakeRoom): the oldest
+// one still waiting for its request, or, when every one has sent its request, the oldest of
+// those (its answer is cut short, so that peers that read their answers slowly cannot hold
+// every slot either). So connections that send nothing, or not all of their request, cannot
+// keep a scraper out: a new connection always gets in, and one that has sent its request is
+// closed only while no connection waits for one. A flood of idle connections turns a scrape
+// away only by having kMaxConnections connections accepted after the scraper's and before its
+// request is read (fewer while some are being answered); a scraper sends its request as soon
+// as it connects. Eviction aside, whatever a connection does, it is closed kRequestTimeout
+// after its accept.
+class ConnectionTable {
+ public:
+  using Slot = std::list<HttpConnection*>::iterator;
+
+  // Before one more connection is added: when the table is full, close the connection to
+  // evict (which leaves the table at once, its descriptor closed).
+  void MakeRoom();
+  // Hold `connection` (there must be room), until Remove(the returned slot).
+  Slot Add(HttpConnection* connection) { return held_.insert(held_.end(), connection); }
+  void Remove(Slot slot) { held_.erase(slot); }
+
+  const MetricsEndpointStats& stats() const { return stats_; }
+
+ private:
+  std::list<HttpConnection*> held_;  // oldest first
+  MetricsEndpointStats stats_;
+};
+
+// One HTTP exchange: read a request (its headers), answer it, close. Held by the handlers it
+// has pending (a shared_ptr each), and in its table from its construction until Close or its
+// destruction, whichever comes first.
 class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
  public:
-  // `open` counts the connections alive (the io thread's alone); `tokens` empty: no token
-  // needed.
-  HttpConnection(tcp::socket socket, const std::function<std::string()>* render,
-                 const std::vector<std::string>* tokens, size_t* open)
+  // `table` must have room (MakeRoom); `tokens` empty: no token needed.
+  HttpConnection(tcp::socket socket, const RenderFunction* render,
+                 const std::vector<std::string>* tokens, ConnectionTable* table)
       : socket_(std::move(socket)),
         timer_(socket_.get_executor()),
         request_(kMaxRequestBytes),
         render_(render),
         tokens_(tokens),
-        open_(open) {
-    ++*open_;
-  }
-  ~HttpConnection() { --*open_; }
+        table_(table),
+        slot_(table->Add(this)) {}
+  ~HttpConnection() { LeaveTable(); }
 
   void Start() {
     auto self = shared_from_this();
@@ -484,9 +533,12 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
     });
     asio::async_read_until(socket_, request_, "\r\n\r\n",
                            [self](const boost::system::error_code& ec, size_t) {
+                             // Evicted (closed) after its read completed, before this ran.
+                             if (!self->slot_) return;
                              if (ec) {
                                // Too large a request, or the peer went away.
                                if (ec == asio::error::not_found) {
+                                 self->answering_ = true;
                                  self->Reply("431 Request Header Fields Too Large", "text/plain",
                                              "request too large\n");
                                } else {
@@ -494,8 +546,23 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
                                }
                                return;
                              }
+                             self->answering_ = true;
                              self->HandleRequest();
                            });
+  }
+
+  // Whether its request has been read (its answer is being written): the table evicts such a
+  // connection only when none is waiting for its request.
+  bool answering() const { return answering_; }
+
+  // Close the socket (its pending handlers finish with an error) and leave the table. Safe to
+  // call again.
+  void Close() {
+    boost::system::error_code ec;
+    timer_.cancel();
+    socket_.shutdown(tcp::socket::shutdown_both, ec);
+    socket_.close(ec);
+    LeaveTable();
   }
 
  private:
@@ -524,7 +591,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
     if (method != "GET" && method != "HEAD") {
       return Reply("405 Method Not Allowed", "text/plain", "GET only\n");
     }
-    std::string body = (*render_)();
+    std::string body = (*render_)(table_->stats());
     Reply("200 OK", "text/plain; version=0.0.4; charset=utf-8", method == "HEAD" ? "" : body,
           body.size());
   }
@@ -561,30 +628,44 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
                       [self](const boost::system::error_code&, size_t) { self->Close(); });
   }
 
-  void Close() {
-    boost::system::error_code ec;
-    timer_.cancel();
-    socket_.shutdown(tcp::socket::shutdown_both, ec);
-    socket_.close(ec);
+  void LeaveTable() {
+    if (!slot_) return;
+    table_->Remove(*slot_);
+    slot_.reset();
   }
 
   tcp::socket socket_;
   asio::steady_timer timer_;
   asio::streambuf request_;
   std::string response_;
-  const std::function<std::string()>* render_;
+  const RenderFunction* render_;
   const std::vector<std::string>* tokens_;
-  size_t* open_;
+  ConnectionTable* table_;
+  std::optional<ConnectionTable::Slot> slot_;  // none once closed
+  bool answering_ = false;
 };
+
+void ConnectionTable::MakeRoom() {
+  if (held_.size() < kMaxConnections) return;
+  auto evicted = std::find_if(held_.begin(), held_.end(),
+                              [](const HttpConnection* c) { return !c->answering(); });
+  if (evicted != held_.end()) {
+    ++stats_.evicted_waiting;
+  } else {
+    evicted = held_.begin();
+    ++stats_.evicted_answering;
+  }
+  (*evicted)->Close();  // erases it from held_
+}
 
 }  // namespace
 
 struct MetricsServer::Impl {
-  // Before io: connections still queued in io when it goes count themselves out of it.
-  size_t open = 0;  // connections alive (io thread)
+  // Before io: connections still queued in io when it goes take themselves out of it.
+  ConnectionTable connections;
   asio::io_context io;
   tcp::acceptor acceptor{io};
-  std::function<std::string()> render;
+  RenderFunction render;
   std::vector<std::string> tokens;  // empty: no token needed
   std::string endpoint;
   std::thread thread;
@@ -600,12 +681,8 @@ struct MetricsServer::Impl {
         });
         return;
       }
-      if (open >= kMaxConnections) {
-        boost::system::error_code ignored;
-        socket.close(ignored);
-      } else {
-        std::make_shared<HttpConnection>(std::move(socket), &render, &tokens, &open)->Start();
-      }
+      connections.MakeRoom();
+      std::make_shared<HttpConnection>(std::move(socket), &render, &tokens, &connections)->Start();
       Accept();
     });
   }
@@ -614,7 +691,7 @@ struct MetricsServer::Impl {
 MetricsServer::MetricsServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Result<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& host_port,
-                                                            std::function<std::string()> render,
+                                                            RenderFunction render,
                                                             std::vector<std::string> tokens) {
   size_t colon = host_port.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == host_port.size()) {

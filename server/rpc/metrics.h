@@ -45,10 +45,20 @@ class LatencyHistogram {
   std::atomic<uint64_t> sum_ns_{0};
 };
 
-/// Render the daemon's metrics in the Prometheus text exposition format 0.0.4.
+/// What the metrics endpoint (MetricsServer) counts of its own connections, since start.
+struct MetricsEndpointStats {
+  /// Connections closed to make room for a new one, the endpoint holding its most: before
+  /// their request was read (waiting), or while their answer was written (answering).
+  uint64_t evicted_waiting = 0;
+  uint64_t evicted_answering = 0;
+};
+
+/// Render the daemon's metrics in the Prometheus text exposition format 0.0.4, with the
+/// metrics endpoint's own counts `endpoint`.
 /// Thread-safe: reads only counters, gauges and snapshots.
 std::string RenderMetrics(const SessionServiceContext& context,
-                          std::chrono::steady_clock::time_point started_at);
+                          std::chrono::steady_clock::time_point started_at,
+                          const MetricsEndpointStats& endpoint);
 
 /// Read the bearer tokens of --metrics-token-file: one per line, surrounding whitespace
 /// ignored, blank lines and lines starting with '#' skipped. INVALID_ARGUMENT when the file
@@ -66,14 +76,21 @@ bool MetricsRequestAuthorized(const std::vector<std::string>& tokens,
 /// A minimal HTTP/1.1 server: GET /metrics answers 200 with `render()`, anything else 404
 /// (405 for other methods). With tokens, a request that does not carry one of them
 /// (MetricsRequestAuthorized) answers 401 with "WWW-Authenticate: Bearer" and no metrics,
-/// whatever its path. One connection at a time per request, closed after the reply.
-/// Runs on its own thread; `render` is called there.
+/// whatever its path. One request per connection, closed after the reply.
+///
+/// Bounded against whoever reaches it, token or not (the token is checked once the request is
+/// read): it holds at most 64 connections (descriptors) at once, each for at most 5 s from its
+/// accept. A connection accepted while it holds 64 closes the oldest one still waiting for its
+/// request (else, every one answering, the oldest of those), so idle connections cannot keep
+/// a scraper out; MetricsEndpointStats counts those it closed.
+///
+/// Runs on its own thread; `render` is called there, with the endpoint's counts.
 class MetricsServer {
  public:
   /// Listen on "HOST:PORT" (port 0 picks one). `tokens` empty: no token needed.
-  static Result<std::unique_ptr<MetricsServer>> Start(const std::string& host_port,
-                                                      std::function<std::string()> render,
-                                                      std::vector<std::string> tokens = {});
+  static Result<std::unique_ptr<MetricsServer>> Start(
+      const std::string& host_port, std::function<std::string(const MetricsEndpointStats&)> render,
+      std::vector<std::string> tokens = {});
   /// Stop listening, close connections, join the thread.
   ~MetricsServer();
 

@@ -2,6 +2,7 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -158,43 +159,120 @@ TEST(MetricsTest, AnswersOtherPathsAndMethodsWithErrors) {
   EXPECT_EQ(HttpGet(ep, "/metrics").rfind("HTTP/1.1 200", 0), 0u);
 }
 
+// A TCP connection to the metrics endpoint `ep` (HOST:PORT of 127.0.0.1) that sends nothing;
+// its descriptor, or -1.
+int ConnectIdle(const std::string& ep) {
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(std::stoi(ep.substr(ep.rfind(':') + 1))));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Whether the server has closed the connection `fd` (end of file or a reset), waiting up to
+// `wait_ms` for it.
+bool ClosedByServer(int fd, int wait_ms = 0) {
+  pollfd p{fd, POLLIN, 0};
+  if (::poll(&p, 1, wait_ms) <= 0) return false;
+  char byte;
+  errno = 0;
+  const ssize_t n = ::recv(fd, &byte, 1, MSG_DONTWAIT);
+  return n == 0 || (n < 0 && errno == ECONNRESET);
+}
+
 // The endpoint needs no credentials, so anyone who reaches it may open connections and send
-// nothing: it serves at most 64 at once and closes the rest at accept, so that such a flood
-// holds at most 64 of the daemon's descriptors (each for the 5 s request timeout); once the
-// flood is gone, it serves again.
-TEST(MetricsTest, IdleConnectionsBeyondTheCapAreClosedAtAccept) {
+// nothing: it holds at most 64 at once, and a new one past them closes the oldest still
+// waiting for its request, so that such a flood holds at most 64 of the daemon's descriptors
+// (each for at most the 5 s request timeout); once the flood is gone, it serves again.
+TEST(MetricsTest, IdleConnectionsBeyondTheCapAreClosedOldestFirst) {
   testing::FerrydProcess daemon({"--metrics-listen", "127.0.0.1:0"});
   ASSERT_TRUE(daemon.ok()) << daemon.log();
   const std::string ep = MetricsEndpoint(daemon);
-  const size_t colon = ep.rfind(':');
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(std::stoi(ep.substr(colon + 1))));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  constexpr int kConnections = 200;
+  constexpr int kConnections = 200, kHeld = 64;
   std::vector<int> fds;
   for (int i = 0; i < kConnections; ++i) {
-    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    ASSERT_GE(fd, 0);
-    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    const int fd = ConnectIdle(ep);
+    ASSERT_GE(fd, 0) << i;
     fds.push_back(fd);
   }
-  // Those closed at accept have read end of file (or a reset) within a second; served ones
-  // have not (the server waits 5 s for their request).
+  // The closed ones have read end of file (or a reset) within a second; the held ones have
+  // not (the server waits 5 s for their request).
   std::this_thread::sleep_for(std::chrono::seconds(1));
   int closed = 0;
-  for (int fd : fds) {
-    char byte;
-    errno = 0;
-    const ssize_t n = ::recv(fd, &byte, 1, MSG_DONTWAIT);
-    if (n == 0 || (n < 0 && errno == ECONNRESET)) ++closed;
+  for (int i = 0; i < kConnections; ++i) {
+    const bool c = ClosedByServer(fds[i]);
+    closed += c;
+    EXPECT_EQ(c, i < kConnections - kHeld) << "connection " << i << " of " << kConnections;
   }
-  std::printf("%d of %d idle connections closed at accept\n", closed, kConnections);
-  EXPECT_GE(closed, kConnections - 64);
-  EXPECT_LE(closed, kConnections - 1) << "none was served";
+  std::printf("%d of %d idle connections closed\n", closed, kConnections);
   for (int fd : fds) ::close(fd);
   EXPECT_TRUE(testing::Eventually(
       [&] { return HttpGet(ep, "/metrics").rfind("HTTP/1.1 200", 0) == 0; }, 10));
+}
+
+// Open more idle connections to the metrics endpoint of a ferryd started with `args` than it
+// holds, keep them open, then send one scrape `request` (not retried): expect the metrics, and
+// the flood's newest connections still open.
+void ExpectScrapeServedPastAnIdleFlood(const std::vector<std::string>& args,
+                                       const std::string& request) {
+  testing::FerrydProcess daemon(args);
+  ASSERT_TRUE(daemon.ok()) << daemon.log();
+  const std::string ep = MetricsEndpoint(daemon);
+  // The server accepts them in this order, before the scrape's.
+  constexpr int kSlots = 64, kIdle = kSlots + 16;
+  std::vector<int> idle;
+  for (int i = 0; i < kIdle; ++i) {
+    const int fd = ConnectIdle(ep);
+    ASSERT_GE(fd, 0) << i;
+    idle.push_back(fd);
+  }
+  const std::string response = HttpExchange(ep, request);
+  EXPECT_EQ(response.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << "scrape refused: " << response;
+  EXPECT_NE(ResponseBody(response).find("# TYPE ferry_sessions_open gauge"), std::string::npos)
+      << response;
+  // The flood's connections past the 64, and the one that made room for the scrape.
+  EXPECT_EQ(
+      Value(ResponseBody(response), "ferry_metrics_connections_evicted_total", "state=\"waiting\""),
+      kIdle - kSlots + 1)
+      << response;
+  EXPECT_EQ(Value(ResponseBody(response), "ferry_metrics_connections_evicted_total",
+                  "state=\"answering\""),
+            0)
+      << response;
+  // The flood's newest 63 connections are still held: the scrape was served while they
+  // waited, not after their timeout. The older ones were closed to make room, oldest first
+  // (the last of them for the scrape).
+  const int evicted = kIdle - (kSlots - 1);
+  for (int i = evicted; i < kIdle; ++i) EXPECT_FALSE(ClosedByServer(idle[i])) << i;
+  for (int i = 0; i < evicted; ++i) EXPECT_TRUE(ClosedByServer(idle[i], 1000)) << i;
+  for (int fd : idle) ::close(fd);
+}
+
+// Regression: whoever reached the endpoint, with or without --metrics-token-file (the token is
+// checked once the request is read), could hold all of its 64 connections with idle ones that
+// send nothing, opening them again every 5 s, and meanwhile the scraper's connections were
+// closed at accept. Now a connection that finds the endpoint full closes the oldest one still
+// waiting for its request: one scrape, not retried, gets the metrics while the flood's newer
+// connections are still open (so it did not wait for their timeout), and the flood still holds
+// no more than 63 of the daemon's descriptors next to the scraper's.
+TEST(MetricsTest, IdleConnectionsHoldingEverySlotDoNotLockOutTheScraper) {
+  {
+    SCOPED_TRACE("no token");
+    ExpectScrapeServedPastAnIdleFlood({"--metrics-listen", "127.0.0.1:0"},
+                                      "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+  }
+  const testing::TempFile tokens("scrape-token\n");
+  ASSERT_FALSE(tokens.path().empty());
+  SCOPED_TRACE("metrics-token-file");
+  ExpectScrapeServedPastAnIdleFlood(
+      {"--metrics-listen", "127.0.0.1:0", "--metrics-token-file", tokens.path()},
+      "GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer scrape-token\r\n\r\n");
 }
 
 // With --metrics-token-file every request needs "Authorization: Bearer <token>" with a token
