@@ -22,6 +22,9 @@ int Index(uint8_t direction) {
   return direction == CopyTurns::kToDevice ? 0 : direction == CopyTurns::kToHost ? 1 : 2;
 }
 
+// An identity's half of a direction's `limit` (> 0) turns: ceil(limit / 2).
+uint32_t Half(uint32_t limit) { return limit / 2 + limit % 2; }
+
 constexpr uint8_t kAll[] = {CopyTurns::kToDevice, CopyTurns::kToHost, CopyTurns::kDevice};
 
 }  // namespace
@@ -120,17 +123,53 @@ uint8_t CopyTurns::Needs(const std::vector<Op>& ops) const {
   return mask;
 }
 
-bool CopyTurns::FreeLocked(uint8_t mask) const {
+uint32_t CopyTurns::LimitOf(uint8_t direction) const {
+  return direction == kDevice ? device_turns_ : turns_;
+}
+
+uint32_t CopyTurns::HeldLocked(int i) const {
+  uint32_t n = 0;
+  for (const auto& [who, held] : held_by_) n += held[i];
+  return n;
+}
+
+uint32_t CopyTurns::HeldWithinHalvesLocked(int i) const {
+  const uint32_t half = Half(LimitOf(kAll[i]));
+  uint32_t n = 0;
+  for (const auto& [who, held] : held_by_) n += who.empty() ? held[i] : std::min(held[i], half);
+  return n;
+}
+
+uint8_t CopyTurns::AtHalfLocked(uint8_t mask, const std::string& who) const {
+  if (who.empty()) return kNone;  // no identity, no half
+  auto mine = held_by_.find(who);
+  if (mine == held_by_.end()) return kNone;
+  uint8_t at_half = kNone;
   for (uint8_t d : kAll) {
-    const uint32_t limit = d == kDevice ? device_turns_ : turns_;
-    if ((mask & d) && limit > 0 && held_[Index(d)] >= limit) return false;
+    const uint32_t limit = LimitOf(d);
+    if ((mask & d) && limit > 0 && mine->second[Index(d)] >= Half(limit)) at_half |= d;
+  }
+  return at_half;
+}
+
+bool CopyTurns::FitsLocked(uint8_t mask, const std::string& who, uint8_t others) const {
+  const uint8_t borrow = AtHalfLocked(mask, who);
+  for (uint8_t d : kAll) {
+    const uint32_t limit = LimitOf(d);
+    if ((mask & d) == 0 || limit == 0) continue;
+    if (borrow & d) {
+      if ((others & d) || HeldLocked(Index(d)) >= limit) return false;
+    } else if (HeldWithinHalvesLocked(Index(d)) >= limit) {
+      return false;
+    }
   }
   return true;
 }
 
 void CopyTurns::TakeLocked(uint8_t mask, const std::string& who) {
+  std::array<uint32_t, 3>& mine = held_by_[who];
   for (uint8_t d : kAll) {
-    if (mask & d) ++held_[Index(d)];
+    if (mask & d) ++mine[Index(d)];
   }
   const uint64_t start = PassLocked(who);
   pass_[who] = start + kStride / WeightLocked(who);
@@ -143,7 +182,8 @@ bool CopyTurns::TryTake(uint8_t mask, const std::string& who) {
   for (const Waiter& w : waiters_) {
     if (w.mask & mask) return false;  // never jump a waiting request of the same direction
   }
-  if (!FreeLocked(mask)) return false;
+  // Nobody waits for these directions, so no ordinary request of another identity either.
+  if (!FitsLocked(mask, who, kNone)) return false;
   TakeLocked(mask, who);
   return true;
 }
@@ -159,13 +199,24 @@ void CopyTurns::Wait(uint8_t mask, std::function<void()> granted, const std::str
   for (auto& fn : go) fn();
 }
 
-void CopyTurns::Give(uint8_t mask) {
+void CopyTurns::Give(uint8_t mask, const std::string& who) {
   if (mask == kNone) return;
   std::vector<std::function<void()>> go;
   {
     MutexLock lock(&mu_);
     for (uint8_t d : kAll) {
-      if ((mask & d) && held_[Index(d)] > 0) --held_[Index(d)];
+      const int i = Index(d);
+      if ((mask & d) == 0) continue;
+      auto holder = held_by_.find(who);
+      if (holder == held_by_.end() || holder->second[i] == 0) {
+        holder = std::max_element(
+            held_by_.begin(), held_by_.end(),
+            [i](const auto& a, const auto& b) { return a.second[i] < b.second[i]; });
+      }
+      if (holder == held_by_.end() || holder->second[i] == 0) continue;  // none held
+      if (--holder->second[i] == 0 && holder->second == std::array<uint32_t, 3>{}) {
+        held_by_.erase(holder);
+      }
     }
     go = GrantLocked();
   }
@@ -193,17 +244,18 @@ std::vector<std::function<void()>> CopyTurns::GrantLocked() {
   std::stable_sort(ranked.begin(), ranked.end(), [](const Ranked& a, const Ranked& b) {
     return a.start < b.start || (a.start == b.start && a.arrival < b.arrival);
   });
+  std::vector<size_t> order;
+  order.reserve(ranked.size());
+  for (const Ranked& r : ranked) order.push_back(r.arrival);
+  // One at a time, so that each request is judged by what is held and waiting when it is:
+  // a grant can make a borrowing request ranked before it ordinary, or let it borrow.
   std::vector<bool> taken(waiters_.size(), false);
-  uint8_t blocked = kNone;  // directions a better-ranked waiter still waits for
-  for (const Ranked& r : ranked) {
-    Waiter& w = waiters_[r.arrival];
-    if ((w.mask & blocked) == 0 && FreeLocked(w.mask)) {
-      TakeLocked(w.mask, w.who);
-      go.push_back(std::move(w.granted));
-      taken[r.arrival] = true;
-    } else {
-      blocked |= w.mask;
-    }
+  for (;;) {
+    const size_t i = NextLocked(order, taken);
+    if (i == waiters_.size()) break;
+    TakeLocked(waiters_[i].mask, waiters_[i].who);
+    go.push_back(std::move(waiters_[i].granted));
+    taken[i] = true;
   }
   std::deque<Waiter> rest;
   for (size_t i = 0; i < waiters_.size(); ++i) {
@@ -213,14 +265,57 @@ std::vector<std::function<void()>> CopyTurns::GrantLocked() {
   return go;
 }
 
+size_t CopyTurns::NextLocked(const std::vector<size_t>& order,
+                             const std::vector<bool>& taken) const {
+  // Which requests borrow (see the contract), in arrival order, and the ordinary ones waiting
+  // for each direction, in all and by identity: an ordinary request of another identity waits
+  // for direction i when ordinary[i] > ordinary_by[who][i].
+  std::vector<bool> borrows(waiters_.size(), false);
+  std::map<std::string, uint8_t> borrowing;  // by identity: what its borrowing requests want
+  std::array<uint32_t, 3> ordinary{};
+  std::map<std::string, std::array<uint32_t, 3>> ordinary_by;
+  for (size_t i = 0; i < waiters_.size(); ++i) {
+    if (taken[i]) continue;
+    const Waiter& w = waiters_[i];
+    uint8_t& theirs = borrowing[w.who];
+    borrows[i] = (w.mask & theirs) != 0 || AtHalfLocked(w.mask, w.who) != kNone;
+    if (borrows[i]) {
+      theirs |= w.mask;
+      continue;
+    }
+    for (uint8_t d : kAll) {
+      if ((w.mask & d) == 0) continue;
+      ++ordinary[Index(d)];
+      ++ordinary_by[w.who][Index(d)];
+    }
+  }
+  uint8_t blocked = kNone;                   // directions an ordinary request ranked earlier wants
+  std::map<std::string, uint8_t> held_back;  // the same of borrowing ones, for their identity
+  for (size_t i : order) {
+    if (taken[i]) continue;
+    const Waiter& w = waiters_[i];
+    uint8_t& back = held_back[w.who];
+    const std::array<uint32_t, 3>& own = ordinary_by[w.who];
+    uint8_t others = kNone;
+    for (uint8_t d : kAll) {
+      if (ordinary[Index(d)] > own[Index(d)]) others |= d;
+    }
+    if ((w.mask & (blocked | back)) == 0 && FitsLocked(w.mask, w.who, others)) return i;
+    // It waits: an ordinary request for everyone ranked after it, a borrowing one for its own
+    // identity's later requests only.
+    (borrows[i] ? back : blocked) |= w.mask;
+  }
+  return waiters_.size();
+}
+
 CopyTurns::Stats CopyTurns::stats() const {
   MutexLock lock(&mu_);
   Stats s;
   s.waits = waits_;
   s.waiting = waiters_.size();
-  s.held_to_device = held_[0];
-  s.held_to_host = held_[1];
-  s.held_device = held_[2];
+  s.held_to_device = HeldLocked(0);
+  s.held_to_host = HeldLocked(1);
+  s.held_device = HeldLocked(2);
   return s;
 }
 

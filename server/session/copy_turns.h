@@ -8,14 +8,15 @@
 // submit that copies at least `min_bytes` in one direction (host to device, or device to
 // host; summed over its ops) takes a turn of that direction before it is enqueued and gives
 // it back once it has completed. At most `turns` such submits per direction are on the device
-// at once; the others wait in the order they arrived. The copy engines then see the sessions'
-// large copies a few at a time, in arrival order, and every session gets its share.
+// at once (more only while turns one identity borrowed come back, below); the others wait in
+// the order they arrived. The copy engines then see the sessions' large copies a few at a
+// time, in arrival order, and every session gets its share.
 //
 // Contract:
 // - turns == 0: no limit; TryTake always succeeds (ferryd's `copy-turns = 0`).
 // - A request for both directions is granted when both are free and no earlier waiter wants
 //   either: each direction is served first come, first served, and a request never jumps an
-//   earlier one of its direction.
+//   earlier one of its direction (but other identities pass a borrowing one, below).
 // - Grant callbacks run on the thread of the Give (or Wait) that made the grant, outside the
 //   lock; they must not block (a session posts to its executor).
 // - A turn is held from enqueue to completion: a large copy queued behind its own session's
@@ -24,20 +25,50 @@
 // Device turns and weights (fair shares, docs/operations.md "Fair shares"):
 // - device_turns > 0 (ferryd's `device-turns`): every submit with ops also takes a device
 //   turn (kDevice), so at most device_turns submits of all sessions are on the device at once.
-// - Waiters name the identity they belong to ("uid:1000", "remote", "remote:NAME"; `uid-weights`
-// gives each
-//   a weight, 1 unless set). Among identities the turns go by start-time fair queuing: each
-//   take advances its identity's pass by kStride / weight, and the waiting request whose
-//   identity's pass is lowest goes first (the k-th request of an identity counts k strides
-//   on), ties in arrival order. An identity that comes back after idling starts at the pass
+// - Waiters name the identity they belong to ("uid:1000", "remote", "remote:NAME";
+//   `uid-weights` gives each a weight, 1 unless set). Among identities the turns go by start-time
+//   fair queuing: each take advances its identity's pass by kStride / weight, and the waiting
+//   request whose identity's pass is lowest goes first (the k-th request of an identity counts k
+//   strides on), ties in arrival order. An identity that comes back after idling starts at the pass
 //   of the last grant, so it banks no credit. Within one identity requests keep arrival
 //   order, and with one identity (or none named) the order is plain first come, first served.
 //   A request that cannot go yet blocks the directions it wants for every request ranked
-//   after it, so nobody starves.
+//   after it, so nobody starves (a borrowing one only its own identity's, below).
+//
+// Half a direction per identity (the turns are held across a session's own earlier device
+// work, so without it one tenant with a few sessions, each a long kernel followed by a large
+// upload, could hold every turn for as long as its kernels run, and every other tenant's
+// large copies would wait that long). For each direction with a limit L > 0 (`turns`, or
+// `device_turns` for kDevice) an identity's half is ceil(L / 2) (L = 4: 2, L = 1: 1). A
+// waiting request *borrows* when its identity holds its half of a direction it wants, or
+// when it waits behind a borrowing request of its identity that wants one of its directions;
+// every other request (those of no identity always) is *ordinary*.
+// - An ordinary request goes while the turns held within halves (those held, less what each
+//   identity holds beyond its half) are fewer than L in each direction it wants: turns an
+//   identity borrowed do not stand in another's way. Turns on the device cannot be taken
+//   back, so this is what keeps a tenant that took every turn while alone, each held behind
+//   a long kernel of its own, from making a tenant that comes later wait for those kernels.
+// - A borrowing request goes beyond its identity's half of a direction only while fewer than
+//   L are held in all and no ordinary request of another identity waits for that direction;
+//   in its other directions, as an ordinary one. An identity alone therefore uses every
+//   turn, in the order it always did.
+// - An ordinary request that cannot go blocks the directions it wants for every request
+//   ranked after it (above); a borrowing one only for its own identity's later requests.
+// So while an ordinary request waits for a direction, no other identity is granted beyond
+// its half of it, whatever its weight, and up to L + (L - half) turns of a direction (6 of 4)
+// are held only while borrowed ones come back. Ordinary requests never wait for borrowing
+// ones, so requests never wait for each other in a circle: when every waiting request would
+// find room, none is left waiting. A borrowing request is not starved: while it waits, its
+// identity takes no more of the directions it wants (its later requests wait behind it, and
+// TryTake passes no waiter), so what it holds comes back and it becomes ordinary. The cost:
+// a turn can stay idle while an ordinary request that wants it waits for another direction
+// and the requests that could take it would borrow it. What each identity holds counts from
+// its take to the Give, which names the identity the turns were taken for.
 //
 // Thread-safe.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -85,8 +116,11 @@ class CopyTurns {
   /// Queue `who` for the turns of `mask` (not kNone); `granted` runs once they are taken for
   /// the caller, possibly before Wait returns.
   void Wait(uint8_t mask, std::function<void()> granted, const std::string& who = "");
-  /// Give back turns taken by TryTake or granted by Wait; grants what waited for them.
-  void Give(uint8_t mask);
+  /// Give back turns taken by TryTake or granted by Wait for `who` (the identity they were
+  /// taken for: the halves count what each identity holds); grants what waited for them. A
+  /// direction of which `who` holds none (a bug of the caller's) is charged to the identity
+  /// holding the most of it, so that the turns themselves are not lost.
+  void Give(uint8_t mask, const std::string& who);
 
   struct Stats {
     uint64_t waits = 0;                             // requests that had to queue, since start
@@ -105,20 +139,35 @@ class CopyTurns {
     std::function<void()> granted;
     std::string who;
   };
-  bool FreeLocked(uint8_t mask) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint32_t LimitOf(uint8_t direction) const;
+  // Turns of direction `i` held in all, and within their identities' halves.
+  uint32_t HeldLocked(int i) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint32_t HeldWithinHalvesLocked(int i) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The directions of `mask`, with a limit, of which `who` holds its half.
+  uint8_t AtHalfLocked(uint8_t mask, const std::string& who) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `who` may take `mask` now; `others`: the directions an ordinary request of another
+  // identity waits for.
+  bool FitsLocked(uint8_t mask, const std::string& who, uint8_t others) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TakeLocked(uint8_t mask, const std::string& who) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint32_t WeightLocked(const std::string& who) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // At least vtime_.
   uint64_t PassLocked(const std::string& who) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Take turns for the waiters that can go now, in rank order; returns their callbacks.
   std::vector<std::function<void()>> GrantLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The waiter (not `taken`) ranked first in `order` that may go now; waiters_.size() if none.
+  size_t NextLocked(const std::vector<size_t>& order, const std::vector<bool>& taken) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const uint32_t turns_;
   const uint64_t min_bytes_;
   const uint32_t device_turns_;
   mutable Mutex mu_;
-  uint32_t held_[3] ABSL_GUARDED_BY(mu_) = {0, 0, 0};  // to device, to host, device
-  std::deque<Waiter> waiters_ ABSL_GUARDED_BY(mu_);    // arrival order
+  // What each identity ("" too) holds, by direction (to device, to host, device); entries go
+  // when they reach zero.
+  std::map<std::string, std::array<uint32_t, 3>> held_by_ ABSL_GUARDED_BY(mu_);
+  std::deque<Waiter> waiters_ ABSL_GUARDED_BY(mu_);  // arrival order
   uint64_t waits_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, uint32_t> weights_ ABSL_GUARDED_BY(mu_);  // set before use
   std::map<std::string, uint64_t> pass_ ABSL_GUARDED_BY(mu_);     // per identity

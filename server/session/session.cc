@@ -152,7 +152,7 @@ bool Session::Start(SubmitRequest& request, InFlight& record) {
     }
   }
   if (!record.on_device && record.turns_held != CopyTurns::kNone) {  // nothing reached the device
-    turns_->Give(record.turns_held);
+    turns_->Give(record.turns_held, TurnsIdentity());
     record.turns_held = CopyTurns::kNone;
   }
   return true;
@@ -297,7 +297,7 @@ void Session::ResumeParked(uint8_t granted) {
     --parked_;
   }
   // No parked submit was left to take them (the client went away): give them back.
-  if (granted != CopyTurns::kNone) turns_->Give(granted);
+  if (granted != CopyTurns::kNone) turns_->Give(granted, TurnsIdentity());
   DeliverReady();
 }
 
@@ -1070,7 +1070,7 @@ void Session::DeliverReady() {
     queue_.pop_front();
     counters_->submits_in_flight = queue_.size();
     if (record.uid_inflight) account_->RefundInflight();
-    if (record.turns_held != CopyTurns::kNone) turns_->Give(record.turns_held);
+    if (record.turns_held != CopyTurns::kNone) turns_->Give(record.turns_held, TurnsIdentity());
     // The device is done with the submit's slab ranges: free them, or quarantine them
     // when the submit failed (their bytes are of unknown state).
     for (const pool::SlabRange& r : record.slab_ranges) slabs_->Finish(r, !record.status.ok());

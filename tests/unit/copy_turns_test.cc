@@ -5,8 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
+#include <deque>
 #include <limits>
+#include <map>
+#include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ferry::session {
@@ -44,7 +49,7 @@ TEST(CopyTurnsTest, TryTakeHoldsTheLimitOfEachDirectionApart) {
   CopyTurns::Stats s = turns.stats();
   EXPECT_EQ(s.held_to_device, 2u);
   EXPECT_EQ(s.held_to_host, 1u);
-  turns.Give(kUp);
+  turns.Give(kUp, "");
   EXPECT_TRUE(turns.TryTake(kUp | kDown));
   EXPECT_EQ(turns.stats().held_to_host, 2u);
   EXPECT_TRUE(turns.TryTake(CopyTurns::kNone));
@@ -59,12 +64,12 @@ TEST(CopyTurnsTest, WaitersGetTheirTurnsInArrivalOrder) {
   EXPECT_EQ(turns.stats().waiting, 3u);
   EXPECT_EQ(turns.stats().waits, 3u);
   for (int i = 0; i < 3; ++i) {
-    turns.Give(kUp);  // the holder's copy completed: the next waiter, and only it, goes
+    turns.Give(kUp, "");  // the holder's copy completed: the next waiter, and only it, goes
     ASSERT_EQ(granted.size(), static_cast<size_t>(i + 1));
     EXPECT_EQ(granted.back(), i);
     EXPECT_EQ(turns.stats().held_to_device, 1u);
   }
-  turns.Give(kUp);
+  turns.Give(kUp, "");
   EXPECT_EQ(turns.stats().held_to_device, 0u);
   EXPECT_EQ(turns.stats().waiting, 0u);
 }
@@ -87,10 +92,10 @@ TEST(CopyTurnsTest, NobodyJumpsAnEarlierWaiterOfTheSameDirection) {
   bool down = false;
   turns.Wait(kDown, [&down] { down = true; });
   EXPECT_FALSE(down);
-  turns.Give(kUp);
+  turns.Give(kUp, "");
   EXPECT_TRUE(both);
   EXPECT_FALSE(down);  // `both` holds the download turn now
-  turns.Give(kUp | kDown);
+  turns.Give(kUp | kDown, "");
   EXPECT_TRUE(down);
 }
 
@@ -104,26 +109,31 @@ TEST(CopyTurnsTest, AWaiterOfOneDirectionDoesNotHoldUpTheOther) {
   EXPECT_TRUE(down);  // granted at once: nothing ahead of it wants a download turn
   EXPECT_TRUE(turns.TryTake(CopyTurns::kNone));
   EXPECT_FALSE(turns.TryTake(kDown));  // the one download turn is held
-  turns.Give(kUp);
+  turns.Give(kUp, "");
   EXPECT_TRUE(up);
 }
 
 // --- fair shares: weights and device turns -----------------------------------------------
 
-// Queue `n` waiters of each identity in `order` (round robin), one turn of `mask` held by
-// nobody in particular; give the turn back `grants` times and return who got it, in order.
+// Queue `n` waiters of each identity in `order` (round robin), the one turn of `mask` held by
+// "holder"; give the turn back `grants` times and return who got it, in order.
 std::string GrantOrder(CopyTurns& turns, uint8_t mask, const std::vector<std::string>& order, int n,
                        int grants) {
   EXPECT_TRUE(turns.TryTake(mask, "holder"));
-  std::string got;
+  std::string got, holder = "holder";
   for (int i = 0; i < n; ++i) {
     for (const std::string& who : order) {
       turns.Wait(
-          mask, [&got, who] { got += who; }, who);
+          mask,
+          [&got, &holder, who] {
+            got += who;
+            holder = who;
+          },
+          who);
     }
   }
   EXPECT_TRUE(got.empty()) << "the one turn is held";
-  for (int i = 0; i < grants; ++i) turns.Give(mask);  // each Give grants exactly one waiter
+  for (int i = 0; i < grants; ++i) turns.Give(mask, holder);  // each Give grants one waiter
   return got;
 }
 
@@ -151,7 +161,8 @@ TEST(CopyTurnsSharesTest, EqualWeightsAlternateBetweenUidsNotArrivalOrder) {
   for (int i = 0; i < 4; ++i)
     turns.Wait(
         kUp, [&got] { got += 'B'; }, "B");
-  for (int i = 0; i < 8; ++i) turns.Give(kUp);
+  turns.Give(kUp, "holder");
+  for (int i = 0; i < 7; ++i) turns.Give(kUp, std::string(1, got.back()));
   EXPECT_EQ(got, "ABABABAB");
 }
 
@@ -160,7 +171,7 @@ TEST(CopyTurnsSharesTest, AnIdentityThatIdledBanksNoCredit) {
   // A takes many turns alone; B arrives late and must not then get a long run of turns.
   for (int i = 0; i < 50; ++i) {
     ASSERT_TRUE(turns.TryTake(kUp, "A"));
-    turns.Give(kUp);
+    turns.Give(kUp, "A");
   }
   const std::string got = GrantOrder(turns, kUp, {"A", "B"}, 4, 8);
   EXPECT_EQ(std::count(got.begin(), got.begin() + 4, 'B'), 2) << got;
@@ -179,12 +190,633 @@ TEST(CopyTurnsSharesTest, DeviceTurnsGateEverySubmitWithOps) {
   turns.Wait(
       CopyTurns::kDevice, [&b] { b = true; }, "B");
   EXPECT_FALSE(b);
-  turns.Give(CopyTurns::kDevice);
+  turns.Give(CopyTurns::kDevice, "A");
   EXPECT_TRUE(b);
   // Copy turns off: copies take no copy turn, only the device turn.
   UploadOp up;
   up.data = "sixteen bytes...";
   EXPECT_EQ(turns.Needs({Op(up)}), CopyTurns::kDevice);
+}
+
+// --- each identity's half: borrowing ------------------------------------------------------
+
+// Queue a request of `who` for `mask` that appends `tag` to `got` when granted.
+void Queue(CopyTurns& turns, uint8_t mask, const std::string& who, std::string& got,
+           const std::string& tag) {
+  turns.Wait(
+      mask, [&got, tag] { got += tag; }, who);
+}
+
+TEST(CopyTurnsHalfTest, AnIdentityAloneTakesEveryTurn) {
+  CopyTurns turns(4, 1);
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(turns.TryTake(kUp, "A")) << i;
+  EXPECT_FALSE(turns.TryTake(kUp, "A"));  // the limit itself still holds
+  EXPECT_EQ(turns.stats().held_to_device, 4u);
+  // Through Wait alike: with nobody else waiting, its requests borrow beyond its half.
+  CopyTurns waited(4, 1);
+  std::string got;
+  for (int i = 0; i < 5; ++i) Queue(waited, kUp, "A", got, std::to_string(i));
+  EXPECT_EQ(got, "0123");
+  EXPECT_EQ(waited.stats().waiting, 1u);
+  waited.Give(kUp, "A");
+  EXPECT_EQ(got, "01234");
+  // One turn: the half is that turn, and an identity alone uses it.
+  CopyTurns one(1, 1);
+  EXPECT_TRUE(one.TryTake(kUp, "A"));
+  one.Give(kUp, "A");
+  EXPECT_TRUE(one.TryTake(kUp, "A"));
+}
+
+// A and Z hold two upload turns each (of 4); A's passes and the idle B's are level, so A's
+// request, queued first, ranks first.
+void HoldAllFour(CopyTurns& turns) {
+  ASSERT_TRUE(turns.TryTake(kUp, "A"));
+  ASSERT_TRUE(turns.TryTake(kUp, "A"));
+  ASSERT_TRUE(turns.TryTake(kUp, "Z"));
+  ASSERT_TRUE(turns.TryTake(kUp, "Z"));
+  ASSERT_EQ(turns.stats().held_to_device, 4u);
+}
+
+TEST(CopyTurnsHalfTest, AnIdentityAtItsHalfYieldsToAnotherThatWaitsWithoutHoldingItUp) {
+  CopyTurns turns(4, 1);
+  HoldAllFour(turns);
+  std::string got;
+  Queue(turns, kUp, "A", got, "a");  // first in rank, but A holds its half (2 of 4)
+  Queue(turns, kUp, "B", got, "b");
+  EXPECT_EQ(got, "");
+  turns.Give(kUp, "Z");
+  // A's request would borrow: it yields to B's, an ordinary one, and does not hold it up.
+  EXPECT_EQ(got, "b");
+  EXPECT_EQ(turns.stats().waiting, 1u);
+  // B has left; A may borrow now that nobody else waits, as soon as a turn is free.
+  turns.Give(kUp, "Z");
+  EXPECT_EQ(got, "ba");
+  EXPECT_EQ(turns.stats().held_to_device, 4u);  // A 3, B 1
+  EXPECT_EQ(turns.stats().waiting, 0u);
+}
+
+TEST(CopyTurnsHalfTest, ABorrowingRequestGoesInTheSameGiveAsTheOneItYieldedTo) {
+  CopyTurns turns(4, 1);
+  turns.SetWeights({{"A", 2}});  // so that A's request ranks ahead of B's
+  for (const char* who : {"Y", "Y", "Z", "Z"}) ASSERT_TRUE(turns.TryTake(kDown, who));  // all
+  ASSERT_TRUE(turns.TryTake(kUp, "A"));
+  ASSERT_TRUE(turns.TryTake(kUp, "A"));  // A holds its half of the upload turns
+  ASSERT_TRUE(turns.TryTake(kUp, "B"));
+  turns.Give(kUp, "B");
+  std::string got;
+  Queue(turns, kUp | kDown, "B", got, "b");  // waits for a download turn
+  Queue(turns, kUp, "A", got, "a");          // ranks first, but would borrow: yields to B's
+  // The cost: two upload turns stay free while B's request waits for a download.
+  EXPECT_EQ(got, "");
+  EXPECT_EQ(turns.stats().held_to_device, 2u);
+  // A download turn comes back: B's request goes, and then A's, which had yielded to it.
+  turns.Give(kDown, "Z");
+  EXPECT_EQ(got, "ba");
+  EXPECT_EQ(turns.stats().held_to_device, 4u);
+}
+
+TEST(CopyTurnsHalfTest, ABorrowingIdentityIsNotStarvedWhileAnotherKeepsWaiting) {
+  CopyTurns turns(4, 1);
+  HoldAllFour(turns);
+  std::string got;
+  Queue(turns, kUp, "A", got, "a");
+  int b = 0;
+  auto queue_b = [&] { Queue(turns, kUp, "B", got, "b" + std::to_string(b++)); };
+  queue_b();
+  turns.Give(kUp, "Z");  // b0 goes (A's would borrow)
+  queue_b();
+  turns.Give(kUp, "Z");  // b1 goes: B takes up to its half, A still at its own
+  queue_b();
+  EXPECT_EQ(got, "b0b1");
+  turns.Give(kUp, "B");  // B's turn back: B is within its half again, A not, so b2 goes
+  queue_b();
+  EXPECT_EQ(got, "b0b1b2");
+  // B always has a request waiting; A holds its half and takes no more of it. Once one of
+  // A's own turns comes back A is within its half, and its request, passed over while
+  // borrowing, ranks ahead of B's (B's pass advanced three times).
+  turns.Give(kUp, "A");
+  EXPECT_EQ(got, "b0b1b2a");
+  EXPECT_EQ(turns.stats().waiting, 1u);  // b3
+  turns.Give(kUp, "B");
+  EXPECT_EQ(got, "b0b1b2ab3");
+}
+
+TEST(CopyTurnsHalfTest, ABorrowingRequestHoldsBackItsOwnIdentityOnlyAndKeepsItsOrder) {
+  CopyTurns turns(4, 1);
+  HoldAllFour(turns);
+  std::string got;
+  Queue(turns, kUp | kDown, "A", got, "a1");  // would borrow an upload turn: waits
+  Queue(turns, kDown, "A", got, "a2");        // A holds no download turn, but waits behind a1
+  Queue(turns, kUp, "B", got, "b1");
+  Queue(turns, kDown, "B", got, "b2");
+  // Both download turns are free: B's download is not held up by A's borrowing request, and
+  // A's later download waits behind its own earlier one.
+  EXPECT_EQ(got, "b2");
+  turns.Give(kUp, "Z");  // B's upload; then nobody else waits, and a1 and a2 go in order
+  EXPECT_EQ(got, "b2b1");
+  turns.Give(kUp, "Z");
+  EXPECT_EQ(got, "b2b1a1a2");
+}
+
+TEST(CopyTurnsHalfTest, TurnsBorrowedByOneIdentityDoNotHoldUpAnother) {
+  // The case the half is for: A, alone, takes every upload turn, each held behind a long
+  // kernel of its own. B, coming later, still gets its half at once.
+  CopyTurns turns(4, 1);
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(turns.TryTake(kUp, "A"));
+  EXPECT_TRUE(turns.TryTake(kUp, "B"));
+  EXPECT_TRUE(turns.TryTake(kUp, "B"));
+  EXPECT_FALSE(turns.TryTake(kUp, "B"));        // at its half, and nothing is free
+  EXPECT_FALSE(turns.TryTake(kUp, "C"));        // the turns within halves fill the limit
+  EXPECT_EQ(turns.stats().held_to_device, 6u);  // L + (L - half) at most
+  std::string got;
+  Queue(turns, kUp, "C", got, "c");
+  turns.Give(kUp, "A");  // A's borrowed turns come back first: they free nothing for C
+  turns.Give(kUp, "A");
+  EXPECT_EQ(got, "");
+  turns.Give(kUp, "A");  // one of A's half
+  EXPECT_EQ(got, "c");
+  EXPECT_EQ(turns.stats().held_to_device, 4u);
+}
+
+TEST(CopyTurnsHalfTest, TwoIdentitiesThatWouldBorrowDoNotWaitForEachOther) {
+  // Regression: A's request was capped on the upload turns because B's waited for one, B's on
+  // the download turns because A's waited for one, and both waited with a turn of each
+  // direction free, until a turn of A's or B's own (behind a long kernel) came back.
+  CopyTurns turns(2, 1);
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(turns.TryTake(kUp, "A"));    // alone: borrows one
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(turns.TryTake(kDown, "B"));  // the same
+  std::string got;
+  Queue(turns, kUp | kDown, "A", got, "a");
+  Queue(turns, kUp | kDown, "B", got, "b");
+  EXPECT_EQ(got, "");
+  turns.Give(kUp, "A");  // A holds its half of the upload turns, B of the download turns
+  turns.Give(kDown, "B");
+  // Neither request is ordinary, so neither yields to the other: the first ranked goes (the
+  // download turn B borrowed does not stand in its way).
+  EXPECT_EQ(got, "a");
+  EXPECT_EQ(turns.stats().waiting, 1u);
+}
+
+TEST(CopyTurnsHalfTest, ABorrowingRequestDoesNotHoldUpAnotherIdentityInItsOtherDirection) {
+  // Regression: A's request, which would borrow a fifth upload turn, blocked the download
+  // turns too for B's request ranked after it, so B's download waited for A's uploads (each
+  // behind a long kernel of A's) with no download turn held.
+  CopyTurns turns(4, 1);
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(turns.TryTake(kUp, "A"));  // alone: all four
+  ASSERT_TRUE(turns.TryTake(kDown, "B"));  // B's pass level with A's: a ranks first
+  turns.Give(kDown, "B");
+  std::string got;
+  Queue(turns, kUp | kDown, "A", got, "a");
+  EXPECT_FALSE(turns.TryTake(kDown, "B"));  // TryTake passes no waiter; B waits
+  Queue(turns, kDown, "B", got, "b");
+  EXPECT_EQ(got, "b");
+  turns.Give(kUp, "A");
+  EXPECT_EQ(got, "ba");
+}
+
+TEST(CopyTurnsHalfTest, AGiveNamingAnIdentityThatHoldsNoneStillGivesTheTurnBack) {
+  // A caller's bug, but the turn must not be lost: it is taken from the identity holding most.
+  CopyTurns turns(2, 1);
+  ASSERT_TRUE(turns.TryTake(kUp, "A"));
+  ASSERT_TRUE(turns.TryTake(kUp, "A"));
+  turns.Give(kUp, "B");
+  EXPECT_EQ(turns.stats().held_to_device, 1u);
+  EXPECT_TRUE(turns.TryTake(kUp, "B"));
+  turns.Give(kUp | kDown, "B");  // a direction nobody holds is left alone
+  EXPECT_EQ(turns.stats().held_to_device, 1u);
+  EXPECT_EQ(turns.stats().held_to_host, 0u);
+}
+
+TEST(CopyTurnsHalfTest, RequestsOfNoIdentityNeverBorrow) {
+  CopyTurns turns(4, 1);
+  turns.SetWeights({{"", 1000}});  // so that the request of no identity ranks first
+  ASSERT_TRUE(turns.TryTake(kUp, "B"));
+  ASSERT_TRUE(turns.TryTake(kUp));
+  ASSERT_TRUE(turns.TryTake(kUp));
+  ASSERT_TRUE(turns.TryTake(kUp, "Z"));
+  std::string got;
+  Queue(turns, kUp, "", got, "n");  // holds 2 of 4, and B waits: a named one would yield
+  Queue(turns, kUp, "B", got, "b");
+  turns.Give(kUp, "Z");
+  EXPECT_EQ(got, "n");
+}
+
+TEST(CopyTurnsHalfTest, DeviceTurnsHaveTheSameHalves) {
+  constexpr uint8_t kDev = CopyTurns::kDevice;
+  CopyTurns turns(/*turns=*/0, /*min_bytes=*/1, /*device_turns=*/4);
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(turns.TryTake(kDev, "A"));  // alone: every turn
+  EXPECT_TRUE(turns.TryTake(kDev, "B"));  // A's borrowed turns do not hold B up
+  std::string got;
+  Queue(turns, kDev, "A", got, "a");  // would borrow a fifth; then yields to B's request
+  Queue(turns, kDev, "B", got, "b");
+  EXPECT_EQ(got, "b");  // B within its half, the turns within halves 3 of 4
+  turns.Give(kDev, "A");
+  turns.Give(kDev, "A");
+  EXPECT_EQ(got, "b");    // nothing of the limit is free (A 2, B 2)
+  turns.Give(kDev, "B");  // nobody else waits: A borrows again
+  EXPECT_EQ(got, "ba");
+  EXPECT_EQ(turns.stats().held_device, 4u);
+  // With one device turn the half is that turn, and the passes alone decide.
+  CopyTurns one(0, 1, 1);
+  ASSERT_TRUE(one.TryTake(kDev, "A"));
+  got.clear();
+  Queue(one, kDev, "A", got, "a");
+  Queue(one, kDev, "B", got, "b");
+  one.Give(kDev, "A");
+  EXPECT_EQ(got, "b");  // B's pass is behind A's
+  one.Give(kDev, "B");
+  EXPECT_EQ(got, "ba");
+}
+
+// --- properties under random use --------------------------------------------------------
+
+constexpr uint8_t kDirs[] = {CopyTurns::kToDevice, CopyTurns::kToHost, CopyTurns::kDevice};
+
+int IndexOf(uint8_t d) { return d == kUp ? 0 : d == kDown ? 1 : 2; }
+// An identity's half of `limit` (> 0) turns.
+uint32_t HalfOf(uint32_t limit) { return (limit + 1) / 2; }
+
+// The turns as they were before halves: one queue in arrival order, a request that cannot go
+// blocks its directions for every request behind it. With one identity CopyTurns must grant
+// exactly as this does.
+class FifoTurns {
+ public:
+  FifoTurns(uint32_t turns, uint32_t device_turns) : limit_{turns, turns, device_turns} {}
+  bool TryTake(uint8_t mask) {
+    for (const auto& [id, m] : waiters_) {
+      if (m & mask) return false;
+    }
+    if (!Free(mask)) return false;
+    Take(mask);
+    return true;
+  }
+  // The ids granted, in order.
+  std::vector<int> Wait(int id, uint8_t mask) {
+    waiters_.emplace_back(id, mask);
+    return Grant();
+  }
+  std::vector<int> Give(uint8_t mask) {
+    for (uint8_t d : kDirs) {
+      if ((mask & d) && held_[IndexOf(d)] > 0) --held_[IndexOf(d)];
+    }
+    return Grant();
+  }
+
+ private:
+  bool Free(uint8_t mask) const {
+    for (uint8_t d : kDirs) {
+      const uint32_t l = limit_[IndexOf(d)];
+      if ((mask & d) && l > 0 && held_[IndexOf(d)] >= l) return false;
+    }
+    return true;
+  }
+  void Take(uint8_t mask) {
+    for (uint8_t d : kDirs) {
+      if (mask & d) ++held_[IndexOf(d)];
+    }
+  }
+  std::vector<int> Grant() {
+    std::vector<int> granted;
+    uint8_t blocked = CopyTurns::kNone;
+    for (auto it = waiters_.begin(); it != waiters_.end();) {
+      if ((it->second & blocked) == 0 && Free(it->second)) {
+        Take(it->second);
+        granted.push_back(it->first);
+        it = waiters_.erase(it);
+      } else {
+        blocked |= it->second;
+        ++it;
+      }
+    }
+    return granted;
+  }
+
+  const uint32_t limit_[3];
+  uint32_t held_[3] = {0, 0, 0};
+  std::deque<std::pair<int, uint8_t>> waiters_;
+};
+
+// Random TryTake, Wait and Give by a few identities, with the invariants a user relies on
+// checked after every step. What holds is counted by the identity that took it (Give names
+// it, as sessions do).
+class RandomUse {
+ public:
+  RandomUse(uint32_t turns, uint32_t device_turns, std::vector<std::string> ids, uint32_t seed,
+            std::map<std::string, uint32_t> weights = {})
+      : turns_(turns, 1, device_turns),
+        fifo_(turns, device_turns),
+        limit_{turns, turns, device_turns},
+        ids_(std::move(ids)),
+        rng_(seed) {
+    turns_.SetWeights(std::move(weights));
+    // Masks as submits need them: the copy directions only with copy turns on, the device
+    // one only with device turns on; now and then a direction without a limit too.
+    for (uint8_t d : kDirs) {
+      if (limit_[IndexOf(d)] > 0) dirs_ |= d;
+    }
+  }
+
+  void Run(int steps) {
+    for (int step = 0; step < steps && !::testing::Test::HasFailure(); ++step) {
+      const uint32_t r = Pick(100);
+      if (r < 30) {
+        TryTake();
+      } else if (r < 60 || held_.empty()) {
+        Wait();
+      } else {
+        Give(Pick(static_cast<uint32_t>(held_.size())), Pick(4) == 0);
+      }
+      Check();
+    }
+    // Every turn back, in random order: then every request has been granted.
+    while (!held_.empty() && !::testing::Test::HasFailure()) {
+      Give(Pick(static_cast<uint32_t>(held_.size())), false);
+      Check();
+    }
+    EXPECT_TRUE(waiting_.empty()) << Trace();
+    EXPECT_EQ(granted_, waits_) << Trace();
+  }
+
+ private:
+  struct Waiter {
+    std::string who;
+    uint8_t mask;
+  };
+  struct Held {
+    std::string who;
+    uint8_t mask;  // not given back yet
+  };
+
+  uint32_t Pick(uint32_t n) { return std::uniform_int_distribution<uint32_t>(0, n - 1)(rng_); }
+  const std::string& Who() { return ids_[Pick(static_cast<uint32_t>(ids_.size()))]; }
+  uint8_t Mask() {
+    uint8_t from = dirs_;
+    if (from == CopyTurns::kNone || Pick(10) == 0) from = kUp | kDown | CopyTurns::kDevice;
+    uint8_t mask = CopyTurns::kNone;
+    while (mask == CopyTurns::kNone) mask = static_cast<uint8_t>(Pick(8)) & from;
+    return mask;
+  }
+  bool OneIdentity() const { return ids_.size() == 1; }
+
+  void TryTake() {
+    const std::string who = Who();
+    const uint8_t mask = Mask();
+    const bool took = turns_.TryTake(mask, who);
+    Log("TryTake(" + Dirs(mask) + ", " + who + ") = " + (took ? "true" : "false"));
+    if (OneIdentity()) EXPECT_EQ(took, fifo_.TryTake(mask)) << "as before halves" << Trace();
+    if (!took) return;
+    for (const auto& [id, w] : waiting_) {
+      EXPECT_EQ(w.mask & mask, 0) << "TryTake passed waiting request " << id << Trace();
+    }
+    Taken(who, mask);
+  }
+
+  void Wait() {
+    const int id = next_id_++;
+    const std::string who = Who();
+    const uint8_t mask = Mask();
+    waiting_.emplace(id, Waiter{who, mask});
+    ++waits_;
+    Log("Wait(" + Dirs(mask) + ", " + who + ") #" + std::to_string(id));
+    turns_.Wait(
+        mask, [this, id] { fired_.push_back(id); }, who);
+    std::vector<int> expected;
+    if (OneIdentity()) expected = fifo_.Wait(id, mask);
+    Settle(expected);
+  }
+
+  void Give(size_t k, bool part) {
+    Held& h = held_[k];
+    uint8_t mask = h.mask;
+    if (part) {
+      mask = CopyTurns::kNone;
+      while (mask == CopyTurns::kNone) mask = static_cast<uint8_t>(Pick(8)) & h.mask;
+    }
+    const std::string who = h.who;
+    h.mask &= ~mask;
+    if (h.mask == CopyTurns::kNone) held_.erase(held_.begin() + static_cast<ptrdiff_t>(k));
+    for (uint8_t d : kDirs) {
+      if (mask & d) --holds_[who][IndexOf(d)];
+    }
+    Log("Give(" + Dirs(mask) + ", " + who + ")");
+    turns_.Give(mask, who);
+    std::vector<int> expected;
+    if (OneIdentity()) expected = fifo_.Give(mask);
+    Settle(expected);
+  }
+
+  // The callbacks of the last call ran (in grant order): check each grant.
+  void Settle(const std::vector<int>& expected) {
+    std::vector<int> fired = std::move(fired_);
+    fired_.clear();
+    if (OneIdentity()) EXPECT_EQ(fired, expected) << "granted as before halves" << Trace();
+    for (int id : fired) {
+      auto it = waiting_.find(id);
+      if (it == waiting_.end()) {
+        ADD_FAILURE() << "request " << id << " granted twice" << Trace();
+        continue;
+      }
+      const Waiter w = it->second;
+      waiting_.erase(it);
+      ++granted_;
+      Log("  granted #" + std::to_string(id));
+      // Within an identity, arrival order among requests that share a direction.
+      for (const auto& [other, o] : waiting_) {
+        if (other > id) break;
+        EXPECT_FALSE(o.who == w.who && (o.mask & w.mask))
+            << "request " << id << " of '" << w.who << "' went before its earlier " << other
+            << Trace();
+      }
+      Taken(w.who, w.mask);
+    }
+  }
+
+  // `mask` was taken for `who`, the requests in waiting_ still waiting.
+  void Taken(const std::string& who, uint8_t mask) {
+    held_.push_back(Held{who, mask});
+    for (uint8_t d : kDirs) {
+      if ((mask & d) == 0) continue;
+      const int i = IndexOf(d);
+      const uint32_t mine = ++holds_[who][i];
+      // Beyond its half only while no ordinary request of another identity waits for it.
+      if (who.empty() || limit_[i] == 0 || mine <= HalfOf(limit_[i])) continue;
+      const std::map<int, bool> borrows = Borrowing();
+      for (const auto& [id, w] : waiting_) {
+        EXPECT_FALSE(w.who != who && (w.mask & d) && !borrows.at(id))
+            << "'" << who << "' granted " << mine << " of " << Dirs(d) << " (half "
+            << HalfOf(limit_[i]) << ") while request " << id << " of '" << w.who << "' waits"
+            << Trace();
+      }
+    }
+  }
+
+  void Check() {
+    const CopyTurns::Stats s = turns_.stats();
+    uint32_t held[3] = {0, 0, 0};
+    for (const Held& h : held_) {
+      for (uint8_t d : kDirs) {
+        if (h.mask & d) ++held[IndexOf(d)];
+      }
+    }
+    EXPECT_EQ(s.held_to_device, held[0]) << Trace();
+    EXPECT_EQ(s.held_to_host, held[1]) << Trace();
+    EXPECT_EQ(s.held_device, held[2]) << Trace();
+    EXPECT_EQ(s.waiting, waiting_.size()) << Trace();
+    EXPECT_EQ(s.waits, waits_) << Trace();
+    const std::map<int, bool> borrows = Borrowing();
+    bool any_held = false;
+    for (uint8_t d : kDirs) {
+      const int i = IndexOf(d);
+      const uint32_t l = limit_[i];
+      any_held = any_held || held[i] > 0;
+      if (l > 0) {
+        // The limit, and while borrowed turns come back at most the other half more.
+        EXPECT_LE(held[i], OneIdentity() ? l : l + (l - HalfOf(l))) << Dirs(d) << Trace();
+      }
+      // Turns within halves: the limit bounds them.
+      uint32_t within = 0;
+      for (const auto& [who, n] : holds_) {
+        within += l > 0 && !who.empty() ? std::min(n[i], HalfOf(l)) : n[i];
+      }
+      if (l > 0) EXPECT_LE(within, l) << Dirs(d) << Trace();
+      // Progress: a request for `d` alone that has room waits only behind a request for `d`
+      // and another direction, of its own identity or an ordinary one; room: within halves,
+      // or, where its identity holds its half, below the limit and no ordinary request of
+      // another identity waiting for `d`. Another identity's borrowing never holds it up.
+      for (const auto& [id, w] : waiting_) {
+        if (w.mask != d) continue;
+        bool behind_wider = false;
+        for (const auto& [o, ow] : waiting_) {
+          behind_wider = behind_wider ||
+                         ((ow.mask & d) && ow.mask != d && (ow.who == w.who || !borrows.at(o)));
+        }
+        if (behind_wider) continue;
+        const auto mine = holds_.find(w.who);
+        const bool at_half =
+            l > 0 && !w.who.empty() && mine != holds_.end() && mine->second[i] >= HalfOf(l);
+        if (!at_half) {
+          EXPECT_FALSE(l == 0 || within < l)
+              << "request " << id << " of '" << w.who << "' waits with " << Dirs(d)
+              << " turns free (within halves " << within << " of " << l << ")" << Trace();
+          continue;
+        }
+        bool contested = false;
+        for (const auto& [o, ow] : waiting_) {
+          contested = contested || (ow.who != w.who && (ow.mask & d) && !borrows.at(o));
+        }
+        EXPECT_FALSE(!contested && held[i] < l)
+            << "request " << id << " of '" << w.who << "' waits, uncontested, with " << held[i]
+            << " of " << l << " " << Dirs(d) << " turns held" << Trace();
+      }
+    }
+    // Nothing held: nothing waits.
+    if (!any_held) EXPECT_TRUE(waiting_.empty()) << Trace();
+    // Requests do not wait for each other alone: when every waiting request would find room
+    // in each direction it wants (within its identity's half, or held below the limit to
+    // borrow), none is left waiting.
+    bool all_room = true;
+    for (const auto& [id, w] : waiting_) all_room = all_room && Room(w, held);
+    if (all_room) EXPECT_TRUE(waiting_.empty()) << "every waiting request has room" << Trace();
+  }
+
+  // Which waiting requests borrow (by id), in the contract's words: those whose identity holds
+  // its half of a direction they want, and those behind a borrowing request of their identity
+  // that wants one of their directions.
+  std::map<int, bool> Borrowing() const {
+    std::map<int, bool> out;
+    std::map<std::string, uint8_t> theirs;
+    for (const auto& [id, w] : waiting_) {
+      uint8_t& t = theirs[w.who];
+      bool b = (w.mask & t) != 0;
+      const auto mine = holds_.find(w.who);
+      for (uint8_t d : kDirs) {
+        const uint32_t l = limit_[IndexOf(d)];
+        b = b || (!w.who.empty() && (w.mask & d) && l > 0 && mine != holds_.end() &&
+                  mine->second[IndexOf(d)] >= HalfOf(l));
+      }
+      if (b) t |= w.mask;
+      out[id] = b;
+    }
+    return out;
+  }
+
+  bool Room(const Waiter& w, const uint32_t held[3]) const {
+    for (uint8_t d : kDirs) {
+      const int i = IndexOf(d);
+      const uint32_t l = limit_[i];
+      if ((w.mask & d) == 0 || l == 0) continue;
+      const auto mine = holds_.find(w.who);
+      if (!w.who.empty() && mine != holds_.end() && mine->second[i] >= HalfOf(l)) {
+        if (held[i] >= l) return false;
+        continue;
+      }
+      uint32_t within = 0;
+      for (const auto& [who, n] : holds_) within += !who.empty() ? std::min(n[i], HalfOf(l)) : n[i];
+      if (within >= l) return false;
+    }
+    return true;
+  }
+
+  static std::string Dirs(uint8_t mask) {
+    std::string s;
+    if (mask & kUp) s += "up|";
+    if (mask & kDown) s += "down|";
+    if (mask & CopyTurns::kDevice) s += "dev|";
+    if (!s.empty()) s.pop_back();
+    return s;
+  }
+  void Log(std::string line) {
+    log_.push_back(std::move(line));
+    if (log_.size() > 40) log_.pop_front();
+  }
+  std::string Trace() const {
+    std::string t = "\nlimits " + std::to_string(limit_[0]) + "/" + std::to_string(limit_[2]) +
+                    "; the last calls:";
+    for (const std::string& l : log_) t += "\n  " + l;
+    t += "\nheld (up, down, dev):";
+    for (const auto& [who, n] : holds_) {
+      t += " '" + who + "' " + std::to_string(n[0]) + "," + std::to_string(n[1]) + "," +
+           std::to_string(n[2]) + ";";
+    }
+    t += "\nwaiting:";
+    for (const auto& [id, w] : waiting_)
+      t += " #" + std::to_string(id) + " " + Dirs(w.mask) + " '" + w.who + "';";
+    return t;
+  }
+
+  CopyTurns turns_;
+  FifoTurns fifo_;
+  const uint32_t limit_[3];
+  const std::vector<std::string> ids_;
+  std::mt19937 rng_;
+  uint8_t dirs_ = CopyTurns::kNone;
+  int next_id_ = 0;
+  uint64_t waits_ = 0, granted_ = 0;
+  std::map<int, Waiter> waiting_;  // by id: arrival order
+  std::vector<int> fired_;
+  std::vector<Held> held_;
+  std::map<std::string, std::array<uint32_t, 3>> holds_;  // by the identity that took them
+  std::deque<std::string> log_;
+};
+
+TEST(CopyTurnsPropertyTest, OneIdentityGrantsExactlyAsBeforeHalves) {
+  for (uint32_t seed = 1; seed <= 40 && !HasFailure(); ++seed) {
+    const uint32_t turns = seed % 5, device_turns = (seed / 5) % 4;
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    RandomUse(turns, device_turns, {seed % 2 ? "uid:1000" : ""}, seed).Run(3000);
+  }
+}
+
+TEST(CopyTurnsPropertyTest, SeveralIdentitiesKeepTheirHalvesAndTheBound) {
+  const std::vector<std::vector<std::string>> groups = {
+      {"A", "B"}, {"A", "B", "C"}, {"A", "B", ""}, {"A", "B", "C", ""}};
+  for (uint32_t seed = 1; seed <= 120 && !HasFailure(); ++seed) {
+    const uint32_t turns = seed % 6, device_turns = (seed / 6) % 4;
+    std::map<std::string, uint32_t> weights;
+    if (seed % 3 == 0) weights = {{"A", 3}, {"C", 2}};
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    RandomUse(turns, device_turns, groups[seed % groups.size()], seed, weights).Run(3000);
+  }
 }
 
 TEST(CopyTurnsSharesTest, UidWeightsParseAndFormat) {
