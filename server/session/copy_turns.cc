@@ -188,15 +188,33 @@ bool CopyTurns::TryTake(uint8_t mask, const std::string& who) {
   return true;
 }
 
-void CopyTurns::Wait(uint8_t mask, std::function<void()> granted, const std::string& who) {
+uint64_t CopyTurns::Wait(uint8_t mask, std::function<void()> granted, const std::string& who) {
   std::vector<std::function<void()>> go;
+  uint64_t ticket = 0;
   {
     MutexLock lock(&mu_);
-    ++waits_;
-    waiters_.push_back(Waiter{mask, std::move(granted), who});
+    ticket = ++waits_;
+    waiters_.push_back(Waiter{mask, std::move(granted), who, ticket});
     go = GrantLocked();
   }
   for (auto& fn : go) fn();
+  return ticket;
+}
+
+bool CopyTurns::Cancel(uint64_t ticket) {
+  std::function<void()> dropped;  // destroyed after the lock is released
+  std::vector<std::function<void()>> go;
+  {
+    MutexLock lock(&mu_);
+    auto it = std::find_if(waiters_.begin(), waiters_.end(),
+                           [ticket](const Waiter& w) { return w.ticket == ticket; });
+    if (it == waiters_.end()) return false;
+    dropped = std::move(it->granted);
+    waiters_.erase(it);
+    go = GrantLocked();  // it may have held back requests ranked after it
+  }
+  for (auto& fn : go) fn();
+  return true;
 }
 
 void CopyTurns::Give(uint8_t mask, const std::string& who) {

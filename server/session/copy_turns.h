@@ -114,8 +114,13 @@ class CopyTurns {
   /// taken (always for kNone).
   bool TryTake(uint8_t mask, const std::string& who = "");
   /// Queue `who` for the turns of `mask` (not kNone); `granted` runs once they are taken for
-  /// the caller, possibly before Wait returns.
-  void Wait(uint8_t mask, std::function<void()> granted, const std::string& who = "");
+  /// the caller, possibly before Wait returns. Returns the request's ticket, for Cancel.
+  uint64_t Wait(uint8_t mask, std::function<void()> granted, const std::string& who = "");
+  /// Withdraw the request of `ticket` if it still waits: true, and its `granted` never runs
+  /// (it is destroyed, outside the lock, with what it holds); what waited behind it may be
+  /// granted now. False if it was granted already: its `granted` has run or is running, and
+  /// the turns it took are given back as usual.
+  bool Cancel(uint64_t ticket);
   /// Give back turns taken by TryTake or granted by Wait for `who` (the identity they were
   /// taken for: the halves count what each identity holds); grants what waited for them. A
   /// direction of which `who` holds none (a bug of the caller's) is charged to the identity
@@ -138,6 +143,7 @@ class CopyTurns {
     uint8_t mask;
     std::function<void()> granted;
     std::string who;
+    uint64_t ticket;
   };
   uint32_t LimitOf(uint8_t direction) const;
   // Turns of direction `i` held in all, and within their identities' halves.
@@ -167,8 +173,8 @@ class CopyTurns {
   // What each identity ("" too) holds, by direction (to device, to host, device); entries go
   // when they reach zero.
   std::map<std::string, std::array<uint32_t, 3>> held_by_ ABSL_GUARDED_BY(mu_);
-  std::deque<Waiter> waiters_ ABSL_GUARDED_BY(mu_);  // arrival order
-  uint64_t waits_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<Waiter> waiters_ ABSL_GUARDED_BY(mu_);               // arrival order
+  uint64_t waits_ ABSL_GUARDED_BY(mu_) = 0;                       // also the last ticket given
   std::map<std::string, uint32_t> weights_ ABSL_GUARDED_BY(mu_);  // set before use
   std::map<std::string, uint64_t> pass_ ABSL_GUARDED_BY(mu_);     // per identity
   uint64_t vtime_ ABSL_GUARDED_BY(mu_) = 0;                       // the start pass of the last take

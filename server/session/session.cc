@@ -234,7 +234,7 @@ void Session::OnStagingFreed() {
 
 void Session::AwaitTurns(uint8_t mask) {
   awaiting_turns_ = mask;
-  turns_->Wait(
+  turns_ticket_ = turns_->Wait(
       mask,
       [self = shared_from_this()] {
         // On the thread that gave a turn back (another session's): starting submits may block
@@ -1142,9 +1142,14 @@ void Session::Close() {
 
 void Session::Abort() {
   events_ = nullptr;
-  // Nobody can see the results of submits that have not started: drop them (their turn
-  // request, if any, is given back when it is granted), and the rest of one whose enqueue
-  // is paused.
+  // Nobody can see the results of submits that have not started: drop them, and the rest of
+  // one whose enqueue is paused. Their turn request, if any, is withdrawn: a request left
+  // waiting would hold this session until granted (turns can be held for as long as other
+  // sessions' kernels run), and requests of sessions that are gone would pile up ahead of
+  // live ones. One granted already is given back when its grant runs (ResumeParked).
+  if (awaiting_turns_ != CopyTurns::kNone && turns_->Cancel(turns_ticket_)) {
+    awaiting_turns_ = CopyTurns::kNone;
+  }
   AbandonPausedEnqueue(Status(ErrorKind::kSessionClosed, "the client went away"),
                        /*device_gone=*/false);
   for (InFlight& r : queue_) {

@@ -439,6 +439,7 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   CopyTurns* turns_ = nullptr;                 // null: no turns
   size_t parked_ = 0;                          // records of queue_ that are parked
   uint8_t awaiting_turns_ = CopyTurns::kNone;  // a Wait for these turns is outstanding
+  uint64_t turns_ticket_ = 0;                  // awaiting_turns_'s request (CopyTurns::Cancel)
   bool awaiting_staging_ = false;              // the first parked submit waits for staging
   Status broken_;  // a sticky device error: every later submit fails with it
   void Advance(LifecycleEvent event) { lifecycle_ = NextLifecycle(lifecycle_, event); }

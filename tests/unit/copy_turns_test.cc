@@ -113,6 +113,32 @@ TEST(CopyTurnsTest, AWaiterOfOneDirectionDoesNotHoldUpTheOther) {
   EXPECT_TRUE(up);
 }
 
+// A cancelled request is never granted, what its callback held is let go at the Cancel, and
+// a request it held back goes at once; a request granted already cannot be cancelled.
+TEST(CopyTurnsTest, ACancelledRequestIsNeverGrantedAndHoldsUpNobody) {
+  CopyTurns turns(1, 1);
+  ASSERT_TRUE(turns.TryTake(kUp));
+  auto held = std::make_shared<int>(0);
+  bool cancelled_ran = false;
+  const uint64_t ticket = turns.Wait(kUp | kDown, [&cancelled_ran, held] { cancelled_ran = true; });
+  bool down = false;
+  turns.Wait(kDown, [&down] { down = true; });
+  EXPECT_FALSE(down);  // held back by the request for both
+  EXPECT_EQ(held.use_count(), 2);
+  EXPECT_TRUE(turns.Cancel(ticket));
+  EXPECT_EQ(held.use_count(), 1);  // the callback is gone
+  EXPECT_TRUE(down);               // granted by the Cancel
+  EXPECT_EQ(turns.stats().waiting, 0u);
+  EXPECT_FALSE(turns.Cancel(ticket));  // not twice
+  bool up = false;
+  const uint64_t granted = turns.Wait(kUp, [&up] { up = true; });
+  turns.Give(kUp, "");
+  EXPECT_TRUE(up);
+  EXPECT_FALSE(turns.Cancel(granted));  // granted: its turn is given back as usual
+  EXPECT_FALSE(cancelled_ran);
+  EXPECT_EQ(turns.stats().held_to_device, 1u);
+}
+
 // --- fair shares: weights and device turns -----------------------------------------------
 
 // Queue `n` waiters of each identity in `order` (round robin), the one turn of `mask` held by

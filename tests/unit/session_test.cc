@@ -925,7 +925,7 @@ TEST_F(SessionTest, AWaitingSubmitThatIsRefusedGivesItsTurnBack) {
 
 // A client that goes away while its submits wait for a turn: they are dropped unrun, the
 // session goes away without waiting for the turn, and the turn, once granted, is given back.
-TEST_F(SessionTest, AbortWhileWaitingForATurnDropsTheWaitingSubmitsAndGivesTheTurnBack) {
+TEST_F(SessionTest, AbortWhileWaitingForATurnDropsTheWaitingSubmitsAndWithdrawsTheRequest) {
   turns_ = std::make_unique<CopyTurns>(1, 4096);
   Client a = Open();
   Client b = Open();
@@ -939,9 +939,11 @@ TEST_F(SessionTest, AbortWhileWaitingForATurnDropsTheWaitingSubmitsAndGivesTheTu
     b.session->Submit(Request(3, {FillOp{1, 1.0}}));
     b.session->Abort();
   }));
-  // b closes while a still holds the turn (50 ms per op): nothing of b ran.
+  // b closes while a still holds the turn (50 ms per op): nothing of b ran, and b's request
+  // no longer waits (left waiting, it would hold b until granted).
   ASSERT_TRUE(WaitUntil([this] { return registry_->Totals().sessions_open == 1; }));
   EXPECT_EQ(turns_->stats().held_to_device, 1u);
+  EXPECT_EQ(turns_->stats().waiting, 0u);
   EXPECT_EQ(b.events->events().size(), 1u);  // only submit 1's completion, before the Abort
   ASSERT_TRUE(a.events->WaitForCompletions(2));
   ASSERT_TRUE(WaitUntil([this] { return turns_->stats().held_to_device == 0; }));
