@@ -175,6 +175,21 @@ int main(int argc, char** argv) {
     if (!back.ok() || *back != y) return 100;
     return static_cast<int>(s.kind());
   }
+  if (mode == "gemm") {  // one small f32 GEMM, checked; prints its time with the synchronize
+    ferry::Tensor a = session->create_tensor<float>({64, 64});
+    ferry::Tensor c = session->create_tensor<float>({64, 64});
+    session->fill(a, 1.0f);
+    if (!session->synchronize().ok()) return 1;
+    const auto start = std::chrono::steady_clock::now();
+    session->gemm(a, a, c);
+    ferry::Status s = session->synchronize();
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    auto back = session->download<float>(c);
+    const bool right = s.ok() && back.ok() && *back == std::vector<float>(64 * 64, 64.0f);
+    std::printf("gemm: %s, %.1f ms%s\n", s.ToString().c_str(), ms, right ? "" : ", wrong result");
+    return right ? 0 : 1;
+  }
   if (mode == "list-sessions" || mode == "drain") {
     auto channel = grpc::CreateChannel(argv[1], grpc::InsecureChannelCredentials());
     auto stub = ferry::v1::Admin::NewStub(channel);

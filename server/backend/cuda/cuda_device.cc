@@ -60,6 +60,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <fstream>
@@ -70,6 +71,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <type_traits>
 #include <unordered_map>
@@ -685,7 +687,26 @@ class CudaDevice final : public Device {
     }
     watcher_ = std::make_unique<CompletionWatcher>(ordinal);
     if (streams_ahead_ > 0) stream_maker_ = std::make_unique<StreamMaker>(ordinal, streams_ahead_);
+    if (EagerModuleLoading()) LoadCublasNow();
     return Status::Ok();
+  }
+
+  // Whether CUDA loads every kernel when its module is (CUDA_MODULE_LOADING=EAGER, which
+  // ferryd's cuda-module-loading = eager sets).
+  static bool EagerModuleLoading() {
+    const char* mode = std::getenv("CUDA_MODULE_LOADING");
+    return mode != nullptr && std::string_view(mode) == "EAGER";
+  }
+
+  // cuBLAS is opened on the daemon's first GEMM (cuda_internal.h). With eager loading, open
+  // it and make one handle now instead, so that its kernels are loaded before any session
+  // runs, not by a session's first GEMM while other sessions' kernels run. A failure is
+  // left to the first GEMM, which reports it as it always did.
+  void LoadCublasNow() {
+    auto api = cuda_internal::GetCublasApi();
+    if (!api.ok()) return;
+    cublasHandle_t handle = nullptr;
+    if ((*api)->Create(&handle) == CUBLAS_STATUS_SUCCESS) (void)(*api)->Destroy(handle);
   }
 
   DeviceInfo info_;
