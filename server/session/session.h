@@ -431,8 +431,10 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   uint64_t run_batch_ops_ = 0;        // ...holding this many ops
   bool run_unwatched_ = false;        // its submits reached the device; no watch asked yet
   bool run_inline_ = true;            // and their completion may run on the watcher thread
-  // The size of a run's batches: twice kernel_batch, at least 16.
-  uint64_t RunBatchOps() const { return std::max<uint64_t>(16, 2ull * config_.kernel_batch); }
+  // The size of a run's batches: twice kernel_batch, at least 16, at most MaxBatchOps().
+  uint64_t RunBatchOps() const {
+    return std::min(MaxBatchOps(), std::max<uint64_t>(16, 2ull * config_.kernel_batch));
+  }
   // The most ops of one submit that go as one batch: kMaxBatchOps, or kernel_batch where
   // that is more.
   uint64_t MaxBatchOps() const { return std::max<uint64_t>(kMaxBatchOps, config_.kernel_batch); }
