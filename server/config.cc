@@ -710,7 +710,8 @@ means true; --allow-insecure-remote and --allow-remote-raw-kernels also take =tr
                              at least 2)
   --cuda-work-queues N       hardware work queues of the CUDA context, 1..32 (default 0:
                              CUDA's, 8); fewer save host memory (docs/operations.md)
-  --cuda-module-loading MODE eager: every kernel is loaded when the CUDA context is made;
+  --cuda-module-loading MODE eager: every kernel is loaded when the CUDA context is made
+                             (cuBLAS's too, opened then);
                              lazy: on its first launch, which may wait for every session's
                              queued work; environment: CUDA_MODULE_LOADING's, else CUDA's
                              (lazy) (default environment; docs/operations.md)
@@ -728,15 +729,16 @@ means true; --allow-insecure-remote and --allow-remote-raw-kernels also take =tr
                              on, 0..256; closed sessions' streams are destroyed on the same
                              thread (default 4; 0: made at the open, destroyed at the close)
   --copy-turns N             submits copying copy-turn-size or more one way that run at
-                             once, per direction; the rest wait in arrival order, so
-                             sessions share the copy engines fairly (default 4; 0: no limit)
+                             once, per direction; the rest wait their turn, one identity
+                             at most half while another waits (default 4; 0: no limit)
   --copy-turn-size SIZE      bytes a submit copies one way from which it takes a turn
                              (default 4M)
   --device-turns N           submits of all sessions on the device at once, 0..1024; the
                              rest wait, ordered by uid-weights (default 0: no limit)
   --uid-weights LIST         uid:N=W,remote=W,remote:NAME=W,...: weights (1..1000, default 1) by which
-                             waiting submits of different uids get copy and device turns
-                             (default: none, every identity weighs 1)
+                             waiting submits of different uids get copy and device turns,
+                             up to half of the turns each while another waits (default:
+                             none, every identity weighs 1)
   --kernel-batch N           a run of N or more kernel ops (fill, binary, scale, axpy) in
                              one submit goes to the device as one batch: on CUDA one graph
                              launch, its graph kept and updated (default 8; 0: never)

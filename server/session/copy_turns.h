@@ -17,8 +17,8 @@
 // - A request for both directions is granted when both are free and no earlier waiter wants
 //   either: each direction is served first come, first served, and a request never jumps an
 //   earlier one of its direction (but other identities pass a borrowing one, below).
-// - Grant callbacks run on the thread of the Give (or Wait) that made the grant, outside the
-//   lock; they must not block (a session posts to its executor).
+// - Grant callbacks run on the thread of the Give (or Wait, or Cancel) that made the grant,
+//   outside the lock; they must not block (a session posts to its executor).
 // - A turn is held from enqueue to completion: a large copy queued behind its own session's
 //   long kernel holds its turn meanwhile (docs/architecture.md, "Copy turns").
 //
