@@ -40,9 +40,9 @@ struct DaemonConfig {
   /// context exists); 0: leave CUDA's default (8) or the environment's value.
   int cuda_work_queues = 0;
   /// When CUDA loads kernels (CUDA_MODULE_LOADING, set before the context exists): "eager"
-  /// (all when the context is made; cuBLAS is opened then too), "lazy" (each on its first launch, which may wait for the
-  /// whole device: every session's queued work) or "environment" (leave the variable; CUDA's
-  /// default is lazy).
+  /// (all when the context is made; cuBLAS is opened then too), "lazy" (each on its first launch,
+  /// which may wait for the whole device: every session's queued work) or "environment" (leave the
+  /// variable; CUDA's default is lazy).
   std::string cuda_module_loading = "environment";
   /// The config file that was read ("" when none).
   std::string config_path;

@@ -73,9 +73,9 @@ Result<std::vector<std::string>> LoadMetricsTokens(const std::string& path);
 bool MetricsRequestAuthorized(const std::vector<std::string>& tokens,
                               const std::string_view* authorization);
 
-/// A minimal HTTP/1.1 server: GET /metrics answers 200 with `render(the endpoint's counts)`, anything else 404
-/// (405 for other methods). With tokens, a request that does not carry one of them
-/// (MetricsRequestAuthorized) answers 401 with "WWW-Authenticate: Bearer" and no metrics,
+/// A minimal HTTP/1.1 server: GET /metrics answers 200 with `render(the endpoint's counts)`,
+/// anything else 404 (405 for other methods). With tokens, a request that does not carry one of
+/// them (MetricsRequestAuthorized) answers 401 with "WWW-Authenticate: Bearer" and no metrics,
 /// whatever its path. One request per connection, closed after the reply.
 ///
 /// Bounded against whoever reaches it, token or not (the token is checked once the request is
