@@ -4,6 +4,7 @@
 
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <utility>
 
 namespace ferry::session {
 
@@ -25,6 +26,12 @@ void SerialExecutor::PostAfter(std::chrono::milliseconds delay, std::function<vo
                      name](const boost::system::error_code& error) mutable {
     if (!error) self.Post(std::move(fn), name);
   });
+}
+
+void SerialExecutor::Yield(std::function<void()> fn, const char* name) const {
+  MutexLock lock(&state_->mu);
+  state_->queue.push_front({std::move(fn), /*is_short=*/false, name});
+  state_->yielding = true;  // the running function's runner ends its turn (active stays)
 }
 
 void SerialExecutor::RunOrPost(std::function<void()> fn, Followers followers) const {
@@ -59,9 +66,10 @@ void SerialExecutor::RunTaken(std::function<void()> fn, Followers followers) con
   for (int ran = 1;; ++ran) {
     {
       MutexLock lock(&state_->mu);
-      const bool run_next = followers == Followers::kRunHere && ran < kBatch &&
+      const bool run_next = followers == Followers::kRunHere && ran < kBatch && !state_->yielding &&
                             !state_->queue.empty() && state_->queue.front().is_short;
       if (!run_next) {
+        state_->yielding = false;
         state_->runner = std::thread::id();
         ScheduleOrIdleLocked(state_);  // the rest runs on the io_context
         return;
@@ -114,6 +122,7 @@ void SerialExecutor::Drain(const std::shared_ptr<State>& state) {
     }
     MutexLock lock(&state->mu);
     state->runner = std::thread::id();
+    if (std::exchange(state->yielding, false)) break;  // the rest after others' work
   }
   MutexLock lock(&state->mu);
   ScheduleOrIdleLocked(state);

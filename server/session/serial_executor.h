@@ -46,6 +46,12 @@ class SerialExecutor {
   /// must outlive the wait; `fn` should hold weak references to what may be gone by then.
   void PostAfter(std::chrono::milliseconds delay, std::function<void()> fn,
                  const char* name = nullptr) const;
+  /// From a function of this executor that gives up its thread for a while: `fn` goes
+  /// first in this executor's queue, and once the calling function returns the executor's
+  /// turn on this thread ends, so that `fn` (with what else is queued here) runs after the
+  /// work other executors queued on the io_context meanwhile. For work cut into slices (a
+  /// long enqueue), so that it holds an io thread for one slice at a time.
+  void Yield(std::function<void()> fn, const char* name = nullptr) const;
   /// What a RunOrPost that ran its function does with the short functions (those queued by
   /// RunOrPost) that queued behind it: run them on this thread too, or hand them on.
   enum class Followers { kPost, kRunHere };
@@ -85,6 +91,7 @@ class SerialExecutor {
     // A thread runs or is scheduled to run the queue.
     bool active ABSL_GUARDED_BY(mu) = false;
     std::thread::id runner ABSL_GUARDED_BY(mu);  // the thread running a function now
+    bool yielding ABSL_GUARDED_BY(mu) = false;   // the running function called Yield
   };
   // Run `fn` on this thread, the executor taken for it (active, runner set); then the short
   // functions queued behind it as `followers` says; then hand on the rest or go idle.

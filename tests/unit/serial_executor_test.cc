@@ -9,6 +9,7 @@
 #include <chrono>
 #include <future>
 #include <sstream>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -210,6 +211,44 @@ TEST_F(SerialExecutorTest, ASlowNamedHandlerIsLoggedByName) {
   const std::string text = log.str();
   EXPECT_NE(text.find("executor handler 'deliberately slow' ran"), std::string::npos) << text;
   EXPECT_EQ(text.find("executor handler"), text.rfind("executor handler")) << "one line: " << text;
+}
+
+// Yield ends the executor's turn on its thread: the continuation runs after what other
+// executors queued on the io_context meanwhile (a Post would run it in the same turn).
+TEST(SerialExecutorYieldTest, AYieldingFunctionGoesOnAfterOtherExecutorsQueuedWork) {
+  boost::asio::io_context io;  // run by this thread alone, below
+  SerialExecutor long_work(io), other(io);
+  std::vector<std::string> order;
+  long_work.Post([&] {
+    order.push_back("slice 1");
+    other.Post([&] { order.push_back("other"); });
+    long_work.Yield([&] { order.push_back("slice 2"); });
+  });
+  long_work.Post([&] { order.push_back("after"); });
+  io.run();
+  EXPECT_EQ(order, (std::vector<std::string>{"slice 1", "other", "slice 2", "after"}));
+}
+
+// On a caller's thread (RunOrPost) a yield hands the continuation to the io_context too, and
+// the executor's next turns run as many functions as before.
+TEST(SerialExecutorYieldTest, AYieldOnTheCallersThreadGoesOnOnTheIoContext) {
+  boost::asio::io_context io;
+  SerialExecutor ex(io), other(io);
+  std::vector<std::string> order;
+  ex.RunOrPost(
+      [&] {
+        order.push_back("slice 1");
+        ex.Yield([&] {
+          order.push_back("slice 2");
+          other.Post([&] { order.push_back("other"); });
+          ex.Post([&] { order.push_back("after"); });
+        });
+      },
+      SerialExecutor::Followers::kRunHere);
+  EXPECT_EQ(order, std::vector<std::string>{"slice 1"}) << "the continuation ran on the caller";
+  io.run();
+  // "after" in the same turn as slice 2: the yield was over once its function returned.
+  EXPECT_EQ(order, (std::vector<std::string>{"slice 1", "slice 2", "after", "other"}));
 }
 
 }  // namespace
