@@ -335,6 +335,10 @@ std::string RenderMetrics(const SessionServiceContext& c,
            "or all sessions (queued-commands) had their most commands on the device (it goes "
            "on as earlier work completes), since start.",
            c.parts.registry->enqueue_pauses());
+  e.Metric("ferry_enqueue_yields_total", "counter",
+           "Times a long submit stopped enqueueing at the end of its slice (about 2 ms), to go "
+           "on after other sessions' queued work, since start.",
+           c.parts.registry->enqueue_yields());
   session::CopyTurns::Stats turns;
   if (c.parts.copy_turns) turns = c.parts.copy_turns->stats();
   e.Metric("ferry_copy_turn_waits_total", "counter",

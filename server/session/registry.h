@@ -308,6 +308,9 @@ class SessionRegistry {
   /// queued-commands).
   void CountEnqueuePause() { enqueue_pauses_.fetch_add(1, std::memory_order_relaxed); }
   uint64_t enqueue_pauses() const { return enqueue_pauses_.load(std::memory_order_relaxed); }
+  /// A session's submit stopped enqueueing at the end of a slice (Session::kEnqueueSlice).
+  void CountEnqueueYield() { enqueue_yields_.fetch_add(1, std::memory_order_relaxed); }
+  uint64_t enqueue_yields() const { return enqueue_yields_.load(std::memory_order_relaxed); }
 
  private:
   ResolvedUidLimits Resolve(const PeerIdentity& peer) const;
@@ -337,6 +340,7 @@ class SessionRegistry {
   uint64_t objects_limit_ = 0;  // set before sessions open
   std::atomic<uint64_t> objects_{0};
   std::atomic<uint64_t> enqueue_pauses_{0};
+  std::atomic<uint64_t> enqueue_yields_{0};
   LaunchRoom launch_room_;
 
   mutable Mutex mu_;

@@ -426,6 +426,8 @@ Status Session::EnqueueOps(InFlight& record, EnqueueWork& work) {
   const std::vector<Op>& ops = work.ops;
   size_t scanned = work.next;             // ops before this one were looked at for a batch
   size_t batch_first = 0, batch_end = 0;  // ops [batch_first, batch_end) go as one batch
+  const auto slice_end = std::chrono::steady_clock::now() + kEnqueueSlice;
+  size_t slice_checked = work.next;  // the clock was last read before this op
   for (size_t i = work.next; i < ops.size(); ++i) {
     bool starts_batch = false;
     size_t run = i;
@@ -435,9 +437,27 @@ Status Session::EnqueueOps(InFlight& record, EnqueueWork& work) {
       starts_batch =
           !capturing_ && !run_batch_ && config_.kernel_batch > 0 && run - i >= config_.kernel_batch;
     }
-    // An op outside any batch or capture is a command of the launch queue of its own, and
-    // a batch starting here is one: stop where the stream has no room for it.
+    // Between ops outside any batch or capture, the enqueue may stop, to go on later.
     if (i >= batch_end && !capturing_ && !run_batch_) {
+      // Its slice is over (read the clock every kSliceCheckOps ops): the rest goes on after
+      // other sessions' queued work, so that a long submit holds an executor thread, which
+      // every session shares, one slice at a time.
+      if (i - slice_checked >= kSliceCheckOps) {
+        slice_checked = i;
+        if (std::chrono::steady_clock::now() >= slice_end) {
+          registry_->CountEnqueueYield();
+          work.next = i;
+          work.paused = true;
+          if (!continue_posted_) {
+            continue_posted_ = true;
+            executor_.Yield([self = shared_from_this()] { self->ContinueEnqueue(); },
+                            "enqueue continues");
+          }
+          return Status::Ok();
+        }
+      }
+      // An op is a command of the launch queue of its own, and a batch starting here is one:
+      // stop where the stream has no room for it.
       const uint64_t commands = starts_batch ? 1 : CommandsOf(ops[i], record, i);
       if (!RoomForCommands(commands)) {
         registry_->CountEnqueuePause();

@@ -168,6 +168,17 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   // command of the launch queue, so one batch would also pass session-queued-commands' bound
   // on what a session keeps queued.
   static constexpr uint64_t kMaxBatchOps = 4096;
+  // A submit's ops are enqueued in slices of about this long: where one is over (between
+  // ops outside a batch or graph capture) the enqueue yields its executor thread, which
+  // every session shares, and goes on after the work other sessions queued meanwhile
+  // (SerialExecutor::Yield). A long submit (CUDA: a launch takes 2-5 us, a batch's op about
+  // 12 us, so 2^20 ops take seconds) then holds up another session by about one slice, plus
+  // a batch (kMaxBatchOps). Not cut: reading and admitting the submit before (about 1 us an
+  // op), and a graph capture, which holds the thread for all its ops
+  // (session-max-graph-ops).
+  static constexpr std::chrono::microseconds kEnqueueSlice{2000};
+  // The clock is read every this many ops.
+  static constexpr size_t kSliceCheckOps = 32;
 
   /// Create a session on the supervised device. Fails with QUOTA_EXCEEDED when the daemon
   /// holds its maximum number of sessions, or with the backend's error when no stream can
@@ -241,7 +252,7 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
     std::vector<uint64_t> fresh_bytes;
     std::vector<std::shared_ptr<backend::Module>> loaded;
     size_t next = 0;
-    bool paused = false;  // stopped before `next` for want of launch-queue room
+    bool paused = false;  // stopped before `next`: no launch-queue room, or its slice was over
   };
   // One submit between Submit() and its OnCompleted, in submit order.
   struct InFlight {
@@ -313,9 +324,11 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   // Enqueue an admitted submit; returns the first enqueue error (with op index). Where the
   // stream has max_queued_commands in flight, it stops (record.paused holds the rest, the
   // session's later submits park behind it) and ContinueEnqueue goes on once a completion
-  // shows room.
+  // shows room; where its slice (kEnqueueSlice) is over, it stops the same way and
+  // ContinueEnqueue goes on after other sessions' queued work.
   Status Enqueue(SubmitRequest& request, const AdmissionResult& admitted, InFlight& record);
-  // Enqueue work.ops from work.next on; stops early (work.paused) where no room is left.
+  // Enqueue work.ops from work.next on; stops early (work.paused) where no room is left or
+  // the slice is over.
   Status EnqueueOps(InFlight& record, EnqueueWork& work);
   // After the last op of `record` (or a reason to stop): abandon an unfinished graph
   // capture, settle objects, and ask for its completion.
@@ -323,7 +336,8 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   // Give back what Enqueue made for the ops from work.next on (freed on the stream unless
   // the device is gone); none is left to enqueue.
   void ReleaseUnenqueued(EnqueueWork& work, bool device_gone);
-  // The paused enqueue goes on (posted by OnDeviceComplete once the stream has room).
+  // The paused enqueue goes on (posted by OnDeviceComplete once the stream has room, woken
+  // by the LaunchRoom, or yielded to at the end of a slice).
   void ContinueEnqueue();
   // Stop the paused enqueue for good with `why` (client gone, device lost): the ops not
   // enqueued give back their memory and reservations.

@@ -14,6 +14,7 @@
 
 #include "ferry/client.h"
 #include "ferryd_process.h"
+#include "metrics_scrape.h"
 
 namespace ferry {
 namespace {
@@ -267,6 +268,66 @@ TEST(ConcurrencyTest, ASessionsFirstKernelsWaitForNoOtherSessionsWork) {
   Transfer done = a_done.wait();
   EXPECT_TRUE(done.status.ok()) << done.status.ToString();
   EXPECT_TRUE(a->close().ok());
+}
+
+// A submit of many ops is enqueued in slices (Session::kEnqueueSlice): between them its io
+// thread goes to other sessions' queued work. Here two sessions send such submits back to
+// back on a daemon of two io threads, while a remote session, whose 1 MiB transfers go
+// inline (not on the caller's thread), opens, uploads, downloads and closes, again and
+// again: everyone gets the right bytes, and the long enqueues did yield.
+TEST(ConcurrencyTest, LongSubmitsAreEnqueuedInSlicesWhileOtherSessionsWork) {
+  testing::FerrydProcess d({"--executor-threads", "2", "--metrics-listen", "127.0.0.1:0"},
+                           /*tcp=*/true);
+  ASSERT_TRUE(d.ok()) << d.log();
+  auto client = Client::connect(d.unix_target());
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  auto remote = Client::connect(d.tcp_target());
+  ASSERT_TRUE(remote.ok()) << remote.status().ToString();
+  constexpr int kLongOps = 1 << 19;
+  constexpr int kLongSubmits = 2;
+  std::atomic<int> long_done{0};
+  std::vector<std::string> long_errors(2);
+  std::vector<std::thread> long_runners;
+  for (int t = 0; t < 2; ++t) {
+    long_runners.emplace_back([&, t] {
+      auto s = client->open_session();
+      if (!s.ok()) {
+        long_errors[t] = "open: " + s.status().ToString();
+      } else {
+        Tensor x = s->create_tensor<float>({1});
+        for (int round = 0; round < kLongSubmits && long_errors[t].empty(); ++round) {
+          for (int i = 0; i < kLongOps; ++i) s->fill(x, static_cast<double>(i + round));
+          if (Status st = s->synchronize(); !st.ok()) long_errors[t] = "submit: " + st.ToString();
+        }
+        auto back = s->download<float>(x);
+        if (!back.ok()) {
+          long_errors[t] = "download: " + back.status().ToString();
+        } else if ((*back)[0] != kLongOps + kLongSubmits - 2) {
+          long_errors[t] = "the last fill left " + std::to_string((*back)[0]);
+        }
+      }
+      ++long_done;
+    });
+  }
+  std::vector<float> bytes(1 << 18);
+  int rounds = 0;
+  for (; long_done.load() < 2; ++rounds) {
+    for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<float>(i + rounds);
+    auto s = remote->open_session();
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    Tensor t = s->create_tensor<float>({1 << 18});
+    ASSERT_TRUE(s->upload(t, bytes).ok());
+    auto back = s->download<float>(t);
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    EXPECT_EQ(*back, bytes);
+    EXPECT_TRUE(s->close().ok());
+  }
+  for (auto& r : long_runners) r.join();
+  for (const auto& e : long_errors) EXPECT_EQ(e, "");
+  EXPECT_GT(rounds, 0);
+  const std::string body = testing::ResponseBody(testing::Scrape(testing::MetricsEndpoint(d)));
+  EXPECT_GT(testing::Value(body, "ferry_enqueue_yields_total"), 0)
+      << "4 submits of 2^19 ops each took less than one slice to enqueue";
 }
 
 }  // namespace

@@ -451,6 +451,28 @@ TEST_F(SessionTest, ALongRunOfKernelOpsGoesAsSeveralBatches) {
   EXPECT_EQ(CloseAndWait(c).kernel_batches, 3u);  // 4096, 4096, 100
 }
 
+// A submit whose enqueue takes longer than a slice (Session::kEnqueueSlice) gives up its
+// thread between batches and goes on later; the submit behind it waits for it, and both
+// complete in order with the right result.
+TEST_F(SessionTest, ALongEnqueueYieldsItsThreadAndGoesOnInOrder) {
+  Client c = Open();
+  const size_t ops = 1 << 18;
+  std::vector<Op> submit{CreateTensorOp{1, DType::kF64, {4}}};
+  for (size_t i = 0; i < ops; ++i) submit.push_back(FillOp{1, static_cast<double>(i)});
+  Submit(c, 1, std::move(submit));
+  Submit(c, 2, {ScaleOp{1, -1.0, 1}, DownloadOp{1, 0, 32}});
+  ASSERT_TRUE(c.events->WaitForCompletions(2));
+  const std::vector<Event> done = c.events->completions();
+  ASSERT_EQ(done.size(), 2u);
+  EXPECT_EQ(done[0].id, 1u);
+  EXPECT_EQ(done[1].id, 2u);
+  EXPECT_TRUE(done[0].status.ok()) << done[0].status.ToString();
+  EXPECT_TRUE(done[1].status.ok()) << done[1].status.ToString();
+  EXPECT_EQ(Decode<double>(c.events->Downloaded(2, 1)),
+            std::vector<double>(4, -static_cast<double>(ops - 1)));
+  EXPECT_GT(registry_->enqueue_yields(), 0u) << "2^18 fills took less than one slice";
+}
+
 // A submit that may block or run long (here a create: an allocation) that reaches the
 // session on a caller's thread (a RunOrPost or TryRun run there: a gRPC thread, the ring
 // poller, the completion watcher) is not started there: it parks, and an io thread starts it
