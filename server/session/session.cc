@@ -437,11 +437,14 @@ Status Session::EnqueueOps(InFlight& record, EnqueueWork& work) {
       starts_batch =
           !capturing_ && !run_batch_ && config_.kernel_batch > 0 && run - i >= config_.kernel_batch;
     }
-    // Between ops outside any batch or capture, the enqueue may stop, to go on later.
-    if (i >= batch_end && !capturing_ && !run_batch_) {
+    // Between ops outside any batch, the enqueue may stop, to go on later.
+    if (i >= batch_end && !run_batch_) {
       // Its slice is over (read the clock every kSliceCheckOps ops): the rest goes on after
       // other sessions' queued work, so that a long submit holds an executor thread, which
-      // every session shares, one slice at a time.
+      // every session shares, one slice at a time. A graph recording goes on where it
+      // stopped (the stream keeps capturing, and CUDA's relaxed capture may go on from
+      // another thread); nothing else reaches the stream meanwhile, since the session's
+      // later submits wait behind this one.
       if (i - slice_checked >= kSliceCheckOps) {
         slice_checked = i;
         if (std::chrono::steady_clock::now() >= slice_end) {
@@ -456,8 +459,10 @@ Status Session::EnqueueOps(InFlight& record, EnqueueWork& work) {
           return Status::Ok();
         }
       }
-      // An op is a command of the launch queue of its own, and a batch starting here is one:
-      // stop where the stream has no room for it.
+    }
+    if (i >= batch_end && !capturing_ && !run_batch_) {
+      // An op outside any batch or capture is a command of the launch queue of its own, and
+      // a batch starting here is one: stop where the stream has no room for it.
       const uint64_t commands = starts_batch ? 1 : CommandsOf(ops[i], record, i);
       if (!RoomForCommands(commands)) {
         registry_->CountEnqueuePause();

@@ -330,5 +330,67 @@ TEST(ConcurrencyTest, LongSubmitsAreEnqueuedInSlicesWhileOtherSessionsWork) {
       << "4 submits of 2^19 ops each took less than one slice to enqueue";
 }
 
+// A graph recording is cut into slices too: the session's stream keeps capturing while its
+// executor thread goes to other work, and the capture goes on from whichever thread takes
+// it up next (CUDA: relaxed capture). Meanwhile another session allocates, computes and
+// copies on the same device. The graph replays every recorded op.
+TEST(ConcurrencyTest, AGraphRecordedInSlicesReplaysEveryOpWhileOthersWork) {
+  // Unfused, each add is a kernel node of its own (CUDA): the capture is long.
+  testing::FerrydProcess d({"--executor-threads", "2", "--fuse-elementwise", "false",
+                            "--metrics-listen", "127.0.0.1:0"});
+  ASSERT_TRUE(d.ok()) << d.log();
+  auto client = Client::connect(d.unix_target());
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  auto s = client->open_session();
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  Tensor x = s->create_tensor<double>({64});
+  Tensor one = s->create_tensor<double>({64});
+  s->fill(x, 0.0);
+  s->fill(one, 1.0);
+  ASSERT_TRUE(s->synchronize().ok());
+  constexpr int kAdds = 1 << 17;
+  std::atomic<bool> recorded{false};
+  std::string other_error;
+  int other_rounds = 0;
+  std::thread other([&] {
+    auto o = client->open_session();
+    if (!o.ok()) {
+      other_error = "open: " + o.status().ToString();
+      return;
+    }
+    for (; !recorded.load() && other_error.empty(); ++other_rounds) {
+      Tensor m = o->create_tensor<double>({32, 32});
+      Tensor out = o->create_tensor<double>({32, 32});
+      o->fill(m, 1.0 + other_rounds % 3);
+      o->gemm(m, m, out, {.alpha = 1.0, .beta = 0.0});
+      auto back = o->download<double>(out);
+      const double want = 32.0 * (1 + other_rounds % 3) * (1 + other_rounds % 3);
+      if (!back.ok()) {
+        other_error = "round " + std::to_string(other_rounds) + ": " + back.status().ToString();
+      } else if (*back != std::vector<double>(32 * 32, want)) {
+        other_error = "round " + std::to_string(other_rounds) + ": wrong gemm result";
+      }
+    }
+  });
+  Graph g = s->begin_graph();
+  for (int i = 0; i < kAdds; ++i) s->axpy(1.0, one, x);
+  s->end_graph();
+  Status st = s->synchronize();
+  recorded = true;
+  other.join();
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(other_error, "");
+  s->launch_graph(g);
+  s->launch_graph(g);
+  auto back = s->download<double>(x);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, std::vector<double>(64, 2.0 * kAdds));
+  const std::string body = testing::ResponseBody(testing::Scrape(testing::MetricsEndpoint(d)));
+  EXPECT_GT(testing::Value(body, "ferry_enqueue_yields_total"), 0)
+      << "recording 2^17 ops took less than one slice";
+  std::printf("the other session ran %d rounds while the graph was recorded\n", other_rounds);
+  EXPECT_TRUE(s->close().ok());
+}
+
 }  // namespace
 }  // namespace ferry

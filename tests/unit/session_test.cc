@@ -473,6 +473,28 @@ TEST_F(SessionTest, ALongEnqueueYieldsItsThreadAndGoesOnInOrder) {
   EXPECT_GT(registry_->enqueue_yields(), 0u) << "2^18 fills took less than one slice";
 }
 
+// A graph recording longer than a slice is cut too: the stream keeps capturing while the
+// enqueue yields, and the graph it records is whole.
+TEST_F(SessionTest, ALongGraphRecordingYieldsItsThreadAndRecordsEveryOp) {
+  Client c = Open();
+  ASSERT_TRUE(SubmitAndWait(c, 1,
+                            {CreateTensorOp{1, DType::kF64, {4}},
+                             CreateTensorOp{2, DType::kF64, {4}}, FillOp{1, 0.0}, FillOp{2, 1.0}})
+                  .ok());
+  const size_t adds = (1 << 18) - 8;  // within session-max-graph-ops
+  std::vector<Op> record{BeginGraphOp{7}};
+  for (size_t i = 0; i < adds; ++i) record.push_back(AxpyOp{1.0, 2, 1});  // x1 += x2
+  record.push_back(EndGraphOp{});
+  const uint64_t before = registry_->enqueue_yields();
+  Status s = SubmitAndWait(c, 2, std::move(record));
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_GT(registry_->enqueue_yields(), before) << "2^18 recorded ops took less than one slice";
+  s = SubmitAndWait(c, 3, {LaunchGraphOp{7}, LaunchGraphOp{7}, DownloadOp{1, 0, 32}});
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(Decode<double>(c.events->Downloaded(3, 2)),
+            std::vector<double>(4, 2.0 * static_cast<double>(adds)));
+}
+
 // A submit that may block or run long (here a create: an allocation) that reaches the
 // session on a caller's thread (a RunOrPost or TryRun run there: a gRPC thread, the ring
 // poller, the completion watcher) is not started there: it parks, and an io thread starts it
