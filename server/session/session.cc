@@ -317,7 +317,15 @@ void Session::EndSubmitRun() {
   if (!run_open_) return;
   EndRunBatch();
   run_open_ = false;
-  if (run_unwatched_ && stream_) WatchCompletion(run_inline_);
+  if (run_unwatched_ && stream_) {
+    if (capturing_) {
+      // The paused enqueue is recording a graph: a watch asked for now would be recorded
+      // into it (refused). The paused submit's EndEnqueue asks for one, through these.
+      watch_deferred_ = true;
+    } else {
+      WatchCompletion(run_inline_);
+    }
+  }
   run_unwatched_ = false;
 }
 
@@ -525,7 +533,9 @@ void Session::EndEnqueue(InFlight& record) {
     (void)stream_->EndCapture();
   }
   // Delivering staged download bytes cuts them into chunks: not on the completion thread.
-  const bool may_run_inline = !HasStagedDownloads(record);
+  // (A watch deferred from a run's end covers that run's submits too.)
+  const bool may_run_inline = std::exchange(watch_deferred_, false) ? !StagedDownloadsInFlight()
+                                                                    : !HasStagedDownloads(record);
   if (run_open_) {  // one watch for the run, at its end
     run_unwatched_ = true;
     run_inline_ = run_inline_ && may_run_inline;

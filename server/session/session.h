@@ -444,6 +444,9 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   uint64_t run_batch_ops_ = 0;        // ...holding this many ops
   bool run_unwatched_ = false;        // its submits reached the device; no watch asked yet
   bool run_inline_ = true;            // and their completion may run on the watcher thread
+  // A run ended while the paused enqueue recorded a graph: its watch is asked for at that
+  // enqueue's end (EndEnqueue).
+  bool watch_deferred_ = false;
   // The size of a run's batches: twice kernel_batch, at least 16, at most MaxBatchOps().
   uint64_t RunBatchOps() const {
     return std::min(MaxBatchOps(), std::max<uint64_t>(16, 2ull * config_.kernel_batch));

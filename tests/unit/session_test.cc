@@ -495,6 +495,38 @@ TEST_F(SessionTest, ALongGraphRecordingYieldsItsThreadAndRecordsEveryOp) {
             std::vector<double>(4, 2.0 * static_cast<double>(adds)));
 }
 
+// A run (submits taken from the ring at once, one completion watch at its end) that ends
+// while its last submit's graph recording is paused: the watch would be recorded into the
+// graph (refused), so it is asked for once the recording is done; the submits before it
+// complete, unharmed.
+TEST_F(SessionTest, ARunEndingWhileAGraphRecordingIsPausedCompletesItsEarlierSubmits) {
+  Client c = Open();
+  ASSERT_TRUE(SubmitAndWait(c, 1,
+                            {CreateTensorOp{1, DType::kF64, {4}},
+                             CreateTensorOp{2, DType::kF64, {4}}, FillOp{1, 0.0}, FillOp{2, 1.0}})
+                  .ok());
+  const size_t adds = (1 << 18) - 8;
+  std::vector<Op> record{BeginGraphOp{7}};
+  for (size_t i = 0; i < adds; ++i) record.push_back(AxpyOp{1.0, 2, 1});
+  record.push_back(EndGraphOp{});
+  const uint64_t before = registry_->enqueue_yields();
+  ASSERT_TRUE(OnStrand(c.session->executor(), [&] {
+    c.session->BeginSubmitRun(3 + record.size());
+    c.session->Submit(Request(2, {FillOp{1, 5.0}, DownloadOp{1, 0, 32}}));
+    c.session->Submit(Request(3, std::move(record)));
+    c.session->EndSubmitRun();
+  }));
+  ASSERT_TRUE(c.events->WaitForCompletions(3));
+  EXPECT_GT(registry_->enqueue_yields(), before) << "the recording was never paused";
+  EXPECT_TRUE(c.events->CompletionOf(2).ok()) << c.events->CompletionOf(2).ToString();
+  EXPECT_TRUE(c.events->CompletionOf(3).ok()) << c.events->CompletionOf(3).ToString();
+  EXPECT_EQ(Decode<double>(c.events->Downloaded(2, 1)), std::vector<double>(4, 5.0));
+  Status s = SubmitAndWait(c, 4, {LaunchGraphOp{7}, DownloadOp{1, 0, 32}});
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(Decode<double>(c.events->Downloaded(4, 1)),
+            std::vector<double>(4, 5.0 + static_cast<double>(adds)));
+}
+
 // A submit that may block or run long (here a create: an allocation) that reaches the
 // session on a caller's thread (a RunOrPost or TryRun run there: a gRPC thread, the ring
 // poller, the completion watcher) is not started there: it parks, and an io thread starts it
