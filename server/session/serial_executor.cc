@@ -30,7 +30,7 @@ void SerialExecutor::PostAfter(std::chrono::milliseconds delay, std::function<vo
 
 void SerialExecutor::Yield(std::function<void()> fn, const char* name) const {
   MutexLock lock(&state_->mu);
-  state_->queue.push_front({std::move(fn), /*is_short=*/false, name});
+  state_->queue.push_back({std::move(fn), /*is_short=*/false, name});
   state_->yielding = true;  // the running function's runner ends its turn (active stays)
 }
 
@@ -60,8 +60,23 @@ struct CallersThreadRun {
 
 bool SerialExecutor::RunningOnCallersThread() { return callers_thread_runs > 0; }
 
+namespace {
+// When the executor turn running on this thread began (TurnStart); a nested turn (a
+// RunOrPost run inside another executor's function) has its own, and the outer one's comes
+// back after it.
+thread_local std::chrono::steady_clock::time_point turn_start;
+struct Turn {
+  Turn() : outer(std::exchange(turn_start, std::chrono::steady_clock::now())) {}
+  ~Turn() { turn_start = outer; }
+  const std::chrono::steady_clock::time_point outer;
+};
+}  // namespace
+
+std::chrono::steady_clock::time_point SerialExecutor::TurnStart() { return turn_start; }
+
 void SerialExecutor::RunTaken(std::function<void()> fn, Followers followers) const {
   CallersThreadRun on_callers_thread;
+  Turn turn;
   fn();
   for (int ran = 1;; ++ran) {
     {
@@ -98,6 +113,7 @@ bool SerialExecutor::running_in_this_thread() const {
 }
 
 void SerialExecutor::Drain(const std::shared_ptr<State>& state) {
+  Turn turn;
   for (int i = 0; i < kBatch; ++i) {
     std::function<void()> fn;
     const char* name = nullptr;

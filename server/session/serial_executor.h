@@ -46,11 +46,13 @@ class SerialExecutor {
   /// must outlive the wait; `fn` should hold weak references to what may be gone by then.
   void PostAfter(std::chrono::milliseconds delay, std::function<void()> fn,
                  const char* name = nullptr) const;
-  /// From a function of this executor that gives up its thread for a while: `fn` goes
-  /// first in this executor's queue, and once the calling function returns the executor's
-  /// turn on this thread ends, so that `fn` (with what else is queued here) runs after the
-  /// work other executors queued on the io_context meanwhile. For work cut into slices (a
-  /// long enqueue), so that it holds an io thread for one slice at a time.
+  /// From a function of this executor (only: called elsewhere it would not be scheduled)
+  /// that gives up its thread for a while: `fn` is queued as Post queues it (behind what this
+  /// executor has queued), and once the calling function returns the executor's turn on this
+  /// thread ends, so that `fn` (with what else is queued here) runs after the work other
+  /// executors queued on the io_context meanwhile. For work cut into slices (a long
+  /// enqueue), so that it holds an io thread for one slice at a time, and what its own
+  /// executor has queued (a completion, an abort) runs between slices.
   void Yield(std::function<void()> fn, const char* name = nullptr) const;
   /// What a RunOrPost that ran its function does with the short functions (those queued by
   /// RunOrPost) that queued behind it: run them on this thread too, or hand them on.
@@ -64,6 +66,12 @@ class SerialExecutor {
   /// behind it meanwhile is run or handed on as `followers` says); else return false and
   /// leave `fn` as it was.
   bool TryRun(std::function<void()>& fn, Followers followers = Followers::kPost) const;
+  /// When the executor turn now running on this thread began: a Drain on an io thread (up
+  /// to kBatch functions of one executor), or a RunOrPost's or TryRun's run on the caller's
+  /// thread. Work cut into slices measures its slice from here, so that everything one turn
+  /// runs (a paused submit's rest, the parked submits it then starts, a ring's run of
+  /// submits) shares one slice. The clock's epoch on a thread running no turn.
+  static std::chrono::steady_clock::time_point TurnStart();
   /// True on the thread running one of this executor's functions now.
   bool running_in_this_thread() const;
   /// True while this thread runs a function of any executor that a RunOrPost or TryRun ran

@@ -434,7 +434,13 @@ Status Session::EnqueueOps(InFlight& record, EnqueueWork& work) {
   const std::vector<Op>& ops = work.ops;
   size_t scanned = work.next;             // ops before this one were looked at for a batch
   size_t batch_first = 0, batch_end = 0;  // ops [batch_first, batch_end) go as one batch
-  const auto slice_end = std::chrono::steady_clock::now() + kEnqueueSlice;
+  // The slice is the executor turn's: what ran before in this turn (the submit's reading,
+  // earlier submits of a run or of those resumed together) counts.
+  const auto turn_start = SerialExecutor::TurnStart();
+  const auto slice_end =
+      (turn_start == std::chrono::steady_clock::time_point() ? std::chrono::steady_clock::now()
+                                                             : turn_start) +
+      kEnqueueSlice;
   size_t slice_checked = work.next;  // the clock was last read before this op
   for (size_t i = work.next; i < ops.size(); ++i) {
     bool starts_batch = false;
@@ -1087,6 +1093,7 @@ void Session::OnDeviceLost(const DeviceLoss& loss) {
   counters_->live_tensors = 0;
   counters_->device_bytes = 0;
   capturing_ = false;
+  watch_deferred_ = false;
   ReleaseStream();
   if (lifecycle_ == Lifecycle::kTornDown) {  // waiting for final frees that never complete
     Finalize();

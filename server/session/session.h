@@ -168,13 +168,13 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   // command of the launch queue, so one batch would also pass session-queued-commands' bound
   // on what a session keeps queued.
   static constexpr uint64_t kMaxBatchOps = 4096;
-  // A submit's ops are enqueued in slices of about this long: where one is over (between
-  // ops outside a batch; inside a graph recording too) the enqueue yields its executor
-  // thread, which every session shares, and goes on after the work other sessions queued
-  // meanwhile (SerialExecutor::Yield). A long submit (CUDA: a launch takes 2-5 us, a
-  // captured op about 12 us, so 2^20 ops take seconds) then holds up another session by
-  // about one slice, plus a batch (kMaxBatchOps). Not cut: reading and admitting the
-  // submit, before its enqueue starts; a graph's instantiation, at its EndGraph.
+  // An executor turn enqueues for about this long (from SerialExecutor::TurnStart: what the
+  // turn ran before counts): where it is over (between ops outside a batch; inside a graph
+  // recording too) the enqueue yields its executor thread, which every session shares, and
+  // goes on after the work other sessions queued meanwhile (SerialExecutor::Yield). A long submit
+  // (CUDA: a launch takes 2-5 us, a captured op about 12 us, so 2^20 ops take seconds) then holds
+  // up another session by about one slice, plus a batch (kMaxBatchOps). Not cut: reading and
+  // admitting the submit, before its enqueue starts; a graph's instantiation, at its EndGraph.
   static constexpr std::chrono::microseconds kEnqueueSlice{2000};
   // The clock is read every this many ops.
   static constexpr size_t kSliceCheckOps = 32;

@@ -214,7 +214,8 @@ TEST_F(SerialExecutorTest, ASlowNamedHandlerIsLoggedByName) {
 }
 
 // Yield ends the executor's turn on its thread: the continuation runs after what other
-// executors queued on the io_context meanwhile (a Post would run it in the same turn).
+// executors queued on the io_context meanwhile (a Post would run it in the same turn), and
+// behind what its own executor had queued.
 TEST(SerialExecutorYieldTest, AYieldingFunctionGoesOnAfterOtherExecutorsQueuedWork) {
   boost::asio::io_context io;  // run by this thread alone, below
   SerialExecutor long_work(io), other(io);
@@ -226,7 +227,7 @@ TEST(SerialExecutorYieldTest, AYieldingFunctionGoesOnAfterOtherExecutorsQueuedWo
   });
   long_work.Post([&] { order.push_back("after"); });
   io.run();
-  EXPECT_EQ(order, (std::vector<std::string>{"slice 1", "other", "slice 2", "after"}));
+  EXPECT_EQ(order, (std::vector<std::string>{"slice 1", "other", "after", "slice 2"}));
 }
 
 // On a caller's thread (RunOrPost) a yield hands the continuation to the io_context too, and
@@ -249,6 +250,29 @@ TEST(SerialExecutorYieldTest, AYieldOnTheCallersThreadGoesOnOnTheIoContext) {
   io.run();
   // "after" in the same turn as slice 2: the yield was over once its function returned.
   EXPECT_EQ(order, (std::vector<std::string>{"slice 1", "slice 2", "after", "other"}));
+}
+
+// A turn's functions share its start (TurnStart: a slice is measured from it); a yield's
+// continuation runs in a turn of its own.
+TEST(SerialExecutorYieldTest, FunctionsOfOneTurnShareItsStartAndAYieldStartsAnother) {
+  boost::asio::io_context io;
+  SerialExecutor ex(io);
+  std::vector<std::chrono::steady_clock::time_point> starts;
+  ex.Post([&] {
+    starts.push_back(SerialExecutor::TurnStart());
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  });
+  ex.Post([&] {
+    starts.push_back(SerialExecutor::TurnStart());
+    ex.Yield([&] { starts.push_back(SerialExecutor::TurnStart()); });
+  });
+  io.run();
+  ASSERT_EQ(starts.size(), 3u);
+  EXPECT_NE(starts[0], std::chrono::steady_clock::time_point());
+  EXPECT_EQ(starts[1], starts[0]) << "the second function of the turn got a turn of its own";
+  EXPECT_GE(starts[2] - starts[0], std::chrono::milliseconds(2));
+  EXPECT_EQ(SerialExecutor::TurnStart(), std::chrono::steady_clock::time_point())
+      << "no turn runs on this thread now";
 }
 
 }  // namespace

@@ -527,6 +527,28 @@ TEST_F(SessionTest, ARunEndingWhileAGraphRecordingIsPausedCompletesItsEarlierSub
             std::vector<double>(4, 5.0 + static_cast<double>(adds)));
 }
 
+// The slice is the executor turn's, not each submit's: a submit enqueued late in a turn that
+// has run its slice already (here: 3 ms of other work first) yields after its first ops,
+// though it alone would fit a slice many times over. So submits started together (parked
+// behind a long one, or a ring's run) hold the thread one slice at a time.
+TEST_F(SessionTest, ASubmitEnqueuedLateInATurnYieldsAfterItsFirstOps) {
+  Client c = Open();
+  ASSERT_TRUE(SubmitAndWait(c, 1, {CreateTensorOp{1, DType::kF64, {4}}}).ok());
+  std::vector<Op> fills;
+  for (int i = 0; i < 200; ++i) fills.push_back(FillOp{1, static_cast<double>(i)});
+  fills.push_back(DownloadOp{1, 0, 32});
+  SubmitRequest request = Request(2, std::move(fills));
+  const uint64_t before = registry_->enqueue_yields();
+  ASSERT_TRUE(OnStrand(c.session->executor(), [&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(3));
+    c.session->Submit(std::move(request));
+  }));
+  ASSERT_TRUE(c.events->WaitForCompletions(2));
+  EXPECT_EQ(registry_->enqueue_yields(), before + 1);
+  EXPECT_TRUE(c.events->CompletionOf(2).ok()) << c.events->CompletionOf(2).ToString();
+  EXPECT_EQ(Decode<double>(c.events->Downloaded(2, 200)), std::vector<double>(4, 199.0));
+}
+
 // A submit that may block or run long (here a create: an allocation) that reaches the
 // session on a caller's thread (a RunOrPost or TryRun run there: a gRPC thread, the ring
 // poller, the completion watcher) is not started there: it parks, and an io thread starts it
