@@ -10,6 +10,7 @@
 #include <limits>
 #include <map>
 #include <random>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -487,6 +488,12 @@ class FifoTurns {
     }
     return Grant();
   }
+  // `id` waits no more.
+  std::vector<int> Cancel(int id) {
+    waiters_.erase(std::find_if(waiters_.begin(), waiters_.end(),
+                                [id](const auto& w) { return w.first == id; }));
+    return Grant();
+  }
 
  private:
   bool Free(uint8_t mask) const {
@@ -522,9 +529,9 @@ class FifoTurns {
   std::deque<std::pair<int, uint8_t>> waiters_;
 };
 
-// Random TryTake, Wait and Give by a few identities, with the invariants a user relies on
-// checked after every step. What holds is counted by the identity that took it (Give names
-// it, as sessions do).
+// Random TryTake, Wait and Give by a few identities (and Cancel, with WithCancels), with the
+// invariants a user relies on checked after every step. What holds is counted by the identity
+// that took it (Give names it, as sessions do).
 class RandomUse {
  public:
   RandomUse(uint32_t turns, uint32_t device_turns, std::vector<std::string> ids, uint32_t seed,
@@ -542,6 +549,13 @@ class RandomUse {
     }
   }
 
+  // Make a tenth of the steps Cancel a request (at random: mostly a waiting one, now and then
+  // one granted already); without, the steps draw the same numbers as before there was Cancel.
+  RandomUse& WithCancels() {
+    cancels_ = true;
+    return *this;
+  }
+
   void Run(int steps) {
     for (int step = 0; step < steps && !::testing::Test::HasFailure(); ++step) {
       const uint32_t r = Pick(100);
@@ -549,18 +563,20 @@ class RandomUse {
         TryTake();
       } else if (r < 60 || held_.empty()) {
         Wait();
+      } else if (cancels_ && r < 70) {
+        Cancel();
       } else {
         Give(Pick(static_cast<uint32_t>(held_.size())), Pick(4) == 0);
       }
       Check();
     }
-    // Every turn back, in random order: then every request has been granted.
+    // Every turn back, in random order: then every request not cancelled has been granted.
     while (!held_.empty() && !::testing::Test::HasFailure()) {
       Give(Pick(static_cast<uint32_t>(held_.size())), false);
       Check();
     }
     EXPECT_TRUE(waiting_.empty()) << Trace();
-    EXPECT_EQ(granted_, waits_) << Trace();
+    EXPECT_EQ(granted_ + cancelled_.size(), waits_) << Trace();
   }
 
  private:
@@ -604,10 +620,37 @@ class RandomUse {
     waiting_.emplace(id, Waiter{who, mask});
     ++waits_;
     Log("Wait(" + Dirs(mask) + ", " + who + ") #" + std::to_string(id));
-    turns_.Wait(
+    const uint64_t ticket = turns_.Wait(
         mask, [this, id] { fired_.push_back(id); }, who);
+    tickets_[id] = ticket;
     std::vector<int> expected;
     if (OneIdentity()) expected = fifo_.Wait(id, mask);
+    Settle(expected);
+  }
+
+  // Withdraw a waiting request: it is never granted (Settle checks, whenever callbacks run),
+  // and what it held back may go. Or try to withdraw one granted already: nothing changes.
+  void Cancel() {
+    if (waiting_.empty() || Pick(5) == 0) {
+      if (tickets_.empty()) return;
+      auto it = tickets_.begin();
+      std::advance(it, Pick(static_cast<uint32_t>(tickets_.size())));
+      const auto [id, ticket] = *it;
+      if (waiting_.count(id) > 0) return;  // it waits (the other branch's case)
+      Log("Cancel #" + std::to_string(id) + ", granted or cancelled before");
+      EXPECT_FALSE(turns_.Cancel(ticket)) << "request " << id << Trace();
+      Settle({});
+      return;
+    }
+    auto it = waiting_.begin();
+    std::advance(it, Pick(static_cast<uint32_t>(waiting_.size())));
+    const int id = it->first;
+    waiting_.erase(it);
+    cancelled_.insert(id);
+    Log("Cancel #" + std::to_string(id));
+    EXPECT_TRUE(turns_.Cancel(tickets_.at(id))) << "request " << id << " waited" << Trace();
+    std::vector<int> expected;
+    if (OneIdentity()) expected = fifo_.Cancel(id);
     Settle(expected);
   }
 
@@ -637,6 +680,10 @@ class RandomUse {
     fired_.clear();
     if (OneIdentity()) EXPECT_EQ(fired, expected) << "granted as before halves" << Trace();
     for (int id : fired) {
+      if (cancelled_.count(id) > 0) {
+        ADD_FAILURE() << "request " << id << " granted after it was cancelled" << Trace();
+        continue;
+      }
       auto it = waiting_.find(id);
       if (it == waiting_.end()) {
         ADD_FAILURE() << "request " << id << " granted twice" << Trace();
@@ -818,7 +865,10 @@ class RandomUse {
   uint8_t dirs_ = CopyTurns::kNone;
   int next_id_ = 0;
   uint64_t waits_ = 0, granted_ = 0;
-  std::map<int, Waiter> waiting_;  // by id: arrival order
+  std::map<int, Waiter> waiting_;    // by id: arrival order
+  std::map<int, uint64_t> tickets_;  // of every request, by id
+  std::set<int> cancelled_;
+  bool cancels_ = false;
   std::vector<int> fired_;
   std::vector<Held> held_;
   std::map<std::string, std::array<uint32_t, 3>> holds_;  // by the identity that took them
@@ -842,6 +892,28 @@ TEST(CopyTurnsPropertyTest, SeveralIdentitiesKeepTheirHalvesAndTheBound) {
     if (seed % 3 == 0) weights = {{"A", 3}, {"C", 2}};
     SCOPED_TRACE("seed " + std::to_string(seed));
     RandomUse(turns, device_turns, groups[seed % groups.size()], seed, weights).Run(3000);
+  }
+}
+
+TEST(CopyTurnsPropertyTest, OneIdentityGrantsExactlyAsBeforeHalvesWithCancels) {
+  for (uint32_t seed = 1; seed <= 40 && !HasFailure(); ++seed) {
+    const uint32_t turns = seed % 5, device_turns = (seed / 5) % 4;
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    RandomUse(turns, device_turns, {seed % 2 ? "uid:1000" : ""}, seed).WithCancels().Run(3000);
+  }
+}
+
+TEST(CopyTurnsPropertyTest, SeveralIdentitiesKeepTheirHalvesAndTheBoundWithCancels) {
+  const std::vector<std::vector<std::string>> groups = {
+      {"A", "B"}, {"A", "B", "C"}, {"A", "B", ""}, {"A", "B", "C", ""}};
+  for (uint32_t seed = 1; seed <= 120 && !HasFailure(); ++seed) {
+    const uint32_t turns = seed % 6, device_turns = (seed / 6) % 4;
+    std::map<std::string, uint32_t> weights;
+    if (seed % 3 == 0) weights = {{"A", 3}, {"C", 2}};
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    RandomUse(turns, device_turns, groups[seed % groups.size()], seed, weights)
+        .WithCancels()
+        .Run(3000);
   }
 }
 
