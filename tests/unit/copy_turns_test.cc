@@ -917,6 +917,286 @@ TEST(CopyTurnsPropertyTest, SeveralIdentitiesKeepTheirHalvesAndTheBoundWithCance
   }
 }
 
+// --- the same grants as when everything is derived anew ----------------------------------
+
+// CopyTurns as it was before it kept what is held and waiting in counts: every grant ranks
+// the requests, sums what each identity holds within its half and decides which requests
+// borrow afresh, straight from the contract. CopyTurns must grant exactly as this does.
+class RederivingTurns {
+ public:
+  RederivingTurns(uint32_t turns, uint32_t device_turns, std::map<std::string, uint32_t> weights)
+      : limit_{turns, turns, device_turns}, weights_(std::move(weights)) {}
+
+  bool TryTake(uint8_t mask, const std::string& who) {
+    for (const Waiter& w : waiters_) {
+      if (w.mask & mask) return false;
+    }
+    if (!Fits(mask, who, CopyTurns::kNone)) return false;
+    Take(mask, who);
+    return true;
+  }
+  // The ids granted, in order.
+  std::vector<int> Wait(int id, uint8_t mask, const std::string& who) {
+    waiters_.push_back(Waiter{id, mask, who});
+    return Grant();
+  }
+  // Whether `id` waited; the ids granted then.
+  std::pair<bool, std::vector<int>> Cancel(int id) {
+    auto it = std::find_if(waiters_.begin(), waiters_.end(),
+                           [id](const Waiter& w) { return w.id == id; });
+    if (it == waiters_.end()) return {false, {}};
+    waiters_.erase(it);
+    return {true, Grant()};
+  }
+  std::vector<int> Give(uint8_t mask, const std::string& who) {
+    for (uint8_t d : kDirs) {
+      const int i = IndexOf(d);
+      if ((mask & d) == 0) continue;
+      auto holder = held_by_.find(who);
+      if (holder == held_by_.end() || holder->second[i] == 0) {  // the one holding the most
+        holder = std::max_element(
+            held_by_.begin(), held_by_.end(),
+            [i](const auto& a, const auto& b) { return a.second[i] < b.second[i]; });
+      }
+      if (holder != held_by_.end() && holder->second[i] > 0) --holder->second[i];
+    }
+    return Grant();
+  }
+  uint32_t Held(int i) const {
+    uint32_t n = 0;
+    for (const auto& [who, held] : held_by_) n += held[i];
+    return n;
+  }
+  size_t waiting() const { return waiters_.size(); }
+
+ private:
+  struct Waiter {
+    int id;
+    uint8_t mask;
+    std::string who;
+  };
+
+  uint32_t HeldWithinHalves(int i) const {
+    uint32_t n = 0;
+    for (const auto& [who, held] : held_by_) {
+      n += who.empty() ? held[i] : std::min(held[i], HalfOf(limit_[i]));
+    }
+    return n;
+  }
+  uint8_t AtHalf(uint8_t mask, const std::string& who) const {
+    auto mine = held_by_.find(who);
+    uint8_t at_half = CopyTurns::kNone;
+    for (uint8_t d : kDirs) {
+      const uint32_t l = limit_[IndexOf(d)];
+      if (!who.empty() && (mask & d) && l > 0 && mine != held_by_.end() &&
+          mine->second[IndexOf(d)] >= HalfOf(l)) {
+        at_half |= d;
+      }
+    }
+    return at_half;
+  }
+  bool Fits(uint8_t mask, const std::string& who, uint8_t others) const {
+    const uint8_t borrow = AtHalf(mask, who);
+    for (uint8_t d : kDirs) {
+      const int i = IndexOf(d);
+      if ((mask & d) == 0 || limit_[i] == 0) continue;
+      if ((borrow & d) ? (others & d) || Held(i) >= limit_[i] : HeldWithinHalves(i) >= limit_[i]) {
+        return false;
+      }
+    }
+    return true;
+  }
+  uint32_t Weight(const std::string& who) const {
+    auto it = weights_.find(who);
+    return it == weights_.end() || it->second == 0 ? 1 : it->second;
+  }
+  uint64_t Pass(const std::string& who) const {
+    auto it = pass_.find(who);
+    return it == pass_.end() ? vtime_ : std::max(it->second, vtime_);
+  }
+  void Take(uint8_t mask, const std::string& who) {
+    for (uint8_t d : kDirs) {
+      if (mask & d) ++held_by_[who][IndexOf(d)];
+    }
+    const uint64_t start = Pass(who);
+    pass_[who] = start + CopyTurns::kStride / Weight(who);
+    vtime_ = start;
+  }
+
+  std::vector<int> Grant() {
+    // Rank: an identity's k-th waiting request at its pass plus k strides, ties in arrival
+    // order.
+    std::vector<std::pair<uint64_t, size_t>> ranked;  // (start, arrival)
+    std::map<std::string, uint64_t> projected;
+    for (size_t i = 0; i < waiters_.size(); ++i) {
+      const std::string& who = waiters_[i].who;
+      auto [it, fresh] = projected.emplace(who, Pass(who));
+      ranked.emplace_back(it->second, i);
+      it->second += CopyTurns::kStride / Weight(who);
+    }
+    std::sort(ranked.begin(), ranked.end());
+    std::vector<bool> taken(waiters_.size(), false);
+    std::vector<int> granted;
+    for (;;) {  // one at a time: each grant changes what the next is judged by
+      const size_t i = Next(ranked, taken);
+      if (i == waiters_.size()) break;
+      Take(waiters_[i].mask, waiters_[i].who);
+      granted.push_back(waiters_[i].id);
+      taken[i] = true;
+    }
+    std::deque<Waiter> rest;
+    for (size_t i = 0; i < waiters_.size(); ++i) {
+      if (!taken[i]) rest.push_back(waiters_[i]);
+    }
+    waiters_.swap(rest);
+    return granted;
+  }
+
+  // The waiter (not taken) ranked first that may go now; waiters_.size() if none.
+  size_t Next(const std::vector<std::pair<uint64_t, size_t>>& ranked,
+              const std::vector<bool>& taken) const {
+    // Which requests borrow, and the ordinary ones waiting for each direction, by identity.
+    std::vector<bool> borrows(waiters_.size(), false);
+    std::map<std::string, uint8_t> borrowing;
+    std::map<std::string, std::array<uint32_t, 3>> ordinary;
+    std::array<uint32_t, 3> all_ordinary{};
+    for (size_t i = 0; i < waiters_.size(); ++i) {
+      if (taken[i]) continue;
+      const Waiter& w = waiters_[i];
+      uint8_t& theirs = borrowing[w.who];
+      borrows[i] = (w.mask & theirs) != 0 || AtHalf(w.mask, w.who) != CopyTurns::kNone;
+      if (borrows[i]) {
+        theirs |= w.mask;
+        continue;
+      }
+      for (uint8_t d : kDirs) {
+        if ((w.mask & d) == 0) continue;
+        ++ordinary[w.who][IndexOf(d)];
+        ++all_ordinary[IndexOf(d)];
+      }
+    }
+    uint8_t blocked = CopyTurns::kNone;
+    std::map<std::string, uint8_t> held_back;
+    for (const auto& [start, i] : ranked) {
+      if (taken[i]) continue;
+      const Waiter& w = waiters_[i];
+      uint8_t others = CopyTurns::kNone;
+      for (uint8_t d : kDirs) {
+        if (all_ordinary[IndexOf(d)] > ordinary[w.who][IndexOf(d)]) others |= d;
+      }
+      uint8_t& back = held_back[w.who];
+      if ((w.mask & (blocked | back)) == 0 && Fits(w.mask, w.who, others)) return i;
+      (borrows[i] ? back : blocked) |= w.mask;
+    }
+    return waiters_.size();
+  }
+
+  const uint32_t limit_[3];
+  const std::map<std::string, uint32_t> weights_;
+  std::map<std::string, std::array<uint32_t, 3>> held_by_;
+  std::map<std::string, uint64_t> pass_;
+  uint64_t vtime_ = 0;
+  std::deque<Waiter> waiters_;  // arrival order
+};
+
+// Random TryTake, Wait, Cancel and Give (now and then naming the wrong identity) by several
+// identities with weights, masks of every kind: after each call, the same answer, the same
+// grants in the same order and the same turns held as RederivingTurns.
+TEST(CopyTurnsPropertyTest, GrantsExactlyAsWhenEverythingIsDerivedAnew) {
+  const std::vector<std::string> names = {"", "A", "B", "C", "uid:1000"};
+  for (uint32_t seed = 1; seed <= 200 && !HasFailure(); ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937 rng(seed);
+    auto pick = [&rng](size_t n) { return std::uniform_int_distribution<size_t>(0, n - 1)(rng); };
+    const uint32_t limit = static_cast<uint32_t>(pick(6)),
+                   device_limit = static_cast<uint32_t>(pick(4));
+    std::vector<std::string> ids;
+    for (size_t n = 1 + pick(4); ids.size() < n;) ids.push_back(names[pick(names.size())]);
+    std::map<std::string, uint32_t> weights;
+    if (pick(2)) weights = {{"A", 1 + static_cast<uint32_t>(pick(4))}, {"C", 1000}};
+    CopyTurns turns(limit, 1, device_limit);
+    turns.SetWeights(weights);
+    RederivingTurns expect(limit, device_limit, weights);
+    constexpr uint8_t kAll = kUp | kDown | CopyTurns::kDevice;
+    const uint8_t limited =
+        (limit > 0 ? kUp | kDown : 0) | (device_limit > 0 ? CopyTurns::kDevice : 0);
+    auto mask = [&]() {
+      const uint8_t from = limited != 0 && pick(4) ? limited : kAll;
+      uint8_t m = 0;
+      while (m == 0) m = static_cast<uint8_t>(pick(8)) & from;
+      return m;
+    };
+    std::vector<int> fired;
+    std::vector<std::pair<std::string, uint8_t>> held;  // as taken
+    std::map<int, std::pair<std::string, uint8_t>> waiting;
+    std::vector<uint64_t> tickets;  // by id
+    auto same = [&](const std::vector<int>& granted, const std::string& call) {
+      EXPECT_EQ(fired, granted) << call;
+      for (int id : fired) {
+        if (waiting.count(id) == 0) continue;  // (failed above)
+        held.push_back(waiting.at(id));
+        waiting.erase(id);
+      }
+      fired.clear();
+      const CopyTurns::Stats s = turns.stats();
+      EXPECT_EQ(s.waiting, expect.waiting()) << call;
+      EXPECT_EQ(s.held_to_device, expect.Held(0)) << call;
+      EXPECT_EQ(s.held_to_host, expect.Held(1)) << call;
+      EXPECT_EQ(s.held_device, expect.Held(2)) << call;
+    };
+    auto give = [&](const std::string& step) {
+      const size_t k = pick(held.size());
+      auto [who, m] = held[k];
+      uint8_t back = m;
+      if (pick(4) == 0) {
+        back = 0;
+        while (back == 0) back = static_cast<uint8_t>(pick(8)) & m;
+      }
+      if (m & ~back) {
+        held[k].second = m & ~back;
+      } else {
+        held.erase(held.begin() + static_cast<ptrdiff_t>(k));
+      }
+      if (pick(30) == 0) who = ids[pick(ids.size())];
+      turns.Give(back, who);
+      same(expect.Give(back, who), step + "Give " + std::to_string(back) + " '" + who + "'");
+    };
+    for (int step = 0; step < 2000 && !HasFailure(); ++step) {
+      const std::string at = "step " + std::to_string(step) + ": ";
+      const size_t r = pick(100);
+      const std::string who = ids[pick(ids.size())];
+      if (r < 20) {
+        const uint8_t m = mask();
+        const bool took = turns.TryTake(m, who);
+        EXPECT_EQ(took, expect.TryTake(m, who)) << at << "TryTake";
+        if (took) held.emplace_back(who, m);
+        same({}, at + "TryTake");
+      } else if (r < 55 || held.empty()) {
+        const int id = static_cast<int>(tickets.size());
+        const uint8_t m = mask();
+        waiting[id] = {who, m};
+        tickets.push_back(turns.Wait(
+            m, [&fired, id] { fired.push_back(id); }, who));
+        same(expect.Wait(id, m, who), at + "Wait #" + std::to_string(id));
+      } else if (r < 65 && !tickets.empty()) {
+        // Mostly a waiting request; else any, most likely one granted already.
+        int id = static_cast<int>(pick(tickets.size()));
+        if (!waiting.empty() && pick(5) > 0)
+          id = std::next(waiting.begin(), pick(waiting.size()))->first;
+        const bool waited = turns.Cancel(tickets[id]);
+        auto [expect_waited, granted] = expect.Cancel(id);
+        EXPECT_EQ(waited, expect_waited) << at << "Cancel #" << id;
+        waiting.erase(id);
+        same(granted, at + "Cancel #" + std::to_string(id));
+      } else {
+        give(at);
+      }
+    }
+    while (!held.empty() && !HasFailure()) give("the end: ");
+    EXPECT_TRUE(waiting.empty());
+  }
+}
+
 TEST(CopyTurnsSharesTest, UidWeightsParseAndFormat) {
   auto w = ParseUidWeights("uid:1000=2, uid:1001=1,remote=5,remote:alice=3");
   ASSERT_TRUE(w.ok()) << w.status().ToString();
