@@ -87,9 +87,29 @@ std::string FormatUidWeights(const std::map<std::string, uint32_t>& weights) {
   return out;
 }
 
+// Waiting requests in rank order, ranked as far as GrantLocked has needed: a merge of the
+// identities' queues by projected start (an identity's k-th waiting request at its pass plus k
+// strides), ties in arrival order. Within an identity the starts grow, so its requests rank in
+// arrival order; the heap holds each identity's next request not yet ranked.
+struct CopyTurns::Ranking {
+  struct Ranked {
+    uint64_t start;
+    uint64_t ticket;
+    uint32_t who;
+    uint32_t k;  // its place in the identity's queue
+  };
+  static bool Later(const Ranked& a, const Ranked& b) {
+    return a.start > b.start || (a.start == b.start && a.ticket > b.ticket);
+  }
+  static constexpr size_t kNoOne = ~size_t{0};
+  std::vector<Ranked> heads;  // a heap by Later
+  std::vector<Ranked> order;  // ranked so far
+};
+
 void CopyTurns::SetWeights(std::map<std::string, uint32_t> weights) {
   MutexLock lock(&mu_);
   weights_ = std::move(weights);
+  for (Identity& id : identities_) id.weight = WeightLocked(id.name);
 }
 
 uint32_t CopyTurns::WeightLocked(const std::string& who) const {
@@ -97,10 +117,17 @@ uint32_t CopyTurns::WeightLocked(const std::string& who) const {
   return it == weights_.end() || it->second == 0 ? 1 : it->second;
 }
 
-uint64_t CopyTurns::PassLocked(const std::string& who) const {
-  auto it = pass_.find(who);
-  return it == pass_.end() ? vtime_ : std::max(it->second, vtime_);
+uint32_t CopyTurns::InternLocked(const std::string& who) {
+  if (auto it = identity_of_.find(who); it != identity_of_.end()) return it->second;
+  const auto x = static_cast<uint32_t>(identities_.size());
+  identity_of_.emplace(who, x);
+  Identity& id = identities_.emplace_back();
+  id.name = who;
+  id.weight = WeightLocked(who);
+  return x;
 }
+
+uint64_t CopyTurns::PassLocked(const Identity& id) const { return std::max(id.pass, vtime_); }
 
 uint8_t CopyTurns::Needs(const std::vector<Op>& ops) const {
   uint8_t mask = device_turns_ > 0 && !ops.empty() ? kDevice : kNone;
@@ -127,64 +154,112 @@ uint32_t CopyTurns::LimitOf(uint8_t direction) const {
   return direction == kDevice ? device_turns_ : turns_;
 }
 
-uint32_t CopyTurns::HeldLocked(int i) const {
-  uint32_t n = 0;
-  for (const auto& [who, held] : held_by_) n += held[i];
-  return n;
+uint32_t CopyTurns::WithinHalfLocked(const Identity& id, int i) const {
+  return id.name.empty() ? id.held[i] : std::min(id.held[i], Half(LimitOf(kAll[i])));
 }
 
-uint32_t CopyTurns::HeldWithinHalvesLocked(int i) const {
-  const uint32_t half = Half(LimitOf(kAll[i]));
-  uint32_t n = 0;
-  for (const auto& [who, held] : held_by_) n += who.empty() ? held[i] : std::min(held[i], half);
-  return n;
+void CopyTurns::AddHeldLocked(uint32_t who, int i, int delta) {
+  Identity& id = identities_[who];
+  held_within_halves_[i] -= WithinHalfLocked(id, i);
+  id.held[i] += delta;
+  held_[i] += delta;
+  held_within_halves_[i] += WithinHalfLocked(id, i);
 }
 
-uint8_t CopyTurns::AtHalfLocked(uint8_t mask, const std::string& who) const {
-  if (who.empty()) return kNone;  // no identity, no half
-  auto mine = held_by_.find(who);
-  if (mine == held_by_.end()) return kNone;
+bool CopyTurns::UpdateAtHalfLocked(uint32_t who) {
+  Identity& id = identities_[who];
   uint8_t at_half = kNone;
-  for (uint8_t d : kAll) {
-    const uint32_t limit = LimitOf(d);
-    if ((mask & d) && limit > 0 && mine->second[Index(d)] >= Half(limit)) at_half |= d;
+  if (!id.name.empty()) {  // no identity, no half
+    for (uint8_t d : kAll) {
+      const uint32_t limit = LimitOf(d);
+      if (limit > 0 && id.held[Index(d)] >= Half(limit)) at_half |= d;
+    }
   }
-  return at_half;
+  if (at_half == id.at_half) return false;
+  id.at_half = at_half;
+  return true;
 }
 
-bool CopyTurns::FitsLocked(uint8_t mask, const std::string& who, uint8_t others) const {
-  const uint8_t borrow = AtHalfLocked(mask, who);
+void CopyTurns::RecountBorrowingLocked(uint32_t who) {
+  Identity& id = identities_[who];
+  for (int i = 0; i < 3; ++i) ordinary_waiting_[i] -= id.ordinary[i];
+  id.ordinary = {};
+  id.borrowed = kNone;
+  uint8_t wants = kNone;
+  for (Waiter& w : id.waiting) {
+    if (w.taken) continue;
+    wants |= w.mask;
+    w.borrows = (w.mask & (id.borrowed | id.at_half)) != 0;
+    if (w.borrows) {
+      id.borrowed |= w.mask;
+      continue;
+    }
+    for (uint8_t d : kAll) {
+      if (w.mask & d) ++id.ordinary[Index(d)];
+    }
+  }
+  for (int i = 0; i < 3; ++i) ordinary_waiting_[i] += id.ordinary[i];
+  SetWantsLocked(id, wants);
+}
+
+void CopyTurns::SetWantsLocked(Identity& id, uint8_t wants) {
+  for (int bit = 0; bit < 8; ++bit) {
+    const uint8_t b = 1u << bit;
+    if ((wants & b) && !(id.wants & b)) ++wanting_bit_[bit];
+    if (!(wants & b) && (id.wants & b)) --wanting_bit_[bit];
+  }
+  id.wants = wants;
+}
+
+void CopyTurns::CountWaitingLocked(const Waiter& w, int delta) {
+  waiting_ += delta;
+  if (w.mask == kNone) waiting_for_none_ += delta;
+}
+
+void CopyTurns::UnqueueLocked(uint32_t who) {
+  Identity& id = identities_[who];
+  const size_t at = id.queued_at;
+  queued_[at] = queued_.back();
+  identities_[queued_[at]].queued_at = at;
+  queued_.pop_back();
+  id.queued_at = kNotQueued;
+}
+
+bool CopyTurns::FitsLocked(uint8_t mask, const Identity& id, uint8_t others) const {
   for (uint8_t d : kAll) {
     const uint32_t limit = LimitOf(d);
     if ((mask & d) == 0 || limit == 0) continue;
-    if (borrow & d) {
-      if ((others & d) || HeldLocked(Index(d)) >= limit) return false;
-    } else if (HeldWithinHalvesLocked(Index(d)) >= limit) {
+    if (id.at_half & d) {  // it borrows d
+      if ((others & d) || held_[Index(d)] >= limit) return false;
+    } else if (held_within_halves_[Index(d)] >= limit) {
       return false;
     }
   }
   return true;
 }
 
-void CopyTurns::TakeLocked(uint8_t mask, const std::string& who) {
-  std::array<uint32_t, 3>& mine = held_by_[who];
+void CopyTurns::TakeLocked(uint8_t mask, uint32_t who) {
   for (uint8_t d : kAll) {
-    if (mask & d) ++mine[Index(d)];
+    if (mask & d) AddHeldLocked(who, Index(d), +1);
   }
-  const uint64_t start = PassLocked(who);
-  pass_[who] = start + kStride / WeightLocked(who);
+  Identity& id = identities_[who];
+  const uint64_t start = PassLocked(id);
+  id.pass = start + kStride / id.weight;
   vtime_ = start;
 }
 
 bool CopyTurns::TryTake(uint8_t mask, const std::string& who) {
   if (mask == kNone) return true;
   MutexLock lock(&mu_);
-  for (const Waiter& w : waiters_) {
-    if (w.mask & mask) return false;  // never jump a waiting request of the same direction
+  for (int bit = 0; bit < 8; ++bit) {
+    // Never jump a waiting request of the same direction.
+    if ((mask & (1u << bit)) && wanting_bit_[bit] > 0) return false;
   }
+  const uint32_t id = InternLocked(who);
   // Nobody waits for these directions, so no ordinary request of another identity either.
-  if (!FitsLocked(mask, who, kNone)) return false;
-  TakeLocked(mask, who);
+  if (!FitsLocked(mask, identities_[id], kNone)) return false;
+  TakeLocked(mask, id);
+  if (UpdateAtHalfLocked(id)) RecountBorrowingLocked(id);
   return true;
 }
 
@@ -194,7 +269,27 @@ uint64_t CopyTurns::Wait(uint8_t mask, std::function<void()> granted, const std:
   {
     MutexLock lock(&mu_);
     ticket = ++waits_;
-    waiters_.push_back(Waiter{mask, std::move(granted), who, ticket});
+    const uint32_t x = InternLocked(who);
+    Identity& id = identities_[x];
+    // Last in its identity's queue: it borrows if its identity holds its half of a direction
+    // it wants, or a borrowing request ahead of it wants one of them.
+    Waiter& w = id.waiting.emplace_back(
+        Waiter{mask, (mask & (id.borrowed | id.at_half)) != 0, false, ticket, std::move(granted)});
+    if (w.borrows) {
+      id.borrowed |= mask;
+    } else {
+      for (uint8_t d : kAll) {
+        if ((mask & d) == 0) continue;
+        ++id.ordinary[Index(d)];
+        ++ordinary_waiting_[Index(d)];
+      }
+    }
+    CountWaitingLocked(w, +1);
+    SetWantsLocked(id, id.wants | mask);
+    if (id.queued_at == kNotQueued) {
+      id.queued_at = queued_.size();
+      queued_.push_back(x);
+    }
     go = GrantLocked();
   }
   for (auto& fn : go) fn();
@@ -206,11 +301,22 @@ bool CopyTurns::Cancel(uint64_t ticket) {
   std::vector<std::function<void()>> go;
   {
     MutexLock lock(&mu_);
-    auto it = std::find_if(waiters_.begin(), waiters_.end(),
-                           [ticket](const Waiter& w) { return w.ticket == ticket; });
-    if (it == waiters_.end()) return false;
-    dropped = std::move(it->granted);
-    waiters_.erase(it);
+    bool found = false;
+    for (uint32_t x : queued_) {
+      std::deque<Waiter>& waiting = identities_[x].waiting;
+      if (ticket < waiting.front().ticket || ticket > waiting.back().ticket) continue;
+      auto it = std::find_if(waiting.begin(), waiting.end(),
+                             [ticket](const Waiter& w) { return w.ticket == ticket; });
+      if (it == waiting.end()) continue;
+      dropped = std::move(it->granted);
+      CountWaitingLocked(*it, -1);
+      waiting.erase(it);
+      RecountBorrowingLocked(x);
+      if (waiting.empty()) UnqueueLocked(x);
+      found = true;
+      break;
+    }
+    if (!found) return false;
     go = GrantLocked();  // it may have held back requests ranked after it
   }
   for (auto& fn : go) fn();
@@ -222,19 +328,27 @@ void CopyTurns::Give(uint8_t mask, const std::string& who) {
   std::vector<std::function<void()>> go;
   {
     MutexLock lock(&mu_);
+    auto named = identity_of_.find(who);
     for (uint8_t d : kAll) {
       const int i = Index(d);
       if ((mask & d) == 0) continue;
-      auto holder = held_by_.find(who);
-      if (holder == held_by_.end() || holder->second[i] == 0) {
-        holder = std::max_element(
-            held_by_.begin(), held_by_.end(),
-            [i](const auto& a, const auto& b) { return a.second[i] < b.second[i]; });
+      uint32_t holder = 0;
+      if (named != identity_of_.end() && identities_[named->second].held[i] > 0) {
+        holder = named->second;
+      } else {
+        // The identity holding the most, the first by name of those holding as much.
+        const Identity* most = nullptr;
+        for (const Identity& id : identities_) {
+          if (id.held[i] > 0 && (most == nullptr || id.held[i] > most->held[i] ||
+                                 (id.held[i] == most->held[i] && id.name < most->name))) {
+            most = &id;
+          }
+        }
+        if (most == nullptr) continue;  // none held
+        holder = static_cast<uint32_t>(most - identities_.data());
       }
-      if (holder == held_by_.end() || holder->second[i] == 0) continue;  // none held
-      if (--holder->second[i] == 0 && holder->second == std::array<uint32_t, 3>{}) {
-        held_by_.erase(holder);
-      }
+      AddHeldLocked(holder, i, -1);
+      if (UpdateAtHalfLocked(holder)) RecountBorrowingLocked(holder);
     }
     go = GrantLocked();
   }
@@ -243,97 +357,110 @@ void CopyTurns::Give(uint8_t mask, const std::string& who) {
 
 std::vector<std::function<void()>> CopyTurns::GrantLocked() {
   std::vector<std::function<void()>> go;
-  if (waiters_.empty()) return go;
-  // Rank the waiters: an identity's k-th waiting request at its pass plus k strides (its
-  // projected start), ties in arrival order.
-  struct Ranked {
-    uint64_t start;
-    size_t arrival;
-  };
-  std::vector<Ranked> ranked;
-  ranked.reserve(waiters_.size());
-  std::map<std::string, uint64_t> projected;
-  for (size_t i = 0; i < waiters_.size(); ++i) {
-    const std::string& who = waiters_[i].who;
-    auto [it, fresh] = projected.emplace(who, PassLocked(who));
-    ranked.push_back(Ranked{it->second, i});
-    it->second += kStride / WeightLocked(who);
+  if (waiting_ == 0) return go;
+  Ranking ranking;
+  ranking.heads.reserve(queued_.size());
+  for (uint32_t x : queued_) {
+    const Identity& id = identities_[x];
+    ranking.heads.push_back(Ranking::Ranked{PassLocked(id), id.waiting.front().ticket, x, 0});
   }
-  std::stable_sort(ranked.begin(), ranked.end(), [](const Ranked& a, const Ranked& b) {
-    return a.start < b.start || (a.start == b.start && a.arrival < b.arrival);
-  });
-  std::vector<size_t> order;
-  order.reserve(ranked.size());
-  for (const Ranked& r : ranked) order.push_back(r.arrival);
+  std::make_heap(ranking.heads.begin(), ranking.heads.end(), Ranking::Later);
   // One at a time, so that each request is judged by what is held and waiting when it is:
   // a grant can make a borrowing request ranked before it ordinary, or let it borrow.
-  std::vector<bool> taken(waiters_.size(), false);
+  std::vector<uint32_t> granted_to;
   for (;;) {
-    const size_t i = NextLocked(order, taken);
-    if (i == waiters_.size()) break;
-    TakeLocked(waiters_[i].mask, waiters_[i].who);
-    go.push_back(std::move(waiters_[i].granted));
-    taken[i] = true;
+    const size_t p = NextLocked(ranking);
+    if (p == Ranking::kNoOne) break;
+    const Ranking::Ranked r = ranking.order[p];
+    Identity& id = identities_[r.who];
+    Waiter& w = id.waiting[r.k];
+    w.taken = true;
+    if (id.taken++ == 0) granted_to.push_back(r.who);
+    CountWaitingLocked(w, -1);
+    go.push_back(std::move(w.granted));
+    TakeLocked(w.mask, r.who);
+    UpdateAtHalfLocked(r.who);
+    RecountBorrowingLocked(r.who);  // without w, and with what it took
   }
-  std::deque<Waiter> rest;
-  for (size_t i = 0; i < waiters_.size(); ++i) {
-    if (!taken[i]) rest.push_back(std::move(waiters_[i]));
+  for (uint32_t x : granted_to) {
+    Identity& id = identities_[x];
+    // Mostly the first ones of its queue (within an identity requests rank in arrival order).
+    while (!id.waiting.empty() && id.waiting.front().taken) {
+      id.waiting.pop_front();
+      --id.taken;
+    }
+    if (id.taken > 0) {
+      id.waiting.erase(std::remove_if(id.waiting.begin(), id.waiting.end(),
+                                      [](const Waiter& w) { return w.taken; }),
+                       id.waiting.end());
+      id.taken = 0;
+    }
+    if (id.waiting.empty()) UnqueueLocked(x);
   }
-  waiters_.swap(rest);
   return go;
 }
 
-size_t CopyTurns::NextLocked(const std::vector<size_t>& order,
-                             const std::vector<bool>& taken) const {
-  // Which requests borrow (see the contract), in arrival order, and the ordinary ones waiting
-  // for each direction, in all and by identity: an ordinary request of another identity waits
-  // for direction i when ordinary[i] > ordinary_by[who][i].
-  std::vector<bool> borrows(waiters_.size(), false);
-  std::map<std::string, uint8_t> borrowing;  // by identity: what its borrowing requests want
-  std::array<uint32_t, 3> ordinary{};
-  std::map<std::string, std::array<uint32_t, 3>> ordinary_by;
-  for (size_t i = 0; i < waiters_.size(); ++i) {
-    if (taken[i]) continue;
-    const Waiter& w = waiters_[i];
-    uint8_t& theirs = borrowing[w.who];
-    borrows[i] = (w.mask & theirs) != 0 || AtHalfLocked(w.mask, w.who) != kNone;
-    if (borrows[i]) {
-      theirs |= w.mask;
-      continue;
-    }
-    for (uint8_t d : kAll) {
-      if ((w.mask & d) == 0) continue;
-      ++ordinary[Index(d)];
-      ++ordinary_by[w.who][Index(d)];
-    }
+size_t CopyTurns::NextLocked(Ranking& ranking) {
+  const uint64_t scan = ++scans_;
+  // By bit: the identities with requests that neither their own borrowing requests ranked
+  // earlier hold back, nor (below) ordinary ones; once none is left, no request may go.
+  std::array<uint32_t, 8> open_by_bit = wanting_bit_;
+  uint8_t open = kNone;
+  for (int bit = 0; bit < 8; ++bit) {
+    if (open_by_bit[bit] > 0) open |= 1u << bit;
   }
-  uint8_t blocked = kNone;                   // directions an ordinary request ranked earlier wants
-  std::map<std::string, uint8_t> held_back;  // the same of borrowing ones, for their identity
-  for (size_t i : order) {
-    if (taken[i]) continue;
-    const Waiter& w = waiters_[i];
-    uint8_t& back = held_back[w.who];
-    const std::array<uint32_t, 3>& own = ordinary_by[w.who];
-    uint8_t others = kNone;
-    for (uint8_t d : kAll) {
-      if (ordinary[Index(d)] > own[Index(d)]) others |= d;
+  uint8_t blocked = kNone;  // directions an ordinary request ranked earlier wants
+  for (size_t p = 0;; ++p) {
+    // Every request left wants a direction an earlier one holds back (a kNone one never does).
+    if (waiting_for_none_ == 0 && (open & ~blocked) == kNone) return Ranking::kNoOne;
+    if (p == ranking.order.size()) {
+      if (ranking.heads.empty()) return Ranking::kNoOne;
+      std::pop_heap(ranking.heads.begin(), ranking.heads.end(), Ranking::Later);
+      const Ranking::Ranked r = ranking.heads.back();
+      ranking.heads.pop_back();
+      ranking.order.push_back(r);
+      const Identity& id = identities_[r.who];
+      if (r.k + 1 < id.waiting.size()) {
+        ranking.heads.push_back(Ranking::Ranked{r.start + kStride / id.weight,
+                                                id.waiting[r.k + 1].ticket, r.who, r.k + 1});
+        std::push_heap(ranking.heads.begin(), ranking.heads.end(), Ranking::Later);
+      }
     }
-    if ((w.mask & (blocked | back)) == 0 && FitsLocked(w.mask, w.who, others)) return i;
+    const Ranking::Ranked& r = ranking.order[p];
+    Identity& id = identities_[r.who];
+    const Waiter& w = id.waiting[r.k];
+    if (w.taken) continue;
+    if (id.scan != scan) {
+      id.scan = scan;
+      id.held_back = kNone;
+    }
+    uint8_t others = kNone;  // an ordinary request of another identity waits for these
+    for (uint8_t d : kAll) {
+      if (ordinary_waiting_[Index(d)] > id.ordinary[Index(d)]) others |= d;
+    }
+    if ((w.mask & (blocked | id.held_back)) == 0 && FitsLocked(w.mask, id, others)) return p;
     // It waits: an ordinary request for everyone ranked after it, a borrowing one for its own
     // identity's later requests only.
-    (borrows[i] ? back : blocked) |= w.mask;
+    if (!w.borrows) {
+      blocked |= w.mask;
+      continue;
+    }
+    const uint8_t closed = w.mask & ~id.held_back;  // of id.wants
+    id.held_back |= w.mask;
+    for (int bit = 0; bit < 8; ++bit) {
+      if ((closed & (1u << bit)) && --open_by_bit[bit] == 0) open &= ~(1u << bit);
+    }
   }
-  return waiters_.size();
 }
 
 CopyTurns::Stats CopyTurns::stats() const {
   MutexLock lock(&mu_);
   Stats s;
   s.waits = waits_;
-  s.waiting = waiters_.size();
-  s.held_to_device = HeldLocked(0);
-  s.held_to_host = HeldLocked(1);
-  s.held_device = HeldLocked(2);
+  s.waiting = waiting_;
+  s.held_to_device = held_[0];
+  s.held_to_host = held_[1];
+  s.held_device = held_[2];
   return s;
 }
 

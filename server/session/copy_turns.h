@@ -65,6 +65,13 @@
 // and the requests that could take it would borrow it. What each identity holds counts from
 // its take to the Give, which names the identity the turns were taken for.
 //
+// Cost, under the lock (Give runs on the daemon's completion thread): what is held and
+// waiting is kept in counts as it changes, never summed over identities or requests. Give,
+// Wait and Cancel rank the I identities with waiting requests (a heap of one entry each) and
+// walk requests in rank order only until no more may go: about I + R log I for R walked. A
+// change to what an identity holds or waits for may walk that identity's queue; Cancel also
+// looks for its ticket in the queues.
+//
 // Thread-safe.
 #pragma once
 
@@ -75,6 +82,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "ferry/mutex.h"
@@ -139,44 +147,87 @@ class CopyTurns {
   uint64_t min_bytes() const { return min_bytes_; }
 
  private:
+  // A request that waits, in its identity's queue.
   struct Waiter {
     uint8_t mask;
+    bool borrows;     // as the contract says; kept up to date by RecountBorrowingLocked
+    bool taken;       // granted by the GrantLocked under way, which removes it before it returns
+    uint64_t ticket;  // also its place in arrival order
     std::function<void()> granted;
-    std::string who;
-    uint64_t ticket;
   };
+  // An identity ("" too), from the first call that names it on (like its pass, never
+  // forgotten: identities are uids and tenants, few). Everything GrantLocked asks of an
+  // identity is kept here as it changes, so that a grant costs no walk over every request.
+  struct Identity {
+    std::string name;
+    uint32_t weight = 1;                 // from weights_
+    uint64_t pass = 0;                   // of its next take, before max(pass, vtime_)
+    std::array<uint32_t, 3> held{};      // by direction (to device, to host, device)
+    uint8_t at_half = kNone;             // directions with a limit of which it holds its half
+    std::deque<Waiter> waiting;          // arrival order
+    uint8_t wants = kNone;               // what its waiting requests want, together
+    uint8_t borrowed = kNone;            // what its borrowing waiting requests want, together
+    std::array<uint32_t, 3> ordinary{};  // its ordinary waiting requests, by direction
+    size_t queued_at = kNotQueued;       // its place in queued_ while it has waiting requests
+    uint32_t taken = 0;                  // its requests granted by the GrantLocked under way
+    uint64_t scan = 0;                   // NextLocked's scan that last set held_back
+    uint8_t held_back = kNone;           // what its borrowing requests hold back, in that scan
+  };
+  static constexpr size_t kNotQueued = ~size_t{0};
+  struct Ranking;  // copy_turns.cc
+
   uint32_t LimitOf(uint8_t direction) const;
-  // Turns of direction `i` held in all, and within their identities' halves.
-  uint32_t HeldLocked(int i) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  uint32_t HeldWithinHalvesLocked(int i) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The directions of `mask`, with a limit, of which `who` holds its half.
-  uint8_t AtHalfLocked(uint8_t mask, const std::string& who) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether `who` may take `mask` now; `others`: the directions an ordinary request of another
-  // identity waits for.
-  bool FitsLocked(uint8_t mask, const std::string& who, uint8_t others) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void TakeLocked(uint8_t mask, const std::string& who) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint32_t WeightLocked(const std::string& who) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The identity named `who`, added if new.
+  uint32_t InternLocked(const std::string& who) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Turns of direction `i` that `id` holds within its half (all of them for "").
+  uint32_t WithinHalfLocked(const Identity& id, int i) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Add `delta` (+1 or -1) to what `who` holds of direction `i`, and to the totals.
+  void AddHeldLocked(uint32_t who, int i, int delta) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Set `who`'s at_half from what it holds; true if that changed (its requests' status may
+  // have changed: RecountBorrowingLocked).
+  bool UpdateAtHalfLocked(uint32_t who) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Decide which of `who`'s waiting requests (not taken) borrow, and count its ordinary ones.
+  void RecountBorrowingLocked(uint32_t who) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Set id.wants, and wanting_bit_ with it.
+  void SetWantsLocked(Identity& id, uint8_t wants) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Count `w` into (delta +1) or out of (-1) the waiting totals.
+  void CountWaitingLocked(const Waiter& w, int delta) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Take `who`, whose queue has emptied, out of queued_.
+  void UnqueueLocked(uint32_t who) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `id` may take `mask` now; `others`: the directions an ordinary request of another
+  // identity waits for.
+  bool FitsLocked(uint8_t mask, const Identity& id, uint8_t others) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void TakeLocked(uint8_t mask, uint32_t who) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // At least vtime_.
-  uint64_t PassLocked(const std::string& who) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t PassLocked(const Identity& id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Take turns for the waiters that can go now, in rank order; returns their callbacks.
   std::vector<std::function<void()>> GrantLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The waiter (not `taken`) ranked first in `order` that may go now; waiters_.size() if none.
-  size_t NextLocked(const std::vector<size_t>& order, const std::vector<bool>& taken) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The place in `ranking.order` of the request (not taken) ranked first that may go now,
+  // ranking more as needed; Ranking::kNoOne if none.
+  size_t NextLocked(Ranking& ranking) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const uint32_t turns_;
   const uint64_t min_bytes_;
   const uint32_t device_turns_;
   mutable Mutex mu_;
-  // What each identity ("" too) holds, by direction (to device, to host, device); entries go
-  // when they reach zero.
-  std::map<std::string, std::array<uint32_t, 3>> held_by_ ABSL_GUARDED_BY(mu_);
-  std::deque<Waiter> waiters_ ABSL_GUARDED_BY(mu_);               // arrival order
+  std::vector<Identity> identities_ ABSL_GUARDED_BY(mu_);
+  std::unordered_map<std::string, uint32_t> identity_of_ ABSL_GUARDED_BY(mu_);  // by name
+  std::vector<uint32_t> queued_ ABSL_GUARDED_BY(mu_);  // the identities with waiting requests
+  // Totals over the identities, by direction: turns held; held within halves (each named
+  // identity's up to its half, all of ""'s); ordinary waiting requests.
+  std::array<uint32_t, 3> held_ ABSL_GUARDED_BY(mu_){};
+  std::array<uint32_t, 3> held_within_halves_ ABSL_GUARDED_BY(mu_){};
+  std::array<uint32_t, 3> ordinary_waiting_ ABSL_GUARDED_BY(mu_){};
+  // Waiting requests (not taken): in all, and for kNone; identities whose `wants` has each bit
+  // of the mask.
+  uint64_t waiting_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t waiting_for_none_ ABSL_GUARDED_BY(mu_) = 0;
+  std::array<uint32_t, 8> wanting_bit_ ABSL_GUARDED_BY(mu_){};
+  uint64_t scans_ ABSL_GUARDED_BY(mu_) = 0;                       // NextLocked's so far
   uint64_t waits_ ABSL_GUARDED_BY(mu_) = 0;                       // also the last ticket given
   std::map<std::string, uint32_t> weights_ ABSL_GUARDED_BY(mu_);  // set before use
-  std::map<std::string, uint64_t> pass_ ABSL_GUARDED_BY(mu_);     // per identity
   uint64_t vtime_ ABSL_GUARDED_BY(mu_) = 0;                       // the start pass of the last take
 };
 
