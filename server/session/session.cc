@@ -457,8 +457,9 @@ Status Session::EnqueueOps(InFlight& record, EnqueueWork& work) {
       // other sessions' queued work, so that a long submit holds an executor thread, which
       // every session shares, one slice at a time. A graph recording goes on where it
       // stopped (the stream keeps capturing, and CUDA's relaxed capture may go on from
-      // another thread); nothing else reaches the stream meanwhile, since the session's
-      // later submits wait behind this one.
+      // another thread). What of the session runs meanwhile leaves the stream alone: its
+      // later submits park behind this one, a run's end defers its watch (EndSubmitRun),
+      // and an abort ends the capture first (AbandonPausedEnqueue).
       if (i - slice_checked >= kSliceCheckOps) {
         slice_checked = i;
         if (std::chrono::steady_clock::now() >= slice_end) {
