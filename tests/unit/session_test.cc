@@ -544,7 +544,7 @@ TEST_F(SessionTest, ASubmitEnqueuedLateInATurnYieldsAfterItsFirstOps) {
     c.session->Submit(std::move(request));
   }));
   ASSERT_TRUE(c.events->WaitForCompletions(2));
-  EXPECT_EQ(registry_->enqueue_yields(), before + 1);
+  EXPECT_GT(registry_->enqueue_yields(), before) << "200 fills in a spent turn did not yield";
   EXPECT_TRUE(c.events->CompletionOf(2).ok()) << c.events->CompletionOf(2).ToString();
   EXPECT_EQ(Decode<double>(c.events->Downloaded(2, 200)), std::vector<double>(4, 199.0));
 }
