@@ -195,6 +195,12 @@ class Stream {
   virtual Status BeginCapture() = 0;
   /// Stop recording and return the graph of the work enqueued since BeginCapture.
   virtual Result<std::unique_ptr<Graph>> EndCapture() = 0;
+  /// Stop recording and drop what was recorded: none of it runs, and no graph is built
+  /// (CUDA: not instantiated, which for a large recording costs far more than the capture).
+  /// Frees deferred by the capture are enqueued, as at EndCapture. After it the stream
+  /// works as before BeginCapture. Refused without a capture or inside a batch; otherwise
+  /// the recording is gone, and the result is an error only where the device faulted.
+  virtual Status AbandonCapture() = 0;
   /// Enqueue one replay of `graph`.
   virtual Status LaunchGraph(const Graph& graph) = 0;
 

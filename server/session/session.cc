@@ -535,9 +535,9 @@ void Session::ReleaseUnenqueued(EnqueueWork& work, bool device_gone) {
 
 void Session::EndEnqueue(InFlight& record) {
   enqueuing_seq_ = 0;
-  if (capturing_) {  // an enqueue error inside a graph: abandon the capture
+  if (capturing_) {  // an enqueue error inside a graph, or an abort: drop the recording
     capturing_ = false;
-    (void)stream_->EndCapture();
+    (void)stream_->AbandonCapture();  // a fault is the completion watch's to report
   }
   // Delivering staged download bytes cuts them into chunks: not on the completion thread.
   // (A watch deferred from a run's end covers that run's submits too.)

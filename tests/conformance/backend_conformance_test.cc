@@ -706,6 +706,45 @@ TEST_P(BackendConformanceTest, CaptureMisuseIsRejected) {
   for (double v : Download<double>(stream(), buf.ptr(), 4)) EXPECT_EQ(v, 8.0);
 }
 
+// An abandoned recording runs nothing and builds no graph; memory freed during it is released
+// all the same, and the stream records and runs as before.
+TEST_P(BackendConformanceTest, AnAbandonedCaptureRunsNothingAndReleasesItsFrees) {
+  EXPECT_FALSE(stream().AbandonCapture().ok()) << "AbandonCapture without BeginCapture";
+  constexpr uint64_t kCount = 1000;
+  DeviceBuffer x = AllocateElements<float>(stream(), kCount);
+  DeviceBuffer y = AllocateElements<float>(stream(), kCount);
+  ASSERT_TRUE(stream().Fill(DType::kF32, x.ptr(), kCount, 1.0).ok());
+  ASSERT_TRUE(stream().Fill(DType::kF32, y.ptr(), kCount, 2.0).ok());
+  ASSERT_TRUE(Sync(stream()).ok());
+  const uint64_t before = device().bytes_in_use();
+  constexpr uint64_t kFreedBytes = 64ull << 20;
+  Result<DevicePtr> freed = stream().Allocate(kFreedBytes);
+  ASSERT_TRUE(freed.ok()) << freed.status().ToString();
+
+  ASSERT_TRUE(stream().BeginCapture().ok());
+  for (int i = 0; i < 100; ++i) {
+    ASSERT_TRUE(stream().Fill(DType::kF32, x.ptr(), kCount, 5.0).ok());
+    ASSERT_TRUE(stream().Axpy(DType::kF32, 3.0, x.ptr(), y.ptr(), kCount).ok());
+  }
+  stream().Free(*freed);  // invalidates the recording: abandoned all the same
+  ASSERT_TRUE(stream().AbandonCapture().ok());
+  EXPECT_FALSE(stream().AbandonCapture().ok()) << "AbandonCapture twice";
+  EXPECT_FALSE(stream().EndCapture().ok()) << "EndCapture after AbandonCapture";
+
+  ASSERT_TRUE(Sync(stream()).ok());
+  EXPECT_EQ(device().bytes_in_use(), before) << "the Free during the recording released nothing";
+  for (float v : Download<float>(stream(), x.ptr(), kCount)) ASSERT_EQ(v, 1.0f);
+  for (float v : Download<float>(stream(), y.ptr(), kCount)) ASSERT_EQ(v, 2.0f);
+
+  // The stream records and runs as before.
+  ASSERT_TRUE(stream().BeginCapture().ok());
+  ASSERT_TRUE(stream().Axpy(DType::kF32, 3.0, x.ptr(), y.ptr(), kCount).ok());
+  Result<std::unique_ptr<Graph>> graph = stream().EndCapture();
+  ASSERT_TRUE(graph.ok()) << graph.status().ToString();
+  ASSERT_TRUE(stream().LaunchGraph(**graph).ok());
+  for (float v : Download<float>(stream(), y.ptr(), kCount)) ASSERT_EQ(v, 5.0f);
+}
+
 // Batches: many small ops handed over at once run as if enqueued one by one at EndBatch.
 // Batches of one shape follow each other without waiting, each with other values (on CUDA
 // the kept graph is updated while earlier launches of it may still run); then batches of

@@ -996,6 +996,16 @@ class CudaStream final : public Stream {
         device_, device_->ordinal(), exec, ended.node_count, std::move(ended.accesses), scratch_));
   }
 
+  Status AbandonCapture() override {
+    if (!capturing_) return InvalidArgument("AbandonCapture without BeginCapture");
+    if (batching_) return InvalidArgument("AbandonCapture inside a batch; call EndBatch");
+    // The recorded graph goes with `ended` (destroyed, never instantiated). A recording
+    // already invalid is abandoned all the same: only a device fault is worth reporting.
+    Result<EndedCapture> ended = FinishCapture("graph capture");
+    if (!ended.ok() && ended.status().kind() == ErrorKind::kDeviceFault) return ended.status();
+    return Status::Ok();
+  }
+
   Status LaunchGraph(const Graph& graph) override {
     const auto* cuda_graph = dynamic_cast<const CudaGraph*>(&graph);
     if (cuda_graph == nullptr || cuda_graph->device() != device_) {

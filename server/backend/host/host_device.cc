@@ -298,6 +298,15 @@ class HostStream final : public Stream {
     return std::unique_ptr<Graph>(std::make_unique<HostGraph>(device_, std::move(ops)));
   }
 
+  Status AbandonCapture() override {
+    if (!capturing_) return InvalidArgument("AbandonCapture without BeginCapture");
+    if (batching_) return InvalidArgument("AbandonCapture inside a batch; call EndBatch");
+    capturing_ = false;
+    captured_.clear();
+    capture_error_.clear();
+    return Status::Ok();
+  }
+
   Status LaunchGraph(const Graph& graph) override {
     const auto* host_graph = dynamic_cast<const HostGraph*>(&graph);
     if (host_graph == nullptr || host_graph->device() != device_) {
