@@ -551,8 +551,8 @@ class RandomUse {
 
   // Make a tenth of the steps Cancel a request (at random: mostly a waiting one, now and then
   // one granted already); without, the steps draw the same numbers as before there was Cancel.
-  RandomUse& WithCancels() {
-    cancels_ = true;
+  RandomUse& WithCancels(bool on = true) {
+    cancels_ = on;
     return *this;
   }
 
@@ -875,46 +875,46 @@ class RandomUse {
   std::deque<std::string> log_;
 };
 
-TEST(CopyTurnsPropertyTest, OneIdentityGrantsExactlyAsBeforeHalves) {
-  for (uint32_t seed = 1; seed <= 40 && !HasFailure(); ++seed) {
+// One identity (or none): the same grants as before there were halves.
+void RunOneIdentity(bool cancels) {
+  for (uint32_t seed = 1; seed <= 40 && !::testing::Test::HasFailure(); ++seed) {
     const uint32_t turns = seed % 5, device_turns = (seed / 5) % 4;
     SCOPED_TRACE("seed " + std::to_string(seed));
-    RandomUse(turns, device_turns, {seed % 2 ? "uid:1000" : ""}, seed).Run(3000);
+    RandomUse(turns, device_turns, {seed % 2 ? "uid:1000" : ""}, seed)
+        .WithCancels(cancels)
+        .Run(3000);
   }
 }
 
-TEST(CopyTurnsPropertyTest, SeveralIdentitiesKeepTheirHalvesAndTheBound) {
+// Two to four identities (one may be none), some weighted: halves and the bound hold.
+void RunSeveralIdentities(bool cancels) {
   const std::vector<std::vector<std::string>> groups = {
       {"A", "B"}, {"A", "B", "C"}, {"A", "B", ""}, {"A", "B", "C", ""}};
-  for (uint32_t seed = 1; seed <= 120 && !HasFailure(); ++seed) {
-    const uint32_t turns = seed % 6, device_turns = (seed / 6) % 4;
-    std::map<std::string, uint32_t> weights;
-    if (seed % 3 == 0) weights = {{"A", 3}, {"C", 2}};
-    SCOPED_TRACE("seed " + std::to_string(seed));
-    RandomUse(turns, device_turns, groups[seed % groups.size()], seed, weights).Run(3000);
-  }
-}
-
-TEST(CopyTurnsPropertyTest, OneIdentityGrantsExactlyAsBeforeHalvesWithCancels) {
-  for (uint32_t seed = 1; seed <= 40 && !HasFailure(); ++seed) {
-    const uint32_t turns = seed % 5, device_turns = (seed / 5) % 4;
-    SCOPED_TRACE("seed " + std::to_string(seed));
-    RandomUse(turns, device_turns, {seed % 2 ? "uid:1000" : ""}, seed).WithCancels().Run(3000);
-  }
-}
-
-TEST(CopyTurnsPropertyTest, SeveralIdentitiesKeepTheirHalvesAndTheBoundWithCancels) {
-  const std::vector<std::vector<std::string>> groups = {
-      {"A", "B"}, {"A", "B", "C"}, {"A", "B", ""}, {"A", "B", "C", ""}};
-  for (uint32_t seed = 1; seed <= 120 && !HasFailure(); ++seed) {
+  for (uint32_t seed = 1; seed <= 120 && !::testing::Test::HasFailure(); ++seed) {
     const uint32_t turns = seed % 6, device_turns = (seed / 6) % 4;
     std::map<std::string, uint32_t> weights;
     if (seed % 3 == 0) weights = {{"A", 3}, {"C", 2}};
     SCOPED_TRACE("seed " + std::to_string(seed));
     RandomUse(turns, device_turns, groups[seed % groups.size()], seed, weights)
-        .WithCancels()
+        .WithCancels(cancels)
         .Run(3000);
   }
+}
+
+TEST(CopyTurnsPropertyTest, OneIdentityGrantsExactlyAsBeforeHalves) {
+  RunOneIdentity(/*cancels=*/false);
+}
+
+TEST(CopyTurnsPropertyTest, SeveralIdentitiesKeepTheirHalvesAndTheBound) {
+  RunSeveralIdentities(/*cancels=*/false);
+}
+
+TEST(CopyTurnsPropertyTest, OneIdentityGrantsExactlyAsBeforeHalvesWithCancels) {
+  RunOneIdentity(/*cancels=*/true);
+}
+
+TEST(CopyTurnsPropertyTest, SeveralIdentitiesKeepTheirHalvesAndTheBoundWithCancels) {
+  RunSeveralIdentities(/*cancels=*/true);
 }
 
 // --- the same grants as when everything is derived anew ----------------------------------

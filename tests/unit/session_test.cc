@@ -272,6 +272,23 @@ class SessionTest : public ::testing::Test {
     return c.events->CompletionOf(id);
   }
 
+  /// For the graph recordings cut into slices: tensor 1 (0.0) and tensor 2 (1.0) of 4 f64,
+  /// made by submit `id`; and the ops that record graph 7 adding tensor 2 to tensor 1 `adds`
+  /// times, which takes several slices to enqueue.
+  static constexpr size_t kLongRecordingAdds = (1 << 18) - 8;  // within session-max-graph-ops
+  void MakeAddends(const Client& c, uint64_t id) {
+    Status s = SubmitAndWait(c, id,
+                             {CreateTensorOp{1, DType::kF64, {4}},
+                              CreateTensorOp{2, DType::kF64, {4}}, FillOp{1, 0.0}, FillOp{2, 1.0}});
+    ASSERT_TRUE(s.ok()) << s.ToString();
+  }
+  static std::vector<Op> RecordAdds(size_t adds) {
+    std::vector<Op> record{BeginGraphOp{7}};
+    for (size_t i = 0; i < adds; ++i) record.push_back(AxpyOp{1.0, 2, 1});  // x1 += x2
+    record.push_back(EndGraphOp{});
+    return record;
+  }
+
   /// Close and wait for OnClosed; return the stats it reported.
   SessionStatsSnapshot CloseAndWait(const Client& c) {
     EXPECT_TRUE(OnStrand(c.session->executor(), [&c] { c.session->Close(); }));
@@ -477,14 +494,9 @@ TEST_F(SessionTest, ALongEnqueueYieldsItsThreadAndGoesOnInOrder) {
 // enqueue yields, and the graph it records is whole.
 TEST_F(SessionTest, ALongGraphRecordingYieldsItsThreadAndRecordsEveryOp) {
   Client c = Open();
-  ASSERT_TRUE(SubmitAndWait(c, 1,
-                            {CreateTensorOp{1, DType::kF64, {4}},
-                             CreateTensorOp{2, DType::kF64, {4}}, FillOp{1, 0.0}, FillOp{2, 1.0}})
-                  .ok());
-  const size_t adds = (1 << 18) - 8;  // within session-max-graph-ops
-  std::vector<Op> record{BeginGraphOp{7}};
-  for (size_t i = 0; i < adds; ++i) record.push_back(AxpyOp{1.0, 2, 1});  // x1 += x2
-  record.push_back(EndGraphOp{});
+  MakeAddends(c, 1);
+  const size_t adds = kLongRecordingAdds;
+  std::vector<Op> record = RecordAdds(adds);
   const uint64_t before = registry_->enqueue_yields();
   Status s = SubmitAndWait(c, 2, std::move(record));
   ASSERT_TRUE(s.ok()) << s.ToString();
@@ -501,14 +513,9 @@ TEST_F(SessionTest, ALongGraphRecordingYieldsItsThreadAndRecordsEveryOp) {
 // complete, unharmed.
 TEST_F(SessionTest, ARunEndingWhileAGraphRecordingIsPausedCompletesItsEarlierSubmits) {
   Client c = Open();
-  ASSERT_TRUE(SubmitAndWait(c, 1,
-                            {CreateTensorOp{1, DType::kF64, {4}},
-                             CreateTensorOp{2, DType::kF64, {4}}, FillOp{1, 0.0}, FillOp{2, 1.0}})
-                  .ok());
-  const size_t adds = (1 << 18) - 8;
-  std::vector<Op> record{BeginGraphOp{7}};
-  for (size_t i = 0; i < adds; ++i) record.push_back(AxpyOp{1.0, 2, 1});
-  record.push_back(EndGraphOp{});
+  MakeAddends(c, 1);
+  const size_t adds = kLongRecordingAdds;
+  std::vector<Op> record = RecordAdds(adds);
   const uint64_t before = registry_->enqueue_yields();
   ASSERT_TRUE(OnStrand(c.session->executor(), [&] {
     c.session->BeginSubmitRun(3 + record.size());
