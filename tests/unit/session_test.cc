@@ -534,6 +534,30 @@ TEST_F(SessionTest, ARunEndingWhileAGraphRecordingIsPausedCompletesItsEarlierSub
             std::vector<double>(4, 5.0 + static_cast<double>(adds)));
 }
 
+// A client that goes away while its graph recording is paused between slices: the rest of
+// the recording is dropped and the capture abandoned (no graph is built), the ops already
+// recorded never run, and the session releases everything.
+TEST_F(SessionTest, AnAbortWhileAGraphRecordingIsPausedDropsItAndReleasesEverything) {
+  Client c = Open();
+  MakeAddends(c, 1);
+  std::vector<Op> record = RecordAdds(kLongRecordingAdds);
+  const uint64_t before = registry_->enqueue_yields();
+  bool paused = false;
+  ASSERT_TRUE(OnStrand(c.session->executor(), [&] {
+    c.session->Submit(Request(2, std::move(record)));
+    paused = registry_->enqueue_yields() > before;  // it yielded: the rest is still to come
+    c.session->Abort();
+  }));
+  ASSERT_TRUE(paused) << "the recording fit in one slice";
+  ASSERT_TRUE(WaitUntil([this] { return registry_->Totals().sessions_open == 0; }));
+  EXPECT_EQ(supervisor_->bytes_in_use(), 0u);
+  EXPECT_EQ(reserved(), 0u);
+  EXPECT_TRUE(registry_->List().empty());
+  std::vector<Event> events = c.events->events();
+  ASSERT_EQ(events.size(), 1u) << "only the completion of submit 1, from before the Abort";
+  EXPECT_EQ(events[0].id, 1u);
+}
+
 // The slice is the executor turn's, not each submit's: a submit enqueued late in a turn that
 // has run its slice already (here: 3 ms of other work first) yields after its first ops,
 // though it alone would fit a slice many times over. So submits started together (parked
