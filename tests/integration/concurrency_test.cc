@@ -15,6 +15,7 @@
 #include "ferry/client.h"
 #include "ferryd_process.h"
 #include "metrics_scrape.h"
+#include "raw_protocol.h"
 
 namespace ferry {
 namespace {
@@ -390,6 +391,85 @@ TEST(ConcurrencyTest, AGraphRecordedInSlicesReplaysEveryOpWhileOthersWork) {
       << "recording 2^17 ops took less than one slice";
   std::printf("the other session ran %d rounds while the graph was recorded\n", other_rounds);
   EXPECT_TRUE(s->close().ok());
+}
+
+// A client that goes away while its graph recording is being enqueued in slices: the daemon
+// drops the rest and abandons the capture (CUDA: the recorded graph is never instantiated),
+// and releases the session's tensors; another session's work and a new session's recording
+// are unharmed.
+TEST(ConcurrencyTest, AClientGoneDuringASlicedGraphRecordingLeavesNothingBehind) {
+  testing::FerrydProcess d({"--executor-threads", "2", "--fuse-elementwise", "false",
+                            "--metrics-listen", "127.0.0.1:0"});
+  ASSERT_TRUE(d.ok()) << d.log();
+  auto client = Client::connect(d.unix_target());
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  auto bystander = client->open_session();
+  ASSERT_TRUE(bystander.ok()) << bystander.status().ToString();
+  Tensor b = bystander->create_tensor<double>({64});
+  bystander->fill(b, 1.0);
+  ASSERT_TRUE(bystander->synchronize().ok());
+  const v1::StatusReply idle = d.AdminStatus();
+
+  constexpr int kAdds = (1 << 18) - 8;  // within session-max-graph-ops
+  bool cancelled_while_recording = false;
+  {
+    testing::RawStream raw(d.unix_target(), std::chrono::seconds(60));
+    ASSERT_TRUE(raw.Open());
+    ASSERT_TRUE(
+        raw.Submit(1, {testing::Create(1, v1::DTYPE_F64, {1 << 16}),
+                       testing::Create(2, v1::DTYPE_F64, {1 << 16}), testing::Fill(2, 1.0)}));
+    EXPECT_EQ(raw.Completion(1).kind(), v1::ERROR_KIND_NONE);
+    std::vector<v1::Op> record;
+    v1::Op begin;
+    begin.mutable_begin_graph()->set_handle(7);
+    record.push_back(begin);
+    for (int i = 0; i < kAdds; ++i) record.push_back(testing::Axpy(1.0, 2, 1));
+    v1::Op end;
+    end.mutable_end_graph();
+    record.push_back(end);
+    const std::string metrics = testing::MetricsEndpoint(d);
+    ASSERT_TRUE(raw.Submit(2, std::move(record)));
+    // Go away once the recording has yielded its thread at least once (or is over).
+    for (int i = 0; i < 20000; ++i) {
+      const std::string body = testing::ResponseBody(testing::Scrape(metrics));
+      if (testing::Value(body, "ferry_enqueue_yields_total") > 0) break;
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    cancelled_while_recording = d.AdminStatus().submits_in_flight() > 0;
+  }  // cancels the call
+  std::printf("the client went away %s\n", cancelled_while_recording
+                                               ? "while its recording was in flight"
+                                               : "after its recording was done");
+  bool released = false;
+  for (int i = 0; i < 1000 && !released; ++i) {
+    const v1::StatusReply now = d.AdminStatus();
+    released =
+        now.sessions_open() == idle.sessions_open() && now.live_tensors() == idle.live_tensors() &&
+        now.device_bytes_in_use() == idle.device_bytes_in_use() && now.submits_in_flight() == 0;
+    if (!released) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(released) << d.AdminStatus().DebugString();
+
+  bystander->axpy(1.0, b, b);
+  auto back = bystander->download<double>(b);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, std::vector<double>(64, 2.0));
+  // A new session records and replays a graph on the same device.
+  auto s = client->open_session();
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  Tensor x = s->create_tensor<double>({64});
+  Tensor one = s->create_tensor<double>({64});
+  s->fill(x, 0.0);
+  s->fill(one, 1.0);
+  Graph g = s->begin_graph();
+  for (int i = 0; i < 100; ++i) s->axpy(1.0, one, x);
+  s->end_graph();
+  s->launch_graph(g);
+  auto xs = s->download<double>(x);
+  ASSERT_TRUE(xs.ok()) << xs.status().ToString();
+  EXPECT_EQ(*xs, std::vector<double>(64, 100.0));
+  EXPECT_TRUE(s->close().ok());
+  EXPECT_TRUE(bystander->close().ok());
 }
 
 }  // namespace
