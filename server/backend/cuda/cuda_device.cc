@@ -360,7 +360,10 @@ void DestroyReadyStream(ReadyStream ready) {
 }
 
 /// Makes streams ahead for the next sessions and destroys closed sessions' streams, on a
-/// thread of its own, so that neither is on an open's or a close's path. Only fresh
+/// thread of its own, so that neither is on an open's or a close's path. Once cuBLAS is open
+/// (MakeCublasAhead), it also keeps kCublasAhead cuBLAS handles made for sessions' first
+/// GEMMs: cublasCreate allocates device memory, which on the H200 at times waited for every
+/// session's queued work (docs/architecture.md, "Streams made ahead"). Only fresh
 /// streams are handed out, in the order they were made, never one another session used:
 /// CUDA gives a stream its hardware work queue when the stream is made (round robin), so a
 /// session gets the queue a stream made at its open would have had (reused streams of
@@ -383,6 +386,8 @@ class StreamMaker {
     MutexLock lock(&mu_);  // the thread is gone: for the analysis
     for (const ReadyStream& ready : ready_) DestroyReadyStream(ready);
     for (const ReadyStream& closed : retired_) DestroyReadyStream(closed);
+    for (cublasHandle_t handle : cublas_ready_) (void)cublas_api_->Destroy(handle);
+    (void)cudaGetLastError();
   }
 
   StreamMaker(const StreamMaker&) = delete;
@@ -396,6 +401,29 @@ class StreamMaker {
       if (ready_.empty()) return std::nullopt;
       taken = ready_.front();
       ready_.pop_front();
+    }
+    cv_.NotifyOne();
+    return taken;
+  }
+
+  /// From now on keep kCublasAhead handles of `api` made (idempotent).
+  void MakeCublasAhead(const CublasApi* api) {
+    {
+      MutexLock lock(&mu_);
+      if (cublas_api_ != nullptr) return;
+      cublas_api_ = api;
+    }
+    cv_.NotifyOne();
+  }
+
+  /// A cuBLAS handle made ahead (on this device, no stream set), or null when none is ready.
+  cublasHandle_t TakeCublas() {
+    cublasHandle_t taken = nullptr;
+    {
+      MutexLock lock(&mu_);
+      if (cublas_ready_.empty()) return nullptr;
+      taken = cublas_ready_.front();
+      cublas_ready_.pop_front();
     }
     cv_.NotifyOne();
     return taken;
@@ -417,6 +445,11 @@ class StreamMaker {
 
  private:
   static constexpr size_t kMaxRetired = 64;
+  static constexpr size_t kCublasAhead = 2;
+
+  bool CublasWanted() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return cublas_api_ != nullptr && !cublas_failed_ && cublas_ready_.size() < kCublasAhead;
+  }
 
   void Run() {
     pthread_setname_np(pthread_self(), "ferry-streams");
@@ -428,7 +461,8 @@ class StreamMaker {
     while (true) {
       cv_.Wait(&mu_, [&] {
         mu_.AssertHeld();
-        return stopping_ || !retired_.empty() || (!failed_ && ready_.size() < ahead_);
+        return stopping_ || !retired_.empty() || (!failed_ && ready_.size() < ahead_) ||
+               CublasWanted();
       });
       if (stopping_) return;
       if (!retired_.empty()) {
@@ -437,6 +471,20 @@ class StreamMaker {
         lock.Unlock();
         for (const ReadyStream& c : closed) DestroyReadyStream(c);
         lock.Lock();
+        continue;
+      }
+      if (failed_ || ready_.size() >= ahead_) {  // then a cuBLAS handle is wanted
+        const CublasApi* api = cublas_api_;
+        lock.Unlock();
+        cublasHandle_t handle = nullptr;
+        const bool created = api->Create(&handle) == CUBLAS_STATUS_SUCCESS;
+        lock.Lock();
+        if (created) {
+          cublas_ready_.push_back(handle);
+        } else {
+          (void)cudaGetLastError();
+          cublas_failed_ = true;  // sessions make their own and see the error
+        }
         continue;
       }
       lock.Unlock();
@@ -458,6 +506,9 @@ class StreamMaker {
   std::deque<ReadyStream> ready_ ABSL_GUARDED_BY(mu_);     // made, oldest first
   std::vector<ReadyStream> retired_ ABSL_GUARDED_BY(mu_);  // closed, to destroy
   bool failed_ ABSL_GUARDED_BY(mu_) = false;
+  const CublasApi* cublas_api_ ABSL_GUARDED_BY(mu_) = nullptr;    // set once cuBLAS is open
+  std::deque<cublasHandle_t> cublas_ready_ ABSL_GUARDED_BY(mu_);  // made, oldest first
+  bool cublas_failed_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
@@ -539,6 +590,14 @@ class CudaDevice final : public Device {
   /// A fresh stream made ahead for a session, or nothing (the session makes its own).
   std::optional<ReadyStream> TakeReadyStream() {
     return stream_maker_ ? stream_maker_->Take() : std::nullopt;
+  }
+
+  /// A cuBLAS handle of `api` made ahead, or null (the stream makes its own). The first call
+  /// starts the making, for the sessions after.
+  cublasHandle_t TakeReadyCublas(const CublasApi* api) {
+    if (!stream_maker_) return nullptr;
+    stream_maker_->MakeCublasAhead(api);
+    return stream_maker_->TakeCublas();
   }
 
   /// Make a stream for a session on the calling thread, its faults reported.
@@ -699,12 +758,17 @@ class CudaDevice final : public Device {
   }
 
   // cuBLAS is opened on the daemon's first GEMM (cuda_internal.h). With eager loading, open
-  // it and make one handle now instead, so that its kernels are loaded before any session
-  // runs, not by a session's first GEMM while other sessions' kernels run. A failure is
-  // left to the first GEMM, which reports it as it always did.
+  // it now instead, and make handles ahead from now on (or one, made and destroyed, without
+  // a stream maker), so that its kernels are loaded before any session runs, not by a
+  // session's first GEMM while other sessions' kernels run. A failure is left to the first
+  // GEMM, which reports it as it always did.
   void LoadCublasNow() {
     auto api = cuda_internal::GetCublasApi();
     if (!api.ok()) return;
+    if (stream_maker_) {
+      stream_maker_->MakeCublasAhead(*api);
+      return;
+    }
     cublasHandle_t handle = nullptr;
     if ((*api)->Create(&handle) == CUBLAS_STATUS_SUCCESS) (void)(*api)->Destroy(handle);
   }
@@ -1128,8 +1192,10 @@ class CudaStream final : public Stream {
       }
     }
     FERRY_ASSIGN_OR_RETURN(const CublasApi* api, GetCublasApi());
-    cublasHandle_t handle = nullptr;
-    FERRY_RETURN_IF_ERROR(CublasStatus(api->Create(&handle), "cublasCreate"));
+    cublasHandle_t handle = device_->TakeReadyCublas(api);
+    if (handle == nullptr) {
+      FERRY_RETURN_IF_ERROR(CublasStatus(api->Create(&handle), "cublasCreate"));
+    }
     auto configure = [&]() -> Status {
       FERRY_RETURN_IF_ERROR(CublasStatus(api->SetStream(handle, stream_), "cublasSetStream"));
       // After cublasSetStream, which resets the workspace to the library's default.
