@@ -362,8 +362,9 @@ void DestroyReadyStream(ReadyStream ready) {
 /// Makes streams ahead for the next sessions and destroys closed sessions' streams, on a
 /// thread of its own, so that neither is on an open's or a close's path. Once cuBLAS is open
 /// (MakeCublasAhead), it also keeps kCublasAhead cuBLAS handles made for sessions' first
-/// GEMMs: cublasCreate allocates device memory, which on the H200 at times waited for every
-/// session's queued work (docs/architecture.md, "Streams made ahead"). Only fresh
+/// GEMMs: cublasCreate allocates device memory, which CUDA may make wait for the whole
+/// device, and a session's first GEMM was seen waiting for another session's work on the
+/// H200 (docs/architecture.md, "Streams made ahead"). Only fresh
 /// streams are handed out, in the order they were made, never one another session used:
 /// CUDA gives a stream its hardware work queue when the stream is made (round robin), so a
 /// session gets the queue a stream made at its open would have had (reused streams of
@@ -406,13 +407,19 @@ class StreamMaker {
     return taken;
   }
 
-  /// From now on keep kCublasAhead handles of `api` made (idempotent).
-  void MakeCublasAhead(const CublasApi* api) {
+  /// From now on keep kCublasAhead handles of `api` made (idempotent). `made`, when not
+  /// null, is a handle of `api` made by the caller, kept as the first of them (else
+  /// destroyed).
+  void MakeCublasAhead(const CublasApi* api, cublasHandle_t made = nullptr) {
     {
       MutexLock lock(&mu_);
-      if (cublas_api_ != nullptr) return;
-      cublas_api_ = api;
+      if (cublas_api_ == nullptr) cublas_api_ = api;
+      if (made != nullptr && cublas_api_ == api && cublas_ready_.size() < kCublasAhead) {
+        cublas_ready_.push_back(made);
+        made = nullptr;
+      }
     }
+    if (made != nullptr) (void)api->Destroy(made);
     cv_.NotifyOne();
   }
 
@@ -758,19 +765,20 @@ class CudaDevice final : public Device {
   }
 
   // cuBLAS is opened on the daemon's first GEMM (cuda_internal.h). With eager loading, open
-  // it now instead, and make handles ahead from now on (or one, made and destroyed, without
-  // a stream maker), so that its kernels are loaded before any session runs, not by a
-  // session's first GEMM while other sessions' kernels run. A failure is left to the first
-  // GEMM, which reports it as it always did.
+  // it and make one handle now instead, so that its kernels are loaded before any session
+  // runs, not by a session's first GEMM while other sessions' kernels run; the handle is the
+  // first the stream maker keeps ahead (without one, it is destroyed). A failure is left to
+  // the first GEMM, which reports it as it always did.
   void LoadCublasNow() {
     auto api = cuda_internal::GetCublasApi();
     if (!api.ok()) return;
-    if (stream_maker_) {
-      stream_maker_->MakeCublasAhead(*api);
-      return;
-    }
     cublasHandle_t handle = nullptr;
-    if ((*api)->Create(&handle) == CUBLAS_STATUS_SUCCESS) (void)(*api)->Destroy(handle);
+    if ((*api)->Create(&handle) != CUBLAS_STATUS_SUCCESS) return;
+    if (stream_maker_) {
+      stream_maker_->MakeCublasAhead(*api, handle);
+    } else {
+      (void)(*api)->Destroy(handle);
+    }
   }
 
   DeviceInfo info_;
