@@ -79,6 +79,7 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
   ctx.parts.registry = d->registry_.get();
   ctx.parts.copy_turns = d->copy_turns_.get();
   ctx.parts.io = &d->io_;
+  ctx.parts.long_lane = &d->long_lane_;
   d->sessionless_streams_ = std::make_unique<rpc::SessionlessStreams>(options.sessionless_streams);
   ctx.parts.sessionless_streams = d->sessionless_streams_.get();
   // Streams refused for their token, whose client has not closed them: 64 are told why
@@ -121,10 +122,20 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
   d->work_ =
       std::make_unique<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>>(
           d->io_.get_executor());
+  d->long_lane_work_ =
+      std::make_unique<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>>(
+          d->long_lane_.get_executor());
+  // As many long-lane threads as executor threads: sessions that each instantiate a large
+  // graph at once hold as many long-lane threads as that, and share the cores as the kernel
+  // schedules them, while none of the executor threads, which every session needs, is held.
   const int threads = ExecutorThreadCount(options.executor_threads);
   for (int i = 0; i < threads; ++i) {
     d->threads_.emplace_back([io = &d->io_] {
       pthread_setname_np(pthread_self(), "ferry-exec");
+      io->run();
+    });
+    d->threads_.emplace_back([io = &d->long_lane_] {
+      pthread_setname_np(pthread_self(), "ferry-long");
       io->run();
     });
   }
@@ -230,7 +241,9 @@ void Daemon::Shutdown(std::chrono::milliseconds grace) {
     }
     spdlog::debug("all sessions released");
     work_.reset();
+    long_lane_work_.reset();
     io_.stop();
+    long_lane_.stop();
     for (std::thread& t : threads_) t.join();
     threads_.clear();
   });

@@ -8,14 +8,15 @@
 
 namespace ferry::session {
 
-SerialExecutor::SerialExecutor(boost::asio::io_context& io) : state_(std::make_shared<State>(io)) {}
+SerialExecutor::SerialExecutor(boost::asio::io_context& io, boost::asio::io_context* long_lane)
+    : state_(std::make_shared<State>(io, long_lane)) {}
 
 void SerialExecutor::Post(std::function<void()> fn, const char* name) const {
   MutexLock lock(&state_->mu);
   state_->queue.push_back({std::move(fn), /*is_short=*/false, name});
   if (!state_->active) {
     state_->active = true;
-    boost::asio::post(state_->io, [state = state_] { Drain(state); });
+    boost::asio::post(state_->io, [state = state_] { Drain(state, /*on_long_lane=*/false); });
   }
 }
 
@@ -28,9 +29,10 @@ void SerialExecutor::PostAfter(std::chrono::milliseconds delay, std::function<vo
   });
 }
 
-void SerialExecutor::Yield(std::function<void()> fn, const char* name) const {
+void SerialExecutor::Yield(std::function<void()> fn, const char* name, Lane lane) const {
   MutexLock lock(&state_->mu);
-  state_->queue.push_back({std::move(fn), /*is_short=*/false, name});
+  state_->queue.push_back({std::move(fn), /*is_short=*/false, name,
+                           /*long_lane=*/lane == Lane::kLong && state_->long_lane != nullptr});
   state_->yielding = true;  // the running function's runner ends its turn (active stays)
 }
 
@@ -43,6 +45,7 @@ void SerialExecutor::RunOrPost(std::function<void()> fn, Followers followers) co
     }
     state_->active = true;
     state_->runner = std::this_thread::get_id();
+    state_->runner_on_long_lane = false;
   }
   RunTaken(std::move(fn), followers);
 }
@@ -102,6 +105,7 @@ bool SerialExecutor::TryRun(std::function<void()>& fn, Followers followers) cons
     if (state_->active) return false;
     state_->active = true;
     state_->runner = std::this_thread::get_id();
+    state_->runner_on_long_lane = false;
   }
   RunTaken(std::move(fn), followers);
   return true;
@@ -112,18 +116,25 @@ bool SerialExecutor::running_in_this_thread() const {
   return state_->runner == std::this_thread::get_id();
 }
 
-void SerialExecutor::Drain(const std::shared_ptr<State>& state) {
+bool SerialExecutor::running_on_long_lane() const {
+  MutexLock lock(&state_->mu);
+  return state_->runner == std::this_thread::get_id() && state_->runner_on_long_lane;
+}
+
+void SerialExecutor::Drain(const std::shared_ptr<State>& state, bool on_long_lane) {
   Turn turn;
   for (int i = 0; i < kBatch; ++i) {
     std::function<void()> fn;
     const char* name = nullptr;
     {
       MutexLock lock(&state->mu);
-      if (state->queue.empty()) break;
+      // The next function is for the other lane: hand on (below).
+      if (state->queue.empty() || state->queue.front().long_lane != on_long_lane) break;
       fn = std::move(state->queue.front().fn);
       name = state->queue.front().name;
       state->queue.pop_front();
       state->runner = std::this_thread::get_id();
+      state->runner_on_long_lane = on_long_lane;
     }
     if (name == nullptr) {
       fn();
@@ -149,7 +160,12 @@ void SerialExecutor::ScheduleOrIdleLocked(const std::shared_ptr<State>& state) {
     state->active = false;
     return;
   }
-  boost::asio::post(state->io, [state] { Drain(state); });  // stays active
+  // Stays active.
+  if (state->queue.front().long_lane) {
+    boost::asio::post(*state->long_lane, [state] { Drain(state, /*on_long_lane=*/true); });
+  } else {
+    boost::asio::post(state->io, [state] { Drain(state, /*on_long_lane=*/false); });
+  }
 }
 
 }  // namespace ferry::session

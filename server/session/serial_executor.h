@@ -17,13 +17,22 @@
 // delivered without a wake-up: streamed 64 KiB transfers 16-21 -> 11-14 us on the H200). The
 // completion thread passes kPost: it must get back to watching.
 //
-// Contract: functions of one executor never run concurrently, and run in the order they
-// were accepted (a RunOrPost that finds the executor busy queues behind what is queued).
-// Copies share one executor. Thread-safe.
+// Lanes: besides the io_context every executor shares (the shared lane), an executor may have
+// a second one for long work (the long lane: another io_context with threads of its own). A
+// function yielded to the long lane (Yield with Lane::kLong) runs on one of its threads, in
+// its place in the executor's order, so that work which holds its thread for long (CUDA: a
+// large graph's instantiation, seconds) never holds a thread every session needs; the
+// functions queued behind it run on the shared lane again. Without a long lane, kLong is
+// kShared.
+//
+// Contract: functions of one executor never run concurrently, whatever their lanes, and run
+// in the order they were accepted (a RunOrPost that finds the executor busy queues behind
+// what is queued). Copies share one executor. Thread-safe.
 #pragma once
 
 #include <boost/asio/io_context.hpp>
 #include <chrono>
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -36,7 +45,12 @@ namespace ferry::session {
 
 class SerialExecutor {
  public:
-  explicit SerialExecutor(boost::asio::io_context& io);
+  /// Which io_context runs a function: the shared one, or the long lane's (see above).
+  enum class Lane : uint8_t { kShared, kLong };
+
+  /// `long_lane` (may be null: none) must outlive the executor, as `io` must.
+  explicit SerialExecutor(boost::asio::io_context& io,
+                          boost::asio::io_context* long_lane = nullptr);
 
   /// Run `fn` later on one of the io_context's threads, after everything accepted before.
   /// `name` (a string literal, or null) names the handler in the log when it runs longer
@@ -52,8 +66,13 @@ class SerialExecutor {
   /// thread ends, so that `fn` (with what else is queued here) runs after the work other
   /// executors queued on the io_context meanwhile. For work cut into slices (a long
   /// enqueue), so that it holds an io thread for one slice at a time, and what its own
-  /// executor has queued (a completion, an abort) runs between slices.
-  void Yield(std::function<void()> fn, const char* name = nullptr) const;
+  /// executor has queued (a completion, an abort) runs between slices. With Lane::kLong, `fn`
+  /// runs on the long lane (the functions queued after it on the shared one).
+  void Yield(std::function<void()> fn, const char* name = nullptr, Lane lane = Lane::kShared) const;
+  /// True where the executor has a long lane of its own (else kLong runs on the shared one).
+  bool has_long_lane() const { return state_->long_lane != nullptr; }
+  /// True on the thread running one of this executor's functions now, on its long lane.
+  bool running_on_long_lane() const;
   /// What a RunOrPost that ran its function does with the short functions (those queued by
   /// RunOrPost) that queued behind it: run them on this thread too, or hand them on.
   enum class Followers { kPost, kRunHere };
@@ -90,23 +109,29 @@ class SerialExecutor {
     std::function<void()> fn;
     bool is_short = false;       // queued by RunOrPost: it does not block
     const char* name = nullptr;  // Post's name: timed when set
+    bool long_lane = false;      // runs on the long lane (only where there is one)
   };
   struct State {
-    explicit State(boost::asio::io_context& io) : io(io) {}
+    State(boost::asio::io_context& io, boost::asio::io_context* long_lane)
+        : io(io), long_lane(long_lane) {}
     boost::asio::io_context& io;
+    boost::asio::io_context* const long_lane;  // null: none
     Mutex mu;
     std::deque<Task> queue ABSL_GUARDED_BY(mu);
     // A thread runs or is scheduled to run the queue.
     bool active ABSL_GUARDED_BY(mu) = false;
-    std::thread::id runner ABSL_GUARDED_BY(mu);  // the thread running a function now
-    bool yielding ABSL_GUARDED_BY(mu) = false;   // the running function called Yield
+    std::thread::id runner ABSL_GUARDED_BY(mu);            // the thread running a function now
+    bool runner_on_long_lane ABSL_GUARDED_BY(mu) = false;  // that thread is the long lane's
+    bool yielding ABSL_GUARDED_BY(mu) = false;             // the running function called Yield
   };
   // Run `fn` on this thread, the executor taken for it (active, runner set); then the short
   // functions queued behind it as `followers` says; then hand on the rest or go idle.
   void RunTaken(std::function<void()> fn, Followers followers) const;
-  // Run queued functions on an io_context thread, up to kBatch, then reschedule or go idle.
-  static void Drain(const std::shared_ptr<State>& state);
-  // Hand the rest of the queue to the io_context, or go idle; call with mu held.
+  // Run queued functions on a thread of the lane `on_long_lane` says, up to kBatch and while
+  // the next is for this lane, then reschedule or go idle.
+  static void Drain(const std::shared_ptr<State>& state, bool on_long_lane);
+  // Hand the rest of the queue to the io_context of its first function's lane, or go idle;
+  // call with mu held.
   static void ScheduleOrIdleLocked(const std::shared_ptr<State>& state)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(state->mu);
 

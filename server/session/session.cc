@@ -442,6 +442,7 @@ Status Session::EnqueueOps(InFlight& record, EnqueueWork& work) {
                                                              : turn_start) +
       kEnqueueSlice;
   size_t slice_checked = work.next;  // the clock was last read before this op
+  const Lane here = CurrentLane();
   for (size_t i = work.next; i < ops.size(); ++i) {
     bool starts_batch = false;
     size_t run = i;
@@ -453,6 +454,12 @@ Status Session::EnqueueOps(InFlight& record, EnqueueWork& work) {
     }
     // Between ops outside any batch, the enqueue may stop, to go on later.
     if (i >= batch_end && !run_batch_) {
+      // A large recording's EndGraph (its instantiation) goes to the long lane, and what
+      // follows it back to the shared one (see kLongGraphOps).
+      if (const Lane lane = LaneFor(ops[i]); lane != here) {
+        YieldEnqueue(work, i, lane);
+        return Status::Ok();
+      }
       // Its slice is over (read the clock every kSliceCheckOps ops): the rest goes on after
       // other sessions' queued work, so that a long submit holds an executor thread, which
       // every session shares, one slice at a time. A graph recording goes on where it
@@ -464,13 +471,7 @@ Status Session::EnqueueOps(InFlight& record, EnqueueWork& work) {
         slice_checked = i;
         if (std::chrono::steady_clock::now() >= slice_end) {
           registry_->CountEnqueueYield();
-          work.next = i;
-          work.paused = true;
-          if (!continue_posted_) {
-            continue_posted_ = true;
-            executor_.Yield([self = shared_from_this()] { self->ContinueEnqueue(); },
-                            "enqueue continues");
-          }
+          YieldEnqueue(work, i, Lane::kShared);
           return Status::Ok();
         }
       }
@@ -520,6 +521,26 @@ Status Session::EnqueueOps(InFlight& record, EnqueueWork& work) {
   }
   work.next = ops.size();
   return Status::Ok();
+}
+
+Session::Lane Session::LaneFor(const Op& op) const {
+  const bool long_end = std::holds_alternative<EndGraphOp>(op) && capturing_ &&
+                        capture_ops_ > kLongGraphOps && executor_.has_long_lane();
+  return long_end ? Lane::kLong : Lane::kShared;
+}
+
+Session::Lane Session::CurrentLane() const {
+  return executor_.running_on_long_lane() ? Lane::kLong : Lane::kShared;
+}
+
+void Session::YieldEnqueue(EnqueueWork& work, size_t next, Lane lane) {
+  work.next = next;
+  work.paused = true;
+  if (continue_posted_) return;  // a ContinueEnqueue already queued yields again if it must
+  continue_posted_ = true;
+  if (lane == Lane::kLong) registry_->CountLongLaneGraph();
+  executor_.Yield([self = shared_from_this()] { self->ContinueEnqueue(); },
+                  lane == Lane::kLong ? "graph instantiation" : "enqueue continues", lane);
 }
 
 void Session::ReleaseUnenqueued(EnqueueWork& work, bool device_gone) {
@@ -664,6 +685,10 @@ void Session::ContinueEnqueue() {
   Status s = EnqueueOps(*record, work);
   if (work.paused) return;  // still no room: the next completion posts this again
   if (!s.ok() && record->status.ok()) record->status = std::move(s);
+  if (CurrentLane() == Lane::kLong) {  // the instantiation was the last op: end on the shared lane
+    YieldEnqueue(work, work.ops.size(), Lane::kShared);
+    return;
+  }
   record->paused.reset();
   EndEnqueue(*record);
   SettleObjects();

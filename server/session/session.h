@@ -178,6 +178,14 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   static constexpr std::chrono::microseconds kEnqueueSlice{2000};
   // The clock is read every this many ops.
   static constexpr size_t kSliceCheckOps = 32;
+  // A graph of more recorded ops than this is instantiated at its EndGraph on the executor's
+  // long lane (SerialExecutor::Lane::kLong), where it has one: instantiation is not cut into
+  // slices and takes about as long as the graph is big (CUDA: about 12 s for a capture and
+  // instantiation of 2^20 ops, 262144 being session-max-graph-ops' default), and a long-lane
+  // thread is one no other session's work waits for. A smaller graph's takes about a slice
+  // and stays on the shared lane, without the two thread hand-overs. The ops after the EndGraph
+  // go on on the shared lane; the session's functions still run one at a time, in order.
+  static constexpr uint64_t kLongGraphOps = 1024;
 
   /// Create a session on the supervised device. Fails with QUOTA_EXCEEDED when the daemon
   /// holds its maximum number of sessions, or with the backend's error when no stream can
@@ -326,9 +334,17 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   // shows room; where its slice (kEnqueueSlice) is over, it stops the same way and
   // ContinueEnqueue goes on after other sessions' queued work.
   Status Enqueue(SubmitRequest& request, const AdmissionResult& admitted, InFlight& record);
-  // Enqueue work.ops from work.next on; stops early (work.paused) where no room is left or
-  // the slice is over.
+  // Enqueue work.ops from work.next on; stops early (work.paused) where no room is left,
+  // the slice is over, or the next op is for the other lane.
   Status EnqueueOps(InFlight& record, EnqueueWork& work);
+  using Lane = SerialExecutor::Lane;
+  // The lane op `op` is enqueued on: kLong for the EndGraph of a recording of more than
+  // kLongGraphOps ops where the executor has a long lane; kShared for any other.
+  Lane LaneFor(const Op& op) const;
+  Lane CurrentLane() const;  // the lane this executor function runs on
+  // Stop the enqueue before op `next` (paused), to go on (ContinueEnqueue) on `lane` after
+  // what the executor has queued.
+  void YieldEnqueue(EnqueueWork& work, size_t next, Lane lane);
   // After the last op of `record` (or a reason to stop): abandon an unfinished graph
   // capture, settle objects, and ask for its completion.
   void EndEnqueue(InFlight& record);

@@ -275,5 +275,87 @@ TEST(SerialExecutorYieldTest, FunctionsOfOneTurnShareItsStartAndAYieldStartsAnot
       << "no turn runs on this thread now";
 }
 
+// A function yielded to the long lane runs on the long lane's io_context, in its place in the
+// executor's order (behind what the executor had queued), and what comes after it runs on the
+// shared lane again.
+TEST(SerialExecutorLaneTest, AFunctionYieldedToTheLongLaneRunsThereInItsPlace) {
+  boost::asio::io_context io, long_lane;  // each run by this thread, below
+  SerialExecutor ex(io, &long_lane);
+  ASSERT_TRUE(ex.has_long_lane());
+  std::vector<std::string> order;
+  ex.Post([&] {
+    order.push_back(ex.running_on_long_lane() ? "a on the long lane" : "a");
+    ex.Yield(
+        [&] { order.push_back(ex.running_on_long_lane() ? "long" : "long on the shared lane"); },
+        "test", SerialExecutor::Lane::kLong);
+  });
+  ex.Post([&] { order.push_back("b"); });
+  io.run();
+  EXPECT_EQ(order, (std::vector<std::string>{"a", "b"}))
+      << "the yielded function ran on the shared lane";
+  EXPECT_EQ(long_lane.run(), 1u);
+  ex.Post([&] { order.push_back(ex.running_on_long_lane() ? "c on the long lane" : "c"); });
+  EXPECT_EQ(long_lane.run(), 0u) << "a later function went to the long lane";
+  io.restart();
+  io.run();
+  EXPECT_EQ(order, (std::vector<std::string>{"a", "b", "long", "c"}));
+}
+
+// While a long-lane function runs, other executors' work runs on the shared lane (even with
+// one shared thread), and its own executor's later functions wait for it.
+TEST(SerialExecutorLaneTest, WhileALongLaneFunctionRunsOthersUseTheSharedThreads) {
+  boost::asio::io_context io, long_lane;
+  auto work = boost::asio::make_work_guard(io);
+  auto long_work = boost::asio::make_work_guard(long_lane);
+  std::thread shared_thread([&] { io.run(); });  // the only shared-lane thread
+  std::thread long_thread([&] { long_lane.run(); });
+  SerialExecutor ex(io, &long_lane), other(io);
+  std::promise<void> other_ran, long_done, after_ran;
+  std::atomic<bool> long_running{false}, overlapped{false};
+  ex.Post([&] {
+    ex.Yield(
+        [&] {
+          long_running = true;
+          // Holds its thread until the other executor's function ran on the shared thread.
+          const bool ran = other_ran.get_future().wait_for(std::chrono::seconds(10)) ==
+                           std::future_status::ready;
+          EXPECT_TRUE(ran) << "the long-lane function held the shared thread";
+          long_running = false;
+          long_done.set_value();
+        },
+        "test", SerialExecutor::Lane::kLong);
+  });
+  ex.Post([&] {
+    if (long_running) overlapped = true;
+    after_ran.set_value();
+  });
+  // Posted once the long-lane function runs, so that it needs the shared thread meanwhile.
+  while (!long_running) std::this_thread::yield();
+  other.Post([&] { other_ran.set_value(); });
+  EXPECT_EQ(long_done.get_future().wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_EQ(after_ran.get_future().wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_FALSE(overlapped) << "the executor ran two functions at once";
+  work.reset();
+  long_work.reset();
+  shared_thread.join();
+  long_thread.join();
+}
+
+// Without a long lane, a function yielded to it runs on the shared lane, in order.
+TEST(SerialExecutorLaneTest, WithoutALongLaneTheLongLaneIsTheSharedOne) {
+  boost::asio::io_context io;
+  SerialExecutor ex(io);
+  EXPECT_FALSE(ex.has_long_lane());
+  std::vector<std::string> order;
+  ex.Post([&] {
+    order.push_back("a");
+    ex.Yield([&] { order.push_back(ex.running_on_long_lane() ? "long lane" : "long"); }, "test",
+             SerialExecutor::Lane::kLong);
+  });
+  ex.Post([&] { order.push_back("b"); });
+  io.run();
+  EXPECT_EQ(order, (std::vector<std::string>{"a", "b", "long"}));
+}
+
 }  // namespace
 }  // namespace ferry::session

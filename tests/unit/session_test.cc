@@ -230,9 +230,10 @@ class SessionTest : public ::testing::Test {
   }
 
   /// Open a session on its own strand, with a recorder for its events; it takes copy turns
-  /// from turns_ when a test made one.
-  Client Open(SessionConfig config = {}) {
-    Executor strand(io_);
+  /// from turns_ when a test made one. With `long_lane` (a test's long_lane_, which the test
+  /// runs itself) the strand has a long lane.
+  Client Open(SessionConfig config = {}, boost::asio::io_context* long_lane = nullptr) {
+    Executor strand(io_, long_lane);
     auto events = std::make_unique<RecordingEvents>(strand);
     auto created =
         Session::Create(supervisor_.get(), registry_.get(), strand, config, "session_test",
@@ -316,6 +317,11 @@ class SessionTest : public ::testing::Test {
   boost::asio::io_context io_;
   boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work_ =
       boost::asio::make_work_guard(io_);
+  // A long lane no thread runs: a test that opens a session with it runs it (run_one_for), so
+  // it sees what goes there. A session whose strand waits for it runs nothing else meanwhile.
+  boost::asio::io_context long_lane_;
+  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> long_lane_work_ =
+      boost::asio::make_work_guard(long_lane_);  // run_one_for waits for what comes
   std::vector<std::thread> threads_;
   std::vector<std::unique_ptr<RecordingEvents>> events_;
   std::vector<std::shared_ptr<Session>> sessions_;
@@ -550,6 +556,61 @@ TEST_F(SessionTest, AnAbortWhileAGraphRecordingIsPausedDropsItAndReleasesEveryth
   }));
   ASSERT_TRUE(paused) << "the recording fit in one slice";
   ASSERT_TRUE(WaitUntil([this] { return registry_->Totals().sessions_open == 0; }));
+  EXPECT_EQ(supervisor_->bytes_in_use(), 0u);
+  EXPECT_EQ(reserved(), 0u);
+  EXPECT_TRUE(registry_->List().empty());
+  std::vector<Event> events = c.events->events();
+  ASSERT_EQ(events.size(), 1u) << "only the completion of submit 1, from before the Abort";
+  EXPECT_EQ(events[0].id, 1u);
+}
+
+// A graph of more than kLongGraphOps recorded ops is instantiated on the executor's long
+// lane, which no other session's work waits for: until the long lane runs it the submit does
+// not complete, while another session's work runs on the shared threads; then the ops after
+// the EndGraph run (back on the shared lane), and the graph replays every op. A small graph's
+// EndGraph stays on the shared lane.
+TEST_F(SessionTest, ALargeGraphIsInstantiatedOnTheLongLane) {
+  Client c = Open({}, &long_lane_);
+  MakeAddends(c, 1);
+  std::vector<Op> ops = RecordAdds(Session::kLongGraphOps + 1);
+  ops.push_back(LaunchGraphOp{7});
+  ops.push_back(DownloadOp{1, 0, 32});
+  Submit(c, 2, std::move(ops));
+  EXPECT_FALSE(c.events->WaitUntil(
+      [](const auto& ev) { return CountOf(ev, Event::Kind::kCompleted) >= 2; }, milliseconds(200)))
+      << "the large graph ended without the long lane";
+  Client other = Open();
+  EXPECT_TRUE(SubmitAndWait(other, 1, {CreateTensorOp{1, DType::kF64, {4}}, FillOp{1, 1.0}}).ok())
+      << "another session waited for the long lane";
+  ASSERT_EQ(long_lane_.run_one_for(kTimeout), 1u) << "nothing went to the long lane";
+  EXPECT_EQ(registry_->long_lane_graphs(), 1u);
+  ASSERT_TRUE(c.events->WaitForCompletions(2));
+  ASSERT_TRUE(c.events->CompletionOf(2).ok()) << c.events->CompletionOf(2).ToString();
+  EXPECT_EQ(Decode<double>(c.events->Downloaded(2, Session::kLongGraphOps + 4)),
+            std::vector<double>(4, static_cast<double>(Session::kLongGraphOps + 1)));
+
+  // A small one: no long lane (this test runs it no more).
+  std::vector<Op> small = RecordAdds(Session::kLongGraphOps);
+  small.front() = BeginGraphOp{8};
+  ASSERT_TRUE(SubmitAndWait(c, 3, std::move(small)).ok());
+  EXPECT_EQ(long_lane_.poll(), 0u) << "a small graph went to the long lane";
+}
+
+// A client that goes away while its large graph waits for the long lane: the abort reaches
+// the strand behind the instantiation (one function at a time, in order), and once the long
+// lane has run it, the graph and everything else are released.
+TEST_F(SessionTest, AnAbortWhileALargeGraphWaitsForTheLongLaneReleasesEverything) {
+  Client c = Open({}, &long_lane_);
+  MakeAddends(c, 1);
+  Submit(c, 2, RecordAdds(Session::kLongGraphOps + 1));
+  c.session->executor().Post([s = c.session] { s->Abort(); });
+  // Run the long lane until the session is gone (ALargeGraphIsInstantiatedOnTheLongLane
+  // checks that the EndGraph goes there).
+  const auto deadline = std::chrono::steady_clock::now() + kTimeout;
+  while (registry_->Totals().sessions_open > 0 && std::chrono::steady_clock::now() < deadline) {
+    long_lane_.run_one_for(milliseconds(10));
+  }
+  ASSERT_EQ(registry_->Totals().sessions_open, 0u) << "the session never finished closing";
   EXPECT_EQ(supervisor_->bytes_in_use(), 0u);
   EXPECT_EQ(reserved(), 0u);
   EXPECT_TRUE(registry_->List().empty());
