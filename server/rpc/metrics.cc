@@ -339,10 +339,11 @@ std::string RenderMetrics(const SessionServiceContext& c,
            "Times a long submit stopped enqueueing at the end of its slice (about 2 ms), to go "
            "on after other sessions' queued work, since start.",
            c.parts.registry->enqueue_yields());
-  e.Metric("ferry_long_lane_graphs_total", "counter",
-           "Graphs of more than 1024 recorded ops instantiated on the long lane (threads no "
-           "other session's work waits for) rather than an executor thread, since start.",
-           c.parts.registry->long_lane_graphs());
+  e.Metric("ferry_long_lane_turns_total", "counter",
+           "Times a session's enqueue went on on the long lane (threads no other session's "
+           "work waits for) for work no slice cuts: a graph of more than 1024 recorded ops "
+           "instantiated, or inline transfers copied without staging, since start.",
+           c.parts.registry->long_lane_turns());
   session::CopyTurns::Stats turns;
   if (c.parts.copy_turns) turns = c.parts.copy_turns->stats();
   e.Metric("ferry_copy_turn_waits_total", "counter",

@@ -311,9 +311,10 @@ class SessionRegistry {
   /// A session's submit stopped enqueueing at the end of a slice (Session::kEnqueueSlice).
   void CountEnqueueYield() { enqueue_yields_.fetch_add(1, std::memory_order_relaxed); }
   uint64_t enqueue_yields() const { return enqueue_yields_.load(std::memory_order_relaxed); }
-  /// A session's graph went to its long lane to be instantiated (Session::kLongGraphOps).
-  void CountLongLaneGraph() { long_lane_graphs_.fetch_add(1, std::memory_order_relaxed); }
-  uint64_t long_lane_graphs() const { return long_lane_graphs_.load(std::memory_order_relaxed); }
+  /// A session's enqueue went to its long lane (Session::LaneFor: a large graph's
+  /// instantiation, direct-path copies).
+  void CountLongLaneTurn() { long_lane_turns_.fetch_add(1, std::memory_order_relaxed); }
+  uint64_t long_lane_turns() const { return long_lane_turns_.load(std::memory_order_relaxed); }
 
  private:
   ResolvedUidLimits Resolve(const PeerIdentity& peer) const;
@@ -344,7 +345,7 @@ class SessionRegistry {
   std::atomic<uint64_t> objects_{0};
   std::atomic<uint64_t> enqueue_pauses_{0};
   std::atomic<uint64_t> enqueue_yields_{0};
-  std::atomic<uint64_t> long_lane_graphs_{0};
+  std::atomic<uint64_t> long_lane_turns_{0};
   LaunchRoom launch_room_;
 
   mutable Mutex mu_;

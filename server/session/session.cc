@@ -213,8 +213,9 @@ bool Session::ReserveStaging(const SubmitRequest& request, InFlight& record) {
     case pool::StagingArea::Outcome::kWaitOwn:
       // The session holds its share of staging (half): its own earlier submits free it as
       // they complete. It waits for them however long they run: the direct path would hold
-      // an executor thread for as long (the copy waits for its stream's earlier work), and
-      // only its own later submits wait behind.
+      // a thread for as long (the copy waits for its stream's earlier work; a long-lane
+      // thread, see LaneFor, or an executor thread where there is no long lane), and only
+      // its own later submits wait behind.
       awaiting_staging_ = true;
       return false;
     case pool::StagingArea::Outcome::kNever:
@@ -454,9 +455,9 @@ Status Session::EnqueueOps(InFlight& record, EnqueueWork& work) {
     }
     // Between ops outside any batch, the enqueue may stop, to go on later.
     if (i >= batch_end && !run_batch_) {
-      // A large recording's EndGraph (its instantiation) goes to the long lane, and what
-      // follows it back to the shared one (see kLongGraphOps).
-      if (const Lane lane = LaneFor(ops[i]); lane != here) {
+      // Work that may hold its thread for long goes to the long lane, and what follows it
+      // back to the shared one (LaneFor).
+      if (const Lane lane = LaneFor(ops[i], record, i); lane != here) {
         YieldEnqueue(work, i, lane);
         return Status::Ok();
       }
@@ -523,10 +524,21 @@ Status Session::EnqueueOps(InFlight& record, EnqueueWork& work) {
   return Status::Ok();
 }
 
-Session::Lane Session::LaneFor(const Op& op) const {
-  const bool long_end = std::holds_alternative<EndGraphOp>(op) && capturing_ &&
-                        capture_ops_ > kLongGraphOps && executor_.has_long_lane();
-  return long_end ? Lane::kLong : Lane::kShared;
+Session::Lane Session::LaneFor(const Op& op, const InFlight& record, size_t index) const {
+  if (!executor_.has_long_lane()) return Lane::kShared;
+  if (std::holds_alternative<EndGraphOp>(op)) {
+    return capturing_ && capture_ops_ > kLongGraphOps ? Lane::kLong : Lane::kShared;
+  }
+  // An inline transfer without staging ranges (the direct path) copies between the device
+  // and the message's own, pageable memory.
+  const bool staged = index < record.staged_ops.size() && !record.staged_ops[index].empty();
+  if (const auto* up = std::get_if<UploadOp>(&op)) {
+    return !up->data.empty() && !staged ? Lane::kLong : Lane::kShared;
+  }
+  if (const auto* down = std::get_if<DownloadOp>(&op)) {
+    return down->length > 0 && !staged ? Lane::kLong : Lane::kShared;
+  }
+  return Lane::kShared;
 }
 
 Session::Lane Session::CurrentLane() const {
@@ -538,9 +550,9 @@ void Session::YieldEnqueue(EnqueueWork& work, size_t next, Lane lane) {
   work.paused = true;
   if (continue_posted_) return;  // a ContinueEnqueue already queued yields again if it must
   continue_posted_ = true;
-  if (lane == Lane::kLong) registry_->CountLongLaneGraph();
+  if (lane == Lane::kLong) registry_->CountLongLaneTurn();
   executor_.Yield([self = shared_from_this()] { self->ContinueEnqueue(); },
-                  lane == Lane::kLong ? "graph instantiation" : "enqueue continues", lane);
+                  lane == Lane::kLong ? "long-lane enqueue" : "enqueue continues", lane);
 }
 
 void Session::ReleaseUnenqueued(EnqueueWork& work, bool device_gone) {
@@ -685,7 +697,7 @@ void Session::ContinueEnqueue() {
   Status s = EnqueueOps(*record, work);
   if (work.paused) return;  // still no room: the next completion posts this again
   if (!s.ok() && record->status.ok()) record->status = std::move(s);
-  if (CurrentLane() == Lane::kLong) {  // the instantiation was the last op: end on the shared lane
+  if (CurrentLane() == Lane::kLong) {  // the long-lane op was the last: end on the shared lane
     YieldEnqueue(work, work.ops.size(), Lane::kShared);
     return;
   }

@@ -183,8 +183,8 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   // slices and takes about as long as the graph is big (CUDA: about 12 s for a capture and
   // instantiation of 2^20 ops, 262144 being session-max-graph-ops' default), and a long-lane
   // thread is one no other session's work waits for. A smaller graph's takes about a slice
-  // and stays on the shared lane, without the two thread hand-overs. The ops after the EndGraph
-  // go on on the shared lane; the session's functions still run one at a time, in order.
+  // and stays on the shared lane, without the two thread hand-overs. (LaneFor: the long
+  // lane also takes the direct path's copies.)
   static constexpr uint64_t kLongGraphOps = 1024;
 
   /// Create a session on the supervised device. Fails with QUOTA_EXCEEDED when the daemon
@@ -338,9 +338,13 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   // the slice is over, or the next op is for the other lane.
   Status EnqueueOps(InFlight& record, EnqueueWork& work);
   using Lane = SerialExecutor::Lane;
-  // The lane op `op` is enqueued on: kLong for the EndGraph of a recording of more than
-  // kLongGraphOps ops where the executor has a long lane; kShared for any other.
-  Lane LaneFor(const Op& op) const;
+  // The lane op `op` (op `index` of `record`) is enqueued on, where the executor has a long
+  // lane: kLong for work that may hold its thread for long, which no slice cuts: the EndGraph
+  // of a recording of more than kLongGraphOps ops, and an inline Upload or Download without
+  // staging ranges (the direct path: a copy between the device and pageable memory, which
+  // may wait for the stream's earlier work, CUDA). kShared for any other op. The ops after a
+  // long-lane op go on on the shared lane; the session's functions still run one at a time.
+  Lane LaneFor(const Op& op, const InFlight& record, size_t index) const;
   Lane CurrentLane() const;  // the lane this executor function runs on
   // Stop the enqueue before op `next` (paused), to go on (ContinueEnqueue) on `lane` after
   // what the executor has queued.

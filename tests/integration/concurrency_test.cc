@@ -389,7 +389,7 @@ TEST(ConcurrencyTest, AGraphRecordedInSlicesReplaysEveryOpWhileOthersWork) {
   const std::string body = testing::ResponseBody(testing::Scrape(testing::MetricsEndpoint(d)));
   EXPECT_GT(testing::Value(body, "ferry_enqueue_yields_total"), 0)
       << "recording 2^17 ops took less than one slice";
-  EXPECT_EQ(testing::Value(body, "ferry_long_lane_graphs_total"), 1)
+  EXPECT_GE(testing::Value(body, "ferry_long_lane_turns_total"), 1)
       << "the graph of 2^17 ops was not instantiated on the long lane";
   std::printf("the other session ran %d rounds while the graph was recorded\n", other_rounds);
   EXPECT_TRUE(s->close().ok());

@@ -15,6 +15,7 @@
 #include "ferry/client.h"
 #include "ferry/v1/session.grpc.pb.h"
 #include "ferryd_process.h"
+#include "metrics_scrape.h"
 #include "other_user.h"
 #include "raw_protocol.h"
 
@@ -726,9 +727,11 @@ TEST(PendingTest, ARemoteDownloadLargerThanASlabIsStagedInRanges) {
   EXPECT_EQ(end.staging_bytes_in_use(), 0u);
 }
 
+// Without staging, a remote session's inline transfers copy between the device and the
+// messages' memory (the direct path), on the long lane (no executor thread waits with them).
 TEST(PendingTest, NoStagingSlabsMeansDirectRemoteTransfers) {
   auto args = SmallPool();
-  args.insert(args.end(), {"--staging-slabs", "0"});
+  args.insert(args.end(), {"--staging-slabs", "0", "--metrics-listen", "127.0.0.1:0"});
   FerrydProcess d(args, /*tcp=*/true);
   ASSERT_TRUE(d.ok());
   Session s = Open(d.tcp_target());
@@ -737,6 +740,9 @@ TEST(PendingTest, NoStagingSlabsMeansDirectRemoteTransfers) {
   auto end = d.WaitIdle();
   EXPECT_EQ(end.staging_slabs(), 0u);
   EXPECT_EQ(end.staged_bytes_total(), 0u);
+  const std::string body = testing::ResponseBody(testing::Scrape(testing::MetricsEndpoint(d)));
+  EXPECT_GT(testing::Value(body, "ferry_long_lane_turns_total"), 0)
+      << "the direct copies were not made on the long lane";
 }
 
 TEST(PendingTest, PinnedBuffersBeyondTheSessionQuotaAreQuotaExceeded) {

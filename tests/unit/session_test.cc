@@ -583,7 +583,10 @@ TEST_F(SessionTest, ALargeGraphIsInstantiatedOnTheLongLane) {
   EXPECT_TRUE(SubmitAndWait(other, 1, {CreateTensorOp{1, DType::kF64, {4}}, FillOp{1, 1.0}}).ok())
       << "another session waited for the long lane";
   ASSERT_EQ(long_lane_.run_one_for(kTimeout), 1u) << "nothing went to the long lane";
-  EXPECT_EQ(registry_->long_lane_graphs(), 1u);
+  // The download goes there too: this session has no staging, so it is a direct copy
+  // (InlineTransfersWithoutStagingGoToTheLongLane).
+  ASSERT_EQ(long_lane_.run_one_for(kTimeout), 1u) << "the download did not go to the long lane";
+  EXPECT_EQ(registry_->long_lane_turns(), 2u);
   ASSERT_TRUE(c.events->WaitForCompletions(2));
   ASSERT_TRUE(c.events->CompletionOf(2).ok()) << c.events->CompletionOf(2).ToString();
   EXPECT_EQ(Decode<double>(c.events->Downloaded(2, Session::kLongGraphOps + 4)),
@@ -594,6 +597,26 @@ TEST_F(SessionTest, ALargeGraphIsInstantiatedOnTheLongLane) {
   small.front() = BeginGraphOp{8};
   ASSERT_TRUE(SubmitAndWait(c, 3, std::move(small)).ok());
   EXPECT_EQ(long_lane_.poll(), 0u) << "a small graph went to the long lane";
+}
+
+// An inline transfer without staging ranges (the direct path: here no staging at all) copies
+// between the device and the message's own memory, which on CUDA may wait for the stream's
+// earlier work: it goes to the long lane, the upload and the download after it together in
+// one turn, and the submit completes once the long lane has run them.
+TEST_F(SessionTest, InlineTransfersWithoutStagingGoToTheLongLane) {
+  Client c = Open({}, &long_lane_);
+  ASSERT_TRUE(SubmitAndWait(c, 1, {CreateTensorOp{1, DType::kF64, {4}}}).ok());
+  std::shared_ptr<const std::string> bytes = Encode(std::vector<double>{1, 2, 3, 4});
+  Submit(c, 2, {UploadOp{1, 0, *bytes}, DownloadOp{1, 0, 32}, FillOp{1, 0.0}}, bytes);
+  EXPECT_FALSE(c.events->WaitUntil(
+      [](const auto& ev) { return CountOf(ev, Event::Kind::kCompleted) >= 2; }, milliseconds(200)))
+      << "the transfers were made without the long lane";
+  ASSERT_EQ(long_lane_.run_one_for(kTimeout), 1u) << "nothing went to the long lane";
+  EXPECT_EQ(registry_->long_lane_turns(), 1u) << "the upload and the download took two turns";
+  ASSERT_TRUE(c.events->WaitForCompletions(2));
+  ASSERT_TRUE(c.events->CompletionOf(2).ok()) << c.events->CompletionOf(2).ToString();
+  EXPECT_EQ(Decode<double>(c.events->Downloaded(2, 1)), (std::vector<double>{1, 2, 3, 4}));
+  EXPECT_EQ(long_lane_.poll(), 0u) << "the fill went to the long lane too";
 }
 
 // A client that goes away while its large graph waits for the long lane: the abort reaches
