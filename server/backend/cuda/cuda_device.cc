@@ -454,6 +454,10 @@ class StreamMaker {
   static constexpr size_t kMaxRetired = 64;
   static constexpr size_t kCublasAhead = 2;
 
+  // What the loop makes next: streams first, then cuBLAS handles.
+  bool StreamWanted() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !failed_ && ready_.size() < ahead_;
+  }
   bool CublasWanted() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return cublas_api_ != nullptr && !cublas_failed_ && cublas_ready_.size() < kCublasAhead;
   }
@@ -468,8 +472,7 @@ class StreamMaker {
     while (true) {
       cv_.Wait(&mu_, [&] {
         mu_.AssertHeld();
-        return stopping_ || !retired_.empty() || (!failed_ && ready_.size() < ahead_) ||
-               CublasWanted();
+        return stopping_ || !retired_.empty() || StreamWanted() || CublasWanted();
       });
       if (stopping_) return;
       if (!retired_.empty()) {
@@ -480,7 +483,7 @@ class StreamMaker {
         lock.Lock();
         continue;
       }
-      if (failed_ || ready_.size() >= ahead_) {  // then a cuBLAS handle is wanted
+      if (!StreamWanted()) {  // then a cuBLAS handle is wanted
         const CublasApi* api = cublas_api_;
         lock.Unlock();
         cublasHandle_t handle = nullptr;
