@@ -93,8 +93,9 @@ int main(int argc, char** argv) {
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ ferryd[%P] %v");
   if (!config.config_path.empty()) spdlog::info("configuration read from {}", config.config_path);
 
-  // Each CUDA C++ compile holds a session executor thread while it runs: however many are
-  // allowed, one executor thread stays for the other sessions.
+  // Each CUDA C++ compile holds a long-lane thread while it runs (a submit that loads a
+  // module starts there; there are as many as executor threads): however many are allowed,
+  // one stays for the other sessions' long work (large graphs, direct copies).
   {
     const int executors = ferry::ExecutorThreadCount(config.daemon.executor_threads);
     const int wanted = config.cuda.nvrtc_concurrency > 0

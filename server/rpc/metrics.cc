@@ -340,9 +340,10 @@ std::string RenderMetrics(const SessionServiceContext& c,
            "on after other sessions' queued work, since start.",
            c.parts.registry->enqueue_yields());
   e.Metric("ferry_long_lane_turns_total", "counter",
-           "Times a session's enqueue went on on the long lane (threads no other session's "
+           "Times a session's work went on on the long lane (threads no other session's "
            "work waits for) for work no slice cuts: a graph of more than 1024 recorded ops "
-           "instantiated, or inline transfers copied without staging, since start.",
+           "instantiated, inline transfers copied without staging, or a submit that loads a "
+           "module started, since start.",
            c.parts.registry->long_lane_turns());
   session::CopyTurns::Stats turns;
   if (c.parts.copy_turns) turns = c.parts.copy_turns->stats();

@@ -311,8 +311,8 @@ class SessionRegistry {
   /// A session's submit stopped enqueueing at the end of a slice (Session::kEnqueueSlice).
   void CountEnqueueYield() { enqueue_yields_.fetch_add(1, std::memory_order_relaxed); }
   uint64_t enqueue_yields() const { return enqueue_yields_.load(std::memory_order_relaxed); }
-  /// A session's enqueue went to its long lane (Session::LaneFor: a large graph's
-  /// instantiation, direct-path copies).
+  /// A session's work went to its long lane (Session::LaneFor: a large graph's
+  /// instantiation, direct-path copies; Session::StartLane: a module load).
   void CountLongLaneTurn() { long_lane_turns_.fetch_add(1, std::memory_order_relaxed); }
   uint64_t long_lane_turns() const { return long_lane_turns_.load(std::memory_order_relaxed); }
 

@@ -110,8 +110,11 @@ void Session::Submit(SubmitRequest request) {
     // connection hands such messages to the io threads, but one that was held for the
     // sequencer or backpressure can reach here from a quick one's handling. It parks, and
     // an io thread starts it (ResumeParked); the session's later submits wait behind it.
+    // One that loads a module is started on the long lane (StartLane).
+    const Lane start_lane = StartLane(request.ops);
     const bool start_elsewhere =
-        SerialExecutor::RunningOnCallersThread() && !IsQuickSubmit(request.ops);
+        (SerialExecutor::RunningOnCallersThread() && !IsQuickSubmit(request.ops)) ||
+        start_lane != CurrentLane();
     if (start_elsewhere) waits_for_turns = false;
     if (parked_ == 0 && !enqueue_paused() && !start_elsewhere &&
         (needs == CopyTurns::kNone || turns_->TryTake(needs, TurnsIdentity()))) {
@@ -126,7 +129,7 @@ void Session::Submit(SubmitRequest request) {
       // The first parked submit is one whose turn was not free: queue for it.
       AwaitTurns(needs);
     }
-    if (record.parked && parked_ == 1 && start_elsewhere) PostResumeParked();
+    if (record.parked && parked_ == 1 && start_elsewhere) PostResumeParked(start_lane);
   }
   queue_.push_back(std::move(record));
   counters_->submits_in_flight = queue_.size();
@@ -251,17 +254,29 @@ void Session::OnTurnsGranted() {
   ResumeParked(granted);
 }
 
-void Session::PostResumeParked() {
-  if (resume_posted_) return;
+void Session::PostResumeParked(Lane lane) {
+  if (resume_posted_) return;  // ResumeParked, when it runs, goes to the lane its submit needs
   resume_posted_ = true;
-  executor_.Post(
-      [self = shared_from_this()] {
-        self->resume_posted_ = false;
-        if (self->awaiting_turns_ == CopyTurns::kNone && !self->awaiting_staging_) {
-          self->ResumeParked(CopyTurns::kNone);
-        }
-      },
-      "parked submits");
+  auto resume = [self = shared_from_this()] {
+    self->resume_posted_ = false;
+    if (self->awaiting_turns_ == CopyTurns::kNone && !self->awaiting_staging_) {
+      self->ResumeParked(CopyTurns::kNone);
+    }
+  };
+  if (lane == Lane::kLong) {
+    registry_->CountLongLaneTurn();
+    executor_.Yield(std::move(resume), "parked submits (long lane)", Lane::kLong);
+  } else {
+    executor_.Post(std::move(resume), "parked submits");
+  }
+}
+
+SerialExecutor::Lane Session::StartLane(const std::vector<Op>& ops) const {
+  if (!executor_.has_long_lane()) return Lane::kShared;
+  const bool loads = std::any_of(ops.begin(), ops.end(), [](const Op& op) {
+    return std::holds_alternative<LoadModuleOp>(op);
+  });
+  return loads ? Lane::kLong : Lane::kShared;
 }
 
 bool IsQuickSubmit(const std::vector<Op>& ops) {
@@ -282,7 +297,7 @@ void Session::ResumeParked(uint8_t granted) {
       PostResumeParked();  // not on a caller's thread (Submit): an io thread starts it
       break;
     }
-    // A submit that waited for staging holds its turns already.
+    // A submit that waited for staging, or for its lane, holds its turns already.
     const bool has_turns = r.turns_needed == CopyTurns::kNone || r.turns_held != CopyTurns::kNone;
     if (!has_turns) {
       if (granted == CopyTurns::kNone && !turns_->TryTake(r.turns_needed, TurnsIdentity())) {
@@ -291,6 +306,10 @@ void Session::ResumeParked(uint8_t granted) {
       }
       r.turns_held = granted != CopyTurns::kNone ? granted : r.turns_needed;
       granted = CopyTurns::kNone;  // the first parked submit holds the granted turns
+    }
+    if (const Lane lane = StartLane(r.request.ops); lane != CurrentLane()) {
+      PostResumeParked(lane);  // started on its lane, its turns held; those behind it wait
+      break;
     }
     if (!Start(r.request, r)) break;  // waits for staging (ReserveStaging), still parked
     r.parked = false;

@@ -320,9 +320,15 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   // until one must wait (for turns, or for staging).
   void ResumeParked(uint8_t granted);
   // Post ResumeParked to the io threads (once until it runs): the first parked submit may
-  // not be started on the thread that reached it.
-  void PostResumeParked();
+  // not be started on the thread that reached it. With Lane::kLong it runs on the long lane
+  // (from a function of the executor only: it yields to it).
+  void PostResumeParked(SerialExecutor::Lane lane = SerialExecutor::Lane::kShared);
   bool resume_posted_ = false;
+  // The lane a submit of `ops` is started on, where the executor has a long lane: kLong when
+  // it loads a module (its pre-pass compiles CUDA C++ or has the driver compile PTX, which
+  // takes up to seconds and is not cut into slices), else kShared. Its ops are then enqueued
+  // on the lanes LaneFor says.
+  SerialExecutor::Lane StartLane(const std::vector<Op>& ops) const;
   // Queue for the turns of the first parked submit; OnTurnsGranted follows on the executor.
   void AwaitTurns(uint8_t mask);
   // The identity whose weight (uid-weights) orders this session's turns.

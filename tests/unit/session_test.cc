@@ -619,6 +619,30 @@ TEST_F(SessionTest, InlineTransfersWithoutStagingGoToTheLongLane) {
   EXPECT_EQ(long_lane_.poll(), 0u) << "the fill went to the long lane too";
 }
 
+// A submit that loads a module (CUDA: a compile, up to seconds, before anything is enqueued)
+// is started on the long lane; the session's later submits wait behind it and start on the
+// shared lane again. (The host backend loads no module: the submit fails there, after the
+// long lane ran it.)
+TEST_F(SessionTest, ASubmitThatLoadsAModuleIsStartedOnTheLongLane) {
+  Client c = Open({}, &long_lane_);
+  Submit(c, 1, {LoadModuleOp{7, backend::ModuleFormat::kPtx, "x"}});
+  // Posted, not waited for: the strand runs it after the long-lane function.
+  auto second = std::make_shared<SubmitRequest>(
+      Request(2, {CreateTensorOp{1, DType::kF64, {4}}, FillOp{1, 2.0}}));
+  c.session->executor().Post([s = c.session, second] { s->Submit(std::move(*second)); });
+  EXPECT_FALSE(c.events->WaitUntil(
+      [](const auto& ev) { return CountOf(ev, Event::Kind::kCompleted) >= 1; }, milliseconds(200)))
+      << "the load was started without the long lane, or the submit behind it passed it";
+  ASSERT_EQ(long_lane_.run_one_for(kTimeout), 1u) << "nothing went to the long lane";
+  EXPECT_EQ(registry_->long_lane_turns(), 1u);
+  ASSERT_TRUE(c.events->WaitForCompletions(2));
+  std::vector<Event> done = c.events->completions();
+  EXPECT_EQ(done[0].id, 1u);
+  EXPECT_EQ(done[0].status.kind(), ErrorKind::kUnsupported) << done[0].status.ToString();
+  EXPECT_TRUE(done[1].status.ok()) << done[1].status.ToString();
+  EXPECT_EQ(long_lane_.poll(), 0u) << "the submit behind it went to the long lane";
+}
+
 // A client that goes away while its large graph waits for the long lane: the abort reaches
 // the strand behind the instantiation (one function at a time, in order), and once the long
 // lane has run it, the graph and everything else are released.
