@@ -707,8 +707,9 @@ means true; --allow-insecure-remote and --allow-remote-raw-kernels also take =tr
                              closed; clients reconnect when they next call, 0..86400000
                              (default 60000; 0: gRPC's, no idle limit and 120 s handshakes)
   --executor-threads N       session executor threads (default: a quarter of the cores,
-                             at least 2); as many long-lane threads come with them, where
-                             large graphs are instantiated
+                             at least 2); as many long-lane threads come with them, for
+                             long work: large graphs' instantiations, module loads,
+                             inline transfers without staging
   --cuda-work-queues N       hardware work queues of the CUDA context, 1..32 (default 0:
                              CUDA's, 8); fewer save host memory (docs/operations.md)
   --cuda-module-loading MODE eager: every kernel is loaded when the CUDA context is made

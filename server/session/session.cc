@@ -129,7 +129,10 @@ void Session::Submit(SubmitRequest request) {
       // The first parked submit is one whose turn was not free: queue for it.
       AwaitTurns(needs);
     }
-    if (record.parked && parked_ == 1 && start_elsewhere) PostResumeParked(start_lane);
+    // Behind a paused enqueue, ContinueEnqueue resumes it (no hop to a lane to find that).
+    if (record.parked && parked_ == 1 && start_elsewhere && !enqueue_paused()) {
+      PostResumeParked(start_lane);
+    }
   }
   queue_.push_back(std::move(record));
   counters_->submits_in_flight = queue_.size();
@@ -272,7 +275,8 @@ void Session::PostResumeParked(Lane lane) {
 }
 
 SerialExecutor::Lane Session::StartLane(const std::vector<Op>& ops) const {
-  if (!executor_.has_long_lane()) return Lane::kShared;
+  // A broken session's submit fails at once (Start): no hop for it.
+  if (!executor_.has_long_lane() || !broken_.ok()) return Lane::kShared;
   const bool loads = std::any_of(ops.begin(), ops.end(), [](const Op& op) {
     return std::holds_alternative<LoadModuleOp>(op);
   });
@@ -297,7 +301,18 @@ void Session::ResumeParked(uint8_t granted) {
       PostResumeParked();  // not on a caller's thread (Submit): an io thread starts it
       break;
     }
-    // A submit that waited for staging, or for its lane, holds its turns already.
+    if (const Lane lane = StartLane(r.request.ops); lane != CurrentLane()) {
+      // Started on its lane; those behind it wait. Turns granted to it go with it; it
+      // takes none before (they would be held while it waits for a long-lane thread).
+      if (granted != CopyTurns::kNone && r.turns_needed != CopyTurns::kNone &&
+          r.turns_held == CopyTurns::kNone) {
+        r.turns_held = std::exchange(granted, CopyTurns::kNone);
+      }
+      PostResumeParked(lane);
+      break;
+    }
+    // A submit that waited for staging holds its turns already (so may one granted them
+    // before its lane hand-over).
     const bool has_turns = r.turns_needed == CopyTurns::kNone || r.turns_held != CopyTurns::kNone;
     if (!has_turns) {
       if (granted == CopyTurns::kNone && !turns_->TryTake(r.turns_needed, TurnsIdentity())) {
@@ -306,10 +321,6 @@ void Session::ResumeParked(uint8_t granted) {
       }
       r.turns_held = granted != CopyTurns::kNone ? granted : r.turns_needed;
       granted = CopyTurns::kNone;  // the first parked submit holds the granted turns
-    }
-    if (const Lane lane = StartLane(r.request.ops); lane != CurrentLane()) {
-      PostResumeParked(lane);  // started on its lane, its turns held; those behind it wait
-      break;
     }
     if (!Start(r.request, r)) break;  // waits for staging (ReserveStaging), still parked
     r.parked = false;
@@ -663,7 +674,9 @@ bool Session::RoomForCommands(uint64_t commands) {
                 self->awaiting_launch_room_ = false;
                 self->launch_room_held_ += commands;
                 self->ContinueEnqueue();
-                self->GiveBackHeldRoom();  // what the continuation did not use
+                // What the continuation did not use; unless it yielded (to the other lane, or
+                // at its slice's end) before the op the room is for: kept for that op.
+                if (!self->continue_posted_) self->GiveBackHeldRoom();
               },
               "launch room");
           return true;
@@ -710,7 +723,10 @@ Session::InFlight* Session::PausedRecord() {
 void Session::ContinueEnqueue() {
   continue_posted_ = false;
   InFlight* record = PausedRecord();
-  if (record == nullptr) return;
+  if (record == nullptr) {  // abandoned meanwhile (abort, device loss)
+    GiveBackHeldRoom();
+    return;
+  }
   EnqueueWork& work = *record->paused;
   work.paused = false;
   Status s = EnqueueOps(*record, work);
@@ -721,6 +737,7 @@ void Session::ContinueEnqueue() {
     return;
   }
   record->paused.reset();
+  GiveBackHeldRoom();  // room held for an op of it that did not need it (it failed first)
   EndEnqueue(*record);
   SettleObjects();
   ResumeParked(CopyTurns::kNone);  // the submits that waited behind it; delivers

@@ -295,6 +295,7 @@ TEST(SerialExecutorLaneTest, AFunctionYieldedToTheLongLaneRunsThereInItsPlace) {
       << "the yielded function ran on the shared lane";
   EXPECT_EQ(long_lane.run(), 1u);
   ex.Post([&] { order.push_back(ex.running_on_long_lane() ? "c on the long lane" : "c"); });
+  long_lane.restart();  // it ran out of work above, which stops it
   EXPECT_EQ(long_lane.run(), 0u) << "a later function went to the long lane";
   io.restart();
   io.run();
@@ -325,12 +326,15 @@ TEST(SerialExecutorLaneTest, WhileALongLaneFunctionRunsOthersUseTheSharedThreads
         },
         "test", SerialExecutor::Lane::kLong);
   });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!long_running && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+  ASSERT_TRUE(long_running) << "the long-lane function never ran";
+  // Both posted while the long-lane function runs: the executor's own waits behind it (it
+  // must not run beside it), the other executor's needs the shared thread meanwhile.
   ex.Post([&] {
     if (long_running) overlapped = true;
     after_ran.set_value();
   });
-  // Posted once the long-lane function runs, so that it needs the shared thread meanwhile.
-  while (!long_running) std::this_thread::yield();
   other.Post([&] { other_ran.set_value(); });
   EXPECT_EQ(long_done.get_future().wait_for(std::chrono::seconds(10)), std::future_status::ready);
   EXPECT_EQ(after_ran.get_future().wait_for(std::chrono::seconds(10)), std::future_status::ready);

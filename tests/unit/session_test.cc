@@ -619,6 +619,29 @@ TEST_F(SessionTest, InlineTransfersWithoutStagingGoToTheLongLane) {
   EXPECT_EQ(long_lane_.poll(), 0u) << "the fill went to the long lane too";
 }
 
+// A direct copy that waited for the daemon's launch room on the long lane: the room, once
+// taken for it, is kept while its enqueue goes back to the long lane (a wake-up runs on the
+// shared lane), not given back there to be asked for again behind every other waiter.
+TEST_F(SessionTest, LaunchRoomTakenForALongLaneOpIsKeptAcrossTheHandOver) {
+  LaunchRoom& room = registry_->launch_room();
+  room.SetLimit(4);
+  ASSERT_TRUE(room.TryTake(4, nullptr));  // others' commands fill the room
+  Client c = Open({}, &long_lane_);
+  ASSERT_TRUE(SubmitAndWait(c, 1, {CreateTensorOp{1, DType::kF64, {4}}}).ok());
+  std::shared_ptr<const std::string> bytes = Encode(std::vector<double>{1, 2, 3, 4});
+  Submit(c, 2, {UploadOp{1, 0, *bytes}, DownloadOp{1, 0, 32}}, bytes);
+  ASSERT_EQ(long_lane_.run_one_for(kTimeout), 1u);  // no room there: it waits for the room
+  EXPECT_EQ(room.queued(), 4u);
+  room.Give(4, nullptr);  // the room wakes it on the shared lane, which hands it over again
+  ASSERT_TRUE(WaitUntil([this] { return registry_->long_lane_turns() == 2; }));
+  EXPECT_EQ(room.queued(), 1u) << "the room taken for the upload was given back";
+  ASSERT_EQ(long_lane_.run_one_for(kTimeout), 1u);
+  ASSERT_TRUE(c.events->WaitForCompletions(2));
+  ASSERT_TRUE(c.events->CompletionOf(2).ok()) << c.events->CompletionOf(2).ToString();
+  EXPECT_EQ(Decode<double>(c.events->Downloaded(2, 1)), (std::vector<double>{1, 2, 3, 4}));
+  EXPECT_TRUE(WaitUntil([&room] { return room.queued() == 0; }));
+}
+
 // A submit that loads a module (CUDA: a compile, up to seconds, before anything is enqueued)
 // is started on the long lane; the session's later submits wait behind it and start on the
 // shared lane again. (The host backend loads no module: the submit fails there, after the
