@@ -145,7 +145,8 @@ TEST_F(SlabBadInputTest, RangesOfAHeldSlabAreCheckedTyped) {
   };
   for (const Case& c : cases) {
     // A create before the bad op: the refusal is whole, the create never happens.
-    ASSERT_TRUE(raw.Submit(++sub, {Create(50 + sub, v1::DTYPE_U8, {4}), c.op}));
+    ++sub;
+    ASSERT_TRUE(raw.Submit(sub, {Create(50 + sub, v1::DTYPE_U8, {4}), c.op}));
     v1::Error e = raw.Completion(sub);
     EXPECT_EQ(e.kind(), c.kind) << c.what << ": " << e.message();
     EXPECT_EQ(e.op_index(), 1) << c.what;
