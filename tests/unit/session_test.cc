@@ -290,6 +290,17 @@ class SessionTest : public ::testing::Test {
     return record;
   }
 
+  /// After an Abort that followed submit 1's completion, once the session is gone: no device
+  /// bytes, nothing reserved, no session listed, and no event but submit 1's completion.
+  void ExpectAllReleasedAfterAbort(const Client& c) {
+    EXPECT_EQ(supervisor_->bytes_in_use(), 0u);
+    EXPECT_EQ(reserved(), 0u);
+    EXPECT_TRUE(registry_->List().empty());
+    std::vector<Event> events = c.events->events();
+    ASSERT_EQ(events.size(), 1u) << "only the completion of submit 1, from before the Abort";
+    EXPECT_EQ(events[0].id, 1u);
+  }
+
   /// Close and wait for OnClosed; return the stats it reported.
   SessionStatsSnapshot CloseAndWait(const Client& c) {
     EXPECT_TRUE(OnStrand(c.session->executor(), [&c] { c.session->Close(); }));
@@ -556,12 +567,7 @@ TEST_F(SessionTest, AnAbortWhileAGraphRecordingIsPausedDropsItAndReleasesEveryth
   }));
   ASSERT_TRUE(paused) << "the recording fit in one slice";
   ASSERT_TRUE(WaitUntil([this] { return registry_->Totals().sessions_open == 0; }));
-  EXPECT_EQ(supervisor_->bytes_in_use(), 0u);
-  EXPECT_EQ(reserved(), 0u);
-  EXPECT_TRUE(registry_->List().empty());
-  std::vector<Event> events = c.events->events();
-  ASSERT_EQ(events.size(), 1u) << "only the completion of submit 1, from before the Abort";
-  EXPECT_EQ(events[0].id, 1u);
+  ExpectAllReleasedAfterAbort(c);
 }
 
 // A graph of more than kLongGraphOps recorded ops is instantiated on the executor's long
@@ -681,12 +687,7 @@ TEST_F(SessionTest, AnAbortWhileALargeGraphWaitsForTheLongLaneReleasesEverything
     long_lane_.run_one_for(milliseconds(10));
   }
   ASSERT_EQ(registry_->Totals().sessions_open, 0u) << "the session never finished closing";
-  EXPECT_EQ(supervisor_->bytes_in_use(), 0u);
-  EXPECT_EQ(reserved(), 0u);
-  EXPECT_TRUE(registry_->List().empty());
-  std::vector<Event> events = c.events->events();
-  ASSERT_EQ(events.size(), 1u) << "only the completion of submit 1, from before the Abort";
-  EXPECT_EQ(events[0].id, 1u);
+  ExpectAllReleasedAfterAbort(c);
 }
 
 // The slice is the executor turn's, not each submit's: a submit enqueued late in a turn that
