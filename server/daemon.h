@@ -161,10 +161,11 @@ class Daemon {
   std::unique_ptr<rpc::SessionlessStreams> unauthenticated_streams_;
   boost::asio::io_context io_;
   std::unique_ptr<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> work_;
-  // The sessions' long lane (session::SerialExecutor: a large graph's instantiation).
-  boost::asio::io_context long_lane_;
+  // The sessions' long lane (session::LongLane, its threads run long_lane_io_).
+  boost::asio::io_context long_lane_io_;
   std::unique_ptr<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>>
       long_lane_work_;
+  std::unique_ptr<session::LongLane> long_lane_;
   std::vector<std::thread> threads_;  // the executor threads and the long lane's
   std::unique_ptr<rpc::SessionServiceContext> context_;
   // Local sessions' submit rings; may be null. Declared after the io_context and the context

@@ -345,6 +345,10 @@ std::string RenderMetrics(const SessionServiceContext& c,
            "instantiated, inline transfers copied without staging, or a submit that loads a "
            "module started, since start.",
            c.parts.registry->long_lane_turns());
+  e.Metric("ferry_long_lane_waiting", "gauge",
+           "Long-lane work waiting now for a long-lane thread, or for its identity's turn (one "
+           "identity runs at most the long-lane threads less one at once).",
+           c.parts.long_lane ? c.parts.long_lane->waiting() : 0);
   session::CopyTurns::Stats turns;
   if (c.parts.copy_turns) turns = c.parts.copy_turns->stats();
   e.Metric("ferry_copy_turn_waits_total", "counter",

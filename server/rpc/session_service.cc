@@ -76,7 +76,7 @@ class SessionConnection : public session::SessionEvents,
   SessionConnection(SessionServiceContext* context, Reactor* reactor, session::PeerIdentity peer,
                     SessionlessStreams::Ticket sessionless, grpc::CallbackServerContext* call)
       : context_(context),
-        executor_(*context->parts.io, context->parts.long_lane),
+        executor_(*context->parts.io, context->parts.long_lane, session::IdentityOf(peer)),
         reactor_(reactor),
         peer_(std::move(peer)),
         sessionless_(std::move(sessionless)) {

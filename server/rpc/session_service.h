@@ -97,9 +97,9 @@ struct DaemonParts {
   session::DeviceSupervisor* device = nullptr;
   session::SessionRegistry* registry = nullptr;
   boost::asio::io_context* io = nullptr;
-  /// The sessions' long lane (session::SerialExecutor): threads no session's other work waits
-  /// for, where a large graph is instantiated; may be null (none: such work runs on `io`).
-  boost::asio::io_context* long_lane = nullptr;
+  /// The sessions' long lane (session::LongLane): threads no session's other work waits for,
+  /// for work no slice cuts; may be null (none: such work runs on `io`).
+  session::LongLane* long_lane = nullptr;
   /// The shared-memory pool and its socket; null when the daemon has no local endpoint.
   pool::SlabPool* slab_pool = nullptr;
   pool::SlabBroker* slab_broker = nullptr;

@@ -8,8 +8,9 @@
 
 namespace ferry::session {
 
-SerialExecutor::SerialExecutor(boost::asio::io_context& io, boost::asio::io_context* long_lane)
-    : state_(std::make_shared<State>(io, long_lane)) {}
+SerialExecutor::SerialExecutor(boost::asio::io_context& io, LongLane* long_lane,
+                               std::string identity)
+    : state_(std::make_shared<State>(io, long_lane, std::move(identity))) {}
 
 void SerialExecutor::Post(std::function<void()> fn, const char* name) const {
   MutexLock lock(&state_->mu);
@@ -162,7 +163,7 @@ void SerialExecutor::ScheduleOrIdleLocked(const std::shared_ptr<State>& state) {
   }
   // Stays active.
   if (state->queue.front().long_lane) {
-    boost::asio::post(*state->long_lane, [state] { Drain(state, /*on_long_lane=*/true); });
+    state->long_lane->Post(state->identity, [state] { Drain(state, /*on_long_lane=*/true); });
   } else {
     boost::asio::post(state->io, [state] { Drain(state, /*on_long_lane=*/false); });
   }

@@ -22,8 +22,9 @@
 // function yielded to the long lane (Yield with Lane::kLong) runs on one of its threads, in
 // its place in the executor's order, so that work which holds its thread for long (CUDA: a
 // large graph's instantiation, seconds) never holds a thread every session needs; the
-// functions queued behind it run on the shared lane again. Without a long lane, kLong is
-// kShared.
+// functions queued behind it run on the shared lane again. The long lane is a LongLane, which
+// every executor shares, fair between identities: an executor names the identity its turns
+// there count for. Without a long lane, kLong is kShared.
 //
 // Contract: functions of one executor never run concurrently, whatever their lanes, and run
 // in the order they were accepted (a RunOrPost that finds the executor busy queues behind
@@ -37,9 +38,11 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 
 #include "ferry/mutex.h"
+#include "session/long_lane.h"
 
 namespace ferry::session {
 
@@ -48,9 +51,10 @@ class SerialExecutor {
   /// Which io_context runs a function: the shared one, or the long lane's (see above).
   enum class Lane : uint8_t { kShared, kLong };
 
-  /// `long_lane` (may be null: none) must outlive the executor, as `io` must.
-  explicit SerialExecutor(boost::asio::io_context& io,
-                          boost::asio::io_context* long_lane = nullptr);
+  /// `long_lane` (may be null: none) must outlive the executor, as `io` must; the executor's
+  /// turns there count for `identity` (LongLane).
+  explicit SerialExecutor(boost::asio::io_context& io, LongLane* long_lane = nullptr,
+                          std::string identity = {});
 
   /// Run `fn` later on one of the io_context's threads, after everything accepted before.
   /// `name` (a string literal, or null) names the handler in the log when it runs longer
@@ -112,10 +116,11 @@ class SerialExecutor {
     bool long_lane = false;      // runs on the long lane (only where there is one)
   };
   struct State {
-    State(boost::asio::io_context& io, boost::asio::io_context* long_lane)
-        : io(io), long_lane(long_lane) {}
+    State(boost::asio::io_context& io, LongLane* long_lane, std::string identity)
+        : io(io), long_lane(long_lane), identity(std::move(identity)) {}
     boost::asio::io_context& io;
-    boost::asio::io_context* const long_lane;  // null: none
+    LongLane* const long_lane;  // null: none
+    const std::string identity;
     Mutex mu;
     std::deque<Task> queue ABSL_GUARDED_BY(mu);
     // A thread runs or is scheduled to run the queue.

@@ -280,7 +280,8 @@ TEST(SerialExecutorYieldTest, FunctionsOfOneTurnShareItsStartAndAYieldStartsAnot
 // shared lane again.
 TEST(SerialExecutorLaneTest, AFunctionYieldedToTheLongLaneRunsThereInItsPlace) {
   boost::asio::io_context io, long_lane;  // each run by this thread, below
-  SerialExecutor ex(io, &long_lane);
+  LongLane lane(long_lane, 1);
+  SerialExecutor ex(io, &lane, "uid:1");
   ASSERT_TRUE(ex.has_long_lane());
   std::vector<std::string> order;
   ex.Post([&] {
@@ -310,7 +311,8 @@ TEST(SerialExecutorLaneTest, WhileALongLaneFunctionRunsOthersUseTheSharedThreads
   auto long_work = boost::asio::make_work_guard(long_lane);
   std::thread shared_thread([&] { io.run(); });  // the only shared-lane thread
   std::thread long_thread([&] { long_lane.run(); });
-  SerialExecutor ex(io, &long_lane), other(io);
+  LongLane lane(long_lane, 1);
+  SerialExecutor ex(io, &lane, "uid:1"), other(io);
   std::promise<void> other_ran, long_done, after_ran;
   std::atomic<bool> long_running{false}, overlapped{false};
   ex.Post([&] {

@@ -230,10 +230,10 @@ class SessionTest : public ::testing::Test {
   }
 
   /// Open a session on its own strand, with a recorder for its events; it takes copy turns
-  /// from turns_ when a test made one. With `long_lane` (a test's long_lane_, which the test
-  /// runs itself) the strand has a long lane.
-  Client Open(SessionConfig config = {}, boost::asio::io_context* long_lane = nullptr) {
-    Executor strand(io_, long_lane);
+  /// from turns_ when a test made one. With `long_lane` (a test's long_lane_, whose
+  /// io_context the test runs itself) the strand has a long lane.
+  Client Open(SessionConfig config = {}, LongLane* long_lane = nullptr) {
+    Executor strand(io_, long_lane, "uid:1000");
     auto events = std::make_unique<RecordingEvents>(strand);
     auto created =
         Session::Create(supervisor_.get(), registry_.get(), strand, config, "session_test",
@@ -328,11 +328,13 @@ class SessionTest : public ::testing::Test {
   boost::asio::io_context io_;
   boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work_ =
       boost::asio::make_work_guard(io_);
-  // A long lane no thread runs: a test that opens a session with it runs it (run_one_for), so
-  // it sees what goes there. A session whose strand waits for it runs nothing else meanwhile.
-  boost::asio::io_context long_lane_;
+  // A long lane no thread runs: a test that opens a session with it runs its io_context
+  // (run_one_for), so it sees what goes there. A session whose strand waits for it runs
+  // nothing else meanwhile.
+  boost::asio::io_context long_lane_io_;
   boost::asio::executor_work_guard<boost::asio::io_context::executor_type> long_lane_work_ =
-      boost::asio::make_work_guard(long_lane_);  // run_one_for waits for what comes
+      boost::asio::make_work_guard(long_lane_io_);  // run_one_for waits for what comes
+  LongLane long_lane_{long_lane_io_, 1};
   std::vector<std::thread> threads_;
   std::vector<std::unique_ptr<RecordingEvents>> events_;
   std::vector<std::shared_ptr<Session>> sessions_;
@@ -588,10 +590,10 @@ TEST_F(SessionTest, ALargeGraphIsInstantiatedOnTheLongLane) {
   Client other = Open();
   EXPECT_TRUE(SubmitAndWait(other, 1, {CreateTensorOp{1, DType::kF64, {4}}, FillOp{1, 1.0}}).ok())
       << "another session waited for the long lane";
-  ASSERT_EQ(long_lane_.run_one_for(kTimeout), 1u) << "nothing went to the long lane";
+  ASSERT_EQ(long_lane_io_.run_one_for(kTimeout), 1u) << "nothing went to the long lane";
   // The download goes there too: this session has no staging, so it is a direct copy
   // (InlineTransfersWithoutStagingGoToTheLongLane).
-  ASSERT_EQ(long_lane_.run_one_for(kTimeout), 1u) << "the download did not go to the long lane";
+  ASSERT_EQ(long_lane_io_.run_one_for(kTimeout), 1u) << "the download did not go to the long lane";
   EXPECT_EQ(registry_->long_lane_turns(), 2u);
   ASSERT_TRUE(c.events->WaitForCompletions(2));
   ASSERT_TRUE(c.events->CompletionOf(2).ok()) << c.events->CompletionOf(2).ToString();
@@ -602,7 +604,7 @@ TEST_F(SessionTest, ALargeGraphIsInstantiatedOnTheLongLane) {
   std::vector<Op> small = RecordAdds(Session::kLongGraphOps);
   small.front() = BeginGraphOp{8};
   ASSERT_TRUE(SubmitAndWait(c, 3, std::move(small)).ok());
-  EXPECT_EQ(long_lane_.poll(), 0u) << "a small graph went to the long lane";
+  EXPECT_EQ(long_lane_io_.poll(), 0u) << "a small graph went to the long lane";
 }
 
 // An inline transfer without staging ranges (the direct path: here no staging at all) copies
@@ -617,12 +619,12 @@ TEST_F(SessionTest, InlineTransfersWithoutStagingGoToTheLongLane) {
   EXPECT_FALSE(c.events->WaitUntil(
       [](const auto& ev) { return CountOf(ev, Event::Kind::kCompleted) >= 2; }, milliseconds(200)))
       << "the transfers were made without the long lane";
-  ASSERT_EQ(long_lane_.run_one_for(kTimeout), 1u) << "nothing went to the long lane";
+  ASSERT_EQ(long_lane_io_.run_one_for(kTimeout), 1u) << "nothing went to the long lane";
   EXPECT_EQ(registry_->long_lane_turns(), 1u) << "the upload and the download took two turns";
   ASSERT_TRUE(c.events->WaitForCompletions(2));
   ASSERT_TRUE(c.events->CompletionOf(2).ok()) << c.events->CompletionOf(2).ToString();
   EXPECT_EQ(Decode<double>(c.events->Downloaded(2, 1)), (std::vector<double>{1, 2, 3, 4}));
-  EXPECT_EQ(long_lane_.poll(), 0u) << "the fill went to the long lane too";
+  EXPECT_EQ(long_lane_io_.poll(), 0u) << "the fill went to the long lane too";
 }
 
 // A direct copy that waited for the daemon's launch room on the long lane: the room, once
@@ -636,12 +638,12 @@ TEST_F(SessionTest, LaunchRoomTakenForALongLaneOpIsKeptAcrossTheHandOver) {
   ASSERT_TRUE(SubmitAndWait(c, 1, {CreateTensorOp{1, DType::kF64, {4}}}).ok());
   std::shared_ptr<const std::string> bytes = Encode(std::vector<double>{1, 2, 3, 4});
   Submit(c, 2, {UploadOp{1, 0, *bytes}, DownloadOp{1, 0, 32}}, bytes);
-  ASSERT_EQ(long_lane_.run_one_for(kTimeout), 1u);  // no room there: it waits for the room
+  ASSERT_EQ(long_lane_io_.run_one_for(kTimeout), 1u);  // no room there: it waits for the room
   EXPECT_EQ(room.queued(), 4u);
   room.Give(4, nullptr);  // the room wakes it on the shared lane, which hands it over again
   ASSERT_TRUE(WaitUntil([this] { return registry_->long_lane_turns() == 2; }));
   EXPECT_EQ(room.queued(), 1u) << "the room taken for the upload was given back";
-  ASSERT_EQ(long_lane_.run_one_for(kTimeout), 1u);
+  ASSERT_EQ(long_lane_io_.run_one_for(kTimeout), 1u);
   ASSERT_TRUE(c.events->WaitForCompletions(2));
   ASSERT_TRUE(c.events->CompletionOf(2).ok()) << c.events->CompletionOf(2).ToString();
   EXPECT_EQ(Decode<double>(c.events->Downloaded(2, 1)), (std::vector<double>{1, 2, 3, 4}));
@@ -662,14 +664,14 @@ TEST_F(SessionTest, ASubmitThatLoadsAModuleIsStartedOnTheLongLane) {
   EXPECT_FALSE(c.events->WaitUntil(
       [](const auto& ev) { return CountOf(ev, Event::Kind::kCompleted) >= 1; }, milliseconds(200)))
       << "the load was started without the long lane, or the submit behind it passed it";
-  ASSERT_EQ(long_lane_.run_one_for(kTimeout), 1u) << "nothing went to the long lane";
+  ASSERT_EQ(long_lane_io_.run_one_for(kTimeout), 1u) << "nothing went to the long lane";
   EXPECT_EQ(registry_->long_lane_turns(), 1u);
   ASSERT_TRUE(c.events->WaitForCompletions(2));
   std::vector<Event> done = c.events->completions();
   EXPECT_EQ(done[0].id, 1u);
   EXPECT_EQ(done[0].status.kind(), ErrorKind::kUnsupported) << done[0].status.ToString();
   EXPECT_TRUE(done[1].status.ok()) << done[1].status.ToString();
-  EXPECT_EQ(long_lane_.poll(), 0u) << "the submit behind it went to the long lane";
+  EXPECT_EQ(long_lane_io_.poll(), 0u) << "the submit behind it went to the long lane";
 }
 
 // A client that goes away while its large graph waits for the long lane: the abort reaches
@@ -684,7 +686,7 @@ TEST_F(SessionTest, AnAbortWhileALargeGraphWaitsForTheLongLaneReleasesEverything
   // checks that the EndGraph goes there).
   const auto deadline = std::chrono::steady_clock::now() + kTimeout;
   while (registry_->Totals().sessions_open > 0 && std::chrono::steady_clock::now() < deadline) {
-    long_lane_.run_one_for(milliseconds(10));
+    long_lane_io_.run_one_for(milliseconds(10));
   }
   ASSERT_EQ(registry_->Totals().sessions_open, 0u) << "the session never finished closing";
   ExpectAllReleasedAfterAbort(c);
