@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iterator>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include "ferry/client.h"
@@ -392,7 +393,20 @@ TEST(ConcurrencyTest, AGraphRecordedInSlicesReplaysEveryOpWhileOthersWork) {
   EXPECT_GE(testing::Value(body, "ferry_long_lane_turns_total"), 1)
       << "the graph of 2^17 ops was not instantiated on the long lane";
   std::printf("the other session ran %d rounds while the graph was recorded\n", other_rounds);
+  // The close releases the graph (CUDA: cudaGraphExecDestroy of 2^17 kernel nodes) on an
+  // executor thread: printed, with ferryd's slow-handler warnings, to see what it holds.
+  const auto close_start = std::chrono::steady_clock::now();
   EXPECT_TRUE(s->close().ok());
+  std::printf(
+      "MEASURED close of a session holding a 2^17-op graph: %.1f ms\n",
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - close_start)
+          .count());
+  std::istringstream log(d.log());
+  for (std::string line; std::getline(log, line);) {
+    if (line.find("executor handler") != std::string::npos) {
+      std::printf("MEASURED ferryd: %s\n", line.c_str());
+    }
+  }
 }
 
 // A client that goes away while its graph recording is being enqueued in slices: the daemon
