@@ -342,8 +342,8 @@ std::string RenderMetrics(const SessionServiceContext& c,
   e.Metric("ferry_long_lane_turns_total", "counter",
            "Times a session's work went on on the long lane (threads no other session's "
            "work waits for) for work no slice cuts: a graph of more than 1024 recorded ops "
-           "instantiated, inline transfers copied without staging, or a submit that loads a "
-           "module started, since start.",
+           "instantiated, inline transfers copied without staging, a submit that loads a "
+           "module or has more than 65536 ops read and admitted, since start.",
            c.parts.registry->long_lane_turns());
   e.Metric("ferry_long_lane_waiting", "gauge",
            "Long-lane work waiting now for a long-lane thread, or for its identity's turn (one "

@@ -1260,11 +1260,19 @@ class SessionReactor final : public Reactor {
     const bool quick =
         message && (IsQuick(*message) ||
                     (message->has_open() && connection_->context()->parts.device->serving()));
+    const bool long_submit =
+        message && message->has_submit() &&
+        static_cast<uint64_t>(message->submit().ops_size()) > session::Session::kLongSubmitOps;
     auto handle = [message = std::move(message)](SessionConnection& c) mutable {
       c.HandleRead(std::move(message));
     };
     if (quick) {
       RunOrPost(std::move(handle));  // on this gRPC thread when the session is idle
+    } else if (long_submit && connection_->executor().has_long_lane()) {
+      // Its conversion and admission are not cut into slices: on the long lane (its enqueue
+      // goes on in slices on the shared one, Session::StartLane).
+      connection_->context()->parts.registry->CountLongLaneTurn();
+      Post(std::move(handle), "stream message (long lane)", session::SerialExecutor::Lane::kLong);
     } else {
       Post(std::move(handle), "stream message");
     }
@@ -1283,9 +1291,10 @@ class SessionReactor final : public Reactor {
 
  private:
   template <typename F>
-  void Post(F&& f, const char* name) {
+  void Post(F&& f, const char* name,
+            session::SerialExecutor::Lane lane = session::SerialExecutor::Lane::kShared) {
     connection_->executor().Post([c = connection_, f = std::forward<F>(f)]() mutable { f(*c); },
-                                 name);
+                                 name, lane);
   }
   template <typename F>
   void RunOrPost(F&& f) {

@@ -12,12 +12,13 @@ SerialExecutor::SerialExecutor(boost::asio::io_context& io, LongLane* long_lane,
                                std::string identity)
     : state_(std::make_shared<State>(io, long_lane, std::move(identity))) {}
 
-void SerialExecutor::Post(std::function<void()> fn, const char* name) const {
+void SerialExecutor::Post(std::function<void()> fn, const char* name, Lane lane) const {
   MutexLock lock(&state_->mu);
-  state_->queue.push_back({std::move(fn), /*is_short=*/false, name});
+  state_->queue.push_back({std::move(fn), /*is_short=*/false, name,
+                           /*long_lane=*/lane == Lane::kLong && state_->long_lane != nullptr});
   if (!state_->active) {
     state_->active = true;
-    boost::asio::post(state_->io, [state = state_] { Drain(state, /*on_long_lane=*/false); });
+    ScheduleOrIdleLocked(state_);  // on the lane of the queue's first: this one
   }
 }
 

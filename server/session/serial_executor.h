@@ -58,8 +58,9 @@ class SerialExecutor {
 
   /// Run `fn` later on one of the io_context's threads, after everything accepted before.
   /// `name` (a string literal, or null) names the handler in the log when it runs longer
-  /// than kSlowHandler, so that a handler that holds the session up can be found.
-  void Post(std::function<void()> fn, const char* name = nullptr) const;
+  /// than kSlowHandler, so that a handler that holds the session up can be found. With
+  /// Lane::kLong, `fn` runs on the long lane (see above).
+  void Post(std::function<void()> fn, const char* name = nullptr, Lane lane = Lane::kShared) const;
   /// Post `fn` (as Post does) once `delay` has passed. The executor (and the io_context)
   /// must outlive the wait; `fn` should hold weak references to what may be gone by then.
   void PostAfter(std::chrono::milliseconds delay, std::function<void()> fn,

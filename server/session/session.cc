@@ -277,10 +277,17 @@ void Session::PostResumeParked(Lane lane) {
 SerialExecutor::Lane Session::StartLane(const std::vector<Op>& ops) const {
   // A broken session's submit fails at once (Start): no hop for it.
   if (!executor_.has_long_lane() || !broken_.ok()) return Lane::kShared;
-  const bool loads = std::any_of(ops.begin(), ops.end(), [](const Op& op) {
-    return std::holds_alternative<LoadModuleOp>(op);
-  });
-  return loads ? Lane::kLong : Lane::kShared;
+  uint64_t admitted_ops = 0;  // as session-max-submit-ops counts them
+  for (const Op& op : ops) {
+    if (std::holds_alternative<LoadModuleOp>(op)) return Lane::kLong;
+    uint64_t n = 1;
+    if (const auto* launch = std::get_if<LaunchGraphOp>(&op)) {
+      auto g = tensors_.graphs().find(launch->graph);
+      if (g != tensors_.graphs().end()) n = std::max<uint64_t>(g->second.ops, 1);
+    }
+    admitted_ops += n;
+  }
+  return admitted_ops > kLongSubmitOps ? Lane::kLong : Lane::kShared;
 }
 
 bool IsQuickSubmit(const std::vector<Op>& ops) {

@@ -174,7 +174,8 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   // goes on after the work other sessions queued meanwhile (SerialExecutor::Yield). A long submit
   // (CUDA: a launch takes 2-5 us, a captured op about 12 us, so 2^20 ops take seconds) then holds
   // up another session by about one slice, plus a batch (kMaxBatchOps). Not cut: reading and
-  // admitting the submit, before its enqueue starts; a graph's instantiation, at its EndGraph.
+  // admitting the submit, before its enqueue starts (on the long lane past kLongSubmitOps); a
+  // graph's instantiation, at its EndGraph (on the long lane past kLongGraphOps).
   static constexpr std::chrono::microseconds kEnqueueSlice{2000};
   // The clock is read every this many ops.
   static constexpr size_t kSliceCheckOps = 32;
@@ -186,6 +187,12 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   // and stays on the shared lane, without the two thread hand-overs. (LaneFor: the long
   // lane also takes the direct path's copies.)
   static constexpr uint64_t kLongGraphOps = 1024;
+  // A submit of more ops than this (a LaunchGraph counted as the ops its graph recorded, as
+  // session-max-submit-ops counts them) is started on the long lane (StartLane): reading and
+  // admitting it is not cut into slices (admission checks every tensor every op uses: 3-5 ms
+  // for one launch of a 262144-op graph on the H200), and the connection reads a submit
+  // message of more ops than this there too. Its enqueue goes on in slices on the shared lane.
+  static constexpr uint64_t kLongSubmitOps = 65536;
 
   /// Create a session on the supervised device. Fails with QUOTA_EXCEEDED when the daemon
   /// holds its maximum number of sessions, or with the backend's error when no stream can
@@ -326,8 +333,8 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   bool resume_posted_ = false;
   // The lane a submit of `ops` is started on, where the executor has a long lane: kLong when
   // it loads a module (its pre-pass compiles CUDA C++ or has the driver compile PTX, which
-  // takes up to seconds and is not cut into slices), else kShared. Its ops are then enqueued
-  // on the lanes LaneFor says.
+  // takes up to seconds and is not cut into slices) or has more than kLongSubmitOps ops
+  // (its admission), else kShared. Its ops are then enqueued on the lanes LaneFor says.
   SerialExecutor::Lane StartLane(const std::vector<Op>& ops) const;
   // Queue for the turns of the first parked submit; OnTurnsGranted follows on the executor.
   void AwaitTurns(uint8_t mask);

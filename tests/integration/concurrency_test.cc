@@ -330,6 +330,8 @@ TEST(ConcurrencyTest, LongSubmitsAreEnqueuedInSlicesWhileOtherSessionsWork) {
   const std::string body = testing::ResponseBody(testing::Scrape(testing::MetricsEndpoint(d)));
   EXPECT_GT(testing::Value(body, "ferry_enqueue_yields_total"), 0)
       << "4 submits of 2^19 ops each took less than one slice to enqueue";
+  EXPECT_GE(testing::Value(body, "ferry_long_lane_turns_total"), 4)
+      << "submits of 2^19 ops were not read and admitted on the long lane";
 }
 
 // A graph recording is cut into slices too: the session's stream keeps capturing while its

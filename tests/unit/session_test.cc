@@ -674,6 +674,42 @@ TEST_F(SessionTest, ASubmitThatLoadsAModuleIsStartedOnTheLongLane) {
   EXPECT_EQ(long_lane_io_.poll(), 0u) << "the submit behind it went to the long lane";
 }
 
+// A submit of more than kLongSubmitOps ops (a LaunchGraph counted as the ops its graph
+// recorded) is started on the long lane, where it is admitted (admission is not cut into
+// slices); until the long lane runs it, it does not complete. One of kLongSubmitOps ops stays
+// on the shared lane.
+TEST_F(SessionTest, ASubmitOfManyOpsIsAdmittedOnTheLongLane) {
+  Client c = Open({}, &long_lane_);
+  MakeAddends(c, 1);
+  std::vector<Op> adds(Session::kLongSubmitOps, AxpyOp{1.0, 2, 1});
+  ASSERT_TRUE(SubmitAndWait(c, 2, adds).ok());
+  EXPECT_EQ(long_lane_io_.poll(), 0u) << "a submit of kLongSubmitOps ops went to the long lane";
+  auto completed = [](size_t n) {
+    return [n](const std::vector<Event>& ev) { return CountOf(ev, Event::Kind::kCompleted) >= n; };
+  };
+  adds.push_back(AxpyOp{1.0, 2, 1});
+  Submit(c, 3, std::move(adds));
+  EXPECT_FALSE(c.events->WaitUntil(completed(3), milliseconds(200)))
+      << "a submit of kLongSubmitOps + 1 ops was admitted without the long lane";
+  ASSERT_EQ(long_lane_io_.run_one_for(kTimeout), 1u) << "nothing went to the long lane";
+  ASSERT_TRUE(c.events->WaitForCompletions(3));
+  EXPECT_TRUE(c.events->CompletionOf(3).ok()) << c.events->CompletionOf(3).ToString();
+
+  // 64 launches of a graph of kLongGraphOps + 1 ops count as 65600 ops.
+  Submit(c, 4, RecordAdds(Session::kLongGraphOps + 1));
+  ASSERT_EQ(long_lane_io_.run_one_for(kTimeout), 1u) << "the graph's EndGraph";
+  ASSERT_TRUE(c.events->WaitForCompletions(4));
+  ASSERT_TRUE(c.events->CompletionOf(4).ok()) << c.events->CompletionOf(4).ToString();
+  Submit(c, 5, std::vector<Op>(64, LaunchGraphOp{7}));
+  EXPECT_FALSE(c.events->WaitUntil(completed(5), milliseconds(200)))
+      << "64 launches of a 1025-op graph were admitted without the long lane";
+  ASSERT_EQ(long_lane_io_.run_one_for(kTimeout), 1u) << "the launches did not go to the long lane";
+  ASSERT_TRUE(c.events->WaitForCompletions(5));
+  EXPECT_TRUE(c.events->CompletionOf(5).ok()) << c.events->CompletionOf(5).ToString();
+  EXPECT_EQ(registry_->long_lane_turns(), 3u);
+  EXPECT_EQ(long_lane_io_.poll(), 0u);
+}
+
 // A client that goes away while its large graph waits for the long lane: the abort reaches
 // the strand behind the instantiation (one function at a time, in order), and once the long
 // lane has run it, the graph and everything else are released.
