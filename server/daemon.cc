@@ -79,8 +79,12 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
   ctx.parts.registry = d->registry_.get();
   ctx.parts.copy_turns = d->copy_turns_.get();
   ctx.parts.io = &d->io_;
-  d->long_lane_ = std::make_unique<session::LongLane>(
-      d->long_lane_io_, ExecutorThreadCount(options.executor_threads));
+  // As many long-lane threads as executor threads (started below): sessions that each
+  // instantiate a large graph at once hold as many long-lane threads as that, and share the
+  // cores as the kernel schedules them, while none of the executor threads, which every
+  // session needs, is held; one identity's hold at most all but one of them (LongLane).
+  const int threads = ExecutorThreadCount(options.executor_threads);
+  d->long_lane_ = std::make_unique<session::LongLane>(d->long_lane_io_, threads);
   ctx.parts.long_lane = d->long_lane_.get();
   d->sessionless_streams_ = std::make_unique<rpc::SessionlessStreams>(options.sessionless_streams);
   ctx.parts.sessionless_streams = d->sessionless_streams_.get();
@@ -127,11 +131,6 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
   d->long_lane_work_ =
       std::make_unique<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>>(
           d->long_lane_io_.get_executor());
-  // As many long-lane threads as executor threads: sessions that each instantiate a large
-  // graph at once hold as many long-lane threads as that, and share the cores as the kernel
-  // schedules them, while none of the executor threads, which every session needs, is held;
-  // one identity's hold at most all but one of them (LongLane).
-  const int threads = ExecutorThreadCount(options.executor_threads);
   for (int i = 0; i < threads; ++i) {
     d->threads_.emplace_back([io = &d->io_] {
       pthread_setname_np(pthread_self(), "ferry-exec");

@@ -421,7 +421,7 @@ class Admitter {
       return Status(ErrorKind::kInvalidHandle,
                     "graph " + std::to_string(op.graph) + " does not exist");
     }
-    const uint64_t ops = std::max<uint64_t>(1, objects_.GraphOps(op.graph));
+    const uint64_t ops = LaunchGraphWeight(objects_.GraphOps(op.graph));
     work_ += ops - 1;  // the launch itself is counted already
     if (limits_.max_ops_per_submit && work_ > limits_.max_ops_per_submit) {
       return Status(ErrorKind::kQuotaExceeded,

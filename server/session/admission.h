@@ -44,6 +44,10 @@ inline constexpr uint64_t kMaxModuleBytes = 64ull << 20;
 /// The most arguments one kernel launch may pass.
 inline constexpr size_t kMaxKernelArgs = 256;
 
+/// The ops a LaunchGraph counts as, against max_ops_per_submit and wherever a submit's size
+/// is weighed: the ops its graph recorded, at least one.
+inline uint64_t LaunchGraphWeight(uint64_t graph_ops) { return graph_ops > 0 ? graph_ops : 1; }
+
 /// Check `request` against `table`, `limits` and the session's slabs (null: it holds none,
 /// so every slab op is refused). On failure the Status names the op.
 Result<AdmissionResult> AdmitSubmit(const SubmitRequest& request, const HandleTable& table,

@@ -43,27 +43,24 @@ void LongLane::Finished(const std::string& identity) {
   --running_;
   auto it = running_by_identity_.find(identity);
   if (--it->second == 0) running_by_identity_.erase(it);
-  // The next identity after the one served last (wrapping around) that may run one more.
-  while (running_ < threads_ && !waiting_.empty()) {
-    auto next = waiting_.upper_bound(last_served_);
-    bool started = false;
-    for (size_t looked = 0; looked < waiting_.size() && !started; ++looked) {
-      if (next == waiting_.end()) next = waiting_.begin();
-      auto r = running_by_identity_.find(next->first);
-      if (r == running_by_identity_.end() || r->second < per_identity_) {
-        std::function<void()> fn = std::move(next->second.front());
-        next->second.pop_front();
-        --waiting_count_;
-        const std::string served = next->first;
-        if (next->second.empty()) waiting_.erase(next);
-        StartLocked(served, std::move(fn));
-        started = true;
-      } else {
-        ++next;
-      }
-    }
-    if (!started) return;  // every waiting identity is at its bound
+  // Post and Finished never leave a thread free while a waiting function may start, so this
+  // one freed thread starts at most one: the next identity after the one served last
+  // (wrapping around) that is below its bound.
+  if (waiting_.empty()) return;
+  auto next = waiting_.upper_bound(last_served_);
+  for (size_t looked = 0; looked < waiting_.size(); ++looked, ++next) {
+    if (next == waiting_.end()) next = waiting_.begin();
+    auto r = running_by_identity_.find(next->first);
+    if (r != running_by_identity_.end() && r->second >= per_identity_) continue;
+    std::function<void()> fn = std::move(next->second.front());
+    next->second.pop_front();
+    --waiting_count_;
+    const std::string served = next->first;
+    if (next->second.empty()) waiting_.erase(next);
+    StartLocked(served, std::move(fn));
+    return;
   }
+  // Every waiting identity is at its bound: one of its own turns will start its next.
 }
 
 }  // namespace ferry::session

@@ -14,8 +14,7 @@ SerialExecutor::SerialExecutor(boost::asio::io_context& io, LongLane* long_lane,
 
 void SerialExecutor::Post(std::function<void()> fn, const char* name, Lane lane) const {
   MutexLock lock(&state_->mu);
-  state_->queue.push_back({std::move(fn), /*is_short=*/false, name,
-                           /*long_lane=*/lane == Lane::kLong && state_->long_lane != nullptr});
+  state_->queue.push_back({std::move(fn), /*is_short=*/false, name, OnLongLane(lane)});
   if (!state_->active) {
     state_->active = true;
     ScheduleOrIdleLocked(state_);  // on the lane of the queue's first: this one
@@ -33,8 +32,7 @@ void SerialExecutor::PostAfter(std::chrono::milliseconds delay, std::function<vo
 
 void SerialExecutor::Yield(std::function<void()> fn, const char* name, Lane lane) const {
   MutexLock lock(&state_->mu);
-  state_->queue.push_back({std::move(fn), /*is_short=*/false, name,
-                           /*long_lane=*/lane == Lane::kLong && state_->long_lane != nullptr});
+  state_->queue.push_back({std::move(fn), /*is_short=*/false, name, OnLongLane(lane)});
   state_->yielding = true;  // the running function's runner ends its turn (active stays)
 }
 

@@ -130,6 +130,8 @@ class SerialExecutor {
     bool runner_on_long_lane ABSL_GUARDED_BY(mu) = false;  // that thread is the long lane's
     bool yielding ABSL_GUARDED_BY(mu) = false;             // the running function called Yield
   };
+  // Whether a function posted for `lane` runs on the long lane: kLong, where there is one.
+  bool OnLongLane(Lane lane) const { return lane == Lane::kLong && state_->long_lane != nullptr; }
   // Run `fn` on this thread, the executor taken for it (active, runner set); then the short
   // functions queued behind it as `followers` says; then hand on the rest or go idle.
   void RunTaken(std::function<void()> fn, Followers followers) const;

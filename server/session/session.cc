@@ -283,7 +283,7 @@ SerialExecutor::Lane Session::StartLane(const std::vector<Op>& ops) const {
     uint64_t n = 1;
     if (const auto* launch = std::get_if<LaunchGraphOp>(&op)) {
       auto g = tensors_.graphs().find(launch->graph);
-      if (g != tensors_.graphs().end()) n = std::max<uint64_t>(g->second.ops, 1);
+      if (g != tensors_.graphs().end()) n = LaunchGraphWeight(g->second.ops);
     }
     admitted_ops += n;
   }
