@@ -53,14 +53,17 @@ StagingArea::Outcome StagingArea::AllocateAll(const std::vector<uint64_t>& sizes
     total += AlignUp(n);
   }
   if (total > max_slabs_ * pool_->slab_size()) return Outcome::kNever;
+  // Past a holder's share whatever it holds: the ranges could not be freed until its own
+  // earlier work has run, however long that is, and no other session could stage meanwhile.
+  if (holder && total > holder_limit_) return Outcome::kNever;
   std::vector<StagingLease> taken;
   MutexLock lock(&mu_);
-  // The holder or its parent at its share (half the area) unless it holds nothing: it
-  // waits for its own ranges. Checked under the lock that Free takes after a lease's bytes
-  // leave `held`, so the wake-up of such a free is not missed.
+  // The holder or its parent at its share (half the area): it waits for its own ranges. Checked
+  // under the lock that Free takes after a lease's bytes leave `held`, so the wake-up of such a
+  // free is not missed.
   for (const StagingHolder* h = holder.get(); h; h = h->parent.get()) {
     const uint64_t held = h->held.load();
-    if (held > 0 && held + total > holder_limit_) {
+    if (held + total > holder_limit_) {
       waiters_.push_back(std::move(wake));
       return Outcome::kWaitOwn;
     }

@@ -15,14 +15,16 @@
 // device and ordinary (pageable) memory may hold the calling thread until the stream's
 // earlier work is done (CUDA), so an executor thread must never make one.
 //
-// Each session is a StagingHolder, and holds at most half of the area (holder_limit) unless
-// it holds nothing: its uploads queued behind long device work of its own keep their ranges
-// until the device has copied them, and without a share one session could so hold all of
-// staging while every other session's inline transfers waited for it. A session's holder has
-// its identity's (a uid, a remote tenant, the shared remote identity) as parent, which is
-// held to the same share: otherwise two sessions of one identity could hold it all. A holder
-// at its share, or whose parent is, waits for ranges to be freed (kWaitOwn), which the
-// identity's own earlier submits do as they complete.
+// Each session is a StagingHolder, and holds at most half of the area (holder_limit): its
+// uploads queued behind long device work of its own keep their ranges until the device has
+// copied them, and without a share one session could so hold all of staging while every
+// other session's inline transfers waited for it. So a submit that needs more than the
+// share is never staged (kNever: it takes the direct path), even from a holder that holds
+// nothing: staged, it would hold the whole area for as long as its own earlier work runs. A
+// session's holder has its identity's (a uid, a remote tenant, the shared remote identity) as
+// parent, which is held to the same share: otherwise two sessions of one identity could hold it
+// all. A holder at its share, or whose parent is, waits for ranges to be freed (kWaitOwn), which
+// the identity's own earlier submits do as they complete.
 //
 // Thread-safe: sessions' executors allocate and free concurrently; Admin reads the stats.
 #pragma once
@@ -97,14 +99,15 @@ class StagingArea {
     kWait,       // none taken; `wake` runs once (on the freeing thread) when bytes are freed
     kWaitOwn,    // none taken: `holder` or its parent holds its share; `wake` runs as for
                  // kWait (one of its own ranges, or another's, is freed)
-    kNever,      // none taken: more than the area can hold, or it can get no slab at all
+    kNever,      // none taken: more than the area can hold, more than a holder's share
+                 // (with a holder), or it can get no slab at all
   };
   /// Ranges for every size in `sizes` (each > 0 and at most max_lease()), all or none,
   /// charged to `holder` and its parent (may be null: no share).
   Outcome AllocateAll(const std::vector<uint64_t>& sizes, std::vector<StagingLease>* out,
                       std::function<void()> wake,
                       const std::shared_ptr<StagingHolder>& holder = nullptr);
-  /// The most one holder (and one parent) may hold unless it holds nothing: half of the area.
+  /// The most one holder (and one parent) may hold: half of the area.
   uint64_t holder_limit() const { return holder_limit_; }
   /// The largest range Allocate can give: one slab.
   uint64_t max_lease() const { return pool_->slab_size(); }

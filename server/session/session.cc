@@ -225,8 +225,9 @@ bool Session::ReserveStaging(const SubmitRequest& request, InFlight& record) {
       awaiting_staging_ = true;
       return false;
     case pool::StagingArea::Outcome::kNever:
-      // More than the whole area holds (staging-slabs x slab-size below the session's
-      // in-flight bytes), or no slab to be had: the direct path, counted.
+      // More than half the area (a session's share: staging-slabs x slab-size / 2, which
+      // libferry's submits of at most 8 MiB inline never reach), or no slab to be had: the
+      // direct path, counted.
       staging_->CountFallback();
       return true;
   }

@@ -474,7 +474,8 @@ RawDownloadResult RawDownloads(const std::string& tcp_target, uint64_t bytes) {
 
 TEST(PendingTest, RemoteInlineTransfersAreStagedThroughDaemonSlabs) {
   auto args = SmallPool();
-  args.insert(args.end(), {"--staging-slabs", "1"});  // one 4M slab: a 6M download overflows
+  // Two 4M slabs: a session's share is half of them, 4M, which a 6M download overflows.
+  args.insert(args.end(), {"--staging-slabs", "2"});
   FerrydProcess d(args, /*tcp=*/true);
   ASSERT_TRUE(d.ok());
   // Local sessions never stage: their bytes are in shared memory already.
@@ -496,14 +497,15 @@ TEST(PendingTest, RemoteInlineTransfersAreStagedThroughDaemonSlabs) {
   ASSERT_TRUE(out.ok()) << out.status().ToString();
   ASSERT_EQ(*out, in);
   auto mid = d.AdminStatus();
-  EXPECT_EQ(mid.staging_slabs(), 1u);
+  EXPECT_EQ(mid.staging_slabs(), 1u) << "taken when first needed";
   EXPECT_GE(mid.staged_bytes_total(), 2 * in.size() * sizeof(int32_t));
   EXPECT_EQ(mid.slabs_in_use(), 0u) << "staging slabs count against no session";
   uint64_t fallbacks = mid.staging_fallbacks_total();
 
-  // 6 MiB through one 4 MiB staging slab: the submit of six 1 MiB uploads, and the one of
-  // the 6 MiB download and a 100-byte one, each needs more than the whole area holds, so
-  // each takes the direct path whole (counted once per submit); the bytes are right.
+  // 6 MiB with a share of 4 MiB: the submit of six 1 MiB uploads, and the one of the 6 MiB
+  // download and a 100-byte one, each needs more than a session may hold of staging (staged,
+  // it could hold the area for as long as the session's earlier work runs), so each takes
+  // the direct path whole (counted once per submit); the bytes are right.
   auto got = RawDownloads(d.tcp_target(), 6u << 20);
   EXPECT_EQ(got.status, "");
   auto after = d.AdminStatus();  // counted at enqueue: the Completed came after
@@ -517,14 +519,15 @@ TEST(PendingTest, RemoteInlineTransfersAreStagedThroughDaemonSlabs) {
   EXPECT_EQ(end.slab_fds_open(), end.slabs_total());
 }
 
-// A submit whose inline bytes find staging full waits for room (the session's later submits
-// wait behind it) instead of taking the direct path: a copy between the device and ordinary
-// memory can hold an executor thread until the stream's earlier work is done (CUDA), which a
-// tenant could use to stop every session. Nothing is lost, and nothing goes direct.
+// A submit whose inline bytes find no staging room for its identity waits for room (the
+// session's later submits wait behind it) instead of taking the direct path: a copy between
+// the device and ordinary memory can hold a thread until the stream's earlier work is done
+// (CUDA). Nothing is lost, and nothing goes direct.
 TEST(PendingTest, InlineTransfersWaitForStagingRoomInsteadOfTheDirectPath) {
   auto args = SmallPool();
-  // 4M of staging; waits bounded far above this test's second or so.
-  args.insert(args.end(), {"--staging-slabs", "1", "--staging-wait", "30000"});
+  // 8M of staging, 4M per identity (every TCP peer here is "remote"); waits bounded far
+  // above this test's second or so.
+  args.insert(args.end(), {"--staging-slabs", "2", "--staging-wait", "30000"});
   FerrydProcess d(args, /*tcp=*/true);
   ASSERT_TRUE(d.ok());
   Session a = Open(d.tcp_target());
@@ -560,7 +563,8 @@ TEST(PendingTest, InlineTransfersWaitForStagingRoomInsteadOfTheDirectPath) {
     staged = d.AdminStatus().staging_bytes_in_use();
   }
   EXPECT_GE(staged, 3u << 20) << "a's download took no staging";
-  // b: 2 MiB up, which does not fit beside a's 3M: it waits for a's download, then runs.
+  // b: 2 MiB up, which its identity's share (4M) does not hold beside a's 3M: it waits for
+  // a's download, then runs.
   std::vector<uint8_t> b_bytes(2u << 20, 0x5b);
   Tensor bt = b.create_tensor<uint8_t>({static_cast<int64_t>(b_bytes.size())});
   Status up = b.upload(bt, b_bytes);
@@ -630,9 +634,13 @@ TEST(PendingTest, OneSessionHoldsAtMostHalfOfStaging) {
       << "a holds " << d.AdminStatus().staging_bytes_in_use() << " bytes of staging";
   for (uint64_t id = 2; id <= 6; ++id) EXPECT_EQ(a.Completion(id).kind(), v1::ERROR_KIND_NONE);
   EXPECT_EQ(a2.Completion(2).kind(), v1::ERROR_KIND_NONE);
-  ASSERT_TRUE(a.Submit(7, {Download(2, 0, 4 << 20)}));
-  std::string bytes;
+  // Back in two halves: a submit of more than a session's share (2M) would go direct.
+  ASSERT_TRUE(a.Submit(7, {Download(2, 0, 2 << 20)}));
+  ASSERT_TRUE(a.Submit(8, {Download(2, 2 << 20, 2 << 20)}));
+  std::string bytes, second;
   ASSERT_EQ(a.Completion(7, &bytes).kind(), v1::ERROR_KIND_NONE);
+  ASSERT_EQ(a.Completion(8, &second).kind(), v1::ERROR_KIND_NONE);
+  bytes += second;
   std::string want;
   for (char c : {'a', 'b', 'c', 'd'}) want += std::string(1 << 20, c);
   EXPECT_TRUE(bytes == want) << "a's uploads came back wrong";
@@ -643,18 +651,63 @@ TEST(PendingTest, OneSessionHoldsAtMostHalfOfStaging) {
   EXPECT_EQ(d.WaitIdle().staging_bytes_in_use(), 0u);
 }
 
+// A submit needs more of staging than a session's share (half the area), from a session
+// that holds none of it: it takes the direct path instead. Staged, a's 3 MiB download, queued
+// behind long work of its own, would hold 3M of the 4M area until that work has run, and b's
+// 2 MiB upload (another identity, within its share) would wait for it.
+TEST(PendingTest, ASubmitLargerThanAShareOfStagingGoesDirect) {
+  auto args = SmallPool();
+  args.insert(args.end(), {"--staging-slabs", "1", "--staging-wait", "30000"});  // 4M, 2M each
+  FerrydProcess d(args, /*tcp=*/true);
+  ASSERT_TRUE(d.ok()) << d.log();
+  using testing::Create;
+  using testing::Download;
+  using testing::Fill;
+  using testing::InlineUpload;
+  RawStream a(d.tcp_target().substr(4)), b(d.unix_target());
+  ASSERT_TRUE(a.Open() && b.Open()) << d.log();
+  ASSERT_TRUE(a.Submit(
+      1, {Create(1, v1::DTYPE_F32, {16 << 20}), Create(2, v1::DTYPE_U8, {3 << 20}), Fill(2, 7.0)}));
+  ASSERT_EQ(a.Completion(1).kind(), v1::ERROR_KIND_NONE);
+  ASSERT_TRUE(b.Submit(1, {Create(1, v1::DTYPE_U8, {2 << 20})}));
+  ASSERT_EQ(b.Completion(1).kind(), v1::ERROR_KIND_NONE);
+  const uint64_t fallbacks = d.AdminStatus().staging_fallbacks_total();
+  // a: fills of 64 MiB that keep its stream busy for a second or more, then the download.
+  const int fills = testing::TestBackend() == "cuda" ? 40000 : 400;
+  ASSERT_TRUE(a.Submit(2, std::vector<v1::Op>(fills, Fill(1, 1.0))));
+  ASSERT_TRUE(a.Submit(3, {Download(2, 0, 3 << 20)}));
+  ASSERT_TRUE(testing::Eventually(
+      [&] { return d.AdminStatus().staging_fallbacks_total() == fallbacks + 1; }, 5))
+      << "a's download did not take the direct path; staging holds "
+      << d.AdminStatus().staging_bytes_in_use() << " bytes";
+  EXPECT_EQ(d.AdminStatus().staging_bytes_in_use(), 0u);
+  ASSERT_TRUE(b.Submit(2, {InlineUpload(1, 0, std::string(2 << 20, 'b'))}));
+  EXPECT_EQ(b.Completion(2).kind(), v1::ERROR_KIND_NONE);
+  EXPECT_EQ(d.AdminStatus().submits_in_flight(), 2u)
+      << "b's upload waited for a's work (a's fills and download should still be in flight)";
+  EXPECT_EQ(d.AdminStatus().staging_fallbacks_total(), fallbacks + 1) << "b went direct";
+  EXPECT_EQ(a.Completion(2).kind(), v1::ERROR_KIND_NONE);
+  std::string bytes;
+  ASSERT_EQ(a.Completion(3, &bytes).kind(), v1::ERROR_KIND_NONE);
+  EXPECT_TRUE(bytes == std::string(3 << 20, '\x07')) << "a's download came back wrong";
+  a.Close();
+  b.Close();
+  EXPECT_EQ(d.WaitIdle().staging_bytes_in_use(), 0u);
+}
+
 // A client that downloads inline and never reads does not keep its staging: once a write to
 // it has stalled, the chunks queued behind are copied out of staging (they stay charged to
-// its in-flight bytes). Another session's inline transfer that needs the whole area then
-// finds it free: staged, not direct, and without waiting for the staging wait.
+// its in-flight bytes). Another session's inline transfer that needs the identity's whole
+// share then finds it free: staged, not direct, and without waiting for the staging wait.
 TEST(PendingTest, AClientThatNeverReadsHoldsNoStaging) {
   auto args = SmallPool();
-  args.insert(args.end(), {"--staging-slabs", "1", "--staging-wait", "5000"});  // 4M
+  // 8M, 4M per identity (every TCP peer here is "remote").
+  args.insert(args.end(), {"--staging-slabs", "2", "--staging-wait", "5000"});
   FerrydProcess d(args, /*tcp=*/true);
   ASSERT_TRUE(d.ok());
   const uint64_t staged_before = d.AdminStatus().staged_bytes_total();
-  // The hog: a 4 MiB tensor downloaded inline 16 times, never read. Each download needs the
-  // whole area; the connection takes a few MiB before its writes stop.
+  // The hog: a 4 MiB tensor downloaded inline 16 times, never read. Each download needs its
+  // identity's whole share; the connection takes a few MiB before its writes stop.
   auto hog = std::make_unique<testing::RawStream>(d.tcp_target().substr(4));
   ASSERT_TRUE(hog->Open());
   ASSERT_TRUE(hog->Submit(1, {testing::Create(1, v1::DTYPE_U8, {4 << 20})}));
@@ -680,7 +733,8 @@ TEST(PendingTest, AClientThatNeverReadsHoldsNoStaging) {
       << "the hog's downloads did not all go through staging";
   ASSERT_EQ(mid.staging_bytes_in_use(), 0u) << "the hog's unread chunks keep staging";
   EXPECT_EQ(mid.staging_fallbacks_total(), 0u);
-  // The victim needs the whole area (4 MiB up and down): staged, with no fallback.
+  // The victim, of the hog's identity, needs its whole share (4 MiB up and down): staged,
+  // with no fallback.
   Session v = Open(d.tcp_target());
   std::vector<uint8_t> bytes(4u << 20);
   for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(i * 13 + i / 4096);
@@ -711,17 +765,17 @@ TEST(PendingTest, AClientThatNeverReadsHoldsNoStaging) {
   EXPECT_EQ(end.staging_bytes_in_use(), 0u);
 }
 
-// With staging room for it, a download larger than a slab is staged whole, in slab-sized
-// ranges (4M + 2M here): no direct path.
+// Within a session's share of staging (half of four 4M slabs), a download larger than a slab
+// is staged whole, in slab-sized ranges (4M + 2M here): no direct path.
 TEST(PendingTest, ARemoteDownloadLargerThanASlabIsStagedInRanges) {
-  auto args = SmallPool();
-  args.insert(args.end(), {"--staging-slabs", "2"});
-  FerrydProcess d(args, /*tcp=*/true);
+  FerrydProcess d({"--slab-size", "4M", "--pinned-budget", "32M", "--initial-slabs", "1",
+                   "--staging-slabs", "4"},
+                  /*tcp=*/true);
   ASSERT_TRUE(d.ok());
   auto got = RawDownloads(d.tcp_target(), 6u << 20);
   EXPECT_EQ(got.status, "");
   auto end = d.WaitIdle();
-  EXPECT_EQ(end.staging_slabs(), 2u);
+  EXPECT_GE(end.staging_slabs(), 2u);
   EXPECT_EQ(end.staging_fallbacks_total(), 0u);
   EXPECT_EQ(end.staged_bytes_total(), (6u << 20) * 2 + 100) << "uploads and downloads staged";
   EXPECT_EQ(end.staging_bytes_in_use(), 0u);

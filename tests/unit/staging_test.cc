@@ -95,10 +95,12 @@ TEST(StagingTest, AllocateAllTakesEveryRangeOrWaitsForAFree) {
   EXPECT_EQ(area.stats().bytes_in_use, 0u);
 }
 
-// A holder (a session) holds at most half of the area unless it holds nothing: past that it
-// waits for a free (kWaitOwn) while another holder still gets the other half; its own free
-// lets it take again. One that holds nothing may take more than half.
-TEST(StagingTest, AHolderTakesAtMostHalfOfTheAreaUnlessItHoldsNothing) {
+// A holder (a session) holds at most half of the area: past that it waits for a free
+// (kWaitOwn) while another holder still gets the other half; its own free lets it take
+// again. A submit larger than the share is never staged, even by a holder that holds nothing
+// (kNever: the direct path): staged, it would hold the whole area for as long as its own
+// earlier work runs.
+TEST(StagingTest, AHolderTakesAtMostHalfOfTheArea) {
   auto pool = MakePool(4);
   StagingArea area(pool.get(), 2);  // 2M in all, 1M per holder
   EXPECT_EQ(area.holder_limit(), kSlab);
@@ -124,15 +126,23 @@ TEST(StagingTest, AHolderTakesAtMostHalfOfTheAreaUnlessItHoldsNothing) {
   b1.clear();
   EXPECT_EQ(a->held.load(), 0u);
   EXPECT_EQ(b->held.load(), 0u);
-  // Holding nothing, a submit larger than the share still goes (alone).
+  // Holding nothing, a submit larger than the share is not staged; its share whole is.
   std::vector<StagingLease> big;
-  EXPECT_EQ(area.AllocateAll({kSlab, kSlab / 2}, &big, wake, a), StagingArea::Outcome::kAllocated);
-  EXPECT_EQ(a->held.load(), kSlab + kSlab / 2);
+  EXPECT_EQ(area.AllocateAll({kSlab, kSlab / 2}, &big, wake, a), StagingArea::Outcome::kNever);
+  EXPECT_TRUE(big.empty());
+  EXPECT_EQ(area.stats().bytes_in_use, 0u);
+  EXPECT_EQ(area.AllocateAll({kSlab / 2, kSlab / 2}, &big, wake, a),
+            StagingArea::Outcome::kAllocated);
+  EXPECT_EQ(a->held.load(), kSlab);
   StagingLease moved = std::move(big[0]);  // a moved lease still counts for its holder
   big.clear();
-  EXPECT_EQ(a->held.load(), kSlab);
+  EXPECT_EQ(a->held.load(), kSlab / 2);
   moved.Reset();
   EXPECT_EQ(a->held.load(), 0u);
+  EXPECT_EQ(area.stats().bytes_in_use, 0u);
+  // Without a holder (no share) only the area bounds a submit.
+  EXPECT_EQ(area.AllocateAll({kSlab, kSlab / 2}, &big, wake), StagingArea::Outcome::kAllocated);
+  big.clear();
   EXPECT_EQ(area.stats().bytes_in_use, 0u);
 }
 
