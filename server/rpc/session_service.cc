@@ -59,6 +59,12 @@ constexpr size_t kRingBatch = 32;
 // handing the message to the io threads: a thread wake-up costs 5–30 µs on a VM, the end of
 // a delivery a few.
 constexpr std::chrono::microseconds kRingWaitForExecutor{50};
+// A submit ring record larger than this is not parsed on the ring poller's thread, which
+// every local session's ring shares, but on the long lane (SerialExecutor::Lane::kLong), and
+// handled there: parsing it, and converting a submit of that many ops, is not cut into
+// slices. A daemon's default ring is this size, so its records never are; a larger
+// `submit-ring` lets a client write records of megabytes (tens of milliseconds to parse).
+constexpr size_t kRingParseOnPollerBytes = 64 << 10;
 
 // The state of one session stream; touched only on its serial executor (shared with its
 // session). The reactor (owned by gRPC) is used only until Finish is called on it.
@@ -162,11 +168,17 @@ class SessionConnection : public session::SessionEvents,
     --context_->gauges.messages_in_hand;
   }
 
-  // The ring poller took `messages` from the session's submit ring (null where a record did
-  // not parse), and found it broken after them when `broken` is set. They are handled in
-  // ring order as the session may take them (DrainRingBacklog).
-  void HandleRingMessages(std::vector<std::shared_ptr<v1::ClientMessage>> messages,
-                          const std::string& broken) {
+  // A message the ring poller took: parsed (null where it did not parse), or a record left
+  // unparsed (kRingParseOnPollerBytes).
+  struct RingRecord {
+    std::shared_ptr<v1::ClientMessage> message;
+    std::string unparsed;
+  };
+
+  // The ring poller took `messages` from the session's submit ring, and found it broken after
+  // them when `broken` is set. They are handled in ring order as the session may take them
+  // (DrainRingBacklog).
+  void HandleRingMessages(std::vector<RingRecord> messages, const std::string& broken) {
     if (!ring_) {  // the ring was dropped after these were taken: the stream is ending
       context_->gauges.messages_in_hand -= static_cast<int64_t>(messages.size());
       return;
@@ -188,8 +200,8 @@ class SessionConnection : public session::SessionEvents,
     draining_ring_ = true;
     std::shared_ptr<session::Session> run;  // the session a run is open on
     uint32_t run_submits = 0;
-    while (ring_ && !ring_backlog_.empty() && !sequencer_.holds(kRing) && !finishing() &&
-           !(session_ && OverBytesOrOutbox())) {
+    while (ring_ && !ring_backlog_.empty() && !long_ring_record_ && !sequencer_.holds(kRing) &&
+           !finishing() && !(session_ && OverBytesOrOutbox())) {
       const uint32_t run_limit = session_ ? session_->config().submit_run : 0;
       if (run && run_submits >= run_limit) {
         run->EndSubmitRun();
@@ -200,7 +212,23 @@ class SessionConnection : public session::SessionEvents,
         run_submits = 0;
         run->BeginSubmitRun(OpsAhead(run_limit));
       }
-      std::shared_ptr<v1::ClientMessage> m = std::move(ring_backlog_.front());
+      if (!ring_backlog_.front().unparsed.empty()) {
+        // A large record: parsed and handled on the long lane, where this drain goes on
+        // (OnLongRingRecord); the messages behind it wait.
+        if (run) {
+          run->EndSubmitRun();
+          run = nullptr;
+        }
+        std::string record = std::move(ring_backlog_.front().unparsed);
+        ring_backlog_.pop_front();
+        long_ring_record_ = true;
+        if (executor_.has_long_lane()) context_->parts.registry->CountLongLaneTurn();
+        executor_.Post([self = shared_from_this(), record = std::move(record),
+                        session = session_id_] { self->OnLongRingRecord(record, session); },
+                       "ring record (long lane)", session::SerialExecutor::Lane::kLong);
+        break;
+      }
+      std::shared_ptr<v1::ClientMessage> m = std::move(ring_backlog_.front().message);
       ring_backlog_.pop_front();
       --context_->gauges.messages_in_hand;
       if (!m) {
@@ -221,12 +249,32 @@ class SessionConnection : public session::SessionEvents,
     draining_ring_ = false;
   }
 
+  // On the long lane: a ring record too large to parse on the poller (kRingParseOnPollerBytes),
+  // taken from the backlog for `session`, is parsed and handled in its place; the rest of the
+  // backlog is handled back on the shared lane.
+  void OnLongRingRecord(const std::string& record, uint64_t session) {
+    long_ring_record_ = false;
+    --context_->gauges.messages_in_hand;
+    // Not the session it was taken for (the ring went with the stream, or to a next session
+    // whose backlog started afresh): dropped, as that backlog was.
+    if (!ring_ || session != session_id_ || finishing()) return;
+    auto m = std::make_shared<v1::ClientMessage>();
+    if (!m->ParseFromString(record)) {
+      ProtocolViolation("a submit ring record is not a ClientMessage");
+    } else if (m->sequence() == 0) {
+      ProtocolViolation("a message through the submit ring has no sequence number");
+    } else {
+      Accept(std::move(m), kRing);
+    }
+    executor_.Post([self = shared_from_this()] { self->MaybeReadMore(); }, "ring messages");
+  }
+
   // The ops of the next `submits` submits in the ring backlog.
   uint64_t OpsAhead(uint32_t submits) const {
     uint64_t ops = 0;
-    for (const auto& m : ring_backlog_) {
-      if (!m || !m->has_submit()) continue;
-      ops += static_cast<uint64_t>(m->submit().ops_size());
+    for (const RingRecord& r : ring_backlog_) {
+      if (!r.message || !r.message->has_submit()) continue;
+      ops += static_cast<uint64_t>(r.message->submit().ops_size());
       if (--submits == 0) break;
     }
     return ops;
@@ -240,29 +288,35 @@ class SessionConnection : public session::SessionEvents,
   }
 
   // The handler the ring poller calls with what it took from this session's ring: parse it on
-  // the poller's thread, then hand it to the executor (see kRingInlineOps).
+  // the poller's thread (but for records larger than kRingParseOnPollerBytes), then hand it
+  // to the executor (see kRingInlineOps).
   transport::RingPoller::Handler RingHandler() {
     return [weak = weak_from_this(), executor = executor_,
             context = context_](transport::RingPoller::Taken taken) {
       // Until each is handled (or its session is gone).
       context->gauges.messages_in_hand += static_cast<int64_t>(taken.records.size());
-      std::vector<std::shared_ptr<v1::ClientMessage>> messages;
+      std::vector<RingRecord> messages;
       messages.reserve(taken.records.size());
       bool here = taken.quiet && taken.broken.empty();
       int ops = 0;
-      for (const std::string& record : taken.records) {
-        auto message = std::make_shared<v1::ClientMessage>();
-        if (!message->ParseFromString(record)) {
-          message = nullptr;
+      for (std::string& record : taken.records) {
+        RingRecord& r = messages.emplace_back();
+        if (record.size() > kRingParseOnPollerBytes) {
+          r.unparsed = std::move(record);
+          here = false;
+          continue;
+        }
+        r.message = std::make_shared<v1::ClientMessage>();
+        if (!r.message->ParseFromString(record)) {
+          r.message = nullptr;  // a protocol violation, in its place
           here = false;
         } else {
-          here = here && IsQuick(*message);
-          if (message->has_submit()) {
-            FERRY_TRACE(trace::kTake, message->submit().submit_id());
-            ops += message->submit().ops_size();
+          here = here && IsQuick(*r.message);
+          if (r.message->has_submit()) {
+            FERRY_TRACE(trace::kTake, r.message->submit().submit_id());
+            ops += r.message->submit().ops_size();
           }
         }
-        messages.push_back(std::move(message));
       }
       here = here && ops <= kRingInlineOps;
       auto handle = [weak, context, messages = std::move(messages),
@@ -1051,7 +1105,7 @@ class SessionConnection : public session::SessionEvents,
   // Messages a path may still deliver: a read outstanding, what an armed ring may hand over,
   // what the poller took and is not handled yet, a held message.
   size_t Incoming() const {
-    return (reading_ ? 1 : 0) + ring_credits_ + ring_backlog_.size() +
+    return (reading_ ? 1 : 0) + ring_credits_ + ring_backlog_.size() + (long_ring_record_ ? 1 : 0) +
            (sequencer_.holds(kStream) ? 1 : 0) + (sequencer_.holds(kRing) ? 1 : 0);
   }
   // The limits of AtLimit other than the count of messages.
@@ -1079,7 +1133,7 @@ class SessionConnection : public session::SessionEvents,
   // Likewise let the ring poller take the next messages from the submit ring: as many as
   // the in-flight limit has room for (at most kRingBatch), once the last ones are handled.
   void MaybeArmRing(size_t arriving = 0) {
-    if (!ring_ || !session_ || ring_credits_ > 0 || !ring_backlog_.empty() ||
+    if (!ring_ || !session_ || ring_credits_ > 0 || !ring_backlog_.empty() || long_ring_record_ ||
         sequencer_.holds(kRing) || !MayTakeMore(arriving)) {
       return;
     }
@@ -1203,7 +1257,8 @@ class SessionConnection : public session::SessionEvents,
   size_t ring_credits_ = 0;
   // Messages the poller took and not handled yet, oldest first (DrainRingBacklog); at most one
   // arming's credits. null: a record that did not parse.
-  std::deque<std::shared_ptr<v1::ClientMessage>> ring_backlog_;
+  std::deque<RingRecord> ring_backlog_;
+  bool long_ring_record_ = false;  // one taken from it is being handled on the long lane
   std::string ring_broken_;     // the ring broke after the backlog: a violation once it is handled
   bool draining_ring_ = false;  // DrainRingBacklog is running (it is not entered again)
   // Numbered messages (ClientMessage.sequence) put back in order across the two paths.

@@ -16,6 +16,7 @@
 
 #include "ferry/client.h"
 #include "ferryd_process.h"
+#include "metrics_scrape.h"
 #include "raw_protocol.h"
 
 namespace ferry {
@@ -370,6 +371,71 @@ TEST_F(SubmitRingTest, LibferryUsesTheRingAndFallsBackToTheStreamInOrder) {
 // completion watch per run, and one batch for consecutive one-op kernel submits. A client
 // pipelining 3000 of them sees every result and every submit counted; close() counts the
 // batches, and with runs off there are none and the result is the same.
+// A ring record larger than the ring poller parses (64 KiB; a ring larger than the default
+// lets a client write records of megabytes) is parsed and handled on the long lane, not on
+// the poller's thread that every session's ring shares. It is handled in its place among the
+// records around it, and one that does not parse ends only its session.
+TEST(SubmitRingLargeRecordTest, ARecordTooLargeForThePollerIsHandledInItsPlace) {
+  FerrydProcess d({"--submit-ring", "1M", "--metrics-listen", "127.0.0.1:0"});
+  ASSERT_TRUE(d.ok()) << d.log();
+  auto long_lane_turns = [&] {
+    return testing::Value(testing::ResponseBody(testing::Scrape(testing::MetricsEndpoint(d))),
+                          "ferry_long_lane_turns_total");
+  };
+  const double turns_before = long_lane_turns();
+  RawStream raw(d.unix_target());
+  auto opened = raw.Open();
+  ASSERT_TRUE(opened);
+  RawRing ring;
+  ASSERT_TRUE(ring.Map(*opened));
+  // 20000 fills of one value after another: about 280 KB.
+  std::vector<v1::Op> fills;
+  for (int i = 1; i <= 20000; ++i) fills.push_back(Fill(1, static_cast<double>(i % 7)));
+  const v1::ClientMessage large = SubmitMessage(2, 2, fills);
+  ASSERT_GT(large.ByteSizeLong(), 64u << 10);
+  ring.Write(SubmitMessage(1, 1, {Create(1, v1::DTYPE_F32, {4}), Fill(1, 9.0)}));
+  ring.Write(large);
+  ring.Write(SubmitMessage(3, 3, {Download(1, 0, 16)}));
+  std::string chunks;
+  EXPECT_EQ(raw.Completion(1).kind(), v1::ERROR_KIND_NONE);
+  EXPECT_EQ(raw.Completion(2).kind(), v1::ERROR_KIND_NONE);
+  EXPECT_EQ(raw.Completion(3, &chunks).kind(), v1::ERROR_KIND_NONE);
+  ASSERT_EQ(chunks.size(), 16u);
+  float values[4];
+  std::memcpy(values, chunks.data(), 16);
+  for (float v : values) EXPECT_EQ(v, static_cast<float>(20000 % 7)) << "not the last fill's";
+  EXPECT_GE(long_lane_turns(), turns_before + 1) << "the large record was not on the long lane";
+  v1::ClientMessage close;
+  close.set_sequence(4);
+  close.mutable_close();
+  ring.Write(close);
+  bool closed = false;
+  while (auto m = raw.Read()) closed |= m->has_closed();
+  EXPECT_TRUE(closed);
+  EXPECT_TRUE(raw.Finish().ok());
+
+  // A large record that does not parse: that session ends, and another goes on.
+  auto good = Client::connect(d.unix_target());
+  ASSERT_TRUE(good.ok());
+  auto bystander = good->open_session();
+  ASSERT_TRUE(bystander.ok()) << bystander.status().ToString();
+  RawStream bad(d.unix_target());
+  auto bad_opened = bad.Open();
+  ASSERT_TRUE(bad_opened);
+  RawRing bad_ring;
+  ASSERT_TRUE(bad_ring.Map(*bad_opened));
+  bad_ring.WriteBytes(std::string(100 << 10, '\xff'));
+  EXPECT_EQ(EndingError(bad), v1::PROTOCOL_VIOLATION);
+  Tensor t = bystander->create_tensor<float>({256});
+  bystander->fill(t, 2.0f);
+  auto v = bystander->download<float>(t);
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  EXPECT_EQ((*v)[255], 2.0f);
+  t = Tensor();
+  ASSERT_TRUE(bystander->close().ok());
+  EXPECT_EQ(d.WaitIdle().sessions_open(), 0u);
+}
+
 TEST(SubmitRunTest, PipelinedOneOpSubmitsGoToTheDeviceAsBatches) {
   for (const char* runs : {"32", "0"}) {
     SCOPED_TRACE(std::string("--submit-run ") + runs);
