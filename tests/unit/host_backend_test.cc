@@ -318,6 +318,31 @@ TEST_F(HostBackendTest, RegisteredRangesAreTracked) {
   EXPECT_EQ(device_->registered_host_ranges_for_test(), 0u);
 }
 
+// A copy between the device and ordinary (unregistered) host memory returns only once the
+// stream's earlier work and the copy have run, as CUDA's pageable copies may (backend.h): a
+// download has its bytes when it returns, and an upload's source may be reused at once. A
+// copy of registered memory is queued like any op.
+TEST_F(HostBackendTest, CopiesOfOrdinaryHostMemoryWaitForTheStreamsEarlierWork) {
+  device_->SetOpDelayForTest(milliseconds(10));
+  DevicePtr p = Allocate(64);
+  for (int i = 1; i <= 5; ++i) ASSERT_TRUE(stream_->Fill(DType::kU8, p, 64, i).ok());
+  std::vector<uint8_t> out(64, 0);
+  ASSERT_TRUE(stream_->CopyDeviceToHost(out.data(), p, 64).ok());
+  EXPECT_EQ(out, std::vector<uint8_t>(64, 5)) << "the download returned before it ran";
+  std::vector<uint8_t> in(64, 7);
+  ASSERT_TRUE(stream_->Fill(DType::kU8, p, 64, 6).ok());
+  ASSERT_TRUE(stream_->CopyHostToDevice(p, in.data(), 64).ok());
+  std::fill(in.begin(), in.end(), 9);  // reused at once: the copy has its bytes already
+  device_->SetOpDelayForTest(microseconds(0));
+  std::vector<uint8_t> registered(64, 0);
+  ASSERT_TRUE(device_->RegisterHostMemory(registered.data(), registered.size()).ok());
+  ASSERT_TRUE(stream_->CopyDeviceToHost(registered.data(), p, 64).ok());
+  ASSERT_TRUE(Sync(*stream_).ok());
+  EXPECT_EQ(registered, std::vector<uint8_t>(64, 7));
+  EXPECT_TRUE(device_->UnregisterHostMemory(registered.data()).ok());
+  stream_->Free(p);
+}
+
 TEST_F(HostBackendTest, DestroyingAStreamDeliversPendingCompletions) {
   device_->SetOpDelayForTest(milliseconds(5));
   std::unique_ptr<Stream> s = NewStream();

@@ -227,6 +227,18 @@ class SessionTest : public ::testing::Test {
     for (std::thread& t : threads_) t.join();
     sessions_.clear();
     events_.clear();
+    for (const auto& bytes : registered_) {
+      EXPECT_TRUE(host()->UnregisterHostMemory(const_cast<char*>(bytes->data())).ok());
+    }
+  }
+
+  /// `bytes`, registered with the device as the daemon's staging and slabs are: a copy from
+  /// them does not wait for the stream's earlier work (backend.h), so an upload of them holds
+  /// its copy turn while the device runs it. Unregistered at TearDown.
+  std::shared_ptr<const std::string> Registered(std::shared_ptr<const std::string> bytes) {
+    EXPECT_TRUE(host()->RegisterHostMemory(const_cast<char*>(bytes->data()), bytes->size()).ok());
+    registered_.push_back(bytes);
+    return bytes;
   }
 
   /// Open a session on its own strand, with a recorder for its events; it takes copy turns
@@ -338,6 +350,7 @@ class SessionTest : public ::testing::Test {
   std::vector<std::thread> threads_;
   std::vector<std::unique_ptr<RecordingEvents>> events_;
   std::vector<std::shared_ptr<Session>> sessions_;
+  std::vector<std::shared_ptr<const std::string>> registered_;  // Registered
 };
 
 // --- The happy path --------------------------------------------------------------------------
@@ -1158,7 +1171,7 @@ TEST_F(SessionTest, LargeCopiesWaitForATurnAndTheSessionsLaterSubmitsWaitBehindT
   Client a = Open();
   Client b = Open();
   const std::vector<float> ones(4096, 1.0f), twos(4096, 2.0f);
-  auto up_a = Encode(ones), up_b = Encode(twos);
+  auto up_a = Registered(Encode(ones)), up_b = Registered(Encode(twos));
   ASSERT_TRUE(SubmitAndWait(a, 1, {CreateTensorOp{1, DType::kF32, {4096}}}).ok());
   ASSERT_TRUE(
       SubmitAndWait(b, 1,
@@ -1205,7 +1218,7 @@ TEST_F(SessionTest, AWaitingSubmitThatIsRefusedGivesItsTurnBack) {
   Client a = Open();
   Client b = Open();
   Client c = Open();
-  auto bytes = std::make_shared<std::string>(8192, '\x11');
+  auto bytes = Registered(std::make_shared<std::string>(8192, '\x11'));
   for (const Client* x : {&a, &b, &c}) {
     ASSERT_TRUE(SubmitAndWait(*x, 1, {CreateTensorOp{1, DType::kU8, {8192}}}).ok());
   }
@@ -1228,7 +1241,7 @@ TEST_F(SessionTest, AbortWhileWaitingForATurnDropsTheWaitingSubmitsAndWithdrawsT
   turns_ = std::make_unique<CopyTurns>(1, 4096);
   Client a = Open();
   Client b = Open();
-  auto bytes = std::make_shared<std::string>(8192, '\x22');
+  auto bytes = Registered(std::make_shared<std::string>(8192, '\x22'));
   ASSERT_TRUE(SubmitAndWait(a, 1, {CreateTensorOp{1, DType::kU8, {8192}}}).ok());
   ASSERT_TRUE(SubmitAndWait(b, 1, {CreateTensorOp{1, DType::kU8, {8192}}}).ok());
   host()->SetOpDelayForTest(milliseconds(50));

@@ -133,7 +133,7 @@ class HostStream final : public Stream {
     };
     op.copy = HostOp::Copy::kToDevice;
     op.copy_bytes = bytes;
-    return Enqueue(std::move(op));
+    return EnqueueHostCopy(std::move(op), src, bytes);
   }
 
   Status CopyDeviceToHost(void* dst, DevicePtr src, uint64_t bytes) override {
@@ -147,7 +147,7 @@ class HostStream final : public Stream {
     };
     op.copy = HostOp::Copy::kToHost;
     op.copy_bytes = bytes;
-    return Enqueue(std::move(op));
+    return EnqueueHostCopy(std::move(op), dst, bytes);
   }
 
   Status CopyDeviceToDevice(DevicePtr dst, DevicePtr src, uint64_t bytes) override {
@@ -386,8 +386,9 @@ class HostStream final : public Stream {
     return Status::Ok();
   }
 
-  /// Check `op` and record it (while capturing) or queue it for the worker.
-  Status Enqueue(HostOp op) {
+  /// Check `op` and record it (while capturing) or queue it for the worker; `*seq` (when
+  /// given and queued) is its number for WaitRan.
+  Status Enqueue(HostOp op, uint64_t* seq = nullptr) {
     FERRY_RETURN_IF_ERROR(CheckAccesses(op));
     if (capturing_) {
       captured_.push_back(std::move(op));
@@ -398,17 +399,45 @@ class HostStream final : public Stream {
     task.run = std::move(op.run);
     task.copy = op.copy;
     task.copy_bytes = op.copy_bytes;
-    Push(std::move(task));
+    const uint64_t pushed = Push(std::move(task));
+    if (seq) *seq = pushed;
     return Status::Ok();
   }
 
-  void Push(Task task) {
+  /// Enqueue a copy between the device and `bytes` of host memory at `host`. Outside a
+  /// capture, with host memory that is not registered (ordinary, pageable), return only once
+  /// the stream's earlier work and the copy have run, as CUDA does (backend.h): a caller that
+  /// makes such a copy on a thread other sessions need is caught here too.
+  Status EnqueueHostCopy(HostOp op, const void* host, uint64_t bytes) {
+    const bool pageable = !capturing_ && !device_->IsRegisteredHost(host, bytes);
+    uint64_t seq = 0;
+    FERRY_RETURN_IF_ERROR(Enqueue(std::move(op), pageable ? &seq : nullptr));
+    if (pageable) WaitRan(seq);
+    return Status::Ok();
+  }
+
+  /// Queue `task`; return its number (1, 2, ...: the order the worker runs them in).
+  uint64_t Push(Task task) {
+    uint64_t seq;
     {
       MutexLock lock(&mu_);
       if (task.queued_command) TakeQueueRoomLocked();
       queue_.push_back(std::move(task));
+      seq = ++pushed_;
     }
     cv_.NotifyOne();
+    return seq;
+  }
+
+  /// Block until the worker has run task `seq` (or the stream is stopping).
+  void WaitRan(uint64_t seq) {
+    MutexLock lock(&mu_);
+    ++ran_waiters_;
+    ran_cv_.Wait(&mu_, [this, seq] {
+      mu_.AssertHeld();
+      return ran_ >= seq || stop_;
+    });
+    --ran_waiters_;
   }
 
   /// Count one command, first blocking the enqueueing thread while the stream holds
@@ -435,13 +464,15 @@ class HostStream final : public Stream {
       }
       for (Task& task : batch) {
         RunTask(task);
-        if (task.queued_command) {
-          {
-            MutexLock lock(&mu_);
-            --queued_commands_;
-          }
-          room_cv_.NotifyOne();
+        bool wake_ran = false;
+        {
+          MutexLock lock(&mu_);
+          ++ran_;
+          if (task.queued_command) --queued_commands_;
+          wake_ran = ran_waiters_ > 0;
         }
+        if (task.queued_command) room_cv_.NotifyOne();
+        if (wake_ran) ran_cv_.NotifyAll();
       }
       batch.clear();
     }
@@ -499,7 +530,11 @@ class HostStream final : public Stream {
   Mutex mu_;
   CondVar cv_;       // queue_ grew or stop_ was set
   CondVar room_cv_;  // queued_commands_ dropped
+  CondVar ran_cv_;   // ran_ grew while ran_waiters_ > 0
   std::deque<Task> queue_ ABSL_GUARDED_BY(mu_);
+  uint64_t pushed_ ABSL_GUARDED_BY(mu_) = 0;           // tasks queued so far (Push numbers them)
+  uint64_t ran_ ABSL_GUARDED_BY(mu_) = 0;              // tasks the worker has run, in that order
+  int ran_waiters_ ABSL_GUARDED_BY(mu_) = 0;           // threads in WaitRan
   uint64_t queued_commands_ ABSL_GUARDED_BY(mu_) = 0;  // enqueued, not yet run (Task)
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
 
@@ -572,6 +607,18 @@ Status HostDevice::UnregisterHostMemory(void* ptr) {
     return InvalidArgument("UnregisterHostMemory: the pointer was not registered");
   }
   return Status::Ok();
+}
+
+bool HostDevice::IsRegisteredHost(const void* ptr, uint64_t bytes) const {
+  const auto* p = static_cast<const char*>(ptr);
+  MutexLock lock(&mu_);
+  for (const auto& [base, length] : registered_) {
+    const auto* b = static_cast<const char*>(base);
+    if (p >= b && bytes <= length && p - b <= static_cast<std::ptrdiff_t>(length - bytes)) {
+      return true;
+    }
+  }
+  return false;
 }
 
 size_t HostDevice::registered_host_ranges_for_test() const {

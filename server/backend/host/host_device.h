@@ -120,6 +120,8 @@ class HostDevice final : public Device {
   /// Return OK when [ptr, ptr+bytes) lies inside one live allocation (or bytes is 0 and
   /// ptr is not null).
   Status CheckRange(DevicePtr ptr, uint64_t bytes, std::string_view what) const;
+  /// Return true when [ptr, ptr+bytes) lies inside one range RegisterHostMemory registered.
+  bool IsRegisteredHost(const void* ptr, uint64_t bytes) const;
   /// Count one executed op against an injected fault; return the fault when it fires.
   std::optional<Status> TakeInjectedFault();
   std::chrono::microseconds op_delay() const {
