@@ -325,7 +325,10 @@ TEST_F(HostBackendTest, RegisteredRangesAreTracked) {
 TEST_F(HostBackendTest, CopiesOfOrdinaryHostMemoryWaitForTheStreamsEarlierWork) {
   device_->SetOpDelayForTest(milliseconds(10));
   DevicePtr p = Allocate(64);
-  for (int i = 1; i <= 5; ++i) ASSERT_TRUE(stream_->Fill(DType::kU8, p, 64, i).ok());
+  for (int i = 1; i <= 3; ++i) ASSERT_TRUE(stream_->Fill(DType::kU8, p, 64, i).ok());
+  ASSERT_TRUE(stream_->BeginBatch().ok());  // a batch is one command of several ops
+  for (int i = 4; i <= 5; ++i) ASSERT_TRUE(stream_->Fill(DType::kU8, p, 64, i).ok());
+  ASSERT_TRUE(stream_->EndBatch().ok());
   std::vector<uint8_t> out(64, 0);
   ASSERT_TRUE(stream_->CopyDeviceToHost(out.data(), p, 64).ok());
   EXPECT_EQ(out, std::vector<uint8_t>(64, 5)) << "the download returned before it ran";

@@ -329,6 +329,7 @@ class HostStream final : public Stream {
         task.run = op.run;
         task.queued_command = std::exchange(first, false);
         queue_.push_back(std::move(task));
+        ++pushed_;  // numbered as Push numbers tasks: WaitRan counts every task run
       }
     }
     cv_.NotifyOne();
@@ -532,7 +533,7 @@ class HostStream final : public Stream {
   CondVar room_cv_;  // queued_commands_ dropped
   CondVar ran_cv_;   // ran_ grew while ran_waiters_ > 0
   std::deque<Task> queue_ ABSL_GUARDED_BY(mu_);
-  uint64_t pushed_ ABSL_GUARDED_BY(mu_) = 0;           // tasks queued so far (Push numbers them)
+  uint64_t pushed_ ABSL_GUARDED_BY(mu_) = 0;           // tasks queued so far, each numbered (Push)
   uint64_t ran_ ABSL_GUARDED_BY(mu_) = 0;              // tasks the worker has run, in that order
   int ran_waiters_ ABSL_GUARDED_BY(mu_) = 0;           // threads in WaitRan
   uint64_t queued_commands_ ABSL_GUARDED_BY(mu_) = 0;  // enqueued, not yet run (Task)
