@@ -334,6 +334,74 @@ TEST(ConcurrencyTest, LongSubmitsAreEnqueuedInSlicesWhileOtherSessionsWork) {
       << "submits of 2^19 ops were not read and admitted on the long lane";
 }
 
+// The long lane is fair between tenants, against a real ferryd. Without staging every inline
+// transfer copies directly between the device and the message's ordinary memory, which waits
+// for the session's earlier work (CUDA's pageable copies may; the host backend does): on the
+// long lane. Tenant a ("remote": TCP peers) queues long fills on three sessions and then a
+// download on each, so each download holds a long-lane thread until its fills have run. With
+// two long-lane threads, a holds one and its other two downloads wait for it; tenant b (a
+// local uid) copies on the other thread at once, and its upload completes while every one of
+// a's downloads is still in flight.
+TEST(ConcurrencyTest, OneTenantsDirectCopiesLeaveALongLaneThreadForAnother) {
+  testing::FerrydProcess d(
+      {"--executor-threads", "2", "--staging-slabs", "0", "--metrics-listen", "127.0.0.1:0"},
+      /*tcp=*/true);
+  ASSERT_TRUE(d.ok()) << d.log();
+  using testing::Create;
+  using testing::Download;
+  using testing::Fill;
+  using testing::InlineUpload;
+  auto metric = [&](const char* name) {
+    return testing::Value(testing::ResponseBody(testing::Scrape(testing::MetricsEndpoint(d))),
+                          name);
+  };
+  const std::string tcp = d.tcp_target().substr(4);  // HOST:PORT
+  std::vector<std::unique_ptr<testing::RawStream>> a;
+  for (int i = 0; i < 3; ++i) {
+    a.push_back(std::make_unique<testing::RawStream>(tcp));
+    ASSERT_TRUE(a.back()->Open()) << d.log();
+    ASSERT_TRUE(a.back()->Submit(
+        1, {Create(1, v1::DTYPE_F32, {16 << 20}), Create(2, v1::DTYPE_U8, {4096})}));
+    ASSERT_EQ(a.back()->Completion(1).kind(), v1::ERROR_KIND_NONE);
+  }
+  testing::RawStream b(d.unix_target());
+  ASSERT_TRUE(b.Open()) << d.log();
+  ASSERT_TRUE(b.Submit(1, {Create(1, v1::DTYPE_U8, {4096})}));
+  ASSERT_EQ(b.Completion(1).kind(), v1::ERROR_KIND_NONE);
+  // a: fills of 64 MiB that keep each stream busy for a second or more, then a download.
+  const int fills = testing::TestBackend() == "cuda" ? 20000 : 600;
+  for (auto& s : a) {
+    ASSERT_TRUE(s->Submit(2, std::vector<v1::Op>(fills, Fill(1, 1.0))));
+    ASSERT_TRUE(s->Submit(3, {Download(2, 0, 4096)}));
+  }
+  // Once one of a's downloads waits for the lane, a holds all it may of it.
+  ASSERT_TRUE(testing::Eventually([&] { return metric("ferry_long_lane_waiting") >= 1; }, 10))
+      << "a's downloads did not go to the long lane";
+  ASSERT_TRUE(b.Submit(2, {InlineUpload(1, 0, std::string(4096, 'b'))}));
+  EXPECT_EQ(b.Completion(2).kind(), v1::ERROR_KIND_NONE);
+  std::printf(
+      "when b's upload completed: %g of a's downloads waited for the long lane, %llu "
+      "submits in flight\n",
+      metric("ferry_long_lane_waiting"),
+      static_cast<unsigned long long>(d.AdminStatus().submits_in_flight()));
+  EXPECT_GE(d.AdminStatus().submits_in_flight(), 3u)
+      << "b's upload waited for a's downloads (they should all still be in flight)";
+  for (auto& s : a) {
+    EXPECT_EQ(s->Completion(2).kind(), v1::ERROR_KIND_NONE);
+    std::string bytes;
+    EXPECT_EQ(s->Completion(3, &bytes).kind(), v1::ERROR_KIND_NONE);
+    EXPECT_EQ(bytes, std::string(4096, '\0'));
+    s->Close();
+  }
+  ASSERT_TRUE(b.Submit(3, {Download(1, 0, 4096)}));
+  std::string back;
+  EXPECT_EQ(b.Completion(3, &back).kind(), v1::ERROR_KIND_NONE);
+  EXPECT_EQ(back, std::string(4096, 'b'));
+  b.Close();
+  EXPECT_EQ(metric("ferry_long_lane_waiting"), 0);
+  EXPECT_GE(metric("ferry_long_lane_turns_total"), 5);
+}
+
 // A graph recording is cut into slices too: the session's stream keeps capturing while its
 // executor thread goes to other work, and the capture goes on from whichever thread takes
 // it up next (CUDA: relaxed capture). Meanwhile another session allocates, computes and
