@@ -343,9 +343,12 @@ TEST(ConcurrencyTest, LongSubmitsAreEnqueuedInSlicesWhileOtherSessionsWork) {
 // local uid) copies on the other thread at once, and its upload completes while every one of
 // a's downloads is still in flight.
 TEST(ConcurrencyTest, OneTenantsDirectCopiesLeaveALongLaneThreadForAnother) {
-  testing::FerrydProcess d(
-      {"--executor-threads", "2", "--staging-slabs", "0", "--metrics-listen", "127.0.0.1:0"},
-      /*tcp=*/true);
+  const bool cuda = testing::TestBackend() == "cuda";
+  std::vector<std::string> args = {"--executor-threads", "2",          "--staging-slabs", "0",
+                                   "--metrics-listen",   "127.0.0.1:0"};
+  // a's long work on CUDA: a kernel that spins (fills run fused there, too fast to wait for).
+  if (cuda) args.push_back("--allow-remote-raw-kernels");
+  testing::FerrydProcess d(args, /*tcp=*/true);
   ASSERT_TRUE(d.ok()) << d.log();
   using testing::Create;
   using testing::Download;
@@ -360,18 +363,21 @@ TEST(ConcurrencyTest, OneTenantsDirectCopiesLeaveALongLaneThreadForAnother) {
   for (int i = 0; i < 3; ++i) {
     a.push_back(std::make_unique<testing::RawStream>(tcp));
     ASSERT_TRUE(a.back()->Open()) << d.log();
-    ASSERT_TRUE(a.back()->Submit(
-        1, {Create(1, v1::DTYPE_F32, {16 << 20}), Create(2, v1::DTYPE_U8, {4096})}));
+    std::vector<v1::Op> setup = {Create(1, v1::DTYPE_F32, {16 << 20}),
+                                 Create(2, v1::DTYPE_U8, {4096})};
+    if (cuda) setup.push_back(testing::LoadSpin(3));
+    ASSERT_TRUE(a.back()->Submit(1, setup));
     ASSERT_EQ(a.back()->Completion(1).kind(), v1::ERROR_KIND_NONE);
   }
   testing::RawStream b(d.unix_target());
   ASSERT_TRUE(b.Open()) << d.log();
   ASSERT_TRUE(b.Submit(1, {Create(1, v1::DTYPE_U8, {4096})}));
   ASSERT_EQ(b.Completion(1).kind(), v1::ERROR_KIND_NONE);
-  // a: fills of 64 MiB that keep each stream busy for a second or more, then a download.
-  const int fills = testing::TestBackend() == "cuda" ? 20000 : 600;
+  // a: work that keeps each stream busy for a few seconds (fills of 64 MiB; on CUDA a kernel
+  // that spins about 2 s), then a download.
   for (auto& s : a) {
-    ASSERT_TRUE(s->Submit(2, std::vector<v1::Op>(fills, Fill(1, 1.0))));
+    ASSERT_TRUE(s->Submit(2, cuda ? std::vector<v1::Op>{testing::Spin(3, 1, 1.0f, 4'000'000'000ull)}
+                                  : std::vector<v1::Op>(600, Fill(1, 1.0))));
     ASSERT_TRUE(s->Submit(3, {Download(2, 0, 4096)}));
   }
   // Once one of a's downloads waits for the lane, a holds all it may of it.

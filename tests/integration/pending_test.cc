@@ -656,8 +656,11 @@ TEST(PendingTest, OneSessionHoldsAtMostHalfOfStaging) {
 // behind long work of its own, would hold 3M of the 4M area until that work has run, and b's
 // 2 MiB upload (another identity, within its share) would wait for it.
 TEST(PendingTest, ASubmitLargerThanAShareOfStagingGoesDirect) {
+  const bool cuda = testing::TestBackend() == "cuda";
   auto args = SmallPool();
   args.insert(args.end(), {"--staging-slabs", "1", "--staging-wait", "30000"});  // 4M, 2M each
+  // a's long work on CUDA: a kernel that spins (fills run fused there, too fast to wait for).
+  if (cuda) args.push_back("--allow-remote-raw-kernels");
   FerrydProcess d(args, /*tcp=*/true);
   ASSERT_TRUE(d.ok()) << d.log();
   using testing::Create;
@@ -666,15 +669,18 @@ TEST(PendingTest, ASubmitLargerThanAShareOfStagingGoesDirect) {
   using testing::InlineUpload;
   RawStream a(d.tcp_target().substr(4)), b(d.unix_target());
   ASSERT_TRUE(a.Open() && b.Open()) << d.log();
-  ASSERT_TRUE(a.Submit(
-      1, {Create(1, v1::DTYPE_F32, {16 << 20}), Create(2, v1::DTYPE_U8, {3 << 20}), Fill(2, 7.0)}));
+  std::vector<v1::Op> setup = {Create(1, v1::DTYPE_F32, {16 << 20}),
+                               Create(2, v1::DTYPE_U8, {3 << 20}), Fill(2, 7.0)};
+  if (cuda) setup.push_back(testing::LoadSpin(3));
+  ASSERT_TRUE(a.Submit(1, setup));
   ASSERT_EQ(a.Completion(1).kind(), v1::ERROR_KIND_NONE);
   ASSERT_TRUE(b.Submit(1, {Create(1, v1::DTYPE_U8, {2 << 20})}));
   ASSERT_EQ(b.Completion(1).kind(), v1::ERROR_KIND_NONE);
   const uint64_t fallbacks = d.AdminStatus().staging_fallbacks_total();
-  // a: fills of 64 MiB that keep its stream busy for a second or more, then the download.
-  const int fills = testing::TestBackend() == "cuda" ? 40000 : 400;
-  ASSERT_TRUE(a.Submit(2, std::vector<v1::Op>(fills, Fill(1, 1.0))));
+  // a: work that keeps its stream busy for a second or more (fills of 64 MiB; on CUDA a
+  // kernel that spins about 2 s), then the download.
+  ASSERT_TRUE(a.Submit(2, cuda ? std::vector<v1::Op>{testing::Spin(3, 1, 1.0f, 4'000'000'000ull)}
+                               : std::vector<v1::Op>(400, Fill(1, 1.0))));
   ASSERT_TRUE(a.Submit(3, {Download(2, 0, 3 << 20)}));
   ASSERT_TRUE(testing::Eventually(
       [&] { return d.AdminStatus().staging_fallbacks_total() == fallbacks + 1; }, 5))
