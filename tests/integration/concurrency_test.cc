@@ -337,8 +337,8 @@ TEST(ConcurrencyTest, LongSubmitsAreEnqueuedInSlicesWhileOtherSessionsWork) {
 // The long lane is fair between tenants, against a real ferryd. Without staging every inline
 // transfer copies directly between the device and the message's ordinary memory, which waits
 // for the session's earlier work (CUDA's pageable copies may; the host backend does): on the
-// long lane. Tenant a ("remote": TCP peers) queues long fills on three sessions and then a
-// download on each, so each download holds a long-lane thread until its fills have run. With
+// long lane. Tenant a ("remote": TCP peers) queues long work on three sessions and then a
+// download on each, so each download holds a long-lane thread until that work has run. With
 // two long-lane threads, a holds one and its other two downloads wait for it; tenant b (a
 // local uid) copies on the other thread at once, and its upload completes while every one of
 // a's downloads is still in flight.
