@@ -231,14 +231,8 @@ class SessionConnection : public session::SessionEvents,
       std::shared_ptr<v1::ClientMessage> m = std::move(ring_backlog_.front().message);
       ring_backlog_.pop_front();
       --context_->gauges.messages_in_hand;
-      if (!m) {
-        ProtocolViolation("a submit ring record is not a ClientMessage");
-      } else if (m->sequence() == 0) {
-        ProtocolViolation("a message through the submit ring has no sequence number");
-      } else {
-        if (m->has_submit()) ++run_submits;
-        Accept(std::move(m), kRing);
-      }
+      const bool submit = m && m->has_submit();
+      if (AcceptRingMessage(std::move(m)) && submit) ++run_submits;
     }
     if (run) run->EndSubmitRun();
     if (ring_ && ring_backlog_.empty() && !ring_broken_.empty()) {
@@ -259,14 +253,25 @@ class SessionConnection : public session::SessionEvents,
     // whose backlog started afresh): dropped, as that backlog was.
     if (!ring_ || session != session_id_ || finishing()) return;
     auto m = std::make_shared<v1::ClientMessage>();
-    if (!m->ParseFromString(record)) {
-      ProtocolViolation("a submit ring record is not a ClientMessage");
-    } else if (m->sequence() == 0) {
-      ProtocolViolation("a message through the submit ring has no sequence number");
-    } else {
-      Accept(std::move(m), kRing);
-    }
+    if (!m->ParseFromString(record)) m = nullptr;
+    AcceptRingMessage(std::move(m));
     executor_.Post([self = shared_from_this()] { self->MaybeReadMore(); }, "ring messages");
+  }
+
+  // A message from the submit ring (null where its record did not parse): accepted in ring
+  // order when it is well formed, else the session ends with a protocol violation. Returns
+  // whether it was accepted.
+  bool AcceptRingMessage(std::shared_ptr<v1::ClientMessage> m) {
+    if (!m) {
+      ProtocolViolation("a submit ring record is not a ClientMessage");
+      return false;
+    }
+    if (m->sequence() == 0) {
+      ProtocolViolation("a message through the submit ring has no sequence number");
+      return false;
+    }
+    Accept(std::move(m), kRing);
+    return true;
   }
 
   // The ops of the next `submits` submits in the ring backlog.

@@ -47,6 +47,19 @@ v1::ErrorKind EndingError(RawStream& raw) {
   return kind;
 }
 
+// Close the session with a Close numbered `sequence`, through the ring: the stream then
+// ends cleanly, with the session's Closed.
+void CloseThroughRing(RawStream& raw, RawRing& ring, uint64_t sequence) {
+  v1::ClientMessage close;
+  close.set_sequence(sequence);
+  close.mutable_close();
+  ring.Write(close);
+  bool closed = false;
+  while (auto m = raw.Read()) closed |= m->has_closed();
+  EXPECT_TRUE(closed);
+  EXPECT_TRUE(raw.Finish().ok());
+}
+
 class SubmitRingTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -94,15 +107,7 @@ TEST_F(SubmitRingTest, BothPathsAreHandledInSequenceOrder) {
   EXPECT_EQ(values[1], 3.0f);
   EXPECT_GE(daemon_->AdminStatus().submit_ring_messages_total(), 3u);
 
-  // Close, numbered, through the ring; then the stream ends cleanly.
-  v1::ClientMessage close;
-  close.set_sequence(5);
-  close.mutable_close();
-  ring.Write(close);
-  bool closed = false;
-  while (auto m = raw.Read()) closed |= m->has_closed();
-  EXPECT_TRUE(closed);
-  EXPECT_TRUE(raw.Finish().ok());
+  CloseThroughRing(raw, ring, 5);
 }
 
 // A client that rings its doorbell without pause has its doorbell muted (issue 15, item 6),
@@ -367,10 +372,6 @@ TEST_F(SubmitRingTest, LibferryUsesTheRingAndFallsBackToTheStreamInOrder) {
   ASSERT_TRUE(s->close().ok());
 }
 
-// What the poller takes from a ring at once goes to the device as runs (--submit-run): one
-// completion watch per run, and one batch for consecutive one-op kernel submits. A client
-// pipelining 3000 of them sees every result and every submit counted; close() counts the
-// batches, and with runs off there are none and the result is the same.
 // A ring record larger than the ring poller parses (64 KiB; a ring larger than the default
 // lets a client write records of megabytes) is parsed and handled on the long lane, not on
 // the poller's thread that every session's ring shares. It is handled in its place among the
@@ -405,14 +406,7 @@ TEST(SubmitRingLargeRecordTest, ARecordTooLargeForThePollerIsHandledInItsPlace) 
   std::memcpy(values, chunks.data(), 16);
   for (float v : values) EXPECT_EQ(v, static_cast<float>(20000 % 7)) << "not the last fill's";
   EXPECT_GE(long_lane_turns(), turns_before + 1) << "the large record was not on the long lane";
-  v1::ClientMessage close;
-  close.set_sequence(4);
-  close.mutable_close();
-  ring.Write(close);
-  bool closed = false;
-  while (auto m = raw.Read()) closed |= m->has_closed();
-  EXPECT_TRUE(closed);
-  EXPECT_TRUE(raw.Finish().ok());
+  CloseThroughRing(raw, ring, 4);
 
   // A large record that does not parse: that session ends, and another goes on.
   auto good = Client::connect(d.unix_target());
@@ -436,6 +430,10 @@ TEST(SubmitRingLargeRecordTest, ARecordTooLargeForThePollerIsHandledInItsPlace) 
   EXPECT_EQ(d.WaitIdle().sessions_open(), 0u);
 }
 
+// What the poller takes from a ring at once goes to the device as runs (--submit-run): one
+// completion watch per run, and one batch for consecutive one-op kernel submits. A client
+// pipelining 3000 of them sees every result and every submit counted; close() counts the
+// batches, and with runs off there are none and the result is the same.
 TEST(SubmitRunTest, PipelinedOneOpSubmitsGoToTheDeviceAsBatches) {
   for (const char* runs : {"32", "0"}) {
     SCOPED_TRACE(std::string("--submit-run ") + runs);
