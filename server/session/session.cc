@@ -500,8 +500,9 @@ Status Session::EnqueueOps(InFlight& record, EnqueueWork& work) {
         return Status::Ok();
       }
       // Its slice is over (read the clock every kSliceCheckOps ops): the rest goes on after
-      // other sessions' queued work, so that a long submit holds an executor thread, which
-      // every session shares, one slice at a time. A graph recording goes on where it
+      // other sessions' queued work, on the lane it runs on (the next op is that lane's), so
+      // that a long submit holds an executor thread, which every session shares, one slice
+      // at a time. A graph recording goes on where it
       // stopped (the stream keeps capturing, and CUDA's relaxed capture may go on from
       // another thread). What of the session runs meanwhile leaves the stream alone: its
       // later submits park behind this one, a run's end defers its watch (EndSubmitRun),
@@ -510,7 +511,7 @@ Status Session::EnqueueOps(InFlight& record, EnqueueWork& work) {
         slice_checked = i;
         if (std::chrono::steady_clock::now() >= slice_end) {
           registry_->CountEnqueueYield();
-          YieldEnqueue(work, i, Lane::kShared);
+          YieldEnqueue(work, i, here);
           return Status::Ok();
         }
       }
@@ -567,6 +568,12 @@ Session::Lane Session::LaneFor(const Op& op, const InFlight& record, size_t inde
   if (std::holds_alternative<EndGraphOp>(op)) {
     return capturing_ && capture_ops_ > kLongGraphOps ? Lane::kLong : Lane::kShared;
   }
+  if (const auto* launch = std::get_if<LaunchGraphOp>(&op)) {
+    return IsLongGraph(launch->graph) ? Lane::kLong : Lane::kShared;
+  }
+  if (const auto* free = std::get_if<FreeGraphOp>(&op)) {
+    return IsLongGraph(free->handle) ? Lane::kLong : Lane::kShared;
+  }
   // An inline transfer without staging ranges (the direct path) copies between the device
   // and the message's own, pageable memory.
   const bool staged = index < record.staged_ops.size() && !record.staged_ops[index].empty();
@@ -577,6 +584,11 @@ Session::Lane Session::LaneFor(const Op& op, const InFlight& record, size_t inde
     return down->length > 0 && !staged ? Lane::kLong : Lane::kShared;
   }
   return Lane::kShared;
+}
+
+bool Session::IsLongGraph(uint64_t handle) const {
+  auto g = tensors_.graphs().find(handle);
+  return g != tensors_.graphs().end() && g->second.ops > kLongGraphOps;
 }
 
 Session::Lane Session::CurrentLane() const {
@@ -1292,7 +1304,14 @@ void Session::MaybeTearDown() {
   // Releasing everything takes a while (frees, module and graph destruction): never on the
   // completion thread or a gRPC reaction thread, either of which may be running this.
   Advance(LifecycleEvent::kPostTearDown);
-  executor_.Post([self = shared_from_this()] { self->TearDown(); }, "session teardown");
+  // Releasing a large graph takes about as long as building it did (kLongGraphOps).
+  bool long_graph = false;
+  if (executor_.has_long_lane()) {
+    for (const auto& [handle, graph] : tensors_.graphs()) long_graph |= IsLongGraph(handle);
+  }
+  if (long_graph) registry_->CountLongLaneTurn();
+  executor_.Post([self = shared_from_this()] { self->TearDown(); }, "session teardown",
+                 long_graph ? Lane::kLong : Lane::kShared);
 }
 
 void Session::TearDown() {

@@ -179,12 +179,14 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   static constexpr std::chrono::microseconds kEnqueueSlice{2000};
   // The clock is read every this many ops.
   static constexpr size_t kSliceCheckOps = 32;
-  // A graph of more recorded ops than this is instantiated at its EndGraph on the executor's
-  // long lane (SerialExecutor::Lane::kLong), where it has one: instantiation is not cut into
-  // slices and takes about as long as the graph is big (CUDA: about 12 s for a capture and
-  // instantiation of 2^20 ops, 262144 being session-max-graph-ops' default), and a long-lane
-  // thread is one no other session's work waits for. A smaller graph's takes about a slice
-  // and stays on the shared lane, without the two thread hand-overs. (LaneFor: the long
+  // A graph of more recorded ops than this is instantiated at its EndGraph, launched, and
+  // released (its FreeGraph, or the session's teardown while it holds one) on the executor's
+  // long lane (SerialExecutor::Lane::kLong), where it has one: none of these is cut into
+  // slices, and each takes about as long as the graph is big (CUDA: about 12 s for a capture
+  // and instantiation of 2^20 ops, 262144 being session-max-graph-ops' default; about 140 ms
+  // to destroy, and as long for the first launch, of 2^17 on the H100), and a long-lane
+  // thread is one no other session's work waits for. A smaller graph's take about a slice
+  // and stay on the shared lane, without the two thread hand-overs. (LaneFor: the long
   // lane also takes the direct path's copies.)
   static constexpr uint64_t kLongGraphOps = 1024;
   // A submit of more ops than this (a LaunchGraph counted as the ops its graph recorded, as
@@ -353,12 +355,15 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   using Lane = SerialExecutor::Lane;
   // The lane op `op` (op `index` of `record`) is enqueued on, where the executor has a long
   // lane: kLong for work that may hold its thread for long, which no slice cuts: the EndGraph
-  // of a recording of more than kLongGraphOps ops, and an inline Upload or Download without
+  // of a recording of more than kLongGraphOps ops, the LaunchGraph and FreeGraph of such a
+  // graph (IsLongGraph), and an inline Upload or Download without
   // staging ranges (the direct path: a copy between the device and pageable memory, which
   // may wait for the stream's earlier work, CUDA). kShared for any other op. The ops after a
   // long-lane op go on on the shared lane; the session's functions still run one at a time.
   Lane LaneFor(const Op& op, const InFlight& record, size_t index) const;
   Lane CurrentLane() const;  // the lane this executor function runs on
+  // `handle` is a graph of the session of more than kLongGraphOps recorded ops.
+  bool IsLongGraph(uint64_t handle) const;
   // Stop the enqueue before op `next` (paused), to go on (ContinueEnqueue) on `lane` after
   // what the executor has queued.
   void YieldEnqueue(EnqueueWork& work, size_t next, Lane lane);
