@@ -22,10 +22,12 @@
 //    backend models one queue per stream.
 //  * Host memory passed to a copy must stay valid until the completion that follows the copy.
 //  * A copy to or from host memory that is not registered (RegisterHostMemory: ordinary,
-//    pageable memory) may block the calling thread until the stream's earlier work and the
-//    copy itself have run (CUDA: its "stream sync" for pageable copies; the host backend
-//    does the same, outside a capture). A caller that must not be held runs it where waiting
-//    holds no other session's work (session/session.h: the long lane).
+//    pageable memory) blocks the calling thread until the stream's earlier work has run
+//    (outside a capture), and may block it until the copy itself has run too. (CUDA stages
+//    pageable copies through buffers every stream shares: the CUDA backend waits for the
+//    stream first, so that a copy never holds them while it waits for its stream's work;
+//    the host backend waits the same way.) A caller that must not be held runs it where
+//    waiting holds no other session's work (session/session.h: the long lane).
 //  * Device memory freed with Free() is released only after all work enqueued before the
 //    Free() has finished, so in-flight work never touches freed memory.
 //  * Usage (device time, copy bytes and time per direction) of work enqueued before an

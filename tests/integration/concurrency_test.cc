@@ -383,15 +383,19 @@ TEST(ConcurrencyTest, OneTenantsDirectCopiesLeaveALongLaneThreadForAnother) {
   // Once one of a's downloads waits for the lane, a holds all it may of it.
   ASSERT_TRUE(testing::Eventually([&] { return metric("ferry_long_lane_waiting") >= 1; }, 10))
       << "a's downloads did not go to the long lane";
+  const auto b_start = std::chrono::steady_clock::now();
   ASSERT_TRUE(b.Submit(2, {InlineUpload(1, 0, std::string(4096, 'b'))}));
   EXPECT_EQ(b.Completion(2).kind(), v1::ERROR_KIND_NONE);
   std::printf(
-      "when b's upload completed: %g of a's downloads waited for the long lane, %llu "
-      "submits in flight\n",
+      "when b's upload completed (after %.1f ms): %g of a's downloads waited for the long "
+      "lane, %llu submits in flight\n",
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - b_start).count(),
       metric("ferry_long_lane_waiting"),
       static_cast<unsigned long long>(d.AdminStatus().submits_in_flight()));
   EXPECT_GE(d.AdminStatus().submits_in_flight(), 3u)
-      << "b's upload waited for a's downloads (they should all still be in flight)";
+      << "b's upload waited for a's downloads (they should all still be in flight); ferryd's "
+      << "log:\n"
+      << d.log();
   for (auto& s : a) {
     EXPECT_EQ(s->Completion(2).kind(), v1::ERROR_KIND_NONE);
     std::string bytes;

@@ -690,7 +690,9 @@ TEST(PendingTest, ASubmitLargerThanAShareOfStagingGoesDirect) {
   ASSERT_TRUE(b.Submit(2, {InlineUpload(1, 0, std::string(2 << 20, 'b'))}));
   EXPECT_EQ(b.Completion(2).kind(), v1::ERROR_KIND_NONE);
   EXPECT_EQ(d.AdminStatus().submits_in_flight(), 2u)
-      << "b's upload waited for a's work (a's fills and download should still be in flight)";
+      << "b's upload waited for a's work (a's fills and download should still be in flight); "
+      << "ferryd's log:\n"
+      << d.log();
   EXPECT_EQ(d.AdminStatus().staging_fallbacks_total(), fallbacks + 1) << "b went direct";
   EXPECT_EQ(a.Completion(2).kind(), v1::ERROR_KIND_NONE);
   std::string bytes;

@@ -556,13 +556,32 @@ class CudaDevice final : public Device {
       return InvalidArgument("RegisterHostMemory: null pointer or zero length");
     }
     FERRY_RETURN_IF_ERROR(MakeCurrent());
-    return CudaStatus(cudaHostRegister(ptr, bytes, cudaHostRegisterPortable), "cudaHostRegister");
+    FERRY_RETURN_IF_ERROR(
+        CudaStatus(cudaHostRegister(ptr, bytes, cudaHostRegisterPortable), "cudaHostRegister"));
+    MutexLock lock(&registered_mu_);
+    registered_[static_cast<const char*>(ptr)] = bytes;
+    return Status::Ok();
   }
 
   Status UnregisterHostMemory(void* ptr) override {
     if (ptr == nullptr) return InvalidArgument("UnregisterHostMemory: null pointer");
     FERRY_RETURN_IF_ERROR(MakeCurrent());
+    {
+      MutexLock lock(&registered_mu_);
+      registered_.erase(static_cast<const char*>(ptr));
+    }
     return CudaStatus(cudaHostUnregister(ptr), "cudaHostUnregister");
+  }
+
+  /// True where [ptr, ptr + bytes) lies within one range registered with RegisterHostMemory.
+  bool IsRegisteredHost(const void* ptr, uint64_t bytes) const {
+    const auto* p = static_cast<const char*>(ptr);
+    MutexLock lock(&registered_mu_);
+    auto it = registered_.upper_bound(p);  // the first range starting after p
+    if (it == registered_.begin()) return false;
+    --it;
+    const uint64_t offset = static_cast<uint64_t>(p - it->first);
+    return bytes <= it->second && offset <= it->second - bytes;
   }
 
   Result<std::shared_ptr<Module>> LoadModule(ModuleFormat format, std::string_view image) override;
@@ -797,6 +816,10 @@ class CudaDevice final : public Device {
   AllocationTable allocations_ ABSL_GUARDED_BY(mu_);  // live allocations
   uint64_t bytes_in_use_ ABSL_GUARDED_BY(mu_) = 0;
 
+  // Host ranges registered with RegisterHostMemory, by their first byte (IsRegisteredHost).
+  mutable Mutex registered_mu_;
+  std::map<const char*, uint64_t> registered_ ABSL_GUARDED_BY(registered_mu_);
+
   Mutex modules_mu_;
   // Loaded modules by format + image bytes (the full key, so no hash collision can hand a
   // session another's code); entries expire when no caller holds the module any more.
@@ -889,6 +912,7 @@ class CudaStream final : public Stream {
         {Access{dst, bytes, "CopyHostToDevice destination", true}},
         [&] {
           if (bytes == 0) return Status::Ok();
+          FERRY_RETURN_IF_ERROR(WaitBeforePageableCopy(src, bytes));
           return TimedCopy(/*to_device=*/true, bytes, [&] {
             return device_->Check(
                 cudaMemcpyAsync(Address(dst), src, bytes, cudaMemcpyHostToDevice, stream_),
@@ -904,6 +928,7 @@ class CudaStream final : public Stream {
         {Access{src, bytes, "CopyDeviceToHost source"}},
         [&] {
           if (bytes == 0) return Status::Ok();
+          FERRY_RETURN_IF_ERROR(WaitBeforePageableCopy(dst, bytes));
           return TimedCopy(/*to_device=*/false, bytes, [&] {
             return device_->Check(
                 cudaMemcpyAsync(dst, Address(src), bytes, cudaMemcpyDeviceToHost, stream_),
@@ -1317,6 +1342,21 @@ class CudaStream final : public Stream {
       watcher->ReleaseTimingEvent(c.start);
       watcher->ReleaseTimingEvent(c.end);
     }
+  }
+
+  /// Before a copy of `bytes` at `host` that is not registered (ordinary, pageable memory):
+  /// wait on this thread until the stream's earlier work has run. CUDA copies pageable memory
+  /// through staging buffers that every stream of the context shares; a pageable copy queued
+  /// behind its stream's earlier work holds them until that work has run, and every other
+  /// stream's pageable copy waits meanwhile (on the H100 a 4 KiB upload of another session
+  /// waited 2 s for a download queued behind a 2 s kernel; docs/performance.md, thirtieth
+  /// session). A stream synchronize holds nothing another stream needs, so the copy is made
+  /// on an idle stream and holds the staging for its own time only. The caller runs it where
+  /// waiting holds no other session's work (backend.h). Not inside a capture (nothing runs).
+  Status WaitBeforePageableCopy(const void* host, uint64_t bytes) {
+    if (capturing_ || device_->IsRegisteredHost(host, bytes)) return Status::Ok();
+    return device_->Check(cudaStreamSynchronize(stream_),
+                          "cudaStreamSynchronize (before a copy of pageable memory)");
   }
 
   /// Run `copy` (which enqueues one cudaMemcpyAsync of `bytes`, more than 0) between a pair
