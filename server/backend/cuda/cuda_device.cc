@@ -229,8 +229,38 @@ class CudaModule final : public Module {
   mutable std::unordered_map<std::string, FunctionInfo> functions_ ABSL_GUARDED_BY(mu_);
 };
 
+/// Load every function of `module` now. With lazy loading (CUDA_MODULE_LOADING=LAZY, CUDA's
+/// default) a function is otherwise loaded at its first cuModuleGetFunction, and one loaded
+/// while other streams' kernels run does not start until they have all ended (on the H100 a
+/// 1-thread kernel waited 0.9 s for another stream's running kernel; docs/performance.md,
+/// thirtieth session): a session's first launch of a raw kernel would wait for every other
+/// session's running kernels. Loading the module itself waits for them already, in both
+/// modes, on the long lane; the functions loaded here, right after it, load while the device
+/// is as idle as it gets, and no later launch loads code. Drivers without cuFuncLoad (before
+/// 12.4) load lazily as before.
+Status LoadEveryFunction(const DriverApi& api, CUmodule module) {
+  if (api.ModuleGetFunctionCount == nullptr || api.ModuleEnumerateFunctions == nullptr ||
+      api.FuncLoad == nullptr) {
+    return Status::Ok();
+  }
+  unsigned count = 0;
+  FERRY_RETURN_IF_ERROR(
+      DriverStatus(api.ModuleGetFunctionCount(&count, module), "counting the module's functions"));
+  std::vector<CUfunction> functions(count);
+  if (count > 0) {
+    FERRY_RETURN_IF_ERROR(
+        DriverStatus(api.ModuleEnumerateFunctions(functions.data(), count, module),
+                     "listing the module's functions"));
+  }
+  for (CUfunction f : functions) {
+    FERRY_RETURN_IF_ERROR(DriverStatus(api.FuncLoad(f), "loading the module's functions"));
+  }
+  return Status::Ok();
+}
+
 /// Load a PTX or CUBIN/fatbin image into the current context, with the JIT's error log in
-/// the COMPILE_ERROR message when it fails.
+/// the COMPILE_ERROR message when it fails, and every function of it loaded
+/// (LoadEveryFunction).
 Result<CUmodule> LoadImage(const DriverApi& api, const std::string& image) {
   std::string error_log(kJitLogBytes, '\0');
   std::array<CUjit_option, 2> options = {CU_JIT_ERROR_LOG_BUFFER,
@@ -240,7 +270,13 @@ Result<CUmodule> LoadImage(const DriverApi& api, const std::string& image) {
   CUmodule module = nullptr;
   const CUresult result = api.ModuleLoadDataEx(
       &module, image.c_str(), static_cast<unsigned>(options.size()), options.data(), values.data());
-  if (result == CUDA_SUCCESS) return module;
+  if (result == CUDA_SUCCESS) {
+    if (Status loaded = LoadEveryFunction(api, module); !loaded.ok()) {
+      (void)api.ModuleUnload(module);
+      return loaded;
+    }
+    return module;
+  }
   error_log.resize(std::strlen(error_log.c_str()));
   Status status = DriverStatus(result, "loading the module");
   if (status.kind() == ErrorKind::kDeviceFault) return status;

@@ -169,6 +169,10 @@ Status LoadDriverApi(DriverApi* api) {
   FERRY_RETURN_IF_ERROR(Resolve("cuFuncSetAttribute", &api->FuncSetAttribute, true));
   FERRY_RETURN_IF_ERROR(Resolve("cuFuncGetParamInfo", &api->FuncGetParamInfo, false));
   FERRY_RETURN_IF_ERROR(Resolve("cuLaunchKernel", &api->LaunchKernel, true));
+  FERRY_RETURN_IF_ERROR(Resolve("cuModuleGetFunctionCount", &api->ModuleGetFunctionCount, false));
+  FERRY_RETURN_IF_ERROR(
+      Resolve("cuModuleEnumerateFunctions", &api->ModuleEnumerateFunctions, false));
+  FERRY_RETURN_IF_ERROR(Resolve("cuFuncLoad", &api->FuncLoad, false));
   return Status::Ok();
 }
 

@@ -54,11 +54,16 @@ struct DriverApi {
   decltype(&::cuFuncSetAttribute) FuncSetAttribute = nullptr;
   decltype(&::cuFuncGetParamInfo) FuncGetParamInfo = nullptr;  // driver 12.4+
   decltype(&::cuLaunchKernel) LaunchKernel = nullptr;
+  // Driver 12.4+, to load a module's every function at its load (LoadImage):
+  decltype(&::cuModuleGetFunctionCount) ModuleGetFunctionCount = nullptr;
+  decltype(&::cuModuleEnumerateFunctions) ModuleEnumerateFunctions = nullptr;
+  decltype(&::cuFuncLoad) FuncLoad = nullptr;
 };
 
 /// Return the driver-API table, resolving it on first use (thread-safe). Call only after
 /// the runtime has initialized a device (cudaSetDevice succeeded). Fails when a required
-/// entry point is missing; FuncGetParamInfo is optional.
+/// entry point is missing; FuncGetParamInfo and the three of a module's functions' load are
+/// optional.
 Result<const DriverApi*> GetDriverApi();
 
 /// cuBLAS and NVRTC are loaded with dlopen on first use, never linked: linked, their
