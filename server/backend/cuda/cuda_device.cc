@@ -86,6 +86,7 @@
 #include "backend/cuda/nvrtc_compile.h"
 #include "backend/elementwise_run.h"
 #include "backend/enqueue_checks.h"
+#include "backend/registered_ranges.h"
 #include "ferry/mutex.h"
 
 namespace ferry::backend {
@@ -595,7 +596,7 @@ class CudaDevice final : public Device {
     FERRY_RETURN_IF_ERROR(
         CudaStatus(cudaHostRegister(ptr, bytes, cudaHostRegisterPortable), "cudaHostRegister"));
     MutexLock lock(&registered_mu_);
-    registered_[static_cast<const char*>(ptr)] = bytes;
+    registered_.Add(ptr, bytes);  // CUDA accepted it, so no recorded range starts at ptr
     return Status::Ok();
   }
 
@@ -604,20 +605,15 @@ class CudaDevice final : public Device {
     FERRY_RETURN_IF_ERROR(MakeCurrent());
     {
       MutexLock lock(&registered_mu_);
-      registered_.erase(static_cast<const char*>(ptr));
+      registered_.Remove(ptr);
     }
     return CudaStatus(cudaHostUnregister(ptr), "cudaHostUnregister");
   }
 
   /// True where [ptr, ptr + bytes) lies within one range registered with RegisterHostMemory.
   bool IsRegisteredHost(const void* ptr, uint64_t bytes) const {
-    const auto* p = static_cast<const char*>(ptr);
     MutexLock lock(&registered_mu_);
-    auto it = registered_.upper_bound(p);  // the first range starting after p
-    if (it == registered_.begin()) return false;
-    --it;
-    const uint64_t offset = static_cast<uint64_t>(p - it->first);
-    return bytes <= it->second && offset <= it->second - bytes;
+    return registered_.Contains(ptr, bytes);
   }
 
   Result<std::shared_ptr<Module>> LoadModule(ModuleFormat format, std::string_view image) override;
@@ -854,7 +850,7 @@ class CudaDevice final : public Device {
 
   // Host ranges registered with RegisterHostMemory, by their first byte (IsRegisteredHost).
   mutable Mutex registered_mu_;
-  std::map<const char*, uint64_t> registered_ ABSL_GUARDED_BY(registered_mu_);
+  RegisteredRanges registered_ ABSL_GUARDED_BY(registered_mu_);
 
   Mutex modules_mu_;
   // Loaded modules by format + image bytes (the full key, so no hash collision can hand a

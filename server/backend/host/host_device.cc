@@ -596,7 +596,7 @@ Status HostDevice::RegisterHostMemory(void* ptr, uint64_t bytes) {
     return InvalidArgument("RegisterHostMemory: null pointer or zero length");
   }
   MutexLock lock(&mu_);
-  if (!registered_.emplace(ptr, bytes).second) {
+  if (!registered_.Add(ptr, bytes)) {
     return InvalidArgument("RegisterHostMemory: the range is already registered");
   }
   return Status::Ok();
@@ -604,22 +604,15 @@ Status HostDevice::RegisterHostMemory(void* ptr, uint64_t bytes) {
 
 Status HostDevice::UnregisterHostMemory(void* ptr) {
   MutexLock lock(&mu_);
-  if (ptr == nullptr || registered_.erase(ptr) == 0) {
+  if (ptr == nullptr || !registered_.Remove(ptr)) {
     return InvalidArgument("UnregisterHostMemory: the pointer was not registered");
   }
   return Status::Ok();
 }
 
 bool HostDevice::IsRegisteredHost(const void* ptr, uint64_t bytes) const {
-  const auto* p = static_cast<const char*>(ptr);
   MutexLock lock(&mu_);
-  for (const auto& [base, length] : registered_) {
-    const auto* b = static_cast<const char*>(base);
-    if (p >= b && bytes <= length && p - b <= static_cast<std::ptrdiff_t>(length - bytes)) {
-      return true;
-    }
-  }
-  return false;
+  return registered_.Contains(ptr, bytes);
 }
 
 size_t HostDevice::registered_host_ranges_for_test() const {

@@ -37,16 +37,15 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string_view>
 #include <thread>
-#include <unordered_map>
 
 #include "backend/allocation_table.h"
 #include "backend/backend.h"
+#include "backend/registered_ranges.h"
 #include "ferry/mutex.h"
 
 namespace ferry::backend {
@@ -145,7 +144,7 @@ class HostDevice final : public Device {
   uint64_t bytes_in_use_ ABSL_GUARDED_BY(mu_) = 0;
   // Live allocations; an entry's free is pending from Free's enqueue to its run.
   AllocationTable allocations_ ABSL_GUARDED_BY(mu_);
-  std::unordered_map<void*, uint64_t> registered_ ABSL_GUARDED_BY(mu_);
+  RegisteredRanges registered_ ABSL_GUARDED_BY(mu_);
   bool fail_next_allocation_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<Status> injected_fault_ ABSL_GUARDED_BY(mu_);
   uint64_t fault_countdown_ ABSL_GUARDED_BY(mu_) = 0;
