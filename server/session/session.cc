@@ -1305,10 +1305,10 @@ void Session::MaybeTearDown() {
   // completion thread or a gRPC reaction thread, either of which may be running this.
   Advance(LifecycleEvent::kPostTearDown);
   // Releasing a large graph takes about as long as building it did (kLongGraphOps).
-  bool long_graph = false;
-  if (executor_.has_long_lane()) {
-    for (const auto& [handle, graph] : tensors_.graphs()) long_graph |= IsLongGraph(handle);
-  }
+  const bool long_graph =
+      executor_.has_long_lane() &&
+      std::any_of(tensors_.graphs().begin(), tensors_.graphs().end(),
+                  [](const auto& entry) { return entry.second.ops > kLongGraphOps; });
   if (long_graph) registry_->CountLongLaneTurn();
   executor_.Post([self = shared_from_this()] { self->TearDown(); }, "session teardown",
                  long_graph ? Lane::kLong : Lane::kShared);
