@@ -221,12 +221,8 @@ class SessionTest : public ::testing::Test {
     }
     // A test's long lane runs here too: the teardown of a session that holds a large graph
     // goes there (ALargeGraphIsLaunchedAndReleasedOnTheLongLane).
-    EXPECT_TRUE(WaitUntil(
-        [this] {
-          long_lane_io_.poll();
-          return registry_->Totals().sessions_open == 0;
-        },
-        HasFailure() ? milliseconds(500) : kTimeout))
+    EXPECT_TRUE(RunLongLaneUntil([this] { return registry_->Totals().sessions_open == 0; },
+                                 HasFailure() ? milliseconds(500) : kTimeout))
         << "a session never finished closing";
     for (const auto& e : events_) EXPECT_EQ(e->calls_off_strand(), 0);
     work_.reset();
@@ -329,6 +325,16 @@ class SessionTest : public ::testing::Test {
       return {};
     }
     return events.back().stats;
+  }
+
+  // Run the test's long lane until `done()` holds or `timeout` passes; return done().
+  template <typename Predicate>
+  bool RunLongLaneUntil(Predicate done, milliseconds timeout = kTimeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (!done() && std::chrono::steady_clock::now() < deadline) {
+      long_lane_io_.run_one_for(milliseconds(10));
+    }
+    return done();
   }
 
   backend::HostDevice* host() {
@@ -779,12 +785,8 @@ TEST_F(SessionTest, ASubmitOfManyOpsIsAdmittedOnTheLongLane) {
   Submit(c, 5, std::vector<Op>(64, LaunchGraphOp{7}));
   EXPECT_FALSE(c.events->WaitUntil(completed(5), milliseconds(200)))
       << "64 launches of a 1025-op graph were admitted without the long lane";
-  const auto deadline = std::chrono::steady_clock::now() + kTimeout;
-  while (!c.events->WaitUntil(completed(5), milliseconds(1)) &&
-         std::chrono::steady_clock::now() < deadline) {
-    long_lane_io_.run_one_for(milliseconds(10));
-  }
-  ASSERT_TRUE(c.events->WaitForCompletions(5));
+  ASSERT_TRUE(RunLongLaneUntil([&] { return c.events->WaitUntil(completed(5), milliseconds(1)); }))
+      << "64 launches of a 1025-op graph never completed";
   EXPECT_TRUE(c.events->CompletionOf(5).ok()) << c.events->CompletionOf(5).ToString();
   EXPECT_GE(registry_->long_lane_turns(), 3u);
   EXPECT_EQ(long_lane_io_.poll(), 0u);
@@ -800,11 +802,8 @@ TEST_F(SessionTest, AnAbortWhileALargeGraphWaitsForTheLongLaneReleasesEverything
   c.session->executor().Post([s = c.session] { s->Abort(); });
   // Run the long lane until the session is gone (ALargeGraphIsInstantiatedOnTheLongLane
   // checks that the EndGraph goes there).
-  const auto deadline = std::chrono::steady_clock::now() + kTimeout;
-  while (registry_->Totals().sessions_open > 0 && std::chrono::steady_clock::now() < deadline) {
-    long_lane_io_.run_one_for(milliseconds(10));
-  }
-  ASSERT_EQ(registry_->Totals().sessions_open, 0u) << "the session never finished closing";
+  ASSERT_TRUE(RunLongLaneUntil([this] { return registry_->Totals().sessions_open == 0; }))
+      << "the session never finished closing";
   ExpectAllReleasedAfterAbort(c);
 }
 
