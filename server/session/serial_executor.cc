@@ -31,9 +31,26 @@ void SerialExecutor::PostAfter(std::chrono::milliseconds delay, std::function<vo
 }
 
 void SerialExecutor::Yield(std::function<void()> fn, const char* name, Lane lane) const {
-  MutexLock lock(&state_->mu);
-  state_->queue.push_back({std::move(fn), /*is_short=*/false, name, OnLongLane(lane)});
-  state_->yielding = true;  // the running function's runner ends its turn (active stays)
+  bool misused = false;
+  {
+    MutexLock lock(&state_->mu);
+    state_->queue.push_back({std::move(fn), /*is_short=*/false, name, OnLongLane(lane)});
+    if (state_->runner == std::this_thread::get_id()) {
+      state_->yielding = true;  // the running function's runner ends its turn (active stays)
+    } else {
+      // Not from a function of this executor: no turn of its to end here, so `fn` is
+      // queued as Post queues it (never left unscheduled, nor another thread's turn cut).
+      misused = true;
+      if (!state_->active) {
+        state_->active = true;
+        ScheduleOrIdleLocked(state_);
+      }
+    }
+  }
+  if (misused) {
+    spdlog::error("SerialExecutor::Yield('{}') called outside a function of its executor",
+                  name != nullptr ? name : "unnamed");
+  }
 }
 
 void SerialExecutor::RunOrPost(std::function<void()> fn, Followers followers) const {

@@ -65,10 +65,10 @@ class SerialExecutor {
   /// must outlive the wait; `fn` should hold weak references to what may be gone by then.
   void PostAfter(std::chrono::milliseconds delay, std::function<void()> fn,
                  const char* name = nullptr) const;
-  /// From a function of this executor (only: called elsewhere it would not be scheduled)
-  /// that gives up its thread for a while: `fn` is queued as Post queues it (behind what this
-  /// executor has queued), and once the calling function returns the executor's turn on this
-  /// thread ends, so that `fn` (with what else is queued here) runs after the work other
+  /// From a function of this executor that gives up its thread for a while (called
+  /// elsewhere, a misuse, it logs an error and is a Post): `fn` is queued as Post queues it (behind
+  /// what this executor has queued), and once the calling function returns the executor's turn on
+  /// this thread ends, so that `fn` (with what else is queued here) runs after the work other
   /// executors queued on the io_context meanwhile. For work cut into slices (a long
   /// enqueue), so that it holds an io thread for one slice at a time, and what its own
   /// executor has queued (a completion, an abort) runs between slices. With Lane::kLong, `fn`

@@ -230,6 +230,30 @@ TEST(SerialExecutorYieldTest, AYieldingFunctionGoesOnAfterOtherExecutorsQueuedWo
   EXPECT_EQ(order, (std::vector<std::string>{"slice 1", "other", "after", "slice 2"}));
 }
 
+// Yield is for a function of its own executor. Called from elsewhere (here a function of
+// another executor, while its own is idle or only scheduled) it is a Post: its function
+// runs, and it cuts no turn of the executor's (whose queued functions run in one turn).
+TEST(SerialExecutorYieldTest, AYieldFromOutsideItsExecutorIsAPost) {
+  boost::asio::io_context io;  // run by this thread alone
+  SerialExecutor ex(io), other(io), third(io);
+  std::vector<std::string> order;
+  other.Post([&] { ex.Yield([&] { order.push_back("yielded while idle"); }); });
+  io.run();
+  EXPECT_EQ(order, std::vector<std::string>{"yielded while idle"}) << "the function was lost";
+
+  io.restart();
+  order.clear();
+  other.Post([&] {
+    ex.Yield([&] { order.push_back("yielded"); });  // ex is scheduled, not running
+    third.Post([&] { order.push_back("third's work"); });
+    ex.Post([&] { order.push_back("posted"); });
+  });
+  ex.Post([&] { order.push_back("queued"); });
+  io.run();
+  EXPECT_EQ(order, (std::vector<std::string>{"queued", "yielded", "posted", "third's work"}))
+      << "the yield ended a turn of its executor that it did not run in";
+}
+
 // On a caller's thread (RunOrPost) a yield hands the continuation to the io_context too, and
 // the executor's next turns run as many functions as before.
 TEST(SerialExecutorYieldTest, AYieldOnTheCallersThreadGoesOnOnTheIoContext) {
