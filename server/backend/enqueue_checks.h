@@ -2,7 +2,9 @@
 // arguments with the same typed errors (the conformance suite holds them to it).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <string_view>
 
@@ -43,6 +45,25 @@ inline Result<uint64_t> MatrixBytes(DType dtype, uint64_t rows, uint64_t cols,
                                                    " overflows the address space");
   }
   return ByteSize(dtype, count, what);
+}
+
+/// Check a Fill of `count` elements of `dtype` with `value` (a known dtype; a value an
+/// integer dtype can represent: no NaN or infinity, in range) and return its bytes.
+inline Result<uint64_t> CheckFill(DType dtype, uint64_t count, double value) {
+  if (!IsKnownDType(dtype)) {
+    return Status(ErrorKind::kInvalidArgument,
+                  "Fill: unsupported dtype " + std::to_string(static_cast<int>(dtype)));
+  }
+  if (dtype == DType::kI32 || dtype == DType::kU8) {
+    const double lo = dtype == DType::kI32 ? std::numeric_limits<int32_t>::min() : 0.0;
+    const double hi = dtype == DType::kI32 ? std::numeric_limits<int32_t>::max() : 255.0;
+    if (!std::isfinite(value) || value < lo || value > hi) {
+      return Status(ErrorKind::kInvalidArgument, "Fill: " + std::to_string(value) +
+                                                     " is not representable as " +
+                                                     std::string(DTypeName(dtype)));
+    }
+  }
+  return ByteSize(dtype, count, "Fill");
 }
 
 }  // namespace ferry::backend

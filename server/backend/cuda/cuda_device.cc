@@ -58,13 +58,11 @@
 #include <atomic>
 #include <chrono>
 #include <climits>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <fstream>
-#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -977,18 +975,7 @@ class CudaStream final : public Stream {
   }
 
   Status Fill(DType dtype, DevicePtr dst, uint64_t count, double value) override {
-    if (!IsKnownDType(dtype)) {
-      return InvalidArgument("Fill: unsupported dtype " + std::to_string(static_cast<int>(dtype)));
-    }
-    if (dtype == DType::kI32 || dtype == DType::kU8) {
-      const double lo = dtype == DType::kI32 ? std::numeric_limits<int32_t>::min() : 0.0;
-      const double hi = dtype == DType::kI32 ? std::numeric_limits<int32_t>::max() : 255.0;
-      if (!std::isfinite(value) || value < lo || value > hi) {
-        return InvalidArgument("Fill: " + std::to_string(value) + " is not representable as " +
-                               std::string(DTypeName(dtype)));
-      }
-    }
-    FERRY_ASSIGN_OR_RETURN(uint64_t bytes, ByteSize(dtype, count, "Fill"));
+    FERRY_ASSIGN_OR_RETURN(uint64_t bytes, CheckFill(dtype, count, value));
     const cuda_kernels::FusedOp op{
         .kind = cuda_kernels::FusedOp::kFill, .scalar = value, .out = Address(dst), .count = count};
     return EnqueueElementwise(dtype, {Access{dst, bytes, "Fill destination", true}}, op, [&] {

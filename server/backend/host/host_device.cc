@@ -3,10 +3,8 @@
 #include <pthread.h>
 
 #include <array>
-#include <cmath>
 #include <cstring>
 #include <functional>
-#include <limits>
 #include <new>
 #include <string>
 #include <utility>
@@ -164,18 +162,7 @@ class HostStream final : public Stream {
   }
 
   Status Fill(DType dtype, DevicePtr dst, uint64_t count, double value) override {
-    if (!IsKnownDType(dtype)) {
-      return InvalidArgument("Fill: unsupported dtype " + std::to_string(static_cast<int>(dtype)));
-    }
-    if (dtype == DType::kI32 || dtype == DType::kU8) {
-      const double lo = dtype == DType::kI32 ? std::numeric_limits<int32_t>::min() : 0.0;
-      const double hi = dtype == DType::kI32 ? std::numeric_limits<int32_t>::max() : 255.0;
-      if (!std::isfinite(value) || value < lo || value > hi) {
-        return InvalidArgument("Fill: " + std::to_string(value) + " is not representable as " +
-                               std::string(DTypeName(dtype)));
-      }
-    }
-    FERRY_ASSIGN_OR_RETURN(uint64_t bytes, ByteSize(dtype, count, "Fill"));
+    FERRY_ASSIGN_OR_RETURN(uint64_t bytes, CheckFill(dtype, count, value));
     HostOp op;
     op.Touch(dst, bytes, "Fill destination");
     void* d = HostAddress(dst);
