@@ -6,10 +6,10 @@
 
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
-#include <cerrno>
 #include <cstdint>
 #include <cstring>
 
@@ -24,7 +24,10 @@ namespace ferry::internal {
 class RingWriter {
  public:
   RingWriter(char* map, uint64_t capacity, int doorbell)
-      : map_(map), capacity_(capacity), doorbell_(doorbell) {}
+      : map_(map),
+        capacity_(capacity),
+        doorbell_(doorbell),
+        doorbell_is_socket_(IsSocket(doorbell)) {}
   ~RingWriter() {
     ::munmap(map_, kHeaderBytes + capacity_);
     ::close(doorbell_);
@@ -64,10 +67,11 @@ class RingWriter {
     if (reinterpret_cast<std::atomic<uint32_t>*>(map_ + kAsleepOffset)
             ->load(std::memory_order_relaxed)) {
       const uint64_t one = 1;
-      // A socket (send: no SIGPIPE when the daemon is gone); an eventfd from a daemon of
-      // before 2026-12-04 is not one (write).
-      if (::send(doorbell_, &one, sizeof(one), MSG_NOSIGNAL | MSG_DONTWAIT) < 0 &&
-          errno == ENOTSOCK) {
+      // An eventfd (write: it raises no SIGPIPE); a daemon of 2026-12-04 or 12-05 hands a
+      // socket instead (send with MSG_NOSIGNAL: no SIGPIPE when that daemon is gone).
+      if (doorbell_is_socket_) {
+        (void)::send(doorbell_, &one, sizeof(one), MSG_NOSIGNAL | MSG_DONTWAIT);
+      } else {
         (void)!::write(doorbell_, &one, sizeof(one));
       }
     }
@@ -86,12 +90,17 @@ class RingWriter {
  private:
   static constexpr uint64_t kHeadOffset = 0, kTailOffset = 64, kAsleepOffset = 128,
                             kBoardSleepersOffset = 192;
+  static bool IsSocket(int fd) {
+    struct stat st {};
+    return ::fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode);
+  }
   std::atomic<uint64_t>* Word64(uint64_t offset) const {
     return reinterpret_cast<std::atomic<uint64_t>*>(map_ + offset);
   }
   char* map_;
   uint64_t capacity_;
   int doorbell_;
+  bool doorbell_is_socket_;
   uint64_t head_ = 0;  // bytes written so far
 };
 

@@ -36,8 +36,9 @@ struct RingPoller::Registration::Shared {
   std::vector<std::shared_ptr<Registration>> registered ABSL_GUARDED_BY(mu);
 };
 
-Result<std::unique_ptr<RingPoller>> RingPoller::Start(std::chrono::microseconds spin) {
-  std::unique_ptr<RingPoller> p(new RingPoller(spin));
+Result<std::unique_ptr<RingPoller>> RingPoller::Start(std::chrono::microseconds spin,
+                                                      std::chrono::milliseconds sleep_max) {
+  std::unique_ptr<RingPoller> p(new RingPoller(spin, sleep_max));
   p->shared_ = std::make_shared<Registration::Shared>();
   p->epoll_ = ::epoll_create1(EPOLL_CLOEXEC);
   if (p->epoll_ < 0) return SysError("epoll_create1");
@@ -133,7 +134,7 @@ void RingPoller::Refresh(std::vector<std::shared_ptr<Registration>>& regs) {
   for (auto& reg : now) {
     if (!reg->in_epoll_ && !reg->muted_) {
       epoll_event ev{};
-      ev.events = EPOLLIN;
+      ev.events = EPOLLIN | EPOLLET;  // a doorbell is never read (SubmitRing)
       ev.data.ptr = reg.get();
       if (::epoll_ctl(epoll_, EPOLL_CTL_ADD, reg->ring_->doorbell_to_watch(), &ev) == 0) {
         reg->in_epoll_ = true;
@@ -206,7 +207,7 @@ std::chrono::steady_clock::time_point RingPoller::Unmute(
     reg->muted_ = false;
     if (reg->removed_.load()) continue;
     epoll_event ev{};
-    ev.events = EPOLLIN;
+    ev.events = EPOLLIN | EPOLLET;  // a doorbell is never read (SubmitRing)
     ev.data.ptr = reg.get();
     if (::epoll_ctl(epoll_, EPOLL_CTL_ADD, reg->ring_->doorbell_to_watch(), &ev) == 0)
       reg->in_epoll_ = true;
@@ -231,7 +232,7 @@ void RingPoller::Sleep(std::vector<std::shared_ptr<Registration>>& regs, uint64_
     // Bounded: a client that writes without ringing its doorbell (libferry always rings), or
     // whose doorbell is muted, is served within kSleepMax, and a drain never waits on it for
     // its whole grace.
-    auto timeout = kSleepMax;
+    auto timeout = sleep_max_;
     if (Clock::time_point due = Unmute(regs, now); due != Clock::time_point::max()) {
       timeout = std::min(timeout, std::chrono::ceil<std::chrono::milliseconds>(due - now));
     }
@@ -244,17 +245,13 @@ void RingPoller::Sleep(std::vector<std::shared_ptr<Registration>>& regs, uint64_
         (void)!::read(shared_->wake, &count, sizeof(count));
       } else {
         auto* reg = static_cast<Registration*>(events[i].data.ptr);
-        // Looked at before the doorbells are cleared below, so a later ring wakes again.
         if (!reg->removed_.load() && !reg->Ready()) CountEmptyWake(*reg, now);
       }
     }
     Unmute(regs, now);
   }
   shared_->asleep.store(false, std::memory_order_seq_cst);
-  for (auto& reg : regs) {
-    reg->ring_->SetAsleep(false);
-    reg->ring_->ClearDoorbell();
-  }
+  for (auto& reg : regs) reg->ring_->SetAsleep(false);
 }
 
 void RingPoller::Run() {

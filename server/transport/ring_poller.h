@@ -94,7 +94,10 @@ class RingPoller {
   static constexpr std::chrono::milliseconds kMuteFirst{10};
   static constexpr std::chrono::milliseconds kMuteMax{1000};
 
-  static Result<std::unique_ptr<RingPoller>> Start(std::chrono::microseconds spin);
+  /// `sleep_max`: the longest sleep without a doorbell (kSleepMax; a test passes a long one,
+  /// so that only a doorbell can wake the poller within it).
+  static Result<std::unique_ptr<RingPoller>> Start(std::chrono::microseconds spin,
+                                                   std::chrono::milliseconds sleep_max = kSleepMax);
   /// Stop the thread; registrations left are dropped (their handlers are not called again;
   /// Arm and Remove on them stay safe and do nothing).
   ~RingPoller();
@@ -116,7 +119,8 @@ class RingPoller {
   bool records_waiting() const;
 
  private:
-  explicit RingPoller(std::chrono::microseconds spin) : spin_(spin) {}
+  RingPoller(std::chrono::microseconds spin, std::chrono::milliseconds sleep_max)
+      : spin_(spin), sleep_max_(sleep_max) {}
   void Run();
   // Take the records of each armed ring that has some; return how many rings handed over.
   size_t PollOnce(std::vector<std::shared_ptr<Registration>>& regs);
@@ -133,6 +137,7 @@ class RingPoller {
                                                std::chrono::steady_clock::time_point now);
 
   const std::chrono::microseconds spin_;
+  const std::chrono::milliseconds sleep_max_;
   int epoll_ = -1;
   std::shared_ptr<Registration::Shared> shared_;
   std::thread thread_;

@@ -2,8 +2,8 @@
 
 #include <fcntl.h>
 #include <linux/falloc.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <bit>
@@ -48,12 +48,8 @@ Result<std::unique_ptr<SubmitRing>> SubmitRing::Create(uint64_t capacity) {
   ring->tail_word_ = new (ring->map_ + kTailOffset) std::atomic<uint64_t>(0);
   ring->asleep_ = new (ring->map_ + kAsleepOffset) std::atomic<uint32_t>(0);
   ring->board_sleepers_ = new (ring->map_ + kBoardSleepersOffset) std::atomic<uint32_t>(0);
-  int ends[2] = {-1, -1};
-  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, ends) != 0) {
-    return SysError("socketpair for a submit ring's doorbell");
-  }
-  ring->doorbell_read_ = ends[0];
-  ring->doorbell_write_ = ends[1];
+  ring->doorbell_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (ring->doorbell_ < 0) return SysError("eventfd for a submit ring's doorbell");
   return ring;
 }
 
@@ -66,8 +62,7 @@ SubmitRing::~SubmitRing() {
                       static_cast<off_t>(map_bytes()));
   }
   if (memfd_ >= 0) ::close(memfd_);
-  if (doorbell_read_ >= 0) ::close(doorbell_read_);
-  if (doorbell_write_ >= 0) ::close(doorbell_write_);
+  if (doorbell_ >= 0) ::close(doorbell_);
 }
 
 bool SubmitRing::HasRecord() const {
@@ -120,18 +115,6 @@ SubmitRing::Took SubmitRing::Take(std::string* record, std::string* why) {
 
 void SubmitRing::SetAsleep(bool asleep) {
   asleep_->store(asleep ? 1 : 0, std::memory_order_seq_cst);
-}
-
-void SubmitRing::ClearDoorbell() {
-  // Bounded: at most kDoorbellDrainBytes; a client ringing on meanwhile is muted by the
-  // poller, not chased here. MSG_DONTWAIT: never blocks, whatever flags the socket has.
-  char drain[kDoorbellDrainBytes / 4];
-  for (int i = 0; i < 4; ++i) {
-    if (::recv(doorbell_read_, drain, sizeof(drain), MSG_DONTWAIT) <
-        static_cast<ssize_t>(sizeof(drain))) {
-      return;
-    }
-  }
 }
 
 }  // namespace ferry::transport

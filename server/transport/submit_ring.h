@@ -26,16 +26,19 @@
 // the daemon read outside the mapping or parse bytes that change under it. A ring that breaks
 // a rule is broken for good (Take says why; the session ends with PROTOCOL_VIOLATION).
 //
-// The doorbell is a Unix stream socket pair, not an eventfd: the client gets one end, and the
-// other, which the poller watches and reads (MSG_DONTWAIT, whatever the flags), is an open
-// file of the daemon's alone. (An eventfd passed over SCM_RIGHTS shares its open file,
-// O_NONBLOCK included: a client that cleared the flag made the poller's next read block, and
-// every session's ring with it.) Whatever the client does with its end (clears O_NONBLOCK,
-// fills it, closes it) changes only what its own sends do. A socket, not a pipe: the client
-// rings with send(MSG_NOSIGNAL), so a daemon that is gone makes the ring fail (EPIPE), never
-// kills the client with SIGPIPE, as a write into a pipe without a reader does.
+// The doorbell is an eventfd that the daemon never reads: the ring poller watches it
+// edge-triggered (EPOLLET), so each client write wakes it once, and the counter is left to
+// grow. The client gets the same open file (SCM_RIGHTS), so whatever it does with it (clears
+// O_NONBLOCK, reads it, writes it full) changes only what its own reads and writes do: the
+// daemon makes no call on it but epoll_ctl. And an eventfd carries no descriptors. (It was a
+// Unix socket pair from 2026-12-04, and before that an eventfd the poller read. A socket
+// took descriptors with its bytes, SCM_RIGHTS, and the poller's recv, with no room for them,
+// made the kernel close them on the poller's thread: a client that passed a TCP socket with
+// unsent bytes and SO_LINGER held that thread, every session's ring with it, for as long as
+// it asked. A read of an eventfd blocks once a client clears the O_NONBLOCK they share.)
+// The client rings by writing u64 1: an eventfd raises no SIGPIPE when the daemon is gone.
 //
-// Thread-safety: Take, SetAsleep and ClearDoorbell from one thread at a time (the poller's);
+// Thread-safety: Take and SetAsleep from one thread at a time (the poller's);
 // HasRecord and the fds anywhere.
 #pragma once
 
@@ -75,25 +78,19 @@ class SubmitRing {
   bool HasRecord() const;
   /// Tell the client whether to ring the doorbell after a write.
   void SetAsleep(bool asleep);
-  /// Read what the doorbell holds (non-blocking; a bounded amount).
-  void ClearDoorbell();
   /// The client's count of its threads asleep on the completion board (any value: the
   /// client writes it). Any thread; valid while the ring lives.
   const std::atomic<uint32_t>* board_sleepers() const { return board_sleepers_; }
 
   uint64_t capacity() const { return capacity_; }
   uint64_t map_bytes() const { return kHeaderBytes + capacity_; }
-  /// The memfd (read-write, sealed against resizing) and the doorbell's write end, for
-  /// handing to the client; owned by the ring.
+  /// The memfd (read-write, sealed against resizing) and the doorbell, for handing to the
+  /// client; owned by the ring.
   int memfd() const { return memfd_; }
-  int doorbell_for_client() const { return doorbell_write_; }
-  /// The doorbell's read end, readable once the client rang (for the poller's epoll set);
-  /// never handed out.
-  int doorbell_to_watch() const { return doorbell_read_; }
-  /// What ClearDoorbell reads at most per call, in 4 reads: a client that rings without pause
-  /// fills its end until its sends fail (EAGAIN), which is harmless (the poller is awake by
-  /// then, and the poller mutes such a doorbell).
-  static constexpr int kDoorbellDrainBytes = 4 * 4096;
+  int doorbell_for_client() const { return doorbell_; }
+  /// The same eventfd, for the poller's epoll set: watch it with EPOLLET and never read it
+  /// (above).
+  int doorbell_to_watch() const { return doorbell_; }
 
  private:
   SubmitRing() = default;
@@ -101,8 +98,7 @@ class SubmitRing {
   char* map_ = nullptr;
   uint64_t capacity_ = 0;
   int memfd_ = -1;
-  int doorbell_read_ = -1;
-  int doorbell_write_ = -1;
+  int doorbell_ = -1;
   std::atomic<uint64_t>* head_ = nullptr;
   std::atomic<uint64_t>* tail_word_ = nullptr;
   std::atomic<uint32_t>* asleep_ = nullptr;
