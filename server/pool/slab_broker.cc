@@ -22,6 +22,57 @@
 namespace ferry::pool {
 namespace {
 
+// Close the descriptors a peer passed with its bytes (SCM_RIGHTS), which the slab protocol
+// never carries toward the daemon. The last close of a descriptor runs on the closing thread,
+// and some close slowly on purpose: a TCP socket with unsent bytes and SO_LINGER waits for as
+// long as its sender asked. So a socket among them is reset first (SO_LINGER 0: its close
+// returns at once; on other files the call fails and changes nothing).
+void CloseReceived(msghdr& msg) {
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < n; ++i) {
+      int fd = -1;
+      std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      const linger reset{1, 0};
+      (void)::setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof(reset));
+      ::close(fd);
+    }
+  }
+}
+
+// recv (non-blocking) on a client's connection, with room for every descriptor one message
+// can pass (the kernel's SCM_MAX_FD, 253): without the room the kernel would close them
+// itself, on this thread, with no chance to reset them first. `*passed` is set when the peer
+// passed any (closed here).
+ssize_t ReceiveFromClient(int fd, char* buf, size_t size, bool* passed) {
+  alignas(cmsghdr) char control[CMSG_SPACE(253 * sizeof(int))];
+  iovec iov{buf, size};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  const ssize_t n = ::recvmsg(fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+  if (n >= 0 && (msg.msg_controllen > 0 || (msg.msg_flags & MSG_CTRUNC) != 0)) {
+    *passed = true;
+    CloseReceived(msg);
+  }
+  return n;
+}
+
+// Close a client's connection without letting its unread messages close descriptors on this
+// thread: shut for reading (its peer's sends fail from here on), take what it had queued with
+// ReceiveFromClient, then close.
+void CloseClientConnection(int fd) {
+  (void)::shutdown(fd, SHUT_RD);
+  char scratch[4096];
+  bool passed = false;
+  while (ReceiveFromClient(fd, scratch, sizeof(scratch), &passed) > 0) {
+  }
+  ::close(fd);
+}
+
 constexpr size_t kHelloBytes = sizeof(kSlabMagic) + kSlabTokenBytes;
 constexpr size_t kRequestBytes = 8;
 
@@ -288,26 +339,26 @@ bool SlabBroker::AcceptAll(std::map<int, Connection>& conns, std::map<uid_t, uin
     struct ucred cred = {};
     socklen_t len = sizeof(cred);
     if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
-      ::close(fd);
+      CloseClientConnection(fd);
       continue;
     }
     // Accepted and closed at once rather than left in the backlog: the client sees its
     // connection end (EOF) instead of hanging, and the backlog stays free for others.
     if (conns.size() >= options_.max_connections) {
       ++refused_over_cap_;
-      ::close(fd);
+      CloseClientConnection(fd);
       continue;
     }
     if (auto u = unread_of_uid_.find(cred.uid);
         u != unread_of_uid_.end() && u->second >= options_.max_pending_per_uid) {
       ++refused_unread_;  // until it reads, or closes, what it was sent
-      ::close(fd);
+      CloseClientConnection(fd);
       continue;
     }
     uint32_t& waiting = pending[cred.uid];
     if (waiting >= PendingAllowance(cred.uid)) {
       ++refused_uid_pending_;
-      ::close(fd);
+      CloseClientConnection(fd);
       continue;
     }
     ++waiting;
@@ -434,8 +485,8 @@ void SlabBroker::Run() {
       }
     }
   }
-  for (auto& [fd, c] : conns) ::close(fd);
-  for (auto& [fd, uid] : unread_) ::close(fd);
+  for (auto& [fd, c] : conns) CloseClientConnection(fd);
+  for (auto& [fd, uid] : unread_) CloseClientConnection(fd);
   unread_.clear();
   unread_of_uid_.clear();
   unread_connections_ = 0;
@@ -448,11 +499,12 @@ bool PeerHasUnread(int fd) {
   int unread = 0;
   return ::ioctl(fd, SIOCOUTQ, &unread) == 0 && unread > 0;
 }
+
 }  // namespace
 
 void SlabBroker::CloseOrKeepUnread(int fd, uid_t uid) {
   if (!PeerHasUnread(fd)) {
-    ::close(fd);
+    CloseClientConnection(fd);
     return;
   }
   // The peer reads what is queued, then end of file. (Not SHUT_RDWR: a socket shut both
@@ -471,7 +523,7 @@ void SlabBroker::ReleaseRead(const std::vector<int>& hung_up) {
       ++it;
       continue;
     }
-    ::close(it->first);
+    CloseClientConnection(it->first);
     auto u = unread_of_uid_.find(it->second);
     if (u != unread_of_uid_.end() && --u->second == 0) unread_of_uid_.erase(u);
     it = unread_.erase(it);
@@ -481,7 +533,9 @@ void SlabBroker::ReleaseRead(const std::vector<int>& hung_up) {
 
 bool SlabBroker::Serve(Connection& c) {
   char buf[256];
-  ssize_t n = ::recv(c.fd, buf, sizeof(buf), MSG_DONTWAIT);
+  bool passed = false;
+  ssize_t n = ReceiveFromClient(c.fd, buf, sizeof(buf), &passed);
+  if (passed) return false;  // descriptors are never sent to the daemon: the connection ends
   if (n == 0) return false;
   if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
   c.in.append(buf, static_cast<size_t>(n));

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -11,6 +12,7 @@
 #include <charconv>
 #include <cstring>
 #include <map>
+#include <mutex>
 
 namespace ferry::rpc {
 namespace {
@@ -153,6 +155,22 @@ session::PeerIdentity LocalConnections::Identify(const std::string& grpc_peer) c
   return id;
 }
 
+bool RefusePassedDescriptors(int fd) {
+  constexpr int kSoPassRights = 83;  // SO_PASSRIGHTS, Linux 6.16; not in older headers
+  const int pass = 0;
+  if (::setsockopt(fd, SOL_SOCKET, kSoPassRights, &pass, sizeof(pass)) == 0) return true;
+  static std::once_flag logged;
+  const int error = errno;
+  std::call_once(logged, [error] {
+    spdlog::info(
+        "this kernel cannot make a Unix socket refuse passed descriptors (SO_PASSRIGHTS, Linux "
+        "6.16): {}; ferryd's own reads take and reset them (docs/operations.md, \"Passed "
+        "descriptors\")",
+        std::strerror(error));
+  });
+  return false;
+}
+
 Result<int> ListenUnix(const std::string& path) {
   sockaddr_un addr;
   if (!UnixAddress(path, &addr)) {
@@ -183,6 +201,7 @@ Result<int> ListenUnix(const std::string& path) {
   }
   int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return SocketError("socket");
+  (void)RefusePassedDescriptors(fd);  // before listen: every connection inherits it
   // bind creates the file with 0777 less the umask: narrow the umask around it, so the file
   // is never, even for an instant, connectable by others (a chmod after bind left a window).
   // The umask is process-wide: it is only ever narrowed (the old one plus no access for

@@ -107,8 +107,17 @@ class LocalConnections {
   uint64_t refused_per_uid_ ABSL_GUARDED_BY(mu_) = 0, refused_total_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-/// Create a listening Unix stream socket at `path` (mode 0660, close-on-exec). A stale socket
-/// file is replaced; a path where a daemon still accepts connections is refused.
+/// Create a listening Unix stream socket at `path` (mode 0660, close-on-exec), refusing
+/// passed descriptors where the kernel can (RefusePassedDescriptors). A stale socket file is
+/// replaced; a path where a daemon still accepts connections is refused.
 Result<int> ListenUnix(const std::string& path);
+
+/// Make the Unix socket `fd` (a listener: its connections inherit it) refuse descriptors
+/// passed to it (SCM_RIGHTS): the sender's sendmsg fails with EPERM. None of ferry's
+/// protocols passes one toward the daemon, and the last close of one runs on the thread that
+/// reads it, which a peer can make wait (a TCP socket with unsent bytes and SO_LINGER) for as
+/// long as it likes. Linux 6.16 and later (SO_PASSRIGHTS); false, changing nothing, on an older
+/// kernel (the first time, logged).
+bool RefusePassedDescriptors(int fd);
 
 }  // namespace ferry::rpc

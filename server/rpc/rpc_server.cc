@@ -98,6 +98,7 @@ Result<std::unique_ptr<RpcServer>> RpcServer::Prepare(
                         "; ferryd adopts Unix stream sockets only (a TCP endpoint needs the "
                         "TLS and token checks of --listen tcp:HOST:PORT)");
     }
+    (void)RefusePassedDescriptors(fd);  // connections queued before this keep what they had
     r->unix_listeners_.push_back({ep.substr(5), fd});
   }
   r->ports_.assign(options.listen.size(), 0);
