@@ -1,6 +1,7 @@
 #include "session/admission.h"
 
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <unordered_map>
@@ -89,20 +90,31 @@ class ObjectOverlay {
     auto it = table_.graphs().find(h);
     return it == table_.graphs().end() ? 0 : it->second.ops;
   }
+  // `h` is not live (admission checked it).
   void CreateGraph(uint64_t h, TensorRefs refs, uint64_t ops) {
     graphs_created_[h] = {std::move(refs), ops};
+    created_ops_ += ops;
   }
-  // Ops recorded into the live graphs once the ops admitted so far have run.
+  // Ops recorded into the live graphs once the ops admitted so far have run. The table's
+  // total is summed once per submit (at the first call), the submit's own changes kept as
+  // they come: a submit of many EndGraphs costs no walk of every graph at each.
   uint64_t graph_ops() const {
-    uint64_t total = 0;
-    for (const auto& [h, g] : table_.graphs()) {
-      if (!graphs_freed_.count(h)) total += g.ops;
+    if (!table_ops_) {
+      uint64_t total = 0;
+      for (const auto& [h, g] : table_.graphs()) total += g.ops;
+      table_ops_ = total;
     }
-    for (const auto& [h, g] : graphs_created_) total += g.second;
-    return total;
+    return *table_ops_ - freed_ops_ + created_ops_;
   }
+  // `h` is live (admission checked it).
   void FreeGraph(uint64_t h) {
-    if (!graphs_created_.erase(h)) graphs_freed_.insert(h);
+    if (auto it = graphs_created_.find(h); it != graphs_created_.end()) {
+      created_ops_ -= it->second.second;
+      graphs_created_.erase(it);
+    } else if (graphs_freed_.insert(h).second) {
+      auto t = table_.graphs().find(h);
+      if (t != table_.graphs().end()) freed_ops_ += t->second.ops;
+    }
   }
 
  private:
@@ -110,6 +122,9 @@ class ObjectOverlay {
   std::unordered_set<uint64_t> modules_created_, modules_freed_;
   std::unordered_map<uint64_t, std::pair<TensorRefs, uint64_t>> graphs_created_;  // (refs, ops)
   std::unordered_set<uint64_t> graphs_freed_;
+  mutable std::optional<uint64_t> table_ops_;  // graph_ops: the table's graphs' ops, summed once
+  uint64_t freed_ops_ = 0;                     // of the table's graphs this submit frees
+  uint64_t created_ops_ = 0;                   // of the graphs this submit creates, still live
 };
 
 // The ops a graph may record (device work: ops.h's table). At namespace scope, not a member of

@@ -219,6 +219,18 @@ TEST_F(AdmissionTest, RecordedGraphOpsLimit) {
   EXPECT_TRUE(Admit({FreeGraphOp{9}, BeginGraphOp{1}, FillOp{1, 0}, FillOp{1, 0}, FillOp{1, 0},
                      FillOp{1, 0}, EndGraphOp{}})
                   .ok());
+  // So does freeing one recorded earlier in the same submit, and a freed handle recorded
+  // again counts its new ops only.
+  EXPECT_TRUE(Admit({BeginGraphOp{1}, FillOp{1, 0}, FillOp{1, 0}, EndGraphOp{}, FreeGraphOp{1},
+                     BeginGraphOp{2}, FillOp{1, 0}, FillOp{1, 0}, FillOp{1, 0}, EndGraphOp{}})
+                  .ok());
+  EXPECT_TRUE(Admit({FreeGraphOp{9}, BeginGraphOp{9}, FillOp{1, 0}, FillOp{1, 0}, FillOp{1, 0},
+                     FillOp{1, 0}, EndGraphOp{}})
+                  .ok());
+  Status past = Admit({FreeGraphOp{9}, BeginGraphOp{9}, FillOp{1, 0}, FillOp{1, 0}, EndGraphOp{},
+                       BeginGraphOp{2}, FillOp{1, 0}, FillOp{1, 0}, FillOp{1, 0}, EndGraphOp{}});
+  EXPECT_EQ(past.kind(), ErrorKind::kQuotaExceeded) << past.ToString();
+  EXPECT_EQ(past.op_index(), 9) << "2 + 3 recorded ops in the graphs left, past 4";
 }
 
 // A LaunchGraph counts toward the ops per submit as the ops its graph recorded (at least one):
