@@ -1304,11 +1304,11 @@ void Session::MaybeTearDown() {
   // Releasing everything takes a while (frees, module and graph destruction): never on the
   // completion thread or a gRPC reaction thread, either of which may be running this.
   Advance(LifecycleEvent::kPostTearDown);
-  // Releasing a large graph takes about as long as building it did (kLongGraphOps).
-  const bool long_graph =
-      executor_.has_long_lane() &&
-      std::any_of(tensors_.graphs().begin(), tensors_.graphs().end(),
-                  [](const auto& entry) { return entry.second.ops > kLongGraphOps; });
+  // Releasing graphs takes about as long as building them did: by their ops all together
+  // (many graphs just under kLongGraphOps each are as long as one large one).
+  uint64_t graph_ops = 0;
+  for (const auto& [handle, graph] : tensors_.graphs()) graph_ops += graph.ops;
+  const bool long_graph = executor_.has_long_lane() && graph_ops > kLongGraphOps;
   if (long_graph) registry_->CountLongLaneTurn();
   executor_.Post([self = shared_from_this()] { self->TearDown(); }, "session teardown",
                  long_graph ? Lane::kLong : Lane::kShared);

@@ -685,6 +685,24 @@ TEST_F(SessionTest, ALargeGraphIsLaunchedAndReleasedOnTheLongLane) {
   ASSERT_TRUE(WaitUntil([this] { return registry_->Totals().sessions_open == 0; }));
   EXPECT_EQ(registry_->long_lane_turns(), 5u);
   EXPECT_EQ(supervisor_->bytes_in_use(), 0u);
+
+  // So is one that holds small graphs of more than kLongGraphOps ops together: releasing
+  // them takes as long as one of that size.
+  Client e = Open({}, &long_lane_);
+  MakeAddends(e, 1);
+  for (uint64_t id : {2, 3}) {
+    std::vector<Op> half = RecordAdds(Session::kLongGraphOps / 2 + 1);
+    half.front() = BeginGraphOp{id + 10};
+    ASSERT_TRUE(SubmitAndWait(e, id, std::move(half)).ok());
+  }
+  EXPECT_EQ(long_lane_io_.poll(), 0u) << "a small graph was recorded on the long lane";
+  ASSERT_TRUE(OnStrand(e.session->executor(), [&e] { e.session->Close(); }));
+  std::this_thread::sleep_for(milliseconds(200));
+  EXPECT_EQ(registry_->Totals().sessions_open, 1u)
+      << "graphs of more than kLongGraphOps ops together were released without the long lane";
+  ASSERT_EQ(long_lane_io_.run_one_for(kTimeout), 1u) << "the teardown";
+  ASSERT_TRUE(WaitUntil([this] { return registry_->Totals().sessions_open == 0; }));
+  EXPECT_EQ(registry_->long_lane_turns(), 6u);
 }
 
 // An inline transfer without staging ranges (the direct path: here no staging at all) copies
