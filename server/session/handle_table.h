@@ -25,8 +25,11 @@ struct TensorRecord {
   uint64_t generation = 0;
 };
 
-/// A recorded graph and the tensors (handle, generation) its ops use.
+/// A recorded graph, the tensors (handle, generation) its ops use, and the modules its raw
+/// launches use, which it keeps loaded (an UnloadModule drops only the handle). `modules` is
+/// declared first so that the graph goes before them; a launch in flight keeps them too.
 struct GraphRecord {
+  std::shared_ptr<const std::vector<std::shared_ptr<backend::Module>>> modules;
   std::shared_ptr<backend::Graph> graph;
   std::vector<std::pair<uint64_t, uint64_t>> tensors;
   bool has_raw_kernels = false;

@@ -620,6 +620,7 @@ void Session::EndEnqueue(InFlight& record) {
   enqueuing_seq_ = 0;
   if (capturing_) {  // an enqueue error inside a graph, or an abort: drop the recording
     capturing_ = false;
+    capture_modules_.clear();
     (void)stream_->AbandonCapture();  // a fault is the completion watch's to report
   }
   // Delivering staged download bytes cuts them into chunks: not on the completion thread.
@@ -772,6 +773,7 @@ void Session::AbandonPausedEnqueue(const Status& why, bool device_gone) {
   if (device_gone) {  // OnDeviceLost gives the submit its status, with the fault's culprit
     enqueuing_seq_ = 0;
     capturing_ = false;
+    capture_modules_.clear();
     return;
   }
   if (record->status.ok()) record->status = why;
@@ -960,7 +962,8 @@ Status Session::EnqueueOp(const Op& any, DevicePtr fresh, std::shared_ptr<backen
           ++objects_live_;
           return Status::Ok();
         } else if constexpr (std::is_same_v<T, UnloadModuleOp>) {
-          // Work already enqueued keeps the module alive through the graph or the backend.
+          // Work already enqueued, and the graphs that launch it, keep the module loaded
+          // (InFlight::modules_in_use, GraphRecord::modules).
           objects_live_ -= tensors_.modules().erase(op.handle);
           return Status::Ok();
         } else if constexpr (std::is_same_v<T, LaunchOp>) {
@@ -988,12 +991,23 @@ Status Session::EnqueueOp(const Op& any, DevicePtr fresh, std::shared_ptr<backen
           if (module == tensors_.modules().end() || !module->second) {
             return Status(ErrorKind::kInternal, "admitted launch of a module that is not loaded");
           }
-          return stream_->Launch(*module->second, op.function, op.config, args);
+          const std::shared_ptr<backend::Module>& used = module->second;
+          if (capturing_) {
+            if (std::find(capture_modules_.begin(), capture_modules_.end(), used) ==
+                capture_modules_.end()) {
+              capture_modules_.push_back(used);
+            }
+          } else if (record.modules_in_use.empty() ||
+                     record.modules_in_use.back().get() != static_cast<const void*>(used.get())) {
+            record.modules_in_use.push_back(used);
+          }
+          return stream_->Launch(*used, op.function, op.config, args);
         } else if constexpr (std::is_same_v<T, BeginGraphOp>) {
           FERRY_RETURN_IF_ERROR(stream_->BeginCapture());
           capturing_ = true;
           capture_handle_ = op.handle;
           capture_refs_.clear();
+          capture_modules_.clear();
           capture_raw_ = false;
           capture_ops_ = 0;
           return Status::Ok();
@@ -1003,6 +1017,11 @@ Status Session::EnqueueOp(const Op& any, DevicePtr fresh, std::shared_ptr<backen
           GraphRecord g;
           g.graph = std::move(graph);
           g.tensors = std::move(capture_refs_);
+          if (!capture_modules_.empty()) {
+            g.modules = std::make_shared<const std::vector<std::shared_ptr<backend::Module>>>(
+                std::move(capture_modules_));
+            capture_modules_.clear();
+          }
           g.has_raw_kernels = capture_raw_;
           g.ops = capture_ops_;
           capture_refs_.clear();
@@ -1020,6 +1039,7 @@ Status Session::EnqueueOp(const Op& any, DevicePtr fresh, std::shared_ptr<backen
             record.first_launch_op = static_cast<int>(index);
             record.first_launch_name = "graph " + std::to_string(op.graph);
           }
+          if (g.modules) record.modules_in_use.push_back(g.modules);
           return stream_->LaunchGraph(*g.graph);
         } else if constexpr (std::is_same_v<T, FreeGraphOp>) {
           if (auto found = tensors_.graphs().find(op.handle); found != tensors_.graphs().end()) {
@@ -1187,6 +1207,7 @@ void Session::OnDeviceLost(const DeviceLoss& loss) {
   counters_->live_tensors = 0;
   counters_->device_bytes = 0;
   capturing_ = false;
+  capture_modules_.clear();
   watch_deferred_ = false;
   ReleaseStream();
   if (lifecycle_ == Lifecycle::kTornDown) {  // waiting for final frees that never complete
@@ -1211,6 +1232,11 @@ void Session::DeliverReady() {
     // when the submit failed (their bytes are of unknown state).
     for (const pool::SlabRange& r : record.slab_ranges) slabs_->Finish(r, !record.status.ok());
     Deliver(record);
+    if (!record.modules_in_use.empty() && SerialExecutor::RunningOnCallersThread()) {
+      // Its last reference may unload a module, which may wait for the device: not on a
+      // caller's thread (the completion watcher, which every session shares).
+      executor_.Post([modules = std::move(record.modules_in_use)] {}, "modules released");
+    }
   }
   MaybeTearDown();
 }

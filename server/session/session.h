@@ -290,6 +290,9 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
     std::vector<uint64_t> syncs_after;         // Synchronize ids answered after this completes
     std::vector<pool::SlabRange> slab_ranges;  // busy until this submit completes
     std::vector<pool::StagingLease> staging;   // freed when the submit is delivered
+    // The modules its raw launches use (and graphs' lists of them), kept loaded until it is
+    // delivered: an UnloadModule behind it drops only the handle.
+    std::vector<std::shared_ptr<const void>> modules_in_use;
     // Staging ranges ReserveStaging took for each op's inline bytes (by op index), before
     // Enqueue, which moves them into `staging` and `downloads`.
     std::vector<std::vector<pool::StagingLease>> staged_ops;
@@ -456,6 +459,7 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   bool capturing_ = false;
   uint64_t capture_handle_ = 0;
   std::vector<std::pair<uint64_t, uint64_t>> capture_refs_;
+  std::vector<std::shared_ptr<backend::Module>> capture_modules_;  // its launches' modules
   bool capture_raw_ = false;
   uint64_t capture_ops_ = 0;            // ops recorded into it so far
   int64_t raw_launches_in_flight_ = 0;  // submits in flight that launch raw kernels

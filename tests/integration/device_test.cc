@@ -158,6 +158,45 @@ TEST_F(DeviceTest, RawKernelFromCudaSource) {
   ASSERT_TRUE(s->close().ok());
 }
 
+// A module unloaded while a graph that launches it lives, or while a launch of it is still
+// queued, stays loaded for them (an UnloadModule drops only the handle): the graph replays
+// after the unload, and a launch followed by the unload in one submit completes. Before, the
+// module went at once, and CUDA ran a graph or queued kernel of an unloaded module.
+TEST_F(DeviceTest, AModuleStaysLoadedForTheGraphsAndLaunchesThatUseIt) {
+  Start();
+  auto s = client_->open_session();
+  ASSERT_TRUE(s.ok());
+  if (!IsCuda(*s)) {
+    ASSERT_TRUE(s->close().ok());
+    GTEST_SKIP() << "raw kernels need the CUDA backend; this ferryd runs " << s->backend();
+  }
+  const int n = 1 << 20;
+  Tensor x = s->create_tensor<float>({n});
+  Tensor y = s->create_tensor<float>({n});
+  s->fill(x, 1.0);
+  s->fill(y, 0.0);
+  const std::vector<KernelArg> args{KernelArg::tensor(y), KernelArg::tensor(x),
+                                    KernelArg::f32(1.0f), KernelArg::i32(n)};
+  Module m = s->load_module(ModuleFormat::kCudaSource, kScaleSource);
+  Graph g = s->begin_graph();
+  s->launch(m, "scale_add", {(n + 255) / 256}, {256}, args);
+  s->end_graph();
+  ASSERT_TRUE(s->synchronize().ok());
+  m = Module();  // unloaded: the graph keeps it
+  for (int i = 0; i < 3; ++i) s->launch_graph(g);
+  auto replayed = s->download<float>(y);
+  ASSERT_TRUE(replayed.ok()) << replayed.status().ToString();
+  EXPECT_EQ(*replayed, std::vector<float>(n, 3.0f));
+  Module again = s->load_module(ModuleFormat::kCudaSource, kScaleSource);
+  for (int i = 0; i < 8; ++i) s->launch(again, "scale_add", {(n + 255) / 256}, {256}, args);
+  again = Module();  // in the same submit as the launches queued before it
+  auto launched = s->download<float>(y);
+  ASSERT_TRUE(launched.ok()) << launched.status().ToString();
+  EXPECT_EQ(*launched, std::vector<float>(n, 11.0f));
+  g = Graph();
+  ASSERT_TRUE(s->close().ok());
+}
+
 // A device fault fails the faulting session with DEVICE_FAULT (naming the kernel's op on
 // CUDA), every other session with DEVICE_RESET, and the daemon serves new sessions on a
 // rebuilt device without restarting.
