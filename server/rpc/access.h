@@ -32,6 +32,8 @@ class AccessList {
   static Result<AccessList> Parse(std::string_view text);
 
   bool empty() const { return uids_.empty() && gids_.empty(); }
+  /// True when it lists groups: Admits(uid) then looks the uid's groups up (which may block).
+  bool lists_groups() const { return !gids_.empty(); }
   /// True when `uid`, or one of `groups`, is listed.
   bool Admits(uid_t uid, const std::vector<gid_t>& groups) const;
   /// True when `uid`, or a group it belongs to (GroupsOfUid), is listed.

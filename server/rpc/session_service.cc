@@ -713,7 +713,8 @@ class SessionConnection : public session::SessionEvents,
   // A raw kernel runs in the context every session shares and can read and corrupt all of
   // their memory, so only peers the config trusts get it: TCP peers with
   // --allow-remote-raw-kernels, local uids listed in raw-kernels (by uid or group). The
-  // answer is looked up once per session (the group lookup may block, on this executor).
+  // answer is looked up once per stream (its peer does not change), before the first message
+  // after the Open where the lookup may block (Open posts it).
   Status RawKernelsAllowed() {
     if (!raw_kernels_checked_) {
       raw_kernels_checked_ = true;
@@ -790,6 +791,13 @@ class SessionConnection : public session::SessionEvents,
     session_ = std::move(*created);
     session_id_ = session_->id();
     account_ = context_->parts.registry->AccountOf(session_id_);
+    if (!raw_kernels_checked_ && !remote_ && context_->access.raw_kernels.lists_groups()) {
+      // The group lookup may block: done now on an io thread, ahead of every message after
+      // the Open (the executor keeps the order), not at the first launch, which may be handled
+      // on the ring poller's thread, which every local session's ring shares.
+      executor_.Post([self = shared_from_this()] { (void)self->RawKernelsAllowed(); },
+                     "raw-kernel permission");
+    }
     if (peer_.local()) {
       spdlog::info("session {} opened by '{}' from {} (uid {}, pid {})", session_id_, client_name,
                    peer_.address, *peer_.uid, *peer_.pid);
