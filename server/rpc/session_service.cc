@@ -59,12 +59,20 @@ constexpr size_t kRingBatch = 32;
 // handing the message to the io threads: a thread wake-up costs 5–30 µs on a VM, the end of
 // a delivery a few.
 constexpr std::chrono::microseconds kRingWaitForExecutor{50};
-// A submit ring record larger than this is not parsed on the ring poller's thread, which
-// every local session's ring shares, but on the long lane (SerialExecutor::Lane::kLong), and
-// handled there: parsing it, and converting a submit of that many ops, is not cut into
+// A submit ring record larger than this is parsed on the long lane (SerialExecutor::Lane::kLong),
+// and handled there: parsing it, and converting a submit of that many ops, is not cut into
 // slices. A daemon's default ring is this size, so its records never are; a larger
 // `submit-ring` lets a client write records of megabytes (tens of milliseconds to parse).
 constexpr size_t kRingParseOnPollerBytes = 64 << 10;
+// The ring poller's thread, which every local session's ring shares, parses records itself
+// only while one ring is busy (RingPoller::Taken::quiet: the fast path that may also run
+// them there), and at most this many bytes of them per hand-over. Anything else is parsed on
+// the session's executor (DrainRingBacklog), on an io thread, at most kRingParseSlice of a
+// turn at a time: a client that writes records slow to parse (a 64 KiB record of empty ops
+// took 0.7 ms, and up to 6 ms) spends its own session's turns, not the poller's time that other
+// sessions' rings wait for.
+constexpr size_t kRingParseOnPollerBudget = 64 << 10;
+constexpr std::chrono::milliseconds kRingParseSlice{2};
 
 // The state of one session stream; touched only on its serial executor (shared with its
 // session). The reactor (owned by gRPC) is used only until Finish is called on it.
@@ -212,6 +220,26 @@ class SessionConnection : public session::SessionEvents,
         run_submits = 0;
         run->BeginSubmitRun(OpsAhead(run_limit));
       }
+      RingRecord& front = ring_backlog_.front();
+      if (!front.unparsed.empty() && front.unparsed.size() <= kRingParseOnPollerBytes) {
+        // Left to the executor by the poller (kRingParseOnPollerBudget): parsed here, on an
+        // io thread, never on a caller's thread (a gRPC thread, the completion watcher), and
+        // not past the turn's slice: the rest after other sessions' work.
+        if (session::SerialExecutor::RunningOnCallersThread() ||
+            std::chrono::steady_clock::now() - session::SerialExecutor::TurnStart() >
+                kRingParseSlice) {
+          if (run) {
+            run->EndSubmitRun();
+            run = nullptr;
+          }
+          executor_.Yield([self = shared_from_this()] { self->MaybeReadMore(); }, "ring messages");
+          break;
+        }
+        auto parsed = std::make_shared<v1::ClientMessage>();
+        if (!parsed->ParseFromString(front.unparsed)) parsed = nullptr;  // a violation, in place
+        front.message = std::move(parsed);
+        front.unparsed.clear();
+      }
       if (!ring_backlog_.front().unparsed.empty()) {
         // A large record: parsed and handled on the long lane, where this drain goes on
         // (OnLongRingRecord); the messages behind it wait.
@@ -293,8 +321,8 @@ class SessionConnection : public session::SessionEvents,
   }
 
   // The handler the ring poller calls with what it took from this session's ring: parse it on
-  // the poller's thread (but for records larger than kRingParseOnPollerBytes), then hand it
-  // to the executor (see kRingInlineOps).
+  // the poller's thread while it is the one busy ring (within kRingParseOnPollerBudget), then
+  // hand it to the executor (see kRingInlineOps).
   transport::RingPoller::Handler RingHandler() {
     return [weak = weak_from_this(), executor = executor_,
             context = context_](transport::RingPoller::Taken taken) {
@@ -303,14 +331,17 @@ class SessionConnection : public session::SessionEvents,
       std::vector<RingRecord> messages;
       messages.reserve(taken.records.size());
       bool here = taken.quiet && taken.broken.empty();
+      size_t parse_budget = taken.quiet ? kRingParseOnPollerBudget : 0;
       int ops = 0;
       for (std::string& record : taken.records) {
         RingRecord& r = messages.emplace_back();
-        if (record.size() > kRingParseOnPollerBytes) {
-          r.unparsed = std::move(record);
+        if (!record.empty() && record.size() > parse_budget) {
+          r.unparsed = std::move(record);  // parsed on the executor, or the long lane
           here = false;
+          parse_budget = 0;  // in ring order: none after it either
           continue;
         }
+        parse_budget -= record.size();
         r.message = std::make_shared<v1::ClientMessage>();
         if (!r.message->ParseFromString(record)) {
           r.message = nullptr;  // a protocol violation, in its place
