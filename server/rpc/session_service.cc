@@ -63,7 +63,7 @@ constexpr std::chrono::microseconds kRingWaitForExecutor{50};
 // and handled there: parsing it, and converting a submit of that many ops, is not cut into
 // slices. A daemon's default ring is this size, so its records never are; a larger
 // `submit-ring` lets a client write records of megabytes (tens of milliseconds to parse).
-constexpr size_t kRingParseOnPollerBytes = 64 << 10;
+constexpr size_t kRingLongLaneRecordBytes = 64 << 10;
 // The ring poller's thread, which every local session's ring shares, parses records itself
 // only while one ring is busy (RingPoller::Taken::quiet: the fast path that may also run
 // them there), and at most this many bytes of them per hand-over. Anything else is parsed on
@@ -177,7 +177,7 @@ class SessionConnection : public session::SessionEvents,
   }
 
   // A message the ring poller took: parsed (null where it did not parse), or a record left
-  // unparsed (kRingParseOnPollerBytes).
+  // unparsed (kRingLongLaneRecordBytes).
   struct RingRecord {
     std::shared_ptr<v1::ClientMessage> message;
     std::string unparsed;
@@ -221,7 +221,7 @@ class SessionConnection : public session::SessionEvents,
         run->BeginSubmitRun(OpsAhead(run_limit));
       }
       RingRecord& front = ring_backlog_.front();
-      if (!front.unparsed.empty() && front.unparsed.size() <= kRingParseOnPollerBytes) {
+      if (!front.unparsed.empty() && front.unparsed.size() <= kRingLongLaneRecordBytes) {
         // Left to the executor by the poller (kRingParseOnPollerBudget): parsed here, on an
         // io thread, never on a caller's thread (a gRPC thread, the completion watcher), and
         // not past the turn's slice: the rest after other sessions' work.
@@ -271,7 +271,7 @@ class SessionConnection : public session::SessionEvents,
     draining_ring_ = false;
   }
 
-  // On the long lane: a ring record too large to parse on the poller (kRingParseOnPollerBytes),
+  // On the long lane: a ring record too large to parse on the poller (kRingLongLaneRecordBytes),
   // taken from the backlog for `session`, is parsed and handled in its place; the rest of the
   // backlog is handled back on the shared lane.
   void OnLongRingRecord(const std::string& record, uint64_t session) {
