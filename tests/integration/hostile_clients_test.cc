@@ -65,20 +65,7 @@ int ConnectAs(uid_t uid, gid_t gid, const std::string& path) {
     }
     int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
     if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) _exit(2);
-    char byte = 0;
-    iovec iov = {&byte, 1};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    msghdr msg = {};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
-    _exit(::sendmsg(pair[1], &msg, 0) == 1 ? 0 : 3);
+    _exit(testing::SendWithDescriptor(pair[1], fd, 0) == 1 ? 0 : 3);
   }
   ::close(pair[1]);
   int fd = -1;

@@ -24,6 +24,26 @@
 
 namespace ferry::testing {
 
+/// Send one byte on `fd` (a Unix socket, as far as the sender knows) with the descriptor
+/// `passed` attached (SCM_RIGHTS); sendmsg's result (errno set when -1). System calls only:
+/// safe in a forked child.
+inline ssize_t SendWithDescriptor(int fd, int passed, int flags = MSG_NOSIGNAL) {
+  char byte = 'F';
+  iovec iov = {&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg = {};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(c), &passed, sizeof(int));
+  return ::sendmsg(fd, &msg, flags);
+}
+
 /// One Session stream to a daemon, driven message by message.
 class RawStream {
  public:

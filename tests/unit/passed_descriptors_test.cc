@@ -33,6 +33,7 @@ namespace ferry::pool {
 namespace {
 
 using testing::RawSlabConnection;
+using testing::SendWithDescriptor;
 
 constexpr auto kPatience = std::chrono::seconds(10);  // for what must happen, never a measure
 constexpr int kSoPassRights = 83;                     // SO_PASSRIGHTS, Linux 6.16
@@ -68,24 +69,6 @@ struct LingeringSocket {
     ::close(listener);
   }
 };
-
-// Send one byte on `unix_fd` with `passed` attached (SCM_RIGHTS); the sendmsg result.
-ssize_t SendWithDescriptor(int unix_fd, int passed) {
-  char byte = 'F';
-  iovec iov{&byte, 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(c), &passed, sizeof(int));
-  return ::sendmsg(unix_fd, &msg, MSG_NOSIGNAL);
-}
 
 class PassedDescriptorsTest : public ::testing::Test {
  protected:

@@ -17,6 +17,7 @@
 #include <mutex>
 #include <thread>
 
+#include "../integration/raw_protocol.h"
 #include "transport/ring_poller.h"
 
 namespace ferry::transport {
@@ -350,20 +351,7 @@ TEST(RingPollerTest, WhatAClientDoesWithItsDoorbellHoldsNoThreadOfTheDaemon) {
   ASSERT_GE(doorbell, 0);
   int pipe_ends[2];
   ASSERT_EQ(::pipe(pipe_ends), 0);
-  char byte = 0;
-  iovec iov{&byte, 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(c), &pipe_ends[0], sizeof(int));
-  EXPECT_EQ(::sendmsg(doorbell, &msg, MSG_DONTWAIT | MSG_NOSIGNAL), -1)
+  EXPECT_EQ(testing::SendWithDescriptor(doorbell, pipe_ends[0], MSG_DONTWAIT | MSG_NOSIGNAL), -1)
       << "the doorbell carried a descriptor to the daemon";
   EXPECT_EQ(errno, ENOTSOCK);
   ::close(pipe_ends[0]);
