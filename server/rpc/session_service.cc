@@ -177,7 +177,7 @@ class SessionConnection : public session::SessionEvents,
   }
 
   // A message the ring poller took: parsed (null where it did not parse), or a record left
-  // unparsed (kRingLongLaneRecordBytes).
+  // unparsed (kRingParseOnPollerBudget; kRingLongLaneRecordBytes).
   struct RingRecord {
     std::shared_ptr<v1::ClientMessage> message;
     std::string unparsed;
@@ -271,9 +271,9 @@ class SessionConnection : public session::SessionEvents,
     draining_ring_ = false;
   }
 
-  // On the long lane: a ring record too large to parse on the poller (kRingLongLaneRecordBytes),
-  // taken from the backlog for `session`, is parsed and handled in its place; the rest of the
-  // backlog is handled back on the shared lane.
+  // On the long lane: a ring record too large to parse on the shared lane
+  // (kRingLongLaneRecordBytes), taken from the backlog for `session`, is parsed and handled in its
+  // place; the rest of the backlog is handled back on the shared lane.
   void OnLongRingRecord(const std::string& record, uint64_t session) {
     long_ring_record_ = false;
     --context_->gauges.messages_in_hand;
