@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <type_traits>
+#include <unordered_map>
 
 #include "ferry/trace_points.h"
 
@@ -279,12 +281,28 @@ SerialExecutor::Lane Session::StartLane(const std::vector<Op>& ops) const {
   // A broken session's submit fails at once (Start): no hop for it.
   if (!executor_.has_long_lane() || !broken_.ok()) return Lane::kShared;
   uint64_t admitted_ops = 0;  // as session-max-submit-ops counts them
+  // Graphs this submit records, by handle: their ops (a launch of one weighs as much as a
+  // launch of a graph the session held; admission counts it so).
+  std::unordered_map<uint64_t, uint64_t> recorded;
+  std::optional<uint64_t> recording;
+  uint64_t recording_ops = 0;
   for (const Op& op : ops) {
     if (std::holds_alternative<LoadModuleOp>(op)) return Lane::kLong;
     uint64_t n = 1;
-    if (const auto* launch = std::get_if<LaunchGraphOp>(&op)) {
-      auto g = tensors_.graphs().find(launch->graph);
-      if (g != tensors_.graphs().end()) n = LaunchGraphWeight(g->second.ops);
+    if (const auto* begin = std::get_if<BeginGraphOp>(&op)) {
+      recording = begin->handle;
+      recording_ops = 0;
+    } else if (std::holds_alternative<EndGraphOp>(op)) {
+      if (recording) recorded[*recording] = recording_ops;
+      recording.reset();
+    } else if (recording) {
+      ++recording_ops;
+    } else if (const auto* launch = std::get_if<LaunchGraphOp>(&op)) {
+      if (auto r = recorded.find(launch->graph); r != recorded.end()) {
+        n = LaunchGraphWeight(r->second);
+      } else if (auto g = tensors_.graphs().find(launch->graph); g != tensors_.graphs().end()) {
+        n = LaunchGraphWeight(g->second.ops);
+      }
     }
     admitted_ops += n;
   }

@@ -810,6 +810,27 @@ TEST_F(SessionTest, ASubmitOfManyOpsIsAdmittedOnTheLongLane) {
   EXPECT_EQ(long_lane_io_.poll(), 0u);
 }
 
+// A submit that records a graph and launches it: each launch weighs the ops the graph
+// recorded in that same submit, as admission counts them, so 64 launches of a 1024-op graph
+// recorded alongside (65,536 ops and more) start on the long lane, though no graph the
+// session held before is launched.
+TEST_F(SessionTest, LaunchesOfAGraphRecordedInTheSameSubmitCountItsOps) {
+  Client c = Open({}, &long_lane_);
+  MakeAddends(c, 1);
+  std::vector<Op> ops = RecordAdds(Session::kLongGraphOps);  // graph 7, on the shared lane
+  for (int i = 0; i < 64; ++i) ops.push_back(LaunchGraphOp{7});
+  Submit(c, 2, std::move(ops));
+  EXPECT_FALSE(c.events->WaitUntil(
+      [](const auto& ev) { return CountOf(ev, Event::Kind::kCompleted) >= 2; }, milliseconds(200)))
+      << "64 launches of a graph recorded in the same submit were admitted without the long lane";
+  ASSERT_TRUE(RunLongLaneUntil([&] {
+    return c.events->WaitUntil(
+        [](const auto& ev) { return CountOf(ev, Event::Kind::kCompleted) >= 2; }, milliseconds(1));
+  })) << "the submit never completed";
+  EXPECT_TRUE(c.events->CompletionOf(2).ok()) << c.events->CompletionOf(2).ToString();
+  EXPECT_GE(registry_->long_lane_turns(), 1u);
+}
+
 // A client that goes away while its large graph waits for the long lane: the abort reaches
 // the strand behind the instantiation (one function at a time, in order), and once the long
 // lane has run it, the graph and everything else are released.
