@@ -99,11 +99,7 @@ class ObjectOverlay {
   // total is summed once per submit (at the first call), the submit's own changes kept as
   // they come: a submit of many EndGraphs costs no walk of every graph at each.
   uint64_t graph_ops() const {
-    if (!table_ops_) {
-      uint64_t total = 0;
-      for (const auto& [h, g] : table_.graphs()) total += g.ops;
-      table_ops_ = total;
-    }
+    if (!table_ops_) table_ops_ = table_.graph_ops();
     return *table_ops_ - freed_ops_ + created_ops_;
   }
   // `h` is live (admission checked it).

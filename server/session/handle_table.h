@@ -68,6 +68,13 @@ class HandleTable {
   }
   std::unordered_map<uint64_t, GraphRecord>& graphs() { return graphs_; }
   const std::unordered_map<uint64_t, GraphRecord>& graphs() const { return graphs_; }
+  /// Ops recorded into the live graphs, together (what session-max-graph-ops bounds; about
+  /// what releasing them all costs). A walk of every graph: once per use, not per op.
+  uint64_t graph_ops() const {
+    uint64_t total = 0;
+    for (const auto& [handle, graph] : graphs_) total += graph.ops;
+    return total;
+  }
 
   /// Forget every tensor, module and graph (the device context they lived in is gone).
   void Clear() {

@@ -1350,9 +1350,7 @@ void Session::MaybeTearDown() {
   Advance(LifecycleEvent::kPostTearDown);
   // Releasing graphs takes about as long as building them did: by their ops all together
   // (many graphs just under kLongGraphOps each are as long as one large one).
-  uint64_t graph_ops = 0;
-  for (const auto& [handle, graph] : tensors_.graphs()) graph_ops += graph.ops;
-  const bool long_graph = executor_.has_long_lane() && graph_ops > kLongGraphOps;
+  const bool long_graph = executor_.has_long_lane() && tensors_.graph_ops() > kLongGraphOps;
   if (long_graph) registry_->CountLongLaneTurn();
   executor_.Post([self = shared_from_this()] { self->TearDown(); }, "session teardown",
                  long_graph ? Lane::kLong : Lane::kShared);
