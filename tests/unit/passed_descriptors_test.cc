@@ -148,6 +148,11 @@ TEST_F(PassedDescriptorsTest, AConnectionClosedWithDescriptorsQueuedHoldsNothing
   auto c = Connect();
   ASSERT_EQ(c->Hello(*token), 0);
   ASSERT_TRUE(c->Send(RawSlabConnection::RequestBytes(2)));  // its answer left unread for now
+  // The answer is in this end's queue before the session ends: else the broker may see the
+  // end first and close a connection with nothing unread (it did under ASan).
+  pollfd answered = {c->fd(), POLLIN, 0};
+  ASSERT_EQ(::poll(&answered, 1, static_cast<int>(kPatience.count() * 1000)), 1)
+      << "the board request was never answered";
   slabs->Close();
   const auto deadline = std::chrono::steady_clock::now() + kPatience;
   while (broker_->stats().unread_connections == 0 && std::chrono::steady_clock::now() < deadline) {
