@@ -391,9 +391,16 @@ class SessionConnection : public session::SessionEvents,
       return;
     }
     if (!outbox_.empty()) {
+      const bool closed = outbox_.front().message->has_closed();
       Answered(*outbox_.front().message);
       Unqueue(outbox_.front());
       outbox_.pop_front();
+      // A kept stream's open timeout (Closed.kept_ms) counts from when its Closed is written,
+      // not from the close: its client sends the next Open only once it has read the Closed,
+      // and that write may wait behind a busy daemon's others.
+      if (closed && !session_ && !finishing()) {
+        sessionless_since_ = std::chrono::steady_clock::now();
+      }
     }
     if (closed_held_ && outbox_.empty()) SendClosed(std::move(closed_held_));
     PumpWrites();
