@@ -288,7 +288,28 @@ class RawRing {
   // Write `m` as the next record, waiting (up to 60 s) until the daemon has taken enough to
   // make room, and ring.
   void Write(const v1::ClientMessage& m) { WriteBytes(m.SerializeAsString()); }
-  void WriteBytes(const std::string& bytes) {
+  void WriteBytes(const std::string& bytes) { SetHead(Place(bytes)); }
+  // Write `messages` as the next records and make them visible at once (one store of head,
+  // one doorbell), so that the poller finds them all together.
+  void WriteTogether(const std::vector<v1::ClientMessage>& messages) {
+    for (const auto& m : messages) head_ = Place(m.SerializeAsString());
+    SetHead(head_);
+  }
+  // Store head and ring the doorbell (always: a raw client may).
+  void SetHead(uint64_t head) {
+    head_ = head;
+    reinterpret_cast<std::atomic<uint64_t>*>(map_)->store(head_);
+    const uint64_t one = 1;
+    (void)!::write(doorbell_, &one, sizeof(one));  // an eventfd (a socket from older daemons)
+  }
+  void Put32(uint64_t at, uint32_t v) { std::memcpy(map_ + 4096 + at, &v, 4); }
+  uint64_t capacity() const { return capacity_; }
+  int doorbell() const { return doorbell_; }
+
+ private:
+  // Copy `bytes` in as the record after head_, waiting (up to 60 s) for room; the head that
+  // makes it visible (not stored).
+  uint64_t Place(const std::string& bytes) {
     const uint64_t need = 8 + ((bytes.size() + 7) & ~uint64_t{7});
     uint64_t at = head_ % capacity_;
     const uint64_t skip = at + need > capacity_ ? capacity_ - at : 0;
@@ -305,20 +326,9 @@ class RawRing {
     Put32(at, static_cast<uint32_t>(bytes.size()));
     Put32(at + 4, 0);
     std::memcpy(map_ + 4096 + at + 8, bytes.data(), bytes.size());
-    SetHead(head_ + need);
+    return head_ + need;
   }
-  // Store head and ring the doorbell (always: a raw client may).
-  void SetHead(uint64_t head) {
-    head_ = head;
-    reinterpret_cast<std::atomic<uint64_t>*>(map_)->store(head_);
-    const uint64_t one = 1;
-    (void)::send(doorbell_, &one, sizeof(one), MSG_NOSIGNAL | MSG_DONTWAIT);
-  }
-  void Put32(uint64_t at, uint32_t v) { std::memcpy(map_ + 4096 + at, &v, 4); }
-  uint64_t capacity() const { return capacity_; }
-  int doorbell() const { return doorbell_; }
 
- private:
   std::unique_ptr<RawSlabConnection> conn_;
   char* map_ = nullptr;
   uint64_t capacity_ = 0, size_ = 0, head_ = 0;
