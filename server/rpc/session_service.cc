@@ -1191,7 +1191,17 @@ class SessionConnection : public session::SessionEvents,
     const size_t used = unanswered_ + arriving + Incoming();  // below the limit: MayTakeMore
     const size_t room = session_->config().max_in_flight_submits - used;
     ring_credits_ = std::clamp<size_t>(room, 1, kRingBatch);
-    ring_->Arm(static_cast<uint32_t>(ring_credits_));
+    // And no more bytes than the ring holds, nor than the session, its identity and the daemon
+    // may still hold in flight (one record is taken all the same): what the poller hands over
+    // waits in ring_backlog_ until the session accepts it (and charges it, ChargeSubmit), so
+    // this bounds what a session's ring makes the daemon hold, whatever its client writes
+    // while the poller takes.
+    uint64_t bytes = std::min(context_->limits.submit_ring_bytes,
+                              context_->parts.registry->InFlightBytesRoom(account_.get()));
+    if (const uint64_t limit = session_->config().max_in_flight_bytes; limit) {
+      bytes = std::min(bytes, limit - std::min(limit, bytes_in_flight_));
+    }
+    ring_->Arm(static_cast<uint32_t>(ring_credits_), std::max<uint64_t>(bytes, 1));
   }
 
   // Stop taking messages from the submit ring (the stream is ending).

@@ -550,6 +550,17 @@ const SessionRegistry::SharedLimit SessionRegistry::kObjects = {
     "max-objects",
     "objects"};
 
+uint64_t SessionRegistry::InFlightBytesRoom(const UidAccount* account) const {
+  auto room = [](uint64_t used, uint64_t limit) {
+    return limit == 0 ? UINT64_MAX : limit - std::min(used, limit);
+  };
+  uint64_t r = room(in_flight_bytes_.load(), in_flight_bytes_limit_);
+  if (account) {
+    r = std::min(r, room(account->in_flight_bytes_.load(), account->limits_.in_flight_bytes));
+  }
+  return r;
+}
+
 bool SessionRegistry::InFlightBytesRoomBelow(const UidAccount* account, uint64_t room) const {
   auto below = [room](uint64_t used, uint64_t limit) {
     return limit != 0 && (used >= limit || limit - used < room);

@@ -250,6 +250,9 @@ class SessionRegistry {
   /// Whether fewer than `room` bytes are left before the daemon's or `account`'s limit: a
   /// session that holds bytes then stops reading until its own answers free some.
   bool InFlightBytesRoomBelow(const UidAccount* account, uint64_t room) const;
+  /// The bytes left before the daemon's or `account`'s (may be null) in-flight limit, whichever
+  /// is fewer (UINT64_MAX where neither has one).
+  uint64_t InFlightBytesRoom(const UidAccount* account) const;
   uint64_t in_flight_bytes() const { return in_flight_bytes_.load(); }
 
   /// The most objects all sessions may hold together (max-objects; 0: no limit): live

@@ -97,7 +97,8 @@ bool RingPoller::records_waiting() const {
   return false;
 }
 
-void RingPoller::Registration::Arm(uint32_t records) {
+void RingPoller::Registration::Arm(uint32_t records, uint64_t bytes) {
+  byte_credits_.store(bytes, std::memory_order_relaxed);  // published by credits_'s store
   credits_.store(std::max<uint32_t>(records, 1), std::memory_order_seq_cst);
   shared_->WakeIfAsleep();
 }
@@ -155,8 +156,10 @@ size_t RingPoller::PollOnce(std::vector<std::shared_ptr<Registration>>& regs) {
     if (reg->removed_.load()) continue;
     Taken taken;
     taken.quiet = waiting <= 1 && handed_last_pass_ <= 1;
-    const uint32_t credits = reg->credits_.load(std::memory_order_relaxed);
-    while (taken.records.size() < credits) {
+    const uint32_t credits = reg->credits_.load(std::memory_order_acquire);
+    const uint64_t byte_credits = reg->byte_credits_.load(std::memory_order_relaxed);
+    uint64_t bytes = 0;
+    while (taken.records.size() < credits && (taken.records.empty() || bytes < byte_credits)) {
       std::string record, broken;
       const SubmitRing::Took took = reg->ring_->Take(&record, &broken);
       if (took == SubmitRing::Took::kEmpty) break;
@@ -164,6 +167,7 @@ size_t RingPoller::PollOnce(std::vector<std::shared_ptr<Registration>>& regs) {
         taken.broken = std::move(broken);
         break;
       }
+      bytes += record.size();
       taken.records.push_back(std::move(record));
     }
     if (taken.records.empty() && taken.broken.empty()) continue;

@@ -1,11 +1,13 @@
 // RingPoller: the one thread of a daemon that takes records out of its sessions' submit
 // rings (transport/submit_ring.h) and hands them to their sessions.
 //
-// Each ring is registered with a handler. Arm(n) lets the poller take up to n records: at its
-// next look at the ring it takes those already there (at most n) and hands them over in one
-// call, in ring order; it takes more only once Arm is called again, the way a gRPC stream has
-// one read outstanding. This is how a session applies backpressure to its ring: it arms only
-// while it can accept more messages, and for no more than it can accept. Handing a pipelined
+// Each ring is registered with a handler. Arm(n, bytes) lets the poller take up to n records
+// and, past the first, only while those taken come to less than `bytes`: at its next look at
+// the ring it takes those already there (within both) and hands them over in one call, in ring
+// order; it takes more only once Arm is called again, the way a gRPC stream has one read
+// outstanding. This is how a session applies backpressure to its ring: it arms only while it
+// can accept more messages, and for no more than it can accept (by count and by the bytes it
+// may still hold: what it holds at any time is bounded by that and one record). Handing a pipelined
 // client's queued records over together saves a hand-off between threads per record.
 //
 // Waiting: after a record, the poller keeps polling every armed ring for `spin` (a client
@@ -33,6 +35,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -60,8 +63,9 @@ class RingPoller {
   class Registration {
    public:
     /// Allow the poller to take up to `records` more records (at least 1), handed over in one
-    /// call, or to report the ring broken.
-    void Arm(uint32_t records = 1);
+    /// call, or to report the ring broken; past the first record, only while the records taken
+    /// come to less than `bytes` (their lengths).
+    void Arm(uint32_t records = 1, uint64_t bytes = UINT64_MAX);
     /// Stop handing this ring's records over; idempotent.
     void Remove();
 
@@ -75,7 +79,8 @@ class RingPoller {
     Handler handler_;
     // Armed, and its ring holds a record the poller has not taken (seq_cst: Sleep's check).
     bool Ready() const { return credits_.load() > 0 && ring_->HasRecord(); }
-    std::atomic<uint32_t> credits_{0};  // records the poller may take; 0: not armed
+    std::atomic<uint32_t> credits_{0};       // records the poller may take; 0: not armed
+    std::atomic<uint64_t> byte_credits_{0};  // set with credits_, before it
     std::atomic<bool> removed_{false};
     // Poller thread only.
     bool in_epoll_ = false;

@@ -26,6 +26,7 @@ using testing::Create;
 using testing::Download;
 using testing::FerrydProcess;
 using testing::Fill;
+using testing::InlineUpload;
 using testing::RawRing;
 using testing::RawSlabConnection;
 using testing::RawStream;
@@ -427,6 +428,50 @@ TEST(SubmitRingLargeRecordTest, ARecordTooLargeForThePollerIsHandledInItsPlace) 
   EXPECT_EQ((*v)[255], 2.0f);
   t = Tensor();
   ASSERT_TRUE(bystander->close().ok());
+  EXPECT_EQ(d.WaitIdle().sessions_open(), 0u);
+}
+
+// What the ring poller takes waits in the daemon until its session accepts the messages, so
+// the poller takes no more bytes than the session, its identity and the daemon may still hold
+// in flight (and one record), whatever the client has written: before, it took up to 32
+// records (with a 16 MiB ring, 512 MiB), held while a missing number kept them waiting.
+TEST(SubmitRingBoundTest, ThePollerTakesNoMoreThanTheInFlightBytesLeft) {
+  FerrydProcess d({"--submit-ring", "1M", "--uid-limits", "uid:0:inflight-bytes=300K"});
+  ASSERT_TRUE(d.ok()) << d.log();
+  RawStream raw(d.unix_target());
+  auto opened = raw.Open();
+  ASSERT_TRUE(opened);
+  RawRing ring;
+  ASSERT_TRUE(ring.Map(*opened));
+  constexpr int64_t kElements = 50 << 10;  // an upload of 200 KiB a record
+  // Numbers 2 to 5 through the ring, visible together; 1 is not sent yet, so they wait.
+  std::vector<v1::ClientMessage> uploads;
+  for (uint64_t n = 2; n <= 5; ++n) {
+    uploads.push_back(SubmitMessage(
+        n, n, {InlineUpload(1, 0, std::string(kElements * 4, static_cast<char>(n)))}));
+  }
+  const uint64_t before = d.AdminStatus().submit_ring_messages_total();
+  ring.WriteTogether(uploads);
+  uint64_t taken = 0;
+  for (int i = 0; i < 500 && taken == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    taken = d.AdminStatus().submit_ring_messages_total() - before;
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // and anything it takes after
+  taken = d.AdminStatus().submit_ring_messages_total() - before;
+  // 300 KiB of room: one record (200 KiB), one more since that is less than the room, no third.
+  EXPECT_EQ(taken, 2u) << "records taken while the session could hold 300 KiB";
+
+  // The missing number: everything runs, in order, and none is refused.
+  ASSERT_TRUE(raw.Send(SubmitMessage(1, 1, {Create(1, v1::DTYPE_F32, {kElements})})));
+  ring.Write(SubmitMessage(6, 6, {Download(1, 0, 4)}));
+  std::string chunks;
+  for (uint64_t id = 1; id <= 5; ++id) {
+    EXPECT_EQ(raw.Completion(id).kind(), v1::ERROR_KIND_NONE) << "submit " << id;
+  }
+  EXPECT_EQ(raw.Completion(6, &chunks).kind(), v1::ERROR_KIND_NONE);
+  EXPECT_EQ(chunks, std::string(4, '\x05')) << "not the last upload's bytes";
+  CloseThroughRing(raw, ring, 7);
   EXPECT_EQ(d.WaitIdle().sessions_open(), 0u);
 }
 

@@ -261,6 +261,42 @@ TEST(RingPollerTest, ArmedForManyHandsWhatIsThereUpToTheCountInOneCall) {
   reg->Remove();
 }
 
+// Arm(n, bytes) bounds what one hand-over holds by bytes too (a session arms for the in-flight
+// bytes it may still hold): the poller takes records while those taken come to less than
+// `bytes`, and always the first, so that a ring never stalls on a record larger than that.
+TEST(RingPollerTest, ArmedForBytesTakesRecordsUntilTheyComeToThem) {
+  auto poller = RingPoller::Start(std::chrono::microseconds(100));
+  ASSERT_TRUE(poller.ok());
+  std::shared_ptr<SubmitRing> ring = MakeRing();
+  ClientSide client(*ring);
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::vector<std::string>> calls;
+  auto reg = (*poller)->Add(ring, [&](RingPoller::Taken t) {
+    std::lock_guard lock(mu);
+    calls.push_back(std::move(t.records));
+    cv.notify_all();
+  });
+  for (int i = 0; i < 6; ++i) ASSERT_TRUE(client.Write("record" + std::to_string(i)));  // 7 B
+  auto next_call = [&](size_t n) {
+    std::unique_lock lock(mu);
+    return cv.wait_for(lock, std::chrono::seconds(5), [&] { return calls.size() == n; });
+  };
+  reg->Arm(32, 10);  // 7 bytes are less than 10: one more, then 14 are not
+  ASSERT_TRUE(next_call(1));
+  EXPECT_EQ(calls[0], (std::vector<std::string>{"record0", "record1"}));
+  reg->Arm(32, 1);  // less than one record: that one record all the same
+  ASSERT_TRUE(next_call(2));
+  EXPECT_EQ(calls[1], (std::vector<std::string>{"record2"}));
+  reg->Arm(2);  // no byte bound: the count's
+  ASSERT_TRUE(next_call(3));
+  EXPECT_EQ(calls[2], (std::vector<std::string>{"record3", "record4"}));
+  reg->Arm(32, 21);
+  ASSERT_TRUE(next_call(4));
+  EXPECT_EQ(calls[3], (std::vector<std::string>{"record5"}));
+  reg->Remove();
+}
+
 // After its spin the poller sleeps, marking the rings asleep; a client's doorbell then wakes
 // it, every time (the daemon never reads the doorbell: each ring is an edge), and nothing
 // else would within the minute it may sleep here. A removed registration's handler is not
