@@ -425,24 +425,29 @@ Status Session::Enqueue(SubmitRequest& request, const AdmissionResult& admitted,
   FERRY_RETURN_IF_ERROR(ReserveDeviceBytes(admitted.bytes_created));
   EnqueueWork work;
   work.ops = std::move(ops);
-  work.fresh.assign(work.ops.size(), 0);
-  work.fresh_bytes.assign(work.ops.size(), 0);
-  work.loaded.resize(work.ops.size());
+  // Most submits (transfers, kernels) make nothing: `made` only for those that do.
+  if (std::any_of(work.ops.begin(), work.ops.end(), [](const Op& op) {
+        return std::holds_alternative<CreateTensorOp>(op) ||
+               std::holds_alternative<LoadModuleOp>(op);
+      })) {
+    work.made.resize(work.ops.size());
+  }
   // Every create's reservation is known before anything can fail, so a failure gives all
   // of it back.
-  for (size_t i = 0; i < work.ops.size(); ++i) {
+  for (size_t i = 0; i < work.made.size(); ++i) {
     if (auto* create = std::get_if<CreateTensorOp>(&work.ops[i])) {
       uint64_t elements = 0;
-      work.fresh_bytes[i] = *TensorBytes(create->dtype, create->shape, &elements);  // admitted
+      work.made[i].fresh_bytes = *TensorBytes(create->dtype, create->shape, &elements);  // admitted
     }
   }
-  for (size_t i = 0; i < work.ops.size(); ++i) {
+  for (size_t i = 0; i < work.made.size(); ++i) {
     Status failed;
+    EnqueueWork::Made& made = work.made[i];
     if (std::get_if<CreateTensorOp>(&work.ops[i])) {
-      if (work.fresh_bytes[i] == 0) continue;
-      auto ptr = stream_->Allocate(work.fresh_bytes[i]);
+      if (made.fresh_bytes == 0) continue;
+      auto ptr = stream_->Allocate(made.fresh_bytes);
       if (ptr.ok()) {
-        work.fresh[i] = *ptr;
+        made.fresh = *ptr;
       } else {
         failed = ptr.status();
       }
@@ -451,7 +456,7 @@ Status Session::Enqueue(SubmitRequest& request, const AdmissionResult& admitted,
       // compile error refuses the submit whole.
       auto module = device_->device()->LoadModule(load->format, load->image);
       if (module.ok()) {
-        work.loaded[i] = std::move(*module);
+        made.loaded = std::move(*module);
       } else {
         failed = module.status();
       }
@@ -550,10 +555,14 @@ Status Session::EnqueueOps(InFlight& record, EnqueueWork& work) {
       batch_first = i;
       batch_end = run;
     }
-    Status s = EnqueueOp(ops[i], work.fresh[i], std::move(work.loaded[i]), record,
-                         static_cast<uint32_t>(i));
-    work.fresh[i] = 0;  // the tensor's now (or freed with it)
-    work.fresh_bytes[i] = 0;
+    Status s;
+    if (work.made.empty()) {
+      s = EnqueueOp(ops[i], 0, nullptr, record, static_cast<uint32_t>(i));
+    } else {
+      EnqueueWork::Made& made = work.made[i];
+      s = EnqueueOp(ops[i], made.fresh, std::move(made.loaded), record, static_cast<uint32_t>(i));
+      made = {};  // the tensor's now (or freed with it)
+    }
     if (record.first_launch_op >= 0 && !record.raw_counted) {
       // Raw kernels are on the device: this session is a fault suspect from now on.
       record.raw_counted = true;
@@ -624,12 +633,11 @@ void Session::YieldEnqueue(EnqueueWork& work, size_t next, Lane lane) {
 }
 
 void Session::ReleaseUnenqueued(EnqueueWork& work, bool device_gone) {
-  for (size_t j = work.next; j < work.ops.size(); ++j) {
-    if (work.fresh[j] && !device_gone) stream_->Free(work.fresh[j]);
-    ReleaseDeviceBytes(work.fresh_bytes[j]);
-    work.fresh[j] = 0;
-    work.fresh_bytes[j] = 0;
-    work.loaded[j].reset();
+  for (size_t j = work.next; j < work.made.size(); ++j) {
+    EnqueueWork::Made& made = work.made[j];
+    if (made.fresh && !device_gone) stream_->Free(made.fresh);
+    ReleaseDeviceBytes(made.fresh_bytes);
+    made = {};
   }
   work.next = work.ops.size();
 }

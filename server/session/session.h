@@ -263,10 +263,15 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   // An admitted submit's ops on their way to the device, with what Enqueue made for them
   // before enqueueing any (device memory, loaded modules), from op `next` on.
   struct EnqueueWork {
+    // What Enqueue made for one op before enqueueing any: a create's memory (and the bytes
+    // reserved for it), a load's module.
+    struct Made {
+      backend::DevicePtr fresh = 0;
+      uint64_t fresh_bytes = 0;
+      std::shared_ptr<backend::Module> loaded;
+    };
     std::vector<Op> ops;
-    std::vector<backend::DevicePtr> fresh;
-    std::vector<uint64_t> fresh_bytes;
-    std::vector<std::shared_ptr<backend::Module>> loaded;
+    std::vector<Made> made;  // one per op where the submit creates or loads; else empty
     size_t next = 0;
     bool paused = false;  // stopped before `next`: no launch-queue room, or its slice was over
   };
