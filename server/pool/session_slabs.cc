@@ -10,7 +10,7 @@
 
 namespace ferry::pool {
 
-std::map<uint64_t, uint32_t>::iterator BusyRanges::Split(uint64_t at) {
+std::pmr::map<uint64_t, uint32_t>::iterator BusyRanges::Split(uint64_t at) {
   auto next = cover_.upper_bound(at);
   if (next != cover_.begin()) {
     auto here = std::prev(next);

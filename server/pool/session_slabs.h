@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <memory_resource>
 #include <mutex>
 #include <optional>
 #include <utility>
@@ -36,7 +37,9 @@ struct SlabRange {
 /// Byte ranges of one slab that device copies in flight use, kept apart even when they overlap
 /// (two reads of one submit may): a byte is busy while any range that holds it is, so ending a
 /// short copy never frees bytes a longer one still uses. Each Add must be matched by one Remove
-/// of the same range (or by none: the range stays busy for good). Not thread-safe.
+/// of the same range (or by none: the range stays busy for good). Not thread-safe. Its map's
+/// nodes come from a pool of its own, reused as ranges come and go: a transfer's Add and
+/// Remove allocate nothing once the slab has had that many ranges busy.
 class BusyRanges {
  public:
   /// Hold [begin, end); empty ranges hold nothing.
@@ -50,14 +53,15 @@ class BusyRanges {
  private:
   void Shift(uint64_t begin, uint64_t end, int delta);
   // Ensure a segment starts at `at`; return it.
-  std::map<uint64_t, uint32_t>::iterator Split(uint64_t at);
+  std::pmr::map<uint64_t, uint32_t>::iterator Split(uint64_t at);
   // Drop the segment starting at `at` when its count equals the one before it.
   void Merge(uint64_t at);
 
   // How many ranges hold each byte, piecewise constant: a key starts a segment holding that
   // count up to the next key; bytes before the first key and from the last key on (whose
   // count is 0) are free. Neighbouring segments have different counts.
-  std::map<uint64_t, uint32_t> cover_;
+  std::pmr::unsynchronized_pool_resource nodes_;  // before cover_, which it outlives
+  std::pmr::map<uint64_t, uint32_t> cover_{&nodes_};
 };
 
 /// Who else pays for a session's slabs besides its own quota (the per-uid pinned limit):
