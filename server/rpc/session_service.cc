@@ -1,9 +1,11 @@
 #include "rpc/session_service.h"
 
+#include <google/protobuf/arena.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <deque>
 #include <optional>
 #include <string_view>
@@ -73,6 +75,30 @@ constexpr size_t kRingLongLaneRecordBytes = 64 << 10;
 // sessions' rings wait for.
 constexpr size_t kRingParseOnPollerBudget = 64 << 10;
 constexpr std::chrono::milliseconds kRingParseSlice{2};
+
+// A client message parsed from a submit ring record, null where the record does not parse.
+// It lives on a protobuf arena of its own, which the returned pointer holds (aliasing) and
+// whose first block comes with it: a small message (a transfer's submit) takes one allocation
+// where its parts (the message, its submit, the ops' array, each op and its parts) took one
+// each, on the session's serial path. Nothing moves parts of it into other messages.
+std::shared_ptr<v1::ClientMessage> ParseRingRecord(const std::string& record) {
+  constexpr size_t kFirstBlock = 1024;  // the arena's own header, and a small submit
+  struct Parsed {
+    alignas(std::max_align_t) char first_block[kFirstBlock];
+    google::protobuf::Arena arena;  // after first_block, which it uses
+    Parsed() : arena(Options(first_block)) {}
+    static google::protobuf::ArenaOptions Options(char* block) {
+      google::protobuf::ArenaOptions o;
+      o.initial_block = block;
+      o.initial_block_size = kFirstBlock;
+      return o;
+    }
+  };
+  auto parsed = std::make_shared<Parsed>();
+  auto* message = google::protobuf::Arena::CreateMessage<v1::ClientMessage>(&parsed->arena);
+  if (!message->ParseFromString(record)) return nullptr;
+  return std::shared_ptr<v1::ClientMessage>(std::move(parsed), message);
+}
 
 // The state of one session stream; touched only on its serial executor (shared with its
 // session). The reactor (owned by gRPC) is used only until Finish is called on it.
@@ -235,9 +261,7 @@ class SessionConnection : public session::SessionEvents,
           executor_.Yield([self = shared_from_this()] { self->MaybeReadMore(); }, "ring messages");
           break;
         }
-        auto parsed = std::make_shared<v1::ClientMessage>();
-        if (!parsed->ParseFromString(front.unparsed)) parsed = nullptr;  // a violation, in place
-        front.message = std::move(parsed);
+        front.message = ParseRingRecord(front.unparsed);  // null: a violation, in its place
         front.unparsed.clear();
       }
       if (!ring_backlog_.front().unparsed.empty()) {
@@ -280,9 +304,7 @@ class SessionConnection : public session::SessionEvents,
     // Not the session it was taken for (the ring went with the stream, or to a next session
     // whose backlog started afresh): dropped, as that backlog was.
     if (!ring_ || session != session_id_ || finishing()) return;
-    auto m = std::make_shared<v1::ClientMessage>();
-    if (!m->ParseFromString(record)) m = nullptr;
-    AcceptRingMessage(std::move(m));
+    AcceptRingMessage(ParseRingRecord(record));
     executor_.Post([self = shared_from_this()] { self->MaybeReadMore(); }, "ring messages");
   }
 
@@ -342,9 +364,8 @@ class SessionConnection : public session::SessionEvents,
           continue;
         }
         parse_budget -= record.size();
-        r.message = std::make_shared<v1::ClientMessage>();
-        if (!r.message->ParseFromString(record)) {
-          r.message = nullptr;  // a protocol violation, in its place
+        r.message = ParseRingRecord(record);
+        if (!r.message) {  // a protocol violation, in its place
           here = false;
         } else {
           here = here && IsQuick(*r.message);
