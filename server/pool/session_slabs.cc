@@ -10,21 +10,31 @@
 
 namespace ferry::pool {
 
-std::pmr::map<uint64_t, uint32_t>::iterator BusyRanges::Split(uint64_t at) {
+BusyRanges::Cover::iterator BusyRanges::Split(uint64_t at) {
   auto next = cover_.upper_bound(at);
+  uint32_t count = 0;  // the count of the segment `at` falls in (0 before the first)
   if (next != cover_.begin()) {
     auto here = std::prev(next);
     if (here->first == at) return here;
-    return cover_.emplace_hint(next, at, here->second);
+    count = here->second;
   }
-  return cover_.emplace_hint(next, at, 0);
+  if (spares_ == 0) return cover_.emplace_hint(next, at, count);
+  Cover::node_type node = std::move(spare_[--spares_]);
+  node.key() = at;
+  node.mapped() = count;
+  return cover_.insert(next, std::move(node));
 }
 
 void BusyRanges::Merge(uint64_t at) {
   auto it = cover_.find(at);
   if (it == cover_.end()) return;
   const uint32_t before = it == cover_.begin() ? 0 : std::prev(it)->second;
-  if (it->second == before) cover_.erase(it);
+  if (it->second != before) return;
+  if (spares_ < kSpareNodes) {
+    spare_[spares_++] = cover_.extract(it);
+  } else {
+    cover_.erase(it);
+  }
 }
 
 void BusyRanges::Shift(uint64_t begin, uint64_t end, int delta) {

@@ -10,10 +10,10 @@
 
 #include <sys/types.h>
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <memory_resource>
 #include <mutex>
 #include <optional>
 #include <utility>
@@ -37,9 +37,9 @@ struct SlabRange {
 /// Byte ranges of one slab that device copies in flight use, kept apart even when they overlap
 /// (two reads of one submit may): a byte is busy while any range that holds it is, so ending a
 /// short copy never frees bytes a longer one still uses. Each Add must be matched by one Remove
-/// of the same range (or by none: the range stays busy for good). Not thread-safe. Its map's
-/// nodes come from a pool of its own, reused as ranges come and go: a transfer's Add and
-/// Remove allocate nothing once the slab has had that many ranges busy.
+/// of the same range (or by none: the range stays busy for good). Not thread-safe. A few nodes
+/// of segments merged away are kept for the next ranges (kSpareNodes): a transfer's Add and
+/// Remove allocate nothing while few ranges of the slab are busy at once.
 class BusyRanges {
  public:
   /// Hold [begin, end); empty ranges hold nothing.
@@ -53,15 +53,20 @@ class BusyRanges {
  private:
   void Shift(uint64_t begin, uint64_t end, int delta);
   // Ensure a segment starts at `at`; return it.
-  std::pmr::map<uint64_t, uint32_t>::iterator Split(uint64_t at);
+  using Cover = std::map<uint64_t, uint32_t>;
+  Cover::iterator Split(uint64_t at);
   // Drop the segment starting at `at` when its count equals the one before it.
   void Merge(uint64_t at);
 
   // How many ranges hold each byte, piecewise constant: a key starts a segment holding that
   // count up to the next key; bytes before the first key and from the last key on (whose
   // count is 0) are free. Neighbouring segments have different counts.
-  std::pmr::unsynchronized_pool_resource nodes_;  // before cover_, which it outlives
-  std::pmr::map<uint64_t, uint32_t> cover_{&nodes_};
+  Cover cover_;
+  // Nodes Merge took out of cover_, for Split to reuse; at most kSpareNodes (the rest are
+  // freed, so a slab that once had many ranges busy keeps no more than these).
+  static constexpr size_t kSpareNodes = 8;
+  std::array<Cover::node_type, kSpareNodes> spare_;
+  size_t spares_ = 0;
 };
 
 /// Who else pays for a session's slabs besides its own quota (the per-uid pinned limit):
