@@ -20,7 +20,8 @@
 #          are checked; it only compiles, no test runs
 # Every phase runs even when an earlier one failed (a failed plain build stops the run); the
 # exit status is non-zero when any failed. The output ends with a summary: each phase's time
-# and result, then each ctest run's result lines, the plain suite's last.
+# and result, each ctest run's result lines (the plain suite's last), the head of the first
+# sanitizer report of a phase that left any, and the phases that failed.
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 phases=" ${FERRY_TEST_PHASES:-plain asan fuzz tsan tsa} "
@@ -85,8 +86,11 @@ run_ctest() {
 
 # sanitizer_reports DIR: fail (printing them) when any process left a report in DIR: a
 # ferryd child's report counts though the test that started it may have passed.
+# The first report's head is kept for the end of the output too (sanitizer_digest): a CI that
+# keeps only the log's tail still shows what failed.
+sanitizer_digest=()
 sanitizer_reports() {
-  local dir=$1 n
+  local dir=$1 n first
   n=$(find "$dir" -type f | wc -l)
   ((n == 0)) && return 0
   echo "sanitizer reports: $n (in $dir); the first ones:"
@@ -94,6 +98,10 @@ sanitizer_reports() {
     echo "--- $f"
     head -80 "$f"
   done
+  first=$(find "$dir" -type f | sort | head -1)
+  sanitizer_digest+=("--- sanitizer reports: $n in $dir; their summaries:"
+    "$(grep -h '^SUMMARY' "$dir"/* | sort | uniq -c | head -10)"
+    "--- the head of $first:" "$(head -40 "$first")")
   return 1
 }
 
@@ -203,18 +211,29 @@ fi
 echo
 echo "=== tests/run.sh summary: $((SECONDS - total_start)) s in all ==="
 printf '%s\n' "${summary[@]}"
-# Each ctest run's result lines, the plain suite's last: what ends the log is the suite's.
+# ctest_results LOG: a ctest run's result lines; its list of skipped tests (each printed its
+# reason above) is counted, not repeated.
+ctest_results() {
+  sed -n '/tests passed, /,$p' "$1" | awk '
+    /^The following tests did not run:/ {skipping = 1; next}
+    skipping && /\(Skipped\)$/ {skipped++; next}
+    {skipping = 0; print}
+    END {if (skipped) printf "(%d tests skipped, each with its reason in the log above)\n", skipped}'
+}
+# Each ctest run's result lines, the plain suite's last, then what failed and the sanitizer
+# reports' digest: what ends the log is what a reader of its tail needs.
 for entry in "${ctest_logs[@]}"; do
   tag=${entry%%:*} log=${entry#*:}
   [[ $tag == plain ]] && continue
   echo "--- ctest ($tag):"
-  sed -n '/tests passed, /,$p' "$log"
+  ctest_results "$log"
 done
-((${#failed[@]})) && echo "tests/run.sh: FAILED: ${failed[*]}"
 for entry in "${ctest_logs[@]}"; do
   tag=${entry%%:*} log=${entry#*:}
   [[ $tag == plain ]] || continue
   echo "--- ctest ($tag):"
-  sed -n '/tests passed, /,$p' "$log"
+  ctest_results "$log"
 done
+((${#sanitizer_digest[@]})) && printf '%s\n' "${sanitizer_digest[@]}"
+((${#failed[@]})) && echo "tests/run.sh: FAILED: ${failed[*]}"
 ((${#failed[@]} == 0))
