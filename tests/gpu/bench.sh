@@ -24,7 +24,10 @@ export LD_LIBRARY_PATH="$bundle/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD
 bench="$bundle/bin/ferry-bench"
 ferryd="$bundle/bin/ferryd"
 commit=$(cat "$bundle/COMMIT" 2>/dev/null || echo unknown)
-stamp="$(date -u +%Y-%m-%d)-h200-$commit"
+# The card in the file names: "h100", "h200" (from nvidia-smi's name), else "gpu".
+card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 |
+  grep -oiE '\b[A-Z][0-9]{2,3}\b' | head -1 | tr 'A-Z' 'a-z')
+stamp="$(date -u +%Y-%m-%d)-${card:-gpu}-$commit"
 
 mps=""
 if command -v nvidia-cuda-mps-control >/dev/null || [[ -x /usr/local/nvidia/bin/nvidia-cuda-mps-control ]]; then
