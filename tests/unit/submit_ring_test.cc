@@ -223,6 +223,39 @@ TEST(RingPollerTest, HandsOneRecordPerArm) {
   EXPECT_EQ((*poller)->rings(), 0u);
 }
 
+// What a registration hands over, one entry per call of its handler (each call's records,
+// in ring order), for a test to wait on.
+class HandOverRecorder {
+ public:
+  RingPoller::Handler Handler() {
+    return [this](RingPoller::Taken t) {
+      EXPECT_TRUE(t.broken.empty()) << t.broken;
+      std::lock_guard lock(mu_);
+      calls_.push_back(std::move(t.records));
+      cv_.notify_all();
+    };
+  }
+  // Waits (up to 5 s) until the handler has been called n times.
+  bool WaitFor(size_t n) {
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(lock, std::chrono::seconds(5), [&] { return calls_.size() >= n; });
+  }
+  size_t calls() {
+    std::lock_guard lock(mu_);
+    return calls_.size();
+  }
+  // The records of call i (from 0); empty when there was none.
+  std::vector<std::string> call(size_t i) {
+    std::lock_guard lock(mu_);
+    return i < calls_.size() ? calls_[i] : std::vector<std::string>{};
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::vector<std::string>> calls_;
+};
+
 // Arm(n) lets the poller take up to n records, handed over in one call in ring order: those
 // already in the ring, never more than n; the rest wait for the next Arm.
 TEST(RingPollerTest, ArmedForManyHandsWhatIsThereUpToTheCountInOneCall) {
@@ -230,33 +263,17 @@ TEST(RingPollerTest, ArmedForManyHandsWhatIsThereUpToTheCountInOneCall) {
   ASSERT_TRUE(poller.ok());
   std::shared_ptr<SubmitRing> ring = MakeRing();
   ClientSide client(*ring);
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<std::vector<std::string>> calls;
-  auto reg = (*poller)->Add(ring, [&](RingPoller::Taken t) {
-    EXPECT_TRUE(t.broken.empty());
-    std::lock_guard lock(mu);
-    calls.push_back(std::move(t.records));
-    cv.notify_all();
-  });
+  HandOverRecorder handed;
+  auto reg = (*poller)->Add(ring, handed.Handler());
   for (int i = 0; i < 5; ++i) ASSERT_TRUE(client.Write("m" + std::to_string(i)));
   reg->Arm(3);
-  {
-    std::unique_lock lock(mu);
-    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(5), [&] { return calls.size() == 1; }));
-    EXPECT_EQ(calls[0], (std::vector<std::string>{"m0", "m1", "m2"}));
-  }
+  ASSERT_TRUE(handed.WaitFor(1));
+  EXPECT_EQ(handed.call(0), (std::vector<std::string>{"m0", "m1", "m2"}));
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  {
-    std::lock_guard lock(mu);
-    EXPECT_EQ(calls.size(), 1u) << "taken past the count before the next Arm";
-  }
+  EXPECT_EQ(handed.calls(), 1u) << "taken past the count before the next Arm";
   reg->Arm(10);  // two are there: both, in one call
-  {
-    std::unique_lock lock(mu);
-    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(5), [&] { return calls.size() == 2; }));
-    EXPECT_EQ(calls[1], (std::vector<std::string>{"m3", "m4"}));
-  }
+  ASSERT_TRUE(handed.WaitFor(2));
+  EXPECT_EQ(handed.call(1), (std::vector<std::string>{"m3", "m4"}));
   EXPECT_EQ((*poller)->records_total(), 5u);
   reg->Remove();
 }
@@ -269,31 +286,22 @@ TEST(RingPollerTest, ArmedForBytesTakesRecordsUntilTheyComeToThem) {
   ASSERT_TRUE(poller.ok());
   std::shared_ptr<SubmitRing> ring = MakeRing();
   ClientSide client(*ring);
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<std::vector<std::string>> calls;
-  auto reg = (*poller)->Add(ring, [&](RingPoller::Taken t) {
-    std::lock_guard lock(mu);
-    calls.push_back(std::move(t.records));
-    cv.notify_all();
-  });
+  HandOverRecorder handed;
+  auto reg = (*poller)->Add(ring, handed.Handler());
   for (int i = 0; i < 6; ++i) ASSERT_TRUE(client.Write("record" + std::to_string(i)));  // 7 B
-  auto next_call = [&](size_t n) {
-    std::unique_lock lock(mu);
-    return cv.wait_for(lock, std::chrono::seconds(5), [&] { return calls.size() == n; });
-  };
   reg->Arm(32, 10);  // 7 bytes are less than 10: one more, then 14 are not
-  ASSERT_TRUE(next_call(1));
-  EXPECT_EQ(calls[0], (std::vector<std::string>{"record0", "record1"}));
+  ASSERT_TRUE(handed.WaitFor(1));
+  EXPECT_EQ(handed.call(0), (std::vector<std::string>{"record0", "record1"}));
   reg->Arm(32, 1);  // less than one record: that one record all the same
-  ASSERT_TRUE(next_call(2));
-  EXPECT_EQ(calls[1], (std::vector<std::string>{"record2"}));
+  ASSERT_TRUE(handed.WaitFor(2));
+  EXPECT_EQ(handed.call(1), (std::vector<std::string>{"record2"}));
   reg->Arm(2);  // no byte bound: the count's
-  ASSERT_TRUE(next_call(3));
-  EXPECT_EQ(calls[2], (std::vector<std::string>{"record3", "record4"}));
+  ASSERT_TRUE(handed.WaitFor(3));
+  EXPECT_EQ(handed.call(2), (std::vector<std::string>{"record3", "record4"}));
   reg->Arm(32, 21);
-  ASSERT_TRUE(next_call(4));
-  EXPECT_EQ(calls[3], (std::vector<std::string>{"record5"}));
+  ASSERT_TRUE(handed.WaitFor(4));
+  EXPECT_EQ(handed.call(3), (std::vector<std::string>{"record5"}));
+  EXPECT_EQ(handed.calls(), 4u);
   reg->Remove();
 }
 
