@@ -105,9 +105,13 @@ void DeviceSupervisor::ReportFault(uint64_t generation, uint64_t session_id, con
 // session executor blocks on it.
 void DeviceSupervisor::RebuildLocked() {
   std::unique_ptr<backend::Device> old = std::move(device_);
-  if (rebuilder_.joinable()) rebuilder_.detach();  // the previous rebuild has finished
-  rebuilder_ = std::thread([this, old = std::move(old)]() mutable {
+  // The previous rebuild has made its device, but its thread may still be running the hooks
+  // (after it let go of mu_): this one joins it first, so that JoinRebuild, joining the last,
+  // leaves none running (a detached one could call the hooks after the daemon is gone).
+  std::thread previous = std::move(rebuilder_);
+  rebuilder_ = std::thread([this, old = std::move(old), previous = std::move(previous)]() mutable {
     pthread_setname_np(pthread_self(), "ferry-rebuild");
+    if (previous.joinable()) previous.join();
     spdlog::warn("rebuilding the device: destroying the old one");
     old.reset();
     spdlog::warn("rebuilding the device: resetting the context");
