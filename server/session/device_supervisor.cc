@@ -140,10 +140,14 @@ void DeviceSupervisor::RebuildLocked() {
     spdlog::warn("device rebuilt after the fault in {} ms (generation {})",
                  last_recovery_ms_.load(), generation_);
     cv_.NotifyAll();
-    auto serving = serving_hook_;
-    lock.Unlock();  // the hooks call back into device()
+    const uint64_t rebuilt = generation_;
+    lock.Unlock();  // the rebuilt hook calls back into device()
     if (rebuilt_hook_) rebuilt_hook_();
-    if (serving) serving(true);
+    // "Back" only while this generation still serves: a fault reported during the hook has
+    // said "lost" already, and the rebuild it started says "back" in turn. Under mu_, as
+    // ReportFault says "lost", so that the two never cross.
+    lock.Lock();
+    if (serving_hook_ && !lost_ && generation_ == rebuilt) serving_hook_(true);
   });
 }
 

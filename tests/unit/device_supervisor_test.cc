@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "backend/backend.h"
 
@@ -32,7 +33,9 @@ std::unique_ptr<DeviceSupervisor> MakeSupervisor() {
 // A fault that comes while the last rebuild's thread still runs its hooks (the device is
 // already back, so a session may fault it again) starts a second rebuild; JoinRebuild then
 // returns only once both threads are done, the first one's hooks included: nothing of a
-// rebuild runs after the owner has gone.
+// rebuild runs after the owner has gone. The serving hook (the health service) hears
+// "lost" for each fault and "back" once, from the rebuild after the last: the first rebuild,
+// overtaken by the second fault, does not say "back" after it.
 TEST(DeviceSupervisorTest, AFaultDuringTheLastRebuildsHooksLeavesNoRebuildRunningAfterJoin) {
   std::unique_ptr<DeviceSupervisor> supervisor = MakeSupervisor();
   ASSERT_NE(supervisor, nullptr);
@@ -41,6 +44,11 @@ TEST(DeviceSupervisorTest, AFaultDuringTheLastRebuildsHooksLeavesNoRebuildRunnin
   int hooks_started = 0;
   bool release_first = false;
   std::atomic<int> hooks_done{0};
+  std::vector<bool> serving_calls;  // under mu
+  supervisor->SetServingHook([&](bool up) {
+    std::lock_guard lock(mu);
+    serving_calls.push_back(up);
+  });
   supervisor->SetRebuiltHook([&] {
     std::unique_lock lock(mu);
     const int call = ++hooks_started;
@@ -76,6 +84,11 @@ TEST(DeviceSupervisorTest, AFaultDuringTheLastRebuildsHooksLeavesNoRebuildRunnin
   EXPECT_EQ(hooks_done.load(), 2) << "JoinRebuild returned while a rebuild's hook still ran";
   EXPECT_EQ(supervisor->resets(), 2u);
   releaser.join();
+  {
+    std::lock_guard lock(mu);
+    EXPECT_EQ(serving_calls, (std::vector<bool>{false, false, true}));
+  }
+  EXPECT_TRUE(supervisor->serving());
   supervisor.reset();
 }
 
