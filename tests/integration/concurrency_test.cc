@@ -225,11 +225,12 @@ TEST(ConcurrencyTest, ASessionsFirstKernelsWaitForNoOtherSessionsWork) {
   ASSERT_TRUE(d.ok()) << d.log();
   auto client = Client::connect(d.unix_target());
   ASSERT_TRUE(client.ok()) << client.status().ToString();
-  // A: about a second of GEMMs on the H200; smaller ones on the host backend (whose streams
-  // each run on a thread of their own, so there the property holds by construction).
+  // A: about two seconds of GEMMs on an H100 or H200 (each of 8192^3 about 20 ms); smaller
+  // ones on the host backend (whose streams each run on a thread of their own, so there the
+  // property holds by construction).
   const bool host = testing::TestBackend() == "host";
   const int64_t n = host ? 256 : 8192;
-  const int gemms = host ? 40 : 60;
+  const int gemms = host ? 40 : 120;
   auto a = client->open_session();
   ASSERT_TRUE(a.ok()) << a.status().ToString();
   Tensor x = a->create_tensor<float>({n, n});
@@ -244,21 +245,32 @@ TEST(ConcurrencyTest, ASessionsFirstKernelsWaitForNoOtherSessionsWork) {
   a->fill(tail, 3.0f);
   PendingTransfer a_done = a->download_pending(std::move(tail), std::move(*buffer));
   ASSERT_TRUE(a->submit().ok());
+  const auto a_submitted = std::chrono::steady_clock::now();
+  // When a check below fails, these tell "B waited for A" (B's step took about as long as
+  // what was left of A) from "A was done early" (A's work took less than the steps before).
+  auto since_a = [&] {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a_submitted)
+        .count();
+  };
 
   auto b = client->open_session();
   ASSERT_TRUE(b.ok()) << b.status().ToString();
   Tensor m = b->create_tensor<double>({16, 16});
   Tensor out = b->create_tensor<double>({16, 16});
   b->fill(m, 1.0);
+  const double fill_from = since_a();
   Status filled = b->synchronize();
   ASSERT_TRUE(filled.ok()) << filled.ToString();
+  std::printf("MEASURED B's first fill: %.1f to %.1f ms after A's submit\n", fill_from, since_a());
   auto ready = a_done.is_ready();
   ASSERT_TRUE(ready.ok()) << ready.status().ToString();
   EXPECT_FALSE(*ready) << "session A's work was done before B's first fill: either B waited "
                           "for it or A's work was too short";
   b->gemm(m, m, out, {.alpha = 1.0, .beta = 0.0});
+  const double gemm_from = since_a();
   Status gemm = b->synchronize();
   ASSERT_TRUE(gemm.ok()) << gemm.ToString();
+  std::printf("MEASURED B's first GEMM: %.1f to %.1f ms after A's submit\n", gemm_from, since_a());
   ready = a_done.is_ready();
   ASSERT_TRUE(ready.ok()) << ready.status().ToString();
   EXPECT_FALSE(*ready) << "session A's work was done before B's first GEMM: either B waited "
@@ -269,6 +281,7 @@ TEST(ConcurrencyTest, ASessionsFirstKernelsWaitForNoOtherSessionsWork) {
   EXPECT_TRUE(b->close().ok());
   Transfer done = a_done.wait();
   EXPECT_TRUE(done.status.ok()) << done.status.ToString();
+  std::printf("MEASURED A's work done (waited for) %.1f ms after its submit\n", since_a());
   EXPECT_TRUE(a->close().ok());
 }
 
