@@ -200,6 +200,9 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
   // grpc.health.v1 follows device loss: NOT_SERVING while the device is rebuilt.
   d->device_->SetServingHook([rpc = d->rpc_.get(), ctx = d->context_.get()](bool up) {
     rpc->SetAccepting(up && !ctx->gauges.draining);
+    // A drain that began meanwhile may have said NOT_SERVING before this said SERVING: say
+    // it again (Shutdown sets draining before it does).
+    if (up && ctx->gauges.draining) rpc->SetAccepting(false);
   });
   return d;
 }
