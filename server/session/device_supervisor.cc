@@ -24,6 +24,7 @@ void DeviceSupervisor::JoinRebuild() {
   std::thread rebuilder;
   {
     MutexLock lock(&mu_);
+    hooks_stopped_ = true;
     rebuilder = std::move(rebuilder_);
   }
   if (rebuilder.joinable()) rebuilder.join();
@@ -95,7 +96,7 @@ void DeviceSupervisor::ReportFault(uint64_t generation, uint64_t session_id, con
         session_id, fault.ToString(), notify.size());
     // Before any rebuild can start, so that "back" always follows "lost". The hook does
     // not call back into the supervisor, so it may run under mu_.
-    if (serving_hook_) serving_hook_(false);
+    if (serving_hook_ && !hooks_stopped_) serving_hook_(false);
     if (streams_ == 0) RebuildLocked();
   }
   for (auto& l : notify) l->NotifyDeviceLost(loss);
@@ -124,7 +125,8 @@ void DeviceSupervisor::RebuildLocked() {
       spdlog::critical("cannot rebuild the device in this process: {}", fresh.status().ToString());
       unrecoverable_now_ = true;
       cv_.NotifyAll();
-      auto handler = unrecoverable_;
+      std::function<void(const Status&)> handler;
+      if (!hooks_stopped_) handler = unrecoverable_;
       lock.Unlock();
       if (handler) handler(fresh.status());
       return;  // stays lost: new sessions get UNAVAILABLE until the owner restarts us
@@ -141,13 +143,16 @@ void DeviceSupervisor::RebuildLocked() {
                  last_recovery_ms_.load(), generation_);
     cv_.NotifyAll();
     const uint64_t rebuilt = generation_;
+    // Once JoinRebuild has run, what the hooks reach may be gone; a JoinRebuild that comes
+    // after this look joins this thread, so the hook ends before it returns.
+    const bool hooks = !hooks_stopped_;
     lock.Unlock();  // the rebuilt hook calls back into device()
-    if (rebuilt_hook_) rebuilt_hook_();
+    if (hooks && rebuilt_hook_) rebuilt_hook_();
     // "Back" only while this generation still serves: a fault reported during the hook has
     // said "lost" already, and the rebuild it started says "back" in turn. Under mu_, as
     // ReportFault says "lost", so that the two never cross.
     lock.Lock();
-    if (serving_hook_ && !lost_ && generation_ == rebuilt) serving_hook_(true);
+    if (serving_hook_ && !hooks_stopped_ && !lost_ && generation_ == rebuilt) serving_hook_(true);
   });
 }
 

@@ -49,8 +49,9 @@ class DeviceSupervisor {
 
   static Result<std::unique_ptr<DeviceSupervisor>> Create(Factory factory, ContextReset reset);
   ~DeviceSupervisor();
-  /// Wait for a rebuild in progress (if any) to finish. Its hooks reach what the owner gave
-  /// them, so the owner calls this before any of that goes. Any thread but the rebuild's.
+  /// Wait for a rebuild in progress (if any) to finish, and call no hook after it (a later
+  /// fault still rebuilds the device, silently). The hooks reach what the owner gave them,
+  /// so the owner calls this before any of that goes. Any thread but the rebuild's.
   void JoinRebuild();
 
   /// A stream on the current device, and the generation it belongs to.
@@ -80,8 +81,8 @@ class DeviceSupervisor {
   /// one, e.g. to register host memory with it again. Set before serving.
   void SetRebuiltHook(std::function<void()> fn) { rebuilt_hook_ = std::move(fn); }
   /// Call `fn(false)` when the device is lost and `fn(true)` when it is back (from the
-  /// reporting or the rebuild thread), e.g. for the health service. `fn` must not call
-  /// back into the supervisor.
+  /// reporting or the rebuild thread, under the supervisor's lock, so calls never cross),
+  /// e.g. for the health service. `fn` must not call back into the supervisor.
   void SetServingHook(std::function<void(bool)> fn) {
     MutexLock lock(&mu_);
     serving_hook_ = std::move(fn);
@@ -132,6 +133,7 @@ class DeviceSupervisor {
   std::string last_fault_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::weak_ptr<DeviceLostListener>> listeners_ ABSL_GUARDED_BY(mu_);
   std::thread rebuilder_ ABSL_GUARDED_BY(mu_);
+  bool hooks_stopped_ ABSL_GUARDED_BY(mu_) = false;  // JoinRebuild ran: call no hook
   std::function<void(const Status&)> unrecoverable_ ABSL_GUARDED_BY(mu_);
   std::atomic<int64_t> raw_in_flight_{0};
   std::atomic<uint64_t> resets_{0};

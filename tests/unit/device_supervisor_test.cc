@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -30,66 +31,115 @@ std::unique_ptr<DeviceSupervisor> MakeSupervisor() {
   return supervisor.ok() ? std::move(*supervisor) : nullptr;
 }
 
-// A fault that comes while the last rebuild's thread still runs its hooks (the device is
-// already back, so a session may fault it again) starts a second rebuild; JoinRebuild then
-// returns only once both threads are done, the first one's hooks included: nothing of a
-// rebuild runs after the owner has gone. The serving hook (the health service) hears
-// "lost" for each fault and "back" once, from the rebuild after the last: the first rebuild,
-// overtaken by the second fault, does not say "back" after it.
-TEST(DeviceSupervisorTest, AFaultDuringTheLastRebuildsHooksLeavesNoRebuildRunningAfterJoin) {
-  std::unique_ptr<DeviceSupervisor> supervisor = MakeSupervisor();
-  ASSERT_NE(supervisor, nullptr);
-  std::mutex mu;
-  std::condition_variable cv;
-  int hooks_started = 0;
-  bool release_first = false;
-  std::atomic<int> hooks_done{0};
-  std::vector<bool> serving_calls;  // under mu
-  supervisor->SetServingHook([&](bool up) {
-    std::lock_guard lock(mu);
-    serving_calls.push_back(up);
-  });
-  supervisor->SetRebuiltHook([&] {
-    std::unique_lock lock(mu);
-    const int call = ++hooks_started;
-    cv.notify_all();
-    if (call == 1) cv.wait(lock, [&] { return release_first; });  // held until released
-    hooks_done.fetch_add(1);
-  });
+// A supervisor of a host device whose rebuilt hook holds the first rebuild's thread until
+// released, and which records the serving hook's calls.
+class DeviceSupervisorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    supervisor_ = MakeSupervisor();
+    ASSERT_NE(supervisor_, nullptr);
+    supervisor_->SetServingHook([this](bool up) {
+      std::lock_guard lock(mu_);
+      serving_calls_.push_back(up);
+      cv_.notify_all();
+    });
+    supervisor_->SetRebuiltHook([this] {
+      std::unique_lock lock(mu_);
+      const int call = ++hooks_started_;
+      cv_.notify_all();
+      if (call == 1) cv_.wait(lock, [&] { return release_first_; });  // held until released
+      ++hooks_done_;
+      cv_.notify_all();
+    });
+  }
+  // Also where a test failed half way: nothing it started outlives it.
+  void TearDown() override {
+    ReleaseFirst();
+    if (supervisor_) supervisor_->JoinRebuild();
+  }
 
-  auto fault = [&](uint64_t session_id) {
-    auto lease = supervisor->Join(session_id, {}, milliseconds(5000));
-    ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+  // A session joins, faults the device and goes: the rebuild starts.
+  testing::AssertionResult Fault(uint64_t session_id) {
+    auto lease = supervisor_->Join(session_id, {}, milliseconds(5000));
+    if (!lease.ok()) return testing::AssertionFailure() << lease.status().ToString();
     const uint64_t generation = lease->generation;
-    supervisor->ReportFault(generation, session_id, Status(ErrorKind::kDeviceFault, "injected"));
+    supervisor_->ReportFault(generation, session_id, Status(ErrorKind::kDeviceFault, "injected"));
     lease->stream.reset();
-    supervisor->ReleaseStream(generation);  // the last stream: the rebuild starts
-    supervisor->Leave(session_id);
-  };
-  fault(1);
-  {
-    std::unique_lock lock(mu);
-    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(5), [&] { return hooks_started == 1; }));
+    supervisor_->ReleaseStream(generation);  // the last stream: the rebuild starts
+    supervisor_->Leave(session_id);
+    return testing::AssertionSuccess();
   }
-  // The first rebuild's thread is in its hook; its device serves: fault it again. The
-  // second rebuild starts (its thread waits for the first's).
-  fault(2);
-  std::thread releaser([&] {
-    std::this_thread::sleep_for(milliseconds(200));
-    std::lock_guard lock(mu);
-    release_first = true;
-    cv.notify_all();
+  bool WaitUntil(const std::function<bool()>& done) {
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(lock, std::chrono::seconds(5), done);
+  }
+  void ReleaseFirst() {
+    std::lock_guard lock(mu_);
+    release_first_ = true;
+    cv_.notify_all();
+  }
+  std::vector<bool> serving_calls() {
+    std::lock_guard lock(mu_);
+    return serving_calls_;
+  }
+
+  std::unique_ptr<DeviceSupervisor> supervisor_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int hooks_started_ = 0;  // under mu_, as the rest
+  int hooks_done_ = 0;
+  bool release_first_ = false;
+  std::vector<bool> serving_calls_;
+};
+
+// A fault that comes while the last rebuild's thread still runs its rebuilt hook (the
+// device is already back, so a session may fault it again) starts a second rebuild. The
+// serving hook (the health service) hears "lost" for each fault and "back" once, from the
+// second rebuild: the first, overtaken by the second fault, does not say "back" after it.
+TEST_F(DeviceSupervisorTest, AFaultDuringTheLastRebuildsHookIsFollowedByOneBack) {
+  ASSERT_TRUE(Fault(1));
+  ASSERT_TRUE(WaitUntil([&] { return hooks_started_ == 1; }));
+  ASSERT_TRUE(Fault(2));  // the first rebuild's thread is in its hook
+  ReleaseFirst();
+  ASSERT_TRUE(WaitUntil([&] { return hooks_done_ == 2 && serving_calls_.size() == 3; }));
+  supervisor_->JoinRebuild();
+  EXPECT_EQ(serving_calls(), (std::vector<bool>{false, false, true}));
+  EXPECT_EQ(supervisor_->resets(), 2u);
+  EXPECT_TRUE(supervisor_->serving());
+}
+
+// JoinRebuild returns only once every rebuild's thread is done, also one that a later rebuild
+// overtook while it ran its hook, and no hook is called after it (what they reach may be
+// gone): a fault after it still rebuilds the device, silently.
+TEST_F(DeviceSupervisorTest, JoinRebuildWaitsForEveryRebuildAndEndsTheHooks) {
+  ASSERT_TRUE(Fault(1));
+  ASSERT_TRUE(WaitUntil([&] { return hooks_started_ == 1; }));
+  ASSERT_TRUE(Fault(2));  // the first rebuild's thread is in its hook
+  std::atomic<bool> joined{false};
+  std::thread joiner([&] {
+    supervisor_->JoinRebuild();
+    joined = true;
   });
-  supervisor->JoinRebuild();
-  EXPECT_EQ(hooks_done.load(), 2) << "JoinRebuild returned while a rebuild's hook still ran";
-  EXPECT_EQ(supervisor->resets(), 2u);
-  releaser.join();
+  std::this_thread::sleep_for(milliseconds(200));
+  EXPECT_FALSE(joined) << "JoinRebuild returned while the first rebuild's hook still ran";
+  ReleaseFirst();
+  joiner.join();
+  int started_at_join = 0;
+  std::vector<bool> serving_at_join = serving_calls();
   {
-    std::lock_guard lock(mu);
-    EXPECT_EQ(serving_calls, (std::vector<bool>{false, false, true}));
+    std::lock_guard lock(mu_);
+    started_at_join = hooks_started_;
+    EXPECT_EQ(hooks_done_, hooks_started_) << "a rebuild's hook ran on after JoinRebuild";
   }
-  EXPECT_TRUE(supervisor->serving());
-  supervisor.reset();
+  ASSERT_TRUE(Fault(3));
+  supervisor_->JoinRebuild();
+  EXPECT_EQ(supervisor_->resets(), 3u);
+  EXPECT_TRUE(supervisor_->serving());
+  {
+    std::lock_guard lock(mu_);
+    EXPECT_EQ(hooks_started_, started_at_join) << "a hook was called after JoinRebuild";
+  }
+  EXPECT_EQ(serving_calls(), serving_at_join) << "the serving hook was called after JoinRebuild";
 }
 
 }  // namespace
