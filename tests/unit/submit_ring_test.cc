@@ -259,11 +259,11 @@ class HandOverRecorder {
 // Arm(n) lets the poller take up to n records, handed over in one call in ring order: those
 // already in the ring, never more than n; the rest wait for the next Arm.
 TEST(RingPollerTest, ArmedForManyHandsWhatIsThereUpToTheCountInOneCall) {
+  HandOverRecorder handed;  // before the poller, which may call it until it stops
   auto poller = RingPoller::Start(std::chrono::microseconds(100));
   ASSERT_TRUE(poller.ok());
   std::shared_ptr<SubmitRing> ring = MakeRing();
   ClientSide client(*ring);
-  HandOverRecorder handed;
   auto reg = (*poller)->Add(ring, handed.Handler());
   for (int i = 0; i < 5; ++i) ASSERT_TRUE(client.Write("m" + std::to_string(i)));
   reg->Arm(3);
@@ -282,11 +282,11 @@ TEST(RingPollerTest, ArmedForManyHandsWhatIsThereUpToTheCountInOneCall) {
 // bytes it may still hold): the poller takes records while those taken come to less than
 // `bytes`, and always the first, so that a ring never stalls on a record larger than that.
 TEST(RingPollerTest, ArmedForBytesTakesRecordsUntilTheyComeToThem) {
+  HandOverRecorder handed;  // before the poller, which may call it until it stops
   auto poller = RingPoller::Start(std::chrono::microseconds(100));
   ASSERT_TRUE(poller.ok());
   std::shared_ptr<SubmitRing> ring = MakeRing();
   ClientSide client(*ring);
-  HandOverRecorder handed;
   auto reg = (*poller)->Add(ring, handed.Handler());
   for (int i = 0; i < 6; ++i) ASSERT_TRUE(client.Write("record" + std::to_string(i)));  // 7 B
   reg->Arm(32, 10);  // 7 bytes are less than 10: one more, then 14 are not
