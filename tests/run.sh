@@ -93,27 +93,27 @@ sanitizer_digest=()
 # TSan symbolizes a race's stacks before it checks the suppressions, and clang 14's TSan
 # writes that warning to the log file when one address's inlined frames do not fit its
 # buffer; the race itself was suppressed (tests/tsan.supp) and nothing else is written.
-# They are counted and removed.
+# They are counted apart.
 sanitizer_reports() {
-  local dir=$1 n first f warnings=0
+  local dir=$1 f warnings=0 reports=()
   local only_warning='^==[0-9]+==WARNING: Symbolizer buffer too small$'
   while IFS= read -r -d '' f; do
     if grep -qE "$only_warning" "$f" && ! grep -qvE "$only_warning" "$f"; then
-      rm -f "$f" && warnings=$((warnings + 1))
+      warnings=$((warnings + 1))
+    else
+      reports+=("$f")
     fi
-  done < <(find "$dir" -type f -print0)
+  done < <(find "$dir" -type f -print0 | sort -z)
   ((warnings)) && echo "sanitizer: $warnings file(s) held only TSan's 'Symbolizer buffer too small' (a suppressed report's symbolization); not counted"
-  n=$(find "$dir" -type f | wc -l)
-  ((n == 0)) && return 0
-  echo "sanitizer reports: $n (in $dir); the first ones:"
-  find "$dir" -type f | head -5 | while read -r f; do
+  ((${#reports[@]} == 0)) && return 0
+  echo "sanitizer reports: ${#reports[@]} (in $dir); the first ones:"
+  for f in "${reports[@]:0:5}"; do
     echo "--- $f"
     head -80 "$f"
   done
-  first=$(find "$dir" -type f | sort | head -1)
-  sanitizer_digest+=("--- sanitizer reports: $n in $dir; their summaries:"
-    "$(grep -h '^SUMMARY' "$dir"/* | sort | uniq -c | head -10)"
-    "--- the head of $first:" "$(head -40 "$first")")
+  sanitizer_digest+=("--- sanitizer reports: ${#reports[@]} in $dir; their summaries:"
+    "$(grep -h '^SUMMARY' "${reports[@]}" | sort | uniq -c | head -10)"
+    "--- the head of ${reports[0]}:" "$(head -40 "${reports[0]}")")
   return 1
 }
 
