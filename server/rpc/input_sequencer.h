@@ -72,6 +72,10 @@ class InputSequencer {
 
   /// Whether a message from `source` is held, waiting for a lower number.
   bool holds(Source source) const { return held_[source] != nullptr; }
+  /// The number of the message held from `source` (0: none).
+  uint64_t held_sequence(Source source) const {
+    return held_[source] ? held_[source]->sequence() : 0;
+  }
   /// The number the next delivered message must have.
   uint64_t next_sequence() const { return next_sequence_; }
 

@@ -16,12 +16,15 @@
 #include "ferry/wire.h"
 #include "rpc/convert.h"
 #include "rpc/input_sequencer.h"
+#include "rpc/message_intake.h"
 #include "rpc/stream_end.h"
 
 namespace ferry::rpc {
 namespace {
 
-using Reactor = grpc::ServerBidiReactor<v1::ClientMessage, v1::ServerMessage>;
+// The stream's messages are read as bytes: the connection scans and bounds each before it is
+// parsed (rpc/message_intake.h); its answers are written as messages.
+using Reactor = grpc::ServerBidiReactor<grpc::ByteBuffer, v1::ServerMessage>;
 
 // A message whose handling is short and never blocks may be handled on the gRPC thread
 // that read it (gRPC's reactions must not block): a Synchronize; a Close (Session::Close
@@ -76,31 +79,23 @@ constexpr size_t kRingLongLaneRecordBytes = 64 << 10;
 constexpr size_t kRingParseOnPollerBudget = 64 << 10;
 constexpr std::chrono::milliseconds kRingParseSlice{2};
 
-// A client message parsed from a submit ring record, null where the record does not parse.
-// It lives on a protobuf arena of its own, which the returned pointer holds (aliasing) and
-// whose first block comes with it: a small message (a transfer's submit) takes one allocation
-// where its parts (the message, its submit, the ops' array, each op and its parts) took one
-// each, on the session's serial path. Nothing moves parts of it into other messages.
-std::shared_ptr<v1::ClientMessage> ParseRingRecord(const std::string& record) {
-  // The arena's own header and a submit of one or two transfer ops (208 and 336 bytes of the
-  // arena used, with protobuf 3.21); a larger message takes blocks of its own.
-  constexpr size_t kFirstBlock = 512;
-  struct Parsed {
-    alignas(std::max_align_t) char first_block[kFirstBlock];
-    google::protobuf::Arena arena;  // after first_block, which it uses
-    Parsed() : arena(Options(first_block)) {}
-    static google::protobuf::ArenaOptions Options(char* block) {
-      google::protobuf::ArenaOptions o;
-      o.initial_block = block;
-      o.initial_block_size = kFirstBlock;
-      return o;
-    }
-  };
-  auto parsed = std::make_shared<Parsed>();
-  auto* message = google::protobuf::Arena::CreateMessage<v1::ClientMessage>(&parsed->arena);
-  if (!message->ParseFromString(record)) return nullptr;
-  return std::shared_ptr<v1::ClientMessage>(std::move(parsed), message);
-}
+// A connection's intake bounds (rpc/message_intake.h): written on its executor when a session
+// opens or ends, read by whichever thread takes a message (a gRPC thread, the ring poller).
+class IntakeGate {
+ public:
+  IntakeBounds Get() const {
+    MutexLock lock(&mu_);
+    return bounds_;
+  }
+  void Set(IntakeBounds bounds) {
+    MutexLock lock(&mu_);
+    bounds_ = std::move(bounds);
+  }
+
+ private:
+  mutable Mutex mu_;
+  IntakeBounds bounds_ ABSL_GUARDED_BY(mu_);
+};
 
 // The state of one session stream; touched only on its serial executor (shared with its
 // session). The reactor (owned by gRPC) is used only until Finish is called on it.
@@ -134,7 +129,9 @@ class SessionConnection : public session::SessionEvents,
 
   const session::Executor& executor() const { return executor_; }
   SessionServiceContext* context() const { return context_; }
-  v1::ClientMessage* read_buffer() { return &read_buffer_; }
+  grpc::ByteBuffer* read_buffer() { return &read_buffer_; }
+  /// The bounds the next message is taken under (rpc/message_intake.h); any thread.
+  IntakeBounds intake_bounds() const { return gate_->Get(); }
 
   void Start() {
     ++context_->gauges.streams_started_total;
@@ -193,21 +190,50 @@ class SessionConnection : public session::SessionEvents,
   }
 
   // A read finished; `message` is null when the client ended or broke the stream.
-  void HandleRead(std::shared_ptr<v1::ClientMessage> message) {
+  void HandleRead(std::shared_ptr<IncomingMessage> message) {
     reading_ = false;
     if (!message) {
       read_closed_ = true;
+      if (sequencer_.holds(kStream) || sequencer_.holds(kRing)) {
+        // What is held waits for a number only the stream could still bring.
+        return ProtocolViolation("the client ended the stream while message " +
+                                 std::to_string(HeldSequence()) + " waits for number " +
+                                 std::to_string(sequencer_.next_sequence()));
+      }
       if (!close_requested_) ClientGone("the client ended the stream without Close");
       return;
     }
-    Accept(std::move(message), kStream);
     --context_->gauges.messages_in_hand;
+    if (!message->violation.ok()) return EndForIntake(message->violation, "");
+    if (sequencer_.holds(kStream)) {
+      // Read while the stream's last message waits for a lower number (so that the stream's
+      // end is seen): it follows that one (MaybeReadMore).
+      parked_ = std::move(message);
+      return;
+    }
+    Accept(std::move(message), kStream);
+    if (sequencer_.holds(kStream)) MaybeStartRead();  // held: the next read is parked
   }
 
-  // A message the ring poller took: parsed (null where it did not parse), or a record left
-  // unparsed (kRingParseOnPollerBudget; kRingLongLaneRecordBytes).
+  // A message the intake ended the stream for (IncomingMessage::violation): a bad Open's
+  // INVALID_ARGUMENT is told as such, anything else is a protocol violation.
+  void EndForIntake(const Status& violation, const std::string& where) {
+    if (violation.kind() == ErrorKind::kInvalidArgument) {
+      spdlog::warn("stream from {}: {}{}", peer_.address, where, violation.message());
+      return Fail(violation, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, violation.message()));
+    }
+    ProtocolViolation(where + violation.message());
+  }
+
+  // The number of a message the sequencer holds (the stream's, else the ring's).
+  uint64_t HeldSequence() const {
+    return sequencer_.held_sequence(sequencer_.holds(kStream) ? kStream : kRing);
+  }
+
+  // A message the ring poller took: taken (IncomingMessage), or a record left unparsed
+  // (kRingParseOnPollerBudget; kRingLongLaneRecordBytes).
   struct RingRecord {
-    std::shared_ptr<v1::ClientMessage> message;
+    std::shared_ptr<IncomingMessage> message;
     std::string unparsed;
   };
 
@@ -263,7 +289,7 @@ class SessionConnection : public session::SessionEvents,
           executor_.Yield([self = shared_from_this()] { self->MaybeReadMore(); }, "ring messages");
           break;
         }
-        front.message = ParseRingRecord(front.unparsed);  // null: a violation, in its place
+        front.message = TakeClientMessage(front.unparsed, gate_->Get());
         front.unparsed.clear();
       }
       if (!ring_backlog_.front().unparsed.empty()) {
@@ -282,10 +308,10 @@ class SessionConnection : public session::SessionEvents,
                        "ring record (long lane)", session::SerialExecutor::Lane::kLong);
         break;
       }
-      std::shared_ptr<v1::ClientMessage> m = std::move(ring_backlog_.front().message);
+      std::shared_ptr<IncomingMessage> m = std::move(ring_backlog_.front().message);
       ring_backlog_.pop_front();
       --context_->gauges.messages_in_hand;
-      const bool submit = m && m->has_submit();
+      const bool submit = m->message && m->message->has_submit();
       if (AcceptRingMessage(std::move(m)) && submit) ++run_submits;
     }
     if (run) run->EndSubmitRun();
@@ -306,16 +332,15 @@ class SessionConnection : public session::SessionEvents,
     // Not the session it was taken for (the ring went with the stream, or to a next session
     // whose backlog started afresh): dropped, as that backlog was.
     if (!ring_ || session != session_id_ || finishing()) return;
-    AcceptRingMessage(ParseRingRecord(record));
+    AcceptRingMessage(TakeClientMessage(record, gate_->Get()));
     executor_.Post([self = shared_from_this()] { self->MaybeReadMore(); }, "ring messages");
   }
 
-  // A message from the submit ring (null where its record did not parse): accepted in ring
-  // order when it is well formed, else the session ends with a protocol violation. Returns
-  // whether it was accepted.
-  bool AcceptRingMessage(std::shared_ptr<v1::ClientMessage> m) {
-    if (!m) {
-      ProtocolViolation("a submit ring record is not a ClientMessage");
+  // A message from the submit ring: accepted in ring order when it is well formed, else the
+  // session ends with a protocol violation. Returns whether it was accepted.
+  bool AcceptRingMessage(std::shared_ptr<IncomingMessage> m) {
+    if (!m->violation.ok()) {
+      EndForIntake(m->violation, "a submit ring record: ");
       return false;
     }
     if (m->sequence() == 0) {
@@ -330,8 +355,8 @@ class SessionConnection : public session::SessionEvents,
   uint64_t OpsAhead(uint32_t submits) const {
     uint64_t ops = 0;
     for (const RingRecord& r : ring_backlog_) {
-      if (!r.message || !r.message->has_submit()) continue;
-      ops += static_cast<uint64_t>(r.message->submit().ops_size());
+      if (!r.message || r.message->scan.kind != v1::ClientMessage::kSubmit) continue;
+      ops += r.message->scan.ops;
       if (--submits == 0) break;
     }
     return ops;
@@ -348,10 +373,11 @@ class SessionConnection : public session::SessionEvents,
   // the poller's thread while it is the one busy ring (within kRingParseOnPollerBudget), then
   // hand it to the executor (see kRingInlineOps).
   transport::RingPoller::Handler RingHandler() {
-    return [weak = weak_from_this(), executor = executor_,
-            context = context_](transport::RingPoller::Taken taken) {
+    return [weak = weak_from_this(), executor = executor_, context = context_,
+            gate = gate_](transport::RingPoller::Taken taken) {
       // Until each is handled (or its session is gone).
       context->gauges.messages_in_hand += static_cast<int64_t>(taken.records.size());
+      const IntakeBounds bounds = gate->Get();
       std::vector<RingRecord> messages;
       messages.reserve(taken.records.size());
       bool here = taken.quiet && taken.broken.empty();
@@ -366,14 +392,14 @@ class SessionConnection : public session::SessionEvents,
           continue;
         }
         parse_budget -= record.size();
-        r.message = ParseRingRecord(record);
-        if (!r.message) {  // a protocol violation, in its place
+        r.message = TakeClientMessage(record, bounds);
+        if (!r.message->violation.ok()) {  // a protocol violation, in its place
           here = false;
         } else {
-          here = here && IsQuick(*r.message);
-          if (r.message->has_submit()) {
-            FERRY_TRACE(trace::kTake, r.message->submit().submit_id());
-            ops += r.message->submit().ops_size();
+          here = here && IsQuick(*r.message->message);
+          if (r.message->message->has_submit()) {
+            FERRY_TRACE(trace::kTake, r.message->scan.submit_id);
+            ops += static_cast<int>(r.message->scan.ops);
           }
         }
       }
@@ -441,6 +467,9 @@ class SessionConnection : public session::SessionEvents,
     }
     DropUnsent(0);
     DropRing();
+    // Messages waiting for their turn give back what their parse holds (IncomingMessage::hold).
+    sequencer_.Reset();
+    parked_.reset();
     // What this stream counted in the daemon-wide gauges goes with it.
     context_->gauges.unanswered -= static_cast<int64_t>(unanswered_);
     context_->gauges.bytes_in_flight -= static_cast<int64_t>(bytes_in_flight_);
@@ -458,6 +487,7 @@ class SessionConnection : public session::SessionEvents,
     session_done_ = true;
     session_.reset();
     closed_session_.reset();
+    gate_->Set(IntakeBounds{});
     reactor_ = nullptr;
   }
 
@@ -557,10 +587,12 @@ class SessionConnection : public session::SessionEvents,
   }
 
  private:
-  void Dispatch(std::shared_ptr<v1::ClientMessage> message) {
+  void Dispatch(std::shared_ptr<IncomingMessage> incoming) {
+    const v1::ClientMessage* message = incoming->message;
     switch (message->kind_case()) {
       case v1::ClientMessage::kOpen:
         if (session_ || session_done_) return ProtocolViolation("Open sent twice");
+        if (message->sequence() != 0) return ProtocolViolation("an Open with a sequence number");
         return Open(message->open());
       case v1::ClientMessage::kSubmit: {
         if (!session_) return ProtocolViolation("Submit before Open");
@@ -574,7 +606,7 @@ class SessionConnection : public session::SessionEvents,
           received_at_.push_back(
               {id, std::chrono::steady_clock::now(), MovesBytes(message->submit())});
         }
-        if (Status over = ChargeSubmit(*message); !over.ok()) {
+        if (Status over = ChargeSubmit(*incoming); !over.ok()) {
           session::SubmitRequest refused;
           refused.submit_id = id;
           refused.refusal = std::move(over);
@@ -591,7 +623,9 @@ class SessionConnection : public session::SessionEvents,
             return;
           }
         }
-        session_->Submit(ToSubmitRequest(std::move(message)));
+        // The request keeps the message (its inline bytes) and its arena.
+        session_->Submit(ToSubmitRequest(
+            std::shared_ptr<const v1::ClientMessage>(std::move(incoming), message)));
         return;
       }
       case v1::ClientMessage::kSynchronize:
@@ -614,12 +648,10 @@ class SessionConnection : public session::SessionEvents,
     }
   }
 
-  // What a message costs the daemon besides the bytes it carries (the parsed message, its
-  // place in a queue), and likewise what an op of a submit costs (parsed, then converted and
-  // held until the submit completes): estimates, so that a client cannot make the daemon hold
+  // What a message costs the daemon besides what its parse takes (WireScan::parsed_bytes): its
+  // place in a queue, its conversion; an estimate, so that a client cannot make the daemon hold
   // millions of small things for the price of a few bytes each.
   static constexpr uint64_t kMessageCost = 256;
-  static constexpr uint64_t kOpCost = 128;
   // The most server messages a stream's outbox holds before the stream stops reading.
   static constexpr size_t kMaxOutboxMessages = 4096;
 
@@ -638,27 +670,28 @@ class SessionConnection : public session::SessionEvents,
   };
 
   // Charge a submit against the session's in-flight bytes, from now until its Completed is
-  // written: the message, its ops, and the inline download bytes it asks for (whose chunks
-  // wait in the outbox). Not OK (QUOTA_EXCEEDED, the submit to be refused) when the submit
-  // alone is more than the session may hold; it is charged either way, so that its refusal
-  // (a Completed) is counted like any answer.
-  Status ChargeSubmit(const v1::ClientMessage& message) {
-    const v1::Submit& submit = message.submit();
-    uint64_t charge = message.ByteSizeLong() + kMessageCost;
-    bool downloads = false;
-    for (const v1::Op& op : submit.ops()) {
-      charge += kOpCost;
-      if (op.has_download()) {
-        downloads = true;
-        // Saturating: the length is the client's word; admission checks it.
-        const uint64_t length = std::min<uint64_t>(op.download().length(), 1ull << 62);
-        charge = std::min<uint64_t>(charge + length + kMessageCost, 1ull << 62);
-      }
+  // written: what its parse took (the intake's estimate, which its hold charged to the daemon
+  // and the identity already), and the inline download bytes it asks for (whose chunks wait in
+  // the outbox). Not OK (the submit to be refused) when the intake refused it (it is charged
+  // only its place then), when the submit alone is more than the session may hold
+  // (QUOTA_EXCEEDED), or when the daemon or its identity cannot hold the rest; it is charged
+  // either way, so that its refusal (a Completed) is counted like any answer.
+  Status ChargeSubmit(IncomingMessage& incoming) {
+    const WireScan& scan = incoming.scan;
+    const bool refused = !incoming.refusal.ok();
+    // Saturating: download lengths are the client's word; admission checks them.
+    constexpr uint64_t kMost = 1ull << 62;
+    uint64_t charge = kMessageCost;
+    if (!refused) {
+      charge = std::min(kMost, charge + scan.parsed_bytes);
+      charge = std::min(kMost, charge + std::min(kMost, scan.download_bytes));
+      charge = std::min(kMost, charge + scan.downloads * kMessageCost);
     }
     Unanswered(1);
-    charges_.push_back({submit.submit_id(), charge, false, downloads});
+    charges_.push_back({scan.submit_id, charge, false, !refused && scan.downloads > 0});
     bytes_in_flight_ += charge;
     context_->gauges.bytes_in_flight += static_cast<int64_t>(charge);
+    if (refused) return incoming.refusal;
     const uint64_t limit = session_->config().max_in_flight_bytes;
     if (limit && charge > limit) {
       return Status(ErrorKind::kQuotaExceeded,
@@ -669,8 +702,11 @@ class SessionConnection : public session::SessionEvents,
     }
     // And to the daemon and the session's identity, whose limits bound what many sessions
     // hold together (a session's own limit times the sessions a uid may open is far more
-    // memory than the machine has). A refused submit is charged only here.
-    FERRY_RETURN_IF_ERROR(context_->parts.registry->ChargeInFlightBytes(account_.get(), charge));
+    // memory than the machine has); the parse is held already. A refused submit is charged
+    // only here (its hold is refunded with it).
+    const uint64_t rest = charge - std::min(charge, incoming.hold.bytes());
+    FERRY_RETURN_IF_ERROR(context_->parts.registry->ChargeInFlightBytes(account_.get(), rest));
+    incoming.hold.Release();  // its bytes are part of `charge` now, refunded with it (RefundHeld)
     charges_.back().held = true;
     return Status::Ok();
   }
@@ -725,17 +761,22 @@ class SessionConnection : public session::SessionEvents,
   }
 
   // Where a message came from: the gRPC stream or the submit ring.
-  using Sequencer = InputSequencer<v1::ClientMessage>;
+  using Sequencer = InputSequencer<IncomingMessage>;
   using Source = Sequencer::Source;
   static constexpr Source kStream = Sequencer::kStream;
   static constexpr Source kRing = Sequencer::kRing;
 
   // Handle `message` in its place (InputSequencer): at once, or held (pausing its path)
   // until every lower number has been handled. Nothing is handled after Close.
-  void Accept(std::shared_ptr<v1::ClientMessage> message, Source from) {
+  void Accept(std::shared_ptr<IncomingMessage> message, Source from) {
+    if (message->sequence() != 0 && !ring_) {
+      // Held, it would wait for lower numbers that no path can bring.
+      return ProtocolViolation("message " + std::to_string(message->sequence()) +
+                               " is numbered, and the session has no submit ring");
+    }
     Status s = sequencer_.Accept(
         std::move(message), from, [this] { return !finishing(); },
-        [this](std::shared_ptr<v1::ClientMessage> m, Source next) {
+        [this](std::shared_ptr<IncomingMessage> m, Source next) {
           if (m->sequence() != 0 && close_requested_) return;  // nothing is read after Close
           Handle(std::move(m), next);
         });
@@ -743,14 +784,13 @@ class SessionConnection : public session::SessionEvents,
   }
 
   // Handle one message in order.
-  void Handle(std::shared_ptr<v1::ClientMessage> message, Source from) {
+  void Handle(std::shared_ptr<IncomingMessage> message, Source from) {
     // Read ahead: ask for the next message before a long submit is enqueued (it may launch
     // many kernels), so that the next one is already here when the executor is done, instead
     // of the device idling through a read's wake-ups between submits. The submit counts
     // against the in-flight limit already, so the limit holds exactly. A short submit is
     // enqueued first: the read is then started while the device runs it, off the round trip.
-    if (message->kind_case() == v1::ClientMessage::kSubmit &&
-        message->submit().ops_size() > kReadAheadOps) {
+    if (message->scan.kind == v1::ClientMessage::kSubmit && message->scan.ops > kReadAheadOps) {
       if (from == kStream) {
         MaybeStartRead(1);
       } else {
@@ -852,6 +892,9 @@ class SessionConnection : public session::SessionEvents,
     session_ = std::move(*created);
     session_id_ = session_->id();
     account_ = context_->parts.registry->AccountOf(session_id_);
+    gate_->Set(IntakeBounds{true, session_->config().max_ops_per_submit,
+                            session_->config().max_in_flight_bytes, context_->parts.registry,
+                            account_});
     if (!raw_kernels_checked_ && !remote_ && context_->access.raw_kernels.lists_groups()) {
       // The group lookup may block: done now on an io thread, ahead of every message after
       // the Open (the executor keeps the order), not at the first launch, which may be handled
@@ -972,6 +1015,7 @@ class SessionConnection : public session::SessionEvents,
     session_id_ = 0;
     session_done_ = false;
     account_.reset();
+    gate_->Set(IntakeBounds{});
     last_submit_id_ = 0;
     received_at_.clear();
     close_requested_ = false;
@@ -979,6 +1023,7 @@ class SessionConnection : public session::SessionEvents,
     coalesced_completions_ = false;
     successes_on_board_ = false;
     sequencer_.Reset();  // the next session numbers its messages from 1
+    parked_.reset();
     ArmOpenDeadline();
     return true;
   }
@@ -1138,6 +1183,7 @@ class SessionConnection : public session::SessionEvents,
 
   // Take the next message from the stream and from the submit ring, where allowed.
   void MaybeReadMore() {
+    if (parked_ && !sequencer_.holds(kStream) && !finishing()) Accept(std::move(parked_), kStream);
     MaybeStartRead();
     DrainRingBacklog();
     MaybeArmRing();
@@ -1180,7 +1226,8 @@ class SessionConnection : public session::SessionEvents,
   // what the poller took and is not handled yet, a held message.
   size_t Incoming() const {
     return (reading_ ? 1 : 0) + ring_credits_ + ring_backlog_.size() + (long_ring_record_ ? 1 : 0) +
-           (sequencer_.holds(kStream) ? 1 : 0) + (sequencer_.holds(kRing) ? 1 : 0);
+           (sequencer_.holds(kStream) ? 1 : 0) + (sequencer_.holds(kRing) ? 1 : 0) +
+           (parked_ ? 1 : 0);
   }
   // The limits of AtLimit other than the count of messages.
   // A session that holds bytes also stops while the daemon or its identity has less than
@@ -1196,10 +1243,10 @@ class SessionConnection : public session::SessionEvents,
                                        account_.get(), context_->limits.max_message_bytes);
   }
 
-  // Start the next read unless one is outstanding, the stream's last message waits for its
-  // turn, or the session may take no more (MayTakeMore).
+  // Start the next read unless one is outstanding, a message read while the stream's last one
+  // waits for its turn waits too (parked_), or the session may take no more (MayTakeMore).
   void MaybeStartRead(size_t arriving = 0) {
-    if (reading_ || sequencer_.holds(kStream) || !MayTakeMore(arriving)) return;
+    if (reading_ || parked_ || !MayTakeMore(arriving)) return;
     reading_ = true;
     reactor_->StartRead(&read_buffer_);
   }
@@ -1310,7 +1357,9 @@ class SessionConnection : public session::SessionEvents,
   bool remote_ = peer_.tcp;                 // came in over TCP
   bool raw_kernels_checked_ = false;        // RawKernelsAllowed looked it up
   bool raw_kernels_allowed_ = false;
-  v1::ClientMessage read_buffer_;  // written by gRPC between StartRead and OnReadDone
+  grpc::ByteBuffer read_buffer_;  // written by gRPC between StartRead and OnReadDone
+  // The bounds messages are taken under (set at Open, cleared when the stream has no session).
+  const std::shared_ptr<IntakeGate> gate_ = std::make_shared<IntakeGate>();
 
   std::shared_ptr<session::Session> session_;
   uint64_t session_id_ = 0;
@@ -1347,6 +1396,10 @@ class SessionConnection : public session::SessionEvents,
   bool draining_ring_ = false;  // DrainRingBacklog is running (it is not entered again)
   // Numbered messages (ClientMessage.sequence) put back in order across the two paths.
   Sequencer sequencer_;
+  // A message the stream brought while its previous one was held by the sequencer; it goes
+  // to the sequencer once that one is delivered. The read that brought it is what tells the
+  // daemon when a client ends the stream with a message held (a protocol violation).
+  std::shared_ptr<IncomingMessage> parked_;
   bool close_requested_ = false;
   bool keep_stream_asked_ = false;  // the Close asked to keep the stream (Close.keep_stream)
   // The session a kept stream carried last (see KeepStream); released at the next Open.
@@ -1389,19 +1442,23 @@ class SessionReactor final : public Reactor {
   }
 
   void OnReadDone(bool ok) override {
-    std::shared_ptr<v1::ClientMessage> message;
+    std::shared_ptr<IncomingMessage> message;
     if (ok) {
-      message = std::make_shared<v1::ClientMessage>(std::move(*connection_->read_buffer()));
+      // Scanned, bounded and only then parsed (rpc/message_intake.h).
+      grpc::ByteBuffer* bytes = connection_->read_buffer();
+      message = TakeClientMessage(*bytes, connection_->intake_bounds());
+      bytes->Clear();
       ++connection_->context()->gauges.messages_in_hand;  // until HandleRead has handled it
     }
+    const v1::ClientMessage* m = message ? message->message : nullptr;
     // An Open is handled here too while the device serves (it then waits for nothing): the
-    // hand-off to an io thread was a quarter of an open's time.
+    // hand-off to an io thread was a quarter of an open's time. So is the end of a stream
+    // the intake refused (it only queues the answer).
     const bool quick =
-        message && (IsQuick(*message) ||
-                    (message->has_open() && connection_->context()->parts.device->serving()));
-    const bool long_submit =
-        message && message->has_submit() &&
-        static_cast<uint64_t>(message->submit().ops_size()) > session::Session::kLongSubmitOps;
+        message &&
+        (!m || IsQuick(*m) || (m->has_open() && connection_->context()->parts.device->serving()));
+    const bool long_submit = m && m->has_submit() && message->refusal.ok() &&
+                             message->scan.ops > session::Session::kLongSubmitOps;
     auto handle = [message = std::move(message)](SessionConnection& c) mutable {
       c.HandleRead(std::move(message));
     };
@@ -1563,7 +1620,14 @@ class RejectedReactor final : public Reactor {
   SessionlessStreams::Ticket held_;
 };
 
-grpc::ServerBidiReactor<v1::ClientMessage, v1::ServerMessage>* SessionService::Session(
+SessionService::SessionService(SessionServiceContext* context, bool tcp)
+    : context_(context), tcp_(tcp) {
+  MarkMethodRawCallback(
+      0, new grpc::internal::CallbackBidiHandler<grpc::ByteBuffer, v1::ServerMessage>(
+             [this](grpc::CallbackServerContext* call) { return Session(call); }));
+}
+
+grpc::ServerBidiReactor<grpc::ByteBuffer, v1::ServerMessage>* SessionService::Session(
     grpc::CallbackServerContext* context) {
   if (Status s = CheckToken(context_->access.token, *context, tcp_); !s.ok()) {
     const grpc::Status status(static_cast<grpc::StatusCode>(s.code()), s.message());

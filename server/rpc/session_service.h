@@ -150,14 +150,19 @@ struct SessionServiceContext {
 /// Send Draining to every open session stream.
 void BroadcastDraining(SessionServiceContext* context, uint64_t grace_ms);
 
-class SessionService final : public v1::SessionService::CallbackService {
+/// The session stream's service. Its method reads the client's messages as bytes and writes
+/// ServerMessages: each message is scanned and bounded before it is parsed
+/// (rpc/message_intake.h), which a method that reads ClientMessages could not do (gRPC parses
+/// those before the reactor sees them). The generated WithRawCallbackMethod_Session registers
+/// the same handler with bytes both ways.
+class SessionService final : public v1::SessionService::Service {
  public:
   /// `tcp`: this instance serves the TCP endpoints (every call needs the token, and its peer
   /// is remote); else the Unix endpoints' connections (RpcServer runs one of each).
-  SessionService(SessionServiceContext* context, bool tcp) : context_(context), tcp_(tcp) {}
+  SessionService(SessionServiceContext* context, bool tcp);
 
-  grpc::ServerBidiReactor<v1::ClientMessage, v1::ServerMessage>* Session(
-      grpc::CallbackServerContext* context) override;
+  grpc::ServerBidiReactor<grpc::ByteBuffer, v1::ServerMessage>* Session(
+      grpc::CallbackServerContext* context);
 
  private:
   SessionServiceContext* context_;

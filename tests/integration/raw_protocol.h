@@ -72,6 +72,8 @@ class RawStream {
     }
   }
   bool Send(const v1::ClientMessage& m) { return stream_->Write(m); }
+  /// End the client's side of the stream (a half-close).
+  bool WritesDone() { return stream_->WritesDone(); }
   /// Send `m`, letting gRPC hold it back to go with later messages (buffer hint): many small
   /// messages go faster. The next plain Send flushes it.
   bool SendBuffered(const v1::ClientMessage& m) {
@@ -147,6 +149,49 @@ class RawStream {
   std::unique_ptr<v1::SessionService::Stub> stub_;
   grpc::ClientContext ctx_;
   std::unique_ptr<grpc::ClientReaderWriter<v1::ClientMessage, v1::ServerMessage>> stream_;
+  bool finished_ = false;
+};
+
+/// A session stream whose client messages are sent as raw bytes: a test can send what no
+/// ClientMessage serializes to (a string that is not UTF-8, a malformed field), or a message
+/// too large to build as one (an op bomb), and reads the daemon's answers as ServerMessages.
+class RawBytesStream {
+ public:
+  explicit RawBytesStream(const std::string& target)
+      : channel_(grpc::CreateChannel(target, grpc::InsecureChannelCredentials())),
+        method_("/ferry.v1.SessionService/Session", grpc::internal::RpcMethod::BIDI_STREAMING,
+                channel_),
+        stream_(
+            grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, v1::ServerMessage>::Create(
+                channel_.get(), method_, &ctx_)) {}
+  ~RawBytesStream() {
+    if (!finished_) {
+      ctx_.TryCancel();
+      stream_->Finish();
+    }
+  }
+  bool Send(const std::string& bytes) {
+    grpc::Slice slice(bytes);
+    grpc::ByteBuffer buffer(&slice, 1);
+    return stream_->Write(buffer);
+  }
+  bool Send(const v1::ClientMessage& m) { return Send(m.SerializeAsString()); }
+  std::optional<v1::ServerMessage> Read() {
+    v1::ServerMessage m;
+    if (!stream_->Read(&m)) return std::nullopt;
+    return m;
+  }
+  bool WritesDone() { return stream_->WritesDone(); }
+  grpc::Status Finish() {
+    finished_ = true;
+    return stream_->Finish();
+  }
+
+ private:
+  std::shared_ptr<grpc::Channel> channel_;
+  grpc::internal::RpcMethod method_;
+  grpc::ClientContext ctx_;
+  std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, v1::ServerMessage>> stream_;
   bool finished_ = false;
 };
 

@@ -1,0 +1,164 @@
+#include "rpc/message_intake.h"
+
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+#include <grpcpp/support/proto_buffer_reader.h>
+
+#include <limits>
+#include <string>
+
+namespace ferry::rpc {
+namespace {
+
+google::protobuf::ArenaOptions ArenaFor(char* first_block, size_t size) {
+  google::protobuf::ArenaOptions o;
+  o.initial_block = first_block;
+  o.initial_block_size = size;
+  return o;
+}
+
+const char* KindName(uint32_t kind) {
+  switch (kind) {
+    case v1::ClientMessage::kOpen:
+      return "an Open";
+    case v1::ClientMessage::kSubmit:
+      return "a Submit";
+    case v1::ClientMessage::kSynchronize:
+      return "a Synchronize";
+    case v1::ClientMessage::kClose:
+      return "a Close";
+    default:
+      return "a message with no kind";
+  }
+}
+
+// Decide what becomes of a scanned message (see the header): a violation, a refused submit, or
+// one to parse (charged, for a submit). Sets `in`'s outcome; true when it is to be parsed.
+bool Admit(IncomingMessage& in, uint64_t size, const IntakeBounds& bounds) {
+  const WireScan& scan = in.scan;
+  const bool submit = scan.kind == v1::ClientMessage::kSubmit;
+  if (!scan.status.ok()) {
+    // A bad string in a submit refuses that submit; anything else is the stream's end.
+    if (bounds.session && submit && scan.status.kind() == ErrorKind::kInvalidArgument) {
+      in.refusal = scan.status;
+    } else {
+      in.violation = scan.status;
+    }
+    return false;
+  }
+  if (!bounds.session || !submit) {
+    if (scan.parsed_bytes > kMaxControlBytes) {
+      in.violation = Status(ErrorKind::kProtocolViolation,
+                            std::string(KindName(scan.kind)) + " of " + std::to_string(size) +
+                                " bytes; a message other than a Submit" +
+                                (bounds.session ? "" : ", and any message before Open,") +
+                                " may take at most " + std::to_string(kMaxControlBytes) +
+                                " bytes of the daemon's memory");
+      return false;
+    }
+    return true;
+  }
+  // Over budget first: the scan stopped counting ops there.
+  if (scan.over_budget) {
+    in.refusal =
+        Status(ErrorKind::kQuotaExceeded,
+               "the submit (" + std::to_string(size) + " bytes) would take over " +
+                   std::to_string(bounds.max_parsed_bytes) +
+                   " bytes of the daemon's memory once parsed, the session's in-flight limit "
+                   "(ferryd --session-in-flight-bytes); it was refused before it was parsed");
+    return false;
+  }
+  if (bounds.max_ops && scan.ops > bounds.max_ops) {
+    in.refusal = Status(ErrorKind::kQuotaExceeded,
+                        "a submit may carry at most " + std::to_string(bounds.max_ops) +
+                            " ops, this one has " + std::to_string(scan.ops) +
+                            " (ferryd --session-max-submit-ops)");
+    return false;
+  }
+  if (bounds.registry) {
+    if (Status s = bounds.registry->ChargeInFlightBytes(bounds.account.get(), scan.parsed_bytes);
+        !s.ok()) {
+      in.refusal = std::move(s);
+      return false;
+    }
+    in.hold = InFlightHold(bounds.registry, bounds.account, scan.parsed_bytes);
+  }
+  return true;
+}
+
+// Scan, admit and parse a message of `size` bytes. `read(f)` calls f with a new input stream
+// over the message from its start: it is read twice, scanned and then parsed.
+template <typename Read>
+std::shared_ptr<IncomingMessage> Take(uint64_t size, Read read, const IntakeBounds& bounds) {
+  auto in = std::make_shared<IncomingMessage>();
+  const uint64_t budget = bounds.session ? bounds.max_parsed_bytes : kMaxControlBytes;
+  read([&](google::protobuf::io::ZeroCopyInputStream& s) {
+    in->scan = ScanClientMessage(s, size, budget);
+  });
+  const bool parse = Admit(*in, size, bounds);
+  in->message = google::protobuf::Arena::CreateMessage<v1::ClientMessage>(&in->arena);
+  if (parse) {
+    bool parsed = false;
+    read([&](google::protobuf::io::ZeroCopyInputStream& s) {
+      parsed = in->message->ParseFromZeroCopyStream(&s);
+    });
+    if (!parsed) {
+      // The scan passed what protobuf refuses: the stream's end all the same.
+      in->hold = InFlightHold();
+      in->violation =
+          Status(ErrorKind::kProtocolViolation, "the message does not parse as a ClientMessage");
+      in->message = nullptr;
+    }
+  } else if (in->violation.ok()) {
+    // A refused submit: what the session needs to answer it in its place.
+    in->message->set_sequence(in->scan.sequence);
+    in->message->mutable_submit()->set_submit_id(in->scan.submit_id);
+  } else {
+    in->message = nullptr;
+  }
+  return in;
+}
+
+}  // namespace
+
+InFlightHold& InFlightHold::operator=(InFlightHold&& o) noexcept {
+  if (this != &o) {
+    Refund();
+    registry_ = o.registry_;
+    account_ = std::move(o.account_);
+    bytes_ = std::exchange(o.bytes_, 0);
+  }
+  return *this;
+}
+
+void InFlightHold::Refund() {
+  if (bytes_ && registry_) registry_->RefundInFlightBytes(account_.get(), bytes_);
+  bytes_ = 0;
+}
+
+IncomingMessage::IncomingMessage() : arena(ArenaFor(first_block_, kFirstBlock)) {}
+
+std::shared_ptr<IncomingMessage> TakeClientMessage(std::string_view bytes,
+                                                   const IntakeBounds& bounds) {
+  const int size =
+      static_cast<int>(std::min<size_t>(bytes.size(), std::numeric_limits<int>::max()));
+  return Take(
+      bytes.size(),
+      [&](auto&& f) {
+        google::protobuf::io::ArrayInputStream s(bytes.data(), size);
+        f(s);
+      },
+      bounds);
+}
+
+std::shared_ptr<IncomingMessage> TakeClientMessage(grpc::ByteBuffer& bytes,
+                                                   const IntakeBounds& bounds) {
+  return Take(
+      bytes.Length(),
+      [&](auto&& f) {
+        grpc::ProtoBufferReader s(&bytes);
+        f(s);
+      },
+      bounds);
+}
+
+}  // namespace ferry::rpc
