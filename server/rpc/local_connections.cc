@@ -143,14 +143,24 @@ session::PeerIdentity LocalConnections::Identify(const std::string& grpc_peer) c
   const char* last = grpc_peer.data() + grpc_peer.size();
   auto [end, ec] = std::from_chars(first, last, fd);
   if (ec != std::errc() || end != last) return id;
+  // The caller is the connection behind the descriptor: gRPC keeps a call's transport, and
+  // with it its descriptor, open for as long as the call lives, so while a stream asks,
+  // "fd:N" is its own socket. The record must be of that very socket (its device and inode,
+  // which the kernel does not give to another socket while this one is open), not of an
+  // earlier connection whose number was reused: a number reused by anything but the
+  // connection admitted under it identifies nobody.
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return id;
   MutexLock lock(&mu_);
   auto it = by_fd_.find(fd);
   if (it == by_fd_.end()) return id;
-  id.address = it->second.endpoint;
-  if (it->second.peer.uid != static_cast<uid_t>(-1)) {
-    id.uid = static_cast<uint32_t>(it->second.peer.uid);
-    id.pid = static_cast<int32_t>(it->second.peer.pid);
-    id.gid = static_cast<uint32_t>(it->second.peer.gid);
+  const Entry& e = it->second;
+  if (e.dev != st.st_dev || e.ino != st.st_ino) return id;
+  id.address = e.endpoint;
+  if (e.peer.uid != static_cast<uid_t>(-1)) {
+    id.uid = static_cast<uint32_t>(e.peer.uid);
+    id.pid = static_cast<int32_t>(e.peer.pid);
+    id.gid = static_cast<uint32_t>(e.peer.gid);
   }
   return id;
 }

@@ -154,6 +154,25 @@ TEST_F(LocalConnectionsTest, AReusedFdNumberIsANewConnection) {
   ::close(pipe_fds[1]);
 }
 
+// A stream is identified by its connection's descriptor number ("fd:N"). Once that connection
+// is closed, a descriptor that takes its number without being admitted (another socket of
+// the daemon's, say) identifies nobody, though the record of the closed one is still there.
+TEST_F(LocalConnectionsTest, ANumberReusedByAnotherSocketIdentifiesNobody) {
+  LocalConnections c({/*total=*/4, /*per_uid=*/4}, kDaemonUid);
+  ASSERT_TRUE(Admit(c, 1000));
+  const int fd = fds_[0];
+  ASSERT_EQ(c.Identify("fd:" + std::to_string(fd)).uid, 1000u);
+  ::close(fd);
+  fds_.clear();
+  Connection conn;  // the lowest free number: the same fd, never admitted
+  ASSERT_EQ(conn.daemon, fd);
+  fds_.push_back(conn.daemon);
+  clients_.push_back(conn.client);
+  const session::PeerIdentity who = c.Identify("fd:" + std::to_string(fd));
+  EXPECT_FALSE(who.local());
+  EXPECT_FALSE(who.uid.has_value());
+}
+
 TEST_F(LocalConnectionsTest, ZeroIsNoLimit) {
   LocalConnections c({/*total=*/0, /*per_uid=*/0}, kDaemonUid);
   for (int i = 0; i < 50; ++i) EXPECT_TRUE(Admit(c, 1000));
