@@ -93,6 +93,16 @@ class Settings {
         return Status::Ok();
       };
     };
+    // A count, or "auto": derived at start (std::nullopt).
+    auto bounded_or_auto = [bounded](uint64_t lo, uint64_t hi, std::optional<uint32_t>* out) {
+      return [=](const std::string& v) -> Status {
+        if (v == "auto") {
+          out->reset();
+          return Status::Ok();
+        }
+        return bounded(lo, hi, [out](uint64_t n) { *out = static_cast<uint32_t>(n); })(v);
+      };
+    };
     setters_ = {
         {"device", bounded(0, 1024, [this](uint64_t n) { c_.device = static_cast<int>(n); })},
         {"backend",
@@ -216,9 +226,7 @@ class Settings {
          bounded(0, 1ull << 32,
                  [this](uint64_t n) { c_.daemon.session_defaults.max_graph_ops = n; })},
         {"max-objects", bounded(0, 1ull << 40, [this](uint64_t n) { c_.daemon.max_objects = n; })},
-        {"max-sessions",
-         bounded(1, 1000000,
-                 [this](uint64_t n) { c_.daemon.max_sessions = static_cast<uint32_t>(n); })},
+        {"max-sessions", bounded_or_auto(1, 1000000, &c_.daemon.max_sessions)},
         {"max-sessionless-streams", bounded(0, 1000000,
                                             [this](uint64_t n) {
                                               c_.daemon.sessionless_streams.total =
@@ -229,16 +237,9 @@ class Settings {
                                                       c_.daemon.sessionless_streams.per_identity =
                                                           static_cast<uint32_t>(n);
                                                     })},
-        {"max-local-connections", bounded(0, 1000000,
-                                          [this](uint64_t n) {
-                                            c_.daemon.local_connections.total =
-                                                static_cast<uint32_t>(n);
-                                          })},
-        {"max-local-connections-per-uid", bounded(0, 1000000,
-                                                  [this](uint64_t n) {
-                                                    c_.daemon.local_connections.per_uid =
-                                                        static_cast<uint32_t>(n);
-                                                  })},
+        {"max-local-connections", bounded_or_auto(0, 1000000, &c_.daemon.local_connections.total)},
+        {"max-local-connections-per-uid",
+         bounded_or_auto(0, 1000000, &c_.daemon.local_connections.per_uid)},
         {"open-timeout",
          bounded(0, 600000,
                  [this](uint64_t n) { c_.daemon.open_timeout = std::chrono::milliseconds(n); })},
@@ -672,7 +673,8 @@ means true; --allow-insecure-remote and --allow-remote-raw-kernels also take =tr
   --max-objects N            live tensors, modules and graphs and ops recorded into graphs
                              all sessions may hold together; a submit that could pass it is
                              refused with QUOTA_EXCEEDED (default 4194304; 0: no limit)
-  --max-sessions N           sessions open at once (default 1024)
+  --max-sessions N           sessions open at once (default auto: an eighth of the
+                             descriptor limit, at most 1024)
   --max-sessionless-streams N   session streams that carry no session (before their Open,
                              or ended and not yet closed by their client), held at once;
                              past it a new stream is reset (libferry retries) (default
@@ -681,8 +683,10 @@ means true; --allow-insecure-remote and --allow-remote-raw-kernels also take =tr
                              one, "remote") (default 64; 0: no limit)
   --max-local-connections N  connections to the Unix endpoints held at once; past it a
                              new one is closed at once (root and ferryd's uid are never
-                             refused) (default 4096; 0: no limit)
-  --max-local-connections-per-uid N  the same, per uid (default 1024; 0: no limit)
+                             refused) (default auto: half the descriptor limit, at most
+                             4096; 0: no limit)
+  --max-local-connections-per-uid N  the same, per uid (default auto: a quarter of
+                             max-local-connections, at most 1024; 0: no limit)
   --open-timeout MS          a session stream that has not sent Open by then is ended
                              DEADLINE_EXCEEDED, 0..600000 (default 5000; 0: never)
   --uid-limits RULE          per-identity limits, repeatable: SELECTOR:KEY=VALUE,... with
@@ -885,15 +889,27 @@ std::string FormatConfig(const DaemonConfig& c) {
   out << "session-max-graphs = " << sd.max_graphs << limit(sd.max_graphs) << "\n";
   out << "session-max-graph-ops = " << sd.max_graph_ops << limit(sd.max_graph_ops) << "\n";
   out << "max-objects = " << c.daemon.max_objects << limit(c.daemon.max_objects) << "\n";
-  out << "max-sessions = " << c.daemon.max_sessions << "\n";
+  if (c.daemon.max_sessions) {
+    out << "max-sessions = " << *c.daemon.max_sessions << "\n";
+  } else {
+    out << "max-sessions = auto  # an eighth of the descriptor limit, at most 1024\n";
+  }
   out << "max-sessionless-streams = " << c.daemon.sessionless_streams.total
       << limit(c.daemon.sessionless_streams.total) << "\n";
   out << "max-sessionless-streams-per-uid = " << c.daemon.sessionless_streams.per_identity
       << limit(c.daemon.sessionless_streams.per_identity) << "\n";
-  out << "max-local-connections = " << c.daemon.local_connections.total
-      << limit(c.daemon.local_connections.total) << "\n";
-  out << "max-local-connections-per-uid = " << c.daemon.local_connections.per_uid
-      << limit(c.daemon.local_connections.per_uid) << "\n";
+  // auto: derived from the descriptor limit at start.
+  auto derived = [&](const char* name, const std::optional<uint32_t>& v, const char* how) {
+    if (v) {
+      out << name << " = " << *v << limit(*v) << "\n";
+    } else {
+      out << name << " = auto  # " << how << "\n";
+    }
+  };
+  derived("max-local-connections", c.daemon.local_connections.total,
+          "half the descriptor limit, at most 4096");
+  derived("max-local-connections-per-uid", c.daemon.local_connections.per_uid,
+          "a quarter of max-local-connections, at most 1024");
   out << "open-timeout = " << c.daemon.open_timeout.count()
       << (c.daemon.open_timeout.count() == 0 ? "  # never" : "") << "\n";
   for (const auto& rule : c.daemon.uid_limits) {

@@ -50,7 +50,12 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
   d->device_ = std::move(device);
   uint64_t cap =
       options.device_bytes_cap ? options.device_bytes_cap : d->device_->info().total_memory;
-  d->registry_ = std::make_unique<session::SessionRegistry>(cap, options.max_sessions);
+  // Descriptors bound what connections and sessions the daemon can take: limits not
+  // configured are derived from them (rpc/local_connections.h).
+  const rpc::DescriptorLimit descriptors = rpc::CurrentDescriptorLimit();
+  const uint32_t max_sessions =
+      options.max_sessions.value_or(rpc::DeriveMaxSessions(descriptors.soft));
+  d->registry_ = std::make_unique<session::SessionRegistry>(cap, max_sessions);
   d->registry_->SetInFlightBytesLimit(options.in_flight_bytes);
   d->registry_->SetObjectsLimit(options.max_objects);
   d->registry_->launch_room().SetLimit(options.queued_commands);
@@ -116,7 +121,11 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
   rpc_options.max_message_bytes = options.max_message_bytes;
   rpc_options.bandwidth_probe = options.rpc_bandwidth_probe;
   rpc_options.tcp_idle_timeout = options.tcp_idle_timeout;
-  rpc_options.local_connections = options.local_connections;
+  rpc_options.local_connections =
+      rpc::ResolveLocalConnectionLimits(options.local_connections, descriptors.soft);
+  spdlog::info("at most {} sessions, {} local connections in all and {} per uid ({} descriptors)",
+               max_sessions, rpc_options.local_connections.total,
+               rpc_options.local_connections.per_uid, descriptors.soft);
   rpc_options.root_exempt = root_trusted;
   FERRY_ASSIGN_OR_RETURN(d->rpc_,
                          rpc::RpcServer::Prepare(rpc_options, d->context_.get(), d->started_at_));

@@ -73,14 +73,16 @@ struct DaemonOptions {
   uint64_t max_device_bytes_quota = 16ull << 30;
   uint32_t max_in_flight_submits = 1024;
   uint64_t device_bytes_cap = 0;  // 0: the device's total memory
-  uint32_t max_sessions = 1024;
+  /// Unset: derived from the descriptors the daemon may open (rpc::DeriveMaxSessions).
+  std::optional<uint32_t> max_sessions;
   /// Session streams that carry no session (before their Open, or ended and not yet closed by
   /// their client): the most held at once, per identity and in all (rpc/sessionless_streams.h);
   /// and how long a stream may take to send its Open (0: no deadline).
   rpc::SessionlessStreamLimits sessionless_streams;
   std::chrono::milliseconds open_timeout{5000};
-  /// Unix endpoints' connections held at once, in all and per uid (rpc/local_connections.h).
-  rpc::LocalConnectionLimits local_connections;
+  /// Unix endpoints' connections held at once, in all and per uid (rpc/local_connections.h);
+  /// unset ones are derived from the descriptors the daemon may open (RLIMIT_NOFILE).
+  rpc::LocalConnectionSettings local_connections;
   /// The most bytes all sessions' submits may hold in the daemon together, read and not yet
   /// answered (inline uploads, downloads, ops); 0: no limit. Each session's own limit is
   /// session_defaults.max_in_flight_bytes; an identity's, its uid-limits inflight-bytes.

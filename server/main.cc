@@ -135,6 +135,11 @@ int main(int argc, char** argv) {
   const auto info = (*device)->info();
   spdlog::info("ferryd {} ({}): device {} '{}' on the {} backend ({})", ferry::kVersion,
                ferry::kGitCommit, info.ordinal, info.name, info.backend, factory->why);
+  // Every connection, slab, board and ring is a descriptor; the limits derived from it
+  // (max-local-connections) use what this leaves.
+  const auto descriptors = ferry::rpc::RaiseDescriptorLimit();
+  spdlog::info("descriptors: soft limit {} (was {}), hard limit {}", descriptors.soft,
+               descriptors.soft_before, descriptors.hard);
 
   auto daemon = ferry::Daemon::Start(std::move(*device), config.daemon);
   if (!daemon.ok()) {

@@ -3,11 +3,13 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
@@ -163,6 +165,43 @@ session::PeerIdentity LocalConnections::Identify(const std::string& grpc_peer) c
     id.gid = static_cast<uint32_t>(e.peer.gid);
   }
   return id;
+}
+
+LocalConnectionLimits ResolveLocalConnectionLimits(const LocalConnectionSettings& settings,
+                                                   uint64_t descriptors) {
+  constexpr uint64_t kMostInAll = 4096, kMostPerUid = 1024;
+  LocalConnectionLimits l;
+  l.total = settings.total.value_or(
+      static_cast<uint32_t>(std::clamp<uint64_t>(descriptors / 2, 1, kMostInAll)));
+  const uint64_t share = (l.total == 0 ? descriptors / 2 : l.total) / 4;
+  l.per_uid =
+      settings.per_uid.value_or(static_cast<uint32_t>(std::clamp<uint64_t>(share, 1, kMostPerUid)));
+  return l;
+}
+
+uint32_t DeriveMaxSessions(uint64_t descriptors) {
+  return static_cast<uint32_t>(std::clamp<uint64_t>(descriptors / 8, 1, 1024));
+}
+
+DescriptorLimit CurrentDescriptorLimit() {
+  DescriptorLimit out;
+  rlimit r{};
+  if (::getrlimit(RLIMIT_NOFILE, &r) != 0) return out;
+  out.soft_before = out.soft = r.rlim_cur;
+  out.hard = r.rlim_max;
+  return out;
+}
+
+DescriptorLimit RaiseDescriptorLimit() {
+  DescriptorLimit out = CurrentDescriptorLimit();
+  rlimit r{};
+  r.rlim_cur = out.soft;
+  r.rlim_max = out.hard;
+  if (r.rlim_cur < r.rlim_max) {
+    r.rlim_cur = r.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &r) == 0) out.soft = r.rlim_max;
+  }
+  return out;
 }
 
 bool RefusePassedDescriptors(int fd) {

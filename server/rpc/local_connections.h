@@ -57,6 +57,37 @@ struct LocalConnectionLimits {
   uint32_t per_uid = 1024;  // max-local-connections-per-uid; 0: no limit
 };
 
+/// max-local-connections and max-local-connections-per-uid as configured; unset ones are
+/// derived from the daemon's descriptor limit (ResolveLocalConnectionLimits).
+struct LocalConnectionSettings {
+  std::optional<uint32_t> total;
+  std::optional<uint32_t> per_uid;
+};
+
+/// The limits in effect for a daemon that may hold `descriptors` open (RLIMIT_NOFILE): those
+/// configured, else derived so that connections cannot take the descriptors the rest of the
+/// daemon needs, nor one uid those of every other: in all, half of them (the other half is for
+/// the sessions' slabs, boards, rings and slab-socket connections, TCP and the device), at
+/// most 4096; per uid, a quarter of that, at most 1024.
+LocalConnectionLimits ResolveLocalConnectionLimits(const LocalConnectionSettings& settings,
+                                                   uint64_t descriptors);
+
+/// max-sessions where not configured: an eighth of `descriptors` (a local session holds about
+/// four: its slab socket connection, completion board, submit ring and doorbell; so all
+/// sessions together take at most half), at most 1024.
+uint32_t DeriveMaxSessions(uint64_t descriptors);
+
+/// Raise this process's soft RLIMIT_NOFILE to its hard limit (many containers and services
+/// start with a soft limit of 1024, far below what the hard limit allows). What it was and is.
+struct DescriptorLimit {
+  uint64_t soft_before = 0;
+  uint64_t soft = 0;
+  uint64_t hard = 0;
+};
+DescriptorLimit RaiseDescriptorLimit();
+/// The limit now (soft_before == soft).
+DescriptorLimit CurrentDescriptorLimit();
+
 class LocalConnections {
  public:
   explicit LocalConnections(LocalConnectionLimits limits = {},

@@ -189,8 +189,9 @@ void SocketAcceptor::Run() {
       if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR || errno == ECONNABORTED) {
         continue;
       }
-      spdlog::warn("acceptor on {}: {}", SocketEndpoint(listen_fd_), Errno("accept4"));
-      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+      const int error = errno;
+      WarnAcceptFailed(error);
+      if (error == EMFILE || error == ENFILE || error == ENOBUFS || error == ENOMEM) {
         // Out of descriptors: back off instead of spinning on a readable socket.
         pollfd wake = {wake_fd_, POLLIN, 0};
         if (::poll(&wake, 1, 100) > 0) return;
@@ -209,6 +210,27 @@ void SocketAcceptor::Run() {
     accepted_.fetch_add(1);
     on_connection_(fd, peer);
   }
+}
+
+void SocketAcceptor::WarnAcceptFailed(int error) {
+  constexpr std::chrono::seconds kWarningInterval{10};
+  const auto now = std::chrono::steady_clock::now();
+  if (last_warning_ != std::chrono::steady_clock::time_point{} &&
+      now - last_warning_ < kWarningInterval) {
+    ++unlogged_failures_;
+    return;
+  }
+  std::string more;
+  if (unlogged_failures_ > 0) {
+    more = " (and " + std::to_string(unlogged_failures_) + " more failures in the last " +
+           std::to_string(
+               std::chrono::duration_cast<std::chrono::seconds>(now - last_warning_).count()) +
+           " s)";
+  }
+  spdlog::warn("acceptor on {}: accept4: {}{}", SocketEndpoint(listen_fd_), std::strerror(error),
+               more);
+  last_warning_ = now;
+  unlogged_failures_ = 0;
 }
 
 void SocketAcceptor::Stop() {

@@ -81,12 +81,18 @@ class SocketAcceptor {
   SocketAcceptor(int listen_fd, int wake_fd, Handler on_connection)
       : listen_fd_(listen_fd), wake_fd_(wake_fd), on_connection_(std::move(on_connection)) {}
   void Run();
+  // Log a failed accept4 (errno `error`), at most once per kWarningInterval: out of
+  // descriptors it fails every time the loop comes round.
+  void WarnAcceptFailed(int error);
 
   int listen_fd_;
   int wake_fd_;  // an eventfd: written once by Stop() to end the poll loop
   Handler on_connection_;
   std::atomic<uint64_t> accepted_{0};
   std::thread thread_;
+  // The acceptor thread's: when it last warned, and the failures since then it did not log.
+  std::chrono::steady_clock::time_point last_warning_{};
+  uint64_t unlogged_failures_ = 0;
 };
 
 }  // namespace ferry::rpc::systemd

@@ -73,7 +73,10 @@ inline std::string FerrydPath() { return ProgramPath("FERRY_TEST_FERRYD", FERRYD
 /// the destructor.
 class FerrydProcess {
  public:
-  explicit FerrydProcess(std::vector<std::string> extra_args = {}, bool tcp = false) {
+  /// `launcher`: a program and its arguments that run ferryd (its path and arguments
+  /// follow), in ferryd's process (it execs it): e.g. prlimit, to start it with other limits.
+  explicit FerrydProcess(std::vector<std::string> extra_args = {}, bool tcp = false,
+                         std::vector<std::string> launcher = {}) {
     char tmpl[] = "/tmp/ferry-test-XXXXXX";
     dir_ = mkdtemp(tmpl);
     socket_ = dir_ + "/ferryd.sock";
@@ -94,7 +97,13 @@ class FerrydProcess {
       if (!authenticates) args.push_back("--allow-insecure-remote");
     }
     for (auto& a : extra_args) args.push_back(a);
-    pid_ = Spawn(FerrydPath(), args, dir_ + "/ferryd.log");
+    if (launcher.empty()) {
+      pid_ = Spawn(FerrydPath(), args, dir_ + "/ferryd.log");
+    } else {
+      args.insert(args.begin(), FerrydPath());
+      args.insert(args.begin(), launcher.begin() + 1, launcher.end());
+      pid_ = Spawn(launcher[0], args, dir_ + "/ferryd.log");
+    }
     auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
     while (pid_ > 0 && std::chrono::steady_clock::now() < until) {
       std::ifstream in(dir_ + "/ready");

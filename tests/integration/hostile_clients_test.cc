@@ -100,11 +100,13 @@ void OpenSocketsToAll(const FerrydProcess& d) {
   ASSERT_EQ(::chmod((sock + ".slabs").c_str(), 0666), 0);
 }
 
-// A session stream over a connection made as `uid` (gRPC speaks over the connected fd).
-std::unique_ptr<RawStream> StreamAs(uid_t uid, const FerrydProcess& d) {
+// A session stream over a connection made as `uid` (gRPC speaks over the connected fd); with
+// a deadline when not 0.
+std::unique_ptr<RawStream> StreamAs(uid_t uid, const FerrydProcess& d,
+                                    std::chrono::seconds deadline = std::chrono::seconds(0)) {
   int fd = ConnectAs(uid, uid, d.unix_target().substr(5));
   if (fd < 0) return nullptr;
-  return std::make_unique<RawStream>(grpc::CreateInsecureChannelFromFd("ferryd", fd));
+  return std::make_unique<RawStream>(grpc::CreateInsecureChannelFromFd("ferryd", fd), deadline);
 }
 
 // True when the peer closed `fd` (EOF, or reset) within `timeout`.
@@ -182,7 +184,7 @@ size_t OpenFds(pid_t pid) {
 // A session through the raw protocol that binds its slab connection and acquires one slab;
 // the slab's answer kind (0: granted), or -1 when any step failed.
 int SessionGetsASlab(const std::string& target) {
-  RawStream s(target);
+  RawStream s(target, std::chrono::seconds(20));
   auto opened = s.Open();
   if (!opened || opened->slab_socket().empty()) return -1;
   RawSlabConnection slabs(opened->slab_socket());
@@ -207,8 +209,8 @@ class HostileClientsPerUidTest : public ::testing::Test {
 
   // Start ferryd (daemon_) with `args` and let every uid reach its sockets. Call it as
   // ASSERT_NO_FATAL_FAILURE(Start(...)).
-  void Start(std::vector<std::string> args) {
-    daemon_ = std::make_unique<FerrydProcess>(std::move(args));
+  void Start(std::vector<std::string> args, std::vector<std::string> launcher = {}) {
+    daemon_ = std::make_unique<FerrydProcess>(std::move(args), false, std::move(launcher));
     ASSERT_TRUE(daemon_->ok()) << daemon_->log();
     OpenSocketsToAll(*daemon_);
   }
@@ -628,6 +630,80 @@ TEST_F(HostileClientsPerUidTest, ConnectionsAreBoundedPerUidAndInAll) {
   for (size_t i = 4; i < a.size(); ++i) ::close(a[i]);
   for (int fd : b) ::close(fd);
   EXPECT_EQ(d.WaitIdle().sessions_open(), 0u);
+  EXPECT_EQ(d.Stop(), 0) << d.log();
+}
+
+// A daemon started with few descriptors (RLIMIT_NOFILE 1024, soft and hard, as in many
+// containers) keeps room for others when one uid takes all it may. Every connection and every
+// local session costs the daemon descriptors, so the limits it derives from them
+// (max-local-connections-per-uid: 128; max-sessions: 128, of which the uid's half) leave
+// another uid, and root, able to open sessions and get a slab. (With 1024 connections per uid
+// allowed, one uid took every descriptor: another uid's and root's connections failed, and
+// the acceptor logged a warning every 100 ms; it now logs one per 10 s.)
+TEST_F(HostileClientsPerUidTest, OneUidAtItsShareOfDescriptorsLeavesRoomForOthers) {
+  const char* prlimit = "/usr/bin/prlimit";  // util-linux
+  if (::access(prlimit, X_OK) != 0) GTEST_SKIP() << "needs " << prlimit << " to limit ferryd";
+  ASSERT_NO_FATAL_FAILURE(Start({}, {prlimit, "--nofile=1024:1024", "--"}));
+  FerrydProcess& d = *daemon_;
+  EXPECT_NE(d.log().find("at most 128 sessions, 512 local connections in all and 128 per uid"),
+            std::string::npos)
+      << d.log();
+  const std::string path = d.unix_target().substr(5);
+
+  // A: connections past its share, then sessions on them (several streams per connection)
+  // until it is refused, each taking its channels (board and ring) and a slab connection.
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  for (int i = 0; i < 200; ++i) {
+    const int fd = ConnectAs(kUidA, kUidA, path);
+    ASSERT_GE(fd, 0);
+    channels.push_back(grpc::CreateInsecureChannelFromFd("ferryd", fd));
+  }
+  std::vector<std::unique_ptr<RawStream>> a_sessions;
+  std::vector<std::unique_ptr<RawSlabConnection>> a_slab_connections;
+  bool refused = false;
+  for (int round = 0; round < 4 && !refused; ++round) {
+    for (size_t i = 0; i < channels.size() && !refused; ++i) {
+      auto s = std::make_unique<RawStream>(channels[i], std::chrono::seconds(10));
+      auto opened = s->Open();
+      refused = !opened;
+      if (refused) break;
+      auto slabs =
+          std::make_unique<RawSlabConnection>(ConnectAs(kUidA, kUidA, opened->slab_socket()));
+      if (slabs->connected() && slabs->Hello(opened->slab_token()) == 0) {
+        a_slab_connections.push_back(std::move(slabs));
+      }
+      a_sessions.push_back(std::move(s));
+    }
+  }
+  std::printf("MEASURED uid A holds %zu sessions, %zu slab connections; ferryd %zu descriptors\n",
+              a_sessions.size(), a_slab_connections.size(), OpenFds(d.pid()));
+  EXPECT_GT(a_sessions.size(), 0u);
+  EXPECT_LE(OpenFds(d.pid()), 1024u - 64) << "A took the daemon's last descriptors";
+
+  // B and root each open a session and get a slab.
+  auto b = StreamAs(kUidB, d, std::chrono::seconds(10));
+  ASSERT_TRUE(b);
+  auto b_opened = b->Open();
+  ASSERT_TRUE(b_opened) << d.log().substr(d.log().size() > 4000 ? d.log().size() - 4000 : 0);
+  RawSlabConnection b_slabs(ConnectAs(kUidB, kUidB, b_opened->slab_socket()));
+  ASSERT_EQ(b_slabs.Hello(b_opened->slab_token()), 0);
+  auto b_slab = b_slabs.Acquire();
+  ASSERT_TRUE(b_slab);
+  EXPECT_EQ(b_slab->kind, 0u);
+  if (b_slab->fd >= 0) ::close(b_slab->fd);
+  EXPECT_EQ(SessionGetsASlab(d.unix_target()), 0);  // root
+
+  size_t warnings = 0;
+  for (size_t at = d.log().find("acceptor on"); at != std::string::npos;
+       at = d.log().find("acceptor on", at + 1)) {
+    ++warnings;
+  }
+  EXPECT_LE(warnings, 3u) << "the acceptor's warnings are at most one per 10 s";
+  b->Close();
+  a_slab_connections.clear();
+  for (auto& s : a_sessions) s->Close();
+  a_sessions.clear();
+  channels.clear();
   EXPECT_EQ(d.Stop(), 0) << d.log();
 }
 

@@ -60,8 +60,11 @@ class RawStream {
     stub_ = v1::SessionService::NewStub(channel_);
     stream_ = stub_->Session(&ctx_);
   }
-  /// Over a channel made elsewhere (e.g. from a connected fd).
-  explicit RawStream(std::shared_ptr<grpc::Channel> channel) : channel_(std::move(channel)) {
+  /// Over a channel made elsewhere (e.g. from a connected fd); with a deadline when not 0.
+  explicit RawStream(std::shared_ptr<grpc::Channel> channel,
+                     std::chrono::seconds deadline = std::chrono::seconds(0))
+      : channel_(std::move(channel)) {
+    if (deadline.count() > 0) ctx_.set_deadline(std::chrono::system_clock::now() + deadline);
     stub_ = v1::SessionService::NewStub(channel_);
     stream_ = stub_->Session(&ctx_);
   }
