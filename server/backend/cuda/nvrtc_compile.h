@@ -3,9 +3,9 @@
 // CompileCudaSource checks the source (backend/cuda_source_check.h), then runs NVRTC in a
 // helper process, ferry-nvrtc (cuda/nvrtc_helper/ferry_nvrtc.cc), started per compile with
 // posix_spawn: an address-space limit (memory), a CPU-time limit and a wall-clock deadline
-// (timeout) after which ferryd kills it, and a seccomp filter that fails every open. The
-// daemon only pays a process start per compile (modules are cached by content), and never
-// loads NVRTC itself.
+// (timeout) after which ferryd kills it, and a seccomp allow-list under which it can open,
+// probe or start nothing (cuda/nvrtc_helper/sandbox.h). The daemon only pays a process start
+// per compile (modules are cached by content), and never loads NVRTC itself.
 //
 // No CUDA types here; tests call it without a device (tests/conformance/cuda_module_test.cc).
 // Thread-safe: every call has its own process and pipes.

@@ -11,16 +11,13 @@
 //  * rlimits: address space MEMORY_BYTES, CPU time CPU_SECONDS (SIGXCPU, then SIGKILL one
 //    second later), no core files, no files written;
 //  * the working directory is /, NVRTC and its builtins library are loaded, and then a
-//    seccomp filter makes every later open, exec, socket or ptrace fail (EACCES): the
-//    compile cannot read a file even if the check in ferryd missed a way to name one.
+//    seccomp allow-list (sandbox.h) leaves the compile its memory, its three fds and little
+//    else: no file can be opened or probed, no process reached or started, no descriptor
+//    made, even if the check in ferryd missed a way to name a file.
 // Exit status 0 whenever a reply was written (the reply's code says how the compile went).
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
-#include <linux/audit.h>
-#include <linux/filter.h>
-#include <linux/seccomp.h>
 #include <nvrtc.h>
-#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -35,10 +32,12 @@
 #include <vector>
 
 #include "backend/cuda/nvrtc_helper/nvrtc_reply.h"
+#include "backend/cuda/nvrtc_helper/sandbox.h"
 
 namespace {
 
 namespace reply = ferry::backend::nvrtc_reply;
+namespace nvrtc_sandbox = ferry::backend::nvrtc_sandbox;
 
 bool WriteAll(const char* data, size_t n) {
   while (n > 0) {
@@ -78,55 +77,6 @@ void* Open(const std::string& soname) {
   }
 #endif
   return h;
-}
-
-// Deny (EACCES) every syscall that opens a file or a socket, runs a program, or reaches
-// another process; a syscall of another ABI kills the process.
-bool LockDown() {
-#if defined(__x86_64__)
-  constexpr uint32_t kArch = AUDIT_ARCH_X86_64;
-#elif defined(__aarch64__)
-  constexpr uint32_t kArch = AUDIT_ARCH_AARCH64;
-#else
-  return false;  // unknown ABI: no filter, and the caller refuses to compile
-#endif
-  std::vector<uint32_t> denied = {
-#ifdef __NR_open
-      __NR_open,
-#endif
-#ifdef __NR_creat
-      __NR_creat,
-#endif
-#ifdef __NR_openat2
-      __NR_openat2,
-#endif
-      __NR_openat,
-      __NR_open_by_handle_at,
-      __NR_execve,
-      __NR_execveat,
-      __NR_socket,
-      __NR_socketpair,
-      __NR_ptrace,
-      __NR_process_vm_readv,
-      __NR_process_vm_writev};
-  std::vector<sock_filter> f;
-  f.push_back(BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)));
-  f.push_back(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, kArch, 1, 0));
-  f.push_back(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS));
-  f.push_back(BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)));
-#if defined(__x86_64__)
-  f.push_back(BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, 0x40000000u, 0, 1));  // the x32 ABI
-  f.push_back(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS));
-#endif
-  const size_t n = denied.size();
-  for (size_t i = 0; i < n; ++i) {
-    f.push_back(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, denied[i], static_cast<uint8_t>(n - i), 0));
-  }
-  f.push_back(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW));
-  f.push_back(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EACCES & SECCOMP_RET_DATA)));
-  sock_fprog prog = {static_cast<unsigned short>(f.size()), f.data()};
-  if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return false;
-  return ::syscall(__NR_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog) == 0;
 }
 
 }  // namespace
@@ -213,7 +163,9 @@ int main(int argc, char** argv) {
   const std::string arch_option =
       std::string("--gpu-architecture=") + (exact ? "sm_" : "compute_") + std::to_string(arch);
 
-  if (!LockDown()) return Fail(reply::kInternal, "cannot install the seccomp filter");
+  if (!nvrtc_sandbox::InstallCompileFilter()) {
+    return Fail(reply::kInternal, "cannot install the seccomp filter");
+  }
 
   std::string source;
   char buf[65536];
