@@ -21,13 +21,39 @@ constexpr std::string_view kPragmas[] = {
 constexpr std::string_view kBannedIdentifiers[] = {"__has_include", "__has_include_next",
                                                    "__has_embed", "_Pragma", "__pragma"};
 
+// Token pasting (`##`, `%:%:`) makes identifiers as macros expand, which this check never sees
+// spelled: `CAT(_Pr, agma)` is _Pragma, and so is NVRTC's own _NV_TEST_PAREN2(Pragma) (it
+// pastes `_` before its argument), with no `##` in the source. The rule that keeps banned
+// names from being made so holds for any nesting of macros and any arguments:
+//  * A pasted identifier is the concatenation of two or more tokens, each spelled somewhere:
+//    in this source, in the body of one of NVRTC's built-in macros, or in a predefined
+//    macro's value. Its first token is a proper prefix of it.
+//  * So no paste makes a banned name while no proper prefix of one (`_`, `__`, `_Pr`,
+//    `__has_`, ...) can get before tokens of the source. The source may not spell one
+//    (CouldBePastedIntoBannedName). Predefined macros expand to numbers, strings and type
+//    names. NVRTC 13.0's macros spell one in _NV_TEST_PAREN2, which the source may not name (nor
+//    any name starting _NV_: NVRTC's internal macros) and which other macros reach only through
+//    _NV_TEST_PAREN1, whose own token comes first; and in __location__ only where _MSC_VER is
+//    defined, which NVRTC on Linux is not. cuda_source_check_test.cc reads the installed
+//    NVRTC's macros and fails where that no longer holds.
+// Directives cannot be made by pasting at all: what a macro expands to is never a directive
+// (C++ [cpp.rescan]), so `#include` and `#pragma` are checked where they are spelled.
+bool CouldBePastedIntoBannedName(std::string_view word) {
+  for (std::string_view banned : kBannedIdentifiers) {
+    if (word.size() < banned.size() && banned.substr(0, word.size()) == word) return true;
+  }
+  return word.substr(0, 4) == "_NV_";
+}
+
 template <size_t N>
 bool OneOf(std::string_view word, const std::string_view (&set)[N]) {
   return std::find(std::begin(set), std::end(set), word) != std::end(set);
 }
 
+// NVRTC takes `$` for no part of a name ("unrecognized token"), and so does this check:
+// `$_Pragma` is `$` and then _Pragma.
 bool IsIdentStart(unsigned char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || c == '$';
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
 }
 bool IsIdentChar(unsigned char c) { return IsIdentStart(c) || (c >= '0' && c <= '9'); }
 bool IsDigit(unsigned char c) { return c >= '0' && c <= '9'; }
@@ -129,6 +155,12 @@ class Scanner {
     const size_t close = text_.find(")" + delimiter + "\"", open + 1);
     if (close == std::string::npos) return Refuse(start, "an unterminated raw string literal");
     pos_ = close + delimiter.size() + 2;
+    // A compiler undoes line splices inside a raw string, so its literal may end elsewhere
+    // than this one (and a directive hide in what this check took for a literal).
+    auto splice = std::upper_bound(splices_.begin(), splices_.end(), start);
+    if (splice != splices_.end() && *splice < pos_) {
+      return Refuse(start, "a backslash-newline inside a raw string literal");
+    }
     return Status::Ok();
   }
 
@@ -153,6 +185,11 @@ class Scanner {
       const std::string_view word(text_.data() + t->begin, pos_ - t->begin);
       if (OneOf(word, kBannedIdentifiers)) {
         return Refuse(t->begin, std::string(word) + " is not allowed");
+      }
+      if (CouldBePastedIntoBannedName(word)) {
+        return Refuse(t->begin, "the name " + std::string(word) +
+                                    " is not allowed (pasted to other tokens it could make "
+                                    "_Pragma or __has_include)");
       }
       const char next = static_cast<char>(at(pos_));
       if (next == '"' &&

@@ -6,17 +6,22 @@
 // the client. So the daemon refuses, before compiling, every source that could name a file:
 //  * an include-like directive (include, include_next, import, embed) unless it is exactly
 //    `#include <NAME>` with NAME one of NVRTC's built-in headers (kBuiltinHeaders);
-//  * __has_include, __has_include_next, __has_embed and _Pragma anywhere;
+//  * __has_include, __has_include_next, __has_embed, _Pragma and __pragma anywhere, and the
+//    names that token pasting could make them from: a proper prefix of one (`_`, `__`,
+//    `_Pr`, `__has_`, ...), and NVRTC's internal macros (`_NV_*`), one of which pastes `_`
+//    before its argument (cuda_source_check.cc says why that is enough);
 //  * a #pragma other than a few that touch no file (unroll, nounroll, once, push_macro,
 //    pop_macro, nv_diag_*); any directive name not in C++'s list;
-//  * a directive continued over a line splice (backslash-newline), a backslash followed by
-//    blanks before a newline (compilers disagree whether that splices), trigraphs, a lone
-//    carriage return, a NUL byte, a non-ASCII byte or a backslash outside literals and
-//    comments (a byte order mark, a Unicode blank, a universal character name), an
-//    unterminated comment or raw string.
+//  * a directive continued over a line splice (backslash-newline), a splice inside a raw
+//    string literal (compilers undo it there), a backslash followed by blanks before a
+//    newline (compilers disagree whether that splices), trigraphs, a lone carriage return,
+//    a NUL byte, a non-ASCII byte or a backslash outside literals and comments (a byte
+//    order mark, a Unicode blank, a universal character name), an unterminated comment or
+//    raw string.
 // The source is read as the compiler's first translation phases do: line splices, comments
 // as blanks (a comment can hide nothing: `/**/ #include` is a directive), string, character
-// and raw-string literals, pp-numbers with digit separators, the digraph `%:` for `#`.
+// and raw-string literals, pp-numbers with digit separators, the digraph `%:` for `#`, and
+// `$` as no part of a name (NVRTC's reading).
 // Where this reading could differ from the compiler's, the source is refused.
 //
 // This is the first of two fences: the compile itself runs in a helper process that cannot
