@@ -398,7 +398,9 @@ Result<uint64_t> SessionRegistry::Open(std::string client_name, PeerIdentity pee
   ++sessions_total_;
   std::string usage_uid;
   std::string usage_client = AssignUsageIdentityLocked(peer, client_name, &usage_uid);
-  ++usage_[{usage_uid, usage_client}].sessions_total;
+  UsageRecord& record = usage_.at({usage_uid, usage_client});
+  ++record.usage.sessions_total;
+  UsageOpenedLocked(record);
   SessionEntry& entry = sessions_[id] = SessionEntry{id,
                                                      std::move(client_name),
                                                      std::move(peer),
@@ -415,12 +417,63 @@ void SessionRegistry::SetUsageIdentityLimit(size_t max_identities) {
   max_usage_identities_ = std::max<size_t>(1, max_identities);
 }
 
+void SessionRegistry::SetUsageIdleTimeout(std::chrono::milliseconds idle) {
+  MutexLock lock(&mu_);
+  usage_idle_ = std::max(idle, std::chrono::milliseconds(0));
+}
+
+void SessionRegistry::SetClockForTest(std::function<Clock::time_point()> now) {
+  MutexLock lock(&mu_);
+  now_ = std::move(now);
+}
+
+SessionRegistry::UsageRecord& SessionRegistry::UsageRecordLocked(const std::string& uid,
+                                                                 const std::string& client) {
+  auto [it, fresh] = usage_.try_emplace({uid, client});
+  if (fresh) {
+    it->second.usage.uid = uid;
+    it->second.usage.client = client;
+    it->second.idle = idle_usage_.end();
+  }
+  return it->second;
+}
+
+void SessionRegistry::UsageOpenedLocked(UsageRecord& record) {
+  if (record.open++ == 0 && record.idle != idle_usage_.end()) {
+    idle_usage_.erase(record.idle);
+    record.idle = idle_usage_.end();
+  }
+}
+
+void SessionRegistry::UsageClosedLocked(const UsageKey& key, UsageRecord& record) {
+  if (--record.open == 0) record.idle = idle_usage_.insert(idle_usage_.end(), {now_(), key});
+}
+
+void SessionRegistry::ExpireIdleUsageLocked() {
+  if (usage_idle_.count() == 0 || idle_usage_.empty()) return;
+  const Clock::time_point now = now_();
+  while (!idle_usage_.empty() && now - idle_usage_.front().first >= usage_idle_) {
+    auto it = usage_.find(idle_usage_.front().second);  // every idle entry's record exists
+    idle_usage_.pop_front();
+    // Its closed sessions' counters stay in the daemon's totals (closed_usage_).
+    if (it->second.counted_in_uid) {
+      auto names = usage_clients_per_uid_.find(it->second.usage.uid);
+      if (--names->second == 0) usage_clients_per_uid_.erase(names);
+    }
+    usage_.erase(it);
+    ++usage_expiries_;
+  }
+}
+
 std::string SessionRegistry::AssignUsageIdentityLocked(const PeerIdentity& peer,
                                                        const std::string& client,
                                                        std::string* uid_label) {
   const std::string uid = peer.uid ? std::to_string(*peer.uid) : IdentityOf(peer);
   std::string name = CleanClientName(client);  // a label value: printable ASCII only
   *uid_label = uid;
+  // Those idle long enough go first: they make room, and an expired identity that comes
+  // back starts again from 0 whether or not anything looked in between.
+  ExpireIdleUsageLocked();
   if (usage_.count({uid, name})) return name;
   // A new name of a uid that has used up its names goes to that uid's "other".
   bool folded = false;
@@ -437,14 +490,11 @@ std::string SessionRegistry::AssignUsageIdentityLocked(const PeerIdentity& peer,
   if (usage_.size() >= max_usage_identities_) {
     ++usage_folds_;
     *uid_label = "other";
-    IdentityUsage& other = usage_[{"other", "other"}];
-    other.uid = other.client = "other";
+    UsageRecordLocked("other", "other");
     return "other";
   }
   if (folded) ++usage_folds_;
-  IdentityUsage& fresh = usage_[{uid, name}];
-  fresh.uid = uid;
-  fresh.client = name;
+  UsageRecordLocked(uid, name).counted_in_uid = true;
   ++usage_clients_per_uid_[uid];
   return name;
 }
@@ -463,11 +513,14 @@ void AddCounters(const SessionCounters& c, IdentityUsage& u) {
 
 }  // namespace
 
-std::vector<IdentityUsage> SessionRegistry::UsageByIdentity() const {
+std::vector<IdentityUsage> SessionRegistry::UsageByIdentity() {
   MutexLock lock(&mu_);
-  std::map<std::pair<std::string, std::string>, IdentityUsage> all = usage_;
+  ExpireIdleUsageLocked();
+  std::map<UsageKey, IdentityUsage> all;
+  for (const auto& [key, record] : usage_) all.emplace(key, record.usage);
   for (const auto& [id, e] : sessions_) {
-    IdentityUsage& u = all[{e.usage_uid, e.usage_client}];
+    // Every open session's record is kept: a record with an open session never expires.
+    IdentityUsage& u = all.at({e.usage_uid, e.usage_client});
     AddCounters(*e.counters, u);
     ++u.sessions_open;
     u.device_bytes += e.counters->device_bytes;
@@ -483,6 +536,11 @@ uint64_t SessionRegistry::usage_folds() const {
   return usage_folds_;
 }
 
+uint64_t SessionRegistry::usage_expiries() const {
+  MutexLock lock(&mu_);
+  return usage_expiries_;
+}
+
 void SessionRegistry::Remove(uint64_t id) {
   MutexLock lock(&mu_);
   auto it = sessions_.find(id);
@@ -493,7 +551,11 @@ void SessionRegistry::Remove(uint64_t id) {
   closed_ops_ += c.ops;
   closed_up_ += c.bytes_uploaded;
   closed_down_ += c.bytes_downloaded;
-  AddCounters(c, usage_[{it->second.usage_uid, it->second.usage_client}]);
+  AddCounters(c, closed_usage_);
+  const UsageKey key{it->second.usage_uid, it->second.usage_client};
+  UsageRecord& record = usage_.at(key);
+  AddCounters(c, record.usage);
+  UsageClosedLocked(key, record);
   sessions_.erase(it);
 }
 
@@ -587,6 +649,7 @@ DaemonTotals SessionRegistry::Totals() const {
   t.ops = closed_ops_;
   t.bytes_uploaded = closed_up_;
   t.bytes_downloaded = closed_down_;
+  IdentityUsage usage = closed_usage_;
   for (const auto& [id, e] : sessions_) {
     const SessionCounters& c = *e.counters;
     t.submits_in_flight += c.submits_in_flight;
@@ -595,7 +658,13 @@ DaemonTotals SessionRegistry::Totals() const {
     t.ops += c.ops;
     t.bytes_uploaded += c.bytes_uploaded;
     t.bytes_downloaded += c.bytes_downloaded;
+    AddCounters(c, usage);
   }
+  t.device_busy_ns = usage.device_busy_ns;
+  t.h2d_bytes = usage.h2d_bytes;
+  t.h2d_ns = usage.h2d_ns;
+  t.d2h_bytes = usage.d2h_bytes;
+  t.d2h_ns = usage.d2h_ns;
   return t;
 }
 

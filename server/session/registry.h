@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -185,11 +186,14 @@ struct SessionEntry {
 };
 
 /// Device usage accounted to one identity: a uid ("remote" for every TCP peer together) and
-/// a client name (Open's client_name), kept after its sessions close. The registry bounds
-/// how many it keeps (SetUsageIdentityLimit): past the bound a new identity folds into
+/// a client name (Open's client_name), kept after its sessions close until none of them has
+/// been open for the idle timeout (SetUsageIdleTimeout). The registry bounds how many it
+/// keeps at once (SetUsageIdentityLimit): past the bound a new identity folds into
 /// uid "other" (client "other"), and past kMaxClientsPerUid names of one uid a new name
 /// folds into client "other" of that uid, so neither a flood of uids nor of client names
 /// (free text a tenant chooses) can grow the daemon's memory or the metrics without bound.
+/// Expiry frees an identity's place, so the bound counts the identities in use lately, not
+/// every one since start; the folded "other" identities expire the same way.
 struct IdentityUsage {
   std::string uid;  // "1000", "remote" or "other"
   std::string
@@ -201,6 +205,8 @@ struct IdentityUsage {
   uint64_t device_bytes = 0;  // held now by its open sessions
 };
 
+/// The daemon's figures. The counters sum every session since start, open and closed; they
+/// are kept apart from the usage identities, so an identity's expiry takes nothing from them.
 struct DaemonTotals {
   uint64_t sessions_open = 0;
   uint64_t sessions_total = 0;
@@ -211,6 +217,8 @@ struct DaemonTotals {
   uint64_t ops = 0;
   uint64_t bytes_uploaded = 0;
   uint64_t bytes_downloaded = 0;
+  // SessionCounters' device time and copies, as IdentityUsage has them per identity.
+  uint64_t device_busy_ns = 0, h2d_bytes = 0, h2d_ns = 0, d2h_bytes = 0, d2h_ns = 0;
 };
 
 class SessionRegistry {
@@ -295,14 +303,25 @@ class SessionRegistry {
   /// Identities that hold anything now (a session, bytes, submits), by identity.
   std::vector<UidUsage> UsageByUid() const;
 
+  using Clock = std::chrono::steady_clock;
   static constexpr size_t kMaxClientsPerUid = 16;
   /// Keep at most `max_identities` (>= 1) usage identities (metrics-max-identities); call
   /// before sessions open.
   void SetUsageIdentityLimit(size_t max_identities);
-  /// Every usage identity seen since start, by uid then client.
-  std::vector<IdentityUsage> UsageByIdentity() const;
+  /// Forget a usage identity once none of its sessions has been open for `idle`
+  /// (metrics-identity-idle-timeout; 0: never, every identity is kept until the daemon
+  /// stops); call before sessions open. Its counters leave UsageByIdentity and stay in
+  /// Totals(); a later session of the same uid and client starts it again from 0.
+  void SetUsageIdleTimeout(std::chrono::milliseconds idle);
+  /// Read the time usage expiry goes by from `now` instead of the steady clock.
+  void SetClockForTest(std::function<Clock::time_point()> now);
+  /// Every usage identity kept now, by uid then client; those idle past the timeout are
+  /// forgotten first.
+  std::vector<IdentityUsage> UsageByIdentity();
   /// Sessions whose identity was folded into "other" since start.
   uint64_t usage_folds() const;
+  /// Usage identities forgotten for being idle (SetUsageIdleTimeout) since start.
+  uint64_t usage_expiries() const;
   uint64_t device_bytes_cap() const { return device_bytes_cap_; }
   /// The device commands all sessions keep queued (queued-commands; see LaunchRoom).
   LaunchRoom& launch_room() { return launch_room_; }
@@ -367,15 +386,41 @@ class SessionRegistry {
   uint64_t closed_submits_ ABSL_GUARDED_BY(mu_) = 0, closed_ops_ ABSL_GUARDED_BY(mu_) = 0,
                            closed_up_ ABSL_GUARDED_BY(mu_) = 0,
                            closed_down_ ABSL_GUARDED_BY(mu_) = 0;
+  // Device time and copies of closed sessions (DaemonTotals); its uid and client stay empty.
+  IdentityUsage closed_usage_ ABSL_GUARDED_BY(mu_);
 
   // Usage identities (uid, client) -> what their closed sessions used; an entry exists for
-  // every identity assigned so far.
+  // every identity assigned and not yet expired, and so for every open session's.
+  using UsageKey = std::pair<std::string, std::string>;
+  struct UsageRecord {
+    IdentityUsage usage;          // uid, client, sessions_total and the closed sessions' counters
+    uint64_t open = 0;            // its sessions open now; it never expires while there are any
+    bool counted_in_uid = false;  // counts toward usage_clients_per_uid_[usage.uid]
+    // Its place in idle_usage_, while open == 0.
+    std::list<std::pair<Clock::time_point, UsageKey>>::iterator idle;
+  };
   std::string AssignUsageIdentityLocked(const PeerIdentity& peer, const std::string& client,
                                         std::string* uid_label) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The record of (uid, client), made (idle, no session) when there is none.
+  UsageRecord& UsageRecordLocked(const std::string& uid, const std::string& client)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `record` gains an open session (and leaves idle_usage_), or `key`'s record loses one (and
+  // joins idle_usage_ when it was the last).
+  void UsageOpenedLocked(UsageRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UsageClosedLocked(const UsageKey& key, UsageRecord& record)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forget the records idle for usage_idle_ or longer at now_().
+  void ExpireIdleUsageLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   size_t max_usage_identities_ = 256;
-  std::map<std::pair<std::string, std::string>, IdentityUsage> usage_ ABSL_GUARDED_BY(mu_);
+  std::chrono::milliseconds usage_idle_ ABSL_GUARDED_BY(mu_){0};  // 0: never expire
+  std::function<Clock::time_point()> now_ ABSL_GUARDED_BY(mu_) = [] { return Clock::now(); };
+  std::map<UsageKey, UsageRecord> usage_ ABSL_GUARDED_BY(mu_);
+  // Records without an open session, oldest idle first: when each became idle and its key.
+  // Records become idle in the clock's order, so expiry looks only at the front.
+  std::list<std::pair<Clock::time_point, UsageKey>> idle_usage_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, size_t> usage_clients_per_uid_ ABSL_GUARDED_BY(mu_);
   uint64_t usage_folds_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t usage_expiries_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace ferry::session

@@ -4,7 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <memory>
+#include <string>
+#include <vector>
 
 namespace ferry::session {
 namespace {
@@ -418,6 +421,130 @@ TEST(RegistryUsageTest, OneUidsClientNamesAreBoundedAndSanitized) {
   ASSERT_NE(odd, nullptr);
   EXPECT_EQ(odd->client.size(), kMaxClientName);
   EXPECT_EQ(odd->client.substr(0, 5), "a\"b__") << "printable ASCII only";
+}
+
+// Usage identities were kept until the daemon stopped, so once 256 had been seen every later
+// tenant was accounted as uid "other". Here 300 short-lived identities come one every 3 s of
+// the test's clock, each closing its session at once: with a 10-minute idle timeout the
+// first ones have expired by the 257th, and every one is named while it works.
+TEST(RegistryUsageTest, IdleIdentitiesExpireSoNewOnesAreNamed) {
+  SessionRegistry reg(8ull << 30, 1024);  // metrics-max-identities' default: 256
+  SessionRegistry::Clock::time_point now = SessionRegistry::Clock::now();
+  reg.SetClockForTest([&now] { return now; });
+  reg.SetUsageIdleTimeout(std::chrono::minutes(10));
+  uint64_t busy = 0;
+  for (uint32_t i = 0; i < 300; ++i) {
+    const std::string uid = std::to_string(10000 + i);
+    auto counters = std::make_shared<SessionCounters>();
+    const uint64_t id = reg.Add("job", Local(10000 + i, 10000 + i), counters);
+    ASSERT_NE(id, 0u);
+    counters->device_busy_ns = 1000 + i;
+    busy += 1000 + i;
+    const std::vector<IdentityUsage> all = reg.UsageByIdentity();
+    const IdentityUsage* own = Find(all, uid, "job");
+    ASSERT_NE(own, nullptr) << "identity " << i << " has no series of its own";
+    EXPECT_EQ(own->sessions_open, 1u);
+    EXPECT_EQ(own->device_busy_ns, 1000u + i);
+    EXPECT_EQ(Find(all, "other", "other"), nullptr) << "identity " << i;
+    EXPECT_LE(all.size(), 256u) << "identity " << i;
+    reg.Remove(id);
+    // The daemon's total counts every session, those of expired identities too.
+    EXPECT_EQ(reg.Totals().device_busy_ns, busy) << "identity " << i;
+    now += std::chrono::seconds(3);
+  }
+  EXPECT_EQ(reg.usage_folds(), 0u);
+  // Identity i closed at 3i s; at 900 s those idle 600 s or more (i <= 100) have gone.
+  const std::vector<IdentityUsage> all = reg.UsageByIdentity();
+  EXPECT_EQ(all.size(), 199u);
+  EXPECT_EQ(reg.usage_expiries(), 101u);
+  EXPECT_EQ(Find(all, "10100", "job"), nullptr) << "idle exactly the timeout: expired";
+  ASSERT_NE(Find(all, "10101", "job"), nullptr) << "idle 3 s less than the timeout: kept";
+  EXPECT_EQ(Find(all, "10101", "job")->device_busy_ns, 1101u);
+  EXPECT_EQ(Find(all, "10101", "job")->sessions_total, 1u);
+  EXPECT_EQ(reg.Totals().device_busy_ns, busy);
+}
+
+TEST(RegistryUsageTest, OnlyAnIdentityIdleForTheWholeTimeoutExpires) {
+  SessionRegistry reg(8ull << 30, 1024);
+  SessionRegistry::Clock::time_point now = SessionRegistry::Clock::now();
+  reg.SetClockForTest([&now] { return now; });
+  reg.SetUsageIdleTimeout(std::chrono::minutes(1));
+  auto train = std::make_shared<SessionCounters>();
+  ASSERT_NE(reg.Add("train", Local(1000, 1000), train), 0u);
+  train->device_busy_ns = 7;
+  auto eval = std::make_shared<SessionCounters>();
+  const uint64_t eval_id = reg.Add("eval", Local(1000, 1000), eval);
+  ASSERT_NE(eval_id, 0u);
+  eval->device_busy_ns = 5;
+  eval->h2d_bytes = 64;
+  reg.Remove(eval_id);
+  now += std::chrono::seconds(59);
+  EXPECT_NE(Find(reg.UsageByIdentity(), "1000", "eval"), nullptr) << "idle 59 s of 60";
+  now += std::chrono::seconds(1);
+  EXPECT_EQ(Find(reg.UsageByIdentity(), "1000", "eval"), nullptr) << "idle 60 s";
+  // A session open keeps its identity however long it runs.
+  now += std::chrono::hours(1);
+  auto all = reg.UsageByIdentity();
+  const IdentityUsage* kept = Find(all, "1000", "train");
+  ASSERT_NE(kept, nullptr);
+  EXPECT_EQ(kept->device_busy_ns, 7u);
+  // The totals keep the expired identity's counts.
+  DaemonTotals totals = reg.Totals();
+  EXPECT_EQ(totals.device_busy_ns, 12u);
+  EXPECT_EQ(totals.h2d_bytes, 64u);
+  // One that comes back starts again from 0.
+  auto again = std::make_shared<SessionCounters>();
+  ASSERT_NE(reg.Add("eval", Local(1000, 1000), again), 0u);
+  all = reg.UsageByIdentity();
+  ASSERT_NE(Find(all, "1000", "eval"), nullptr);
+  EXPECT_EQ(Find(all, "1000", "eval")->device_busy_ns, 0u);
+  EXPECT_EQ(Find(all, "1000", "eval")->sessions_total, 1u);
+  EXPECT_EQ(reg.usage_expiries(), 1u);
+
+  // 0: never.
+  SessionRegistry forever(8ull << 30, 1024);
+  forever.SetClockForTest([&now] { return now; });
+  forever.SetUsageIdleTimeout(std::chrono::milliseconds(0));
+  forever.Remove(forever.Add("job", Local(1000, 1000), std::make_shared<SessionCounters>()));
+  now += std::chrono::hours(24 * 365);
+  EXPECT_NE(Find(forever.UsageByIdentity(), "1000", "job"), nullptr);
+  EXPECT_EQ(forever.usage_expiries(), 0u);
+}
+
+// An expired identity's place is free under both bounds: the daemon's (metrics-max-identities;
+// the "other" identity expires too) and a uid's kMaxClientsPerUid client names.
+TEST(RegistryUsageTest, ExpiredIdentitiesFreeTheirPlacesUnderTheBounds) {
+  SessionRegistry reg(8ull << 30, 1024);
+  SessionRegistry::Clock::time_point now = SessionRegistry::Clock::now();
+  reg.SetClockForTest([&now] { return now; });
+  reg.SetUsageIdleTimeout(std::chrono::seconds(10));
+  reg.SetUsageIdentityLimit(1);
+  auto open_and_close = [&](const std::string& name, uint32_t uid) {
+    reg.Remove(reg.Add(name, Local(uid, uid), std::make_shared<SessionCounters>()));
+  };
+  open_and_close("a", 1000);
+  open_and_close("b", 1001);  // past the bound
+  EXPECT_NE(Find(reg.UsageByIdentity(), "other", "other"), nullptr);
+  now += std::chrono::seconds(10);
+  open_and_close("c", 1002);
+  auto all = reg.UsageByIdentity();
+  EXPECT_EQ(all.size(), 1u);
+  EXPECT_NE(Find(all, "1002", "c"), nullptr) << "named: the two before it expired";
+  EXPECT_EQ(reg.usage_folds(), 1u);
+
+  SessionRegistry names(8ull << 30, 1024);
+  names.SetClockForTest([&now] { return now; });
+  names.SetUsageIdleTimeout(std::chrono::seconds(10));
+  for (size_t i = 0; i <= SessionRegistry::kMaxClientsPerUid; ++i) {
+    names.Remove(names.Add("name" + std::to_string(i), Local(1000, 1000),
+                           std::make_shared<SessionCounters>()));
+  }
+  EXPECT_NE(Find(names.UsageByIdentity(), "1000", "other"), nullptr) << "the 17th name";
+  now += std::chrono::seconds(10);
+  names.Remove(names.Add("late", Local(1000, 1000), std::make_shared<SessionCounters>()));
+  all = names.UsageByIdentity();
+  EXPECT_EQ(all.size(), 1u);
+  EXPECT_NE(Find(all, "1000", "late"), nullptr);
 }
 
 }  // namespace
