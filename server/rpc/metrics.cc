@@ -288,8 +288,10 @@ std::string RenderMetrics(const SessionServiceContext& c,
           "Queued device command limit per identity (its share of queued-commands; 0: none).",
           [](const session::UidUsage& u) { return u.limits.queued_commands; });
   // Per usage identity (uid and client name, folded past metrics-max-identities), kept
-  // after its sessions close: device time and copies measured on the device (backend.h,
-  // Usage), and the device memory its open sessions hold.
+  // after its sessions close until it expires (metrics-identity-idle-timeout): device time
+  // and copies measured on the device (backend.h, Usage), and the device memory its open
+  // sessions hold. An expired identity's series are gone from the next scrape; the
+  // ferry_daemon_* counters below keep what it used.
   const std::vector<session::IdentityUsage> identities = c.parts.registry->UsageByIdentity();
   auto who = [](const session::IdentityUsage& u) {
     return "uid=\"" + EscapeLabel(u.uid) + "\",client=\"" + EscapeLabel(u.client) + "\"";
@@ -321,10 +323,35 @@ std::string RenderMetrics(const SessionServiceContext& c,
   for (const session::IdentityUsage& u : identities) {
     e.Sample("ferry_device_memory_bytes", u.device_bytes, who(u));
   }
+  // The same over every session since start, expired identities' included: these never go
+  // down, where a sum over the per-identity series drops when one expires.
+  e.Metric("ferry_daemon_device_seconds_total", "counter",
+           "Device time of all sessions' work since start (ferry_device_seconds_total over "
+           "every identity, expired ones included).",
+           static_cast<double>(t.device_busy_ns) / 1e9);
+  e.Family("ferry_daemon_transfer_bytes_total", "counter",
+           "Bytes copied between host and device by all sessions since start, by direction.");
+  e.Sample("ferry_daemon_transfer_bytes_total", t.h2d_bytes, "direction=\"upload\"");
+  e.Sample("ferry_daemon_transfer_bytes_total", t.d2h_bytes, "direction=\"download\"");
+  e.Family("ferry_daemon_transfer_seconds_total", "counter",
+           "Device time of all sessions' copies between host and device since start, by "
+           "direction.");
+  e.Sample("ferry_daemon_transfer_seconds_total", static_cast<double>(t.h2d_ns) / 1e9,
+           "direction=\"upload\"");
+  e.Sample("ferry_daemon_transfer_seconds_total", static_cast<double>(t.d2h_ns) / 1e9,
+           "direction=\"download\"");
+  e.Metric("ferry_usage_identities", "gauge",
+           "Usage identities kept now, each with series of its own (at most "
+           "metrics-max-identities, and one uid=\"other\").",
+           identities.size());
   e.Metric("ferry_usage_identities_folded_total", "counter",
            "Sessions accounted to uid=\"other\" or client=\"other\": past "
            "metrics-max-identities, or past a uid's 16 client names.",
            c.parts.registry->usage_folds());
+  e.Metric("ferry_usage_identities_expired_total", "counter",
+           "Usage identities forgotten since start, none of their sessions open for "
+           "metrics-identity-idle-timeout.",
+           c.parts.registry->usage_expiries());
   e.Metric("ferry_queued_commands", "gauge",
            "Device commands all sessions keep queued on the device now (see queued-commands).",
            c.parts.registry->launch_room().queued());
