@@ -170,6 +170,11 @@ class Settings {
                                              c_.daemon.metrics_max_identities =
                                                  static_cast<uint32_t>(n);
                                            })},
+        {"metrics-identity-idle-timeout", bounded(0, 86400000,
+                                                  [this](uint64_t n) {
+                                                    c_.daemon.metrics_identity_idle_timeout =
+                                                        std::chrono::milliseconds(n);
+                                                  })},
         {"session-quota", bytes(&c_.daemon.session_defaults.device_bytes_quota)},
         {"max-session-quota", bytes(&c_.daemon.max_device_bytes_quota)},
         {"device-memory-cap", bytes(&c_.daemon.device_bytes_cap)},
@@ -651,6 +656,10 @@ means true; --allow-insecure-remote and --allow-remote-raw-kernels also take =tr
   --metrics-max-identities N usage identities (uid + client name) with their own
                              accounting and metrics labels, 1..65536; more fold into
                              uid="other" (default 256)
+  --metrics-identity-idle-timeout MS  a usage identity none of whose sessions has been
+                             open for this long is forgotten: its series leave the metrics
+                             (the daemon's totals keep its counts) and its place is free
+                             for a new one, 0..86400000 (default 600000; 0: never)
   --session-quota SIZE       default device-memory quota per session (default 1G)
   --max-session-quota SIZE   largest quota a client may ask for (default 16G)
   --max-in-flight N          default submits in flight per session (default 64)
@@ -873,6 +882,8 @@ std::string FormatConfig(const DaemonConfig& c) {
   out << "metrics-listen =" << Quoted(c.daemon.metrics_listen) << "\n";
   out << "metrics-token-file =" << Quoted(c.daemon.metrics_token_file) << "\n";
   out << "metrics-max-identities = " << c.daemon.metrics_max_identities << "\n";
+  out << "metrics-identity-idle-timeout = " << c.daemon.metrics_identity_idle_timeout.count()
+      << (c.daemon.metrics_identity_idle_timeout.count() == 0 ? "  # never" : "") << "\n";
   out << "session-quota = " << FormatBytes(c.daemon.session_defaults.device_bytes_quota) << "\n";
   out << "max-session-quota = " << FormatBytes(c.daemon.max_device_bytes_quota) << "\n";
   out << "max-in-flight = " << c.daemon.session_defaults.max_in_flight_submits << "\n";

@@ -71,6 +71,7 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
   d->registry_->SetUidLimits(options.uid_limits, options.slab_pool.budget,
                              static_cast<uint32_t>(::geteuid()), root_trusted);
   d->registry_->SetUsageIdentityLimit(options.metrics_max_identities);
+  d->registry_->SetUsageIdleTimeout(options.metrics_identity_idle_timeout);
 
   if (options.copy_turns > 0 || options.device_turns > 0) {
     d->copy_turns_ = std::make_unique<session::CopyTurns>(

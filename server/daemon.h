@@ -69,6 +69,9 @@ struct DaemonOptions {
   /// Usage identities (uid + client name) kept for accounting and metrics labels; past it
   /// new ones fold into uid "other" (session/registry.h, IdentityUsage).
   uint32_t metrics_max_identities = 256;
+  /// A usage identity none of whose sessions has been open for this long is forgotten, its
+  /// place freed for a new one (SessionRegistry::SetUsageIdleTimeout); 0: never.
+  std::chrono::milliseconds metrics_identity_idle_timeout{600000};
   session::SessionConfig session_defaults;
   uint64_t max_device_bytes_quota = 16ull << 30;
   uint32_t max_in_flight_submits = 1024;

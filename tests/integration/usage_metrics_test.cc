@@ -14,6 +14,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ferry/client.h"
@@ -164,6 +165,64 @@ TEST(UsageMetricsTest, IdentitiesPastTheBoundFoldIntoOther) {
             2048)
       << body;
   EXPECT_EQ(Value(body, "ferry_usage_identities_folded_total", {}), 2) << body;
+}
+
+// An identity none of whose sessions has been open for metrics-identity-idle-timeout expires:
+// its series go, its place under metrics-max-identities is free (the next identity is named,
+// not "other"), and the daemon's totals keep what it used.
+TEST(UsageMetricsTest, IdleIdentitiesExpireAndFreeTheirPlace) {
+  testing::FerrydProcess daemon({"--metrics-listen", "127.0.0.1:0", "--metrics-max-identities", "1",
+                                 "--metrics-identity-idle-timeout", "300"});
+  ASSERT_TRUE(daemon.ok()) << daemon.log();
+  const std::string ep = MetricsEndpoint(daemon);
+  const std::string me = std::to_string(getuid());
+  auto upload_1k = [](Session& s) {
+    Tensor t = s.create_tensor<float>({256});
+    std::vector<float> x(256, 1.0f);
+    return s.upload(t, x);
+  };
+  {
+    auto client = ConnectAs(daemon, "first");
+    ASSERT_TRUE(client.ok());
+    auto s = client->open_session();
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    ASSERT_TRUE(upload_1k(*s).ok());
+    ASSERT_TRUE(s->close().ok());
+  }
+  daemon.WaitIdle();
+  const std::string before = Scrape(ep);
+  EXPECT_EQ(
+      Value(before, "ferry_transfer_bytes_total", Plus(Who(me, "first"), "direction=\"upload\"")),
+      1024)
+      << before;
+  // The session has closed (WaitIdle): after the timeout "first" has expired.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+
+  auto client = ConnectAs(daemon, "second");
+  ASSERT_TRUE(client.ok());
+  auto s = client->open_session();
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  ASSERT_TRUE(upload_1k(*s).ok());
+  ASSERT_TRUE(s->synchronize().ok());
+  // Scraped while its session is open: "second" cannot have expired.
+  const std::string body = Scrape(ep);
+  EXPECT_EQ(
+      Value(body, "ferry_transfer_bytes_total", Plus(Who(me, "second"), "direction=\"upload\"")),
+      1024)
+      << "named, not folded into other\n"
+      << body;
+  EXPECT_EQ(Value(body, "ferry_transfer_bytes_total", Who(me, "first")), -1) << body;
+  EXPECT_EQ(Value(body, "ferry_transfer_bytes_total", Who("other", "other")), -1) << body;
+  EXPECT_EQ(Value(body, "ferry_usage_identities_folded_total", {}), 0) << body;
+  EXPECT_EQ(Value(body, "ferry_usage_identities_expired_total", {}), 1) << body;
+  EXPECT_EQ(Value(body, "ferry_usage_identities", {}), 1) << body;
+  // The daemon's totals still count the expired identity's upload.
+  EXPECT_EQ(Value(body, "ferry_daemon_transfer_bytes_total", {"direction=\"upload\""}), 2048)
+      << body;
+  EXPECT_GE(Value(body, "ferry_daemon_device_seconds_total", {}),
+            Value(before, "ferry_daemon_device_seconds_total", {}))
+      << body;
+  ASSERT_TRUE(s->close().ok());
 }
 
 // --- the text exposition format 0.0.4, checked strictly ------------------------------------

@@ -237,6 +237,29 @@ TEST_F(ConfigFileTest, MetricsTokenFileIsAPathFlagsWin) {
       << twice.status().message();
 }
 
+// metrics-identity-idle-timeout: milliseconds, 0..86400000, 10 minutes unless set; 0 keeps
+// every usage identity until the daemon stops, and --check-config says so.
+TEST(ConfigTest, MetricsIdentityIdleTimeoutIsMillisecondsUpToADay) {
+  auto d = ParseFlags({});
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->daemon.metrics_identity_idle_timeout, std::chrono::minutes(10));
+  auto c = ParseFlags({"--metrics-identity-idle-timeout", "250"});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->daemon.metrics_identity_idle_timeout, std::chrono::milliseconds(250));
+  for (const char* bad : {"86400001", "-1", "10m", ""}) {
+    auto r = ParseFlags({"--metrics-identity-idle-timeout", bad});
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find("--metrics-identity-idle-timeout"), std::string::npos)
+        << r.status().message();
+  }
+  auto never = ParseConfigText("metrics-identity-idle-timeout = 0\n", "f");
+  ASSERT_TRUE(never.ok()) << never.status().ToString();
+  EXPECT_EQ(never->daemon.metrics_identity_idle_timeout.count(), 0);
+  EXPECT_NE(FormatConfig(*never).find("\nmetrics-identity-idle-timeout = 0  # never\n"),
+            std::string::npos)
+      << FormatConfig(*never);
+}
+
 TEST(ConfigTest, CheckConfigSwitch) {
   auto c = ParseFlags({"--check-config", "--backend", "host"});
   ASSERT_TRUE(c.ok()) << c.status().ToString();
@@ -365,6 +388,7 @@ admin-group = 0
 metrics-listen = 127.0.0.1:9402
 metrics-token-file = "/etc/ferry/metrics token"
 metrics-max-identities = 3
+metrics-identity-idle-timeout = 0
 session-quota = 2G
 max-session-quota = 3G
 max-in-flight = 7
