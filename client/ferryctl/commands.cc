@@ -8,8 +8,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <future>
+#include <istream>
 #include <memory>
 #include <ostream>
 #include <sstream>
@@ -36,26 +36,6 @@ bool AllDigits(const std::string& s) {
   return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
-// The contents of a file ("" for an empty path or one that cannot be read).
-std::string ReadAll(const std::string& path) {
-  if (path.empty()) return "";
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream out;
-  out << in.rdbuf();
-  return out.str();
-}
-
-// --token: the token itself, or "@PATH" / a readable file holding it.
-std::string Token(const Options& options) {
-  std::string t = options.token;
-  if (!t.empty() && t[0] == '@')
-    t = ReadAll(t.substr(1));
-  else if (std::ifstream probe(t); probe.good())
-    t = ReadAll(t);
-  size_t b = t.find_first_not_of(" \t\r\n"), e = t.find_last_not_of(" \t\r\n");
-  return b == std::string::npos ? "" : t.substr(b, e - b + 1);
-}
-
 // One connection to a daemon's Admin service; every call has the options' deadline. The
 // channel (TLS, bearer token) is libferry's (client/src/admin_client.h).
 class AdminConnection {
@@ -65,7 +45,7 @@ class AdminConnection {
     o.tls_ca_cert = options.tls_ca;
     o.tls_client_cert = options.tls_cert;
     o.tls_client_key = options.tls_key;
-    if (!options.token.empty()) o.bearer_token = Token(options);
+    o.bearer_token = options.token;
     auto client = internal::AdminClient::Create(FerryTarget(options.target), o, options.timeout);
     if (client.ok()) {
       client_ = std::move(*client);
@@ -210,7 +190,7 @@ CanaryResult RunCanary(const Options& options) {
   client_options.tls_ca_cert = options.tls_ca;
   client_options.tls_client_cert = options.tls_cert;
   client_options.tls_client_key = options.tls_key;
-  client_options.bearer_token = Token(options);
+  client_options.bearer_token = options.token;
   auto client = Client::connect(FerryTarget(options.target), client_options);
   r.connect_ms = MillisSince(t);
   if (!client.ok()) {
@@ -331,6 +311,39 @@ Check CanaryCheck(const Options& options, std::ostream& out) {
 }
 
 }  // namespace
+
+bool ReadToken(std::istream& in, std::string* token, std::string* problem) {
+  // Read one byte past the limit, so a longer input (or /dev/zero) is found without
+  // reading it all.
+  std::string text(kMaxTokenBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  if (in.bad()) {
+    *problem = "cannot be read";
+    return false;
+  }
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (text.size() > kMaxTokenBytes) {
+    *problem = "holds more than " + std::to_string(kMaxTokenBytes) + " bytes: not a token";
+    return false;
+  }
+  const size_t b = text.find_first_not_of(" \t\r\n"), e = text.find_last_not_of(" \t\r\n");
+  if (b == std::string::npos) {
+    *problem = "holds no token";
+    return false;
+  }
+  text = text.substr(b, e - b + 1);
+  for (char c : text) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u <= 0x20 || u == 0x7f) {
+      *problem =
+          "holds more than a token (a blank, line break or control byte inside): give "
+          "just the token";
+      return false;
+    }
+  }
+  *token = std::move(text);
+  return true;
+}
 
 std::string FerryTarget(const std::string& target) {
   if (AllDigits(target)) return "unix:/run/ferry/ferryd-" + target + ".sock";
@@ -720,7 +733,7 @@ int RunMetrics(const Options& options, std::ostream& out, std::ostream& err) {
   }
   // --token: the endpoint's --metrics-token-file asks for it.
   const std::string authorization =
-      options.token.empty() ? "" : "Authorization: Bearer " + Token(options) + "\r\n";
+      options.token.empty() ? "" : "Authorization: Bearer " + options.token + "\r\n";
   std::string request = "GET " + path + " HTTP/1.1\r\nHost: " + ep + "\r\n" + authorization +
                         "Accept: text/plain\r\nConnection: close\r\n\r\n";
   bool sent = ::send(fd, request.data(), request.size(), MSG_NOSIGNAL) ==

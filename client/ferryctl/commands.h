@@ -7,6 +7,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <iosfwd>
 #include <string>
@@ -37,7 +38,8 @@ struct Options {
   std::chrono::milliseconds canary_timeout{20000};
   /// Warn when less than this fraction of device memory is free.
   double min_free_fraction = 0.05;
-  // remote access (tcp: targets): PEM paths, and the bearer token (or a file holding it)
+  // remote access (tcp: targets): PEM paths, and the bearer token itself ("": none), read
+  // from --token-file or stdin (ReadToken)
   std::string tls_ca;
   std::string tls_cert;
   std::string tls_key;
@@ -53,6 +55,14 @@ struct Options {
   bool wait = false;
   std::chrono::milliseconds wait_timeout{120000};
 };
+
+/// Read a bearer token from `in` (a --token-file, or stdin for --token -) into `*token`: its
+/// text without surrounding blanks and line breaks, which must be one token of at most
+/// kMaxTokenBytes with no blank, line break or other control byte inside (a file of
+/// ferryd's, with a token per line or NAME TOKEN, is not one). False, with what is wrong in
+/// `*problem` ("holds no token", ...), when it is not.
+inline constexpr size_t kMaxTokenBytes = 4096;
+bool ReadToken(std::istream& in, std::string* token, std::string* problem);
 
 /// Return the target in ferry's syntax (what libferry's Client::connect takes).
 std::string FerryTarget(const std::string& target);

@@ -1,9 +1,12 @@
 // ferryctl: the operator's view of a ferry daemon. Parses the command line and runs one
 // command (commands.h); exit codes are monitoring-style (0 ok, 1 warning, 2 critical).
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -49,8 +52,12 @@ options:
   --tls-ca PATH        PEM CA of the daemon's certificate: speak TLS (tcp: targets)
   --tls-cert PATH      PEM client certificate, for mutual TLS
   --tls-key PATH       PEM key of --tls-cert
-  --token T            bearer token for tcp: targets and for metrics (ferryd's
-                       --metrics-token-file): the token, @PATH, or a file path
+  --token-file PATH    file holding the bearer token for tcp: targets and for
+                       metrics (ferryd's --token-file / --metrics-token-file): one
+                       token, surrounding blanks and line breaks ignored
+  --token -            read that token from stdin instead. A token itself is never
+                       taken on the command line, where every local user can read it
+                       (the process list)
   --version, --help
 
 exit codes: 0 ok, 1 warning, 2 critical or unreachable, 3 usage error
@@ -59,6 +66,16 @@ exit codes: 0 ok, 1 warning, 2 critical or unreachable, 3 usage error
 int Usage(const std::string& problem) {
   std::cerr << "ferryctl: " << problem << "\n(see ferryctl --help)\n";
   return ferry::ctl::kExitUsage;
+}
+
+// Why a --token VALUE other than "-" is refused, and what to use instead. The value is not
+// repeated: it may be the token itself.
+std::string TokenOnCommandLine(const std::string& value) {
+  std::string instead = "--token-file PATH, or --token - to read it from stdin";
+  if (value.size() > 1 && value[0] == '@') instead = "--token-file " + value.substr(1);
+  return "--token takes no token or path on the command line, where every local user can "
+         "read it in the process list: use " +
+         instead;
 }
 
 bool ParseSeconds(const std::string& text, std::chrono::milliseconds* out) {
@@ -76,6 +93,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   Options options;
   std::string command;
+  std::string token_file;         // --token-file PATH
+  bool token_from_stdin = false;  // --token -
   for (size_t i = 0; i < args.size(); ++i) {
     std::string a = args[i];
     if (a.rfind("--", 0) != 0) {
@@ -124,8 +143,9 @@ int main(int argc, char** argv) {
       continue;
     }
     static const std::vector<std::string> kValued = {
-        "target",  "timeout", "canary-elements", "canary-timeout", "min-free", "wait-timeout",
-        "metrics", "tls-ca",  "tls-cert",        "tls-key",        "token",    "interval"};
+        "target",       "timeout", "canary-elements", "canary-timeout", "min-free",
+        "wait-timeout", "metrics", "tls-ca",          "tls-cert",       "tls-key",
+        "token-file",   "token",   "interval"};
     if (std::find(kValued.begin(), kValued.end(), name) == kValued.end()) {
       return Usage("unknown option --" + name);
     }
@@ -145,7 +165,11 @@ int main(int argc, char** argv) {
     } else if (name == "tls-key") {
       options.tls_key = value;
     } else if (name == "token") {
-      options.token = value;
+      if (value != "-") return Usage(TokenOnCommandLine(value));
+      token_from_stdin = true;
+    } else if (name == "token-file") {
+      if (value.empty()) return Usage("--token-file: empty");
+      token_file = value;
     } else if (name == "timeout") {
       if (!ParseSeconds(value, &options.timeout)) return Usage("--timeout: seconds, > 0");
     } else if (name == "canary-timeout") {
@@ -173,6 +197,20 @@ int main(int argc, char** argv) {
     }
   }
   if (command.empty()) return Usage("no command given");
+  if (token_from_stdin && !token_file.empty()) {
+    return Usage("give the token one way: --token-file PATH or --token -");
+  }
+  std::string problem;
+  if (token_from_stdin && !ReadToken(std::cin, &options.token, &problem)) {
+    return Usage("--token -: stdin " + problem);
+  }
+  if (!token_file.empty()) {
+    std::ifstream in(token_file, std::ios::binary);
+    if (!in) return Usage("--token-file " + token_file + ": " + std::strerror(errno));
+    if (!ReadToken(in, &options.token, &problem)) {
+      return Usage("--token-file " + token_file + ": " + problem);
+    }
+  }
   if (options.canary && command != "health") return Usage("--canary belongs to health");
   if (options.wait && command != "drain") return Usage("--wait belongs to drain");
   if (options.once && command != "top") return Usage("--once belongs to top");

@@ -41,16 +41,18 @@ std::string ReadAll(const std::string& path) {
 
 std::string FerryctlPath() { return testing::ProgramPath("FERRY_TEST_FERRYCTL", FERRYCTL_PATH); }
 
-/// Run ferryctl with `args`; capture stdout and stderr apart.
-CtlRun Ferryctl(const std::vector<std::string>& args) {
+/// Run ferryctl with `args` and `input` on its stdin; capture stdout and stderr apart.
+CtlRun Ferryctl(const std::vector<std::string>& args, const std::string& input = "") {
   char tmpl[] = "/tmp/ferryctl-run-XXXXXX";
   std::string dir = mkdtemp(tmpl);
   std::string program = FerryctlPath();
   std::vector<char*> argv = {const_cast<char*>(program.c_str())};
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
+  std::ofstream(dir + "/in") << input;
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 0, (dir + "/in").c_str(), O_RDONLY, 0);
   posix_spawn_file_actions_addopen(&actions, 1, (dir + "/out").c_str(),
                                    O_WRONLY | O_CREAT | O_TRUNC, 0644);
   posix_spawn_file_actions_addopen(&actions, 2, (dir + "/err").c_str(),
@@ -313,6 +315,69 @@ TEST_F(FerryctlTest, UsageErrorsExitThree) {
   CtlRun help = Ferryctl({"--help"});
   EXPECT_EQ(help.exit_code, 0);
   EXPECT_NE(help.out.find("usage: ferryctl"), std::string::npos);
+}
+
+// ferryctl takes its bearer token from a file (--token-file) or from stdin (--token -), never
+// from the command line, where every local user can read it in the process list.
+TEST(FerryctlTokenTest, TheTokenComesFromAFileOrStdinNeverTheCommandLine) {
+  const testing::TempFile token("  s3cret-token\n");
+  FerrydProcess daemon({"--token-file", token.path()}, /*tcp=*/true);
+  ASSERT_TRUE(daemon.ok()) << daemon.log();
+  const std::string target = "--target=" + daemon.tcp_target();
+  CtlRun r = Ferryctl({target, "status"});
+  EXPECT_EQ(r.exit_code, 2) << "no token: the TCP endpoint refuses\n" << r.out << r.err;
+
+  r = Ferryctl({target, "--token-file", token.path(), "status", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_FALSE(Field(ParseObject(r.out), "version").string_value().empty()) << r.out;
+  r = Ferryctl({target, "--token", "-", "health"}, "s3cret-token\n");
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  // What is read is what is sent: another token is refused by the daemon.
+  r = Ferryctl({target, "--token", "-", "status"}, "s3cret-tokem\n");
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+
+  // The token, or a path to it, on the command line: a usage error before anything is sent,
+  // saying what to use, and not repeating what was given (it may be the token).
+  for (const std::vector<std::string>& given : std::vector<std::vector<std::string> >{
+           {"--token", "s3cret-token"}, {"--token=s3cret-token"}, {"--token", token.path()}}) {
+    std::vector<std::string> args = {target};
+    args.insert(args.end(), given.begin(), given.end());
+    args.push_back("status");
+    r = Ferryctl(args);
+    EXPECT_EQ(r.exit_code, 3) << given.back() << "\n" << r.out << r.err;
+    EXPECT_NE(r.err.find("use --token-file PATH, or --token - to read it from stdin"),
+              std::string::npos)
+        << r.err;
+    EXPECT_EQ(r.err.find("s3cret-token"), std::string::npos) << r.err;
+    EXPECT_EQ(r.out, "");
+  }
+  r = Ferryctl({target, "--token", "@" + token.path(), "status"});
+  EXPECT_EQ(r.exit_code, 3) << r.out << r.err;
+  EXPECT_NE(r.err.find("use --token-file " + token.path()), std::string::npos) << r.err;
+
+  // What is not one token is refused, naming the file and what is wrong with it.
+  const testing::TempFile tenants("alice s3cret-token\n");  // a line of ferryd's token file
+  const testing::TempFile empty(" \n");
+  struct Bad {
+    std::vector<std::string> args;
+    std::string input, says;
+  };
+  for (const Bad& bad : std::vector<Bad>{
+           {{"--token-file", tenants.path()}, "", tenants.path() + ": holds more than a token"},
+           {{"--token-file", empty.path()}, "", empty.path() + ": holds no token"},
+           {{"--token-file", "/nonexistent/token"}, "", "/nonexistent/token: No such file"},
+           {{"--token", "-"}, "", "stdin holds no token"},
+           {{"--token", "-"}, "a\nb\n", "stdin holds more than a token"},
+           {{"--token", "-"}, std::string(5000, 'x'), "stdin holds more than 4096 bytes"},
+           {{"--token", "-", "--token-file", token.path()}, "s3cret-token", "one way"},
+       }) {
+    std::vector<std::string> args = {target};
+    args.insert(args.end(), bad.args.begin(), bad.args.end());
+    args.push_back("status");
+    r = Ferryctl(args, bad.input);
+    EXPECT_EQ(r.exit_code, 3) << bad.says << "\n" << r.out << r.err;
+    EXPECT_NE(r.err.find(bad.says), std::string::npos) << r.err;
+  }
 }
 
 // A nearly full device warns (exit 1) and says why.

@@ -374,22 +374,30 @@ TEST(MetricsTest, FerryctlMetricsPrintsTheExposition) {
             3);  // usage: no endpoint
 }
 
-// ferryctl metrics sends --token as the bearer token that --metrics-token-file asks for.
+// ferryctl metrics sends the token of --token-file (or stdin, --token -) as the bearer token
+// that --metrics-token-file asks for.
 TEST(MetricsTest, FerryctlMetricsSendsItsToken) {
   const testing::TempFile tokens("scrape-token-a\n");
+  const testing::TempFile wrong("wrong\n");
   testing::FerrydProcess daemon(
       {"--metrics-listen", "127.0.0.1:0", "--metrics-token-file", tokens.path()});
   ASSERT_TRUE(daemon.ok()) << daemon.log();
   const std::string ctl = testing::ProgramPath("FERRY_TEST_FERRYCTL", FERRYCTL_PATH) +
                           " metrics --metrics " + MetricsEndpoint(daemon);
   std::string out_path = ::testing::TempDir() + "/ferryctl_metrics_token.out";
-  ASSERT_EQ(std::system((ctl + " --token scrape-token-a > " + out_path).c_str()), 0);
-  std::ifstream in(out_path);
-  std::string text((std::istreambuf_iterator<char>(in)), {});
-  EXPECT_NE(text.find("# TYPE ferry_sessions_open gauge"), std::string::npos) << text;
+  for (const std::string& token :
+       {" --token-file " + tokens.path(), " --token - < " + tokens.path()}) {
+    ASSERT_EQ(std::system((ctl + token + " > " + out_path).c_str()), 0) << token;
+    std::ifstream in(out_path);
+    std::string text((std::istreambuf_iterator<char>(in)), {});
+    EXPECT_NE(text.find("# TYPE ferry_sessions_open gauge"), std::string::npos) << text;
+  }
   // Without it, or with another, the endpoint refuses: critical (2).
   EXPECT_EQ(std::system((ctl + " > /dev/null 2>&1").c_str()) >> 8 & 0xff, 2);
-  EXPECT_EQ(std::system((ctl + " --token wrong > /dev/null 2>&1").c_str()) >> 8 & 0xff, 2);
+  EXPECT_EQ(
+      std::system((ctl + " --token-file " + wrong.path() + " > /dev/null 2>&1").c_str()) >> 8 &
+          0xff,
+      2);
 }
 
 }  // namespace

@@ -135,11 +135,12 @@ TEST(TlsTest, BearerTokenIsRequiredOnTcpAndChecked) {
   std::string ctl = testing::ProgramPath("FERRY_TEST_FERRYCTL", FERRYCTL_PATH) +
                     " status --target " + daemon.tcp_target();
   EXPECT_NE(std::system((ctl + " > /dev/null 2>&1").c_str()), 0);
-  EXPECT_EQ(std::system((ctl + " --token @" + pki.path("token") + " > /dev/null").c_str()), 0);
+  EXPECT_EQ(std::system((ctl + " --token-file " + pki.path("token") + " > /dev/null").c_str()), 0);
   // ferryctl health's grpc.health.v1 check carries the token too (ferryctl's calls share
   // libferry's channel, whose interceptor adds it to every call): healthy, exit 0.
   std::string health = testing::ProgramPath("FERRY_TEST_FERRYCTL", FERRYCTL_PATH) +
-                       " health --target " + daemon.tcp_target() + " --token @" + pki.path("token");
+                       " health --target " + daemon.tcp_target() + " --token-file " +
+                       pki.path("token");
   EXPECT_EQ(std::system((health + " > /dev/null").c_str()), 0);
 }
 
