@@ -2,15 +2,21 @@
 // re-exports it; ferry/_types.py holds the exception classes and SessionStats.
 //
 // Threads and the GIL. A ferry::Session has one owner thread; Python code may call a session
-// from several threads, and the GIL is released during blocking calls, so every call into a
-// ferry::Session (and every destruction of one of its Tensors or PendingTransfers, which
-// record into it) happens under SessionCore::mu. Lock order: the GIL is never acquired while
-// mu is held. Calls that only record take mu with the GIL held (they are short); blocking
-// calls release the GIL first, then take mu. Tensors and PendingTransfers that Python drops
-// (on whatever thread the garbage collector runs) are handed to the core's graveyard and
-// destroyed under mu at the session's next call, or when the session object goes.
-// PendingTransfer::is_ready() and wait() are safe without mu (libferry guards their state
-// with its own lock); PinnedBuffers may be destroyed on any thread.
+// from several threads, so every call into a ferry::Session (and every destruction of one of
+// its Tensors or PendingTransfers, which record into it) happens under
+// SessionCore's mutex, which stands in for the owner thread. Lock order: the session mutex
+// is taken only with the GIL released, and the GIL is never acquired while it is held. Every
+// call, recording ones included, reads its Python arguments with the GIL, then releases the
+// GIL, takes the mutex, validates and calls libferry (touching no Python object), drops the
+// mutex, and takes the GIL back to raise or to build what it returns. So a thread waiting
+// for a session that another thread's synchronize() holds never stops the interpreter. The
+// module takes no other lock: the graveyard below and a buffer's view count are atomics,
+// and a Pending's own mutex is also taken with the GIL released. Tensors and
+// PendingTransfers that Python drops (on whatever thread the garbage collector runs) are
+// pushed on the core's graveyard and destroyed under the mutex at the session's next call,
+// or when the session object goes. PendingTransfer::is_ready() and wait() are safe without
+// the session mutex (libferry guards their state with its own lock); PinnedBuffers may be
+// destroyed on any thread.
 //
 // Buffers and views. A Python PinnedBuffer owns its ferry::PinnedBuffer through a shared
 // BufferBox. Every view of its memory (buf.numpy(), buf.memoryview(), a DLPack capsule and
@@ -29,6 +35,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "ferry/client.h"
@@ -119,7 +126,10 @@ py::tuple ShapeTuple(const Shape& shape) {
 
 // --- the session core ------------------------------------------------------------------------
 
-/// One ferry::Session and the lock that stands in for its owner thread. Shared by the
+/// What Python dropped and must be destroyed under the session mutex.
+using Buried = std::variant<PendingTransfer, Tensor>;
+
+/// One ferry::Session and the mutex that stands in for its owner thread. Shared by the
 /// Python Session and every Tensor, PinnedBuffer and Pending made from it.
 class SessionCore {
  public:
@@ -131,76 +141,95 @@ class SessionCore {
     ReapLocked();
   }
 
-  /// Run fn(session) under the lock, the GIL held: for calls that only record.
+  /// Run fn(session) -> Status under the mutex; the caller has released the GIL, and fn
+  /// touches no Python object. SESSION_CLOSED once the session is closed or gone.
+  /// With `require_open` false, a closed session is still read (its counters, draining()).
   template <typename Fn>
-  auto Record(Fn&& fn) {
+  Status RunReleased(Fn&& fn, bool require_open = true) {
     std::lock_guard lock(mu_);
     ReapLocked();
-    if (!session_) Fail(ErrorKind::kSessionClosed, "the session is gone");
+    if (!session_ || (require_open && closed_.load())) {
+      return Status(ErrorKind::kSessionClosed, "the session is closed");
+    }
     return fn(*session_);
   }
-  /// Run fn(session) under the lock with the GIL released: for calls that may block.
-  /// fn must not touch Python objects.
+  /// Release the GIL, then RunReleased(fn); the GIL is held again when this returns (after
+  /// the mutex was let go). Called with the GIL held.
   template <typename Fn>
-  auto Blocking(Fn&& fn) {
+  Status Run(Fn&& fn, bool require_open = true) {
     py::gil_scoped_release release;
+    return RunReleased(std::forward<Fn>(fn), require_open);
+  }
+  /// Close the session under the mutex (GIL released by the caller): what close() returns.
+  /// Closed afterwards whatever the outcome.
+  Result<SessionStats> CloseReleased() {
     std::lock_guard lock(mu_);
     ReapLocked();
-    return fn(*session_);
+    if (!session_ || closed_.load())
+      return Status(ErrorKind::kSessionClosed, "the session is closed");
+    auto r = session_->close();
+    closed_.store(true);
+    return r;
   }
-  /// End the session (its stream) now: the Python Session object is going.
+  /// End the session (its stream) now: the Python Session object is going. GIL released.
   void Shutdown() {
     std::lock_guard lock(mu_);
     ReapLocked();
     session_.reset();
   }
+  bool closed() const { return closed_.load(); }
 
-  /// Hand over a value Python dropped; it is destroyed under the lock later. Any thread.
-  void Bury(Tensor tensor) {
-    std::lock_guard lock(grave_mu_);
-    dead_tensors_.push_back(std::move(tensor));
+  /// Hand over a value Python dropped; it is destroyed under the mutex later. Any thread,
+  /// GIL or not; lock-free (a Treiber stack), so a drop never waits.
+  void Bury(Buried value) {
+    auto* g = new Grave{std::move(value), graves_.load(std::memory_order_relaxed)};
+    while (!graves_.compare_exchange_weak(g->next, g, std::memory_order_release,
+                                          std::memory_order_relaxed)) {
+    }
   }
-  void Bury(PendingTransfer pending) {
-    std::lock_guard lock(grave_mu_);
-    dead_pendings_.push_back(std::move(pending));
-  }
-
-  bool closed = false;  // close() was called; GIL held
 
  private:
+  struct Grave {
+    Buried value;
+    Grave* next;
+  };
+
   void ReapLocked() {
-    std::vector<Tensor> tensors;
-    std::vector<PendingTransfer> pendings;
-    {
-      std::lock_guard lock(grave_mu_);
-      tensors.swap(dead_tensors_);
-      pendings.swap(dead_pendings_);
+    Grave* g = graves_.exchange(nullptr, std::memory_order_acquire);
+    if (g == nullptr) return;
+    std::vector<std::unique_ptr<Grave>> dead;
+    for (; g != nullptr; g = g->next) dead.emplace_back(g);
+    // Pendings first: a detached transfer's tensor is released after its copy is done. Then
+    // the rest in the order Python dropped them (the stack holds them newest first).
+    for (auto& d : dead) {
+      if (std::holds_alternative<PendingTransfer>(d->value)) d->value = Tensor();
     }
-    // Pendings first: a detached transfer's tensor is released after its copy is done.
-    pendings.clear();
-    tensors.clear();
+    for (auto it = dead.rbegin(); it != dead.rend(); ++it) (*it)->value = Tensor();
   }
 
   std::mutex mu_;
-  std::optional<Session> session_;  // guarded by mu_; empty after Shutdown
-  std::mutex grave_mu_;             // never held while taking mu_ or the GIL
-  std::vector<Tensor> dead_tensors_;
-  std::vector<PendingTransfer> dead_pendings_;
+  std::optional<Session> session_;   // guarded by mu_; empty after Shutdown
+  std::atomic<bool> closed_{false};  // written under mu_; read anywhere
+  std::atomic<Grave*> graves_{nullptr};
 };
 
-/// Where the C++ value behind a Python Tensor or PinnedBuffer is.
-enum class Where { kHere, kLent, kDetached, kFreed };
+/// Where the C++ value behind a Python Tensor or PinnedBuffer is. kLending: a buffer being
+/// lent right now (BufferBox::Lend), read as lent.
+enum class Where { kHere, kLent, kDetached, kFreed, kLending };
 
-// --- Tensor ----------------------------------------------------------------------------------
+// --- Tensor ------------------------------------------------------------------------------------
 
+/// A Python Tensor. `tensor` leaves kHere (free, a transfer's lending) only under the session
+/// mutex, so a call holding the mutex that saw kHere may use it until it lets go; wait()
+/// puts it back (from kLent, which no one reads) with the GIL held.
 struct TensorBox {
   std::shared_ptr<SessionCore> core;
   Tensor tensor;
-  Where where = Where::kHere;
-  uint64_t handle = 0;
-  DType dtype = DType::kInvalid;
-  Shape shape;
-  uint64_t elements = 0;
+  std::atomic<Where> where{Where::kHere};
+  const uint64_t handle;
+  const DType dtype;
+  const Shape shape;
+  const uint64_t elements;
 
   TensorBox(std::shared_ptr<SessionCore> c, Tensor t)
       : core(std::move(c)),
@@ -210,7 +239,7 @@ struct TensorBox {
         shape(tensor.shape()),
         elements(tensor.element_count()) {}
   TensorBox(const TensorBox&) = delete;
-  ~TensorBox() {
+  ~TensorBox() {  // no call is using it: each holds a reference
     if (tensor.valid()) core->Bury(std::move(tensor));
   }
   uint64_t nbytes() const { return elements * DTypeSize(dtype); }
@@ -222,25 +251,56 @@ struct TensorBox {
 
 // --- PinnedBuffer and its views --------------------------------------------------------------
 
+std::string NotHereMessage(Where w) {
+  return w == Where::kLent || w == Where::kLending
+             ? "the buffer is lent to a pending transfer; wait() gives it back"
+             : "the buffer was given to a transfer that was dropped";
+}
+
+/// A Python PinnedBuffer. Views are made with the GIL held and a transfer lends the buffer
+/// under the session mutex, on another thread: the two meet through two atomics, with no lock.
+/// A view counts itself, then checks `where`; Lend marks `where`, then checks the count. Of
+/// the two, at least one sees the other (sequentially consistent order), so no view is made
+/// of a lent buffer and no buffer with a view is lent.
 struct BufferBox {
   std::shared_ptr<SessionCore> core;
   PinnedBuffer buffer;
-  Where where = Where::kHere;
-  uint64_t size = 0;
-  bool shared = false;
+  std::atomic<Where> where{Where::kHere};
+  const uint64_t size;
+  const bool shared;
   std::atomic<int64_t> views{0};  // live views; decremented on any thread
 
   BufferBox(std::shared_ptr<SessionCore> c, PinnedBuffer b)
       : core(std::move(c)), buffer(std::move(b)), size(buffer.size()), shared(buffer.is_shared()) {}
 
-  /// The memory, for a new view; raises when the buffer is lent or gone.
-  char* DataForView() {
-    if (where != Where::kHere || !buffer.valid()) {
-      Fail(ErrorKind::kInvalidArgument,
-           where == Where::kLent ? "the buffer is lent to a pending transfer; wait() gives it back"
-                                 : "the buffer was given to a transfer that was dropped");
+  /// Count a new view and return the memory, or why there is none (lent or gone).
+  Result<char*> AcquireView() {
+    views.fetch_add(1);
+    Where w = where.load();
+    if (w != Where::kHere) {
+      views.fetch_sub(1);
+      return Status(ErrorKind::kInvalidArgument, NotHereMessage(w));
     }
     return static_cast<char*>(buffer.data());
+  }
+  void ReleaseView() { views.fetch_sub(1); }
+
+  /// Take the buffer for a transfer (under the session mutex): BUSY while a view lives.
+  Result<PinnedBuffer> Lend() {
+    Where expected = Where::kHere;
+    if (!where.compare_exchange_strong(expected, Where::kLending)) {
+      return Status(ErrorKind::kInvalidArgument, NotHereMessage(expected));
+    }
+    if (int64_t n = views.load(); n > 0) {
+      where.store(Where::kHere);
+      return Status(ErrorKind::kBusy, "the buffer has " + std::to_string(n) +
+                                          " live view(s) (numpy arrays, memoryviews or DLPack "
+                                          "capsules); drop them before handing it to a transfer, "
+                                          "the transfer would change memory under them");
+    }
+    PinnedBuffer b = std::move(buffer);
+    where.store(Where::kLent);
+    return b;
   }
 };
 
@@ -248,12 +308,17 @@ struct BufferBox {
 struct BufferView {
   std::shared_ptr<BufferBox> box;
   char* data;
-  explicit BufferView(std::shared_ptr<BufferBox> b) : box(std::move(b)), data(box->DataForView()) {
-    ++box->views;
-  }
+  BufferView(std::shared_ptr<BufferBox> b, char* d) : box(std::move(b)), data(d) {}
   BufferView(const BufferView&) = delete;
-  ~BufferView() { --box->views; }
+  ~BufferView() { box->ReleaseView(); }
 };
+
+/// A counted view of `box`'s memory; raises when the buffer is lent or gone. GIL held.
+std::unique_ptr<BufferView> MakeView(std::shared_ptr<BufferBox> box) {
+  auto data = box->AcquireView();
+  if (!data.ok()) Raise(data.status());
+  return std::make_unique<BufferView>(std::move(box), *data);
+}
 
 // DLPack's C ABI (the unversioned DLManagedTensor, as `__dlpack__` capsules named
 // "dltensor" carry it), written from the public specification.
@@ -288,18 +353,19 @@ constexpr uint8_t kDLUInt = 1;
 /// daemon maps (it registers its slabs with CUDA), plain host memory for a remote session.
 int32_t DlpackDeviceType(const BufferBox& box) { return box.shared ? kDLCUDAHost : kDLCPU; }
 
-/// A DLPack export of a whole buffer as a 1-D uint8 tensor; a view while it lives.
+/// A DLPack export of a whole buffer as a 1-D uint8 tensor; a view while it lives. Its
+/// deleter may run on any thread, with or without the GIL: it touches no Python object.
 struct DlpackExport {
   DLManagedTensor managed{};
   int64_t shape[1] = {0};
-  std::shared_ptr<BufferBox> box;
+  std::unique_ptr<BufferView> view;
 
-  explicit DlpackExport(std::shared_ptr<BufferBox> b) : box(std::move(b)) {
-    managed.dl_tensor.data = box->DataForView();
-    managed.dl_tensor.device = {DlpackDeviceType(*box), 0};
+  explicit DlpackExport(std::unique_ptr<BufferView> v) : view(std::move(v)) {
+    managed.dl_tensor.data = view->data;
+    managed.dl_tensor.device = {DlpackDeviceType(*view->box), 0};
     managed.dl_tensor.ndim = 1;
     managed.dl_tensor.dtype = {kDLUInt, 8, 1};
-    shape[0] = static_cast<int64_t>(box->size);
+    shape[0] = static_cast<int64_t>(view->box->size);
     managed.dl_tensor.shape = shape;
     managed.dl_tensor.strides = nullptr;  // compact, row-major
     managed.dl_tensor.byte_offset = 0;
@@ -307,9 +373,7 @@ struct DlpackExport {
     managed.deleter = [](DLManagedTensor* self) {
       delete static_cast<DlpackExport*>(self->manager_ctx);
     };
-    ++box->views;
   }
-  ~DlpackExport() { --box->views; }
 };
 
 /// Capsule destructor: a capsule no consumer took ("dltensor" still) frees its export.
@@ -324,22 +388,26 @@ void DlpackCapsuleDestructor(PyObject* capsule) {
 
 // --- PendingTransfer -------------------------------------------------------------------------
 
+/// A Python Pending. Its fields are read and written with the GIL held, except `pending`,
+/// which libferry calls use with the GIL released under `use_mu` (a PendingTransfer is not
+/// for two threads at once): wait() holds it throughout, is_ready() only tries it.
 struct PendingBox {
   std::shared_ptr<SessionCore> core;
   std::optional<PendingTransfer> pending;
   py::object tensor;  // the Python Tensor and PinnedBuffer lent to the transfer
   py::object buffer;
   bool waited = false;
-  bool waiting = false;  // a thread is in wait() with the GIL released; GIL held to read
+  bool waiting = false;  // a thread is in wait()
+  std::mutex use_mu;
 
   PendingBox() = default;
   PendingBox(const PendingBox&) = delete;
-  ~PendingBox() {  // GIL held (Python deallocates it)
+  ~PendingBox() {  // GIL held (Python deallocates it); no thread is in wait() or is_ready()
     if (waited || !pending) return;
     // Detach, as dropping a C++ PendingTransfer does: libferry keeps the values until the
     // copy is done; the Python objects stay empty.
-    tensor.cast<TensorBox&>().where = Where::kDetached;
-    buffer.cast<BufferBox&>().where = Where::kDetached;
+    tensor.cast<TensorBox&>().where.store(Where::kDetached);
+    buffer.cast<BufferBox&>().where.store(Where::kDetached);
     core->Bury(std::move(*pending));
     pending.reset();
   }
@@ -350,10 +418,10 @@ struct PendingBox {
 struct PySession {
   std::shared_ptr<SessionCore> core;
   py::object stats = py::none();
-  uint64_t id = 0;
-  std::string backend;
-  uint64_t quota = 0;
-  uint64_t slab_size = 0;
+  const uint64_t id;
+  const std::string backend;
+  const uint64_t quota;
+  const uint64_t slab_size;
 
   explicit PySession(Session s)
       : id(s.id()), backend(s.backend()), quota(s.device_bytes_quota()), slab_size(s.slab_size()) {
@@ -362,31 +430,39 @@ struct PySession {
   PySession(const PySession&) = delete;
   ~PySession() {
     // Ends the stream without waiting for the device (as ~ferry::Session does); no other
-    // thread is inside this session's methods, since they hold a reference to it.
-    if (core) core->Shutdown();
+    // thread is inside this session's methods, since they hold a reference to it. The GIL
+    // is let go first, as for every use of the session mutex.
+    py::gil_scoped_release release;
+    core->Shutdown();
+    core.reset();
   }
 
-  void CheckOpen() const {
-    if (core->closed) Fail(ErrorKind::kSessionClosed, "the session is closed");
-  }
-
-  /// The C++ tensor behind `t`, for use in this session; raises when it cannot be used.
-  const Tensor& Use(TensorBox& t) const {
-    if (t.core != core)
-      Fail(ErrorKind::kInvalidHandle, t.Describe() + " belongs to another session");
-    switch (t.where) {
+  /// The C++ tensor behind `t`, for a call holding the session mutex; the reason when it
+  /// cannot be used here. Stays valid while the mutex is held.
+  Result<const Tensor*> UseLocked(const TensorBox& t) const {
+    if (t.core != core) {
+      return Status(ErrorKind::kInvalidHandle, t.Describe() + " belongs to another session");
+    }
+    switch (t.where.load()) {
       case Where::kHere:
-        return t.tensor;
+        return &t.tensor;
       case Where::kLent:
-        Fail(ErrorKind::kInvalidHandle,
-             t.Describe() + " is lent to a pending transfer; wait() gives it back");
+      case Where::kLending:
+        return Status(ErrorKind::kInvalidHandle,
+                      t.Describe() + " is lent to a pending transfer; wait() gives it back");
       case Where::kDetached:
-        Fail(ErrorKind::kInvalidHandle,
-             t.Describe() + " was given to a transfer that was dropped (detached)");
+        return Status(ErrorKind::kInvalidHandle,
+                      t.Describe() + " was given to a transfer that was dropped (detached)");
       case Where::kFreed:
         break;
     }
-    Fail(ErrorKind::kInvalidHandle, t.Describe() + " was freed");
+    return Status(ErrorKind::kInvalidHandle, t.Describe() + " was freed");
+  }
+  /// Record fn(session) (a call that only records): the GIL released while it waits for
+  /// the session and runs; raise its failure.
+  template <typename Fn>
+  void Record(Fn&& fn) {
+    Check(core->Run(std::forward<Fn>(fn)));
   }
 
   py::object MakeStats(const SessionStats& s) {
@@ -404,38 +480,32 @@ struct PySession {
                py::arg("d2h_ns") = s.d2h_ns);
   }
 
-  py::object Close() {
-    CheckOpen();
-    auto r = core->Blocking([](Session& s) { return s.close(); });
-    core->closed = true;
-    if (!r.ok()) Raise(r.status());
-    stats = MakeStats(*r);
+  /// Close the session; quietly (no raise) when `quiet`. The stats land in .stats.
+  py::object Close(bool quiet) {
+    std::optional<Result<SessionStats>> r;
+    {
+      py::gil_scoped_release release;
+      r.emplace(core->CloseReleased());
+    }
+    if (r->ok()) {
+      stats = MakeStats(**r);
+    } else if (!quiet) {
+      Raise(r->status());
+    }
     return stats;
   }
 
-  /// Check what a pending transfer is given and take the C++ values out of their boxes.
-  std::pair<Tensor, PinnedBuffer> Lend(const py::object& tensor_obj, const py::object& buffer_obj) {
-    CheckOpen();
-    auto& t = tensor_obj.cast<TensorBox&>();
-    auto& b = buffer_obj.cast<BufferBox&>();
-    Use(t);
-    if (b.core != core) Fail(ErrorKind::kInvalidArgument, "the buffer belongs to another session");
-    if (b.where == Where::kLent) {
-      Fail(ErrorKind::kInvalidArgument,
-           "the buffer is lent to a pending transfer; wait() gives it back");
+  /// Check a transfer's tensor and buffer and take the C++ values out of their boxes. Under
+  /// the session mutex. Takes nothing when it refuses.
+  Result<std::pair<Tensor, PinnedBuffer>> LendLocked(TensorBox& t, BufferBox& b) {
+    FERRY_RETURN_IF_ERROR(UseLocked(t).status());
+    if (b.core != core) {
+      return Status(ErrorKind::kInvalidArgument, "the buffer belongs to another session");
     }
-    if (b.where != Where::kHere) {
-      Fail(ErrorKind::kInvalidArgument, "the buffer was given to a transfer that was dropped");
-    }
-    if (int64_t n = b.views.load(); n > 0) {
-      Fail(ErrorKind::kBusy, "the buffer has " + std::to_string(n) +
-                                 " live view(s) (numpy arrays, memoryviews or DLPack "
-                                 "capsules); drop them before handing it to a transfer, the "
-                                 "transfer would change memory under them");
-    }
-    t.where = Where::kLent;
-    b.where = Where::kLent;
-    return {std::move(t.tensor), std::move(b.buffer)};
+    FERRY_ASSIGN_OR_RETURN(PinnedBuffer buffer, b.Lend());
+    Tensor tensor = std::move(t.tensor);
+    t.where.store(Where::kLent);
+    return std::make_pair(std::move(tensor), std::move(buffer));
   }
 
   py::object MakePending(PendingTransfer p, py::object tensor_obj, py::object buffer_obj) {
@@ -453,11 +523,12 @@ py::object PendingWait(PendingBox& p) {
     Fail(ErrorKind::kInvalidArgument, "no transfer: already waited for");
   }
   if (p.waiting) Fail(ErrorKind::kInvalidArgument, "another thread is waiting for this transfer");
-  // A PendingTransfer is not for two threads at once: others see `waiting` and keep off.
+  // Others see `waiting` and keep off; use_mu keeps is_ready() off the handle meanwhile.
   p.waiting = true;
   Transfer t;
   {
     py::gil_scoped_release release;
+    std::lock_guard lock(p.use_mu);
     t = p.pending->wait();
   }
   p.waiting = false;
@@ -465,12 +536,29 @@ py::object PendingWait(PendingBox& p) {
   p.pending.reset();
   auto& tb = p.tensor.cast<TensorBox&>();
   auto& bb = p.buffer.cast<BufferBox&>();
+  // Both were kLent, which no other call reads past: the values go back, then `where`.
+  const bool tensor_back = t.tensor.valid(), buffer_back = t.buffer.valid();
   tb.tensor = std::move(t.tensor);
-  tb.where = tb.tensor.valid() ? Where::kHere : Where::kFreed;
+  tb.where.store(tensor_back ? Where::kHere : Where::kFreed);
   bb.buffer = std::move(t.buffer);
-  bb.where = bb.buffer.valid() ? Where::kHere : Where::kDetached;
+  bb.where.store(buffer_back ? Where::kHere : Where::kDetached);
   if (!t.status.ok()) Raise(t.status, p.tensor, p.buffer);
   return py::make_tuple(p.tensor, p.buffer);
+}
+
+bool PendingIsReady(PendingBox& p) {
+  if (p.waited || !p.pending) Fail(ErrorKind::kInvalidArgument, "no transfer: already waited for");
+  if (p.waiting) Fail(ErrorKind::kInvalidArgument, "another thread is waiting for this transfer");
+  std::optional<Result<bool>> r;
+  {
+    py::gil_scoped_release release;
+    std::unique_lock lock(p.use_mu, std::try_to_lock);
+    if (lock.owns_lock()) r.emplace(p.pending->is_ready());
+  }
+  // Lost the race to a thread that entered wait() after the check above: never block here.
+  if (!r) Fail(ErrorKind::kInvalidArgument, "another thread is waiting for this transfer");
+  if (!r->ok()) Raise(r->status());
+  return **r;
 }
 
 py::array ContiguousOf(const py::array& a) { return py::array::ensure(a, py::array::c_style); }
@@ -489,17 +577,19 @@ void CheckArrayFits(const TensorBox& t, const py::array& a, const char* what) {
   }
 }
 
-// --- ops: recorded, sent at the next submit --------------------------------------------------
-
 using BinaryOp = void (Session::*)(const Tensor&, const Tensor&, const Tensor&);
 
 void BindBinary(py::class_<PySession>& cls, const char* name, BinaryOp op, const char* doc) {
   cls.def(
       name,
       [op](PySession& s, TensorBox& a, TensorBox& b, TensorBox& out) {
-        s.CheckOpen();
-        const Tensor &ta = s.Use(a), &tb = s.Use(b), &to = s.Use(out);
-        s.core->Record([&](Session& ss) { (ss.*op)(ta, tb, to); });
+        s.Record([&](Session& ss) -> Status {
+          FERRY_ASSIGN_OR_RETURN(const Tensor* ta, s.UseLocked(a));
+          FERRY_ASSIGN_OR_RETURN(const Tensor* tb, s.UseLocked(b));
+          FERRY_ASSIGN_OR_RETURN(const Tensor* to, s.UseLocked(out));
+          (ss.*op)(*ta, *tb, *to);
+          return Status::Ok();
+        });
       },
       py::arg("a"), py::arg("b"), py::arg("out"), doc);
 }
@@ -540,19 +630,27 @@ PYBIND11_MODULE(_ferry, m) {
   py::class_<TensorBox>(m, "Tensor",
                         "A tensor in the daemon's device memory (Session.tensor). Dropping it "
                         "records its release into the session's next submit.")
-      .def_property_readonly("handle", [](const TensorBox& t) { return t.handle; })
-      .def_property_readonly("shape", [](const TensorBox& t) { return ShapeTuple(t.shape); })
-      .def_property_readonly("dtype", [](const TensorBox& t) { return NumpyDType(t.dtype); })
-      .def_property_readonly("size", [](const TensorBox& t) { return t.elements; })
-      .def_property_readonly("nbytes", &TensorBox::nbytes)
       .def_property_readonly(
-          "valid", [](const TensorBox& t) { return t.where == Where::kHere && t.tensor.valid(); },
+          "handle", [](const TensorBox& t) { return t.handle; },
+          "The handle that names the tensor in the session (never 0).")
+      .def_property_readonly(
+          "shape", [](const TensorBox& t) { return ShapeTuple(t.shape); },
+          "The dimensions, outermost first (a tuple of ints; () for rank 0).")
+      .def_property_readonly(
+          "dtype", [](const TensorBox& t) { return NumpyDType(t.dtype); },
+          "The element type as a numpy.dtype (float32, float64, int32 or uint8).")
+      .def_property_readonly(
+          "size", [](const TensorBox& t) { return t.elements; }, "The number of elements.")
+      .def_property_readonly("nbytes", &TensorBox::nbytes, "The size in bytes.")
+      .def_property_readonly(
+          "valid", [](const TensorBox& t) { return t.where.load() == Where::kHere; },
           "False while lent to a pending transfer, after free(), or after its Pending was "
           "dropped.")
       .def("__repr__", [](const TensorBox& t) {
-        const char* where[] = {"", ", lent to a transfer", ", detached", ", freed"};
+        const char* where[] = {"", ", lent to a transfer", ", detached", ", freed",
+                               ", lent to a transfer"};
         return "<ferry.Tensor " + std::to_string(t.handle) + " " + std::string(DTypeName(t.dtype)) +
-               " " + t.shape.ToString() + where[static_cast<int>(t.where)] + ">";
+               " " + t.shape.ToString() + where[static_cast<int>(t.where.load())] + ">";
       });
 
   // --- PinnedBuffer and views ---
@@ -567,7 +665,8 @@ PYBIND11_MODULE(_ferry, m) {
       "the shared-memory slab the daemon DMAs from: numpy() and __dlpack__ expose it without "
       "a copy. Views keep the buffer alive; a buffer with live views cannot be handed to a "
       "transfer (ferry.Busy).")
-      .def_property_readonly("nbytes", [](const BufferBox& b) { return b.size; })
+      .def_property_readonly(
+          "nbytes", [](const BufferBox& b) { return b.size; }, "The size in bytes.")
       .def_property_readonly(
           "is_shared", [](const BufferBox& b) { return b.shared; },
           "True when the bytes live in shared memory the daemon maps.")
@@ -575,14 +674,18 @@ PYBIND11_MODULE(_ferry, m) {
           "views", [](const BufferBox& b) { return b.views.load(); },
           "How many views of the memory are alive.")
       .def_property_readonly(
-          "valid", [](const BufferBox& b) { return b.where == Where::kHere && b.buffer.valid(); })
+          "valid", [](const BufferBox& b) { return b.where.load() == Where::kHere; },
+          "False while lent to a pending transfer, or after its Pending was dropped.")
       .def_property_readonly(
-          "address", [](BufferBox& b) { return reinterpret_cast<uintptr_t>(b.DataForView()); },
+          "address",
+          [](std::shared_ptr<BufferBox> b) {
+            return reinterpret_cast<uintptr_t>(MakeView(std::move(b))->data);
+          },
           "The address of the first byte (for checking that views share it).")
       .def(
           "memoryview",
           [](std::shared_ptr<BufferBox> b) {
-            return py::memoryview(py::cast(std::make_unique<BufferView>(std::move(b))));
+            return py::memoryview(py::cast(MakeView(std::move(b))));
           },
           "A writable memoryview of all the bytes (a view: it keeps the buffer alive).")
       .def(
@@ -611,7 +714,7 @@ PYBIND11_MODULE(_ferry, m) {
                    "a view of " + std::to_string(count) + " x " + std::to_string(dt.itemsize()) +
                        " bytes does not fit a buffer of " + std::to_string(size) + " bytes");
             }
-            py::object view = py::cast(std::make_unique<BufferView>(std::move(b)));
+            py::object view = py::cast(MakeView(std::move(b)));
             py::object np = py::module_::import("numpy");
             py::object flat =
                 np.attr("frombuffer")(view, py::arg("dtype") = dt, py::arg("count") = count);
@@ -630,7 +733,7 @@ PYBIND11_MODULE(_ferry, m) {
             if (!copy.is_none() && copy.cast<bool>()) {
               throw py::value_error("a ferry buffer is exported without a copy (copy=True)");
             }
-            auto* e = new DlpackExport(std::move(b));
+            auto* e = new DlpackExport(MakeView(std::move(b)));
             PyObject* cap = PyCapsule_New(&e->managed, "dltensor", DlpackCapsuleDestructor);
             if (!cap) {
               delete e;
@@ -648,7 +751,7 @@ PYBIND11_MODULE(_ferry, m) {
       .def("__repr__", [](const BufferBox& b) {
         return "<ferry.PinnedBuffer " + std::to_string(b.size) + " bytes" +
                (b.shared ? ", shared" : "") +
-               (b.where == Where::kHere ? "" : ", lent or detached") + ">";
+               (b.where.load() == Where::kHere ? "" : ", lent or detached") + ">";
       });
 
   // --- Pending ---
@@ -656,162 +759,207 @@ PYBIND11_MODULE(_ferry, m) {
                          "A transfer in flight. Dropping it without wait() detaches it: the "
                          "library keeps the tensor and the buffer until the copy is done, then "
                          "releases them.")
-      .def(
-          "is_ready",
-          [](PendingBox& p) {
-            if (p.waited || !p.pending) {
-              Fail(ErrorKind::kInvalidArgument, "no transfer: already waited for");
-            }
-            if (p.waiting) {
-              Fail(ErrorKind::kInvalidArgument, "another thread is waiting for this transfer");
-            }
-            auto r = p.pending->is_ready();
-            if (!r.ok()) Raise(r.status());
-            return *r;
-          },
-          "False while in flight, True once done and OK; raises the error when refused or "
-          "failed (wait() then gives the values back). Never blocks.")
+      .def("is_ready", &PendingIsReady,
+           "False while in flight, True once done and OK; raises the error when refused or "
+           "failed (wait() then gives the values back). Never blocks.")
       .def("wait", &PendingWait,
            "Block (the GIL released) until done; return (tensor, buffer). On refusal or "
            "failure raise the typed error with .tensor and .buffer given back.")
-      .def_property_readonly("tensor", [](const PendingBox& p) { return p.tensor; })
-      .def_property_readonly("buffer", [](const PendingBox& p) { return p.buffer; });
+      .def_property_readonly(
+          "tensor", [](const PendingBox& p) { return p.tensor; },
+          "The Tensor lent to the transfer (usable again after wait()).")
+      .def_property_readonly(
+          "buffer", [](const PendingBox& p) { return p.buffer; },
+          "The PinnedBuffer lent to the transfer (usable again after wait()).");
 
   // --- Session ---
   py::class_<PySession> session(
       m, "Session",
       "A session with a ferry daemon: one stream, one device stream. Ops are recorded and "
       "sent at submit(); synchronize() waits and raises the first failure. A context manager: "
-      "leaving the block closes it (the counters land in .stats).");
-  session.def_property_readonly("id", [](const PySession& s) { return s.id; })
-      .def_property_readonly("backend", [](const PySession& s) { return s.backend; })
-      .def_property_readonly("device_bytes_quota", [](const PySession& s) { return s.quota; })
-      .def_property_readonly("slab_size", [](const PySession& s) { return s.slab_size; })
-      .def_property_readonly("closed", [](const PySession& s) { return s.core->closed; })
-      .def_property_readonly("stats", [](const PySession& s) { return s.stats; })
+      "leaving the block closes it (the counters land in .stats). Threads may share a "
+      "session: each call waits for the others' with the GIL released.");
+  session
+      .def_property_readonly(
+          "id", [](const PySession& s) { return s.id; }, "The id the daemon gave the session.")
+      .def_property_readonly(
+          "backend", [](const PySession& s) { return s.backend; },
+          "The backend serving the session: 'host' or 'cuda'.")
+      .def_property_readonly(
+          "device_bytes_quota", [](const PySession& s) { return s.quota; },
+          "The device-memory quota the daemon granted, in bytes.")
+      .def_property_readonly(
+          "slab_size", [](const PySession& s) { return s.slab_size; },
+          "The size of one shared-memory slab (the largest pinned buffer); 0 when remote.")
+      .def_property_readonly(
+          "closed", [](const PySession& s) { return s.core->closed(); },
+          "True once close() ran (or the with block ended).")
+      .def_property_readonly(
+          "stats", [](const PySession& s) { return s.stats; },
+          "The SessionStats close() returned; None before.")
       .def_property_readonly(
           "draining",
-          [](PySession& s) { return s.core->Record([](Session& ss) { return ss.draining(); }); })
-      .def_property_readonly("recorded_ops",
-                             [](PySession& s) {
-                               return s.core->Record([](Session& ss) { return ss.recorded_ops(); });
-                             })
+          [](PySession& s) {
+            bool draining = false;
+            Check(s.core->Run(
+                [&](Session& ss) {
+                  draining = ss.draining();
+                  return Status::Ok();
+                },
+                /*require_open=*/false));
+            return draining;
+          },
+          "True once the daemon announced it is draining: submitted work still completes, "
+          "then the session ends; open a new one elsewhere.")
+      .def_property_readonly(
+          "recorded_ops",
+          [](PySession& s) {
+            size_t n = 0;
+            Check(s.core->Run(
+                [&](Session& ss) {
+                  n = ss.recorded_ops();
+                  return Status::Ok();
+                },
+                /*require_open=*/false));
+            return n;
+          },
+          "How many ops are recorded and not yet submitted.")
       .def(
           "tensor",
           [](PySession& s, const py::object& shape, const py::object& dtype) {
-            s.CheckOpen();
             DType d = ParseDType(dtype);
             Shape sh(ParseShape(shape));
             auto n = sh.ElementCount();
             if (!n.ok()) Raise(n.status());
-            Tensor t = s.core->Record([&](Session& ss) { return ss.create_tensor(d, sh); });
+            Tensor t;
+            s.Record([&](Session& ss) {
+              t = ss.create_tensor(d, sh);
+              return Status::Ok();
+            });
             return std::make_unique<TensorBox>(s.core, std::move(t));
           },
           py::arg("shape"), py::arg("dtype") = "float32",
-          "Record the creation of a tensor (contents undefined until written).")
+          "Record the creation of a tensor (contents undefined until written). `shape`: an int "
+          "or a sequence of ints; `dtype`: float32, float64, int32 or uint8 (numpy's names, "
+          "types or dtypes).")
       .def(
           "free",
           [](PySession& s, TensorBox& t) {
-            s.CheckOpen();
-            s.Use(t);
-            Tensor gone = std::move(t.tensor);
-            t.where = Where::kFreed;
-            s.core->Record([&](Session& ss) { ss.free(std::move(gone)); });
+            s.Record([&](Session& ss) -> Status {
+              FERRY_RETURN_IF_ERROR(s.UseLocked(t).status());
+              Tensor gone = std::move(t.tensor);
+              t.where.store(Where::kFreed);
+              ss.free(std::move(gone));
+              return Status::Ok();
+            });
           },
           py::arg("tensor"), "Record the release of a tensor.")
       .def(
           "fill",
           [](PySession& s, TensorBox& t, double value) {
-            s.CheckOpen();
-            const Tensor& tt = s.Use(t);
-            s.core->Record([&](Session& ss) { ss.fill(tt, value); });
+            s.Record([&](Session& ss) -> Status {
+              FERRY_ASSIGN_OR_RETURN(const Tensor* tt, s.UseLocked(t));
+              ss.fill(*tt, value);
+              return Status::Ok();
+            });
           },
           py::arg("tensor"), py::arg("value"), "Record tensor[:] = value.")
       .def(
           "copy",
           [](PySession& s, TensorBox& src, TensorBox& dst) {
-            s.CheckOpen();
-            const Tensor &a = s.Use(src), &b = s.Use(dst);
-            s.core->Record([&](Session& ss) { ss.copy(a, b); });
+            s.Record([&](Session& ss) -> Status {
+              FERRY_ASSIGN_OR_RETURN(const Tensor* a, s.UseLocked(src));
+              FERRY_ASSIGN_OR_RETURN(const Tensor* b, s.UseLocked(dst));
+              ss.copy(*a, *b);
+              return Status::Ok();
+            });
           },
-          py::arg("src"), py::arg("dst"), "Record dst = src.")
+          py::arg("src"), py::arg("dst"), "Record dst = src (same dtype and element count).")
       .def(
           "scale",
           [](PySession& s, TensorBox& x, double alpha, TensorBox& out) {
-            s.CheckOpen();
-            const Tensor &a = s.Use(x), &o = s.Use(out);
-            s.core->Record([&](Session& ss) { ss.scale(a, alpha, o); });
+            s.Record([&](Session& ss) -> Status {
+              FERRY_ASSIGN_OR_RETURN(const Tensor* a, s.UseLocked(x));
+              FERRY_ASSIGN_OR_RETURN(const Tensor* o, s.UseLocked(out));
+              ss.scale(*a, alpha, *o);
+              return Status::Ok();
+            });
           },
           py::arg("x"), py::arg("alpha"), py::arg("out"), "Record out = alpha * x.")
       .def(
           "axpy",
           [](PySession& s, double alpha, TensorBox& x, TensorBox& y) {
-            s.CheckOpen();
-            const Tensor &a = s.Use(x), &b = s.Use(y);
-            s.core->Record([&](Session& ss) { ss.axpy(alpha, a, b); });
+            s.Record([&](Session& ss) -> Status {
+              FERRY_ASSIGN_OR_RETURN(const Tensor* a, s.UseLocked(x));
+              FERRY_ASSIGN_OR_RETURN(const Tensor* b, s.UseLocked(y));
+              ss.axpy(alpha, *a, *b);
+              return Status::Ok();
+            });
           },
           py::arg("alpha"), py::arg("x"), py::arg("y"), "Record y += alpha * x.")
       .def(
           "sum",
           [](PySession& s, TensorBox& in, TensorBox& out) {
-            s.CheckOpen();
-            const Tensor &a = s.Use(in), &o = s.Use(out);
-            s.core->Record([&](Session& ss) { ss.sum(a, o); });
+            s.Record([&](Session& ss) -> Status {
+              FERRY_ASSIGN_OR_RETURN(const Tensor* a, s.UseLocked(in));
+              FERRY_ASSIGN_OR_RETURN(const Tensor* o, s.UseLocked(out));
+              ss.sum(*a, *o);
+              return Status::Ok();
+            });
           },
           py::arg("input"), py::arg("out"), "Record out (one element) = sum of input.")
       .def(
           "gemm",
           [](PySession& s, TensorBox& a, TensorBox& b, TensorBox& c, bool trans_a, bool trans_b,
              double alpha, double beta) {
-            s.CheckOpen();
-            const Tensor &ta = s.Use(a), &tb = s.Use(b), &tc = s.Use(c);
             GemmOptions o;
             o.trans_a = trans_a;
             o.trans_b = trans_b;
             o.alpha = alpha;
             o.beta = beta;
-            s.core->Record([&](Session& ss) { ss.gemm(ta, tb, tc, o); });
+            s.Record([&](Session& ss) -> Status {
+              FERRY_ASSIGN_OR_RETURN(const Tensor* ta, s.UseLocked(a));
+              FERRY_ASSIGN_OR_RETURN(const Tensor* tb, s.UseLocked(b));
+              FERRY_ASSIGN_OR_RETURN(const Tensor* tc, s.UseLocked(c));
+              ss.gemm(*ta, *tb, *tc, o);
+              return Status::Ok();
+            });
           },
           py::arg("a"), py::arg("b"), py::arg("c"), py::arg("trans_a") = false,
           py::arg("trans_b") = false, py::arg("alpha") = 1.0, py::arg("beta") = 0.0,
           "Record c = alpha * op(a) @ op(b) + beta * c (rank-2, row-major).")
       .def(
           "submit",
-          [](PySession& s) {
-            s.CheckOpen();
-            Check(s.core->Blocking([](Session& ss) { return ss.submit(); }));
-          },
+          [](PySession& s) { Check(s.core->Run([](Session& ss) { return ss.submit(); })); },
           "Send what is recorded as one message; the outcome comes at synchronize().")
       .def(
           "synchronize",
-          [](PySession& s) {
-            s.CheckOpen();
-            Check(s.core->Blocking([](Session& ss) { return ss.synchronize(); }));
-          },
+          [](PySession& s) { Check(s.core->Run([](Session& ss) { return ss.synchronize(); })); },
           "Submit, wait for all submitted work; raise the first failure since the last one.")
-      .def("close", &PySession::Close,
-           "Submit, wait, release everything and end the session; return its SessionStats.")
-      .def("__enter__", [](py::object self) { return self; })
-      .def("__exit__",
-           [](PySession& s, const py::object& exc_type, const py::object&, const py::object&) {
-             if (s.core->closed) return false;
-             if (exc_type.is_none()) {
-               s.Close();
-               return false;
-             }
-             // The block's exception wins; close quietly.
-             auto r = s.core->Blocking([](Session& ss) { return ss.close(); });
-             s.core->closed = true;
-             if (r.ok()) s.stats = s.MakeStats(*r);
-             return false;
-           })
+      .def(
+          "close", [](PySession& s) { return s.Close(/*quiet=*/false); },
+          "Submit, wait, release everything and end the session; return its SessionStats.")
+      .def(
+          "__enter__", [](py::object self) { return self; }, "Return the session itself.")
+      .def(
+          "__exit__",
+          [](PySession& s, const py::object& exc_type, const py::object&, const py::object&) {
+            if (s.core->closed()) return false;
+            // The block's exception wins over close()'s; close quietly then.
+            s.Close(/*quiet=*/!exc_type.is_none());
+            return false;
+          },
+          "Close the session (quietly when the block raised).")
       .def(
           "pinned_buffer",
           [](PySession& s, uint64_t nbytes) {
-            s.CheckOpen();
-            auto r = s.core->Blocking([&](Session& ss) { return ss.pinned_buffer(nbytes); });
-            if (!r.ok()) Raise(r.status());
-            return std::make_shared<BufferBox>(s.core, std::move(*r));
+            std::optional<Result<PinnedBuffer>> r;
+            Check(s.core->Run([&](Session& ss) {
+              r.emplace(ss.pinned_buffer(nbytes));
+              return Status::Ok();
+            }));
+            if (!r->ok()) Raise(r->status());
+            return std::make_shared<BufferBox>(s.core, std::move(**r));
           },
           py::arg("nbytes"),
           "Allocate a buffer from the session's shared-memory slabs (QUOTA_EXCEEDED above one "
@@ -819,9 +967,14 @@ PYBIND11_MODULE(_ferry, m) {
       .def(
           "upload_pending",
           [](PySession& s, py::object buffer, py::object tensor) {
-            auto [t, b] = s.Lend(tensor, buffer);
-            PendingTransfer p = s.core->Blocking(
-                [&](Session& ss) { return ss.upload_pending(std::move(b), std::move(t)); });
+            auto& t = tensor.cast<TensorBox&>();
+            auto& b = buffer.cast<BufferBox&>();
+            PendingTransfer p;
+            s.Record([&](Session& ss) -> Status {
+              FERRY_ASSIGN_OR_RETURN(auto lent, s.LendLocked(t, b));
+              p = ss.upload_pending(std::move(lent.second), std::move(lent.first));
+              return Status::Ok();
+            });
             return s.MakePending(std::move(p), std::move(tensor), std::move(buffer));
           },
           py::arg("buffer"), py::arg("tensor"),
@@ -830,9 +983,14 @@ PYBIND11_MODULE(_ferry, m) {
       .def(
           "download_pending",
           [](PySession& s, py::object tensor, py::object buffer) {
-            auto [t, b] = s.Lend(tensor, buffer);
-            PendingTransfer p = s.core->Blocking(
-                [&](Session& ss) { return ss.download_pending(std::move(t), std::move(b)); });
+            auto& t = tensor.cast<TensorBox&>();
+            auto& b = buffer.cast<BufferBox&>();
+            PendingTransfer p;
+            s.Record([&](Session& ss) -> Status {
+              FERRY_ASSIGN_OR_RETURN(auto lent, s.LendLocked(t, b));
+              p = ss.download_pending(std::move(lent.first), std::move(lent.second));
+              return Status::Ok();
+            });
             return s.MakePending(std::move(p), std::move(tensor), std::move(buffer));
           },
           py::arg("tensor"), py::arg("buffer"),
@@ -841,33 +999,33 @@ PYBIND11_MODULE(_ferry, m) {
       .def(
           "upload",
           [](PySession& s, TensorBox& t, const py::array& data) {
-            s.CheckOpen();
-            const Tensor& tt = s.Use(t);
             CheckArrayFits(t, data, "an array");
             py::array c = ContiguousOf(data);
             const void* ptr = c.data();
             const uint64_t bytes = static_cast<uint64_t>(c.nbytes());
-            Check(s.core->Blocking([&](Session& ss) { return ss.upload_bytes(tt, ptr, bytes); }));
+            Check(s.core->Run([&](Session& ss) -> Status {
+              FERRY_ASSIGN_OR_RETURN(const Tensor* tt, s.UseLocked(t));
+              return ss.upload_bytes(*tt, ptr, bytes);
+            }));
           },
           py::arg("tensor"), py::arg("data"),
           "Write `data` (same dtype, same element count) into the whole tensor and wait.")
       .def(
           "download",
           [](PySession& s, TensorBox& t) {
-            s.CheckOpen();
-            const Tensor& tt = s.Use(t);
             py::array out(NumpyDType(t.dtype), t.shape.dims());
             void* ptr = out.mutable_data();
             const uint64_t bytes = t.nbytes();
-            Check(s.core->Blocking([&](Session& ss) { return ss.download_bytes(tt, ptr, bytes); }));
+            Check(s.core->Run([&](Session& ss) -> Status {
+              FERRY_ASSIGN_OR_RETURN(const Tensor* tt, s.UseLocked(t));
+              return ss.download_bytes(*tt, ptr, bytes);
+            }));
             return out;
           },
           py::arg("tensor"), "Read the whole tensor into a new array of its shape and dtype.")
       .def(
           "download_into",
           [](PySession& s, TensorBox& t, py::array out) {
-            s.CheckOpen();
-            const Tensor& tt = s.Use(t);
             CheckArrayFits(t, out, "an output array");
             if (!(out.flags() & py::array::c_style) || !out.writeable()) {
               Fail(ErrorKind::kInvalidArgument,
@@ -875,7 +1033,10 @@ PYBIND11_MODULE(_ferry, m) {
             }
             void* ptr = out.mutable_data();
             const uint64_t bytes = t.nbytes();
-            Check(s.core->Blocking([&](Session& ss) { return ss.download_bytes(tt, ptr, bytes); }));
+            Check(s.core->Run([&](Session& ss) -> Status {
+              FERRY_ASSIGN_OR_RETURN(const Tensor* tt, s.UseLocked(t));
+              return ss.download_bytes(*tt, ptr, bytes);
+            }));
           },
           py::arg("tensor"), py::arg("out"),
           "Read the whole tensor into `out` (C-contiguous, same dtype and element count).");
@@ -915,7 +1076,7 @@ PYBIND11_MODULE(_ferry, m) {
           py::arg("bearer_token") = "", py::arg("wait_spin_us") = 200,
           "Connect to a daemon at 'unix:PATH' or 'tcp:HOST:PORT' (ferry.Unavailable when it "
           "does not answer within connect_timeout seconds).")
-      .def_property_readonly("target", &Client::target)
+      .def_property_readonly("target", &Client::target, "The target connected to.")
       .def(
           "open_session",
           [](Client& c, uint64_t device_bytes_quota, uint32_t max_in_flight_submits) {

@@ -1,4 +1,5 @@
-"""Blocking calls release the GIL: other Python threads run while one waits on the daemon."""
+"""Calls release the GIL before they wait: other Python threads run while one waits on the
+daemon, or on a session that another thread's blocking call holds."""
 
 import os
 import signal
@@ -23,6 +24,16 @@ def all_threads_stopped(pid):
         if state != "T":
             return False
     return True
+
+
+def stop_daemon(daemon):
+    """SIGSTOP the daemon and wait until every thread of it is stopped."""
+    daemon.proc.send_signal(signal.SIGSTOP)
+    for _ in range(10000):
+        if all_threads_stopped(daemon.proc.pid):
+            break
+        time.sleep(0.001)
+    assert all_threads_stopped(daemon.proc.pid)
 
 
 def runs_while_blocked(daemon, call):
@@ -127,4 +138,64 @@ def test_a_second_thread_cannot_wait_for_the_same_transfer(start_daemon):
         net.wait()
     waiter.join(60)
     assert results and results[0][0] is t and results[0][1] is buf
+    s.close()
+
+
+def test_a_recording_call_waiting_for_the_session_lets_other_threads_run(start_daemon):
+    """Regression: a call that only records (fill) took the session's lock with the GIL held,
+    so while another thread's synchronize() held that lock waiting on a slow daemon, every
+    Python thread stopped for as long. The recording thread still waits for the
+    session (a ferry::Session has one owner), but with the GIL released."""
+    import ferry
+
+    d = start_daemon()
+    client = ferry.Client.connect(d.target)
+    s = client.open_session()
+    t = s.tensor(1 << 16, "float32")
+    s.synchronize()
+    s.fill(t, 1.0)  # recorded: synchronize() below submits it and waits for the daemon
+    pid = d.proc.pid
+    # The safety net resumes the daemon after 15 s, so that a thread that holds the GIL
+    # ends too (and the test fails on the timing below, instead of hanging).
+    net = subprocess.Popen(["sh", "-c", f"sleep 15; kill -CONT {pid}"])
+    done = {"synchronize": threading.Event(), "fill": threading.Event()}
+    errors = []
+
+    def run(name, call):
+        try:
+            call()
+        except Exception as e:  # reported below
+            errors.append((name, e))
+        done[name].set()
+
+    syncer = threading.Thread(target=run, args=("synchronize", s.synchronize))
+    recorder = threading.Thread(target=run, args=("fill", lambda: s.fill(t, 2.0)))
+    try:
+        stop_daemon(d)
+        syncer.start()
+        time.sleep(0.3)  # into synchronize(), waiting on the stopped daemon; not a timing assertion
+        # This thread runs Python while both wait: a sleep that lets fill() get into its
+        # wait for the session, then 20 short ones, each needing the GIL back.
+        started = time.monotonic()
+        recorder.start()
+        time.sleep(0.3)
+        for _ in range(20):
+            time.sleep(0.01)
+        ran_for = time.monotonic() - started
+        synchronize_was_waiting = not done["synchronize"].is_set()
+        fill_was_waiting = not done["fill"].is_set()
+    finally:
+        d.proc.send_signal(signal.SIGCONT)
+        net.kill()
+        net.wait()
+    syncer.join(60)
+    recorder.join(60)
+    assert not syncer.is_alive() and not recorder.is_alive()
+    assert not errors, errors
+    assert ran_for < 5, f"the interpreter stopped for {ran_for:.1f} s behind a recording call"
+    assert synchronize_was_waiting, "synchronize() returned while the daemon was stopped"
+    # What the test is about: the fill was inside the module, waiting for the session.
+    assert fill_was_waiting, "fill() returned before synchronize(): nothing waited"
+    # The fill recorded behind synchronize() is in the next submit.
+    np.testing.assert_array_equal(s.download(t), np.full(1 << 16, 2.0, np.float32))
     s.close()
