@@ -18,12 +18,18 @@
 // the session mutex (libferry guards their state with its own lock); PinnedBuffers may be
 // destroyed on any thread.
 //
+// Arrays, without numpy's C layout. Nothing here includes pybind11/numpy.h: numpy's C structs
+// changed in numpy 2 (a dtype's itemsize and flags moved), and code compiled against the 1.x
+// layout reads wrong sizes under 2.x without failing. Arrays come in through the buffer
+// protocol (PEP 3118: Py_buffer's format, itemsize, ndim, shape and strides, checked here),
+// and go out through numpy's Python API (numpy.empty, numpy.frombuffer, numpy.dtype), which
+// is the same under every numpy version.
+//
 // Buffers and views. A Python PinnedBuffer owns its ferry::PinnedBuffer through a shared
 // BufferBox. Every view of its memory (buf.numpy(), buf.memoryview(), a DLPack capsule and
 // the array a consumer built from it) holds the box and counts itself in box->views, so the
 // memory outlives the views, and a transfer is refused (BUSY) while any view exists: the
 // slab range must not change under a user's array.
-#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -70,22 +76,28 @@ void Check(const Status& status) {
 
 [[noreturn]] void Fail(ErrorKind kind, const std::string& message) { Raise(Status(kind, message)); }
 
-// --- dtypes ----------------------------------------------------------------------------------
+// --- numpy, through its Python API only -------------------------------------------------------
 
-DType DTypeFromNumpy(const py::dtype& dt) {
-  if (dt.attr("isnative").cast<bool>() || dt.itemsize() == 1) {
-    const char kind = dt.kind();
-    const auto size = dt.itemsize();
-    if (kind == 'f' && size == 4) return DType::kF32;
-    if (kind == 'f' && size == 8) return DType::kF64;
-    if (kind == 'i' && size == 4) return DType::kI32;
-    if (kind == 'u' && size == 1) return DType::kU8;
-  }
+py::object Numpy() { return py::module_::import("numpy"); }
+
+/// The numpy.dtype of `obj` (a dtype, a type such as numpy.float32, or a name). GIL held.
+py::object NumpyDTypeOf(const py::object& obj) { return Numpy().attr("dtype")(obj); }
+
+/// Return the ferry element type of a numpy dtype (its Python attributes, which mean the same
+/// under numpy 1 and 2), or kInvalid.
+DType DTypeFromNumpy(const py::object& dt) {
+  const auto size = dt.attr("itemsize").cast<int64_t>();
+  if (!dt.attr("isnative").cast<bool>() && size != 1) return DType::kInvalid;
+  const std::string kind = dt.attr("kind").cast<std::string>();
+  if (kind == "f" && size == 4) return DType::kF32;
+  if (kind == "f" && size == 8) return DType::kF64;
+  if (kind == "i" && size == 4) return DType::kI32;
+  if (kind == "u" && size == 1) return DType::kU8;
   return DType::kInvalid;
 }
 
 DType ParseDType(const py::object& obj) {
-  py::dtype dt = py::dtype::from_args(obj);
+  py::object dt = NumpyDTypeOf(obj);
   DType d = DTypeFromNumpy(dt);
   if (d == DType::kInvalid) {
     Fail(ErrorKind::kInvalidArgument,
@@ -95,20 +107,25 @@ DType ParseDType(const py::object& obj) {
   return d;
 }
 
-py::dtype NumpyDType(DType d) {
+const char* NumpyName(DType d) {
   switch (d) {
     case DType::kF32:
-      return py::dtype("float32");
+      return "float32";
     case DType::kF64:
-      return py::dtype("float64");
+      return "float64";
     case DType::kI32:
-      return py::dtype("int32");
+      return "int32";
     case DType::kU8:
-      return py::dtype("uint8");
+      return "uint8";
     default:
-      break;
+      return nullptr;
   }
-  Fail(ErrorKind::kInternal, "a tensor of dtype " + std::string(DTypeName(d)));
+}
+
+py::object NumpyDType(DType d) {
+  const char* name = NumpyName(d);
+  if (name == nullptr) Fail(ErrorKind::kInternal, "a tensor of dtype " + std::string(DTypeName(d)));
+  return NumpyDTypeOf(py::str(name));
 }
 
 std::vector<int64_t> ParseShape(const py::object& obj) {
@@ -122,6 +139,111 @@ py::tuple ShapeTuple(const Shape& shape) {
   py::tuple t(shape.rank());
   for (size_t i = 0; i < shape.rank(); ++i) t[i] = py::int_(shape.dim(i));
   return t;
+}
+
+// --- arrays in: the buffer protocol ------------------------------------------------------------
+
+/// One PEP 3118 export of a Python object, released (with the GIL held) when this goes. The
+/// exporter keeps the memory still while the export lives, so it may be read with the GIL
+/// released.
+class BufferExport {
+ public:
+  /// Export `obj` with `flags` (PyBUF_*); raise what the exporter raises.
+  BufferExport(const py::handle& obj, int flags) {
+    if (PyObject_GetBuffer(obj.ptr(), &view_, flags) != 0) throw py::error_already_set();
+    held_ = true;
+  }
+  BufferExport(const BufferExport&) = delete;
+  BufferExport& operator=(const BufferExport&) = delete;
+  ~BufferExport() {
+    if (held_) PyBuffer_Release(&view_);
+  }
+  const Py_buffer& view() const { return view_; }
+  void* data() const { return view_.buf; }
+  uint64_t bytes() const { return static_cast<uint64_t>(view_.len); }
+  uint64_t items() const { return view_.itemsize > 0 ? bytes() / view_.itemsize : 0; }
+  bool c_contiguous() const { return PyBuffer_IsContiguous(&view_, 'C') != 0; }
+  bool read_only() const { return view_.readonly != 0; }
+
+ private:
+  Py_buffer view_{};
+  bool held_ = false;
+};
+
+/// What one item of a PEP 3118 buffer is: the ferry element type (or kInvalid) and a name for
+/// messages, numpy-style ("float64", ">f4", "format 'T{...}'").
+struct ItemType {
+  DType dtype = DType::kInvalid;
+  std::string name;
+};
+
+/// Read a buffer's `format` (struct-module syntax: an optional byte-order character, then one
+/// type code; no count, no struct) together with its itemsize, which is the truth about the
+/// size ('l' is 8 bytes natively on Linux, 4 with '<'). Big-endian items are refused on this
+/// little-endian machine: the daemon's tensors hold native values.
+ItemType ItemTypeOf(const char* format, Py_ssize_t itemsize) {
+  std::string_view f = format ? format : "B";  // NULL means unsigned bytes (PEP 3118)
+  ItemType out;
+  out.name = "format '" + std::string(f) + "' of " + std::to_string(itemsize) + "-byte items";
+  bool non_native = false;
+  if (!f.empty() && std::string_view("@=<>!").find(f[0]) != std::string_view::npos) {
+    non_native = (f[0] == '>' || f[0] == '!') && itemsize != 1;
+    f.remove_prefix(1);
+  }
+  if (f.size() != 1) return out;
+  const char code = f[0];
+  char kind = 0;
+  if (std::string_view("fde").find(code) != std::string_view::npos) kind = 'f';
+  if (std::string_view("bhilqn").find(code) != std::string_view::npos) kind = 'i';
+  if (std::string_view("BHILQN").find(code) != std::string_view::npos) kind = 'u';
+  if (code == '?') kind = 'b';
+  if (kind == 0) return out;
+  std::string numpy_name = "bool";
+  if (kind != 'b') {
+    numpy_name = kind == 'f' ? "float" : kind == 'i' ? "int" : "uint";
+    numpy_name += std::to_string(itemsize * 8);
+  }
+  if (non_native) {
+    out.name = ">" + numpy_name + " (big-endian)";
+    return out;
+  }
+  out.name = numpy_name;
+  if (kind == 'f' && itemsize == 4) out.dtype = DType::kF32;
+  if (kind == 'f' && itemsize == 8) out.dtype = DType::kF64;
+  if (kind == 'i' && itemsize == 4) out.dtype = DType::kI32;
+  if (kind == 'u' && itemsize == 1) out.dtype = DType::kU8;
+  return out;
+}
+
+/// Copy a strided export's items into `out` in row-major (C) order. Any strides, negative
+/// ones included: PEP 3118's `buf` points at item [0, ..., 0]. Touches no Python object.
+void GatherRowMajor(const Py_buffer& v, char* out) {
+  const int nd = v.ndim;
+  const auto item = static_cast<size_t>(v.itemsize);
+  if (nd == 0) {
+    std::memcpy(out, v.buf, item);
+    return;
+  }
+  for (int i = 0; i < nd; ++i) {
+    if (v.shape[i] == 0) return;
+  }
+  std::vector<Py_ssize_t> index(nd, 0);
+  const Py_ssize_t inner = v.shape[nd - 1], inner_stride = v.strides[nd - 1];
+  for (;;) {
+    const char* row = static_cast<const char*>(v.buf);
+    for (int i = 0; i < nd - 1; ++i) row += index[i] * v.strides[i];
+    if (inner_stride == static_cast<Py_ssize_t>(item)) {
+      std::memcpy(out, row, inner * item);
+      out += inner * item;
+    } else {
+      for (Py_ssize_t j = 0; j < inner; ++j, out += item) {
+        std::memcpy(out, row + j * inner_stride, item);
+      }
+    }
+    int d = nd - 2;
+    while (d >= 0 && ++index[d] == v.shape[d]) index[d--] = 0;
+    if (d < 0) return;
+  }
 }
 
 // --- the session core ------------------------------------------------------------------------
@@ -561,20 +683,36 @@ bool PendingIsReady(PendingBox& p) {
   return **r;
 }
 
-py::array ContiguousOf(const py::array& a) { return py::array::ensure(a, py::array::c_style); }
+/// The tensor's dtype and element count against an export's; what `what` is in messages.
+Status CheckFits(const TensorBox& t, const BufferExport& in, const char* what) {
+  const ItemType item = ItemTypeOf(in.view().format, in.view().itemsize);
+  if (item.dtype != t.dtype) {
+    return Status(ErrorKind::kDtypeMismatch,
+                  std::string(what) + " of " + item.name + " for " + t.Describe());
+  }
+  if (in.items() != t.elements) {
+    return Status(ErrorKind::kShapeMismatch,
+                  std::string(what) + " of " + std::to_string(in.items()) + " elements for " +
+                      t.Describe() + " of " + std::to_string(t.elements));
+  }
+  return Status::Ok();
+}
 
-void CheckArrayFits(const TensorBox& t, const py::array& a, const char* what) {
-  DType d = DTypeFromNumpy(a.dtype());
-  if (d != t.dtype) {
-    Fail(ErrorKind::kDtypeMismatch, std::string(what) + " of dtype " +
-                                        py::str(a.dtype()).cast<std::string>() + " for " +
-                                        t.Describe());
-  }
-  if (static_cast<uint64_t>(a.size()) != t.elements) {
-    Fail(ErrorKind::kShapeMismatch, std::string(what) + " of " + std::to_string(a.size()) +
-                                        " elements for " + t.Describe() + " of " +
-                                        std::to_string(t.elements));
-  }
+/// An export of `data` for reading: its buffer, or numpy.asarray(data)'s for an object
+/// without one (a list, say), as numpy would take it.
+std::unique_ptr<BufferExport> ExportForReading(const py::object& data) {
+  constexpr int kFlags = PyBUF_RECORDS_RO | PyBUF_FORMAT;  // strides, format; no suboffsets
+  if (PyObject_CheckBuffer(data.ptr())) return std::make_unique<BufferExport>(data, kFlags);
+  return std::make_unique<BufferExport>(Numpy().attr("asarray")(data), kFlags);
+}
+
+/// The bytes of an export in row-major order: its own memory when C-contiguous, else a
+/// gathered copy in `copy` (GIL released by the caller).
+const void* RowMajorBytes(const BufferExport& in, std::vector<char>& copy) {
+  if (in.c_contiguous()) return in.data();
+  copy.resize(in.bytes());
+  GatherRowMajor(in.view(), copy.data());
+  return copy.data();
 }
 
 using BinaryOp = void (Session::*)(const Tensor&, const Tensor&, const Tensor&);
@@ -691,8 +829,9 @@ PYBIND11_MODULE(_ferry, m) {
       .def(
           "numpy",
           [](std::shared_ptr<BufferBox> b, const py::object& dtype, const py::object& shape) {
-            py::dtype dt = py::dtype::from_args(dtype);
-            if (dt.itemsize() <= 0 || dt.attr("hasobject").cast<bool>()) {
+            py::object dt = NumpyDTypeOf(dtype);
+            const auto itemsize = dt.attr("itemsize").cast<int64_t>();
+            if (itemsize <= 0 || dt.attr("hasobject").cast<bool>()) {
               Fail(ErrorKind::kInvalidArgument,
                    "a buffer cannot be viewed as " + py::str(dt).cast<std::string>());
             }
@@ -700,7 +839,7 @@ PYBIND11_MODULE(_ferry, m) {
             std::vector<int64_t> dims;
             uint64_t count = 0;
             if (shape.is_none()) {
-              count = size / dt.itemsize();
+              count = size / itemsize;
               dims = {static_cast<int64_t>(count)};
             } else {
               dims = ParseShape(shape);
@@ -709,20 +848,20 @@ PYBIND11_MODULE(_ferry, m) {
               count = *n;
             }
             uint64_t need = 0;
-            if (!CheckedMul(count, dt.itemsize(), &need) || need > size) {
+            if (!CheckedMul(count, itemsize, &need) || need > size) {
               Fail(ErrorKind::kOutOfRange,
-                   "a view of " + std::to_string(count) + " x " + std::to_string(dt.itemsize()) +
+                   "a view of " + std::to_string(count) + " x " + std::to_string(itemsize) +
                        " bytes does not fit a buffer of " + std::to_string(size) + " bytes");
             }
             py::object view = py::cast(MakeView(std::move(b)));
-            py::object np = py::module_::import("numpy");
             py::object flat =
-                np.attr("frombuffer")(view, py::arg("dtype") = dt, py::arg("count") = count);
+                Numpy().attr("frombuffer")(view, py::arg("dtype") = dt, py::arg("count") = count);
             return flat.attr("reshape")(py::tuple(py::cast(dims)));
           },
           py::arg("dtype") = "uint8", py::arg("shape") = py::none(),
           "A numpy array over the buffer's memory (no copy): `shape` elements of `dtype` from "
-          "its first byte (default: as many as fit, 1-D). Writable; keeps the buffer alive.")
+          "its first byte (default: as many as fit, 1-D), C-contiguous. Writable; keeps the "
+          "buffer alive.")
       .def(
           "__dlpack__",
           [](std::shared_ptr<BufferBox> b, const py::object& stream, const py::object&,
@@ -998,48 +1137,51 @@ PYBIND11_MODULE(_ferry, m) {
           "Pending until wait().")
       .def(
           "upload",
-          [](PySession& s, TensorBox& t, const py::array& data) {
-            CheckArrayFits(t, data, "an array");
-            py::array c = ContiguousOf(data);
-            const void* ptr = c.data();
-            const uint64_t bytes = static_cast<uint64_t>(c.nbytes());
+          [](PySession& s, TensorBox& t, const py::object& data) {
+            auto in = ExportForReading(data);
+            Check(CheckFits(t, *in, "an array"));
+            std::vector<char> copy;
             Check(s.core->Run([&](Session& ss) -> Status {
               FERRY_ASSIGN_OR_RETURN(const Tensor* tt, s.UseLocked(t));
-              return ss.upload_bytes(*tt, ptr, bytes);
+              return ss.upload_bytes(*tt, RowMajorBytes(*in, copy), in->bytes());
             }));
           },
           py::arg("tensor"), py::arg("data"),
-          "Write `data` (same dtype, same element count) into the whole tensor and wait.")
+          "Write `data` into the whole tensor and wait. `data`: any object with the buffer "
+          "protocol (a numpy array, memoryview, bytes, array.array; else numpy.asarray(data)) "
+          "of the tensor's dtype, native byte order, and its element count; a non-contiguous "
+          "one (any strides, negative too) is copied in row-major order first.")
       .def(
           "download",
           [](PySession& s, TensorBox& t) {
-            py::array out(NumpyDType(t.dtype), t.shape.dims());
-            void* ptr = out.mutable_data();
-            const uint64_t bytes = t.nbytes();
+            py::object out = Numpy().attr("empty")(ShapeTuple(t.shape), NumpyDType(t.dtype));
+            BufferExport into(out, PyBUF_CONTIG);  // C-contiguous, writable
             Check(s.core->Run([&](Session& ss) -> Status {
               FERRY_ASSIGN_OR_RETURN(const Tensor* tt, s.UseLocked(t));
-              return ss.download_bytes(*tt, ptr, bytes);
+              return ss.download_bytes(*tt, into.data(), t.nbytes());
             }));
             return out;
           },
-          py::arg("tensor"), "Read the whole tensor into a new array of its shape and dtype.")
+          py::arg("tensor"),
+          "Read the whole tensor into a new numpy array of its shape and dtype (C-contiguous).")
       .def(
           "download_into",
-          [](PySession& s, TensorBox& t, py::array out) {
-            CheckArrayFits(t, out, "an output array");
-            if (!(out.flags() & py::array::c_style) || !out.writeable()) {
+          [](PySession& s, TensorBox& t, const py::object& out) {
+            BufferExport into(out, PyBUF_RECORDS_RO | PyBUF_FORMAT);
+            Check(CheckFits(t, into, "an output array"));
+            if (!into.c_contiguous() || into.read_only()) {
               Fail(ErrorKind::kInvalidArgument,
                    "the output array must be C-contiguous and writable");
             }
-            void* ptr = out.mutable_data();
-            const uint64_t bytes = t.nbytes();
             Check(s.core->Run([&](Session& ss) -> Status {
               FERRY_ASSIGN_OR_RETURN(const Tensor* tt, s.UseLocked(t));
-              return ss.download_bytes(*tt, ptr, bytes);
+              return ss.download_bytes(*tt, into.data(), t.nbytes());
             }));
           },
           py::arg("tensor"), py::arg("out"),
-          "Read the whole tensor into `out` (C-contiguous, same dtype and element count).");
+          "Read the whole tensor into `out`: any writable C-contiguous buffer (a numpy array, "
+          "say) of the tensor's dtype and element count; anything else is refused, never "
+          "copied.");
   BindBinary(session, "add", &Session::add, "Record out = a + b (elementwise).");
   BindBinary(session, "sub", &Session::sub, "Record out = a - b (elementwise).");
   BindBinary(session, "mul", &Session::mul, "Record out = a * b (elementwise).");

@@ -10,12 +10,20 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 
+import numpy
 import pytest
 
 import ferry
+
+
+def pytest_report_header(config):
+    """Which interpreter and numpy ran the suite (the module must behave alike under all)."""
+    return [f"ferry: python {sys.version.split()[0]}, numpy {numpy.__version__}, "
+            f"module {ferry._ferry.__file__}"]
 
 
 def _required_program(env_name):
