@@ -1,9 +1,9 @@
 // ferry._ferry: libferry for Python (pybind11). The package ferry (client/python/ferry/)
-// re-exports it; ferry/_types.py holds the exception classes and SessionStats.
+// re-exports it; ferry/_types.py holds the exception classes, the enums and SessionStats.
 //
 // Threads and the GIL. A ferry::Session has one owner thread; Python code may call a session
 // from several threads, so every call into a ferry::Session (and every destruction of one of
-// its Tensors or PendingTransfers, which record into it) happens under
+// its Tensors, Modules, Graphs or PendingTransfers, which record into it) happens under
 // SessionCore's mutex, which stands in for the owner thread. Lock order: the session mutex
 // is taken only with the GIL released, and the GIL is never acquired while it is held. Every
 // call, recording ones included, reads its Python arguments with the GIL, then releases the
@@ -11,7 +11,7 @@
 // mutex, and takes the GIL back to raise or to build what it returns. So a thread waiting
 // for a session that another thread's synchronize() holds never stops the interpreter. The
 // module takes no other lock: the graveyard below and a buffer's view count are atomics,
-// and a Pending's own mutex is also taken with the GIL released. Tensors and
+// and a Pending's own mutex is also taken with the GIL released. Tensors, Modules, Graphs and
 // PendingTransfers that Python drops (on whatever thread the garbage collector runs) are
 // pushed on the core's graveyard and destroyed under the mutex at the session's next call,
 // or when the session object goes. PendingTransfer::is_ready() and wait() are safe without
@@ -34,12 +34,16 @@
 #include <pybind11/stl.h>
 
 #include <atomic>
+#include <cfloat>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -249,10 +253,10 @@ void GatherRowMajor(const Py_buffer& v, char* out) {
 // --- the session core ------------------------------------------------------------------------
 
 /// What Python dropped and must be destroyed under the session mutex.
-using Buried = std::variant<PendingTransfer, Tensor>;
+using Buried = std::variant<PendingTransfer, Tensor, Module, Graph>;
 
 /// One ferry::Session and the mutex that stands in for its owner thread. Shared by the
-/// Python Session and every Tensor, PinnedBuffer and Pending made from it.
+/// Python Session and every Tensor, Module, Graph, PinnedBuffer and Pending made from it.
 class SessionCore {
  public:
   explicit SessionCore(Session session) : session_(std::move(session)) {}
@@ -339,7 +343,7 @@ class SessionCore {
 /// lent right now (BufferBox::Lend), read as lent.
 enum class Where { kHere, kLent, kDetached, kFreed, kLending };
 
-// --- Tensor ------------------------------------------------------------------------------------
+// --- Tensor, Module, Graph -------------------------------------------------------------------
 
 /// A Python Tensor. `tensor` leaves kHere (free, a transfer's lending) only under the session
 /// mutex, so a call holding the mutex that saw kHere may use it until it lets go; wait()
@@ -369,6 +373,28 @@ struct TensorBox {
     return "tensor " + std::to_string(handle) + " (" + std::string(DTypeName(dtype)) + " " +
            shape.ToString() + ")";
   }
+};
+
+/// A Python Module (device code loaded in the daemon); dropping it records its unload.
+struct ModuleBox {
+  std::shared_ptr<SessionCore> core;
+  Module module;
+  const uint64_t handle;
+  ModuleBox(std::shared_ptr<SessionCore> c, Module m)
+      : core(std::move(c)), module(std::move(m)), handle(module.handle()) {}
+  ModuleBox(const ModuleBox&) = delete;
+  ~ModuleBox() { core->Bury(std::move(module)); }
+};
+
+/// A Python Graph (a prepared graph); dropping it records its release.
+struct GraphBox {
+  std::shared_ptr<SessionCore> core;
+  Graph graph;
+  const uint64_t handle;
+  GraphBox(std::shared_ptr<SessionCore> c, Graph g)
+      : core(std::move(c)), graph(std::move(g)), handle(graph.handle()) {}
+  GraphBox(const GraphBox&) = delete;
+  ~GraphBox() { core->Bury(std::move(graph)); }
 };
 
 // --- PinnedBuffer and its views --------------------------------------------------------------
@@ -535,7 +561,189 @@ struct PendingBox {
   }
 };
 
+// --- raw kernels: arguments ---------------------------------------------------------------------
+
+/// One argument of a raw kernel launch, as Python builds it (ferry.KernelArg). A tensor
+/// argument keeps the Python Tensor: its handle is checked when the launch is recorded.
+struct PyKernelArg {
+  KernelArg::Kind kind = KernelArg::Kind::kI32;
+  int64_t signed_value = 0;
+  uint64_t unsigned_value = 0;
+  double real_value = 0;
+  py::object tensor;
+};
+
+const char* KernelArgKindName(KernelArg::Kind k) {
+  switch (k) {
+    case KernelArg::Kind::kTensor:
+      return "tensor";
+    case KernelArg::Kind::kI32:
+      return "i32";
+    case KernelArg::Kind::kU32:
+      return "u32";
+    case KernelArg::Kind::kI64:
+      return "i64";
+    case KernelArg::Kind::kU64:
+      return "u64";
+    case KernelArg::Kind::kF32:
+      return "f32";
+    case KernelArg::Kind::kF64:
+      return "f64";
+  }
+  return "?";
+}
+
+/// The Tensor, int or float an argument passes. GIL held.
+py::object KernelArgValue(const PyKernelArg& a) {
+  switch (a.kind) {
+    case KernelArg::Kind::kTensor:
+      return a.tensor;
+    case KernelArg::Kind::kI32:
+    case KernelArg::Kind::kI64:
+      return py::int_(a.signed_value);
+    case KernelArg::Kind::kU32:
+    case KernelArg::Kind::kU64:
+      return py::int_(a.unsigned_value);
+    case KernelArg::Kind::kF32:
+    case KernelArg::Kind::kF64:
+      break;
+  }
+  return py::float_(a.real_value);
+}
+
+/// An integer argument in [lo, hi]; INVALID_ARGUMENT for a non-integer (a float, a bool) or
+/// one out of range. Accepts Python's and numpy's integers (operator.index).
+PyKernelArg IntegerArg(KernelArg::Kind kind, const py::object& v, __int128 lo, __int128 hi) {
+  const char* name = KernelArgKindName(kind);
+  if (PyBool_Check(v.ptr()) || !PyIndex_Check(v.ptr())) {
+    Fail(ErrorKind::kInvalidArgument,
+         std::string("KernelArg.") + name + " takes an integer, not " +
+             py::str(py::type::handle_of(v).attr("__name__")).cast<std::string>());
+  }
+  py::int_ i = py::reinterpret_steal<py::int_>(PyNumber_Index(v.ptr()));
+  if (!i) throw py::error_already_set();
+  int overflow = 0;
+  __int128 value = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
+  if (overflow > 0) {
+    unsigned long long u = PyLong_AsUnsignedLongLong(i.ptr());
+    if (u == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
+      PyErr_Clear();
+      value = hi + 1;
+    } else {
+      value = u;
+    }
+  } else if (overflow < 0) {
+    value = lo - 1;
+  }
+  if (value < lo || value > hi) {
+    Fail(ErrorKind::kInvalidArgument, std::string("KernelArg.") + name + "(" +
+                                          py::str(i).cast<std::string>() + ") is out of range");
+  }
+  PyKernelArg a;
+  a.kind = kind;
+  a.signed_value = static_cast<int64_t>(value);
+  a.unsigned_value = static_cast<uint64_t>(value);
+  return a;
+}
+
+/// A floating-point argument; f32 refuses finite values beyond float's range (they would
+/// become infinities).
+PyKernelArg RealArg(KernelArg::Kind kind, const py::object& v) {
+  const char* name = KernelArgKindName(kind);
+  if (PyBool_Check(v.ptr()) ||
+      !(PyFloat_Check(v.ptr()) || PyIndex_Check(v.ptr()) || py::hasattr(v, "__float__"))) {
+    Fail(ErrorKind::kInvalidArgument,
+         std::string("KernelArg.") + name + " takes a number, not " +
+             py::str(py::type::handle_of(v).attr("__name__")).cast<std::string>());
+  }
+  const double d = PyFloat_AsDouble(v.ptr());
+  if (d == -1.0 && PyErr_Occurred()) throw py::error_already_set();
+  if (kind == KernelArg::Kind::kF32 && std::isfinite(d) && std::fabs(d) > FLT_MAX) {
+    Fail(ErrorKind::kInvalidArgument,
+         std::string("KernelArg.f32(") + std::to_string(d) + ") is out of float32's range");
+  }
+  PyKernelArg a;
+  a.kind = kind;
+  a.real_value = d;
+  return a;
+}
+
+/// The value of `v` (an int, numpy's too: anything with __index__) when it is in [lo, hi].
+/// The caller has checked PyIndex_Check.
+std::optional<long long> IntIn(const py::object& v, long long lo, long long hi) {
+  py::object i = py::reinterpret_steal<py::object>(PyNumber_Index(v.ptr()));
+  if (!i) throw py::error_already_set();
+  int overflow = 0;
+  const long long n = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
+  if (overflow != 0 || n < lo || n > hi) return std::nullopt;
+  return n;
+}
+
+/// A grid or block size from an int or a sequence of 1 to 3 ints, each 1 to 2^32 - 1.
+Dim3 ParseDim3(const py::object& obj, const char* what) {
+  std::vector<py::object> parts;
+  if (PyIndex_Check(obj.ptr())) {
+    parts.push_back(obj);
+  } else if (py::isinstance<py::sequence>(obj) && !py::isinstance<py::str>(obj)) {
+    for (auto p : py::reinterpret_borrow<py::sequence>(obj)) {
+      parts.push_back(py::reinterpret_borrow<py::object>(p));
+    }
+  } else {
+    Fail(ErrorKind::kInvalidArgument,
+         std::string(what) + " must be an int or a sequence of 1 to 3 ints");
+  }
+  if (parts.empty() || parts.size() > 3) {
+    Fail(ErrorKind::kInvalidArgument,
+         std::string(what) + " needs 1 to 3 dimensions, not " + std::to_string(parts.size()));
+  }
+  uint32_t dims[3] = {1, 1, 1};
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (PyBool_Check(parts[i].ptr()) || !PyIndex_Check(parts[i].ptr())) {
+      Fail(ErrorKind::kInvalidArgument, std::string(what) + " dimensions must be ints");
+    }
+    const auto n = IntIn(parts[i], 1, UINT32_MAX);
+    if (!n) {
+      Fail(ErrorKind::kInvalidArgument, std::string(what) + " dimension " + std::to_string(i) +
+                                            " is " + py::str(parts[i]).cast<std::string>() +
+                                            "; each must be 1 to 4294967295");
+    }
+    dims[i] = static_cast<uint32_t>(*n);
+  }
+  return Dim3{dims[0], dims[1], dims[2]};
+}
+
+/// The most arguments a launch may carry (docs/protocol.md, "Limits"; the daemon refuses
+/// more as INVALID_ARGUMENT): checked here so the mistake is named before anything is sent.
+constexpr size_t kMaxKernelArgs = 256;
+/// The longest kernel name the daemon accepts.
+constexpr size_t kMaxFunctionName = 1024;
+
 // --- Session ---------------------------------------------------------------------------------
+
+// Every field of ferry::SessionStats, once: the Python dataclass is built from this list, and
+// the static_assert below fails the build when the C++ struct gains a field it lacks.
+#define FERRY_SESSION_STATS_FIELDS(X) \
+  X(submits)                          \
+  X(failed_submits)                   \
+  X(ops)                              \
+  X(kernel_launches)                  \
+  X(bytes_uploaded)                   \
+  X(bytes_downloaded)                 \
+  X(tensors_created)                  \
+  X(peak_device_bytes)                \
+  X(device_busy_ns)                   \
+  X(graph_launches)                   \
+  X(kernel_batches)                   \
+  X(h2d_bytes)                        \
+  X(h2d_ns)                           \
+  X(d2h_bytes)                        \
+  X(d2h_ns)
+#define FERRY_COUNT_FIELD(name) +1
+static_assert(sizeof(SessionStats) ==
+                  (0 FERRY_SESSION_STATS_FIELDS(FERRY_COUNT_FIELD)) * sizeof(uint64_t),
+              "ferry::SessionStats has a field FERRY_SESSION_STATS_FIELDS lacks: add it there "
+              "and in ferry/_types.py");
+#undef FERRY_COUNT_FIELD
 
 struct PySession {
   std::shared_ptr<SessionCore> core;
@@ -580,6 +788,21 @@ struct PySession {
     }
     return Status(ErrorKind::kInvalidHandle, t.Describe() + " was freed");
   }
+  Status CheckMine(const ModuleBox& m) const {
+    if (m.core != core) {
+      return Status(ErrorKind::kInvalidHandle,
+                    "module " + std::to_string(m.handle) + " belongs to another session");
+    }
+    return Status::Ok();
+  }
+  Status CheckMine(const GraphBox& g) const {
+    if (g.core != core) {
+      return Status(ErrorKind::kInvalidHandle,
+                    "graph " + std::to_string(g.handle) + " belongs to another session");
+    }
+    return Status::Ok();
+  }
+
   /// Record fn(session) (a call that only records): the GIL released while it waits for
   /// the session and runs; raise its failure.
   template <typename Fn>
@@ -589,17 +812,11 @@ struct PySession {
 
   py::object MakeStats(const SessionStats& s) {
     py::object cls = py::module_::import("ferry._types").attr("SessionStats");
-    return cls(py::arg("submits") = s.submits, py::arg("failed_submits") = s.failed_submits,
-               py::arg("ops") = s.ops, py::arg("kernel_launches") = s.kernel_launches,
-               py::arg("bytes_uploaded") = s.bytes_uploaded,
-               py::arg("bytes_downloaded") = s.bytes_downloaded,
-               py::arg("tensors_created") = s.tensors_created,
-               py::arg("peak_device_bytes") = s.peak_device_bytes,
-               py::arg("device_busy_ns") = s.device_busy_ns,
-               py::arg("graph_launches") = s.graph_launches,
-               py::arg("kernel_batches") = s.kernel_batches, py::arg("h2d_bytes") = s.h2d_bytes,
-               py::arg("h2d_ns") = s.h2d_ns, py::arg("d2h_bytes") = s.d2h_bytes,
-               py::arg("d2h_ns") = s.d2h_ns);
+    py::dict kwargs;
+#define FERRY_STATS_KWARG(name) kwargs[#name] = s.name;
+    FERRY_SESSION_STATS_FIELDS(FERRY_STATS_KWARG)
+#undef FERRY_STATS_KWARG
+    return cls(**kwargs);
   }
 
   /// Close the session; quietly (no raise) when `quiet`. The stats land in .stats.
@@ -754,6 +971,19 @@ PYBIND11_MODULE(_ferry, m) {
     }
     return out;
   });
+  m.def("_module_format_names", [] {
+    return std::vector<std::pair<int, std::string>>{
+        {static_cast<int>(ModuleFormat::kPtx), "PTX"},
+        {static_cast<int>(ModuleFormat::kCubin), "CUBIN"},
+        {static_cast<int>(ModuleFormat::kCudaSource), "CUDA_SOURCE"}};
+  });
+  m.def("_session_stats_fields", [] {
+    std::vector<std::string> out;
+#define FERRY_FIELD_NAME(name) out.emplace_back(#name);
+    FERRY_SESSION_STATS_FIELDS(FERRY_FIELD_NAME)
+#undef FERRY_FIELD_NAME
+    return out;
+  });
   m.def(
       "_canonical_code", [](int kind) { return static_cast<int>(CanonicalCode(ErrorKind(kind))); },
       "The canonical code an ErrorKind is reported under.");
@@ -789,6 +1019,82 @@ PYBIND11_MODULE(_ferry, m) {
                                ", lent to a transfer"};
         return "<ferry.Tensor " + std::to_string(t.handle) + " " + std::string(DTypeName(t.dtype)) +
                " " + t.shape.ToString() + where[static_cast<int>(t.where.load())] + ">";
+      });
+
+  // --- Module, Graph, KernelArg ---
+  py::class_<ModuleBox>(m, "Module",
+                        "Device code loaded in the daemon (Session.load_module; CUDA backend "
+                        "only). Dropping it records its unload into the next submit; graphs "
+                        "and launches recorded earlier keep it loaded.")
+      .def_property_readonly(
+          "handle", [](const ModuleBox& b) { return b.handle; },
+          "The handle that names the module in the session.")
+      .def("__repr__",
+           [](const ModuleBox& b) { return "<ferry.Module " + std::to_string(b.handle) + ">"; });
+
+  py::class_<GraphBox>(m, "Graph",
+                       "A prepared graph: device work recorded once between "
+                       "Session.begin_graph() and Session.end_graph(), replayed by "
+                       "Session.launch_graph() as one op. Dropping it records its release.")
+      .def_property_readonly(
+          "handle", [](const GraphBox& b) { return b.handle; },
+          "The handle that names the graph in the session.")
+      .def("__repr__",
+           [](const GraphBox& b) { return "<ferry.Graph " + std::to_string(b.handle) + ">"; });
+
+  py::class_<PyKernelArg>(
+      m, "KernelArg",
+      "One argument of Session.launch: a tensor (its device address) or a typed scalar. Make "
+      "one with KernelArg.tensor(t), .i32(v), .u32(v), .i64(v), .u64(v), .f32(v) or .f64(v); "
+      "the type must match the kernel's parameter. A value out of its type's range is "
+      "ferry.InvalidArgument.")
+      .def_static(
+          "tensor",
+          [](py::object t) {
+            if (!py::isinstance<TensorBox>(t)) {
+              Fail(ErrorKind::kInvalidArgument,
+                   "KernelArg.tensor takes a ferry.Tensor, not " +
+                       py::str(py::type::handle_of(t).attr("__name__")).cast<std::string>());
+            }
+            PyKernelArg a;
+            a.kind = KernelArg::Kind::kTensor;
+            a.tensor = std::move(t);
+            return a;
+          },
+          py::arg("tensor"), "Pass a tensor's device address (checked when launched).")
+      .def_static(
+          "i32",
+          [](const py::object& v) {
+            return IntegerArg(KernelArg::Kind::kI32, v, INT32_MIN, INT32_MAX);
+          },
+          py::arg("value"), "Pass a 32-bit signed integer (int).")
+      .def_static(
+          "u32",
+          [](const py::object& v) { return IntegerArg(KernelArg::Kind::kU32, v, 0, UINT32_MAX); },
+          py::arg("value"), "Pass a 32-bit unsigned integer (unsigned int).")
+      .def_static(
+          "i64",
+          [](const py::object& v) {
+            return IntegerArg(KernelArg::Kind::kI64, v, INT64_MIN, INT64_MAX);
+          },
+          py::arg("value"), "Pass a 64-bit signed integer (long long).")
+      .def_static(
+          "u64",
+          [](const py::object& v) { return IntegerArg(KernelArg::Kind::kU64, v, 0, UINT64_MAX); },
+          py::arg("value"), "Pass a 64-bit unsigned integer (unsigned long long).")
+      .def_static(
+          "f32", [](const py::object& v) { return RealArg(KernelArg::Kind::kF32, v); },
+          py::arg("value"), "Pass a 32-bit float (float).")
+      .def_static(
+          "f64", [](const py::object& v) { return RealArg(KernelArg::Kind::kF64, v); },
+          py::arg("value"), "Pass a 64-bit float (double).")
+      .def_property_readonly(
+          "kind", [](const PyKernelArg& a) { return KernelArgKindName(a.kind); },
+          "'tensor', 'i32', 'u32', 'i64', 'u64', 'f32' or 'f64'.")
+      .def_property_readonly("value", &KernelArgValue, "The Tensor, int or float passed.")
+      .def("__repr__", [](const PyKernelArg& a) {
+        return "KernelArg." + std::string(KernelArgKindName(a.kind)) + "(" +
+               py::repr(KernelArgValue(a)).cast<std::string>() + ")";
       });
 
   // --- PinnedBuffer and views ---
@@ -1067,6 +1373,175 @@ PYBIND11_MODULE(_ferry, m) {
           py::arg("a"), py::arg("b"), py::arg("c"), py::arg("trans_a") = false,
           py::arg("trans_b") = false, py::arg("alpha") = 1.0, py::arg("beta") = 0.0,
           "Record c = alpha * op(a) @ op(b) + beta * c (rank-2, row-major).")
+      .def(
+          "write_bytes",
+          [](PySession& s, TensorBox& t, uint64_t offset, const py::object& data) {
+            auto in = ExportForReading(data);
+            std::vector<char> copy;
+            Check(s.core->Run([&](Session& ss) -> Status {
+              FERRY_ASSIGN_OR_RETURN(const Tensor* tt, s.UseLocked(t));
+              ss.write_bytes(*tt, offset, RowMajorBytes(*in, copy), in->bytes());
+              return Status::Ok();
+            }));
+          },
+          py::arg("tensor"), py::arg("offset"), py::arg("data"),
+          "Record a write of `data`'s bytes (any buffer; a non-contiguous one in row-major "
+          "order) at byte `offset` of the tensor; the bytes are copied now. The daemon refuses "
+          "a range outside the tensor (OUT_OF_RANGE at synchronize()).")
+      .def(
+          "load_module",
+          [](PySession& s, const py::object& format, const py::object& image) {
+            int f = 0;
+            if (PyIndex_Check(format.ptr()) && !PyBool_Check(format.ptr())) f = format.cast<int>();
+            if (f < static_cast<int>(ModuleFormat::kPtx) ||
+                f > static_cast<int>(ModuleFormat::kCudaSource)) {
+              Fail(ErrorKind::kInvalidArgument,
+                   "module format " + py::repr(format).cast<std::string>() +
+                       " is not a ferry.ModuleFormat (PTX, CUBIN, CUDA_SOURCE)");
+            }
+            std::string bytes;
+            if (py::isinstance<py::str>(image)) {
+              bytes = image.cast<std::string>();  // UTF-8
+            } else if (PyObject_CheckBuffer(image.ptr())) {
+              BufferExport in(image, PyBUF_SIMPLE);  // C-contiguous bytes, or the exporter says
+              bytes.assign(static_cast<const char*>(in.data()), in.bytes());
+            } else {
+              Fail(ErrorKind::kInvalidArgument,
+                   "a module image is str (PTX, CUDA C++) or bytes (CUBIN, fatbin, PTX), not " +
+                       py::str(py::type::handle_of(image).attr("__name__")).cast<std::string>());
+            }
+            if (bytes.empty()) Fail(ErrorKind::kInvalidArgument, "an empty module image");
+            Module mod;
+            s.Record([&](Session& ss) {
+              mod = ss.load_module(static_cast<ModuleFormat>(f), bytes);
+              return Status::Ok();
+            });
+            return std::make_unique<ModuleBox>(s.core, std::move(mod));
+          },
+          py::arg("format"), py::arg("image"),
+          "Record the loading of device code: `format` a ferry.ModuleFormat, `image` the PTX or "
+          "CUDA C++ text (str) or a CUBIN/fatbin (bytes). Raw kernels need the CUDA backend "
+          "(ferry.Unsupported at synchronize() on the host backend) and a daemon that allows "
+          "them for this user (ferry.PermissionDenied otherwise); a compile error refuses the "
+          "submit with ferry.CompileError and the compiler's log.")
+      .def(
+          "launch",
+          [](PySession& s, ModuleBox& module, const std::string& function, const py::object& grid,
+             const py::object& block, const py::object& args, const py::object& shared) {
+            if (function.empty() || function.size() > kMaxFunctionName) {
+              Fail(ErrorKind::kInvalidArgument,
+                   "a kernel name is 1 to " + std::to_string(kMaxFunctionName) + " bytes long");
+            }
+            const Dim3 g = ParseDim3(grid, "grid"), b = ParseDim3(block, "block");
+            if (PyBool_Check(shared.ptr()) || !PyIndex_Check(shared.ptr())) {
+              Fail(ErrorKind::kInvalidArgument, "shared_bytes must be an int");
+            }
+            const auto shared_ll = IntIn(shared, 0, UINT32_MAX);
+            if (!shared_ll)
+              Fail(ErrorKind::kInvalidArgument, "shared_bytes must be 0 to 4294967295");
+            const auto shared_bytes = static_cast<uint32_t>(*shared_ll);
+            if (py::isinstance<py::str>(args) || !py::isinstance<py::sequence>(args)) {
+              Fail(ErrorKind::kInvalidArgument, "args must be a sequence of KernelArg");
+            }
+            auto seq = py::reinterpret_borrow<py::sequence>(args);
+            if (seq.size() > kMaxKernelArgs) {
+              Fail(ErrorKind::kInvalidArgument, std::to_string(seq.size()) +
+                                                    " kernel arguments; at most " +
+                                                    std::to_string(kMaxKernelArgs));
+            }
+            std::vector<PyKernelArg> parsed;
+            std::vector<TensorBox*> tensors(seq.size(), nullptr);
+            for (size_t i = 0; i < seq.size(); ++i) {
+              py::object a = seq[i];
+              if (py::isinstance<PyKernelArg>(a)) {
+                parsed.push_back(a.cast<PyKernelArg>());
+              } else if (py::isinstance<TensorBox>(a)) {
+                parsed.push_back(PyKernelArg{KernelArg::Kind::kTensor, 0, 0, 0, a});
+              } else {
+                Fail(ErrorKind::kInvalidArgument,
+                     "kernel argument " + std::to_string(i) + " (" +
+                         py::str(py::type::handle_of(a).attr("__name__")).cast<std::string>() +
+                         ") is not a Tensor or a KernelArg: the kernel's parameter types decide "
+                         "what a number is, so wrap it (KernelArg.i32(v), .f32(v), ...)");
+              }
+              if (parsed.back().kind == KernelArg::Kind::kTensor) {
+                tensors[i] = &parsed.back().tensor.cast<TensorBox&>();
+              }
+            }
+            s.Record([&](Session& ss) -> Status {
+              FERRY_RETURN_IF_ERROR(s.CheckMine(module));
+              std::vector<KernelArg> out;
+              out.reserve(parsed.size());
+              for (size_t i = 0; i < parsed.size(); ++i) {
+                const PyKernelArg& a = parsed[i];
+                switch (a.kind) {
+                  case KernelArg::Kind::kTensor: {
+                    FERRY_ASSIGN_OR_RETURN(const Tensor* t, s.UseLocked(*tensors[i]));
+                    out.push_back(KernelArg::tensor(*t));
+                    break;
+                  }
+                  case KernelArg::Kind::kI32:
+                    out.push_back(KernelArg::i32(static_cast<int32_t>(a.signed_value)));
+                    break;
+                  case KernelArg::Kind::kU32:
+                    out.push_back(KernelArg::u32(static_cast<uint32_t>(a.unsigned_value)));
+                    break;
+                  case KernelArg::Kind::kI64:
+                    out.push_back(KernelArg::i64(a.signed_value));
+                    break;
+                  case KernelArg::Kind::kU64:
+                    out.push_back(KernelArg::u64(a.unsigned_value));
+                    break;
+                  case KernelArg::Kind::kF32:
+                    out.push_back(KernelArg::f32(static_cast<float>(a.real_value)));
+                    break;
+                  case KernelArg::Kind::kF64:
+                    out.push_back(KernelArg::f64(a.real_value));
+                    break;
+                }
+              }
+              ss.launch(module.module, function, g, b, out, shared_bytes);
+              return Status::Ok();
+            });
+          },
+          py::arg("module"), py::arg("function"), py::arg("grid"), py::arg("block"),
+          py::arg("args") = py::tuple(), py::arg("shared_bytes") = 0,
+          "Record a launch of `function` (its extern \"C\" name) from `module`: `grid` and "
+          "`block` an int or 1 to 3 ints (each at least 1), `args` a sequence of KernelArg "
+          "(a Tensor stands for KernelArg.tensor), at most 256. Bad arguments raise "
+          "ferry.InvalidArgument before anything is recorded; the daemon checks the argument "
+          "count and sizes against the kernel (INVALID_ARGUMENT at synchronize()).")
+      .def(
+          "begin_graph",
+          [](PySession& s) {
+            Graph g;
+            s.Record([&](Session& ss) {
+              g = ss.begin_graph();
+              return Status::Ok();
+            });
+            return std::make_unique<GraphBox>(s.core, std::move(g));
+          },
+          "Start recording a graph: device work recorded until end_graph() goes into it "
+          "instead of running. Begin and end must be in the same submit.")
+      .def(
+          "end_graph",
+          [](PySession& s) {
+            s.Record([](Session& ss) {
+              ss.end_graph();
+              return Status::Ok();
+            });
+          },
+          "End the graph begin_graph() started.")
+      .def(
+          "launch_graph",
+          [](PySession& s, GraphBox& g) {
+            s.Record([&](Session& ss) -> Status {
+              FERRY_RETURN_IF_ERROR(s.CheckMine(g));
+              ss.launch_graph(g.graph);
+              return Status::Ok();
+            });
+          },
+          py::arg("graph"), "Record one replay of `graph`.")
       .def(
           "submit",
           [](PySession& s) { Check(s.core->Run([](Session& ss) { return ss.submit(); })); },

@@ -1,8 +1,9 @@
-"""ferry's exception classes, error enums and SessionStats.
+"""ferry's exception classes, its enums (Code, ErrorKind, ModuleFormat) and SessionStats.
 
 Every ferry::Status that is not OK reaches Python as an instance of the class of its
 ErrorKind (common/include/ferry/status.h), all under ferry.Error. The C++ module builds them
-through _make_error(); the names are the ErrorKind names in CamelCase.
+through _make_error(); the names are the ErrorKind names in CamelCase. The enums' members
+come from the C++ build, so they cannot drift from it.
 """
 
 import dataclasses
@@ -14,6 +15,9 @@ from . import _ferry
 Code = enum.IntEnum("Code", [(name, value) for value, name in _ferry._code_names()])
 #: What went wrong, in ferry's terms (ferry::ErrorKind; stable values).
 ErrorKind = enum.IntEnum("ErrorKind", [(name, value) for value, name in _ferry._error_kind_names()])
+#: Format of device code for Session.load_module (ferry::ModuleFormat).
+ModuleFormat = enum.IntEnum("ModuleFormat",
+                            [(name, value) for value, name in _ferry._module_format_names()])
 
 
 class Error(Exception):
@@ -145,7 +149,17 @@ def _make_error(code, kind, message, op_index):
 
 @dataclasses.dataclass(frozen=True)
 class SessionStats:
-    """Counters of one session, as Session.close() returns them (ferry::SessionStats)."""
+    """Counters of one session, as Session.close() returns them (ferry::SessionStats).
+
+    submits, failed_submits: submits sent, and those that failed. ops: ops run.
+    kernel_launches: kernels the daemon launched for the session; graph_launches: replays of
+    prepared graphs; kernel_batches: runs of kernel ops the daemon sent as one batch.
+    bytes_uploaded, bytes_downloaded: bytes moved by transfers. tensors_created,
+    peak_device_bytes: tensors made and the most device memory held at once.
+    device_busy_ns: device time of the session's work, measured on the device; of it, the
+    copy engines' traffic by direction: h2d_bytes / h2d_ns (host to device) and
+    d2h_bytes / d2h_ns (device to host).
+    """
 
     submits: int = 0
     failed_submits: int = 0
@@ -157,9 +171,16 @@ class SessionStats:
     peak_device_bytes: int = 0
     device_busy_ns: int = 0
     graph_launches: int = 0
-    kernel_batches: int = 0  # runs of kernel ops the daemon sent as one batch
-    # Copy-engine traffic by direction (host to device, device to host), part of device_busy_ns.
+    kernel_batches: int = 0
     h2d_bytes: int = 0
     h2d_ns: int = 0
     d2h_bytes: int = 0
     d2h_ns: int = 0
+
+
+# The C++ module lists ferry::SessionStats' fields (and fails to build when the struct gains
+# one that list lacks); a field missing here would make close() fail, so fail at import.
+_missing = set(_ferry._session_stats_fields()) - {f.name for f in dataclasses.fields(SessionStats)}
+if _missing:
+    raise ImportError(f"ferry.SessionStats lacks the fields {sorted(_missing)} of the C++ module")
+del _missing
