@@ -22,6 +22,7 @@ if [[ "${1:-}" == --tests ]]; then
   packages+=(
     tmux  # ferryctl top's test drives it in a real terminal
     prometheus  # its promtool checks ferryd's metrics exposition (tests/integration)
+    python3-mypy  # tests/python/test_stubs.py type-checks a program against ferry's stubs
   )
 fi
 missing=()

@@ -1,5 +1,6 @@
 // ferry._ferry: libferry for Python (pybind11). The package ferry (client/python/ferry/)
-// re-exports it; ferry/_types.py holds the exception classes, the enums and SessionStats.
+// re-exports it; ferry/_types.py holds the exception classes, the enums and SessionStats;
+// ferry/*.pyi describe it all for type checkers.
 //
 // Threads and the GIL. A ferry::Session has one owner thread; Python code may call a session
 // from several threads, so every call into a ferry::Session (and every destruction of one of
@@ -741,8 +742,8 @@ constexpr size_t kMaxFunctionName = 1024;
 #define FERRY_COUNT_FIELD(name) +1
 static_assert(sizeof(SessionStats) ==
                   (0 FERRY_SESSION_STATS_FIELDS(FERRY_COUNT_FIELD)) * sizeof(uint64_t),
-              "ferry::SessionStats has a field FERRY_SESSION_STATS_FIELDS lacks: add it there "
-              "and in ferry/_types.py");
+              "ferry::SessionStats has a field FERRY_SESSION_STATS_FIELDS lacks: add it there, "
+              "in ferry/_types.py and in ferry/_types.pyi");
 #undef FERRY_COUNT_FIELD
 
 struct PySession {

@@ -21,6 +21,8 @@ def test_installed_package_runs_the_example(daemon, tmp_path):
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
     site = prefix / "lib" / version / "dist-packages"
     assert (site / "ferry" / "__init__.py").is_file()
+    for typed in ("py.typed", "_ferry.pyi", "_types.pyi"):  # editors and mypy see the API
+        assert (site / "ferry" / typed).is_file(), typed
     if sys.prefix == "/usr":  # Debian's python3: the default prefix /usr/local is its platlib
         assert sysconfig.get_path("platlib") == f"/usr/local/lib/{version}/dist-packages"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}

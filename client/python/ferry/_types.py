@@ -3,7 +3,8 @@
 Every ferry::Status that is not OK reaches Python as an instance of the class of its
 ErrorKind (common/include/ferry/status.h), all under ferry.Error. The C++ module builds them
 through _make_error(); the names are the ErrorKind names in CamelCase. The enums' members
-come from the C++ build, so they cannot drift from it.
+come from the C++ build, so they cannot drift from it; _types.pyi spells them out for type
+checkers (tests/python/test_stubs.py holds the two together).
 """
 
 import dataclasses
