@@ -1,6 +1,7 @@
 #!/bin/bash
-# On the GPU machine: run the conformance suite and the integration suite against the CUDA
-# backend from a bundle made by tests/gpu/bundle.sh, then print a pass/fail table.
+# On the GPU machine: run the conformance suite, the integration suite and the Python
+# client's suite (tests/python, under this machine's python3) against the CUDA backend from a
+# bundle made by tests/gpu/bundle.sh, then print a pass/fail table.
 #   tests/gpu/run.sh [BUNDLE_DIR [FILTER]]   (default .gpu/bundle; logs in $OUT or /tmp)
 # FILTER: a gtest filter for the integration suite (e.g. -BoundedSessionTest.*).
 # A sanitized bundle (tests/gpu/bundle.sh asan) runs with ASan's and UBSan's reports written
@@ -45,6 +46,50 @@ suite() {  # NAME BINARY [gtest args]
 }
 suite conformance ferry_conformance_tests
 suite integration ferry_integration_tests ${filter:+--gtest_filter="$filter"}
+# The Python suite: the bundle's module was built for CPython 3.12; pytest comes from the
+# bundle's vendor/ where python3 has none. Its tests start the bundle's CUDA ferryd.
+python_suite() {
+  local py=$bundle/python
+  if [[ ! -d $py/ferry ]]; then
+    echo "=== python: not in this bundle (a sanitized bundle has no module)"
+    return
+  fi
+  echo "=== python"
+  local want have
+  want=$(ls "$py"/ferry/_ferry.cpython-*.so | sed -E 's/.*cpython-([0-9])([0-9]+)-.*/\1.\2/')
+  have=$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
+  if [[ $want != "$have" ]]; then
+    echo "python: skipped: python3 is ${have:-missing}, the bundle's module is for $want"
+    echo "skipped" >"$out/python.rc"
+    return
+  fi
+  local path=$py
+  python3 -c 'import pytest' 2>/dev/null || path="$path:$py/vendor"
+  # -W: pytest 7.2's assertion rewriting uses ast names 3.12 deprecates; only its warnings.
+  (cd "$py/src" && PYTHONPATH="$path" PYTHONDONTWRITEBYTECODE=1 python3 -m pytest -q -rfEs \
+    -p no:cacheprovider -W "ignore::DeprecationWarning:_pytest" --junitxml="$out/python.xml" \
+    tests/python) >"$out/python.log" 2>&1
+  echo $? >"$out/python.rc"
+  grep -E "^ferry: python" "$out/python.log"
+  # The failures' tracebacks (their end) and short lines, on stdout: the log may not come back.
+  sed -n '/^=* \(FAILURES\|ERRORS\) =*$/,/^=* short test summary/p' "$out/python.log" | tail -120
+  grep -E "^(FAILED|ERROR) " "$out/python.log" | head -40
+  python3 - "$out/python.xml" "$(python3 -c 'import numpy; print(numpy.__version__)' 2>&1)" <<'PY'
+import sys, xml.etree.ElementTree as ET
+try:
+    root = ET.parse(sys.argv[1]).getroot()
+except (OSError, ET.ParseError) as e:
+    print(f"python: no report ({e})")
+    sys.exit(0)
+suites = [root] if root.tag == "testsuite" else list(root)
+n = lambda key: sum(int(s.get(key, 0)) for s in suites)
+failed = n("failures") + n("errors")
+print(f"python (python {sys.version.split()[0]}, numpy {sys.argv[2]}): "
+      f"{n('tests') - failed - n('skipped')} passed, {failed} failed, {n('skipped')} skipped")
+PY
+}
+python_suite
+
 if [[ -n $reports ]]; then
   for f in "$reports"/*; do [[ -f $f ]] && { echo "=== $f"; cat "$f"; }; done >"$out/sanitizer-reports.txt"
   echo "=== sanitizer reports: $(find "$reports" -type f | wc -l) files"
@@ -64,4 +109,14 @@ for name in ("conformance", "integration"):
     fail = sum(1 for t in tests if t.get("failures"))
     skip = sum(1 for t in tests if t.get("result") == "SKIPPED")
     print("%-14s %6d %6d %6d %6d" % (name, len(tests), len(tests) - fail - skip, fail, skip))
+path = os.path.join(out, "python.xml")
+if os.path.exists(path):
+    import xml.etree.ElementTree as ET
+    root = ET.parse(path).getroot()
+    suites = [root] if root.tag == "testsuite" else list(root)
+    n = lambda key: sum(int(s.get(key, 0)) for s in suites)
+    tests, fail, skip = n("tests"), n("failures") + n("errors"), n("skipped")
+    print("%-14s %6d %6d %6d %6d" % ("python", tests, tests - fail - skip, fail, skip))
+elif os.path.exists(os.path.join(out, "python.rc")):
+    print("%-14s (no report; %s)" % ("python", open(os.path.join(out, "python.rc")).read().strip()))
 PY
