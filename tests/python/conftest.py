@@ -20,10 +20,11 @@ import pytest
 import ferry
 
 
-def pytest_report_header(config):
-    """Which interpreter and numpy ran the suite (the module must behave alike under all)."""
-    return [f"ferry: python {sys.version.split()[0]}, numpy {numpy.__version__}, "
-            f"module {ferry._ferry.__file__}"]
+def pytest_terminal_summary(terminalreporter):
+    """Say which interpreter and numpy ran the suite (the module must behave alike under
+    all), also under -q, which drops the header."""
+    terminalreporter.write_line(f"ferry: python {sys.version.split()[0]}, numpy "
+                                f"{numpy.__version__}, module {ferry._ferry.__file__}")
 
 
 def _required_program(env_name):
