@@ -35,7 +35,7 @@ python_module=""
 if [[ $variant != asan ]]; then
   # An extension module links no libpython, so one built against pyenv's 3.12 headers loads
   # into any CPython 3.12. The highest 3.12.x pyenv has; PYTHON312=path overrides.
-  py312=${PYTHON312:-$(ls -d "$(pyenv root 2>/dev/null || echo "$HOME/.pyenv")"/versions/3.12.*/bin/python3.12 2>/dev/null | sort -V | tail -1)}
+  py312=${PYTHON312:-$( (ls -d "$(pyenv root 2>/dev/null || echo "$HOME/.pyenv")"/versions/3.12.*/bin/python3.12 2>/dev/null || true) | sort -V | tail -1)}
   [[ -x $py312 ]] || { echo "bundle.sh: no CPython 3.12 (pyenv install 3.12, or PYTHON312=...)" >&2; exit 1; }
   pybuild="$root/build-gpu-python312"
   cmake -S "$root" -B "$pybuild" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFERRY_PYTHON=ON \
