@@ -6,7 +6,9 @@
 #
 #   bash tests/run.sh
 #
-# Phases, in this order (FERRY_TEST_PHASES picks some, e.g. FERRY_TEST_PHASES="plain fuzz"):
+# Phases, in this order. By default only plain runs (a few minutes on 2 cores); CI (CI=true)
+# and FERRY_TEST_PHASES=all run every phase (about 40 minutes on 2 cores), and
+# FERRY_TEST_PHASES picks some, e.g. FERRY_TEST_PHASES="plain fuzz":
 #   plain  build-test/: the RelWithDebInfo build; unit, conformance and integration tests
 #          (the soak included: FERRY_SOAK_SECONDS, default 120)
 #   asan   build-asan/: clang, ASan+UBSan (and libFuzzer coverage); unit, conformance (host)
@@ -24,7 +26,12 @@
 # sanitizer report of a phase that left any, and the phases that failed.
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-phases=" ${FERRY_TEST_PHASES:-plain asan fuzz tsan tsa} "
+all_phases="plain asan fuzz tsan tsa"
+if [[ ${FERRY_TEST_PHASES:-} == all || (-z ${FERRY_TEST_PHASES:-} && ${CI:-} == true) ]]; then
+  phases=" $all_phases "
+else
+  phases=" ${FERRY_TEST_PHASES:-plain} "
+fi
 jobs=$(nproc)
 fuzz_seconds=${FERRY_FUZZ_SECONDS:-60}
 # Where races would live: the executors, the ring poller, the completion watcher, the slab
@@ -48,6 +55,14 @@ mkdir -p "$logs"
 # reach the checkout.
 reports_root=$(mktemp -d /tmp/ferry-sanitizer-reports-XXXXXX)
 chmod 1777 "$reports_root"
+# And the sanitizers' suppressions, copied where those users can read them: a checkout under
+# root's 0700 home is not (a sanitizer that cannot read its suppressions file fails the
+# process). tests/deploy/sanitizer_options_test.sh checks it in each sanitizer phase.
+options_dir=$(mktemp -d /tmp/ferry-sanitizer-options-XXXXXX)
+chmod 755 "$options_dir"
+for f in lsan.supp tsan.supp; do
+  install -m 644 "$root/tests/$f" "$options_dir/$f"
+done
 
 # CPU seconds (user + system) of every child process this script has waited for so far
 # (cutime and cstime of /proc/PID/stat; the fields after the name, which is in parentheses).
@@ -139,7 +154,7 @@ asan_tests() {
   (cd "$root/build-asan" && ctest -N -R '^HostBackendTest\.LeakedAllocationsAreReleasedWithTheDevice$' |
     grep -q 'Total Tests: 1') || { echo "asan: the leak test is missing"; return 1; }
   ASAN_OPTIONS="detect_leaks=1:log_path=$reports/asan:print_summary=1" \
-    LSAN_OPTIONS="suppressions=$root/tests/lsan.supp:print_suppressions=0" \
+    LSAN_OPTIONS="suppressions=$options_dir/lsan.supp:print_suppressions=0" \
     UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$reports/ubsan" \
     run_ctest asan "$root/build-asan" -L 'unit|conformance|integration' \
     -E '^(SoakTest|StyleTest|DeployTest)\.' || rc=1
@@ -186,7 +201,7 @@ tsan_build() {
 tsan_tests() {
   local reports="$reports_root/tsan" rc=0
   mkdir -p "$reports" && chmod 1777 "$reports"
-  export TSAN_OPTIONS="log_path=$reports/tsan:second_deadlock_stack=1:suppressions=$root/tests/tsan.supp"
+  export TSAN_OPTIONS="log_path=$reports/tsan:second_deadlock_stack=1:suppressions=$options_dir/tsan.supp"
   run_ctest tsan-unit "$root/build-tsan" -L unit -E '^(StyleTest|FuzzCorpus)\.' || rc=1
   run_ctest tsan-integration "$root/build-tsan" -L integration -R "$tsan_integration" || rc=1
   unset TSAN_OPTIONS
@@ -203,6 +218,7 @@ tsa_build() {
 }
 
 total_start=$SECONDS
+echo "tests/run.sh: phases:$phases(all: FERRY_TEST_PHASES=all; CI=true runs all)"
 if [[ $phases == *" plain "* ]]; then
   phase plain-build plain_build || { echo "the plain build failed"; exit 1; }
   phase plain-tests plain_tests
