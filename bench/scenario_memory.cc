@@ -14,8 +14,8 @@
 // of this run (on the host backend, "device" memory is the daemon's own heap) would stay in
 // its RSS and hide what 64 sessions cost.
 //
-// There is no in-process equivalent; the "target" column is issue 5's bound (64 MiB with
-// 64 sessions, pools excluded), and the ratio is figure / target.
+// There is no in-process equivalent; the "target" column is ferry's bound on the daemon's
+// memory (64 MiB with 64 sessions, pools excluded), and the ratio is figure / target.
 #include <grpcpp/grpcpp.h>
 #include <sys/socket.h>
 #include <sys/un.h>

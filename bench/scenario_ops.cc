@@ -10,7 +10,7 @@
 //   Baseline: in process, Stream::Fill (+ a 4-byte CopyDeviceToHost) then OnComplete, waited
 //   on ("launch + completion"). The "floor" row compares the daemon's p50 with the bare
 //   gRPC echo round trip + the in-process launch + completion: what the transport and the
-//   device cost with nothing of ferry's own in between (issue 5 targets <= 1.2x).
+//   device cost with nothing of ferry's own in between (the target is <= 1.2x).
 //
 // throughput: axpy on 256-element f32 tensors, K ops recorded per submit (K = 1, 8, 64,
 //   512), submits pipelined (no waiting between them), one synchronize() at the end; ops/s =

@@ -11,7 +11,7 @@
 //   serial       download_pending -> wait() -> host work
 //   overlapped   download_pending -> host work -> wait()
 // Perfect overlap makes "overlapped" as long as the longer of copy and work; no overlap makes
-// it as long as "serial". Issue 5 targets overlapped <= 1.1 x copy only: with the host work
+// it as long as "serial". The target is overlapped <= 1.1 x copy only: with the host work
 // as long as the in-process copy, that holds when the daemon's copy costs no more than the
 // in-process one and hides the work. "x longer arm" = arm p50 / max(copy-only p50, host-only
 // p50) shows the overlap itself whichever arm is longer, and the notes give how much of the

@@ -19,7 +19,7 @@ int ExecutorThreadCount(int configured) {
   // A quarter of the cores: the daemon's other busy threads (the completion watcher and the
   // ring poller spin, gRPC's) need cores too, and a handler posted to fewer, busier threads
   // waits less for a wake-up; on the H200's 16 cores 4 threads beat 16 on most rows
-  // (docs/performance.md, "Executor threads").
+  // (docs/performance.md, changelog, 2026-12-01).
   return configured > 0 ? configured
                         : std::max(2, static_cast<int>(std::thread::hardware_concurrency()) / 4);
 }

@@ -4,7 +4,7 @@
 //
 // Why: CUDA's launch queue holds about 1024 commands per hardware work queue, and the
 // streams CUDA maps to one work queue share it (measured on the H200: docs/performance.md,
-// "Launch queue"); a launch beyond them blocks its thread, an executor thread every session
+// "Known bounds"); a launch beyond them blocks its thread, an executor thread every session
 // needs. Each session keeps at most session-queued-commands on its own stream
 // (session/session.h), but sessions on one work queue add up, and which work queue a
 // stream gets is CUDA's choice. So all sessions together keep at most `limit` (ferryd's

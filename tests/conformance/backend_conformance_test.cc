@@ -1564,7 +1564,7 @@ TEST_P(BackendConformanceTest, RegisterHostMemory) {
   EXPECT_FALSE(device().RegisterHostMemory(host.data(), 0).ok());
 }
 
-// Issue 14, item 1: memory is shared by every session (one pool on CUDA, one heap on the
+// Memory is shared by every session (one pool on CUDA, one heap on the
 // host), so a tensor must not show what the previous owner of its bytes wrote. Stream A plays
 // one session: it fills tensors with a pattern and frees them. Stream B plays the next
 // session: it allocates the same sizes and reads them back without writing a byte.

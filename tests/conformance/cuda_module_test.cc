@@ -359,7 +359,7 @@ TEST(CudaModuleDeathTest, InvalidAddressIsADeviceFault) {
   EXPECT_EXIT(FaultTheDeviceAndExit(), ::testing::ExitedWithCode(0), "device fault reported");
 }
 
-// --- CUDA C++ compiles (issue 14, item 3) ----------------------------------------------------
+// --- CUDA C++ compiles -----------------------------------------------------------------------
 //
 // The compile path needs NVRTC, not a GPU: these run wherever the CUDA backend is built and
 // NVRTC loads (skipped, with the reason, elsewhere); the device-level ones need a GPU.

@@ -1,5 +1,5 @@
 #!/bin/bash
-# On the GPU machine: what the tenant-isolation fixes cost (issue 14), from a bundle made by
+# On the GPU machine: what the tenant-isolation fixes cost, from a bundle made by
 # tests/gpu/bundle.sh: new tensors zeroed (transfers: "create + first download" rows against
 # "download blocking" of the same size), slabs never re-granted (open_close: "first
 # pinned_buffer()", open_session(), close()), over the Unix endpoint and over TCP.

@@ -1,4 +1,4 @@
-// A session's client must not be able to grow ferryd without bound (issue 15): a client that
+// A session's client must not be able to grow ferryd without bound: a client that
 // writes and never reads (Synchronize, refused submits, downloads) is held back by the daemon
 // instead of filling its memory, loses nothing once it reads, and does not hold up others;
 // live objects and recorded graph ops per session are bounded; a submit too large for the

@@ -1,4 +1,4 @@
-// A daemon stays bounded under hostile local clients (issue 15, items 4-6), against a real
+// A daemon stays bounded under hostile local clients, against a real
 // ferryd on the host backend:
 //  - the slab socket: idle connections that never say hello are capped per uid and closed at
 //    the hello deadline; out of file descriptors, the broker thread backs off instead of

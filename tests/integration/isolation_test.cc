@@ -1,7 +1,7 @@
-// Tenant isolation through a real ferryd (issue 14): what one session wrote must never be
-// readable by another, neither through a new tensor's device memory (item 1) nor through a
-// shared-memory slab the first session's client still maps after it ended (item 5), nor
-// through the daemon's pinned staging that inline downloads pass through.
+// Tenant isolation through a real ferryd: what one session wrote must never be readable by
+// another, neither through a new tensor's device memory nor through a shared-memory slab the
+// first session's client still maps after it ended, nor through the daemon's pinned staging
+// that inline downloads pass through.
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <unistd.h>

@@ -671,7 +671,7 @@ TEST_F(SlabBadInputTest, AUidThatLeavesAnswersUnreadIsHeldBackUntilItReadsThem) 
   CheckServing();
 }
 
-// Issue 14, item 7: a hello with the right token but a bad magic is refused before the token
+// A hello with the right token but a bad magic is refused before the token
 // is looked at, so the token still binds the session afterwards (docs/protocol.md, "Slab
 // socket"); a hello with the right magic spends it, and a token that differs from a pending
 // one only in its last character binds nothing and spends nothing.

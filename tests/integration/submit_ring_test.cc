@@ -111,8 +111,8 @@ TEST_F(SubmitRingTest, BothPathsAreHandledInSequenceOrder) {
   CloseThroughRing(raw, ring, 5);
 }
 
-// A client that rings its doorbell without pause has its doorbell muted (issue 15, item 6),
-// but its ring is still read: every record it writes during the storm is taken and runs, in
+// A client that rings its doorbell without pause has its doorbell muted, but its ring is
+// still read: every record it writes during the storm is taken and runs, in
 // order, and its results are right.
 TEST_F(SubmitRingTest, RecordsWrittenDuringADoorbellStormAreNotLost) {
   RawStream raw(daemon_->unix_target());

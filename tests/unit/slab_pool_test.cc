@@ -55,7 +55,7 @@ TEST(SlabPoolTest, SealsHoldAgainstShrinkAndGrow) {
   EXPECT_TRUE(seals & F_SEAL_GROW);
 }
 
-// Issue 14, item 5: a client can keep its mapping of a slab after its session ended, and
+// A client can keep its mapping of a slab after its session ended, and
 // tenants often share a uid. A released slab is never handed out again (to the same uid
 // either): its id and its memfd never come back, and the old mapping never shows what the
 // next session writes.

@@ -232,7 +232,7 @@ class CudaModule final : public Module {
 /// default) a function is otherwise loaded at its first cuModuleGetFunction, and one loaded
 /// while other streams' kernels run does not start until they have all ended (on the H100 a
 /// 1-thread kernel waited 0.9 s for another stream's running kernel; docs/performance.md,
-/// thirtieth session): a session's first launch of a raw kernel would wait for every other
+/// changelog, 2026-12-05): a session's first launch of a raw kernel would wait for every other
 /// session's running kernels. Loading the module itself waits for them already, in both
 /// modes, on the long lane; the functions loaded here, right after it, load while the device
 /// is as idle as it gets, and no later launch loads code. Drivers without cuFuncLoad (before
@@ -1149,7 +1149,7 @@ class CudaStream final : public Stream {
   // A batch is a capture whose executable graph the stream keeps, one per node count, and
   // updates in place with the next batch of that count (cudaGraphExecUpdate: new kernel
   // parameters, even new kernels, same topology). Launching updated graphs costs a fraction
-  // of launching their kernels one by one (docs/performance.md, "Kernel batches").
+  // of launching their kernels one by one (docs/performance.md, changelog, 2026-11-29).
   Status BeginBatch() override {
     FERRY_RETURN_IF_ERROR(BeginCapture());
     batching_ = true;
@@ -1368,8 +1368,8 @@ class CudaStream final : public Stream {
   /// through staging buffers that every stream of the context shares; a pageable copy queued
   /// behind its stream's earlier work holds them until that work has run, and every other
   /// stream's pageable copy waits meanwhile (on the H100 a 4 KiB upload of another session
-  /// waited 2 s for a download queued behind a 2 s kernel; docs/performance.md, thirtieth
-  /// session). A stream synchronize holds nothing another stream needs, so the copy is made
+  /// waited 2 s for a download queued behind a 2 s kernel; docs/performance.md, changelog,
+  /// 2026-12-05). A stream synchronize holds nothing another stream needs, so the copy is made
   /// on an idle stream and holds the staging for its own time only. The caller runs it where
   /// waiting holds no other session's work (backend.h). Not inside a capture (nothing runs).
   Status WaitBeforePageableCopy(const void* host, uint64_t bytes) {

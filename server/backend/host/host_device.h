@@ -53,7 +53,7 @@ namespace ferry::backend {
 class HostStream;
 
 /// The commands a host stream holds before an enqueue waits (CUDA's launch queue took about
-/// 1024 per hardware work queue on the H200: docs/performance.md, "Launch queue").
+/// 1024 per hardware work queue on the H200: docs/performance.md, "Known bounds").
 inline constexpr uint64_t kHostLaunchQueueCommands = 1024;
 
 /// The CPU emulation of one device. Create with Create() or CreateHostDevice().
