@@ -196,7 +196,7 @@ std::vector<Table> RunMemory(Context& ctx) {
         notes.push_back("ferryd's /proc/PID/status with " + std::to_string(kSessions) +
                         " sessions open (one Client), each holding a 256 f32 tensor; pools "
                         "excluded = VmRSS - Admin slab_bytes (every slab, free or held)");
-        notes.push_back("target column: issue 5's bound, <= 64 MiB; ratio = figure / target");
+        notes.push_back("target column: the bound, <= 64 MiB; ratio = figure / target");
         notes.push_back(
             "VmRSS includes what the daemon served before (other clients, earlier "
             "scenarios when not run first; host backend: device memory is heap)");
@@ -213,7 +213,7 @@ std::vector<Table> RunMemory(Context& ctx) {
       });
   for (Table& t : tables) {
     t.baseline_label = "target";
-    t.baseline_description = "none in process; 'target' = issue 5's bound";
+    t.baseline_description = "none in process; 'target' = the bound, <= 64 MiB";
   }
   return tables;
 }

@@ -227,7 +227,7 @@ std::vector<Table> RunOverlap(Context& ctx) {
                               : "each target's own copy-only p50, round trip included (no "
                                 "baseline ran)") +
                 "; arms interleaved, " + std::to_string(iterations) + " samples each",
-            "x copy only = arm p50 / copy-only p50 (issue 5 target: overlapped <= 1.1); x longer "
+            "x copy only = arm p50 / copy-only p50 (target: overlapped <= 1.1); x longer "
             "arm = arm p50 / max(copy-only p50, host-only p50) (perfect overlap: 1.0); the "
             "ratio column compares the daemon's with the baseline's",
             "daemon: download_pending with one PinnedBuffer moved through every transfer; "

@@ -478,7 +478,7 @@ std::vector<Table> RunTransfers(Context& ctx) {
         "'vs in-process pageable' row: the blocking upload against an in-process copy from "
         "ordinary, unregistered (pageable) memory, waited on",
         "create + first download = a new tensor downloaded before anything was written to it, "
-        "timed from the create: new tensors are zeroed (issue 14), so against 'download "
+        "timed from the create: new tensors are zeroed, so against 'download "
         "blocking' of the same size this is the cost of creating and zeroing; baseline: "
         "Stream::Allocate (zeroing too) + copy + wait"};
     if (which >= 0) {
