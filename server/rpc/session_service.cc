@@ -15,8 +15,10 @@
 #include "ferry/trace_points.h"
 #include "ferry/wire.h"
 #include "rpc/convert.h"
+#include "rpc/in_flight_ledger.h"
 #include "rpc/input_sequencer.h"
 #include "rpc/message_intake.h"
+#include "rpc/outbox.h"
 #include "rpc/stream_end.h"
 
 namespace ferry::rpc {
@@ -101,6 +103,7 @@ class IntakeGate {
 // session). The reactor (owned by gRPC) is used only until Finish is called on it.
 class SessionConnection : public session::SessionEvents,
                           public DrainListener,
+                          public MessageWriter,
                           public std::enable_shared_from_this<SessionConnection> {
  public:
   // The call's context, for cancelling it from a timer: cleared (under its mutex) when gRPC
@@ -116,7 +119,10 @@ class SessionConnection : public session::SessionEvents,
         executor_(*context->parts.io, context->parts.long_lane, session::IdentityOf(peer)),
         reactor_(reactor),
         peer_(std::move(peer)),
-        sessionless_(std::move(sessionless)) {
+        sessionless_(std::move(sessionless)),
+        outbox_(&context->gauges),
+        ledger_(&context->gauges, context->parts.registry) {
+    outbox_.set_writer(this);
     MutexLock lock(&call_->mu);
     call_->call = call;
   }
@@ -433,21 +439,18 @@ class SessionConnection : public session::SessionEvents,
   }
 
   void HandleWriteDone(bool ok) {
-    write_in_flight_ = false;
+    std::unique_ptr<v1::ServerMessage> written = outbox_.WriteDone();
     if (!ok) {
       DropUnsent(0);
       ClientGone("a write to the client failed");
       return;
     }
-    if (!outbox_.empty()) {
-      const bool closed = outbox_.front().message->has_closed();
-      Answered(*outbox_.front().message);
-      Unqueue(outbox_.front());
-      outbox_.pop_front();
+    if (written) {
+      ledger_.Answered(*written);
       // A kept stream's open timeout (Closed.kept_ms) counts from when its Closed is written,
       // not from the close: its client sends the next Open only once it has read the Closed,
       // and that write may wait behind a busy daemon's others.
-      if (closed && !session_ && !finishing()) {
+      if (written->has_closed() && !session_ && !finishing()) {
         sessionless_since_ = std::chrono::steady_clock::now();
       }
     }
@@ -471,12 +474,8 @@ class SessionConnection : public session::SessionEvents,
     sequencer_.Reset();
     parked_.reset();
     // What this stream counted in the daemon-wide gauges goes with it.
-    context_->gauges.unanswered -= static_cast<int64_t>(unanswered_);
-    context_->gauges.bytes_in_flight -= static_cast<int64_t>(bytes_in_flight_);
+    ledger_.Clear();
     if (paused_) --context_->gauges.streams_paused;
-    unanswered_ = bytes_in_flight_ = 0;
-    for (const Charge& c : charges_) RefundHeld(c);
-    charges_.clear();
     paused_ = false;
     if (!slab_token_.empty()) context_->parts.slab_broker->RevokeToken(slab_token_);
     if (session_ && !session_done_) session_->Abort();
@@ -488,6 +487,7 @@ class SessionConnection : public session::SessionEvents,
     session_.reset();
     closed_session_.reset();
     gate_->Set(IntakeBounds{});
+    outbox_.set_writer(nullptr);
     reactor_ = nullptr;
   }
 
@@ -515,16 +515,11 @@ class SessionConnection : public session::SessionEvents,
       }
       received_at_.pop_front();
     }
-    if (successes_on_board_ && status.ok()) {
-      // The board's post (made before this call) is the report, unless Download bytes went
-      // out for it: the client waits for its Completed to know they all came.
-      auto charge = std::find_if(charges_.begin(), charges_.end(),
-                                 [&](const Charge& c) { return c.submit_id == submit_id; });
-      if (charge != charges_.end() && !charge->downloads) {
-        AnsweredOnBoard(charge);
-        MaybeReadMore();
-        return;
-      }
+    // The board's post (made before this call) is the report of a success, unless Download
+    // bytes went out for it: the client waits for its Completed to know they all came.
+    if (successes_on_board_ && status.ok() && ledger_.AnsweredOnBoard(submit_id)) {
+      MaybeReadMore();
+      return;
     }
     SendCompleted(submit_id, status);
   }
@@ -545,7 +540,8 @@ class SessionConnection : public session::SessionEvents,
     wire::StatsToProto(stats, m->mutable_closed()->mutable_stats());
     session_done_ = true;
     spdlog::info("session {} closed ({} submits, {} ops)", session_id_, stats.submits, stats.ops);
-    if (keep_stream_asked_ && !finishing() && reactor_ && (write_in_flight_ || !outbox_.empty())) {
+    if (keep_stream_asked_ && !finishing() && reactor_ &&
+        (outbox_.write_in_flight() || !outbox_.empty())) {
       // Answers of the session are still being written, and count as unanswered until they
       // are: Closed waits for them (HandleWriteDone), and whether the stream is kept is
       // decided then. (It would be written after them anyway.)
@@ -570,12 +566,13 @@ class SessionConnection : public session::SessionEvents,
       return;
     }
     if (session_slabs_) session_slabs_->ReleaseKept();  // no next session to take them
-    if (end_ == StreamEnd::kOpen && !write_in_flight_ && outbox_.empty() && reactor_) {
+    if (end_ == StreamEnd::kOpen && !outbox_.write_in_flight() && outbox_.empty() && reactor_) {
       // Nothing else to write: Closed and the stream's end go in one write, so the client
       // reads both at once instead of waiting for a second write after this one's.
       DropRing();
       end_ = NextStreamEnd(NextStreamEnd(end_, StreamEndEvent::kFinishAsked),
                            StreamEndEvent::kDrained);
+      outbox_.set_writer(nullptr);
       last_message_ = std::move(m);
       reactor_->StartWriteAndFinish(last_message_.get(), grpc::WriteOptions(), grpc::Status::OK);
       HoldUntilDone();
@@ -606,7 +603,8 @@ class SessionConnection : public session::SessionEvents,
           received_at_.push_back(
               {id, std::chrono::steady_clock::now(), MovesBytes(message->submit())});
         }
-        if (Status over = ChargeSubmit(*incoming); !over.ok()) {
+        if (Status over = ledger_.ChargeSubmit(*incoming, session_->config().max_in_flight_bytes);
+            !over.ok()) {
           session::SubmitRequest refused;
           refused.submit_id = id;
           refused.refusal = std::move(over);
@@ -630,7 +628,7 @@ class SessionConnection : public session::SessionEvents,
       }
       case v1::ClientMessage::kSynchronize:
         if (!session_) return ProtocolViolation("Synchronize before Open");
-        Unanswered(1);  // until its Synchronized is written
+        ledger_.AddUnanswered(1);  // until its Synchronized is written
         session_->Synchronize(message->synchronize().sync_id());
         return;
       case v1::ClientMessage::kClose:
@@ -648,117 +646,8 @@ class SessionConnection : public session::SessionEvents,
     }
   }
 
-  // What a message costs the daemon besides what its parse takes (WireScan::parsed_bytes): its
-  // place in a queue, its conversion; an estimate, so that a client cannot make the daemon hold
-  // millions of small things for the price of a few bytes each.
-  static constexpr uint64_t kMessageCost = 256;
   // The most server messages a stream's outbox holds before the stream stops reading.
   static constexpr size_t kMaxOutboxMessages = 4096;
-
-  // Count `n` more accepted messages whose answer is not yet written.
-  void Unanswered(uint64_t n) {
-    unanswered_ += n;
-    context_->gauges.unanswered += static_cast<int64_t>(n);
-  }
-
-  // What one submit is charged until its Completed is written.
-  struct Charge {
-    uint64_t submit_id = 0;
-    uint64_t bytes = 0;
-    bool held = false;       // charged to the daemon's and the identity's in-flight bytes too
-    bool downloads = false;  // the submit has Download ops (its Completed always goes out)
-  };
-
-  // Charge a submit against the session's in-flight bytes, from now until its Completed is
-  // written: what its parse took (the intake's estimate, which its hold charged to the daemon
-  // and the identity already), and the inline download bytes it asks for (whose chunks wait in
-  // the outbox). Not OK (the submit to be refused) when the intake refused it (it is charged
-  // only its place then), when the submit alone is more than the session may hold
-  // (QUOTA_EXCEEDED), or when the daemon or its identity cannot hold the rest; it is charged
-  // either way, so that its refusal (a Completed) is counted like any answer.
-  Status ChargeSubmit(IncomingMessage& incoming) {
-    const WireScan& scan = incoming.scan;
-    const bool refused = !incoming.refusal.ok();
-    // Saturating: download lengths are the client's word; admission checks them.
-    constexpr uint64_t kMost = 1ull << 62;
-    uint64_t charge = kMessageCost;
-    if (!refused) {
-      charge = std::min(kMost, charge + scan.parsed_bytes);
-      charge = std::min(kMost, charge + std::min(kMost, scan.download_bytes));
-      charge = std::min(kMost, charge + scan.downloads * kMessageCost);
-    }
-    Unanswered(1);
-    charges_.push_back({scan.submit_id, charge, false, !refused && scan.downloads > 0});
-    bytes_in_flight_ += charge;
-    context_->gauges.bytes_in_flight += static_cast<int64_t>(charge);
-    if (refused) return incoming.refusal;
-    const uint64_t limit = session_->config().max_in_flight_bytes;
-    if (limit && charge > limit) {
-      return Status(ErrorKind::kQuotaExceeded,
-                    "the submit alone would make the daemon hold about " + std::to_string(charge) +
-                        " bytes for the session (its ops, inline uploads and downloads), over "
-                        "its in-flight limit of " +
-                        std::to_string(limit) + " bytes (ferryd --session-in-flight-bytes)");
-    }
-    // And to the daemon and the session's identity, whose limits bound what many sessions
-    // hold together (a session's own limit times the sessions a uid may open is far more
-    // memory than the machine has); the parse is held already. A refused submit is charged
-    // only here (its hold is refunded with it).
-    const uint64_t rest = charge - std::min(charge, incoming.hold.bytes());
-    FERRY_RETURN_IF_ERROR(context_->parts.registry->ChargeInFlightBytes(account_.get(), rest));
-    incoming.hold.Release();  // its bytes are part of `charge` now, refunded with it (RefundHeld)
-    charges_.back().held = true;
-    return Status::Ok();
-  }
-  // Give back what a submit's charge took from the daemon's and the identity's in-flight
-  // bytes.
-  void RefundHeld(const Charge& c) {
-    if (c.held) context_->parts.registry->RefundInFlightBytes(account_.get(), c.bytes);
-  }
-
-  // A message was written: when it answers one (Completed, Synchronized), that one and what
-  // it was charged are done.
-  void Answered(const v1::ServerMessage& m) {
-    uint64_t answers = 1;
-    if (m.has_completed()) {
-      // One Completed may answer a run of consecutive submits (CoalesceCompletions).
-      const uint64_t last = m.completed().submit_id();
-      const uint64_t first =
-          m.completed().first_submit_id() ? m.completed().first_submit_id() : last;
-      answers = last - first + 1;
-      while (!charges_.empty() && charges_.front().submit_id >= first &&
-             charges_.front().submit_id <= last) {
-        ReleaseCharge(charges_.front());
-        charges_.pop_front();
-      }
-    } else if (!m.has_synchronized()) {
-      return;
-    }
-    CountAnswered(answers);
-  }
-
-  // A submit the board reported (Opened.successes_on_board): done, as if its Completed had
-  // been written. Its charge need not be the oldest: an earlier submit's Completed may still
-  // wait in the outbox.
-  void AnsweredOnBoard(std::deque<Charge>::iterator charge) {
-    ReleaseCharge(*charge);
-    charges_.erase(charge);
-    CountAnswered(1);
-  }
-
-  // Give back what an answered submit's charge took: the session's in-flight bytes, the
-  // daemon-wide gauge, and the daemon's and the identity's share (RefundHeld).
-  void ReleaseCharge(const Charge& c) {
-    bytes_in_flight_ -= c.bytes;
-    context_->gauges.bytes_in_flight -= static_cast<int64_t>(c.bytes);
-    RefundHeld(c);
-  }
-  // `n` accepted messages were answered (never more than are counted unanswered).
-  void CountAnswered(uint64_t n) {
-    n = std::min(n, unanswered_);
-    unanswered_ -= n;
-    context_->gauges.unanswered -= static_cast<int64_t>(n);
-  }
 
   // Where a message came from: the gRPC stream or the submit ring.
   using Sequencer = InputSequencer<IncomingMessage>;
@@ -870,7 +759,7 @@ class SessionConnection : public session::SessionEvents,
       return Fail(Status(ErrorKind::kUnavailable, "the daemon is draining"),
                   grpc::Status(grpc::StatusCode::UNAVAILABLE, "draining"));
     }
-    coalesced_completions_ = open.coalesced_completions();
+    outbox_.set_coalesce(open.coalesced_completions());
     session::SessionConfig config = context_->limits.defaults;
     if (open.device_bytes_quota()) {
       config.device_bytes_quota =
@@ -891,10 +780,10 @@ class SessionConnection : public session::SessionEvents,
     }
     session_ = std::move(*created);
     session_id_ = session_->id();
-    account_ = context_->parts.registry->AccountOf(session_id_);
+    ledger_.set_account(context_->parts.registry->AccountOf(session_id_));
     gate_->Set(IntakeBounds{true, session_->config().max_ops_per_submit,
                             session_->config().max_in_flight_bytes, context_->parts.registry,
-                            account_});
+                            ledger_.account()});
     if (!raw_kernels_checked_ && !remote_ && context_->access.raw_kernels.lists_groups()) {
       // The group lookup may block: done now on an io thread, ahead of every message after
       // the Open (the executor keeps the order), not at the first launch, which may be handled
@@ -981,7 +870,7 @@ class SessionConnection : public session::SessionEvents,
   // be answered, the stream is ending or its client has stopped writing, or the stream
   // cannot take a sessionless place (SessionlessStreams::Keep). Called from OnClosed.
   bool KeepStream() {
-    if (finishing() || !reactor_ || read_closed_ || unanswered_ != 0 || !charges_.empty()) {
+    if (finishing() || !reactor_ || read_closed_ || !ledger_.idle()) {
       return false;
     }
     if (SessionlessStreams* streams = context_->parts.sessionless_streams) {
@@ -1014,13 +903,13 @@ class SessionConnection : public session::SessionEvents,
     closed_session_ = std::move(session_);
     session_id_ = 0;
     session_done_ = false;
-    account_.reset();
+    ledger_.set_account(nullptr);
     gate_->Set(IntakeBounds{});
     last_submit_id_ = 0;
     received_at_.clear();
     close_requested_ = false;
     keep_stream_asked_ = false;
-    coalesced_completions_ = false;
+    outbox_.set_coalesce(false);
     successes_on_board_ = false;
     sequencer_.Reset();  // the next session numbers its messages from 1
     parked_.reset();
@@ -1078,65 +967,25 @@ class SessionConnection : public session::SessionEvents,
     }
     session_done_ = true;
     // Drop what is not yet written, but keep the message gRPC may still be writing.
-    DropUnsent(write_in_flight_ ? 1u : 0u);
+    DropUnsent(outbox_.write_in_flight() ? 1u : 0u);
     FinishWith(grpc::Status::CANCELLED);
   }
 
-  // A message to write. A DownloadChunk's bytes may still be in staging until the message is
-  // next to be written (Ready), so copying a large download out overlaps with writing it.
-  struct Outgoing {
-    std::unique_ptr<v1::ServerMessage> message;
-    session::ChunkBytes staged;
-    uint64_t chunk_bytes = 0;  // a DownloadChunk's bytes, staged or not
-  };
+  // MessageWriter: the outbox's writes go to the stream.
+  void StartWrite(const v1::ServerMessage* message) override { reactor_->StartWrite(message); }
 
-  // Queue `message`; a DownloadChunk's `chunk_bytes` may still be in staging (`staged`).
+  // Queue `message` (Outbox); a DownloadChunk's `chunk_bytes` may still be in staging
+  // (`staged`). Nothing is queued once the stream is ending.
   void Send(std::unique_ptr<v1::ServerMessage> message, session::ChunkBytes staged = {},
             uint64_t chunk_bytes = 0) {
     if (finishing()) return;
-    const uint64_t bytes = chunk_bytes + kMessageCost;
-    outbox_bytes_ += bytes;
-    context_->gauges.unsent_bytes += static_cast<int64_t>(bytes);
-    if (staged.keep) ++chunks_in_staging_;
-    outbox_.push_back(Outgoing{std::move(message), std::move(staged), chunk_bytes});
-    ++context_->gauges.unsent;
-    PumpWrites();
-    // Queued behind a write in flight (PumpWrites did not take it): watch that write.
-    if (write_in_flight_ && chunks_in_staging_ > 0) WatchForStalledWrite();
+    outbox_.Push(std::move(message), std::move(staged), chunk_bytes);
+    WatchStagedChunks();
   }
-
-  // Drop queued messages, keeping the first `keep` (one gRPC may still be writing).
-  void DropUnsent(size_t keep) {
-    while (outbox_.size() > keep) {
-      Unqueue(outbox_.back());
-      outbox_.pop_back();
-    }
-  }
-  // Account for a message leaving the outbox (written or dropped).
-  void Unqueue(const Outgoing& o) {
-    if (o.staged.keep) --chunks_in_staging_;
-    --context_->gauges.unsent;
-    outbox_bytes_ -= o.chunk_bytes + kMessageCost;
-    context_->gauges.unsent_bytes -= static_cast<int64_t>(o.chunk_bytes + kMessageCost);
-  }
-
-  // Put a chunk's staged bytes into its message (copying them out of staging).
-  void Ready(Outgoing& o) {
-    if (!o.staged.keep) return;
-    *o.message->mutable_download_chunk()->mutable_data() = o.staged.Take();
-    --chunks_in_staging_;
-  }
-
+  void DropUnsent(size_t keep) { outbox_.DropUnsent(keep); }
   void PumpWrites() {
-    if (write_in_flight_ || outbox_.empty() || end_ == StreamEnd::kFinished || !reactor_) return;
-    write_in_flight_ = true;
-    ++writes_started_;
-    CoalesceCompletions();
-    Ready(outbox_.front());
-    reactor_->StartWrite(outbox_.front().message.get());
-    // Copy the next chunk out of staging while gRPC writes this one.
-    if (outbox_.size() > 1) Ready(outbox_[1]);
-    if (chunks_in_staging_ > 0) WatchForStalledWrite();
+    outbox_.Pump();
+    WatchStagedChunks();
   }
 
   // Staging is shared by every session, and a chunk holds its range until it is written. A
@@ -1144,41 +993,29 @@ class SessionConnection : public session::SessionEvents,
   // flight would hold their staging for as long as it does not read, and other sessions'
   // inline transfers would wait for it (staging-wait) and then copy directly. So once one
   // write has been in flight for kStalledWrite, every chunk still in staging is copied out
-  // (the copy Ready makes anyway, made early); its bytes stay charged to the session's
+  // (the copy the outbox makes anyway, made early); its bytes stay charged to the session's
   // in-flight bytes until written, as before.
   static constexpr std::chrono::milliseconds kStalledWrite{10};
 
-  void WatchForStalledWrite() {
-    if (stall_watch_armed_) return;
+  // Watch the write in flight while chunks wait in staging behind it.
+  void WatchStagedChunks() {
+    if (stall_watch_armed_ || !outbox_.write_in_flight() || outbox_.chunks_in_staging() == 0) {
+      return;
+    }
     stall_watch_armed_ = true;
     executor_.PostAfter(
         kStalledWrite,
-        [weak = weak_from_this(), write = writes_started_] {
+        [weak = weak_from_this(), write = outbox_.writes_started()] {
           auto self = weak.lock();
           if (!self) return;
           self->stall_watch_armed_ = false;
-          if (!self->write_in_flight_ || self->chunks_in_staging_ == 0) return;
-          if (self->writes_started_ != write) {  // writes moved on: watch the one now
-            self->WatchForStalledWrite();
+          if (self->outbox_.writes_started() != write) {  // writes moved on: watch the one now
+            self->WatchStagedChunks();
             return;
           }
-          for (Outgoing& o : self->outbox_) self->Ready(o);
+          if (self->outbox_.write_in_flight()) self->outbox_.CopyOutStaged();
         },
         "stalled write");
-  }
-
-  // gRPC writes one message at a time per stream, so a pipelined session's completions queue
-  // up behind the write in flight; one write per submit bounded 1-op submits to about 25 k/s
-  // on the H200 (docs/performance.md). For a client that reads ranges
-  // (Open.coalesced_completions), the successful Completed messages of consecutive submits
-  // waiting at the front of the outbox go out as one (Completed.first_submit_id).
-  void CoalesceCompletions() {
-    if (!coalesced_completions_ || !outbox_.front().message->has_completed()) return;
-    v1::Completed* run = outbox_.front().message->mutable_completed();
-    while (outbox_.size() > 1 && AbsorbCompletion(run, *outbox_[1].message)) {
-      Unqueue(outbox_[1]);
-      outbox_.erase(outbox_.begin() + 1);
-    }
   }
 
   // Take the next message from the stream and from the submit ring, where allowed.
@@ -1219,7 +1056,8 @@ class SessionConnection : public session::SessionEvents,
   // messages and max_in_flight_bytes bytes. Each of these is resumed by a write (or a
   // completion) that calls MaybeReadMore.
   bool AtLimit(size_t arriving) const {
-    return unanswered_ + arriving + Incoming() >= session_->config().max_in_flight_submits ||
+    return ledger_.unanswered() + arriving + Incoming() >=
+               session_->config().max_in_flight_submits ||
            OverBytesOrOutbox();
   }
   // Messages a path may still deliver: a read outstanding, what an armed ring may hand over,
@@ -1234,13 +1072,9 @@ class SessionConnection : public session::SessionEvents,
   // one message (max-message) of in-flight bytes left: its own answers resume it. One that
   // holds none reads on, and a submit past those limits is refused (ChargeSubmit).
   bool OverBytesOrOutbox() const {
-    if (outbox_.size() >= kMaxOutboxMessages) return true;
-    const uint64_t bytes_limit = session_->config().max_in_flight_bytes;
-    if (bytes_limit && (bytes_in_flight_ >= bytes_limit || outbox_bytes_ >= bytes_limit)) {
-      return true;
-    }
-    return bytes_in_flight_ > 0 && context_->parts.registry->InFlightBytesRoomBelow(
-                                       account_.get(), context_->limits.max_message_bytes);
+    return outbox_.size() >= kMaxOutboxMessages ||
+           ledger_.OverBytes(session_->config().max_in_flight_bytes, outbox_.bytes(),
+                             context_->limits.max_message_bytes);
   }
 
   // Start the next read unless one is outstanding, a message read while the stream's last one
@@ -1258,7 +1092,7 @@ class SessionConnection : public session::SessionEvents,
         sequencer_.holds(kRing) || !MayTakeMore(arriving)) {
       return;
     }
-    const size_t used = unanswered_ + arriving + Incoming();  // below the limit: MayTakeMore
+    const size_t used = ledger_.unanswered() + arriving + Incoming();  // below: MayTakeMore
     const size_t room = session_->config().max_in_flight_submits - used;
     ring_credits_ = std::clamp<size_t>(room, 1, kRingBatch);
     // And no more bytes than the ring holds, nor than the session, its identity and the daemon
@@ -1266,11 +1100,8 @@ class SessionConnection : public session::SessionEvents,
     // waits in ring_backlog_ until the session accepts it (and charges it, ChargeSubmit), so
     // this bounds what a session's ring makes the daemon hold, whatever its client writes
     // while the poller takes.
-    uint64_t bytes = std::min(context_->limits.submit_ring_bytes,
-                              context_->parts.registry->InFlightBytesRoom(account_.get()));
-    if (const uint64_t limit = session_->config().max_in_flight_bytes; limit) {
-      bytes = std::min(bytes, limit - std::min(limit, bytes_in_flight_));
-    }
+    const uint64_t bytes = std::min(context_->limits.submit_ring_bytes,
+                                    ledger_.Room(session_->config().max_in_flight_bytes));
     ring_->Arm(static_cast<uint32_t>(ring_credits_), std::max<uint64_t>(bytes, 1));
   }
 
@@ -1298,10 +1129,12 @@ class SessionConnection : public session::SessionEvents,
   }
 
   void TryFinish() {
-    if (end_ != StreamEnd::kFinishing || write_in_flight_ || !outbox_.empty() || !reactor_) {
+    if (end_ != StreamEnd::kFinishing || outbox_.write_in_flight() || !outbox_.empty() ||
+        !reactor_) {
       return;
     }
     end_ = NextStreamEnd(end_, StreamEndEvent::kDrained);
+    outbox_.set_writer(nullptr);
     reactor_->Finish(finish_status_);
     HoldUntilDone();
   }
@@ -1316,13 +1149,13 @@ class SessionConnection : public session::SessionEvents,
     finish_deadline_armed_ = true;
     executor_.PostAfter(
         context_->limits.open_timeout,
-        [weak = weak_from_this(), handle = call_, writes = writes_started_] {
+        [weak = weak_from_this(), handle = call_, writes = outbox_.writes_started()] {
           auto self = weak.lock();
           if (!self) return;
           self->finish_deadline_armed_ = false;
           // Still finishing, or Closed still waiting (a stream kept meanwhile has moved on).
           if (!self->finishing() && !self->closed_held_) return;
-          if (self->writes_started_ != writes) {  // writes moved on: give it another span
+          if (self->outbox_.writes_started() != writes) {  // writes moved on: another span
             self->ArmFinishDeadline();
             return;
           }
@@ -1354,6 +1187,7 @@ class SessionConnection : public session::SessionEvents,
   Reactor* reactor_;  // valid until Finish; null after OnDone
   session::PeerIdentity peer_;
   SessionlessStreams::Ticket sessionless_;  // held while the stream carries no session
+  Outbox outbox_;                           // server messages not yet written
   bool remote_ = peer_.tcp;                 // came in over TCP
   bool raw_kernels_checked_ = false;        // RawKernelsAllowed looked it up
   bool raw_kernels_allowed_ = false;
@@ -1372,14 +1206,9 @@ class SessionConnection : public session::SessionEvents,
     bool transfer;  // the submit uploads or downloads bytes
   };
   std::deque<Received> received_at_;
-  std::deque<Outgoing> outbox_;
-  uint64_t outbox_bytes_ = 0;  // chunk bytes and kMessageCost per message in outbox_
-  // Submit and Synchronize messages accepted whose answer is not yet written; each submit's
-  // charge (id, bytes) until its Completed is written, in submit order; their sum.
-  uint64_t unanswered_ = 0;
-  std::deque<Charge> charges_;
-  std::shared_ptr<session::UidAccount> account_;  // the session's identity (set at Open)
-  uint64_t bytes_in_flight_ = 0;
+  // Messages accepted and not yet answered, and what they are charged (set to the session's
+  // identity at Open).
+  InFlightLedger ledger_;
   bool paused_ = false;  // a limit stops reading (counted in streams_paused)
   bool reading_ = false;
   bool read_closed_ = false;
@@ -1417,13 +1246,9 @@ class SessionConnection : public session::SessionEvents,
   bool open_deadline_armed_ = false;
   bool finish_deadline_armed_ = false;
   std::shared_ptr<CallHandle> call_ = std::make_shared<CallHandle>();
-  bool write_in_flight_ = false;
-  uint64_t writes_started_ = 0;         // writes PumpWrites started (WatchForStalledWrite)
-  bool stall_watch_armed_ = false;      // a WatchForStalledWrite check is due
-  size_t chunks_in_staging_ = 0;        // outbox messages whose bytes are still in staging
-  bool coalesced_completions_ = false;  // Open.coalesced_completions
-  bool successes_on_board_ = false;     // Opened.successes_on_board
-  StreamEnd end_ = StreamEnd::kOpen;    // changed only through NextStreamEnd
+  bool stall_watch_armed_ = false;    // a WatchStagedChunks check is due
+  bool successes_on_board_ = false;   // Opened.successes_on_board
+  StreamEnd end_ = StreamEnd::kOpen;  // changed only through NextStreamEnd
   // Written with the stream's end (StartWriteAndFinish): gRPC reads it until OnDone.
   std::unique_ptr<v1::ServerMessage> last_message_;
   // The session's Closed, held while answers before it are still being written (OnClosed).
