@@ -1,7 +1,7 @@
 // Built and run by hand: nvcc -O2 -arch=sm_90 -cudart static -o parallel_copy parallel_copy.cu &&
-// ./parallel_copy Results: docs/perf/2026-12-01-h200-c0aad46-blocking-copy-threads.txt. Blocking transfers
-// from ordinary memory: how fast can a client copy into pinned shared memory with T threads,
-// against an in-process pageable cudaMemcpy?
+// ./parallel_copy Results: docs/perf/2026-12-01-h200-c0aad46-blocking-copy-threads.txt. Blocking
+// transfers from ordinary memory: how fast can a client copy into pinned shared memory with T
+// threads, against an in-process pageable cudaMemcpy?
 #include <cuda_runtime.h>
 #include <sys/mman.h>
 #include <unistd.h>

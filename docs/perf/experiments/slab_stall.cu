@@ -1,7 +1,7 @@
 // Built and run by hand: nvcc -O2 -arch=sm_90 -cudart static -o slab_stall slab_stall.cu &&
 // ./slab_stall Results: docs/perf/2026-12-01-h200-c0aad46-slab-stall.txt (performance.md, "Known
-// bounds", slabs). Which slab-pool operation stalls a concurrent stream? Foreground: rounds of 64 tiny
-// kernels + 1 MiB H2D + D2H (pinned) + sync. Background: one kind of slab work, repeated.
+// bounds", slabs). Which slab-pool operation stalls a concurrent stream? Foreground: rounds of 64
+// tiny kernels + 1 MiB H2D + D2H (pinned) + sync. Background: one kind of slab work, repeated.
 #include <cuda_runtime.h>
 #include <fcntl.h>
 #include <sys/mman.h>
