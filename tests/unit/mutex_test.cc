@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <thread>
 
@@ -40,18 +41,31 @@ TEST(MutexTest, AWaiterWakesOnceItsPredicateHolds) {
   setter.join();
 }
 
+// Held on return: another thread that tries to take the lock then waits until it is let go
+// (a WaitFor that returned without the lock would let it in at once).
 TEST(MutexTest, ATimedWaitNeverSatisfiedReturnsFalseHoldingTheLock) {
   Shared s;
+  std::atomic<bool> entered{false};
+  std::thread other;
+  {
+    MutexLock lock(&s.mu);
+    EXPECT_FALSE(s.cv.WaitFor(&s.mu, std::chrono::milliseconds(1), [&] {
+      s.mu.AssertHeld();
+      return s.value != 0;
+    }));
+    other = std::thread([&] {
+      MutexLock inner(&s.mu);
+      entered = true;
+      s.value = 42;
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    EXPECT_FALSE(entered) << "another thread took the lock the timed wait returned with";
+    s.value = 7;
+  }
+  other.join();  // let in once the lock is released
+  EXPECT_TRUE(entered);
   MutexLock lock(&s.mu);
-  EXPECT_FALSE(s.cv.WaitFor(&s.mu, std::chrono::milliseconds(1), [&] {
-    s.mu.AssertHeld();
-    return s.value != 0;
-  }));
-  s.value = 7;  // still held: no other thread could have taken it
-  EXPECT_TRUE(s.cv.WaitFor(&s.mu, std::chrono::milliseconds(1), [&] {
-    s.mu.AssertHeld();
-    return s.value == 7;
-  }));
+  EXPECT_EQ(s.value, 42) << "the other thread wrote after this one let go";
 }
 
 TEST(MutexTest, UnlockingAMutexLockLetsAnotherThreadIn) {
