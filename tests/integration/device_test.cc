@@ -94,32 +94,129 @@ TEST_F(DeviceTest, GraphReplayAfterItsTensorWasFreedIsInvalidHandle) {
   ASSERT_TRUE(s->close().ok());
 }
 
-// Regression: Module/Graph move-assignment ran the destructor on a live object, corrupting
-// the session's reference count (gRPC then aborted in close()).
-TEST_F(DeviceTest, MoveAssigningModulesAndGraphsReleasesEachOnce) {
-  Start();
-  auto s = client_->open_session();
-  ASSERT_TRUE(s.ok());
-  Tensor x = s->create_tensor<float>({8});
-  Graph g = s->begin_graph();
-  s->fill(x, 1.0);
-  s->end_graph();
-  ASSERT_TRUE(s->synchronize().ok());
-  g = Graph();  // releases the graph once
-  g = Graph();
-  ASSERT_TRUE(s->synchronize().ok());
-  Module m;
-  m = Module();
-  auto stats = s->close();
-  ASSERT_TRUE(stats.ok()) << stats.status().ToString();
-}
-
 constexpr const char* kScaleSource = R"(
 extern "C" __global__ void scale_add(float* y, const float* x, float a, int n) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) y[i] = a * x[i] + y[i];
 }
 )";
+
+// Regression: Module/Graph move-assignment ran the destructor on a live object, corrupting
+// the session's reference count (gRPC then aborted in close()). Moving a live handle onto
+// another live one releases the one it overwrites, once, and nothing else: the moved one lives
+// on in its new place and is released once when that goes. Each release is an op recorded into
+// the session's next submit (recorded_ops()), and the daemon holds the count to it: a second
+// release of a graph or module is INVALID_HANDLE, and one never sent keeps its place under
+// --session-max-graphs and --session-max-modules (two each), so a third creation is refused.
+// On the host backend the daemon refuses every load (UNSUPPORTED), so no module exists there
+// and it refuses each release as INVALID_HANDLE, naming the module: which one was released.
+TEST_F(DeviceTest, MoveAssigningModulesAndGraphsReleasesEachOnce) {
+  Start({"--session-max-graphs", "2", "--session-max-modules", "2"});
+  auto s = client_->open_session();
+  ASSERT_TRUE(s.ok());
+  const bool cuda = IsCuda(*s);
+  Tensor x = s->create_tensor<float>({8});
+  s->fill(x, 0.0);
+  auto record_fill = [&](double value) {
+    Graph g = s->begin_graph();
+    s->fill(x, value);
+    s->end_graph();
+    return g;
+  };
+  auto first_element = [&]() -> float {
+    auto v = s->download<float>(x);
+    EXPECT_TRUE(v.ok()) << v.status().ToString();
+    return v.ok() ? (*v)[0] : -1.0f;
+  };
+
+  // Graphs, on every backend.
+  Graph a = record_fill(1.0);
+  Graph b = record_fill(2.0);
+  ASSERT_TRUE(s->synchronize().ok());
+  const uint64_t b_graph = b.handle();
+  a = std::move(b);  // releases a's graph
+  EXPECT_EQ(s->recorded_ops(), 1u) << "one FreeGraph: a's old graph";
+  EXPECT_EQ(a.handle(), b_graph);
+  EXPECT_EQ(b.handle(), 0u);
+  Status freed = s->synchronize();
+  ASSERT_TRUE(freed.ok()) << freed.ToString();
+  b = Graph();  // moved from: nothing to release
+  EXPECT_EQ(s->recorded_ops(), 0u);
+  s->launch_graph(a);  // b's graph lives on in a
+  EXPECT_EQ(first_element(), 2.0f);
+  Graph c = record_fill(3.0);  // fits: a's old graph left its place
+  Status recorded = s->synchronize();
+  ASSERT_TRUE(recorded.ok()) << recorded.ToString();
+  a = std::move(c);  // releases b's graph
+  EXPECT_EQ(s->recorded_ops(), 1u);
+  s->launch_graph(a);
+  EXPECT_EQ(first_element(), 3.0f);
+  a = Graph();  // releases c's graph
+  EXPECT_EQ(s->recorded_ops(), 1u);
+  {
+    Graph d = record_fill(4.0);
+    Graph e = record_fill(5.0);  // both places are free again
+    recorded = s->synchronize();
+    ASSERT_TRUE(recorded.ok()) << recorded.ToString();
+  }
+  EXPECT_EQ(s->recorded_ops(), 2u) << "d's and e's FreeGraph";
+  freed = s->synchronize();
+  ASSERT_TRUE(freed.ok()) << freed.ToString();
+
+  // Modules: real ones on CUDA; on the host backend, handles whose loads the daemon refused.
+  auto expect_released = [&](uint64_t module) {
+    Status st = s->synchronize();
+    if (cuda) {
+      EXPECT_TRUE(st.ok()) << st.ToString();
+    } else {
+      EXPECT_EQ(st.kind(), ErrorKind::kInvalidHandle) << st.ToString();
+      EXPECT_EQ(st.op_index(), 0) << st.ToString();
+      EXPECT_NE(st.message().find("module " + std::to_string(module) + " does not exist"),
+                std::string::npos)
+          << st.ToString();
+    }
+  };
+  Module m = s->load_module(ModuleFormat::kCudaSource, kScaleSource);
+  Module n = s->load_module(ModuleFormat::kCudaSource, kScaleSource);
+  Status loaded = s->synchronize();
+  if (cuda) {
+    ASSERT_TRUE(loaded.ok()) << loaded.ToString();
+  } else {
+    EXPECT_EQ(loaded.kind(), ErrorKind::kUnsupported) << loaded.ToString();
+  }
+  const uint64_t m_module = m.handle(), n_module = n.handle();
+  m = std::move(n);  // releases m's module
+  EXPECT_EQ(s->recorded_ops(), 1u) << "one UnloadModule: m's old module";
+  EXPECT_EQ(m.handle(), n_module);
+  EXPECT_EQ(n.handle(), 0u);
+  expect_released(m_module);
+  n = Module();  // moved from: nothing to release
+  EXPECT_EQ(s->recorded_ops(), 0u);
+  if (cuda) {
+    // n's module lives on in m: x = 1 * x + x.
+    s->fill(x, 1.0);
+    s->launch(
+        m, "scale_add", {1}, {8},
+        {KernelArg::tensor(x), KernelArg::tensor(x), KernelArg::f32(1.0f), KernelArg::i32(8)});
+    EXPECT_EQ(first_element(), 2.0f);
+    Module third = s->load_module(ModuleFormat::kCudaSource, kScaleSource);
+    loaded = s->synchronize();  // fits: m's old module left its place
+    EXPECT_TRUE(loaded.ok()) << loaded.ToString();
+    const uint64_t third_module = third.handle();
+    third = Module();
+    EXPECT_EQ(s->recorded_ops(), 1u);
+    expect_released(third_module);
+  }
+  m = Module();  // releases n's module
+  EXPECT_EQ(s->recorded_ops(), 1u);
+  expect_released(n_module);
+
+  x = Tensor();
+  auto stats = s->close();
+  ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+  // The host backend's three: the loads, and one release of each module.
+  EXPECT_EQ(stats->failed_submits, cuda ? 0u : 3u);
+}
 
 TEST_F(DeviceTest, RawKernelFromCudaSource) {
   Start();
