@@ -738,7 +738,9 @@ constexpr size_t kMaxFunctionName = 1024;
   X(h2d_bytes)                        \
   X(h2d_ns)                           \
   X(d2h_bytes)                        \
-  X(d2h_ns)
+  X(d2h_ns)                           \
+  X(staged_upload_bytes)              \
+  X(staged_download_bytes)
 #define FERRY_COUNT_FIELD(name) +1
 static_assert(sizeof(SessionStats) ==
                   (0 FERRY_SESSION_STATS_FIELDS(FERRY_COUNT_FIELD)) * sizeof(uint64_t),

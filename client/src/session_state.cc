@@ -288,6 +288,8 @@ Result<SessionStats> SessionState::Close() {
   Shutdown();
   detached_.clear();  // every completion has arrived (or the stream is gone)
   if (!stats) return DeadOr("the session stream ended before Closed");
+  stats->staged_upload_bytes = staged_upload_bytes_;
+  stats->staged_download_bytes = staged_download_bytes_;
   return *stats;
 }
 

@@ -145,6 +145,10 @@ class SessionState {
 
   /// The reused buffer blocking transfers stage through; invalid when none can be had.
   PinnedBuffer* Staging();
+  /// Count `bytes` a blocking upload or download sent through Staging(); Close reports the
+  /// sums (SessionStats::staged_upload_bytes, staged_download_bytes).
+  void CountStagedUpload(uint64_t bytes) { staged_upload_bytes_ += bytes; }
+  void CountStagedDownload(uint64_t bytes) { staged_download_bytes_ += bytes; }
 
  private:
   // Ask the daemon for one more slab over the slab socket and map it.
@@ -244,6 +248,8 @@ class SessionState {
   // stream's next session takes them over, or they are unmapped with the last buffer.
   std::vector<std::shared_ptr<SlabMapping>> closing_slabs_;
   bool staging_failed_ = false;
+  uint64_t staged_upload_bytes_ = 0;
+  uint64_t staged_download_bytes_ = 0;
   std::vector<std::shared_ptr<PendingState>> detached_;
 };
 

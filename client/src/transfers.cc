@@ -267,6 +267,7 @@ Status Session::upload_bytes(const Tensor& t, const void* data, uint64_t bytes) 
           break;
         }
         ids[k] = *id;
+        state_->CountStagedUpload(n);
       }
       for (uint64_t id : {std::min(ids[0], ids[1]), std::max(ids[0], ids[1])}) {
         if (!id) continue;
@@ -315,6 +316,7 @@ Status Session::download_bytes(const Tensor& t, void* out, uint64_t bytes) {
         SetSlabRange(state_->Record()->mutable_download_to_slab(), t.handle(), next,
                      staging->block_->slab->id, staging->block_->slab_offset + k * half, n);
         FERRY_ASSIGN_OR_RETURN(chunks[k].id, state_->Submit());
+        state_->CountStagedDownload(n);
         chunks[k].off = next;
         chunks[k].n = n;
         next += n;

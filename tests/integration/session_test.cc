@@ -191,6 +191,11 @@ TEST_P(SessionTest, CloseCountersMatchWhatWasDone) {
   EXPECT_EQ(stats->bytes_downloaded, 4000u);
   EXPECT_EQ(stats->tensors_created, 2u);
   EXPECT_EQ(stats->peak_device_bytes, 8000u);
+  // libferry's own: a local session's blocking transfers go through its staging buffer, a
+  // remote one's inline.
+  const bool tcp = GetParam();
+  EXPECT_EQ(stats->staged_upload_bytes, tcp ? 0u : 4000u);
+  EXPECT_EQ(stats->staged_download_bytes, tcp ? 0u : 4000u);
 }
 
 // Runs of 8 or more kernel ops in one submit go to the device as batches (kernel-batch,
@@ -336,7 +341,14 @@ TEST_P(SessionTest, LargeTransfersAreChunked) {
   ASSERT_TRUE(session->download_into(t, back).ok());
   EXPECT_EQ(back.data(), before);  // capacity was reused
   EXPECT_EQ(back, data);
-  ASSERT_TRUE(session->close().ok());
+  auto stats = session->close();
+  ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+  // Each way in parts of at most 8 MiB (a staging half, or inline submits), each a submit of
+  // its own, after the one that created the tensor.
+  EXPECT_GE(stats->submits, 1u + 3u + 3u);
+  const uint64_t staged = GetParam() ? 0 : n * sizeof(float);
+  EXPECT_EQ(stats->staged_upload_bytes, staged);
+  EXPECT_EQ(stats->staged_download_bytes, staged);
 }
 
 // Blocking transfers between one staging half and a few MiB (LargeTransfersAreChunked

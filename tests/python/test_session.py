@@ -155,11 +155,19 @@ def test_work_is_recorded_until_submit(session):
 
 
 def test_a_large_upload_goes_through_the_staging_halves(session):
-    n = 6 << 20  # 24 MiB of f32: more than the 16 MiB staging buffer
+    # 24 MiB of f32: more than the 16 MiB staging buffer (two halves of 8 MiB, as the slab
+    # holds it), so the transfer takes turns between them. Every byte goes through it, both
+    # ways, as the client counts (none inline), and the daemon moved as many.
+    assert session.slab_size >= 16 << 20, session.slab_size
+    n = 6 << 20
     host = np.arange(n, dtype=np.float32)
     t = session.tensor(n, "float32")
     session.upload(t, host)
     np.testing.assert_array_equal(session.download(t), host)
+    stats = session.close()
+    assert stats.staged_upload_bytes == host.nbytes, stats
+    assert stats.staged_download_bytes == host.nbytes, stats
+    assert stats.bytes_uploaded == host.nbytes and stats.bytes_downloaded == host.nbytes, stats
 
 
 def test_freed_tensor_leaves_the_daemon(client, daemon):

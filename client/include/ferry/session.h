@@ -41,6 +41,11 @@ struct SessionStats {
   uint64_t h2d_ns = 0;
   uint64_t d2h_bytes = 0;
   uint64_t d2h_ns = 0;
+  // Counted by libferry, not by the daemon: bytes of blocking uploads and downloads that
+  // went through the session's shared-memory staging buffer (the rest of a local session's,
+  // and all of a remote one's, went inline in messages).
+  uint64_t staged_upload_bytes = 0;
+  uint64_t staged_download_bytes = 0;
 };
 
 struct SessionOptions {

@@ -159,7 +159,9 @@ class SessionStats:
     peak_device_bytes: tensors made and the most device memory held at once.
     device_busy_ns: device time of the session's work, measured on the device; of it, the
     copy engines' traffic by direction: h2d_bytes / h2d_ns (host to device) and
-    d2h_bytes / d2h_ns (device to host).
+    d2h_bytes / d2h_ns (device to host). staged_upload_bytes, staged_download_bytes:
+    counted by the client, not the daemon: bytes of blocking uploads and downloads that went
+    through the session's shared-memory staging buffer (the rest went inline in messages).
     """
 
     submits: int = 0
@@ -177,6 +179,8 @@ class SessionStats:
     h2d_ns: int = 0
     d2h_bytes: int = 0
     d2h_ns: int = 0
+    staged_upload_bytes: int = 0
+    staged_download_bytes: int = 0
 
 
 # The C++ module lists ferry::SessionStats' fields (and fails to build when the struct gains

@@ -97,8 +97,11 @@ class SessionStats:
     h2d_ns: int
     d2h_bytes: int
     d2h_ns: int
+    staged_upload_bytes: int
+    staged_download_bytes: int
     def __init__(self, submits: int = 0, failed_submits: int = 0, ops: int = 0,
                  kernel_launches: int = 0, bytes_uploaded: int = 0, bytes_downloaded: int = 0,
                  tensors_created: int = 0, peak_device_bytes: int = 0, device_busy_ns: int = 0,
                  graph_launches: int = 0, kernel_batches: int = 0, h2d_bytes: int = 0,
-                 h2d_ns: int = 0, d2h_bytes: int = 0, d2h_ns: int = 0) -> None: ...
+                 h2d_ns: int = 0, d2h_bytes: int = 0, d2h_ns: int = 0,
+                 staged_upload_bytes: int = 0, staged_download_bytes: int = 0) -> None: ...

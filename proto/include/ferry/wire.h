@@ -26,7 +26,8 @@ Status FromProto(const v1::Error& e);
 Status FromWireKind(uint32_t kind, std::string message);
 
 /// Session counters: the daemon's SessionStatsSnapshot and libferry's SessionStats have the
-/// same fields; this is the one list of them.
+/// same fields, but for the ones libferry counts itself (staged_upload_bytes,
+/// staged_download_bytes); this is the one list of the daemon's.
 template <typename Stats>
 void StatsToProto(const Stats& s, v1::SessionStats* out) {
   out->set_submits(s.submits);
