@@ -175,6 +175,11 @@ TEST(TlsTest, RawKernelsAreRefusedForRemoteSessions) {
 TEST(TlsTest, RefusesNonLoopbackTcpWithoutTlsOrToken) {
   testing::FerrydProcess daemon({"--listen", "tcp:0.0.0.0:0"});
   EXPECT_FALSE(daemon.ok());
+  // For that reason, and no other.
+  EXPECT_NE(daemon.log().find("refusing tcp:0.0.0.0:0: a TCP endpoint must authenticate its "
+                              "clients"),
+            std::string::npos)
+      << daemon.log();
 }
 
 }  // namespace
