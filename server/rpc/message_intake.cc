@@ -4,7 +4,11 @@
 #include <grpcpp/support/proto_buffer_reader.h>
 
 #include <limits>
+#include <optional>
 #include <string>
+
+#include "rpc/convert.h"
+#include "session/ops.h"
 
 namespace ferry::rpc {
 namespace {
@@ -119,6 +123,31 @@ std::shared_ptr<IncomingMessage> Take(uint64_t size, Read read, const IntakeBoun
 }
 
 }  // namespace
+
+// A message whose handling is short and never blocks may be handled on the gRPC thread
+// that read it (gRPC's reactions must not block): a Synchronize; a Close (Session::Close
+// tears down at once only a session that holds nothing on the device, else it posts the
+// teardown); or a submit of at most session::kQuickSubmitOps ops, each of which only enqueues
+// device work that runs asynchronously (and at most session::kQuickSubmitUploadBytes of inline
+// upload bytes). An Open is handled there while the device serves (SessionReactor::OnReadDone).
+// Everything else goes to the executor's threads: Open while the device is rebuilt, and submits
+// with an op that may block the thread: a Download (into pageable chunks the copy waits for the
+// stream), a create or free (allocation may trim the pool), module loads (NVRTC compiles take up to
+// seconds) and unloads, GEMMs and graph captures (the first makes cuBLAS state, and loads the
+// library), graph frees. The same rule as session::IsQuickSubmit, on the wire's message.
+bool IsQuick(const v1::ClientMessage& m) {
+  if (m.has_synchronize() || m.has_close()) return true;
+  if (!m.has_submit() || static_cast<size_t>(m.submit().ops_size()) > session::kQuickSubmitOps) {
+    return false;
+  }
+  uint64_t upload_bytes = 0;
+  for (const v1::Op& op : m.submit().ops()) {
+    const std::optional<session::OpKind> kind = KindOf(op);
+    if (!kind || !session::Traits(*kind).quick) return false;
+    if (*kind == session::OpKind::kUpload) upload_bytes += op.upload().data().size();
+  }
+  return upload_bytes <= session::kQuickSubmitUploadBytes;
+}
 
 InFlightHold& InFlightHold::operator=(InFlightHold&& o) noexcept {
   if (this != &o) {

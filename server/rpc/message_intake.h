@@ -27,6 +27,7 @@
 #include <string_view>
 #include <utility>
 
+#include "ferry/mutex.h"
 #include "ferry/status.h"
 #include "ferry/v1/session.pb.h"
 #include "rpc/wire_scan.h"
@@ -108,6 +109,28 @@ class IncomingMessage {
  public:
   google::protobuf::Arena arena;  // after first_block_, which it uses
 };
+
+/// A connection's intake bounds: written on its executor when a session opens or ends, read by
+/// whichever thread takes a message (a gRPC thread, the ring poller). Thread-safe.
+class IntakeGate {
+ public:
+  IntakeBounds Get() const {
+    MutexLock lock(&mu_);
+    return bounds_;
+  }
+  void Set(IntakeBounds bounds) {
+    MutexLock lock(&mu_);
+    bounds_ = std::move(bounds);
+  }
+
+ private:
+  mutable Mutex mu_;
+  IntakeBounds bounds_ ABSL_GUARDED_BY(mu_);
+};
+
+/// Whether handling `m` is short and never blocks, so that it may run on the thread that took
+/// it (a gRPC thread, the ring poller): see message_intake.cc.
+bool IsQuick(const v1::ClientMessage& m);
 
 /// Take one message in memory (a submit ring record; see the file comment). Never null.
 std::shared_ptr<IncomingMessage> TakeClientMessage(std::string_view bytes,

@@ -19,6 +19,7 @@
 #include "rpc/input_sequencer.h"
 #include "rpc/message_intake.h"
 #include "rpc/outbox.h"
+#include "rpc/ring_intake.h"
 #include "rpc/stream_end.h"
 
 namespace ferry::rpc {
@@ -28,82 +29,12 @@ namespace {
 // parsed (rpc/message_intake.h); its answers are written as messages.
 using Reactor = grpc::ServerBidiReactor<grpc::ByteBuffer, v1::ServerMessage>;
 
-// A message whose handling is short and never blocks may be handled on the gRPC thread
-// that read it (gRPC's reactions must not block): a Synchronize; a Close (Session::Close
-// tears down at once only a session that holds nothing on the device, else it posts the
-// teardown); or a submit of at most session::kQuickSubmitOps ops, each of which only enqueues
-// device work that runs asynchronously (and at most session::kQuickSubmitUploadBytes of inline
-// upload bytes). An Open is handled there while the device serves (SessionReactor::OnReadDone).
-// Everything else goes to the executor's threads: Open while the device is rebuilt, and submits
-// with an op that may block the thread: a Download (into pageable chunks the copy waits for the
-// stream), a create or free (allocation may trim the pool), module loads (NVRTC compiles take up to
-// seconds) and unloads, GEMMs and graph captures (the first makes cuBLAS state, and loads the
-// library), graph frees. The same rule as session::IsQuickSubmit, on the wire's message.
-bool IsQuick(const v1::ClientMessage& m) {
-  if (m.has_synchronize() || m.has_close()) return true;
-  if (!m.has_submit() || static_cast<size_t>(m.submit().ops_size()) > session::kQuickSubmitOps) {
-    return false;
-  }
-  uint64_t upload_bytes = 0;
-  for (const v1::Op& op : m.submit().ops()) {
-    const std::optional<session::OpKind> kind = KindOf(op);
-    if (!kind || !session::Traits(*kind).quick) return false;
-    if (*kind == session::OpKind::kUpload) upload_bytes += op.upload().data().size();
-  }
-  return upload_bytes <= session::kQuickSubmitUploadBytes;
-}
-
-// Messages from the submit ring that are quick and have at most this many ops together are
-// handled on the ring poller's thread when the poller has nothing else to do (no other ring
-// has a message waiting); anything else goes to the executor's threads, so that neither one
-// session's long submits nor many sessions' short ones hold up the other rings.
-constexpr int kRingInlineOps = 8;
-// The most messages the ring poller takes from one ring at a time (RingPoller::Arm): a
-// pipelining client's queued messages reach the executor in one hand-off instead of one each.
-constexpr size_t kRingBatch = 32;
-// When the session's executor is busy then (typically the completion watcher finishing the
-// delivery that let the client submit again), the poller waits this long for it before
-// handing the message to the io threads: a thread wake-up costs 5–30 µs on a VM, the end of
-// a delivery a few.
-constexpr std::chrono::microseconds kRingWaitForExecutor{50};
-// A submit ring record larger than this is parsed on the long lane (SerialExecutor::Lane::kLong),
-// and handled there: parsing it, and converting a submit of that many ops, is not cut into
-// slices. A daemon's default ring is this size, so its records never are; a larger
-// `submit-ring` lets a client write records of megabytes (tens of milliseconds to parse).
-constexpr size_t kRingLongLaneRecordBytes = 64 << 10;
-// The ring poller's thread, which every local session's ring shares, parses records itself
-// only while one ring is busy (RingPoller::Taken::quiet: the fast path that may also run
-// them there), and at most this many bytes of them per hand-over. Anything else is parsed on
-// the session's executor (DrainRingBacklog), on an io thread, at most kRingParseSlice of a
-// turn at a time: a client that writes records slow to parse (a 64 KiB record of empty ops
-// took 0.7 ms, and up to 6 ms) spends its own session's turns, not the poller's time that other
-// sessions' rings wait for.
-constexpr size_t kRingParseOnPollerBudget = 64 << 10;
-constexpr std::chrono::milliseconds kRingParseSlice{2};
-
-// A connection's intake bounds (rpc/message_intake.h): written on its executor when a session
-// opens or ends, read by whichever thread takes a message (a gRPC thread, the ring poller).
-class IntakeGate {
- public:
-  IntakeBounds Get() const {
-    MutexLock lock(&mu_);
-    return bounds_;
-  }
-  void Set(IntakeBounds bounds) {
-    MutexLock lock(&mu_);
-    bounds_ = std::move(bounds);
-  }
-
- private:
-  mutable Mutex mu_;
-  IntakeBounds bounds_ ABSL_GUARDED_BY(mu_);
-};
-
 // The state of one session stream; touched only on its serial executor (shared with its
 // session). The reactor (owned by gRPC) is used only until Finish is called on it.
 class SessionConnection : public session::SessionEvents,
                           public DrainListener,
                           public MessageWriter,
+                          public RingIntake::Host,
                           public std::enable_shared_from_this<SessionConnection> {
  public:
   // The call's context, for cancelling it from a timer: cleared (under its mutex) when gRPC
@@ -236,115 +167,20 @@ class SessionConnection : public session::SessionEvents,
     return sequencer_.held_sequence(sequencer_.holds(kStream) ? kStream : kRing);
   }
 
-  // A message the ring poller took: taken (IncomingMessage), or a record left unparsed
-  // (kRingParseOnPollerBudget; kRingLongLaneRecordBytes).
-  struct RingRecord {
-    std::shared_ptr<IncomingMessage> message;
-    std::string unparsed;
-  };
-
-  // The ring poller took `messages` from the session's submit ring, and found it broken after
-  // them when `broken` is set. They are handled in ring order as the session may take them
-  // (DrainRingBacklog).
-  void HandleRingMessages(std::vector<RingRecord> messages, const std::string& broken) {
-    if (!ring_) {  // the ring was dropped after these were taken: the stream is ending
-      context_->gauges.messages_in_hand -= static_cast<int64_t>(messages.size());
-      return;
-    }
-    ring_credits_ = 0;  // disarmed: the poller handed over what it took
-    for (auto& m : messages) ring_backlog_.push_back(std::move(m));
-    if (!broken.empty()) ring_broken_ = broken;
-    MaybeReadMore();  // handles the backlog, then arms the ring again where it may
+  // The ring poller handed over `records` from the session's submit ring (RingIntake), and
+  // found it broken after them when `broken` is set.
+  void HandleRingMessages(std::vector<RingIntake::Record> records, std::string broken) {
+    if (ring_.Take(std::move(records), std::move(broken))) MaybeReadMore();
   }
 
-  // Handle the messages the poller took, oldest first, while the session may take them: the
-  // count was bounded when the ring was armed (MaybeArmRing); the bytes in flight and the
-  // outbox are looked at before each message, and a message the sequencer holds (waiting for
-  // a lower number from the stream) holds the rest. Resumed by MaybeReadMore.
-  // Messages taken together go to the session as runs of at most submit_run submits
-  // (Session::BeginSubmitRun): one completion watch per run, one batch for its kernel ops.
-  void DrainRingBacklog() {
-    if (draining_ring_) return;  // called again from a message's handling: the loop goes on
-    draining_ring_ = true;
-    std::shared_ptr<session::Session> run;  // the session a run is open on
-    uint32_t run_submits = 0;
-    while (ring_ && !ring_backlog_.empty() && !long_ring_record_ && !sequencer_.holds(kRing) &&
-           !finishing() && !(session_ && OverBytesOrOutbox())) {
-      const uint32_t run_limit = session_ ? session_->config().submit_run : 0;
-      if (run && run_submits >= run_limit) {
-        run->EndSubmitRun();
-        run = nullptr;
-      }
-      if (!run && session_ && run_limit > 1 && ring_backlog_.size() > 1) {
-        run = session_;
-        run_submits = 0;
-        run->BeginSubmitRun(OpsAhead(run_limit));
-      }
-      RingRecord& front = ring_backlog_.front();
-      if (!front.unparsed.empty() && front.unparsed.size() <= kRingLongLaneRecordBytes) {
-        // Left to the executor by the poller (kRingParseOnPollerBudget): parsed here, on an
-        // io thread, never on a caller's thread (a gRPC thread, the completion watcher), and
-        // not past the turn's slice: the rest after other sessions' work.
-        if (session::SerialExecutor::RunningOnCallersThread() ||
-            std::chrono::steady_clock::now() - session::SerialExecutor::TurnStart() >
-                kRingParseSlice) {
-          if (run) {
-            run->EndSubmitRun();
-            run = nullptr;
-          }
-          executor_.Yield([self = shared_from_this()] { self->MaybeReadMore(); }, "ring messages");
-          break;
-        }
-        front.message = TakeClientMessage(front.unparsed, gate_->Get());
-        front.unparsed.clear();
-      }
-      if (!ring_backlog_.front().unparsed.empty()) {
-        // A large record: parsed and handled on the long lane, where this drain goes on
-        // (OnLongRingRecord); the messages behind it wait.
-        if (run) {
-          run->EndSubmitRun();
-          run = nullptr;
-        }
-        std::string record = std::move(ring_backlog_.front().unparsed);
-        ring_backlog_.pop_front();
-        long_ring_record_ = true;
-        if (executor_.has_long_lane()) context_->parts.registry->CountLongLaneTurn();
-        executor_.Post([self = shared_from_this(), record = std::move(record),
-                        session = session_id_] { self->OnLongRingRecord(record, session); },
-                       "ring record (long lane)", session::SerialExecutor::Lane::kLong);
-        break;
-      }
-      std::shared_ptr<IncomingMessage> m = std::move(ring_backlog_.front().message);
-      ring_backlog_.pop_front();
-      --context_->gauges.messages_in_hand;
-      const bool submit = m->message && m->message->has_submit();
-      if (AcceptRingMessage(std::move(m)) && submit) ++run_submits;
-    }
-    if (run) run->EndSubmitRun();
-    if (ring_ && ring_backlog_.empty() && !ring_broken_.empty()) {
-      const std::string broken = std::move(ring_broken_);
-      ring_broken_.clear();
-      ProtocolViolation(broken);
-    }
-    draining_ring_ = false;
+  // --- RingIntake::Host ----------------------------------------------------------
+  bool MayTakeRingMessage() const override {
+    return !sequencer_.holds(kRing) && !finishing() && !(session_ && OverBytesOrOutbox());
   }
-
-  // On the long lane: a ring record too large to parse on the shared lane
-  // (kRingLongLaneRecordBytes), taken from the backlog for `session`, is parsed and handled in its
-  // place; the rest of the backlog is handled back on the shared lane.
-  void OnLongRingRecord(const std::string& record, uint64_t session) {
-    long_ring_record_ = false;
-    --context_->gauges.messages_in_hand;
-    // Not the session it was taken for (the ring went with the stream, or to a next session
-    // whose backlog started afresh): dropped, as that backlog was.
-    if (!ring_ || session != session_id_ || finishing()) return;
-    AcceptRingMessage(TakeClientMessage(record, gate_->Get()));
-    executor_.Post([self = shared_from_this()] { self->MaybeReadMore(); }, "ring messages");
-  }
-
+  std::shared_ptr<session::Session> ring_session() const override { return session_; }
   // A message from the submit ring: accepted in ring order when it is well formed, else the
-  // session ends with a protocol violation. Returns whether it was accepted.
-  bool AcceptRingMessage(std::shared_ptr<IncomingMessage> m) {
+  // session ends with a protocol violation.
+  bool AcceptRingMessage(std::shared_ptr<IncomingMessage> m) override {
     if (!m->violation.ok()) {
       EndForIntake(m->violation, "a submit ring record: ");
       return false;
@@ -356,16 +192,28 @@ class SessionConnection : public session::SessionEvents,
     Accept(std::move(m), kRing);
     return true;
   }
+  void YieldRingDrain() override {
+    executor_.Yield([self = shared_from_this()] { self->MaybeReadMore(); }, "ring messages");
+  }
+  // On the long lane, for the session the record was taken for (OnLongRingRecord).
+  void PostLongRecord(std::string record) override {
+    if (executor_.has_long_lane()) context_->parts.registry->CountLongLaneTurn();
+    executor_.Post([self = shared_from_this(), record = std::move(record),
+                    session = session_id_] { self->OnLongRingRecord(record, session); },
+                   "ring record (long lane)", session::SerialExecutor::Lane::kLong);
+  }
+  void RingBroken(const std::string& what) override { ProtocolViolation(what); }
 
-  // The ops of the next `submits` submits in the ring backlog.
-  uint64_t OpsAhead(uint32_t submits) const {
-    uint64_t ops = 0;
-    for (const RingRecord& r : ring_backlog_) {
-      if (!r.message || r.message->scan.kind != v1::ClientMessage::kSubmit) continue;
-      ops += r.message->scan.ops;
-      if (--submits == 0) break;
-    }
-    return ops;
+  // On the long lane: a ring record too large to parse on the shared lane, taken for
+  // `session`, is parsed and handled in its place; the rest of the ring's messages are handled
+  // back on the shared lane.
+  void OnLongRingRecord(const std::string& record, uint64_t session) {
+    ring_.LongRecordDone();
+    // Not the session it was taken for (the ring went with the stream, or to a next session
+    // whose backlog started afresh): dropped, as that backlog was.
+    if (!ring_.attached() || session != session_id_ || finishing()) return;
+    AcceptRingMessage(TakeClientMessage(record, gate_->Get()));
+    executor_.Post([self = shared_from_this()] { self->MaybeReadMore(); }, "ring messages");
   }
 
   // A local session's completion board and submit ring: ready-made when the daemon keeps a
@@ -375,67 +223,18 @@ class SessionConnection : public session::SessionEvents,
     return transport::ChannelStock::Make(context_->limits.submit_ring_bytes);
   }
 
-  // The handler the ring poller calls with what it took from this session's ring: parse it on
-  // the poller's thread while it is the one busy ring (within kRingParseOnPollerBudget), then
-  // hand it to the executor (see kRingInlineOps).
+  // The handler the ring poller calls with what it took from this session's ring.
   transport::RingPoller::Handler RingHandler() {
-    return [weak = weak_from_this(), executor = executor_, context = context_,
-            gate = gate_](transport::RingPoller::Taken taken) {
-      // Until each is handled (or its session is gone).
-      context->gauges.messages_in_hand += static_cast<int64_t>(taken.records.size());
-      const IntakeBounds bounds = gate->Get();
-      std::vector<RingRecord> messages;
-      messages.reserve(taken.records.size());
-      bool here = taken.quiet && taken.broken.empty();
-      size_t parse_budget = taken.quiet ? kRingParseOnPollerBudget : 0;
-      int ops = 0;
-      for (std::string& record : taken.records) {
-        RingRecord& r = messages.emplace_back();
-        if (!record.empty() && record.size() > parse_budget) {
-          r.unparsed = std::move(record);  // parsed on the executor, or the long lane
-          here = false;
-          parse_budget = 0;  // in ring order: none after it either
-          continue;
-        }
-        parse_budget -= record.size();
-        r.message = TakeClientMessage(record, bounds);
-        if (!r.message->violation.ok()) {  // a protocol violation, in its place
-          here = false;
-        } else {
-          here = here && IsQuick(*r.message->message);
-          if (r.message->message->has_submit()) {
-            FERRY_TRACE(trace::kTake, r.message->scan.submit_id);
-            ops += static_cast<int>(r.message->scan.ops);
+    return RingIntake::MakeHandler(
+        executor_, &context_->gauges, gate_,
+        [weak = weak_from_this(), context = context_](std::vector<RingIntake::Record> records,
+                                                      std::string broken) {
+          if (auto self = weak.lock()) {
+            self->HandleRingMessages(std::move(records), std::move(broken));
+          } else {
+            context->gauges.messages_in_hand -= static_cast<int64_t>(records.size());
           }
-        }
-      }
-      here = here && ops <= kRingInlineOps;
-      auto handle = [weak, context, messages = std::move(messages),
-                     broken = std::move(taken.broken)]() mutable {
-        if (auto self = weak.lock()) {
-          self->HandleRingMessages(std::move(messages), broken);
-        } else {
-          context->gauges.messages_in_hand -= static_cast<int64_t>(messages.size());
-        }
-      };
-      std::function<void()> fn = std::move(handle);
-      if (here) {
-        const auto until = std::chrono::steady_clock::now() + kRingWaitForExecutor;
-        FERRY_TRACE(trace::kRun0, 0);
-        do {
-          // The completions that queue meanwhile (the watcher found the executor busy with
-          // these messages) are delivered here too: handed on, they would wait for an io
-          // thread's wake-up, and a streaming client for them.
-          if (executor.TryRun(fn, session::SerialExecutor::Followers::kRunHere)) {
-            FERRY_TRACE(trace::kRun1, 0);
-            return;
-          }
-          FERRY_TRACE(trace::kRunFail, 0);
-          std::this_thread::yield();
-        } while (std::chrono::steady_clock::now() < until);
-      }
-      executor.Post(std::move(fn), "ring messages");
-    };
+        });
   }
 
   void HandleWriteDone(bool ok) {
@@ -658,7 +457,7 @@ class SessionConnection : public session::SessionEvents,
   // Handle `message` in its place (InputSequencer): at once, or held (pausing its path)
   // until every lower number has been handled. Nothing is handled after Close.
   void Accept(std::shared_ptr<IncomingMessage> message, Source from) {
-    if (message->sequence() != 0 && !ring_) {
+    if (message->sequence() != 0 && !ring_.attached()) {
       // Held, it would wait for lower numbers that no path can bring.
       return ProtocolViolation("message " + std::to_string(message->sequence()) +
                                " is numbered, and the session has no submit ring");
@@ -814,7 +613,7 @@ class SessionConnection : public session::SessionEvents,
                                                         context_->limits.session_pinned_quota);
       slabs->SetCharge(context_->parts.registry->AccountOf(session_id_));  // the uid's pinned limit
       session_slabs_ = slabs;
-      if (kept_board_ && kept_ring_ && ring_) {
+      if (kept_board_ && kept_ring_ && ring_.attached()) {
         // A kept stream: the last session's board (reset) and ring, which the client has
         // mapped; the ring's registration with the poller is the same.
         slabs->AttachBoard(std::move(kept_board_));
@@ -883,13 +682,11 @@ class SessionConnection : public session::SessionEvents,
     // keeps them mapped, and the ring stays registered with the poller (not armed until the
     // next Open: MaybeArmRing). What the poller took after the Close is dropped.
     if (session_slabs_ && session_slabs_->shared_board() && session_slabs_->shared_ring() &&
-        ring_) {
+        ring_.attached()) {
       kept_board_ = session_slabs_->shared_board();
       kept_ring_ = session_slabs_->shared_ring();
       kept_board_->Reset();
-      context_->gauges.messages_in_hand -= static_cast<int64_t>(ring_backlog_.size());
-      ring_backlog_.clear();
-      ring_broken_.clear();
+      ring_.ClearBacklog();
     } else {
       DropRing();
     }
@@ -936,7 +733,7 @@ class SessionConnection : public session::SessionEvents,
       if (auto& ring = channels.ring; ring.ok()) {
         std::shared_ptr<transport::SubmitRing> shared = std::move(*ring);
         slabs.AttachRing(shared);
-        ring_ = context_->parts.ring_poller->Add(std::move(shared), RingHandler());
+        ring_.Attach(context_->parts.ring_poller->Add(std::move(shared), RingHandler()));
         o->set_submit_ring(true);
       } else {
         spdlog::warn("session {}: no submit ring: {}", session_id_, ring.status().message());
@@ -1022,7 +819,7 @@ class SessionConnection : public session::SessionEvents,
   void MaybeReadMore() {
     if (parked_ && !sequencer_.holds(kStream) && !finishing()) Accept(std::move(parked_), kStream);
     MaybeStartRead();
-    DrainRingBacklog();
+    ring_.Drain(*this);
     MaybeArmRing();
     // A stream a limit stops taking more from (by either path: a read may be outstanding on
     // the stream while the client writes to its ring), not one that ends.
@@ -1063,9 +860,8 @@ class SessionConnection : public session::SessionEvents,
   // Messages a path may still deliver: a read outstanding, what an armed ring may hand over,
   // what the poller took and is not handled yet, a held message.
   size_t Incoming() const {
-    return (reading_ ? 1 : 0) + ring_credits_ + ring_backlog_.size() + (long_ring_record_ ? 1 : 0) +
-           (sequencer_.holds(kStream) ? 1 : 0) + (sequencer_.holds(kRing) ? 1 : 0) +
-           (parked_ ? 1 : 0);
+    return (reading_ ? 1 : 0) + ring_.incoming() + (sequencer_.holds(kStream) ? 1 : 0) +
+           (sequencer_.holds(kRing) ? 1 : 0) + (parked_ ? 1 : 0);
   }
   // The limits of AtLimit other than the count of messages.
   // A session that holds bytes also stops while the daemon or its identity has less than
@@ -1086,35 +882,25 @@ class SessionConnection : public session::SessionEvents,
   }
 
   // Likewise let the ring poller take the next messages from the submit ring: as many as
-  // the in-flight limit has room for (at most kRingBatch), once the last ones are handled.
+  // the in-flight limit has room for (at most RingIntake::kBatch), once the last ones are
+  // handled.
   void MaybeArmRing(size_t arriving = 0) {
-    if (!ring_ || !session_ || ring_credits_ > 0 || !ring_backlog_.empty() || long_ring_record_ ||
-        sequencer_.holds(kRing) || !MayTakeMore(arriving)) {
+    if (!ring_.ready_to_arm() || !session_ || sequencer_.holds(kRing) || !MayTakeMore(arriving)) {
       return;
     }
     const size_t used = ledger_.unanswered() + arriving + Incoming();  // below: MayTakeMore
     const size_t room = session_->config().max_in_flight_submits - used;
-    ring_credits_ = std::clamp<size_t>(room, 1, kRingBatch);
     // And no more bytes than the ring holds, nor than the session, its identity and the daemon
     // may still hold in flight (one record is taken all the same): what the poller hands over
-    // waits in ring_backlog_ until the session accepts it (and charges it, ChargeSubmit), so
-    // this bounds what a session's ring makes the daemon hold, whatever its client writes
-    // while the poller takes.
+    // waits in the intake until the session accepts it (and charges it), so this bounds what a
+    // session's ring makes the daemon hold, whatever its client writes while the poller takes.
     const uint64_t bytes = std::min(context_->limits.submit_ring_bytes,
                                     ledger_.Room(session_->config().max_in_flight_bytes));
-    ring_->Arm(static_cast<uint32_t>(ring_credits_), std::max<uint64_t>(bytes, 1));
+    ring_.Arm(std::clamp<size_t>(room, 1, RingIntake::kBatch), bytes);
   }
 
   // Stop taking messages from the submit ring (the stream is ending).
-  void DropRing() {
-    if (!ring_) return;
-    ring_->Remove();
-    ring_.reset();
-    ring_credits_ = 0;
-    context_->gauges.messages_in_hand -= static_cast<int64_t>(ring_backlog_.size());
-    ring_backlog_.clear();
-    ring_broken_.clear();
-  }
+  void DropRing() { ring_.Drop(); }
 
   bool finishing() const { return end_ != StreamEnd::kOpen; }
 
@@ -1194,6 +980,8 @@ class SessionConnection : public session::SessionEvents,
   grpc::ByteBuffer read_buffer_;  // written by gRPC between StartRead and OnReadDone
   // The bounds messages are taken under (set at Open, cleared when the stream has no session).
   const std::shared_ptr<IntakeGate> gate_ = std::make_shared<IntakeGate>();
+  // The submit ring (local sessions of a daemon with rings): what its poller hands over.
+  RingIntake ring_{&context_->gauges, gate_};
 
   std::shared_ptr<session::Session> session_;
   uint64_t session_id_ = 0;
@@ -1212,17 +1000,6 @@ class SessionConnection : public session::SessionEvents,
   bool paused_ = false;  // a limit stops reading (counted in streams_paused)
   bool reading_ = false;
   bool read_closed_ = false;
-  // The submit ring (local sessions of a daemon with rings): its registration with the ring
-  // poller, and how many messages the poller may take now (RingPoller::Arm; 0: not armed,
-  // like !reading_).
-  std::shared_ptr<transport::RingPoller::Registration> ring_;
-  size_t ring_credits_ = 0;
-  // Messages the poller took and not handled yet, oldest first (DrainRingBacklog); at most one
-  // arming's credits. null: a record that did not parse.
-  std::deque<RingRecord> ring_backlog_;
-  bool long_ring_record_ = false;  // one taken from it is being handled on the long lane
-  std::string ring_broken_;     // the ring broke after the backlog: a violation once it is handled
-  bool draining_ring_ = false;  // DrainRingBacklog is running (it is not entered again)
   // Numbered messages (ClientMessage.sequence) put back in order across the two paths.
   Sequencer sequencer_;
   // A message the stream brought while its previous one was held by the sequencer; it goes
