@@ -20,6 +20,7 @@
 #include "rpc/message_intake.h"
 #include "rpc/outbox.h"
 #include "rpc/ring_intake.h"
+#include "rpc/stream_channels.h"
 #include "rpc/stream_end.h"
 
 namespace ferry::rpc {
@@ -216,13 +217,6 @@ class SessionConnection : public session::SessionEvents,
     executor_.Post([self = shared_from_this()] { self->MaybeReadMore(); }, "ring messages");
   }
 
-  // A local session's completion board and submit ring: ready-made when the daemon keeps a
-  // stock of them, else made now.
-  transport::ChannelStock::Channels TakeChannels() const {
-    if (context_->parts.channel_stock) return context_->parts.channel_stock->Take();
-    return transport::ChannelStock::Make(context_->limits.submit_ring_bytes);
-  }
-
   // The handler the ring poller calls with what it took from this session's ring.
   transport::RingPoller::Handler RingHandler() {
     return RingIntake::MakeHandler(
@@ -276,12 +270,8 @@ class SessionConnection : public session::SessionEvents,
     ledger_.Clear();
     if (paused_) --context_->gauges.streams_paused;
     paused_ = false;
-    if (!slab_token_.empty()) context_->parts.slab_broker->RevokeToken(slab_token_);
+    channels_.Release();  // the token revoked; kept slabs go back with the stream
     if (session_ && !session_done_) session_->Abort();
-    // Kept slabs (docs/protocol.md, "Kept slabs") go back with the stream.
-    if (session_slabs_) session_slabs_->ReleaseKept();
-    if (last_slabs_) last_slabs_->ReleaseKept();
-    last_slabs_.reset();
     session_done_ = true;
     session_.reset();
     closed_session_.reset();
@@ -364,7 +354,7 @@ class SessionConnection : public session::SessionEvents,
       MaybeReadMore();  // the next Open
       return;
     }
-    if (session_slabs_) session_slabs_->ReleaseKept();  // no next session to take them
+    channels_.ReleaseKept();  // no next session to take them
     if (end_ == StreamEnd::kOpen && !outbox_.write_in_flight() && outbox_.empty() && reactor_) {
       // Nothing else to write: Closed and the stream's end go in one write, so the client
       // reads both at once instead of waiting for a second write after this one's.
@@ -434,9 +424,9 @@ class SessionConnection : public session::SessionEvents,
         if (!session_) return ProtocolViolation("Close before Open");
         close_requested_ = true;
         keep_stream_asked_ = message->close().keep_stream();
-        if (keep_stream_asked_ && session_slabs_) {
+        if (keep_stream_asked_) {
           const auto& ids = message->close().keep_slabs();
-          session_slabs_->KeepAtClose(std::vector<uint64_t>(ids.begin(), ids.end()));
+          channels_.KeepAtClose(std::vector<uint64_t>(ids.begin(), ids.end()));
         }
         session_->Close();
         return;
@@ -542,13 +532,7 @@ class SessionConnection : public session::SessionEvents,
     closed_session_.reset();  // a kept stream's last session
     // The slabs it kept go to this session (below); whatever is left of them, whatever
     // happens, back to the pool when Open returns.
-    struct ReleaseKeptOnReturn {
-      std::shared_ptr<pool::SessionSlabs> slabs;
-      ~ReleaseKeptOnReturn() {
-        if (slabs) slabs->ReleaseKept();
-      }
-    } last{std::move(last_slabs_)};
-    pool::SessionSlabs* last_slabs = last.slabs.get();
+    StreamChannels::LastSlabs last = channels_.TakeLastSlabs();
     if (open.protocol_version() != v1::PROTOCOL_VERSION_CURRENT) {
       return ProtocolViolation("protocol version " + std::to_string(open.protocol_version()) +
                                " is not supported; this daemon speaks " +
@@ -606,57 +590,14 @@ class SessionConnection : public session::SessionEvents,
     o->set_device_bytes_quota(config.device_bytes_quota);
     o->set_max_in_flight_submits(config.max_in_flight_submits);
     o->set_max_message_bytes(context_->limits.max_message_bytes);
-    // Shared memory for a local client: a slab set, and the one-time token that binds a
-    // connection on the slab socket to it.
+    // Shared memory for a local client: a slab set with its board and ring, and the one-time
+    // token that binds a connection on the slab socket to it.
     if (context_->parts.slab_pool && context_->parts.slab_broker && peer_.local()) {
-      auto slabs = std::make_shared<pool::SessionSlabs>(context_->parts.slab_pool,
-                                                        context_->limits.session_pinned_quota);
-      slabs->SetCharge(context_->parts.registry->AccountOf(session_id_));  // the uid's pinned limit
-      session_slabs_ = slabs;
-      if (kept_board_ && kept_ring_ && ring_.attached()) {
-        // A kept stream: the last session's board (reset) and ring, which the client has
-        // mapped; the ring's registration with the poller is the same.
-        slabs->AttachBoard(std::move(kept_board_));
-        slabs->AttachRing(std::move(kept_ring_));
-        o->set_completion_board(true);
-        successes_on_board_ = open.successes_on_board();
-        o->set_successes_on_board(successes_on_board_);
-        o->set_submit_ring(true);
-        o->set_channels_kept(true);
-      } else {
-        DropRing();  // a kept ring without its board (none is kept apart)
-        kept_board_.reset();
-        kept_ring_.reset();
-        OpenChannels(open, *slabs, o);
+      if (Status s =
+              channels_.Open(open, *session_, last, ring_, RingHandler(), o, &successes_on_board_);
+          !s.ok()) {
+        return Fail(s, grpc::Status(grpc::StatusCode::UNAVAILABLE, s.message()));
       }
-      if (const auto& board = slabs->shared_board()) {
-        // Where the client announces its sleeps on the board in its ring, the board wakes
-        // its futex only then (on a kept stream, as this session's Open asks).
-        const auto& ring = slabs->shared_ring();
-        board->WakeOnlyAnnounced(
-            open.board_sleeps_announced() && ring
-                ? std::shared_ptr<const std::atomic<uint32_t>>(ring, ring->board_sleepers())
-                : nullptr);
-      }
-      if (last_slabs) {
-        // The slabs the last session on this stream kept for this one (docs/protocol.md,
-        // "Kept slabs"): the same client, which has them mapped.
-        for (uint64_t id : slabs->AdoptKept(*last_slabs)) {
-          o->add_kept_slabs(id);
-          ++context_->gauges.slabs_kept_total;
-        }
-      }
-      session_->AttachSlabs(slabs);
-      auto token = context_->parts.slab_broker->IssueToken(slabs, *peer_.uid);
-      if (!token.ok()) {
-        spdlog::error("session {}: {}", session_id_, token.status().message());
-        return Fail(token.status(),
-                    grpc::Status(grpc::StatusCode::UNAVAILABLE, token.status().message()));
-      }
-      slab_token_ = std::move(*token);
-      o->set_slab_socket(context_->parts.slab_broker->path());
-      o->set_slab_token(slab_token_);
-      o->set_slab_size(context_->parts.slab_pool->slab_size());
     }
     // Inline bytes (every remote transfer; a local client's small ones) are staged, pinned:
     // no executor thread then waits in a copy to or from ordinary memory (Session::ReserveStaging).
@@ -678,23 +619,8 @@ class SessionConnection : public session::SessionEvents,
       if (!kept) return false;
       sessionless_ = std::move(*kept);
     }
-    // The board (reset to nothing completed) and the ring go to the next session: the client
-    // keeps them mapped, and the ring stays registered with the poller (not armed until the
-    // next Open: MaybeArmRing). What the poller took after the Close is dropped.
-    if (session_slabs_ && session_slabs_->shared_board() && session_slabs_->shared_ring() &&
-        ring_.attached()) {
-      kept_board_ = session_slabs_->shared_board();
-      kept_ring_ = session_slabs_->shared_ring();
-      kept_board_->Reset();
-      ring_.ClearBacklog();
-    } else {
-      DropRing();
-    }
-    last_slabs_ = std::move(session_slabs_);  // with the slabs it kept for the next session
-    if (!slab_token_.empty()) {               // never used, or spent: either way no longer good
-      context_->parts.slab_broker->RevokeToken(slab_token_);
-      slab_token_.clear();
-    }
+    // Its board and ring, and the slabs it kept, go to the next session.
+    channels_.KeepForNext(ring_);
     // Session::Finalize is still running (it called OnClosed): the session goes at the next
     // Open, or with the stream.
     closed_session_ = std::move(session_);
@@ -712,33 +638,6 @@ class SessionConnection : public session::SessionEvents,
     parked_.reset();
     ArmOpenDeadline();
     return true;
-  }
-
-  // A local session's new completion board and submit ring (made ahead by ChannelStock, or
-  // now), attached to `slabs` and announced in `o`.
-  void OpenChannels(const v1::Open& open, pool::SessionSlabs& slabs, v1::Opened* o) {
-    transport::ChannelStock::Channels channels = TakeChannels();
-    // A completion board, where the client sees its submits complete without waiting for
-    // Completed (a session without one still works; only its waits are slower).
-    if (auto& board = channels.board; board.ok()) {
-      slabs.AttachBoard(std::move(*board));
-      o->set_completion_board(true);
-      successes_on_board_ = open.successes_on_board();
-      o->set_successes_on_board(successes_on_board_);
-    } else {
-      spdlog::warn("session {}: no completion board: {}", session_id_, board.status().message());
-    }
-    // And a submit ring, through which the client may send its messages without gRPC.
-    if (context_->parts.ring_poller && context_->limits.submit_ring_bytes > 0) {
-      if (auto& ring = channels.ring; ring.ok()) {
-        std::shared_ptr<transport::SubmitRing> shared = std::move(*ring);
-        slabs.AttachRing(shared);
-        ring_.Attach(context_->parts.ring_poller->Add(std::move(shared), RingHandler()));
-        o->set_submit_ring(true);
-      } else {
-        spdlog::warn("session {}: no submit ring: {}", session_id_, ring.status().message());
-      }
-    }
   }
 
   // Report a session-level error to the client, then end the stream with `rpc_status`.
@@ -985,7 +884,6 @@ class SessionConnection : public session::SessionEvents,
 
   std::shared_ptr<session::Session> session_;
   uint64_t session_id_ = 0;
-  std::string slab_token_;     // issued at Open; revoked when the stream ends
   bool session_done_ = false;  // closed, aborted or failed: no more session calls
   uint64_t last_submit_id_ = 0;
   struct Received {
@@ -1010,14 +908,8 @@ class SessionConnection : public session::SessionEvents,
   bool keep_stream_asked_ = false;  // the Close asked to keep the stream (Close.keep_stream)
   // The session a kept stream carried last (see KeepStream); released at the next Open.
   std::shared_ptr<session::Session> closed_session_;
-  // A local session's slab set (with its board and ring), and, on a kept stream between
-  // sessions, the board and ring the next session takes over (Opened.channels_kept).
-  std::shared_ptr<pool::SessionSlabs> session_slabs_;
-  // On a kept stream between sessions: the last session's slab set, holding the slabs it
-  // kept for the next one (Close.keep_slabs); given back at the next Open or with the stream.
-  std::shared_ptr<pool::SessionSlabs> last_slabs_;
-  std::shared_ptr<transport::CompletionBoard> kept_board_;
-  std::shared_ptr<transport::SubmitRing> kept_ring_;
+  // A local session's shared memory, and what a kept stream carries to its next session.
+  StreamChannels channels_{context_, peer_.uid.value_or(static_cast<uint32_t>(-1))};
   // Since when the stream has carried no session, and whether an open deadline is armed.
   std::chrono::steady_clock::time_point sessionless_since_;
   bool open_deadline_armed_ = false;
