@@ -24,10 +24,19 @@
 
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "ferry/status.h"
 
 namespace ferry::backend::cuda_internal {
+
+/// INVALID_ARGUMENT and COMPILE_ERROR with `message`: what the backend's own checks refuse.
+inline Status InvalidArgument(std::string message) {
+  return Status(ErrorKind::kInvalidArgument, std::move(message));
+}
+inline Status CompileError(std::string message) {
+  return Status(ErrorKind::kCompileError, std::move(message));
+}
 
 /// Return true for the CUDA errors after which the context is unusable (every later call
 /// in it fails with the same error). The values of these codes are the same for the
