@@ -78,33 +78,17 @@ class CompileSlot {
   bool held_ = false;
 };
 
-}  // namespace
+// A helper process started for one compile, and the daemon's end of its socket.
+struct Helper {
+  pid_t pid = -1;
+  int sock = -1;
+};
 
-int CompilesRunningForTest() { return compiles_running.load(); }
-
-Result<CompiledSource> CompileCudaSource(std::string_view source, int major, int minor,
-                                         const NvrtcLimits& limits) {
-  FERRY_RETURN_IF_ERROR(CheckCudaSource(source));
-  if (source.size() > reply::kMaxSourceBytes) {
-    return Status(ErrorKind::kCompileError, "CUDA C++ source larger than " +
-                                                std::to_string(reply::kMaxSourceBytes) + " bytes");
-  }
-  const int max_concurrent = std::max(1, limits.max_concurrent);
-  CompileSlot slot(max_concurrent);
-  if (!slot.held()) {
-    return Status(ErrorKind::kBusy,
-                  std::to_string(max_concurrent) +
-                      " CUDA C++ compiles are running already (ferryd --nvrtc-concurrency); "
-                      "try the load again later");
-  }
-  const std::string helper = HelperPath(limits);
-  if (::access(helper.c_str(), X_OK) != 0) {
-    return Status(ErrorKind::kUnsupported,
-                  "CUDA C++ modules need the NVRTC helper " + helper + ": " + std::strerror(errno));
-  }
-
-  // One socket both ways (send with MSG_NOSIGNAL: a helper that died gives EPIPE, not
-  // SIGPIPE to the daemon).
+// Start `helper` for a compile for major.minor within `limits`: its stdin and stdout are one
+// socket both ways (send with MSG_NOSIGNAL: a helper that died gives EPIPE, not SIGPIPE to
+// the daemon), its stderr /dev/null; the daemon's end is non-blocking.
+Result<Helper> StartHelper(const std::string& helper, int major, int minor,
+                           const NvrtcLimits& limits) {
   int sv[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
     return Status(ErrorKind::kInternal, std::string("socketpair: ") + std::strerror(errno));
@@ -121,8 +105,9 @@ Result<CompiledSource> CompileCudaSource(std::string_view source, int major, int
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
-  pid_t pid = -1;
-  const int spawned = ::posix_spawn(&pid, helper.c_str(), &actions, nullptr, argv.data(), environ);
+  Helper started;
+  const int spawned =
+      ::posix_spawn(&started.pid, helper.c_str(), &actions, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   ::close(sv[1]);
   if (spawned != 0) {
@@ -130,14 +115,24 @@ Result<CompiledSource> CompileCudaSource(std::string_view source, int major, int
     return Status(ErrorKind::kUnsupported,
                   "starting the NVRTC helper " + helper + ": " + std::strerror(spawned));
   }
-  const int sock = sv[0];
-  (void)::fcntl(sock, F_SETFL, ::fcntl(sock, F_GETFL) | O_NONBLOCK);
+  started.sock = sv[0];
+  (void)::fcntl(started.sock, F_SETFL, ::fcntl(started.sock, F_GETFL) | O_NONBLOCK);
+  return started;
+}
 
-  // Send the source, read the reply, until the helper closes its end or the deadline.
-  const auto deadline = std::chrono::steady_clock::now() + limits.timeout;
+// What the helper answered, and whether reading stopped at the deadline or the size bound.
+struct Exchanged {
   std::string out;
+  bool timed_out = false;
+  bool too_big = false;
+};
+
+// Send `source` on `sock` and read the reply, until the helper closes its end or `deadline`.
+Exchanged Exchange(int sock, std::string_view source,
+                   std::chrono::steady_clock::time_point deadline) {
+  Exchanged answer;
   size_t sent = 0;
-  bool write_open = true, timed_out = false, too_big = false;
+  bool write_open = true;
   for (;;) {
     if (write_open && sent == source.size()) {
       ::shutdown(sock, SHUT_WR);
@@ -146,7 +141,7 @@ Result<CompiledSource> CompileCudaSource(std::string_view source, int major, int
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) {
-      timed_out = true;
+      answer.timed_out = true;
       break;
     }
     pollfd p = {sock, static_cast<short>(POLLIN | (write_open ? POLLOUT : 0)), 0};
@@ -166,9 +161,9 @@ Result<CompiledSource> CompileCudaSource(std::string_view source, int major, int
       char buf[65536];
       const ssize_t n = ::recv(sock, buf, sizeof(buf), 0);
       if (n > 0) {
-        out.append(buf, static_cast<size_t>(n));
-        if (out.size() > kMaxReplyBytes) {
-          too_big = true;
+        answer.out.append(buf, static_cast<size_t>(n));
+        if (answer.out.size() > kMaxReplyBytes) {
+          answer.too_big = true;
           break;
         }
       } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
@@ -176,13 +171,11 @@ Result<CompiledSource> CompileCudaSource(std::string_view source, int major, int
       }
     }
   }
-  ::close(sock);
-  if (timed_out || too_big) ::kill(pid, SIGKILL);
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  if (timed_out) return LimitHit(limits, "killed after the wall-clock limit");
-  if (too_big) return Status(ErrorKind::kCompileError, "the compiled module is too large");
+  return answer;
+}
+
+// The outcome of a compile whose helper answered `out` and ended with wait status `status`.
+Result<CompiledSource> ParseReply(const std::string& out, int status, const NvrtcLimits& limits) {
   if (WIFSIGNALED(status)) {
     const int sig = WTERMSIG(status);
     return LimitHit(limits, sig == SIGXCPU || sig == SIGKILL
@@ -225,6 +218,43 @@ Result<CompiledSource> CompileCudaSource(std::string_view source, int major, int
       }
       return Status(ErrorKind::kInternal, "NVRTC: " + text);
   }
+}
+
+}  // namespace
+
+int CompilesRunningForTest() { return compiles_running.load(); }
+
+Result<CompiledSource> CompileCudaSource(std::string_view source, int major, int minor,
+                                         const NvrtcLimits& limits) {
+  FERRY_RETURN_IF_ERROR(CheckCudaSource(source));
+  if (source.size() > reply::kMaxSourceBytes) {
+    return Status(ErrorKind::kCompileError, "CUDA C++ source larger than " +
+                                                std::to_string(reply::kMaxSourceBytes) + " bytes");
+  }
+  const int max_concurrent = std::max(1, limits.max_concurrent);
+  CompileSlot slot(max_concurrent);
+  if (!slot.held()) {
+    return Status(ErrorKind::kBusy,
+                  std::to_string(max_concurrent) +
+                      " CUDA C++ compiles are running already (ferryd --nvrtc-concurrency); "
+                      "try the load again later");
+  }
+  const std::string helper = HelperPath(limits);
+  if (::access(helper.c_str(), X_OK) != 0) {
+    return Status(ErrorKind::kUnsupported,
+                  "CUDA C++ modules need the NVRTC helper " + helper + ": " + std::strerror(errno));
+  }
+  FERRY_ASSIGN_OR_RETURN(Helper started, StartHelper(helper, major, minor, limits));
+  const Exchanged answer =
+      Exchange(started.sock, source, std::chrono::steady_clock::now() + limits.timeout);
+  ::close(started.sock);
+  if (answer.timed_out || answer.too_big) ::kill(started.pid, SIGKILL);
+  int status = 0;
+  while (::waitpid(started.pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (answer.timed_out) return LimitHit(limits, "killed after the wall-clock limit");
+  if (answer.too_big) return Status(ErrorKind::kCompileError, "the compiled module is too large");
+  return ParseReply(answer.out, status, limits);
 }
 
 }  // namespace ferry::backend
