@@ -3,13 +3,12 @@
 #include <pthread.h>
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
-#include <memory>
 #include <mutex>
 #include <thread>
+
+#include "ferry/mutex.h"
 
 namespace ferry::internal {
 namespace {
@@ -18,19 +17,18 @@ constexpr int kMaxThreads = 16;
 // Smallest piece handed to another thread: a 2 MiB chunk of a blocking transfer goes to 4.
 constexpr uint64_t kPieceBytes = 512ull << 10;
 
-// One ParallelCopy call: its pieces not yet taken, and those taken but not finished.
+// One ParallelCopy call that helper threads work on: its bytes and the size of the pieces
+// they are cut into. Immutable; lives on the caller's stack until every piece is copied.
 struct Job {
   char* dst;
   const char* src;
   uint64_t piece;
   uint64_t n;
-  uint64_t next = 0;  // first byte not yet taken; guarded by Pool::mu_
-  int running = 0;    // pieces being copied by helper threads; guarded by Pool::mu_
-  std::condition_variable done;
 };
 
 // Helper threads, shared by every copy of the process. Leaked on purpose: they may still be
-// blocked in wait() when static destructors run.
+// blocked in a wait when static destructors run. One copy at a time has the helpers (job_);
+// a copy that starts meanwhile copies alone.
 class Pool {
  public:
   static Pool& Get() {
@@ -43,60 +41,61 @@ class Pool {
   }
 
   void Copy(char* dst, const char* src, uint64_t n, int threads) {
-    auto job = std::make_shared<Job>();
-    job->dst = dst;
-    job->src = src;
-    job->n = n;
-    job->piece = std::max<uint64_t>(kPieceBytes, (n + threads - 1) / threads);
+    const Job job{dst, src, std::max<uint64_t>(kPieceBytes, (n + threads - 1) / threads), n};
     bool alone = false;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       // While another copy runs, this one copies alone: copies at once (sessions of one
       // process moving bytes together) each keep their own thread, so none gets the helpers
       // at the others' expense (sharing them, 64 sessions' rates differed up to 55-73x on the
       // H200; docs/performance.md).
-      alone = !jobs_.empty();
+      alone = job_ != nullptr;
       if (!alone) {
         StartLocked(threads - 1);
-        jobs_.push_back(job);
+        job_ = &job;
+        next_ = 0;
       }
     }
     if (alone) {
       std::memcpy(dst, src, n);
       return;
     }
-    work_.notify_all();
+    work_.NotifyAll();
     // The caller copies too, so the copy finishes even when no helper thread runs (after a
     // fork, in a child the threads were not copied into).
-    std::unique_lock lock(mu_);
-    while (job->next < job->n) {
-      const uint64_t at = Take(*job);
-      lock.unlock();
-      std::memcpy(dst + at, src + at, std::min(job->piece, n - at));
-      lock.lock();
+    MutexLock lock(&mu_);
+    while (next_ < job.n) {
+      const uint64_t at = TakeLocked();
+      lock.Unlock();
+      std::memcpy(dst + at, src + at, std::min(job.piece, n - at));
+      lock.Lock();
     }
-    job->done.wait(lock, [&] { return job->running == 0; });
-    jobs_.erase(std::remove(jobs_.begin(), jobs_.end(), job), jobs_.end());
+    done_.Wait(&mu_, [&] {
+      mu_.AssertHeld();
+      return running_ == 0;
+    });
+    job_ = nullptr;
   }
 
  private:
-  // Take the next piece of `job` (which has one); mu_ held.
-  static uint64_t Take(Job& job) {
-    const uint64_t at = job.next;
-    job.next = std::min(job.n, at + job.piece);
+  // Take the next piece of job_ (which has one).
+  uint64_t TakeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const uint64_t at = next_;
+    next_ = std::min(job_->n, at + job_->piece);
     return at;
   }
 
-  void StartLocked(int wanted) {
+  void StartLocked(int wanted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (; started_ < wanted; ++started_) {
       std::thread([this] { Run(); }).detach();
     }
   }
 
   // A fork while a helper thread holds mu_ (it takes it after every piece) would leave the
-  // child's copy of mu_ locked for good: the parent holds it across the fork.
-  static void BeforeFork() { current_->mu_.lock(); }
-  static void AfterForkInParent() { current_->mu_.unlock(); }
+  // child's copy of mu_ locked for good: the parent holds it across the fork, from BeforeFork
+  // to AfterForkInParent (a lock held across two functions, which the analysis cannot follow).
+  static void BeforeFork() ABSL_NO_THREAD_SAFETY_ANALYSIS { current_->mu_.Lock(); }
+  static void AfterForkInParent() ABSL_NO_THREAD_SAFETY_ANALYSIS { current_->mu_.Unlock(); }
   // The child starts from a new pool. Its copy of the old one is unusable: the condition
   // variables still count the parent's waiting helper threads, which do not exist in the
   // child, and glibc's notify can wait for those waiters for ever (a forked child hung in
@@ -105,30 +104,30 @@ class Pool {
 
   void Run() {
     pthread_setname_np(pthread_self(), "ferry-copy");
-    std::unique_lock lock(mu_);
+    MutexLock lock(&mu_);
     for (;;) {
-      std::shared_ptr<Job> job;
-      // Of the copies with pieces left, help the one with the fewest helpers, so that
-      // sessions copying at once share the threads instead of the oldest copy taking them all.
-      work_.wait(lock, [&] {
-        for (auto& j : jobs_) {
-          if (j->next < j->n && (!job || j->running < job->running)) job = j;
-        }
-        return job != nullptr;
+      work_.Wait(&mu_, [&] {
+        mu_.AssertHeld();
+        return job_ != nullptr && next_ < job_->n;
       });
-      const uint64_t at = Take(*job);
-      ++job->running;
-      lock.unlock();
-      std::memcpy(job->dst + at, job->src + at, std::min(job->piece, job->n - at));
-      lock.lock();
-      if (--job->running == 0 && job->next >= job->n) job->done.notify_all();
+      // job_ stays while running_ counts this thread: its caller waits for running_ == 0.
+      const Job job = *job_;
+      const uint64_t at = TakeLocked();
+      ++running_;
+      lock.Unlock();
+      std::memcpy(job.dst + at, job.src + at, std::min(job.piece, job.n - at));
+      lock.Lock();
+      if (--running_ == 0 && next_ >= job.n) done_.NotifyAll();
     }
   }
 
-  std::mutex mu_;
-  std::condition_variable work_;
-  std::deque<std::shared_ptr<Job>> jobs_;  // guarded by mu_
-  int started_ = 0;                        // guarded by mu_
+  Mutex mu_;
+  CondVar work_;  // job_ was set
+  CondVar done_;  // running_ dropped to 0 with every piece of job_ taken
+  const Job* job_ ABSL_GUARDED_BY(mu_) = nullptr;  // the copy the helpers work on, if any
+  uint64_t next_ ABSL_GUARDED_BY(mu_) = 0;         // job_'s first byte not yet taken
+  int running_ ABSL_GUARDED_BY(mu_) = 0;           // job_'s pieces being copied by helpers
+  int started_ ABSL_GUARDED_BY(mu_) = 0;           // helper threads started
 
   static inline Pool* current_ = nullptr;  // set once; replaced in a forked child only
 };
