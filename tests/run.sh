@@ -17,9 +17,10 @@
 #          corpus in tests/fuzz/corpus/; a crash, leak or slow input fails it
 #   tsan   build-tsan/: clang, TSan; unit tests and the concurrency subset of the integration
 #          tests ($tsan_integration below)
-#   tsa    build-tsa/: clang's thread-safety analysis (-Werror=thread-safety) over the daemon,
-#          libferry and ferryctl: ABSL_GUARDED_BY and friends (common/include/ferry/mutex.h)
-#          are checked; it only compiles, no test runs
+#   tsa    build-tsa/: clang's thread-safety analysis (-Werror=thread-safety) over the daemon
+#          (its CUDA backend included where the CUDA toolkit is), libferry and ferryctl:
+#          ABSL_GUARDED_BY and friends (common/include/ferry/mutex.h) are checked; it only
+#          compiles, no test runs
 # Every phase runs even when an earlier one failed (a failed plain build stops the run); the
 # exit status is non-zero when any failed. The output ends with a summary: each phase's time
 # and result, each ctest run's result lines (the plain suite's last), the head of the first
@@ -210,10 +211,19 @@ tsan_tests() {
 }
 
 # The thread-safety analysis: a clang build of what runs threads (the daemon, libferry,
-# ferryctl); a lock annotation broken anywhere fails the build.
+# ferryctl); a lock annotation broken anywhere fails the build. Where the CUDA toolkit is, the
+# daemon is built with its CUDA backend (FERRY_CUDA=ON overrides san_cmake's OFF): clang
+# compiles the backend's .cc files under the analysis, and nvcc its .cu kernels, which hold
+# no locks (nvcc cannot run the analysis). Without the toolkit the phase says so.
 tsa_build() {
+  local cuda=ON
+  if [[ ! -x /usr/local/cuda/bin/nvcc ]] && ! command -v nvcc >/dev/null; then
+    cuda=OFF
+    echo "tsa: no CUDA toolkit (nvcc) here: the CUDA backend's files are not analysed"
+  fi
   CC=clang CXX=clang++ cmake -S "$root" -B "$root/build-tsa" "${san_cmake[@]}" \
-    -DFERRY_BUILD_TESTS=OFF "-DCMAKE_CXX_FLAGS=-Wthread-safety -Werror=thread-safety" &&
+    -DFERRY_CUDA="$cuda" -DFERRY_BUILD_TESTS=OFF \
+    "-DCMAKE_CXX_FLAGS=-Wthread-safety -Werror=thread-safety" &&
     cmake --build "$root/build-tsa" -j "$jobs" --target ferryd ferry_client ferryctl
 }
 

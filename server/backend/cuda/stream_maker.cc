@@ -50,7 +50,7 @@ StreamMaker::~StreamMaker() {
   cv_.NotifyAll();
   thread_.join();
   if (cudaSetDevice(ordinal_) != cudaSuccess) (void)cudaGetLastError();
-  MutexLock lock(&mu_);  // the thread is gone: for the analysis
+  MutexLock lock(&mu_);  // uncontended: the thread is gone (and the analysis skips destructors)
   for (const ReadyStream& ready : ready_) DestroyReadyStream(ready);
   for (const ReadyStream& closed : retired_) DestroyReadyStream(closed);
   for (cublasHandle_t handle : cublas_ready_) (void)cublas_api_->Destroy(handle);
