@@ -21,7 +21,7 @@
 //
 // Events come from a per-device pool (created with cudaEventDisableTiming) and go back to
 // it after their callback ran. A second pool holds timing events, for the streams' usage
-// measurement (cuda_device.cc): a completion may be watched on a timing event, which goes
+// measurement (stream_usage.h): a completion may be watched on a timing event, which goes
 // back to that pool.
 //
 // Thread-safety: all public methods are safe from any thread. Callbacks run on the watcher
