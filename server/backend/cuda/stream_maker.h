@@ -53,7 +53,7 @@ void DestroyReadyStream(ReadyStream ready);
 /// (MakeCublasAhead), it also keeps kCublasAhead cuBLAS handles made for sessions' first
 /// GEMMs: cublasCreate allocates device memory, which CUDA may make wait for the whole
 /// device, and a session's first GEMM was seen waiting for another session's work on the
-/// H200 (docs/architecture.md, "Streams made ahead"). Only fresh
+/// H200 (docs/architecture.md, "What an open and a close cost"). Only fresh
 /// streams are handed out, in the order they were made, never one another session used:
 /// CUDA gives a stream its hardware work queue when the stream is made (round robin), so a
 /// session gets the queue a stream made at its open would have had (reused streams of
