@@ -1,5 +1,7 @@
 // ferryd's configuration: flags and the config file, parsed into one struct main.cc composes
-// the daemon from.
+// the daemon from. Every setting is declared once, in the table of settings.h (settings.cc),
+// from which the parsers, --help and the config dump are made; its default is the initial
+// value of its member below (or of the option structs these hold).
 //
 // The config file holds "name = value" lines with the flags' names (no leading dashes);
 // '#' starts a comment (at the start of a line, or after whitespace); blank lines are
@@ -26,6 +28,10 @@ namespace ferry {
 
 /// Where ferryd looks for its config file when --config is not given.
 inline constexpr const char* kDefaultConfigPath = "/etc/ferry/ferryd.conf";
+
+/// The endpoint ferryd listens on when no `listen` is given; `<device>` stands for the
+/// `device` setting's ordinal.
+inline constexpr const char* kDefaultListen = "unix:/run/ferry/ferryd-<device>.sock";
 
 struct DaemonConfig {
   int device = 0;
