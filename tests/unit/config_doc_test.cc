@@ -1,21 +1,21 @@
 // Keeps the settings table of docs/operations.md ("## Configuration") honest: one row per
-// setting ferryd knows, in --help order, each with the default the code reports.
+// setting of ferryd's settings table (server/settings.cc, SettingsTable()), in its order,
+// each with the default the table declares; and --help and --check-config show the same
+// settings as the table. Command-line-only flags (--config, the actions) and hidden test-only
+// settings (scope kHiddenForTest, names ending in -for-test) have no row.
 //
-// The code's own lists: FormatConfig (what --check-config prints) writes every setting, defaults
-// included, one "name = value" line each; FlagsHelp (--help) lists every documented flag. Hidden
-// test-only settings (names ending in -for-test) are in neither (FormatConfig prints
-// host-fault-after-ops-for-test only when it is set) and must not be in the table.
-//
-// The table's contract, which this test enforces:
+// The docs table's contract, which this test enforces:
 //   | `name` | DEFAULT | meaning |
 // where DEFAULT is `VALUE` (the config-file value; text may follow the closing backtick) or
 // starts with "none" or "off" (an empty value). `<device>` in a VALUE stands for the device
-// ordinal (the default listen endpoint).
+// ordinal (the default listen endpoint), as in the table. A range "LO..HI" in the meaning of
+// a count is the range the table gives it.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <fstream>
 #include <map>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <string>
@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "config.h"
+#include "settings.h"
 
 #ifndef FERRY_SOURCE_DIR
 #error "FERRY_SOURCE_DIR must name the source tree (tests/CMakeLists.txt defines it)"
@@ -38,6 +39,7 @@ struct DocRow {
   int line = 0;              // 1-based line in operations.md
   std::string name;          // the setting, without backticks
   std::string default_cell;  // the default column, trimmed
+  std::string meaning;       // the meaning column, trimmed
 };
 
 std::string Trim(const std::string& s) {
@@ -105,6 +107,7 @@ std::vector<DocRow> ConfigTableRows(const std::string& doc) {
                     << cells[0] << "'";
     }
     row.default_cell = cells[1];
+    if (cells.size() > 2) row.meaning = cells[2];
     rows.push_back(std::move(row));
   }
   return rows;
@@ -112,7 +115,7 @@ std::vector<DocRow> ConfigTableRows(const std::string& doc) {
 
 // Return the value a default cell documents ("" for none/off); fails the test on a cell that
 // follows neither form.
-std::string DocumentedDefault(const DocRow& row) {
+std::string DocumentedValue(const DocRow& row) {
   const std::string& cell = row.default_cell;
   if (cell.rfind("`", 0) == 0) {
     size_t close = cell.find('`', 1);
@@ -147,91 +150,80 @@ std::vector<std::pair<std::string, std::string>> FormattedSettings(const DaemonC
   return out;
 }
 
-// Every setting with its default, as --check-config prints them for an empty config.
-std::vector<std::pair<std::string, std::string>> CodeDefaults() {
-  auto config = ParseConfigText("", "empty");
-  EXPECT_TRUE(config.ok()) << config.status().ToString();
-  if (!config.ok()) return {};
-  return FormattedSettings(*config);
+// The settings the docs table must have, in the settings table's order.
+std::vector<const Setting*> DocumentedSettings() {
+  std::vector<const Setting*> out;
+  for (const Setting& s : SettingsTable()) {
+    if (s.scope == SettingScope::kSetting) out.push_back(&s);
+  }
+  return out;
 }
 
-// The flags --help documents, in its order ("--version, --help" gives both).
+std::vector<std::string> Names(const std::vector<const Setting*>& settings) {
+  std::vector<std::string> out;
+  for (const Setting* s : settings) out.push_back(s->name);
+  return out;
+}
+
+// The flags --help documents, in its order.
 std::vector<std::string> HelpFlags() {
   std::vector<std::string> flags;
   std::istringstream in(FlagsHelp());
   std::string line;
   while (std::getline(in, line)) {
     if (line.rfind("  --", 0) != 0) continue;  // continuation lines are indented further
-    std::string rest = line.substr(2);
-    // "--name ARG  text" or "--a, --b": names up to the first space; ", " separates names.
-    while (rest.rfind("--", 0) == 0) {
-      size_t end = rest.find_first_of(" ,", 2);
-      flags.push_back(rest.substr(2, end == std::string::npos ? std::string::npos : end - 2));
-      if (end == std::string::npos || rest.compare(end, 2, ", ") != 0) break;
-      rest = rest.substr(end + 2);
-    }
+    flags.push_back(line.substr(4, line.find(' ', 4) - 4));
   }
   return flags;
 }
 
-// True when the config file accepts `name` (command-line-only flags are refused there).
-bool IsFileSetting(const std::string& name, const std::string& value) {
-  auto parsed = ParseConfigText(name + " = " + value, "probe");
-  return parsed.ok() || parsed.status().message().find("can only be given on the command line") ==
-                            std::string::npos;
+TEST(ConfigDocTest, HelpAndCheckConfigShowTheTable) {
+  // --help: every row but the hidden ones, in the table's order.
+  std::vector<std::string> shown;
+  for (const Setting& s : SettingsTable()) {
+    if (s.scope != SettingScope::kHiddenForTest) shown.push_back(s.name);
+  }
+  EXPECT_EQ(HelpFlags(), shown) << FlagsHelp();
+  // --check-config of the defaults: every setting the file takes, once each, in that order.
+  auto defaults = ParseConfigText("", "empty");
+  ASSERT_TRUE(defaults.ok()) << defaults.status().ToString();
+  std::vector<std::string> printed;
+  for (const auto& [name, value] : FormattedSettings(*defaults)) {
+    if (printed.empty() || printed.back() != name) printed.push_back(name);
+  }
+  EXPECT_EQ(printed, Names(DocumentedSettings())) << FormatConfig(*defaults);
+  for (const Setting& s : SettingsTable()) {
+    EXPECT_EQ(s.scope == SettingScope::kHiddenForTest, EndsWith(s.name, kTestOnlySuffix))
+        << s.name << ": hidden test-only settings, and only they, end in " << kTestOnlySuffix;
+  }
 }
 
-TEST(ConfigDocTest, CodeListsAgree) {
-  // FormatConfig and --help must name the same settings in the same order, or the table's
-  // reference order is ambiguous.
-  std::vector<std::string> formatted;
-  std::map<std::string, std::string> defaults;
-  for (const auto& [name, value] : CodeDefaults()) {
-    if (std::find(formatted.begin(), formatted.end(), name) == formatted.end()) {
-      formatted.push_back(name);
-    }
-    defaults.emplace(name, value);
-  }
-  ASSERT_FALSE(formatted.empty());
-  std::vector<std::string> help_settings;
-  for (const std::string& flag : HelpFlags()) {
-    auto it = defaults.find(flag);
-    if (IsFileSetting(flag, it == defaults.end() ? "x" : it->second)) help_settings.push_back(flag);
-  }
-  EXPECT_EQ(help_settings, formatted)
-      << "--help lists: " << Join(help_settings) << "\n--check-config prints: " << Join(formatted);
-}
-
-TEST(ConfigDocTest, TableHasOneRowPerSettingInHelpOrder) {
+TEST(ConfigDocTest, TableHasOneRowPerSettingInTableOrder) {
   std::vector<DocRow> rows = ConfigTableRows(ReadDoc());
   ASSERT_FALSE(rows.empty()) << "no settings table under '## Configuration' in " << kDocPath;
 
-  std::vector<std::string> settings;  // every setting ferryd knows, in --help order
-  for (const auto& [name, value] : CodeDefaults()) {
-    if (std::find(settings.begin(), settings.end(), name) == settings.end()) {
-      settings.push_back(name);
-    }
-  }
+  const std::vector<std::string> settings = Names(DocumentedSettings());
   std::vector<std::string> documented;
   std::set<std::string> seen;
   for (const DocRow& row : rows) {
-    if (EndsWith(row.name, kTestOnlySuffix)) {
+    const Setting* s = FindSetting(row.name);
+    if (s != nullptr && s->scope != SettingScope::kSetting) {
       ADD_FAILURE() << kDocPath << ":" << row.line << ": '" << row.name
-                    << "' is a hidden test-only flag; leave it out of the table";
+                    << "' is a command-line flag or a hidden test-only setting; leave it out "
+                       "of the table";
       continue;
     }
     EXPECT_TRUE(seen.insert(row.name).second)
         << kDocPath << ":" << row.line << ": '" << row.name << "' has more than one row";
-    bool known = std::find(settings.begin(), settings.end(), row.name) != settings.end();
-    EXPECT_TRUE(known) << kDocPath << ":" << row.line << ": '" << row.name
-                       << "' is not a ferryd setting (--check-config does not print it)";
+    EXPECT_NE(s, nullptr) << kDocPath << ":" << row.line << ": '" << row.name
+                          << "' is not a ferryd setting (server/settings.cc has no such row)";
     documented.push_back(row.name);
   }
   for (const std::string& name : settings) {
     EXPECT_TRUE(seen.count(name)) << "setting '" << name << "' has no row in the table of "
                                   << kDocPath << " (## Configuration)";
   }
-  // Same set: then the order must be --help's.
+  // Same set: then the order must be the table's (which is --help's).
   std::vector<std::string> sorted_doc = documented, sorted_code = settings;
   std::sort(sorted_doc.begin(), sorted_doc.end());
   std::sort(sorted_code.begin(), sorted_code.end());
@@ -245,36 +237,56 @@ TEST(ConfigDocTest, TableHasOneRowPerSettingInHelpOrder) {
   }
 }
 
-TEST(ConfigDocTest, DefaultsMatchTheCode) {
+TEST(ConfigDocTest, DefaultsMatchTheTable) {
   std::vector<DocRow> rows = ConfigTableRows(ReadDoc());
   ASSERT_FALSE(rows.empty());
-  auto defaults = CodeDefaults();
-  auto code_default = [&](const std::string& name) -> const std::string* {
-    for (const auto& [n, v] : defaults) {
-      if (n == name) return &v;
-    }
-    return nullptr;
-  };
-  const std::string* device = code_default("device");
-  ASSERT_NE(device, nullptr);
   for (const DocRow& row : rows) {
-    const std::string* want = code_default(row.name);
-    if (want == nullptr) continue;  // reported by TableHasOneRowPerSettingInHelpOrder
-    std::string doc_value = DocumentedDefault(row);
-    std::string expanded = doc_value;
-    if (size_t at = expanded.find("<device>"); at != std::string::npos) {
-      expanded.replace(at, 8, *device);
-    }
-    EXPECT_EQ(expanded, *want) << kDocPath << ":" << row.line << ": the default of '" << row.name
-                               << "' is documented as '" << row.default_cell
-                               << "'; ferryd --check-config prints '" << *want << "'";
+    const Setting* s = FindSetting(row.name);
+    if (s == nullptr) continue;  // reported by TableHasOneRowPerSettingInTableOrder
+    EXPECT_EQ(DocumentedValue(row), DocumentedDefault(*s))
+        << kDocPath << ":" << row.line << ": the default of '" << row.name << "' is documented as '"
+        << row.default_cell << "'; ferryd --help says '" << DocumentedDefault(*s) << "'";
   }
+  // What the docs and --help say is what ferryd runs with: --check-config of an empty config
+  // prints each setting's documented default (`<device>` standing for the device's ordinal).
+  auto defaults = ParseConfigText("", "empty");
+  ASSERT_TRUE(defaults.ok()) << defaults.status().ToString();
+  std::map<std::string, std::string> printed;
+  for (const auto& [name, value] : FormattedSettings(*defaults)) {
+    printed[name] += (printed[name].empty() ? "" : ", ") + value;
+  }
+  for (const Setting* s : DocumentedSettings()) {
+    std::string want = DocumentedDefault(*s);
+    if (size_t at = want.find("<device>"); at != std::string::npos) {
+      want.replace(at, 8, std::to_string(defaults->device));
+    }
+    EXPECT_EQ(printed[s->name], want) << s->name;
+  }
+}
+
+TEST(ConfigDocTest, RangesAreTheTables) {
+  // A count's "LO..HI", where the docs or --help name one, is its range in the table.
+  const std::regex range("\\b([0-9]+)\\.\\.([0-9]+)\\b");
+  auto check = [&](const Setting& s, const std::string& text, const std::string& where) {
+    if (!s.bounds) return;
+    const std::string want =
+        std::to_string(s.bounds->first) + ".." + std::to_string(s.bounds->second);
+    for (std::sregex_iterator it(text.begin(), text.end(), range), end; it != end; ++it) {
+      EXPECT_EQ(it->str(), want) << where << ": '" << s.name << "' takes " << want;
+    }
+  };
+  for (const DocRow& row : ConfigTableRows(ReadDoc())) {
+    if (const Setting* s = FindSetting(row.name)) {
+      check(*s, row.meaning, std::string(kDocPath) + ":" + std::to_string(row.line));
+    }
+  }
+  for (const Setting& s : SettingsTable()) check(s, s.help, "server/settings.cc");
 }
 
 TEST(ConfigDocTest, DeviceInDefaultListenFollowsTheDevice) {
   // The `<device>` placeholder holds for any ordinal, not just the default one.
   for (const DocRow& row : ConfigTableRows(ReadDoc())) {
-    std::string doc_value = DocumentedDefault(row);
+    std::string doc_value = DocumentedValue(row);
     size_t at = doc_value.find("<device>");
     if (at == std::string::npos) continue;
     auto config = ParseConfigText("device = 3", "probe");

@@ -11,6 +11,8 @@
 #include <set>
 #include <sstream>
 
+#include "settings.h"
+
 #ifndef FERRY_SOURCE_DIR
 #error "FERRY_SOURCE_DIR must name the source tree (tests/CMakeLists.txt defines it)"
 #endif
@@ -662,6 +664,42 @@ TEST(ConfigTest, UidLimitRules) {
       ParseConfigText("uid-limits = uid:5:sessions=1\nuid-limits = uid:5:device=1G\n").ok());
   EXPECT_FALSE(
       ParseConfigText("uid-limits = default:sessions=1\nuid-limits = default:device=1G\n").ok());
+}
+
+// The settings table (server/settings.cc): every count takes the ends of its range and refuses
+// what is past them, and its member holds them (one too narrow would print another number).
+TEST(ConfigTest, EveryCountTakesTheEndsOfItsRange) {
+  for (const Setting& s : SettingsTable()) {
+    if (!s.bounds) continue;
+    const auto [lo, hi] = *s.bounds;
+    for (uint64_t v : {lo, hi}) {
+      auto c = ParseFlags({"--" + s.name + "=" + std::to_string(v)});
+      ASSERT_TRUE(c.ok()) << s.name << " = " << v << ": " << c.status().ToString();
+      EXPECT_EQ(s.get(*c), std::vector<std::string>{std::to_string(v)}) << s.name;
+    }
+    if (lo > 0) {
+      auto below = ParseFlags({"--" + s.name + "=" + std::to_string(lo - 1)});
+      ASSERT_FALSE(below.ok()) << s.name;
+      EXPECT_NE(below.status().message().find("out of range"), std::string::npos) << s.name;
+    }
+    if (hi < ~0ull) {
+      auto above = ParseFlags({"--" + s.name + "=" + std::to_string(hi + 1)});
+      ASSERT_FALSE(above.ok()) << s.name;
+      EXPECT_NE(above.status().message().find("out of range"), std::string::npos) << s.name;
+    }
+  }
+}
+
+// A setting's default is its member's initial value: parsing nothing changes no setting but
+// those whose default is derived from others (listen's from device).
+TEST(ConfigTest, DefaultsAreTheMembersInitialValues) {
+  auto c = ParseConfigText("");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  for (const Setting& s : SettingsTable()) {
+    if (!s.derived_default.empty()) continue;
+    EXPECT_EQ(s.get(*c), s.get(DefaultConfig())) << s.name;
+  }
+  EXPECT_EQ(c->daemon.listen, std::vector<std::string>{"unix:/run/ferry/ferryd-0.sock"});
 }
 
 TEST(ConfigTest, FormatBytes) {
