@@ -10,7 +10,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "pool/sys_error.h"
+#include "ferry/sys_error.h"
 
 namespace ferry::pool {
 

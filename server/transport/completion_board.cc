@@ -12,12 +12,10 @@
 #include <cstring>
 #include <string>
 
+#include "ferry/sys_error.h"
 #include "ferry/trace_points.h"
-#include "pool/sys_error.h"
 
 namespace ferry::transport {
-
-using pool::SysError;
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "the board's words are shared memory");
 static_assert(std::endian::native == std::endian::little,

@@ -9,11 +9,9 @@
 #include <vector>
 
 #include "ferry/mutex.h"
-#include "pool/sys_error.h"
+#include "ferry/sys_error.h"
 
 namespace ferry::transport {
-
-using pool::SysError;
 
 // What the poller and its registrations share; outlives the poller while registrations do.
 struct RingPoller::Registration::Shared {

@@ -9,11 +9,10 @@
 #include <bit>
 #include <cstring>
 
-#include "pool/sys_error.h"
+#include "ferry/sys_error.h"
 
 namespace ferry::transport {
 
-using pool::SysError;
 namespace {
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "the ring's words are shared memory");

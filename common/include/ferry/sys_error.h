@@ -7,11 +7,11 @@
 
 #include "ferry/status.h"
 
-namespace ferry::pool {
+namespace ferry {
 
 /// INTERNAL "`what`: strerror(errno)"; call right after the call that set errno.
 inline Status SysError(const char* what) {
   return Status(ErrorKind::kInternal, std::string(what) + ": " + std::strerror(errno));
 }
 
-}  // namespace ferry::pool
+}  // namespace ferry
