@@ -250,6 +250,10 @@ void SessionConnection::OnDownloadChunk(uint64_t submit_id, uint32_t op_index, u
   Send(std::move(m), std::move(data), bytes);
 }
 
+void SessionConnection::PostCompletion(uint64_t submit_id, bool ok) {
+  if (transport::CompletionBoard* board = channels_.board()) board->Post(submit_id, ok);
+}
+
 void SessionConnection::OnCompleted(uint64_t submit_id, const Status& status) {
   // Completions come in submit order: the oldest received submit is this one.
   while (!received_at_.empty() && received_at_.front().id <= submit_id) {

@@ -121,6 +121,7 @@ class SessionConnection : public session::SessionEvents,
   // --- session::SessionEvents ------------------------------------------------------
   void OnDownloadChunk(uint64_t submit_id, uint32_t op_index, uint64_t offset,
                        session::ChunkBytes data) override;
+  void PostCompletion(uint64_t submit_id, bool ok) override;
   void OnCompleted(uint64_t submit_id, const Status& status) override;
   void SendCompleted(uint64_t submit_id, const Status& status);
   void OnSynchronized(uint64_t sync_id) override;

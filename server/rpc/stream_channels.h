@@ -71,6 +71,8 @@ class StreamChannels {
   }
   /// The stream is done: the token is revoked and every slab kept goes back.
   void Release();
+  /// The session's completion board (null: none).
+  transport::CompletionBoard* board() const { return slabs_ ? slabs_->board() : nullptr; }
 
  private:
   // A new board and ring (made ahead by ChannelStock, or now), attached to `slabs` and

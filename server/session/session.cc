@@ -1273,9 +1273,9 @@ void Session::Deliver(InFlight& record) {
   } else {
     ++counters_->failed_submits;
   }
-  // Before the Completed message: a client polling the board sees the completion first.
-  if (slabs_ && slabs_->board()) slabs_->board()->Post(record.submit_id, record.status.ok());
   if (!events_) return;
+  // Before the Completed message: a client polling the board sees the completion first.
+  events_->PostCompletion(record.submit_id, record.status.ok());
   if (record.status.ok()) {
     for (PendingDownload& d : record.downloads) {
       uint64_t offset = 0;

@@ -153,6 +153,9 @@ class SessionEvents {
   /// Bytes of a Download op; all chunks of a submit come before its OnCompleted.
   virtual void OnDownloadChunk(uint64_t submit_id, uint32_t op_index, uint64_t offset,
                                ChunkBytes data) = 0;
+  /// A submit completed (`ok`: it succeeded): posted where a local client sees it first (its
+  /// completion board), before the submit's chunks and its OnCompleted. In submit order.
+  virtual void PostCompletion(uint64_t submit_id, bool ok) = 0;
   /// The one completion of a submit, in submit order.
   virtual void OnCompleted(uint64_t submit_id, const Status& status) = 0;
   virtual void OnSynchronized(uint64_t sync_id) = 0;

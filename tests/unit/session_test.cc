@@ -21,6 +21,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -69,6 +70,10 @@ class RecordingEvents final : public SessionEvents {
     e.data = data.Take();
     Record(std::move(e));
   }
+  void PostCompletion(uint64_t submit_id, bool ok) override {
+    std::lock_guard lock(mu_);
+    posted_.emplace_back(submit_id, ok, events_.size());
+  }
   void OnCompleted(uint64_t submit_id, const Status& status) override {
     Event e;
     e.kind = Event::Kind::kCompleted;
@@ -105,6 +110,11 @@ class RecordingEvents final : public SessionEvents {
   std::vector<Event> events() const {
     std::lock_guard lock(mu_);
     return events_;
+  }
+  /// Each PostCompletion: the submit, whether it succeeded, and how many events came before.
+  std::vector<std::tuple<uint64_t, bool, size_t>> posted() const {
+    std::lock_guard lock(mu_);
+    return posted_;
   }
   std::vector<Event> completions() const {
     std::vector<Event> out;
@@ -151,7 +161,9 @@ class RecordingEvents final : public SessionEvents {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::vector<Event> events_;  // guarded by mu_
-  int calls_off_strand_ = 0;   // guarded by mu_
+  // PostCompletion's (submit id, ok, how many events came before it); guarded by mu_.
+  std::vector<std::tuple<uint64_t, bool, size_t>> posted_;
+  int calls_off_strand_ = 0;  // guarded by mu_
 };
 
 // --- Helpers ---------------------------------------------------------------------------------
@@ -409,6 +421,21 @@ TEST_F(SessionTest, LargeDownloadArrivesInChunksInOffsetOrder) {
 }
 
 // --- Ordering --------------------------------------------------------------------------------
+
+// Each completion is posted (the completion board's post) before the submit's chunks and its
+// OnCompleted, so a client polling its board never sees an answer before the post.
+TEST_F(SessionTest, EachCompletionIsPostedBeforeItsChunksAndItsReport) {
+  Client c = Open();
+  ASSERT_TRUE(SubmitAndWait(
+                  c, 1, {CreateTensorOp{1, DType::kF64, {4}}, FillOp{1, 1.0}, DownloadOp{1, 0, 32}})
+                  .ok());
+  EXPECT_EQ(SubmitAndWait(c, 2, {FillOp{99, 1.0}}).kind(), ErrorKind::kInvalidHandle);
+  using Posted = std::tuple<uint64_t, bool, size_t>;
+  // Submit 1: posted before its chunk (event 0) and its completion (event 1); submit 2 after
+  // those two, before its own completion (event 2).
+  EXPECT_EQ(c.events->posted(), (std::vector<Posted>{{1, true, 0}, {2, false, 2}}));
+  EXPECT_EQ(c.events->events().size(), 3u);
+}
 
 TEST_F(SessionTest, RefusedSubmitCompletesBetweenTheInFlightOnesAroundIt) {
   Client c = Open();
