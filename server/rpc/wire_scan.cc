@@ -338,29 +338,39 @@ class Scanner {
     return ok;
   }
 
+  // Consume the next `length` bytes, handing them to `fn(const uint8_t*, uint32_t)` in the
+  // pieces the stream holds them in; false when they are cut short.
+  template <typename Fn>
+  bool ForEachPiece(uint32_t length, Fn&& fn) {
+    while (length > 0) {
+      const void* data = nullptr;
+      int size = 0;
+      if (!in_.GetDirectBufferPointer(&data, &size) || size <= 0) return false;
+      const uint32_t n = std::min<uint32_t>(length, static_cast<uint32_t>(size));
+      fn(static_cast<const uint8_t*>(data), n);
+      in_.Skip(static_cast<int>(n));
+      length -= n;
+    }
+    return true;
+  }
+
   // A packed repeated scalar: `length` bytes of varints or fixed-size values.
   bool Packed(const Field& f, uint32_t length) {
     uint64_t elements = 0;
     if (f.type == Type::kVarint) {
-      // A varint ends at each byte below 0x80.
-      uint32_t left = length;
-      while (left > 0) {
-        const void* data = nullptr;
-        int size = 0;
-        if (!in_.GetDirectBufferPointer(&data, &size) || size <= 0) {
-          return Malformed("a packed field is cut short");
-        }
-        const auto* p = static_cast<const uint8_t*>(data);
-        const uint32_t n = std::min<uint32_t>(left, static_cast<uint32_t>(size));
+      // A varint ends at each byte below 0x80: the last byte must be one.
+      uint8_t last = 0;
+      const bool whole = ForEachPiece(length, [&](const uint8_t* p, uint32_t n) {
         for (uint32_t i = 0; i < n; ++i) elements += p[i] < 0x80 ? 1 : 0;
-        if (n == left && p[n - 1] >= 0x80) return Malformed("a packed varint is cut short");
-        in_.Skip(static_cast<int>(n));
-        left -= n;
-      }
+        last = p[n - 1];
+      });
+      if (!whole) return Malformed("a packed field is cut short");
+      if (last >= 0x80) return Malformed("a packed varint is cut short");
     } else {
       const uint32_t size = f.type == Type::kFixed64 ? 8 : 4;
-      if (length % size != 0)
+      if (length % size != 0) {
         return Malformed("a packed field's length is not a multiple of its values");
+      }
       elements = length / size;
       if (!in_.Skip(static_cast<int>(length))) return Malformed("a packed field is cut short");
     }
@@ -372,18 +382,10 @@ class Scanner {
   // that is not is noted and the scan goes on (the message's sequence may come after it).
   bool Utf8(const Field& f, uint32_t length) {
     Utf8Check check;
-    uint32_t left = length;
     bool valid = true;
-    while (left > 0) {
-      const void* data = nullptr;
-      int size = 0;
-      if (!in_.GetDirectBufferPointer(&data, &size) || size <= 0) {
-        return Malformed("a string is cut short");
-      }
-      const uint32_t n = std::min<uint32_t>(left, static_cast<uint32_t>(size));
-      valid = valid && check.Feed(static_cast<const uint8_t*>(data), n);
-      in_.Skip(static_cast<int>(n));
-      left -= n;
+    if (!ForEachPiece(length,
+                      [&](const uint8_t* p, uint32_t n) { valid = valid && check.Feed(p, n); })) {
+      return Malformed("a string is cut short");
     }
     if (!(valid && check.complete()) && out_.status.ok()) {
       out_.status = Status(ErrorKind::kInvalidArgument,

@@ -18,6 +18,7 @@
 
 #include "ferryd_process.h"
 #include "raw_protocol.h"
+#include "wire_bytes.h"
 
 namespace ferry {
 namespace {
@@ -25,6 +26,7 @@ namespace {
 using testing::Create;
 using testing::FerrydProcess;
 using testing::Fill;
+using testing::OpBomb;
 using testing::RawBytesStream;
 using testing::RawStream;
 
@@ -41,27 +43,6 @@ uint64_t StatusBytes(pid_t pid, const std::string& key) {
     }
   }
   return 0;
-}
-
-std::string Varint(uint64_t v) {
-  std::string out;
-  while (v >= 0x80) {
-    out.push_back(static_cast<char>(v | 0x80));
-    v >>= 7;
-  }
-  out.push_back(static_cast<char>(v));
-  return out;
-}
-
-// The wire bytes of a ClientMessage holding Submit{submit_id, ops: `ops` empty fills}: 4 bytes
-// an op, the cheapest op there is to send (built as bytes: as a message it would take the
-// test's own memory the many times its size this is about).
-std::string OpBomb(uint64_t ops, uint64_t submit_id) {
-  const std::string op("\x12\x02\x2a\x00", 4);  // Submit.ops { Op.fill {} }
-  std::string submit = "\x08" + Varint(submit_id);
-  submit.reserve(submit.size() + ops * op.size());
-  for (uint64_t i = 0; i < ops; ++i) submit += op;
-  return "\x12" + Varint(submit.size()) + submit;  // ClientMessage.submit
 }
 
 v1::ClientMessage OpenMessage(const std::string& name = "raw") {

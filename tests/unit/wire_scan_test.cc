@@ -11,33 +11,18 @@
 #include <vector>
 
 #include "ferry/v1/session.pb.h"
+#include "wire_bytes.h"
 
 namespace ferry::rpc {
 namespace {
 
-// A varint's bytes.
-std::string Varint(uint64_t v) {
-  std::string out;
-  while (v >= 0x80) {
-    out.push_back(static_cast<char>(v | 0x80));
-    v >>= 7;
-  }
-  out.push_back(static_cast<char>(v));
-  return out;
-}
+using testing::LengthField;
+using testing::OpBomb;
+using testing::Varint;
+
 // A length-delimited field's bytes.
 std::string Field(uint32_t number, const std::string& payload) {
-  return Varint(uint64_t{number} << 3 | 2) + Varint(payload.size()) + payload;
-}
-
-// A Submit of `ops` empty fills (4 bytes each on the wire: the cheapest op to send), with
-// `sequence` after it.
-std::string OpBomb(uint64_t ops, uint64_t submit_id, uint64_t sequence) {
-  const std::string op = Field(2, Field(5, ""));  // Submit.ops { Op.fill {} }
-  std::string submit = Varint(1 << 3) + Varint(submit_id);
-  submit.reserve(submit.size() + ops * op.size());
-  for (uint64_t i = 0; i < ops; ++i) submit += op;
-  return Field(2, submit) + Varint(10 << 3) + Varint(sequence);
+  return LengthField(number, payload);
 }
 
 v1::ClientMessage ATypicalSubmit() {
