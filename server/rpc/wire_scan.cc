@@ -217,7 +217,8 @@ class Scanner {
         // Already refused: only the top level's fields (the sequence) are still wanted.
         return in_.Skip(in_.BytesUntilLimit()) || Malformed("a field is cut short");
       }
-      const uint32_t tag = in_.ReadTag();
+      uint32_t tag = 0;
+      if (!Tag(&tag)) return Malformed("a tag is cut short or longer than 5 bytes");
       const uint32_t number = tag >> 3;
       const uint32_t wire = tag & 7;
       if (number == 0) return Malformed("a field has number 0 or a cut-short tag");
@@ -256,6 +257,17 @@ class Scanner {
                                std::to_string(in_.CurrentPosition()) + ")");
     }
     return false;
+  }
+
+  // A field's tag as protobuf's parser reads it: a varint of at most 5 bytes, kept modulo
+  // 2^32 (CodedInputStream::ReadTag reads up to 10 and drops the rest, which the parse
+  // refuses).
+  bool Tag(uint32_t* tag) {
+    const int start = in_.CurrentPosition();
+    uint64_t v = 0;
+    if (!in_.ReadVarint64(&v) || in_.CurrentPosition() - start > 5) return false;
+    *tag = static_cast<uint32_t>(v);
+    return true;
   }
 
   void Cost(uint64_t bytes) {
@@ -358,14 +370,23 @@ class Scanner {
   bool Packed(const Field& f, uint32_t length) {
     uint64_t elements = 0;
     if (f.type == Type::kVarint) {
-      // A varint ends at each byte below 0x80: the last byte must be one.
-      uint8_t last = 0;
+      // A varint ends at each byte below 0x80: the last byte must be one, and none is longer
+      // than 10 bytes (protobuf refuses it).
+      uint32_t run = 0;  // bytes of the varint being read so far
+      bool too_long = false;
       const bool whole = ForEachPiece(length, [&](const uint8_t* p, uint32_t n) {
-        for (uint32_t i = 0; i < n; ++i) elements += p[i] < 0x80 ? 1 : 0;
-        last = p[n - 1];
+        for (uint32_t i = 0; i < n; ++i) {
+          ++run;
+          too_long = too_long || run > 10;
+          if (p[i] < 0x80) {
+            ++elements;
+            run = 0;
+          }
+        }
       });
       if (!whole) return Malformed("a packed field is cut short");
-      if (last >= 0x80) return Malformed("a packed varint is cut short");
+      if (too_long) return Malformed("a packed varint is longer than 10 bytes");
+      if (run != 0) return Malformed("a packed varint is cut short");
     } else {
       const uint32_t size = f.type == Type::kFixed64 ? 8 : 4;
       if (length % size != 0) {
@@ -413,8 +434,11 @@ WireScan ScanClientMessage(pb::io::ZeroCopyInputStream& stream, uint64_t size,
   // Every level ends at a limit, the top one too: the scan knows where the message ends
   // without asking the stream (a tag of 0 before it is malformed, not the end).
   in.PushLimit(static_cast<int>(size));
+  // The parse makes the top message's object too (an empty message holds that much).
+  const Shape& top = Schema::Get().client_message();
+  out.parsed_bytes = top.object_bytes;
   Scanner scanner(in, max_parsed_bytes, out);
-  scanner.Message(Schema::Get().client_message(), 0);
+  scanner.Message(top, 0);
   return out;
 }
 
