@@ -133,19 +133,6 @@ void ExpectAnotherSessionWorks(const FerrydProcess& d) {
   ASSERT_TRUE(session->close().ok());
 }
 
-// Whether this build (the tests and the ferryd beside them) runs under AddressSanitizer.
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kAddressSanitizer = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kAddressSanitizer = true;
-#else
-constexpr bool kAddressSanitizer = false;
-#endif
-#else
-constexpr bool kAddressSanitizer = false;
-#endif
-
 // Start a daemon with a metrics endpoint. Under AddressSanitizer a process keeps up to
 // 256 MiB of the memory it freed in quarantine, resident, and gives free memory back to the
 // system rarely; these tests bound what the daemon holds, so the daemons they start keep at
@@ -159,18 +146,8 @@ FerrydProcess* StartDaemon(std::unique_ptr<FerrydProcess>& d, std::vector<std::s
                            bool tcp = false) {
   args.push_back("--metrics-listen");
   args.push_back("127.0.0.1:0");
-  const char* asan = std::getenv("ASAN_OPTIONS");
-  const std::string saved = asan != nullptr ? asan : "";
-  if (kAddressSanitizer) {
-    ::setenv("ASAN_OPTIONS",
-             (saved + ":quarantine_size_mb=16:allocator_release_to_os_interval_ms=100").c_str(), 1);
-  }
+  testing::ScopedSmallAsanQuarantine small_quarantine;
   d = std::make_unique<FerrydProcess>(std::move(args), tcp);
-  if (asan != nullptr) {
-    ::setenv("ASAN_OPTIONS", saved.c_str(), 1);
-  } else {
-    ::unsetenv("ASAN_OPTIONS");
-  }
   return d.get();
 }
 
