@@ -180,7 +180,8 @@ fuzz_one() {
   return $rc
 }
 fuzz_all() {
-  local targets=(submit_ring_fuzz slab_request_fuzz submit_admission_fuzz config_fuzz wire_scan_fuzz)
+  local targets=(submit_ring_fuzz slab_request_fuzz submit_admission_fuzz config_fuzz wire_scan_fuzz
+                 module_footprint_fuzz)
   local pids=() rc=0 i
   # Two at a time (or one per core): each takes one core for fuzz_seconds.
   for ((i = 0; i < ${#targets[@]}; i += jobs)); do
