@@ -92,6 +92,10 @@ class Module {
   /// Return the sizes of the named function's parameters in bytes, in order, or an empty
   /// vector when the backend cannot tell; INVALID_ARGUMENT if there is no such function.
   virtual Result<std::vector<size_t>> ParameterSizes(std::string_view function) const = 0;
+  /// Return the device memory the module takes at most (its code, constant banks and
+  /// global variables), fixed when it was loaded (module_footprint.h): what a session that
+  /// holds it is charged.
+  virtual uint64_t device_bytes() const = 0;
 };
 
 /// A recorded sequence of stream work that can be replayed with one call.
@@ -257,7 +261,8 @@ class Device {
   virtual Status UnregisterHostMemory(void* ptr) = 0;
 
   /// Load a module. COMPILE_ERROR (with the log) when it does not build or load;
-  /// UNSUPPORTED where the backend runs no device code.
+  /// INVALID_ARGUMENT, before anything is loaded, when the device memory it would take
+  /// cannot be bounded (module_footprint.h); UNSUPPORTED where the backend runs no device code.
   virtual Result<std::shared_ptr<Module>> LoadModule(ModuleFormat format,
                                                      std::string_view image) = 0;
 

@@ -1607,6 +1607,7 @@ class FakeModule final : public Module {
   Result<std::vector<size_t>> ParameterSizes(std::string_view) const override {
     return std::vector<size_t>{};
   }
+  uint64_t device_bytes() const override { return 0; }
 };
 
 TEST_P(BackendConformanceTest, RawKernelsAreUnsupportedOnHost) {

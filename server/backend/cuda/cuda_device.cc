@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "backend/cuda/cuda_stream.h"
+#include "backend/module_footprint.h"
 
 namespace ferry::backend {
 namespace {
@@ -298,10 +299,13 @@ Result<std::shared_ptr<Module>> CudaDevice::LoadModule(ModuleFormat format,
   }
   FERRY_ASSIGN_OR_RETURN(std::string loadable, LoadableImage(format, image, info_.compute_major,
                                                              info_.compute_minor, nvrtc_limits_));
+  // Bounded before the driver sees it: what cannot be bounded is never loaded.
+  FERRY_ASSIGN_OR_RETURN(const uint64_t device_bytes, ModuleFootprint(format, loadable));
   FERRY_RETURN_IF_ERROR(MakeCurrent());
   FERRY_ASSIGN_OR_RETURN(CUmodule handle, LoadImage(*driver_api_, loadable));
   return std::shared_ptr<Module>(modules_.Keep(
-      std::move(key), std::make_shared<CudaModule>(info_.ordinal, driver_api_, handle)));
+      std::move(key),
+      std::make_shared<CudaModule>(info_.ordinal, driver_api_, handle, device_bytes)));
 }
 
 // --- the backend's entry points (backend.h) ----------------------------------------------------

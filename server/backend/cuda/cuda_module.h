@@ -30,9 +30,11 @@ namespace ferry::backend {
 /// A module loaded into the primary context of device `ordinal`. Thread-safe.
 class CudaModule final : public Module {
  public:
-  /// Own `module` (loaded with `api` on device `ordinal`); unload it when destroyed.
-  CudaModule(int ordinal, const cuda_internal::DriverApi* api, CUmodule module)
-      : ordinal_(ordinal), api_(api), module_(module) {}
+  /// Own `module` (loaded with `api` on device `ordinal`), which takes at most
+  /// `device_bytes` of device memory (ModuleFootprint); unload it when destroyed.
+  CudaModule(int ordinal, const cuda_internal::DriverApi* api, CUmodule module,
+             uint64_t device_bytes)
+      : ordinal_(ordinal), api_(api), module_(module), device_bytes_(device_bytes) {}
   ~CudaModule() override;
 
   CudaModule(const CudaModule&) = delete;
@@ -52,6 +54,7 @@ class CudaModule final : public Module {
   Result<FunctionInfo> Lookup(std::string_view name) const;
 
   Result<std::vector<size_t>> ParameterSizes(std::string_view function) const override;
+  uint64_t device_bytes() const override { return device_bytes_; }
 
  private:
   Result<FunctionInfo*> InfoLocked(std::string_view name) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -59,6 +62,7 @@ class CudaModule final : public Module {
   const int ordinal_;
   const cuda_internal::DriverApi* const api_;
   const CUmodule module_;
+  const uint64_t device_bytes_;
   mutable Mutex mu_;
   mutable std::unordered_map<std::string, FunctionInfo> functions_ ABSL_GUARDED_BY(mu_);
 };
