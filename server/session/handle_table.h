@@ -57,17 +57,68 @@ class HandleTable {
     return r;
   }
   size_t size() const { return tensors_.size(); }
-  /// Return the device bytes held by live tensors.
-  uint64_t bytes() const { return bytes_; }
+  /// Return the device bytes the session is charged for: its live tensors' and its modules'
+  /// (module_bytes()).
+  uint64_t bytes() const { return bytes_ + module_bytes_; }
+  /// Return the device bytes charged for modules: each module handle's Module::device_bytes,
+  /// and a module's once more while only graphs hold it (its handles unloaded).
+  uint64_t module_bytes() const { return module_bytes_; }
   const std::unordered_map<uint64_t, TensorRecord>& tensors() const { return tensors_; }
 
   /// Loaded modules and recorded graphs, by client handle.
-  std::unordered_map<uint64_t, std::shared_ptr<backend::Module>>& modules() { return modules_; }
   const std::unordered_map<uint64_t, std::shared_ptr<backend::Module>>& modules() const {
     return modules_;
   }
-  std::unordered_map<uint64_t, GraphRecord>& graphs() { return graphs_; }
   const std::unordered_map<uint64_t, GraphRecord>& graphs() const { return graphs_; }
+
+  /// Insert a loaded module under `handle`, which must not be live; its device bytes are
+  /// charged from now on (the caller reserved them).
+  void InsertModule(uint64_t handle, std::shared_ptr<backend::Module> module) {
+    Holders& h = holders_[module.get()];
+    ++h.handles;
+    h.charged += module->device_bytes();
+    module_bytes_ += module->device_bytes();
+    modules_.emplace(handle, std::move(module));
+  }
+  /// Remove the module of `handle`, if live; return the bytes no longer charged for it.
+  /// While a graph of the session still holds the module (so its memory stays), its last
+  /// handle's bytes stay charged until the last such graph goes (RemoveGraph).
+  uint64_t RemoveModule(uint64_t handle) {
+    auto it = modules_.find(handle);
+    if (it == modules_.end()) return 0;
+    const backend::Module* module = it->second.get();
+    modules_.erase(it);
+    Holders& h = holders_[module];
+    --h.handles;
+    // The graphs keep one module's bytes charged.
+    const uint64_t released = h.handles == 0 && h.graphs > 0 ? h.charged - module->device_bytes()
+                                                             : module->device_bytes();
+    return Release(module, released);
+  }
+  /// Insert a recorded graph under `handle`, which must not be live.
+  void InsertGraph(uint64_t handle, GraphRecord graph) {
+    if (graph.modules) {
+      for (const auto& m : *graph.modules) ++holders_[m.get()].graphs;
+    }
+    graphs_[handle] = std::move(graph);
+  }
+  /// Remove the graph of `handle`, if live; return the bytes no longer charged for the
+  /// modules that only it held.
+  uint64_t RemoveGraph(uint64_t handle) {
+    auto it = graphs_.find(handle);
+    if (it == graphs_.end()) return 0;
+    GraphRecord graph = std::move(it->second);
+    graphs_.erase(it);
+    uint64_t released = 0;
+    if (graph.modules) {
+      for (const auto& m : *graph.modules) {
+        Holders& h = holders_[m.get()];
+        --h.graphs;
+        released += Release(m.get(), h.handles == 0 && h.graphs == 0 ? h.charged : 0);
+      }
+    }
+    return released;
+  }
   /// Ops recorded into the live graphs, together (what session-max-graph-ops bounds; about
   /// what releasing them all costs). A walk of every graph: once per use, not per op.
   uint64_t graph_ops() const {
@@ -76,16 +127,38 @@ class HandleTable {
     return total;
   }
 
-  /// Forget every tensor, module and graph (the device context they lived in is gone).
+  /// Forget every tensor, module and graph (the device context they lived in is gone, or
+  /// the session is): the caller releases bytes() first.
   void Clear() {
     tensors_.clear();
-    modules_.clear();
     graphs_.clear();
+    modules_.clear();
+    holders_.clear();
     bytes_ = 0;
+    module_bytes_ = 0;
   }
 
  private:
+  // What holds one module in this session, and the bytes charged for it.
+  struct Holders {
+    uint64_t handles = 0;
+    uint64_t graphs = 0;
+    uint64_t charged = 0;
+  };
+  // Stop charging `bytes` of `module`; forget it once nothing of the session holds it.
+  uint64_t Release(const backend::Module* module, uint64_t bytes) {
+    auto it = holders_.find(module);
+    it->second.charged -= bytes;
+    module_bytes_ -= bytes;
+    if (it->second.handles == 0 && it->second.graphs == 0) holders_.erase(it);
+    return bytes;
+  }
+
   std::unordered_map<uint64_t, std::shared_ptr<backend::Module>> modules_;
+  // By module: a module held here is alive (a handle or a graph owns it), so its address
+  // names it.
+  std::unordered_map<const backend::Module*, Holders> holders_;
+  uint64_t module_bytes_ = 0;
   std::unordered_map<uint64_t, GraphRecord> graphs_;
   std::unordered_map<uint64_t, TensorRecord> tensors_;
   uint64_t bytes_ = 0;

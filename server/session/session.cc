@@ -440,6 +440,7 @@ Status Session::Enqueue(SubmitRequest& request, const AdmissionResult& admitted,
       work.made[i].fresh_bytes = *TensorBytes(create->dtype, create->shape, &elements);  // admitted
     }
   }
+  uint64_t loaded_bytes = 0;  // of the modules loaded so far, charged with them
   for (size_t i = 0; i < work.made.size(); ++i) {
     Status failed;
     EnqueueWork::Made& made = work.made[i];
@@ -456,7 +457,11 @@ Status Session::Enqueue(SubmitRequest& request, const AdmissionResult& admitted,
       // compile error refuses the submit whole.
       auto module = device_->device()->LoadModule(load->format, load->image);
       if (module.ok()) {
-        made.loaded = std::move(*module);
+        failed = ChargeModule(load->handle, **module, admitted.peak_device_bytes, &loaded_bytes);
+        if (failed.ok()) {
+          made.fresh_bytes = (*module)->device_bytes();
+          made.loaded = std::move(*module);
+        }
       } else {
         failed = module.status();
       }
@@ -861,7 +866,7 @@ Status Session::EnqueueOp(const Op& any, DevicePtr fresh, std::shared_ptr<backen
           ++objects_live_;
           ++counters_->tensors_created;
           counters_->live_tensors = tensors_.size();
-          counters_->device_bytes = tensors_.bytes();
+          CountDeviceBytes();
           return Status::Ok();
         } else if constexpr (std::is_same_v<T, FreeTensorOp>) {
           ReleaseTensor(op.handle);
@@ -984,13 +989,20 @@ Status Session::EnqueueOp(const Op& any, DevicePtr fresh, std::shared_ptr<backen
           }
           return stream_->Gemm(g);
         } else if constexpr (std::is_same_v<T, LoadModuleOp>) {
-          tensors_.modules()[op.handle] = std::move(loaded);
+          // Its device bytes were reserved at the load (ChargeModule): the table's now.
+          tensors_.InsertModule(op.handle, std::move(loaded));
           ++objects_live_;
+          CountDeviceBytes();
           return Status::Ok();
         } else if constexpr (std::is_same_v<T, UnloadModuleOp>) {
           // Work already enqueued, and the graphs that launch it, keep the module loaded
-          // (InFlight::modules_in_use, GraphRecord::modules).
-          objects_live_ -= tensors_.modules().erase(op.handle);
+          // (InFlight::modules_in_use, GraphRecord::modules); the session's graphs keep it
+          // charged too (HandleTable::RemoveModule).
+          if (tensors_.modules().count(op.handle) > 0) {
+            --objects_live_;
+            ReleaseDeviceBytes(tensors_.RemoveModule(op.handle));
+            CountDeviceBytes();
+          }
           return Status::Ok();
         } else if constexpr (std::is_same_v<T, LaunchOp>) {
           std::vector<backend::KernelArg> args;
@@ -1052,7 +1064,7 @@ Status Session::EnqueueOp(const Op& any, DevicePtr fresh, std::shared_ptr<backen
           g.ops = capture_ops_;
           capture_refs_.clear();
           objects_live_ += 1 + g.ops;
-          tensors_.graphs()[capture_handle_] = std::move(g);
+          tensors_.InsertGraph(capture_handle_, std::move(g));
           return Status::Ok();
         } else if constexpr (std::is_same_v<T, LaunchGraphOp>) {
           auto found = tensors_.graphs().find(op.graph);
@@ -1070,7 +1082,8 @@ Status Session::EnqueueOp(const Op& any, DevicePtr fresh, std::shared_ptr<backen
         } else if constexpr (std::is_same_v<T, FreeGraphOp>) {
           if (auto found = tensors_.graphs().find(op.handle); found != tensors_.graphs().end()) {
             objects_live_ -= 1 + found->second.ops;
-            tensors_.graphs().erase(found);
+            ReleaseDeviceBytes(tensors_.RemoveGraph(op.handle));  // modules only it held
+            CountDeviceBytes();
           }
           return Status::Ok();
         } else {
@@ -1097,8 +1110,35 @@ Status Session::ReserveDeviceBytes(uint64_t bytes) {
 }
 
 void Session::ReleaseDeviceBytes(uint64_t bytes) {
+  if (bytes == 0) return;
   registry_->ReleaseDeviceBytes(bytes);
   if (account_) account_->RefundDeviceBytes(bytes);
+}
+
+Status Session::ChargeModule(uint64_t handle, const backend::Module& module,
+                             uint64_t peak_tensor_bytes, uint64_t* loaded_bytes) {
+  // Admission could not know the module's size: the session's quota is checked here, against
+  // the most the submit's tensors hold at any point (with the modules already charged) plus
+  // every module it loads, which is never below what it holds.
+  const uint64_t bytes = module.device_bytes();
+  uint64_t total = 0;
+  if (!CheckedAdd(peak_tensor_bytes, *loaded_bytes, &total) || !CheckedAdd(total, bytes, &total) ||
+      total > limits_.device_bytes_quota) {
+    return Status(ErrorKind::kQuotaExceeded,
+                  "loading module " + std::to_string(handle) + " (" + std::to_string(bytes) +
+                      " bytes of device memory: its code, constants and global variables) "
+                      "would take the session past its device quota of " +
+                      std::to_string(limits_.device_bytes_quota) + " bytes");
+  }
+  FERRY_RETURN_IF_ERROR(ReserveDeviceBytes(bytes));
+  *loaded_bytes = total - peak_tensor_bytes;
+  return Status::Ok();
+}
+
+void Session::CountDeviceBytes() {
+  const uint64_t bytes = tensors_.bytes();
+  counters_->device_bytes = bytes;
+  if (bytes > counters_->peak_device_bytes) counters_->peak_device_bytes = bytes;
 }
 
 uint64_t Session::ObjectsAddedAtMost(const std::vector<Op>& ops) {
@@ -1225,9 +1265,7 @@ void Session::OnDeviceLost(const DeviceLoss& loss) {
   device_->RawLaunchesEnqueued(-raw_launches_in_flight_);
   raw_launches_in_flight_ = 0;
   // The memory went with the context: forget it without freeing.
-  for (const auto& [handle, record] : tensors_.tensors()) {
-    ReleaseDeviceBytes(record.bytes);
-  }
+  ReleaseDeviceBytes(tensors_.bytes());  // tensors' and modules'
   tensors_.Clear();
   GiveBackObjects();
   counters_->live_tensors = 0;
@@ -1379,7 +1417,9 @@ void Session::TearDown() {
     return;
   }
   for (uint64_t h : handles) ReleaseTensor(h);
+  ReleaseDeviceBytes(tensors_.module_bytes());
   tensors_.Clear();  // modules and graphs
+  counters_->device_bytes = 0;
   GiveBackObjects();
   // Report closed only once the device has finished with everything, frees included: at
   // once when nothing was freed and every command enqueued has been reported done (no

@@ -266,8 +266,8 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   // An admitted submit's ops on their way to the device, with what Enqueue made for them
   // before enqueueing any (device memory, loaded modules), from op `next` on.
   struct EnqueueWork {
-    // What Enqueue made for one op before enqueueing any: a create's memory (and the bytes
-    // reserved for it), a load's module.
+    // What Enqueue made for one op before enqueueing any: a create's memory, a load's
+    // module, and the device bytes reserved for either.
     struct Made {
       backend::DevicePtr fresh = 0;
       uint64_t fresh_bytes = 0;
@@ -446,6 +446,15 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   // Reserve (or give back) device bytes under the daemon-wide cap and the identity's limit.
   Status ReserveDeviceBytes(uint64_t bytes);
   void ReleaseDeviceBytes(uint64_t bytes);
+  // Charge a module just loaded under `handle` to the session: QUOTA_EXCEEDED when the
+  // submit's tensors at their peak (`peak_tensor_bytes`, from admission), the modules it
+  // loaded before (`*loaded_bytes`) and this one pass the session's quota, or when the
+  // daemon's cap or the identity's share refuses them; else reserve its bytes and add them
+  // to `*loaded_bytes`.
+  Status ChargeModule(uint64_t handle, const backend::Module& module, uint64_t peak_tensor_bytes,
+                      uint64_t* loaded_bytes);
+  // The live device bytes (tensors' and modules') into the session's stats, and its peak.
+  void CountDeviceBytes();
   Executor executor_;
   SessionConfig config_;
   AdmissionLimits limits_;

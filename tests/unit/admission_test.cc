@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "fake_module.h"
 #include "session/session.h"
 
 namespace ferry::session {
@@ -137,12 +138,12 @@ TEST_F(AdmissionTest, OpsPerSubmitLimit) {
 // refused at admission (it once reached the device and aborted the daemon).
 TEST_F(AdmissionTest, HandleFreedTwiceAroundARecreateIsGone) {
   AddTensor(1, DType::kF32, {4});
-  table_.graphs()[5] = GraphRecord{};
+  table_.InsertGraph(5, GraphRecord{});
   Status graph = Admit({FreeGraphOp{5}, BeginGraphOp{5}, FillOp{1, 0}, EndGraphOp{}, FreeGraphOp{5},
                         LaunchGraphOp{5}});
   EXPECT_EQ(graph.kind(), ErrorKind::kInvalidHandle) << graph.ToString();
   EXPECT_EQ(graph.op_index(), 5);
-  table_.modules()[7] = nullptr;
+  table_.InsertModule(7, ferry::testing::MakeFakeModule());
   LaunchOp launch;
   launch.module = 7;
   launch.function = "f";
@@ -155,7 +156,7 @@ TEST_F(AdmissionTest, HandleFreedTwiceAroundARecreateIsGone) {
 TEST_F(AdmissionTest, ModuleAndGraphCountLimits) {
   limits_.max_modules = 2;
   limits_.max_graphs = 1;
-  table_.modules()[7] = nullptr;  // one module held already
+  table_.InsertModule(7, ferry::testing::MakeFakeModule());  // one module held already
   EXPECT_TRUE(Admit({LoadModuleOp{8, backend::ModuleFormat::kPtx, "x"}}).ok());
   Status over = Admit({LoadModuleOp{8, backend::ModuleFormat::kPtx, "x"},
                        LoadModuleOp{9, backend::ModuleFormat::kPtx, "x"}});
@@ -208,7 +209,7 @@ TEST_F(AdmissionTest, RecordedGraphOpsLimit) {
   // A graph the session holds counts: 3 more ops fit beside its 1, not 4.
   GraphRecord held;
   held.ops = 1;
-  table_.graphs()[9] = held;
+  table_.InsertGraph(9, held);
   EXPECT_TRUE(
       Admit({BeginGraphOp{1}, FillOp{1, 0}, FillOp{1, 0}, FillOp{1, 0}, EndGraphOp{}}).ok());
   Status together = Admit(
@@ -256,7 +257,7 @@ class GraphLaunchWorkTest : public AdmissionTest {
     for (uint64_t i = 0; i < ops; ++i) {
       for (uint64_t t = 1; t <= 3; ++t) g.tensors.emplace_back(t, table_.Find(t)->generation);
     }
-    table_.graphs()[handle] = std::move(g);
+    table_.InsertGraph(handle, std::move(g));
   }
   static std::vector<Op> Launches(uint64_t graph, size_t n) {
     return std::vector<Op>(n, Op{LaunchGraphOp{graph}});
@@ -313,7 +314,7 @@ TEST_F(AdmissionTest, GraphLaunchesCountTheirRecordedOpsTowardOpsPerSubmit) {
   GraphRecord g;
   g.ops = 4;
   g.tensors = {{1, 0}, {1, 0}, {1, 0}, {1, 0}};
-  table_.graphs()[9] = g;
+  table_.InsertGraph(9, g);
   EXPECT_TRUE(Admit({LaunchGraphOp{9}, LaunchGraphOp{9}, FillOp{1, 0}, FillOp{1, 0}}).ok());  // 10
   Status s = Admit({LaunchGraphOp{9}, LaunchGraphOp{9}, LaunchGraphOp{9}});                   // 12
   EXPECT_EQ(s.kind(), ErrorKind::kQuotaExceeded) << s.ToString();
@@ -327,7 +328,7 @@ TEST_F(AdmissionTest, GraphLaunchesCountTheirRecordedOpsTowardOpsPerSubmit) {
   EXPECT_EQ(here.kind(), ErrorKind::kQuotaExceeded) << here.ToString();
   EXPECT_EQ(here.op_index(), 6);
   // An empty graph's launch counts as one op.
-  table_.graphs()[11] = GraphRecord{};
+  table_.InsertGraph(11, GraphRecord{});
   EXPECT_TRUE(Admit(std::vector<Op>(10, Op{LaunchGraphOp{11}})).ok());
   EXPECT_EQ(Admit(std::vector<Op>(11, Op{LaunchGraphOp{11}})).kind(), ErrorKind::kQuotaExceeded);
 }
@@ -340,7 +341,7 @@ TEST_F(AdmissionTest, GraphLaunchAfterAFreeInTheSameSubmitChecksItsTensorsAgain)
   GraphRecord g;
   g.ops = 1;
   g.tensors = {{1, 0}, {2, 0}};
-  table_.graphs()[5] = g;
+  table_.InsertGraph(5, g);
   EXPECT_TRUE(Admit({LaunchGraphOp{5}, LaunchGraphOp{5}, FreeTensorOp{2}}).ok());
   Status freed = Admit({LaunchGraphOp{5}, LaunchGraphOp{5}, FreeTensorOp{2}, LaunchGraphOp{5}});
   EXPECT_EQ(freed.kind(), ErrorKind::kInvalidHandle) << freed.ToString();

@@ -3,7 +3,11 @@
 
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <utility>
+#include <vector>
+
+#include "fake_module.h"
 
 namespace ferry::session {
 namespace {
@@ -120,11 +124,11 @@ TEST(HandleTableTest, TensorsViewListsEveryLiveHandle) {
 
 TEST(HandleTableTest, ModulesAndGraphsAreKeptBesideTensors) {
   HandleTable table;
-  table.modules()[4] = nullptr;
+  table.InsertModule(4, ferry::testing::MakeFakeModule());
   GraphRecord graph;
   graph.tensors = {{1, 1}, {2, 5}};
   graph.has_raw_kernels = true;
-  table.graphs()[6] = std::move(graph);
+  table.InsertGraph(6, std::move(graph));
 
   const HandleTable& view = table;
   EXPECT_EQ(view.modules().count(4), 1u);
@@ -142,8 +146,8 @@ TEST(HandleTableTest, ClearForgetsEverything) {
   HandleTable table;
   table.Insert(1, Record(0x1000, DType::kF32, {16}, 1));
   table.Insert(2, Record(0x2000, DType::kF64, {16}, 2));
-  table.modules()[1] = nullptr;
-  table.graphs()[1] = GraphRecord{};
+  table.InsertModule(1, ferry::testing::MakeFakeModule());
+  table.InsertGraph(1, GraphRecord{});
   table.Clear();
   EXPECT_EQ(table.size(), 0u);
   EXPECT_EQ(table.bytes(), 0u);
@@ -154,6 +158,55 @@ TEST(HandleTableTest, ClearForgetsEverything) {
   table.Insert(1, Record(0x4000, DType::kU8, {3}, 3));
   EXPECT_EQ(table.size(), 1u);
   EXPECT_EQ(table.bytes(), 3u);
+}
+
+// A module's device bytes are the session's while a handle or one of its graphs holds it.
+TEST(HandleTableTest, ModuleBytesAreChargedPerHandleAndWhileAGraphHoldsThem) {
+  HandleTable table;
+  table.Insert(1, Record(0x1000, DType::kU8, {100}, 1));
+  std::shared_ptr<backend::Module> module = ferry::testing::MakeFakeModule(1000);
+  table.InsertModule(4, module);
+  EXPECT_EQ(table.module_bytes(), 1000u);
+  EXPECT_EQ(table.bytes(), 1100u) << "tensors' and modules' bytes together";
+  table.InsertModule(5, module);  // the same (cached) module under a second handle pays again
+  EXPECT_EQ(table.bytes(), 2100u);
+  EXPECT_EQ(table.RemoveModule(5), 1000u);
+  EXPECT_EQ(table.RemoveModule(5), 0u) << "a handle no longer live releases nothing";
+
+  // A graph that launches it keeps it loaded, and so charged, past its last unload.
+  GraphRecord graph;
+  graph.modules = std::make_shared<const std::vector<std::shared_ptr<backend::Module>>>(
+      std::vector<std::shared_ptr<backend::Module>>{module});
+  table.InsertGraph(6, graph);
+  table.InsertGraph(7, graph);
+  EXPECT_EQ(table.RemoveModule(4), 0u);
+  EXPECT_EQ(table.bytes(), 1100u);
+  EXPECT_EQ(table.RemoveGraph(6), 0u) << "graph 7 still holds it";
+  EXPECT_EQ(table.RemoveGraph(7), 1000u);
+  EXPECT_EQ(table.bytes(), 100u);
+  EXPECT_EQ(table.module_bytes(), 0u);
+
+  // Loaded again while a graph holds it: charged for the handle too, and one copy stays
+  // charged for the graph after the unload.
+  table.InsertModule(4, module);
+  table.InsertGraph(6, graph);
+  table.InsertModule(5, module);
+  EXPECT_EQ(table.module_bytes(), 2000u);
+  EXPECT_EQ(table.RemoveModule(4), 1000u);
+  EXPECT_EQ(table.RemoveModule(5), 0u);
+  EXPECT_EQ(table.module_bytes(), 1000u);
+  EXPECT_EQ(table.RemoveGraph(6), 1000u);
+  EXPECT_EQ(table.module_bytes(), 0u);
+  EXPECT_EQ(table.RemoveGraph(6), 0u);
+}
+
+TEST(HandleTableTest, ClearForgetsModuleBytes) {
+  HandleTable table;
+  table.InsertModule(1, ferry::testing::MakeFakeModule(4096));
+  EXPECT_EQ(table.bytes(), 4096u);
+  table.Clear();
+  EXPECT_EQ(table.bytes(), 0u);
+  EXPECT_EQ(table.module_bytes(), 0u);
 }
 
 }  // namespace

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "backend/host/host_device.h"
+#include "fake_module.h"
 #include "session/device_supervisor.h"
 #include "session/registry.h"
 
@@ -211,14 +212,15 @@ class SessionTest : public ::testing::Test {
  protected:
   static constexpr uint64_t kDeviceBytes = 64ull << 20;
 
+  /// The device the supervisor builds (and builds again after a fault).
+  virtual Result<std::unique_ptr<backend::Device>> MakeDevice() {
+    backend::HostDeviceOptions options;
+    options.memory_bytes = kDeviceBytes;
+    return backend::CreateHostDevice(options);
+  }
+
   void SetUp() override {
-    auto supervisor = DeviceSupervisor::Create(
-        [] {
-          backend::HostDeviceOptions options;
-          options.memory_bytes = kDeviceBytes;
-          return backend::CreateHostDevice(options);
-        },
-        nullptr);
+    auto supervisor = DeviceSupervisor::Create([this] { return MakeDevice(); }, nullptr);
     ASSERT_TRUE(supervisor.ok()) << supervisor.status().ToString();
     supervisor_ = std::move(*supervisor);
     registry_ = std::make_unique<SessionRegistry>(1ull << 30, 16);
@@ -1429,6 +1431,129 @@ TEST_F(SessionTest, ReduceSumOfEmptyTensorIsZero) {
   ASSERT_TRUE(s.ok()) << s.ToString();
   EXPECT_EQ(Decode<double>(c.events->Downloaded(1, 4)), std::vector<double>{0.0});
   EXPECT_EQ(Decode<float>(c.events->Downloaded(1, 9)), std::vector<float>{0.0f});
+}
+
+// --- Module memory ---------------------------------------------------------------------------
+
+/// The host backend with modules: LoadModule hands out a module that takes as many device
+/// bytes as its image (decimal digits) says, as ModuleFootprint would have bounded them.
+class ModuleDevice final : public backend::Device {
+ public:
+  explicit ModuleDevice(std::unique_ptr<backend::Device> host) : host_(std::move(host)) {}
+
+  const backend::DeviceInfo& info() const override { return host_->info(); }
+  Result<std::unique_ptr<backend::Stream>> CreateStream() override { return host_->CreateStream(); }
+  Status RegisterHostMemory(void* ptr, uint64_t bytes) override {
+    return host_->RegisterHostMemory(ptr, bytes);
+  }
+  Status UnregisterHostMemory(void* ptr) override { return host_->UnregisterHostMemory(ptr); }
+  Result<std::shared_ptr<backend::Module>> LoadModule(backend::ModuleFormat,
+                                                      std::string_view image) override {
+    uint64_t bytes = 0;
+    for (char c : image) {
+      if (c < '0' || c > '9') return Status(ErrorKind::kCompileError, "not a size");
+      bytes = bytes * 10 + static_cast<uint64_t>(c - '0');
+    }
+    return ferry::testing::MakeFakeModule(bytes);
+  }
+  uint64_t bytes_in_use() const override { return host_->bytes_in_use(); }
+  uint64_t free_memory() const override { return host_->free_memory(); }
+  backend::Usage usage() const override { return host_->usage(); }
+
+ private:
+  const std::unique_ptr<backend::Device> host_;
+};
+
+class SessionModuleTest : public SessionTest {
+ protected:
+  static constexpr uint64_t kQuota = 1 << 20;
+
+  Result<std::unique_ptr<backend::Device>> MakeDevice() override {
+    FERRY_ASSIGN_OR_RETURN(std::unique_ptr<backend::Device> host, SessionTest::MakeDevice());
+    return std::unique_ptr<backend::Device>(std::make_unique<ModuleDevice>(std::move(host)));
+  }
+  Client OpenWithQuota() {
+    SessionConfig config;
+    config.device_bytes_quota = kQuota;
+    return Open(config);
+  }
+  static Op Load(uint64_t handle, std::string_view bytes) {
+    return LoadModuleOp{handle, backend::ModuleFormat::kPtx, bytes};
+  }
+  /// The device bytes the session's stats show it holding now, and its peak.
+  uint64_t live_bytes() const {
+    std::vector<SessionEntry> list = registry_->List();
+    EXPECT_EQ(list.size(), 1u);
+    return list.empty() ? 0 : list[0].counters->device_bytes.load();
+  }
+  uint64_t peak_bytes() const {
+    std::vector<SessionEntry> list = registry_->List();
+    return list.empty() ? 0 : list[0].counters->peak_device_bytes.load();
+  }
+};
+
+// A module's device memory counts against the session's quota as a tensor's does: a load past
+// it is QUOTA_EXCEEDED for that op and the submit changes nothing.
+TEST_F(SessionModuleTest, LoadModuleOverTheQuotaIsQuotaExceeded) {
+  Client c = OpenWithQuota();
+  ASSERT_TRUE(SubmitAndWait(c, 1, {CreateTensorOp{1, DType::kU8, {512 << 10}}}).ok());
+  Status over = SubmitAndWait(c, 2, {Load(5, "600000")});
+  EXPECT_EQ(over.kind(), ErrorKind::kQuotaExceeded) << over.ToString();
+  EXPECT_EQ(over.op_index(), 0);
+  EXPECT_NE(over.message().find("device quota"), std::string::npos) << over.ToString();
+  EXPECT_EQ(reserved(), 512u << 10) << "nothing of the refused load stays charged";
+  EXPECT_EQ(live_bytes(), 512u << 10);
+  // A tensor created before the load in the same submit counts too; the submit is refused
+  // whole: its tensor is not made and its bytes go back.
+  Status whole =
+      SubmitAndWait(c, 3, {CreateTensorOp{2, DType::kU8, {256 << 10}}, Load(5, "300000")});
+  EXPECT_EQ(whole.kind(), ErrorKind::kQuotaExceeded) << whole.ToString();
+  EXPECT_EQ(whole.op_index(), 1);
+  EXPECT_EQ(reserved(), 512u << 10);
+  EXPECT_EQ(SubmitAndWait(c, 4, {FillOp{2, 0}}).kind(), ErrorKind::kInvalidHandle);
+  // The module is refused, not the session: one that fits loads, and then counts against a
+  // tensor that no longer fits beside it.
+  ASSERT_TRUE(SubmitAndWait(c, 5, {Load(5, "400000")}).ok());
+  EXPECT_EQ(reserved(), (512u << 10) + 400000);
+  EXPECT_EQ(live_bytes(), (512u << 10) + 400000);
+  EXPECT_EQ(peak_bytes(), (512u << 10) + 400000);
+  Status tensor = SubmitAndWait(c, 6, {CreateTensorOp{3, DType::kU8, {200 << 10}}});
+  EXPECT_EQ(tensor.kind(), ErrorKind::kQuotaExceeded) << tensor.ToString();
+}
+
+// The 8 GiB a 100-byte PTX may declare is refused under a 1 MiB quota.
+TEST_F(SessionModuleTest, AModuleLargerThanTheQuotaIsRefused) {
+  Client c = OpenWithQuota();
+  Status s = SubmitAndWait(c, 1, {Load(1, "8589934592")});
+  EXPECT_EQ(s.kind(), ErrorKind::kQuotaExceeded) << s.ToString();
+  EXPECT_EQ(reserved(), 0u);
+  // The daemon-wide cap (1 GiB here) refuses what a larger session quota would let through.
+  SessionConfig config;
+  config.device_bytes_quota = 16ull << 30;
+  Client big = Open(config);
+  Status capped = SubmitAndWait(big, 1, {Load(1, "2147483648")});
+  EXPECT_EQ(capped.kind(), ErrorKind::kQuotaExceeded) << capped.ToString();
+  EXPECT_EQ(reserved(), 0u);
+}
+
+// Each module handle pays, cached modules included; an unload and the session's close give the
+// bytes back.
+TEST_F(SessionModuleTest, ModuleBytesAreReleasedAtUnloadAndAtClose) {
+  Client c = OpenWithQuota();
+  ASSERT_TRUE(SubmitAndWait(c, 1, {Load(1, "1000"), Load(2, "2000"), Load(3, "2000")}).ok());
+  EXPECT_EQ(reserved(), 5000u);
+  EXPECT_EQ(live_bytes(), 5000u);
+  ASSERT_TRUE(SubmitAndWait(c, 2, {UnloadModuleOp{2}}).ok());
+  EXPECT_EQ(reserved(), 3000u);
+  EXPECT_EQ(live_bytes(), 3000u);
+  EXPECT_EQ(peak_bytes(), 5000u);
+  // Unloaded and loaded again in one submit: charged once.
+  ASSERT_TRUE(SubmitAndWait(c, 3, {UnloadModuleOp{1}, Load(1, "1500")}).ok());
+  EXPECT_EQ(reserved(), 3500u);
+  SessionStatsSnapshot stats = CloseAndWait(c);
+  EXPECT_EQ(stats.peak_device_bytes, 5000u);
+  EXPECT_TRUE(WaitUntil([this] { return registry_->Totals().sessions_open == 0; }));
+  EXPECT_EQ(reserved(), 0u) << "the close gave every module's bytes back";
 }
 
 }  // namespace
