@@ -282,6 +282,62 @@ TEST_F(CudaModuleTest, SameImageReturnsTheCachedModule) {
   EXPECT_NE(ptx->get(), first->get());
 }
 
+// A module's device memory is bounded from its image before the driver loads it
+// (module_footprint.h): a PTX's .global variables and a CUDA C++ module's __device__ arrays
+// (counted in the CUBIN NVRTC made) are in the bound, and the bound holds what the device's
+// free memory lost to the load.
+TEST_F(CudaModuleTest, ModuleDeviceBytesBoundWhatTheLoadTakes) {
+  constexpr uint64_t kGlobal = 256ull << 20;
+  const std::string ptx =
+      ".version 7.0\n.target sm_70\n.address_size 64\n"
+      ".visible .global .align 8 .b8 big[" +
+      std::to_string(kGlobal) + R"(];
+.visible .entry touch()
+{
+    .reg .b64 %rd<2>;
+    .reg .b16 %rs<2>;
+    mov.u64 %rd1, big;
+    mov.u16 %rs1, 1;
+    st.global.u8 [%rd1+)" +
+      std::to_string(kGlobal - 1) +
+      R"(], %rs1;
+    ret;
+}
+)";
+  const uint64_t free_before = device_->free_memory();
+  auto module = device_->LoadModule(ModuleFormat::kPtx, ptx);
+  ASSERT_TRUE(module.ok()) << module.status().ToString();
+  const uint64_t free_after = device_->free_memory();
+  const uint64_t bound = (*module)->device_bytes();
+  EXPECT_GE(bound, kGlobal + ptx.size());
+  const uint64_t taken = free_before > free_after ? free_before - free_after : 0;
+  std::printf("a PTX module with %llu bytes of .global: bound %llu, free memory down %llu\n",
+              static_cast<unsigned long long>(kGlobal), static_cast<unsigned long long>(bound),
+              static_cast<unsigned long long>(taken));
+  // The driver takes memory in pages of up to 2 MiB: what it took may round the bound up.
+  EXPECT_LE(taken, bound + (2u << 20)) << "the bound is below what the load took";
+  ASSERT_TRUE(stream_->Launch(**module, "touch", Config1D(1, 1), {}).ok());
+  EXPECT_TRUE(Sync(*stream_).ok());
+
+  auto compiled = device_->LoadModule(ModuleFormat::kCudaSource, R"(
+__device__ char table[1 << 20];
+extern "C" __global__ void set(int i) { table[i] = 1; }
+)");
+  ASSERT_TRUE(compiled.ok()) << compiled.status().ToString();
+  EXPECT_GE((*compiled)->device_bytes(), 1u << 20) << "the CUBIN's .nv.global is counted";
+}
+
+TEST_F(CudaModuleTest, AModuleWhoseMemoryCannotBeBoundedIsRefusedBeforeLoading) {
+  auto module = device_->LoadModule(
+      ModuleFormat::kPtx, ".version 7.0\n.target sm_70\n#define N 8\n.global .b8 x[N];\n");
+  ASSERT_FALSE(module.ok());
+  EXPECT_EQ(module.status().kind(), ErrorKind::kInvalidArgument) << module.status().ToString();
+  auto overflow = device_->LoadModule(
+      ModuleFormat::kPtx, ".version 7.0\n.target sm_70\n.global .b64 o[4294967296][4294967296];\n");
+  ASSERT_FALSE(overflow.ok());
+  EXPECT_EQ(overflow.status().kind(), ErrorKind::kInvalidArgument) << overflow.status().ToString();
+}
+
 TEST_F(CudaModuleTest, KernelInGraphReplays) {
   auto module = device_->LoadModule(ModuleFormat::kPtx, kIotaPtx);
   ASSERT_TRUE(module.ok()) << module.status().ToString();
