@@ -303,9 +303,9 @@ class PtxDeclarations {
 
   /// Skip an initialiser (after its '=') up to the ',' or ';' that ends it, left in `*end`;
   /// return how many elements its outermost level has (a scalar: 1; `{a, {b, c}}`: 2; a
-  /// count that is never below the true one).
+  /// count that is never below the true one: a string counts its every byte too).
   Result<uint64_t> SkipInitialiser(std::string_view space, Token* end) {
-    uint64_t depth = 0, commas = 0;
+    uint64_t depth = 0, commas = 0, string_bytes = 0;
     bool braced = false, content = false;
     for (Token t = Next();; t = Next()) {
       if (t.kind == Token::Kind::kEnd) return Ended(space);
@@ -327,9 +327,11 @@ class PtxDeclarations {
       } else if (depth >= 1) {
         content = true;
       }
+      if (t.kind == Token::Kind::kString) string_bytes += t.text.size();
     }
-    if (!braced) return uint64_t{1};
-    return content ? commas + 1 : commas;
+    // At most one per byte of the image: no overflow.
+    if (!braced) return 1 + string_bytes;
+    return (content ? commas + 1 : commas) + string_bytes;
   }
 
   PtxLexer lexer_;

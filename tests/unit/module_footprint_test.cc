@@ -59,6 +59,8 @@ TEST(ModuleFootprintTest, PtxUnsizedArraysCountTheirInitialiser) {
   EXPECT_EQ(VariableBytes(".global .u32 u[] = {1, 2, 3};\n"), 12u + 3);
   EXPECT_EQ(VariableBytes(".global .u32 u[][2] = {{1, 2}, {3, 4}, {5, 6}};\n"), 24u + 3);
   EXPECT_EQ(VariableBytes(".global .b8 none[] = {};\n"), 0u);
+  EXPECT_GE(VariableBytes(".global .b8 text[] = \"hello\";\n"), 6u)
+      << "a string initialiser counts at least its bytes and NUL";
   Status s = PtxRefusal(".global .u32 u[];\n");
   EXPECT_EQ(s.kind(), ErrorKind::kInvalidArgument);
   EXPECT_NE(s.message().find("'u'"), std::string::npos) << s.ToString();
