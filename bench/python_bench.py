@@ -9,12 +9,20 @@
   tiny op: fill a 1-element f32 tensor, then synchronize() (and: fill + download of the one
     element), one at a time.
 
+  sharing (--sharing N): N Python processes at once, each with a session of its own, doing
+    ferry-bench's "sharing" pinned round R times: 64 x axpy(256) in one submit, then one
+    1 MiB PinnedBuffer through upload_pending + wait() and download_pending + wait().
+    ops/s = all processes' axpys / the slowest process's time; max/min = slowest / fastest.
+    The C++ figures to set beside it, and the MPS arm (C++ processes as clients of one MPS
+    daemon doing the same round): ferry-bench --scenario sharing --baseline --baseline-mps.
+
 Figures: p50 and p99 of the per-iteration time (us); bandwidth = bytes / p50 (GB/s, 1 GB =
 1e9 B). The C++ numbers for the same rows: ferry-bench --target T --scenario transfers,latency
 (bench/README.md). Runs against any daemon; on the host backend it only shows that it works.
 
   PYTHONPATH=build/client/python python3 bench/python_bench.py --target unix:/run/ferry/ferryd-0.sock
   ... --spawn-daemon build/server/ferryd [--backend host]   # start a ferryd of its own
+  ... --sharing 1 --sharing 8                                  # and the sharing case
 """
 
 import argparse
@@ -102,6 +110,69 @@ def latency_case(s, download, iterations):
     return samples
 
 
+SHARING_OPS = 64  # axpys per round, as ferry-bench's sharing scenario
+
+
+def sharing_worker(target, rounds):
+    """One process of the sharing case: set up, print "ready", wait for a line on stdin,
+    run the rounds, print "result OPS ELAPSED_NS"."""
+    client = ferry.Client.connect(target, client_name="python_bench sharing")
+    with client.session() as s:
+        t = s.tensor(MiB, "uint8")
+        x = s.tensor(256, "float32")
+        y = s.tensor(256, "float32")
+        s.fill(x, 1.0)
+        s.fill(y, 0.0)
+        buf = s.pinned_buffer(MiB)
+        buf.numpy()[:] = 0x5A  # touch once, untimed
+
+        def one_round():
+            for _ in range(SHARING_OPS):
+                s.axpy(1e-6, x, y)
+            s.submit()
+            s.upload_pending(buf, t).wait()
+            s.download_pending(t, buf).wait()
+
+        one_round()  # warm-up, untimed: the session's first transfer maps its slab
+        s.synchronize()
+        print("ready", flush=True)
+        sys.stdin.readline()
+        t0 = time.perf_counter_ns()
+        for _ in range(rounds):
+            one_round()
+        s.synchronize()
+        elapsed = time.perf_counter_ns() - t0
+    print(f"result {rounds * SHARING_OPS} {elapsed}", flush=True)
+    return 0
+
+
+def sharing_case(target, processes, rounds):
+    """Start the processes, release them together; (ops/s, max/min of their times)."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker-sharing", target,
+           "--rounds", str(rounds)]
+    workers = [subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+               for _ in range(processes)]
+    try:
+        for w in workers:
+            if w.stdout.readline().strip() != "ready":
+                raise SystemExit("a sharing worker failed to set up")
+        for w in workers:
+            w.stdin.write("go\n")
+            w.stdin.flush()
+        ops, times = 0, []
+        for w in workers:
+            line = w.stdout.readline().split()
+            if w.wait(600) != 0 or len(line) != 3 or line[0] != "result":
+                raise SystemExit("a sharing worker failed")
+            ops += int(line[1])
+            times.append(int(line[2]))
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                w.kill()
+    return ops / (max(times) / 1e9), max(times) / min(times)
+
+
 def spawn_daemon(path, backend):
     d = tempfile.mkdtemp(prefix="ferry-pybench-")
     sock, ready = os.path.join(d, "ferryd.sock"), os.path.join(d, "ready")
@@ -126,7 +197,13 @@ def main():
     ap.add_argument("--backend", default="auto", help="backend of a spawned ferryd")
     ap.add_argument("--quick", action="store_true", help="few iterations (a smoke run)")
     ap.add_argument("--json", metavar="FILE", help="also write the rows as JSON here")
+    ap.add_argument("--sharing", metavar="N", type=int, action="append", default=[],
+                    help="also run the sharing case with N processes (repeatable)")
+    ap.add_argument("--rounds", type=int, default=100, help="rounds of a sharing process")
+    ap.add_argument("--worker-sharing", metavar="TARGET", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.worker_sharing:
+        return sharing_worker(args.worker_sharing, args.rounds)
     if bool(args.target) == bool(args.spawn_daemon):
         ap.error("give one of --target and --spawn-daemon")
 
@@ -161,6 +238,13 @@ def main():
             iterations = 200 if args.quick else 5000
             row("tiny op: fill 1 elt, synchronize()", latency_case(s, False, iterations))
             row("tiny op: fill 1 elt + 1-elt download", latency_case(s, True, iterations))
+        for n in args.sharing:
+            rounds = min(args.rounds, 5) if args.quick else args.rounds
+            ops_per_s, spread = sharing_case(target, n, rounds)
+            rows.append({"case": f"sharing, {n} processes, pinned", "ops_per_s": ops_per_s,
+                         "max_min": spread, "rounds": rounds})
+            print(f"sharing, {n} processes, pinned: {ops_per_s:,.0f} ops/s, max/min "
+                  f"{spread:.3f} ({rounds} rounds each)", flush=True)
     finally:
         if proc:
             proc.terminate()

@@ -23,3 +23,14 @@ def test_python_bench_runs_quick(daemon, tmp_path):
         assert r["samples"] > 0 and 0 < r["p50_us"] <= r["p99_us"], (name, r)
         assert (r["gb_per_s"] is not None) == name.startswith("pending"), name
     assert "MiB parts" in rows["pending upload 256 MiB"]["notes"]  # above one slab: split
+
+
+def test_python_bench_sharing_case_runs_its_processes_together(daemon, tmp_path):
+    out_json = tmp_path / "rows.json"
+    out = subprocess.run([sys.executable, BENCH, "--target", daemon.target, "--quick",
+                          "--sharing", "2", "--rounds", "3", "--json", str(out_json)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    rows = {r["case"]: r for r in json.loads(out_json.read_text())["rows"]}
+    r = rows["sharing, 2 processes, pinned"]
+    assert r["rounds"] == 3 and r["ops_per_s"] > 0 and r["max_min"] >= 1.0, r
