@@ -239,7 +239,7 @@ def main():
             row("tiny op: fill 1 elt, synchronize()", latency_case(s, False, iterations))
             row("tiny op: fill 1 elt + 1-elt download", latency_case(s, True, iterations))
         for n in args.sharing:
-            rounds = min(args.rounds, 5) if args.quick else args.rounds
+            rounds = args.rounds
             ops_per_s, spread = sharing_case(target, n, rounds)
             rows.append({"case": f"sharing, {n} processes, pinned", "ops_per_s": ops_per_s,
                          "max_min": spread, "rounds": rounds})
