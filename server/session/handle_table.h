@@ -86,14 +86,16 @@ class HandleTable {
   uint64_t RemoveModule(uint64_t handle) {
     auto it = modules_.find(handle);
     if (it == modules_.end()) return 0;
-    const backend::Module* module = it->second.get();
+    // Held here until the bytes are counted: the handle may have been the module's last
+    // owner.
+    const std::shared_ptr<backend::Module> module = std::move(it->second);
     modules_.erase(it);
-    Holders& h = holders_[module];
+    Holders& h = holders_[module.get()];
     --h.handles;
     // The graphs keep one module's bytes charged.
     const uint64_t released = h.handles == 0 && h.graphs > 0 ? h.charged - module->device_bytes()
                                                              : module->device_bytes();
-    return Release(module, released);
+    return Release(module.get(), released);
   }
   /// Insert a recorded graph under `handle`, which must not be live.
   void InsertGraph(uint64_t handle, GraphRecord graph) {

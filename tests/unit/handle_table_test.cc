@@ -160,6 +160,18 @@ TEST(HandleTableTest, ClearForgetsEverything) {
   EXPECT_EQ(table.bytes(), 3u);
 }
 
+// The table may hold a module's last reference (no cache and no graph keeps it): removing
+// its handle counts the module's bytes before it goes (AddressSanitizer saw a read of the
+// freed module here).
+TEST(HandleTableTest, RemovingAModuleTheTableAloneHeldReleasesItsBytes) {
+  HandleTable table;
+  table.InsertModule(4, ferry::testing::MakeFakeModule(1000));
+  std::weak_ptr<backend::Module> module = table.modules().at(4);
+  EXPECT_EQ(table.RemoveModule(4), 1000u);
+  EXPECT_TRUE(module.expired()) << "the handle was its only owner";
+  EXPECT_EQ(table.module_bytes(), 0u);
+}
+
 // A module's device bytes are the session's while a handle or one of its graphs holds it.
 TEST(HandleTableTest, ModuleBytesAreChargedPerHandleAndWhileAGraphHoldsThem) {
   HandleTable table;
