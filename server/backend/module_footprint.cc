@@ -362,6 +362,15 @@ bool Inside(uint64_t offset, uint64_t length, uint64_t size) {
   return CheckedAdd(offset, length, &end) && end <= size;
 }
 
+// Whether a header table of `count` entries of `entry_bytes` (each at least `min_entry_bytes`)
+// at `offset` lies inside an image of `size` bytes. An empty table always does.
+bool TableInside(uint64_t offset, uint64_t count, uint64_t entry_bytes, uint64_t min_entry_bytes,
+                 uint64_t size) {
+  uint64_t table = 0;
+  return count == 0 || (entry_bytes >= min_entry_bytes && CheckedMul(count, entry_bytes, &table) &&
+                        Inside(offset, table, size));
+}
+
 constexpr char kElfMagic[] = {'\x7f', 'E', 'L', 'F'};
 constexpr char kFatbinMagic[] = {'\x50', '\xed', '\x55', '\xba'};  // 0xBA55ED50, little-endian
 
@@ -393,9 +402,7 @@ Result<uint64_t> ElfFootprint(std::string_view elf) {
     }
     shnum = LoadLittle(elf, shoff + 0x20, 8);
   }
-  uint64_t table = 0;
-  if (shnum > 0 && (shentsize < kShdrBytes || !CheckedMul(shnum, shentsize, &table) ||
-                    !Inside(shoff, table, size))) {
+  if (!TableInside(shoff, shnum, shentsize, kShdrBytes, size)) {
     return Refuse("the CUBIN's section headers lie outside the image");
   }
   uint64_t sections = 0;
@@ -419,8 +426,7 @@ Result<uint64_t> ElfFootprint(std::string_view elf) {
 
   // Loadable segments, in case the loader goes by them.
   if (phnum == 0xFFFF) return Refuse("the CUBIN has too many program headers");
-  if (phnum > 0 && (phentsize < kPhdrBytes || !CheckedMul(phnum, phentsize, &table) ||
-                    !Inside(phoff, table, size))) {
+  if (!TableInside(phoff, phnum, phentsize, kPhdrBytes, size)) {
     return Refuse("the CUBIN's program headers lie outside the image");
   }
   uint64_t segments = 0;

@@ -1183,7 +1183,7 @@ void Session::ReleaseTensor(uint64_t handle) {
   if (r.ptr) stream_->Free(r.ptr);
   ReleaseDeviceBytes(r.bytes);
   counters_->live_tensors = tensors_.size();
-  counters_->device_bytes = tensors_.bytes();
+  CountDeviceBytes();
 }
 
 void Session::OnDeviceComplete(uint64_t epoch, Status status, uint64_t through, uint64_t commands) {
