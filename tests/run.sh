@@ -174,6 +174,10 @@ fuzz_one() {
     echo "fuzz: $target FAILED (exit $rc); its log ends:"
     tail -60 "$work/log"
     ls -la "$work/artifacts"
+    # For the end of the output too: what failed, and the input (libFuzzer's Base64 line).
+    { echo "--- fuzz: $target FAILED (exit $rc):"
+      grep -E "^($target:|==[0-9]+== ERROR|SUMMARY|Base64:|MS:|artifact_prefix)" "$work/log" | tail -8
+    } >>"$logs/fuzz-digest"
   else
     echo "fuzz: $target ok: $(grep -E '^stat::number_of_executed_units' "$work/log")"
   fi
@@ -274,5 +278,6 @@ for entry in "${ctest_logs[@]}"; do
   ctest_results "$log"
 done
 ((${#sanitizer_digest[@]})) && printf '%s\n' "${sanitizer_digest[@]}"
+[[ -s $logs/fuzz-digest ]] && cat "$logs/fuzz-digest"
 ((${#failed[@]})) && echo "tests/run.sh: FAILED: ${failed[*]}"
 ((${#failed[@]} == 0))

@@ -1,15 +1,11 @@
 #include "rpc/wire_scan.h"
 
 #include <google/protobuf/descriptor.h>
-#include <google/protobuf/io/coded_stream.h>
-#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 #include <google/protobuf/message.h>
 
 #include <algorithm>
-#include <limits>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -204,21 +200,112 @@ class Utf8Check {
   uint8_t lo_ = 0x80, hi_ = 0xBF;
 };
 
+// A message's bytes, read front to back from one buffer (a ring record) or from a
+// ZeroCopyInputStream's pieces (a gRPC message arrives in slices). Offsets count from the
+// message's start; every read is bounded by an `end` offset the caller passes (the end of the
+// message it reads in), so nothing past a field's message is ever read. Reads within one piece
+// take the fast path; only a value that straddles two pieces is read a byte at a time.
+class Cursor {
+ public:
+  explicit Cursor(std::string_view bytes)
+      : piece_(reinterpret_cast<const uint8_t*>(bytes.data())), p_(piece_), end_(piece_ + bytes.size()) {}
+  explicit Cursor(pb::io::ZeroCopyInputStream& stream) : stream_(&stream) {}
+
+  uint64_t offset() const { return before_ + static_cast<uint64_t>(p_ - piece_); }
+
+  // A varint of at most `max_bytes` bytes (protobuf's parser reads a tag or a length in at most
+  // 5, any other varint in at most 10) that ends before `end`, modulo 2^64; false when it is cut
+  // short there or runs longer.
+  bool Varint(uint64_t end, int max_bytes, uint64_t* value) {
+    const uint64_t room = std::min<uint64_t>(static_cast<uint64_t>(end_ - p_), end - offset());
+    uint64_t v = 0;
+    if (room >= static_cast<uint64_t>(max_bytes)) {
+      for (int i = 0; i < max_bytes; ++i) {
+        const uint8_t b = p_[i];
+        v |= uint64_t{b & 0x7fu} << (7 * i);
+        if (b < 0x80) {
+          p_ += i + 1;
+          *value = v;
+          return true;
+        }
+      }
+      return false;
+    }
+    for (int i = 0; i < max_bytes && offset() < end; ++i) {
+      if (p_ == end_ && !Refill()) return false;
+      const uint8_t b = *p_++;
+      v |= uint64_t{b & 0x7fu} << (7 * i);
+      if (b < 0x80) {
+        *value = v;
+        return true;
+      }
+    }
+    return false;
+  }
+
+  // Consume the next `n` bytes, handing them to `fn(const uint8_t*, uint64_t)` in the pieces
+  // they lie in; false when the input ends first. The caller has checked `n` against its end.
+  template <typename Fn>
+  bool Pieces(uint64_t n, Fn&& fn) {
+    while (n > 0) {
+      if (p_ == end_ && !Refill()) return false;
+      const uint64_t take = std::min<uint64_t>(n, static_cast<uint64_t>(end_ - p_));
+      fn(p_, take);
+      p_ += take;
+      n -= take;
+    }
+    return true;
+  }
+  bool Skip(uint64_t n) {
+    return Pieces(n, [](const uint8_t*, uint64_t) {});
+  }
+
+ private:
+  // The next non-empty piece of the stream; false at its end (or for a buffer).
+  bool Refill() {
+    if (!stream_) return false;
+    const void* data = nullptr;
+    int size = 0;
+    while (stream_->Next(&data, &size)) {
+      if (size <= 0) continue;
+      before_ = offset();
+      piece_ = p_ = static_cast<const uint8_t*>(data);
+      end_ = piece_ + size;
+      return true;
+    }
+    return false;
+  }
+
+  pb::io::ZeroCopyInputStream* stream_ = nullptr;
+  const uint8_t* piece_ = nullptr;  // the piece being read, p_ in it, end_ its end
+  const uint8_t* p_ = nullptr;
+  const uint8_t* end_ = nullptr;
+  uint64_t before_ = 0;  // bytes of the message before piece_
+};
+
+// protobuf's parser reads a length in at most 5 bytes and refuses one of 2 GiB or more.
+constexpr int kMaxLengthBytes = 5;
+constexpr uint64_t kMaxLength = (uint64_t{1} << 31) - 1;
+
 class Scanner {
  public:
-  Scanner(pb::io::CodedInputStream& in, uint64_t max_parsed_bytes, WireScan& out)
+  Scanner(Cursor& in, uint64_t max_parsed_bytes, WireScan& out)
       : in_(in), max_(max_parsed_bytes), out_(out) {}
 
-  // Walk the fields of a message of `shape` up to the current limit; false (out_.status set)
+  // Walk the fields of a message of `shape` that ends at offset `end`; false (out_.status set)
   // when the bytes are not such a message.
-  bool Message(const Shape& shape, int depth) {
-    while (in_.BytesUntilLimit() > 0) {
+  bool Message(const Shape& shape, int depth, uint64_t end) {
+    while (in_.offset() < end) {
       if (out_.over_budget && depth > 0) {
         // Already refused: only the top level's fields (the sequence) are still wanted.
-        return in_.Skip(in_.BytesUntilLimit()) || Malformed("a field is cut short");
+        return in_.Skip(end - in_.offset()) || Malformed("a field is cut short");
       }
-      uint32_t tag = 0;
-      if (!Tag(&tag)) return Malformed("a tag is cut short or longer than 5 bytes");
+      // A tag as protobuf's parser reads it: at most 5 bytes, kept modulo 2^32.
+      uint64_t tag64 = 0;
+      if (!in_.Varint(end, 5, &tag64)) {
+        return Malformed("a tag is cut short or longer than 5 bytes");
+      }
+      const auto tag = static_cast<uint32_t>(tag64);
       const uint32_t number = tag >> 3;
       const uint32_t wire = tag & 7;
       if (number == 0) return Malformed("a field has number 0 or a cut-short tag");
@@ -228,16 +315,16 @@ class Scanner {
       bool ok = false;
       switch (wire) {
         case 0:
-          ok = Varint(f);
+          ok = Varint(f, end);
           break;
         case 1:
-          ok = Fixed(f, Type::kFixed64);
+          ok = Fixed(f, Type::kFixed64, end);
           break;
         case 5:
-          ok = Fixed(f, Type::kFixed32);
+          ok = Fixed(f, Type::kFixed32, end);
           break;
         case 2:
-          ok = LengthDelimited(f, number, depth);
+          ok = LengthDelimited(f, number, depth, end);
           break;
         default:
           return Malformed("wire type " + std::to_string(wire) +
@@ -254,20 +341,9 @@ class Scanner {
     if (out_.status.kind() != ErrorKind::kProtocolViolation) {
       out_.status = Status(ErrorKind::kProtocolViolation,
                            "the message is not a ClientMessage: " + what + " (at byte " +
-                               std::to_string(in_.CurrentPosition()) + ")");
+                               std::to_string(in_.offset()) + ")");
     }
     return false;
-  }
-
-  // A field's tag as protobuf's parser reads it: a varint of at most 5 bytes, kept modulo
-  // 2^32 (CodedInputStream::ReadTag reads up to 10 and drops the rest, which the parse
-  // refuses).
-  bool Tag(uint32_t* tag) {
-    const int start = in_.CurrentPosition();
-    uint64_t v = 0;
-    if (!in_.ReadVarint64(&v) || in_.CurrentPosition() - start > 5) return false;
-    *tag = static_cast<uint32_t>(v);
-    return true;
   }
 
   void Cost(uint64_t bytes) {
@@ -281,9 +357,9 @@ class Scanner {
     if (f.repeated) Cost(2 * uint64_t{f.element_bytes});
   }
 
-  bool Varint(const Field* f) {
+  bool Varint(const Field* f, uint64_t end) {
     uint64_t v = 0;
-    if (!in_.ReadVarint64(&v)) return Malformed("a varint is cut short");
+    if (!in_.Varint(end, 10, &v)) return Malformed("a varint is cut short or longer than 10 bytes");
     if (!f || f->type != Type::kVarint) {
       Unknown(0);
       return true;
@@ -309,9 +385,11 @@ class Scanner {
     return true;
   }
 
-  bool Fixed(const Field* f, Type type) {
-    const bool ok = type == Type::kFixed64 ? in_.Skip(8) : in_.Skip(4);
-    if (!ok) return Malformed("a fixed-size field is cut short");
+  bool Fixed(const Field* f, Type type, uint64_t end) {
+    const uint64_t size = type == Type::kFixed64 ? 8 : 4;
+    if (end - in_.offset() < size || !in_.Skip(size)) {
+      return Malformed("a fixed-size field is cut short");
+    }
     if (f && f->type == type) {
       Scalar(*f);
     } else {
@@ -320,10 +398,12 @@ class Scanner {
     return true;
   }
 
-  bool LengthDelimited(const Field* f, uint32_t number, int depth) {
-    uint32_t length = 0;
-    if (!in_.ReadVarint32(&length)) return Malformed("a length is cut short");
-    if (length > static_cast<uint32_t>(std::max(in_.BytesUntilLimit(), 0))) {
+  bool LengthDelimited(const Field* f, uint32_t number, int depth, uint64_t end) {
+    uint64_t length = 0;
+    if (!in_.Varint(end, kMaxLengthBytes, &length) || length > kMaxLength) {
+      return Malformed("a length is cut short, longer than 5 bytes or 2 GiB or more");
+    }
+    if (length > end - in_.offset()) {
       return Malformed("a length of " + std::to_string(length) + " passes its message's end");
     }
     if (f && f->type == Type::kMessage) return Nested(*f, number, length, depth);
@@ -331,51 +411,32 @@ class Scanner {
       Cost(kStringBytes + length + (f->repeated ? kSlotBytes : 0));
       if (f->role == Role::kUploadData && !out_.over_budget) out_.upload_bytes += length;
       if (f->type == Type::kString) return Utf8(*f, length);
-      return in_.Skip(static_cast<int>(length)) || Malformed("a field is cut short");
+      return in_.Skip(length) || Malformed("a field is cut short");
     }
     if (f && f->repeated) return Packed(*f, length);  // a packed repeated scalar
     Unknown(length);
-    return in_.Skip(static_cast<int>(length)) || Malformed("a field is cut short");
+    return in_.Skip(length) || Malformed("a field is cut short");
   }
 
-  bool Nested(const Field& f, uint32_t number, uint32_t length, int depth) {
+  bool Nested(const Field& f, uint32_t number, uint64_t length, int depth) {
     Cost(f.message->object_bytes + (f.repeated ? kSlotBytes : 0));
     if (f.role == Role::kKind) out_.kind = number;
     if (f.role == Role::kOp && !out_.over_budget) ++out_.ops;
     if (f.role == Role::kOpKind && number < 32 && !out_.over_budget) out_.op_kinds |= 1u << number;
     if (depth + 1 >= kMaxDepth) return Malformed("messages nest too deep");
-    const pb::io::CodedInputStream::Limit limit = in_.PushLimit(static_cast<int>(length));
-    const bool ok = Message(*f.message, depth + 1);
-    in_.PopLimit(limit);
-    return ok;
-  }
-
-  // Consume the next `length` bytes, handing them to `fn(const uint8_t*, uint32_t)` in the
-  // pieces the stream holds them in; false when they are cut short.
-  template <typename Fn>
-  bool ForEachPiece(uint32_t length, Fn&& fn) {
-    while (length > 0) {
-      const void* data = nullptr;
-      int size = 0;
-      if (!in_.GetDirectBufferPointer(&data, &size) || size <= 0) return false;
-      const uint32_t n = std::min<uint32_t>(length, static_cast<uint32_t>(size));
-      fn(static_cast<const uint8_t*>(data), n);
-      in_.Skip(static_cast<int>(n));
-      length -= n;
-    }
-    return true;
+    return Message(*f.message, depth + 1, in_.offset() + length);
   }
 
   // A packed repeated scalar: `length` bytes of varints or fixed-size values.
-  bool Packed(const Field& f, uint32_t length) {
+  bool Packed(const Field& f, uint64_t length) {
     uint64_t elements = 0;
     if (f.type == Type::kVarint) {
       // A varint ends at each byte below 0x80: the last byte must be one, and none is longer
       // than 10 bytes (protobuf refuses it).
       uint32_t run = 0;  // bytes of the varint being read so far
       bool too_long = false;
-      const bool whole = ForEachPiece(length, [&](const uint8_t* p, uint32_t n) {
-        for (uint32_t i = 0; i < n; ++i) {
+      const bool whole = in_.Pieces(length, [&](const uint8_t* p, uint64_t n) {
+        for (uint64_t i = 0; i < n; ++i) {
           ++run;
           too_long = too_long || run > 10;
           if (p[i] < 0x80) {
@@ -388,12 +449,12 @@ class Scanner {
       if (too_long) return Malformed("a packed varint is longer than 10 bytes");
       if (run != 0) return Malformed("a packed varint is cut short");
     } else {
-      const uint32_t size = f.type == Type::kFixed64 ? 8 : 4;
+      const uint64_t size = f.type == Type::kFixed64 ? 8 : 4;
       if (length % size != 0) {
         return Malformed("a packed field's length is not a multiple of its values");
       }
       elements = length / size;
-      if (!in_.Skip(static_cast<int>(length))) return Malformed("a packed field is cut short");
+      if (!in_.Skip(length)) return Malformed("a packed field is cut short");
     }
     Cost(elements * 2 * uint64_t{f.element_bytes});
     return true;
@@ -401,11 +462,12 @@ class Scanner {
 
   // A string field's bytes, which must be UTF-8 (proto3: the parse refuses anything else). One
   // that is not is noted and the scan goes on (the message's sequence may come after it).
-  bool Utf8(const Field& f, uint32_t length) {
+  bool Utf8(const Field& f, uint64_t length) {
     Utf8Check check;
     bool valid = true;
-    if (!ForEachPiece(length,
-                      [&](const uint8_t* p, uint32_t n) { valid = valid && check.Feed(p, n); })) {
+    if (!in_.Pieces(length, [&](const uint8_t* p, uint64_t n) {
+          valid = valid && check.Feed(p, static_cast<size_t>(n));
+        })) {
       return Malformed("a string is cut short");
     }
     if (!(valid && check.complete()) && out_.status.ok()) {
@@ -415,38 +477,37 @@ class Scanner {
     return true;
   }
 
-  pb::io::CodedInputStream& in_;
+  Cursor& in_;
   const uint64_t max_;
   WireScan& out_;
 };
+
+WireScan Scan(Cursor& in, uint64_t size, uint64_t max_parsed_bytes) {
+  WireScan out;
+  if (size > kMaxLength) {
+    out.status = Status(ErrorKind::kProtocolViolation, "a message of " + std::to_string(size) +
+                                                           " bytes (protobuf's most is 2 GiB)");
+    return out;
+  }
+  // The parse makes the top message's object too (an empty message holds that much).
+  const Shape& top = Schema::Get().client_message();
+  out.parsed_bytes = top.object_bytes;
+  Scanner scanner(in, max_parsed_bytes, out);
+  scanner.Message(top, 0, size);
+  return out;
+}
 
 }  // namespace
 
 WireScan ScanClientMessage(pb::io::ZeroCopyInputStream& stream, uint64_t size,
                            uint64_t max_parsed_bytes) {
-  WireScan out;
-  if (size > static_cast<uint64_t>(std::numeric_limits<int>::max())) {
-    out.status = Status(ErrorKind::kProtocolViolation, "a message of " + std::to_string(size) +
-                                                           " bytes (protobuf's most is 2 GiB)");
-    return out;
-  }
-  pb::io::CodedInputStream in(&stream);
-  // Every level ends at a limit, the top one too: the scan knows where the message ends
-  // without asking the stream (a tag of 0 before it is malformed, not the end).
-  in.PushLimit(static_cast<int>(size));
-  // The parse makes the top message's object too (an empty message holds that much).
-  const Shape& top = Schema::Get().client_message();
-  out.parsed_bytes = top.object_bytes;
-  Scanner scanner(in, max_parsed_bytes, out);
-  scanner.Message(top, 0);
-  return out;
+  Cursor in(stream);
+  return Scan(in, size, max_parsed_bytes);
 }
 
 WireScan ScanClientMessage(std::string_view bytes, uint64_t max_parsed_bytes) {
-  pb::io::ArrayInputStream stream(
-      bytes.data(),
-      static_cast<int>(std::min<size_t>(bytes.size(), std::numeric_limits<int>::max())));
-  return ScanClientMessage(stream, bytes.size(), max_parsed_bytes);
+  Cursor in(bytes);
+  return Scan(in, bytes.size(), max_parsed_bytes);
 }
 
 }  // namespace ferry::rpc

@@ -5,11 +5,14 @@
 // it agrees with protobuf on whether they parse (a message the scan passes parses, and one
 // protobuf refuses the scan does not pass, so that nothing the daemon then parses can
 // surprise it); and for one that parses, its estimate of the parse's memory is not far below
-// what the parsed message holds (the bound the daemon enforces with it).
+// what the parsed message holds (the bound the daemon enforces with it); and the same bytes in
+// pieces (gRPC hands a message over in slices) scan the same.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string_view>
+
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 
 #include "ferry/v1/session.pb.h"
 #include "rpc/wire_scan.h"
@@ -42,5 +45,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const ferry::rpc::WireScan budgeted = ferry::rpc::ScanClientMessage(bytes, 64);
   Check(budgeted.status.kind() == scan.status.kind() || budgeted.over_budget,
         "a budget changed the verdict");
+  // In pieces of 1 to 16 bytes, as the first byte picks.
+  const int piece = size > 0 ? 1 + data[0] % 16 : 1;
+  google::protobuf::io::ArrayInputStream stream(data, static_cast<int>(size), piece);
+  const ferry::rpc::WireScan pieces = ferry::rpc::ScanClientMessage(stream, size);
+  Check(pieces.status.kind() == scan.status.kind(), "pieces changed the verdict");
+  Check(pieces.parsed_bytes == scan.parsed_bytes && pieces.ops == scan.ops &&
+            pieces.sequence == scan.sequence && pieces.kind == scan.kind &&
+            pieces.upload_bytes == scan.upload_bytes,
+        "pieces changed what the scan counts");
   return 0;
 }

@@ -148,6 +148,9 @@ TEST(WireScanTest, BytesThatAreNotAClientMessageAreAViolation) {
       {"a packed varint of 11 bytes",
        Field(4, Field(2, std::string(10, '\xff') + std::string("\x01", 1)))},
       {"a tag past 32 bits", Varint(uint64_t{15} << 35) + Varint(1)},
+      // ... and a length of at most 5 bytes, below 2 GiB: these are 0 modulo 2^32.
+      {"a length of 6 bytes", std::string("\x12\x80\x80\x80\x80\x80\x00", 7)},
+      {"a length of 2^32", std::string("\x12\x80\x80\x80\x80\x10", 6)},
   };
   for (const auto& [what, bytes] : bad) {
     WireScan scan = ScanClientMessage(bytes);
