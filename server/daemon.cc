@@ -10,6 +10,7 @@
 
 #include "rpc/access.h"
 #include "rpc/local_connections.h"
+#include "rpc/protobuf_log.h"
 #include "rpc/rpc_server.h"
 #include "rpc/session_service.h"
 
@@ -45,6 +46,7 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
   if (!options.metrics_listen.empty() && !options.metrics_token_file.empty()) {
     FERRY_ASSIGN_OR_RETURN(metrics_tokens, rpc::LoadMetricsTokens(options.metrics_token_file));
   }
+  rpc::RouteProtobufLogs();
   std::unique_ptr<Daemon> d(new Daemon());
   d->started_at_ = std::chrono::steady_clock::now();
   d->device_ = std::move(device);

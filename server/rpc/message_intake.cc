@@ -3,6 +3,7 @@
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 #include <grpcpp/support/proto_buffer_reader.h>
 
+#include <algorithm>
 #include <limits>
 #include <optional>
 #include <string>
@@ -89,19 +90,74 @@ bool Admit(IncomingMessage& in, uint64_t size, const IntakeBounds& bounds) {
   return true;
 }
 
-// Scan, admit and parse a message of `size` bytes. `read(f)` calls f with a new input stream
-// over the message from its start: it is read twice, scanned and then parsed.
+// Whether a message of `size` bytes may be parsed without a scan: the most the scan could
+// estimate for it (MostParsedBytes) fits every bound it would be held to (a submit's in-flight
+// bytes in its session, a control message's kMaxControlBytes, what its identity and the daemon
+// may still hold), and it cannot carry more ops than a submit may (an op takes at least 2
+// bytes). A scan costs about what the parse of a submit of small ops costs, so most submits
+// skip it; one that fails to parse is scanned after all, which says why.
+bool FitsUnscanned(uint64_t size, const IntakeBounds& bounds) {
+  if (bounds.max_ops && size / 2 > bounds.max_ops) return false;
+  uint64_t room = kMaxControlBytes;
+  if (bounds.session && bounds.max_parsed_bytes) room = std::min(room, bounds.max_parsed_bytes);
+  if (bounds.registry) {
+    room = std::min(room, bounds.registry->InFlightBytesRoom(bounds.account.get()));
+  }
+  return MostParsedBytes(size) <= room;
+}
+
+// What a scan would have found, read from the parsed message; `parsed_bytes` is what the
+// parse took (its arena's bytes in use).
+WireScan Summarize(const v1::ClientMessage& m, uint64_t parsed_bytes) {
+  WireScan out;
+  out.kind = static_cast<uint32_t>(m.kind_case());
+  out.sequence = m.sequence();
+  out.parsed_bytes = parsed_bytes;
+  if (!m.has_submit()) return out;
+  out.submit_id = m.submit().submit_id();
+  out.ops = static_cast<uint64_t>(m.submit().ops_size());
+  for (const v1::Op& op : m.submit().ops()) {
+    const auto kind = static_cast<uint32_t>(op.kind_case());
+    if (kind < 32) out.op_kinds |= 1u << kind;
+    if (op.has_upload()) {
+      out.upload_bytes += op.upload().data().size();
+    } else if (op.has_download() && op.download().length() != 0) {
+      ++out.downloads;
+      const uint64_t length = op.download().length();
+      out.download_bytes =
+          length > UINT64_MAX - out.download_bytes ? UINT64_MAX : out.download_bytes + length;
+    }
+  }
+  return out;
+}
+
+// Take a message of `size` bytes: parse it at once where it fits its bounds whatever it holds
+// (FitsUnscanned), else scan it, admit it and parse it only then. `read(f)` calls f with a new
+// input stream over the message from its start (it may be read twice).
 template <typename Read>
 std::shared_ptr<IncomingMessage> Take(uint64_t size, Read read, const IntakeBounds& bounds) {
   auto in = std::make_shared<IncomingMessage>();
-  const uint64_t budget = bounds.session ? bounds.max_parsed_bytes : kMaxControlBytes;
-  read([&](google::protobuf::io::ZeroCopyInputStream& s) {
-    in->scan = ScanClientMessage(s, size, budget);
-  });
-  const bool parse = Admit(*in, size, bounds);
-  in->message = google::protobuf::Arena::CreateMessage<v1::ClientMessage>(&in->arena);
-  if (parse) {
-    bool parsed = false;
+  bool parsed = false;
+  if (FitsUnscanned(size, bounds)) {
+    in->message = google::protobuf::Arena::CreateMessage<v1::ClientMessage>(&in->arena);
+    read([&](google::protobuf::io::ZeroCopyInputStream& s) {
+      parsed = in->message->ParseFromZeroCopyStream(&s);
+    });
+    if (parsed) {
+      in->scan = Summarize(*in->message, static_cast<uint64_t>(in->arena.SpaceUsed()));
+    } else {
+      in = std::make_shared<IncomingMessage>();  // the scan below says what is wrong
+    }
+  }
+  if (!parsed) {
+    const uint64_t budget = bounds.session ? bounds.max_parsed_bytes : kMaxControlBytes;
+    read([&](google::protobuf::io::ZeroCopyInputStream& s) {
+      in->scan = ScanClientMessage(s, size, budget);
+    });
+  }
+  if (Admit(*in, size, bounds)) {
+    if (parsed) return in;
+    in->message = google::protobuf::Arena::CreateMessage<v1::ClientMessage>(&in->arena);
     read([&](google::protobuf::io::ZeroCopyInputStream& s) {
       parsed = in->message->ParseFromZeroCopyStream(&s);
     });
@@ -113,7 +169,9 @@ std::shared_ptr<IncomingMessage> Take(uint64_t size, Read read, const IntakeBoun
       in->message = nullptr;
     }
   } else if (in->violation.ok()) {
-    // A refused submit: what the session needs to answer it in its place.
+    // A refused submit: what the session needs to answer it in its place (a parsed one is
+    // dropped: it stays on the arena until the message goes).
+    in->message = google::protobuf::Arena::CreateMessage<v1::ClientMessage>(&in->arena);
     in->message->set_sequence(in->scan.sequence);
     in->message->mutable_submit()->set_submit_id(in->scan.submit_id);
   } else {

@@ -1,8 +1,11 @@
 // Message intake: how a session's connection takes a client message off its gRPC stream or
-// its submit ring. The bytes are scanned first (rpc/wire_scan.h), the message is held to the
-// session's bounds, a submit's parse is charged to its identity's and the daemon's in-flight
-// bytes, and only then is it parsed, onto a protobuf arena of its own. What is over a bound is
-// never parsed: refusing it costs the daemon about its own size.
+// its submit ring. The message is held to the session's bounds before it is parsed, onto a
+// protobuf arena of its own, and a submit's parse is charged to its identity's and the
+// daemon's in-flight bytes. A message so small that its parse fits every bound whatever it
+// holds (rpc/wire_scan.h, MostParsedBytes: at most about a hundred times its size) is parsed
+// at once and charged what its parse took; any other is scanned first (ScanClientMessage),
+// and parsed only if the scan's estimate fits. What is over a bound is never parsed: refusing
+// it costs the daemon about its own size.
 //
 // Outcomes (IncomingMessage):
 //  - parsed: `message` is the ClientMessage;
@@ -88,7 +91,8 @@ class IncomingMessage {
   /// The parsed message (null only with a violation); for a refused submit, only its
   /// submit_id and sequence. Lives on this object's arena.
   v1::ClientMessage* message = nullptr;
-  /// What the scan found: the op counts and the parse's estimated memory.
+  /// What the scan found: the op counts and the parse's estimated memory (for a message
+  /// parsed without a scan, the same counts read from it, and the memory its parse took).
   WireScan scan;
   /// Not OK: a submit refused before it was parsed (see the file comment).
   Status refusal;

@@ -104,6 +104,11 @@ class Schema {
     return *schema;
   }
   const Shape& client_message() const { return *root_; }
+  /// The most the estimate can grow by per byte on the wire: any field takes at least 2 bytes
+  /// (a tag and a byte), and costs at most its object and slot, a string's object and slot, an
+  /// unknown field's entry or a repeated scalar's 16 bytes, plus at most its payload bytes; a
+  /// packed element takes 1 byte and costs 16.
+  uint64_t most_bytes_per_wire_byte() const { return most_per_byte_; }
 
  private:
   Schema() {
@@ -122,6 +127,9 @@ class Schema {
     roles_[v1::Upload::descriptor()->FindFieldByName("data")] = Role::kUploadData;
     roles_[v1::Download::descriptor()->FindFieldByName("length")] = Role::kDownloadLength;
     root_ = Make(client);
+    uint64_t dearest = std::max({kStringBytes + kSlotBytes, kUnknownFieldBytes, uint64_t{16}});
+    for (const auto& [d, shape] : shapes_) dearest = std::max(dearest, shape->object_bytes + kSlotBytes);
+    most_per_byte_ = std::max<uint64_t>((dearest + 1) / 2 + 1, 16);
   }
 
   const Shape* Make(const pb::Descriptor* d) {
@@ -151,6 +159,7 @@ class Schema {
   std::map<const pb::FieldDescriptor*, Role> roles_;
   std::map<const pb::Descriptor*, std::unique_ptr<Shape>> shapes_;
   const Shape* root_ = nullptr;
+  uint64_t most_per_byte_ = 0;
 };
 
 // Checks that bytes fed to it, in pieces, are well-formed UTF-8 (the Unicode standard's table
@@ -498,6 +507,14 @@ WireScan Scan(Cursor& in, uint64_t size, uint64_t max_parsed_bytes) {
 }
 
 }  // namespace
+
+uint64_t MostParsedBytes(uint64_t size) {
+  const Schema& schema = Schema::Get();
+  const uint64_t per_byte = schema.most_bytes_per_wire_byte();
+  const uint64_t top = schema.client_message().object_bytes;
+  if (size > (UINT64_MAX - top) / per_byte) return UINT64_MAX;
+  return top + size * per_byte;
+}
 
 WireScan ScanClientMessage(pb::io::ZeroCopyInputStream& stream, uint64_t size,
                            uint64_t max_parsed_bytes) {

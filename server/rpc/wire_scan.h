@@ -54,6 +54,11 @@ struct WireScan {
   bool over_budget = false;
 };
 
+/// The most a scan can estimate (WireScan::parsed_bytes) for a message of `size` bytes,
+/// whatever they are: a message for which this fits every bound needs no scan to be held to
+/// them (rpc/message_intake.h).
+uint64_t MostParsedBytes(uint64_t size);
+
 /// Scan one ClientMessage of `size` bytes from `in`. `max_parsed_bytes` (0: none) bounds the
 /// work spent counting a message already too large (WireScan::over_budget).
 WireScan ScanClientMessage(google::protobuf::io::ZeroCopyInputStream& in, uint64_t size,

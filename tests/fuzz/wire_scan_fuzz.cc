@@ -6,7 +6,8 @@
 // protobuf refuses the scan does not pass, so that nothing the daemon then parses can
 // surprise it); and for one that parses, its estimate of the parse's memory is not far below
 // what the parsed message holds (the bound the daemon enforces with it); and the same bytes in
-// pieces (gRPC hands a message over in slices) scan the same.
+// pieces (gRPC hands a message over in slices) scan the same; and no estimate passes
+// MostParsedBytes, the bound the intake trusts to parse small messages without a scan.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -41,6 +42,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     Check(scan.sequence == parsed.sequence(), "the sequence differs");
   }
   if (!parses) Check(!scan.status.ok(), "protobuf refused bytes the scan passed");
+  // The intake parses a message without a scan where this most fits its bounds.
+  Check(scan.parsed_bytes <= ferry::rpc::MostParsedBytes(size),
+        "the estimate passed the most MostParsedBytes allows");
   // A budget changes where the scan stops counting, never whether the bytes are a message.
   const ferry::rpc::WireScan budgeted = ferry::rpc::ScanClientMessage(bytes, 64);
   Check(budgeted.status.kind() == scan.status.kind() || budgeted.over_budget,

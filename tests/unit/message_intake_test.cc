@@ -138,6 +138,54 @@ TEST_F(MessageIntakeTest, BytesThatAreNotAClientMessageEndTheStream) {
   EXPECT_EQ(in->message, nullptr);
 }
 
+// A message whose parse fits every bound whatever it holds is parsed at once, without a scan:
+// what the connection reads of it is what a scan finds, and it is charged what its parse took.
+TEST_F(MessageIntakeTest, ASmallSubmitIsParsedWithoutAScanAndChargedWhatItsParseTook) {
+  v1::ClientMessage m;
+  m.set_sequence(11);
+  v1::Submit* submit = m.mutable_submit();
+  submit->set_submit_id(21);
+  submit->add_ops()->mutable_upload()->set_data(std::string(300, 'u'));
+  submit->add_ops()->mutable_download()->set_length(4096);
+  submit->add_ops()->mutable_download()->set_length(10);
+  submit->add_ops()->mutable_fill()->set_tensor(3);
+  submit->add_ops()->mutable_launch()->set_function("k");
+  const std::string bytes = m.SerializeAsString();
+  ASSERT_LE(MostParsedBytes(bytes.size()), kMaxControlBytes);
+  auto in = TakeClientMessage(bytes, Bounds());
+  ASSERT_TRUE(in->violation.ok());
+  ASSERT_TRUE(in->refusal.ok());
+  ASSERT_NE(in->message, nullptr);
+  EXPECT_EQ(in->message->submit().ops_size(), 5);
+  const WireScan scan = ScanClientMessage(bytes);
+  EXPECT_EQ(in->scan.kind, scan.kind);
+  EXPECT_EQ(in->scan.sequence, 11u);
+  EXPECT_EQ(in->scan.submit_id, 21u);
+  EXPECT_EQ(in->scan.ops, scan.ops);
+  EXPECT_EQ(in->scan.op_kinds, scan.op_kinds);
+  EXPECT_EQ(in->scan.upload_bytes, 300u);
+  EXPECT_EQ(in->scan.downloads, 2u);
+  EXPECT_EQ(in->scan.download_bytes, 4106u);
+  EXPECT_EQ(in->scan.parsed_bytes, static_cast<uint64_t>(in->arena.SpaceUsed()));
+  EXPECT_LE(in->scan.parsed_bytes, MostParsedBytes(bytes.size()));
+  EXPECT_EQ(in->hold.bytes(), in->scan.parsed_bytes);
+  EXPECT_EQ(registry_.in_flight_bytes(), in->scan.parsed_bytes);
+}
+
+// Where the most its parse could take does not fit what its identity may still hold, a small
+// submit is scanned and held to its estimate before it is parsed.
+TEST_F(MessageIntakeTest, ASmallSubmitIsScannedWhereItsMostParseWouldNotFit) {
+  const std::string bytes = OpBomb(1000, 7, 1);
+  const uint64_t estimate = ScanClientMessage(bytes).parsed_bytes;
+  ASSERT_LT(estimate, MostParsedBytes(bytes.size()));
+  registry_.SetInFlightBytesLimit(estimate);  // room for the estimate, not for the most
+  auto in = TakeClientMessage(bytes, Bounds());
+  ASSERT_TRUE(in->refusal.ok()) << in->refusal.ToString();
+  EXPECT_EQ(in->message->submit().ops_size(), 1000);
+  EXPECT_EQ(in->scan.parsed_bytes, estimate);
+  EXPECT_EQ(registry_.in_flight_bytes(), estimate);
+}
+
 // gRPC's bytes come in slices; the message is the same.
 TEST_F(MessageIntakeTest, AMessageInSlicesIsTakenLikeOneInMemory) {
   const std::string bytes = OpBomb(1000, 9, 4);
