@@ -128,7 +128,8 @@ class Schema {
     roles_[v1::Download::descriptor()->FindFieldByName("length")] = Role::kDownloadLength;
     root_ = Make(client);
     uint64_t dearest = std::max({kStringBytes + kSlotBytes, kUnknownFieldBytes, uint64_t{16}});
-    for (const auto& [d, shape] : shapes_) dearest = std::max(dearest, shape->object_bytes + kSlotBytes);
+    for (const auto& [d, shape] : shapes_)
+      dearest = std::max(dearest, shape->object_bytes + kSlotBytes);
     most_per_byte_ = std::max<uint64_t>((dearest + 1) / 2 + 1, 16);
   }
 
@@ -217,7 +218,9 @@ class Utf8Check {
 class Cursor {
  public:
   explicit Cursor(std::string_view bytes)
-      : piece_(reinterpret_cast<const uint8_t*>(bytes.data())), p_(piece_), end_(piece_ + bytes.size()) {}
+      : piece_(reinterpret_cast<const uint8_t*>(bytes.data())),
+        p_(piece_),
+        end_(piece_ + bytes.size()) {}
   explicit Cursor(pb::io::ZeroCopyInputStream& stream) : stream_(&stream) {}
 
   uint64_t offset() const { return before_ + static_cast<uint64_t>(p_ - piece_); }

@@ -8,12 +8,12 @@
 // what the parsed message holds (the bound the daemon enforces with it); and the same bytes in
 // pieces (gRPC hands a message over in slices) scan the same; and no estimate passes
 // MostParsedBytes, the bound the intake trusts to parse small messages without a scan.
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string_view>
-
-#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 
 #include "ferry/v1/session.pb.h"
 #include "rpc/wire_scan.h"

@@ -214,8 +214,8 @@ TEST(HostileMessagesTest, AHalfCloseWithAMessageHeldIsAViolation) {
 }
 
 // protobuf refuses a string field that is not UTF-8. A client name that is not ends the stream
-// with INVALID_ARGUMENT naming the field (it used to end with no message, and protobuf logged
-// an error per attempt); in a submit, such a string refuses that submit only.
+// with INVALID_ARGUMENT naming the field; in a submit, such a string refuses that submit only.
+// protobuf logs a line per such string it parses: the daemon's log keeps one a second.
 TEST(HostileMessagesTest, AStringThatIsNotUtf8IsRefusedNamingItsField) {
   FerrydProcess d;
   ASSERT_TRUE(d.ok()) << d.log();
@@ -238,21 +238,31 @@ TEST(HostileMessagesTest, AStringThatIsNotUtf8IsRefusedNamingItsField) {
     v1::Op launch;
     launch.mutable_launch()->set_module(1);
     launch.mutable_launch()->set_function("~kernel");
-    std::string bytes = SubmitMessage(1, {launch}).SerializeAsString();
-    bytes[bytes.find('~')] = '\xc0';
-    ASSERT_TRUE(s.Send(bytes));
-    auto e = CompletionOf(s, 1);
-    ASSERT_TRUE(e);
-    EXPECT_EQ(e->kind(), v1::INVALID_ARGUMENT);
-    EXPECT_NE(e->message().find("ferry.v1.Launch.function"), std::string::npos) << e->message();
+    // Twenty of them, each refused naming its field.
+    constexpr uint64_t kBad = 20;
+    for (uint64_t id = 1; id <= kBad; ++id) {
+      std::string bytes = SubmitMessage(id, {launch}).SerializeAsString();
+      bytes[bytes.find('~')] = '\xc0';
+      ASSERT_TRUE(s.Send(bytes));
+      auto e = CompletionOf(s, id);
+      ASSERT_TRUE(e);
+      EXPECT_EQ(e->kind(), v1::INVALID_ARGUMENT);
+      EXPECT_NE(e->message().find("ferry.v1.Launch.function"), std::string::npos) << e->message();
+    }
     // The session goes on.
-    ASSERT_TRUE(s.Send(SubmitMessage(2, {Create(1, v1::DTYPE_F32, {4})})));
-    auto next = CompletionOf(s, 2);
+    ASSERT_TRUE(s.Send(SubmitMessage(kBad + 1, {Create(1, v1::DTYPE_F32, {4})})));
+    auto next = CompletionOf(s, kBad + 1);
     ASSERT_TRUE(next);
     EXPECT_EQ(next->kind(), v1::ERROR_KIND_NONE);
   }
   EXPECT_EQ(d.Stop(), 0) << d.log();
-  EXPECT_EQ(d.log().find("invalid UTF-8"), std::string::npos) << d.log();
+  // protobuf logs a line for each such string it meets; ferryd lets one a second through.
+  size_t lines = 0;
+  for (size_t at = d.log().find("invalid UTF-8"); at != std::string::npos;
+       at = d.log().find("invalid UTF-8", at + 1)) {
+    ++lines;
+  }
+  EXPECT_LE(lines, 2u) << d.log();
 }
 
 }  // namespace
