@@ -26,6 +26,7 @@
 
 #include "backend/backend.h"
 #include "backend/host/host_device.h"
+#include "stream_sync.h"
 
 namespace ferry::backend {
 namespace {
@@ -33,16 +34,7 @@ namespace {
 constexpr auto kSyncTimeout = std::chrono::seconds(120);
 
 /// Wait for everything enqueued on `stream` so far; return the completion's status.
-Status Sync(Stream& stream) {
-  auto promise = std::make_shared<std::promise<Status>>();
-  std::future<Status> future = promise->get_future();
-  stream.OnComplete([promise](Status status) { promise->set_value(std::move(status)); });
-  if (future.wait_for(kSyncTimeout) != std::future_status::ready) {
-    ADD_FAILURE() << "OnComplete was not called within the timeout";
-    std::abort();  // the callback still references the stream's work; nothing safe is left
-  }
-  return future.get();
-}
+Status Sync(Stream& stream) { return testing::SyncStream(stream, kSyncTimeout); }
 
 /// Device memory freed (stream-ordered) on the owning stream when it goes out of scope.
 class DeviceBuffer {
@@ -184,6 +176,10 @@ class BackendConformanceTest : public ::testing::TestWithParam<std::string> {
   template <typename T>
   void CheckGemm(bool trans_a, bool trans_b, uint64_t m, uint64_t n, uint64_t k, double alpha,
                  double beta, uint64_t seed);
+  // CheckGemm over every transpose pair, every kGemmShapes shape and every kAlphaBeta pair,
+  // with seeds from first_seed + 1 on.
+  template <typename T>
+  void CheckGemmAllTransposes(uint64_t first_seed);
 
   std::unique_ptr<Device> device_;
   std::unique_ptr<Stream> stream_;
@@ -476,31 +472,22 @@ const std::vector<GemmShape> kGemmShapes = {{0, 3, 4},   {3, 0, 4},     {3, 4, 0
                                             {17, 33, 9}, {64, 65, 257}, {130, 257, 31}};
 const std::vector<std::pair<double, double>> kAlphaBeta = {{1, 0}, {0.5, 2}, {-1.25, 1}, {0, 0.5}};
 
-TEST_P(BackendConformanceTest, GemmF32AllTransposes) {
-  uint64_t seed = 500;
+template <typename T>
+void BackendConformanceTest::CheckGemmAllTransposes(uint64_t first_seed) {
+  uint64_t seed = first_seed;
   for (bool ta : {false, true}) {
     for (bool tb : {false, true}) {
       for (const GemmShape& s : kGemmShapes) {
-        for (auto [alpha, beta] : kAlphaBeta) {
-          CheckGemm<float>(ta, tb, s.m, s.n, s.k, alpha, beta, ++seed);
-        }
+        for (auto [alpha, beta] : kAlphaBeta)
+          CheckGemm<T>(ta, tb, s.m, s.n, s.k, alpha, beta, ++seed);
       }
     }
   }
 }
 
-TEST_P(BackendConformanceTest, GemmF64AllTransposes) {
-  uint64_t seed = 900;
-  for (bool ta : {false, true}) {
-    for (bool tb : {false, true}) {
-      for (const GemmShape& s : kGemmShapes) {
-        for (auto [alpha, beta] : kAlphaBeta) {
-          CheckGemm<double>(ta, tb, s.m, s.n, s.k, alpha, beta, ++seed);
-        }
-      }
-    }
-  }
-}
+TEST_P(BackendConformanceTest, GemmF32AllTransposes) { CheckGemmAllTransposes<float>(500); }
+
+TEST_P(BackendConformanceTest, GemmF64AllTransposes) { CheckGemmAllTransposes<double>(900); }
 
 TEST_P(BackendConformanceTest, GemmWithBetaZeroDoesNotReadC) {
   constexpr uint64_t kM = 5, kN = 6, kK = 7;

@@ -12,14 +12,12 @@
 #include <string_view>
 
 #include "backend/module_footprint.h"
+#include "fuzz_check.h"
 
 namespace {
 
 void Check(bool ok, const char* what) {
-  if (!ok) {
-    fprintf(stderr, "module_footprint_fuzz: %s\n", what);
-    abort();
-  }
+  ferry::fuzz::CheckOrAbort(ok, "module_footprint_fuzz", what);
 }
 
 bool Same(const ferry::Result<uint64_t>& a, const ferry::Result<uint64_t>& b) {

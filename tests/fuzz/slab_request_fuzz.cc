@@ -11,18 +11,14 @@
 #include <string>
 #include <string_view>
 
+#include "fuzz_check.h"
 #include "pool/slab_broker.h"
 
 using ferry::pool::ParseSlabMessage;
 using ferry::pool::SlabMessage;
 
 namespace {
-void Check(bool ok, const char* what) {
-  if (!ok) {
-    fprintf(stderr, "slab_request_fuzz: %s\n", what);
-    abort();
-  }
-}
+void Check(bool ok, const char* what) { ferry::fuzz::CheckOrAbort(ok, "slab_request_fuzz", what); }
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -12,6 +12,7 @@
 #include <memory>
 
 #include "ferry/v1/session.pb.h"
+#include "fuzz_check.h"
 #include "pool/session_slabs.h"
 #include "pool/slab_pool.h"
 #include "rpc/convert.h"
@@ -22,10 +23,7 @@ using namespace ferry;
 namespace {
 
 void Check(bool ok, const char* what) {
-  if (!ok) {
-    fprintf(stderr, "submit_admission_fuzz: %s\n", what);
-    abort();
-  }
+  ferry::fuzz::CheckOrAbort(ok, "submit_admission_fuzz", what);
 }
 
 struct World {

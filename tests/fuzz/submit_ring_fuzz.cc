@@ -13,6 +13,7 @@
 #include <cstring>
 #include <string>
 
+#include "fuzz_check.h"
 #include "transport/submit_ring.h"
 
 using ferry::transport::SubmitRing;
@@ -35,12 +36,7 @@ struct Input {
   }
 };
 
-void Check(bool ok, const char* what) {
-  if (!ok) {
-    fprintf(stderr, "submit_ring_fuzz: %s\n", what);
-    abort();
-  }
-}
+void Check(bool ok, const char* what) { ferry::fuzz::CheckOrAbort(ok, "submit_ring_fuzz", what); }
 
 }  // namespace
 

@@ -16,16 +16,12 @@
 #include <string_view>
 
 #include "ferry/v1/session.pb.h"
+#include "fuzz_check.h"
 #include "rpc/wire_scan.h"
 
 namespace {
 
-void Check(bool ok, const char* what) {
-  if (!ok) {
-    fprintf(stderr, "wire_scan_fuzz: %s\n", what);
-    abort();
-  }
-}
+void Check(bool ok, const char* what) { ferry::fuzz::CheckOrAbort(ok, "wire_scan_fuzz", what); }
 
 }  // namespace
 

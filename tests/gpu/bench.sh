@@ -16,6 +16,7 @@
 #  3. where an idle ferryd's resident memory is: the largest mappings of /proc/PID/smaps,
 #     with CUDA's default work queues and with 32.
 set -uo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/idle_memory.sh"
 bundle=$(cd "${1:-.gpu/bundle}" && pwd)
 quick=${2:-}
 out=${OUT:-/tmp/ferry-bench-out}
@@ -55,17 +56,8 @@ echo "=== 2c. kernel batches off"
 echo "exit $?"
 
 idle_rss() {  # LABEL [ENV=VALUE]: start ferryd, print its memory by mapping, stop it
-  local sock pid
-  sock=$(mktemp -d)/ferryd.sock
   echo "--- $1"
-  env ${2:-} "$ferryd" --listen "unix:$sock" --ready-file "$sock.ready" --log-level warn &
-  pid=$!
-  for _ in $(seq 200); do [[ -s "$sock.ready" ]] && break; sleep 0.1; done
-  grep -E "VmRSS|RssAnon|RssFile|RssShmem" /proc/$pid/status
-  awk '/^[0-9a-f]+-[0-9a-f]+ /{name=($6==""?"[anon]":$6)} /^Rss:/{rss[name]+=$2}
-       END{for(n in rss) printf "%8.1f MiB  %s\n", rss[n]/1024, n}' /proc/$pid/smaps |
-    sort -rn | head -8
-  kill $pid; wait $pid
+  ferryd_idle_memory "$ferryd" "VmRSS|RssAnon|RssFile|RssShmem" 8 "${2:-}"
 }
 echo "=== 3. idle ferryd: resident memory by mapping"
 { idle_rss "CUDA default work queues"; idle_rss "CUDA_DEVICE_MAX_CONNECTIONS=32" \

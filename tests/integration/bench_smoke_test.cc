@@ -133,27 +133,25 @@ TEST(BenchSmokeTest, QuickRunWithBaselineWritesJson) {
     EXPECT_NE(text.find("\"" + std::string(scenario) + "\": ["), std::string::npos)
         << scenario << " missing from the JSON";
   }
-  // The tables were printed, with the baseline and its backend named.
-  EXPECT_NE(output.find("== transfers"), std::string::npos) << output;
-  // Both transfer routes, prepared graph replay, the overlap arms and the daemon's memory
-  // (the test's ferryd is found by SO_PEERCRED on its unix socket).
-  EXPECT_NE(output.find("upload pending 8 MiB"), std::string::npos) << output;
-  EXPECT_NE(output.find("download blocking 8 MiB"), std::string::npos) << output;
-  EXPECT_NE(output.find("graph of 100 axpy, replayed"), std::string::npos) << output;
-  EXPECT_NE(output.find("overlapped (enqueue, work, wait)"), std::string::npos) << output;
-  EXPECT_NE(output.find("x longer arm"), std::string::npos) << output;
-  EXPECT_NE(output.find("sized to the in-process copy"), std::string::npos) << output;
-  // Concurrency on both routes, every pending row measured.
-  EXPECT_NE(output.find("64 sessions, 1 MiB, blocking"), std::string::npos) << output;
-  EXPECT_NE(output.find("64 sessions, 1 MiB, pending"), std::string::npos) << output;
-  // Sharing: both routes, and the blocking route against processes copying from pageable
-  // memory.
-  EXPECT_NE(output.find("2 processes, pinned"), std::string::npos) << output;
-  EXPECT_NE(output.find("2 processes, blocking vs pageable"), std::string::npos) << output;
+  // Each line below names a row or table the output must hold (the whole output is printed
+  // when one is missing).
+  for (const char* row :
+       {// The tables were printed, with the baseline and its backend named.
+        "== transfers", "host backend",
+        // Both transfer routes, prepared graph replay, the overlap arms and the daemon's
+        // memory (the test's ferryd is found by SO_PEERCRED on its unix socket).
+        "upload pending 8 MiB", "download blocking 8 MiB", "graph of 100 axpy, replayed",
+        "overlapped (enqueue, work, wait)", "x longer arm", "sized to the in-process copy",
+        // Concurrency on both routes, every pending row measured.
+        "64 sessions, 1 MiB, blocking", "64 sessions, 1 MiB, pending",
+        "64 sessions, pools excluded",
+        // Sharing: both routes, and the blocking route against processes copying from
+        // pageable memory.
+        "2 processes, pinned", "2 processes, blocking vs pageable"}) {
+    EXPECT_NE(output.find(row), std::string::npos) << "no '" << row << "' in\n" << output;
+  }
   EXPECT_EQ(output.find("not measured"), std::string::npos) << output;
-  EXPECT_NE(output.find("64 sessions, pools excluded"), std::string::npos) << output;
   EXPECT_NE(ReadFile(svg).find("(pending)"), std::string::npos);
-  EXPECT_NE(output.find("host backend"), std::string::npos) << output;
   EXPECT_NE(ReadFile(svg).find("<svg"), std::string::npos);
 
   // Everything the bench opened on the daemon was released.

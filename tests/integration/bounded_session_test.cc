@@ -219,24 +219,57 @@ FloodResult FloodThenReadEveryAnswer(const FerrydProcess& d, const std::string& 
   return result;
 }
 
+// Send `m`, message `i` of a flood, letting gRPC hold it back to go with later ones but for
+// every 1024th, which flushes them: a flood of small messages goes faster.
+bool SendFloodMessage(RawStream& raw, const v1::ClientMessage& m, int i) {
+  return i % 1024 == 0 ? raw.Send(m) : raw.SendBuffered(m);
+}
+
+// Read the Completed of submits [first, end), in order, and expect each to have succeeded.
+void ExpectEachSubmitSucceeds(RawStream& raw, uint64_t first, uint64_t end) {
+  for (uint64_t id = first; id < end; ++id) {
+    v1::Error e = raw.Completion(id);
+    ASSERT_EQ(e.kind(), v1::ERROR_KIND_NONE) << "submit " << id << ": " << e.message();
+  }
+}
+
+// A daemon started with StartDaemon(args) and one raw session opened on it (asking for 1024
+// submits in flight when `many_in_flight`): where the flood tests start. Check ok() first.
+struct FloodedDaemon {
+  explicit FloodedDaemon(std::vector<std::string> args, bool many_in_flight = false);
+  bool ok() const { return d->ok() && opened.has_value(); }
+  // FloodThenReadEveryAnswer on this daemon, with the session's max_in_flight_submits.
+  FloodResult Flood(const FloodCase& c) {
+    return FloodThenReadEveryAnswer(*d, metrics, opened->max_in_flight_submits(), c);
+  }
+  // Close the session; expect no message left unanswered and the daemon to exit cleanly.
+  void CloseAndStop() {
+    raw->Close();
+    EXPECT_EQ(Value(Scrape(metrics), "ferry_stream_unanswered_messages"), 0);
+    EXPECT_EQ(d->Stop(), 0) << d->log();
+  }
+
+  std::unique_ptr<FerrydProcess> d;
+  std::string metrics;
+  std::unique_ptr<RawStream> raw;
+  std::optional<v1::Opened> opened;
+};
+
 // --- 1. outbox and in-flight messages ------------------------------------------------------
 
 // A client that sends Synchronize after Synchronize and reads nothing: the daemon stops
 // reading at the in-flight limit (a Synchronize counts until its Synchronized is written),
 // another session keeps working, and once the client reads it gets every answer in order.
 TEST(BoundedSessionTest, UnreadSynchronizesAreHeldBackAndNoneIsLost) {
-  std::unique_ptr<FerrydProcess> d;
-  ASSERT_TRUE(StartDaemon(d, {})->ok()) << d->log();
-  const std::string metrics = MetricsEndpoint(*d);
-  RawStream raw(d->unix_target());
-  auto opened = raw.Open();
-  ASSERT_TRUE(opened);
+  FloodedDaemon f({});
+  ASSERT_TRUE(f.ok()) << f.d->log();
+  RawStream& raw = *f.raw;
   FloodCase c;
   c.messages = 600'000;  // ~140 bytes each held by a daemon that does not push back
   c.write = [&raw](int i) {
     v1::ClientMessage m;
     m.mutable_synchronize()->set_sync_id(static_cast<uint64_t>(i));
-    return i % 1024 == 0 ? raw.Send(m) : raw.SendBuffered(m);
+    return SendFloodMessage(raw, m, i);
   };
   c.read_answer = [&raw](int i) {
     auto m = raw.Read();
@@ -244,12 +277,10 @@ TEST(BoundedSessionTest, UnreadSynchronizesAreHeldBackAndNoneIsLost) {
     ASSERT_TRUE(m->has_synchronized()) << m->DebugString();
     ASSERT_EQ(m->synchronized().sync_id(), static_cast<uint64_t>(i));
   };
-  FloodResult r = FloodThenReadEveryAnswer(*d, metrics, opened->max_in_flight_submits(), c);
+  FloodResult r = f.Flood(c);
   if (HasFatalFailure()) return;
   EXPECT_EQ(r.sent, c.messages);
-  raw.Close();
-  EXPECT_EQ(Value(Scrape(metrics), "ferry_stream_unanswered_messages"), 0);
-  EXPECT_EQ(d->Stop(), 0) << d->log();
+  f.CloseAndStop();
 }
 
 // A refused submit (a fill of a tensor that does not exist) is read back as a Completed
@@ -265,41 +296,33 @@ void ReadRefusedCompletion(RawStream& raw, int i) {
 // The same with submits the daemon refuses (a fill of a tensor that does not exist): a
 // refused submit counts until its Completed is written.
 TEST(BoundedSessionTest, UnreadRefusedSubmitsAreHeldBackAndNoneIsLost) {
-  std::unique_ptr<FerrydProcess> d;
-  ASSERT_TRUE(StartDaemon(d, {})->ok()) << d->log();
-  const std::string metrics = MetricsEndpoint(*d);
-  RawStream raw(d->unix_target());
-  auto opened = raw.Open();
-  ASSERT_TRUE(opened);
+  FloodedDaemon f({});
+  ASSERT_TRUE(f.ok()) << f.d->log();
+  RawStream& raw = *f.raw;
   FloodCase c;
   c.messages = 400'000;  // ~240 bytes each held by a daemon that does not push back
   c.write = [&raw](int i) {
     v1::ClientMessage m;
     m.mutable_submit()->set_submit_id(static_cast<uint64_t>(i));
     *m.mutable_submit()->add_ops() = Fill(99, 1.0);
-    return i % 1024 == 0 ? raw.Send(m) : raw.SendBuffered(m);
+    return SendFloodMessage(raw, m, i);
   };
   c.read_answer = [&raw](int i) { ReadRefusedCompletion(raw, i); };
-  FloodResult r = FloodThenReadEveryAnswer(*d, metrics, opened->max_in_flight_submits(), c);
+  FloodResult r = f.Flood(c);
   if (HasFatalFailure()) return;
   EXPECT_EQ(r.sent, c.messages);
-  raw.Close();
-  EXPECT_EQ(Value(Scrape(metrics), "ferry_stream_unanswered_messages"), 0);
-  EXPECT_EQ(d->Stop(), 0) << d->log();
+  f.CloseAndStop();
 }
 
 // The same through the submit ring: a client that fills its ring with refused submits and
 // reads no answers is held back in its ring (the daemon stops taking records), and gets every
 // answer once it reads.
 TEST(BoundedSessionTest, UnreadAnswersStopTheSubmitRingToo) {
-  std::unique_ptr<FerrydProcess> d;
-  ASSERT_TRUE(StartDaemon(d, {"--submit-ring", "64K"})->ok()) << d->log();
-  const std::string metrics = MetricsEndpoint(*d);
-  RawStream raw(d->unix_target());
-  auto opened = raw.Open();
-  ASSERT_TRUE(opened);
+  FloodedDaemon f({"--submit-ring", "64K"});
+  ASSERT_TRUE(f.ok()) << f.d->log();
+  RawStream& raw = *f.raw;
   RawRing ring;
-  ASSERT_TRUE(ring.Map(*opened)) << "no submit ring";
+  ASSERT_TRUE(ring.Map(*f.opened)) << "no submit ring";
   FloodCase c;
   c.messages = 400'000;
   c.write = [&ring](int i) {
@@ -312,11 +335,11 @@ TEST(BoundedSessionTest, UnreadAnswersStopTheSubmitRingToo) {
   };
   c.read_answer = [&raw](int i) { ReadRefusedCompletion(raw, i); };
   c.sent_what = "ring records";
-  FloodResult r = FloodThenReadEveryAnswer(*d, metrics, opened->max_in_flight_submits(), c);
+  FloodResult r = f.Flood(c);
   EXPECT_LT(r.sent_while_held, c.messages) << "the daemon took every record without pushing back";
   if (HasFatalFailure()) return;
   EXPECT_TRUE(raw.CloseNumbered(c.messages + 1));  // numbered, like every message before it
-  EXPECT_EQ(d->Stop(), 0) << d->log();
+  EXPECT_EQ(f.d->Stop(), 0) << f.d->log();
 }
 
 // --- 3. bytes in flight ----------------------------------------------------------------------
@@ -324,12 +347,9 @@ TEST(BoundedSessionTest, UnreadAnswersStopTheSubmitRingToo) {
 // Download submits the client does not read: the daemon holds at most about twice the
 // session's in-flight bytes for them, and every byte arrives once the client reads.
 TEST(BoundedSessionTest, UnreadDownloadsAreHeldBackAtTheInFlightBytes) {
-  std::unique_ptr<FerrydProcess> d;
-  ASSERT_TRUE(StartDaemon(d, {"--session-in-flight-bytes", "16M"})->ok()) << d->log();
-  const std::string metrics = MetricsEndpoint(*d);
-  RawStream raw(d->unix_target());
-  auto opened = raw.Open();
-  ASSERT_TRUE(opened);
+  FloodedDaemon f({"--session-in-flight-bytes", "16M"});
+  ASSERT_TRUE(f.ok()) << f.d->log();
+  RawStream& raw = *f.raw;
   constexpr uint64_t kTensor = 1 << 20;
   ASSERT_TRUE(raw.Submit(1, {Create(1, v1::DTYPE_U8, {kTensor}), Fill(1, 7.0)}));
   ASSERT_EQ(raw.Completion(1).kind(), v1::ERROR_KIND_NONE);
@@ -350,10 +370,10 @@ TEST(BoundedSessionTest, UnreadDownloadsAreHeldBackAtTheInFlightBytes) {
   c.in_flight_bytes = 16ull << 20;
   c.rss_growth_bound = 2 * kRssGrowthBound;
   c.sent_what = "submits sent";
-  FloodThenReadEveryAnswer(*d, metrics, opened->max_in_flight_submits(), c);
+  f.Flood(c);
   if (HasFatalFailure()) return;
   raw.Close();
-  EXPECT_EQ(d->Stop(), 0) << d->log();
+  EXPECT_EQ(f.d->Stop(), 0) << f.d->log();
 }
 
 // Open `raw`'s session asking for 1024 submits in flight, so that the bytes in flight, not
@@ -368,6 +388,13 @@ std::optional<v1::Opened> OpenAskingForManyInFlight(RawStream& raw) {
   return opened->opened();
 }
 
+FloodedDaemon::FloodedDaemon(std::vector<std::string> args, bool many_in_flight) {
+  if (!StartDaemon(d, std::move(args))->ok()) return;
+  metrics = MetricsEndpoint(*d);
+  raw = std::make_unique<RawStream>(d->unix_target());
+  opened = many_in_flight ? OpenAskingForManyInFlight(*raw) : raw->Open();
+}
+
 // One round of InlineUploadsInFlightStopAtTheInFlightBytes: a daemon whose session's stream
 // is kept busy by `fills` fills of 64 MiB while a writer sends 64 uploads of 8 MiB behind
 // them; what was seen until the daemon held the writer back, or until the writer was done.
@@ -379,12 +406,11 @@ struct UploadFloodRound {
 };
 
 void FloodInlineUploads(int fills, UploadFloodRound& round) {
-  std::unique_ptr<FerrydProcess> d;
-  ASSERT_TRUE(StartDaemon(d, {"--session-in-flight-bytes", "32M"})->ok()) << d->log();
-  const std::string metrics = MetricsEndpoint(*d);
-  RawStream raw(d->unix_target());
-  auto opened = OpenAskingForManyInFlight(raw);
-  ASSERT_TRUE(opened);
+  FloodedDaemon f({"--session-in-flight-bytes", "32M"}, /*many_in_flight=*/true);
+  ASSERT_TRUE(f.ok()) << f.d->log();
+  FerrydProcess* d = f.d.get();
+  const std::string& metrics = f.metrics;
+  RawStream& raw = *f.raw;
   constexpr uint64_t kUpload = 8 << 20;
   // (Filled here, so that the emulated device memory they take is resident before measuring.)
   ASSERT_TRUE(raw.Submit(1, {Create(1, v1::DTYPE_F32, {16 << 20}),
@@ -423,10 +449,7 @@ void FloodInlineUploads(int fills, UploadFloodRound& round) {
   }
   round.most_rss = std::max(round.most_rss, RssBytes(d->pid()));
   round.sent = sent;
-  for (uint64_t id = 2; id < 3 + kSubmits; ++id) {
-    v1::Error e = raw.Completion(id);
-    ASSERT_EQ(e.kind(), v1::ERROR_KIND_NONE) << "submit " << id << ": " << e.message();
-  }
+  ExpectEachSubmitSucceeds(raw, 2, 3 + kSubmits);
   writer.join();
   raw.Close();
   EXPECT_EQ(d->Stop(), 0) << d->log();
@@ -1104,15 +1127,13 @@ TEST(BoundedSessionTest, HeldStreamsBufferLittleInGrpc) {
 // each. Inline uploads written to the ring behind a long fill are taken only up to the
 // session's in-flight bytes (the rest wait in the client's ring), and every one runs.
 TEST(BoundedSessionTest, InlineUploadsThroughTheRingStopAtTheInFlightBytes) {
-  std::unique_ptr<FerrydProcess> d;
-  ASSERT_TRUE(StartDaemon(d, {"--session-in-flight-bytes", "16M", "--submit-ring", "4M"})->ok())
-      << d->log();
-  const std::string metrics = MetricsEndpoint(*d);
-  RawStream raw(d->unix_target());
-  auto opened = OpenAskingForManyInFlight(raw);
-  ASSERT_TRUE(opened);
+  FloodedDaemon f({"--session-in-flight-bytes", "16M", "--submit-ring", "4M"},
+                  /*many_in_flight=*/true);
+  ASSERT_TRUE(f.ok()) << f.d->log();
+  const std::string& metrics = f.metrics;
+  RawStream& raw = *f.raw;
   RawRing ring;
-  ASSERT_TRUE(ring.Map(*opened)) << "no submit ring";
+  ASSERT_TRUE(ring.Map(*f.opened)) << "no submit ring";
   constexpr uint64_t kUpload = 512 << 10;
   // Through the stream: the tensors (unnumbered, answered before anything is numbered), then
   // fills of 64 MiB that keep the session's stream busy while the uploads arrive (number 1:
@@ -1161,13 +1182,10 @@ TEST(BoundedSessionTest, InlineUploadsThroughTheRingStopAtTheInFlightBytes) {
   EXPECT_TRUE(paused) << "the daemon never held the ring back";
   EXPECT_GE(most_bytes, 0) << "no ferry_stream_in_flight_bytes";
   EXPECT_LE(most_bytes, 2.0 * (16 << 20));
-  for (uint64_t id = 2; id < 3 + kSubmits; ++id) {
-    v1::Error e = raw.Completion(id);
-    ASSERT_EQ(e.kind(), v1::ERROR_KIND_NONE) << "submit " << id << ": " << e.message();
-  }
+  ExpectEachSubmitSucceeds(raw, 2, 3 + kSubmits);
   writer.join();
   EXPECT_TRUE(raw.CloseNumbered(kSubmits + 2));  // numbered, like every message since the fills
-  EXPECT_EQ(d->Stop(), 0) << d->log();
+  EXPECT_EQ(f.d->Stop(), 0) << f.d->log();
 }
 
 // One submit larger than the session's in-flight bytes is refused, typed: downloads of one

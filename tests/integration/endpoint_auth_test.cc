@@ -22,6 +22,7 @@
 
 #include "ferry/client.h"
 #include "ferryd_process.h"
+#include "library_checks.h"
 
 namespace ferry {
 namespace {
@@ -217,12 +218,7 @@ TEST(EndpointAuthTest, IdleAndSilentTcpConnectionsAreClosed) {
   for (int i = 0; i < 2; ++i) {
     auto session = client->open_session();
     ASSERT_TRUE(session.ok()) << session.status().ToString();
-    Tensor t = session->create_tensor<float>({4});
-    session->fill(t, 2.5f);
-    auto back = session->download<float>(t);
-    ASSERT_TRUE(back.ok()) << back.status().ToString();
-    EXPECT_EQ(*back, std::vector<float>(4, 2.5f));
-    t = Tensor();
+    ASSERT_NO_FATAL_FAILURE(testing::ExpectRoundTrip(*session, 4, 2.5f));
     EXPECT_TRUE(session->close().ok());
     if (i == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // idle: closed
   }

@@ -2,8 +2,6 @@
 // JSON form, their exit codes, drain, exit code 2 once the daemon is gone, and metrics where
 // no endpoint is configured.
 #include <fcntl.h>
-#include <google/protobuf/struct.pb.h>
-#include <google/protobuf/util/json_util.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -14,29 +12,24 @@
 #include <sstream>
 
 #include "ferry/client.h"
+#include "ferryctl_output.h"
 #include "ferryd_process.h"
-
-#ifndef FERRYCTL_PATH
-#error "FERRYCTL_PATH must name the ferryctl this build makes (tests/CMakeLists.txt defines it)"
-#endif
 
 namespace ferry {
 namespace {
 
+using testing::FerryctlPath;
 using testing::FerrydProcess;
+using testing::Field;
+using testing::ParseArray;
+using testing::ParseObject;
+using testing::ReadAll;
 
 struct CtlRun {
   int exit_code = -1;  // -1: did not exit normally
   std::string out;
   std::string err;
 };
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-std::string FerryctlPath() { return testing::ProgramPath("FERRY_TEST_FERRYCTL", FERRYCTL_PATH); }
 
 /// Run ferryctl with `args` and `input` on its stdin; capture stdout and stderr apart.
 CtlRun Ferryctl(const std::vector<std::string>& args, const std::string& input = "") {
@@ -71,27 +64,6 @@ CtlRun Ferryctl(const std::vector<std::string>& args, const std::string& input =
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
   return r;
-}
-
-// Parse ferryctl's JSON through protobuf's JSON reader (objects into Struct, arrays into
-// ListValue): a strict check that the output is JSON at all.
-google::protobuf::Struct ParseObject(const std::string& json) {
-  google::protobuf::Struct s;
-  auto status = google::protobuf::util::JsonStringToMessage(json, &s);
-  EXPECT_TRUE(status.ok()) << status.ToString() << "\n" << json;
-  return s;
-}
-google::protobuf::ListValue ParseArray(const std::string& json) {
-  google::protobuf::ListValue l;
-  auto status = google::protobuf::util::JsonStringToMessage(json, &l);
-  EXPECT_TRUE(status.ok()) << status.ToString() << "\n" << json;
-  return l;
-}
-const google::protobuf::Value& Field(const google::protobuf::Struct& s, const std::string& k) {
-  static const google::protobuf::Value kMissing;
-  auto it = s.fields().find(k);
-  EXPECT_NE(it, s.fields().end()) << "no field " << k;
-  return it == s.fields().end() ? kMissing : it->second;
 }
 
 class FerryctlTest : public ::testing::Test {

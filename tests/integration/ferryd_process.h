@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "ferry/v1/admin.grpc.pb.h"
+#include "temp_files.h"
 
 namespace ferry::testing {
 
@@ -236,29 +237,6 @@ class FerrydProcess {
   pid_t pid_ = -1;
   int exit_status_ = -1;
   std::vector<std::string> endpoints_;
-};
-
-/// A file under /tmp holding `contents` (e.g. a token file), removed when this goes, also
-/// when a test returns early. path() is empty when it could not be made.
-class TempFile {
- public:
-  explicit TempFile(const std::string& contents) {
-    char tmpl[] = "/tmp/ferry-test-file-XXXXXX";
-    const int fd = mkstemp(tmpl);
-    if (fd < 0) return;
-    close(fd);
-    path_ = tmpl;
-    std::ofstream(path_) << contents;
-  }
-  ~TempFile() {
-    if (!path_.empty()) unlink(path_.c_str());
-  }
-  TempFile(const TempFile&) = delete;
-  TempFile& operator=(const TempFile&) = delete;
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
 };
 
 /// Whether `done()` became true within `seconds`, looking every 10 ms.

@@ -37,6 +37,7 @@
 
 #include "ferry/client.h"
 #include "ferryd_process.h"
+#include "library_checks.h"
 #include "metrics_scrape.h"
 #include "raw_protocol.h"
 
@@ -71,19 +72,9 @@ int ConnectAs(uid_t uid, gid_t gid, const std::string& path) {
   int fd = -1;
   if (pid > 0) {
     char byte;
-    iovec iov = {&byte, 1};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    msghdr msg = {};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    if (::recvmsg(pair[0], &msg, MSG_CMSG_CLOEXEC) == 1) {
-      for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
-        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-          std::memcpy(&fd, CMSG_DATA(c), sizeof(int));
-        }
-      }
+    if (testing::ReceiveWithDescriptor(pair[0], &byte, 1, &fd) != 1 && fd >= 0) {
+      ::close(fd);
+      fd = -1;
     }
     testing::WaitExit(pid, std::chrono::seconds(10));
   }
@@ -1392,13 +1383,7 @@ void VictimBesideLongWork(LongWork work, int scale, uint64_t& still,
     hostile[k]->Close();
   }
   // The victim's session works on once the device is free.
-  Tensor t = s->create_tensor<float>({1});
-  s->fill(t, 7.0f);
-  auto v = s->download<float>(t);
-  ASSERT_TRUE(v.ok()) << v.status().ToString();
-  EXPECT_EQ((*v)[0], 7.0f);
-  t = Tensor();
-  ASSERT_TRUE(s->close().ok());
+  ASSERT_NO_FATAL_FAILURE(testing::ExpectRoundTripAndClose(*s, 1, 7.0f));
   EXPECT_EQ(d.Stop(), 0) << d.log();
 }
 

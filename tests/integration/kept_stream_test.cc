@@ -11,6 +11,7 @@
 
 #include "ferry/client.h"
 #include "ferryd_process.h"
+#include "library_checks.h"
 #include "metrics_scrape.h"
 #include "raw_protocol.h"
 
@@ -220,12 +221,7 @@ TEST(KeptStreamTest, AnOpenAfterTheKeptStreamEndedTakesANewStream) {
   ASSERT_TRUE(d->ok()) << d->log();
   auto session = client->open_session();
   ASSERT_TRUE(session.ok()) << session.status().ToString();
-  Tensor t = session->create_tensor<float>({2});
-  session->fill(t, 3.0);
-  auto values = session->download<float>(t);
-  ASSERT_TRUE(values.ok()) << values.status().ToString();
-  EXPECT_EQ((*values)[1], 3.0f);
-  ASSERT_TRUE(session->close().ok());
+  ASSERT_NO_FATAL_FAILURE(testing::ExpectRoundTripAndClose(*session, 2, 3.0f));
   EXPECT_EQ(d->Stop(), 0) << d->log();
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);

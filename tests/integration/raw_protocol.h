@@ -44,22 +44,36 @@ inline ssize_t SendWithDescriptor(int fd, int passed, int flags = MSG_NOSIGNAL) 
   return ::sendmsg(fd, &msg, flags);
 }
 
+/// Receive up to `size` bytes on `fd` into `buf`, and the descriptor sent with them
+/// (SCM_RIGHTS) into `*passed` (-1 when none came); recvmsg's result (errno set when -1).
+inline ssize_t ReceiveWithDescriptor(int fd, void* buf, size_t size, int* passed,
+                                     int flags = MSG_CMSG_CLOEXEC) {
+  iovec iov = {buf, size};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg = {};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  const ssize_t n = ::recvmsg(fd, &msg, flags);
+  *passed = -1;
+  if (n < 0) return n;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+      std::memcpy(passed, CMSG_DATA(c), sizeof(int));
+    }
+  }
+  return n;
+}
+
 /// One Session stream to a daemon, driven message by message.
 class RawStream {
  public:
-  explicit RawStream(const std::string& target) {
-    channel_ = grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
-    stub_ = v1::SessionService::NewStub(channel_);
-    stream_ = stub_->Session(&ctx_);
-  }
-  /// With a deadline: a test that waits for a message that never comes fails when it passes
-  /// (its reads end) instead of hanging.
-  RawStream(const std::string& target, std::chrono::seconds deadline) {
-    ctx_.set_deadline(std::chrono::system_clock::now() + deadline);
-    channel_ = grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
-    stub_ = v1::SessionService::NewStub(channel_);
-    stream_ = stub_->Session(&ctx_);
-  }
+  /// With a deadline (when not 0): a test that waits for a message that never comes fails
+  /// when it passes (its reads end) instead of hanging.
+  explicit RawStream(const std::string& target,
+                     std::chrono::seconds deadline = std::chrono::seconds(0))
+      : RawStream(grpc::CreateChannel(target, grpc::InsecureChannelCredentials()), deadline) {}
   /// Over a channel made elsewhere (e.g. from a connected fd); with a deadline when not 0.
   explicit RawStream(std::shared_ptr<grpc::Channel> channel,
                      std::chrono::seconds deadline = std::chrono::seconds(0))
@@ -277,20 +291,9 @@ class RawSlabConnection {
   // Read one 24-byte answer and its fd; nullopt when the connection ended or broke first.
   std::optional<Slab> Answer() {
     char reply[24];
-    iovec iov = {reply, sizeof(reply)};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
-    msghdr msg = {};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    ssize_t n = ::recvmsg(fd_, &msg, MSG_WAITALL | MSG_CMSG_CLOEXEC);
     Slab s;
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-        std::memcpy(&s.fd, CMSG_DATA(c), sizeof(int));
-      }
-    }
+    const ssize_t n =
+        ReceiveWithDescriptor(fd_, reply, sizeof(reply), &s.fd, MSG_WAITALL | MSG_CMSG_CLOEXEC);
     if (n != sizeof(reply)) {
       if (s.fd >= 0) ::close(s.fd);
       return std::nullopt;
@@ -305,10 +308,68 @@ class RawSlabConnection {
   int fd_ = -1;
 };
 
+// A session opened over a RawStream, and a slab connection that presented the session's token:
+// where most tests of the slab socket start. bound() says whether all of it worked; when it is
+// false, the rest is not meaningful (check it first: ASSERT_TRUE(s.bound())).
+class RawSlabSession {
+ public:
+  explicit RawSlabSession(const std::string& target, bool successes_on_board = false,
+                          std::chrono::seconds deadline = std::chrono::seconds(0))
+      : raw(target, deadline), opened(raw.Open(successes_on_board)) {
+    if (!opened) return;
+    conn = std::make_unique<RawSlabConnection>(opened->slab_socket());
+    bound_ = conn->Hello(opened->slab_token()) == 0;
+  }
+  bool bound() const { return bound_; }
+
+  RawStream raw;
+  std::optional<v1::Opened> opened;  // nullopt: the daemon answered the Open otherwise
+  std::unique_ptr<RawSlabConnection> conn;
+
+ private:
+  bool bound_ = false;
+};
+
+// The memory behind a descriptor the slab socket granted (a slab, the board), mapped with
+// `prot` and shared; the descriptor is closed once mapped, the mapping unmapped when this goes.
+// ok() is false when the answer was a refusal, had no descriptor, or could not be mapped.
+class MappedAnswer {
+ public:
+  MappedAnswer(const std::optional<RawSlabConnection::Slab>& answer, int prot) {
+    if (!answer || answer->kind != 0 || answer->fd < 0) return;
+    id_ = answer->id;
+    size_ = answer->size;
+    void* p = ::mmap(nullptr, size_, prot, MAP_SHARED, answer->fd, 0);
+    ::close(answer->fd);
+    if (p != MAP_FAILED) map_ = p;
+  }
+  ~MappedAnswer() {
+    if (map_) ::munmap(map_, size_);
+  }
+  MappedAnswer(const MappedAnswer&) = delete;
+  MappedAnswer& operator=(const MappedAnswer&) = delete;
+  bool ok() const { return map_ != nullptr; }
+  uint64_t id() const { return id_; }
+  uint64_t size() const { return size_; }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(map_);
+  }
+
+ private:
+  void* map_ = nullptr;
+  uint64_t id_ = 0, size_ = 0;
+};
+
 // A raw client's side of the ring: maps it from the slab socket and writes records, as the
 // layout says (written here from the protocol, not shared with libferry).
 class RawRing {
  public:
+  // Open a session on `raw` and take its ring and doorbell: whether both worked.
+  bool OpenAndMap(RawStream& raw) {
+    auto opened = raw.Open();
+    return opened && Map(*opened);
+  }
   // Take the ring and doorbell of the session `opened` describes.
   bool Map(const v1::Opened& opened) {
     if (!opened.submit_ring()) return false;

@@ -19,35 +19,15 @@
 #include <vector>
 
 #include "ferryd_process.h"
+#include "generic_calls.h"
+#include "wire_bytes.h"
 
 namespace ferry {
 namespace {
 
 namespace pb = google::protobuf;
 using testing::FerrydProcess;
-
-std::string Flatten(const grpc::ByteBuffer& buffer) {
-  std::vector<grpc::Slice> slices;
-  std::string out;
-  if (buffer.Dump(&slices).ok()) {
-    for (const auto& s : slices) out.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  }
-  return out;
-}
-
-// One length-delimited field `number` holding `value`, as the wire encodes it.
-std::string StringField(int number, const std::string& value) {
-  std::string out;
-  uint64_t tag = (static_cast<uint64_t>(number) << 3) | 2;
-  for (uint64_t v : {tag, static_cast<uint64_t>(value.size())}) {
-    while (v >= 0x80) {
-      out.push_back(static_cast<char>(v | 0x80));
-      v >>= 7;
-    }
-    out.push_back(static_cast<char>(v));
-  }
-  return out + value;
-}
+using testing::LengthField;
 
 // A reflection client speaking grpc.reflection.v1alpha.ServerReflection on the wire (its
 // messages are small; this test decodes them as unknown fields rather than link a copy of
@@ -60,43 +40,13 @@ class ReflectionClient {
 
   /// Send one ServerReflectionRequest (encoded); return the response's fields, or an error.
   bool Ask(const std::string& request, pb::UnknownFieldSet* response, std::string* error) {
-    grpc::GenericStub stub(channel_);
-    grpc::CompletionQueue cq;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    auto call = stub.PrepareCall(
-        &ctx, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
-    void* tag;
-    bool ok;
-    auto step = [&](intptr_t want) {
-      return cq.Next(&tag, &ok) && ok && reinterpret_cast<intptr_t>(tag) == want;
-    };
-    call->StartCall(reinterpret_cast<void*>(1));
-    bool done = step(1);
-    grpc::Slice slice(request);
-    grpc::ByteBuffer req(&slice, 1), resp;
-    if (done) {
-      call->Write(req, reinterpret_cast<void*>(2));
-      done = step(2);
-    }
-    bool read = false;
-    if (done) {
-      call->Read(&resp, reinterpret_cast<void*>(3));
-      read = step(3);
-      call->WritesDone(reinterpret_cast<void*>(4));
-      step(4);
-    }
-    grpc::Status status;
-    call->Finish(&status, reinterpret_cast<void*>(5));
-    step(5);
-    cq.Shutdown();
-    while (cq.Next(&tag, &ok)) {
-    }
-    if (!read) {
-      *error = "no reflection answer: " + status.error_message();
+    std::string why;
+    std::optional<std::string> answer = testing::ReflectionExchange(channel_, request, &why);
+    if (!answer) {
+      *error = "no reflection answer: " + why;
       return false;
     }
-    if (!response->ParseFromString(Flatten(resp))) {
+    if (!response->ParseFromString(*answer)) {
       *error = "the reflection answer does not parse";
       return false;
     }
@@ -107,7 +57,7 @@ class ReflectionClient {
   std::vector<std::string> ListServices(std::string* error) {
     pb::UnknownFieldSet response;
     std::vector<std::string> names;
-    if (!Ask(StringField(7, ""), &response, error)) return names;  // list_services = 7
+    if (!Ask(LengthField(7, ""), &response, error)) return names;  // list_services = 7
     for (int i = 0; i < response.field_count(); ++i) {
       const pb::UnknownField& f = response.field(i);
       if (f.number() != 6 || f.type() != pb::UnknownField::TYPE_LENGTH_DELIMITED) continue;
@@ -132,7 +82,7 @@ class ReflectionClient {
                                              std::string* error) {
     pb::UnknownFieldSet response;
     std::vector<pb::FileDescriptorProto> files;
-    if (!Ask(StringField(number, name), &response, error)) return files;
+    if (!Ask(LengthField(number, name), &response, error)) return files;
     for (int i = 0; i < response.field_count(); ++i) {
       const pb::UnknownField& f = response.field(i);
       if (f.number() != 4 || f.type() != pb::UnknownField::TYPE_LENGTH_DELIMITED) continue;
@@ -219,18 +169,13 @@ std::string ReflectedHealthCheck(const pb::DescriptorPool& pool,
   if (name == nullptr) return "error: no service field in the request";
   request->GetReflection()->SetString(request.get(), name, service);
 
-  grpc::Slice slice(request->SerializeAsString());
-  grpc::ByteBuffer req(&slice, 1), resp;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  grpc::GenericStub stub(std::move(channel));
-  std::promise<grpc::Status> done;
-  stub.UnaryCall(&ctx, "/" + health->full_name() + "/" + check->name(), grpc::StubOptions(), &req,
-                 &resp, [&](grpc::Status s) { done.set_value(s); });
-  grpc::Status s = done.get_future().get();
+  std::string resp;
+  grpc::Status s =
+      testing::UnaryBytesCall(std::move(channel), "/" + health->full_name() + "/" + check->name(),
+                              request->SerializeAsString(), &resp);
   if (!s.ok()) return "error: " + s.error_message();
   std::unique_ptr<pb::Message> response(factory.GetPrototype(check->output_type())->New());
-  if (!response->ParseFromString(Flatten(resp))) return "error: the response does not parse";
+  if (!response->ParseFromString(resp)) return "error: the response does not parse";
   const pb::FieldDescriptor* status = check->output_type()->FindFieldByName("status");
   if (status == nullptr || status->enum_type() == nullptr) return "error: no status enum";
   return response->GetReflection()->GetEnum(*response, status)->name();

@@ -22,6 +22,7 @@
 #include "ferry/v1/admin.grpc.pb.h"
 #include "ferry/v1/session.grpc.pb.h"
 #include "ferryd_process.h"
+#include "library_checks.h"
 #include "raw_protocol.h"
 
 namespace ferry {
@@ -32,7 +33,9 @@ using testing::FerrydProcess;
 using testing::Create;
 using testing::Download;
 using testing::Fill;
+using testing::MappedAnswer;
 using testing::RawSlabConnection;
+using testing::RawSlabSession;
 using testing::RawStream;
 
 v1::Op FromSlab(uint64_t t, uint64_t off, uint64_t slab, uint64_t slab_off, uint64_t len) {
@@ -58,11 +61,25 @@ v1::Op ToSlab(uint64_t t, uint64_t off, uint64_t slab, uint64_t slab_off, uint64
 
 constexpr uint64_t kSlab = 4u << 20;
 
+// The daemon every test starts with: 4 MiB slabs, one made at the start.
+const std::vector<std::string> kArgs = {"--slab-size",     "4M", "--pinned-budget", "32M",
+                                        "--initial-slabs", "1"};
+
+// Submit `submit` (a create and a fill) on `raw` and expect it to succeed: the session goes on.
+void ExpectSessionGoesOn(RawStream& raw, uint64_t submit) {
+  ASSERT_TRUE(raw.Submit(submit, {Create(1, v1::DTYPE_U8, {64}), Fill(1, 5)}));
+  EXPECT_EQ(raw.Completion(submit).kind(), v1::ERROR_KIND_NONE);
+}
+
+// `n` fills of `tensor`: with a large tensor, they keep a submit on the device for a while.
+std::vector<v1::Op> ManyFills(uint64_t tensor, int n = 200) {
+  return std::vector<v1::Op>(n, Fill(tensor, 3.0));
+}
+
 class SlabBadInputTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    daemon_ = std::make_unique<FerrydProcess>(std::vector<std::string>{
-        "--slab-size", "4M", "--pinned-budget", "32M", "--initial-slabs", "1"});
+    daemon_ = std::make_unique<FerrydProcess>(kArgs);
     ASSERT_TRUE(daemon_->ok()) << daemon_->log();
     start_ = daemon_->AdminStatus();
   }
@@ -85,44 +102,37 @@ class SlabBadInputTest : public ::testing::Test {
     EXPECT_EQ(daemon_->Stop(), 0) << "ferryd did not exit cleanly:\n" << daemon_->log();
   }
 
-  // The daemon still serves a well-behaved library session.
-  void CheckServing() {
-    auto c = Client::connect(daemon_->unix_target());
-    ASSERT_TRUE(c.ok());
-    auto s = c->open_session();
-    ASSERT_TRUE(s.ok()) << s.status().ToString();
-    Tensor t = s->create_tensor<float>({1000});
-    s->fill(t, 2.5f);
-    auto v = s->download<float>(t);
-    ASSERT_TRUE(v.ok()) << v.status().ToString();
-    EXPECT_EQ((*v)[999], 2.5f);
-    t = Tensor();
-    ASSERT_TRUE(s->close().ok());
+  // Stop the daemon and start another with `args`, whose Admin status is the new start.
+  void Restart(std::vector<std::string> args) {
+    ASSERT_EQ(daemon_->Stop(), 0);
+    daemon_ = std::make_unique<FerrydProcess>(std::move(args));
+    ASSERT_TRUE(daemon_->ok()) << daemon_->log();
+    start_ = daemon_->AdminStatus();
   }
+
+  // The daemon still serves a well-behaved library session.
+  void CheckServing() { testing::ExpectServes(daemon_->unix_target()); }
 
   std::unique_ptr<FerrydProcess> daemon_;
   v1::StatusReply start_;
 };
 
 TEST_F(SlabBadInputTest, RangesOfAHeldSlabAreCheckedTyped) {
-  RawStream raw(daemon_->unix_target());
-  auto opened = raw.Open();
-  ASSERT_TRUE(opened);
-  ASSERT_FALSE(opened->slab_socket().empty());
-  ASSERT_EQ(opened->slab_size(), kSlab);
-  RawSlabConnection conn(opened->slab_socket());
-  ASSERT_TRUE(conn.connected());
-  ASSERT_EQ(conn.Hello(opened->slab_token()), 0);
-  auto slab = conn.Acquire();
-  ASSERT_TRUE(slab);
-  ASSERT_EQ(slab->kind, 0u);
-  ASSERT_EQ(slab->size, kSlab);
-  ASSERT_GE(slab->fd, 0);
-  void* map = ::mmap(nullptr, slab->size, PROT_READ | PROT_WRITE, MAP_SHARED, slab->fd, 0);
-  ASSERT_NE(map, MAP_FAILED);
-  ::close(slab->fd);
-  auto* bytes = static_cast<unsigned char*>(map);
-  const uint64_t id = slab->id;
+  RawSlabSession session(daemon_->unix_target());
+  ASSERT_TRUE(session.opened);
+  ASSERT_FALSE(session.opened->slab_socket().empty());
+  ASSERT_EQ(session.opened->slab_size(), kSlab);
+  ASSERT_TRUE(session.bound());
+  RawStream& raw = session.raw;
+  auto granted = session.conn->Acquire();
+  ASSERT_TRUE(granted);
+  ASSERT_EQ(granted->kind, 0u);
+  ASSERT_EQ(granted->size, kSlab);
+  ASSERT_GE(granted->fd, 0);
+  MappedAnswer slab(granted, PROT_READ | PROT_WRITE);
+  ASSERT_TRUE(slab.ok());
+  auto* bytes = slab.as<unsigned char>();
+  const uint64_t id = slab.id();
   EXPECT_EQ(daemon_->AdminStatus().slabs_in_use(), start_.slabs_in_use() + 1);
 
   uint64_t sub = 0;
@@ -159,8 +169,6 @@ TEST_F(SlabBadInputTest, RangesOfAHeldSlabAreCheckedTyped) {
       raw.Submit(++sub, {FromSlab(1, 100, id, kSlab - 4096, 4096), ToSlab(1, 100, id, 0, 4096)}));
   ASSERT_EQ(raw.Completion(sub).kind(), v1::ERROR_KIND_NONE);
   EXPECT_EQ(std::memcmp(bytes, bytes + kSlab - 4096, 4096), 0);
-
-  ::munmap(map, kSlab);
   raw.Close();
   CheckServing();
 }
@@ -169,12 +177,12 @@ TEST_F(SlabBadInputTest, RangesOfAHeldSlabAreCheckedTyped) {
 // neither write the page nor shrink it under the daemon; the daemon posts every delivered
 // submit before its Completed, and the last failed one.
 TEST_F(SlabBadInputTest, CompletionBoardIsReadOnlyAndPostsEachDelivery) {
-  RawStream raw(daemon_->unix_target());
-  auto opened = raw.Open();
-  ASSERT_TRUE(opened);
-  ASSERT_TRUE(opened->completion_board());
-  RawSlabConnection conn(opened->slab_socket());
-  ASSERT_EQ(conn.Hello(opened->slab_token()), 0);
+  RawSlabSession session(daemon_->unix_target());
+  ASSERT_TRUE(session.opened);
+  ASSERT_TRUE(session.opened->completion_board());
+  ASSERT_TRUE(session.bound());
+  RawStream& raw = session.raw;
+  RawSlabConnection& conn = *session.conn;
   auto board = conn.Board();
   ASSERT_TRUE(board);
   ASSERT_EQ(board->kind, 0u);
@@ -220,19 +228,16 @@ TEST_F(SlabBadInputTest, CompletionBoardIsReadOnlyAndPostsEachDelivery) {
 // daemon's accounting too: far more of them than max-in-flight go through, and nothing stays
 // counted in flight.
 TEST_F(SlabBadInputTest, SuccessesOnTheBoardGetNoCompletedButFailuresAndDownloadsDo) {
-  RawStream raw(daemon_->unix_target(), std::chrono::seconds(60));
-  auto opened = raw.Open(/*successes_on_board=*/true);
-  ASSERT_TRUE(opened);
-  ASSERT_TRUE(opened->completion_board());
-  ASSERT_TRUE(opened->successes_on_board());
-  RawSlabConnection conn(opened->slab_socket());
-  ASSERT_EQ(conn.Hello(opened->slab_token()), 0);
-  auto board = conn.Board();
-  ASSERT_TRUE(board && board->kind == 0 && board->fd >= 0);
-  void* map = ::mmap(nullptr, board->size, PROT_READ, MAP_SHARED, board->fd, 0);
-  ASSERT_NE(map, MAP_FAILED);
-  ::close(board->fd);
-  const volatile uint64_t* words = static_cast<const uint64_t*>(map);
+  RawSlabSession session(daemon_->unix_target(), /*successes_on_board=*/true,
+                         std::chrono::seconds(60));
+  ASSERT_TRUE(session.opened);
+  ASSERT_TRUE(session.opened->completion_board());
+  ASSERT_TRUE(session.opened->successes_on_board());
+  ASSERT_TRUE(session.bound());
+  RawStream& raw = session.raw;
+  MappedAnswer board(session.conn->Board(), PROT_READ);
+  ASSERT_TRUE(board.ok());
+  const volatile uint64_t* words = board.as<const uint64_t>();
   auto board_reaches = [&](uint64_t id) {
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
     while (words[0] < id && std::chrono::steady_clock::now() < until) {
@@ -308,23 +313,17 @@ TEST_F(SlabBadInputTest, SuccessesOnTheBoardGetNoCompletedButFailuresAndDownload
   EXPECT_EQ(stats->submits(), 204u);
   EXPECT_EQ(stats->failed_submits(), 1u);
   EXPECT_TRUE(raw.Finish().ok());
-  ::munmap(map, board->size);
   CheckServing();
 }
 
 TEST_F(SlabBadInputTest, OverlappingRangeInFlightIsBusyAndLosesNothing) {
-  RawStream raw(daemon_->unix_target());
-  auto opened = raw.Open();
-  ASSERT_TRUE(opened);
-  RawSlabConnection conn(opened->slab_socket());
-  ASSERT_EQ(conn.Hello(opened->slab_token()), 0);
-  auto slab = conn.Acquire();
-  ASSERT_TRUE(slab && slab->kind == 0);
-  void* map = ::mmap(nullptr, slab->size, PROT_READ | PROT_WRITE, MAP_SHARED, slab->fd, 0);
-  ASSERT_NE(map, MAP_FAILED);
-  ::close(slab->fd);
-  auto* doubles = static_cast<double*>(map);
-  const uint64_t id = slab->id;
+  RawSlabSession session(daemon_->unix_target());
+  ASSERT_TRUE(session.bound());
+  RawStream& raw = session.raw;
+  MappedAnswer slab(session.conn->Acquire(), PROT_READ | PROT_WRITE);
+  ASSERT_TRUE(slab.ok());
+  auto* doubles = slab.as<double>();
+  const uint64_t id = slab.id();
 
   // Tensor 1: big enough that many fills of it keep submit A on the device for a while.
   const int64_t n = 4 << 20;  // 32 MiB of f64
@@ -334,8 +333,7 @@ TEST_F(SlabBadInputTest, OverlappingRangeInFlightIsBusyAndLosesNothing) {
   for (uint64_t i = 0; i < kSlab / 8; ++i) doubles[i] = -1.0;
 
   // A: many fills, then a download into slab bytes [0, 1 MiB).
-  std::vector<v1::Op> a;
-  for (int k = 0; k < 200; ++k) a.push_back(Fill(1, 3.0));
+  std::vector<v1::Op> a = ManyFills(1);
   a.push_back(ToSlab(1, 0, id, 0, 1 << 20));
   ASSERT_TRUE(raw.Submit(2, a));
   // B, while A is in flight: fill tensor 2, then read slab bytes [512 KiB, 1.5 MiB) that
@@ -366,7 +364,6 @@ TEST_F(SlabBadInputTest, OverlappingRangeInFlightIsBusyAndLosesNothing) {
   // Once A completed, the range is free again.
   ASSERT_TRUE(raw.Submit(6, {FromSlab(2, 0, id, 512 << 10, 8192)}));
   EXPECT_EQ(raw.Completion(6).kind(), v1::ERROR_KIND_NONE);
-  ::munmap(map, kSlab);
   raw.Close();
   CheckServing();
 }
@@ -375,18 +372,13 @@ TEST_F(SlabBadInputTest, OverlappingRangeInFlightIsBusyAndLosesNothing) {
 // keep the long one's range busy, so a later submit that writes into bytes the long read is
 // still reading is refused with BUSY, and the read gets the bytes the slab held.
 TEST_F(SlabBadInputTest, ShorterReadAtTheSameOffsetKeepsTheLongerRangeBusy) {
-  RawStream raw(daemon_->unix_target());
-  auto opened = raw.Open();
-  ASSERT_TRUE(opened);
-  RawSlabConnection conn(opened->slab_socket());
-  ASSERT_EQ(conn.Hello(opened->slab_token()), 0);
-  auto slab = conn.Acquire();
-  ASSERT_TRUE(slab && slab->kind == 0);
-  void* map = ::mmap(nullptr, slab->size, PROT_READ | PROT_WRITE, MAP_SHARED, slab->fd, 0);
-  ASSERT_NE(map, MAP_FAILED);
-  ::close(slab->fd);
-  auto* doubles = static_cast<double*>(map);
-  const uint64_t id = slab->id;
+  RawSlabSession session(daemon_->unix_target());
+  ASSERT_TRUE(session.bound());
+  RawStream& raw = session.raw;
+  MappedAnswer slab(session.conn->Acquire(), PROT_READ | PROT_WRITE);
+  ASSERT_TRUE(slab.ok());
+  auto* doubles = slab.as<double>();
+  const uint64_t id = slab.id();
   const int64_t n = 4 << 20;  // 32 MiB of f64: many fills of it keep submit 2 busy
   const int64_t m = (1 << 20) / 8;
   ASSERT_TRUE(raw.Submit(1, {Create(1, v1::DTYPE_F64, {n}), Create(2, v1::DTYPE_F64, {m}),
@@ -395,8 +387,7 @@ TEST_F(SlabBadInputTest, ShorterReadAtTheSameOffsetKeepsTheLongerRangeBusy) {
   for (int64_t i = 0; i < m; ++i) doubles[i] = 5.0;
 
   // 2: many fills, then read slab bytes [0, 1 MiB) into tensor 2 and [0, 8) into tensor 3.
-  std::vector<v1::Op> a;
-  for (int k = 0; k < 200; ++k) a.push_back(Fill(1, 3.0));
+  std::vector<v1::Op> a = ManyFills(1);
   a.push_back(FromSlab(2, 0, id, 0, 1 << 20));
   a.push_back(FromSlab(3, 0, id, 0, 8));
   ASSERT_TRUE(raw.Submit(2, a));
@@ -419,23 +410,17 @@ TEST_F(SlabBadInputTest, ShorterReadAtTheSameOffsetKeepsTheLongerRangeBusy) {
   // Once 2 completed, the whole range is free again.
   ASSERT_TRUE(raw.Submit(5, {ToSlab(3, 0, id, 4096, 4096)}));
   EXPECT_EQ(raw.Completion(5).kind(), v1::ERROR_KIND_NONE);
-  ::munmap(map, kSlab);
   raw.Close();
   CheckServing();
 }
 
 TEST_F(SlabBadInputTest, AcquireBeyondTheSessionPinnedQuotaIsQuotaExceeded) {
   // Restart with a quota of two 4M slabs per session.
-  ASSERT_EQ(daemon_->Stop(), 0);
-  daemon_ = std::make_unique<FerrydProcess>(std::vector<std::string>{
-      "--slab-size", "4M", "--pinned-budget", "32M", "--session-pinned-quota", "8M"});
-  ASSERT_TRUE(daemon_->ok()) << daemon_->log();
-  start_ = daemon_->AdminStatus();
-  RawStream raw(daemon_->unix_target());
-  auto opened = raw.Open();
-  ASSERT_TRUE(opened);
-  RawSlabConnection conn(opened->slab_socket());
-  ASSERT_EQ(conn.Hello(opened->slab_token()), 0);
+  ASSERT_NO_FATAL_FAILURE(
+      Restart({"--slab-size", "4M", "--pinned-budget", "32M", "--session-pinned-quota", "8M"}));
+  RawSlabSession session(daemon_->unix_target());
+  ASSERT_TRUE(session.bound());
+  RawSlabConnection& conn = *session.conn;
   for (int i = 0; i < 2; ++i) {
     auto slab = conn.Acquire();
     ASSERT_TRUE(slab && slab->kind == 0);
@@ -448,7 +433,7 @@ TEST_F(SlabBadInputTest, AcquireBeyondTheSessionPinnedQuotaIsQuotaExceeded) {
     EXPECT_LT(slab->fd, 0) << "a refused acquire passed an fd";
   }
   EXPECT_EQ(daemon_->AdminStatus().slabs_in_use(), 2u);
-  raw.Close();
+  session.raw.Close();
   CheckServing();
 }
 
@@ -471,8 +456,7 @@ TEST_F(SlabBadInputTest, SlabConnectionClosedBeforeAcquire) {
     ASSERT_TRUE(raw.Submit(1, {Create(1, v1::DTYPE_U8, {64}), FromSlab(1, 0, 1, 0, 64)}));
     EXPECT_EQ(raw.Completion(1).kind(), v1::INVALID_HANDLE);
     // Inline transfers still work.
-    ASSERT_TRUE(raw.Submit(2, {Create(1, v1::DTYPE_U8, {64}), Fill(1, 5)}));
-    EXPECT_EQ(raw.Completion(2).kind(), v1::ERROR_KIND_NONE);
+    ExpectSessionGoesOn(raw, 2);
     raw.Close();
   }
   {
@@ -562,8 +546,7 @@ TEST_F(SlabBadInputTest, PipelinedRequestsAreAnsweredInOrderAndAnUnreadFloodIsCl
                 kRequests);
     EXPECT_LT(answers, kRequests) << "the daemon held every answer of a client that never read";
     // The session goes on without its shared memory.
-    ASSERT_TRUE(raw.Submit(1, {Create(1, v1::DTYPE_U8, {64}), Fill(1, 5)}));
-    EXPECT_EQ(raw.Completion(1).kind(), v1::ERROR_KIND_NONE);
+    ExpectSessionGoesOn(raw, 1);
     raw.Close();
   }
   CheckServing();
@@ -575,11 +558,9 @@ TEST_F(SlabBadInputTest, PipelinedRequestsAreAnsweredInOrderAndAnUnreadFloodIsCl
 // messages.
 TEST_F(SlabBadInputTest, EachDescriptorOfASessionIsHandedOnce) {
   for (char op : {char{2}, char{3}, char{4}}) {
-    RawStream raw(daemon_->unix_target());
-    auto opened = raw.Open();
-    ASSERT_TRUE(opened);
-    RawSlabConnection conn(opened->slab_socket());
-    ASSERT_EQ(conn.Hello(opened->slab_token()), 0);
+    RawSlabSession session(daemon_->unix_target());
+    ASSERT_TRUE(session.bound());
+    RawSlabConnection& conn = *session.conn;
     auto first = conn.Request(op);
     ASSERT_TRUE(first && first->kind == 0 && first->fd >= 0) << "op " << int{op};
     ::close(first->fd);
@@ -588,9 +569,8 @@ TEST_F(SlabBadInputTest, EachDescriptorOfASessionIsHandedOnce) {
     EXPECT_EQ(again->kind, static_cast<uint32_t>(ErrorKind::kProtocolViolation));
     EXPECT_LT(again->fd, 0) << "a second descriptor was handed";
     EXPECT_FALSE(conn.Acquire().has_value()) << "the connection goes on after a violation";
-    ASSERT_TRUE(raw.Submit(1, {Create(1, v1::DTYPE_U8, {64}), Fill(1, 5)}));
-    EXPECT_EQ(raw.Completion(1).kind(), v1::ERROR_KIND_NONE);
-    raw.Close();
+    ExpectSessionGoesOn(session.raw, 1);
+    session.raw.Close();
   }
   CheckServing();
 }
@@ -599,15 +579,13 @@ TEST_F(SlabBadInputTest, EachDescriptorOfASessionIsHandedOnce) {
 // descriptors in flight) beyond its sessions: the daemon closes it soon after the session
 // ended, whether or not the client asks anything more.
 TEST_F(SlabBadInputTest, ASlabConnectionEndsWithItsSession) {
-  RawStream raw(daemon_->unix_target());
-  auto opened = raw.Open();
-  ASSERT_TRUE(opened);
-  RawSlabConnection conn(opened->slab_socket());
-  ASSERT_EQ(conn.Hello(opened->slab_token()), 0);
+  RawSlabSession session(daemon_->unix_target());
+  ASSERT_TRUE(session.bound());
+  RawSlabConnection& conn = *session.conn;
   auto board = conn.Board();
   ASSERT_TRUE(board && board->kind == 0);
   ::close(board->fd);
-  raw.Close();
+  session.raw.Close();
   timeval ten_seconds{10, 0};
   ASSERT_EQ(::setsockopt(conn.fd(), SOL_SOCKET, SO_RCVTIMEO, &ten_seconds, sizeof(ten_seconds)), 0);
   char byte;
@@ -619,12 +597,9 @@ TEST_F(SlabBadInputTest, ASlabConnectionEndsWithItsSession) {
 // it) gets no new slab connection once it has slab-max-pending-per-uid of them, until it
 // reads them or closes its ends; then it is served again.
 TEST_F(SlabBadInputTest, AUidThatLeavesAnswersUnreadIsHeldBackUntilItReadsThem) {
-  ASSERT_EQ(daemon_->Stop(), 0);
-  daemon_ = std::make_unique<FerrydProcess>(
-      std::vector<std::string>{"--slab-size", "4M", "--pinned-budget", "32M", "--initial-slabs",
-                               "1", "--slab-max-pending-per-uid", "2"});
-  ASSERT_TRUE(daemon_->ok()) << daemon_->log();
-  start_ = daemon_->AdminStatus();
+  std::vector<std::string> args = kArgs;
+  args.insert(args.end(), {"--slab-max-pending-per-uid", "2"});
+  ASSERT_NO_FATAL_FAILURE(Restart(args));
   // Connect and present a session's token; the hello's answer (0: bound, -1: closed at once).
   auto try_bind = [this] {
     RawStream raw(daemon_->unix_target());

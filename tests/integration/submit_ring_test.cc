@@ -16,6 +16,7 @@
 
 #include "ferry/client.h"
 #include "ferryd_process.h"
+#include "library_checks.h"
 #include "metrics_scrape.h"
 #include "raw_protocol.h"
 
@@ -85,10 +86,8 @@ class SubmitRingTest : public ::testing::Test {
 // in number order (the download sees the fill numbered before it, not the one sent before it).
 TEST_F(SubmitRingTest, BothPathsAreHandledInSequenceOrder) {
   RawStream raw(daemon_->unix_target());
-  auto opened = raw.Open();
-  ASSERT_TRUE(opened);
   RawRing ring;
-  ASSERT_TRUE(ring.Map(*opened));
+  ASSERT_TRUE(ring.OpenAndMap(raw));
   EXPECT_EQ(ring.capacity(), 4096u);
 
   v1::ClientMessage m3 = SubmitMessage(3, 3, {Fill(1, 3.0)});
@@ -116,10 +115,8 @@ TEST_F(SubmitRingTest, BothPathsAreHandledInSequenceOrder) {
 // order, and its results are right.
 TEST_F(SubmitRingTest, RecordsWrittenDuringADoorbellStormAreNotLost) {
   RawStream raw(daemon_->unix_target());
-  auto opened = raw.Open();
-  ASSERT_TRUE(opened);
   RawRing ring;
-  ASSERT_TRUE(ring.Map(*opened));
+  ASSERT_TRUE(ring.OpenAndMap(raw));
   std::atomic<bool> stop{false};
   std::thread ringer([&] {
     const uint64_t one = 1;
@@ -156,10 +153,8 @@ TEST_F(SubmitRingTest, RecordsWrittenDuringADoorbellStormAreNotLost) {
 // daemon's descriptor and the client's share.)
 TEST_F(SubmitRingTest, ADoorbellItsClientMadeBlockingStopsNoOtherRing) {
   RawStream hostile(daemon_->unix_target());
-  auto hostile_opened = hostile.Open();
-  ASSERT_TRUE(hostile_opened);
   RawRing hostile_ring;
-  ASSERT_TRUE(hostile_ring.Map(*hostile_opened));
+  ASSERT_TRUE(hostile_ring.OpenAndMap(hostile));
   const int flags = ::fcntl(hostile_ring.doorbell(), F_GETFL);
   ASSERT_GE(flags, 0);
   ASSERT_EQ(::fcntl(hostile_ring.doorbell(), F_SETFL, flags & ~O_NONBLOCK), 0);
@@ -167,10 +162,8 @@ TEST_F(SubmitRingTest, ADoorbellItsClientMadeBlockingStopsNoOtherRing) {
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   // Bounded: on a stuck poller the other session's submits would never complete.
   RawStream other(daemon_->unix_target(), std::chrono::seconds(30));
-  auto opened = other.Open();
-  ASSERT_TRUE(opened);
   RawRing ring;
-  ASSERT_TRUE(ring.Map(*opened));
+  ASSERT_TRUE(ring.OpenAndMap(other));
   ring.Write(SubmitMessage(1, 1, {Create(1, v1::DTYPE_F32, {1})}));
   ASSERT_EQ(other.Completion(1).kind(), v1::ERROR_KIND_NONE);
   for (uint64_t id = 2; id <= 5; ++id) {
@@ -386,10 +379,8 @@ TEST(SubmitRingLargeRecordTest, ARecordTooLargeForThePollerIsHandledInItsPlace) 
   };
   const double turns_before = long_lane_turns();
   RawStream raw(d.unix_target());
-  auto opened = raw.Open();
-  ASSERT_TRUE(opened);
   RawRing ring;
-  ASSERT_TRUE(ring.Map(*opened));
+  ASSERT_TRUE(ring.OpenAndMap(raw));
   // 20000 fills of one value after another: about 280 KB.
   std::vector<v1::Op> fills;
   for (int i = 1; i <= 20000; ++i) fills.push_back(Fill(1, static_cast<double>(i % 7)));
@@ -415,19 +406,11 @@ TEST(SubmitRingLargeRecordTest, ARecordTooLargeForThePollerIsHandledInItsPlace) 
   auto bystander = good->open_session();
   ASSERT_TRUE(bystander.ok()) << bystander.status().ToString();
   RawStream bad(d.unix_target());
-  auto bad_opened = bad.Open();
-  ASSERT_TRUE(bad_opened);
   RawRing bad_ring;
-  ASSERT_TRUE(bad_ring.Map(*bad_opened));
+  ASSERT_TRUE(bad_ring.OpenAndMap(bad));
   bad_ring.WriteBytes(std::string(100 << 10, '\xff'));
   EXPECT_EQ(EndingError(bad), v1::PROTOCOL_VIOLATION);
-  Tensor t = bystander->create_tensor<float>({256});
-  bystander->fill(t, 2.0f);
-  auto v = bystander->download<float>(t);
-  ASSERT_TRUE(v.ok()) << v.status().ToString();
-  EXPECT_EQ((*v)[255], 2.0f);
-  t = Tensor();
-  ASSERT_TRUE(bystander->close().ok());
+  ASSERT_NO_FATAL_FAILURE(testing::ExpectRoundTripAndClose(*bystander, 256, 2.0f));
   EXPECT_EQ(d.WaitIdle().sessions_open(), 0u);
 }
 
@@ -439,10 +422,8 @@ TEST(SubmitRingBoundTest, ThePollerTakesNoMoreThanTheInFlightBytesLeft) {
   FerrydProcess d({"--submit-ring", "1M", "--uid-limits", "uid:0:inflight-bytes=300K"});
   ASSERT_TRUE(d.ok()) << d.log();
   RawStream raw(d.unix_target());
-  auto opened = raw.Open();
-  ASSERT_TRUE(opened);
   RawRing ring;
-  ASSERT_TRUE(ring.Map(*opened));
+  ASSERT_TRUE(ring.OpenAndMap(raw));
   constexpr int64_t kElements = 50 << 10;  // an upload of 200 KiB a record
   // Numbers 2 to 5 through the ring, visible together; 1 is not sent yet, so they wait.
   std::vector<v1::ClientMessage> uploads;

@@ -21,27 +21,14 @@
 
 #include "ferry/client.h"
 #include "ferryd_process.h"
+#include "generic_calls.h"
 
 namespace ferry {
 namespace {
 
 using testing::FerrydProcess;
 
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/ferry-sd-XXXXXX";
-    path_ = mkdtemp(tmpl);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using testing::TempDir;
 
 sockaddr_un UnixAddress(const std::string& path) {
   sockaddr_un addr{};
@@ -131,15 +118,6 @@ grpc::Status AdminDrain(const std::string& target) {
   return stub->Drain(&ctx, v1::DrainRequest(), &reply);
 }
 
-std::string Flatten(grpc::ByteBuffer& buffer) {
-  std::vector<grpc::Slice> slices;
-  std::string out;
-  if (buffer.Dump(&slices).ok()) {
-    for (const auto& s : slices) out.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  }
-  return out;
-}
-
 // grpc.health.v1.Health/Check for `service`: the ServingStatus number (1 SERVING,
 // 2 NOT_SERVING), or -1 with the call's error in `error`.
 int HealthCheck(const std::string& target, const std::string& service, std::string* error) {
@@ -148,57 +126,23 @@ int HealthCheck(const std::string& target, const std::string& service, std::stri
   if (!service.empty()) {
     request = std::string("\x0a", 1) + static_cast<char>(service.size()) + service;
   }
-  grpc::Slice slice(request);
-  grpc::ByteBuffer req(&slice, 1), resp;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  grpc::GenericStub stub(channel);
-  std::promise<grpc::Status> done;
-  stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &req, &resp,
-                 [&](grpc::Status s) { done.set_value(s); });
-  grpc::Status s = done.get_future().get();
+  std::string bytes;
+  grpc::Status s =
+      testing::UnaryBytesCall(channel, "/grpc.health.v1.Health/Check", request, &bytes);
   if (!s.ok()) {
     *error = s.error_message();
     return -1;
   }
-  std::string bytes = Flatten(resp);
   return bytes.size() >= 2 && bytes[0] == 0x08 ? bytes[1] : 0;
 }
 
 // grpc.reflection.v1alpha ServerReflectionInfo with list_services; return the raw reply.
 std::string ReflectionListServices(const std::string& target, std::string* error) {
-  auto channel = grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
-  grpc::GenericStub stub(channel);
-  grpc::CompletionQueue cq;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  auto call =
-      stub.PrepareCall(&ctx, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
-  void* tag;
-  bool ok;
-  auto step = [&](intptr_t want) {
-    return cq.Next(&tag, &ok) && ok && reinterpret_cast<intptr_t>(tag) == want;
-  };
-  call->StartCall(reinterpret_cast<void*>(1));
-  if (!step(1)) return (*error = "start failed", "");
   // ServerReflectionRequest { string list_services = 7; } with an empty value.
-  std::string request("\x3a\x00", 2);
-  grpc::Slice slice(request);
-  grpc::ByteBuffer req(&slice, 1), resp;
-  call->Write(req, reinterpret_cast<void*>(2));
-  if (!step(2)) return (*error = "write failed", "");
-  call->Read(&resp, reinterpret_cast<void*>(3));
-  bool read_ok = step(3);
-  call->WritesDone(reinterpret_cast<void*>(4));
-  step(4);
-  grpc::Status status;
-  call->Finish(&status, reinterpret_cast<void*>(5));
-  step(5);
-  cq.Shutdown();
-  while (cq.Next(&tag, &ok)) {
-  }
-  if (!read_ok) return (*error = "read failed: " + status.error_message(), "");
-  return Flatten(resp);
+  std::optional<std::string> reply =
+      testing::ReflectionExchange(grpc::CreateChannel(target, grpc::InsecureChannelCredentials()),
+                                  std::string("\x3a\x00", 2), error);
+  return reply ? *reply : "";
 }
 
 TEST(SystemdNotifyTest, ReadyStatusWatchdogStopping) {

@@ -16,21 +16,15 @@ namespace {
 class TestPki {
  public:
   TestPki() {
-    char tmpl[] = "/tmp/ferry-pki-XXXXXX";
-    dir_ = ::mkdtemp(tmpl);
-    std::ofstream(dir_ + "/server.ext")
+    std::ofstream(path("server.ext"))
         << "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n";
-    std::ofstream(dir_ + "/client.ext") << "extendedKeyUsage=clientAuth\n";
+    std::ofstream(path("client.ext")) << "extendedKeyUsage=clientAuth\n";
     ok_ = Run(Ca("ca") + " && " + Ca("other-ca") + " && " + Leaf("server", "ca") + " && " +
               Leaf("client", "ca") + " && " + Leaf("stranger", "other-ca", "client"));
-    std::ofstream(dir_ + "/token") << "s3cret-token\n";
-  }
-  ~TestPki() {
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
+    std::ofstream(path("token")) << "s3cret-token\n";
   }
   bool ok() const { return ok_; }
-  std::string path(const std::string& name) const { return dir_ + "/" + name; }
+  std::string path(const std::string& name) const { return dir_.path(name); }
 
  private:
   static bool Run(const std::string& cmd) { return std::system(cmd.c_str()) == 0; }
@@ -51,7 +45,7 @@ class TestPki {
            " -CAcreateserial -days 2 -extfile " + path(e + ".ext") + " -out " +
            path(name + ".crt") + " 2>/dev/null";
   }
-  std::string dir_;
+  testing::TempDir dir_{"ferry-pki"};
   bool ok_ = false;
 };
 

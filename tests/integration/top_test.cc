@@ -1,8 +1,6 @@
 // ferryctl top against a real ferryd: --once --json for scripts, the live view driven in a
 // real terminal (tmux), keys included, and what it says where no daemon is configured.
 #include <fcntl.h>
-#include <google/protobuf/struct.pb.h>
-#include <google/protobuf/util/json_util.h>
 #include <gtest/gtest.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -17,21 +15,16 @@
 #include <vector>
 
 #include "ferry/client.h"
+#include "ferryctl_output.h"
 #include "ferryd_process.h"
-
-#ifndef FERRYCTL_PATH
-#error "FERRYCTL_PATH must name the ferryctl this build makes (tests/CMakeLists.txt defines it)"
-#endif
 
 namespace ferry {
 namespace {
 
-std::string FerryctlPath() { return testing::ProgramPath("FERRY_TEST_FERRYCTL", FERRYCTL_PATH); }
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
+using testing::FerryctlPath;
+using testing::Field;
+using testing::ParseObject;
+using testing::ReadAll;
 
 // Run a shell command; return its stdout (stderr to the test's log).
 std::string Shell(const std::string& cmd, int* rc = nullptr) {
@@ -39,20 +32,6 @@ std::string Shell(const std::string& cmd, int* rc = nullptr) {
   int status = std::system((cmd + " > " + out).c_str());
   if (rc) *rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return ReadAll(out);
-}
-
-google::protobuf::Struct ParseObject(const std::string& json) {
-  google::protobuf::Struct s;
-  auto status = google::protobuf::util::JsonStringToMessage(json, &s);
-  EXPECT_TRUE(status.ok()) << status.ToString() << "\n" << json;
-  return s;
-}
-
-const google::protobuf::Value& Field(const google::protobuf::Struct& s, const std::string& k) {
-  static const google::protobuf::Value kMissing;
-  auto it = s.fields().find(k);
-  EXPECT_NE(it, s.fields().end()) << "no field " << k;
-  return it == s.fields().end() ? kMissing : it->second;
 }
 
 // Two sessions of this process: "busy" moves 8 MiB up and down, "idle" holds 4 KiB.

@@ -55,12 +55,7 @@ def runs_while_blocked(daemon, call):
         done.set()
 
     try:
-        daemon.proc.send_signal(signal.SIGSTOP)
-        for _ in range(10000):
-            if all_threads_stopped(pid):
-                break
-            time.sleep(0.001)
-        assert all_threads_stopped(pid)
+        stop_daemon(daemon)
         t = threading.Thread(target=body)
         t.start()
         assert entering.wait(30)
@@ -113,11 +108,7 @@ def test_a_second_thread_cannot_wait_for_the_same_transfer(start_daemon):
     net = subprocess.Popen(["sh", "-c", f"sleep 10; kill -CONT {pid}"])
     results = []
     try:
-        d.proc.send_signal(signal.SIGSTOP)
-        for _ in range(10000):
-            if all_threads_stopped(pid):
-                break
-            time.sleep(0.001)
+        stop_daemon(d)
         p = s.download_pending(t, buf)
         waiter = threading.Thread(target=lambda: results.append(p.wait()))
         waiter.start()

@@ -18,22 +18,12 @@
 #include <optional>
 #include <string>
 
+#include "temp_files.h"
+
 namespace ferry::rpc {
 namespace {
 
-// A token file in the test's temp dir, removed at the end.
-class TokenFile {
- public:
-  explicit TokenFile(const std::string& contents)
-      : path_(::testing::TempDir() + "/ferry_auth_test_token_" + std::to_string(getpid())) {
-    std::ofstream(path_, std::ios::binary) << contents;
-  }
-  ~TokenFile() { std::remove(path_.c_str()); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using TokenFile = ::ferry::testing::TempFile;
 
 std::unique_ptr<TokenChecker> LoadToken(const std::string& contents) {
   TokenFile file(contents);

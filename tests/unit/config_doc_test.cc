@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "config.h"
+#include "config_lines.h"
 #include "settings.h"
 
 #ifndef FERRY_SOURCE_DIR
@@ -131,23 +132,9 @@ std::string DocumentedValue(const DocRow& row) {
 // Parse FormatConfig's output into (name, value) pairs in its order, values unquoted and with
 // a trailing "  # note" removed. `listen` appears once per endpoint.
 std::vector<std::pair<std::string, std::string>> FormattedSettings(const DaemonConfig& config) {
-  std::vector<std::pair<std::string, std::string>> out;
-  std::istringstream in(FormatConfig(config));
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.empty() || line[0] == '#') continue;
-    size_t eq = line.find('=');
-    EXPECT_NE(eq, std::string::npos) << "FormatConfig line without '=': " << line;
-    if (eq == std::string::npos) continue;
-    std::string value = line.substr(eq + 1);
-    if (size_t note = value.find("  #"); note != std::string::npos) value.resize(note);
-    value = Trim(value);
-    if (value.size() >= 2 && value.front() == '"' && value.back() == '"') {
-      value = value.substr(1, value.size() - 2);
-    }
-    out.emplace_back(Trim(line.substr(0, eq)), value);
-  }
-  return out;
+  return testing::SettingLines(FormatConfig(config), [](const std::string& line) {
+    ADD_FAILURE() << "FormatConfig line without '=': " << line;
+  });
 }
 
 // The settings the docs table must have, in the settings table's order.

@@ -11,7 +11,9 @@
 #include <set>
 #include <sstream>
 
+#include "config_lines.h"
 #include "settings.h"
+#include "temp_files.h"
 
 #ifndef FERRY_SOURCE_DIR
 #error "FERRY_SOURCE_DIR must name the source tree (tests/CMakeLists.txt defines it)"
@@ -91,21 +93,31 @@ TEST(ConfigTest, ParseBytes) {
 // A config file in a temp dir, removed at the end of the test.
 class ConfigFileTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/ferry-config-test-XXXXXX";
-    dir_ = mkdtemp(tmpl);
-  }
-  void TearDown() override {
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
-  }
   std::string Write(const std::string& name, const std::string& text) {
-    std::string path = dir_ + "/" + name;
+    std::string path = dir_.path(name);
     std::ofstream(path) << text;
     return path;
   }
-  std::string dir_;
+  testing::TempDir dir_{"ferry-config-test"};
 };
+
+// Config text ParseConfigText must refuse, and what its message must hold.
+struct RefusedText {
+  std::string text;
+  std::string expect;  // in the message
+};
+
+// Each case's text, parsed as file "f.conf", is refused INVALID_ARGUMENT with a message that
+// holds `prefix` and the case's `expect`.
+void ExpectEachRefused(const std::vector<RefusedText>& cases, const std::string& prefix = "") {
+  for (const RefusedText& k : cases) {
+    auto c = ParseConfigText(k.text, "f.conf");
+    ASSERT_FALSE(c.ok()) << k.text;
+    EXPECT_EQ(c.status().kind(), ErrorKind::kInvalidArgument);
+    EXPECT_NE(c.status().message().find(prefix + k.expect), std::string::npos)
+        << "text: " << k.text << "message: " << c.status().message();
+  }
+}
 
 TEST_F(ConfigFileTest, FileSettingsApply) {
   std::string path = Write("ferryd.conf", R"(# a comment
@@ -154,13 +166,13 @@ TEST_F(ConfigFileTest, DefaultListenFollowsTheFilesDevice) {
 }
 
 TEST_F(ConfigFileTest, ExplicitFileMustExistDefaultNeedNot) {
-  auto missing = ParseFlags({"--config", dir_ + "/nope.conf"});
+  auto missing = ParseFlags({"--config", dir_.path("nope.conf")});
   ASSERT_FALSE(missing.ok());
   EXPECT_NE(missing.status().message().find("nope.conf"), std::string::npos);
-  EXPECT_FALSE(ParseFlags({"--config", dir_}).ok());  // a directory
+  EXPECT_FALSE(ParseFlags({"--config", dir_.path()}).ok());  // a directory
 
   // A default path that does not exist is skipped ...
-  auto c = ParseFlags({"--device", "1"}, dir_ + "/nope.conf");
+  auto c = ParseFlags({"--device", "1"}, dir_.path("nope.conf"));
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(c->config_path, "");
   // ... one that exists is read ...
@@ -176,11 +188,7 @@ TEST_F(ConfigFileTest, ExplicitFileMustExistDefaultNeedNot) {
 }
 
 TEST_F(ConfigFileTest, FileErrorsNameTheLine) {
-  struct Case {
-    std::string text;
-    std::string expect;  // in the message
-  };
-  std::vector<Case> cases = {
+  ExpectEachRefused({
       {"device = 1\nbogus = 3\n", "f.conf:2: unknown setting 'bogus'"},
       {"device\n", "f.conf:1: expected 'name = value'"},
       {"device = x\n", "f.conf:1: device: not a number"},
@@ -192,14 +200,7 @@ TEST_F(ConfigFileTest, FileErrorsNameTheLine) {
       {"listen = tcp:127.0.0.1:99999\n", "bad port"},
       {"log-level = chatty\n", "f.conf:1: log-level"},
       {"session-quota =\n", "empty size"},
-  };
-  for (const Case& k : cases) {
-    auto c = ParseConfigText(k.text, "f.conf");
-    ASSERT_FALSE(c.ok()) << k.text;
-    EXPECT_EQ(c.status().kind(), ErrorKind::kInvalidArgument);
-    EXPECT_NE(c.status().message().find(k.expect), std::string::npos)
-        << "text: " << k.text << "message: " << c.status().message();
-  }
+  });
 }
 
 // metrics-token-file is a path like token-file: default none, set from the file or a flag
@@ -229,7 +230,7 @@ TEST_F(ConfigFileTest, MetricsTokenFileIsAPathFlagsWin) {
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(c->daemon.metrics_token_file, "");
   // No file is opened while parsing: one that does not exist is found at start.
-  c = ParseFlags({"--metrics-token-file", dir_ + "/nope"});
+  c = ParseFlags({"--metrics-token-file", dir_.path("nope")});
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_FALSE(ParseFlags({"--metrics-token-file"}).ok());  // needs a value
   auto twice = ParseConfigText("metrics-token-file = /a\nmetrics-token-file = /b\n", "f");
@@ -347,30 +348,7 @@ TEST(ConfigTest, FormatConfigReadsBackTheSame) {
   EXPECT_EQ(FormatConfig(*d_back), FormatConfig(*d));
 }
 
-// Split config text into its "name = value" lines, in order: comments and a trailing
-// "  # note" dropped, values unquoted.
-std::vector<std::pair<std::string, std::string>> SettingLines(const std::string& text) {
-  std::vector<std::pair<std::string, std::string>> out;
-  std::istringstream in(text);
-  std::string line;
-  auto trim = [](const std::string& v) {
-    size_t b = v.find_first_not_of(" \t");
-    return b == std::string::npos ? std::string() : v.substr(b, v.find_last_not_of(" \t") - b + 1);
-  };
-  while (std::getline(in, line)) {
-    if (line.empty() || line[0] == '#') continue;
-    size_t eq = line.find('=');
-    if (eq == std::string::npos) continue;
-    std::string value = line.substr(eq + 1);
-    if (size_t note = value.find("  #"); note != std::string::npos) value.resize(note);
-    value = trim(value);
-    if (value.size() >= 2 && value.front() == '"' && value.back() == '"') {
-      value = value.substr(1, value.size() - 2);
-    }
-    out.emplace_back(trim(line.substr(0, eq)), value);
-  }
-  return out;
-}
+using testing::SettingLines;
 
 TEST(ConfigTest, FormatConfigRoundTripsEverySetting) {
   // Every setting away from its default, the hidden test-only ones included.
@@ -499,26 +477,18 @@ TEST(ConfigTest, HiddenSettingsArePrintedOnlyWhenSet) {
 }
 
 TEST(ConfigTest, SettingsThatDependOnEachOtherAreChecked) {
-  struct Case {
-    std::string text;
-    std::string expect;  // in the message
-  };
-  std::vector<Case> cases = {
-      {"pinned-budget = 32M\n", "pinned-budget (32M) is below slab-size (64M)"},
-      {"slab-size = 2G\n", "pinned-budget (1G) is below slab-size (2G)"},
-      {"tls-cert = /c.pem\n", "tls-cert needs tls-key"},
-      {"tls-key = /k.pem\n", "tls-key needs tls-cert"},
-      {"tls-client-ca = /ca.pem\n", "tls-client-ca needs tls-cert and tls-key"},
-      {"tls-client-ca = /ca.pem\ntls-cert = /c.pem\n", "tls-cert needs tls-key"},
-      {"tls-client-ca = /ca.pem\ntls-key = /k.pem\n", "tls-key needs tls-cert"},
-  };
-  for (const Case& k : cases) {
-    auto c = ParseConfigText(k.text, "f.conf");
-    ASSERT_FALSE(c.ok()) << k.text;
-    EXPECT_EQ(c.status().kind(), ErrorKind::kInvalidArgument);
-    EXPECT_NE(c.status().message().find("f.conf: " + k.expect), std::string::npos)
-        << "text: " << k.text << "message: " << c.status().message();
-  }
+  ExpectEachRefused(
+      {
+          {"pinned-budget = 32M\n", "pinned-budget (32M) is below slab-size (64M)"},
+          {"slab-size = 2G\n", "pinned-budget (1G) is below slab-size (2G)"},
+          {"tls-cert = /c.pem\n", "tls-cert needs tls-key"},
+          {"tls-key = /k.pem\n", "tls-key needs tls-cert"},
+          {"tls-client-ca = /ca.pem\n", "tls-client-ca needs tls-cert and tls-key"},
+          {"tls-client-ca = /ca.pem\ntls-cert = /c.pem\n", "tls-cert needs tls-key"},
+          {"tls-client-ca = /ca.pem\ntls-key = /k.pem\n", "tls-key needs tls-cert"},
+      },
+      "f.conf: ");
+  if (HasFatalFailure()) return;
   // The same on the command line, --check-config included (main exits 2 on any error).
   auto flags = ParseFlags({"--check-config", "--pinned-budget", "4M", "--slab-size", "8M"});
   ASSERT_FALSE(flags.ok());

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/host/host_device.h"
+#include "stream_sync.h"
 
 namespace ferry::backend {
 namespace {
@@ -21,16 +22,7 @@ using std::chrono::milliseconds;
 
 constexpr auto kSyncTimeout = std::chrono::seconds(60);
 
-Status Sync(Stream& stream) {
-  auto promise = std::make_shared<std::promise<Status>>();
-  std::future<Status> future = promise->get_future();
-  stream.OnComplete([promise](Status status) { promise->set_value(std::move(status)); });
-  if (future.wait_for(kSyncTimeout) != std::future_status::ready) {
-    ADD_FAILURE() << "OnComplete was not called within the timeout";
-    std::abort();
-  }
-  return future.get();
-}
+Status Sync(Stream& stream) { return testing::SyncStream(stream, kSyncTimeout); }
 
 class HostBackendTest : public ::testing::Test {
  protected:

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -15,6 +16,12 @@ namespace ferry::rpc {
 namespace {
 
 using Sequencer = InputSequencer<v1::ClientMessage>;
+
+// `s` is a protocol violation whose message holds `says`.
+void ExpectViolation(const Status& s, const std::string& says) {
+  EXPECT_EQ(s.kind(), ErrorKind::kProtocolViolation);
+  EXPECT_NE(s.message().find(says), std::string::npos) << s.message();
+}
 
 class InputSequencerTest : public ::testing::Test {
  protected:
@@ -57,9 +64,7 @@ TEST_F(InputSequencerTest, APathWaitsForTheLowerNumberOnTheOther) {
 
 TEST_F(InputSequencerTest, ANumberThatComesAgainOrLateIsAViolation) {
   EXPECT_TRUE(Accept(1, kStream).ok());
-  Status again = Accept(1, kRing);
-  EXPECT_EQ(again.kind(), ErrorKind::kProtocolViolation);
-  EXPECT_NE(again.message().find("comes again or late"), std::string::npos) << again.message();
+  ExpectViolation(Accept(1, kRing), "comes again or late");
   EXPECT_EQ(delivered_.size(), 1u) << "delivered once";
 }
 
@@ -71,9 +76,7 @@ TEST_F(InputSequencerTest, AnUnnumberedMessageAfterNumberedOnesIsAViolation) {
 
 TEST_F(InputSequencerTest, BothPathsWaitingOnAMissingNumberIsAViolation) {
   EXPECT_TRUE(Accept(2, kStream).ok());
-  Status s = Accept(3, kRing);
-  EXPECT_EQ(s.kind(), ErrorKind::kProtocolViolation);
-  EXPECT_NE(s.message().find("sequence number 1 is missing"), std::string::npos) << s.message();
+  ExpectViolation(Accept(3, kRing), "sequence number 1 is missing");
   EXPECT_TRUE(delivered_.empty());
 }
 

@@ -11,25 +11,12 @@
 #include <string>
 
 #include "rpc/local_connections.h"
+#include "temp_files.h"
 
 namespace ferry {
 namespace {
 
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/ferry-listen-XXXXXX";
-    path_ = ::mkdtemp(tmpl);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using testing::TempDir;
 
 // The inotify events the directory saw for `name` (IN_CREATE, IN_ATTRIB), drained.
 uint32_t EventsFor(int inotify_fd, const std::string& name) {

@@ -12,16 +12,13 @@
 #include <vector>
 
 #include "ferry/v1/session.pb.h"
+#include "serialized_messages.h"
 
 namespace ferry::rpc {
 namespace {
 
 std::string OpBomb(uint64_t ops, uint64_t submit_id, uint64_t sequence) {
-  v1::ClientMessage m;
-  m.set_sequence(sequence);
-  m.mutable_submit()->set_submit_id(submit_id);
-  for (uint64_t i = 0; i < ops; ++i) m.mutable_submit()->add_ops()->mutable_fill();
-  return m.SerializeAsString();
+  return testing::SubmitOfFills(ops, submit_id, sequence);
 }
 
 class MessageIntakeTest : public ::testing::Test {
@@ -94,12 +91,7 @@ TEST_F(MessageIntakeTest, ASubmitTheDaemonCannotHoldIsRefusedUnparsed) {
 }
 
 TEST_F(MessageIntakeTest, AStringThatIsNotUtf8RefusesItsSubmitAndEndsAnOpen) {
-  v1::ClientMessage submit;
-  submit.set_sequence(5);
-  submit.mutable_submit()->set_submit_id(2);
-  submit.mutable_submit()->add_ops()->mutable_launch()->set_function("f");
-  std::string bytes = submit.SerializeAsString();
-  bytes[bytes.find('f')] = '\xc0';
+  std::string bytes = testing::SubmitWithLaunchNamed('\xc0', 2, 5);
   auto in = TakeClientMessage(bytes, Bounds());
   EXPECT_TRUE(in->violation.ok());
   EXPECT_EQ(in->refusal.kind(), ErrorKind::kInvalidArgument);

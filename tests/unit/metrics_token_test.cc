@@ -11,23 +11,12 @@
 #include <vector>
 
 #include "rpc/metrics.h"
+#include "temp_files.h"
 
 namespace ferry::rpc {
 namespace {
 
-// A token file in the test's temp dir, removed at the end.
-class TokenFile {
- public:
-  explicit TokenFile(const std::string& contents)
-      : path_(::testing::TempDir() + "/ferry_metrics_token_test_" + std::to_string(getpid())) {
-    std::ofstream(path_, std::ios::binary) << contents;
-  }
-  ~TokenFile() { std::remove(path_.c_str()); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using TokenFile = ::ferry::testing::TempFile;
 
 bool Authorized(const std::vector<std::string>& tokens, std::string_view header) {
   return MetricsRequestAuthorized(tokens, &header);

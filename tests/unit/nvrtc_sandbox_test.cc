@@ -30,6 +30,7 @@
 
 #include "backend/cuda/nvrtc_helper/nvrtc_reply.h"
 #include "backend/cuda/nvrtc_helper/sandbox.h"
+#include "sanitizer_build.h"
 
 extern char** environ;
 
@@ -37,15 +38,6 @@ namespace ferry::backend {
 namespace {
 
 #if defined(__x86_64__) || defined(__aarch64__)
-
-// Built with ThreadSanitizer: __SANITIZE_THREAD__ (GCC) or __has_feature (clang).
-#if defined(__SANITIZE_THREAD__)
-#define FERRY_UNDER_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define FERRY_UNDER_TSAN 1
-#endif
-#endif
 
 #ifdef FERRY_UNDER_TSAN
 #define FERRY_SKIP_UNDER_TSAN()                                                                 \

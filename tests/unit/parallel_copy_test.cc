@@ -12,6 +12,8 @@
 #include <thread>
 #include <vector>
 
+#include "sanitizer_build.h"
+
 namespace ferry::internal {
 namespace {
 
@@ -60,15 +62,6 @@ TEST(ParallelCopyTest, CallersAtOnceEachGetTheirOwnBytes) {
   for (auto& t : callers) t.join();
   for (int i = 0; i < kCallers; ++i) EXPECT_EQ(dst[i], src[i]) << "caller " << i;
 }
-
-// Built with ThreadSanitizer: __SANITIZE_THREAD__ (GCC) or __has_feature (clang).
-#if defined(__SANITIZE_THREAD__)
-#define FERRY_UNDER_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define FERRY_UNDER_TSAN 1
-#endif
-#endif
 
 TEST(ParallelCopyTest, AForkedChildCopiesWithoutTheParentsThreads) {
 #ifdef FERRY_UNDER_TSAN

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "rpc/session_context.h"
+#include "serialized_messages.h"
 #include "transport/submit_ring.h"
 
 namespace ferry::rpc {
@@ -35,13 +36,7 @@ class FakeHost : public RingIntake::Host {
   std::vector<std::string> broken;
 };
 
-std::string SubmitBytes(uint64_t id, size_t ops = 1) {
-  v1::ClientMessage m;
-  m.set_sequence(id);
-  m.mutable_submit()->set_submit_id(id);
-  for (size_t i = 0; i < ops; ++i) m.mutable_submit()->add_ops()->mutable_fill();
-  return m.SerializeAsString();
-}
+std::string SubmitBytes(uint64_t id, size_t ops = 1) { return testing::SubmitOfFills(ops, id, id); }
 
 class RingIntakeTest : public ::testing::Test {
  protected:

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "ferry/v1/session.pb.h"
+#include "serialized_messages.h"
 #include "wire_bytes.h"
 
 namespace ferry::rpc {
@@ -197,13 +198,7 @@ TEST(WireScanTest, AStringThatIsNotUtf8IsNamedAndAgreesWithTheParse) {
 
 // A bad string in a submit leaves the scan going: the sequence after it is still read.
 TEST(WireScanTest, ABadStringInASubmitStillYieldsItsSequence) {
-  v1::ClientMessage m;
-  m.set_sequence(3);
-  m.mutable_submit()->set_submit_id(8);
-  m.mutable_submit()->add_ops()->mutable_launch()->set_function("f");
-  std::string bytes = m.SerializeAsString();
-  bytes[bytes.find('f')] = '\xff';
-  WireScan scan = ScanClientMessage(bytes);
+  WireScan scan = ScanClientMessage(testing::SubmitWithLaunchNamed('\xff', 8, 3));
   EXPECT_EQ(scan.status.kind(), ErrorKind::kInvalidArgument);
   EXPECT_NE(scan.status.message().find("ferry.v1.Launch.function"), std::string::npos);
   EXPECT_EQ(scan.sequence, 3u);
