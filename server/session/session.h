@@ -30,6 +30,7 @@
 namespace ferry::session {
 
 using Executor = SerialExecutor;
+class OpEnqueuer;
 
 /// The largest chunk of download bytes sent in one message.
 inline constexpr uint64_t kMaxChunkBytes = 1ull << 20;
@@ -255,6 +256,8 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   void NotifyDeviceLost(const DeviceLoss& loss) override;
 
  private:
+  friend class OpEnqueuer;  // enqueues each op of Session::EnqueueOps (op_enqueuer.h)
+
   struct PendingDownload {
     uint32_t op_index = 0;
     // The download's bytes in order: first the staging ranges the device fills, cut into
@@ -407,6 +410,8 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   // delivery cuts chunks: not for the completion thread, see WatchCompletion).
   static bool HasStagedDownloads(const InFlight& record);
   bool StagedDownloadsInFlight() const;
+  // Enqueue op `index` of `record` (OpEnqueuer: one function per kind of op); `fresh` and
+  // `loaded` are what Enqueue made for it (a create's memory, a load's module).
   Status EnqueueOp(const Op& op, backend::DevicePtr fresh, std::shared_ptr<backend::Module> loaded,
                    InFlight& record, uint32_t index);
   // Ask the stream for one completion covering everything enqueued so far (every submit
