@@ -55,6 +55,7 @@ session::Op Decode(const v1::Binary& b) {
   return session::BinaryOpArgs{kind, b.a(), b.b(), b.out()};
 }
 session::Op Decode(const v1::Scale& s) { return session::ScaleOp{s.x(), s.alpha(), s.out()}; }
+session::Op Decode(const v1::Relu& r) { return session::ReluOp{r.x(), r.out()}; }
 session::Op Decode(const v1::Axpy& a) { return session::AxpyOp{a.alpha(), a.x(), a.y()}; }
 session::Op Decode(const v1::ReduceSum& r) { return session::ReduceSumOp{r.in(), r.out()}; }
 session::Op Decode(const v1::Gemm& g) {

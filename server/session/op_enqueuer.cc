@@ -140,6 +140,13 @@ Status OpEnqueuer::operator()(const ScaleOp& op) {
   return s_.stream_->Scale(x->dtype, x->ptr, op.alpha, PtrOf(op.out), x->elements);
 }
 
+Status OpEnqueuer::operator()(const ReluOp& op) {
+  const TensorRecord* x = Use(op.x);
+  if (x->elements == 0) return Status::Ok();
+  CountLaunch();
+  return s_.stream_->Relu(x->dtype, x->ptr, PtrOf(op.out), x->elements);
+}
+
 Status OpEnqueuer::operator()(const AxpyOp& op) {
   const TensorRecord* x = Use(op.x);
   if (x->elements == 0) return Status::Ok();

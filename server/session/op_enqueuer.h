@@ -34,6 +34,7 @@ class OpEnqueuer {
   Status operator()(const CopyOp& op);
   Status operator()(const BinaryOpArgs& op);
   Status operator()(const ScaleOp& op);
+  Status operator()(const ReluOp& op);
   Status operator()(const AxpyOp& op);
   Status operator()(const ReduceSumOp& op);
   Status operator()(const GemmOp& op);

@@ -56,6 +56,10 @@ struct ScaleOp {
   double alpha = 1;
   uint64_t out = 0;
 };
+/// out = max(x, 0) elementwise; out may be x.
+struct ReluOp {
+  uint64_t x = 0, out = 0;
+};
 struct AxpyOp {
   double alpha = 1;
   uint64_t x = 0, y = 0;
@@ -156,7 +160,8 @@ struct MalformedOp {
   X(LaunchGraph,    LaunchGraphOp,    launch_graph,     false, kNone,     false, false, false)   \
   X(FreeGraph,      FreeGraphOp,      free_graph,       false, kNone,     false, false, false)   \
   X(UploadFromSlab, UploadFromSlabOp, upload_from_slab, true,  kToDevice, false, false, false)   \
-  X(DownloadToSlab, DownloadToSlabOp, download_to_slab, true,  kToHost,   false, false, false)
+  X(DownloadToSlab, DownloadToSlabOp, download_to_slab, true,  kToHost,   false, false, false)   \
+  X(Relu,           ReluOp,           relu,             true,  kNone,     false, false, true)
 // clang-format on
 
 /// The op types, in FERRY_OPS order, and last MalformedOp (no wire message of its own).

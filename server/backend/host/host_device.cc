@@ -210,6 +210,21 @@ class HostStream final : public Stream {
     return Enqueue(std::move(op));
   }
 
+  Status Relu(DType dtype, DevicePtr x, DevicePtr out, uint64_t count) override {
+    FERRY_RETURN_IF_ERROR(CheckArithmeticDType(dtype, "Relu"));
+    FERRY_ASSIGN_OR_RETURN(uint64_t bytes, ByteSize(dtype, count, "Relu"));
+    HostOp op;
+    op.Touch(x, bytes, "Relu input");
+    op.Touch(out, bytes, "Relu output");
+    const void* px = HostAddress(x);
+    void* po = HostAddress(out);
+    op.run = [dtype, px, po, count] {
+      host_kernels::Relu(dtype, px, po, count);
+      return Status::Ok();
+    };
+    return Enqueue(std::move(op));
+  }
+
   Status Axpy(DType dtype, double alpha, DevicePtr x, DevicePtr y, uint64_t count) override {
     FERRY_RETURN_IF_ERROR(CheckArithmeticDType(dtype, "Axpy"));
     FERRY_ASSIGN_OR_RETURN(uint64_t bytes, ByteSize(dtype, count, "Axpy"));
