@@ -59,8 +59,7 @@ Status OpEnqueuer::operator()(const UploadOp& op) {
     staged->clear();
     return Status::Ok();
   }
-  return s_.stream_->CopyHostToDevice(PtrOf(op.tensor) + op.offset, op.data.data(),
-                                      op.data.size());
+  return s_.stream_->CopyHostToDevice(PtrOf(op.tensor) + op.offset, op.data.data(), op.data.size());
 }
 
 Status OpEnqueuer::operator()(const DownloadOp& op) {

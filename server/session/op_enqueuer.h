@@ -22,8 +22,8 @@ class OpEnqueuer {
  public:
   /// `fresh`: the memory Enqueue allocated for a CreateTensorOp; `loaded`: the module it
   /// loaded for a LoadModuleOp (both empty for any other op).
-  OpEnqueuer(Session& session, Session::InFlight& record, uint32_t index,
-             backend::DevicePtr fresh, std::shared_ptr<backend::Module> loaded)
+  OpEnqueuer(Session& session, Session::InFlight& record, uint32_t index, backend::DevicePtr fresh,
+             std::shared_ptr<backend::Module> loaded)
       : s_(session), record_(record), index_(index), fresh_(fresh), loaded_(std::move(loaded)) {}
 
   Status operator()(const CreateTensorOp& op);

@@ -382,8 +382,8 @@ TEST_P(BackendConformanceTest, ElementwiseOpsF64) {
 // bit for bit on every backend.
 TEST_P(BackendConformanceTest, ReluSpecialValuesInPlace) {
   const float inf = std::numeric_limits<float>::infinity();
-  const std::vector<float> in = {-1.5f, 2.5f, 0.0f, -0.0f, inf, -inf,
-                                 std::numeric_limits<float>::quiet_NaN(), -3e-30f};
+  const std::vector<float> in = {
+      -1.5f, 2.5f, 0.0f, -0.0f, inf, -inf, std::numeric_limits<float>::quiet_NaN(), -3e-30f};
   DeviceBuffer buf = AllocateElements<float>(stream(), in.size());
   Upload(stream(), buf, in);
   ASSERT_TRUE(stream().Relu(DType::kF32, buf.ptr(), buf.ptr(), in.size()).ok());
