@@ -136,8 +136,7 @@ session::Op Decode(const v1::UploadFromSlab& u) {
   return session::UploadFromSlabOp{u.tensor(), u.offset(), u.slab(), u.slab_offset(), u.length()};
 }
 session::Op Decode(const v1::DownloadToSlab& d) {
-  return session::DownloadToSlabOp{d.tensor(), d.offset(), d.slab(), d.slab_offset(),
-                                   d.length()};
+  return session::DownloadToSlabOp{d.tensor(), d.offset(), d.slab(), d.slab_offset(), d.length()};
 }
 
 session::Op FromProto(const v1::Op& op) {
@@ -155,14 +154,50 @@ session::Op FromProto(const v1::Op& op) {
 
 }  // namespace
 
-session::SubmitRequest ToSubmitRequest(std::shared_ptr<const v1::ClientMessage> message) {
+session::SubmitSummary Summarize(const v1::Submit& submit) {
+  session::SubmitSummary summary;
+  for (const v1::Op& op : submit.ops()) {
+    // The bytes each copy op moves (session::CopyBytes, on the wire's fields).
+    uint64_t bytes = 0, inline_bytes = 0;
+    switch (op.kind_case()) {
+      case v1::Op::kUpload:
+        bytes = inline_bytes = op.upload().data().size();
+        break;
+      case v1::Op::kDownload:
+        bytes = inline_bytes = op.download().length();
+        break;
+      case v1::Op::kUploadFromSlab:
+        bytes = op.upload_from_slab().length();
+        break;
+      case v1::Op::kDownloadToSlab:
+        bytes = op.download_to_slab().length();
+        break;
+      default:
+        break;
+    }
+    summary.Add(KindOf(op).value_or(session::OpKind::kMalformed), bytes, inline_bytes);
+  }
+  return summary;
+}
+
+session::SubmitRequest ToSubmitRequest(std::shared_ptr<const v1::ClientMessage> message,
+                                       session::SubmitSummary summary) {
   session::SubmitRequest req;
   const v1::Submit& submit = message->submit();
   req.submit_id = submit.submit_id();
   req.ops.reserve(submit.ops_size());
-  for (const v1::Op& op : submit.ops()) req.ops.push_back(FromProto(op));
+  for (const v1::Op& op : submit.ops()) {
+    req.ops.push_back(FromProto(op));
+    if (std::holds_alternative<session::MalformedOp>(req.ops.back())) summary.AddMalformed();
+  }
+  req.summary = summary;
   req.payload = std::move(message);
   return req;
+}
+
+session::SubmitRequest ToSubmitRequest(std::shared_ptr<const v1::ClientMessage> message) {
+  session::SubmitSummary summary = Summarize(message->submit());
+  return ToSubmitRequest(std::move(message), summary);
 }
 
 std::optional<session::OpKind> KindOf(const v1::Op& op) {

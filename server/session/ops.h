@@ -245,6 +245,80 @@ inline uint64_t CopyBytes(const Op& any) {
   return 0;
 }
 
+/// A submit of at most kQuickSubmitOps ops, each quick (OpTraits::quick), with at most
+/// kQuickSubmitUploadBytes inline upload bytes, may be started on the thread that read it
+/// (SubmitSummary::quick). Anything else is started on an io thread (Session::Submit parks it
+/// when it is reached on another).
+inline constexpr size_t kQuickSubmitOps = 64;
+inline constexpr uint64_t kQuickSubmitUploadBytes = 64 << 10;
+
+/// What a submit's ops add up to, for every layer that asks about the submit as a whole: rpc's
+/// quick path, raw-kernel check and latency sampling, and the session's copy turns, lanes,
+/// kernel batches, staging and object charges. Made once, op by op (Add), where the submit
+/// is read: by the rpc layer from the wire's ops before they are decoded (rpc::Summarize), or
+/// from decoded ops (Summarize) for a request made in process; carried with the submit
+/// (SubmitRequest::summary), so that no layer walks the op list again to answer these.
+class SubmitSummary {
+ public:
+  /// Count one op of `kind`. `copy_bytes`: the bytes it moves between host and device
+  /// (CopyBytes); `inline_bytes`: those the message itself carries or gets back (an Upload's
+  /// data, a Download's length; not a slab op's).
+  void Add(OpKind kind, uint64_t copy_bytes, uint64_t inline_bytes);
+  /// Mark a submit one of whose ops did not decode (counted by Add under its wire kind).
+  void AddMalformed() { kinds_ |= Bit(OpKind::kMalformed); }
+
+  uint64_t ops() const { return ops_; }
+  bool Has(OpKind kind) const { return (kinds_ & Bit(kind)) != 0; }
+  /// Every op quick, and the submit small enough to start on the thread that read it.
+  bool quick() const {
+    return ops_ <= kQuickSubmitOps && OnlyKindsWhere(&OpTraits::quick) &&
+           to_device_inline_ <= kQuickSubmitUploadBytes;
+  }
+  /// An op that moves bytes between host and device (even 0 of them).
+  bool moves_bytes() const { return (kinds_ & ~KindsWhereCopy(CopyDirection::kNone)) != 0; }
+  /// A LoadModule or Launch: what only peers allowed raw kernels may send.
+  bool raw_kernels() const { return (kinds_ & KindsWhere(&OpTraits::raw_kernel)) != 0; }
+  /// At least one op, each a kernel launch of ferry's own (what a kernel batch may hold).
+  bool kernel_ops_only() const { return ops_ > 0 && OnlyKindsWhere(&OpTraits::batch_kernel); }
+  /// Bytes the submit moves each way (saturating at 2^64 - 1).
+  uint64_t to_device_bytes() const { return to_device_; }
+  uint64_t to_host_bytes() const { return to_host_; }
+  /// Of those, what the message carries (Upload data) or gets back inline (Download).
+  uint64_t inline_bytes() const { return to_device_inline_ + to_host_inline_; }
+  /// Objects the submit could leave live: its creates, loads, graphs and the ops recorded
+  /// into them (Session::ReserveObjects charges them before it is enqueued).
+  uint64_t objects_added_at_most() const { return objects_; }
+
+ private:
+  static constexpr uint64_t Bit(OpKind kind) { return uint64_t{1} << static_cast<int>(kind); }
+  static constexpr uint64_t KindsWhere(bool OpTraits::*trait) {
+    uint64_t kinds = 0;
+    for (size_t i = 0; i < std::size(kOpTraits); ++i) {
+      if (kOpTraits[i].*trait) kinds |= Bit(static_cast<OpKind>(i));
+    }
+    return kinds;
+  }
+  static constexpr uint64_t KindsWhereCopy(CopyDirection copy) {
+    uint64_t kinds = 0;
+    for (size_t i = 0; i < std::size(kOpTraits); ++i) {
+      if (kOpTraits[i].copy == copy) kinds |= Bit(static_cast<OpKind>(i));
+    }
+    return kinds;
+  }
+  bool OnlyKindsWhere(bool OpTraits::*trait) const { return (kinds_ & ~KindsWhere(trait)) == 0; }
+
+  uint64_t ops_ = 0;
+  uint64_t kinds_ = 0;  // Bit(kind) for each kind present
+  uint64_t to_device_ = 0, to_host_ = 0;
+  uint64_t to_device_inline_ = 0, to_host_inline_ = 0;
+  uint64_t objects_ = 0;
+  bool recording_ = false;  // between a BeginGraph and its EndGraph
+};
+static_assert(std::size(kOpTraits) <= 64, "SubmitSummary keeps the kinds present in 64 bits");
+
+/// Summarize decoded ops (a request made in process; rpc summarizes the wire's ops).
+SubmitSummary Summarize(const std::vector<Op>& ops);
+
 struct SubmitRequest {
   uint64_t submit_id = 0;
   /// Not OK: the connection refuses this submit whole with this status (a policy the session
@@ -252,6 +326,9 @@ struct SubmitRequest {
   /// counts as a failed submit, and its ops are neither admitted nor enqueued.
   Status refusal;
   std::vector<Op> ops;
+  /// What `ops` add up to (see SubmitSummary): set by whoever makes the request
+  /// (rpc::ToSubmitRequest, or Summarize).
+  SubmitSummary summary;
   /// Owns the bytes UploadOp::data points into; released when the submit completes.
   std::shared_ptr<const void> payload;
 };

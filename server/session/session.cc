@@ -104,7 +104,7 @@ void Session::Submit(SubmitRequest request) {
     record.status = over_uid_limit;
   } else {
     record.uid_inflight = account_ != nullptr;
-    uint8_t needs = turns_ ? turns_->Needs(request.ops) : CopyTurns::kNone;
+    uint8_t needs = turns_ ? turns_->Needs(request.summary) : CopyTurns::kNone;
     record.turns_needed = needs;
     // Behind a paused enqueue a submit waits for it, not for turns (ContinueEnqueue starts it).
     bool waits_for_turns = !enqueue_paused();
@@ -114,9 +114,9 @@ void Session::Submit(SubmitRequest request) {
     // sequencer or backpressure can reach here from a quick one's handling. It parks, and
     // an io thread starts it (ResumeParked); the session's later submits wait behind it.
     // One that loads a module is started on the long lane (StartLane).
-    const Lane start_lane = StartLane(request.ops);
+    const Lane start_lane = StartLane(request);
     const bool start_elsewhere =
-        (SerialExecutor::RunningOnCallersThread() && !IsQuickSubmit(request.ops)) ||
+        (SerialExecutor::RunningOnCallersThread() && !request.summary.quick()) ||
         start_lane != CurrentLane();
     if (start_elsewhere) waits_for_turns = false;
     if (parked_ == 0 && !enqueue_paused() && !start_elsewhere &&
@@ -153,7 +153,8 @@ bool Session::Start(SubmitRequest& request, InFlight& record) {
       record.status = admitted.status();
     } else if (!ReserveStaging(request, record)) {
       return false;  // admitted again when it resumes: nothing changed meanwhile
-    } else if (Status objects = ReserveObjects(ObjectsAddedAtMost(request.ops)); !objects.ok()) {
+    } else if (Status objects = ReserveObjects(request.summary.objects_added_at_most());
+               !objects.ok()) {
       record.status = std::move(objects);
     } else {
       record.status = Enqueue(request, *admitted, record);
@@ -168,7 +169,7 @@ bool Session::Start(SubmitRequest& request, InFlight& record) {
 }
 
 bool Session::ReserveStaging(const SubmitRequest& request, InFlight& record) {
-  if (!staging_) return true;
+  if (!staging_ || request.summary.inline_bytes() == 0) return true;
   // Pieces of at most kMaxChunkBytes: a download's chunks, and ranges that an empty area
   // always places while their sum fits it (no piece is wasted for lack of a large hole).
   const uint64_t piece = std::min(kMaxChunkBytes, staging_->max_lease());
@@ -278,17 +279,22 @@ void Session::PostResumeParked(Lane lane) {
   }
 }
 
-SerialExecutor::Lane Session::StartLane(const std::vector<Op>& ops) const {
+SerialExecutor::Lane Session::StartLane(const SubmitRequest& request) const {
   // A broken session's submit fails at once (Start): no hop for it.
   if (!executor_.has_long_lane() || !broken_.ok()) return Lane::kShared;
+  const SubmitSummary& summary = request.summary;
+  if (summary.Has(OpKind::kLoadModule)) return Lane::kLong;
+  // Every op but a graph launch counts as one.
+  if (!summary.Has(OpKind::kLaunchGraph)) {
+    return summary.ops() > kLongSubmitOps ? Lane::kLong : Lane::kShared;
+  }
   uint64_t admitted_ops = 0;  // as session-max-submit-ops counts them
   // Graphs this submit records, by handle: their ops (a launch of one weighs as much as a
   // launch of a graph the session held; admission counts it so).
   std::unordered_map<uint64_t, uint64_t> recorded;
   std::optional<uint64_t> recording;
   uint64_t recording_ops = 0;
-  for (const Op& op : ops) {
-    if (std::holds_alternative<LoadModuleOp>(op)) return Lane::kLong;
+  for (const Op& op : request.ops) {
     uint64_t n = 1;
     if (const auto* begin = std::get_if<BeginGraphOp>(&op)) {
       recording = begin->handle;
@@ -310,25 +316,15 @@ SerialExecutor::Lane Session::StartLane(const std::vector<Op>& ops) const {
   return admitted_ops > kLongSubmitOps ? Lane::kLong : Lane::kShared;
 }
 
-bool IsQuickSubmit(const std::vector<Op>& ops) {
-  if (ops.size() > kQuickSubmitOps) return false;
-  uint64_t upload_bytes = 0;
-  for (const Op& op : ops) {
-    if (!Traits(KindOf(op)).quick) return false;
-    if (const auto* up = std::get_if<UploadOp>(&op)) upload_bytes += up->data.size();
-  }
-  return upload_bytes <= kQuickSubmitUploadBytes;
-}
-
 void Session::ResumeParked(uint8_t granted) {
   for (InFlight& r : queue_) {
     if (enqueue_paused()) break;  // the submits after it wait (ContinueEnqueue resumes them)
     if (!r.parked) continue;
-    if (SerialExecutor::RunningOnCallersThread() && !IsQuickSubmit(r.request.ops)) {
+    if (SerialExecutor::RunningOnCallersThread() && !r.request.summary.quick()) {
       PostResumeParked();  // not on a caller's thread (Submit): an io thread starts it
       break;
     }
-    if (const Lane lane = StartLane(r.request.ops); lane != CurrentLane()) {
+    if (const Lane lane = StartLane(r.request); lane != CurrentLane()) {
       // Started on its lane; those behind it wait. Turns granted to it go with it; it
       // takes none before (they would be held while it waits for a long-lane thread).
       if (granted != CopyTurns::kNone && r.turns_needed != CopyTurns::kNone &&
@@ -416,10 +412,9 @@ Status Session::Enqueue(SubmitRequest& request, const AdmissionResult& admitted,
   // a batch refuses allocations, and a graph capture does not nest in it.
   const uint64_t run_ops_here = run_ops_left_;
   run_ops_left_ -= std::min<uint64_t>(run_ops_left_, ops.size());
-  const bool joins_run_batch = run_open_ && config_.kernel_batch > 0 && !capturing_ &&
-                               !ops.empty() && ops.size() < config_.kernel_batch &&
-                               std::all_of(ops.begin(), ops.end(), IsKernelOp) &&
-                               (run_batch_ || run_ops_here >= RunBatchOps());
+  const bool joins_run_batch =
+      run_open_ && config_.kernel_batch > 0 && !capturing_ && ops.size() < config_.kernel_batch &&
+      request.summary.kernel_ops_only() && (run_batch_ || run_ops_here >= RunBatchOps());
   if (run_batch_ && !joins_run_batch) EndRunBatch();
   // Allocate everything the submit creates first, so that a device that cannot provide
   // the memory refuses the submit whole.
@@ -427,10 +422,7 @@ Status Session::Enqueue(SubmitRequest& request, const AdmissionResult& admitted,
   EnqueueWork work;
   work.ops = std::move(ops);
   // Most submits (transfers, kernels) make nothing: `made` only for those that do.
-  if (std::any_of(work.ops.begin(), work.ops.end(), [](const Op& op) {
-        return std::holds_alternative<CreateTensorOp>(op) ||
-               std::holds_alternative<LoadModuleOp>(op);
-      })) {
+  if (request.summary.Has(OpKind::kCreateTensor) || request.summary.Has(OpKind::kLoadModule)) {
     work.made.resize(work.ops.size());
   }
   // Every create's reservation is known before anything can fail, so a failure gives all
@@ -892,23 +884,6 @@ void Session::CountDeviceBytes() {
   const uint64_t bytes = tensors_.bytes();
   counters_->device_bytes = bytes;
   if (bytes > counters_->peak_device_bytes) counters_->peak_device_bytes = bytes;
-}
-
-uint64_t Session::ObjectsAddedAtMost(const std::vector<Op>& ops) {
-  uint64_t n = 0;
-  bool recording = false;
-  for (const Op& op : ops) {
-    if (std::holds_alternative<BeginGraphOp>(op)) {
-      recording = true;
-    } else if (std::holds_alternative<EndGraphOp>(op)) {
-      recording = false;
-      ++n;  // the graph
-    } else if (recording || std::holds_alternative<CreateTensorOp>(op) ||
-               std::holds_alternative<LoadModuleOp>(op)) {
-      ++n;  // a recorded op, a tensor or a module
-    }
-  }
-  return n;
 }
 
 Status Session::ReserveObjects(uint64_t n) {
