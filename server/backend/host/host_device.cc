@@ -203,10 +203,9 @@ class HostStream final : public Stream {
   }
 
   Status Relu(DType dtype, DevicePtr x, DevicePtr out, uint64_t count) override {
-    return EnqueueXToY({"Relu", "Relu input", "Relu output"}, dtype, x, out, count,
-                       [dtype, count](const void* px, void* po) {
-                         host_kernels::Relu(dtype, px, po, count);
-                       });
+    return EnqueueXToY(
+        {"Relu", "Relu input", "Relu output"}, dtype, x, out, count,
+        [dtype, count](const void* px, void* po) { host_kernels::Relu(dtype, px, po, count); });
   }
 
   Status Axpy(DType dtype, double alpha, DevicePtr x, DevicePtr y, uint64_t count) override {
