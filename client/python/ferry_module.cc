@@ -1335,6 +1335,17 @@ PYBIND11_MODULE(_ferry, m) {
           },
           py::arg("x"), py::arg("alpha"), py::arg("out"), "Record out = alpha * x.")
       .def(
+          "relu",
+          [](PySession& s, TensorBox& x, TensorBox& out) {
+            s.Record([&](Session& ss) -> Status {
+              FERRY_ASSIGN_OR_RETURN(const Tensor* a, s.UseLocked(x));
+              FERRY_ASSIGN_OR_RETURN(const Tensor* o, s.UseLocked(out));
+              ss.relu(*a, *o);
+              return Status::Ok();
+            });
+          },
+          py::arg("x"), py::arg("out"), "Record out = max(x, 0), elementwise (out may be x).")
+      .def(
           "axpy",
           [](PySession& s, double alpha, TensorBox& x, TensorBox& y) {
             s.Record([&](Session& ss) -> Status {

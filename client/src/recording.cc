@@ -154,6 +154,12 @@ void Session::scale(const Tensor& x, double alpha, const Tensor& out) {
   op->set_out(out.handle());
 }
 
+void Session::relu(const Tensor& x, const Tensor& out) {
+  auto* op = state_->Record()->mutable_relu();
+  op->set_x(x.handle());
+  op->set_out(out.handle());
+}
+
 void Session::axpy(double alpha, const Tensor& x, const Tensor& y) {
   auto* op = state_->Record()->mutable_axpy();
   op->set_alpha(alpha);

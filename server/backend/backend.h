@@ -191,6 +191,8 @@ class Stream {
                         uint64_t count) = 0;
   /// out[i] = alpha * x[i]. out may alias x.
   virtual Status Scale(DType dtype, DevicePtr x, double alpha, DevicePtr out, uint64_t count) = 0;
+  /// out[i] = max(x[i], 0) (NaN stays NaN). out may alias x.
+  virtual Status Relu(DType dtype, DevicePtr x, DevicePtr out, uint64_t count) = 0;
   /// y[i] += alpha * x[i].
   virtual Status Axpy(DType dtype, double alpha, DevicePtr x, DevicePtr y, uint64_t count) = 0;
   /// out[0] = sum of in[0..count). count may be 0 (the sum is then 0).

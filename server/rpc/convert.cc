@@ -12,152 +12,140 @@ session::Op Malformed(std::string why) {
   return session::MalformedOp{Status(ErrorKind::kInvalidArgument, std::move(why))};
 }
 
+// One Decode per wire op (FERRY_OPS names each op's message); FromProto dispatches on the
+// oneof case. Each turns what the daemon's types cannot hold (a bad enum, too many
+// dimensions) into a MalformedOp; everything else is admission's to check.
+session::Op Decode(const v1::CreateTensor& c) {
+  DType dtype = wire::FromProto(c.dtype());
+  if (dtype == DType::kInvalid) return Malformed("create_tensor: invalid dtype");
+  if (static_cast<size_t>(c.shape_size()) > Shape::kMaxRank) {
+    return session::MalformedOp{Status(
+        ErrorKind::kShapeMismatch, "create_tensor: rank above " + std::to_string(Shape::kMaxRank))};
+  }
+  return session::CreateTensorOp{c.handle(), dtype,
+                                 Shape(std::vector<int64_t>(c.shape().begin(), c.shape().end()))};
+}
+session::Op Decode(const v1::FreeTensor& f) { return session::FreeTensorOp{f.handle()}; }
+session::Op Decode(const v1::Upload& u) {
+  return session::UploadOp{u.tensor(), u.offset(), std::string_view(u.data())};
+}
+session::Op Decode(const v1::Download& d) {
+  return session::DownloadOp{d.tensor(), d.offset(), d.length()};
+}
+session::Op Decode(const v1::Fill& f) { return session::FillOp{f.tensor(), f.value()}; }
+session::Op Decode(const v1::Copy& c) { return session::CopyOp{c.src(), c.dst()}; }
+session::Op Decode(const v1::Binary& b) {
+  backend::BinaryOp kind;
+  switch (b.kind()) {
+    case v1::ADD:
+      kind = backend::BinaryOp::kAdd;
+      break;
+    case v1::SUB:
+      kind = backend::BinaryOp::kSub;
+      break;
+    case v1::MUL:
+      kind = backend::BinaryOp::kMul;
+      break;
+    case v1::DIV:
+      kind = backend::BinaryOp::kDiv;
+      break;
+    default:
+      return Malformed("binary: invalid kind");
+  }
+  return session::BinaryOpArgs{kind, b.a(), b.b(), b.out()};
+}
+session::Op Decode(const v1::Scale& s) { return session::ScaleOp{s.x(), s.alpha(), s.out()}; }
+session::Op Decode(const v1::Relu& r) { return session::ReluOp{r.x(), r.out()}; }
+session::Op Decode(const v1::Axpy& a) { return session::AxpyOp{a.alpha(), a.x(), a.y()}; }
+session::Op Decode(const v1::ReduceSum& r) { return session::ReduceSumOp{r.in(), r.out()}; }
+session::Op Decode(const v1::Gemm& g) {
+  return session::GemmOp{g.a(), g.b(), g.c(), g.trans_a(), g.trans_b(), g.alpha(), g.beta()};
+}
+session::Op Decode(const v1::LoadModule& m) {
+  backend::ModuleFormat format;
+  switch (m.format()) {
+    case v1::PTX:
+      format = backend::ModuleFormat::kPtx;
+      break;
+    case v1::CUBIN:
+      format = backend::ModuleFormat::kCubin;
+      break;
+    case v1::CUDA_SOURCE:
+      format = backend::ModuleFormat::kCudaSource;
+      break;
+    default:
+      return Malformed("load_module: invalid format");
+  }
+  return session::LoadModuleOp{m.handle(), format, std::string_view(m.image())};
+}
+session::Op Decode(const v1::UnloadModule& u) { return session::UnloadModuleOp{u.handle()}; }
+session::Op Decode(const v1::Launch& l) {
+  session::LaunchOp out;
+  out.module = l.module();
+  out.function = l.function();
+  if (l.grid_size() < 1 || l.grid_size() > 3 || l.block_size() < 1 || l.block_size() > 3) {
+    return Malformed("launch: grid and block need 1 to 3 dimensions");
+  }
+  for (int i = 0; i < l.grid_size(); ++i) out.config.grid[i] = l.grid(i);
+  for (int i = 0; i < l.block_size(); ++i) out.config.block[i] = l.block(i);
+  out.config.shared_bytes = l.shared_bytes();
+  if (l.args_size() > static_cast<int>(session::kMaxKernelArgs)) {
+    return Malformed("launch: too many arguments");
+  }
+  for (const v1::KernelArg& a : l.args()) {
+    session::LaunchArg arg;
+    auto bytes = [&arg](const auto& v) {
+      arg.scalar.resize(sizeof(v));
+      std::memcpy(arg.scalar.data(), &v, sizeof(v));
+    };
+    switch (a.kind_case()) {
+      case v1::KernelArg::kTensor:
+        arg.is_tensor = true;
+        arg.tensor = a.tensor();
+        break;
+      case v1::KernelArg::kI32:
+        bytes(a.i32());
+        break;
+      case v1::KernelArg::kU32:
+        bytes(a.u32());
+        break;
+      case v1::KernelArg::kI64:
+        bytes(a.i64());
+        break;
+      case v1::KernelArg::kU64:
+        bytes(a.u64());
+        break;
+      case v1::KernelArg::kF32:
+        bytes(a.f32());
+        break;
+      case v1::KernelArg::kF64:
+        bytes(a.f64());
+        break;
+      case v1::KernelArg::KIND_NOT_SET:
+        return Malformed("launch: an argument with no kind");
+    }
+    out.args.push_back(std::move(arg));
+  }
+  return out;
+}
+session::Op Decode(const v1::BeginGraph& b) { return session::BeginGraphOp{b.handle()}; }
+session::Op Decode(const v1::EndGraph&) { return session::EndGraphOp{}; }
+session::Op Decode(const v1::LaunchGraph& l) { return session::LaunchGraphOp{l.graph()}; }
+session::Op Decode(const v1::FreeGraph& f) { return session::FreeGraphOp{f.handle()}; }
+session::Op Decode(const v1::UploadFromSlab& u) {
+  return session::UploadFromSlabOp{u.tensor(), u.offset(), u.slab(), u.slab_offset(), u.length()};
+}
+session::Op Decode(const v1::DownloadToSlab& d) {
+  return session::DownloadToSlabOp{d.tensor(), d.offset(), d.slab(), d.slab_offset(), d.length()};
+}
+
 session::Op FromProto(const v1::Op& op) {
-  using namespace session;
   switch (op.kind_case()) {
-    case v1::Op::kCreateTensor: {
-      const auto& c = op.create_tensor();
-      DType dtype = wire::FromProto(c.dtype());
-      if (dtype == DType::kInvalid) return Malformed("create_tensor: invalid dtype");
-      if (static_cast<size_t>(c.shape_size()) > Shape::kMaxRank) {
-        return session::MalformedOp{
-            Status(ErrorKind::kShapeMismatch,
-                   "create_tensor: rank above " + std::to_string(Shape::kMaxRank))};
-      }
-      return CreateTensorOp{c.handle(), dtype,
-                            Shape(std::vector<int64_t>(c.shape().begin(), c.shape().end()))};
-    }
-    case v1::Op::kFreeTensor:
-      return FreeTensorOp{op.free_tensor().handle()};
-    case v1::Op::kUpload: {
-      const auto& u = op.upload();
-      return UploadOp{u.tensor(), u.offset(), std::string_view(u.data())};
-    }
-    case v1::Op::kDownload: {
-      const auto& d = op.download();
-      return DownloadOp{d.tensor(), d.offset(), d.length()};
-    }
-    case v1::Op::kFill:
-      return FillOp{op.fill().tensor(), op.fill().value()};
-    case v1::Op::kCopy:
-      return CopyOp{op.copy().src(), op.copy().dst()};
-    case v1::Op::kBinary: {
-      const auto& b = op.binary();
-      backend::BinaryOp kind;
-      switch (b.kind()) {
-        case v1::ADD:
-          kind = backend::BinaryOp::kAdd;
-          break;
-        case v1::SUB:
-          kind = backend::BinaryOp::kSub;
-          break;
-        case v1::MUL:
-          kind = backend::BinaryOp::kMul;
-          break;
-        case v1::DIV:
-          kind = backend::BinaryOp::kDiv;
-          break;
-        default:
-          return Malformed("binary: invalid kind");
-      }
-      return BinaryOpArgs{kind, b.a(), b.b(), b.out()};
-    }
-    case v1::Op::kScale:
-      return ScaleOp{op.scale().x(), op.scale().alpha(), op.scale().out()};
-    case v1::Op::kAxpy:
-      return AxpyOp{op.axpy().alpha(), op.axpy().x(), op.axpy().y()};
-    case v1::Op::kReduceSum:
-      return ReduceSumOp{op.reduce_sum().in(), op.reduce_sum().out()};
-    case v1::Op::kGemm: {
-      const auto& g = op.gemm();
-      return GemmOp{g.a(), g.b(), g.c(), g.trans_a(), g.trans_b(), g.alpha(), g.beta()};
-    }
-    case v1::Op::kLoadModule: {
-      const auto& m = op.load_module();
-      backend::ModuleFormat format;
-      switch (m.format()) {
-        case v1::PTX:
-          format = backend::ModuleFormat::kPtx;
-          break;
-        case v1::CUBIN:
-          format = backend::ModuleFormat::kCubin;
-          break;
-        case v1::CUDA_SOURCE:
-          format = backend::ModuleFormat::kCudaSource;
-          break;
-        default:
-          return Malformed("load_module: invalid format");
-      }
-      return LoadModuleOp{m.handle(), format, std::string_view(m.image())};
-    }
-    case v1::Op::kUnloadModule:
-      return UnloadModuleOp{op.unload_module().handle()};
-    case v1::Op::kLaunch: {
-      const auto& l = op.launch();
-      LaunchOp out;
-      out.module = l.module();
-      out.function = l.function();
-      if (l.grid_size() < 1 || l.grid_size() > 3 || l.block_size() < 1 || l.block_size() > 3) {
-        return Malformed("launch: grid and block need 1 to 3 dimensions");
-      }
-      for (int i = 0; i < l.grid_size(); ++i) out.config.grid[i] = l.grid(i);
-      for (int i = 0; i < l.block_size(); ++i) out.config.block[i] = l.block(i);
-      out.config.shared_bytes = l.shared_bytes();
-      if (l.args_size() > static_cast<int>(kMaxKernelArgs)) {
-        return Malformed("launch: too many arguments");
-      }
-      for (const v1::KernelArg& a : l.args()) {
-        LaunchArg arg;
-        auto bytes = [&arg](const auto& v) {
-          arg.scalar.resize(sizeof(v));
-          std::memcpy(arg.scalar.data(), &v, sizeof(v));
-        };
-        switch (a.kind_case()) {
-          case v1::KernelArg::kTensor:
-            arg.is_tensor = true;
-            arg.tensor = a.tensor();
-            break;
-          case v1::KernelArg::kI32:
-            bytes(a.i32());
-            break;
-          case v1::KernelArg::kU32:
-            bytes(a.u32());
-            break;
-          case v1::KernelArg::kI64:
-            bytes(a.i64());
-            break;
-          case v1::KernelArg::kU64:
-            bytes(a.u64());
-            break;
-          case v1::KernelArg::kF32:
-            bytes(a.f32());
-            break;
-          case v1::KernelArg::kF64:
-            bytes(a.f64());
-            break;
-          case v1::KernelArg::KIND_NOT_SET:
-            return Malformed("launch: an argument with no kind");
-        }
-        out.args.push_back(std::move(arg));
-      }
-      return out;
-    }
-    case v1::Op::kBeginGraph:
-      return BeginGraphOp{op.begin_graph().handle()};
-    case v1::Op::kEndGraph:
-      return EndGraphOp{};
-    case v1::Op::kLaunchGraph:
-      return LaunchGraphOp{op.launch_graph().graph()};
-    case v1::Op::kFreeGraph:
-      return FreeGraphOp{op.free_graph().handle()};
-    case v1::Op::kUploadFromSlab: {
-      const auto& u = op.upload_from_slab();
-      return UploadFromSlabOp{u.tensor(), u.offset(), u.slab(), u.slab_offset(), u.length()};
-    }
-    case v1::Op::kDownloadToSlab: {
-      const auto& d = op.download_to_slab();
-      return DownloadToSlabOp{d.tensor(), d.offset(), d.slab(), d.slab_offset(), d.length()};
-    }
+#define FERRY_DECODE_CASE(Name, Type, field, ...) \
+  case v1::Op::k##Name:                           \
+    return Decode(op.field());
+    FERRY_OPS(FERRY_DECODE_CASE)
+#undef FERRY_DECODE_CASE
     case v1::Op::KIND_NOT_SET:
       break;
   }
@@ -166,59 +154,59 @@ session::Op FromProto(const v1::Op& op) {
 
 }  // namespace
 
-session::SubmitRequest ToSubmitRequest(std::shared_ptr<const v1::ClientMessage> message) {
+session::SubmitSummary Summarize(const v1::Submit& submit) {
+  session::SubmitSummary summary;
+  for (const v1::Op& op : submit.ops()) {
+    // The bytes each copy op moves (session::CopyBytes, on the wire's fields).
+    uint64_t bytes = 0, inline_bytes = 0;
+    switch (op.kind_case()) {
+      case v1::Op::kUpload:
+        bytes = inline_bytes = op.upload().data().size();
+        break;
+      case v1::Op::kDownload:
+        bytes = inline_bytes = op.download().length();
+        break;
+      case v1::Op::kUploadFromSlab:
+        bytes = op.upload_from_slab().length();
+        break;
+      case v1::Op::kDownloadToSlab:
+        bytes = op.download_to_slab().length();
+        break;
+      default:
+        break;
+    }
+    summary.Add(KindOf(op).value_or(session::OpKind::kMalformed), bytes, inline_bytes);
+  }
+  return summary;
+}
+
+session::SubmitRequest ToSubmitRequest(std::shared_ptr<const v1::ClientMessage> message,
+                                       session::SubmitSummary summary) {
   session::SubmitRequest req;
   const v1::Submit& submit = message->submit();
   req.submit_id = submit.submit_id();
   req.ops.reserve(submit.ops_size());
-  for (const v1::Op& op : submit.ops()) req.ops.push_back(FromProto(op));
+  for (const v1::Op& op : submit.ops()) {
+    req.ops.push_back(FromProto(op));
+    if (std::holds_alternative<session::MalformedOp>(req.ops.back())) summary.AddMalformed();
+  }
+  req.summary = summary;
   req.payload = std::move(message);
   return req;
 }
 
+session::SubmitRequest ToSubmitRequest(std::shared_ptr<const v1::ClientMessage> message) {
+  session::SubmitSummary summary = Summarize(message->submit());
+  return ToSubmitRequest(std::move(message), summary);
+}
+
 std::optional<session::OpKind> KindOf(const v1::Op& op) {
-  using session::OpKind;
   switch (op.kind_case()) {
-    case v1::Op::kCreateTensor:
-      return OpKind::kCreateTensor;
-    case v1::Op::kFreeTensor:
-      return OpKind::kFreeTensor;
-    case v1::Op::kUpload:
-      return OpKind::kUpload;
-    case v1::Op::kDownload:
-      return OpKind::kDownload;
-    case v1::Op::kFill:
-      return OpKind::kFill;
-    case v1::Op::kCopy:
-      return OpKind::kCopy;
-    case v1::Op::kBinary:
-      return OpKind::kBinary;
-    case v1::Op::kScale:
-      return OpKind::kScale;
-    case v1::Op::kAxpy:
-      return OpKind::kAxpy;
-    case v1::Op::kReduceSum:
-      return OpKind::kReduceSum;
-    case v1::Op::kGemm:
-      return OpKind::kGemm;
-    case v1::Op::kLoadModule:
-      return OpKind::kLoadModule;
-    case v1::Op::kUnloadModule:
-      return OpKind::kUnloadModule;
-    case v1::Op::kLaunch:
-      return OpKind::kLaunch;
-    case v1::Op::kBeginGraph:
-      return OpKind::kBeginGraph;
-    case v1::Op::kEndGraph:
-      return OpKind::kEndGraph;
-    case v1::Op::kLaunchGraph:
-      return OpKind::kLaunchGraph;
-    case v1::Op::kFreeGraph:
-      return OpKind::kFreeGraph;
-    case v1::Op::kUploadFromSlab:
-      return OpKind::kUploadFromSlab;
-    case v1::Op::kDownloadToSlab:
-      return OpKind::kDownloadToSlab;
+#define FERRY_KIND_CASE(Name, ...) \
+  case v1::Op::k##Name:            \
+    return session::OpKind::k##Name;
+    FERRY_OPS(FERRY_KIND_CASE)
+#undef FERRY_KIND_CASE
     default:
       return std::nullopt;
   }

@@ -12,9 +12,18 @@
 
 namespace ferry::rpc {
 
+/// Summarize a submit's wire ops (session::SubmitSummary), once, where it is read: what the
+/// rpc layer asks before the ops are decoded, and the session after. An op with no kind this
+/// build knows counts as malformed.
+session::SubmitSummary Summarize(const v1::Submit& submit);
+
 /// Decode a submit's ops. Never fails: an op that cannot be decoded becomes a MalformedOp
-/// that admission refuses. Upload bytes are referenced, not copied: `message` must outlive
-/// the request (the request's payload keeps it alive).
+/// that admission refuses (and marks `summary`, Summarize's of the same submit, malformed).
+/// Upload bytes are referenced, not copied: `message` must outlive the request (the
+/// request's payload keeps it alive).
+session::SubmitRequest ToSubmitRequest(std::shared_ptr<const v1::ClientMessage> message,
+                                       session::SubmitSummary summary);
+/// The same, summarizing the submit itself (tests, fuzzing).
 session::SubmitRequest ToSubmitRequest(std::shared_ptr<const v1::ClientMessage> message);
 
 /// The kind of a wire op, for asking session::Traits about it before decoding; nullopt for

@@ -167,6 +167,8 @@ std::shared_ptr<IncomingMessage> Take(uint64_t size, Read read, const IntakeBoun
       in->violation =
           Status(ErrorKind::kProtocolViolation, "the message does not parse as a ClientMessage");
       in->message = nullptr;
+    } else if (in->message->has_submit()) {
+      in->summary = Summarize(in->message->submit());
     }
   } else if (in->violation.ok()) {
     // A refused submit: what the session needs to answer it in its place (a parsed one is
@@ -192,19 +194,12 @@ std::shared_ptr<IncomingMessage> Take(uint64_t size, Read read, const IntakeBoun
 // with an op that may block the thread: a Download (into pageable chunks the copy waits for the
 // stream), a create or free (allocation may trim the pool), module loads (NVRTC compiles take up to
 // seconds) and unloads, GEMMs and graph captures (the first makes cuBLAS state, and loads the
-// library), graph frees. The same rule as session::IsQuickSubmit, on the wire's message.
-bool IsQuick(const v1::ClientMessage& m) {
+// library), graph frees. The same rule as the session's (session::SubmitSummary::quick), from
+// the summary the message was taken with.
+bool IsQuick(const IncomingMessage& in) {
+  const v1::ClientMessage& m = *in.message;
   if (m.has_synchronize() || m.has_close()) return true;
-  if (!m.has_submit() || static_cast<size_t>(m.submit().ops_size()) > session::kQuickSubmitOps) {
-    return false;
-  }
-  uint64_t upload_bytes = 0;
-  for (const v1::Op& op : m.submit().ops()) {
-    const std::optional<session::OpKind> kind = KindOf(op);
-    if (!kind || !session::Traits(*kind).quick) return false;
-    if (*kind == session::OpKind::kUpload) upload_bytes += op.upload().data().size();
-  }
-  return upload_bytes <= session::kQuickSubmitUploadBytes;
+  return m.has_submit() && in.summary.quick();
 }
 
 InFlightHold& InFlightHold::operator=(InFlightHold&& o) noexcept {

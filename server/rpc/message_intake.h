@@ -34,6 +34,7 @@
 #include "ferry/status.h"
 #include "ferry/v1/session.pb.h"
 #include "rpc/wire_scan.h"
+#include "session/ops.h"
 #include "session/registry.h"
 
 namespace ferry::rpc {
@@ -94,6 +95,9 @@ class IncomingMessage {
   /// What the scan found: the op counts and the parse's estimated memory (for a message
   /// parsed without a scan, the same counts read from it, and the memory its parse took).
   WireScan scan;
+  /// A parsed submit's ops, summarized once (rpc::Summarize) for every later question about
+  /// them; empty for any other message and for a refused submit.
+  session::SubmitSummary summary;
   /// Not OK: a submit refused before it was parsed (see the file comment).
   Status refusal;
   /// Not OK: the stream ends with this (see the file comment).
@@ -132,9 +136,10 @@ class IntakeGate {
   IntakeBounds bounds_ ABSL_GUARDED_BY(mu_);
 };
 
-/// Whether handling `m` is short and never blocks, so that it may run on the thread that took
-/// it (a gRPC thread, the ring poller): see message_intake.cc.
-bool IsQuick(const v1::ClientMessage& m);
+/// Whether handling `in` (parsed: `in.message` is set) is short and never blocks, so that it
+/// may run on the thread that took it (a gRPC thread, the ring poller): see
+/// message_intake.cc.
+bool IsQuick(const IncomingMessage& in);
 
 /// Take one message in memory (a submit ring record; see the file comment). Never null.
 std::shared_ptr<IncomingMessage> TakeClientMessage(std::string_view bytes,

@@ -59,7 +59,7 @@ transport::RingPoller::Handler RingIntake::MakeHandler(session::Executor executo
       if (!r.message->violation.ok()) {  // a protocol violation, in its place
         here = false;
       } else {
-        here = here && IsQuick(*r.message->message);
+        here = here && IsQuick(*r.message);
         if (r.message->message->has_submit()) {
           FERRY_TRACE(trace::kTake, r.message->scan.submit_id);
           ops += static_cast<int>(r.message->scan.ops);

@@ -351,7 +351,7 @@ void SessionConnection::Dispatch(std::shared_ptr<IncomingMessage> incoming) {
       last_submit_id_ = id;
       if (context_->latency.submit_latency) {
         received_at_.push_back(
-            {id, std::chrono::steady_clock::now(), MovesBytes(message->submit())});
+            {id, std::chrono::steady_clock::now(), incoming->summary.moves_bytes()});
       }
       if (Status over = ledger_.ChargeSubmit(*incoming, session_->config().max_in_flight_bytes);
           !over.ok()) {
@@ -361,7 +361,7 @@ void SessionConnection::Dispatch(std::shared_ptr<IncomingMessage> incoming) {
         session_->Submit(std::move(refused));
         return;
       }
-      if (HasRawKernelOps(message->submit())) {
+      if (incoming->summary.raw_kernels()) {
         // Refused whole: none of the submit's ops runs, so it cannot be half applied.
         if (Status allowed = RawKernelsAllowed(); !allowed.ok()) {
           session::SubmitRequest refused;
@@ -372,8 +372,9 @@ void SessionConnection::Dispatch(std::shared_ptr<IncomingMessage> incoming) {
         }
       }
       // The request keeps the message (its inline bytes) and its arena.
-      session_->Submit(
-          ToSubmitRequest(std::shared_ptr<const v1::ClientMessage>(std::move(incoming), message)));
+      session::SubmitSummary summary = incoming->summary;
+      session_->Submit(ToSubmitRequest(
+          std::shared_ptr<const v1::ClientMessage>(std::move(incoming), message), summary));
       return;
     }
     case v1::ClientMessage::kSynchronize:
@@ -428,14 +429,6 @@ void SessionConnection::Handle(std::shared_ptr<IncomingMessage> message, Source 
   MaybeReadMore();
 }
 
-bool SessionConnection::MovesBytes(const v1::Submit& submit) {
-  for (const v1::Op& op : submit.ops()) {
-    const std::optional<session::OpKind> kind = KindOf(op);
-    if (kind && session::Traits(*kind).copy != session::CopyDirection::kNone) return true;
-  }
-  return false;
-}
-
 Status SessionConnection::RawKernelsAllowed() {
   if (!raw_kernels_checked_) {
     raw_kernels_checked_ = true;
@@ -457,14 +450,6 @@ Status SessionConnection::RawKernelsAllowed() {
                     (peer_.uid ? std::to_string(*peer_.uid) : std::string("(unknown)")) +
                     " (ferryd --raw-kernels uid:UID or gid:GROUP enables them; see "
                     "docs/security.md)");
-}
-
-bool SessionConnection::HasRawKernelOps(const v1::Submit& submit) {
-  for (const v1::Op& op : submit.ops()) {
-    const std::optional<session::OpKind> kind = KindOf(op);
-    if (kind && session::Traits(*kind).raw_kernel) return true;
-  }
-  return false;
 }
 
 void SessionConnection::Open(const v1::Open& open) {

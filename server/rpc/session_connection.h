@@ -149,9 +149,6 @@ class SessionConnection : public session::SessionEvents,
   // Handle one message in order.
   void Handle(std::shared_ptr<IncomingMessage> message, Source from);
 
-  // Return true when the submit moves bytes between host and device.
-  static bool MovesBytes(const v1::Submit& submit);
-
   // OK when this session's peer may load and launch raw kernels, PERMISSION_DENIED otherwise.
   // A raw kernel runs in the context every session shares and can read and corrupt all of
   // their memory, so only peers the config trusts get it: TCP peers with
@@ -159,9 +156,6 @@ class SessionConnection : public session::SessionEvents,
   // answer is looked up once per stream (its peer does not change), before the first message
   // after the Open where the lookup may block (Open posts it).
   Status RawKernelsAllowed();
-
-  // Raw kernels: LoadModule and Launch ops (what a peer may be refused).
-  static bool HasRawKernelOps(const v1::Submit& submit);
 
   void Open(const v1::Open& open);
 

@@ -40,8 +40,8 @@ class SessionReactor final : public Reactor {
     // hand-off to an io thread was a quarter of an open's time. So is the end of a stream
     // the intake refused (it only queues the answer).
     const bool quick =
-        message &&
-        (!m || IsQuick(*m) || (m->has_open() && connection_->context()->parts.device->serving()));
+        message && (!m || IsQuick(*message) ||
+                    (m->has_open() && connection_->context()->parts.device->serving()));
     const bool long_submit = m && m->has_submit() && message->refusal.ok() &&
                              message->scan.ops > session::Session::kLongSubmitOps;
     auto handle = [message = std::move(message)](SessionConnection& c) mutable {

@@ -299,6 +299,11 @@ class Admitter {
     FERRY_ASSIGN_OR_RETURN(const TensorRecord* out, Live(op.out));
     return SameLayout(op.x, x, op.out, out);
   }
+  Status Do(const ReluOp& op) {
+    FERRY_ASSIGN_OR_RETURN(const TensorRecord* x, LiveFloat(op.x));
+    FERRY_ASSIGN_OR_RETURN(const TensorRecord* out, Live(op.out));
+    return SameLayout(op.x, x, op.out, out);
+  }
   Status Do(const AxpyOp& op) {
     FERRY_ASSIGN_OR_RETURN(const TensorRecord* x, LiveFloat(op.x));
     FERRY_ASSIGN_OR_RETURN(const TensorRecord* y, Live(op.y));

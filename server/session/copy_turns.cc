@@ -12,12 +12,6 @@
 namespace ferry::session {
 namespace {
 
-// Lengths come from the wire (admission checks them later): add without wrapping.
-void AddSaturating(uint64_t& sum, uint64_t n) {
-  sum = n > std::numeric_limits<uint64_t>::max() - sum ? std::numeric_limits<uint64_t>::max()
-                                                       : sum + n;
-}
-
 int Index(uint8_t direction) {
   return direction == CopyTurns::kToDevice ? 0 : direction == CopyTurns::kToHost ? 1 : 2;
 }
@@ -129,22 +123,10 @@ uint32_t CopyTurns::InternLocked(const std::string& who) {
 
 uint64_t CopyTurns::PassLocked(const Identity& id) const { return std::max(id.pass, vtime_); }
 
-uint8_t CopyTurns::Needs(const std::vector<Op>& ops) const {
-  uint8_t mask = device_turns_ > 0 && !ops.empty() ? kDevice : kNone;
+uint8_t CopyTurns::Needs(const SubmitSummary& submit) const {
+  uint8_t mask = device_turns_ > 0 && submit.ops() > 0 ? kDevice : kNone;
   if (turns_ == 0) return mask;
-  uint64_t to_device = 0, to_host = 0;
-  for (const Op& op : ops) {
-    switch (Traits(KindOf(op)).copy) {
-      case CopyDirection::kToDevice:
-        AddSaturating(to_device, CopyBytes(op));
-        break;
-      case CopyDirection::kToHost:
-        AddSaturating(to_host, CopyBytes(op));
-        break;
-      case CopyDirection::kNone:
-        break;
-    }
-  }
+  const uint64_t to_device = submit.to_device_bytes(), to_host = submit.to_host_bytes();
   if (to_device >= min_bytes_ && to_device > 0) mask |= kToDevice;
   if (to_host >= min_bytes_ && to_host > 0) mask |= kToHost;
   return mask;

@@ -113,10 +113,10 @@ class CopyTurns {
   /// Set the weights by identity (call before use); identities not named weigh 1.
   void SetWeights(std::map<std::string, uint32_t> weights);
 
-  /// The turns a submit of `ops` needs: the directions in which its copies (uploads and
-  /// downloads, inline or through slabs) add up to at least min_bytes (none when copy turns
-  /// are off), and kDevice for any op when device turns are on.
-  uint8_t Needs(const std::vector<Op>& ops) const;
+  /// The turns a submit needs: the directions in which its copies (uploads and downloads,
+  /// inline or through slabs) add up to at least min_bytes (none when copy turns are off),
+  /// and kDevice for any op when device turns are on.
+  uint8_t Needs(const SubmitSummary& submit) const;
 
   /// Take the turns of `mask` for `who` if they are free and nobody waits for them; true if
   /// taken (always for kNone).

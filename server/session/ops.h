@@ -56,6 +56,10 @@ struct ScaleOp {
   double alpha = 1;
   uint64_t out = 0;
 };
+/// out = max(x, 0) elementwise; out may be x.
+struct ReluOp {
+  uint64_t x = 0, out = 0;
+};
 struct AxpyOp {
   double alpha = 1;
   uint64_t x = 0, y = 0;
@@ -121,39 +125,57 @@ struct MalformedOp {
   Status reason;
 };
 
-using Op = std::variant<CreateTensorOp, FreeTensorOp, UploadOp, DownloadOp, FillOp, CopyOp,
-                        BinaryOpArgs, ScaleOp, AxpyOp, ReduceSumOp, GemmOp, LoadModuleOp,
-                        UnloadModuleOp, LaunchOp, BeginGraphOp, EndGraphOp, LaunchGraphOp,
-                        FreeGraphOp, UploadFromSlabOp, DownloadToSlabOp, MalformedOp>;
+/// Every op a submit may carry, declared once; each layer derives what it needs from this list
+/// (Op's alternatives, OpKind, kOpTraits, the rpc layer's decoding). A row is
+///   X(Name, Type, field, quick, copy, raw_kernel, batch_kernel, graphable)
+/// Name: the ferry.v1 message (and its Op oneof case, v1::Op::k<Name>) and OpKind::k<Name>;
+/// Type: the daemon's struct above; field: the Op oneof field, also the op's name (OpTraits);
+/// the rest: OpTraits' columns, `copy` a CopyDirection. A new op gets its struct, its row
+/// here, its message and oneof field in session.proto, and one overload in each visitor
+/// (rpc Decode, the Admitter's Do, OpEnqueuer); a missing one does not compile.
+///
+/// launch_graph is not quick: a launch replays up to session-max-graph-ops recorded ops, and
+/// admission and the backend check every tensor they use (milliseconds for a large graph).
+/// Which messages are quick is decided per wire message (rpc IsQuick) before the session's
+/// executor runs, where the session's graphs cannot be looked at, so no graph launch is.
+// clang-format off
+#define FERRY_OPS(X)                                                                             \
+  /* Name           Type              field             quick  copy       raw    batch  graph */ \
+  X(CreateTensor,   CreateTensorOp,   create_tensor,    false, kNone,     false, false, false)   \
+  X(FreeTensor,     FreeTensorOp,     free_tensor,      false, kNone,     false, false, false)   \
+  X(Upload,         UploadOp,         upload,           true,  kToDevice, false, false, false)   \
+  X(Download,       DownloadOp,       download,         false, kToHost,   false, false, false)   \
+  X(Fill,           FillOp,           fill,             true,  kNone,     false, true,  true)    \
+  X(Copy,           CopyOp,           copy,             true,  kNone,     false, false, true)    \
+  X(Binary,         BinaryOpArgs,     binary,           true,  kNone,     false, true,  true)    \
+  X(Scale,          ScaleOp,          scale,            true,  kNone,     false, true,  true)    \
+  X(Axpy,           AxpyOp,           axpy,             true,  kNone,     false, true,  true)    \
+  X(ReduceSum,      ReduceSumOp,      reduce_sum,       true,  kNone,     false, false, true)    \
+  X(Gemm,           GemmOp,           gemm,             false, kNone,     false, false, true)    \
+  X(LoadModule,     LoadModuleOp,     load_module,      false, kNone,     true,  false, false)   \
+  X(UnloadModule,   UnloadModuleOp,   unload_module,    false, kNone,     false, false, false)   \
+  X(Launch,         LaunchOp,         launch,           true,  kNone,     true,  false, true)    \
+  X(BeginGraph,     BeginGraphOp,     begin_graph,      false, kNone,     false, false, false)   \
+  X(EndGraph,       EndGraphOp,       end_graph,        false, kNone,     false, false, true)    \
+  X(LaunchGraph,    LaunchGraphOp,    launch_graph,     false, kNone,     false, false, false)   \
+  X(FreeGraph,      FreeGraphOp,      free_graph,       false, kNone,     false, false, false)   \
+  X(UploadFromSlab, UploadFromSlabOp, upload_from_slab, true,  kToDevice, false, false, false)   \
+  X(DownloadToSlab, DownloadToSlabOp, download_to_slab, true,  kToHost,   false, false, false)   \
+  X(Relu,           ReluOp,           relu,             true,  kNone,     false, false, true)
+// clang-format on
+
+/// The op types, in FERRY_OPS order, and last MalformedOp (no wire message of its own).
+#define FERRY_OP_ALTERNATIVE(Name, Type, ...) Type,
+using Op = std::variant<FERRY_OPS(FERRY_OP_ALTERNATIVE) MalformedOp>;
+#undef FERRY_OP_ALTERNATIVE
 
 /// What each kind of op is, for every layer that classifies ops: rpc's quick path and
 /// raw-kernel check (on the wire's ops, through rpc::KindOf), copy turns, admission's graph
-/// rule and Enqueue's kernel batches. One table instead of a switch per question; a new op
-/// gets its row here and every layer asks the same row. OpKind follows Op's alternatives,
-/// in order (checked below).
-enum class OpKind : uint8_t {
-  kCreateTensor,
-  kFreeTensor,
-  kUpload,
-  kDownload,
-  kFill,
-  kCopy,
-  kBinary,
-  kScale,
-  kAxpy,
-  kReduceSum,
-  kGemm,
-  kLoadModule,
-  kUnloadModule,
-  kLaunch,
-  kBeginGraph,
-  kEndGraph,
-  kLaunchGraph,
-  kFreeGraph,
-  kUploadFromSlab,
-  kDownloadToSlab,
-  kMalformed,
-};
+/// rule and Enqueue's kernel batches. One table instead of a switch per question. OpKind
+/// follows Op's alternatives, in order (checked below).
+#define FERRY_OP_KIND(Name, ...) k##Name,
+enum class OpKind : uint8_t { FERRY_OPS(FERRY_OP_KIND) kMalformed };
+#undef FERRY_OP_KIND
 
 /// Which way an op moves bytes between host and device.
 enum class CopyDirection : uint8_t { kNone, kToDevice, kToHost };
@@ -176,34 +198,15 @@ struct OpTraits {
   bool graphable;
 };
 
+#define FERRY_OP_ROW(Name, Type, field, quick, copy, raw, batch, graph) \
+  {#field, quick, CopyDirection::copy, raw, batch, graph},
 inline constexpr OpTraits kOpTraits[] = {
-    // name              quick  copy                        raw    batch  graph
-    {"create_tensor", false, CopyDirection::kNone, false, false, false},
-    {"free_tensor", false, CopyDirection::kNone, false, false, false},
-    {"upload", true, CopyDirection::kToDevice, false, false, false},
-    {"download", false, CopyDirection::kToHost, false, false, false},
-    {"fill", true, CopyDirection::kNone, false, true, true},
-    {"copy", true, CopyDirection::kNone, false, false, true},
-    {"binary", true, CopyDirection::kNone, false, true, true},
-    {"scale", true, CopyDirection::kNone, false, true, true},
-    {"axpy", true, CopyDirection::kNone, false, true, true},
-    {"reduce_sum", true, CopyDirection::kNone, false, false, true},
-    {"gemm", false, CopyDirection::kNone, false, false, true},
-    {"load_module", false, CopyDirection::kNone, true, false, false},
-    {"unload_module", false, CopyDirection::kNone, false, false, false},
-    {"launch", true, CopyDirection::kNone, true, false, true},
-    {"begin_graph", false, CopyDirection::kNone, false, false, false},
-    {"end_graph", false, CopyDirection::kNone, false, false, true},
-    // Not quick: a launch replays up to session-max-graph-ops recorded ops, and admission and
-    // the backend check every tensor they use (milliseconds for a large graph). Which
-    // messages are quick is decided per wire message (rpc IsQuick) before the session's
-    // executor runs, where the session's graphs cannot be looked at, so no graph launch is.
-    {"launch_graph", false, CopyDirection::kNone, false, false, false},
-    {"free_graph", false, CopyDirection::kNone, false, false, false},
-    {"upload_from_slab", true, CopyDirection::kToDevice, false, false, false},
-    {"download_to_slab", true, CopyDirection::kToHost, false, false, false},
+    // clang-format off
+    FERRY_OPS(FERRY_OP_ROW)
     {"malformed", false, CopyDirection::kNone, false, false, true},
+    // clang-format on
 };
+#undef FERRY_OP_ROW
 static_assert(std::size(kOpTraits) == std::variant_size_v<Op>, "one row per kind of op");
 
 constexpr const OpTraits& Traits(OpKind kind) { return kOpTraits[static_cast<size_t>(kind)]; }
@@ -225,24 +228,12 @@ template <typename T>
 inline constexpr OpKind kKindOf =
     static_cast<OpKind>(internal::IndexIn<T>(static_cast<Op*>(nullptr)));
 
-static_assert(kKindOf<CreateTensorOp> == OpKind::kCreateTensor &&
-                  kKindOf<FreeTensorOp> == OpKind::kFreeTensor &&
-                  kKindOf<UploadOp> == OpKind::kUpload &&
-                  kKindOf<DownloadOp> == OpKind::kDownload && kKindOf<FillOp> == OpKind::kFill &&
-                  kKindOf<CopyOp> == OpKind::kCopy && kKindOf<BinaryOpArgs> == OpKind::kBinary &&
-                  kKindOf<ScaleOp> == OpKind::kScale && kKindOf<AxpyOp> == OpKind::kAxpy &&
-                  kKindOf<ReduceSumOp> == OpKind::kReduceSum && kKindOf<GemmOp> == OpKind::kGemm &&
-                  kKindOf<LoadModuleOp> == OpKind::kLoadModule &&
-                  kKindOf<UnloadModuleOp> == OpKind::kUnloadModule &&
-                  kKindOf<LaunchOp> == OpKind::kLaunch &&
-                  kKindOf<BeginGraphOp> == OpKind::kBeginGraph &&
-                  kKindOf<EndGraphOp> == OpKind::kEndGraph &&
-                  kKindOf<LaunchGraphOp> == OpKind::kLaunchGraph &&
-                  kKindOf<FreeGraphOp> == OpKind::kFreeGraph &&
-                  kKindOf<UploadFromSlabOp> == OpKind::kUploadFromSlab &&
-                  kKindOf<DownloadToSlabOp> == OpKind::kDownloadToSlab &&
-                  kKindOf<MalformedOp> == OpKind::kMalformed,
-              "OpKind follows Op's alternatives");
+// Each type is one alternative (a type listed twice would find its first row).
+#define FERRY_OP_CHECK(Name, Type, ...) \
+  static_assert(kKindOf<Type> == OpKind::k##Name, #Type " is Op's alternative k" #Name);
+FERRY_OPS(FERRY_OP_CHECK)
+#undef FERRY_OP_CHECK
+static_assert(kKindOf<MalformedOp> == OpKind::kMalformed, "MalformedOp is Op's last alternative");
 
 /// Bytes an op moves between host and device (0 for an op that moves none). Lengths come
 /// from the wire: admission checks them.
@@ -254,6 +245,80 @@ inline uint64_t CopyBytes(const Op& any) {
   return 0;
 }
 
+/// A submit of at most kQuickSubmitOps ops, each quick (OpTraits::quick), with at most
+/// kQuickSubmitUploadBytes inline upload bytes, may be started on the thread that read it
+/// (SubmitSummary::quick). Anything else is started on an io thread (Session::Submit parks it
+/// when it is reached on another).
+inline constexpr size_t kQuickSubmitOps = 64;
+inline constexpr uint64_t kQuickSubmitUploadBytes = 64 << 10;
+
+/// What a submit's ops add up to, for every layer that asks about the submit as a whole: rpc's
+/// quick path, raw-kernel check and latency sampling, and the session's copy turns, lanes,
+/// kernel batches, staging and object charges. Made once, op by op (Add), where the submit
+/// is read: by the rpc layer from the wire's ops before they are decoded (rpc::Summarize), or
+/// from decoded ops (Summarize) for a request made in process; carried with the submit
+/// (SubmitRequest::summary), so that no layer walks the op list again to answer these.
+class SubmitSummary {
+ public:
+  /// Count one op of `kind`. `copy_bytes`: the bytes it moves between host and device
+  /// (CopyBytes); `inline_bytes`: those the message itself carries or gets back (an Upload's
+  /// data, a Download's length; not a slab op's).
+  void Add(OpKind kind, uint64_t copy_bytes, uint64_t inline_bytes);
+  /// Mark a submit one of whose ops did not decode (counted by Add under its wire kind).
+  void AddMalformed() { kinds_ |= Bit(OpKind::kMalformed); }
+
+  uint64_t ops() const { return ops_; }
+  bool Has(OpKind kind) const { return (kinds_ & Bit(kind)) != 0; }
+  /// Every op quick, and the submit small enough to start on the thread that read it.
+  bool quick() const {
+    return ops_ <= kQuickSubmitOps && OnlyKindsWhere(&OpTraits::quick) &&
+           to_device_inline_ <= kQuickSubmitUploadBytes;
+  }
+  /// An op that moves bytes between host and device (even 0 of them).
+  bool moves_bytes() const { return (kinds_ & ~KindsWhereCopy(CopyDirection::kNone)) != 0; }
+  /// A LoadModule or Launch: what only peers allowed raw kernels may send.
+  bool raw_kernels() const { return (kinds_ & KindsWhere(&OpTraits::raw_kernel)) != 0; }
+  /// At least one op, each a kernel launch of ferry's own (what a kernel batch may hold).
+  bool kernel_ops_only() const { return ops_ > 0 && OnlyKindsWhere(&OpTraits::batch_kernel); }
+  /// Bytes the submit moves each way (saturating at 2^64 - 1).
+  uint64_t to_device_bytes() const { return to_device_; }
+  uint64_t to_host_bytes() const { return to_host_; }
+  /// Of those, what the message carries (Upload data) or gets back inline (Download).
+  uint64_t inline_bytes() const { return to_device_inline_ + to_host_inline_; }
+  /// Objects the submit could leave live: its creates, loads, graphs and the ops recorded
+  /// into them (Session::ReserveObjects charges them before it is enqueued).
+  uint64_t objects_added_at_most() const { return objects_; }
+
+ private:
+  static constexpr uint64_t Bit(OpKind kind) { return uint64_t{1} << static_cast<int>(kind); }
+  static constexpr uint64_t KindsWhere(bool OpTraits::*trait) {
+    uint64_t kinds = 0;
+    for (size_t i = 0; i < std::size(kOpTraits); ++i) {
+      if (kOpTraits[i].*trait) kinds |= Bit(static_cast<OpKind>(i));
+    }
+    return kinds;
+  }
+  static constexpr uint64_t KindsWhereCopy(CopyDirection copy) {
+    uint64_t kinds = 0;
+    for (size_t i = 0; i < std::size(kOpTraits); ++i) {
+      if (kOpTraits[i].copy == copy) kinds |= Bit(static_cast<OpKind>(i));
+    }
+    return kinds;
+  }
+  bool OnlyKindsWhere(bool OpTraits::*trait) const { return (kinds_ & ~KindsWhere(trait)) == 0; }
+
+  uint64_t ops_ = 0;
+  uint64_t kinds_ = 0;  // Bit(kind) for each kind present
+  uint64_t to_device_ = 0, to_host_ = 0;
+  uint64_t to_device_inline_ = 0, to_host_inline_ = 0;
+  uint64_t objects_ = 0;
+  bool recording_ = false;  // between a BeginGraph and its EndGraph
+};
+static_assert(std::size(kOpTraits) <= 64, "SubmitSummary keeps the kinds present in 64 bits");
+
+/// Summarize decoded ops (a request made in process; rpc summarizes the wire's ops).
+SubmitSummary Summarize(const std::vector<Op>& ops);
+
 struct SubmitRequest {
   uint64_t submit_id = 0;
   /// Not OK: the connection refuses this submit whole with this status (a policy the session
@@ -261,6 +326,9 @@ struct SubmitRequest {
   /// counts as a failed submit, and its ops are neither admitted nor enqueued.
   Status refusal;
   std::vector<Op> ops;
+  /// What `ops` add up to (see SubmitSummary): set by whoever makes the request
+  /// (rpc::ToSubmitRequest, or Summarize).
+  SubmitSummary summary;
   /// Owns the bytes UploadOp::data points into; released when the submit completes.
   std::shared_ptr<const void> payload;
 };

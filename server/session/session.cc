@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "ferry/trace_points.h"
+#include "session/op_enqueuer.h"
 
 namespace ferry::session {
 
@@ -103,7 +104,7 @@ void Session::Submit(SubmitRequest request) {
     record.status = over_uid_limit;
   } else {
     record.uid_inflight = account_ != nullptr;
-    uint8_t needs = turns_ ? turns_->Needs(request.ops) : CopyTurns::kNone;
+    uint8_t needs = turns_ ? turns_->Needs(request.summary) : CopyTurns::kNone;
     record.turns_needed = needs;
     // Behind a paused enqueue a submit waits for it, not for turns (ContinueEnqueue starts it).
     bool waits_for_turns = !enqueue_paused();
@@ -113,9 +114,9 @@ void Session::Submit(SubmitRequest request) {
     // sequencer or backpressure can reach here from a quick one's handling. It parks, and
     // an io thread starts it (ResumeParked); the session's later submits wait behind it.
     // One that loads a module is started on the long lane (StartLane).
-    const Lane start_lane = StartLane(request.ops);
+    const Lane start_lane = StartLane(request);
     const bool start_elsewhere =
-        (SerialExecutor::RunningOnCallersThread() && !IsQuickSubmit(request.ops)) ||
+        (SerialExecutor::RunningOnCallersThread() && !request.summary.quick()) ||
         start_lane != CurrentLane();
     if (start_elsewhere) waits_for_turns = false;
     if (parked_ == 0 && !enqueue_paused() && !start_elsewhere &&
@@ -152,7 +153,8 @@ bool Session::Start(SubmitRequest& request, InFlight& record) {
       record.status = admitted.status();
     } else if (!ReserveStaging(request, record)) {
       return false;  // admitted again when it resumes: nothing changed meanwhile
-    } else if (Status objects = ReserveObjects(ObjectsAddedAtMost(request.ops)); !objects.ok()) {
+    } else if (Status objects = ReserveObjects(request.summary.objects_added_at_most());
+               !objects.ok()) {
       record.status = std::move(objects);
     } else {
       record.status = Enqueue(request, *admitted, record);
@@ -167,7 +169,7 @@ bool Session::Start(SubmitRequest& request, InFlight& record) {
 }
 
 bool Session::ReserveStaging(const SubmitRequest& request, InFlight& record) {
-  if (!staging_) return true;
+  if (!staging_ || request.summary.inline_bytes() == 0) return true;
   // Pieces of at most kMaxChunkBytes: a download's chunks, and ranges that an empty area
   // always places while their sum fits it (no piece is wasted for lack of a large hole).
   const uint64_t piece = std::min(kMaxChunkBytes, staging_->max_lease());
@@ -277,17 +279,22 @@ void Session::PostResumeParked(Lane lane) {
   }
 }
 
-SerialExecutor::Lane Session::StartLane(const std::vector<Op>& ops) const {
+SerialExecutor::Lane Session::StartLane(const SubmitRequest& request) const {
   // A broken session's submit fails at once (Start): no hop for it.
   if (!executor_.has_long_lane() || !broken_.ok()) return Lane::kShared;
+  const SubmitSummary& summary = request.summary;
+  if (summary.Has(OpKind::kLoadModule)) return Lane::kLong;
+  // Every op but a graph launch counts as one.
+  if (!summary.Has(OpKind::kLaunchGraph)) {
+    return summary.ops() > kLongSubmitOps ? Lane::kLong : Lane::kShared;
+  }
   uint64_t admitted_ops = 0;  // as session-max-submit-ops counts them
   // Graphs this submit records, by handle: their ops (a launch of one weighs as much as a
   // launch of a graph the session held; admission counts it so).
   std::unordered_map<uint64_t, uint64_t> recorded;
   std::optional<uint64_t> recording;
   uint64_t recording_ops = 0;
-  for (const Op& op : ops) {
-    if (std::holds_alternative<LoadModuleOp>(op)) return Lane::kLong;
+  for (const Op& op : request.ops) {
     uint64_t n = 1;
     if (const auto* begin = std::get_if<BeginGraphOp>(&op)) {
       recording = begin->handle;
@@ -309,25 +316,15 @@ SerialExecutor::Lane Session::StartLane(const std::vector<Op>& ops) const {
   return admitted_ops > kLongSubmitOps ? Lane::kLong : Lane::kShared;
 }
 
-bool IsQuickSubmit(const std::vector<Op>& ops) {
-  if (ops.size() > kQuickSubmitOps) return false;
-  uint64_t upload_bytes = 0;
-  for (const Op& op : ops) {
-    if (!Traits(KindOf(op)).quick) return false;
-    if (const auto* up = std::get_if<UploadOp>(&op)) upload_bytes += up->data.size();
-  }
-  return upload_bytes <= kQuickSubmitUploadBytes;
-}
-
 void Session::ResumeParked(uint8_t granted) {
   for (InFlight& r : queue_) {
     if (enqueue_paused()) break;  // the submits after it wait (ContinueEnqueue resumes them)
     if (!r.parked) continue;
-    if (SerialExecutor::RunningOnCallersThread() && !IsQuickSubmit(r.request.ops)) {
+    if (SerialExecutor::RunningOnCallersThread() && !r.request.summary.quick()) {
       PostResumeParked();  // not on a caller's thread (Submit): an io thread starts it
       break;
     }
-    if (const Lane lane = StartLane(r.request.ops); lane != CurrentLane()) {
+    if (const Lane lane = StartLane(r.request); lane != CurrentLane()) {
       // Started on its lane; those behind it wait. Turns granted to it go with it; it
       // takes none before (they would be held while it waits for a long-lane thread).
       if (granted != CopyTurns::kNone && r.turns_needed != CopyTurns::kNone &&
@@ -415,10 +412,9 @@ Status Session::Enqueue(SubmitRequest& request, const AdmissionResult& admitted,
   // a batch refuses allocations, and a graph capture does not nest in it.
   const uint64_t run_ops_here = run_ops_left_;
   run_ops_left_ -= std::min<uint64_t>(run_ops_left_, ops.size());
-  const bool joins_run_batch = run_open_ && config_.kernel_batch > 0 && !capturing_ &&
-                               !ops.empty() && ops.size() < config_.kernel_batch &&
-                               std::all_of(ops.begin(), ops.end(), IsKernelOp) &&
-                               (run_batch_ || run_ops_here >= RunBatchOps());
+  const bool joins_run_batch =
+      run_open_ && config_.kernel_batch > 0 && !capturing_ && ops.size() < config_.kernel_batch &&
+      request.summary.kernel_ops_only() && (run_batch_ || run_ops_here >= RunBatchOps());
   if (run_batch_ && !joins_run_batch) EndRunBatch();
   // Allocate everything the submit creates first, so that a device that cannot provide
   // the memory refuses the submit whole.
@@ -426,10 +422,7 @@ Status Session::Enqueue(SubmitRequest& request, const AdmissionResult& admitted,
   EnqueueWork work;
   work.ops = std::move(ops);
   // Most submits (transfers, kernels) make nothing: `made` only for those that do.
-  if (std::any_of(work.ops.begin(), work.ops.end(), [](const Op& op) {
-        return std::holds_alternative<CreateTensorOp>(op) ||
-               std::holds_alternative<LoadModuleOp>(op);
-      })) {
+  if (request.summary.Has(OpKind::kCreateTensor) || request.summary.Has(OpKind::kLoadModule)) {
     work.made.resize(work.ops.size());
   }
   // Every create's reservation is known before anything can fail, so a failure gives all
@@ -839,258 +832,10 @@ void Session::WatchCompletion(bool may_run_inline) {
   });
 }
 
-Status Session::EnqueueOp(const Op& any, DevicePtr fresh, std::shared_ptr<backend::Module> loaded,
+Status Session::EnqueueOp(const Op& op, DevicePtr fresh, std::shared_ptr<backend::Module> loaded,
                           InFlight& record, uint32_t index) {
-  // Every tensor an op touches goes through here, so a graph being recorded learns which
-  // tensors (and which generation of each handle) it uses.
-  auto rec = [this](uint64_t handle) {
-    const TensorRecord* r = tensors_.Find(handle);
-    if (capturing_) capture_refs_.emplace_back(handle, r->generation);
-    return r;
-  };
-  auto ptr = [&rec](uint64_t handle) { return rec(handle)->ptr; };
-  auto launch = [this] { ++counters_->kernel_launches; };
-  if (capturing_ && !std::holds_alternative<EndGraphOp>(any)) ++capture_ops_;
-
-  return std::visit(
-      [&](const auto& op) -> Status {
-        using T = std::decay_t<decltype(op)>;
-        if constexpr (std::is_same_v<T, CreateTensorOp>) {
-          TensorRecord r;
-          r.ptr = fresh;
-          r.dtype = op.dtype;
-          r.shape = op.shape;
-          r.bytes = *TensorBytes(op.dtype, op.shape, &r.elements);
-          r.generation = next_generation_++;
-          tensors_.Insert(op.handle, std::move(r));
-          ++objects_live_;
-          ++counters_->tensors_created;
-          counters_->live_tensors = tensors_.size();
-          CountDeviceBytes();
-          return Status::Ok();
-        } else if constexpr (std::is_same_v<T, FreeTensorOp>) {
-          ReleaseTensor(op.handle);
-          return Status::Ok();
-        } else if constexpr (std::is_same_v<T, UploadOp>) {
-          if (op.data.empty()) return Status::Ok();
-          // Staged (ReserveStaging took its ranges): copied piece by piece into pinned
-          // ranges, and the device copies from there; the ranges are freed at delivery.
-          if (index < record.staged_ops.size() && !record.staged_ops[index].empty()) {
-            uint64_t at = 0;
-            for (pool::StagingLease& lease : record.staged_ops[index]) {
-              std::memcpy(lease.data(), op.data.data() + at, lease.length());
-              const char* staged = lease.data();
-              const uint64_t n = lease.length();
-              record.staging.push_back(std::move(lease));
-              FERRY_RETURN_IF_ERROR(
-                  stream_->CopyHostToDevice(ptr(op.tensor) + op.offset + at, staged, n));
-              at += n;
-            }
-            record.staged_ops[index].clear();
-            return Status::Ok();
-          }
-          return stream_->CopyHostToDevice(ptr(op.tensor) + op.offset, op.data.data(),
-                                           op.data.size());
-        } else if constexpr (std::is_same_v<T, DownloadOp>) {
-          // The record holds the download's buffers from here until it is delivered, even
-          // when an enqueue below fails: copies enqueued before the failure still write them.
-          PendingDownload& pd = record.downloads.emplace_back();
-          pd.op_index = index;
-          record.download_bytes += op.length;
-          const DevicePtr src = ptr(op.tensor) + op.offset;
-          uint64_t done = 0;
-          // Staged (ReserveStaging took its ranges): the device lands the bytes in pinned
-          // ranges, cut into chunks at delivery.
-          if (index < record.staged_ops.size()) {
-            for (pool::StagingLease& lease : record.staged_ops[index]) {
-              char* dst = lease.data();
-              const uint64_t n = lease.length();
-              pd.staged.push_back(std::move(lease));
-              FERRY_RETURN_IF_ERROR(stream_->CopyDeviceToHost(dst, src + done, n));
-              done += n;
-            }
-            record.staged_ops[index].clear();
-          }
-          pd.chunks.reserve((op.length - done + kMaxChunkBytes - 1) / kMaxChunkBytes);
-          for (uint64_t off = done; off < op.length; off += kMaxChunkBytes) {
-            uint64_t n = std::min(kMaxChunkBytes, op.length - off);
-            // The chunk is constructed in place and never moves again (reserved above), so
-            // its buffer stays where the device writes.
-            std::string& chunk = pd.chunks.emplace_back(n, '\0');
-            FERRY_RETURN_IF_ERROR(stream_->CopyDeviceToHost(chunk.data(), src + off, n));
-          }
-          return Status::Ok();
-        } else if constexpr (std::is_same_v<T, UploadFromSlabOp>) {
-          pool::SlabRange r{op.slab, op.slab_offset, op.length};
-          const char* src = slabs_->MarkBusy(r);
-          record.slab_ranges.push_back(r);
-          if (op.length == 0) return Status::Ok();
-          return stream_->CopyHostToDevice(ptr(op.tensor) + op.offset, src, op.length);
-        } else if constexpr (std::is_same_v<T, DownloadToSlabOp>) {
-          pool::SlabRange r{op.slab, op.slab_offset, op.length};
-          char* dst = slabs_->MarkBusy(r);
-          record.slab_ranges.push_back(r);
-          record.download_bytes += op.length;
-          if (op.length == 0) return Status::Ok();
-          return stream_->CopyDeviceToHost(dst, ptr(op.tensor) + op.offset, op.length);
-        } else if constexpr (std::is_same_v<T, FillOp>) {
-          const TensorRecord* t = rec(op.tensor);
-          if (t->elements == 0) return Status::Ok();
-          launch();
-          return stream_->Fill(t->dtype, t->ptr, t->elements, op.value);
-        } else if constexpr (std::is_same_v<T, CopyOp>) {
-          const TensorRecord* s = rec(op.src);
-          const TensorRecord* d = rec(op.dst);
-          if (s->bytes == 0 || op.src == op.dst) return Status::Ok();
-          launch();
-          return stream_->CopyDeviceToDevice(d->ptr, s->ptr, s->bytes);
-        } else if constexpr (std::is_same_v<T, BinaryOpArgs>) {
-          const TensorRecord* a = rec(op.a);
-          if (a->elements == 0) return Status::Ok();
-          launch();
-          return stream_->Binary(op.kind, a->dtype, a->ptr, ptr(op.b), ptr(op.out), a->elements);
-        } else if constexpr (std::is_same_v<T, ScaleOp>) {
-          const TensorRecord* x = rec(op.x);
-          if (x->elements == 0) return Status::Ok();
-          launch();
-          return stream_->Scale(x->dtype, x->ptr, op.alpha, ptr(op.out), x->elements);
-        } else if constexpr (std::is_same_v<T, AxpyOp>) {
-          const TensorRecord* x = rec(op.x);
-          if (x->elements == 0) return Status::Ok();
-          launch();
-          return stream_->Axpy(x->dtype, op.alpha, x->ptr, ptr(op.y), x->elements);
-        } else if constexpr (std::is_same_v<T, ReduceSumOp>) {
-          const TensorRecord* in = rec(op.in);
-          const TensorRecord* out = rec(op.out);
-          launch();
-          if (in->elements == 0) return stream_->Fill(out->dtype, out->ptr, 1, 0.0);
-          return stream_->ReduceSum(in->dtype, in->ptr, in->elements, out->ptr);
-        } else if constexpr (std::is_same_v<T, GemmOp>) {
-          const TensorRecord* a = rec(op.a);
-          const TensorRecord* b = rec(op.b);
-          const TensorRecord* c = rec(op.c);
-          backend::GemmArgs g;
-          g.dtype = a->dtype;
-          g.trans_a = op.trans_a;
-          g.trans_b = op.trans_b;
-          g.m = static_cast<uint64_t>(c->shape.dim(0));
-          g.n = static_cast<uint64_t>(c->shape.dim(1));
-          g.k = static_cast<uint64_t>(op.trans_a ? a->shape.dim(0) : a->shape.dim(1));
-          g.alpha = op.alpha;
-          g.beta = op.beta;
-          g.a = a->ptr;
-          g.b = b->ptr;
-          g.c = c->ptr;
-          if (g.m == 0 || g.n == 0) return Status::Ok();
-          launch();
-          if (g.k == 0) {  // op(A) op(B) is all zeros: C = beta * C
-            if (op.beta == 0) return stream_->Fill(c->dtype, c->ptr, c->elements, 0.0);
-            return stream_->Scale(c->dtype, c->ptr, op.beta, c->ptr, c->elements);
-          }
-          return stream_->Gemm(g);
-        } else if constexpr (std::is_same_v<T, LoadModuleOp>) {
-          // Its device bytes were reserved at the load (ChargeModule): the table's now.
-          tensors_.InsertModule(op.handle, std::move(loaded));
-          ++objects_live_;
-          CountDeviceBytes();
-          return Status::Ok();
-        } else if constexpr (std::is_same_v<T, UnloadModuleOp>) {
-          // Work already enqueued, and the graphs that launch it, keep the module loaded
-          // (InFlight::modules_in_use, GraphRecord::modules); the session's graphs keep it
-          // charged too (HandleTable::RemoveModule).
-          if (tensors_.modules().count(op.handle) > 0) {
-            --objects_live_;
-            ReleaseDeviceBytes(tensors_.RemoveModule(op.handle));
-            CountDeviceBytes();
-          }
-          return Status::Ok();
-        } else if constexpr (std::is_same_v<T, LaunchOp>) {
-          std::vector<backend::KernelArg> args;
-          args.reserve(op.args.size());
-          for (const LaunchArg& a : op.args) {
-            backend::KernelArg k;
-            if (a.is_tensor) {
-              k.kind = backend::KernelArg::Kind::kPointer;
-              k.pointer = ptr(a.tensor);
-            } else {
-              k.kind = backend::KernelArg::Kind::kScalar;
-              k.scalar = a.scalar;
-            }
-            args.push_back(std::move(k));
-          }
-          launch();
-          if (capturing_) {
-            capture_raw_ = true;
-          } else if (record.first_launch_op < 0) {
-            record.first_launch_op = static_cast<int>(index);
-            record.first_launch_name = op.function;
-          }
-          auto module = tensors_.modules().find(op.module);
-          if (module == tensors_.modules().end() || !module->second) {
-            return Status(ErrorKind::kInternal, "admitted launch of a module that is not loaded");
-          }
-          const std::shared_ptr<backend::Module>& used = module->second;
-          if (capturing_) {
-            if (std::find(capture_modules_.begin(), capture_modules_.end(), used) ==
-                capture_modules_.end()) {
-              capture_modules_.push_back(used);
-            }
-          } else if (record.modules_in_use.empty() ||
-                     record.modules_in_use.back().get() != static_cast<const void*>(used.get())) {
-            record.modules_in_use.push_back(used);
-          }
-          return stream_->Launch(*used, op.function, op.config, args);
-        } else if constexpr (std::is_same_v<T, BeginGraphOp>) {
-          FERRY_RETURN_IF_ERROR(stream_->BeginCapture());
-          capturing_ = true;
-          capture_handle_ = op.handle;
-          capture_refs_.clear();
-          capture_modules_.clear();
-          capture_raw_ = false;
-          capture_ops_ = 0;
-          return Status::Ok();
-        } else if constexpr (std::is_same_v<T, EndGraphOp>) {
-          capturing_ = false;
-          FERRY_ASSIGN_OR_RETURN(std::unique_ptr<backend::Graph> graph, stream_->EndCapture());
-          GraphRecord g;
-          g.graph = std::move(graph);
-          g.tensors = std::move(capture_refs_);
-          if (!capture_modules_.empty()) {
-            g.modules = std::make_shared<const std::vector<std::shared_ptr<backend::Module>>>(
-                std::move(capture_modules_));
-            capture_modules_.clear();
-          }
-          g.has_raw_kernels = capture_raw_;
-          g.ops = capture_ops_;
-          capture_refs_.clear();
-          objects_live_ += 1 + g.ops;
-          tensors_.InsertGraph(capture_handle_, std::move(g));
-          return Status::Ok();
-        } else if constexpr (std::is_same_v<T, LaunchGraphOp>) {
-          auto found = tensors_.graphs().find(op.graph);
-          if (found == tensors_.graphs().end()) {
-            return Status(ErrorKind::kInternal, "admitted launch of a graph that does not exist");
-          }
-          const GraphRecord& g = found->second;
-          ++counters_->graph_launches;
-          if (g.has_raw_kernels && record.first_launch_op < 0) {
-            record.first_launch_op = static_cast<int>(index);
-            record.first_launch_name = "graph " + std::to_string(op.graph);
-          }
-          if (g.modules) record.modules_in_use.push_back(g.modules);
-          return stream_->LaunchGraph(*g.graph);
-        } else if constexpr (std::is_same_v<T, FreeGraphOp>) {
-          if (auto found = tensors_.graphs().find(op.handle); found != tensors_.graphs().end()) {
-            objects_live_ -= 1 + found->second.ops;
-            ReleaseDeviceBytes(tensors_.RemoveGraph(op.handle));  // modules only it held
-            CountDeviceBytes();
-          }
-          return Status::Ok();
-        } else {
-          return Status(ErrorKind::kInternal, "malformed op reached the device");
-        }
-      },
-      any);
+  if (capturing_ && !std::holds_alternative<EndGraphOp>(op)) ++capture_ops_;
+  return std::visit(OpEnqueuer(*this, record, index, fresh, std::move(loaded)), op);
 }
 
 Status Session::ReserveDeviceBytes(uint64_t bytes) {
@@ -1139,23 +884,6 @@ void Session::CountDeviceBytes() {
   const uint64_t bytes = tensors_.bytes();
   counters_->device_bytes = bytes;
   if (bytes > counters_->peak_device_bytes) counters_->peak_device_bytes = bytes;
-}
-
-uint64_t Session::ObjectsAddedAtMost(const std::vector<Op>& ops) {
-  uint64_t n = 0;
-  bool recording = false;
-  for (const Op& op : ops) {
-    if (std::holds_alternative<BeginGraphOp>(op)) {
-      recording = true;
-    } else if (std::holds_alternative<EndGraphOp>(op)) {
-      recording = false;
-      ++n;  // the graph
-    } else if (recording || std::holds_alternative<CreateTensorOp>(op) ||
-               std::holds_alternative<LoadModuleOp>(op)) {
-      ++n;  // a recorded op, a tensor or a module
-    }
-  }
-  return n;
 }
 
 Status Session::ReserveObjects(uint64_t n) {

@@ -30,6 +30,7 @@
 namespace ferry::session {
 
 using Executor = SerialExecutor;
+class OpEnqueuer;
 
 /// The largest chunk of download bytes sent in one message.
 inline constexpr uint64_t kMaxChunkBytes = 1ull << 20;
@@ -75,14 +76,6 @@ struct SessionConfig {
   // 0: no limit.
   uint32_t max_queued_commands = 128;
 };
-
-/// A submit of at most kQuickSubmitOps ops, each quick (OpTraits::quick), with at most
-/// kQuickSubmitUploadBytes inline upload bytes: one that may be started on the thread that
-/// read it (rpc's IsQuick asks the same of a wire message). Anything else is started on an
-/// io thread (Session::Submit parks it when it is reached on another).
-inline constexpr size_t kQuickSubmitOps = 64;
-inline constexpr uint64_t kQuickSubmitUploadBytes = 64 << 10;
-bool IsQuickSubmit(const std::vector<Op>& ops);
 
 /// Plain copy of a session's counters, as Closed reports them.
 struct SessionStatsSnapshot {
@@ -255,6 +248,8 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   void NotifyDeviceLost(const DeviceLoss& loss) override;
 
  private:
+  friend class OpEnqueuer;  // enqueues each op of Session::EnqueueOps (op_enqueuer.h)
+
   struct PendingDownload {
     uint32_t op_index = 0;
     // The download's bytes in order: first the staging ranges the device fills, cut into
@@ -330,9 +325,8 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   void OnStagingFreed();
   // Objects (live tensors, modules and graphs, ops recorded into graphs) are charged to the
   // daemon's max-objects and the identity's uid-limits objects: before a submit is enqueued
-  // as many as it could add (ObjectsAddedAtMost: its creates, loads, graphs and recorded
-  // ops), settled to what it left live after.
-  static uint64_t ObjectsAddedAtMost(const std::vector<Op>& ops);
+  // as many as it could add (SubmitSummary::objects_added_at_most: its creates, loads,
+  // graphs and recorded ops), settled to what it left live after.
   Status ReserveObjects(uint64_t n);
   void SettleObjects();
   void GiveBackObjects();  // none left live (cleared, torn down, gone)
@@ -344,11 +338,11 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   // (from a function of the executor only: it yields to it).
   void PostResumeParked(SerialExecutor::Lane lane = SerialExecutor::Lane::kShared);
   bool resume_posted_ = false;
-  // The lane a submit of `ops` is started on, where the executor has a long lane: kLong when
+  // The lane `request` is started on, where the executor has a long lane: kLong when
   // it loads a module (its pre-pass compiles CUDA C++ or has the driver compile PTX, which
   // takes up to seconds and is not cut into slices) or has more than kLongSubmitOps ops
   // (its admission), else kShared. Its ops are then enqueued on the lanes LaneFor says.
-  SerialExecutor::Lane StartLane(const std::vector<Op>& ops) const;
+  SerialExecutor::Lane StartLane(const SubmitRequest& request) const;
   // Queue for the turns of the first parked submit; OnTurnsGranted follows on the executor.
   void AwaitTurns(uint8_t mask);
   // The identity whose weight (uid-weights) orders this session's turns.
@@ -407,6 +401,8 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   // delivery cuts chunks: not for the completion thread, see WatchCompletion).
   static bool HasStagedDownloads(const InFlight& record);
   bool StagedDownloadsInFlight() const;
+  // Enqueue op `index` of `record` (OpEnqueuer: one function per kind of op); `fresh` and
+  // `loaded` are what Enqueue made for it (a create's memory, a load's module).
   Status EnqueueOp(const Op& op, backend::DevicePtr fresh, std::shared_ptr<backend::Module> loaded,
                    InFlight& record, uint32_t index);
   // Ask the stream for one completion covering everything enqueued so far (every submit

@@ -347,6 +347,11 @@ void BackendConformanceTest::CheckElementwise(uint64_t count, uint64_t seed) {
   for (uint64_t i = 0; i < count; ++i) ref[i] *= 0.5L;
   ExpectNear(Download<T>(stream(), dout.ptr(), count), ref, rel, "scale in place");
 
+  // Relu, exact: each element is x or 0.
+  ASSERT_TRUE(stream().Relu(dt, da.ptr(), dout.ptr(), count).ok());
+  const std::vector<T> relu = Download<T>(stream(), dout.ptr(), count);
+  for (uint64_t i = 0; i < count; ++i) ASSERT_EQ(relu[i], a[i] < 0 ? T(0) : a[i]) << "relu " << i;
+
   // Axpy: dout = b; dout += 0.3 * a.
   ASSERT_TRUE(stream().CopyDeviceToDevice(dout.ptr(), db.ptr(), count * sizeof(T)).ok());
   ASSERT_TRUE(stream().Axpy(dt, 0.3, da.ptr(), dout.ptr(), count).ok());
@@ -367,6 +372,27 @@ TEST_P(BackendConformanceTest, ElementwiseOpsF32) {
 
 TEST_P(BackendConformanceTest, ElementwiseOpsF64) {
   for (uint64_t count : kSizes) CheckElementwise<double>(count, 200 + count);
+}
+
+// Relu keeps NaN, -0 and infinities of the right sign as the host loop does, in place too,
+// bit for bit on every backend.
+TEST_P(BackendConformanceTest, ReluSpecialValuesInPlace) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> in = {
+      -1.5f, 2.5f, 0.0f, -0.0f, inf, -inf, std::numeric_limits<float>::quiet_NaN(), -3e-30f};
+  DeviceBuffer buf = AllocateElements<float>(stream(), in.size());
+  Upload(stream(), buf, in);
+  ASSERT_TRUE(stream().Relu(DType::kF32, buf.ptr(), buf.ptr(), in.size()).ok());
+  const std::vector<float> out = Download<float>(stream(), buf.ptr(), in.size());
+  EXPECT_EQ(out[0], 0.0f);
+  EXPECT_EQ(out[1], 2.5f);
+  EXPECT_EQ(out[2], 0.0f);
+  EXPECT_TRUE(out[3] == 0.0f && std::signbit(out[3])) << "-0 passes through";
+  EXPECT_EQ(out[4], inf);
+  EXPECT_EQ(out[5], 0.0f);
+  EXPECT_TRUE(std::isnan(out[6]));
+  EXPECT_EQ(out[7], 0.0f);
+  ASSERT_TRUE(stream().Relu(DType::kF32, buf.ptr(), buf.ptr(), 0).ok()) << "count 0";
 }
 
 template <typename T>
@@ -578,6 +604,9 @@ TEST_P(BackendConformanceTest, InvalidArgumentsAreRejectedAtEnqueue) {
                  "binary u8");
   expect_invalid(stream().Scale(f32, 0, 2.0, a.ptr(), kCount), "scale null x");
   expect_invalid(stream().Scale(DType::kI32, a.ptr(), 2.0, a.ptr(), kCount), "scale i32");
+  expect_invalid(stream().Relu(f32, 0, a.ptr(), kCount), "relu null x");
+  expect_invalid(stream().Relu(f32, a.ptr(), 0, kCount), "relu null out");
+  expect_invalid(stream().Relu(DType::kI32, a.ptr(), a.ptr(), kCount), "relu i32");
   expect_invalid(stream().Axpy(f32, 2.0, a.ptr(), 0, kCount), "axpy null y");
   expect_invalid(stream().Axpy(DType::kU8, 2.0, a.ptr(), b.ptr(), kCount), "axpy u8");
   expect_invalid(stream().ReduceSum(f32, 0, kCount, a.ptr()), "reduce null in");

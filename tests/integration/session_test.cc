@@ -163,6 +163,51 @@ TEST_P(SessionTest, SynchronizeWaitsForEverySubmitInOrder) {
   ASSERT_TRUE(session->close().ok());
 }
 
+TEST_P(SessionTest, ReluInPlaceAndIntoAnotherTensorAndItsTypedErrors) {
+  auto session = client_->open_session();
+  ASSERT_TRUE(session.ok());
+  const auto a = RandomVector(1001, 3);
+  Tensor x = session->create_tensor<double>({7, 143});
+  Tensor out = session->create_tensor<double>({7, 143});
+  ASSERT_TRUE(session->upload(x, a).ok());
+  session->relu(x, out);
+  session->relu(x, x);  // in place
+  auto got = session->download<double>(out);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  auto in_place = session->download<double>(x);
+  ASSERT_TRUE(in_place.ok()) << in_place.status().ToString();
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_EQ((*got)[i], a[i] < 0 ? 0.0 : a[i]) << "element " << i;
+    ASSERT_EQ((*in_place)[i], (*got)[i]) << "element " << i;
+  }
+  // Refused whole, with the failing op's index: a dtype other than f32/f64, dtypes or
+  // shapes that differ, a handle that does not exist.
+  Tensor ints = session->create_tensor<int32_t>({7, 143});
+  Tensor floats = session->create_tensor<float>({7, 143});
+  Tensor other_shape = session->create_tensor<double>({143, 7});
+  ASSERT_TRUE(session->synchronize().ok());
+  auto refused = [&](auto record) {
+    session->fill(x, 1.0);
+    record();
+    EXPECT_TRUE(session->submit().ok());
+    return session->synchronize();
+  };
+  Status s = refused([&] { session->relu(ints, ints); });
+  EXPECT_EQ(s.kind(), ErrorKind::kDtypeMismatch) << s.ToString();
+  EXPECT_EQ(s.op_index(), 1);
+  s = refused([&] { session->relu(x, floats); });
+  EXPECT_EQ(s.kind(), ErrorKind::kDtypeMismatch) << s.ToString();
+  s = refused([&] { session->relu(x, other_shape); });
+  EXPECT_EQ(s.kind(), ErrorKind::kShapeMismatch) << s.ToString();
+  s = refused([&] { session->relu(Tensor(), x); });
+  EXPECT_EQ(s.kind(), ErrorKind::kInvalidHandle) << s.ToString();
+  // Nothing of a refused submit ran: x still holds relu(a), not the fills.
+  auto after = session->download<double>(x);
+  ASSERT_TRUE(after.ok()) << after.status().ToString();
+  EXPECT_EQ(*after, *got);
+  ASSERT_TRUE(session->close().ok());
+}
+
 TEST_P(SessionTest, CloseCountersMatchWhatWasDone) {
   auto session = client_->open_session();
   ASSERT_TRUE(session.ok());

@@ -104,6 +104,27 @@ def test_elementwise_ops_match_numpy(session, dtype):
                                rtol=1e-5 if dtype == np.float32 else 1e-12)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_relu_matches_numpy_in_place_and_into_another_tensor(session, dtype):
+    x_host = np.random.default_rng(11).uniform(-1, 1, (3, 67)).astype(dtype)
+    x, out = session.tensor((3, 67), dtype), session.tensor((3, 67), dtype)
+    session.upload(x, x_host)
+    session.relu(x, out)
+    want = np.maximum(x_host, dtype(0))
+    np.testing.assert_array_equal(session.download(out), want)
+    session.relu(x, x)  # in place
+    np.testing.assert_array_equal(session.download(x), want)
+    # An integer tensor, or an output of another dtype or shape, refuses the submit.
+    for bad_x, bad_out, error in [(session.tensor(4, "int32"), None, ferry.DtypeMismatch),
+                                  (x, session.tensor((3, 67), "uint8"), ferry.DtypeMismatch),
+                                  (x, session.tensor((67, 3), dtype), ferry.ShapeMismatch)]:
+        session.synchronize()
+        session.relu(bad_x, bad_x if bad_out is None else bad_out)
+        with pytest.raises(error) as info:
+            session.synchronize()
+        assert info.value.op_index == 0
+
+
 @pytest.mark.parametrize("trans_a,trans_b,alpha,beta",
                          [(False, False, 1.0, 0.0), (True, False, 2.0, 0.0),
                           (False, True, 1.0, 0.5), (True, True, -1.5, 2.0)])

@@ -77,6 +77,22 @@ TEST_F(AdmissionTest, DtypeAndShapeMismatches) {
   EXPECT_EQ(Admit({CopyOp{1, 2}}).kind(), ErrorKind::kDtypeMismatch);
 }
 
+TEST_F(AdmissionTest, ReluTakesOneFloatDtypeAndShape) {
+  AddTensor(1, DType::kF32, {8});
+  AddTensor(2, DType::kF64, {8});
+  AddTensor(3, DType::kF32, {4, 2});
+  AddTensor(4, DType::kI32, {8});
+  AddTensor(5, DType::kF32, {8});
+  EXPECT_TRUE(Admit({ReluOp{1, 1}}).ok()) << "in place";
+  EXPECT_TRUE(Admit({ReluOp{1, 5}}).ok());
+  EXPECT_EQ(Admit({ReluOp{4, 4}}).kind(), ErrorKind::kDtypeMismatch) << "integers";
+  EXPECT_EQ(Admit({ReluOp{1, 2}}).kind(), ErrorKind::kDtypeMismatch);
+  EXPECT_EQ(Admit({ReluOp{1, 3}}).kind(), ErrorKind::kShapeMismatch);
+  Status s = Admit({FillOp{1, 0}, ReluOp{1, 9}});
+  EXPECT_EQ(s.kind(), ErrorKind::kInvalidHandle);
+  EXPECT_EQ(s.op_index(), 1);
+}
+
 TEST_F(AdmissionTest, GemmShapesAreChecked) {
   AddTensor(1, DType::kF32, {2, 3});
   AddTensor(2, DType::kF32, {3, 4});

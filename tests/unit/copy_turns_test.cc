@@ -19,24 +19,30 @@ namespace ferry::session {
 namespace {
 
 constexpr uint8_t kUp = CopyTurns::kToDevice;
+
+// The turns a submit of `ops` needs (what Session::Submit asks, of the submit's summary).
+uint8_t Needs(const CopyTurns& turns, const std::vector<Op>& ops) {
+  return turns.Needs(Summarize(ops));
+}
 constexpr uint8_t kDown = CopyTurns::kToHost;
 
 TEST(CopyTurnsTest, NeedsAddsEachDirectionsCopiesUpAgainstTheSize) {
   CopyTurns turns(4, 1000);
   const std::string bytes(600, 'x');
-  EXPECT_EQ(turns.Needs({FillOp{1, 1.0}, AxpyOp{1.0, 1, 2}}), CopyTurns::kNone);
-  EXPECT_EQ(turns.Needs({UploadOp{1, 0, bytes}}), CopyTurns::kNone);  // 600 < 1000
+  EXPECT_EQ(Needs(turns, {FillOp{1, 1.0}, AxpyOp{1.0, 1, 2}}), CopyTurns::kNone);
+  EXPECT_EQ(Needs(turns, {UploadOp{1, 0, bytes}}), CopyTurns::kNone);  // 600 < 1000
   // Inline and slab uploads add up.
-  EXPECT_EQ(turns.Needs({UploadOp{1, 0, bytes}, UploadFromSlabOp{1, 0, 1, 0, 400}}), kUp);
-  EXPECT_EQ(turns.Needs({DownloadOp{1, 0, 999}}), CopyTurns::kNone);
-  EXPECT_EQ(turns.Needs({DownloadOp{1, 0, 500}, DownloadToSlabOp{1, 0, 1, 0, 500}}), kDown);
-  EXPECT_EQ(turns.Needs({UploadFromSlabOp{1, 0, 1, 0, 1000}, DownloadOp{1, 0, 1000}}), kUp | kDown);
+  EXPECT_EQ(Needs(turns, {UploadOp{1, 0, bytes}, UploadFromSlabOp{1, 0, 1, 0, 400}}), kUp);
+  EXPECT_EQ(Needs(turns, {DownloadOp{1, 0, 999}}), CopyTurns::kNone);
+  EXPECT_EQ(Needs(turns, {DownloadOp{1, 0, 500}, DownloadToSlabOp{1, 0, 1, 0, 500}}), kDown);
+  EXPECT_EQ(Needs(turns, {UploadFromSlabOp{1, 0, 1, 0, 1000}, DownloadOp{1, 0, 1000}}),
+            kUp | kDown);
   // Lengths from the wire that would wrap a sum still count as large (admission refuses them).
   const uint64_t huge = std::numeric_limits<uint64_t>::max() - 10;
-  EXPECT_EQ(turns.Needs({DownloadOp{1, 0, huge}, DownloadOp{1, 0, huge}}), kDown);
+  EXPECT_EQ(Needs(turns, {DownloadOp{1, 0, huge}, DownloadOp{1, 0, huge}}), kDown);
   // Off: nothing needs a turn, and TryTake always succeeds.
   CopyTurns off(0, 1000);
-  EXPECT_EQ(off.Needs({DownloadOp{1, 0, 1 << 20}}), CopyTurns::kNone);
+  EXPECT_EQ(Needs(off, {DownloadOp{1, 0, 1 << 20}}), CopyTurns::kNone);
   for (int i = 0; i < 100; ++i) EXPECT_TRUE(off.TryTake(kUp | kDown));
 }
 
@@ -207,9 +213,9 @@ TEST(CopyTurnsSharesTest, AnIdentityThatIdledBanksNoCredit) {
 TEST(CopyTurnsSharesTest, DeviceTurnsGateEverySubmitWithOps) {
   CopyTurns turns(/*turns=*/0, /*min_bytes=*/1, /*device_turns=*/1);
   std::vector<Op> ops;
-  EXPECT_EQ(turns.Needs(ops), CopyTurns::kNone) << "no ops, nothing on the device";
+  EXPECT_EQ(Needs(turns, ops), CopyTurns::kNone) << "no ops, nothing on the device";
   ops.push_back(FillOp{});
-  EXPECT_EQ(turns.Needs(ops), CopyTurns::kDevice);
+  EXPECT_EQ(Needs(turns, ops), CopyTurns::kDevice);
   ASSERT_TRUE(turns.TryTake(CopyTurns::kDevice, "A"));
   EXPECT_FALSE(turns.TryTake(CopyTurns::kDevice, "B"));
   EXPECT_EQ(turns.stats().held_device, 1u);
@@ -222,7 +228,7 @@ TEST(CopyTurnsSharesTest, DeviceTurnsGateEverySubmitWithOps) {
   // Copy turns off: copies take no copy turn, only the device turn.
   UploadOp up;
   up.data = "sixteen bytes...";
-  EXPECT_EQ(turns.Needs({Op(up)}), CopyTurns::kDevice);
+  EXPECT_EQ(Needs(turns, {Op(up)}), CopyTurns::kDevice);
 }
 
 // --- each identity's half: borrowing ------------------------------------------------------

@@ -188,6 +188,7 @@ SubmitRequest Request(uint64_t id, std::vector<Op> ops,
   SubmitRequest r;
   r.submit_id = id;
   r.ops = std::move(ops);
+  r.summary = Summarize(r.ops);
   r.payload = std::move(payload);
   return r;
 }

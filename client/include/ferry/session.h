@@ -286,6 +286,9 @@ class Session {
   void div(const Tensor& a, const Tensor& b, const Tensor& out);
   /// Record out = alpha * x.
   void scale(const Tensor& x, double alpha, const Tensor& out);
+  /// Record out = max(x, 0), elementwise, f32 or f64, equal shapes (out may be x; NaN stays
+  /// NaN).
+  void relu(const Tensor& x, const Tensor& out);
   /// Record y += alpha * x.
   void axpy(double alpha, const Tensor& x, const Tensor& y);
   /// Record out (one element) = sum of in.

@@ -49,6 +49,14 @@ __global__ void ScaleKernel(const T* x, T alpha, T* out, uint64_t count) {
 }
 
 template <typename T>
+__global__ void ReluKernel(const T* x, T* out, uint64_t count) {
+  for (uint64_t i = FirstIndex(); i < count; i += GridStride()) {
+    const T v = x[i];
+    out[i] = v < T(0) ? T(0) : v;
+  }
+}
+
+template <typename T>
 __global__ void AxpyKernel(T alpha, const T* __restrict__ x, T* __restrict__ y, uint64_t count) {
   for (uint64_t i = FirstIndex(); i < count; i += GridStride()) y[i] = y[i] + Mul(alpha, x[i]);
 }
@@ -227,6 +235,22 @@ cudaError_t Scale(cudaStream_t stream, const LaunchLimits& limits, DType dtype, 
   } else if (dtype == DType::kF64) {
     ScaleKernel<double><<<blocks, kBlockSize, 0, stream>>>(static_cast<const double*>(x), alpha,
                                                            static_cast<double*>(out), count);
+  } else {
+    return cudaErrorInvalidValue;
+  }
+  return LaunchError();
+}
+
+cudaError_t Relu(cudaStream_t stream, const LaunchLimits& limits, DType dtype, const void* x,
+                 void* out, uint64_t count) {
+  if (count == 0) return cudaSuccess;
+  const unsigned blocks = Blocks(count, limits.max_blocks);
+  if (dtype == DType::kF32) {
+    ReluKernel<float><<<blocks, kBlockSize, 0, stream>>>(static_cast<const float*>(x),
+                                                         static_cast<float*>(out), count);
+  } else if (dtype == DType::kF64) {
+    ReluKernel<double><<<blocks, kBlockSize, 0, stream>>>(static_cast<const double*>(x),
+                                                          static_cast<double*>(out), count);
   } else {
     return cudaErrorInvalidValue;
   }

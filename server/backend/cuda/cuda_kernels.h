@@ -40,6 +40,9 @@ cudaError_t Binary(cudaStream_t stream, const LaunchLimits& limits, BinaryOp op,
 /// out[i] = T(alpha) * x[i]; out may alias x.
 cudaError_t Scale(cudaStream_t stream, const LaunchLimits& limits, DType dtype, const void* x,
                   double alpha, void* out, uint64_t count);
+/// out[i] = x[i] < 0 ? 0 : x[i] (NaN and -0 pass through, as on the host); out may alias x.
+cudaError_t Relu(cudaStream_t stream, const LaunchLimits& limits, DType dtype, const void* x,
+                 void* out, uint64_t count);
 /// y[i] = y[i] + T(alpha) * x[i] (the product is rounded before the add, as on the host).
 cudaError_t Axpy(cudaStream_t stream, const LaunchLimits& limits, DType dtype, double alpha,
                  const void* x, void* y, uint64_t count);

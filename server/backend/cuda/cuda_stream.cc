@@ -421,6 +421,17 @@ Status CudaStream::Scale(DType dtype, DevicePtr x, double alpha, DevicePtr out, 
       });
 }
 
+// Its own kernel, not part of a fused elementwise run (cuda_kernels::FusedOp has no relu).
+Status CudaStream::Relu(DType dtype, DevicePtr x, DevicePtr out, uint64_t count) {
+  FERRY_RETURN_IF_ERROR(CheckArithmeticDType(dtype, "Relu"));
+  FERRY_ASSIGN_OR_RETURN(uint64_t bytes, ByteSize(dtype, count, "Relu"));
+  return Enqueue({Access{x, bytes, "Relu input"}, Access{out, bytes, "Relu output", true}}, [&] {
+    return device_->Check(
+        cuda_kernels::Relu(stream_, device_->limits(), dtype, Address(x), Address(out), count),
+        "Relu kernel launch");
+  });
+}
+
 Status CudaStream::Axpy(DType dtype, double alpha, DevicePtr x, DevicePtr y, uint64_t count) {
   FERRY_RETURN_IF_ERROR(CheckArithmeticDType(dtype, "Axpy"));
   FERRY_ASSIGN_OR_RETURN(uint64_t bytes, ByteSize(dtype, count, "Axpy"));

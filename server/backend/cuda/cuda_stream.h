@@ -76,6 +76,7 @@ class CudaStream final : public Stream {
   Status Binary(BinaryOp bop, DType dtype, DevicePtr a, DevicePtr b, DevicePtr out,
                 uint64_t count) override;
   Status Scale(DType dtype, DevicePtr x, double alpha, DevicePtr out, uint64_t count) override;
+  Status Relu(DType dtype, DevicePtr x, DevicePtr out, uint64_t count) override;
   Status Axpy(DType dtype, double alpha, DevicePtr x, DevicePtr y, uint64_t count) override;
   Status ReduceSum(DType dtype, DevicePtr in, uint64_t count, DevicePtr out) override;
   Status Gemm(const GemmArgs& args) override;

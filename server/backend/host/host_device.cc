@@ -196,33 +196,23 @@ class HostStream final : public Stream {
   }
 
   Status Scale(DType dtype, DevicePtr x, double alpha, DevicePtr out, uint64_t count) override {
-    FERRY_RETURN_IF_ERROR(CheckArithmeticDType(dtype, "Scale"));
-    FERRY_ASSIGN_OR_RETURN(uint64_t bytes, ByteSize(dtype, count, "Scale"));
-    HostOp op;
-    op.Touch(x, bytes, "Scale input");
-    op.Touch(out, bytes, "Scale output");
-    const void* px = HostAddress(x);
-    void* po = HostAddress(out);
-    op.run = [dtype, px, alpha, po, count] {
-      host_kernels::Scale(dtype, px, alpha, po, count);
-      return Status::Ok();
-    };
-    return Enqueue(std::move(op));
+    return EnqueueXToY({"Scale", "Scale input", "Scale output"}, dtype, x, out, count,
+                       [dtype, alpha, count](const void* px, void* po) {
+                         host_kernels::Scale(dtype, px, alpha, po, count);
+                       });
+  }
+
+  Status Relu(DType dtype, DevicePtr x, DevicePtr out, uint64_t count) override {
+    return EnqueueXToY(
+        {"Relu", "Relu input", "Relu output"}, dtype, x, out, count,
+        [dtype, count](const void* px, void* po) { host_kernels::Relu(dtype, px, po, count); });
   }
 
   Status Axpy(DType dtype, double alpha, DevicePtr x, DevicePtr y, uint64_t count) override {
-    FERRY_RETURN_IF_ERROR(CheckArithmeticDType(dtype, "Axpy"));
-    FERRY_ASSIGN_OR_RETURN(uint64_t bytes, ByteSize(dtype, count, "Axpy"));
-    HostOp op;
-    op.Touch(x, bytes, "Axpy x");
-    op.Touch(y, bytes, "Axpy y");
-    const void* px = HostAddress(x);
-    void* py = HostAddress(y);
-    op.run = [dtype, alpha, px, py, count] {
-      host_kernels::Axpy(dtype, alpha, px, py, count);
-      return Status::Ok();
-    };
-    return Enqueue(std::move(op));
+    return EnqueueXToY({"Axpy", "Axpy x", "Axpy y"}, dtype, x, y, count,
+                       [dtype, alpha, count](const void* px, void* py) {
+                         host_kernels::Axpy(dtype, alpha, px, py, count);
+                       });
   }
 
   Status ReduceSum(DType dtype, DevicePtr in, uint64_t count, DevicePtr out) override {
@@ -372,6 +362,29 @@ class HostStream final : public Stream {
       FERRY_RETURN_IF_ERROR(device_->CheckRange(access.ptr, access.bytes, access.what));
     }
     return Status::Ok();
+  }
+
+  // The names an elementwise op's errors give it and its two ranges.
+  struct XToYNames {
+    const char* op;
+    const char* x;
+    const char* y;
+  };
+  /// An f32/f64 elementwise op that reads `count` elements at x and writes them at y (y may
+  /// be x): check it, then run `kernel(x, y)` (host addresses) on the worker.
+  template <typename Kernel>
+  Status EnqueueXToY(XToYNames names, DType dtype, DevicePtr x, DevicePtr y, uint64_t count,
+                     Kernel kernel) {
+    FERRY_RETURN_IF_ERROR(CheckArithmeticDType(dtype, names.op));
+    FERRY_ASSIGN_OR_RETURN(uint64_t bytes, ByteSize(dtype, count, names.op));
+    HostOp op;
+    op.Touch(x, bytes, names.x);
+    op.Touch(y, bytes, names.y);
+    op.run = [kernel, px = static_cast<const void*>(HostAddress(x)), py = HostAddress(y)] {
+      kernel(px, py);
+      return Status::Ok();
+    };
+    return Enqueue(std::move(op));
   }
 
   /// Check `op` and record it (while capturing) or queue it for the worker; `*seq` (when

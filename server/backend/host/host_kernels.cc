@@ -43,6 +43,12 @@ void ScaleT(const T* x, double alpha, T* out, uint64_t count) {
   for (uint64_t i = 0; i < count; ++i) out[i] = s * x[i];
 }
 
+// x < 0 ? 0 : x, as the CUDA kernel: NaN and -0 pass through unchanged.
+template <typename T>
+void ReluT(const T* x, T* out, uint64_t count) {
+  for (uint64_t i = 0; i < count; ++i) out[i] = x[i] < T(0) ? T(0) : x[i];
+}
+
 template <typename T>
 void AxpyT(double alpha, const T* x, T* y, uint64_t count) {
   const T s = static_cast<T>(alpha);
@@ -144,6 +150,14 @@ void Scale(DType dtype, const void* x, double alpha, void* out, uint64_t count) 
     ScaleT(static_cast<const float*>(x), alpha, static_cast<float*>(out), count);
   } else if (dtype == DType::kF64) {
     ScaleT(static_cast<const double*>(x), alpha, static_cast<double*>(out), count);
+  }
+}
+
+void Relu(DType dtype, const void* x, void* out, uint64_t count) {
+  if (dtype == DType::kF32) {
+    ReluT(static_cast<const float*>(x), static_cast<float*>(out), count);
+  } else if (dtype == DType::kF64) {
+    ReluT(static_cast<const double*>(x), static_cast<double*>(out), count);
   }
 }
 

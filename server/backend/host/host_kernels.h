@@ -18,6 +18,8 @@ void Fill(DType dtype, void* dst, uint64_t count, double value);
 void Binary(BinaryOp op, DType dtype, const void* a, const void* b, void* out, uint64_t count);
 /// out[i] = alpha * x[i]; out may alias x.
 void Scale(DType dtype, const void* x, double alpha, void* out, uint64_t count);
+/// out[i] = max(x[i], 0), NaN kept; out may alias x.
+void Relu(DType dtype, const void* x, void* out, uint64_t count);
 /// y[i] += alpha * x[i].
 void Axpy(DType dtype, double alpha, const void* x, void* y, uint64_t count);
 /// out[0] = sum of in[0..count), summed pairwise in double (0 for count 0).
