@@ -156,11 +156,12 @@ std::shared_ptr<IncomingMessage> Take(uint64_t size, Read read, const IntakeBoun
     });
   }
   if (Admit(*in, size, bounds)) {
-    if (parsed) return in;
-    in->message = google::protobuf::Arena::CreateMessage<v1::ClientMessage>(&in->arena);
-    read([&](google::protobuf::io::ZeroCopyInputStream& s) {
-      parsed = in->message->ParseFromZeroCopyStream(&s);
-    });
+    if (!parsed) {
+      in->message = google::protobuf::Arena::CreateMessage<v1::ClientMessage>(&in->arena);
+      read([&](google::protobuf::io::ZeroCopyInputStream& s) {
+        parsed = in->message->ParseFromZeroCopyStream(&s);
+      });
+    }
     if (!parsed) {
       // The scan passed what protobuf refuses: the stream's end all the same.
       in->hold = InFlightHold();

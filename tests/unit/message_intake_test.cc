@@ -162,6 +162,10 @@ TEST_F(MessageIntakeTest, ASmallSubmitIsParsedWithoutAScanAndChargedWhatItsParse
   EXPECT_LE(in->scan.parsed_bytes, MostParsedBytes(bytes.size()));
   EXPECT_EQ(in->hold.bytes(), in->scan.parsed_bytes);
   EXPECT_EQ(registry_.in_flight_bytes(), in->scan.parsed_bytes);
+  // The submit's summary is made as for a scanned one.
+  EXPECT_EQ(in->summary.ops(), 5u);
+  EXPECT_EQ(in->summary.to_device_bytes(), 300u);
+  EXPECT_EQ(in->summary.to_host_bytes(), 4106u);
 }
 
 // Where the most its parse could take does not fit what its identity may still hold, a small
@@ -176,6 +180,7 @@ TEST_F(MessageIntakeTest, ASmallSubmitIsScannedWhereItsMostParseWouldNotFit) {
   EXPECT_EQ(in->message->submit().ops_size(), 1000);
   EXPECT_EQ(in->scan.parsed_bytes, estimate);
   EXPECT_EQ(registry_.in_flight_bytes(), estimate);
+  EXPECT_EQ(in->summary.ops(), 1000u);
 }
 
 // gRPC's bytes come in slices; the message is the same.
