@@ -108,7 +108,7 @@ bool FitsUnscanned(uint64_t size, const IntakeBounds& bounds) {
 
 // What a scan would have found, read from the parsed message; `parsed_bytes` is what the
 // parse took (its arena's bytes in use).
-WireScan Summarize(const v1::ClientMessage& m, uint64_t parsed_bytes) {
+WireScan ScanOfParsed(const v1::ClientMessage& m, uint64_t parsed_bytes) {
   WireScan out;
   out.kind = static_cast<uint32_t>(m.kind_case());
   out.sequence = m.sequence();
@@ -144,7 +144,7 @@ std::shared_ptr<IncomingMessage> Take(uint64_t size, Read read, const IntakeBoun
       parsed = in->message->ParseFromZeroCopyStream(&s);
     });
     if (parsed) {
-      in->scan = Summarize(*in->message, static_cast<uint64_t>(in->arena.SpaceUsed()));
+      in->scan = ScanOfParsed(*in->message, static_cast<uint64_t>(in->arena.SpaceUsed()));
     } else {
       in = std::make_shared<IncomingMessage>();  // the scan below says what is wrong
     }
