@@ -180,7 +180,7 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
     const std::string slab_path = first_unix_path + ".slabs";
     FERRY_ASSIGN_OR_RETURN(int slab_fd, rpc::ListenUnix(slab_path));
     FERRY_ASSIGN_OR_RETURN(d->slab_broker_,
-                           pool::SlabBroker::Start(slab_path, slab_fd, options.slab_broker));
+                           transport::SlabBroker::Start(slab_path, slab_fd, options.slab_broker));
     ctx.parts.slab_broker = d->slab_broker_.get();
     ctx.limits.session_pinned_quota = options.session_pinned_quota;
     if (options.submit_ring_bytes > 0) {

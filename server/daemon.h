@@ -15,7 +15,6 @@
 
 #include "backend/backend.h"
 #include "ferry/status.h"
-#include "pool/slab_broker.h"
 #include "pool/slab_pool.h"
 #include "pool/staging.h"
 #include "rpc/auth.h"
@@ -27,6 +26,7 @@
 #include "session/session.h"
 #include "transport/channel_stock.h"
 #include "transport/ring_poller.h"
+#include "transport/slab_broker.h"
 
 namespace ferry {
 namespace rpc {
@@ -121,7 +121,7 @@ struct DaemonOptions {
   bool slab_pool_enabled = true;
   pool::SlabPoolOptions slab_pool;
   /// Bounds of the slab socket (hello deadline, connection caps).
-  pool::SlabBrokerOptions slab_broker;
+  transport::SlabBrokerOptions slab_broker;
   /// Daemon-owned slabs (from the pool) that stage remote clients' inline transfers; 0:
   /// remote transfers copy straight between the messages and the device.
   uint32_t staging_slabs = 4;
@@ -159,7 +159,7 @@ class Daemon {
   std::unique_ptr<session::DeviceSupervisor> device_;
   std::unique_ptr<session::SessionRegistry> registry_;
   std::unique_ptr<pool::SlabPool> slab_pool_;  // outlives every session
-  std::unique_ptr<pool::SlabBroker> slab_broker_;
+  std::unique_ptr<transport::SlabBroker> slab_broker_;
   std::unique_ptr<pool::StagingArea> staging_;      // gives its slabs back before the pool goes
   std::unique_ptr<session::CopyTurns> copy_turns_;  // outlives every session
   std::unique_ptr<rpc::SessionlessStreams> sessionless_streams_;  // outlives every stream

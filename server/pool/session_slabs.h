@@ -22,8 +22,6 @@
 #include "ferry/mutex.h"
 #include "ferry/status.h"
 #include "pool/slab_pool.h"
-#include "transport/completion_board.h"
-#include "transport/submit_ring.h"
 
 namespace ferry::pool {
 
@@ -147,17 +145,6 @@ class SessionSlabs : public std::enable_shared_from_this<SessionSlabs> {
 
   size_t slab_count() const;
 
-  /// Give the session a completion board (before the slabs are shared with the broker; it is
-  /// never replaced). board() is null for a session without one. Shared: a kept stream's
-  /// next session has the same board (docs/protocol.md, "Kept streams").
-  void AttachBoard(std::shared_ptr<transport::CompletionBoard> board) { board_ = std::move(board); }
-  transport::CompletionBoard* board() const { return board_.get(); }
-  const std::shared_ptr<transport::CompletionBoard>& shared_board() const { return board_; }
-  /// Likewise a submit ring; ring() is null for a session without one.
-  void AttachRing(std::shared_ptr<transport::SubmitRing> ring) { ring_ = std::move(ring); }
-  transport::SubmitRing* ring() const { return ring_.get(); }
-  const std::shared_ptr<transport::SubmitRing>& shared_ring() const { return ring_; }
-
  private:
   struct Held {
     SlabRef ref;
@@ -167,9 +154,7 @@ class SessionSlabs : public std::enable_shared_from_this<SessionSlabs> {
 
   SlabPool* pool_;
   const uint64_t pinned_quota_;
-  std::shared_ptr<transport::CompletionBoard> board_;  // set before sharing; then read-only
-  std::shared_ptr<transport::SubmitRing> ring_;        // likewise (the ring poller holds it too)
-  std::shared_ptr<PinnedCharge> charge_;               // likewise
+  std::shared_ptr<PinnedCharge> charge_;  // set before sharing; then read-only
   mutable Mutex mu_;
   std::optional<uid_t> uid_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, Held> slabs_ ABSL_GUARDED_BY(mu_);

@@ -232,7 +232,7 @@ std::string RenderMetrics(const SessionServiceContext& c,
            p.made_on_grant_total);
   e.Metric("ferry_slab_pool_connections", "gauge", "Connections open on the slab socket.",
            slab_connections);
-  pool::SlabBrokerStats bs;
+  transport::SlabBrokerStats bs;
   if (c.parts.slab_broker) bs = c.parts.slab_broker->stats();
   e.Family("ferry_slab_connections_closed_total", "counter",
            "Slab-socket connections the daemon closed for a bound, since start, by reason.");

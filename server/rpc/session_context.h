@@ -11,7 +11,6 @@
 #include <memory>
 
 #include "ferry/mutex.h"
-#include "pool/slab_broker.h"
 #include "pool/slab_pool.h"
 #include "pool/staging.h"
 #include "rpc/access.h"
@@ -24,6 +23,7 @@
 #include "session/session.h"
 #include "transport/channel_stock.h"
 #include "transport/ring_poller.h"
+#include "transport/slab_broker.h"
 
 namespace ferry::rpc {
 
@@ -90,7 +90,7 @@ struct DaemonParts {
   session::LongLane* long_lane = nullptr;
   /// The shared-memory pool and its socket; null when the daemon has no local endpoint.
   pool::SlabPool* slab_pool = nullptr;
-  pool::SlabBroker* slab_broker = nullptr;
+  transport::SlabBroker* slab_broker = nullptr;
   pool::StagingArea* staging = nullptr;      // stages remote clients' inline transfers; may be null
   session::CopyTurns* copy_turns = nullptr;  // turns for large copies; may be null (none)
   transport::RingPoller* ring_poller = nullptr;  // takes local sessions' submit rings; may be null

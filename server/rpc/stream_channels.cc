@@ -12,16 +12,18 @@ namespace ferry::rpc {
 Status StreamChannels::Open(const v1::Open& open, session::Session& session, LastSlabs& last,
                             RingIntake& ring, const transport::RingPoller::Handler& handler,
                             v1::Opened* opened, bool* successes_on_board) {
-  auto slabs = std::make_shared<pool::SessionSlabs>(context_->parts.slab_pool,
-                                                    context_->limits.session_pinned_quota);
-  slabs->SetCharge(context_->parts.registry->AccountOf(session.id()));  // the uid's pinned limit
-  slabs_ = slabs;
+  auto channels = std::make_shared<transport::SessionChannels>();
+  channels->slabs = std::make_shared<pool::SessionSlabs>(context_->parts.slab_pool,
+                                                         context_->limits.session_pinned_quota);
+  pool::SessionSlabs& slabs = *channels->slabs;
+  slabs.SetCharge(context_->parts.registry->AccountOf(session.id()));  // the uid's pinned limit
+  channels_ = channels;
   *successes_on_board = false;
   if (kept_board_ && kept_ring_ && ring.attached()) {
     // A kept stream: the last session's board (reset) and ring, which the client has mapped;
     // the ring's registration with the poller is the same.
-    slabs->AttachBoard(std::move(kept_board_));
-    slabs->AttachRing(std::move(kept_ring_));
+    channels->board = std::move(kept_board_);
+    channels->ring = std::move(kept_ring_);
     opened->set_completion_board(true);
     *successes_on_board = open.successes_on_board();
     opened->set_submit_ring(true);
@@ -30,13 +32,13 @@ Status StreamChannels::Open(const v1::Open& open, session::Session& session, Las
     ring.Drop();  // a kept ring without its board (none is kept apart)
     kept_board_.reset();
     kept_ring_.reset();
-    OpenNew(open, session.id(), *slabs, ring, handler, opened, successes_on_board);
+    OpenNew(open, session.id(), *channels, ring, handler, opened, successes_on_board);
   }
   opened->set_successes_on_board(*successes_on_board);
-  if (const auto& board = slabs->shared_board()) {
+  if (const auto& board = channels->board) {
     // Where the client announces its sleeps on the board in its ring, the board wakes its
     // futex only then (on a kept stream, as this session's Open asks).
-    const auto& shared_ring = slabs->shared_ring();
+    const auto& shared_ring = channels->ring;
     board->WakeOnlyAnnounced(open.board_sleeps_announced() && shared_ring
                                  ? std::shared_ptr<const std::atomic<uint32_t>>(
                                        shared_ring, shared_ring->board_sleepers())
@@ -45,13 +47,13 @@ Status StreamChannels::Open(const v1::Open& open, session::Session& session, Las
   if (last.slabs) {
     // The slabs the last session on this stream kept for this one (docs/protocol.md, "Kept
     // slabs"): the same client, which has them mapped.
-    for (uint64_t id : slabs->AdoptKept(*last.slabs)) {
+    for (uint64_t id : slabs.AdoptKept(*last.slabs)) {
       opened->add_kept_slabs(id);
       ++context_->gauges.slabs_kept_total;
     }
   }
-  session.AttachSlabs(slabs);
-  auto token = context_->parts.slab_broker->IssueToken(slabs, uid_);
+  session.AttachSlabs(transport::SessionChannels::SlabsOf(channels));
+  auto token = context_->parts.slab_broker->IssueToken(channels, uid_);
   if (!token.ok()) {
     spdlog::error("session {}: {}", session.id(), token.status().message());
     return Status(ErrorKind::kUnavailable, token.status().message());
@@ -63,17 +65,18 @@ Status StreamChannels::Open(const v1::Open& open, session::Session& session, Las
   return Status::Ok();
 }
 
-void StreamChannels::OpenNew(const v1::Open& open, uint64_t session_id, pool::SessionSlabs& slabs,
-                             RingIntake& ring, const transport::RingPoller::Handler& handler,
-                             v1::Opened* opened, bool* successes_on_board) {
-  transport::ChannelStock::Channels channels =
+void StreamChannels::OpenNew(const v1::Open& open, uint64_t session_id,
+                             transport::SessionChannels& channels, RingIntake& ring,
+                             const transport::RingPoller::Handler& handler, v1::Opened* opened,
+                             bool* successes_on_board) {
+  transport::ChannelStock::Channels made =
       context_->parts.channel_stock
           ? context_->parts.channel_stock->Take()
           : transport::ChannelStock::Make(context_->limits.submit_ring_bytes);
   // A completion board, where the client sees its submits complete without waiting for
   // Completed (a session without one still works; only its waits are slower).
-  if (auto& board = channels.board; board.ok()) {
-    slabs.AttachBoard(std::move(*board));
+  if (auto& board = made.board; board.ok()) {
+    channels.board = std::move(*board);
     opened->set_completion_board(true);
     *successes_on_board = open.successes_on_board();
   } else {
@@ -81,13 +84,13 @@ void StreamChannels::OpenNew(const v1::Open& open, uint64_t session_id, pool::Se
   }
   // And a submit ring, through which the client may send its messages without gRPC.
   if (context_->parts.ring_poller && context_->limits.submit_ring_bytes > 0) {
-    if (auto& made = channels.ring; made.ok()) {
-      std::shared_ptr<transport::SubmitRing> shared = std::move(*made);
-      slabs.AttachRing(shared);
+    if (auto& made_ring = made.ring; made_ring.ok()) {
+      std::shared_ptr<transport::SubmitRing> shared = std::move(*made_ring);
+      channels.ring = shared;
       ring.Attach(context_->parts.ring_poller->Add(std::move(shared), handler));
       opened->set_submit_ring(true);
     } else {
-      spdlog::warn("session {}: no submit ring: {}", session_id, made.status().message());
+      spdlog::warn("session {}: no submit ring: {}", session_id, made_ring.status().message());
     }
   }
 }
@@ -96,16 +99,18 @@ void StreamChannels::KeepForNext(RingIntake& ring) {
   // The board (reset to nothing completed) and the ring go to the next session: the client
   // keeps them mapped, and the ring stays registered with the poller (not armed until the
   // next Open). What the poller took after the Close is dropped.
-  if (slabs_ && slabs_->shared_board() && slabs_->shared_ring() && ring.attached()) {
-    kept_board_ = slabs_->shared_board();
-    kept_ring_ = slabs_->shared_ring();
+  if (channels_ && channels_->board && channels_->ring && ring.attached()) {
+    kept_board_ = channels_->board;
+    kept_ring_ = channels_->ring;
     kept_board_->Reset();
     ring.ClearBacklog();
   } else {
     ring.Drop();
   }
-  last_slabs_ = std::move(slabs_);  // with the slabs it kept for the next session
-  if (!slab_token_.empty()) {       // never used, or spent: either way no longer good
+  // With the slabs it kept for the next session (and its channels, as its slab set kept them).
+  last_slabs_ = channels_ ? transport::SessionChannels::SlabsOf(channels_) : nullptr;
+  channels_.reset();
+  if (!slab_token_.empty()) {  // never used, or spent: either way no longer good
     context_->parts.slab_broker->RevokeToken(slab_token_);
     slab_token_.clear();
   }
@@ -115,7 +120,7 @@ void StreamChannels::Release() {
   if (!slab_token_.empty()) context_->parts.slab_broker->RevokeToken(slab_token_);
   slab_token_.clear();
   // Kept slabs (docs/protocol.md, "Kept slabs") go back with the stream.
-  if (slabs_) slabs_->ReleaseKept();
+  if (channels_) channels_->slabs->ReleaseKept();
   if (last_slabs_) last_slabs_->ReleaseKept();
   last_slabs_.reset();
 }

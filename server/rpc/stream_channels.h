@@ -18,6 +18,7 @@
 #include "rpc/ring_intake.h"
 #include "session/session.h"
 #include "transport/completion_board.h"
+#include "transport/session_channels.h"
 #include "transport/submit_ring.h"
 
 namespace ferry::rpc {
@@ -59,7 +60,7 @@ class StreamChannels {
               bool* successes_on_board);
   /// Close.keep_slabs: the slabs the client asks to keep for its next session.
   void KeepAtClose(const std::vector<uint64_t>& ids) {
-    if (slabs_) slabs_->KeepAtClose(ids);
+    if (channels_) channels_->slabs->KeepAtClose(ids);
   }
   /// The session closed and its stream is kept: its board (reset) and ring (backlog dropped)
   /// go to the next session where it had both, its slab set with the slabs it kept; the
@@ -67,26 +68,26 @@ class StreamChannels {
   void KeepForNext(RingIntake& ring);
   /// The session closed and no session follows on the stream: the slabs it kept go back.
   void ReleaseKept() {
-    if (slabs_) slabs_->ReleaseKept();
+    if (channels_) channels_->slabs->ReleaseKept();
   }
   /// The stream is done: the token is revoked and every slab kept goes back.
   void Release();
   /// The session's completion board (null: none).
-  transport::CompletionBoard* board() const { return slabs_ ? slabs_->board() : nullptr; }
+  transport::CompletionBoard* board() const { return channels_ ? channels_->board.get() : nullptr; }
 
  private:
-  // A new board and ring (made ahead by ChannelStock, or now), attached to `slabs` and
+  // A new board and ring (made ahead by ChannelStock, or now), put in `channels` and
   // announced in `opened`.
-  void OpenNew(const v1::Open& open, uint64_t session_id, pool::SessionSlabs& slabs,
+  void OpenNew(const v1::Open& open, uint64_t session_id, transport::SessionChannels& channels,
                RingIntake& ring, const transport::RingPoller::Handler& handler, v1::Opened* opened,
                bool* successes_on_board);
 
   SessionServiceContext* const context_;
   const uint32_t uid_;
-  std::shared_ptr<pool::SessionSlabs> slabs_;  // the session's
-  std::string slab_token_;                     // issued at Open; revoked at its end
+  std::shared_ptr<transport::SessionChannels> channels_;  // the session's
+  std::string slab_token_;                                // issued at Open; revoked at its end
   // On a kept stream between sessions: the last session's slab set (holding the slabs it
-  // kept), its board and its ring.
+  // kept, with the rest of its channels), its board and its ring.
   std::shared_ptr<pool::SessionSlabs> last_slabs_;
   std::shared_ptr<transport::CompletionBoard> kept_board_;
   std::shared_ptr<transport::SubmitRing> kept_ring_;

@@ -1,4 +1,4 @@
-// Fuzz target: the slab socket's message parser (ParseSlabMessage, server/pool/slab_broker.h),
+// Fuzz target: the slab socket's message parser (ParseSlabMessage, server/transport/slab_broker.h),
 // fed the way SlabBroker::Serve feeds it: one connection's bytes, a hello first, then
 // requests, parsed message by message off the front of what arrived.
 //
@@ -12,10 +12,10 @@
 #include <string_view>
 
 #include "fuzz_check.h"
-#include "pool/slab_broker.h"
+#include "transport/slab_broker.h"
 
-using ferry::pool::ParseSlabMessage;
-using ferry::pool::SlabMessage;
+using ferry::transport::ParseSlabMessage;
+using ferry::transport::SlabMessage;
 
 namespace {
 void Check(bool ok, const char* what) { ferry::fuzz::CheckOrAbort(ok, "slab_request_fuzz", what); }
@@ -44,8 +44,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       switch (m.kind) {
         case SlabMessage::Kind::kHello:
           Check(!bound, "a hello on a bound connection");
-          Check(std::memcmp(in.data(), ferry::pool::kSlabMagic, 4) == 0, "hello without magic");
-          Check(m.token.size() == ferry::pool::kSlabTokenBytes, "a token of the wrong size");
+          Check(std::memcmp(in.data(), ferry::transport::kSlabMagic, 4) == 0,
+                "hello without magic");
+          Check(m.token.size() == ferry::transport::kSlabTokenBytes, "a token of the wrong size");
           bound = true;  // as if the token were good
           break;
         case SlabMessage::Kind::kBadHello:
@@ -53,8 +54,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           return 0;  // the broker closes the connection
         case SlabMessage::Kind::kRequest:
           Check(bound, "a request before the hello");
-          Check(m.op >= ferry::pool::kSlabRequestAcquire &&
-                    m.op <= ferry::pool::kSlabRequestRingDoorbell,
+          Check(m.op >= ferry::transport::kSlabRequestAcquire &&
+                    m.op <= ferry::transport::kSlabRequestRingDoorbell,
                 "an unknown op accepted");
           break;
         case SlabMessage::Kind::kBadRequest:

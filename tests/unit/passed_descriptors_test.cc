@@ -25,15 +25,26 @@
 
 #include "../integration/raw_protocol.h"
 #include "pool/session_slabs.h"
-#include "pool/slab_broker.h"
 #include "pool/slab_pool.h"
 #include "rpc/local_connections.h"
+#include "transport/session_channels.h"
+#include "transport/slab_broker.h"
 
 namespace ferry::pool {
 namespace {
 
 using testing::RawSlabConnection;
 using testing::SendWithDescriptor;
+using transport::SessionChannels;
+using transport::SlabBroker;
+using transport::SlabBrokerOptions;
+
+// A session's channels with a slab set of `pool` and no board or ring.
+std::shared_ptr<SessionChannels> ChannelsOf(SlabPool* pool) {
+  auto channels = std::make_shared<SessionChannels>();
+  channels->slabs = std::make_shared<SessionSlabs>(pool);
+  return channels;
+}
 
 constexpr auto kPatience = std::chrono::seconds(10);  // for what must happen, never a measure
 constexpr int kSoPassRights = 83;                     // SO_PASSRIGHTS, Linux 6.16
@@ -107,8 +118,8 @@ class PassedDescriptorsTest : public ::testing::Test {
   // A session's hello on a new connection is answered (bound) within kPatience: the broker's
   // thread is free.
   void ExpectAnotherSessionIsServed() {
-    auto slabs = std::make_shared<SessionSlabs>(pool_.get());
-    auto token = broker_->IssueToken(slabs, ::getuid());
+    auto channels = ChannelsOf(pool_.get());
+    auto token = broker_->IssueToken(channels, ::getuid());
     ASSERT_TRUE(token.ok()) << token.status().ToString();
     auto c = Connect();
     EXPECT_EQ(c->Hello(*token), 0) << "the slab socket's thread did not answer another session";
@@ -142,8 +153,8 @@ TEST_F(PassedDescriptorsTest, ADescriptorPassedToTheSlabSocketEndsItsConnectionA
 // descriptors queued; its close drains them the same way.
 TEST_F(PassedDescriptorsTest, AConnectionClosedWithDescriptorsQueuedHoldsNothing) {
   StartBroker();
-  auto slabs = std::make_shared<SessionSlabs>(pool_.get());
-  auto token = broker_->IssueToken(slabs, ::getuid());
+  auto channels = ChannelsOf(pool_.get());
+  auto token = broker_->IssueToken(channels, ::getuid());
   ASSERT_TRUE(token.ok()) << token.status().ToString();
   auto c = Connect();
   ASSERT_EQ(c->Hello(*token), 0);
@@ -153,7 +164,7 @@ TEST_F(PassedDescriptorsTest, AConnectionClosedWithDescriptorsQueuedHoldsNothing
   pollfd answered = {c->fd(), POLLIN, 0};
   ASSERT_EQ(::poll(&answered, 1, static_cast<int>(kPatience.count() * 1000)), 1)
       << "the board request was never answered";
-  slabs->Close();
+  channels->slabs->Close();
   const auto deadline = std::chrono::steady_clock::now() + kPatience;
   while (broker_->stats().unread_connections == 0 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));

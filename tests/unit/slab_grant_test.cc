@@ -19,14 +19,18 @@
 
 #include "../integration/raw_protocol.h"
 #include "pool/session_slabs.h"
-#include "pool/slab_broker.h"
 #include "pool/slab_pool.h"
 #include "rpc/local_connections.h"
+#include "transport/session_channels.h"
+#include "transport/slab_broker.h"
 
 namespace ferry::pool {
 namespace {
 
 using testing::RawSlabConnection;
+using transport::SessionChannels;
+using transport::SlabBroker;
+using transport::SlabBrokerOptions;
 
 constexpr uint64_t kSlab = 1ull << 20;
 constexpr auto kPatience = std::chrono::seconds(10);  // for what must happen, never a measure
@@ -206,8 +210,10 @@ TEST(SlabGrantTest, TheSlabSocketAnswersOthersWhileAnAcquireIsMade) {
   options.grant_threads = 2;
   auto broker = SlabBroker::Start(path, *listen_fd, options);
   ASSERT_TRUE(broker.ok()) << broker.status().ToString();
-  auto a = std::make_shared<SessionSlabs>(pool.get());
-  auto b = std::make_shared<SessionSlabs>(pool.get());
+  auto a = std::make_shared<SessionChannels>();
+  a->slabs = std::make_shared<SessionSlabs>(pool.get());
+  auto b = std::make_shared<SessionChannels>();
+  b->slabs = std::make_shared<SessionSlabs>(pool.get());
   auto token_a = (*broker)->IssueToken(a, ::getuid());
   auto token_b = (*broker)->IssueToken(b, ::getuid());
   ASSERT_TRUE(token_a.ok() && token_b.ok());
@@ -235,8 +241,8 @@ TEST(SlabGrantTest, TheSlabSocketAnswersOthersWhileAnAcquireIsMade) {
     EXPECT_GE(slab->fd, 0);
     if (slab->fd >= 0) ::close(slab->fd);
   }
-  EXPECT_EQ(a->slab_count(), 1u);
-  EXPECT_EQ(b->slab_count(), 1u);
+  EXPECT_EQ(a->slabs->slab_count(), 1u);
+  EXPECT_EQ(b->slabs->slab_count(), 1u);
   broker->reset();
   std::filesystem::remove_all(dir);
 }

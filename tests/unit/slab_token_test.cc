@@ -1,13 +1,13 @@
-// The randomness behind slab tokens (pool::FillRandom): a source that fails hard, or keeps
+// The randomness behind slab tokens (transport::FillRandom): a source that fails hard, or keeps
 // asking to be retried, ends in a typed error instead of a loop that never returns.
 #include <gtest/gtest.h>
 
 #include <cerrno>
 #include <cstring>
 
-#include "pool/slab_broker.h"
+#include "transport/slab_broker.h"
 
-namespace ferry::pool {
+namespace ferry::transport {
 namespace {
 
 int calls = 0;
@@ -72,4 +72,4 @@ TEST(FillRandomTest, TheSystemSourceWorks) {
 }
 
 }  // namespace
-}  // namespace ferry::pool
+}  // namespace ferry::transport

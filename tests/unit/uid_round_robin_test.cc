@@ -1,13 +1,13 @@
 // The slab socket's grant queue serves uids in turn: a uid with many acquires queued does not
 // hold back another uid's.
-#include "pool/uid_round_robin.h"
+#include "transport/uid_round_robin.h"
 
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
-namespace ferry::pool {
+namespace ferry::transport {
 namespace {
 
 std::vector<std::string> Drain(UidRoundRobin<std::string>& q) {
@@ -39,4 +39,4 @@ TEST(UidRoundRobinTest, AUidThatArrivesLateWaitsForAtMostOneTurnOfTheOthers) {
 }
 
 }  // namespace
-}  // namespace ferry::pool
+}  // namespace ferry::transport

@@ -18,8 +18,9 @@
 // new sessions thus gets its slabs made side by side, and no acquire holds up another
 // session's hello, board or ring. Grant threads take the queued acquires of the uids in
 // turn (round robin), so one uid's burst delays another uid's acquire by at most one
-// make per grant thread. Sessions' slab sets are reached through weak pointers, so a
-// session that ends first simply makes its connection's requests fail.
+// make per grant thread. Sessions' channels (SessionChannels: slab set, board, ring) are
+// reached through weak pointers, so a session that ends first simply makes its connection's
+// requests fail.
 //
 // Bounded against hostile local clients (SlabBrokerOptions): a connection that has not sent
 // its hello within hello_timeout is closed; connections past max_connections overall, or
@@ -56,10 +57,10 @@
 
 #include "ferry/mutex.h"
 #include "ferry/status.h"
-#include "pool/session_slabs.h"
-#include "pool/uid_round_robin.h"
+#include "transport/session_channels.h"
+#include "transport/uid_round_robin.h"
 
-namespace ferry::pool {
+namespace ferry::transport {
 
 /// Wire constants of the slab socket (all integers little-endian).
 inline constexpr char kSlabMagic[4] = {'F', 'S', 'L', '1'};
@@ -140,12 +141,12 @@ class SlabBroker {
                                                    const SlabBrokerOptions& options = {});
   ~SlabBroker();
 
-  /// Issue a one-time token binding the next connection that presents it to `slabs`; fails
+  /// Issue a one-time token binding the next connection that presents it to `channels`; fails
   /// (UNAVAILABLE, nothing issued) when the system gives no random bytes (FillRandom).
   /// `uid` is the session's peer: each unspent token of a uid lets one more of its
   /// connections wait for its hello (beyond max_pending_per_uid), so a client opening many
   /// sessions at once is never refused, while connections without a session stay capped.
-  Result<std::string> IssueToken(std::weak_ptr<SessionSlabs> slabs, uid_t uid);
+  Result<std::string> IssueToken(std::weak_ptr<SessionChannels> channels, uid_t uid);
   /// Forget a session's token if it was never used.
   void RevokeToken(const std::string& token);
 
@@ -159,7 +160,7 @@ class SlabBroker {
   struct Connection {
     int fd = -1;
     uid_t uid = 0;
-    std::weak_ptr<SessionSlabs> slabs;
+    std::weak_ptr<SessionChannels> channels;
     bool bound = false;
     bool granting = false;  // an acquire is with the grant threads: not read, not closed
     uint8_t handed = 0;     // kHanded* bits: the descriptors answered (each at most once)
@@ -169,14 +170,14 @@ class SlabBroker {
 
   struct PendingToken {
     std::string token;
-    std::weak_ptr<SessionSlabs> slabs;
+    std::weak_ptr<SessionChannels> channels;
     uid_t uid = 0;  // the session's peer
   };
 
   // An acquire handed to the grant threads.
   struct GrantJob {
     int fd = -1;
-    std::weak_ptr<SessionSlabs> slabs;
+    std::weak_ptr<SessionChannels> channels;
   };
   // An acquire answered: `sent` false closes the connection.
   struct GrantDone {
@@ -194,7 +195,7 @@ class SlabBroker {
   // Remove and return the session of the pending token equal to `presented` (null when none
   // is, its session is gone, or it was issued to a uid other than `presenter`: the token is
   // spent then too), in time independent of the bytes presented.
-  std::shared_ptr<SessionSlabs> SpendToken(std::string_view presented, uid_t presenter);
+  std::shared_ptr<SessionChannels> SpendToken(std::string_view presented, uid_t presenter);
   // Accept what the backlog holds (a bounded batch), within the caps; false when out of
   // descriptors.
   bool AcceptAll(std::map<int, Connection>& conns, std::map<uid_t, uint32_t>& pending);
@@ -239,4 +240,4 @@ class SlabBroker {
   uint32_t PendingAllowance(uid_t uid);
 };
 
-}  // namespace ferry::pool
+}  // namespace ferry::transport

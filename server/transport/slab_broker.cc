@@ -1,4 +1,4 @@
-#include "pool/slab_broker.h"
+#include "transport/slab_broker.h"
 
 #include <fcntl.h>
 #include <linux/sockios.h>
@@ -19,7 +19,7 @@
 
 #include "ferry/little_endian.h"
 
-namespace ferry::pool {
+namespace ferry::transport {
 namespace {
 
 // Close the descriptors a peer passed with its bytes (SCM_RIGHTS), which the slab protocol
@@ -208,7 +208,7 @@ Status FillRandom(unsigned char* out, size_t n, RandomSource source) {
   return Status::Ok();
 }
 
-Result<std::string> SlabBroker::IssueToken(std::weak_ptr<SessionSlabs> slabs, uid_t uid) {
+Result<std::string> SlabBroker::IssueToken(std::weak_ptr<SessionChannels> channels, uid_t uid) {
   unsigned char raw[kSlabTokenBytes / 2];
   FERRY_RETURN_IF_ERROR(FillRandom(raw, sizeof(raw)).WithContext("making a slab token"));
   static const char* hex = "0123456789abcdef";
@@ -218,7 +218,7 @@ Result<std::string> SlabBroker::IssueToken(std::weak_ptr<SessionSlabs> slabs, ui
     token += hex[c & 15];
   }
   MutexLock lock(&mu_);
-  tokens_.push_back({token, std::move(slabs), uid});
+  tokens_.push_back({token, std::move(channels), uid});
   ++tokens_of_uid_[uid];
   return token;
 }
@@ -235,7 +235,8 @@ void SlabBroker::RevokeToken(const std::string& token) {
   }
 }
 
-std::shared_ptr<SessionSlabs> SlabBroker::SpendToken(std::string_view presented, uid_t presenter) {
+std::shared_ptr<SessionChannels> SlabBroker::SpendToken(std::string_view presented,
+                                                        uid_t presenter) {
   MutexLock lock(&mu_);
   // Every pending token is compared in full, whether or not one matched before it: the time
   // taken depends on how many tokens are pending, never on the bytes presented.
@@ -245,11 +246,11 @@ std::shared_ptr<SessionSlabs> SlabBroker::SpendToken(std::string_view presented,
   }
   if (match == tokens_.size()) return nullptr;
   // Only the session's own uid binds it: a token another uid learned is spent, binding nothing.
-  std::shared_ptr<SessionSlabs> slabs =
-      tokens_[match].uid == presenter ? tokens_[match].slabs.lock() : nullptr;
+  std::shared_ptr<SessionChannels> channels =
+      tokens_[match].uid == presenter ? tokens_[match].channels.lock() : nullptr;
   ForgetTokenOfUidLocked(tokens_[match].uid);
   tokens_.erase(tokens_.begin() + static_cast<std::ptrdiff_t>(match));  // one connection per
-  return slabs;                                                         // token, whatever next
+  return channels;                                                      // token, whatever next
 }
 
 void SlabBroker::ForgetTokenOfUidLocked(uid_t uid) {
@@ -284,9 +285,11 @@ void SlabBroker::RunGranter() {
     char reply[24] = {};
     int fd = -1;  // a duplicate of the slab's memfd, taken while the session held the slab
     {
-      std::shared_ptr<SessionSlabs> slabs = job.slabs.lock();
-      Result<SlabRef> ref =
-          slabs ? slabs->Acquire() : Result<SlabRef>(Status(ErrorKind::kSessionClosed, "closed"));
+      std::shared_ptr<SessionChannels> channels = job.channels.lock();
+      pool::SessionSlabs* slabs = channels ? channels->slabs.get() : nullptr;
+      Result<pool::SlabRef> ref =
+          slabs ? slabs->Acquire()
+                : Result<pool::SlabRef>(Status(ErrorKind::kSessionClosed, "closed"));
       Result<int> dup = ref.ok() ? slabs->DuplicateFd(ref->id) : Result<int>(ref.status());
       if (dup.ok()) {
         fd = *dup;
@@ -396,8 +399,8 @@ void SlabBroker::Run() {
     bool bound_any = false;
     for (auto it = conns.begin(); it != conns.end();) {
       if (it->second.bound && !it->second.granting) {
-        auto slabs = it->second.slabs.lock();
-        if (!slabs || slabs->closed()) {
+        auto channels = it->second.channels.lock();
+        if (!channels || channels->slabs->closed()) {
           it = close_conn(it);
           continue;
         }
@@ -550,18 +553,18 @@ bool SlabBroker::Process(Connection& c) {
     c.in.erase(0, m.bytes);
     if (!c.bound) {
       char reply[8] = {};
-      std::shared_ptr<SessionSlabs> slabs;
+      std::shared_ptr<SessionChannels> channels;
       // A hello with a bad magic is not this protocol: it is refused before its token is
       // looked at, so the token stays unspent (docs/protocol.md, "Slab socket").
       if (m.kind == SlabMessage::Kind::kHello) {
-        slabs = SpendToken(m.token, c.uid);
+        channels = SpendToken(m.token, c.uid);
       }
-      if (!slabs || !slabs->Bind(c.uid)) {
+      if (!channels || !channels->slabs->Bind(c.uid)) {
         Put32(reply, static_cast<uint32_t>(ErrorKind::kInvalidArgument));
         (void)SendWithFd(c.fd, reply, sizeof(reply), -1);
         return false;
       }
-      c.slabs = slabs;
+      c.channels = channels;
       c.bound = true;
       if (!SendWithFd(c.fd, reply, sizeof(reply), -1)) return false;
       continue;
@@ -573,8 +576,8 @@ bool SlabBroker::Process(Connection& c) {
       (void)SendWithFd(c.fd, reply, sizeof(reply), -1);
       return false;
     }
-    auto slabs = c.slabs.lock();
-    if (!slabs || slabs->closed()) {  // the session ended: so does its connection
+    auto channels = c.channels.lock();
+    if (!channels || channels->slabs->closed()) {  // the session ended: so does its connection
       Put32(reply, static_cast<uint32_t>(ErrorKind::kSessionClosed));
       (void)SendWithFd(c.fd, reply, sizeof(reply), -1);
       return false;
@@ -597,7 +600,7 @@ bool SlabBroker::Process(Connection& c) {
     }
     c.handed |= once;
     if (op == kSlabRequestSubmitRing || op == kSlabRequestRingDoorbell) {
-      transport::SubmitRing* ring = slabs ? slabs->ring() : nullptr;
+      SubmitRing* ring = channels->ring.get();
       if (!ring) {
         if (!answer_none()) return false;
         continue;
@@ -612,12 +615,12 @@ bool SlabBroker::Process(Connection& c) {
       continue;
     }
     if (op == kSlabRequestCompletionBoard) {
-      transport::CompletionBoard* board = slabs ? slabs->board() : nullptr;
+      CompletionBoard* board = channels->board.get();
       if (!board) {
         if (!answer_none()) return false;
         continue;
       }
-      Put64(reply + 16, transport::CompletionBoard::kBytes);
+      Put64(reply + 16, CompletionBoard::kBytes);
       if (!SendWithFd(c.fd, reply, sizeof(reply), board->fd())) return false;
       continue;
     }
@@ -625,7 +628,7 @@ bool SlabBroker::Process(Connection& c) {
     // wait in c.in until then (answers stay in order).
     {
       MutexLock lock(&grant_mu_);
-      grants_.Push(c.uid, {c.fd, c.slabs});
+      grants_.Push(c.uid, {c.fd, c.channels});
       ++acquires_waiting_;
     }
     grant_cv_.NotifyOne();
@@ -634,4 +637,4 @@ bool SlabBroker::Process(Connection& c) {
   }
 }
 
-}  // namespace ferry::pool
+}  // namespace ferry::transport

@@ -9,7 +9,7 @@
 #include <map>
 #include <utility>
 
-namespace ferry::pool {
+namespace ferry::transport {
 
 template <typename T>
 class UidRoundRobin {
@@ -32,4 +32,4 @@ class UidRoundRobin {
   uid_t last_ = 0;
 };
 
-}  // namespace ferry::pool
+}  // namespace ferry::transport
