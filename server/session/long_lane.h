@@ -8,7 +8,7 @@
 // least one), so that while one tenant keeps the lane busy (its sessions each instantiating
 // a large graph, for seconds) a thread stays free for another tenant's module load or direct
 // copy. Functions that wait for a thread are started identity by identity in turn (as
-// pool::UidRoundRobin serves uids), each identity's in the order they were posted: one
+// transport::UidRoundRobin serves uids), each identity's in the order they were posted: one
 // identity with many waiting delays another's next one by at most one function per thread.
 //
 // Thread-safe. The io_context's `threads` threads (ferryd's "ferry-long") run the functions;
