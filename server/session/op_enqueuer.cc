@@ -11,7 +11,7 @@ using backend::DevicePtr;
 
 const TensorRecord* OpEnqueuer::Use(uint64_t handle) {
   const TensorRecord* r = s_.tensors_.Find(handle);
-  if (s_.capturing_) s_.capture_refs_.emplace_back(handle, r->generation);
+  s_.graph_.UseTensor(handle, r->generation);
   return r;
 }
 
@@ -65,7 +65,7 @@ Status OpEnqueuer::operator()(const UploadOp& op) {
 Status OpEnqueuer::operator()(const DownloadOp& op) {
   // The record holds the download's buffers from here until it is delivered, even when an
   // enqueue below fails: copies enqueued before the failure still write them.
-  Session::PendingDownload& pd = record_.downloads.emplace_back();
+  PendingDownload& pd = record_.downloads.emplace_back();
   pd.op_index = index_;
   record_.download_bytes += op.length;
   const DevicePtr src = PtrOf(op.tensor) + op.offset;
@@ -196,7 +196,7 @@ Status OpEnqueuer::operator()(const LoadModuleOp& op) {
 
 Status OpEnqueuer::operator()(const UnloadModuleOp& op) {
   // Work already enqueued, and the graphs that launch it, keep the module loaded
-  // (InFlight::modules_in_use, GraphRecord::modules); the session's graphs keep it charged
+  // (InFlightSubmit::modules_in_use, GraphRecord::modules); the session's graphs keep it charged
   // too (HandleTable::RemoveModule).
   if (s_.tensors_.modules().count(op.handle) > 0) {
     --s_.objects_live_;
@@ -221,56 +221,41 @@ Status OpEnqueuer::operator()(const LaunchOp& op) {
     args.push_back(std::move(k));
   }
   CountLaunch();
-  if (s_.capturing_) {
-    s_.capture_raw_ = true;
-  } else if (record_.first_launch_op < 0) {
-    record_.first_launch_op = static_cast<int>(index_);
-    record_.first_launch_name = op.function;
-  }
   auto module = s_.tensors_.modules().find(op.module);
   if (module == s_.tensors_.modules().end() || !module->second) {
     return Status(ErrorKind::kInternal, "admitted launch of a module that is not loaded");
   }
   const std::shared_ptr<backend::Module>& used = module->second;
-  if (s_.capturing_) {
-    if (std::find(s_.capture_modules_.begin(), s_.capture_modules_.end(), used) ==
-        s_.capture_modules_.end()) {
-      s_.capture_modules_.push_back(used);
+  // Recorded into a graph, the graph keeps the module; else the submit does, and its first
+  // raw launch names it in a fault report.
+  if (!s_.graph_.UseRawLaunch(used)) {
+    if (record_.first_launch_op < 0) {
+      record_.first_launch_op = static_cast<int>(index_);
+      record_.first_launch_name = op.function;
     }
-  } else if (record_.modules_in_use.empty() ||
-             record_.modules_in_use.back().get() != static_cast<const void*>(used.get())) {
-    record_.modules_in_use.push_back(used);
+    if (record_.modules_in_use.empty() ||
+        record_.modules_in_use.back().get() != static_cast<const void*>(used.get())) {
+      record_.modules_in_use.push_back(used);
+    }
   }
   return s_.stream_->Launch(*used, op.function, op.config, args);
 }
 
 Status OpEnqueuer::operator()(const BeginGraphOp& op) {
   FERRY_RETURN_IF_ERROR(s_.stream_->BeginCapture());
-  s_.capturing_ = true;
-  s_.capture_handle_ = op.handle;
-  s_.capture_refs_.clear();
-  s_.capture_modules_.clear();
-  s_.capture_raw_ = false;
-  s_.capture_ops_ = 0;
+  s_.graph_.Begin(op.handle);
   return Status::Ok();
 }
 
 Status OpEnqueuer::operator()(const EndGraphOp&) {
-  s_.capturing_ = false;
-  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<backend::Graph> graph, s_.stream_->EndCapture());
-  GraphRecord g;
-  g.graph = std::move(graph);
-  g.tensors = std::move(s_.capture_refs_);
-  if (!s_.capture_modules_.empty()) {
-    g.modules = std::make_shared<const std::vector<std::shared_ptr<backend::Module>>>(
-        std::move(s_.capture_modules_));
-    s_.capture_modules_.clear();
+  auto graph = s_.stream_->EndCapture();
+  if (!graph.ok()) {
+    s_.graph_.Abandon();  // the stream's capture is over either way
+    return graph.status();
   }
-  g.has_raw_kernels = s_.capture_raw_;
-  g.ops = s_.capture_ops_;
-  s_.capture_refs_.clear();
-  s_.objects_live_ += 1 + g.ops;
-  s_.tensors_.InsertGraph(s_.capture_handle_, std::move(g));
+  auto [handle, record] = s_.graph_.Finish(std::move(*graph));
+  s_.objects_live_ += 1 + record.ops;
+  s_.tensors_.InsertGraph(handle, std::move(record));
   return Status::Ok();
 }
 

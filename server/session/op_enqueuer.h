@@ -22,7 +22,7 @@ class OpEnqueuer {
  public:
   /// `fresh`: the memory Enqueue allocated for a CreateTensorOp; `loaded`: the module it
   /// loaded for a LoadModuleOp (both empty for any other op).
-  OpEnqueuer(Session& session, Session::InFlight& record, uint32_t index, backend::DevicePtr fresh,
+  OpEnqueuer(Session& session, InFlightSubmit& record, uint32_t index, backend::DevicePtr fresh,
              std::shared_ptr<backend::Module> loaded)
       : s_(session), record_(record), index_(index), fresh_(fresh), loaded_(std::move(loaded)) {}
 
@@ -60,7 +60,7 @@ class OpEnqueuer {
   std::vector<pool::StagingLease>* Staged();
 
   Session& s_;
-  Session::InFlight& record_;
+  InFlightSubmit& record_;
   const uint32_t index_;
   const backend::DevicePtr fresh_;
   std::shared_ptr<backend::Module> loaded_;

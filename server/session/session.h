@@ -22,10 +22,12 @@
 #include "session/admission.h"
 #include "session/copy_turns.h"
 #include "session/device_supervisor.h"
+#include "session/graph_recorder.h"
 #include "session/handle_table.h"
 #include "session/ops.h"
 #include "session/registry.h"
 #include "session/serial_executor.h"
+#include "session/submit_queue.h"
 
 namespace ferry::session {
 
@@ -250,70 +252,13 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
  private:
   friend class OpEnqueuer;  // enqueues each op of Session::EnqueueOps (op_enqueuer.h)
 
-  struct PendingDownload {
-    uint32_t op_index = 0;
-    // The download's bytes in order: first the staging ranges the device fills, cut into
-    // chunks at delivery (which copy them out when they are written), then the chunks it
-    // fills directly, each <= kMaxChunkBytes.
-    std::vector<pool::StagingLease> staged;
-    std::vector<std::string> chunks;
-  };
-  // An admitted submit's ops on their way to the device, with what Enqueue made for them
-  // before enqueueing any (device memory, loaded modules), from op `next` on.
-  struct EnqueueWork {
-    // What Enqueue made for one op before enqueueing any: a create's memory, a load's
-    // module, and the device bytes reserved for either.
-    struct Made {
-      backend::DevicePtr fresh = 0;
-      uint64_t fresh_bytes = 0;
-      std::shared_ptr<backend::Module> loaded;
-    };
-    std::vector<Op> ops;
-    std::vector<Made> made;  // one per op where the submit creates or loads; else empty
-    size_t next = 0;
-    bool paused = false;  // stopped before `next`: no launch-queue room, or its slice was over
-  };
-  // One submit between Submit() and its OnCompleted, in submit order.
-  struct InFlight {
-    uint64_t submit_id = 0;
-    bool on_device = false;  // waits for a backend completion
-    uint64_t seq = 0;        // the order in which submits reached the device (Enqueue)
-    // Waits for its copy turns, or behind a submit that does: not yet admitted. `request`
-    // holds it meanwhile; `turns_needed` the turns it will take.
-    bool parked = false;
-    SubmitRequest request;
-    uint8_t turns_needed = CopyTurns::kNone;
-    uint8_t turns_held = CopyTurns::kNone;  // given back when the submit leaves the device
-    Status status;                          // the refusal or enqueue error, if any
-    std::shared_ptr<const void> payload;
-    std::vector<PendingDownload> downloads;
-    uint64_t download_bytes = 0;
-    int first_launch_op = -1;  // the first raw kernel launch of the submit
-    std::string first_launch_name;
-    std::vector<uint64_t> syncs_after;         // Synchronize ids answered after this completes
-    std::vector<pool::SlabRange> slab_ranges;  // busy until this submit completes
-    std::vector<pool::StagingLease> staging;   // freed when the submit is delivered
-    // The modules its raw launches use (and graphs' lists of them), kept loaded until it is
-    // delivered: an UnloadModule behind it drops only the handle.
-    std::vector<std::shared_ptr<const void>> modules_in_use;
-    // Staging ranges ReserveStaging took for each op's inline bytes (by op index), before
-    // Enqueue, which moves them into `staging` and `downloads`.
-    std::vector<std::vector<pool::StagingLease>> staged_ops;
-    // When it first found staging without room (unset: never).
-    std::chrono::steady_clock::time_point staging_wait_since{};
-    bool uid_inflight = false;  // charged to the identity's in-flight limit until delivered
-    bool raw_counted = false;   // counted in raw_launches_in_flight_ (first_launch_op >= 0)
-    // While its enqueue is paused (enqueuing_seq_ == seq): the rest of its ops.
-    std::unique_ptr<EnqueueWork> paused;
-  };
-
   Session(DeviceSupervisor* device, SessionRegistry* registry, Executor executor,
           const SessionConfig& config, std::unique_ptr<backend::Stream> stream,
           SessionEvents* events);
 
   // Admit and enqueue `request` (its turns, if it needs any, are held) into `record`; false
   // (nothing done) when its inline transfers must first wait for staging room.
-  bool Start(SubmitRequest& request, InFlight& record);
+  bool Start(SubmitRequest& request, InFlightSubmit& record);
   // With staging (every session the daemon gives some): take the pinned ranges of all the
   // submit's inline upload and download bytes at once, into record.staged_ops. A copy
   // between the device and ordinary memory may hold the calling thread until the stream's
@@ -321,7 +266,7 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   // bytes: when it has no room now, return false and resume the parked submits once it frees
   // some, or once the submit has waited staging_wait_ms (OnStagingFreed). A submit that
   // waited that long, or that the whole area could never hold, takes the direct path.
-  bool ReserveStaging(const SubmitRequest& request, InFlight& record);
+  bool ReserveStaging(const SubmitRequest& request, InFlightSubmit& record);
   void OnStagingFreed();
   // Objects (live tensors, modules and graphs, ops recorded into graphs) are charged to the
   // daemon's max-objects and the identity's uid-limits objects: before a submit is enqueued
@@ -353,10 +298,20 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   // session's later submits park behind it) and ContinueEnqueue goes on once a completion
   // shows room; where its slice (kEnqueueSlice) is over, it stops the same way and
   // ContinueEnqueue goes on after other sessions' queued work.
-  Status Enqueue(SubmitRequest& request, const AdmissionResult& admitted, InFlight& record);
+  Status Enqueue(SubmitRequest& request, const AdmissionResult& admitted, InFlightSubmit& record);
+  // Allocate the memory of every create of work.ops and load every module (CUDA C++ compiles
+  // here), into work.made, before anything is enqueued, so that a device without the memory
+  // or a compile error refuses the submit whole: on failure all of it is given back and the
+  // error carries the op's index.
+  Status MakeForOps(EnqueueWork& work, const AdmissionResult& admitted);
   // Enqueue work.ops from work.next on; stops early (work.paused) where no room is left,
   // the slice is over, or the next op is for the other lane.
-  Status EnqueueOps(InFlight& record, EnqueueWork& work);
+  Status EnqueueOps(InFlightSubmit& record, EnqueueWork& work);
+  // Enqueue op `i` of work.ops with what MakeForOps made for it (EnqueueOp), and count the
+  // submit's raw launches once the first is on the device.
+  Status EnqueueWorkOp(InFlightSubmit& record, EnqueueWork& work, size_t i);
+  // End the batch of a submit's kernel ops (Stream::EndBatch), counting it where it went.
+  Status EndOpBatch();
   using Lane = SerialExecutor::Lane;
   // The lane op `op` (op `index` of `record`) is enqueued on, where the executor has a long
   // lane: kLong for work that may hold its thread for long, which no slice cuts: the EndGraph
@@ -365,7 +320,7 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   // staging ranges (the direct path: a copy between the device and pageable memory, which
   // may wait for the stream's earlier work, CUDA). kShared for any other op. The ops after a
   // long-lane op go on on the shared lane; the session's functions still run one at a time.
-  Lane LaneFor(const Op& op, const InFlight& record, size_t index) const;
+  Lane LaneFor(const Op& op, const InFlightSubmit& record, size_t index) const;
   Lane CurrentLane() const;  // the lane this executor function runs on
   // `handle` is a graph of the session of more than kLongGraphOps recorded ops.
   bool IsLongGraph(uint64_t handle) const;
@@ -374,7 +329,7 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   void YieldEnqueue(EnqueueWork& work, size_t next, Lane lane);
   // After the last op of `record` (or a reason to stop): abandon an unfinished graph
   // capture, settle objects, and ask for its completion.
-  void EndEnqueue(InFlight& record);
+  void EndEnqueue(InFlightSubmit& record);
   // Give back what Enqueue made for the ops from work.next on (freed on the stream unless
   // the device is gone); none is left to enqueue.
   void ReleaseUnenqueued(EnqueueWork& work, bool device_gone);
@@ -384,9 +339,9 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   // Stop the paused enqueue for good with `why` (client gone, device lost): the ops not
   // enqueued give back their memory and reservations.
   void AbandonPausedEnqueue(const Status& why, bool device_gone);
-  InFlight* PausedRecord();
+  InFlightSubmit* PausedRecord();
   // The launch-queue commands `op` (op `index` of `record`) takes when enqueued on its own.
-  uint64_t CommandsOf(const Op& op, const InFlight& record, uint32_t index) const;
+  uint64_t CommandsOf(const Op& op, const InFlightSubmit& record, uint32_t index) const;
   // Whether `commands` more fit under max_queued_commands now; when they do not, a
   // completion is asked for (to learn when they will), and one every half of the limit.
   bool RoomForCommands(uint64_t commands);
@@ -399,12 +354,12 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   void GiveBackHeldRoom();
   // Whether `record`, or any submit in flight, has download bytes in staging (whose
   // delivery cuts chunks: not for the completion thread, see WatchCompletion).
-  static bool HasStagedDownloads(const InFlight& record);
+  static bool HasStagedDownloads(const InFlightSubmit& record);
   bool StagedDownloadsInFlight() const;
   // Enqueue op `index` of `record` (OpEnqueuer: one function per kind of op); `fresh` and
   // `loaded` are what Enqueue made for it (a create's memory, a load's module).
   Status EnqueueOp(const Op& op, backend::DevicePtr fresh, std::shared_ptr<backend::Module> loaded,
-                   InFlight& record, uint32_t index);
+                   InFlightSubmit& record, uint32_t index);
   // Ask the stream for one completion covering everything enqueued so far (every submit
   // whose seq is at most enqueued_seq_). `may_run_inline`: handling it is cheap (no staged
   // bytes to copy out, no teardown), so the completion thread may run it itself when the
@@ -422,7 +377,7 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   // before the stream goes), so live views and per-uid totals see it.
   void RecordUsage();
   void DeliverReady();
-  void Deliver(InFlight& record);
+  void Deliver(InFlightSubmit& record);
   // Once closing and idle, post TearDown (release everything, then Finalize).
   void MaybeTearDown();
   void TearDown();
@@ -468,15 +423,9 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   // its identity's (UidAccount::staging_holder), set at Create.
   std::shared_ptr<pool::StagingHolder> staging_holder_ = std::make_shared<pool::StagingHolder>();
   uint64_t next_generation_ = 1;
-  // While recording a graph: its handle, and the tensors its ops use.
-  bool capturing_ = false;
-  uint64_t capture_handle_ = 0;
-  std::vector<std::pair<uint64_t, uint64_t>> capture_refs_;
-  std::vector<std::shared_ptr<backend::Module>> capture_modules_;  // its launches' modules
-  bool capture_raw_ = false;
-  uint64_t capture_ops_ = 0;            // ops recorded into it so far
+  GraphRecorder graph_;                 // the graph the stream records, if any
   int64_t raw_launches_in_flight_ = 0;  // submits in flight that launch raw kernels
-  std::deque<InFlight> queue_;
+  std::deque<InFlightSubmit> queue_;
   uint64_t enqueued_seq_ = 0;  // seq of the last submit that reached the device
   // The submit whose ops are being enqueued, or whose enqueue is paused (0: none). A
   // completion asked for meanwhile covers only the submits before it.
@@ -509,11 +458,11 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   // The most ops of one submit that go as one batch: kMaxBatchOps, or kernel_batch where
   // that is more.
   uint64_t MaxBatchOps() const { return std::max<uint64_t>(kMaxBatchOps, config_.kernel_batch); }
-  CopyTurns* turns_ = nullptr;                 // null: no turns
-  size_t parked_ = 0;                          // records of queue_ that are parked
-  uint8_t awaiting_turns_ = CopyTurns::kNone;  // a Wait for these turns is outstanding
-  uint64_t turns_ticket_ = 0;                  // awaiting_turns_'s request (CopyTurns::Cancel)
-  bool awaiting_staging_ = false;              // the first parked submit waits for staging
+  CopyTurns* turns_ = nullptr;                     // null: no turns
+  size_t parked_ = 0;                              // records of queue_ that are parked
+  ParkedWait parked_wait_ = ParkedWait::kNothing;  // what the first parked submit waits for
+  uint8_t turns_awaited_ = CopyTurns::kNone;       // with kCopyTurns: the turns it waits for...
+  uint64_t turns_ticket_ = 0;                      // ...as this request (CopyTurns::Cancel)
   Status broken_;  // a sticky device error: every later submit fails with it
   void Advance(LifecycleEvent event) { lifecycle_ = NextLifecycle(lifecycle_, event); }
   Lifecycle lifecycle_ = Lifecycle::kOpen;  // changed only through Advance
