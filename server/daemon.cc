@@ -50,71 +50,16 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
   std::unique_ptr<Daemon> d(new Daemon());
   d->started_at_ = std::chrono::steady_clock::now();
   d->device_ = std::move(device);
-  uint64_t cap =
-      options.device_bytes_cap ? options.device_bytes_cap : d->device_->info().total_memory;
   // Descriptors bound what connections and sessions the daemon can take: limits not
   // configured are derived from them (rpc/local_connections.h).
   const rpc::DescriptorLimit descriptors = rpc::CurrentDescriptorLimit();
   const uint32_t max_sessions =
       options.max_sessions.value_or(rpc::DeriveMaxSessions(descriptors.soft));
-  d->registry_ = std::make_unique<session::SessionRegistry>(cap, max_sessions);
-  d->registry_->SetInFlightBytesLimit(options.in_flight_bytes);
-  d->registry_->SetObjectsLimit(options.max_objects);
-  d->registry_->launch_room().SetLimit(options.queued_commands);
-  d->registry_->SetGroupLookup(rpc::GroupsOfUid);  // gid: rules match the user database's
-  // Admins: config `admins` (and `admin-group`). Root is trusted, exempt from the per-uid
-  // and connection limits like the daemon's uid, only while it is an admin.
-  std::string admins = options.admins;
-  if (!options.admin_group.empty()) {
-    admins += (admins.empty() ? "gid:" : ",gid:") + options.admin_group;
-  }
-  FERRY_ASSIGN_OR_RETURN(rpc::AccessList admin_list, rpc::AccessList::Parse(admins));
+  FERRY_ASSIGN_OR_RETURN(rpc::AccessList admin_list, d->MakeRegistry(options, max_sessions));
   const bool root_trusted = admin_list.Admits(0);
-  d->registry_->SetUidLimits(options.uid_limits, options.slab_pool.budget,
-                             static_cast<uint32_t>(::geteuid()), root_trusted);
-  d->registry_->SetUsageIdentityLimit(options.metrics_max_identities);
-  d->registry_->SetUsageIdleTimeout(options.metrics_identity_idle_timeout);
-
-  if (options.copy_turns > 0 || options.device_turns > 0) {
-    d->copy_turns_ = std::make_unique<session::CopyTurns>(
-        options.copy_turns, options.copy_turn_bytes, options.device_turns);
-    d->copy_turns_->SetWeights(options.uid_weights);
-  }
-
-  d->context_ = std::make_unique<rpc::SessionServiceContext>();
-  rpc::SessionServiceContext& ctx = *d->context_;
-  ctx.parts.device = d->device_.get();
-  ctx.parts.registry = d->registry_.get();
-  ctx.parts.copy_turns = d->copy_turns_.get();
-  ctx.parts.io = &d->io_;
-  // As many long-lane threads as executor threads (started below): sessions that each
-  // instantiate a large graph at once hold as many long-lane threads as that, and share the
-  // cores as the kernel schedules them, while none of the executor threads, which every
-  // session needs, is held; one identity's hold at most all but one of them (LongLane).
   const int threads = ExecutorThreadCount(options.executor_threads);
-  d->long_lane_ = std::make_unique<session::LongLane>(d->long_lane_io_, threads);
-  ctx.parts.long_lane = d->long_lane_.get();
-  d->sessionless_streams_ = std::make_unique<rpc::SessionlessStreams>(options.sessionless_streams);
-  ctx.parts.sessionless_streams = d->sessionless_streams_.get();
-  // Streams refused for their token, whose client has not closed them: 64 are told why
-  // (UNAUTHENTICATED); further ones are reset. They never count against the limits above,
-  // which peers with the token share.
-  d->unauthenticated_streams_ = std::make_unique<rpc::SessionlessStreams>(
-      rpc::SessionlessStreamLimits{/*total=*/64, /*per_identity=*/0});
-  ctx.parts.unauthenticated_streams = d->unauthenticated_streams_.get();
-  ctx.limits.open_timeout = options.open_timeout;
-  ctx.limits.defaults = options.session_defaults;
-  ctx.limits.max_device_bytes_quota =
-      std::max(options.max_device_bytes_quota, options.session_defaults.device_bytes_quota);
-  ctx.limits.max_in_flight_submits =
-      std::max(options.max_in_flight_submits, options.session_defaults.max_in_flight_submits);
-  ctx.limits.max_message_bytes = options.max_message_bytes;
-  ctx.access.allow_remote_raw_kernels = options.allow_remote_raw_kernels;
-  FERRY_ASSIGN_OR_RETURN(ctx.access.raw_kernels, rpc::AccessList::Parse(options.raw_kernels));
-  ctx.access.admin = rpc::AdminPolicy(std::move(admin_list));
-  ctx.latency.submit_latency = &d->submit_latency_;
-  ctx.latency.transfer_latency = &d->transfer_latency_;
-  // The gRPC side: endpoints checked and the Unix ones opened now, served from Start below.
+  FERRY_RETURN_IF_ERROR(d->MakeContext(options, std::move(admin_list), threads));
+  // The gRPC side: endpoints checked and the Unix ones opened now, served from below.
   rpc::RpcServerOptions rpc_options;
   rpc_options.listen = options.listen;
   rpc_options.inherited_listen_fds = options.inherited_listen_fds;
@@ -132,29 +77,100 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
   rpc_options.root_exempt = root_trusted;
   FERRY_ASSIGN_OR_RETURN(d->rpc_,
                          rpc::RpcServer::Prepare(rpc_options, d->context_.get(), d->started_at_));
+  d->StartThreads(threads);
+  FERRY_RETURN_IF_ERROR(d->StartSharedMemory(options));
+  FERRY_RETURN_IF_ERROR(d->StartServing(options, std::move(metrics_tokens)));
+  return d;
+}
 
+Result<rpc::AccessList> Daemon::MakeRegistry(const DaemonOptions& options, uint32_t max_sessions) {
+  uint64_t cap = options.device_bytes_cap ? options.device_bytes_cap : device_->info().total_memory;
+  registry_ = std::make_unique<session::SessionRegistry>(cap, max_sessions);
+  registry_->SetInFlightBytesLimit(options.in_flight_bytes);
+  registry_->SetObjectsLimit(options.max_objects);
+  registry_->launch_room().SetLimit(options.queued_commands);
+  registry_->SetGroupLookup(rpc::GroupsOfUid);  // gid: rules match the user database's
+  // Admins: config `admins` (and `admin-group`). Root is trusted, exempt from the per-uid
+  // and connection limits like the daemon's uid, only while it is an admin.
+  std::string admins = options.admins;
+  if (!options.admin_group.empty()) {
+    admins += (admins.empty() ? "gid:" : ",gid:") + options.admin_group;
+  }
+  FERRY_ASSIGN_OR_RETURN(rpc::AccessList admin_list, rpc::AccessList::Parse(admins));
+  registry_->SetUidLimits(options.uid_limits, options.slab_pool.budget,
+                          static_cast<uint32_t>(::geteuid()), admin_list.Admits(0));
+  registry_->SetUsageIdentityLimit(options.metrics_max_identities);
+  registry_->SetUsageIdleTimeout(options.metrics_identity_idle_timeout);
+  if (options.copy_turns > 0 || options.device_turns > 0) {
+    copy_turns_ = std::make_unique<session::CopyTurns>(options.copy_turns, options.copy_turn_bytes,
+                                                       options.device_turns);
+    copy_turns_->SetWeights(options.uid_weights);
+  }
+  return admin_list;
+}
+
+Status Daemon::MakeContext(const DaemonOptions& options, rpc::AccessList admin_list, int threads) {
+  context_ = std::make_unique<rpc::SessionServiceContext>();
+  rpc::SessionServiceContext& ctx = *context_;
+  ctx.parts.device = device_.get();
+  ctx.parts.registry = registry_.get();
+  ctx.parts.copy_turns = copy_turns_.get();
+  ctx.parts.io = &io_;
+  // As many long-lane threads as executor threads (StartThreads): sessions that each
+  // instantiate a large graph at once hold as many long-lane threads as that, and share the
+  // cores as the kernel schedules them, while none of the executor threads, which every
+  // session needs, is held; one identity's hold at most all but one of them (LongLane).
+  long_lane_ = std::make_unique<session::LongLane>(long_lane_io_, threads);
+  ctx.parts.long_lane = long_lane_.get();
+  sessionless_streams_ = std::make_unique<rpc::SessionlessStreams>(options.sessionless_streams);
+  ctx.parts.sessionless_streams = sessionless_streams_.get();
+  // Streams refused for their token, whose client has not closed them: 64 are told why
+  // (UNAUTHENTICATED); further ones are reset. They never count against the limits above,
+  // which peers with the token share.
+  unauthenticated_streams_ = std::make_unique<rpc::SessionlessStreams>(
+      rpc::SessionlessStreamLimits{/*total=*/64, /*per_identity=*/0});
+  ctx.parts.unauthenticated_streams = unauthenticated_streams_.get();
+  ctx.limits.open_timeout = options.open_timeout;
+  ctx.limits.defaults = options.session_defaults;
+  ctx.limits.max_device_bytes_quota =
+      std::max(options.max_device_bytes_quota, options.session_defaults.device_bytes_quota);
+  ctx.limits.max_in_flight_submits =
+      std::max(options.max_in_flight_submits, options.session_defaults.max_in_flight_submits);
+  ctx.limits.max_message_bytes = options.max_message_bytes;
+  ctx.access.allow_remote_raw_kernels = options.allow_remote_raw_kernels;
+  FERRY_ASSIGN_OR_RETURN(ctx.access.raw_kernels, rpc::AccessList::Parse(options.raw_kernels));
+  ctx.access.admin = rpc::AdminPolicy(std::move(admin_list));
+  ctx.latency.submit_latency = &submit_latency_;
+  ctx.latency.transfer_latency = &transfer_latency_;
+  return Status::Ok();
+}
+
+void Daemon::StartThreads(int threads) {
   // Every session stream arms a timer (its open timeout) on io_: make Asio's timer machinery
   // (an epoll set, an eventfd, a timerfd) now, so that its descriptors are there from the
   // start rather than appearing with the first stream.
-  { boost::asio::steady_timer(d->io_).cancel(); }
-  d->work_ =
+  { boost::asio::steady_timer(io_).cancel(); }
+  work_ =
       std::make_unique<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>>(
-          d->io_.get_executor());
-  d->long_lane_work_ =
+          io_.get_executor());
+  long_lane_work_ =
       std::make_unique<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>>(
-          d->long_lane_io_.get_executor());
+          long_lane_io_.get_executor());
   for (int i = 0; i < threads; ++i) {
-    d->threads_.emplace_back([io = &d->io_] {
+    threads_.emplace_back([io = &io_] {
       pthread_setname_np(pthread_self(), "ferry-exec");
       io->run();
     });
-    d->threads_.emplace_back([io = &d->long_lane_io_] {
+    threads_.emplace_back([io = &long_lane_io_] {
       pthread_setname_np(pthread_self(), "ferry-long");
       io->run();
     });
   }
+}
 
-  const std::string first_unix_path = d->rpc_->first_unix_path();
+Status Daemon::StartSharedMemory(const DaemonOptions& options) {
+  rpc::SessionServiceContext& ctx = *context_;
+  const std::string first_unix_path = rpc_->first_unix_path();
   // The slab pool backs local clients' shared memory (with a Unix endpoint) and the pinned
   // staging every session's inline transfers go through: a daemon that listens on TCP alone
   // needs it too, or its remote sessions' inline downloads would copy into ordinary memory,
@@ -163,7 +179,7 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
   if (options.slab_pool_enabled && (local_clients || options.staging_slabs > 0)) {
     // Slabs are registered with whatever device is current; a rebuilt device gets them all
     // registered again.
-    session::DeviceSupervisor* sup = d->device_.get();
+    session::DeviceSupervisor* sup = device_.get();
     pool::HostRegistration reg;
     reg.register_memory = [sup](void* p, uint64_t n) -> Status {
       backend::Device* dev = sup->device();
@@ -172,51 +188,56 @@ Result<std::unique_ptr<Daemon>> Daemon::Start(std::unique_ptr<session::DeviceSup
     reg.unregister_memory = [sup](void* p) {
       if (backend::Device* dev = sup->device()) (void)dev->UnregisterHostMemory(p);
     };
-    FERRY_ASSIGN_OR_RETURN(d->slab_pool_, pool::SlabPool::Create(options.slab_pool, reg));
-    sup->SetRebuiltHook([pool = d->slab_pool_.get()] { pool->ReregisterAll(); });
-    ctx.parts.slab_pool = d->slab_pool_.get();
+    FERRY_ASSIGN_OR_RETURN(slab_pool_, pool::SlabPool::Create(options.slab_pool, reg));
+    sup->SetRebuiltHook([pool = slab_pool_.get()] { pool->ReregisterAll(); });
+    ctx.parts.slab_pool = slab_pool_.get();
   }
-  if (d->slab_pool_ && local_clients) {
+  if (slab_pool_ && local_clients) {
     const std::string slab_path = first_unix_path + ".slabs";
     FERRY_ASSIGN_OR_RETURN(int slab_fd, rpc::ListenUnix(slab_path));
-    FERRY_ASSIGN_OR_RETURN(d->slab_broker_,
+    FERRY_ASSIGN_OR_RETURN(slab_broker_,
                            transport::SlabBroker::Start(slab_path, slab_fd, options.slab_broker));
-    ctx.parts.slab_broker = d->slab_broker_.get();
+    ctx.parts.slab_broker = slab_broker_.get();
     ctx.limits.session_pinned_quota = options.session_pinned_quota;
     if (options.submit_ring_bytes > 0) {
-      FERRY_ASSIGN_OR_RETURN(d->ring_poller_, transport::RingPoller::Start(kRingPollerSpin));
-      ctx.parts.ring_poller = d->ring_poller_.get();
+      FERRY_ASSIGN_OR_RETURN(ring_poller_, transport::RingPoller::Start(kRingPollerSpin));
+      ctx.parts.ring_poller = ring_poller_.get();
       ctx.limits.submit_ring_bytes = options.submit_ring_bytes;
     }
     // Local sessions' boards and rings, made ahead on the io threads.
-    d->channel_stock_ = transport::ChannelStock::Create(
+    channel_stock_ = transport::ChannelStock::Create(
         ctx.limits.submit_ring_bytes, kChannelStockDepth,
-        [io = &d->io_](std::function<void()> fn) { boost::asio::post(*io, std::move(fn)); });
-    ctx.parts.channel_stock = d->channel_stock_.get();
+        [io = &io_](std::function<void()> fn) { boost::asio::post(*io, std::move(fn)); });
+    ctx.parts.channel_stock = channel_stock_.get();
   }
-  if (d->slab_pool_ && options.staging_slabs > 0) {
-    d->staging_ = std::make_unique<pool::StagingArea>(d->slab_pool_.get(), options.staging_slabs);
-    ctx.parts.staging = d->staging_.get();
+  if (slab_pool_ && options.staging_slabs > 0) {
+    staging_ = std::make_unique<pool::StagingArea>(slab_pool_.get(), options.staging_slabs);
+    ctx.parts.staging = staging_.get();
   }
-  FERRY_RETURN_IF_ERROR(d->rpc_->Start());
+  return Status::Ok();
+}
+
+Status Daemon::StartServing(const DaemonOptions& options, std::vector<std::string> metrics_tokens) {
+  FERRY_RETURN_IF_ERROR(rpc_->Start());
   if (!options.metrics_listen.empty()) {
-    FERRY_ASSIGN_OR_RETURN(d->metrics_, rpc::MetricsServer::Start(
-                                            options.metrics_listen,
-                                            [ctx = d->context_.get(), t = d->started_at_](
-                                                const rpc::MetricsEndpointStats& endpoint) {
-                                              return rpc::RenderMetrics(*ctx, t, endpoint);
-                                            },
-                                            std::move(metrics_tokens)));
+    FERRY_ASSIGN_OR_RETURN(
+        metrics_,
+        rpc::MetricsServer::Start(
+            options.metrics_listen,
+            [ctx = context_.get(), t = started_at_](const rpc::MetricsEndpointStats& endpoint) {
+              return rpc::RenderMetrics(*ctx, t, endpoint);
+            },
+            std::move(metrics_tokens)));
   }
-  d->rpc_->SetAccepting(true);
+  rpc_->SetAccepting(true);
   // grpc.health.v1 follows device loss: NOT_SERVING while the device is rebuilt.
-  d->device_->SetServingHook([rpc = d->rpc_.get(), ctx = d->context_.get()](bool up) {
+  device_->SetServingHook([rpc = rpc_.get(), ctx = context_.get()](bool up) {
     rpc->SetAccepting(up && !ctx->gauges.draining);
     // A drain that began meanwhile may have said NOT_SERVING before this said SERVING: say
     // it again (Shutdown sets draining before it does).
     if (up && ctx->gauges.draining) rpc->SetAccepting(false);
   });
-  return d;
+  return Status::Ok();
 }
 
 const std::vector<std::string>& Daemon::endpoints() const { return rpc_->endpoints(); }

@@ -17,6 +17,7 @@
 #include "ferry/status.h"
 #include "pool/slab_pool.h"
 #include "pool/staging.h"
+#include "rpc/access.h"
 #include "rpc/auth.h"
 #include "rpc/local_connections.h"
 #include "rpc/metrics.h"
@@ -155,6 +156,19 @@ class Daemon {
 
  private:
   Daemon() = default;
+  // The steps of Start, in order. The registry (limits, admins, copy turns); returns the
+  // admin list.
+  Result<rpc::AccessList> MakeRegistry(const DaemonOptions& options, uint32_t max_sessions);
+  // What every session stream shares (SessionServiceContext), with the long lane of
+  // `threads` threads.
+  Status MakeContext(const DaemonOptions& options, rpc::AccessList admin_list, int threads);
+  // The executor threads and the long lane's, `threads` of each.
+  void StartThreads(int threads);
+  // The slab pool, the slab socket, submit rings and staging (after rpc_ is prepared: the
+  // slab socket sits beside the first Unix endpoint).
+  Status StartSharedMemory(const DaemonOptions& options);
+  // Serve gRPC and metrics, and follow the device's health.
+  Status StartServing(const DaemonOptions& options, std::vector<std::string> metrics_tokens);
 
   std::unique_ptr<session::DeviceSupervisor> device_;
   std::unique_ptr<session::SessionRegistry> registry_;

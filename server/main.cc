@@ -27,6 +27,106 @@
 #include "rpc/systemd_notify.h"
 #include "session/device_supervisor.h"
 
+namespace {
+
+namespace sd = ferry::rpc::systemd;
+
+void Notify(const std::string& state) {
+  if (ferry::Status s = sd::Notify(state); !s.ok()) spdlog::warn("sd_notify: {}", s.ToString());
+}
+
+// Socket activation: adopt the inherited listening sockets into `config` (before any thread
+// starts: this edits the environment); one that matches a --listen endpoint replaces it.
+// Returns copies that survive the daemon (which closes the originals), for a re-exec after a
+// device fault to inherit in turn: systemd still holds the sockets, and their paths must
+// stay theirs. Placed above the numbers they will be moved back to.
+ferry::Result<std::vector<int>> AdoptInheritedSockets(ferry::DaemonConfig& config) {
+  FERRY_ASSIGN_OR_RETURN(std::vector<int> inherited, sd::ListenFds());
+  std::vector<int> reexec_listen_fds;
+  for (int fd : inherited) {
+    auto& listen = config.daemon.listen;
+    listen.erase(std::remove(listen.begin(), listen.end(), sd::SocketEndpoint(fd)), listen.end());
+    config.daemon.inherited_listen_fds.push_back(fd);
+    int copy =
+        ::fcntl(fd, F_DUPFD_CLOEXEC, sd::kListenFdsStart + static_cast<int>(inherited.size()));
+    if (copy >= 0) reexec_listen_fds.push_back(copy);
+  }
+  return reexec_listen_fds;
+}
+
+// What the CUDA runtime reads from the environment: before the CUDA context exists, and
+// before any thread starts.
+void SetCudaEnvironment(const ferry::DaemonConfig& config) {
+  if (config.cuda_work_queues > 0) {
+    ::setenv("CUDA_DEVICE_MAX_CONNECTIONS", std::to_string(config.cuda_work_queues).c_str(), 1);
+  }
+  // A kernel loaded on its first launch (lazy loading, CUDA's default) may wait for the whole
+  // device: a session's first fill of a new type, or first GEMM of a new shape, may wait for
+  // every other session's queued kernels (docs/operations.md, "Module loading").
+  if (config.cuda_module_loading == "eager") ::setenv("CUDA_MODULE_LOADING", "EAGER", 1);
+  if (config.cuda_module_loading == "lazy") ::setenv("CUDA_MODULE_LOADING", "LAZY", 1);
+}
+
+// Each CUDA C++ compile holds a long-lane thread while it runs (a submit that loads a
+// module starts there; there are as many as executor threads): however many are allowed,
+// one stays for the other sessions' long work (large graphs, direct copies).
+void BoundNvrtcConcurrency(ferry::DaemonConfig& config) {
+  const int executors = ferry::ExecutorThreadCount(config.daemon.executor_threads);
+  const int wanted = config.cuda.nvrtc_concurrency > 0 ? config.cuda.nvrtc_concurrency
+                                                       : ferry::backend::DefaultNvrtcConcurrency();
+  config.cuda.nvrtc_concurrency = std::max(1, std::min(wanted, executors - 1));
+}
+
+// The ready file: the daemon's endpoints, one a line, and "metrics:ENDPOINT".
+void WriteReadyFile(const std::string& path, const ferry::Daemon& daemon) {
+  std::string tmp = path + ".tmp";
+  std::string text;
+  for (const auto& ep : daemon.endpoints()) text += ep + "\n";
+  if (std::string m = daemon.metrics_endpoint(); !m.empty()) text += "metrics:" + m + "\n";
+  // Made afresh, never through a link planted at its name (the directory may be shared):
+  // written nowhere else, and the rename replaces whatever entry has the ready file's name.
+  ::unlink(tmp.c_str());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  const bool written =
+      fd >= 0 && ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  if (fd >= 0) ::close(fd);
+  if (!written || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    spdlog::error("cannot write the ready file {}: {}", path, std::strerror(errno));
+    ::unlink(tmp.c_str());
+  }
+}
+
+// After a device fault this process cannot repair: finish the daemon and execute ferryd
+// again on the same flags, the fault history in the environment and systemd's sockets
+// handed on. Returns only if the exec fails.
+int ReexecAfterFault(std::unique_ptr<ferry::Daemon>& daemon,
+                     const std::vector<int>& reexec_listen_fds, char** argv) {
+  Notify("STATUS=restarting after a device fault");
+  uint64_t resets = daemon->device().resets() + 1;
+  std::string fault = daemon->device().last_fault();
+  // The sessions already hold their DEVICE_FAULT / DEVICE_RESET completions.
+  daemon->Shutdown(std::chrono::milliseconds(200));
+  daemon.reset();
+  setenv("FERRY_DEVICE_RESETS", std::to_string(resets).c_str(), 1);
+  setenv("FERRY_LAST_FAULT", fault.c_str(), 1);
+  std::signal(SIGINT, SIG_DFL);
+  std::signal(SIGTERM, SIG_DFL);
+  if (!reexec_listen_fds.empty()) {  // hand systemd's sockets on, as LISTEN_FDS does
+    for (size_t i = 0; i < reexec_listen_fds.size(); ++i) {
+      ::dup2(reexec_listen_fds[i], sd::kListenFdsStart + static_cast<int>(i));  // no CLOEXEC
+    }
+    setenv("LISTEN_FDS", std::to_string(reexec_listen_fds.size()).c_str(), 1);
+    setenv("LISTEN_PID", std::to_string(::getpid()).c_str(), 1);  // exec keeps the pid
+  }
+  spdlog::warn("re-executing ferryd (device resets so far: {})", resets);
+  spdlog::default_logger()->flush();
+  execv("/proc/self/exe", argv);
+  spdlog::critical("re-exec failed: {}", std::strerror(errno));
+  return 1;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   // Remote clients' bytes arrive in messages of up to 64 MiB that are parsed, staged and
   // freed many times a second. glibc's defaults hand such buffers back to the kernel on every
@@ -54,38 +154,12 @@ int main(int argc, char** argv) {
     std::cout << ferry::FormatConfig(config);
     return 0;
   }
-  // Socket activation: adopt the inherited listening sockets (before any thread starts: this
-  // edits the environment). One that matches a --listen endpoint replaces it.
-  namespace sd = ferry::rpc::systemd;
-  auto inherited = sd::ListenFds();
-  if (!inherited.ok()) {
-    std::cerr << "ferryd: socket activation: " << inherited.status().message() << "\n";
+  auto reexec_listen_fds = AdoptInheritedSockets(config);
+  if (!reexec_listen_fds.ok()) {
+    std::cerr << "ferryd: socket activation: " << reexec_listen_fds.status().message() << "\n";
     return 1;
   }
-  // Copies that survive the daemon (which closes the originals), for a re-exec after a
-  // device fault to inherit in turn: systemd still holds the sockets, and their paths must
-  // stay theirs. Placed above the numbers they will be moved back to.
-  std::vector<int> reexec_listen_fds;
-  for (int fd : *inherited) {
-    auto& listen = config.daemon.listen;
-    listen.erase(std::remove(listen.begin(), listen.end(), sd::SocketEndpoint(fd)), listen.end());
-    config.daemon.inherited_listen_fds.push_back(fd);
-    int copy =
-        ::fcntl(fd, F_DUPFD_CLOEXEC, sd::kListenFdsStart + static_cast<int>(inherited->size()));
-    if (copy >= 0) reexec_listen_fds.push_back(copy);
-  }
-  // Before the CUDA context exists, and before any thread starts (this edits the environment).
-  if (config.cuda_work_queues > 0) {
-    ::setenv("CUDA_DEVICE_MAX_CONNECTIONS", std::to_string(config.cuda_work_queues).c_str(), 1);
-  }
-  // A kernel loaded on its first launch (lazy loading, CUDA's default) may wait for the whole
-  // device: a session's first fill of a new type, or first GEMM of a new shape, may wait for
-  // every other session's queued kernels (docs/operations.md, "Module loading").
-  if (config.cuda_module_loading == "eager") ::setenv("CUDA_MODULE_LOADING", "EAGER", 1);
-  if (config.cuda_module_loading == "lazy") ::setenv("CUDA_MODULE_LOADING", "LAZY", 1);
-  auto notify = [](const std::string& state) {
-    if (ferry::Status s = sd::Notify(state); !s.ok()) spdlog::warn("sd_notify: {}", s.ToString());
-  };
+  SetCudaEnvironment(config);
   // A reference to gRPC's runtime that is never given back: the exit below skips gRPC's
   // global shutdown (see there).
   grpc_init();
@@ -93,16 +167,7 @@ int main(int argc, char** argv) {
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ ferryd[%P] %v");
   if (!config.config_path.empty()) spdlog::info("configuration read from {}", config.config_path);
 
-  // Each CUDA C++ compile holds a long-lane thread while it runs (a submit that loads a
-  // module starts there; there are as many as executor threads): however many are allowed,
-  // one stays for the other sessions' long work (large graphs, direct copies).
-  {
-    const int executors = ferry::ExecutorThreadCount(config.daemon.executor_threads);
-    const int wanted = config.cuda.nvrtc_concurrency > 0
-                           ? config.cuda.nvrtc_concurrency
-                           : ferry::backend::DefaultNvrtcConcurrency();
-    config.cuda.nvrtc_concurrency = std::max(1, std::min(wanted, executors - 1));
-  }
+  BoundNvrtcConcurrency(config);
   auto factory = ferry::backend::MakeDeviceFactory(
       config.backend, config.device, config.host, config.cuda, config.host_fault_after_ops_for_test,
       config.host_rebuild_fails_for_test);
@@ -144,7 +209,7 @@ int main(int argc, char** argv) {
   auto daemon = ferry::Daemon::Start(std::move(*device), config.daemon);
   if (!daemon.ok()) {
     spdlog::critical("cannot start: {}", daemon.status().ToString());
-    notify("STATUS=cannot start: " + daemon.status().ToString());
+    Notify("STATUS=cannot start: " + daemon.status().ToString());
     return 1;
   }
   std::string endpoints;
@@ -158,27 +223,11 @@ int main(int argc, char** argv) {
   // Catch SIGINT and SIGTERM before anyone is told ferryd is ready (the ready file, READY=1):
   // one that comes before async_wait waits in the set instead of killing the process.
   boost::asio::signal_set signals(signals_io, SIGINT, SIGTERM);
-  if (!config.ready_file.empty()) {
-    std::string tmp = config.ready_file + ".tmp";
-    std::string text;
-    for (const auto& ep : (*daemon)->endpoints()) text += ep + "\n";
-    if (std::string m = (*daemon)->metrics_endpoint(); !m.empty()) text += "metrics:" + m + "\n";
-    // Made afresh, never through a link planted at its name (the directory may be shared):
-    // written nowhere else, and the rename replaces whatever entry has the ready file's name.
-    ::unlink(tmp.c_str());
-    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-    const bool written =
-        fd >= 0 && ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
-    if (fd >= 0) ::close(fd);
-    if (!written || std::rename(tmp.c_str(), config.ready_file.c_str()) != 0) {
-      spdlog::error("cannot write the ready file {}: {}", config.ready_file, std::strerror(errno));
-      ::unlink(tmp.c_str());
-    }
-  }
+  if (!config.ready_file.empty()) WriteReadyFile(config.ready_file, **daemon);
 
   // Serving: tell systemd (Type=notify), then keep it told: WATCHDOG=1 at half of
   // WatchdogSec with a STATUS line of the current load (STATUS alone every 30 s without one).
-  notify("READY=1\nSTATUS=serving device " + std::to_string(info.ordinal) + " (" + info.name +
+  Notify("READY=1\nSTATUS=serving device " + std::to_string(info.ordinal) + " (" + info.name +
          ") on " + endpoints);
   auto watchdog = sd::WatchdogInterval();
   if (watchdog) spdlog::info("systemd watchdog: a ping every {} ms", watchdog->count() / 2000);
@@ -189,7 +238,7 @@ int main(int argc, char** argv) {
     ticker.async_wait([&](const boost::system::error_code& ec) {
       if (ec) return;
       auto t = (*daemon)->registry().Totals();
-      notify(std::string(watchdog ? "WATCHDOG=1\n" : "") +
+      Notify(std::string(watchdog ? "WATCHDOG=1\n" : "") +
              "STATUS=serving: " + std::to_string(t.sessions_open) + " sessions, " +
              std::to_string(t.submits_in_flight) + " submits in flight");
       arm_ticker();
@@ -210,35 +259,12 @@ int main(int argc, char** argv) {
   signals.clear();
   std::signal(SIGINT, SIG_IGN);
   std::signal(SIGTERM, SIG_IGN);
-  if (restart) {
-    notify("STATUS=restarting after a device fault");
-    uint64_t resets = (*daemon)->device().resets() + 1;
-    std::string fault = (*daemon)->device().last_fault();
-    // The sessions already hold their DEVICE_FAULT / DEVICE_RESET completions.
-    (*daemon)->Shutdown(std::chrono::milliseconds(200));
-    daemon->reset();
-    setenv("FERRY_DEVICE_RESETS", std::to_string(resets).c_str(), 1);
-    setenv("FERRY_LAST_FAULT", fault.c_str(), 1);
-    std::signal(SIGINT, SIG_DFL);
-    std::signal(SIGTERM, SIG_DFL);
-    if (!reexec_listen_fds.empty()) {  // hand systemd's sockets on, as LISTEN_FDS does
-      for (size_t i = 0; i < reexec_listen_fds.size(); ++i) {
-        ::dup2(reexec_listen_fds[i], sd::kListenFdsStart + static_cast<int>(i));  // no CLOEXEC
-      }
-      setenv("LISTEN_FDS", std::to_string(reexec_listen_fds.size()).c_str(), 1);
-      setenv("LISTEN_PID", std::to_string(::getpid()).c_str(), 1);  // exec keeps the pid
-    }
-    spdlog::warn("re-executing ferryd (device resets so far: {})", resets);
-    spdlog::default_logger()->flush();
-    execv("/proc/self/exe", argv);
-    spdlog::critical("re-exec failed: {}", std::strerror(errno));
-    return 1;
-  }
-  notify("STOPPING=1\nSTATUS=draining: finishing in-flight work (up to " +
+  if (restart) return ReexecAfterFault(*daemon, *reexec_listen_fds, argv);
+  Notify("STOPPING=1\nSTATUS=draining: finishing in-flight work (up to " +
          std::to_string(config.drain_timeout.count()) + " ms)");
   (*daemon)->Shutdown(config.drain_timeout);
   daemon->reset();  // socket files removed, threads joined, device released
-  notify("STATUS=stopped");
+  Notify("STATUS=stopped");
   spdlog::info("stopped");
   // Leave without gRPC's global shutdown (the reference taken at the start is never given
   // back): it joins gRPC's executor threads, and one that runs TCP's backup poller sits in

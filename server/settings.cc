@@ -320,9 +320,10 @@ Status AddUidLimitRule(std::vector<session::UidLimitRule>& rules, const std::str
 
 bool InFlightBytesOk(uint64_t n) { return n == 0 || n >= (16ull << 20); }
 
-std::vector<Setting> MakeTable() {
-  constexpr uint64_t kMaxU64 = ~0ull;
-  // Every row: the kind and its bounds, the member, the help, the values that mean something.
+constexpr uint64_t kMaxU64 = ~0ull;
+
+// The settings of where ferryd listens, whom it lets in, and its metrics endpoint.
+std::vector<Setting> EndpointAndAccessSettings() {
   return {
       Text("config", "PATH", FERRY_FIELD(config_path))
           .CommandLineOnly()
@@ -384,6 +385,12 @@ std::vector<Setting> MakeTable() {
                 "forgotten: its series leave the metrics (the daemon's totals keep its counts) "
                 "and its place is free for a new one, 0..86400000")
           .Note("0", "never"),
+  };
+}
+
+// The settings of what one session may hold.
+std::vector<Setting> SessionLimitSettings() {
+  return {
       Size("session-quota", FERRY_FIELD(daemon.session_defaults.device_bytes_quota))
           .Help("default device-memory quota per session"),
       Size("max-session-quota", FERRY_FIELD(daemon.max_device_bytes_quota))
@@ -425,6 +432,12 @@ std::vector<Setting> MakeTable() {
           .Help("live tensors, modules and graphs and ops recorded into graphs all sessions "
                 "may hold together; a submit that could pass it is refused with QUOTA_EXCEEDED")
           .Note("0", "no limit"),
+  };
+}
+
+// The settings of what all sessions, streams and connections together may hold.
+std::vector<Setting> DaemonLimitSettings() {
+  return {
       CountOrAuto("max-sessions", FERRY_FIELD(daemon.max_sessions), 1, 1000000)
           .Help("sessions open at once")
           .Note("auto", "an eighth of the descriptor limit, at most 1024"),
@@ -467,6 +480,12 @@ std::vector<Setting> MakeTable() {
       Size("max-message", FERRY_FIELD(daemon.max_message_bytes),
            {[](uint64_t n) { return n >= 4096 && n <= (1ull << 31) - 1; }, "out of range 4K..2G-1"})
           .Help("largest gRPC message"),
+  };
+}
+
+// The settings of the device, its compiler and the transports.
+std::vector<Setting> DeviceSettings() {
+  return {
       Bool("rpc-bandwidth-probe", FERRY_FIELD(daemon.rpc_bandwidth_probe))
           .Help("let gRPC grow each TCP stream's receive window to the measured bandwidth-delay "
                 "product (16M or more): faster large inline transfers over high-latency links, "
@@ -510,6 +529,12 @@ std::vector<Setting> MakeTable() {
           .Help("fresh CUDA streams made ahead for the next sessions to open on, 0..256; closed "
                 "sessions' streams are destroyed on the same thread")
           .Note("0", "made at the open, destroyed at the close"),
+  };
+}
+
+// The settings of how sessions share the device: turns, weights, batches, queued commands.
+std::vector<Setting> SchedulingSettings() {
+  return {
       Count("copy-turns", FERRY_FIELD(daemon.copy_turns), 0, 1024)
           .Help("submits copying copy-turn-size or more one way that run at once, per "
                 "direction; the rest wait their turn, one identity at most half while another "
@@ -550,6 +575,12 @@ std::vector<Setting> MakeTable() {
           .Help("device commands all sessions keep queued together, below one hardware work "
                 "queue's room, whatever work queue CUDA gives each stream")
           .Note("0", "no limit"),
+  };
+}
+
+// The settings of the shared-memory slabs and the slab socket.
+std::vector<Setting> SharedMemorySettings() {
+  return {
       Size("slab-size", FERRY_FIELD(daemon.slab_pool.slab_size),
            {[](uint64_t n) { return n != 0 && n % 4096 == 0 && n <= (1ull << 40); },
             "a non-zero multiple of 4K"})
@@ -587,6 +618,12 @@ std::vector<Setting> MakeTable() {
           .Help("threads that answer slab acquires, each making a slab when none is ready, "
                 "0..64")
           .Note("0", "one per core, 1 to 16"),
+  };
+}
+
+// The settings of the process: drain, readiness, logs, and what tests set.
+std::vector<Setting> ProcessSettings() {
+  return {
       Millis("drain-timeout", FERRY_FIELD(drain_timeout), 0, 24ull * 3600 * 1000)
           .Help("on SIGTERM, how long open sessions may run on"),
       Text("ready-file", "PATH", FERRY_FIELD(ready_file))
@@ -604,6 +641,17 @@ std::vector<Setting> MakeTable() {
       // CUDA context needs (tests of that path).
       Bool("host-rebuild-fails-for-test", FERRY_FIELD(host_rebuild_fails_for_test)).HiddenForTest(),
   };
+}
+
+std::vector<Setting> MakeTable() {
+  // Every row: the kind and its bounds, the member, the help, the values that mean something;
+  // the groups in the order --help and the configuration dump list them.
+  std::vector<Setting> table;
+  for (auto group : {EndpointAndAccessSettings, SessionLimitSettings, DaemonLimitSettings,
+                     DeviceSettings, SchedulingSettings, SharedMemorySettings, ProcessSettings}) {
+    for (Setting& s : group()) table.push_back(std::move(s));
+  }
+  return table;
 }
 
 #undef FERRY_FIELD

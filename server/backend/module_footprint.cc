@@ -229,28 +229,7 @@ class PtxDeclarations {
       uint64_t bytes = element_bytes;
       bool unsized = false;
       t = Next();
-      for (bool first = true; t.Is('['); first = false) {
-        Token n = Next();
-        if (n.Is(']') && first) {
-          unsized = true;  // sized by its initialiser
-        } else {
-          uint64_t dim = 0;
-          if (n.kind != Token::Kind::kWord || !ParsePtxInteger(n.text, &dim)) {
-            if (n.kind == Token::Kind::kEnd) return Ended(space);
-            return Refuse("cannot read the dimension " + Quoted(n.text) + " of " + Quoted(name));
-          }
-          if (!CheckedMul(bytes, dim, &bytes)) {
-            return Refuse("the size of " + Quoted(name) + " overflows 64 bits");
-          }
-          n = Next();
-          if (!n.Is(']')) {
-            if (n.kind == Token::Kind::kEnd) return Ended(space);
-            return Refuse("expected ']' after a dimension of " + Quoted(name) + ", found " +
-                          Quoted(n.text));
-          }
-        }
-        t = Next();
-      }
+      FERRY_RETURN_IF_ERROR(Dimensions(space, name, &t, &bytes, &unsized));
       if (t.Is('<')) {
         return Refuse("parameterised names (" + Quoted(name) + ") are not accepted for " +
                       std::string(space) + " variables");
@@ -282,6 +261,36 @@ class PtxDeclarations {
       }
       t = Next();
     }
+  }
+
+  /// Read a variable's dimensions (`[N]...`, the first may be `[]`) from `*t` on, multiplying
+  /// `*bytes` by each; `*unsized` when the first is `[]` (sized by its initialiser). Leaves
+  /// `*t` at the token after them.
+  Status Dimensions(std::string_view space, std::string_view name, Token* t, uint64_t* bytes,
+                    bool* unsized) {
+    for (bool first = true; t->Is('['); first = false) {
+      Token n = Next();
+      if (n.Is(']') && first) {
+        *unsized = true;
+      } else {
+        uint64_t dim = 0;
+        if (n.kind != Token::Kind::kWord || !ParsePtxInteger(n.text, &dim)) {
+          if (n.kind == Token::Kind::kEnd) return Ended(space);
+          return Refuse("cannot read the dimension " + Quoted(n.text) + " of " + Quoted(name));
+        }
+        if (!CheckedMul(*bytes, dim, bytes)) {
+          return Refuse("the size of " + Quoted(name) + " overflows 64 bits");
+        }
+        n = Next();
+        if (!n.Is(']')) {
+          if (n.kind == Token::Kind::kEnd) return Ended(space);
+          return Refuse("expected ']' after a dimension of " + Quoted(name) + ", found " +
+                        Quoted(n.text));
+        }
+      }
+      *t = Next();
+    }
+    return Status::Ok();
   }
 
   /// Skip `( ... )` after an .attribute.

@@ -96,15 +96,10 @@ class Exposition {
   std::ostringstream out_;
 };
 
-}  // namespace
-
-std::string RenderMetrics(const SessionServiceContext& c,
-                          std::chrono::steady_clock::time_point started_at,
-                          const MetricsEndpointStats& endpoint) {
-  const backend::DeviceInfo info = c.parts.device->info();
-  const session::DaemonTotals t = c.parts.registry->Totals();
-  Exposition e("gpu=\"" + std::to_string(info.ordinal) + "\",UUID=\"" + EscapeLabel(info.uuid) +
-               "\"");
+// The exposition's part about the daemon: its build, uptime, drain and sessions.
+void RenderDaemonState(Exposition& e, const SessionServiceContext& c,
+                       const backend::DeviceInfo& info, const session::DaemonTotals& t,
+                       std::chrono::steady_clock::time_point started_at) {
   e.Family("ferry_build_info", "gauge", "ferryd's version and device backend (always 1).");
   e.Sample("ferry_build_info", 1,
            "version=\"" + EscapeLabel(kVersion) + "\",commit=\"" + EscapeLabel(kGitCommit) +
@@ -116,6 +111,10 @@ std::string RenderMetrics(const SessionServiceContext& c,
            c.gauges.draining ? 1 : 0);
   e.Metric("ferry_sessions_open", "gauge", "Sessions open now.", t.sessions_open);
   e.Metric("ferry_sessions_total", "counter", "Sessions opened since start.", t.sessions_total);
+}
+
+// The exposition's part about session streams and the connections that carry them.
+void RenderStreams(Exposition& e, const SessionServiceContext& c) {
   // Streams that carry no session: before their Open, or ended and not yet closed by their
   // client (rpc/sessionless_streams.h).
   uint64_t sessionless = 0, refused_per_uid = 0, refused_in_all = 0;
@@ -177,6 +176,11 @@ std::string RenderMetrics(const SessionServiceContext& c,
            "Session streams cancelled because, their session ended, their last writes were not "
            "read within open-timeout, since start.",
            c.gauges.finish_timeouts_total.load());
+}
+
+// The exposition's part about work done, and the device: its memory and its faults.
+void RenderWorkAndDevice(Exposition& e, const SessionServiceContext& c,
+                         const backend::DeviceInfo& info, const session::DaemonTotals& t) {
   e.Metric("ferry_submits_total", "counter", "Submits accepted since start.", t.submits);
   e.Metric("ferry_submits_in_flight", "gauge", "Submits accepted and not yet completed.",
            t.submits_in_flight);
@@ -207,6 +211,10 @@ std::string RenderMetrics(const SessionServiceContext& c,
   e.Metric("ferry_device_last_recovery_seconds", "gauge",
            "Fault to rebuilt device, for the last fault (0: none).",
            static_cast<double>(c.parts.device->last_recovery_ms()) / 1000.0);
+}
+
+// The exposition's part about the shared-memory slabs and the slab socket.
+void RenderSlabs(Exposition& e, const SessionServiceContext& c) {
   pool::SlabPoolStats p;
   uint64_t slab_size = 0, slab_connections = 0;
   if (c.parts.slab_pool) {
@@ -246,6 +254,10 @@ std::string RenderMetrics(const SessionServiceContext& c,
   e.Metric("ferry_slab_accept_backoffs_total", "counter",
            "Times the slab socket stopped accepting for a while: out of file descriptors.",
            bs.accept_backoffs);
+}
+
+// The exposition's part about what each identity holds now, against its limits.
+void RenderIdentityLimits(Exposition& e, const SessionServiceContext& c) {
   // Per identity (uid:N, remote:NAME or remote): usage and limits (0: no limit), for those holding
   // anything now.
   const std::vector<session::UidUsage> usage = c.parts.registry->UsageByUid();
@@ -287,6 +299,11 @@ std::string RenderMetrics(const SessionServiceContext& c,
   per_uid("ferry_uid_max_queued_commands",
           "Queued device command limit per identity (its share of queued-commands; 0: none).",
           [](const session::UidUsage& u) { return u.limits.queued_commands; });
+}
+
+// The exposition's part about device time and copies per usage identity, and over all sessions.
+void RenderIdentityUsage(Exposition& e, const SessionServiceContext& c,
+                         const session::DaemonTotals& t) {
   // Per usage identity (uid and client name, folded past metrics-max-identities), kept
   // after its sessions close until it expires (metrics-identity-idle-timeout): device time
   // and copies measured on the device (backend.h, Usage), and the device memory its open
@@ -352,6 +369,11 @@ std::string RenderMetrics(const SessionServiceContext& c,
            "Usage identities forgotten since start, none of their sessions open for "
            "metrics-identity-idle-timeout.",
            c.parts.registry->usage_expiries());
+}
+
+// The exposition's part about how work is let onto the device: queued commands, lanes, copy turns,
+// rings.
+void RenderScheduling(Exposition& e, const SessionServiceContext& c) {
   e.Metric("ferry_queued_commands", "gauge",
            "Device commands all sessions keep queued on the device now (see queued-commands).",
            c.parts.registry->launch_room().queued());
@@ -393,6 +415,11 @@ std::string RenderMetrics(const SessionServiceContext& c,
   e.Metric("ferry_submit_rings", "gauge", "Submit rings of open local sessions.", rings);
   e.Metric("ferry_submit_ring_messages_total", "counter",
            "Messages taken from local sessions' submit rings, since start.", ring_messages);
+}
+
+// The exposition's part about what the daemon holds for clients, and this endpoint's evictions.
+void RenderBackpressure(Exposition& e, const SessionServiceContext& c,
+                        const MetricsEndpointStats& endpoint) {
   e.Metric("ferry_stream_unanswered_messages", "gauge",
            "Submit and Synchronize messages accepted whose answer is not yet written, all "
            "streams (each session's counts toward its max-in-flight).",
@@ -437,6 +464,10 @@ std::string RenderMetrics(const SessionServiceContext& c,
            "state=\"waiting\"");
   e.Sample("ferry_metrics_connections_evicted_total", endpoint.evicted_answering,
            "state=\"answering\"");
+}
+
+// The exposition's part about the submit latency histograms.
+void RenderLatency(Exposition& e, const SessionServiceContext& c) {
   auto histogram = [&e](const LatencyHistogram* hist, const std::string& name, const char* help) {
     if (!hist) return;
     const LatencyHistogram::Snapshot h = hist->snapshot();
@@ -457,6 +488,26 @@ std::string RenderMetrics(const SessionServiceContext& c,
   histogram(c.latency.transfer_latency, "ferry_transfer_latency_seconds",
             "The same, for submits that move bytes (uploads and downloads, inline or through "
             "shared memory).");
+}
+
+}  // namespace
+
+std::string RenderMetrics(const SessionServiceContext& c,
+                          std::chrono::steady_clock::time_point started_at,
+                          const MetricsEndpointStats& endpoint) {
+  const backend::DeviceInfo info = c.parts.device->info();
+  const session::DaemonTotals t = c.parts.registry->Totals();
+  Exposition e("gpu=\"" + std::to_string(info.ordinal) + "\",UUID=\"" + EscapeLabel(info.uuid) +
+               "\"");
+  RenderDaemonState(e, c, info, t, started_at);
+  RenderStreams(e, c);
+  RenderWorkAndDevice(e, c, info, t);
+  RenderSlabs(e, c);
+  RenderIdentityLimits(e, c);
+  RenderIdentityUsage(e, c, t);
+  RenderScheduling(e, c);
+  RenderBackpressure(e, c, endpoint);
+  RenderLatency(e, c);
   return e.str();
 }
 

@@ -57,16 +57,28 @@ Result<std::unique_ptr<RpcServer>> RpcServer::Prepare(
   FERRY_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> tcp_credentials,
                          MakeTcpCredentials(options.tls));
 
+  r->MakeBuilders(options, started);
+  FERRY_RETURN_IF_ERROR(r->AdoptInheritedListeners(options.inherited_listen_fds));
+  r->ports_.assign(options.listen.size(), 0);
+  for (size_t i = 0; i < options.listen.size(); ++i) {
+    FERRY_RETURN_IF_ERROR(r->AddEndpoint(options, i, tcp_credentials));
+  }
+  r->SetInterceptors();
+  return r;
+}
+
+void RpcServer::MakeBuilders(const RpcServerOptions& options,
+                             std::chrono::steady_clock::time_point started) {
   // grpc.health.v1 (status follows draining) and server reflection, for operators' tools.
   EnableHealthService();
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   // Two gRPC servers with the same services: one for the TCP endpoints, one for the Unix
   // endpoints' connections, because channel arguments are per server and the BDP probe
   // (RpcServerOptions::bandwidth_probe) is for remote clients only.
-  for (Served* served : {&r->remote_, &r->local_}) {
-    const bool tcp = served == &r->remote_;
-    served->session_service = std::make_unique<SessionService>(context, tcp);
-    served->admin_service = std::make_unique<AdminService>(context, started, tcp);
+  for (Served* served : {&remote_, &local_}) {
+    const bool tcp = served == &remote_;
+    served->session_service = std::make_unique<SessionService>(context_, tcp);
+    served->admin_service = std::make_unique<AdminService>(context_, started, tcp);
     served->builder = std::make_unique<grpc::ServerBuilder>();
     grpc::ServerBuilder& b = *served->builder;
     b.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
@@ -75,10 +87,10 @@ Result<std::unique_ptr<RpcServer>> RpcServer::Prepare(
     b.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
     // What a stream the daemon stops reading may still make it buffer (RpcServerOptions):
     // local clients never probe.
-    if (served == &r->local_ || !options.bandwidth_probe) {
+    if (served == &local_ || !options.bandwidth_probe) {
       b.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
     }
-    if (served == &r->remote_ && options.tcp_idle_timeout.count() > 0) {
+    if (served == &remote_ && options.tcp_idle_timeout.count() > 0) {
       const int ms = static_cast<int>(options.tcp_idle_timeout.count());
       b.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, ms);
       b.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, ms);
@@ -86,10 +98,12 @@ Result<std::unique_ptr<RpcServer>> RpcServer::Prepare(
     b.RegisterService(served->session_service.get());
     b.RegisterService(served->admin_service.get());
   }
-  grpc::ServerBuilder& builder = *r->remote_.builder;
+}
+
+Status RpcServer::AdoptInheritedListeners(const std::vector<int>& fds) {
   // Unix endpoints: listening sockets of ferryd's own, or inherited from systemd. ferryd
   // accepts their connections itself (LocalConnections says why).
-  for (int fd : options.inherited_listen_fds) {
+  for (int fd : fds) {
     std::string ep = systemd::SocketEndpoint(fd);
     if (ep.rfind("unix:", 0) != 0) {
       ::close(fd);
@@ -99,61 +113,66 @@ Result<std::unique_ptr<RpcServer>> RpcServer::Prepare(
                         "TLS and token checks of --listen tcp:HOST:PORT)");
     }
     (void)RefusePassedDescriptors(fd);  // connections queued before this keep what they had
-    r->unix_listeners_.push_back({ep.substr(5), fd});
+    unix_listeners_.push_back({ep.substr(5), fd});
   }
-  r->ports_.assign(options.listen.size(), 0);
-  for (size_t i = 0; i < options.listen.size(); ++i) {
-    const std::string& ep = options.listen[i];
-    if (ep.rfind("unix:", 0) == 0) {
-      std::string path = ep.substr(5);
-      if (path.empty()) return Status(ErrorKind::kInvalidArgument, "empty unix socket path");
-      std::error_code ec;
-      std::filesystem::path parent = std::filesystem::path(path).parent_path();
-      if (!parent.empty()) std::filesystem::create_directories(parent, ec);
-      FERRY_ASSIGN_OR_RETURN(int fd, ListenUnix(path));
-      r->unix_listeners_.push_back({path, fd});
-      r->owned_socket_paths_.push_back(path);
-    } else if (ep.rfind("tcp:", 0) == 0) {
-      FERRY_ASSIGN_OR_RETURN(TcpEndpoint tcp, ParseHostPort(ep.substr(4)));
-      // Loopback is no exception: any local uid can reach it, not only the Unix socket's group.
-      const bool authenticates_clients =
-          !options.token_file.empty() || !options.tls.client_ca.empty();
-      if (!authenticates_clients && !options.allow_insecure_remote) {
-        return Status(ErrorKind::kInvalidArgument,
-                      "refusing " + ep +
-                          ": a TCP endpoint must authenticate its clients with --token-file or "
-                          "mutual TLS (--tls-cert/--tls-key with --tls-client-ca); "
-                          "--allow-insecure-remote lets every peer that reaches it in, loopback "
-                          "included (any local uid), for development only");
-      }
-      if (!authenticates_clients) {
-        spdlog::warn(
-            "{} authenticates no client (--allow-insecure-remote): every peer that "
-            "reaches it gets sessions and the Admin service",
-            ep);
-      }
-      if (!IsLoopback(tcp.host) && !options.tls.enabled()) {
-        spdlog::warn(
-            "{} is plaintext TCP on a non-loopback address: the bearer token and every "
-            "byte travel unencrypted; configure --tls-cert/--tls-key",
-            ep);
-      }
-      builder.AddListeningPort(tcp.host + ":" + tcp.port, tcp_credentials, &r->ports_[i]);
-    } else {
+  return Status::Ok();
+}
+
+Status RpcServer::AddEndpoint(const RpcServerOptions& options, size_t i,
+                              const std::shared_ptr<grpc::ServerCredentials>& tcp_credentials) {
+  const std::string& ep = options.listen[i];
+  if (ep.rfind("unix:", 0) == 0) {
+    std::string path = ep.substr(5);
+    if (path.empty()) return Status(ErrorKind::kInvalidArgument, "empty unix socket path");
+    std::error_code ec;
+    std::filesystem::path parent = std::filesystem::path(path).parent_path();
+    if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+    FERRY_ASSIGN_OR_RETURN(int fd, ListenUnix(path));
+    unix_listeners_.push_back({path, fd});
+    owned_socket_paths_.push_back(path);
+  } else if (ep.rfind("tcp:", 0) == 0) {
+    FERRY_ASSIGN_OR_RETURN(TcpEndpoint tcp, ParseHostPort(ep.substr(4)));
+    // Loopback is no exception: any local uid can reach it, not only the Unix socket's group.
+    const bool authenticates_clients =
+        !options.token_file.empty() || !options.tls.client_ca.empty();
+    if (!authenticates_clients && !options.allow_insecure_remote) {
       return Status(ErrorKind::kInvalidArgument,
-                    "endpoint must be unix:PATH or tcp:HOST:PORT, got " + ep);
+                    "refusing " + ep +
+                        ": a TCP endpoint must authenticate its clients with --token-file or "
+                        "mutual TLS (--tls-cert/--tls-key with --tls-client-ca); "
+                        "--allow-insecure-remote lets every peer that reaches it in, loopback "
+                        "included (any local uid), for development only");
     }
+    if (!authenticates_clients) {
+      spdlog::warn(
+          "{} authenticates no client (--allow-insecure-remote): every peer that "
+          "reaches it gets sessions and the Admin service",
+          ep);
+    }
+    if (!IsLoopback(tcp.host) && !options.tls.enabled()) {
+      spdlog::warn(
+          "{} is plaintext TCP on a non-loopback address: the bearer token and every "
+          "byte travel unencrypted; configure --tls-cert/--tls-key",
+          ep);
+    }
+    remote_.builder->AddListeningPort(tcp.host + ":" + tcp.port, tcp_credentials, &ports_[i]);
+  } else {
+    return Status(ErrorKind::kInvalidArgument,
+                  "endpoint must be unix:PATH or tcp:HOST:PORT, got " + ep);
   }
-  for (Served* served : {&r->remote_, &r->local_}) {
-    const bool tcp = served == &r->remote_;
+  return Status::Ok();
+}
+
+void RpcServer::SetInterceptors() {
+  for (Served* served : {&remote_, &local_}) {
+    const bool tcp = served == &remote_;
     std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> creators;
     // Every method of a TCP endpoint, gRPC's health and reflection included, needs the token.
-    if (tcp && r->token_) creators.push_back(MakeTokenInterceptorFactory(r->token_.get()));
+    if (tcp && token_) creators.push_back(MakeTokenInterceptorFactory(token_.get()));
     // Streams without a session (Health/Watch, reflection) are counted like sessionless ones.
-    creators.push_back(MakeSessionlessCallsInterceptorFactory(context, tcp));
+    creators.push_back(MakeSessionlessCallsInterceptorFactory(context_, tcp));
     served->builder->experimental().SetInterceptorCreators(std::move(creators));
   }
-  return r;
 }
 
 RpcServer::~RpcServer() {

@@ -23,6 +23,7 @@
 namespace grpc {
 class Server;
 class ServerBuilder;
+class ServerCredentials;
 }  // namespace grpc
 
 namespace ferry::rpc {
@@ -95,6 +96,17 @@ class RpcServer {
 
  private:
   RpcServer() = default;
+  // The steps of Prepare. Both gRPC servers' builders, with their services and channel
+  // arguments.
+  void MakeBuilders(const RpcServerOptions& options, std::chrono::steady_clock::time_point started);
+  // Systemd's listening sockets: Unix ones are adopted, any other is refused (and closed).
+  Status AdoptInheritedListeners(const std::vector<int>& fds);
+  // Endpoint `i` of options.listen: a Unix socket opened, or a TCP port added to the remote
+  // server (refused where it would authenticate no client, unless allowed).
+  Status AddEndpoint(const RpcServerOptions& options, size_t i,
+                     const std::shared_ptr<grpc::ServerCredentials>& tcp_credentials);
+  // The token check (TCP) and the sessionless-call count, on every method of both servers.
+  void SetInterceptors();
 
   struct UnixListener {
     std::string path;

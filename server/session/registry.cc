@@ -101,89 +101,105 @@ UidLimitRule DefaultUidLimitRule() {
   return r;
 }
 
-Result<UidLimitRule> ParseUidLimitRule(const std::string& text) {
-  UidLimitRule rule;
-  std::string_view rest = text;
+namespace {
+
+// The match of a uid-limits rule ("default:", "remote:", "remote:NAME:", "uid:N:", "gid:N:")
+// into `rule`, taken off the front of `*rest`.
+Status ParseRuleMatch(const std::string& text, std::string_view* rest, UidLimitRule* rule) {
   auto take_id = [&](std::string_view prefix, UidLimitRule::Match m) -> Status {
-    rest.remove_prefix(prefix.size());
-    size_t colon = rest.find(':');
+    rest->remove_prefix(prefix.size());
+    size_t colon = rest->find(':');
     if (colon == std::string_view::npos) {
       return Invalid("expected " + std::string(prefix) + "N:KEY=VALUE,...");
     }
-    FERRY_ASSIGN_OR_RETURN(uint64_t id, ParseNumber(rest.substr(0, colon)));
-    if (id > UINT32_MAX) return Invalid("id out of range: " + std::string(rest.substr(0, colon)));
-    rule.match = m;
-    rule.id = static_cast<uint32_t>(id);
-    rest.remove_prefix(colon + 1);
+    FERRY_ASSIGN_OR_RETURN(uint64_t id, ParseNumber(rest->substr(0, colon)));
+    if (id > UINT32_MAX) return Invalid("id out of range: " + std::string(rest->substr(0, colon)));
+    rule->match = m;
+    rule->id = static_cast<uint32_t>(id);
+    rest->remove_prefix(colon + 1);
     return Status::Ok();
   };
-  if (rest.rfind("default:", 0) == 0) {
-    rule.match = UidLimitRule::Match::kDefault;
-    rest.remove_prefix(8);
-  } else if (rest.rfind("remote:", 0) == 0) {
-    rule.match = UidLimitRule::Match::kRemote;
-    rest.remove_prefix(7);
+  if (rest->rfind("default:", 0) == 0) {
+    rule->match = UidLimitRule::Match::kDefault;
+    rest->remove_prefix(8);
+  } else if (rest->rfind("remote:", 0) == 0) {
+    rule->match = UidLimitRule::Match::kRemote;
+    rest->remove_prefix(7);
     // remote:NAME:KEY=...: a name holds no '=', a first limit does.
-    const size_t colon = rest.find(':');
+    const size_t colon = rest->find(':');
     if (colon != std::string_view::npos &&
-        rest.substr(0, colon).find('=') == std::string_view::npos) {
-      std::string_view name = rest.substr(0, colon);
+        rest->substr(0, colon).find('=') == std::string_view::npos) {
+      std::string_view name = rest->substr(0, colon);
       if (!IsTenantName(name)) {
         return Invalid("a tenant name is 1..32 of A-Z a-z 0-9 _ . -, got '" + std::string(name) +
                        "'");
       }
-      rule.tenant = std::string(name);
-      rest.remove_prefix(colon + 1);
+      rule->tenant = std::string(name);
+      rest->remove_prefix(colon + 1);
     }
-  } else if (rest.rfind("uid:", 0) == 0) {
+  } else if (rest->rfind("uid:", 0) == 0) {
     FERRY_RETURN_IF_ERROR(take_id("uid:", UidLimitRule::Match::kUid));
-  } else if (rest.rfind("gid:", 0) == 0) {
+  } else if (rest->rfind("gid:", 0) == 0) {
     FERRY_RETURN_IF_ERROR(take_id("gid:", UidLimitRule::Match::kGid));
   } else {
     return Invalid("a rule starts with default:, remote:, remote:NAME:, uid:N: or gid:N:, got '" +
                    text + "'");
   }
+  return Status::Ok();
+}
+
+// One KEY=VALUE limit of a uid-limits rule into `rule`.
+Status ParseRuleLimit(std::string_view item, UidLimitRule* rule) {
+  size_t eq = item.find('=');
+  if (eq == std::string_view::npos) {
+    return Invalid("expected KEY=VALUE, got '" + std::string(item) + "'");
+  }
+  std::string_view key = item.substr(0, eq), value = item.substr(eq + 1);
+  UidLimit* limit = key == "sessions"         ? &rule->sessions
+                    : key == "device"         ? &rule->device
+                    : key == "pinned"         ? &rule->pinned
+                    : key == "inflight"       ? &rule->inflight
+                    : key == "inflight-bytes" ? &rule->inflight_bytes
+                    : key == "objects"        ? &rule->objects
+                    : key == "queued"         ? &rule->queued
+                                              : nullptr;
+  if (!limit) {
+    return Invalid("unknown limit '" + std::string(key) +
+                   "' (sessions, device, pinned, inflight, inflight-bytes, objects or queued)");
+  }
+  if (limit->kind != UidLimit::Kind::kUnset) {
+    return Invalid("'" + std::string(key) + "' given twice");
+  }
+  const bool sized =
+      limit == &rule->device || limit == &rule->pinned || limit == &rule->inflight_bytes;
+  if (value == "none") {
+    *limit = {UidLimit::Kind::kNone, 0};
+  } else if (!value.empty() && value.back() == '%') {
+    if (limit == &rule->inflight) return Invalid("inflight takes a number, not a percentage");
+    FERRY_ASSIGN_OR_RETURN(uint64_t p, ParseNumber(value.substr(0, value.size() - 1)));
+    if (p < 1 || p > 100) return Invalid("a percentage is 1%..100%");
+    *limit = {UidLimit::Kind::kPercent, p};
+  } else {
+    FERRY_ASSIGN_OR_RETURN(uint64_t v, ParseAmount(value, sized));
+    if (v == 0) return Invalid(std::string(key) + "=0 would refuse everything; 'none' is no limit");
+    *limit = {UidLimit::Kind::kAmount, v};
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<UidLimitRule> ParseUidLimitRule(const std::string& text) {
+  UidLimitRule rule;
+  std::string_view rest = text;
+  FERRY_RETURN_IF_ERROR(ParseRuleMatch(text, &rest, &rule));
   if (rest.empty()) return Invalid("no limits in '" + text + "'");
   while (!rest.empty()) {
     size_t comma = rest.find(',');
     std::string_view item = rest.substr(0, comma);
     rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
     if (comma != std::string_view::npos && rest.empty()) return Invalid("trailing ','");
-    size_t eq = item.find('=');
-    if (eq == std::string_view::npos) {
-      return Invalid("expected KEY=VALUE, got '" + std::string(item) + "'");
-    }
-    std::string_view key = item.substr(0, eq), value = item.substr(eq + 1);
-    UidLimit* limit = key == "sessions"         ? &rule.sessions
-                      : key == "device"         ? &rule.device
-                      : key == "pinned"         ? &rule.pinned
-                      : key == "inflight"       ? &rule.inflight
-                      : key == "inflight-bytes" ? &rule.inflight_bytes
-                      : key == "objects"        ? &rule.objects
-                      : key == "queued"         ? &rule.queued
-                                                : nullptr;
-    if (!limit) {
-      return Invalid("unknown limit '" + std::string(key) +
-                     "' (sessions, device, pinned, inflight, inflight-bytes, objects or queued)");
-    }
-    if (limit->kind != UidLimit::Kind::kUnset) {
-      return Invalid("'" + std::string(key) + "' given twice");
-    }
-    const bool sized =
-        limit == &rule.device || limit == &rule.pinned || limit == &rule.inflight_bytes;
-    if (value == "none") {
-      *limit = {UidLimit::Kind::kNone, 0};
-    } else if (!value.empty() && value.back() == '%') {
-      if (limit == &rule.inflight) return Invalid("inflight takes a number, not a percentage");
-      FERRY_ASSIGN_OR_RETURN(uint64_t p, ParseNumber(value.substr(0, value.size() - 1)));
-      if (p < 1 || p > 100) return Invalid("a percentage is 1%..100%");
-      *limit = {UidLimit::Kind::kPercent, p};
-    } else {
-      FERRY_ASSIGN_OR_RETURN(uint64_t v, ParseAmount(value, sized));
-      if (v == 0)
-        return Invalid(std::string(key) + "=0 would refuse everything; 'none' is no limit");
-      *limit = {UidLimit::Kind::kAmount, v};
-    }
+    FERRY_RETURN_IF_ERROR(ParseRuleLimit(item, &rule));
   }
   return rule;
 }

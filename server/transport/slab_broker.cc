@@ -374,48 +374,98 @@ bool SlabBroker::AcceptAll(std::map<int, Connection>& conns, std::map<uid_t, uin
   return true;  // more may wait: the next poll says so at once
 }
 
-void SlabBroker::Run() {
-  using Clock = std::chrono::steady_clock;
-  std::map<int, Connection> conns;
-  std::map<uid_t, uint32_t> pending;  // connections not yet bound, per uid
-  std::vector<pollfd> fds;
-  Clock::time_point accept_paused_until{};
-  bool backing_off = false;  // logged once per run of failed accepts
-  auto close_conn = [&](std::map<int, Connection>::iterator it) {
+SlabBroker::ConnectionMap::iterator SlabBroker::CloseConnection(ConnectionMap& conns,
+                                                                PendingCount& pending,
+                                                                ConnectionMap::iterator it) {
+  if (!it->second.bound) {
+    auto p = pending.find(it->second.uid);
+    if (p != pending.end() && --p->second == 0) pending.erase(p);
+  }
+  CloseOrKeepUnread(it->first, it->second.uid);
+  auto next = conns.erase(it);
+  connections_ = conns.size();
+  return next;
+}
+
+std::chrono::steady_clock::time_point SlabBroker::SweepConnections(ConnectionMap& conns,
+                                                                   PendingCount& pending,
+                                                                   bool* bound_any) {
+  const auto now = std::chrono::steady_clock::now();
+  auto wake_at = std::chrono::steady_clock::time_point::max();
+  *bound_any = false;
+  for (auto it = conns.begin(); it != conns.end();) {
+    if (it->second.bound && !it->second.granting) {
+      auto channels = it->second.channels.lock();
+      if (!channels || channels->slabs->closed()) {
+        it = CloseConnection(conns, pending, it);
+        continue;
+      }
+      *bound_any = true;
+    }
     if (!it->second.bound) {
+      if (it->second.hello_deadline <= now) {
+        ++hello_timeouts_;
+        it = CloseConnection(conns, pending, it);
+        continue;
+      }
+      wake_at = std::min(wake_at, it->second.hello_deadline);
+    }
+    ++it;
+  }
+  return wake_at;
+}
+
+void SlabBroker::HandlePolled(const std::vector<pollfd>& fds, size_t unread_at,
+                              ConnectionMap& conns, PendingCount& pending) {
+  if (fds[0].revents) {
+    char drain[64];
+    while (::read(wake_[0], drain, sizeof(drain)) > 0) {
+    }
+  }
+  // Acquires answered: their connections are read again (what they sent meanwhile first).
+  std::vector<GrantDone> done;
+  {
+    MutexLock lock(&grant_mu_);
+    done.swap(done_);
+  }
+  for (const GrantDone& g : done) {
+    auto it = conns.find(g.fd);
+    if (it == conns.end()) continue;
+    it->second.granting = false;
+    if (!g.sent || !Process(it->second)) CloseConnection(conns, pending, it);
+  }
+  std::vector<int> hung_up;
+  for (size_t i = unread_at; i < fds.size(); ++i) {
+    if (fds[i].revents) hung_up.push_back(fds[i].fd);
+  }
+  ReleaseRead(hung_up);
+  for (size_t i = 2; i < unread_at; ++i) {
+    if (!fds[i].revents) continue;
+    auto it = conns.find(fds[i].fd);
+    const bool was_bound = it->second.bound;
+    if (!Serve(it->second)) {
+      if (!was_bound) it->second.bound = false;  // still counted as pending
+      CloseConnection(conns, pending, it);
+    } else if (!was_bound && it->second.bound) {
       auto p = pending.find(it->second.uid);
       if (p != pending.end() && --p->second == 0) pending.erase(p);
     }
-    CloseOrKeepUnread(it->first, it->second.uid);
-    auto next = conns.erase(it);
-    connections_ = conns.size();
-    return next;
-  };
+  }
+}
+
+void SlabBroker::Run() {
+  using Clock = std::chrono::steady_clock;
+  ConnectionMap conns;
+  PendingCount pending;  // connections not yet bound, per uid
+  std::vector<pollfd> fds;
+  Clock::time_point accept_paused_until{};
+  bool backing_off = false;  // logged once per run of failed accepts
   while (!stop_) {
-    const Clock::time_point now = Clock::now();
     // Close connections past their hello deadline, and find the next deadline; close bound
     // connections whose session has ended (looked at again within kSessionEndCheck).
-    Clock::time_point wake_at = Clock::time_point::max();
     bool bound_any = false;
-    for (auto it = conns.begin(); it != conns.end();) {
-      if (it->second.bound && !it->second.granting) {
-        auto channels = it->second.channels.lock();
-        if (!channels || channels->slabs->closed()) {
-          it = close_conn(it);
-          continue;
-        }
-        bound_any = true;
-      }
-      if (!it->second.bound) {
-        if (it->second.hello_deadline <= now) {
-          ++hello_timeouts_;
-          it = close_conn(it);
-          continue;
-        }
-        wake_at = std::min(wake_at, it->second.hello_deadline);
-      }
-      ++it;
-    }
+    Clock::time_point wake_at = SweepConnections(conns, pending, &bound_any);
+    const Clock::time_point now = Clock::now();
     const bool accepting = now >= accept_paused_until;
     if (!accepting) wake_at = std::min(wake_at, accept_paused_until);
     if (bound_any || !unread_.empty()) wake_at = std::min(wake_at, now + kSessionEndCheck);
@@ -440,40 +490,7 @@ void SlabBroker::Run() {
       return;
     }
     if (stop_) break;
-    if (fds[0].revents) {
-      char drain[64];
-      while (::read(wake_[0], drain, sizeof(drain)) > 0) {
-      }
-    }
-    // Acquires answered: their connections are read again (what they sent meanwhile first).
-    std::vector<GrantDone> done;
-    {
-      MutexLock lock(&grant_mu_);
-      done.swap(done_);
-    }
-    for (const GrantDone& g : done) {
-      auto it = conns.find(g.fd);
-      if (it == conns.end()) continue;
-      it->second.granting = false;
-      if (!g.sent || !Process(it->second)) close_conn(it);
-    }
-    std::vector<int> hung_up;
-    for (size_t i = unread_at; i < fds.size(); ++i) {
-      if (fds[i].revents) hung_up.push_back(fds[i].fd);
-    }
-    ReleaseRead(hung_up);
-    for (size_t i = 2; i < unread_at; ++i) {
-      if (!fds[i].revents) continue;
-      auto it = conns.find(fds[i].fd);
-      const bool was_bound = it->second.bound;
-      if (!Serve(it->second)) {
-        if (!was_bound) it->second.bound = false;  // still counted as pending
-        close_conn(it);
-      } else if (!was_bound && it->second.bound) {
-        auto p = pending.find(it->second.uid);
-        if (p != pending.end() && --p->second == 0) pending.erase(p);
-      }
-    }
+    HandlePolled(fds, unread_at, conns, pending);
     if (accepting && (fds[1].revents & POLLIN)) {
       if (!AcceptAll(conns, pending)) {
         ++accept_backoffs_;
@@ -546,27 +563,53 @@ bool SlabBroker::Serve(Connection& c) {
   return Process(c);
 }
 
+bool SlabBroker::BindHello(Connection& c, const SlabMessage& m) {
+  char reply[8] = {};
+  std::shared_ptr<SessionChannels> channels;
+  // A hello with a bad magic is not this protocol: it is refused before its token is
+  // looked at, so the token stays unspent (docs/protocol.md, "Slab socket").
+  if (m.kind == SlabMessage::Kind::kHello) {
+    channels = SpendToken(m.token, c.uid);
+  }
+  if (!channels || !channels->slabs->Bind(c.uid)) {
+    Put32(reply, static_cast<uint32_t>(ErrorKind::kInvalidArgument));
+    (void)SendWithFd(c.fd, reply, sizeof(reply), -1);
+    return false;
+  }
+  c.channels = channels;
+  c.bound = true;
+  return SendWithFd(c.fd, reply, sizeof(reply), -1);
+}
+
+bool SlabBroker::HandChannel(Connection& c, SessionChannels& channels, uint32_t op) {
+  char reply[24] = {};
+  // A board or ring the session does not have: UNSUPPORTED, no fd.
+  auto answer_none = [&] {
+    Put32(reply, static_cast<uint32_t>(ErrorKind::kUnsupported));
+    return SendWithFd(c.fd, reply, sizeof(reply), -1);
+  };
+  if (op == kSlabRequestSubmitRing || op == kSlabRequestRingDoorbell) {
+    SubmitRing* ring = channels.ring.get();
+    if (!ring) return answer_none();
+    const bool memory = op == kSlabRequestSubmitRing;
+    Put64(reply + 8, memory ? ring->capacity() : 0);
+    Put64(reply + 16, memory ? ring->map_bytes() : 8);
+    return SendWithFd(c.fd, reply, sizeof(reply),
+                      memory ? ring->memfd() : ring->doorbell_for_client());
+  }
+  CompletionBoard* board = channels.board.get();
+  if (!board) return answer_none();
+  Put64(reply + 16, CompletionBoard::kBytes);
+  return SendWithFd(c.fd, reply, sizeof(reply), board->fd());
+}
+
 bool SlabBroker::Process(Connection& c) {
   for (;;) {
     const SlabMessage m = ParseSlabMessage(c.in, c.bound);
     if (m.kind == SlabMessage::Kind::kNeedMore) return true;
     c.in.erase(0, m.bytes);
     if (!c.bound) {
-      char reply[8] = {};
-      std::shared_ptr<SessionChannels> channels;
-      // A hello with a bad magic is not this protocol: it is refused before its token is
-      // looked at, so the token stays unspent (docs/protocol.md, "Slab socket").
-      if (m.kind == SlabMessage::Kind::kHello) {
-        channels = SpendToken(m.token, c.uid);
-      }
-      if (!channels || !channels->slabs->Bind(c.uid)) {
-        Put32(reply, static_cast<uint32_t>(ErrorKind::kInvalidArgument));
-        (void)SendWithFd(c.fd, reply, sizeof(reply), -1);
-        return false;
-      }
-      c.channels = channels;
-      c.bound = true;
-      if (!SendWithFd(c.fd, reply, sizeof(reply), -1)) return false;
+      if (!BindHello(c, m)) return false;
       continue;
     }
     const uint32_t op = m.op;
@@ -582,11 +625,6 @@ bool SlabBroker::Process(Connection& c) {
       (void)SendWithFd(c.fd, reply, sizeof(reply), -1);
       return false;
     }
-    // A board or ring the session does not have; no fd.
-    auto answer_none = [&] {
-      Put32(reply, static_cast<uint32_t>(ErrorKind::kUnsupported));
-      return SendWithFd(c.fd, reply, sizeof(reply), -1);
-    };
     // The board, the ring and the doorbell are handed once each: a client asking again would
     // only pile descriptors up in flight (see the header).
     const uint8_t once = op == kSlabRequestCompletionBoard ? kHandedBoard
@@ -599,29 +637,8 @@ bool SlabBroker::Process(Connection& c) {
       return false;
     }
     c.handed |= once;
-    if (op == kSlabRequestSubmitRing || op == kSlabRequestRingDoorbell) {
-      SubmitRing* ring = channels->ring.get();
-      if (!ring) {
-        if (!answer_none()) return false;
-        continue;
-      }
-      const bool memory = op == kSlabRequestSubmitRing;
-      Put64(reply + 8, memory ? ring->capacity() : 0);
-      Put64(reply + 16, memory ? ring->map_bytes() : 8);
-      if (!SendWithFd(c.fd, reply, sizeof(reply),
-                      memory ? ring->memfd() : ring->doorbell_for_client())) {
-        return false;
-      }
-      continue;
-    }
-    if (op == kSlabRequestCompletionBoard) {
-      CompletionBoard* board = channels->board.get();
-      if (!board) {
-        if (!answer_none()) return false;
-        continue;
-      }
-      Put64(reply + 16, CompletionBoard::kBytes);
-      if (!SendWithFd(c.fd, reply, sizeof(reply), board->fd())) return false;
+    if (once != 0) {
+      if (!HandChannel(c, *channels, op)) return false;
       continue;
     }
     // An acquire may make its slab: a grant thread answers it, and the messages after it

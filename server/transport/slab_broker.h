@@ -41,6 +41,7 @@
 // one uid holds unread is bounded by its live sessions and that cap.
 #pragma once
 
+#include <poll.h>
 #include <sys/random.h>
 #include <sys/types.h>
 
@@ -185,8 +186,30 @@ class SlabBroker {
     bool sent = false;
   };
 
+  using ConnectionMap = std::map<int, Connection>;  // by fd
+  using PendingCount = std::map<uid_t, uint32_t>;   // connections not yet bound, per uid
+
   SlabBroker() = default;
+  // The poll thread: accepts, reads and answers connections until stopped.
   void Run();
+  // Close (or keep until read: CloseOrKeepUnread) connection `it`; the next one.
+  ConnectionMap::iterator CloseConnection(ConnectionMap& conns, PendingCount& pending,
+                                          ConnectionMap::iterator it);
+  // Close connections past their hello deadline, and bound ones whose session ended; the
+  // earliest hello deadline left (max: none). `bound_any`: a bound connection is left.
+  std::chrono::steady_clock::time_point SweepConnections(ConnectionMap& conns,
+                                                         PendingCount& pending, bool* bound_any);
+  // After poll: the wake pipe drained, answered acquires' connections processed again,
+  // kept connections whose peer read everything closed, readable connections served.
+  // fds: [wake pipe, listener, connections..., from `unread_at` unread_'s].
+  void HandlePolled(const std::vector<pollfd>& fds, size_t unread_at, ConnectionMap& conns,
+                    PendingCount& pending);
+  // The first message of a connection: a hello whose token binds it to its session; false
+  // closes it.
+  bool BindHello(Connection& c, const SlabMessage& m);
+  // Answer a request for the session's submit ring, its doorbell or its completion board
+  // (`op`) with its descriptor, or UNSUPPORTED where it has none; false closes the connection.
+  bool HandChannel(Connection& c, SessionChannels& channels, uint32_t op);
   // Grant threads: answer queued acquires until stopped.
   void RunGranter();
   // Answer the messages `c` has sent, up to the first acquire (queued: the rest wait for
