@@ -18,6 +18,10 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "backend/select.h"
 #include "config.h"
@@ -125,9 +129,7 @@ int ReexecAfterFault(std::unique_ptr<ferry::Daemon>& daemon,
   return 1;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+void KeepLargeBuffersOnTheHeap() {
   // Remote clients' bytes arrive in messages of up to 64 MiB that are parsed, staged and
   // freed many times a second. glibc's defaults hand such buffers back to the kernel on every
   // free, so each message pays its page faults again (measured: building or serializing an
@@ -135,6 +137,121 @@ int main(int argc, char** argv) {
   // the heap, and up to 128 MiB of free heap before trimming.
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 128 << 20);
+}
+
+void SetUpLogging(const ferry::DaemonConfig& config) {
+  spdlog::set_level(spdlog::level::from_str(config.log_level));
+  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ ferryd[%P] %v");
+  if (!config.config_path.empty()) spdlog::info("configuration read from {}", config.config_path);
+}
+
+// --help, --version or --check-config: print what they ask for.
+void PrintAndExit(const ferry::DaemonConfig& config) {
+  if (config.show_help) {
+    std::cout << ferry::FlagsHelp();
+  } else if (config.show_version) {
+    std::cout << "ferryd " << ferry::kVersion << " (" << ferry::kGitCommit << ")\n";
+  } else {
+    std::cout << ferry::FormatConfig(config);
+  }
+}
+
+// The device of `config` under its supervisor, with the fault history a re-exec after a
+// device fault passed in the environment; logs why it cannot be had.
+ferry::Result<std::unique_ptr<ferry::session::DeviceSupervisor>> OpenDevice(
+    const ferry::DaemonConfig& config) {
+  auto factory = ferry::backend::MakeDeviceFactory(
+      config.backend, config.device, config.host, config.cuda, config.host_fault_after_ops_for_test,
+      config.host_rebuild_fails_for_test);
+  if (!factory.ok()) {
+    spdlog::critical("cannot open device {}: {}", config.device, factory.status().ToString());
+    return factory.status();
+  }
+  auto device = ferry::session::DeviceSupervisor::Create(factory->create, factory->reset_context);
+  if (!device.ok()) {
+    spdlog::critical("cannot open device {}: {}", config.device, device.status().ToString());
+    return device.status();
+  }
+  if (const char* resets = std::getenv("FERRY_DEVICE_RESETS")) {
+    const char* fault = std::getenv("FERRY_LAST_FAULT");
+    (*device)->SetHistory(std::strtoull(resets, nullptr, 10), fault ? fault : "");
+    unsetenv("FERRY_DEVICE_RESETS");
+    unsetenv("FERRY_LAST_FAULT");
+  }
+  const auto info = (*device)->info();
+  spdlog::info("ferryd {} ({}): device {} '{}' on the {} backend ({})", ferry::kVersion,
+               ferry::kGitCommit, info.ordinal, info.name, info.backend, factory->why);
+  return device;
+}
+
+// Log the endpoints served (and the metrics endpoint); the endpoints, space-separated.
+std::string LogEndpoints(const ferry::Daemon& daemon) {
+  std::string endpoints;
+  for (const auto& ep : daemon.endpoints()) {
+    spdlog::info("listening on {}", ep);
+    endpoints += (endpoints.empty() ? "" : " ") + ep;
+  }
+  if (std::string m = daemon.metrics_endpoint(); !m.empty()) {
+    spdlog::info("metrics at http://{}/metrics", m);
+  }
+  return endpoints;
+}
+
+// While serving, keeps systemd told (Type=notify): WATCHDOG=1 at half of WatchdogSec with a
+// STATUS line of the current load, STATUS alone every 30 s without a watchdog; nothing
+// where systemd does not listen. Runs on `io`.
+class SystemdTicker {
+ public:
+  SystemdTicker(boost::asio::io_context& io, const ferry::Daemon& daemon)
+      : daemon_(daemon), watchdog_(sd::WatchdogInterval()), timer_(io) {
+    if (watchdog_) spdlog::info("systemd watchdog: a ping every {} ms", watchdog_->count() / 2000);
+    tick_ = watchdog_ ? *watchdog_ / 2 : std::chrono::seconds(30);
+    if (sd::NotifyEnabled()) Arm();
+  }
+
+ private:
+  void Arm() {
+    timer_.expires_after(tick_);
+    timer_.async_wait([this](const boost::system::error_code& ec) {
+      if (ec) return;
+      auto t = daemon_.registry().Totals();
+      Notify(std::string(watchdog_ ? "WATCHDOG=1\n" : "") +
+             "STATUS=serving: " + std::to_string(t.sessions_open) + " sessions, " +
+             std::to_string(t.submits_in_flight) + " submits in flight");
+      Arm();
+    });
+  }
+
+  const ferry::Daemon& daemon_;
+  const std::optional<std::chrono::microseconds> watchdog_;
+  std::chrono::microseconds tick_{};
+  boost::asio::steady_timer timer_;
+};
+
+// Drain (in-flight work finishes within `grace`), stop, and leave.
+[[noreturn]] void DrainAndExit(std::unique_ptr<ferry::Daemon>& daemon,
+                               std::chrono::milliseconds grace) {
+  Notify("STOPPING=1\nSTATUS=draining: finishing in-flight work (up to " +
+         std::to_string(grace.count()) + " ms)");
+  daemon->Shutdown(grace);
+  daemon.reset();  // socket files removed, threads joined, device released
+  Notify("STATUS=stopped");
+  spdlog::info("stopped");
+  // Leave without gRPC's global shutdown (the reference taken at the start is never given
+  // back): it joins gRPC's executor threads, and one that runs TCP's backup poller sits in
+  // 10 s polls once a write found a socket full, which held ferryd's exit up 9-10 s after
+  // TCP sessions had moved tens of MiB (docs/performance.md). Nothing of ferryd's is left
+  // to release; the kernel and the driver reclaim the rest.
+  spdlog::shutdown();
+  ferry::trace::Dump();  // trace points (FERRY_TRACE_POINTS builds): _Exit skips atexit
+  std::fflush(nullptr);
+  std::_Exit(0);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  KeepLargeBuffersOnTheHeap();
   std::vector<std::string> args(argv + 1, argv + argc);
   auto parsed = ferry::ParseFlags(args, ferry::kDefaultConfigPath);
   if (!parsed.ok()) {
@@ -142,16 +259,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   ferry::DaemonConfig config = std::move(*parsed);
-  if (config.show_help) {
-    std::cout << ferry::FlagsHelp();
-    return 0;
-  }
-  if (config.show_version) {
-    std::cout << "ferryd " << ferry::kVersion << " (" << ferry::kGitCommit << ")\n";
-    return 0;
-  }
-  if (config.check_config) {
-    std::cout << ferry::FormatConfig(config);
+  if (config.show_help || config.show_version || config.check_config) {
+    PrintAndExit(config);
     return 0;
   }
   auto reexec_listen_fds = AdoptInheritedSockets(config);
@@ -163,34 +272,16 @@ int main(int argc, char** argv) {
   // A reference to gRPC's runtime that is never given back: the exit below skips gRPC's
   // global shutdown (see there).
   grpc_init();
-  spdlog::set_level(spdlog::level::from_str(config.log_level));
-  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ ferryd[%P] %v");
-  if (!config.config_path.empty()) spdlog::info("configuration read from {}", config.config_path);
+  SetUpLogging(config);
 
   BoundNvrtcConcurrency(config);
-  auto factory = ferry::backend::MakeDeviceFactory(
-      config.backend, config.device, config.host, config.cuda, config.host_fault_after_ops_for_test,
-      config.host_rebuild_fails_for_test);
-  if (!factory.ok()) {
-    spdlog::critical("cannot open device {}: {}", config.device, factory.status().ToString());
-    return 1;
-  }
-  auto device = ferry::session::DeviceSupervisor::Create(factory->create, factory->reset_context);
-  if (!device.ok()) {
-    spdlog::critical("cannot open device {}: {}", config.device, device.status().ToString());
-    return 1;
-  }
+  auto device = OpenDevice(config);
+  if (!device.ok()) return 1;
   // After a device fault that cannot be repaired in this process (CUDA refuses a new context
   // in a process whose context took a sticky fault), ferryd drains and re-executes itself
   // on the same flags; the fault history travels in the environment.
   boost::asio::io_context signals_io;
   std::atomic<bool> restart{false};
-  if (const char* resets = std::getenv("FERRY_DEVICE_RESETS")) {
-    const char* fault = std::getenv("FERRY_LAST_FAULT");
-    (*device)->SetHistory(std::strtoull(resets, nullptr, 10), fault ? fault : "");
-    unsetenv("FERRY_DEVICE_RESETS");
-    unsetenv("FERRY_LAST_FAULT");
-  }
   (*device)->SetUnrecoverableHandler([&](const ferry::Status& why) {
     spdlog::critical("the device cannot be rebuilt in this process ({}); restarting ferryd",
                      why.ToString());
@@ -198,8 +289,6 @@ int main(int argc, char** argv) {
     signals_io.stop();
   });
   const auto info = (*device)->info();
-  spdlog::info("ferryd {} ({}): device {} '{}' on the {} backend ({})", ferry::kVersion,
-               ferry::kGitCommit, info.ordinal, info.name, info.backend, factory->why);
   // Every connection, slab, board and ring is a descriptor; the limits derived from it
   // (max-local-connections) use what this leaves.
   const auto descriptors = ferry::rpc::RaiseDescriptorLimit();
@@ -212,14 +301,7 @@ int main(int argc, char** argv) {
     Notify("STATUS=cannot start: " + daemon.status().ToString());
     return 1;
   }
-  std::string endpoints;
-  for (const auto& ep : (*daemon)->endpoints()) {
-    spdlog::info("listening on {}", ep);
-    endpoints += (endpoints.empty() ? "" : " ") + ep;
-  }
-  if (std::string m = (*daemon)->metrics_endpoint(); !m.empty()) {
-    spdlog::info("metrics at http://{}/metrics", m);
-  }
+  const std::string endpoints = LogEndpoints(**daemon);
   // Catch SIGINT and SIGTERM before anyone is told ferryd is ready (the ready file, READY=1):
   // one that comes before async_wait waits in the set instead of killing the process.
   boost::asio::signal_set signals(signals_io, SIGINT, SIGTERM);
@@ -229,22 +311,7 @@ int main(int argc, char** argv) {
   // WatchdogSec with a STATUS line of the current load (STATUS alone every 30 s without one).
   Notify("READY=1\nSTATUS=serving device " + std::to_string(info.ordinal) + " (" + info.name +
          ") on " + endpoints);
-  auto watchdog = sd::WatchdogInterval();
-  if (watchdog) spdlog::info("systemd watchdog: a ping every {} ms", watchdog->count() / 2000);
-  std::chrono::microseconds tick = watchdog ? *watchdog / 2 : std::chrono::seconds(30);
-  boost::asio::steady_timer ticker(signals_io);
-  std::function<void()> arm_ticker = [&] {
-    ticker.expires_after(tick);
-    ticker.async_wait([&](const boost::system::error_code& ec) {
-      if (ec) return;
-      auto t = (*daemon)->registry().Totals();
-      Notify(std::string(watchdog ? "WATCHDOG=1\n" : "") +
-             "STATUS=serving: " + std::to_string(t.sessions_open) + " sessions, " +
-             std::to_string(t.submits_in_flight) + " submits in flight");
-      arm_ticker();
-    });
-  };
-  if (sd::NotifyEnabled()) arm_ticker();
+  SystemdTicker ticker(signals_io, **daemon);
   signals.async_wait([&](const boost::system::error_code& ec, int sig) {
     if (ec) return;
     spdlog::info("signal {}: draining (up to {} ms)", sig, config.drain_timeout.count());
@@ -260,19 +327,5 @@ int main(int argc, char** argv) {
   std::signal(SIGINT, SIG_IGN);
   std::signal(SIGTERM, SIG_IGN);
   if (restart) return ReexecAfterFault(*daemon, *reexec_listen_fds, argv);
-  Notify("STOPPING=1\nSTATUS=draining: finishing in-flight work (up to " +
-         std::to_string(config.drain_timeout.count()) + " ms)");
-  (*daemon)->Shutdown(config.drain_timeout);
-  daemon->reset();  // socket files removed, threads joined, device released
-  Notify("STATUS=stopped");
-  spdlog::info("stopped");
-  // Leave without gRPC's global shutdown (the reference taken at the start is never given
-  // back): it joins gRPC's executor threads, and one that runs TCP's backup poller sits in
-  // 10 s polls once a write found a socket full, which held ferryd's exit up 9-10 s after
-  // TCP sessions had moved tens of MiB (docs/performance.md). Nothing of ferryd's is left
-  // to release; the kernel and the driver reclaim the rest.
-  spdlog::shutdown();
-  ferry::trace::Dump();  // trace points (FERRY_TRACE_POINTS builds): _Exit skips atexit
-  std::fflush(nullptr);
-  std::_Exit(0);
+  DrainAndExit(*daemon, config.drain_timeout);
 }

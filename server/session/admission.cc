@@ -208,6 +208,13 @@ class Admitter {
     }
     return Status::Ok();
   }
+  // A live float tensor `in` and a live tensor `out` of its dtype and shape (the operands of
+  // an elementwise op of one input).
+  Status FloatAndSameLayout(uint64_t in, uint64_t out) {
+    FERRY_ASSIGN_OR_RETURN(const TensorRecord* x, LiveFloat(in));
+    FERRY_ASSIGN_OR_RETURN(const TensorRecord* o, Live(out));
+    return SameLayout(in, x, out, o);
+  }
   static Status InRange(uint64_t handle, const TensorRecord* r, uint64_t offset, uint64_t length) {
     uint64_t end = 0;
     if (!CheckedAdd(offset, length, &end) || end > r->bytes) {
@@ -294,21 +301,9 @@ class Admitter {
     FERRY_RETURN_IF_ERROR(SameLayout(op.a, a, op.b, b));
     return SameLayout(op.a, a, op.out, out);
   }
-  Status Do(const ScaleOp& op) {
-    FERRY_ASSIGN_OR_RETURN(const TensorRecord* x, LiveFloat(op.x));
-    FERRY_ASSIGN_OR_RETURN(const TensorRecord* out, Live(op.out));
-    return SameLayout(op.x, x, op.out, out);
-  }
-  Status Do(const ReluOp& op) {
-    FERRY_ASSIGN_OR_RETURN(const TensorRecord* x, LiveFloat(op.x));
-    FERRY_ASSIGN_OR_RETURN(const TensorRecord* out, Live(op.out));
-    return SameLayout(op.x, x, op.out, out);
-  }
-  Status Do(const AxpyOp& op) {
-    FERRY_ASSIGN_OR_RETURN(const TensorRecord* x, LiveFloat(op.x));
-    FERRY_ASSIGN_OR_RETURN(const TensorRecord* y, Live(op.y));
-    return SameLayout(op.x, x, op.y, y);
-  }
+  Status Do(const ScaleOp& op) { return FloatAndSameLayout(op.x, op.out); }
+  Status Do(const ReluOp& op) { return FloatAndSameLayout(op.x, op.out); }
+  Status Do(const AxpyOp& op) { return FloatAndSameLayout(op.x, op.y); }
   Status Do(const ReduceSumOp& op) {
     FERRY_ASSIGN_OR_RETURN(const TensorRecord* in, LiveFloat(op.in));
     FERRY_ASSIGN_OR_RETURN(const TensorRecord* out, Live(op.out));

@@ -154,17 +154,20 @@ Status Session::MakeForOps(EnqueueWork& work, const AdmissionResult& admitted) {
   return Status::Ok();
 }
 
+std::chrono::steady_clock::time_point Session::SliceEnd() {
+  // The slice is the executor turn's: what ran before in this turn (the submit's reading,
+  // earlier submits of a run or of those resumed together) counts.
+  const auto turn_start = SerialExecutor::TurnStart();
+  return (turn_start == std::chrono::steady_clock::time_point() ? std::chrono::steady_clock::now()
+                                                                : turn_start) +
+         kEnqueueSlice;
+}
+
 Status Session::EnqueueOps(InFlightSubmit& record, EnqueueWork& work) {
   const std::vector<Op>& ops = work.ops;
   size_t scanned = work.next;             // ops before this one were looked at for a batch
   size_t batch_first = 0, batch_end = 0;  // ops [batch_first, batch_end) go as one batch
-  // The slice is the executor turn's: what ran before in this turn (the submit's reading,
-  // earlier submits of a run or of those resumed together) counts.
-  const auto turn_start = SerialExecutor::TurnStart();
-  const auto slice_end =
-      (turn_start == std::chrono::steady_clock::time_point() ? std::chrono::steady_clock::now()
-                                                             : turn_start) +
-      kEnqueueSlice;
+  const auto slice_end = SliceEnd();
   size_t slice_checked = work.next;  // the clock was last read before this op
   const Lane here = CurrentLane();
   for (size_t i = work.next; i < ops.size(); ++i) {

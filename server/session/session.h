@@ -304,6 +304,8 @@ class Session : public DeviceLostListener, public std::enable_shared_from_this<S
   // or a compile error refuses the submit whole: on failure all of it is given back and the
   // error carries the op's index.
   Status MakeForOps(EnqueueWork& work, const AdmissionResult& admitted);
+  // When the running executor turn's enqueue slice (kEnqueueSlice) is over.
+  static std::chrono::steady_clock::time_point SliceEnd();
   // Enqueue work.ops from work.next on; stops early (work.paused) where no room is left,
   // the slice is over, or the next op is for the other lane.
   Status EnqueueOps(InFlightSubmit& record, EnqueueWork& work);
