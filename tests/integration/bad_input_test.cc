@@ -18,15 +18,9 @@ using testing::Create;
 using testing::Download;
 using testing::FerrydProcess;
 using testing::Fill;
+using testing::InlineUpload;
 using testing::RawStream;
 
-v1::Op Upload(uint64_t h, uint64_t off, std::string data) {
-  v1::Op op;
-  op.mutable_upload()->set_tensor(h);
-  op.mutable_upload()->set_offset(off);
-  op.mutable_upload()->set_data(std::move(data));
-  return op;
-}
 v1::Op Binary(v1::BinaryKind kind, uint64_t a, uint64_t b, uint64_t out) {
   v1::Op op;
   op.mutable_binary()->set_kind(kind);
@@ -280,12 +274,12 @@ TEST_F(BadInputTest, OversizeLengthsAndOffsetsAreOutOfRange) {
   EXPECT_EQ(raw.Completion(2).kind(), v1::OUT_OF_RANGE);
   ASSERT_TRUE(raw.Submit(3, {Download(1, UINT64_MAX, 2)}));
   EXPECT_EQ(raw.Completion(3).kind(), v1::OUT_OF_RANGE);
-  ASSERT_TRUE(raw.Submit(4, {Upload(1, 95, std::string(6, 'x'))}));
+  ASSERT_TRUE(raw.Submit(4, {InlineUpload(1, 95, std::string(6, 'x'))}));
   EXPECT_EQ(raw.Completion(4).kind(), v1::OUT_OF_RANGE);
-  ASSERT_TRUE(raw.Submit(5, {Upload(1, UINT64_MAX - 2, std::string(6, 'x'))}));
+  ASSERT_TRUE(raw.Submit(5, {InlineUpload(1, UINT64_MAX - 2, std::string(6, 'x'))}));
   EXPECT_EQ(raw.Completion(5).kind(), v1::OUT_OF_RANGE);
   // In range works.
-  ASSERT_TRUE(raw.Submit(6, {Upload(1, 95, std::string(5, 'x')), Download(1, 94, 6)}));
+  ASSERT_TRUE(raw.Submit(6, {InlineUpload(1, 95, std::string(5, 'x')), Download(1, 94, 6)}));
   std::string got;
   while (auto m = raw.Read()) {
     if (m->has_download_chunk()) got += m->download_chunk().data();
