@@ -444,6 +444,22 @@ class RawRing {
   int doorbell_ = -1;
 };
 
+// What keeps `m`, a message read from a raw stream, from being an Error of kind `kind` whose
+// message contains `what`: "" when nothing does.
+inline std::string NotAnErrorSaying(const std::optional<v1::ServerMessage>& m, v1::ErrorKind kind,
+                                    const std::string& what) {
+  if (!m) return "no message";
+  if (!m->has_error()) return "a message that is not an Error";
+  if (m->error().kind() != kind) {
+    return "an Error of kind " + v1::ErrorKind_Name(m->error().kind()) + ": " +
+           m->error().message();
+  }
+  if (m->error().message().find(what) == std::string::npos) {
+    return "an Error saying: " + m->error().message();
+  }
+  return "";
+}
+
 inline v1::Op Create(uint64_t h, v1::DType dtype, std::vector<int64_t> shape) {
   v1::Op op;
   auto* c = op.mutable_create_tensor();
