@@ -207,7 +207,18 @@ class HostileClientsPerUidTest : public ::testing::Test {
     OpenSocketsToAll(*daemon_);
   }
 
+  // Start ferryd with at most 12 local connections in all and 8 per uid, and metrics, whose
+  // endpoint is then metrics_. Call it as ASSERT_NO_FATAL_FAILURE(StartWithConnectionLimits()).
+  void StartWithConnectionLimits() {
+    ASSERT_NO_FATAL_FAILURE(
+        Start({"--max-local-connections", "12", "--max-local-connections-per-uid", "8",
+               "--metrics-listen", "127.0.0.1:0"}));
+    metrics_ = testing::MetricsEndpoint(*daemon_);
+    ASSERT_FALSE(metrics_.empty());
+  }
+
   std::unique_ptr<FerrydProcess> daemon_;
+  std::string metrics_;
 };
 
 // Idle connections of one uid beyond slab-max-pending-per-uid are closed at once; while they
@@ -569,11 +580,9 @@ TEST_F(HostileClientsPerUidTest, StreamsThatNeverSendOpenAreBoundedPerUidAndEndA
 // a connection is closed at once; root is never refused; a closed connection's place comes
 // back, found when the uid next reaches its limit.
 TEST_F(HostileClientsPerUidTest, ConnectionsAreBoundedPerUidAndInAll) {
-  ASSERT_NO_FATAL_FAILURE(Start({"--max-local-connections", "12", "--max-local-connections-per-uid",
-                                 "8", "--metrics-listen", "127.0.0.1:0"}));
+  ASSERT_NO_FATAL_FAILURE(StartWithConnectionLimits());
   FerrydProcess& d = *daemon_;
-  const std::string ep = testing::MetricsEndpoint(d);
-  ASSERT_FALSE(ep.empty());
+  const std::string& ep = metrics_;
   auto metric = [&](const std::string& name, const std::string& label = "") {
     return testing::Value(testing::Scrape(ep), name, label);
   };
@@ -698,11 +707,9 @@ TEST_F(HostileClientsPerUidTest, OneUidAtItsShareOfDescriptorsLeavesRoomForOther
 // never closes from its side) must not get past its limit that way: gRPC reads the end of
 // the stream and closes the daemon's end, so ferryd's descriptors stay within the limit.
 TEST_F(HostileClientsPerUidTest, HalfClosedConnectionsHoldNoDescriptorsPastTheLimit) {
-  ASSERT_NO_FATAL_FAILURE(Start({"--max-local-connections", "12", "--max-local-connections-per-uid",
-                                 "8", "--metrics-listen", "127.0.0.1:0"}));
+  ASSERT_NO_FATAL_FAILURE(StartWithConnectionLimits());
   FerrydProcess& d = *daemon_;
-  const std::string ep = testing::MetricsEndpoint(d);
-  ASSERT_FALSE(ep.empty());
+  const std::string& ep = metrics_;
   const size_t fds_before = OpenFds(d.pid());
   std::vector<int> held;
   for (int i = 0; i < 200; ++i) {
