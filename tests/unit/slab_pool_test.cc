@@ -204,12 +204,24 @@ TEST(SlabPoolTest, AccountingReturnsToStart) {
   EXPECT_EQ(end.fds_open, end.slabs_total);
 }
 
+// A pool of two slabs and a session bound to uid 7 on it, holding one slab (`ref`): where the
+// tests of a slab's ranges start. Check ok() first.
+struct OneSlabSession {
+  OneSlabSession() {
+    if (slabs.Bind(7)) ref = slabs.Acquire();
+  }
+  bool ok() const { return ref.ok(); }
+
+  std::unique_ptr<SlabPool> pool = MakePool(2, 0);
+  SessionSlabs slabs{pool.get()};
+  Result<SlabRef> ref = Status(ErrorKind::kInvalidArgument, "not bound");
+};
+
 TEST(SessionSlabsTest, RangesAreCheckedAndBusy) {
-  auto pool = MakePool(2, 0);
-  SessionSlabs s(pool.get());
-  ASSERT_TRUE(s.Bind(7));
-  auto ref = s.Acquire();
-  ASSERT_TRUE(ref.ok());
+  OneSlabSession one;
+  ASSERT_TRUE(one.ok()) << one.ref.status().ToString();
+  SessionSlabs& s = one.slabs;
+  auto& ref = one.ref;
   EXPECT_EQ(s.Check({ref->id + 100, 0, 1}).kind(), ErrorKind::kInvalidHandle);
   EXPECT_EQ(s.Check({ref->id, kSlab, 1}).kind(), ErrorKind::kOutOfRange);
   EXPECT_EQ(s.Check({ref->id, 1, ~0ull}).kind(), ErrorKind::kOutOfRange);  // overflows
@@ -225,8 +237,8 @@ TEST(SessionSlabsTest, RangesAreCheckedAndBusy) {
   s.Finish({ref->id, 0, 16}, true);  // quarantined for good
   EXPECT_EQ(s.Check({ref->id, 0, 1}).kind(), ErrorKind::kBusy);
   s.Close();
-  pool->WaitIdleForTest();
-  EXPECT_EQ(pool->stats().slabs_total, 0u);  // destroyed, not pooled
+  one.pool->WaitIdleForTest();
+  EXPECT_EQ(one.pool->stats().slabs_total, 0u);  // destroyed, not pooled
 }
 
 // What Close keeps for the next session on a kept stream (docs/protocol.md, "Kept slabs"):
@@ -432,11 +444,10 @@ TEST(BusyRangesTest, OverlappingRangesAreCountedNotOverwritten) {
 // Two reads at one slab offset in one submit: finishing (or marking) the shorter one must not
 // shrink the range the longer one still protects.
 TEST(SessionSlabsTest, TwoRangesAtOneOffsetBothStayBusy) {
-  auto pool = MakePool(2, 0);
-  SessionSlabs s(pool.get());
-  ASSERT_TRUE(s.Bind(7));
-  auto ref = s.Acquire();
-  ASSERT_TRUE(ref.ok());
+  OneSlabSession one;
+  ASSERT_TRUE(one.ok()) << one.ref.status().ToString();
+  SessionSlabs& s = one.slabs;
+  auto& ref = one.ref;
   s.MarkBusy({ref->id, 0, kSlab / 2});
   s.MarkBusy({ref->id, 0, 8});  // overwrote the first range's end before
   EXPECT_EQ(s.Check({ref->id, 4096, 4096}).kind(), ErrorKind::kBusy);
@@ -451,11 +462,10 @@ TEST(SessionSlabsTest, TwoRangesAtOneOffsetBothStayBusy) {
 // The per-submit download limit bounds the inline Download bytes the daemon buffers; bytes a
 // submit downloads into the client's slabs do not count toward it.
 TEST(SessionSlabsTest, SlabDownloadsDoNotCountTowardTheInlineDownloadLimit) {
-  auto pool = MakePool(2, 0);
-  SessionSlabs slabs(pool.get());
-  ASSERT_TRUE(slabs.Bind(7));
-  auto ref = slabs.Acquire();
-  ASSERT_TRUE(ref.ok());
+  OneSlabSession one;
+  ASSERT_TRUE(one.ok()) << one.ref.status().ToString();
+  SessionSlabs& slabs = one.slabs;
+  auto& ref = one.ref;
   session::HandleTable table;
   session::TensorRecord t;
   t.dtype = DType::kU8;
