@@ -164,6 +164,17 @@ uint64_t ThreadCpuTicks(pid_t pid, pid_t tid) {
   return utime + stime;
 }
 
+// The CPU time that thread `tid` (named `thread`) of `pid` uses in the next second, in clock
+// ticks; printed, with `when`.
+uint64_t TicksInOneSecond(pid_t pid, pid_t tid, const char* thread, const char* when) {
+  const uint64_t before = ThreadCpuTicks(pid, tid);
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  const uint64_t used = ThreadCpuTicks(pid, tid) - before;
+  std::printf("%s: %llu ticks in 1 s (%ld a second) %s\n", thread,
+              static_cast<unsigned long long>(used), ::sysconf(_SC_CLK_TCK), when);
+  return used;
+}
+
 size_t OpenFds(pid_t pid) {
   size_t n = 0;
   for ([[maybe_unused]] const auto& e :
@@ -390,11 +401,7 @@ TEST(HostileClientsTest, SlabSocketBacksOffWhenOutOfDescriptors) {
   ASSERT_GE(OpenFds(d.pid()), low.rlim_cur) << "the descriptors were not spent";
   std::this_thread::sleep_for(std::chrono::milliseconds(200));  // accept has failed by now
   const long hz = ::sysconf(_SC_CLK_TCK);
-  const uint64_t before = ThreadCpuTicks(d.pid(), tid);
-  std::this_thread::sleep_for(std::chrono::seconds(1));
-  const uint64_t used = ThreadCpuTicks(d.pid(), tid) - before;
-  std::printf("ferry-slabs: %llu ticks in 1 s (%ld a second) out of fds\n",
-              static_cast<unsigned long long>(used), hz);
+  const uint64_t used = TicksInOneSecond(d.pid(), tid, "ferry-slabs", "out of fds");
   EXPECT_LT(used, static_cast<uint64_t>(hz / 10))
       << "ferry-slabs used " << used << " of " << hz << " ticks in one second out of fds";
   // Descriptors come back: the idle connections go and the limit is restored.
@@ -1464,11 +1471,7 @@ TEST(HostileClientsTest, DoorbellStormDoesNotHoldThePollerOnACore) {
   std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the storm is on
   // The storm alone: what the poller spends on it.
   const long hz = ::sysconf(_SC_CLK_TCK);
-  const uint64_t before = ThreadCpuTicks(d.pid(), tid);
-  std::this_thread::sleep_for(std::chrono::seconds(1));
-  const uint64_t used = ThreadCpuTicks(d.pid(), tid) - before;
-  std::printf("ferry-rings: %llu ticks in 1 s (%ld a second) of storm\n",
-              static_cast<unsigned long long>(used), hz);
+  const uint64_t used = TicksInOneSecond(d.pid(), tid, "ferry-rings", "of storm");
   EXPECT_LT(used, static_cast<uint64_t>(0.3 * hz))
       << "ferry-rings used " << used << " of " << hz << " ticks in one second of storm";
   // Meanwhile another session's round trips through its own ring keep working.
