@@ -117,13 +117,9 @@ TEST_F(BadInputTest, InFlightLimitHoldsAgainstAFastSender) {
   FerrydProcess daemon({"--session-quota", "64M", "--max-session-quota", "64M"});
   ASSERT_TRUE(daemon.ok()) << daemon.log();
   RawStream raw(daemon.unix_target());
-  v1::ClientMessage open;
-  open.mutable_open()->set_protocol_version(v1::PROTOCOL_VERSION_CURRENT);
-  open.mutable_open()->set_max_in_flight_submits(2);
-  ASSERT_TRUE(raw.Send(open));
-  auto opened = raw.Read();
-  ASSERT_TRUE(opened && opened->has_opened());
-  ASSERT_EQ(opened->opened().max_in_flight_submits(), 2u);
+  auto opened = raw.OpenWithMaxInFlight(2);
+  ASSERT_TRUE(opened);
+  ASSERT_EQ(opened->max_in_flight_submits(), 2u);
   // Long enough for the sampler below to see the submits in flight: 1 MiB on the host
   // backend; 64 MiB on a GPU, where 1600 fills of 1 MiB take a few milliseconds (on the H200
   // the sampler once saw none in flight).

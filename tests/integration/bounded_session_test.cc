@@ -420,12 +420,7 @@ TEST(BoundedSessionTest, UnreadDownloadsAreHeldBackAtTheInFlightBytes) {
 // Open `raw`'s session asking for 1024 submits in flight, so that the bytes in flight, not
 // the count, are what holds a flood back; the Opened, or nothing.
 std::optional<v1::Opened> OpenAskingForManyInFlight(RawStream& raw) {
-  v1::ClientMessage open = OpenMessage();
-  open.mutable_open()->set_max_in_flight_submits(1024);
-  if (!raw.Send(open)) return std::nullopt;
-  auto opened = raw.Read();
-  if (!opened || !opened->has_opened()) return std::nullopt;
-  return opened->opened();
+  return raw.OpenWithMaxInFlight(1024);
 }
 
 FloodedDaemon::FloodedDaemon(std::vector<std::string> args, bool many_in_flight) {
@@ -675,11 +670,7 @@ void HoldSixteenStreams(int scale, uint64_t& growth, bool& held) {
   std::vector<std::unique_ptr<RawStream>> raws;
   for (int k = 0; k < kStreams; ++k) {
     raws.push_back(std::make_unique<RawStream>(d->unix_target()));
-    v1::ClientMessage open = OpenMessage();
-    open.mutable_open()->set_max_in_flight_submits(1);
-    ASSERT_TRUE(raws.back()->Send(open));
-    auto opened = raws.back()->Read();
-    ASSERT_TRUE(opened && opened->has_opened());
+    ASSERT_TRUE(raws.back()->OpenWithMaxInFlight(1));
     std::vector<v1::Op> setup{Create(1, v1::DTYPE_F32, {1 << 20}),
                               Create(2, v1::DTYPE_U8, {8 << 20})};
     if (cuda) setup.push_back(testing::LoadSpin(3));

@@ -107,6 +107,19 @@ class RawStream {
   /// Open the session: the Opened, or nullopt when the daemon answered anything else.
   std::optional<v1::Opened> Open(bool successes_on_board = false) {
     if (!SendOpen(v1::PROTOCOL_VERSION_CURRENT, successes_on_board)) return std::nullopt;
+    return ReadOpened();
+  }
+  /// Open the session asking for at most `max_in_flight_submits` submits in flight (an Open
+  /// with nothing else set): the Opened, or nullopt when the daemon answered anything else.
+  std::optional<v1::Opened> OpenWithMaxInFlight(uint32_t max_in_flight_submits) {
+    v1::ClientMessage m;
+    m.mutable_open()->set_protocol_version(v1::PROTOCOL_VERSION_CURRENT);
+    m.mutable_open()->set_max_in_flight_submits(max_in_flight_submits);
+    if (!Send(m)) return std::nullopt;
+    return ReadOpened();
+  }
+  /// Read the answer to an Open: the Opened, or nullopt when it is anything else.
+  std::optional<v1::Opened> ReadOpened() {
     auto r = Read();
     if (!r || !r->has_opened()) return std::nullopt;
     return r->opened();
