@@ -202,6 +202,17 @@ int SessionGetsASlab(const std::string& target) {
 constexpr uid_t kUidA = 41001;
 constexpr uid_t kUidB = 41002;
 
+// Uids A and B each open a session on `d` and close it: both still find a place. Call it as
+// ASSERT_NO_FATAL_FAILURE(ExpectUidsAAndBOpenSessions(d)).
+void ExpectUidsAAndBOpenSessions(const FerrydProcess& d) {
+  auto a = StreamAs(kUidA, d);
+  ASSERT_TRUE(a && a->Open()) << d.log();
+  auto b = StreamAs(kUidB, d);
+  ASSERT_TRUE(b && b->Open()) << d.log();
+  a->Close();
+  b->Close();
+}
+
 // The tests that connect as other uids (ConnectAs): root only, skipped with the reason
 // otherwise. Start() runs the daemon with every uid let in to its sockets.
 class HostileClientsPerUidTest : public ::testing::Test {
@@ -623,12 +634,7 @@ TEST_F(HostileClientsPerUidTest, ConnectionsAreBoundedPerUidAndInAll) {
   root.Close();
   // A closes half of its connections: their places come back, to A and to B.
   for (int i = 0; i < 4; ++i) ::close(a[i]);
-  auto a_session = StreamAs(kUidA, d);
-  ASSERT_TRUE(a_session && a_session->Open()) << d.log();
-  auto b_session = StreamAs(kUidB, d);
-  ASSERT_TRUE(b_session && b_session->Open()) << d.log();
-  a_session->Close();
-  b_session->Close();
+  ASSERT_NO_FATAL_FAILURE(ExpectUidsAAndBOpenSessions(d));
   for (size_t i = 4; i < a.size(); ++i) ::close(a[i]);
   for (int fd : b) ::close(fd);
   EXPECT_EQ(d.WaitIdle().sessions_open(), 0u);
@@ -731,12 +737,7 @@ TEST_F(HostileClientsPerUidTest, HalfClosedConnectionsHoldNoDescriptorsPastTheLi
   // A uid holding no connection has no series (-1: none).
   EXPECT_EQ(testing::Value(testing::Scrape(ep), "ferry_uid_local_connections", "uid:41001"), -1);
   // uid A, and another uid, still connect and open sessions.
-  auto a = StreamAs(kUidA, d);
-  ASSERT_TRUE(a && a->Open()) << d.log();
-  auto b = StreamAs(kUidB, d);
-  ASSERT_TRUE(b && b->Open()) << d.log();
-  a->Close();
-  b->Close();
+  ASSERT_NO_FATAL_FAILURE(ExpectUidsAAndBOpenSessions(d));
   for (int fd : held) ::close(fd);
   EXPECT_EQ(d.WaitIdle().sessions_open(), 0u);
   EXPECT_EQ(d.Stop(), 0) << d.log();
