@@ -1237,6 +1237,23 @@ class RegisteredHostBytes {
   Status registered_;
 };
 
+// Copy `bytes` between `buf` and `host` on `stream`: host to device where `to_device`, else
+// device to host.
+Status CopyOneWay(Stream& stream, const DeviceBuffer& buf, RegisteredHostBytes& host,
+                  uint64_t bytes, bool to_device) {
+  return to_device ? stream.CopyHostToDevice(buf.ptr(), host.data(), bytes)
+                   : stream.CopyDeviceToHost(host.data(), buf.ptr(), bytes);
+}
+
+// One copy of `bytes` each way between `buf` and `host`, waited for: the CUDA backend then
+// knows both rates.
+void CopyEachWayAndWait(Stream& stream, const DeviceBuffer& buf, RegisteredHostBytes& host,
+                        uint64_t bytes) {
+  ASSERT_TRUE(CopyOneWay(stream, buf, host, bytes, /*to_device=*/true).ok());
+  ASSERT_TRUE(CopyOneWay(stream, buf, host, bytes, /*to_device=*/false).ok());
+  ASSERT_TRUE(Sync(stream).ok());
+}
+
 Usage Minus(const Usage& a, const Usage& b) {
   Usage d;
   d.busy_ns = a.busy_ns - b.busy_ns;
@@ -1409,14 +1426,10 @@ TEST_P(BackendConformanceTest, UsageOfSubmitsThatOnlyCopyCountsEveryCopy) {
   DeviceBuffer buf = MustAllocate(stream(), kBytes);
   RegisteredHostBytes host(device(), kBytes, 5);
   ASSERT_TRUE(host.registered().ok()) << host.registered().ToString();
-  // One of each direction first, waited for: the CUDA backend then knows both rates.
-  ASSERT_TRUE(stream().CopyHostToDevice(buf.ptr(), host.data(), kBytes).ok());
-  ASSERT_TRUE(stream().CopyDeviceToHost(host.data(), buf.ptr(), kBytes).ok());
-  ASSERT_TRUE(Sync(stream()).ok());
+  ASSERT_NO_FATAL_FAILURE(CopyEachWayAndWait(stream(), buf, host, kBytes));
   const Usage before = stream().usage();
   const BackToBack run = RunBackToBack(stream(), kSubmits, [&](int i) {
-    Status copied = i % 2 == 0 ? stream().CopyHostToDevice(buf.ptr(), host.data(), kBytes)
-                               : stream().CopyDeviceToHost(host.data(), buf.ptr(), kBytes);
+    Status copied = CopyOneWay(stream(), buf, host, kBytes, /*to_device=*/i % 2 == 0);
     ASSERT_TRUE(copied.ok()) << copied.ToString();
   });
   ASSERT_FALSE(HasFatalFailure());
@@ -1445,16 +1458,12 @@ TEST_P(BackendConformanceTest, UsageOfASubmitThatOnlyCopiesIsItsCopiesTime) {
   DeviceBuffer buf = MustAllocate(stream(), kBytes);
   RegisteredHostBytes host(device(), kBytes, 7);
   ASSERT_TRUE(host.registered().ok()) << host.registered().ToString();
-  // One of each direction first, waited for: the CUDA backend then knows both rates.
-  ASSERT_TRUE(stream().CopyHostToDevice(buf.ptr(), host.data(), kBytes).ok());
-  ASSERT_TRUE(stream().CopyDeviceToHost(host.data(), buf.ptr(), kBytes).ok());
-  ASSERT_TRUE(Sync(stream()).ok());
+  ASSERT_NO_FATAL_FAILURE(CopyEachWayAndWait(stream(), buf, host, kBytes));
   int copy_time_only = 0;
   std::string seen;
   for (int i = 0; i < kSubmits; ++i) {
     const Usage before = stream().usage();
-    Status copied = i % 2 == 0 ? stream().CopyHostToDevice(buf.ptr(), host.data(), kBytes)
-                               : stream().CopyDeviceToHost(host.data(), buf.ptr(), kBytes);
+    Status copied = CopyOneWay(stream(), buf, host, kBytes, /*to_device=*/i % 2 == 0);
     ASSERT_TRUE(copied.ok()) << copied.ToString();
     ASSERT_TRUE(Sync(stream()).ok());
     const Usage used = Minus(stream().usage(), before);

@@ -18,15 +18,9 @@ using testing::Create;
 using testing::Download;
 using testing::FerrydProcess;
 using testing::Fill;
+using testing::InlineUpload;
 using testing::RawStream;
 
-v1::Op Upload(uint64_t h, uint64_t off, std::string data) {
-  v1::Op op;
-  op.mutable_upload()->set_tensor(h);
-  op.mutable_upload()->set_offset(off);
-  op.mutable_upload()->set_data(std::move(data));
-  return op;
-}
 v1::Op Binary(v1::BinaryKind kind, uint64_t a, uint64_t b, uint64_t out) {
   v1::Op op;
   op.mutable_binary()->set_kind(kind);
@@ -123,13 +117,9 @@ TEST_F(BadInputTest, InFlightLimitHoldsAgainstAFastSender) {
   FerrydProcess daemon({"--session-quota", "64M", "--max-session-quota", "64M"});
   ASSERT_TRUE(daemon.ok()) << daemon.log();
   RawStream raw(daemon.unix_target());
-  v1::ClientMessage open;
-  open.mutable_open()->set_protocol_version(v1::PROTOCOL_VERSION_CURRENT);
-  open.mutable_open()->set_max_in_flight_submits(2);
-  ASSERT_TRUE(raw.Send(open));
-  auto opened = raw.Read();
-  ASSERT_TRUE(opened && opened->has_opened());
-  ASSERT_EQ(opened->opened().max_in_flight_submits(), 2u);
+  auto opened = raw.OpenWithMaxInFlight(2);
+  ASSERT_TRUE(opened);
+  ASSERT_EQ(opened->max_in_flight_submits(), 2u);
   // Long enough for the sampler below to see the submits in flight: 1 MiB on the host
   // backend; 64 MiB on a GPU, where 1600 fills of 1 MiB take a few milliseconds (on the H200
   // the sampler once saw none in flight).
@@ -280,12 +270,12 @@ TEST_F(BadInputTest, OversizeLengthsAndOffsetsAreOutOfRange) {
   EXPECT_EQ(raw.Completion(2).kind(), v1::OUT_OF_RANGE);
   ASSERT_TRUE(raw.Submit(3, {Download(1, UINT64_MAX, 2)}));
   EXPECT_EQ(raw.Completion(3).kind(), v1::OUT_OF_RANGE);
-  ASSERT_TRUE(raw.Submit(4, {Upload(1, 95, std::string(6, 'x'))}));
+  ASSERT_TRUE(raw.Submit(4, {InlineUpload(1, 95, std::string(6, 'x'))}));
   EXPECT_EQ(raw.Completion(4).kind(), v1::OUT_OF_RANGE);
-  ASSERT_TRUE(raw.Submit(5, {Upload(1, UINT64_MAX - 2, std::string(6, 'x'))}));
+  ASSERT_TRUE(raw.Submit(5, {InlineUpload(1, UINT64_MAX - 2, std::string(6, 'x'))}));
   EXPECT_EQ(raw.Completion(5).kind(), v1::OUT_OF_RANGE);
   // In range works.
-  ASSERT_TRUE(raw.Submit(6, {Upload(1, 95, std::string(5, 'x')), Download(1, 94, 6)}));
+  ASSERT_TRUE(raw.Submit(6, {InlineUpload(1, 95, std::string(5, 'x')), Download(1, 94, 6)}));
   std::string got;
   while (auto m = raw.Read()) {
     if (m->has_download_chunk()) got += m->download_chunk().data();

@@ -151,6 +151,47 @@ FerrydProcess* StartDaemon(std::unique_ptr<FerrydProcess>& d, std::vector<std::s
   return d.get();
 }
 
+// A daemon started with StartDaemon(args, tcp), for the tests of streams without a session.
+// Check d->ok() first.
+struct MeteredDaemon {
+  explicit MeteredDaemon(std::vector<std::string> args, bool tcp = false)
+      : d(StartDaemon(owner, std::move(args), tcp)), metrics(d->ok() ? MetricsEndpoint(*d) : "") {}
+  // The value of metric `name` (with `label`, as Value takes it) on a fresh scrape.
+  double value(const std::string& name, const std::string& label = "") const {
+    return Value(Scrape(metrics), name, label);
+  }
+  // Where each of these tests ends: another session works, and the daemon exits cleanly.
+  void ExpectAnotherSessionWorksAndStop() const {
+    ExpectAnotherSessionWorks(*d);
+    EXPECT_EQ(d->Stop(), 0) << d->log();
+  }
+
+  std::unique_ptr<FerrydProcess> owner;
+  FerrydProcess* d;
+  std::string metrics;
+};
+
+// A channel to `target`, connected; nullptr when it did not connect within 10 s.
+std::shared_ptr<grpc::Channel> ConnectedChannel(const std::string& target) {
+  auto channel = grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
+  if (!channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10))) {
+    return nullptr;
+  }
+  return channel;
+}
+
+// A client's Open (the current protocol version) and Close messages.
+v1::ClientMessage OpenMessage() {
+  v1::ClientMessage open;
+  open.mutable_open()->set_protocol_version(v1::PROTOCOL_VERSION_CURRENT);
+  return open;
+}
+v1::ClientMessage CloseMessage(bool keep_stream = false) {
+  v1::ClientMessage close;
+  close.mutable_close()->set_keep_stream(keep_stream);
+  return close;
+}
+
 // Resident memory may grow this much during a flood (gRPC's own buffers, the allocator): far
 // below what the floods below made the daemon hold before it pushed back (≥ 80 MiB each).
 constexpr uint64_t kRssGrowthBound = 48ull << 20;
@@ -379,13 +420,7 @@ TEST(BoundedSessionTest, UnreadDownloadsAreHeldBackAtTheInFlightBytes) {
 // Open `raw`'s session asking for 1024 submits in flight, so that the bytes in flight, not
 // the count, are what holds a flood back; the Opened, or nothing.
 std::optional<v1::Opened> OpenAskingForManyInFlight(RawStream& raw) {
-  v1::ClientMessage open;
-  open.mutable_open()->set_protocol_version(v1::PROTOCOL_VERSION_CURRENT);
-  open.mutable_open()->set_max_in_flight_submits(1024);
-  if (!raw.Send(open)) return std::nullopt;
-  auto opened = raw.Read();
-  if (!opened || !opened->has_opened()) return std::nullopt;
-  return opened->opened();
+  return raw.OpenWithMaxInFlight(1024);
 }
 
 FloodedDaemon::FloodedDaemon(std::vector<std::string> args, bool many_in_flight) {
@@ -404,6 +439,14 @@ struct UploadFloodRound {
   double most_bytes = -1;
   uint64_t rss_before = 0, most_rss = 0;
 };
+
+// Submit `id` of the upload floods: one inline upload of `bytes` into tensor 2, at offset 0.
+v1::ClientMessage UploadSubmit(uint64_t id, const std::string& bytes) {
+  v1::ClientMessage m;
+  m.mutable_submit()->set_submit_id(id);
+  *m.mutable_submit()->add_ops() = InlineUpload(2, 0, bytes);
+  return m;
+}
 
 void FloodInlineUploads(int fills, UploadFloodRound& round) {
   FloodedDaemon f({"--session-in-flight-bytes", "32M"}, /*many_in_flight=*/true);
@@ -425,10 +468,7 @@ void FloodInlineUploads(int fills, UploadFloodRound& round) {
   std::thread writer([&] {
     const std::string bytes(kUpload, 'u');
     for (int i = 0; i < kSubmits; ++i) {
-      v1::ClientMessage m;
-      m.mutable_submit()->set_submit_id(3 + static_cast<uint64_t>(i));
-      *m.mutable_submit()->add_ops() = InlineUpload(2, 0, bytes);
-      if (!raw.Send(m)) break;
+      if (!raw.Send(UploadSubmit(3 + static_cast<uint64_t>(i), bytes))) break;
       ++sent;
     }
     done = true;
@@ -630,12 +670,7 @@ void HoldSixteenStreams(int scale, uint64_t& growth, bool& held) {
   std::vector<std::unique_ptr<RawStream>> raws;
   for (int k = 0; k < kStreams; ++k) {
     raws.push_back(std::make_unique<RawStream>(d->unix_target()));
-    v1::ClientMessage open;
-    open.mutable_open()->set_protocol_version(v1::PROTOCOL_VERSION_CURRENT);
-    open.mutable_open()->set_max_in_flight_submits(1);
-    ASSERT_TRUE(raws.back()->Send(open));
-    auto opened = raws.back()->Read();
-    ASSERT_TRUE(opened && opened->has_opened());
+    ASSERT_TRUE(raws.back()->OpenWithMaxInFlight(1));
     std::vector<v1::Op> setup{Create(1, v1::DTYPE_F32, {1 << 20}),
                               Create(2, v1::DTYPE_U8, {8 << 20})};
     if (cuda) setup.push_back(testing::LoadSpin(3));
@@ -737,59 +772,48 @@ class StreamHoarder {
 // grew by 408 MiB); refused but not reset, 10,000 grew it by 140 MiB (both measured), for as
 // long as the client kept them.
 TEST(BoundedSessionTest, StreamsThatNeverSendOpenAreHeldAtTheLimitOrReset) {
-  std::unique_ptr<FerrydProcess> owner;
-  FerrydProcess* d = StartDaemon(owner, {"--open-timeout", "1000"});
-  ASSERT_TRUE(d->ok()) << d->log();
-  const std::string metrics = testing::MetricsEndpoint(*d);
-  auto value = [&](const std::string& name, const std::string& label = "") {
-    return Value(Scrape(metrics), name, label);
-  };
-  auto channel = grpc::CreateChannel(d->unix_target(), grpc::InsecureChannelCredentials());
-  ASSERT_TRUE(
-      channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10)));
-  const uint64_t before = RssBytes(d->pid());
+  MeteredDaemon m({"--open-timeout", "1000"});
+  ASSERT_TRUE(m.d->ok()) << m.d->log();
+  const auto channel = ConnectedChannel(m.d->unix_target());
+  ASSERT_TRUE(channel);
+  const uint64_t before = RssBytes(m.d->pid());
   constexpr int kStreams = kFloodStreams;
   constexpr int kHeld = 64;  // max-sessionless-streams-per-uid's default
   StreamHoarder hoarder(channel, kStreams, {});
   // Every stream is refused, or held until its open timeout (1 s; the flood may outlast it, and
   // a place comes back when gRPC lets an ended stream go).
   auto ended = [&] {
-    const std::string body = Scrape(metrics);
+    const std::string body = Scrape(m.metrics);
     return Value(body, "ferry_streams_refused_total", "max_sessionless_per_uid") +
            Value(body, "ferry_streams_open_timeouts_total");
   };
   Eventually([&] { return hoarder.opened() >= kStreams && ended() >= kStreams; }, kFloodSeconds);
-  const uint64_t after = RssBytes(d->pid());
+  const uint64_t after = RssBytes(m.d->pid());
   PrintFloodRss(before, after, "streams without Open");
   ASSERT_EQ(hoarder.opened(), kStreams);
   EXPECT_EQ(ended(), kStreams);
-  EXPECT_GE(value("ferry_streams_refused_total", "max_sessionless_per_uid"), kStreams / 2);
-  EXPECT_LE(value("ferry_streams_sessionless"), kHeld);
+  EXPECT_GE(m.value("ferry_streams_refused_total", "max_sessionless_per_uid"), kStreams / 2);
+  EXPECT_LE(m.value("ferry_streams_sessionless"), kHeld);
   // The client gives its streams up: their places come back, and sessions open again.
   hoarder.CancelAll();
-  Eventually([&] { return value("ferry_streams_sessionless") == 0; }, 30);
-  EXPECT_EQ(value("ferry_streams_sessionless"), 0);
-  ExpectAnotherSessionWorks(*d);
-  EXPECT_EQ(d->Stop(), 0) << d->log();
+  Eventually([&] { return m.value("ferry_streams_sessionless") == 0; }, 30);
+  EXPECT_EQ(m.value("ferry_streams_sessionless"), 0);
+  m.ExpectAnotherSessionWorksAndStop();
 }
 
 // A process that opens a session while its uid holds its maximum of streams without a session
 // is reset, and libferry's open_session retries: the open succeeds once a place comes back,
 // within the client's connect timeout.
 TEST(BoundedSessionTest, AnOpenPastTheSessionlessLimitSucceedsOnceAPlaceComesBack) {
-  std::unique_ptr<FerrydProcess> owner;
-  FerrydProcess* d = StartDaemon(owner, {"--max-sessionless-streams-per-uid", "2"});
-  ASSERT_TRUE(d->ok()) << d->log();
-  const std::string metrics = testing::MetricsEndpoint(*d);
-  auto refused = [&] {
-    return Value(Scrape(metrics), "ferry_streams_refused_total", "max_sessionless_per_uid");
-  };
+  MeteredDaemon m({"--max-sessionless-streams-per-uid", "2"});
+  ASSERT_TRUE(m.d->ok()) << m.d->log();
+  auto refused = [&] { return m.value("ferry_streams_refused_total", "max_sessionless_per_uid"); };
   // This uid's two places, taken by streams that send nothing.
-  auto held = std::make_unique<RawStream>(d->unix_target());
-  RawStream other(d->unix_target());
-  Eventually([&] { return Value(Scrape(metrics), "ferry_streams_sessionless") >= 2; }, 5);
-  ASSERT_EQ(Value(Scrape(metrics), "ferry_streams_sessionless"), 2);
-  auto client = Client::connect(d->unix_target());
+  auto held = std::make_unique<RawStream>(m.d->unix_target());
+  RawStream other(m.d->unix_target());
+  Eventually([&] { return m.value("ferry_streams_sessionless") >= 2; }, 5);
+  ASSERT_EQ(m.value("ferry_streams_sessionless"), 2);
+  auto client = Client::connect(m.d->unix_target());
   ASSERT_TRUE(client.ok()) << client.status().ToString();
   std::atomic<bool> opened{false};
   Status status;
@@ -804,7 +828,7 @@ TEST(BoundedSessionTest, AnOpenPastTheSessionlessLimitSucceedsOnceAPlaceComesBac
   held.reset();  // a place comes back
   opener.join();
   EXPECT_TRUE(status.ok()) << status.ToString();
-  EXPECT_EQ(d->Stop(), 0) << d->log();
+  EXPECT_EQ(m.d->Stop(), 0) << m.d->log();
 }
 
 // A remote peer without the bearer token opening stream after stream and reading nothing:
@@ -814,34 +838,30 @@ TEST(BoundedSessionTest, AnOpenPastTheSessionlessLimitSucceedsOnceAPlaceComesBac
 TEST(BoundedSessionTest, StreamsWithoutTheTokenAreHeldAtTheLimitOrReset) {
   const testing::TempFile token_file("the-token\n");
   ASSERT_FALSE(token_file.path().empty());
-  std::unique_ptr<FerrydProcess> owner;
-  FerrydProcess* d = StartDaemon(owner, {"--token-file", token_file.path()}, /*tcp=*/true);
-  ASSERT_TRUE(d->ok()) << d->log();
-  const std::string metrics = testing::MetricsEndpoint(*d);
-  const std::string tcp = d->tcp_target().substr(4);
-  auto channel = grpc::CreateChannel(tcp, grpc::InsecureChannelCredentials());
-  ASSERT_TRUE(
-      channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10)));
-  const uint64_t before = RssBytes(d->pid());
+  MeteredDaemon m({"--token-file", token_file.path()}, /*tcp=*/true);
+  ASSERT_TRUE(m.d->ok()) << m.d->log();
+  const std::string tcp = m.d->tcp_target().substr(4);
+  const auto channel = ConnectedChannel(tcp);
+  ASSERT_TRUE(channel);
+  const uint64_t before = RssBytes(m.d->pid());
   constexpr int kStreams = kFloodStreams;
   StreamHoarder hoarder(channel, kStreams, {});
   Eventually([&] { return hoarder.opened() >= kStreams; }, kFloodSeconds);
   std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the last ones handled
-  const uint64_t after = RssBytes(d->pid());
+  const uint64_t after = RssBytes(m.d->pid());
   PrintFloodRss(before, after, "streams without the token");
   ASSERT_EQ(hoarder.opened(), kStreams);
-  EXPECT_LE(Value(Scrape(metrics), "ferry_streams_unauthenticated"), 64);
+  EXPECT_LE(m.value("ferry_streams_unauthenticated"), 64);
   // None of them counted among the sessionless streams of the TCP identity, which the peers
   // with the token share. (gRPC names the peer of a call its interceptor has cancelled
   // "unknown", and the handler's check once went by the peer's address: each of the 20,000
   // was taken for a Unix endpoint's call and counted, 19,813 refused in one run, and under
   // load the peer below was refused as well.)
-  EXPECT_EQ(Value(Scrape(metrics), "ferry_streams_refused_total", "\"max_sessionless_per_uid\""),
-            0);
+  EXPECT_EQ(m.value("ferry_streams_refused_total", "\"max_sessionless_per_uid\""), 0);
   // A peer with the token is not held back.
   ClientOptions options;
   options.bearer_token = "the-token";
-  auto client = Client::connect(d->tcp_target(), options);
+  auto client = Client::connect(m.d->tcp_target(), options);
   ASSERT_TRUE(client.ok()) << client.status().ToString();
   auto session = client->open_session();
   ASSERT_TRUE(session.ok()) << session.status().ToString();
@@ -852,7 +872,7 @@ TEST(BoundedSessionTest, StreamsWithoutTheTokenAreHeldAtTheLimitOrReset) {
   RawStream stranger(channel);
   EXPECT_FALSE(stranger.Read());
   EXPECT_EQ(stranger.Finish().error_code(), grpc::StatusCode::UNAUTHENTICATED);
-  EXPECT_EQ(d->Stop(), 0) << d->log();
+  EXPECT_EQ(m.d->Stop(), 0) << m.d->log();
 }
 
 // Sessions whose client sends Open and Close and never reads: each session ends (the sessions
@@ -862,43 +882,34 @@ TEST(BoundedSessionTest, StreamsWithoutTheTokenAreHeldAtTheLimitOrReset) {
 // those stay counted until the client closes them, and while the uid is at its limit its
 // further streams are reset.
 TEST(BoundedSessionTest, EndedSessionsWhoseClientNeverReadsCountUntilClosed) {
-  std::unique_ptr<FerrydProcess> owner;
-  FerrydProcess* d = StartDaemon(owner, {"--max-sessionless-streams-per-uid", "16"});
-  ASSERT_TRUE(d->ok()) << d->log();
-  const std::string metrics = testing::MetricsEndpoint(*d);
-  auto value = [&](const std::string& name, const std::string& label = "") {
-    return Value(Scrape(metrics), name, label);
-  };
-  auto channel = grpc::CreateChannel(d->unix_target(), grpc::InsecureChannelCredentials());
-  ASSERT_TRUE(
-      channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10)));
-  v1::ClientMessage open, close;
-  open.mutable_open()->set_protocol_version(v1::PROTOCOL_VERSION_CURRENT);
-  close.mutable_close();
+  MeteredDaemon m({"--max-sessionless-streams-per-uid", "16"});
+  ASSERT_TRUE(m.d->ok()) << m.d->log();
+  const auto channel = ConnectedChannel(m.d->unix_target());
+  ASSERT_TRUE(channel);
+  const v1::ClientMessage open = OpenMessage(), close = CloseMessage();
   constexpr int kStreams = 2000;
   StreamHoarder hoarder(channel, kStreams, {open, close});
   auto accounted = [&] {
-    const std::string body = Scrape(metrics);
+    const std::string body = Scrape(m.metrics);
     return Value(body, "ferry_sessions_total") +
            Value(body, "ferry_streams_refused_total", "max_sessionless_per_uid");
   };
   Eventually([&] { return hoarder.opened() >= kStreams && accounted() >= kStreams; },
              kFloodSeconds);
-  Eventually([&] { return value("ferry_sessions_open") == 0; }, 30);
+  Eventually([&] { return m.value("ferry_sessions_open") == 0; }, 30);
   ASSERT_EQ(hoarder.opened(), kStreams);
-  std::printf("%.0f of %d streams became sessions\n", value("ferry_sessions_total"), kStreams);
+  std::printf("%.0f of %d streams became sessions\n", m.value("ferry_sessions_total"), kStreams);
   EXPECT_EQ(accounted(), kStreams);
-  EXPECT_GE(value("ferry_sessions_total"), 16);
-  EXPECT_EQ(value("ferry_sessions_open"), 0);
+  EXPECT_GE(m.value("ferry_sessions_total"), 16);
+  EXPECT_EQ(m.value("ferry_sessions_open"), 0);
   // A finished stream is held whatever the limit (Hold): the uid's ended sessions kept by gRPC
   // may pass it, but each was a session first (so at most its sessions limit more), and while
   // they pass it the uid's new streams are reset.
-  EXPECT_LE(value("ferry_streams_sessionless"), 16 + value("ferry_sessions_total"));
+  EXPECT_LE(m.value("ferry_streams_sessionless"), 16 + m.value("ferry_sessions_total"));
   hoarder.CancelAll();
-  Eventually([&] { return value("ferry_streams_sessionless") == 0; }, 30);
-  EXPECT_EQ(value("ferry_streams_sessionless"), 0);
-  ExpectAnotherSessionWorks(*d);
-  EXPECT_EQ(d->Stop(), 0) << d->log();
+  Eventually([&] { return m.value("ferry_streams_sessionless") == 0; }, 30);
+  EXPECT_EQ(m.value("ferry_streams_sessionless"), 0);
+  m.ExpectAnotherSessionWorksAndStop();
 }
 
 // A raw HTTP/2 client (written from RFC 7540 and the gRPC wire format, no gRPC library)
@@ -997,33 +1008,24 @@ class ZeroWindowClient {
 // keeps its connection: nothing of it stays in the daemon. (Found by review: these streams
 // were counted by no limit and never ended.)
 TEST(BoundedSessionTest, StreamsWhoseAnswersCannotBeWrittenAreCountedAndCancelled) {
-  std::unique_ptr<FerrydProcess> owner;
-  FerrydProcess* d =
-      StartDaemon(owner, {"--max-sessionless-streams-per-uid", "8", "--open-timeout", "1000"});
-  ASSERT_TRUE(d->ok()) << d->log();
-  const std::string metrics = MetricsEndpoint(*d);
-  auto value = [&](const std::string& name, const std::string& label = "") {
-    return Value(Scrape(metrics), name, label);
-  };
-  v1::ClientMessage open, close;
-  open.mutable_open()->set_protocol_version(v1::PROTOCOL_VERSION_CURRENT);
-  close.mutable_close();
-  ZeroWindowClient client(d->unix_target().substr(5));
+  MeteredDaemon m({"--max-sessionless-streams-per-uid", "8", "--open-timeout", "1000"});
+  ASSERT_TRUE(m.d->ok()) << m.d->log();
+  const v1::ClientMessage open = OpenMessage(), close = CloseMessage();
+  ZeroWindowClient client(m.d->unix_target().substr(5));
   ASSERT_TRUE(client.connected());
   constexpr int kStreams = 40;
   for (int i = 0; i < kStreams; ++i) {
     client.Stream("/ferry.v1.SessionService/Session",
                   {open.SerializeAsString(), close.SerializeAsString()});
   }
-  EXPECT_TRUE(Eventually([&] { return value("ferry_streams_finish_timeouts_total") >= 1; }, 30))
+  EXPECT_TRUE(Eventually([&] { return m.value("ferry_streams_finish_timeouts_total") >= 1; }, 30))
       << "no stream whose answers could not be written was cancelled";
-  EXPECT_GE(value("ferry_streams_refused_total", "max_sessionless_per_uid"), 1)
+  EXPECT_GE(m.value("ferry_streams_refused_total", "max_sessionless_per_uid"), 1)
       << "the stuck streams did not count against the uid's limit";
-  EXPECT_TRUE(Eventually([&] { return value("ferry_streams_sessionless") == 0; }, 30))
+  EXPECT_TRUE(Eventually([&] { return m.value("ferry_streams_sessionless") == 0; }, 30))
       << "streams stayed in the daemon though their client keeps its connection";
-  EXPECT_EQ(value("ferry_sessions_open"), 0);
-  ExpectAnotherSessionWorks(*d);
-  EXPECT_EQ(d->Stop(), 0) << d->log();
+  EXPECT_EQ(m.value("ferry_sessions_open"), 0);
+  m.ExpectAnotherSessionWorksAndStop();
 }
 
 // Streams of the other streaming methods (gRPC's Health/Watch, server reflection) carry no
@@ -1031,29 +1033,23 @@ TEST(BoundedSessionTest, StreamsWhoseAnswersCannotBeWrittenAreCountedAndCancelle
 // next ones are refused, and they give their places back when they end. (Found by review:
 // nothing counted them, and each held gRPC's call state, reflection's a thread too.)
 TEST(BoundedSessionTest, HealthWatchAndReflectionStreamsCountAsSessionless) {
-  std::unique_ptr<FerrydProcess> owner;
-  FerrydProcess* d = StartDaemon(owner, {"--max-sessionless-streams-per-uid", "8"});
-  ASSERT_TRUE(d->ok()) << d->log();
-  const std::string metrics = MetricsEndpoint(*d);
-  auto value = [&](const std::string& name, const std::string& label = "") {
-    return Value(Scrape(metrics), name, label);
-  };
+  MeteredDaemon m({"--max-sessionless-streams-per-uid", "8"});
+  ASSERT_TRUE(m.d->ok()) << m.d->log();
   {
-    ZeroWindowClient client(d->unix_target().substr(5));
+    ZeroWindowClient client(m.d->unix_target().substr(5));
     ASSERT_TRUE(client.connected());
     for (int i = 0; i < 12; ++i) client.Stream("/grpc.health.v1.Health/Watch", {std::string()});
     for (int i = 0; i < 12; ++i) {
       client.Stream("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", {});
     }
     EXPECT_TRUE(Eventually([&] {
-      return value("ferry_streams_refused_total", "max_sessionless_per_uid") >= 16;
+      return m.value("ferry_streams_refused_total", "max_sessionless_per_uid") >= 16;
     })) << "streams past the uid's limit were not refused";
-    EXPECT_EQ(value("ferry_streams_sessionless"), 8);
+    EXPECT_EQ(m.value("ferry_streams_sessionless"), 8);
   }  // the client goes: its streams end
-  EXPECT_TRUE(Eventually([&] { return value("ferry_streams_sessionless") == 0; }))
+  EXPECT_TRUE(Eventually([&] { return m.value("ferry_streams_sessionless") == 0; }))
       << "ended streams kept their places";
-  ExpectAnotherSessionWorks(*d);
-  EXPECT_EQ(d->Stop(), 0) << d->log();
+  m.ExpectAnotherSessionWorksAndStop();
 }
 
 // Clients that ask to keep their stream at Close and never read: each session's Closed waits
@@ -1062,40 +1058,34 @@ TEST(BoundedSessionTest, HealthWatchAndReflectionStreamsCountAsSessionless) {
 // within its limit; the sessions themselves are closed. Cancelled, the streams give
 // everything back.
 TEST(BoundedSessionTest, KeepingClosesOfClientsThatNeverReadStayCharged) {
-  std::unique_ptr<FerrydProcess> owner;
-  FerrydProcess* d = StartDaemon(owner, {});
-  ASSERT_TRUE(d->ok()) << d->log();
-  const std::string metrics = MetricsEndpoint(*d);
-  auto value = [&](const std::string& name) { return Value(Scrape(metrics), name); };
-  auto channel = grpc::CreateChannel(d->unix_target(), grpc::InsecureChannelCredentials());
-  ASSERT_TRUE(
-      channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10)));
-  v1::ClientMessage open, submit, close;
-  open.mutable_open()->set_protocol_version(v1::PROTOCOL_VERSION_CURRENT);
+  MeteredDaemon m({});
+  ASSERT_TRUE(m.d->ok()) << m.d->log();
+  const auto channel = ConnectedChannel(m.d->unix_target());
+  ASSERT_TRUE(channel);
+  v1::ClientMessage submit;
   submit.mutable_submit()->set_submit_id(1);
   *submit.mutable_submit()->add_ops() = Create(1, v1::DTYPE_U8, {4 << 20});
   for (int k = 0; k < 4; ++k) *submit.mutable_submit()->add_ops() = Download(1, k << 20, 1 << 20);
-  close.mutable_close()->set_keep_stream(true);
   constexpr int kStreams = 16;
-  StreamHoarder hoarder(channel, kStreams, {open, submit, close});
+  StreamHoarder hoarder(channel, kStreams,
+                        {OpenMessage(), submit, CloseMessage(/*keep_stream=*/true)});
   EXPECT_TRUE(Eventually(
       [&] {
-        return hoarder.opened() == kStreams && value("ferry_sessions_total") == kStreams &&
-               value("ferry_sessions_open") == 0;
+        return hoarder.opened() == kStreams && m.value("ferry_sessions_total") == kStreams &&
+               m.value("ferry_sessions_open") == 0;
       },
       60))
       << "the sessions did not all close";
-  const double charged = value("ferry_in_flight_bytes");
+  const double charged = m.value("ferry_in_flight_bytes");
   std::printf("%d closed sessions, never read: %.0f bytes in flight\n", kStreams, charged);
   EXPECT_GT(charged, 0) << "unwritten answers went uncharged";
-  EXPECT_LE(charged, value("ferry_in_flight_bytes_limit"));
+  EXPECT_LE(charged, m.value("ferry_in_flight_bytes_limit"));
   hoarder.CancelAll();
   EXPECT_TRUE(Eventually([&] {
-    return value("ferry_in_flight_bytes") == 0 && value("ferry_submits_in_flight") == 0 &&
-           value("ferry_streams_sessionless") == 0;
+    return m.value("ferry_in_flight_bytes") == 0 && m.value("ferry_submits_in_flight") == 0 &&
+           m.value("ferry_streams_sessionless") == 0;
   })) << "cancelled streams kept what they held";
-  ExpectAnotherSessionWorks(*d);
-  EXPECT_EQ(d->Stop(), 0) << d->log();
+  m.ExpectAnotherSessionWorksAndStop();
 }
 
 // What gRPC buffers for local streams the daemon stops reading is small: gRPC takes a
@@ -1154,10 +1144,8 @@ TEST(BoundedSessionTest, InlineUploadsThroughTheRingStopAtTheInFlightBytes) {
   std::thread writer([&] {
     const std::string bytes(kUpload, 'u');
     for (int i = 0; i < kSubmits; ++i) {
-      v1::ClientMessage m;
+      v1::ClientMessage m = UploadSubmit(3 + static_cast<uint64_t>(i), bytes);
       m.set_sequence(2 + static_cast<uint64_t>(i));
-      m.mutable_submit()->set_submit_id(3 + static_cast<uint64_t>(i));
-      *m.mutable_submit()->add_ops() = InlineUpload(2, 0, bytes);
       ring.Write(m);  // waits for room while the daemon holds back
       ++sent;
     }
@@ -1271,6 +1259,22 @@ TEST(BoundedSessionTest, TensorsPastTheLimitAreRefusedUntilOneIsFreed) {
   EXPECT_EQ(d.Stop(), 0) << d.log();
 }
 
+// The ops that record graph `graph` of `fills` fills of tensor `tensor` (the i-th with i).
+std::vector<v1::Op> RecordFills(uint64_t graph, uint64_t tensor, int fills) {
+  std::vector<v1::Op> ops;
+  ops.emplace_back().mutable_begin_graph()->set_handle(graph);
+  for (int i = 0; i < fills; ++i) ops.push_back(Fill(tensor, i));
+  ops.emplace_back().mutable_end_graph();
+  return ops;
+}
+
+// Launch graph `graph`.
+v1::Op LaunchGraph(uint64_t graph) {
+  v1::Op launch;
+  launch.mutable_launch_graph()->set_graph(graph);
+  return launch;
+}
+
 // A graph recording more ops than --session-max-graph-ops is refused; the ops of the graphs a
 // session holds count together, and freeing a graph makes room again.
 TEST(BoundedSessionTest, GraphRecordingPastTheOpLimitIsRefused) {
@@ -1280,17 +1284,7 @@ TEST(BoundedSessionTest, GraphRecordingPastTheOpLimitIsRefused) {
   ASSERT_TRUE(raw.Open());
   ASSERT_TRUE(raw.Submit(1, {Create(1, v1::DTYPE_F32, {16})}));
   ASSERT_EQ(raw.Completion(1).kind(), v1::ERROR_KIND_NONE);
-  auto graph = [](uint64_t handle, int fills) {
-    std::vector<v1::Op> ops;
-    v1::Op begin;
-    begin.mutable_begin_graph()->set_handle(handle);
-    ops.push_back(begin);
-    for (int i = 0; i < fills; ++i) ops.push_back(Fill(1, i));
-    v1::Op end;
-    end.mutable_end_graph();
-    ops.push_back(end);
-    return ops;
-  };
+  auto graph = [](uint64_t handle, int fills) { return RecordFills(handle, 1, fills); };
   ASSERT_TRUE(raw.Submit(2, graph(1, 1001)));
   v1::Error e = raw.Completion(2);
   EXPECT_EQ(e.kind(), v1::QUOTA_EXCEEDED) << e.message();
@@ -1298,9 +1292,7 @@ TEST(BoundedSessionTest, GraphRecordingPastTheOpLimitIsRefused) {
   ASSERT_TRUE(raw.Submit(3, graph(1, 1000)));
   e = raw.Completion(3);
   ASSERT_EQ(e.kind(), v1::ERROR_KIND_NONE) << e.message();
-  v1::Op launch;
-  launch.mutable_launch_graph()->set_graph(1);
-  ASSERT_TRUE(raw.Submit(4, {launch}));
+  ASSERT_TRUE(raw.Submit(4, {LaunchGraph(1)}));
   EXPECT_EQ(raw.Completion(4).kind(), v1::ERROR_KIND_NONE);
   ASSERT_TRUE(raw.Submit(5, graph(2, 1)));  // graph 1 holds all 1000
   EXPECT_EQ(raw.Completion(5).kind(), v1::QUOTA_EXCEEDED);
@@ -1326,15 +1318,12 @@ TEST(BoundedSessionTest, ManyLaunchesOfALargeGraphAreRefusedWhole) {
   RawStream raw(d.unix_target());
   ASSERT_TRUE(raw.Open());
   constexpr int kGraphOps = 262144;  // --session-max-graph-ops
-  std::vector<v1::Op> record{Create(1, v1::DTYPE_F32, {16})};
-  record.emplace_back().mutable_begin_graph()->set_handle(1);
-  for (int i = 0; i < kGraphOps; ++i) record.push_back(Fill(1, 1.0));
-  record.emplace_back().mutable_end_graph();
+  std::vector<v1::Op> record = RecordFills(1, 1, kGraphOps);
+  record.insert(record.begin(), Create(1, v1::DTYPE_F32, {16}));
   ASSERT_TRUE(raw.Submit(1, record));
   v1::Error e = raw.Completion(1);
   ASSERT_EQ(e.kind(), v1::ERROR_KIND_NONE) << e.message();
-  v1::Op launch;
-  launch.mutable_launch_graph()->set_graph(1);
+  const v1::Op launch = LaunchGraph(1);
   ASSERT_TRUE(raw.Submit(2, std::vector<v1::Op>(100000, launch)));
   e = raw.Completion(2);
   EXPECT_EQ(e.kind(), v1::QUOTA_EXCEEDED) << e.message();
@@ -1368,15 +1357,12 @@ TEST(BoundedSessionTest, OpsPerSubmitFollowTheSetting) {
   ASSERT_TRUE(d.ok()) << d.log();
   RawStream raw(d.unix_target());
   ASSERT_TRUE(raw.Open());
-  std::vector<v1::Op> record{Create(1, v1::DTYPE_F32, {16})};
-  record.emplace_back().mutable_begin_graph()->set_handle(1);
-  for (int i = 0; i < 30; ++i) record.push_back(Fill(1, i));
-  record.emplace_back().mutable_end_graph();
+  std::vector<v1::Op> record = RecordFills(1, 1, 30);
+  record.insert(record.begin(), Create(1, v1::DTYPE_F32, {16}));
   ASSERT_TRUE(raw.Submit(1, record));
   v1::Error e = raw.Completion(1);
   ASSERT_EQ(e.kind(), v1::ERROR_KIND_NONE) << e.message();
-  v1::Op launch;
-  launch.mutable_launch_graph()->set_graph(1);
+  const v1::Op launch = LaunchGraph(1);
   ASSERT_TRUE(raw.Submit(2, std::vector<v1::Op>(3, launch)));  // 90
   e = raw.Completion(2);
   EXPECT_EQ(e.kind(), v1::ERROR_KIND_NONE) << e.message();
@@ -1416,10 +1402,8 @@ TEST(BoundedSessionTest, SessionsTogetherHoldAtMostTheDaemonsObjects) {
   // a: 2000 zero-byte tensors (no device quota counts them) and a graph of 10 fills (11).
   ASSERT_TRUE(a.Submit(1, creates(1, 2000)));
   ASSERT_EQ(a.Completion(1).kind(), v1::ERROR_KIND_NONE);
-  std::vector<v1::Op> graph{Create(5000, v1::DTYPE_F32, {16})};
-  graph.emplace_back().mutable_begin_graph()->set_handle(1);
-  for (int i = 0; i < 10; ++i) graph.push_back(Fill(5000, i));
-  graph.emplace_back().mutable_end_graph();
+  std::vector<v1::Op> graph = RecordFills(1, 5000, 10);
+  graph.insert(graph.begin(), Create(5000, v1::DTYPE_F32, {16}));
   ASSERT_TRUE(a.Submit(2, graph));
   ASSERT_EQ(a.Completion(2).kind(), v1::ERROR_KIND_NONE);
   EXPECT_EQ(Value(Scrape(metrics), "ferry_objects"), 2012);  // 2001 tensors, a graph, 10 ops

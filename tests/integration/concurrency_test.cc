@@ -425,14 +425,20 @@ TEST(ConcurrencyTest, OneTenantsDirectCopiesLeaveALongLaneThreadForAnother) {
   EXPECT_GE(metric("ferry_long_lane_turns_total"), 5);
 }
 
+// The daemon of the sliced graph recording tests: two executor threads, elementwise ops
+// unfused (each add a kernel node of its own on CUDA: the capture is long), and metrics.
+std::vector<std::string> SlicedRecordingArgs() {
+  return {"--executor-threads", "2",      //
+          "--fuse-elementwise", "false",  //
+          "--metrics-listen",   "127.0.0.1:0"};
+}
+
 // A graph recording is cut into slices too: the session's stream keeps capturing while its
 // executor thread goes to other work, and the capture goes on from whichever thread takes
 // it up next (CUDA: relaxed capture). Meanwhile another session allocates, computes and
 // copies on the same device. The graph replays every recorded op.
 TEST(ConcurrencyTest, AGraphRecordedInSlicesReplaysEveryOpWhileOthersWork) {
-  // Unfused, each add is a kernel node of its own (CUDA): the capture is long.
-  testing::FerrydProcess d({"--executor-threads", "2", "--fuse-elementwise", "false",
-                            "--metrics-listen", "127.0.0.1:0"});
+  testing::FerrydProcess d(SlicedRecordingArgs());
   ASSERT_TRUE(d.ok()) << d.log();
   auto client = Client::connect(d.unix_target());
   ASSERT_TRUE(client.ok()) << client.status().ToString();
@@ -516,8 +522,7 @@ TEST(ConcurrencyTest, AGraphRecordedInSlicesReplaysEveryOpWhileOthersWork) {
 // and releases the session's tensors; another session's work and a new session's recording
 // are unharmed.
 TEST(ConcurrencyTest, AClientGoneDuringASlicedGraphRecordingLeavesNothingBehind) {
-  testing::FerrydProcess d({"--executor-threads", "2", "--fuse-elementwise", "false",
-                            "--metrics-listen", "127.0.0.1:0"});
+  testing::FerrydProcess d(SlicedRecordingArgs());
   ASSERT_TRUE(d.ok()) << d.log();
   auto client = Client::connect(d.unix_target());
   ASSERT_TRUE(client.ok()) << client.status().ToString();

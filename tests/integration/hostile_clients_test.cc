@@ -46,6 +46,7 @@ namespace {
 
 using testing::Eventually;
 using testing::FerrydProcess;
+using testing::NotAnErrorSaying;
 using testing::RawSlabConnection;
 using testing::RawStream;
 
@@ -163,6 +164,17 @@ uint64_t ThreadCpuTicks(pid_t pid, pid_t tid) {
   return utime + stime;
 }
 
+// The CPU time that thread `tid` (named `thread`) of `pid` uses in the next second, in clock
+// ticks; printed, with `when`.
+uint64_t TicksInOneSecond(pid_t pid, pid_t tid, const char* thread, const char* when) {
+  const uint64_t before = ThreadCpuTicks(pid, tid);
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  const uint64_t used = ThreadCpuTicks(pid, tid) - before;
+  std::printf("%s: %llu ticks in 1 s (%ld a second) %s\n", thread,
+              static_cast<unsigned long long>(used), ::sysconf(_SC_CLK_TCK), when);
+  return used;
+}
+
 size_t OpenFds(pid_t pid) {
   size_t n = 0;
   for ([[maybe_unused]] const auto& e :
@@ -190,6 +202,17 @@ int SessionGetsASlab(const std::string& target) {
 constexpr uid_t kUidA = 41001;
 constexpr uid_t kUidB = 41002;
 
+// Uids A and B each open a session on `d` and close it: both still find a place. Call it as
+// ASSERT_NO_FATAL_FAILURE(ExpectUidsAAndBOpenSessions(d)).
+void ExpectUidsAAndBOpenSessions(const FerrydProcess& d) {
+  auto a = StreamAs(kUidA, d);
+  ASSERT_TRUE(a && a->Open()) << d.log();
+  auto b = StreamAs(kUidB, d);
+  ASSERT_TRUE(b && b->Open()) << d.log();
+  a->Close();
+  b->Close();
+}
+
 // The tests that connect as other uids (ConnectAs): root only, skipped with the reason
 // otherwise. Start() runs the daemon with every uid let in to its sockets.
 class HostileClientsPerUidTest : public ::testing::Test {
@@ -206,7 +229,18 @@ class HostileClientsPerUidTest : public ::testing::Test {
     OpenSocketsToAll(*daemon_);
   }
 
+  // Start ferryd with at most 12 local connections in all and 8 per uid, and metrics, whose
+  // endpoint is then metrics_. Call it as ASSERT_NO_FATAL_FAILURE(StartWithConnectionLimits()).
+  void StartWithConnectionLimits() {
+    ASSERT_NO_FATAL_FAILURE(
+        Start({"--max-local-connections", "12", "--max-local-connections-per-uid", "8",
+               "--metrics-listen", "127.0.0.1:0"}));
+    metrics_ = testing::MetricsEndpoint(*daemon_);
+    ASSERT_FALSE(metrics_.empty());
+  }
+
   std::unique_ptr<FerrydProcess> daemon_;
+  std::string metrics_;
 };
 
 // Idle connections of one uid beyond slab-max-pending-per-uid are closed at once; while they
@@ -378,11 +412,7 @@ TEST(HostileClientsTest, SlabSocketBacksOffWhenOutOfDescriptors) {
   ASSERT_GE(OpenFds(d.pid()), low.rlim_cur) << "the descriptors were not spent";
   std::this_thread::sleep_for(std::chrono::milliseconds(200));  // accept has failed by now
   const long hz = ::sysconf(_SC_CLK_TCK);
-  const uint64_t before = ThreadCpuTicks(d.pid(), tid);
-  std::this_thread::sleep_for(std::chrono::seconds(1));
-  const uint64_t used = ThreadCpuTicks(d.pid(), tid) - before;
-  std::printf("ferry-slabs: %llu ticks in 1 s (%ld a second) out of fds\n",
-              static_cast<unsigned long long>(used), hz);
+  const uint64_t used = TicksInOneSecond(d.pid(), tid, "ferry-slabs", "out of fds");
   EXPECT_LT(used, static_cast<uint64_t>(hz / 10))
       << "ferry-slabs used " << used << " of " << hz << " ticks in one second out of fds";
   // Descriptors come back: the idle connections go and the limit is restored.
@@ -478,11 +508,8 @@ TEST_F(HostileClientsPerUidTest, OneUidCannotTakeEverySessionSlot) {
   auto refused = StreamAs(kUidA, d);
   ASSERT_TRUE(refused);
   ASSERT_TRUE(refused->SendOpen());
-  auto m = refused->Read();
-  ASSERT_TRUE(m && m->has_error());
-  EXPECT_EQ(m->error().kind(), v1::QUOTA_EXCEEDED);
-  EXPECT_NE(m->error().message().find("uid:41001's sessions limit (2"), std::string::npos)
-      << m->error().message();
+  ASSERT_EQ(NotAnErrorSaying(refused->Read(), v1::QUOTA_EXCEEDED, "uid:41001's sessions limit (2"),
+            "");
   EXPECT_EQ(refused->Finish().error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   // uid B, and root, still open sessions.
   auto b = StreamAs(kUidB, d);
@@ -543,12 +570,9 @@ TEST_F(HostileClientsPerUidTest, StreamsThatNeverSendOpenAreBoundedPerUidAndEndA
   ASSERT_TRUE(b && b->Open()) << d.log();
   // A's streams end at their deadline, each told why.
   for (auto& s : held) {
-    auto m = s->Read();
-    ASSERT_TRUE(m && m->has_error());
-    EXPECT_EQ(m->error().kind(), v1::PROTOCOL_VIOLATION);
-    EXPECT_NE(m->error().message().find("no Open within the open timeout (3000 ms)"),
-              std::string::npos)
-        << m->error().message();
+    ASSERT_EQ(NotAnErrorSaying(s->Read(), v1::PROTOCOL_VIOLATION,
+                               "no Open within the open timeout (3000 ms)"),
+              "");
     EXPECT_EQ(s->Finish().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
   }
   EXPECT_EQ(metric("ferry_streams_open_timeouts_total"), 8);
@@ -574,11 +598,9 @@ TEST_F(HostileClientsPerUidTest, StreamsThatNeverSendOpenAreBoundedPerUidAndEndA
 // a connection is closed at once; root is never refused; a closed connection's place comes
 // back, found when the uid next reaches its limit.
 TEST_F(HostileClientsPerUidTest, ConnectionsAreBoundedPerUidAndInAll) {
-  ASSERT_NO_FATAL_FAILURE(Start({"--max-local-connections", "12", "--max-local-connections-per-uid",
-                                 "8", "--metrics-listen", "127.0.0.1:0"}));
+  ASSERT_NO_FATAL_FAILURE(StartWithConnectionLimits());
   FerrydProcess& d = *daemon_;
-  const std::string ep = testing::MetricsEndpoint(d);
-  ASSERT_FALSE(ep.empty());
+  const std::string& ep = metrics_;
   auto metric = [&](const std::string& name, const std::string& label = "") {
     return testing::Value(testing::Scrape(ep), name, label);
   };
@@ -612,12 +634,7 @@ TEST_F(HostileClientsPerUidTest, ConnectionsAreBoundedPerUidAndInAll) {
   root.Close();
   // A closes half of its connections: their places come back, to A and to B.
   for (int i = 0; i < 4; ++i) ::close(a[i]);
-  auto a_session = StreamAs(kUidA, d);
-  ASSERT_TRUE(a_session && a_session->Open()) << d.log();
-  auto b_session = StreamAs(kUidB, d);
-  ASSERT_TRUE(b_session && b_session->Open()) << d.log();
-  a_session->Close();
-  b_session->Close();
+  ASSERT_NO_FATAL_FAILURE(ExpectUidsAAndBOpenSessions(d));
   for (size_t i = 4; i < a.size(); ++i) ::close(a[i]);
   for (int fd : b) ::close(fd);
   EXPECT_EQ(d.WaitIdle().sessions_open(), 0u);
@@ -703,11 +720,9 @@ TEST_F(HostileClientsPerUidTest, OneUidAtItsShareOfDescriptorsLeavesRoomForOther
 // never closes from its side) must not get past its limit that way: gRPC reads the end of
 // the stream and closes the daemon's end, so ferryd's descriptors stay within the limit.
 TEST_F(HostileClientsPerUidTest, HalfClosedConnectionsHoldNoDescriptorsPastTheLimit) {
-  ASSERT_NO_FATAL_FAILURE(Start({"--max-local-connections", "12", "--max-local-connections-per-uid",
-                                 "8", "--metrics-listen", "127.0.0.1:0"}));
+  ASSERT_NO_FATAL_FAILURE(StartWithConnectionLimits());
   FerrydProcess& d = *daemon_;
-  const std::string ep = testing::MetricsEndpoint(d);
-  ASSERT_FALSE(ep.empty());
+  const std::string& ep = metrics_;
   const size_t fds_before = OpenFds(d.pid());
   std::vector<int> held;
   for (int i = 0; i < 200; ++i) {
@@ -722,12 +737,7 @@ TEST_F(HostileClientsPerUidTest, HalfClosedConnectionsHoldNoDescriptorsPastTheLi
   // A uid holding no connection has no series (-1: none).
   EXPECT_EQ(testing::Value(testing::Scrape(ep), "ferry_uid_local_connections", "uid:41001"), -1);
   // uid A, and another uid, still connect and open sessions.
-  auto a = StreamAs(kUidA, d);
-  ASSERT_TRUE(a && a->Open()) << d.log();
-  auto b = StreamAs(kUidB, d);
-  ASSERT_TRUE(b && b->Open()) << d.log();
-  a->Close();
-  b->Close();
+  ASSERT_NO_FATAL_FAILURE(ExpectUidsAAndBOpenSessions(d));
   for (int fd : held) ::close(fd);
   EXPECT_EQ(d.WaitIdle().sessions_open(), 0u);
   EXPECT_EQ(d.Stop(), 0) << d.log();
@@ -1232,11 +1242,7 @@ TEST(HostileClientsTest, RemotePeersShareOneIdentity) {
   ASSERT_TRUE(first.Open()) << d.log();
   RawStream second(tcp);
   ASSERT_TRUE(second.SendOpen());
-  auto m = second.Read();
-  ASSERT_TRUE(m && m->has_error());
-  EXPECT_EQ(m->error().kind(), v1::QUOTA_EXCEEDED);
-  EXPECT_NE(m->error().message().find("remote's sessions limit (1"), std::string::npos)
-      << m->error().message();
+  ASSERT_EQ(NotAnErrorSaying(second.Read(), v1::QUOTA_EXCEEDED, "remote's sessions limit (1"), "");
   RawStream local(d.unix_target());  // a local client is another identity
   EXPECT_TRUE(local.Open());
   first.Close();
@@ -1466,11 +1472,7 @@ TEST(HostileClientsTest, DoorbellStormDoesNotHoldThePollerOnACore) {
   std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the storm is on
   // The storm alone: what the poller spends on it.
   const long hz = ::sysconf(_SC_CLK_TCK);
-  const uint64_t before = ThreadCpuTicks(d.pid(), tid);
-  std::this_thread::sleep_for(std::chrono::seconds(1));
-  const uint64_t used = ThreadCpuTicks(d.pid(), tid) - before;
-  std::printf("ferry-rings: %llu ticks in 1 s (%ld a second) of storm\n",
-              static_cast<unsigned long long>(used), hz);
+  const uint64_t used = TicksInOneSecond(d.pid(), tid, "ferry-rings", "of storm");
   EXPECT_LT(used, static_cast<uint64_t>(0.3 * hz))
       << "ferry-rings used " << used << " of " << hz << " ticks in one second of storm";
   // Meanwhile another session's round trips through its own ring keep working.

@@ -22,8 +22,12 @@
 namespace ferry {
 namespace {
 
+using testing::Create;
+using testing::Download;
 using testing::EnsureUser;
 using testing::FerrydProcess;
+using testing::Fill;
+using testing::InlineUpload;
 using testing::RawStream;
 using testing::RunAs;
 
@@ -35,6 +39,14 @@ Session Open(const std::string& target) {
   auto s = client->open_session();
   EXPECT_TRUE(s.ok()) << s.status().ToString();
   return std::move(*s);
+}
+
+// A transfer's status once its daemon was killed: UNAVAILABLE, or SESSION_CLOSED where the
+// session saw its end first.
+void ExpectTheDaemonIsGone(const Status& status) {
+  EXPECT_TRUE(status.kind() == ErrorKind::kUnavailable ||
+              status.kind() == ErrorKind::kSessionClosed)
+      << status.ToString();
 }
 
 std::vector<std::string> SmallPool() {
@@ -322,9 +334,7 @@ TEST(PendingTest, WaitAfterTheDaemonDiedIsATypedError) {
   auto pending = s.download_pending(std::move(t), std::move(*buf));
   Transfer r = pending.wait();
   EXPECT_FALSE(r.status.ok());
-  EXPECT_TRUE(r.status.kind() == ErrorKind::kUnavailable ||
-              r.status.kind() == ErrorKind::kSessionClosed)
-      << r.status.ToString();
+  ExpectTheDaemonIsGone(r.status);
   EXPECT_TRUE(r.tensor.valid() && r.buffer.valid());
 }
 
@@ -358,9 +368,7 @@ TEST(PendingTest, WaitsThatSleepAtOnceSeeSuccessesFailuresAndADeadDaemon) {
   if (r.status.ok()) {  // the copy may have finished before the kill
     EXPECT_EQ(r.buffer.span<float>()[(1 << 20) - 1], 1.0f);
   } else {
-    EXPECT_TRUE(r.status.kind() == ErrorKind::kUnavailable ||
-                r.status.kind() == ErrorKind::kSessionClosed)
-        << r.status.ToString();
+    ExpectTheDaemonIsGone(r.status);
   }
   EXPECT_TRUE(r.tensor.valid() && r.buffer.valid());
 }
@@ -597,10 +605,6 @@ TEST(PendingTest, OneSessionHoldsAtMostHalfOfStaging) {
   args.insert(args.end(), {"--staging-slabs", "1", "--staging-wait", "30000"});
   FerrydProcess d(args, /*tcp=*/true);
   ASSERT_TRUE(d.ok()) << d.log();
-  using testing::Create;
-  using testing::Download;
-  using testing::Fill;
-  using testing::InlineUpload;
   const std::string tcp = d.tcp_target().substr(4);  // HOST:PORT
   RawStream a(tcp), a2(tcp), b(d.unix_target());
   ASSERT_TRUE(a.Open() && a2.Open() && b.Open()) << d.log();
@@ -663,10 +667,6 @@ TEST(PendingTest, ASubmitLargerThanAShareOfStagingGoesDirect) {
   if (cuda) args.push_back("--allow-remote-raw-kernels");
   FerrydProcess d(args, /*tcp=*/true);
   ASSERT_TRUE(d.ok()) << d.log();
-  using testing::Create;
-  using testing::Download;
-  using testing::Fill;
-  using testing::InlineUpload;
   RawStream a(d.tcp_target().substr(4)), b(d.unix_target());
   ASSERT_TRUE(a.Open() && b.Open()) << d.log();
   std::vector<v1::Op> setup = {Create(1, v1::DTYPE_F32, {16 << 20}),
@@ -718,10 +718,10 @@ TEST(PendingTest, AClientThatNeverReadsHoldsNoStaging) {
   // identity's whole share; the connection takes a few MiB before its writes stop.
   auto hog = std::make_unique<testing::RawStream>(d.tcp_target().substr(4));
   ASSERT_TRUE(hog->Open());
-  ASSERT_TRUE(hog->Submit(1, {testing::Create(1, v1::DTYPE_U8, {4 << 20})}));
+  ASSERT_TRUE(hog->Submit(1, {Create(1, v1::DTYPE_U8, {4 << 20})}));
   constexpr uint64_t kDownloads = 16;
   for (uint64_t id = 2; id < 2 + kDownloads; ++id) {
-    ASSERT_TRUE(hog->Submit(id, {testing::Download(1, 0, 4 << 20)}));
+    ASSERT_TRUE(hog->Submit(id, {Download(1, 0, 4 << 20)}));
   }
   // Until every download went through staging (one after another: each waited for the one
   // before to leave it) and staging is free again, with the hog still reading nothing.

@@ -107,6 +107,19 @@ class RawStream {
   /// Open the session: the Opened, or nullopt when the daemon answered anything else.
   std::optional<v1::Opened> Open(bool successes_on_board = false) {
     if (!SendOpen(v1::PROTOCOL_VERSION_CURRENT, successes_on_board)) return std::nullopt;
+    return ReadOpened();
+  }
+  /// Open the session asking for at most `max_in_flight_submits` submits in flight (an Open
+  /// with nothing else set): the Opened, or nullopt when the daemon answered anything else.
+  std::optional<v1::Opened> OpenWithMaxInFlight(uint32_t max_in_flight_submits) {
+    v1::ClientMessage m;
+    m.mutable_open()->set_protocol_version(v1::PROTOCOL_VERSION_CURRENT);
+    m.mutable_open()->set_max_in_flight_submits(max_in_flight_submits);
+    if (!Send(m)) return std::nullopt;
+    return ReadOpened();
+  }
+  /// Read the answer to an Open: the Opened, or nullopt when it is anything else.
+  std::optional<v1::Opened> ReadOpened() {
     auto r = Read();
     if (!r || !r->has_opened()) return std::nullopt;
     return r->opened();
@@ -443,6 +456,22 @@ class RawRing {
   uint64_t capacity_ = 0, size_ = 0, head_ = 0;
   int doorbell_ = -1;
 };
+
+// What keeps `m`, a message read from a raw stream, from being an Error of kind `kind` whose
+// message contains `what`: "" when nothing does.
+inline std::string NotAnErrorSaying(const std::optional<v1::ServerMessage>& m, v1::ErrorKind kind,
+                                    const std::string& what) {
+  if (!m) return "no message";
+  if (!m->has_error()) return "a message that is not an Error";
+  if (m->error().kind() != kind) {
+    return "an Error of kind " + v1::ErrorKind_Name(m->error().kind()) + ": " +
+           m->error().message();
+  }
+  if (m->error().message().find(what) == std::string::npos) {
+    return "an Error saying: " + m->error().message();
+  }
+  return "";
+}
 
 inline v1::Op Create(uint64_t h, v1::DType dtype, std::vector<int64_t> shape) {
   v1::Op op;

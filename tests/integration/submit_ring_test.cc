@@ -214,15 +214,11 @@ TEST_F(SubmitRingTest, ARingsPagesGoWithTheSessionThoughItsClientKeepsTheMemfd) 
 // is held back in the ring, and every submit still runs, in order.
 TEST_F(SubmitRingTest, InFlightLimitHoldsForTheRing) {
   RawStream raw(daemon_->unix_target());
-  v1::ClientMessage open;
-  open.mutable_open()->set_protocol_version(v1::PROTOCOL_VERSION_CURRENT);
-  open.mutable_open()->set_max_in_flight_submits(2);
-  ASSERT_TRUE(raw.Send(open));
-  auto opened = raw.Read();
-  ASSERT_TRUE(opened && opened->has_opened());
-  ASSERT_EQ(opened->opened().max_in_flight_submits(), 2u);
+  auto opened = raw.OpenWithMaxInFlight(2);
+  ASSERT_TRUE(opened);
+  ASSERT_EQ(opened->max_in_flight_submits(), 2u);
   RawRing ring;
-  ASSERT_TRUE(ring.Map(opened->opened()));
+  ASSERT_TRUE(ring.Map(*opened));
   // Long enough for the sampler to see submits in flight: 1 MiB on the host backend, 64 MiB
   // on a GPU (as in BadInputTest.InFlightLimitHoldsAgainstAFastSender).
   const int64_t elements = testing::TestBackend() == "host" ? int64_t{1} << 18 : int64_t{1} << 24;

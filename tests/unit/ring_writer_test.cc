@@ -179,6 +179,61 @@ TEST(RingWriterTest, TheDoorbellRingsOnlyWhileThePollerMaySleep) {
   for (uint64_t k = 1; k <= 3; ++k) EXPECT_EQ(TakeMessage(*p.ring).sequence(), k);
 }
 
+// A completion board that wakes its futex only while `ring`'s count of announced sleepers is
+// not 0, and its page mapped read-only, as a client maps it. Check ok() first.
+struct WatchedBoard {
+  explicit WatchedBoard(const std::shared_ptr<SubmitRing>& ring) {
+    auto made = transport::CompletionBoard::Create();
+    EXPECT_TRUE(made.ok()) << made.status().ToString();
+    if (!made.ok()) return;
+    board = std::move(*made);
+    board->WakeOnlyAnnounced(
+        std::shared_ptr<const std::atomic<uint32_t>>(ring, ring->board_sleepers()));
+    page =
+        ::mmap(nullptr, transport::CompletionBoard::kBytes, PROT_READ, MAP_SHARED, board->fd(), 0);
+  }
+  ~WatchedBoard() {
+    if (ok()) ::munmap(page, transport::CompletionBoard::kBytes);
+  }
+  WatchedBoard(const WatchedBoard&) = delete;
+  WatchedBoard& operator=(const WatchedBoard&) = delete;
+  bool ok() const { return board && page != MAP_FAILED; }
+
+  std::unique_ptr<transport::CompletionBoard> board;
+  void* page = MAP_FAILED;
+};
+
+// A client thread that announces its sleep through `writer`, sleeps on `board`'s futex while
+// the board reads `expected` (10 s at most), and takes its announcement back. Made once the
+// sleep is announced.
+class AnnouncedSleeper {
+ public:
+  AnnouncedSleeper(RingWriter& writer, const WatchedBoard& board, uint32_t expected)
+      : thread_([this, &writer, page = board.page, expected] {
+          writer.AnnounceBoardSleep(+1);
+          announced_ = true;
+          timespec timeout = {10, 0};
+          const long r = ::syscall(SYS_futex, page, FUTEX_WAIT, expected, &timeout, nullptr, 0);
+          result_ = r == 0 ? 0 : errno;
+          writer.AnnounceBoardSleep(-1);
+        }) {
+    while (!announced_) std::this_thread::yield();
+  }
+  ~AnnouncedSleeper() {
+    if (thread_.joinable()) thread_.join();
+  }
+  // Wait for the thread; 0 when its FUTEX_WAIT was woken, else its errno.
+  int Join() {
+    thread_.join();
+    return result_;
+  }
+
+ private:
+  std::atomic<bool> announced_{false};
+  int result_ = -1;
+  std::thread thread_;  // last: it uses the members above
+};
+
 // The daemon wakes the board's futex only while the client's count of sleepers in the ring is
 // not 0. A sleeper that announced itself is never left asleep by a post: its FUTEX_WAIT is
 // either woken (0) or sees the posted value and does not sleep (EAGAIN); a lost wake-up
@@ -187,36 +242,18 @@ TEST(RingWriterTest, TheDoorbellRingsOnlyWhileThePollerMaySleep) {
 TEST(RingWriterTest, ASleepAnnouncedInTheRingIsWokenByTheBoardsPost) {
   Pair p = MakePair();
   std::shared_ptr<SubmitRing> ring = std::move(p.ring);
-  auto made = transport::CompletionBoard::Create();
-  ASSERT_TRUE(made.ok()) << made.status().ToString();
-  std::unique_ptr<transport::CompletionBoard> board = std::move(*made);
-  board->WakeOnlyAnnounced(
-      std::shared_ptr<const std::atomic<uint32_t>>(ring, ring->board_sleepers()));
-  void* page =
-      ::mmap(nullptr, transport::CompletionBoard::kBytes, PROT_READ, MAP_SHARED, board->fd(), 0);
-  ASSERT_NE(page, MAP_FAILED);
+  WatchedBoard watched(ring);
+  ASSERT_TRUE(watched.ok());
   for (uint32_t round = 1; round <= 20; ++round) {
-    std::atomic<bool> announced{false};
-    int result = -1;
-    std::thread sleeper([&] {
-      p.writer->AnnounceBoardSleep(+1);
-      announced = true;
-      timespec timeout = {10, 0};
-      const long r = ::syscall(SYS_futex, page, FUTEX_WAIT, round - 1, &timeout, nullptr,
-                               0);  // board: round - 1
-      result = r == 0 ? 0 : errno;
-      p.writer->AnnounceBoardSleep(-1);
-    });
-    while (!announced) std::this_thread::yield();
+    AnnouncedSleeper sleeper(*p.writer, watched, /*expected=*/round - 1);
     EXPECT_EQ(ring->board_sleepers()->load(), 1u) << "the daemon sees what the client announced";
     if (round % 2 == 1) std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    board->Post(round, true);
-    sleeper.join();
+    watched.board->Post(round, true);
+    const int result = sleeper.Join();
     EXPECT_TRUE(result == 0 || result == EAGAIN)
         << "round " << round << ": " << std::strerror(result);
   }
   EXPECT_EQ(ring->board_sleepers()->load(), 0u);
-  ::munmap(page, transport::CompletionBoard::kBytes);
 }
 
 // The count is the client's to write, anything at all: a client that writes garbage into its
@@ -227,38 +264,17 @@ TEST(RingWriterTest, AClientsSleepersCountDecidesOnlyItsOwnBoardsWakes) {
   Pair hostile = MakePair(), other = MakePair();
   std::shared_ptr<SubmitRing> hostile_ring = std::move(hostile.ring);
   std::shared_ptr<SubmitRing> other_ring = std::move(other.ring);
-  auto made_a = transport::CompletionBoard::Create();
-  auto made_b = transport::CompletionBoard::Create();
-  ASSERT_TRUE(made_a.ok() && made_b.ok());
-  std::unique_ptr<transport::CompletionBoard> hostile_board = std::move(*made_a);
-  std::unique_ptr<transport::CompletionBoard> other_board = std::move(*made_b);
-  hostile_board->WakeOnlyAnnounced(
-      std::shared_ptr<const std::atomic<uint32_t>>(hostile_ring, hostile_ring->board_sleepers()));
-  other_board->WakeOnlyAnnounced(
-      std::shared_ptr<const std::atomic<uint32_t>>(other_ring, other_ring->board_sleepers()));
+  WatchedBoard hostile_board(hostile_ring), other_board(other_ring);
+  ASSERT_TRUE(hostile_board.ok() && other_board.ok());
   hostile.writer->AnnounceBoardSleep(-1);  // 0 - 1: the largest count
   ASSERT_EQ(hostile_ring->board_sleepers()->load(), UINT32_MAX);
-  void* page = ::mmap(nullptr, transport::CompletionBoard::kBytes, PROT_READ, MAP_SHARED,
-                      other_board->fd(), 0);
-  ASSERT_NE(page, MAP_FAILED);
-  std::atomic<bool> announced{false};
-  int result = -1;
-  std::thread sleeper([&] {
-    other.writer->AnnounceBoardSleep(+1);
-    announced = true;
-    timespec timeout = {10, 0};
-    const long r = ::syscall(SYS_futex, page, FUTEX_WAIT, 0, &timeout, nullptr, 0);
-    result = r == 0 ? 0 : errno;
-    other.writer->AnnounceBoardSleep(-1);
-  });
-  while (!announced) std::this_thread::yield();
+  AnnouncedSleeper sleeper(*other.writer, other_board, /*expected=*/0);
   std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  for (uint64_t id = 1; id <= 100; ++id) hostile_board->Post(id, true);
-  other_board->Post(1, true);
-  sleeper.join();
+  for (uint64_t id = 1; id <= 100; ++id) hostile_board.board->Post(id, true);
+  other_board.board->Post(1, true);
+  const int result = sleeper.Join();
   EXPECT_TRUE(result == 0 || result == EAGAIN) << std::strerror(result);
   EXPECT_EQ(other_ring->board_sleepers()->load(), 0u);
-  ::munmap(page, transport::CompletionBoard::kBytes);
 }
 
 }  // namespace

@@ -569,8 +569,7 @@ TEST_F(SessionTest, ALongEnqueueYieldsItsThreadAndGoesOnInOrder) {
 TEST_F(SessionTest, ALongGraphRecordingYieldsItsThreadAndRecordsEveryOp) {
   Client c = Open();
   MakeAddends(c, 1);
-  const size_t adds = kLongRecordingAdds;
-  std::vector<Op> record = RecordAdds(adds);
+  std::vector<Op> record = RecordAdds(kLongRecordingAdds);
   const uint64_t before = registry_->enqueue_yields();
   Status s = SubmitAndWait(c, 2, std::move(record));
   ASSERT_TRUE(s.ok()) << s.ToString();
@@ -578,7 +577,7 @@ TEST_F(SessionTest, ALongGraphRecordingYieldsItsThreadAndRecordsEveryOp) {
   s = SubmitAndWait(c, 3, {LaunchGraphOp{7}, LaunchGraphOp{7}, DownloadOp{1, 0, 32}});
   ASSERT_TRUE(s.ok()) << s.ToString();
   EXPECT_EQ(Decode<double>(c.events->Downloaded(3, 2)),
-            std::vector<double>(4, 2.0 * static_cast<double>(adds)));
+            std::vector<double>(4, 2.0 * static_cast<double>(kLongRecordingAdds)));
 }
 
 // A run (submits taken from the ring at once, one completion watch at its end) that ends
@@ -588,8 +587,7 @@ TEST_F(SessionTest, ALongGraphRecordingYieldsItsThreadAndRecordsEveryOp) {
 TEST_F(SessionTest, ARunEndingWhileAGraphRecordingIsPausedCompletesItsEarlierSubmits) {
   Client c = Open();
   MakeAddends(c, 1);
-  const size_t adds = kLongRecordingAdds;
-  std::vector<Op> record = RecordAdds(adds);
+  std::vector<Op> record = RecordAdds(kLongRecordingAdds);
   const uint64_t before = registry_->enqueue_yields();
   ASSERT_TRUE(OnStrand(c.session->executor(), [&] {
     c.session->BeginSubmitRun(3 + record.size());
@@ -605,7 +603,7 @@ TEST_F(SessionTest, ARunEndingWhileAGraphRecordingIsPausedCompletesItsEarlierSub
   Status s = SubmitAndWait(c, 4, {LaunchGraphOp{7}, DownloadOp{1, 0, 32}});
   ASSERT_TRUE(s.ok()) << s.ToString();
   EXPECT_EQ(Decode<double>(c.events->Downloaded(4, 1)),
-            std::vector<double>(4, 5.0 + static_cast<double>(adds)));
+            std::vector<double>(4, 5.0 + static_cast<double>(kLongRecordingAdds)));
 }
 
 // A client that goes away while its graph recording is paused between slices: the rest of

@@ -20,14 +20,18 @@ namespace {
 
 constexpr uint64_t kSlab = 1ull << 20;
 
+// A pool of `budget_slabs` slabs; where `registered` is given, it counts the slabs registered
+// with the host (made on several threads) and not yet unregistered.
 std::unique_ptr<SlabPool> MakePool(uint64_t budget_slabs, uint32_t initial,
-                                   std::atomic<int>* registered) {  // made on several threads
+                                   std::atomic<int>* registered = nullptr) {
   HostRegistration reg;
   reg.register_memory = [registered](void*, uint64_t) {
-    ++*registered;
+    if (registered) ++*registered;
     return Status::Ok();
   };
-  reg.unregister_memory = [registered](void*) { --*registered; };
+  reg.unregister_memory = [registered](void*) {
+    if (registered) --*registered;
+  };
   auto pool = SlabPool::Create({kSlab, budget_slabs * kSlab, initial}, reg);
   EXPECT_TRUE(pool.ok()) << pool.status().ToString();
   return std::move(*pool);
@@ -60,8 +64,7 @@ TEST(SlabPoolTest, SealsHoldAgainstShrinkAndGrow) {
 // either): its id and its memfd never come back, and the old mapping never shows what the
 // next session writes.
 TEST(SlabPoolTest, ReleasedSlabIsNeverHandedOutAgain) {
-  std::atomic<int> registered{0};
-  auto pool = MakePool(2, 1, &registered);
+  auto pool = MakePool(2, 1);
   auto a = pool->Acquire(1000);
   ASSERT_TRUE(a.ok());
   // The client's own mapping, through its own fd (as the slab socket hands it over).
@@ -144,8 +147,7 @@ TEST(SlabPoolTest, BudgetFullDestroysReleasedSlabsNotHeldOnes) {
 // Daemon (staging) slabs are never mapped by a client: they go back to the daemon, and only
 // to the daemon.
 TEST(SlabPoolTest, DaemonSlabsAreReusedByTheDaemonOnly) {
-  std::atomic<int> registered{0};
-  auto pool = MakePool(2, 0, &registered);
+  auto pool = MakePool(2, 0);
   auto d = pool->AcquireDaemon();
   ASSERT_TRUE(d.ok());
   EXPECT_EQ(pool->stats().slabs_daemon, 1u);
@@ -182,8 +184,7 @@ TEST(SlabPoolTest, QuarantinedSlabIsDestroyed) {
 }
 
 TEST(SlabPoolTest, AccountingReturnsToStart) {
-  std::atomic<int> registered{0};
-  auto pool = MakePool(4, 1, &registered);
+  auto pool = MakePool(4, 1);
   SlabPoolStats start = pool->stats();
   EXPECT_EQ(start.slabs_total, 1u);
   EXPECT_EQ(start.slabs_in_use, 0u);
@@ -203,13 +204,24 @@ TEST(SlabPoolTest, AccountingReturnsToStart) {
   EXPECT_EQ(end.fds_open, end.slabs_total);
 }
 
+// A pool of two slabs and a session bound to uid 7 on it, holding one slab (`ref`): where the
+// tests of a slab's ranges start. Check ok() first.
+struct OneSlabSession {
+  OneSlabSession() {
+    if (slabs.Bind(7)) ref = slabs.Acquire();
+  }
+  bool ok() const { return ref.ok(); }
+
+  std::unique_ptr<SlabPool> pool = MakePool(2, 0);
+  SessionSlabs slabs{pool.get()};
+  Result<SlabRef> ref = Status(ErrorKind::kInvalidArgument, "not bound");
+};
+
 TEST(SessionSlabsTest, RangesAreCheckedAndBusy) {
-  std::atomic<int> registered{0};
-  auto pool = MakePool(2, 0, &registered);
-  SessionSlabs s(pool.get());
-  ASSERT_TRUE(s.Bind(7));
-  auto ref = s.Acquire();
-  ASSERT_TRUE(ref.ok());
+  OneSlabSession one;
+  ASSERT_TRUE(one.ok()) << one.ref.status().ToString();
+  SessionSlabs& s = one.slabs;
+  auto& ref = one.ref;
   EXPECT_EQ(s.Check({ref->id + 100, 0, 1}).kind(), ErrorKind::kInvalidHandle);
   EXPECT_EQ(s.Check({ref->id, kSlab, 1}).kind(), ErrorKind::kOutOfRange);
   EXPECT_EQ(s.Check({ref->id, 1, ~0ull}).kind(), ErrorKind::kOutOfRange);  // overflows
@@ -225,8 +237,8 @@ TEST(SessionSlabsTest, RangesAreCheckedAndBusy) {
   s.Finish({ref->id, 0, 16}, true);  // quarantined for good
   EXPECT_EQ(s.Check({ref->id, 0, 1}).kind(), ErrorKind::kBusy);
   s.Close();
-  pool->WaitIdleForTest();
-  EXPECT_EQ(pool->stats().slabs_total, 0u);  // destroyed, not pooled
+  one.pool->WaitIdleForTest();
+  EXPECT_EQ(one.pool->stats().slabs_total, 0u);  // destroyed, not pooled
 }
 
 // What Close keeps for the next session on a kept stream (docs/protocol.md, "Kept slabs"):
@@ -245,8 +257,7 @@ class CountingCharge : public PinnedCharge {
 };
 
 TEST(SessionSlabsTest, CloseKeepsOnlyHealthySlabsItHoldsAndTheNextSessionTakesThem) {
-  std::atomic<int> registered{0};
-  auto pool = MakePool(8, 0, &registered);
+  auto pool = MakePool(8, 0);
   auto charge = std::make_shared<CountingCharge>();
   auto last = std::make_unique<SessionSlabs>(pool.get());
   last->SetCharge(charge);
@@ -280,8 +291,7 @@ TEST(SessionSlabsTest, CloseKeepsOnlyHealthySlabsItHoldsAndTheNextSessionTakesTh
 }
 
 TEST(SessionSlabsTest, KeptSlabsNoSessionTakesGoBack) {
-  std::atomic<int> registered{0};
-  auto pool = MakePool(4, 0, &registered);
+  auto pool = MakePool(4, 0);
   auto charge = std::make_shared<CountingCharge>();
   {  // the stream was not kept, or ended before the next Open
     SessionSlabs last(pool.get());
@@ -326,8 +336,7 @@ TEST(SessionSlabsTest, KeptSlabsNoSessionTakesGoBack) {
 // The next session's own limits hold for what it takes over: past its pinned quota, or its
 // account's limit where another account pays, a kept slab goes back instead.
 TEST(SessionSlabsTest, AdoptedSlabsStayWithinTheNextSessionsLimits) {
-  std::atomic<int> registered{0};
-  auto pool = MakePool(8, 0, &registered);
+  auto pool = MakePool(8, 0);
   SessionSlabs last(pool.get());
   auto last_charge = std::make_shared<CountingCharge>();
   last.SetCharge(last_charge);
@@ -355,8 +364,7 @@ TEST(SessionSlabsTest, AdoptedSlabsStayWithinTheNextSessionsLimits) {
 // than fail while they wait for their stream's next session. The pool's budget takes anyone's;
 // a uid's pinned limit only that uid's own.
 TEST(SessionSlabsTest, AGrantShortOfRoomHasKeptSlabsGivenBackFirst) {
-  std::atomic<int> registered{0};
-  auto pool = MakePool(2, 0, &registered);  // room for two slabs
+  auto pool = MakePool(2, 0);  // room for two slabs
   auto charge7 = std::make_shared<CountingCharge>();
   charge7->limit = kSlab;  // uid 7 may hold one
   auto charge8 = std::make_shared<CountingCharge>();
@@ -436,12 +444,10 @@ TEST(BusyRangesTest, OverlappingRangesAreCountedNotOverwritten) {
 // Two reads at one slab offset in one submit: finishing (or marking) the shorter one must not
 // shrink the range the longer one still protects.
 TEST(SessionSlabsTest, TwoRangesAtOneOffsetBothStayBusy) {
-  std::atomic<int> registered{0};
-  auto pool = MakePool(2, 0, &registered);
-  SessionSlabs s(pool.get());
-  ASSERT_TRUE(s.Bind(7));
-  auto ref = s.Acquire();
-  ASSERT_TRUE(ref.ok());
+  OneSlabSession one;
+  ASSERT_TRUE(one.ok()) << one.ref.status().ToString();
+  SessionSlabs& s = one.slabs;
+  auto& ref = one.ref;
   s.MarkBusy({ref->id, 0, kSlab / 2});
   s.MarkBusy({ref->id, 0, 8});  // overwrote the first range's end before
   EXPECT_EQ(s.Check({ref->id, 4096, 4096}).kind(), ErrorKind::kBusy);
@@ -456,12 +462,10 @@ TEST(SessionSlabsTest, TwoRangesAtOneOffsetBothStayBusy) {
 // The per-submit download limit bounds the inline Download bytes the daemon buffers; bytes a
 // submit downloads into the client's slabs do not count toward it.
 TEST(SessionSlabsTest, SlabDownloadsDoNotCountTowardTheInlineDownloadLimit) {
-  std::atomic<int> registered{0};
-  auto pool = MakePool(2, 0, &registered);
-  SessionSlabs slabs(pool.get());
-  ASSERT_TRUE(slabs.Bind(7));
-  auto ref = slabs.Acquire();
-  ASSERT_TRUE(ref.ok());
+  OneSlabSession one;
+  ASSERT_TRUE(one.ok()) << one.ref.status().ToString();
+  SessionSlabs& slabs = one.slabs;
+  auto& ref = one.ref;
   session::HandleTable table;
   session::TensorRecord t;
   t.dtype = DType::kU8;

@@ -256,53 +256,63 @@ class HandOverRecorder {
   std::vector<std::vector<std::string>> calls_;
 };
 
+// A poller (spinning for 100 us) with one ring registered, whose hand-overs `handed` records,
+// and the client's side of that ring: where the Arm tests start. Check ok() first.
+struct RecordedRing {
+  RecordedRing() {
+    if (!poller.ok()) return;
+    ring = MakeRing();
+    client = std::make_unique<ClientSide>(*ring);
+    reg = (*poller)->Add(ring, handed.Handler());
+  }
+  bool ok() const { return poller.ok(); }
+
+  HandOverRecorder handed;  // before the poller, which may call it until it stops
+  Result<std::unique_ptr<RingPoller>> poller = RingPoller::Start(std::chrono::microseconds(100));
+  std::shared_ptr<SubmitRing> ring;
+  std::unique_ptr<ClientSide> client;
+  std::shared_ptr<RingPoller::Registration> reg;
+};
+
 // Arm(n) lets the poller take up to n records, handed over in one call in ring order: those
 // already in the ring, never more than n; the rest wait for the next Arm.
 TEST(RingPollerTest, ArmedForManyHandsWhatIsThereUpToTheCountInOneCall) {
-  HandOverRecorder handed;  // before the poller, which may call it until it stops
-  auto poller = RingPoller::Start(std::chrono::microseconds(100));
-  ASSERT_TRUE(poller.ok());
-  std::shared_ptr<SubmitRing> ring = MakeRing();
-  ClientSide client(*ring);
-  auto reg = (*poller)->Add(ring, handed.Handler());
-  for (int i = 0; i < 5; ++i) ASSERT_TRUE(client.Write("m" + std::to_string(i)));
-  reg->Arm(3);
-  ASSERT_TRUE(handed.WaitFor(1));
-  EXPECT_EQ(handed.call(0), (std::vector<std::string>{"m0", "m1", "m2"}));
+  RecordedRing r;
+  ASSERT_TRUE(r.ok());
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(r.client->Write("m" + std::to_string(i)));
+  r.reg->Arm(3);
+  ASSERT_TRUE(r.handed.WaitFor(1));
+  EXPECT_EQ(r.handed.call(0), (std::vector<std::string>{"m0", "m1", "m2"}));
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  EXPECT_EQ(handed.calls(), 1u) << "taken past the count before the next Arm";
-  reg->Arm(10);  // two are there: both, in one call
-  ASSERT_TRUE(handed.WaitFor(2));
-  EXPECT_EQ(handed.call(1), (std::vector<std::string>{"m3", "m4"}));
-  EXPECT_EQ((*poller)->records_total(), 5u);
-  reg->Remove();
+  EXPECT_EQ(r.handed.calls(), 1u) << "taken past the count before the next Arm";
+  r.reg->Arm(10);  // two are there: both, in one call
+  ASSERT_TRUE(r.handed.WaitFor(2));
+  EXPECT_EQ(r.handed.call(1), (std::vector<std::string>{"m3", "m4"}));
+  EXPECT_EQ((*r.poller)->records_total(), 5u);
+  r.reg->Remove();
 }
 
 // Arm(n, bytes) bounds what one hand-over holds by bytes too (a session arms for the in-flight
 // bytes it may still hold): the poller takes records while those taken come to less than
 // `bytes`, and always the first, so that a ring never stalls on a record larger than that.
 TEST(RingPollerTest, ArmedForBytesTakesRecordsUntilTheyComeToThem) {
-  HandOverRecorder handed;  // before the poller, which may call it until it stops
-  auto poller = RingPoller::Start(std::chrono::microseconds(100));
-  ASSERT_TRUE(poller.ok());
-  std::shared_ptr<SubmitRing> ring = MakeRing();
-  ClientSide client(*ring);
-  auto reg = (*poller)->Add(ring, handed.Handler());
-  for (int i = 0; i < 6; ++i) ASSERT_TRUE(client.Write("record" + std::to_string(i)));  // 7 B
-  reg->Arm(32, 10);  // 7 bytes are less than 10: one more, then 14 are not
-  ASSERT_TRUE(handed.WaitFor(1));
-  EXPECT_EQ(handed.call(0), (std::vector<std::string>{"record0", "record1"}));
-  reg->Arm(32, 1);  // less than one record: that one record all the same
-  ASSERT_TRUE(handed.WaitFor(2));
-  EXPECT_EQ(handed.call(1), (std::vector<std::string>{"record2"}));
-  reg->Arm(2);  // no byte bound: the count's
-  ASSERT_TRUE(handed.WaitFor(3));
-  EXPECT_EQ(handed.call(2), (std::vector<std::string>{"record3", "record4"}));
-  reg->Arm(32, 21);
-  ASSERT_TRUE(handed.WaitFor(4));
-  EXPECT_EQ(handed.call(3), (std::vector<std::string>{"record5"}));
-  EXPECT_EQ(handed.calls(), 4u);
-  reg->Remove();
+  RecordedRing r;
+  ASSERT_TRUE(r.ok());
+  for (int i = 0; i < 6; ++i) ASSERT_TRUE(r.client->Write("record" + std::to_string(i)));  // 7 B
+  r.reg->Arm(32, 10);  // 7 bytes are less than 10: one more, then 14 are not
+  ASSERT_TRUE(r.handed.WaitFor(1));
+  EXPECT_EQ(r.handed.call(0), (std::vector<std::string>{"record0", "record1"}));
+  r.reg->Arm(32, 1);  // less than one record: that one record all the same
+  ASSERT_TRUE(r.handed.WaitFor(2));
+  EXPECT_EQ(r.handed.call(1), (std::vector<std::string>{"record2"}));
+  r.reg->Arm(2);  // no byte bound: the count's
+  ASSERT_TRUE(r.handed.WaitFor(3));
+  EXPECT_EQ(r.handed.call(2), (std::vector<std::string>{"record3", "record4"}));
+  r.reg->Arm(32, 21);
+  ASSERT_TRUE(r.handed.WaitFor(4));
+  EXPECT_EQ(r.handed.call(3), (std::vector<std::string>{"record5"}));
+  EXPECT_EQ(r.handed.calls(), 4u);
+  r.reg->Remove();
 }
 
 // After its spin the poller sleeps, marking the rings asleep; a client's doorbell then wakes
