@@ -35,44 +35,40 @@ size_t BufferSize(int name) {
   return std::max<size_t>(n > 0 ? static_cast<size_t>(n) : 0, 16384);
 }
 
-Result<uid_t> ResolveUser(std::string_view text) {
-  uint32_t id = 0;
-  if (ParseId(text, &id)) return static_cast<uid_t>(id);
+// A name or number of the user (getpwnam_r, passwd::pw_uid) or group (getgrnam_r,
+// group::gr_gid) database: `what` names it in errors, `size_hint` is its sysconf name.
+template <typename Entry, typename Id>
+Result<Id> ResolveEntry(std::string_view text, const char* what, int size_hint,
+                        int (*lookup)(const char*, Entry*, char*, size_t, Entry**), Id Entry::*id) {
+  uint32_t number = 0;
+  if (ParseId(text, &number)) return static_cast<Id>(number);
   std::string name(text);
-  std::vector<char> buf(BufferSize(_SC_GETPW_R_SIZE_MAX));
+  std::vector<char> buf(BufferSize(size_hint));
   for (int tries = 0; tries < 8; ++tries) {
-    passwd pw{};
-    passwd* found = nullptr;
-    int rc = ::getpwnam_r(name.c_str(), &pw, buf.data(), buf.size(), &found);
+    Entry entry{};
+    Entry* found = nullptr;
+    int rc = lookup(name.c_str(), &entry, buf.data(), buf.size(), &found);
     if (rc == ERANGE) {
       buf.resize(buf.size() * 2);
       continue;
     }
-    if (rc != 0 || !found) return Invalid("no such user '" + name + "'");
-    return found->pw_uid;
+    if (rc != 0 || !found) return Invalid("no such " + std::string(what) + " '" + name + "'");
+    return found->*id;
   }
-  return Invalid("user '" + name + "': the user database entry is too large");
+  return Invalid(std::string(what) + " '" + name + "': the " + what +
+                 " database entry is too large");
+}
+
+Result<uid_t> ResolveUser(std::string_view text) {
+  return ResolveEntry<passwd, uid_t>(text, "user", _SC_GETPW_R_SIZE_MAX, ::getpwnam_r,
+                                     &passwd::pw_uid);
 }
 
 }  // namespace
 
 Result<gid_t> ResolveGroup(std::string_view text) {
-  uint32_t id = 0;
-  if (ParseId(text, &id)) return static_cast<gid_t>(id);
-  std::string name(text);
-  std::vector<char> buf(BufferSize(_SC_GETGR_R_SIZE_MAX));
-  for (int tries = 0; tries < 8; ++tries) {
-    group gr{};
-    group* found = nullptr;
-    int rc = ::getgrnam_r(name.c_str(), &gr, buf.data(), buf.size(), &found);
-    if (rc == ERANGE) {
-      buf.resize(buf.size() * 2);
-      continue;
-    }
-    if (rc != 0 || !found) return Invalid("no such group '" + name + "'");
-    return found->gr_gid;
-  }
-  return Invalid("group '" + name + "': the group database entry is too large");
+  return ResolveEntry<group, gid_t>(text, "group", _SC_GETGR_R_SIZE_MAX, ::getgrnam_r,
+                                    &group::gr_gid);
 }
 
 Result<AccessList> AccessList::Parse(std::string_view text) {

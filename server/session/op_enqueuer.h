@@ -1,6 +1,6 @@
 // Enqueue one admitted op on the session's stream: one function per kind of op, which
 // Session::EnqueueOp dispatches to with std::visit (as LevelDB's WriteBatch::Iterate drives a
-// Handler). Adding an op adds its overload here; an op without one does not compile.
+// Handler). Adding an op adds its overload to op_enqueuer.cc (declared here from FERRY_OPS).
 #pragma once
 
 #include <cstdint>
@@ -26,27 +26,10 @@ class OpEnqueuer {
              std::shared_ptr<backend::Module> loaded)
       : s_(session), record_(record), index_(index), fresh_(fresh), loaded_(std::move(loaded)) {}
 
-  Status operator()(const CreateTensorOp& op);
-  Status operator()(const FreeTensorOp& op);
-  Status operator()(const UploadOp& op);
-  Status operator()(const DownloadOp& op);
-  Status operator()(const FillOp& op);
-  Status operator()(const CopyOp& op);
-  Status operator()(const BinaryOpArgs& op);
-  Status operator()(const ScaleOp& op);
-  Status operator()(const ReluOp& op);
-  Status operator()(const AxpyOp& op);
-  Status operator()(const ReduceSumOp& op);
-  Status operator()(const GemmOp& op);
-  Status operator()(const LoadModuleOp& op);
-  Status operator()(const UnloadModuleOp& op);
-  Status operator()(const LaunchOp& op);
-  Status operator()(const BeginGraphOp& op);
-  Status operator()(const EndGraphOp& op);
-  Status operator()(const LaunchGraphOp& op);
-  Status operator()(const FreeGraphOp& op);
-  Status operator()(const UploadFromSlabOp& op);
-  Status operator()(const DownloadToSlabOp& op);
+  // One per FERRY_OPS row, each defined in op_enqueuer.cc (a row without one does not link).
+#define FERRY_OP_ENQUEUE(Name, Type, ...) Status operator()(const Type& op);
+  FERRY_OPS(FERRY_OP_ENQUEUE)
+#undef FERRY_OP_ENQUEUE
   Status operator()(const MalformedOp& op);
 
  private:

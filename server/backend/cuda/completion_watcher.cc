@@ -31,42 +31,25 @@ CompletionWatcher::~CompletionWatcher() {
   (void)cudaGetLastError();
 }
 
-Result<cudaEvent_t> CompletionWatcher::AcquireEvent() {
+Result<cudaEvent_t> CompletionWatcher::Acquire(bool timing) {
   {
     MutexLock lock(&pool_mu_);
-    if (!free_events_.empty()) {
-      cudaEvent_t event = free_events_.back();
-      free_events_.pop_back();
+    std::vector<cudaEvent_t>& pool = timing ? free_timing_events_ : free_events_;
+    if (!pool.empty()) {
+      cudaEvent_t event = pool.back();
+      pool.pop_back();
       return event;
     }
   }
   cudaEvent_t event = nullptr;
-  FERRY_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  FERRY_CUDA_RETURN_IF_ERROR(
+      cudaEventCreateWithFlags(&event, timing ? cudaEventDefault : cudaEventDisableTiming));
   return event;
 }
 
-void CompletionWatcher::ReleaseEvent(cudaEvent_t event) {
+void CompletionWatcher::Release(cudaEvent_t event, bool timing) {
   MutexLock lock(&pool_mu_);
-  free_events_.push_back(event);
-}
-
-Result<cudaEvent_t> CompletionWatcher::AcquireTimingEvent() {
-  {
-    MutexLock lock(&pool_mu_);
-    if (!free_timing_events_.empty()) {
-      cudaEvent_t event = free_timing_events_.back();
-      free_timing_events_.pop_back();
-      return event;
-    }
-  }
-  cudaEvent_t event = nullptr;
-  FERRY_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&event, cudaEventDefault));
-  return event;
-}
-
-void CompletionWatcher::ReleaseTimingEvent(cudaEvent_t event) {
-  MutexLock lock(&pool_mu_);
-  free_timing_events_.push_back(event);
+  (timing ? free_timing_events_ : free_events_).push_back(event);
 }
 
 void CompletionWatcher::Watch(const std::shared_ptr<Queue>& queue, cudaEvent_t event,

@@ -77,11 +77,11 @@ class CompletionWatcher {
 
   /// Take an event from the pool (or create one). The caller records it and passes it to
   /// Watch, or returns it with ReleaseEvent.
-  Result<cudaEvent_t> AcquireEvent();
-  void ReleaseEvent(cudaEvent_t event);
+  Result<cudaEvent_t> AcquireEvent() { return Acquire(/*timing=*/false); }
+  void ReleaseEvent(cudaEvent_t event) { Release(event, /*timing=*/false); }
   /// The same, for events that record a timestamp (cudaEventElapsedTime works on them).
-  Result<cudaEvent_t> AcquireTimingEvent();
-  void ReleaseTimingEvent(cudaEvent_t event);
+  Result<cudaEvent_t> AcquireTimingEvent() { return Acquire(/*timing=*/true); }
+  void ReleaseTimingEvent(cudaEvent_t event) { Release(event, /*timing=*/true); }
 
   /// Call `done` once `event` (recorded on the stream of `queue`) has completed, after the
   /// callbacks watched on `queue` before it. `timing`: the event came from
@@ -103,6 +103,10 @@ class CompletionWatcher {
   void ReportFault(const Status& fault);
 
  private:
+  // An event of the pool of timing or of non-timing events (created when it is empty), and
+  // back.
+  Result<cudaEvent_t> Acquire(bool timing);
+  void Release(cudaEvent_t event, bool timing);
   struct Entry {
     cudaEvent_t event = nullptr;   // null: already resolved with `status`
     bool timing = false;           // event is from the timing pool
