@@ -293,4 +293,15 @@ inline constexpr const char* kWaitSpinEnv = "FERRY_BENCH_WAIT_SPIN_US";
 /// ClientOptions::wait_spin when --wait-spin set kWaitSpinEnv.
 Result<Client> Connect(const std::string& target);
 
+/// A session's operands for rounds of transfers and small ops: `t`, a uint8 tensor of
+/// `bytes` to move, and the axpy operands x (ones) and y (zeros) of `axpy_elements` floats
+/// each. The creations and fills are recorded, not yet submitted.
+struct RoundTensors {
+  Tensor t, x, y;
+};
+RoundTensors CreateRoundTensors(Session& s, uint64_t bytes, int64_t axpy_elements);
+/// Pass `pinned` and `t` through one pending transfer (upload: the buffer into the tensor;
+/// download: the tensor into the buffer), wait for it and take both back; Die when it failed.
+void PendingRoundTrip(Session& s, bool upload, PinnedBuffer& pinned, Tensor& t);
+
 }  // namespace ferry::bench

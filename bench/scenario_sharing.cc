@@ -135,11 +135,8 @@ void PrintResult(double ops, double bytes, double elapsed_ns, const Samples& rou
 int DaemonWorker(const std::string& target, int rounds, Route route) {
   auto client = Check(Connect(target), "connect " + target);
   auto s = Check(client.open_session(), "open_session");
-  Tensor t = s.create_tensor<uint8_t>({static_cast<int64_t>(kRoundBytes)});
-  Tensor x = s.create_tensor<float>({kAxpyElements});
-  Tensor y = s.create_tensor<float>({kAxpyElements});
-  s.fill(x, 1.0);
-  s.fill(y, 0.0);
+  RoundTensors tensors = CreateRoundTensors(s, kRoundBytes, kAxpyElements);
+  Tensor& t = tensors.t;
   HostBuffer buf(kRoundBytes);
   PinnedBuffer pinned;
   if (route == Route::kPinned) {
@@ -147,21 +144,13 @@ int DaemonWorker(const std::string& target, int rounds, Route route) {
     std::memset(pinned.data(), 0x5a, kRoundBytes);  // touch once, untimed
   }
   Check(s.synchronize(), "setup");
-  // The pinned route: the buffer and the tensor go into each transfer and come back.
-  auto pending = [&](bool upload) {
-    PendingTransfer p = upload ? s.upload_pending(std::move(pinned), std::move(t))
-                               : s.download_pending(std::move(t), std::move(pinned));
-    Transfer done = p.wait();
-    Check(done.status, upload ? "upload_pending" : "download_pending");
-    pinned = std::move(done.buffer);
-    t = std::move(done.tensor);
-  };
   auto round = [&] {
-    for (int k = 0; k < kOpsPerRound; ++k) s.axpy(1e-6, x, y);
+    for (int k = 0; k < kOpsPerRound; ++k) s.axpy(1e-6, tensors.x, tensors.y);
     Check(s.submit(), "submit");
     if (route == Route::kPinned) {
-      pending(true);
-      pending(false);
+      // The buffer and the tensor go into each transfer and come back.
+      PendingRoundTrip(s, /*upload=*/true, pinned, t);
+      PendingRoundTrip(s, /*upload=*/false, pinned, t);
     } else {
       Check(s.upload_bytes(t, buf.data(), kRoundBytes), "upload");
       Check(s.download_bytes(t, buf.data(), kRoundBytes), "download");
