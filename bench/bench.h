@@ -237,6 +237,9 @@ constexpr int kNoTarget = -2;
 std::vector<Table> BuildTables(const Context& ctx, const std::string& scenario,
                                const std::function<std::vector<Row>(int which)>& rows,
                                const std::function<std::vector<std::string>(int which)>& notes);
+/// The samples table `which` shows for entry i: per_target[which][i] for a target, every
+/// target's pooled for kAllTargets, none for kNoTarget.
+Samples PooledSamples(const std::vector<std::vector<Samples>>& per_target, int which, size_t i);
 
 /// The MPS figure of a row from the MPS arm's value `v`: absent without --baseline-mps, NaN
 /// (printed "n/a") where the arm could not run here.

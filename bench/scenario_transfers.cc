@@ -548,16 +548,6 @@ void AppendGrpcRows(const Context& ctx, const TransferMeasurements& m, const std
   }
 }
 
-/// The samples of `which` (a target or kAllTargets) for one case or size: per_target[t][i]
-/// of that target, or of every target pooled.
-Samples PooledFor(const std::vector<std::vector<Samples>>& per_target, int which, size_t i) {
-  Samples pooled;
-  for (size_t t = 0; t < per_target.size(); ++t) {
-    if (which == kAllTargets || which == static_cast<int>(t)) pooled.Append(per_target[t][i]);
-  }
-  return pooled;
-}
-
 /// One row per case for the transfers table of `which` (a target, kAllTargets or
 /// kNoTarget, where only the baseline shows, once per kind).
 std::vector<Row> TransferCaseRows(const Context& ctx, const TransferMeasurements& m, int which) {
@@ -569,7 +559,7 @@ std::vector<Row> TransferCaseRows(const Context& ctx, const TransferMeasurements
       rows.push_back(
           MakeRow(c, &m.daemon[which][i], b, RouteLabel(c.route, ctx.targets[which].target)));
     } else if (which == kAllTargets) {
-      Samples pooled = PooledFor(m.daemon, kAllTargets, i);
+      Samples pooled = PooledSamples(m.daemon, kAllTargets, i);
       rows.push_back(MakeRow(c, &pooled, b));
     } else if (c.route != Route::kPending) {  // baseline only: once per kind
       Row r = MakeRow(c, nullptr, b);
@@ -588,7 +578,7 @@ std::vector<Row> TransferRows(const Context& ctx, const TransferMeasurements& m,
   // The blocking upload against the in-process pageable copy.
   if (ctx.baseline && m.pageable_case && which != kNoTarget) {
     size_t i = static_cast<size_t>(m.pageable_case - m.cases.data());
-    Samples pooled = PooledFor(m.daemon, which, i);
+    Samples pooled = PooledSamples(m.daemon, which, i);
     Row r = MakeRow(*m.pageable_case, &pooled, &m.base_pageable);
     r.label += " vs in-process pageable";
     r.tags.push_back({"baseline", "pageable"});
@@ -597,7 +587,7 @@ std::vector<Row> TransferRows(const Context& ctx, const TransferMeasurements& m,
   }
   for (size_t i = 0; i < std::size(kFirstDownloadSizes); ++i) {
     const Samples* b = ctx.baseline ? &m.base_first[i] : nullptr;
-    Samples pooled = PooledFor(m.daemon_first, which, i);
+    Samples pooled = PooledSamples(m.daemon_first, which, i);
     rows.push_back(FirstDownloadRow(kFirstDownloadSizes[i], m.first_iterations[i],
                                     which == kNoTarget ? nullptr : &pooled, b));
   }

@@ -200,4 +200,12 @@ void PendingRoundTrip(Session& s, bool upload, PinnedBuffer& pinned, Tensor& t) 
   t = std::move(done.tensor);
 }
 
+Samples PooledSamples(const std::vector<std::vector<Samples>>& per_target, int which, size_t i) {
+  Samples pooled;
+  for (size_t t = 0; t < per_target.size(); ++t) {
+    if (which == kAllTargets || which == static_cast<int>(t)) pooled.Append(per_target[t][i]);
+  }
+  return pooled;
+}
+
 }  // namespace ferry::bench
