@@ -183,6 +183,17 @@ void SendPendingParts(internal::SessionState& state, internal::PendingState& p, 
   if (!p.refused.ok() && p.first_id) p.refused = Status::Ok();
 }
 
+// Wait for every submit from `first` to `last` (none when first is 0); the first failure
+// among them, or OK.
+Status WaitSubmits(internal::SessionState& state, uint64_t first, uint64_t last) {
+  Status result;
+  for (uint64_t id = first; id && id <= last; ++id) {
+    Status s = state.WaitSubmit(id);
+    if (result.ok() && !s.ok()) result = s;
+  }
+  return result;
+}
+
 }  // namespace
 
 PendingUpload Session::upload_pending(PinnedBuffer&& buffer, Tensor&& tensor) {
@@ -289,12 +300,7 @@ Status Session::upload_bytes(const Tensor& t, const void* data, uint64_t bytes) 
     FERRY_ASSIGN_OR_RETURN(last, state_->Submit());
     if (!first) first = last;
   } while (off < bytes);
-  Status result;
-  for (uint64_t id = first; id && id <= last; ++id) {
-    Status s = state_->WaitSubmit(id);
-    if (result.ok() && !s.ok()) result = s;
-  }
-  return result;
+  return WaitSubmits(*state_, first, last);
 }
 
 Status Session::download_bytes(const Tensor& t, void* out, uint64_t bytes) {
@@ -351,12 +357,7 @@ Status Session::download_bytes(const Tensor& t, void* out, uint64_t bytes) {
     if (!first) first = last;
     off += n;
   } while (off < bytes);
-  Status result;
-  for (uint64_t id = first; id && id <= last; ++id) {
-    Status s = state_->WaitSubmit(id);
-    if (result.ok() && !s.ok()) result = s;
-  }
-  return result;
+  return WaitSubmits(*state_, first, last);
 }
 
 }  // namespace ferry
