@@ -436,45 +436,42 @@ void MeasureThroughput(Context& ctx, ThroughputMeasurements& m) {
   }
 }
 
-/// The axpy row of K ops per submit, from daemon run times `d` (null: none).
-Row AxpyThroughputRow(const Context& ctx, const ThroughputMeasurements& m, int k,
-                      const Samples* d) {
-  const Samples* mps_axpy = Find(m.mps, "axpy");
-  const double total = m.total;
+/// A throughput row of `ops` kernels per run, from the run times of the daemon (`d`), the
+/// baseline (`b`) and the MPS client (`mps`), each null when not measured: ops/s and us/op
+/// from the median run, and the summaries of the samples.
+Row OpsPerRunRow(const Context& ctx, const std::string& label, double ops, const Samples* d,
+                 const Samples* b, const Samples* mps) {
   Summary ds = d ? Summarize(*d) : Summary{};
-  Summary bs = ctx.baseline ? Summarize(m.base) : Summary{};
-  Summary ms = mps_axpy ? Summarize(*mps_axpy) : Summary{};
-  // ops/s from the median run; us/op likewise.
-  Row r{"axpy 256 f32, " + std::to_string(k) + " ops/submit",
-        {{"ops/s", total / (ds.p50 / 1e9), total / (bs.p50 / 1e9),
-          MpsFigure(ctx, total / (ms.p50 / 1e9))},
-         {"us/op", ds.p50 / 1e3 / total, bs.p50 / 1e3 / total,
-          MpsFigure(ctx, ms.p50 / 1e3 / total)}}};
-  r.params = {{"ops_per_submit", k}, {"ops_per_run", m.total}};
+  Summary bs = b ? Summarize(*b) : Summary{};
+  Summary ms = mps ? Summarize(*mps) : Summary{};
+  Row r{
+      label,
+      {{"ops/s", ops / (ds.p50 / 1e9), ops / (bs.p50 / 1e9), MpsFigure(ctx, ops / (ms.p50 / 1e9))},
+       {"us/op", ds.p50 / 1e3 / ops, bs.p50 / 1e3 / ops, MpsFigure(ctx, ms.p50 / 1e3 / ops)}}};
   if (d) r.summaries.push_back({"daemon", ds});
-  if (ctx.baseline) r.summaries.push_back({"baseline", bs});
-  if (mps_axpy) r.summaries.push_back({"mps", ms});
+  if (b) r.summaries.push_back({"baseline", bs});
+  if (mps) r.summaries.push_back({"mps", ms});
   return r;
 }
 
-/// The prepared graph replay row of table `which`.
+/// The axpy row of K ops per submit, from daemon run times `d` (null: none).
+Row AxpyThroughputRow(const Context& ctx, const ThroughputMeasurements& m, int k,
+                      const Samples* d) {
+  Row r = OpsPerRunRow(ctx, "axpy 256 f32, " + std::to_string(k) + " ops/submit", m.total, d,
+                       ctx.baseline ? &m.base : nullptr, Find(m.mps, "axpy"));
+  r.params = {{"ops_per_submit", k}, {"ops_per_run", m.total}};
+  return r;
+}
+
+/// The prepared graph replay row of table `which`; it counts kernels, not graphs.
 Row GraphReplayRow(const Context& ctx, const ThroughputMeasurements& m, int which) {
-  const Samples* mps_graph = Find(m.mps, "graph");
   Samples g = PooledSamples(m.daemon, which, m.ks.size());
-  Summary gs = which == kNoTarget ? Summary{} : Summarize(g);
-  Summary bs = ctx.baseline ? Summarize(m.base_graph) : Summary{};
-  Summary ms = mps_graph ? Summarize(*mps_graph) : Summary{};
   double kernels = static_cast<double>(kGraphOps) * m.replays;
-  Row r{"graph of " + std::to_string(kGraphOps) + " axpy, replayed",
-        {{"ops/s", kernels / (gs.p50 / 1e9), kernels / (bs.p50 / 1e9),
-          MpsFigure(ctx, kernels / (ms.p50 / 1e9))},
-         {"us/op", gs.p50 / 1e3 / kernels, bs.p50 / 1e3 / kernels,
-          MpsFigure(ctx, ms.p50 / 1e3 / kernels)}}};
+  Row r = OpsPerRunRow(ctx, "graph of " + std::to_string(kGraphOps) + " axpy, replayed", kernels,
+                       which == kNoTarget ? nullptr : &g, ctx.baseline ? &m.base_graph : nullptr,
+                       Find(m.mps, "graph"));
   r.params = {{"graph_ops", kGraphOps}, {"replays_per_run", m.replays}};
   r.tags = {{"case", "graph_replay"}};
-  if (which != kNoTarget) r.summaries.push_back({"daemon", gs});
-  if (ctx.baseline) r.summaries.push_back({"baseline", bs});
-  if (mps_graph) r.summaries.push_back({"mps", ms});
   return r;
 }
 
