@@ -237,6 +237,9 @@ constexpr int kNoTarget = -2;
 std::vector<Table> BuildTables(const Context& ctx, const std::string& scenario,
                                const std::function<std::vector<Row>(int which)>& rows,
                                const std::function<std::vector<std::string>(int which)>& notes);
+/// The samples table `which` shows for entry i: per_target[which][i] for a target, every
+/// target's pooled for kAllTargets, none for kNoTarget.
+Samples PooledSamples(const std::vector<std::vector<Samples>>& per_target, int which, size_t i);
 
 /// The MPS figure of a row from the MPS arm's value `v`: absent without --baseline-mps, NaN
 /// (printed "n/a") where the arm could not run here.
@@ -292,5 +295,16 @@ inline constexpr const char* kWaitSpinEnv = "FERRY_BENCH_WAIT_SPIN_US";
 /// Connect to `target` with the client options of this run: libferry's defaults, except
 /// ClientOptions::wait_spin when --wait-spin set kWaitSpinEnv.
 Result<Client> Connect(const std::string& target);
+
+/// A session's operands for rounds of transfers and small ops: `t`, a uint8 tensor of
+/// `bytes` to move, and the axpy operands x (ones) and y (zeros) of `axpy_elements` floats
+/// each. The creations and fills are recorded, not yet submitted.
+struct RoundTensors {
+  Tensor t, x, y;
+};
+RoundTensors CreateRoundTensors(Session& s, uint64_t bytes, int64_t axpy_elements);
+/// Pass `pinned` and `t` through one pending transfer (upload: the buffer into the tensor;
+/// download: the tensor into the buffer), wait for it and take both back; Die when it failed.
+void PendingRoundTrip(Session& s, bool upload, PinnedBuffer& pinned, Tensor& t);
 
 }  // namespace ferry::bench

@@ -102,6 +102,46 @@ std::vector<int> ParseCounts(const std::string& flag, const std::string& s) {
   return out;
 }
 
+/// --target's value: unix:PATH or tcp:HOST:PORT (anything else is a usage error).
+std::string ParseTarget(const std::string& t) {
+  if (t.rfind("unix:", 0) != 0 && t.rfind("tcp:", 0) != 0) {
+    Usage("--target: unix:PATH or tcp:HOST:PORT, got " + t);
+  }
+  return t;
+}
+
+/// --scenario's value: a scenario of AllScenarios(), or shares, which runs only when asked
+/// for (it needs root and runs 10 s).
+std::string ParseScenario(const std::string& s) {
+  const auto& all = AllScenarios();
+  if (std::find(all.begin(), all.end(), s) == all.end() && s != "shares") {
+    Usage("unknown scenario " + s);
+  }
+  return s;
+}
+
+/// --wait-spin: set the client library's spin time (microseconds) in the environment, before
+/// any thread starts; worker processes inherit it.
+void SetWaitSpin(const std::string& us) {
+  if (us.empty() || us.find_first_not_of("0123456789") != std::string::npos) {
+    Usage("--wait-spin: microseconds, got " + us);
+  }
+  ::setenv(kWaitSpinEnv, us.c_str(), 1);
+}
+
+/// Usage errors of flags that need one another: something to measure, and the flags that
+/// only go with --spawn-daemon or --baseline-mps.
+void CheckFlagCombinations(const Options& o) {
+  if (o.targets.empty() && o.spawn_daemon.empty() && !o.baseline) {
+    Usage("nothing to measure: pass --target, --spawn-daemon and/or --baseline");
+  }
+  if (o.spawn_tcp && o.spawn_daemon.empty()) Usage("--tcp goes with --spawn-daemon");
+  if (!o.daemon_args.empty() && o.spawn_daemon.empty()) {
+    Usage("--daemon-arg goes with --spawn-daemon");
+  }
+  if (!o.mps_control.empty() && !o.baseline_mps) Usage("--mps-control goes with --baseline-mps");
+}
+
 Options ParseFlags(const std::vector<std::string>& args) {
   Options o;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -114,19 +154,9 @@ Options ParseFlags(const std::vector<std::string>& args) {
       std::cout << kUsage;
       std::exit(0);
     } else if (a == "--target") {
-      std::string t = value();
-      if (t.rfind("unix:", 0) != 0 && t.rfind("tcp:", 0) != 0) {
-        Usage("--target: unix:PATH or tcp:HOST:PORT, got " + t);
-      }
-      o.targets.push_back(t);
+      o.targets.push_back(ParseTarget(value()));
     } else if (a == "--scenario") {
-      std::string s = value();
-      const auto& all = AllScenarios();
-      // shares runs only when asked for (it needs root and runs 10 s).
-      if (std::find(all.begin(), all.end(), s) == all.end() && s != "shares") {
-        Usage("unknown scenario " + s);
-      }
-      o.scenarios.push_back(s);
+      o.scenarios.push_back(ParseScenario(value()));
     } else if (a == "--baseline") {
       o.baseline = true;
     } else if (a == "--baseline-mps") {
@@ -167,23 +197,12 @@ Options ParseFlags(const std::vector<std::string>& args) {
     } else if (a == "--tcp") {
       o.spawn_tcp = true;
     } else if (a == "--wait-spin") {
-      std::string us = value();
-      if (us.empty() || us.find_first_not_of("0123456789") != std::string::npos) {
-        Usage("--wait-spin: microseconds, got " + us);
-      }
-      ::setenv(kWaitSpinEnv, us.c_str(), 1);  // before any thread; worker processes inherit it
+      SetWaitSpin(value());
     } else {
       Usage("unknown flag " + a);
     }
   }
-  if (o.targets.empty() && o.spawn_daemon.empty() && !o.baseline) {
-    Usage("nothing to measure: pass --target, --spawn-daemon and/or --baseline");
-  }
-  if (o.spawn_tcp && o.spawn_daemon.empty()) Usage("--tcp goes with --spawn-daemon");
-  if (!o.daemon_args.empty() && o.spawn_daemon.empty()) {
-    Usage("--daemon-arg goes with --spawn-daemon");
-  }
-  if (!o.mps_control.empty() && !o.baseline_mps) Usage("--mps-control goes with --baseline-mps");
+  CheckFlagCombinations(o);
   return o;
 }
 
@@ -306,36 +325,34 @@ int MpsProbeWorkerMain() {
 
 namespace {
 
-int Main(const std::vector<std::string>& args) {
-  // Hidden worker modes: this program re-executed by itself.
-  if (!args.empty() && args[0] == "--worker") {
-    std::vector<std::string> rest(args.begin() + 2, args.end());
-    std::string mode = args.size() > 1 ? args[1] : "";
-    if (mode == "sharing") return SharingWorkerMain(rest);
-    if (mode == "shares") return SharesWorkerMain(rest);
-    if (mode == "ops") return OpsWorkerMain(rest);
-    if (mode == "fault") return FaultWorkerMain(rest);
-    if (mode == "mps-probe") return MpsProbeWorkerMain();
-    if (mode == "echo-server") return EchoServerMain(rest);
-    if (mode == "pong") return PongWorkerMain();
-    std::cerr << "ferry-bench: unknown worker " << mode << "\n";
-    return 2;
-  }
+/// The hidden worker modes: this program re-executed by itself with `--worker MODE ARGS...`.
+int WorkerMain(const std::vector<std::string>& args) {
+  std::vector<std::string> rest(args.begin() + 2, args.end());
+  std::string mode = args.size() > 1 ? args[1] : "";
+  if (mode == "sharing") return SharingWorkerMain(rest);
+  if (mode == "shares") return SharesWorkerMain(rest);
+  if (mode == "ops") return OpsWorkerMain(rest);
+  if (mode == "fault") return FaultWorkerMain(rest);
+  if (mode == "mps-probe") return MpsProbeWorkerMain();
+  if (mode == "echo-server") return EchoServerMain(rest);
+  if (mode == "pong") return PongWorkerMain();
+  std::cerr << "ferry-bench: unknown worker " << mode << "\n";
+  return 2;
+}
 
-  Context ctx;
-  ctx.options = ParseFlags(args);
-  ctx.options.command_line = "ferry-bench";
-  for (const auto& a : args) ctx.options.command_line += " " + a;
-  if (ctx.options.baseline_mps) {
-    // Inherited MPS variables would make this process's own baseline context a client of
-    // some other MPS daemon: the "own context" column must not be one.
-    for (const auto& var : kMpsEnvVars) {
-      if (std::getenv(var.c_str())) {
-        std::cerr << "ferry-bench: ignoring " << var << " from the environment\n";
-        ::unsetenv(var.c_str());
-      }
+/// Drop inherited MPS variables: they would make this process's own baseline context a
+/// client of some other MPS daemon, and the "own context" column must not be one.
+void DropInheritedMpsEnv() {
+  for (const auto& var : kMpsEnvVars) {
+    if (std::getenv(var.c_str())) {
+      std::cerr << "ferry-bench: ignoring " << var << " from the environment\n";
+      ::unsetenv(var.c_str());
     }
   }
+}
+
+/// Signal handling, the run's temp dir (removed at exit) and the path of this program.
+void SetUpProcess(Context& ctx) {
   signal(SIGPIPE, SIG_IGN);
   signal(SIGINT, OnSignal);
   signal(SIGTERM, OnSignal);
@@ -345,32 +362,129 @@ int Main(const std::vector<std::string>& args) {
   g_temp_dir = ctx.temp_dir;
   std::atexit(CleanUp);
   ctx.self_exe = SelfExe();
-  Progress progress;
-  ctx.progress = &progress;
+}
 
-  SpawnedDaemon daemon;
-  if (!ctx.options.spawn_daemon.empty()) {
-    std::cerr << "ferry-bench: starting " << ctx.options.spawn_daemon << "\n";
-    // The concurrency scenario's pending route holds one slab (64 MiB by default) per
-    // session at once: give the spawned daemon a pinned budget for the most sessions plus
-    // a margin (a budget is a ceiling; slabs are made on demand), never below its 1 GiB
-    // default.
-    int most_sessions = 64;
-    for (int n : ctx.options.sessions) most_sessions = std::max(most_sessions, n);
-    uint64_t budget_mib = std::max<uint64_t>(1024, (static_cast<uint64_t>(most_sessions) + 4) * 64);
-    if (!daemon.Start(ctx.options.spawn_daemon, ctx.temp_dir, ctx.options.spawn_tcp, budget_mib,
-                      ctx.options.daemon_args)) {
-      return 2;
-    }
-    g_daemon = &daemon;
-    g_daemon_pid = daemon.pid();
-    for (const auto& ep : daemon.endpoints()) ctx.options.targets.push_back(ep);
+/// Start --spawn-daemon's ferryd into `daemon` and add its endpoints to the targets; false
+/// when it did not start.
+bool SpawnDaemon(Context& ctx, SpawnedDaemon& daemon) {
+  std::cerr << "ferry-bench: starting " << ctx.options.spawn_daemon << "\n";
+  // The concurrency scenario's pending route holds one slab (64 MiB by default) per
+  // session at once: give the spawned daemon a pinned budget for the most sessions plus
+  // a margin (a budget is a ceiling; slabs are made on demand), never below its 1 GiB
+  // default.
+  int most_sessions = 64;
+  for (int n : ctx.options.sessions) most_sessions = std::max(most_sessions, n);
+  uint64_t budget_mib = std::max<uint64_t>(1024, (static_cast<uint64_t>(most_sessions) + 4) * 64);
+  if (!daemon.Start(ctx.options.spawn_daemon, ctx.temp_dir, ctx.options.spawn_tcp, budget_mib,
+                    ctx.options.daemon_args)) {
+    return false;
   }
+  g_daemon = &daemon;
+  g_daemon_pid = daemon.pid();
+  for (const auto& ep : daemon.endpoints()) ctx.options.targets.push_back(ep);
+  return true;
+}
+
+/// Describe every target; a spawned daemon's get its pid.
+void DescribeTargets(Context& ctx, const SpawnedDaemon& daemon) {
   for (const auto& t : ctx.options.targets) {
     ctx.targets.push_back(DescribeTarget(t));
     const auto& eps = daemon.endpoints();
     if (std::find(eps.begin(), eps.end(), t) != eps.end()) ctx.targets.back().pid = daemon.pid();
   }
+}
+
+/// The run's header on stdout: the version, the targets, the baseline, the MPS arm, the
+/// cores and the scenarios to run.
+void PrintRunHeader(const Context& ctx, const std::vector<std::string>& scenarios) {
+  std::cout << "ferry-bench " << kVersion << " (" << kGitCommit << ")"
+            << (ctx.options.quick ? ", quick mode" : "") << "\n";
+  for (const auto& t : ctx.targets) {
+    std::cout << "  target   " << t.target << ": ferryd " << t.version << ", " << t.backend
+              << " backend, " << t.device_name << "\n";
+  }
+  if (ctx.baseline) {
+    const BaselineInfo& baseline = *ctx.baseline;
+    std::cout << "  baseline in process, " << baseline.backend << " backend ("
+              << baseline.device->info().name << "): " << baseline.why << "\n";
+    if (baseline.backend == "host") {
+      std::cout << "  NOTE: no GPU visible: the baseline is the host backend (CPU emulation)\n";
+    }
+  } else {
+    std::cout << "  no baseline (pass --baseline for in-process figures and ratios)\n";
+  }
+  if (ctx.mps) {
+    if (ctx.mps->available()) {
+      std::cout << "  MPS arm: clients of a private MPS control daemon (" << ctx.mps->control
+                << ")\n";
+    } else {
+      std::cout << "  MPS arm: n/a: " << ctx.mps->why_not << "\n";
+    }
+  }
+  std::cout << "  " << std::thread::hardware_concurrency() << " cores; scenarios:";
+  for (const auto& s : scenarios) std::cout << " " << s;
+  std::cout << std::endl;
+}
+
+/// The tables of scenario `name` (none for a name not listed here).
+std::vector<Table> RunScenario(Context& ctx, const std::string& name) {
+  std::vector<Table> tables;
+  if (name == "transfers") tables = RunTransfers(ctx);
+  if (name == "latency") tables = RunLatency(ctx);
+  if (name == "throughput") tables = RunThroughput(ctx);
+  if (name == "concurrency") tables = RunConcurrency(ctx);
+  if (name == "open_close") tables = RunOpenClose(ctx);
+  if (name == "sharing") tables = RunSharing(ctx);
+  if (name == "overlap") tables = RunOverlap(ctx);
+  if (name == "memory") tables = RunMemory(ctx);
+  if (name == "shares") tables = RunShares(ctx);
+  if (name == "fault") tables = RunFault(ctx);
+  return tables;
+}
+
+/// Run the scenarios in order, printing each one's tables as they come; return them all.
+/// The bare transports feed the latency floor and the transfers' gRPC rows: they go first.
+std::vector<Table> RunScenarios(Context& ctx, const std::vector<std::string>& scenarios) {
+  std::vector<Table> all;
+  auto emit = [&](std::vector<Table> tables) {
+    for (const Table& t : tables) PrintTable(std::cout, ctx, t);
+    std::cout << std::flush;
+    for (auto& t : tables) all.push_back(std::move(t));
+  };
+  bool wants_transports =
+      std::find_if(scenarios.begin(), scenarios.end(), [](const std::string& s) {
+        return s == "transfers" || s == "latency";
+      }) != scenarios.end();
+  if (ctx.baseline && wants_transports) {
+    ctx.progress->Scenario("transports");
+    auto t = RunTransports(ctx);
+    ctx.progress->Done();
+    emit(std::move(t));
+  }
+  for (const std::string& name : scenarios) {
+    ctx.progress->Scenario(name);
+    std::vector<Table> tables = RunScenario(ctx, name);
+    ctx.progress->Done();
+    emit(std::move(tables));
+  }
+  return all;
+}
+
+int Main(const std::vector<std::string>& args) {
+  if (!args.empty() && args[0] == "--worker") return WorkerMain(args);
+
+  Context ctx;
+  ctx.options = ParseFlags(args);
+  ctx.options.command_line = "ferry-bench";
+  for (const auto& a : args) ctx.options.command_line += " " + a;
+  if (ctx.options.baseline_mps) DropInheritedMpsEnv();
+  SetUpProcess(ctx);
+  Progress progress;
+  ctx.progress = &progress;
+
+  SpawnedDaemon daemon;
+  if (!ctx.options.spawn_daemon.empty() && !SpawnDaemon(ctx, daemon)) return 2;
+  DescribeTargets(ctx, daemon);
 
   BaselineInfo baseline;
   if (ctx.options.baseline) {
@@ -391,65 +505,8 @@ int Main(const std::vector<std::string>& args) {
 
   std::vector<std::string> scenarios =
       ctx.options.scenarios.empty() ? AllScenarios() : ctx.options.scenarios;
-  std::cout << "ferry-bench " << kVersion << " (" << kGitCommit << ")"
-            << (ctx.options.quick ? ", quick mode" : "") << "\n";
-  for (const auto& t : ctx.targets) {
-    std::cout << "  target   " << t.target << ": ferryd " << t.version << ", " << t.backend
-              << " backend, " << t.device_name << "\n";
-  }
-  if (ctx.baseline) {
-    std::cout << "  baseline in process, " << baseline.backend << " backend ("
-              << baseline.device->info().name << "): " << baseline.why << "\n";
-    if (baseline.backend == "host") {
-      std::cout << "  NOTE: no GPU visible: the baseline is the host backend (CPU emulation)\n";
-    }
-  } else {
-    std::cout << "  no baseline (pass --baseline for in-process figures and ratios)\n";
-  }
-  if (ctx.mps) {
-    if (mps.available()) {
-      std::cout << "  MPS arm: clients of a private MPS control daemon (" << mps.control << ")\n";
-    } else {
-      std::cout << "  MPS arm: n/a: " << mps.why_not << "\n";
-    }
-  }
-  std::cout << "  " << std::thread::hardware_concurrency() << " cores; scenarios:";
-  for (const auto& s : scenarios) std::cout << " " << s;
-  std::cout << std::endl;
-
-  std::vector<Table> all;
-  auto emit = [&](std::vector<Table> tables) {
-    for (const Table& t : tables) PrintTable(std::cout, ctx, t);
-    std::cout << std::flush;
-    for (auto& t : tables) all.push_back(std::move(t));
-  };
-  // The bare transports feed the latency floor and the transfers' gRPC rows: first.
-  bool wants_transports =
-      std::find_if(scenarios.begin(), scenarios.end(), [](const std::string& s) {
-        return s == "transfers" || s == "latency";
-      }) != scenarios.end();
-  if (ctx.baseline && wants_transports) {
-    progress.Scenario("transports");
-    auto t = RunTransports(ctx);
-    progress.Done();
-    emit(std::move(t));
-  }
-  for (const std::string& name : scenarios) {
-    progress.Scenario(name);
-    std::vector<Table> tables;
-    if (name == "transfers") tables = RunTransfers(ctx);
-    if (name == "latency") tables = RunLatency(ctx);
-    if (name == "throughput") tables = RunThroughput(ctx);
-    if (name == "concurrency") tables = RunConcurrency(ctx);
-    if (name == "open_close") tables = RunOpenClose(ctx);
-    if (name == "sharing") tables = RunSharing(ctx);
-    if (name == "overlap") tables = RunOverlap(ctx);
-    if (name == "memory") tables = RunMemory(ctx);
-    if (name == "shares") tables = RunShares(ctx);
-    if (name == "fault") tables = RunFault(ctx);
-    progress.Done();
-    emit(std::move(tables));
-  }
+  PrintRunHeader(ctx, scenarios);
+  std::vector<Table> all = RunScenarios(ctx, scenarios);
 
   int rc = 0;
   if (!ctx.options.json_path.empty() && !WriteJson(ctx.options.json_path, ctx, all)) rc = 1;

@@ -232,12 +232,9 @@ void Reap(pid_t pid, std::chrono::milliseconds grace) {
   }
 }
 
-/// Run one arm: four workers (three others, one culprit), then probes. `env`: the workers'
-/// environment (MPS clients, or none).
-ArmResult RunArm(Context& ctx, const std::string& label, const std::string& mode,
-                 const std::string& where, const EnvChanges& env) {
-  ArmResult r;
-  r.label = label;
+/// Spawn an arm's workers: three others, then the culprit. `env`: their environment.
+std::vector<Child> SpawnArmWorkers(Context& ctx, const std::string& mode, const std::string& where,
+                                   const EnvChanges& env) {
   std::vector<Child> workers;
   for (int i = 0; i < kWorkers; ++i) {
     bool culprit = i == kWorkers - 1;
@@ -245,38 +242,27 @@ ArmResult RunArm(Context& ctx, const std::string& label, const std::string& mode
                                  WorkerArgs(culprit ? "culprit" : "other", mode, where), true, true,
                                  "", -1, env));
   }
-  std::vector<std::future<std::string>> others_out;  // the others' stdout, once started
-  // Give up on the arm: kill every worker, let the readers see EOF, then close our ends.
-  auto kill_all = [&] {
-    for (Child& c : workers) {
-      if (c.pid <= 0) continue;
-      kill(c.pid, SIGKILL);
-      Reap(c.pid, std::chrono::seconds(5));
-    }
-    for (auto& f : others_out) f.get();
-    for (Child& c : workers) {
-      close(c.stdin_fd);
-      close(c.stdout_fd);
-    }
-  };
-  auto setup_deadline = Clock::now() + kSetupTimeout;
-  for (Child& c : workers) {
-    std::string line;
-    if (c.pid <= 0 || !ReadLineUntil(c.stdout_fd, &line, setup_deadline) || line != "ready") {
-      r.not_run = "a worker did not set up: " + (line.empty() ? "no answer" : line);
-      kill_all();
-      return r;
-    }
-  }
-  for (Child& c : workers) WriteAll(c.stdin_fd, "g", 1);
-  // The others print a line per round: read them all along, on threads of their own, so
-  // that none ever waits on a full pipe (ReadAll returns at EOF: when the worker is gone).
-  for (int i = 0; i + 1 < kWorkers; ++i) {
-    others_out.push_back(std::async(std::launch::async, ReadAll, workers[i].stdout_fd));
-  }
+  return workers;
+}
 
-  // The culprit: its rounds, the launch, the fault it sees.
-  Child& culprit = workers.back();
+/// Give up on an arm: kill every worker, let the readers of `others_out` (the others'
+/// stdout, once started) see EOF, then close our ends.
+void KillArm(std::vector<Child>& workers, std::vector<std::future<std::string>>& others_out) {
+  for (Child& c : workers) {
+    if (c.pid <= 0) continue;
+    kill(c.pid, SIGKILL);
+    Reap(c.pid, std::chrono::seconds(5));
+  }
+  for (auto& f : others_out) f.get();
+  for (Child& c : workers) {
+    close(c.stdin_fd);
+    close(c.stdout_fd);
+  }
+}
+
+/// Read the culprit's lines (its rounds, the launch, the fault it sees) into r.culprit_saw;
+/// return when its kernel was launched (ns since the epoch), 0 when it never was.
+int64_t ReadCulprit(const Child& culprit, ArmResult& r) {
   int64_t fault_ns = 0;
   std::string line;
   auto culprit_deadline = Clock::now() + kSetupTimeout;
@@ -294,20 +280,15 @@ ArmResult RunArm(Context& ctx, const std::string& label, const std::string& mode
       break;
     }
   }
-  if (fault_ns == 0) {
-    r.not_run = "the culprit did not launch its kernel" +
-                (r.culprit_saw.empty() ? std::string() : ": " + r.culprit_saw);
-    kill_all();
-    return r;
-  }
-  if (r.culprit_saw.empty()) r.culprit_saw = "no answer from its wait (killed)";
-  close(culprit.stdin_fd);
-  Reap(culprit.pid, std::chrono::seconds(30));
-  close(culprit.stdout_fd);
+  return fault_ns;
+}
 
-  // New clients, one after another, until one runs a round.
-  auto fault_at = Clock::now() - std::chrono::nanoseconds(NowNs() - fault_ns);
-  auto recovery_deadline = fault_at + kRecoveryTimeout;
+/// Start new clients, one after another, until one runs a round or `recovery_deadline`
+/// passes; count them in r.probes and set r.recovered_ms (from `fault_ns`) when one did.
+void ProbeRecovery(Context& ctx, const std::string& label, const std::string& mode,
+                   const std::string& where, const EnvChanges& env, int64_t fault_ns,
+                   Clock::time_point recovery_deadline, ArmResult& r) {
+  std::string line;
   while (Clock::now() < recovery_deadline) {
     ctx.progress->Case(label + ": new client " + std::to_string(r.probes + 1));
     Child p = SpawnChild(ctx.self_exe, WorkerArgs("probe", mode, where), false, true, "", -1, env);
@@ -329,44 +310,101 @@ ArmResult RunArm(Context& ctx, const std::string& label, const std::string& mode
     if (ok) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
+}
 
-  // The others: stopped now (after at least kObserve), then what each saw.
-  std::this_thread::sleep_until(std::max(Clock::now(), fault_at + kObserve));
+/// What one of the others printed: its rounds after the fault (added to r.rounds_after),
+/// whether it said it stopped, and whether it failed (the first error into r.others_error).
+void ReadOtherOutput(const std::string& out, int64_t fault_ns, ArmResult& r, bool* stopped,
+                     bool* failed) {
+  std::istringstream lines(out);
+  std::string line;
+  while (std::getline(lines, line)) {
+    std::istringstream in(line);
+    std::string word;
+    int64_t ns = 0;
+    in >> word >> ns;
+    if (word == "round" && ns > fault_ns) ++r.rounds_after;
+    if (word == "stopped") *stopped = true;
+    if (word == "error") {
+      *failed = true;
+      std::string msg;
+      std::getline(in, msg);
+      if (r.others_error.empty()) r.others_error = msg.empty() ? msg : msg.substr(1);
+    }
+  }
+}
+
+/// Stop the others and count those that ran on unharmed (r.others_ok) and those that did
+/// not (r.others_failed). One that does not stop (hung in a call) is killed, which ends its
+/// output too.
+void StopOthers(std::vector<Child>& workers, std::vector<std::future<std::string>>& others_out,
+                int64_t fault_ns, ArmResult& r) {
   for (int i = 0; i + 1 < kWorkers; ++i) {
     WriteAll(workers[i].stdin_fd, "s", 1);
     close(workers[i].stdin_fd);
   }
   for (int i = 0; i + 1 < kWorkers; ++i) {
     Child& c = workers[i];
-    // One that does not stop (hung in a call) is killed, which ends its output too.
     int status = WaitChild(c.pid, std::chrono::seconds(30));
     bool hung = status == -1;
     if (hung) {
       kill(c.pid, SIGKILL);
       WaitChild(c.pid, std::chrono::seconds(5));
     }
-    std::istringstream lines(others_out[i].get());
+    const std::string out = others_out[i].get();
     close(c.stdout_fd);
     c.pid = -1;
     bool stopped = false, failed = false;
-    while (std::getline(lines, line)) {
-      std::istringstream in(line);
-      std::string word;
-      int64_t ns = 0;
-      in >> word >> ns;
-      if (word == "round" && ns > fault_ns) ++r.rounds_after;
-      if (word == "stopped") stopped = true;
-      if (word == "error") {
-        failed = true;
-        std::string msg;
-        std::getline(in, msg);
-        if (r.others_error.empty()) r.others_error = msg.empty() ? msg : msg.substr(1);
-      }
-    }
+    ReadOtherOutput(out, fault_ns, r, &stopped, &failed);
     if (hung && r.others_error.empty()) r.others_error = "hung (killed after the fault)";
     bool ok = stopped && !failed && !hung && WIFEXITED(status) && WEXITSTATUS(status) == 0;
     (ok ? r.others_ok : r.others_failed) += 1;
   }
+}
+
+/// Run one arm: four workers (three others, one culprit), then probes. `env`: the workers'
+/// environment (MPS clients, or none).
+ArmResult RunArm(Context& ctx, const std::string& label, const std::string& mode,
+                 const std::string& where, const EnvChanges& env) {
+  ArmResult r;
+  r.label = label;
+  std::vector<Child> workers = SpawnArmWorkers(ctx, mode, where, env);
+  std::vector<std::future<std::string>> others_out;  // the others' stdout, once started
+  auto setup_deadline = Clock::now() + kSetupTimeout;
+  for (Child& c : workers) {
+    std::string line;
+    if (c.pid <= 0 || !ReadLineUntil(c.stdout_fd, &line, setup_deadline) || line != "ready") {
+      r.not_run = "a worker did not set up: " + (line.empty() ? "no answer" : line);
+      KillArm(workers, others_out);
+      return r;
+    }
+  }
+  for (Child& c : workers) WriteAll(c.stdin_fd, "g", 1);
+  // The others print a line per round: read them all along, on threads of their own, so
+  // that none ever waits on a full pipe (ReadAll returns at EOF: when the worker is gone).
+  for (int i = 0; i + 1 < kWorkers; ++i) {
+    others_out.push_back(std::async(std::launch::async, ReadAll, workers[i].stdout_fd));
+  }
+
+  Child& culprit = workers.back();
+  const int64_t fault_ns = ReadCulprit(culprit, r);
+  if (fault_ns == 0) {
+    r.not_run = "the culprit did not launch its kernel" +
+                (r.culprit_saw.empty() ? std::string() : ": " + r.culprit_saw);
+    KillArm(workers, others_out);
+    return r;
+  }
+  if (r.culprit_saw.empty()) r.culprit_saw = "no answer from its wait (killed)";
+  close(culprit.stdin_fd);
+  Reap(culprit.pid, std::chrono::seconds(30));
+  close(culprit.stdout_fd);
+
+  auto fault_at = Clock::now() - std::chrono::nanoseconds(NowNs() - fault_ns);
+  ProbeRecovery(ctx, label, mode, where, env, fault_ns, fault_at + kRecoveryTimeout, r);
+
+  // The others: stopped now (after at least kObserve), then what each saw.
+  std::this_thread::sleep_until(std::max(Clock::now(), fault_at + kObserve));
+  StopOthers(workers, others_out, fault_ns, r);
   return r;
 }
 

@@ -364,141 +364,165 @@ std::vector<Table> RunLatency(Context& ctx) {
       });
 }
 
-std::vector<Table> RunThroughput(Context& ctx) {
-  int total = TotalOps(ctx);
-  int runs = ctx.options.quick ? 3 : 10;
-  int replays = GraphReplays(ctx);
+namespace {
+
+/// What the throughput scenario measured: per ops-per-submit K the axpy runs, then the
+/// graph replays (the entry after the K rows), for the baseline, each target and the MPS
+/// client.
+struct ThroughputMeasurements {
+  int total = 0;    // axpy ops per run
+  int runs = 0;     // timed runs of each row
+  int replays = 0;  // graph replays per run
+  std::vector<int> ks;
   Samples base, base_graph;
-  std::vector<int> ks = OpsPerSubmit(ctx);
-  std::vector<std::vector<Samples>> daemon(ctx.targets.size());
-  // The axpy rows: runs interleaved, one baseline run, then one run of every (target, K)
-  // row, `runs` times after a warm-up round, so that every ratio compares samples of the
-  // same minutes (the in-process launch rate of this VM drifts by tens of percent between
-  // calls, and within one).
-  {
-    std::unique_ptr<backend::Stream> stream;
-    std::unique_ptr<BaselineAxpy> base_axpy;
-    if (ctx.baseline) {
-      stream = Check(ctx.baseline->device->CreateStream(), "CreateStream");
-      base_axpy = std::make_unique<BaselineAxpy>(*stream);
+  std::vector<std::vector<Samples>> daemon;  // [target][K index, then the graph]
+  NamedSamples mps;
+};
+
+/// The axpy runs, interleaved: one baseline run, then one run of every (target, K) row,
+/// `runs` times after a warm-up round, so that every ratio compares samples of the same
+/// minutes (the in-process launch rate of this VM drifts by tens of percent between calls,
+/// and within one). `base_axpy` is null without a baseline.
+void RunInterleavedAxpy(Context& ctx, ThroughputMeasurements& m, BaselineAxpy* base_axpy,
+                        std::vector<std::unique_ptr<DaemonAxpy>>& axpy) {
+  for (int run = -1; run < m.runs; ++run) {  // run -1 warms up
+    ctx.progress->Case("axpy launches, round " + std::to_string(run + 2) + " of " +
+                       std::to_string(m.runs + 1));
+    if (base_axpy) {
+      double ns = base_axpy->Run(m.total);
+      if (run >= 0) m.base.Add(ns);
     }
-    std::vector<Client> clients;
-    std::vector<Session> sessions;
-    std::vector<std::unique_ptr<DaemonAxpy>> axpy;
-    clients.reserve(ctx.targets.size());
-    sessions.reserve(ctx.targets.size());
     for (size_t t = 0; t < ctx.targets.size(); ++t) {
-      clients.push_back(Check(Connect(ctx.targets[t].target), "connect"));
-      sessions.push_back(Check(clients.back().open_session(), "open_session"));
-      axpy.push_back(std::make_unique<DaemonAxpy>(sessions.back()));
-      daemon[t].resize(ks.size());
-    }
-    for (int run = -1; run < runs; ++run) {  // run -1 warms up
-      ctx.progress->Case("axpy launches, round " + std::to_string(run + 2) + " of " +
-                         std::to_string(runs + 1));
-      if (base_axpy) {
-        double ns = base_axpy->Run(total);
-        if (run >= 0) base.Add(ns);
+      for (size_t i = 0; i < m.ks.size(); ++i) {
+        double ns = axpy[t]->Run(m.ks[i], m.total);
+        if (run >= 0) m.daemon[t][i].Add(ns);
       }
-      for (size_t t = 0; t < ctx.targets.size(); ++t) {
-        for (size_t i = 0; i < ks.size(); ++i) {
-          double ns = axpy[t]->Run(ks[i], total);
-          if (run >= 0) daemon[t][i].Add(ns);
-        }
-      }
-    }
-    axpy.clear();
-    base_axpy.reset();
-    // Prepared graph replay (its rows are steady), on the same stream and sessions: the
-    // baseline, then each target.
-    if (stream) {
-      ctx.progress->Case("baseline graph replay");
-      base_graph = BaselineGraphReplay(*stream, replays, runs);
-    }
-    for (size_t t = 0; t < sessions.size(); ++t) {
-      ctx.progress->Case(ctx.targets[t].target + " graph replay");
-      daemon[t].push_back(DaemonGraphReplay(sessions[t], replays, runs));
-      Check(sessions[t].close().status(), "close");
     }
   }
+}
+
+/// Measure the axpy rows, then prepared graph replay (its rows are steady) on the same
+/// stream and sessions: the baseline, then each target.
+void MeasureThroughput(Context& ctx, ThroughputMeasurements& m) {
+  std::unique_ptr<backend::Stream> stream;
+  std::unique_ptr<BaselineAxpy> base_axpy;
+  if (ctx.baseline) {
+    stream = Check(ctx.baseline->device->CreateStream(), "CreateStream");
+    base_axpy = std::make_unique<BaselineAxpy>(*stream);
+  }
+  std::vector<Client> clients;
+  std::vector<Session> sessions;
+  std::vector<std::unique_ptr<DaemonAxpy>> axpy;
+  clients.reserve(ctx.targets.size());
+  sessions.reserve(ctx.targets.size());
+  m.daemon.resize(ctx.targets.size());
+  for (size_t t = 0; t < ctx.targets.size(); ++t) {
+    clients.push_back(Check(Connect(ctx.targets[t].target), "connect"));
+    sessions.push_back(Check(clients.back().open_session(), "open_session"));
+    axpy.push_back(std::make_unique<DaemonAxpy>(sessions.back()));
+    m.daemon[t].resize(m.ks.size());
+  }
+  RunInterleavedAxpy(ctx, m, base_axpy.get(), axpy);
+  axpy.clear();
+  base_axpy.reset();
+  if (stream) {
+    ctx.progress->Case("baseline graph replay");
+    m.base_graph = BaselineGraphReplay(*stream, m.replays, m.runs);
+  }
+  for (size_t t = 0; t < sessions.size(); ++t) {
+    ctx.progress->Case(ctx.targets[t].target + " graph replay");
+    m.daemon[t].push_back(DaemonGraphReplay(sessions[t], m.replays, m.runs));
+    Check(sessions[t].close().status(), "close");
+  }
+}
+
+/// A throughput row of `ops` kernels per run, from the run times of the daemon (`d`), the
+/// baseline (`b`) and the MPS client (`mps`), each null when not measured: ops/s and us/op
+/// from the median run, and the summaries of the samples.
+Row OpsPerRunRow(const Context& ctx, const std::string& label, double ops, const Samples* d,
+                 const Samples* b, const Samples* mps) {
+  Summary ds = d ? Summarize(*d) : Summary{};
+  Summary bs = b ? Summarize(*b) : Summary{};
+  Summary ms = mps ? Summarize(*mps) : Summary{};
+  Row r{
+      label,
+      {{"ops/s", ops / (ds.p50 / 1e9), ops / (bs.p50 / 1e9), MpsFigure(ctx, ops / (ms.p50 / 1e9))},
+       {"us/op", ds.p50 / 1e3 / ops, bs.p50 / 1e3 / ops, MpsFigure(ctx, ms.p50 / 1e3 / ops)}}};
+  if (d) r.summaries.push_back({"daemon", ds});
+  if (b) r.summaries.push_back({"baseline", bs});
+  if (mps) r.summaries.push_back({"mps", ms});
+  return r;
+}
+
+/// The axpy row of K ops per submit, from daemon run times `d` (null: none).
+Row AxpyThroughputRow(const Context& ctx, const ThroughputMeasurements& m, int k,
+                      const Samples* d) {
+  Row r = OpsPerRunRow(ctx, "axpy 256 f32, " + std::to_string(k) + " ops/submit", m.total, d,
+                       ctx.baseline ? &m.base : nullptr, Find(m.mps, "axpy"));
+  r.params = {{"ops_per_submit", k}, {"ops_per_run", m.total}};
+  return r;
+}
+
+/// The prepared graph replay row of table `which`; it counts kernels, not graphs.
+Row GraphReplayRow(const Context& ctx, const ThroughputMeasurements& m, int which) {
+  Samples g = PooledSamples(m.daemon, which, m.ks.size());
+  double kernels = static_cast<double>(kGraphOps) * m.replays;
+  Row r = OpsPerRunRow(ctx, "graph of " + std::to_string(kGraphOps) + " axpy, replayed", kernels,
+                       which == kNoTarget ? nullptr : &g, ctx.baseline ? &m.base_graph : nullptr,
+                       Find(m.mps, "graph"));
+  r.params = {{"graph_ops", kGraphOps}, {"replays_per_run", m.replays}};
+  r.tags = {{"case", "graph_replay"}};
+  return r;
+}
+
+/// The notes under the throughput table of `which`.
+std::vector<std::string> ThroughputNotes(const Context& ctx, const ThroughputMeasurements& m,
+                                         int which) {
+  std::vector<std::string> notes = {
+      "one run = " + std::to_string(m.total) +
+          " axpy ops submitted without waiting, then synchronize(); ops/s = ops / p50 "
+          "run time over " +
+          std::to_string(m.runs) +
+          " runs; the axpy rows' runs are interleaved (baseline, then each row, "
+          "round after round)",
+      "baseline = the same launches back to back on one in-process stream, one wait "
+      "(same figure for every axpy row)",
+      "graph row: " + std::to_string(kGraphOps) + " axpy recorded once as a graph, " +
+          std::to_string(m.replays) +
+          " launch_graph + submit per run, pipelined, one "
+          "synchronize(); ops/s counts kernels; baseline = in-process "
+          "BeginCapture/EndCapture, LaunchGraph back to back, one wait"};
+  std::string mps_note =
+      MpsNote(ctx, "the baseline, run in one worker process (its runs not interleaved),");
+  if (!mps_note.empty()) notes.push_back(mps_note);
+  if (which == kAllTargets) notes.push_back("all targets: run times pooled");
+  return notes;
+}
+
+}  // namespace
+
+std::vector<Table> RunThroughput(Context& ctx) {
+  ThroughputMeasurements m;
+  m.total = TotalOps(ctx);
+  m.runs = ctx.options.quick ? 3 : 10;
+  m.replays = GraphReplays(ctx);
+  m.ks = OpsPerSubmit(ctx);
+  MeasureThroughput(ctx, m);
   if (ctx.mps && ctx.mps->available()) ctx.progress->Case("MPS client");
-  NamedSamples mps =
-      RunMpsOps(ctx, {"--what", "throughput", "--total", std::to_string(total), "--runs",
-                      std::to_string(runs), "--replays", std::to_string(replays)});
-  const Samples* mps_axpy = Find(mps, "axpy");
-  const Samples* mps_graph = Find(mps, "graph");
-  auto row = [&](int k, const Samples* d) {
-    Summary ds = d ? Summarize(*d) : Summary{};
-    Summary bs = ctx.baseline ? Summarize(base) : Summary{};
-    Summary ms = mps_axpy ? Summarize(*mps_axpy) : Summary{};
-    // ops/s from the median run; us/op likewise.
-    Row r{"axpy 256 f32, " + std::to_string(k) + " ops/submit",
-          {{"ops/s", total / (ds.p50 / 1e9), total / (bs.p50 / 1e9),
-            MpsFigure(ctx, total / (ms.p50 / 1e9))},
-           {"us/op", ds.p50 / 1e3 / total, bs.p50 / 1e3 / total,
-            MpsFigure(ctx, ms.p50 / 1e3 / total)}}};
-    r.params = {{"ops_per_submit", k}, {"ops_per_run", total}};
-    if (d) r.summaries.push_back({"daemon", ds});
-    if (ctx.baseline) r.summaries.push_back({"baseline", bs});
-    if (mps_axpy) r.summaries.push_back({"mps", ms});
-    return r;
-  };
+  m.mps = RunMpsOps(ctx, {"--what", "throughput", "--total", std::to_string(m.total), "--runs",
+                          std::to_string(m.runs), "--replays", std::to_string(m.replays)});
   return BuildTables(
       ctx, "throughput",
       [&](int which) {
         std::vector<Row> rows;
-        for (size_t i = 0; i < ks.size(); ++i) {
-          Samples d;
-          if (which >= 0) d = daemon[which][i];
-          if (which == kAllTargets) {
-            for (auto& t : daemon) d.Append(t[i]);
-          }
-          rows.push_back(row(ks[i], which == kNoTarget ? nullptr : &d));
+        for (size_t i = 0; i < m.ks.size(); ++i) {
+          Samples d = PooledSamples(m.daemon, which, i);
+          rows.push_back(AxpyThroughputRow(ctx, m, m.ks[i], which == kNoTarget ? nullptr : &d));
         }
-        // Prepared graph replay: the entry after the K rows.
-        Samples g;
-        if (which >= 0) g = daemon[which][ks.size()];
-        if (which == kAllTargets) {
-          for (auto& t : daemon) g.Append(t[ks.size()]);
-        }
-        Summary gs = which == kNoTarget ? Summary{} : Summarize(g);
-        Summary bs = ctx.baseline ? Summarize(base_graph) : Summary{};
-        Summary ms = mps_graph ? Summarize(*mps_graph) : Summary{};
-        double kernels = static_cast<double>(kGraphOps) * replays;
-        Row r{"graph of " + std::to_string(kGraphOps) + " axpy, replayed",
-              {{"ops/s", kernels / (gs.p50 / 1e9), kernels / (bs.p50 / 1e9),
-                MpsFigure(ctx, kernels / (ms.p50 / 1e9))},
-               {"us/op", gs.p50 / 1e3 / kernels, bs.p50 / 1e3 / kernels,
-                MpsFigure(ctx, ms.p50 / 1e3 / kernels)}}};
-        r.params = {{"graph_ops", kGraphOps}, {"replays_per_run", replays}};
-        r.tags = {{"case", "graph_replay"}};
-        if (which != kNoTarget) r.summaries.push_back({"daemon", gs});
-        if (ctx.baseline) r.summaries.push_back({"baseline", bs});
-        if (mps_graph) r.summaries.push_back({"mps", ms});
-        rows.push_back(std::move(r));
+        rows.push_back(GraphReplayRow(ctx, m, which));
         return rows;
       },
-      [&](int which) {
-        std::vector<std::string> notes = {
-            "one run = " + std::to_string(total) +
-                " axpy ops submitted without waiting, then synchronize(); ops/s = ops / p50 "
-                "run time over " +
-                std::to_string(runs) +
-                " runs; the axpy rows' runs are interleaved (baseline, then each row, "
-                "round after round)",
-            "baseline = the same launches back to back on one in-process stream, one wait "
-            "(same figure for every axpy row)",
-            "graph row: " + std::to_string(kGraphOps) + " axpy recorded once as a graph, " +
-                std::to_string(replays) +
-                " launch_graph + submit per run, pipelined, one "
-                "synchronize(); ops/s counts kernels; baseline = in-process "
-                "BeginCapture/EndCapture, LaunchGraph back to back, one wait"};
-        std::string mps_note =
-            MpsNote(ctx, "the baseline, run in one worker process (its runs not interleaved),");
-        if (!mps_note.empty()) notes.push_back(mps_note);
-        if (which == kAllTargets) notes.push_back("all targets: run times pooled");
-        return notes;
-      });
+      [&](int which) { return ThroughputNotes(ctx, m, which); });
 }
 
 }  // namespace ferry::bench

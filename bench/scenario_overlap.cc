@@ -24,8 +24,10 @@
 // A remote (tcp) target serves the same API inline (the bytes arrive in DownloadChunk
 // messages); the arms are labelled accordingly.
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 
 #include "bench.h"
 
@@ -155,129 +157,159 @@ ArmSamples BaselineOverlap(backend::Device& dev, int iterations) {
   return out;
 }
 
+/// What the overlap scenario measured: the baseline's arms (empty without --baseline) and
+/// each target's.
+struct OverlapMeasurements {
+  int iterations = 0;  // samples per arm
+  ArmSamples base;
+  std::vector<ArmSamples> daemon;  // per target
+};
+
+/// Whether table `which` is a remote target's (its pending API moves the bytes inline).
+bool RemoteTable(const Context& ctx, int which) {
+  return which >= 0 && ctx.targets[which].target.rfind("tcp:", 0) == 0;
+}
+
+/// The daemon's samples of each arm that table `which` shows: one target's, or every
+/// target's pooled (kAllTargets); none for kNoTarget.
+std::array<Samples, kArms> PooledArms(const OverlapMeasurements& m, int which) {
+  std::array<Samples, kArms> d;
+  for (int a = 0; a < kArms; ++a) {
+    if (which >= 0) d[a] = m.daemon[which].arm[a];
+    if (which == kAllTargets) {
+      for (auto& x : m.daemon) d[a].Append(x.arm[a]);
+    }
+  }
+  return d;
+}
+
+/// The rows of the overlap table of `which`: one per arm, against the copy alone and
+/// against the longer of the copy and the host work.
+std::vector<Row> OverlapRows(const Context& ctx, const OverlapMeasurements& m, int which) {
+  const std::array<Samples, kArms> d = PooledArms(m, which);
+  const ArmSamples& base = m.base;
+  bool has_d = which != kNoTarget;
+  double d_copy = has_d ? Summarize(d[kCopy]).p50 : kNaN;
+  double b_copy = ctx.baseline ? Summarize(base.arm[kCopy]).p50 : kNaN;
+  double d_longer = has_d ? std::max(d_copy, Summarize(d[kHost]).p50) : kNaN;
+  double b_longer = ctx.baseline ? std::max(b_copy, Summarize(base.arm[kHost]).p50) : kNaN;
+  std::vector<Row> rows;
+  for (int a = 0; a < kArms; ++a) {
+    Summary ds = has_d ? Summarize(d[a]) : Summary{};
+    Summary bs = ctx.baseline ? Summarize(base.arm[a]) : Summary{};
+    std::string label = kArmLabels[a];
+    if (a == kCopy) {
+      label += RemoteTable(ctx, which) ? " (8 MiB pending-inline download)"
+                                       : " (8 MiB pending download)";
+    }
+    Row r{label,
+          {{"p50 us", ds.p50 / 1e3, bs.p50 / 1e3},
+           {"p99 us", ds.p99 / 1e3, bs.p99 / 1e3},
+           {"x copy only", ds.p50 / d_copy, bs.p50 / b_copy},
+           {"x longer arm", ds.p50 / d_longer, bs.p50 / b_longer}}};
+    r.params = {{"bytes", static_cast<double>(kBytes)}};
+    r.tags = {{"arm", a == kCopy     ? "copy"
+                      : a == kHost   ? "host"
+                      : a == kSerial ? "serial"
+                                     : "overlapped"}};
+    if (has_d) r.summaries.push_back({"daemon", ds});
+    if (ctx.baseline) r.summaries.push_back({"baseline", bs});
+    rows.push_back(std::move(r));
+  }
+  return rows;
+}
+
+/// The note on how much host work ran: the baseline's (sized to the in-process copy), or
+/// without a baseline target `which`'s own; nothing for a table of several targets.
+std::optional<std::string> HostWorkNote(const Context& ctx, const OverlapMeasurements& m,
+                                        int which) {
+  char buf[256];
+  if (ctx.baseline) {
+    std::snprintf(buf, sizeof buf,
+                  "host work: %llu iterations, sized to the in-process copy-only p50 "
+                  "(%.0f us, measured before the arms)",
+                  static_cast<unsigned long long>(m.base.work_iters), m.base.work_target_ns / 1e3);
+    return buf;
+  }
+  if (which >= 0) {
+    std::snprintf(buf, sizeof buf,
+                  "host work here: %llu iterations, sized to this target's copy-only p50 "
+                  "(%.0f us, measured before the arms)",
+                  static_cast<unsigned long long>(m.daemon[which].work_iters),
+                  m.daemon[which].work_target_ns / 1e3);
+    return buf;
+  }
+  return std::nullopt;
+}
+
+/// The note on how much of the shorter arm the overlapped arm hid, per side.
+std::string HiddenNote(const Context& ctx, const OverlapMeasurements& m, int which) {
+  auto hidden = [](const Samples* arm) {
+    double c = Summarize(arm[kCopy]).p50, h = Summarize(arm[kHost]).p50,
+           o = Summarize(arm[kOverlapped]).p50;
+    return 100.0 * (c + h - o) / std::min(c, h);
+  };
+  char buf[256];
+  std::string hid =
+      "shorter arm hidden, (copy + host - overlapped) / min(copy, host) at "
+      "p50: ";
+  if (which != kNoTarget) {
+    const std::array<Samples, kArms> d = PooledArms(m, which);
+    std::snprintf(buf, sizeof buf, "ferryd %.0f %%", hidden(d.data()));
+    hid += buf;
+  }
+  if (ctx.baseline) {
+    std::snprintf(buf, sizeof buf, "%sbaseline %.0f %%", which != kNoTarget ? ", " : "",
+                  hidden(m.base.arm));
+    hid += buf;
+  }
+  return hid + " (100 % = fully hidden, 0 % = serial)";
+}
+
+/// The notes under the overlap table of `which`.
+std::vector<std::string> OverlapNotes(const Context& ctx, const OverlapMeasurements& m, int which) {
+  std::vector<std::string> n = {
+      std::string("8 MiB device -> host copy against compute-bound host work sized to ") +
+          (ctx.baseline ? "the in-process copy (baseline copy-only p50), the same "
+                          "iterations for daemon and baseline"
+                        : "each target's own copy-only p50, round trip included (no "
+                          "baseline ran)") +
+          "; arms interleaved, " + std::to_string(m.iterations) + " samples each",
+      "x copy only = arm p50 / copy-only p50 (target: overlapped <= 1.1); x longer "
+      "arm = arm p50 / max(copy-only p50, host-only p50) (perfect overlap: 1.0); the "
+      "ratio column compares the daemon's with the baseline's",
+      "daemon: download_pending with one PinnedBuffer moved through every transfer; "
+      "baseline: registered host buffer, CopyDeviceToHost + OnComplete"};
+  if (auto work = HostWorkNote(ctx, m, which)) n.push_back(std::move(*work));
+  n.push_back(HiddenNote(ctx, m, which));
+  if (RemoteTable(ctx, which)) n.push_back("remote target: the pending API moves the bytes inline");
+  if (which == kAllTargets) n.push_back("all targets: samples pooled");
+  return n;
+}
+
 }  // namespace
 
 std::vector<Table> RunOverlap(Context& ctx) {
-  int iterations = ctx.Iterations(50, 8);
-  ArmSamples base;
+  OverlapMeasurements m;
+  m.iterations = ctx.Iterations(50, 8);
   if (ctx.baseline) {
     ctx.progress->Case("baseline overlap arms");
-    base = BaselineOverlap(*ctx.baseline->device, iterations);
+    m.base = BaselineOverlap(*ctx.baseline->device, m.iterations);
   }
-  std::vector<ArmSamples> daemon(ctx.targets.size());
+  m.daemon.resize(ctx.targets.size());
   for (size_t t = 0; t < ctx.targets.size(); ++t) {
     ctx.progress->Case(ctx.targets[t].target + " overlap arms");
     auto client = Check(Connect(ctx.targets[t].target), "connect");
     auto session = Check(client.open_session(), "open_session");
     // The host work of the baseline (sized to the in-process copy), or 0: this target's own.
-    daemon[t] = ctx.baseline
-                    ? DaemonOverlap(session, iterations, base.work_iters, base.work_target_ns)
-                    : DaemonOverlap(session, iterations, 0, 0);
+    m.daemon[t] = ctx.baseline ? DaemonOverlap(session, m.iterations, m.base.work_iters,
+                                               m.base.work_target_ns)
+                               : DaemonOverlap(session, m.iterations, 0, 0);
     Check(session.close().status(), "close");
   }
-
-  auto remote = [&](int which) {
-    return which >= 0 && ctx.targets[which].target.rfind("tcp:", 0) == 0;
-  };
   return BuildTables(
-      ctx, "overlap",
-      [&](int which) {
-        Samples d[kArms];
-        for (int a = 0; a < kArms; ++a) {
-          if (which >= 0) d[a] = daemon[which].arm[a];
-          if (which == kAllTargets) {
-            for (auto& x : daemon) d[a].Append(x.arm[a]);
-          }
-        }
-        bool has_d = which != kNoTarget;
-        double d_copy = has_d ? Summarize(d[kCopy]).p50 : kNaN;
-        double b_copy = ctx.baseline ? Summarize(base.arm[kCopy]).p50 : kNaN;
-        double d_longer = has_d ? std::max(d_copy, Summarize(d[kHost]).p50) : kNaN;
-        double b_longer = ctx.baseline ? std::max(b_copy, Summarize(base.arm[kHost]).p50) : kNaN;
-        std::vector<Row> rows;
-        for (int a = 0; a < kArms; ++a) {
-          Summary ds = has_d ? Summarize(d[a]) : Summary{};
-          Summary bs = ctx.baseline ? Summarize(base.arm[a]) : Summary{};
-          std::string label = kArmLabels[a];
-          if (a == kCopy) {
-            label +=
-                remote(which) ? " (8 MiB pending-inline download)" : " (8 MiB pending download)";
-          }
-          Row r{label,
-                {{"p50 us", ds.p50 / 1e3, bs.p50 / 1e3},
-                 {"p99 us", ds.p99 / 1e3, bs.p99 / 1e3},
-                 {"x copy only", ds.p50 / d_copy, bs.p50 / b_copy},
-                 {"x longer arm", ds.p50 / d_longer, bs.p50 / b_longer}}};
-          r.params = {{"bytes", static_cast<double>(kBytes)}};
-          r.tags = {{"arm", a == kCopy     ? "copy"
-                            : a == kHost   ? "host"
-                            : a == kSerial ? "serial"
-                                           : "overlapped"}};
-          if (has_d) r.summaries.push_back({"daemon", ds});
-          if (ctx.baseline) r.summaries.push_back({"baseline", bs});
-          rows.push_back(std::move(r));
-        }
-        return rows;
-      },
-      [&](int which) {
-        std::vector<std::string> n = {
-            std::string("8 MiB device -> host copy against compute-bound host work sized to ") +
-                (ctx.baseline ? "the in-process copy (baseline copy-only p50), the same "
-                                "iterations for daemon and baseline"
-                              : "each target's own copy-only p50, round trip included (no "
-                                "baseline ran)") +
-                "; arms interleaved, " + std::to_string(iterations) + " samples each",
-            "x copy only = arm p50 / copy-only p50 (target: overlapped <= 1.1); x longer "
-            "arm = arm p50 / max(copy-only p50, host-only p50) (perfect overlap: 1.0); the "
-            "ratio column compares the daemon's with the baseline's",
-            "daemon: download_pending with one PinnedBuffer moved through every transfer; "
-            "baseline: registered host buffer, CopyDeviceToHost + OnComplete"};
-        char buf[256];
-        if (ctx.baseline) {
-          std::snprintf(buf, sizeof buf,
-                        "host work: %llu iterations, sized to the in-process copy-only p50 "
-                        "(%.0f us, measured before the arms)",
-                        static_cast<unsigned long long>(base.work_iters),
-                        base.work_target_ns / 1e3);
-          n.push_back(buf);
-        } else if (which >= 0) {
-          std::snprintf(buf, sizeof buf,
-                        "host work here: %llu iterations, sized to this target's copy-only p50 "
-                        "(%.0f us, measured before the arms)",
-                        static_cast<unsigned long long>(daemon[which].work_iters),
-                        daemon[which].work_target_ns / 1e3);
-          n.push_back(buf);
-        }
-        // How much of the shorter arm the overlapped arm hid, per side.
-        auto hidden = [](const Samples* arm) {
-          double c = Summarize(arm[kCopy]).p50, h = Summarize(arm[kHost]).p50,
-                 o = Summarize(arm[kOverlapped]).p50;
-          return 100.0 * (c + h - o) / std::min(c, h);
-        };
-        std::string hid =
-            "shorter arm hidden, (copy + host - overlapped) / min(copy, host) at "
-            "p50: ";
-        if (which != kNoTarget) {
-          Samples d[kArms];
-          for (int a = 0; a < kArms; ++a) {
-            if (which >= 0) d[a] = daemon[which].arm[a];
-            if (which == kAllTargets) {
-              for (auto& x : daemon) d[a].Append(x.arm[a]);
-            }
-          }
-          std::snprintf(buf, sizeof buf, "ferryd %.0f %%", hidden(d));
-          hid += buf;
-        }
-        if (ctx.baseline) {
-          std::snprintf(buf, sizeof buf, "%sbaseline %.0f %%", which != kNoTarget ? ", " : "",
-                        hidden(base.arm));
-          hid += buf;
-        }
-        n.push_back(hid + " (100 % = fully hidden, 0 % = serial)");
-        if (remote(which)) n.push_back("remote target: the pending API moves the bytes inline");
-        if (which == kAllTargets) n.push_back("all targets: samples pooled");
-        return n;
-      });
+      ctx, "overlap", [&](int which) { return OverlapRows(ctx, m, which); },
+      [&](int which) { return OverlapNotes(ctx, m, which); });
 }
 
 }  // namespace ferry::bench

@@ -134,89 +134,109 @@ ConcurrencyRun Combine(std::vector<SessionRun>& runs, Clock::time_point start) {
   return c;
 }
 
+/// Add one round's samples to `r`: the upload (t0..t1), the download (t1..t2) and the small
+/// ops (t2..t3), and the bytes and ops it did.
+void RecordRound(SessionRun& r, uint64_t bytes, Clock::time_point t0, Clock::time_point t1,
+                 Clock::time_point t2, Clock::time_point t3) {
+  r.transfers.Add(std::chrono::duration<double, std::nano>(t1 - t0).count());
+  r.transfers.Add(std::chrono::duration<double, std::nano>(t2 - t1).count());
+  r.small_ops.Add(std::chrono::duration<double, std::nano>(t3 - t2).count());
+  r.bytes += 2.0 * static_cast<double>(bytes);
+  r.ops += kSmallOps;
+}
+
+/// The sessions of a DaemonConcurrency run that got no pinned buffer: how many, and the
+/// first one's error. Once any has, none is measured.
+struct BufferShortage {
+  std::mutex mu;
+  std::string first;  // empty: every session so far got its buffer
+  int sessions = 0;
+};
+
+/// One session of a DaemonConcurrency run, between open_session and close.
+struct ConcurrencySession {
+  Session& s;
+  Route route;
+  uint64_t bytes;
+  RoundTensors tensors;
+  std::unique_ptr<HostBuffer> buf;  // blocking route
+  PinnedBuffer pinned;              // pending route
+
+  /// Get the route's host memory: ordinary memory, or one pinned buffer (touched once,
+  /// untimed). False, with the error in `shortage`, when the daemon's pinned budget is
+  /// spent: the session must still reach the start line. Any other failure dies.
+  bool GetBuffer(BufferShortage& shortage) {
+    if (route == Route::kBlocking) {
+      buf = std::make_unique<HostBuffer>(bytes);
+      return true;
+    }
+    auto b = s.pinned_buffer(bytes);
+    if (b.ok()) {
+      pinned = std::move(b).value();
+      std::memset(pinned.data(), 0x5a, pinned.size());
+      return true;
+    }
+    if (b.status().kind() != ErrorKind::kQuotaExceeded) {
+      Die("pinned_buffer(" + FormatBytes(bytes) + "): " + b.status().ToString());
+    }
+    std::lock_guard lock(shortage.mu);
+    ++shortage.sessions;
+    if (shortage.first.empty()) shortage.first = b.status().ToString();
+    return false;
+  }
+
+  /// One timed round: upload, download, kSmallOps axpy and synchronize(), recorded in r.
+  void Round(SessionRun& r) {
+    auto t0 = Clock::now();
+    if (route == Route::kBlocking) {
+      Check(s.upload_bytes(tensors.t, buf->data(), bytes), "upload");
+    } else {
+      PendingRoundTrip(s, /*upload=*/true, pinned, tensors.t);
+    }
+    auto t1 = Clock::now();
+    if (route == Route::kBlocking) {
+      Check(s.download_bytes(tensors.t, buf->data(), bytes), "download");
+    } else {
+      PendingRoundTrip(s, /*upload=*/false, pinned, tensors.t);
+    }
+    auto t2 = Clock::now();
+    for (int k = 0; k < kSmallOps; ++k) s.axpy(1e-6, tensors.x, tensors.y);
+    Check(s.synchronize(), "small ops");
+    auto t3 = Clock::now();
+    RecordRound(r, bytes, t0, t1, t2, t3);
+  }
+};
+
 ConcurrencyRun DaemonConcurrency(const std::string& target, Route route, int sessions,
                                  uint64_t bytes, int rounds) {
   auto client = Check(Connect(target), "connect " + target);
   StartGate gate(sessions);
   std::vector<SessionRun> runs(sessions);
   std::vector<std::thread> threads;
-  std::mutex skip_mu;
-  std::string skipped;  // the first session that could not get its pinned buffer
-  int no_buffer = 0;
+  BufferShortage shortage;
   for (int i = 0; i < sessions; ++i) {
     threads.emplace_back([&, i] {
       auto s = Check(client.open_session(), "open_session");
-      Tensor t = s.create_tensor<uint8_t>({static_cast<int64_t>(bytes)});
-      Tensor x = s.create_tensor<float>({kAxpyElements});
-      Tensor y = s.create_tensor<float>({kAxpyElements});
-      s.fill(x, 1.0);
-      s.fill(y, 0.0);
-      std::unique_ptr<HostBuffer> buf;  // blocking route
-      PinnedBuffer pinned;              // pending route
-      bool have_buffer = true;
-      if (route == Route::kBlocking) {
-        buf = std::make_unique<HostBuffer>(bytes);
-      } else {
-        auto b = s.pinned_buffer(bytes);
-        if (b.ok()) {
-          pinned = std::move(b).value();
-          std::memset(pinned.data(), 0x5a, pinned.size());  // touch once, untimed
-        } else if (b.status().kind() == ErrorKind::kQuotaExceeded) {
-          // Every session must still reach the start line; the run is then discarded.
-          have_buffer = false;
-          std::lock_guard lock(skip_mu);
-          ++no_buffer;
-          if (skipped.empty()) skipped = b.status().ToString();
-        } else {
-          Die("pinned_buffer(" + FormatBytes(bytes) + "): " + b.status().ToString());
-        }
-      }
+      ConcurrencySession cs{s, route, bytes, CreateRoundTensors(s, bytes, kAxpyElements)};
+      bool have_buffer = cs.GetBuffer(shortage);
       Check(s.synchronize(), "setup");
       SessionRun& r = runs[i];
       gate.ArriveAndWait();
       // Leave as soon as any session lacks its buffer: the run is not measured.
       {
-        std::lock_guard lock(skip_mu);
-        if (!skipped.empty()) have_buffer = false;
+        std::lock_guard lock(shortage.mu);
+        if (!shortage.first.empty()) have_buffer = false;
       }
-      for (int round = 0; have_buffer && round < rounds; ++round) {
-        auto t0 = Clock::now();
-        if (route == Route::kBlocking) {
-          Check(s.upload_bytes(t, buf->data(), bytes), "upload");
-        } else {
-          Transfer done = s.upload_pending(std::move(pinned), std::move(t)).wait();
-          pinned = std::move(done.buffer);
-          t = std::move(done.tensor);
-          Check(done.status, "upload_pending");
-        }
-        auto t1 = Clock::now();
-        if (route == Route::kBlocking) {
-          Check(s.download_bytes(t, buf->data(), bytes), "download");
-        } else {
-          Transfer done = s.download_pending(std::move(t), std::move(pinned)).wait();
-          pinned = std::move(done.buffer);
-          t = std::move(done.tensor);
-          Check(done.status, "download_pending");
-        }
-        auto t2 = Clock::now();
-        for (int k = 0; k < kSmallOps; ++k) s.axpy(1e-6, x, y);
-        Check(s.synchronize(), "small ops");
-        auto t3 = Clock::now();
-        r.transfers.Add(std::chrono::duration<double, std::nano>(t1 - t0).count());
-        r.transfers.Add(std::chrono::duration<double, std::nano>(t2 - t1).count());
-        r.small_ops.Add(std::chrono::duration<double, std::nano>(t3 - t2).count());
-        r.bytes += 2.0 * static_cast<double>(bytes);
-        r.ops += kSmallOps;
-      }
+      for (int round = 0; have_buffer && round < rounds; ++round) cs.Round(r);
       r.end = Clock::now();
       Check(s.close().status(), "close");
     });
   }
   for (auto& t : threads) t.join();
-  if (!skipped.empty()) {
+  if (!shortage.first.empty()) {
     ConcurrencyRun c;
-    c.skipped = std::to_string(no_buffer) + " of " + std::to_string(sessions) +
-                " sessions got no " + FormatBytes(bytes) + " pinned buffer (" + skipped +
+    c.skipped = std::to_string(shortage.sessions) + " of " + std::to_string(sessions) +
+                " sessions got no " + FormatBytes(bytes) + " pinned buffer (" + shortage.first +
                 "): the daemon's pinned budget is spent; start it with a larger "
                 "--pinned-budget";
     return c;
@@ -254,11 +274,7 @@ ConcurrencyRun BaselineConcurrency(backend::Device& dev, int sessions, uint64_t 
         }
         Check(WaitStream(*stream), "small ops");
         auto t3 = Clock::now();
-        r.transfers.Add(std::chrono::duration<double, std::nano>(t1 - t0).count());
-        r.transfers.Add(std::chrono::duration<double, std::nano>(t2 - t1).count());
-        r.small_ops.Add(std::chrono::duration<double, std::nano>(t3 - t2).count());
-        r.bytes += 2.0 * static_cast<double>(bytes);
-        r.ops += kSmallOps;
+        RecordRound(r, bytes, t0, t1, t2, t3);
       }
       r.end = Clock::now();
       stream->Free(d);
@@ -303,241 +319,294 @@ Row ConcurrencyRow(int sessions, uint64_t bytes, const std::string& route, const
   return row;
 }
 
-}  // namespace
+/// What the concurrency scenario measured: per session count counts[i], the baseline's run
+/// (empty without --baseline) and each target's on each route.
+struct ConcurrencyMeasurements {
+  std::vector<int> counts;
+  uint64_t bytes = 0;
+  int rounds = 0;
+  std::vector<ConcurrencyRun> base;
+  std::vector<std::vector<std::vector<ConcurrencyRun>>> daemon;  // [target][route][count]
+};
 
-std::vector<Table> RunConcurrency(Context& ctx) {
-  std::vector<int> counts =
-      ctx.options.sessions.empty() ? std::vector<int>{1, 8, 64} : ctx.options.sessions;
-  uint64_t bytes = ctx.options.quick ? (1ull << 20) : (8ull << 20);
-  // Enough rounds that the per-session rates measure sharing, not the start-up skew of 64
-  // threads (8 rounds at 64 sessions last ~0.2 s).
-  int rounds = ctx.options.quick ? 2 : 32;
-  std::vector<ConcurrencyRun> base(counts.size());
-  if (ctx.baseline) {
-    for (size_t i = 0; i < counts.size(); ++i) {
-      ctx.progress->Case("baseline " + std::to_string(counts[i]) + " streams");
-      base[i] = BaselineConcurrency(*ctx.baseline->device, counts[i], bytes, rounds);
+/// The route's label in a table: per target, or for all targets pooled ("pending" when
+/// any target took the slab route, the notes saying which went inline).
+std::string ConcurrencyRouteLabel(const Context& ctx, Route route, int which) {
+  if (which >= 0) return RouteLabel(route, ctx.targets[which].target);
+  if (route == Route::kBlocking) return std::string("blocking");
+  bool all_remote = !ctx.targets.empty();
+  for (const auto& t : ctx.targets) all_remote = all_remote && IsRemote(t.target);
+  return std::string(all_remote ? "pending-inline" : "pending");
+}
+
+/// The rows of the concurrency table of `which`: per route, a row per session count.
+std::vector<Row> ConcurrencyRows(const Context& ctx, const ConcurrencyMeasurements& m, int which) {
+  std::vector<Row> rows;
+  for (size_t r = 0; r < std::size(kRoutes); ++r) {
+    for (size_t i = 0; i < m.counts.size(); ++i) {
+      ConcurrencyRun d;
+      if (which >= 0) d = m.daemon[which][r][i];
+      if (which == kAllTargets) {
+        for (auto& t : m.daemon) d.Merge(t[r][i]);
+      }
+      rows.push_back(
+          ConcurrencyRow(m.counts[i], m.bytes, ConcurrencyRouteLabel(ctx, kRoutes[r], which),
+                         which == kNoTarget ? nullptr : &d, ctx.baseline ? &m.base[i] : nullptr));
     }
   }
-  // daemon[target][route][count]
-  std::vector<std::vector<std::vector<ConcurrencyRun>>> daemon(ctx.targets.size());
-  for (size_t t = 0; t < ctx.targets.size(); ++t) {
-    const std::string& target = ctx.targets[t].target;
-    for (Route route : kRoutes) {
-      daemon[t].emplace_back();
-      for (int n : counts) {
-        ctx.progress->Case(target + " " + RouteLabel(route, target) + " " + std::to_string(n) +
-                           " sessions");
-        daemon[t].back().push_back(DaemonConcurrency(target, route, n, bytes, rounds));
+  return rows;
+}
+
+/// The notes under the concurrency table of `which`, ending with the runs not measured and
+/// why.
+std::vector<std::string> ConcurrencyNotes(const Context& ctx, const ConcurrencyMeasurements& m,
+                                          int which) {
+  std::vector<std::string> notes = {
+      "each session: " + std::to_string(m.rounds) + " rounds of upload + download of " +
+          FormatBytes(m.bytes) + " + " + std::to_string(kSmallOps) +
+          " axpy(256) and synchronize(); all start together; one run per route",
+      "blocking = upload_bytes/download_bytes from ordinary memory; pending = "
+      "upload_pending/download_pending + wait() with one PinnedBuffer per session "
+      "reused for every transfer (shared-memory slab on a unix target; bytes inline "
+      "on a tcp target: pending-inline); the baseline (registered buffer, "
+      "CopyHostToDevice/CopyDeviceToHost) is the same for both routes",
+      "GB/s, ops/s: everything all sessions did / wall time; max/min: fastest / "
+      "slowest session's bytes per second (1.0 = fair)",
+      "xfer p99: one transfer; ops p99: one 8-op submit + synchronize(); under load, all "
+      "sessions pooled",
+      "daemon: one thread and session each, one Client (one connection); baseline: one "
+      "thread and in-process stream each"};
+  if (which == kAllTargets) {
+    notes.push_back(
+        "all targets: work summed over summed wall time (targets ran one "
+        "after another), max/min the worst target's, samples pooled");
+    for (const auto& t : ctx.targets) {
+      if (IsRemote(t.target)) {
+        notes.push_back("pending rows: " + t.target + " went inline (pending-inline)");
       }
     }
   }
-  // The route's label in a table: per target, or for all targets pooled ("pending" when
-  // any target took the slab route, the notes saying which went inline).
-  auto route_label = [&](Route route, int which) {
-    if (which >= 0) return RouteLabel(route, ctx.targets[which].target);
-    if (route == Route::kBlocking) return std::string("blocking");
-    bool all_remote = !ctx.targets.empty();
-    for (const auto& t : ctx.targets) all_remote = all_remote && IsRemote(t.target);
-    return std::string(all_remote ? "pending-inline" : "pending");
-  };
+  for (size_t t = 0; t < ctx.targets.size(); ++t) {
+    if (which != kAllTargets && which != static_cast<int>(t)) continue;
+    for (size_t r = 0; r < std::size(kRoutes); ++r) {
+      for (size_t i = 0; i < m.counts.size(); ++i) {
+        const std::string& why = m.daemon[t][r][i].skipped;
+        if (why.empty()) continue;
+        notes.push_back((which == kAllTargets ? ctx.targets[t].target + ": " : "") +
+                        std::to_string(m.counts[i]) + " sessions, " +
+                        RouteLabel(kRoutes[r], ctx.targets[t].target) + ": not measured: " + why);
+      }
+    }
+  }
+  return notes;
+}
+
+/// What the open_close scenario measured: the baseline's samples (empty without
+/// --baseline) and each target's.
+struct OpenCloseMeasurements {
+  int iterations = 0;         // sessions opened and closed
+  int pinned_iterations = 0;  // first pinned buffers on a kept stream
+  Samples base_open, base_close, base_pinned;
+  std::vector<Samples> d_open, d_close;  // per target
+  // Per target; empty for a remote one (no slabs).
+  std::vector<Samples> d_pinned_kept, d_pinned_new;
+};
+
+/// The slab the baseline allocates and registers against a session's first pinned buffer.
+constexpr uint64_t kBaselineSlab = 64ull << 20;
+
+/// Time creating and destroying an in-process stream (after 5 untimed). Needs ctx.baseline.
+void MeasureBaselineOpenClose(Context& ctx, OpenCloseMeasurements& m) {
+  ctx.progress->Case("baseline CreateStream / destroy");
+  for (int i = -5; i < m.iterations; ++i) {
+    auto t0 = Clock::now();
+    auto stream = Check(ctx.baseline->device->CreateStream(), "CreateStream");
+    auto t1 = Clock::now();
+    stream.reset();
+    auto t2 = Clock::now();
+    if (i < 0) continue;
+    m.base_open.Add(std::chrono::duration<double, std::nano>(t1 - t0).count());
+    m.base_close.Add(std::chrono::duration<double, std::nano>(t2 - t1).count());
+  }
+}
+
+/// Time open_session() and close() one after another on one Client of target t (after 5
+/// untimed).
+void MeasureTargetOpenClose(Context& ctx, size_t t, OpenCloseMeasurements& m) {
+  ctx.progress->Case(ctx.targets[t].target + " open_session / close");
+  auto client = Check(Connect(ctx.targets[t].target), "connect");
+  for (int i = -5; i < m.iterations; ++i) {
+    auto t0 = Clock::now();
+    auto s = Check(client.open_session(), "open_session");
+    auto t1 = Clock::now();
+    Check(s.close().status(), "close");
+    auto t2 = Clock::now();
+    if (i < 0) continue;
+    m.d_open[t].Add(std::chrono::duration<double, std::nano>(t1 - t0).count());
+    m.d_close[t].Add(std::chrono::duration<double, std::nano>(t2 - t1).count());
+  }
+}
+
+/// Time allocating and registering kBaselineSlab of host memory, the in-process counterpart
+/// of a session's first pinned buffer (at most 50, after 2 untimed). Needs ctx.baseline.
+void MeasureBaselinePinned(Context& ctx, OpenCloseMeasurements& m) {
+  ctx.progress->Case("baseline allocate + register 64 MiB");
+  for (int i = -2; i < std::min(m.pinned_iterations, 50); ++i) {
+    auto t0 = Clock::now();
+    auto buf = std::make_unique<HostBuffer>(kBaselineSlab);
+    Check(ctx.baseline->device->RegisterHostMemory(buf->data(), kBaselineSlab),
+          "RegisterHostMemory");
+    double ns = NsSince(t0);
+    Check(ctx.baseline->device->UnregisterHostMemory(buf->data()), "UnregisterHostMemory");
+    if (i >= 0) m.base_pinned.Add(ns);
+  }
+}
+
+/// Open a session on `client`, time its first pinned_buffer(4 KiB), close it.
+double FirstPinnedNs(Client& client) {
+  auto s = Check(client.open_session(), "open_session");
+  auto t0 = Clock::now();
+  auto b = Check(s.pinned_buffer(4096), "pinned_buffer");
+  double ns = NsSince(t0);
+  b = PinnedBuffer();
+  Check(s.close().status(), "close");
+  return ns;
+}
+
+/// Time a new session's first pinned buffer on local target t: sessions one after another
+/// on one Client (kept stream), then each on a Client of its own (after 2 untimed each).
+void MeasureTargetFirstPinned(Context& ctx, size_t t, OpenCloseMeasurements& m) {
+  ctx.progress->Case(ctx.targets[t].target + " first pinned_buffer, kept stream");
+  auto client = Check(Connect(ctx.targets[t].target), "connect");
+  for (int i = -2; i < m.pinned_iterations; ++i) {
+    const double ns = FirstPinnedNs(client);
+    if (i >= 0) m.d_pinned_kept[t].Add(ns);
+  }
+  ctx.progress->Case(ctx.targets[t].target + " first pinned_buffer, new client");
+  for (int i = -2; i < m.pinned_iterations / 4; ++i) {
+    auto own = Check(Connect(ctx.targets[t].target), "connect");
+    const double ns = FirstPinnedNs(own);
+    if (i >= 0) m.d_pinned_new[t].Add(ns);
+  }
+}
+
+/// The pairwise sums a[i] + b[i] (as many as both have).
+Samples PairwiseSum(const Samples& a, const Samples& b) {
+  Samples s;
+  for (size_t i = 0; i < a.ns.size() && i < b.ns.size(); ++i) s.Add(a.ns[i] + b.ns[i]);
+  return s;
+}
+
+/// A p50/p99 row of daemon samples `d` (null: none) against baseline samples `b`.
+Row OpenCloseRow(const Context& ctx, const std::string& label, const Samples* d, const Samples& b) {
+  Summary ds = d ? Summarize(*d) : Summary{}, bs = ctx.baseline ? Summarize(b) : Summary{};
+  Row r{label, {{"p50 us", ds.p50 / 1e3, bs.p50 / 1e3}, {"p99 us", ds.p99 / 1e3, bs.p99 / 1e3}}};
+  if (d) r.summaries.push_back({"daemon", ds});
+  if (ctx.baseline) r.summaries.push_back({"baseline", bs});
+  return r;
+}
+
+/// The rows of the open_close table of `which`: open, close, both, and the first pinned
+/// buffers where some target measured them (or there is no target).
+std::vector<Row> OpenCloseRows(const Context& ctx, const OpenCloseMeasurements& m, int which) {
+  Samples o, c, both, kept, fresh;
+  for (size_t t = 0; t < ctx.targets.size(); ++t) {
+    if (which == kAllTargets || which == static_cast<int>(t)) {
+      o.Append(m.d_open[t]);
+      c.Append(m.d_close[t]);
+      both.Append(PairwiseSum(m.d_open[t], m.d_close[t]));
+      kept.Append(m.d_pinned_kept[t]);
+      fresh.Append(m.d_pinned_new[t]);
+    }
+  }
+  bool has = which != kNoTarget;
+  const Samples base_both = PairwiseSum(m.base_open, m.base_close);
+  std::vector<Row> rows = {OpenCloseRow(ctx, "open_session()", has ? &o : nullptr, m.base_open),
+                           OpenCloseRow(ctx, "close()", has ? &c : nullptr, m.base_close),
+                           OpenCloseRow(ctx, "open + close", has ? &both : nullptr, base_both)};
+  if (!has || !kept.ns.empty()) {
+    rows.push_back(OpenCloseRow(ctx, "first pinned_buffer(), kept stream", has ? &kept : nullptr,
+                                m.base_pinned));
+    rows.push_back(OpenCloseRow(ctx, "first pinned_buffer(), new client", has ? &fresh : nullptr,
+                                m.base_pinned));
+  }
+  return rows;
+}
+
+/// The notes under the open_close table of `which`.
+std::vector<std::string> OpenCloseNotes(const Context& ctx, const OpenCloseMeasurements& m,
+                                        int which) {
+  std::vector<std::string> notes = {
+      std::to_string(m.iterations) +
+          " sessions opened and closed one after another on "
+          "one Client; close() waits for the daemon's Closed (each session after the "
+          "first opens on the stream the last one kept: docs/protocol.md, \"Kept "
+          "streams\")",
+      "baseline = in-process Device::CreateStream() / destroying the stream"};
+  if (which < 0 || !IsRemote(ctx.targets[which].target)) {
+    notes.push_back(
+        "first pinned_buffer() (local targets) = a new session's first pinned_buffer(4 "
+        "KiB); kept stream: sessions one after another on one Client, each starting with "
+        "the slab the last one left unused (docs/protocol.md, \"Kept slabs\"); new "
+        "client: each session on a Client of its own, its first buffer a fresh slab from "
+        "the pool (made ahead, or by the grant); baseline: allocating, touching and "
+        "registering 64 MiB of host memory");
+  }
+  if (which == kAllTargets) notes.push_back("all targets: samples pooled");
+  return notes;
+}
+
+}  // namespace
+
+std::vector<Table> RunConcurrency(Context& ctx) {
+  ConcurrencyMeasurements m;
+  m.counts = ctx.options.sessions.empty() ? std::vector<int>{1, 8, 64} : ctx.options.sessions;
+  m.bytes = ctx.options.quick ? (1ull << 20) : (8ull << 20);
+  // Enough rounds that the per-session rates measure sharing, not the start-up skew of 64
+  // threads (8 rounds at 64 sessions last ~0.2 s).
+  m.rounds = ctx.options.quick ? 2 : 32;
+  m.base.resize(m.counts.size());
+  if (ctx.baseline) {
+    for (size_t i = 0; i < m.counts.size(); ++i) {
+      ctx.progress->Case("baseline " + std::to_string(m.counts[i]) + " streams");
+      m.base[i] = BaselineConcurrency(*ctx.baseline->device, m.counts[i], m.bytes, m.rounds);
+    }
+  }
+  m.daemon.resize(ctx.targets.size());
+  for (size_t t = 0; t < ctx.targets.size(); ++t) {
+    const std::string& target = ctx.targets[t].target;
+    for (Route route : kRoutes) {
+      m.daemon[t].emplace_back();
+      for (int n : m.counts) {
+        ctx.progress->Case(target + " " + RouteLabel(route, target) + " " + std::to_string(n) +
+                           " sessions");
+        m.daemon[t].back().push_back(DaemonConcurrency(target, route, n, m.bytes, m.rounds));
+      }
+    }
+  }
   return BuildTables(
-      ctx, "concurrency",
-      [&](int which) {
-        std::vector<Row> rows;
-        for (size_t r = 0; r < std::size(kRoutes); ++r) {
-          for (size_t i = 0; i < counts.size(); ++i) {
-            ConcurrencyRun d;
-            if (which >= 0) d = daemon[which][r][i];
-            if (which == kAllTargets) {
-              for (auto& t : daemon) d.Merge(t[r][i]);
-            }
-            rows.push_back(ConcurrencyRow(counts[i], bytes, route_label(kRoutes[r], which),
-                                          which == kNoTarget ? nullptr : &d,
-                                          ctx.baseline ? &base[i] : nullptr));
-          }
-        }
-        return rows;
-      },
-      [&](int which) {
-        std::vector<std::string> notes = {
-            "each session: " + std::to_string(rounds) + " rounds of upload + download of " +
-                FormatBytes(bytes) + " + " + std::to_string(kSmallOps) +
-                " axpy(256) and synchronize(); all start together; one run per route",
-            "blocking = upload_bytes/download_bytes from ordinary memory; pending = "
-            "upload_pending/download_pending + wait() with one PinnedBuffer per session "
-            "reused for every transfer (shared-memory slab on a unix target; bytes inline "
-            "on a tcp target: pending-inline); the baseline (registered buffer, "
-            "CopyHostToDevice/CopyDeviceToHost) is the same for both routes",
-            "GB/s, ops/s: everything all sessions did / wall time; max/min: fastest / "
-            "slowest session's bytes per second (1.0 = fair)",
-            "xfer p99: one transfer; ops p99: one 8-op submit + synchronize(); under load, all "
-            "sessions pooled",
-            "daemon: one thread and session each, one Client (one connection); baseline: one "
-            "thread and in-process stream each"};
-        if (which == kAllTargets) {
-          notes.push_back(
-              "all targets: work summed over summed wall time (targets ran one "
-              "after another), max/min the worst target's, samples pooled");
-          for (const auto& t : ctx.targets) {
-            if (IsRemote(t.target)) {
-              notes.push_back("pending rows: " + t.target + " went inline (pending-inline)");
-            }
-          }
-        }
-        for (size_t t = 0; t < ctx.targets.size(); ++t) {
-          if (which != kAllTargets && which != static_cast<int>(t)) continue;
-          for (size_t r = 0; r < std::size(kRoutes); ++r) {
-            for (size_t i = 0; i < counts.size(); ++i) {
-              const std::string& why = daemon[t][r][i].skipped;
-              if (why.empty()) continue;
-              notes.push_back((which == kAllTargets ? ctx.targets[t].target + ": " : "") +
-                              std::to_string(counts[i]) + " sessions, " +
-                              RouteLabel(kRoutes[r], ctx.targets[t].target) +
-                              ": not measured: " + why);
-            }
-          }
-        }
-        return notes;
-      });
+      ctx, "concurrency", [&](int which) { return ConcurrencyRows(ctx, m, which); },
+      [&](int which) { return ConcurrencyNotes(ctx, m, which); });
 }
 
 std::vector<Table> RunOpenClose(Context& ctx) {
-  int iterations = ctx.Iterations(1000, 50);
-  Samples base_open, base_close;
-  if (ctx.baseline) {
-    ctx.progress->Case("baseline CreateStream / destroy");
-    for (int i = -5; i < iterations; ++i) {
-      auto t0 = Clock::now();
-      auto stream = Check(ctx.baseline->device->CreateStream(), "CreateStream");
-      auto t1 = Clock::now();
-      stream.reset();
-      auto t2 = Clock::now();
-      if (i < 0) continue;
-      base_open.Add(std::chrono::duration<double, std::nano>(t1 - t0).count());
-      base_close.Add(std::chrono::duration<double, std::nano>(t2 - t1).count());
-    }
-  }
-  std::vector<Samples> d_open(ctx.targets.size()), d_close(ctx.targets.size());
-  for (size_t t = 0; t < ctx.targets.size(); ++t) {
-    ctx.progress->Case(ctx.targets[t].target + " open_session / close");
-    auto client = Check(Connect(ctx.targets[t].target), "connect");
-    for (int i = -5; i < iterations; ++i) {
-      auto t0 = Clock::now();
-      auto s = Check(client.open_session(), "open_session");
-      auto t1 = Clock::now();
-      Check(s.close().status(), "close");
-      auto t2 = Clock::now();
-      if (i < 0) continue;
-      d_open[t].Add(std::chrono::duration<double, std::nano>(t1 - t0).count());
-      d_close[t].Add(std::chrono::duration<double, std::nano>(t2 - t1).count());
-    }
-  }
+  OpenCloseMeasurements m;
+  m.iterations = ctx.Iterations(1000, 50);
+  m.pinned_iterations = ctx.Iterations(200, 20);
+  m.d_open.resize(ctx.targets.size());
+  m.d_close.resize(ctx.targets.size());
+  m.d_pinned_kept.resize(ctx.targets.size());
+  m.d_pinned_new.resize(ctx.targets.size());
+  if (ctx.baseline) MeasureBaselineOpenClose(ctx, m);
+  for (size_t t = 0; t < ctx.targets.size(); ++t) MeasureTargetOpenClose(ctx, t, m);
   // A session's first pinned_buffer (local targets), and its in-process counterpart.
-  const int pinned_iterations = ctx.Iterations(200, 20);
-  constexpr uint64_t kBaselineSlab = 64ull << 20;
-  Samples base_pinned;
-  if (ctx.baseline) {
-    ctx.progress->Case("baseline allocate + register 64 MiB");
-    for (int i = -2; i < std::min(pinned_iterations, 50); ++i) {
-      auto t0 = Clock::now();
-      auto buf = std::make_unique<HostBuffer>(kBaselineSlab);
-      Check(ctx.baseline->device->RegisterHostMemory(buf->data(), kBaselineSlab),
-            "RegisterHostMemory");
-      double ns = NsSince(t0);
-      Check(ctx.baseline->device->UnregisterHostMemory(buf->data()), "UnregisterHostMemory");
-      if (i >= 0) base_pinned.Add(ns);
-    }
-  }
-  // Open a session on `client`, time its first pinned_buffer(4 KiB), close it.
-  auto first_pinned = [](Client& client) {
-    auto s = Check(client.open_session(), "open_session");
-    auto t0 = Clock::now();
-    auto b = Check(s.pinned_buffer(4096), "pinned_buffer");
-    double ns = NsSince(t0);
-    b = PinnedBuffer();
-    Check(s.close().status(), "close");
-    return ns;
-  };
-  std::vector<Samples> d_pinned_kept(ctx.targets.size()), d_pinned_new(ctx.targets.size());
+  if (ctx.baseline) MeasureBaselinePinned(ctx, m);
   for (size_t t = 0; t < ctx.targets.size(); ++t) {
-    if (IsRemote(ctx.targets[t].target)) continue;  // no slabs
-    ctx.progress->Case(ctx.targets[t].target + " first pinned_buffer, kept stream");
-    auto client = Check(Connect(ctx.targets[t].target), "connect");
-    for (int i = -2; i < pinned_iterations; ++i) {
-      const double ns = first_pinned(client);
-      if (i >= 0) d_pinned_kept[t].Add(ns);
-    }
-    ctx.progress->Case(ctx.targets[t].target + " first pinned_buffer, new client");
-    for (int i = -2; i < pinned_iterations / 4; ++i) {
-      auto own = Check(Connect(ctx.targets[t].target), "connect");
-      const double ns = first_pinned(own);
-      if (i >= 0) d_pinned_new[t].Add(ns);
-    }
+    if (!IsRemote(ctx.targets[t].target)) MeasureTargetFirstPinned(ctx, t, m);
   }
-  auto sum = [](const Samples& a, const Samples& b) {
-    Samples s;
-    for (size_t i = 0; i < a.ns.size() && i < b.ns.size(); ++i) s.Add(a.ns[i] + b.ns[i]);
-    return s;
-  };
-  Samples base_both = sum(base_open, base_close);
-  auto row = [&](const std::string& label, const Samples* d, const Samples& b) {
-    Summary ds = d ? Summarize(*d) : Summary{}, bs = ctx.baseline ? Summarize(b) : Summary{};
-    Row r{label, {{"p50 us", ds.p50 / 1e3, bs.p50 / 1e3}, {"p99 us", ds.p99 / 1e3, bs.p99 / 1e3}}};
-    if (d) r.summaries.push_back({"daemon", ds});
-    if (ctx.baseline) r.summaries.push_back({"baseline", bs});
-    return r;
-  };
   return BuildTables(
-      ctx, "open_close",
-      [&](int which) {
-        Samples o, c, both;
-        for (size_t t = 0; t < ctx.targets.size(); ++t) {
-          if (which == kAllTargets || which == static_cast<int>(t)) {
-            o.Append(d_open[t]);
-            c.Append(d_close[t]);
-            both.Append(sum(d_open[t], d_close[t]));
-          }
-        }
-        Samples kept, fresh;
-        for (size_t t = 0; t < ctx.targets.size(); ++t) {
-          if (which == kAllTargets || which == static_cast<int>(t)) {
-            kept.Append(d_pinned_kept[t]);
-            fresh.Append(d_pinned_new[t]);
-          }
-        }
-        bool has = which != kNoTarget;
-        std::vector<Row> rows = {row("open_session()", has ? &o : nullptr, base_open),
-                                 row("close()", has ? &c : nullptr, base_close),
-                                 row("open + close", has ? &both : nullptr, base_both)};
-        if (!has || !kept.ns.empty()) {
-          rows.push_back(
-              row("first pinned_buffer(), kept stream", has ? &kept : nullptr, base_pinned));
-          rows.push_back(
-              row("first pinned_buffer(), new client", has ? &fresh : nullptr, base_pinned));
-        }
-        return rows;
-      },
-      [&](int which) {
-        std::vector<std::string> notes = {
-            std::to_string(iterations) +
-                " sessions opened and closed one after another on "
-                "one Client; close() waits for the daemon's Closed (each session after the "
-                "first opens on the stream the last one kept: docs/protocol.md, \"Kept "
-                "streams\")",
-            "baseline = in-process Device::CreateStream() / destroying the stream"};
-        if (which < 0 || !IsRemote(ctx.targets[which].target)) {
-          notes.push_back(
-              "first pinned_buffer() (local targets) = a new session's first pinned_buffer(4 "
-              "KiB); kept stream: sessions one after another on one Client, each starting with "
-              "the slab the last one left unused (docs/protocol.md, \"Kept slabs\"); new "
-              "client: each session on a Client of its own, its first buffer a fresh slab from "
-              "the pool (made ahead, or by the grant); baseline: allocating, touching and "
-              "registering 64 MiB of host memory");
-        }
-        if (which == kAllTargets) notes.push_back("all targets: samples pooled");
-        return notes;
-      });
+      ctx, "open_close", [&](int which) { return OpenCloseRows(ctx, m, which); },
+      [&](int which) { return OpenCloseNotes(ctx, m, which); });
 }
 
 }  // namespace ferry::bench

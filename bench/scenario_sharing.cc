@@ -135,11 +135,8 @@ void PrintResult(double ops, double bytes, double elapsed_ns, const Samples& rou
 int DaemonWorker(const std::string& target, int rounds, Route route) {
   auto client = Check(Connect(target), "connect " + target);
   auto s = Check(client.open_session(), "open_session");
-  Tensor t = s.create_tensor<uint8_t>({static_cast<int64_t>(kRoundBytes)});
-  Tensor x = s.create_tensor<float>({kAxpyElements});
-  Tensor y = s.create_tensor<float>({kAxpyElements});
-  s.fill(x, 1.0);
-  s.fill(y, 0.0);
+  RoundTensors tensors = CreateRoundTensors(s, kRoundBytes, kAxpyElements);
+  Tensor& t = tensors.t;
   HostBuffer buf(kRoundBytes);
   PinnedBuffer pinned;
   if (route == Route::kPinned) {
@@ -147,21 +144,13 @@ int DaemonWorker(const std::string& target, int rounds, Route route) {
     std::memset(pinned.data(), 0x5a, kRoundBytes);  // touch once, untimed
   }
   Check(s.synchronize(), "setup");
-  // The pinned route: the buffer and the tensor go into each transfer and come back.
-  auto pending = [&](bool upload) {
-    PendingTransfer p = upload ? s.upload_pending(std::move(pinned), std::move(t))
-                               : s.download_pending(std::move(t), std::move(pinned));
-    Transfer done = p.wait();
-    Check(done.status, upload ? "upload_pending" : "download_pending");
-    pinned = std::move(done.buffer);
-    t = std::move(done.tensor);
-  };
   auto round = [&] {
-    for (int k = 0; k < kOpsPerRound; ++k) s.axpy(1e-6, x, y);
+    for (int k = 0; k < kOpsPerRound; ++k) s.axpy(1e-6, tensors.x, tensors.y);
     Check(s.submit(), "submit");
     if (route == Route::kPinned) {
-      pending(true);
-      pending(false);
+      // The buffer and the tensor go into each transfer and come back.
+      PendingRoundTrip(s, /*upload=*/true, pinned, t);
+      PendingRoundTrip(s, /*upload=*/false, pinned, t);
     } else {
       Check(s.upload_bytes(t, buf.data(), kRoundBytes), "upload");
       Check(s.download_bytes(t, buf.data(), kRoundBytes), "download");
@@ -319,155 +308,187 @@ Row SharingRow(const std::string& label, int n, const SharingRun* d, const Shari
   return row;
 }
 
-}  // namespace
+/// What the sharing scenario measured, per process count counts[i]. The _pageable runs copy
+/// from ordinary memory; baseline runs are empty without --baseline, MPS runs without the
+/// MPS arm.
+struct SharingMeasurements {
+  std::vector<int> counts;
+  int rounds = 0;
+  std::vector<SharingRun> base, base_pageable, mps, mps_pageable;
+  // One context, n threads (batched and not).
+  std::vector<SharingRun> one_context, one_context_batched;
+  bool with_mps = false;
+  std::vector<std::vector<std::vector<SharingRun>>> daemon;  // [target][i][route]
+};
 
-std::vector<Table> RunSharing(Context& ctx) {
-  std::vector<int> counts = !ctx.options.processes.empty() ? ctx.options.processes
-                            : ctx.options.quick            ? std::vector<int>{1, 2}
-                                                           : std::vector<int>{1, 4, 8};
-  int rounds = ctx.options.quick ? 5 : 100;
-  // [i]: counts[i] processes; the _pageable runs copy from ordinary memory.
-  std::vector<SharingRun> base(counts.size()), mps(counts.size());
-  std::vector<SharingRun> base_pageable(counts.size()), mps_pageable(counts.size());
-  if (ctx.baseline) {
-    for (size_t i = 0; i < counts.size(); ++i) {
-      ctx.progress->Case("baseline " + std::to_string(counts[i]) + " processes, own device each");
-      base[i] = RunOwn(ctx, counts[i],
-                       InProcessArgs(ctx.baseline->backend, rounds, HostMemory::kRegistered));
-      ctx.progress->Case("baseline " + std::to_string(counts[i]) +
-                         " processes, own device each, pageable");
-      base_pageable[i] = RunOwn(
-          ctx, counts[i], InProcessArgs(ctx.baseline->backend, rounds, HostMemory::kPageable));
-    }
+/// Run the baseline: counts[i] processes each on its own device (registered and pageable
+/// memory), then counts[i] threads on one device. Needs ctx.baseline.
+void MeasureSharingBaseline(Context& ctx, SharingMeasurements& m) {
+  for (size_t i = 0; i < m.counts.size(); ++i) {
+    ctx.progress->Case("baseline " + std::to_string(m.counts[i]) + " processes, own device each");
+    m.base[i] = RunOwn(ctx, m.counts[i],
+                       InProcessArgs(ctx.baseline->backend, m.rounds, HostMemory::kRegistered));
+    ctx.progress->Case("baseline " + std::to_string(m.counts[i]) +
+                       " processes, own device each, pageable");
+    m.base_pageable[i] = RunOwn(
+        ctx, m.counts[i], InProcessArgs(ctx.baseline->backend, m.rounds, HostMemory::kPageable));
   }
-  // One context, n threads (batched and not): beside own contexts and MPS, in a table of its
-  // own, what any single-context daemon could reach on this machine.
-  std::vector<SharingRun> one_context(counts.size()), one_context_batched(counts.size());
-  if (ctx.baseline) {
-    for (size_t i = 0; i < counts.size(); ++i) {
-      ctx.progress->Case("baseline " + std::to_string(counts[i]) + " threads, one device");
-      one_context[i] = RunOneContext(ctx.baseline->backend, counts[i], rounds, false);
-      one_context_batched[i] = RunOneContext(ctx.baseline->backend, counts[i], rounds, true);
-    }
+  // Beside own contexts and MPS, in a table of its own, what any single-context daemon could
+  // reach on this machine.
+  for (size_t i = 0; i < m.counts.size(); ++i) {
+    ctx.progress->Case("baseline " + std::to_string(m.counts[i]) + " threads, one device");
+    m.one_context[i] = RunOneContext(ctx.baseline->backend, m.counts[i], m.rounds, false);
+    m.one_context_batched[i] = RunOneContext(ctx.baseline->backend, m.counts[i], m.rounds, true);
   }
-  bool with_mps = ctx.mps && ctx.mps->available();
-  if (with_mps) {
-    for (size_t i = 0; i < counts.size(); ++i) {
-      ctx.progress->Case("MPS " + std::to_string(counts[i]) + " processes");
-      mps[i] = Collect(
-          RunMpsWorkers(ctx, counts[i], InProcessArgs("cuda", rounds, HostMemory::kRegistered)));
-      ctx.progress->Case("MPS " + std::to_string(counts[i]) + " processes, pageable");
-      mps_pageable[i] = Collect(
-          RunMpsWorkers(ctx, counts[i], InProcessArgs("cuda", rounds, HostMemory::kPageable)));
-    }
+}
+
+/// Run counts[i] MPS client processes (registered and pageable memory). Needs the MPS arm.
+void MeasureSharingMps(Context& ctx, SharingMeasurements& m) {
+  for (size_t i = 0; i < m.counts.size(); ++i) {
+    ctx.progress->Case("MPS " + std::to_string(m.counts[i]) + " processes");
+    m.mps[i] = Collect(
+        RunMpsWorkers(ctx, m.counts[i], InProcessArgs("cuda", m.rounds, HostMemory::kRegistered)));
+    ctx.progress->Case("MPS " + std::to_string(m.counts[i]) + " processes, pageable");
+    m.mps_pageable[i] = Collect(
+        RunMpsWorkers(ctx, m.counts[i], InProcessArgs("cuda", m.rounds, HostMemory::kPageable)));
   }
-  // daemon[t][i][route]
-  std::vector<std::vector<std::vector<SharingRun>>> daemon(ctx.targets.size());
+}
+
+/// Run counts[i] daemon client processes on every target, once per route.
+void MeasureSharingTargets(Context& ctx, SharingMeasurements& m) {
+  m.daemon.resize(ctx.targets.size());
   for (size_t t = 0; t < ctx.targets.size(); ++t) {
     const std::string& target = ctx.targets[t].target;
-    for (int n : counts) {
-      daemon[t].emplace_back();
+    for (int n : m.counts) {
+      m.daemon[t].emplace_back();
       for (Route route : kRoutes) {
         ctx.progress->Case(target + " " + std::to_string(n) + " processes, " +
                            RouteLabel(route, target));
-        daemon[t].back().push_back(RunOwn(ctx, n, WorkerArgs("daemon", target, rounds, route)));
+        m.daemon[t].back().push_back(RunOwn(ctx, n, WorkerArgs("daemon", target, m.rounds, route)));
       }
     }
   }
+}
+
+/// The rows of the sharing table of `which` (a target, kAllTargets or kNoTarget): per count,
+/// a row per route plus the blocking route against pageable copies (baseline only: a row per
+/// count and host memory).
+std::vector<Row> SharingRows(const Context& ctx, const SharingMeasurements& m, int which) {
+  std::vector<Row> rows;
+  for (size_t i = 0; i < m.counts.size(); ++i) {
+    const int count = m.counts[i];
+    std::string n = std::to_string(count) + (count == 1 ? " process" : " processes");
+    const SharingRun* b = ctx.baseline ? &m.base[i] : nullptr;
+    const SharingRun* mp = m.with_mps ? &m.mps[i] : nullptr;
+    const SharingRun* b_pageable = ctx.baseline ? &m.base_pageable[i] : nullptr;
+    const SharingRun* m_pageable = m.with_mps ? &m.mps_pageable[i] : nullptr;
+    if (which == kNoTarget) {
+      rows.push_back(SharingRow(n, count, nullptr, b, mp, ctx));
+      Row pageable = SharingRow(n + ", pageable", count, nullptr, b_pageable, m_pageable, ctx);
+      pageable.tags.push_back({"baseline", "pageable"});
+      rows.push_back(std::move(pageable));
+      continue;
+    }
+    for (size_t r = 0; r < std::size(kRoutes); ++r) {
+      SharingRun d;
+      if (which >= 0) d = m.daemon[which][i][r];
+      if (which == kAllTargets) {
+        for (auto& t : m.daemon) d.Merge(t[i][r]);
+      }
+      std::string target = which >= 0 ? ctx.targets[which].target : "";
+      Row row = SharingRow(n + ", " + RouteLabel(kRoutes[r], target), count, &d, b, mp, ctx);
+      row.tags.push_back({"route", RouteLabel(kRoutes[r], target)});
+      rows.push_back(std::move(row));
+      if (kRoutes[r] != Route::kBlocking) continue;
+      // The blocking route again, against processes that copy from ordinary memory.
+      Row pageable =
+          SharingRow(n + ", blocking vs pageable", count, &d, b_pageable, m_pageable, ctx);
+      pageable.tags.push_back({"route", "blocking"});
+      pageable.tags.push_back({"baseline", "pageable"});
+      rows.push_back(std::move(pageable));
+    }
+  }
+  return rows;
+}
+
+/// The notes under the sharing table of `which`.
+std::vector<std::string> SharingNotes(const Context& ctx, const SharingMeasurements& m, int which) {
+  std::vector<std::string> notes = {
+      "each process: " + std::to_string(m.rounds) + " rounds of " + std::to_string(kOpsPerRound) +
+          " axpy(256) in one submit + upload and "
+          "download of 1 MiB; all processes start together",
+      "blocking = upload_bytes/download_bytes from ordinary memory; pinned = one "
+      "PinnedBuffer (memory the daemon registered) moved through "
+      "upload_pending/download_pending + wait() each round (pinned-inline: tcp target, "
+      "bytes inline)",
+      "ops/s (small ops), GB/s: all processes' work / the slowest process's time; round "
+      "p50/p99 over all rounds of all processes; max/min = slowest / fastest process's "
+      "elapsed time (target <= 1.25)",
+      "daemon: one session per process through the target; baseline: each process in "
+      "process on its own device (own " +
+          std::string(ctx.baseline ? ctx.baseline->backend : "device") +
+          (ctx.baseline && ctx.baseline->backend == "cuda" ? " context" : " emulation") +
+          "), copying from a registered buffer; the same baseline figures on both routes' "
+          "rows",
+      "blocking vs pageable: the blocking route's figures against baseline (and MPS) "
+      "processes that copy from ordinary, unregistered (pageable) memory, as a program "
+      "whose bytes are in ordinary memory does without a daemon"};
+  std::string mps_note = MpsNote(ctx, "the baseline's processes");
+  if (!mps_note.empty()) notes.push_back(mps_note);
+  if (which == kAllTargets) notes.push_back("all targets: summed, samples pooled");
+  return notes;
+}
+
+/// The table of one context's threads (batched and not) against own processes and MPS.
+/// Needs ctx.baseline.
+Table OneContextTable(const Context& ctx, const SharingMeasurements& m) {
+  Table t;
+  t.scenario = "sharing";
+  t.target = "";
+  t.daemon_label = "one context";
+  t.baseline_label = "own contexts";
+  t.baseline_description = "threads of one process on one device, against own processes";
+  for (size_t i = 0; i < m.counts.size(); ++i) {
+    const SharingRun* mp = m.with_mps ? &m.mps[i] : nullptr;
+    for (bool batched : {false, true}) {
+      const SharingRun& one = batched ? m.one_context_batched[i] : m.one_context[i];
+      Row row = SharingRow(std::to_string(m.counts[i]) + " threads, " +
+                               (batched ? "batched" : "one launch per axpy"),
+                           m.counts[i], &one, &m.base[i], mp, ctx);
+      row.tags.push_back({"arm", batched ? "one-context-batched" : "one-context"});
+      t.rows.push_back(std::move(row));
+    }
+  }
+  t.notes = {"one context: N threads of this process, each on its own stream of one " +
+                 ctx.baseline->backend +
+                 " device, running the processes' rounds at once (no RPC, no hand-off between "
+                 "threads): the ceiling of any daemon that owns one context; batched = the 64 "
+                 "axpy as one batch (BeginBatch/EndBatch), as ferryd sends a submit's kernels "
+                 "(on CUDA one fused kernel, as in ferryd unless --fuse-elementwise=false)",
+             "own contexts and MPS: the same figures as the table above"};
+  return t;
+}
+
+}  // namespace
+
+std::vector<Table> RunSharing(Context& ctx) {
+  SharingMeasurements m;
+  m.counts = !ctx.options.processes.empty() ? ctx.options.processes
+             : ctx.options.quick            ? std::vector<int>{1, 2}
+                                            : std::vector<int>{1, 4, 8};
+  m.rounds = ctx.options.quick ? 5 : 100;
+  for (auto* runs : {&m.base, &m.base_pageable, &m.mps, &m.mps_pageable, &m.one_context,
+                     &m.one_context_batched}) {
+    runs->resize(m.counts.size());
+  }
+  if (ctx.baseline) MeasureSharingBaseline(ctx, m);
+  m.with_mps = ctx.mps && ctx.mps->available();
+  if (m.with_mps) MeasureSharingMps(ctx, m);
+  MeasureSharingTargets(ctx, m);
   std::vector<Table> tables = BuildTables(
-      ctx, "sharing",
-      [&](int which) {
-        std::vector<Row> rows;
-        for (size_t i = 0; i < counts.size(); ++i) {
-          std::string n = std::to_string(counts[i]) + (counts[i] == 1 ? " process" : " processes");
-          const SharingRun* b = ctx.baseline ? &base[i] : nullptr;
-          const SharingRun* m = with_mps ? &mps[i] : nullptr;
-          const SharingRun* b_pageable = ctx.baseline ? &base_pageable[i] : nullptr;
-          const SharingRun* m_pageable = with_mps ? &mps_pageable[i] : nullptr;
-          if (which == kNoTarget) {  // baseline only: a row per count and host memory
-            rows.push_back(SharingRow(n, counts[i], nullptr, b, m, ctx));
-            Row pageable =
-                SharingRow(n + ", pageable", counts[i], nullptr, b_pageable, m_pageable, ctx);
-            pageable.tags.push_back({"baseline", "pageable"});
-            rows.push_back(std::move(pageable));
-            continue;
-          }
-          for (size_t r = 0; r < std::size(kRoutes); ++r) {
-            SharingRun d;
-            if (which >= 0) d = daemon[which][i][r];
-            if (which == kAllTargets) {
-              for (auto& t : daemon) d.Merge(t[i][r]);
-            }
-            std::string target = which >= 0 ? ctx.targets[which].target : "";
-            Row row =
-                SharingRow(n + ", " + RouteLabel(kRoutes[r], target), counts[i], &d, b, m, ctx);
-            row.tags.push_back({"route", RouteLabel(kRoutes[r], target)});
-            rows.push_back(std::move(row));
-            if (kRoutes[r] != Route::kBlocking) continue;
-            // The blocking route again, against processes that copy from ordinary memory.
-            Row pageable = SharingRow(n + ", blocking vs pageable", counts[i], &d, b_pageable,
-                                      m_pageable, ctx);
-            pageable.tags.push_back({"route", "blocking"});
-            pageable.tags.push_back({"baseline", "pageable"});
-            rows.push_back(std::move(pageable));
-          }
-        }
-        return rows;
-      },
-      [&](int which) {
-        std::vector<std::string> notes = {
-            "each process: " + std::to_string(rounds) + " rounds of " +
-                std::to_string(kOpsPerRound) +
-                " axpy(256) in one submit + upload and "
-                "download of 1 MiB; all processes start together",
-            "blocking = upload_bytes/download_bytes from ordinary memory; pinned = one "
-            "PinnedBuffer (memory the daemon registered) moved through "
-            "upload_pending/download_pending + wait() each round (pinned-inline: tcp target, "
-            "bytes inline)",
-            "ops/s (small ops), GB/s: all processes' work / the slowest process's time; round "
-            "p50/p99 over all rounds of all processes; max/min = slowest / fastest process's "
-            "elapsed time (target <= 1.25)",
-            "daemon: one session per process through the target; baseline: each process in "
-            "process on its own device (own " +
-                std::string(ctx.baseline ? ctx.baseline->backend : "device") +
-                (ctx.baseline && ctx.baseline->backend == "cuda" ? " context" : " emulation") +
-                "), copying from a registered buffer; the same baseline figures on both routes' "
-                "rows",
-            "blocking vs pageable: the blocking route's figures against baseline (and MPS) "
-            "processes that copy from ordinary, unregistered (pageable) memory, as a program "
-            "whose bytes are in ordinary memory does without a daemon"};
-        std::string mps_note = MpsNote(ctx, "the baseline's processes");
-        if (!mps_note.empty()) notes.push_back(mps_note);
-        if (which == kAllTargets) notes.push_back("all targets: summed, samples pooled");
-        return notes;
-      });
-  if (ctx.baseline) {
-    Table t;
-    t.scenario = "sharing";
-    t.target = "";
-    t.daemon_label = "one context";
-    t.baseline_label = "own contexts";
-    t.baseline_description = "threads of one process on one device, against own processes";
-    for (size_t i = 0; i < counts.size(); ++i) {
-      const SharingRun* m = with_mps ? &mps[i] : nullptr;
-      for (bool batched : {false, true}) {
-        const SharingRun& one = batched ? one_context_batched[i] : one_context[i];
-        Row row = SharingRow(std::to_string(counts[i]) + " threads, " +
-                                 (batched ? "batched" : "one launch per axpy"),
-                             counts[i], &one, &base[i], m, ctx);
-        row.tags.push_back({"arm", batched ? "one-context-batched" : "one-context"});
-        t.rows.push_back(std::move(row));
-      }
-    }
-    t.notes = {"one context: N threads of this process, each on its own stream of one " +
-                   ctx.baseline->backend +
-                   " device, running the processes' rounds at once (no RPC, no hand-off between "
-                   "threads): the ceiling of any daemon that owns one context; batched = the 64 "
-                   "axpy as one batch (BeginBatch/EndBatch), as ferryd sends a submit's kernels "
-                   "(on CUDA one fused kernel, as in ferryd unless --fuse-elementwise=false)",
-               "own contexts and MPS: the same figures as the table above"};
-    tables.push_back(std::move(t));
-  }
+      ctx, "sharing", [&](int which) { return SharingRows(ctx, m, which); },
+      [&](int which) { return SharingNotes(ctx, m, which); });
+  if (ctx.baseline) tables.push_back(OneContextTable(ctx, m));
   return tables;
 }
 

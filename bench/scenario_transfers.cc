@@ -45,6 +45,7 @@
 #include <cstring>
 #include <iterator>
 #include <map>
+#include <optional>
 #include <tuple>
 
 #include "bench.h"
@@ -367,9 +368,9 @@ Row MakeRow(const Case& c, const Samples* daemon, const Samples* base,
   return r;
 }
 
-}  // namespace
-
-std::vector<Table> RunTransfers(Context& ctx) {
+/// Every upload and download case, route by route: each size of the run for the blocking and
+/// pending routes, the sizes that stream for the streamed route.
+std::vector<Case> TransferCases(const Context& ctx) {
   std::vector<Case> cases;
   for (Route route : kRoutes) {
     for (Direction dir : {Direction::kUpload, Direction::kDownload}) {
@@ -382,197 +383,236 @@ std::vector<Table> RunTransfers(Context& ctx) {
       }
     }
   }
+  return cases;
+}
 
-  // Baseline first: one stream on the in-process device, one measurement per direction and
-  // size, shared by both routes' rows.
+/// What the transfers scenario measured: the in-process baseline (empty without --baseline)
+/// and, per target, one Samples per case and per first-download size.
+struct TransferMeasurements {
+  std::vector<Case> cases;
+  std::vector<int> first_iterations;  // per kFirstDownloadSizes entry
+  // Baseline: one measurement per direction and size, shared by both routes' rows.
   // Key: direction, size, streamed.
   std::map<std::tuple<Direction, uint64_t, bool>, Samples> base;
-  auto base_key = [](const Case& c) {
+  std::vector<Samples> base_first;      // per kFirstDownloadSizes entry
+  const Case* pageable_case = nullptr;  // the blocking upload compared with a pageable copy
+  Samples base_pageable;
+  std::vector<std::vector<Samples>> daemon;        // [target][case]
+  std::vector<std::vector<Samples>> daemon_first;  // [target][first-download size]
+  // Split pending transfers, per target: "256 MiB as 4 x 64 MiB".
+  std::vector<std::vector<std::string>> splits;
+  std::vector<uint64_t> slab_sizes;  // per target; 0 when remote
+
+  static std::tuple<Direction, uint64_t, bool> BaseKey(const Case& c) {
     return std::make_tuple(c.dir, c.bytes, c.route == Route::kStreamed);
-  };
-  if (ctx.baseline) {
+  }
+  /// The baseline samples of `c`'s direction and size, or null without a baseline.
+  const Samples* BaseOf(const Case& c) const {
+    auto it = base.find(BaseKey(c));
+    return it == base.end() ? nullptr : &it->second;
+  }
+};
+
+/// Measure the in-process baseline, one stream on the device per kind of measurement: every
+/// case's direction and size, the first downloads, and the pageable upload. Needs
+/// ctx.baseline.
+void MeasureTransferBaseline(Context& ctx, TransferMeasurements& m) {
+  {
     auto stream = Check(ctx.baseline->device->CreateStream(), "baseline CreateStream");
-    for (const Case& c : cases) {
-      if (base.count(base_key(c))) continue;
+    for (const Case& c : m.cases) {
+      if (m.base.count(m.BaseKey(c))) continue;
       ctx.progress->Case("baseline " + std::string(DirName(c.dir)) + " " +
                          (c.route == Route::kStreamed ? "streamed " : "") + FormatBytes(c.bytes));
-      base[base_key(c)] = c.route == Route::kStreamed
-                              ? BaselineStreamedCase(*ctx.baseline->device, *stream, c)
-                              : BaselineCase(*ctx.baseline->device, *stream, c);
+      m.base[m.BaseKey(c)] = c.route == Route::kStreamed
+                                 ? BaselineStreamedCase(*ctx.baseline->device, *stream, c)
+                                 : BaselineCase(*ctx.baseline->device, *stream, c);
     }
   }
-  const size_t n_first = std::size(kFirstDownloadSizes);
-  std::vector<int> first_iterations;
-  for (uint64_t bytes : kFirstDownloadSizes) first_iterations.push_back(IterationsFor(ctx, bytes));
-  std::vector<Samples> base_first(n_first);
-  if (ctx.baseline) {
+  {
     auto stream = Check(ctx.baseline->device->CreateStream(), "baseline CreateStream");
-    for (size_t i = 0; i < n_first; ++i) {
+    for (size_t i = 0; i < std::size(kFirstDownloadSizes); ++i) {
       ctx.progress->Case("baseline create + first download " + FormatBytes(kFirstDownloadSizes[i]));
-      base_first[i] = BaselineFirstDownload(*ctx.baseline->device, *stream, kFirstDownloadSizes[i],
-                                            first_iterations[i]);
+      m.base_first[i] = BaselineFirstDownload(*ctx.baseline->device, *stream,
+                                              kFirstDownloadSizes[i], m.first_iterations[i]);
     }
   }
-  const Case* pageable_case = PageableCase(cases);
-  Samples base_pageable;
-  if (ctx.baseline && pageable_case) {
+  if (m.pageable_case) {
     auto stream = Check(ctx.baseline->device->CreateStream(), "baseline CreateStream");
-    ctx.progress->Case("baseline pageable upload " + FormatBytes(pageable_case->bytes));
-    base_pageable = BaselineCase(*ctx.baseline->device, *stream, *pageable_case, false);
+    ctx.progress->Case("baseline pageable upload " + FormatBytes(m.pageable_case->bytes));
+    m.base_pageable = BaselineCase(*ctx.baseline->device, *stream, *m.pageable_case, false);
   }
-  auto base_of = [&](const Case& c) -> const Samples* {
-    auto it = base.find(base_key(c));
-    return it == base.end() ? nullptr : &it->second;
-  };
+}
 
-  // Each target in turn, one session for all its cases.
-  std::vector<std::vector<Samples>> daemon(ctx.targets.size());
-  std::vector<std::vector<Samples>> daemon_first(ctx.targets.size());
-  // Split pending transfers, per target: "256 MiB as 4 x 64 MiB".
-  std::vector<std::vector<std::string>> splits(ctx.targets.size());
-  std::vector<uint64_t> slab_sizes(ctx.targets.size(), 0);
-  for (size_t t = 0; t < ctx.targets.size(); ++t) {
-    const std::string& target = ctx.targets[t].target;
-    auto client = Check(Connect(target), "connect " + target);
-    auto session = Check(client.open_session(), "open_session");
-    slab_sizes[t] = session.slab_size();
-    for (const Case& c : cases) {
-      ctx.progress->Case(target + " " + c.label(RouteLabel(c.route, target)));
-      if (c.route == Route::kStreamed) {
-        daemon[t].push_back(DaemonStreamedCase(session, c, ctx.options.stream_depth));
-      } else if (c.route == Route::kPending) {
-        PendingInfo info;
-        daemon[t].push_back(DaemonPendingCase(session, c, &info));
-        std::string split = FormatBytes(c.bytes) + " as " + std::to_string(info.parts) + " x " +
-                            FormatBytes(info.part_bytes);
-        if (info.parts > 1 && c.dir == Direction::kUpload) splits[t].push_back(split);
-      } else {
-        daemon[t].push_back(DaemonCase(session, c));
-      }
+/// Measure every case and first download on target `t`, one session for all of them.
+void MeasureTransferTarget(Context& ctx, size_t t, TransferMeasurements& m) {
+  const std::string& target = ctx.targets[t].target;
+  auto client = Check(Connect(target), "connect " + target);
+  auto session = Check(client.open_session(), "open_session");
+  m.slab_sizes[t] = session.slab_size();
+  for (const Case& c : m.cases) {
+    ctx.progress->Case(target + " " + c.label(RouteLabel(c.route, target)));
+    if (c.route == Route::kStreamed) {
+      m.daemon[t].push_back(DaemonStreamedCase(session, c, ctx.options.stream_depth));
+    } else if (c.route == Route::kPending) {
+      PendingInfo info;
+      m.daemon[t].push_back(DaemonPendingCase(session, c, &info));
+      std::string split = FormatBytes(c.bytes) + " as " + std::to_string(info.parts) + " x " +
+                          FormatBytes(info.part_bytes);
+      if (info.parts > 1 && c.dir == Direction::kUpload) m.splits[t].push_back(split);
+    } else {
+      m.daemon[t].push_back(DaemonCase(session, c));
     }
-    for (size_t i = 0; i < n_first; ++i) {
-      ctx.progress->Case(target + " create + first download " +
-                         FormatBytes(kFirstDownloadSizes[i]));
-      daemon_first[t].push_back(
-          DaemonFirstDownload(session, kFirstDownloadSizes[i], first_iterations[i]));
-    }
-    Check(session.close().status(), "close");
   }
+  for (size_t i = 0; i < std::size(kFirstDownloadSizes); ++i) {
+    ctx.progress->Case(target + " create + first download " + FormatBytes(kFirstDownloadSizes[i]));
+    m.daemon_first[t].push_back(
+        DaemonFirstDownload(session, kFirstDownloadSizes[i], m.first_iterations[i]));
+  }
+  Check(session.close().status(), "close");
+}
 
-  auto notes = [&](int which) {
-    std::string target = which >= 0 ? ctx.targets[which].target : "";
-    std::vector<std::string> n = {
-        "time = call until the bytes are there, one transfer at a time (streamed: see below); "
-        "GB/s = bytes / p50 time (1 GB = 1e9 B)",
-        "pending = upload_pending/download_pending with PinnedBuffers allocated once per size "
-        "and moved through every transfer (buffer and tensor taken back from wait()); "
-        "through a shared-memory slab on a unix target, bytes inline on a tcp target "
-        "(pending-inline)",
-        "streamed = the pending route kept " + std::to_string(ctx.options.stream_depth) +
-            " transfers deep (the oldest waited for, its buffer reissued); time = round time "
-            "/ transfers; baseline: the same copies enqueued back to back on one stream, one "
-            "wait",
-        "blocking = Session::upload_bytes/download_bytes from ordinary host memory",
-        "baseline = registered (pinned) host buffer, backend copy + OnComplete, waited on; the "
-        "same baseline samples for both routes",
-        "'vs in-process pageable' row: the blocking upload against an in-process copy from "
-        "ordinary, unregistered (pageable) memory, waited on",
-        "create + first download = a new tensor downloaded before anything was written to it, "
-        "timed from the create: new tensors are zeroed, so against 'download "
-        "blocking' of the same size this is the cost of creating and zeroing; baseline: "
-        "Stream::Allocate (zeroing too) + copy + wait"};
+/// The note on target `which`'s slab size and how pending transfers were split to fit it
+/// (or that a remote target has none); empty for a local target without a slab.
+std::optional<std::string> SlabNote(const Context& ctx, const TransferMeasurements& m, int which) {
+  if (m.slab_sizes[which] > 0) {
+    std::string s = "slab size " + FormatBytes(m.slab_sizes[which]) + "; ";
+    if (m.splits[which].empty()) {
+      s += "every pending transfer fit one pinned buffer";
+    } else {
+      s += "pending transfers above it go as slab-sized parts issued back to back and "
+           "waited together (the time covers all parts):";
+      for (const auto& x : m.splits[which]) s += " " + x + ";";
+      s.pop_back();
+    }
+    return s;
+  }
+  if (IsRemote(ctx.targets[which].target)) {
+    return "remote target: no slabs; pending buffers are ordinary memory";
+  }
+  return std::nullopt;
+}
+
+/// The notes under the transfers table of `which` (a target, kAllTargets or kNoTarget).
+std::vector<std::string> TransferNotes(const Context& ctx, const TransferMeasurements& m,
+                                       int which) {
+  std::string target = which >= 0 ? ctx.targets[which].target : "";
+  std::vector<std::string> n = {
+      "time = call until the bytes are there, one transfer at a time (streamed: see below); "
+      "GB/s = bytes / p50 time (1 GB = 1e9 B)",
+      "pending = upload_pending/download_pending with PinnedBuffers allocated once per size "
+      "and moved through every transfer (buffer and tensor taken back from wait()); "
+      "through a shared-memory slab on a unix target, bytes inline on a tcp target "
+      "(pending-inline)",
+      "streamed = the pending route kept " + std::to_string(ctx.options.stream_depth) +
+          " transfers deep (the oldest waited for, its buffer reissued); time = round time "
+          "/ transfers; baseline: the same copies enqueued back to back on one stream, one "
+          "wait",
+      "blocking = Session::upload_bytes/download_bytes from ordinary host memory",
+      "baseline = registered (pinned) host buffer, backend copy + OnComplete, waited on; the "
+      "same baseline samples for both routes",
+      "'vs in-process pageable' row: the blocking upload against an in-process copy from "
+      "ordinary, unregistered (pageable) memory, waited on",
+      "create + first download = a new tensor downloaded before anything was written to it, "
+      "timed from the create: new tensors are zeroed, so against 'download "
+      "blocking' of the same size this is the cost of creating and zeroing; baseline: "
+      "Stream::Allocate (zeroing too) + copy + wait"};
+  if (which >= 0) {
+    if (auto slab = SlabNote(ctx, m, which)) n.push_back(std::move(*slab));
+  }
+  const TransportFigures& tf = ctx.TransportFor(target);
+  bool has_bulk_size = std::any_of(m.cases.begin(), m.cases.end(),
+                                   [&](const Case& c) { return c.bytes == tf.bulk_bytes; });
+  if (tf.measured && !target.empty() && has_bulk_size) {
+    n.push_back(
+        "'vs gRPC' rows: the same 8 MiB transfer against a bare gRPC 8 MiB message "
+        "(transports table), same socket kind");
+  }
+  if (which == kAllTargets) n.push_back("all targets: the samples of every target pooled");
+  return n;
+}
+
+/// Append the rows comparing target's 8 MiB transfers `d` (one Samples per case) with bare
+/// gRPC bulk messages of the same size; none when the transports were not measured.
+void AppendGrpcRows(const Context& ctx, const TransferMeasurements& m, const std::string& target,
+                    const std::vector<Samples>& d, std::vector<Row>* rows) {
+  const TransportFigures& tf = ctx.TransportFor(target);
+  if (!tf.measured) return;
+  for (size_t i = 0; i < m.cases.size(); ++i) {
+    if (m.cases[i].bytes != tf.bulk_bytes) continue;
+    const Samples& g = m.cases[i].dir == Direction::kUpload ? tf.grpc_bulk_up : tf.grpc_bulk_down;
+    Row r = MakeRow(m.cases[i], &d[i], &g, RouteLabel(m.cases[i].route, target));
+    r.label += " vs gRPC";
+    r.tags.push_back({"baseline", "grpc_bulk"});
+    r.summaries.back().first = "grpc_bulk";
+    rows->push_back(std::move(r));
+  }
+}
+
+/// One row per case for the transfers table of `which` (a target, kAllTargets or
+/// kNoTarget, where only the baseline shows, once per kind).
+std::vector<Row> TransferCaseRows(const Context& ctx, const TransferMeasurements& m, int which) {
+  std::vector<Row> rows;
+  for (size_t i = 0; i < m.cases.size(); ++i) {
+    const Case& c = m.cases[i];
+    const Samples* b = m.BaseOf(c);
     if (which >= 0) {
-      if (slab_sizes[which] > 0) {
-        std::string s = "slab size " + FormatBytes(slab_sizes[which]) + "; ";
-        if (splits[which].empty()) {
-          s += "every pending transfer fit one pinned buffer";
-        } else {
-          s += "pending transfers above it go as slab-sized parts issued back to back and "
-               "waited together (the time covers all parts):";
-          for (const auto& x : splits[which]) s += " " + x + ";";
-          s.pop_back();
-        }
-        n.push_back(s);
-      } else if (IsRemote(target)) {
-        n.push_back("remote target: no slabs; pending buffers are ordinary memory");
-      }
+      rows.push_back(
+          MakeRow(c, &m.daemon[which][i], b, RouteLabel(c.route, ctx.targets[which].target)));
+    } else if (which == kAllTargets) {
+      Samples pooled = PooledSamples(m.daemon, kAllTargets, i);
+      rows.push_back(MakeRow(c, &pooled, b));
+    } else if (c.route != Route::kPending) {  // baseline only: once per kind
+      Row r = MakeRow(c, nullptr, b);
+      r.label = std::string(DirName(c.dir)) + " " +
+                (c.route == Route::kStreamed ? "streamed " : "") + FormatBytes(c.bytes);
+      rows.push_back(std::move(r));
     }
-    const TransportFigures& tf = ctx.TransportFor(target);
-    bool has_bulk_size = std::any_of(cases.begin(), cases.end(),
-                                     [&](const Case& c) { return c.bytes == tf.bulk_bytes; });
-    if (tf.measured && !target.empty() && has_bulk_size) {
-      n.push_back(
-          "'vs gRPC' rows: the same 8 MiB transfer against a bare gRPC 8 MiB message "
-          "(transports table), same socket kind");
-    }
-    if (which == kAllTargets) n.push_back("all targets: the samples of every target pooled");
-    return n;
-  };
-  // Rows comparing 8 MiB transfers with bare gRPC bulk messages of the same size.
-  auto grpc_rows = [&](const std::string& target, const std::vector<Samples>& d,
-                       std::vector<Row>* rows) {
-    const TransportFigures& tf = ctx.TransportFor(target);
-    if (!tf.measured) return;
-    for (size_t i = 0; i < cases.size(); ++i) {
-      if (cases[i].bytes != tf.bulk_bytes) continue;
-      const Samples& g = cases[i].dir == Direction::kUpload ? tf.grpc_bulk_up : tf.grpc_bulk_down;
-      Row r = MakeRow(cases[i], &d[i], &g, RouteLabel(cases[i].route, target));
-      r.label += " vs gRPC";
-      r.tags.push_back({"baseline", "grpc_bulk"});
-      r.summaries.back().first = "grpc_bulk";
-      rows->push_back(std::move(r));
-    }
-  };
+  }
+  return rows;
+}
 
+/// Every row of the transfers table of `which` (a target, kAllTargets or kNoTarget).
+std::vector<Row> TransferRows(const Context& ctx, const TransferMeasurements& m, int which) {
+  std::vector<Row> rows = TransferCaseRows(ctx, m, which);
+  if (which >= 0) AppendGrpcRows(ctx, m, ctx.targets[which].target, m.daemon[which], &rows);
+  // The blocking upload against the in-process pageable copy.
+  if (ctx.baseline && m.pageable_case && which != kNoTarget) {
+    size_t i = static_cast<size_t>(m.pageable_case - m.cases.data());
+    Samples pooled = PooledSamples(m.daemon, which, i);
+    Row r = MakeRow(*m.pageable_case, &pooled, &m.base_pageable);
+    r.label += " vs in-process pageable";
+    r.tags.push_back({"baseline", "pageable"});
+    r.summaries.back().first = "pageable";
+    rows.push_back(std::move(r));
+  }
+  for (size_t i = 0; i < std::size(kFirstDownloadSizes); ++i) {
+    const Samples* b = ctx.baseline ? &m.base_first[i] : nullptr;
+    Samples pooled = PooledSamples(m.daemon_first, which, i);
+    rows.push_back(FirstDownloadRow(kFirstDownloadSizes[i], m.first_iterations[i],
+                                    which == kNoTarget ? nullptr : &pooled, b));
+  }
+  return rows;
+}
+
+}  // namespace
+
+std::vector<Table> RunTransfers(Context& ctx) {
+  TransferMeasurements m;
+  m.cases = TransferCases(ctx);
+  for (uint64_t bytes : kFirstDownloadSizes)
+    m.first_iterations.push_back(IterationsFor(ctx, bytes));
+  m.base_first.resize(std::size(kFirstDownloadSizes));
+  m.pageable_case = PageableCase(m.cases);
+  // Baseline first, then each target in turn.
+  if (ctx.baseline) MeasureTransferBaseline(ctx, m);
+  m.daemon.resize(ctx.targets.size());
+  m.daemon_first.resize(ctx.targets.size());
+  m.splits.resize(ctx.targets.size());
+  m.slab_sizes.assign(ctx.targets.size(), 0);
+  for (size_t t = 0; t < ctx.targets.size(); ++t) MeasureTransferTarget(ctx, t, m);
   return BuildTables(
-      ctx, "transfers",
-      [&](int which) {
-        std::vector<Row> rows;
-        for (size_t i = 0; i < cases.size(); ++i) {
-          const Samples* b = base_of(cases[i]);
-          if (which >= 0) {
-            rows.push_back(MakeRow(cases[i], &daemon[which][i], b,
-                                   RouteLabel(cases[i].route, ctx.targets[which].target)));
-          } else if (which == kAllTargets) {
-            Samples pooled;  // every target's samples of this case
-            for (auto& d : daemon) pooled.Append(d[i]);
-            rows.push_back(MakeRow(cases[i], &pooled, b));
-          } else if (cases[i].route != Route::kPending) {  // baseline only: once per kind
-            Row r = MakeRow(cases[i], nullptr, b);
-            r.label = std::string(DirName(cases[i].dir)) + " " +
-                      (cases[i].route == Route::kStreamed ? "streamed " : "") +
-                      FormatBytes(cases[i].bytes);
-            rows.push_back(std::move(r));
-          }
-        }
-        if (which >= 0) grpc_rows(ctx.targets[which].target, daemon[which], &rows);
-        // The blocking upload against the in-process pageable copy.
-        if (ctx.baseline && pageable_case && which != kNoTarget) {
-          size_t i = static_cast<size_t>(pageable_case - cases.data());
-          Samples pooled;
-          for (size_t t = 0; t < daemon.size(); ++t) {
-            if (which == kAllTargets || which == static_cast<int>(t)) pooled.Append(daemon[t][i]);
-          }
-          Row r = MakeRow(*pageable_case, &pooled, &base_pageable);
-          r.label += " vs in-process pageable";
-          r.tags.push_back({"baseline", "pageable"});
-          r.summaries.back().first = "pageable";
-          rows.push_back(std::move(r));
-        }
-        for (size_t i = 0; i < n_first; ++i) {
-          const Samples* b = ctx.baseline ? &base_first[i] : nullptr;
-          Samples pooled;
-          for (size_t t = 0; t < ctx.targets.size(); ++t) {
-            if (which == kAllTargets || which == static_cast<int>(t)) {
-              pooled.Append(daemon_first[t][i]);
-            }
-          }
-          rows.push_back(FirstDownloadRow(kFirstDownloadSizes[i], first_iterations[i],
-                                          which == kNoTarget ? nullptr : &pooled, b));
-        }
-        return rows;
-      },
-      notes);
+      ctx, "transfers", [&](int which) { return TransferRows(ctx, m, which); },
+      [&](int which) { return TransferNotes(ctx, m, which); });
 }
 
 }  // namespace ferry::bench

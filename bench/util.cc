@@ -181,4 +181,31 @@ void Die(const std::string& what) {
   std::exit(2);
 }
 
+RoundTensors CreateRoundTensors(Session& s, uint64_t bytes, int64_t axpy_elements) {
+  RoundTensors r;
+  r.t = s.create_tensor<uint8_t>({static_cast<int64_t>(bytes)});
+  r.x = s.create_tensor<float>({axpy_elements});
+  r.y = s.create_tensor<float>({axpy_elements});
+  s.fill(r.x, 1.0);
+  s.fill(r.y, 0.0);
+  return r;
+}
+
+void PendingRoundTrip(Session& s, bool upload, PinnedBuffer& pinned, Tensor& t) {
+  PendingTransfer p = upload ? s.upload_pending(std::move(pinned), std::move(t))
+                             : s.download_pending(std::move(t), std::move(pinned));
+  Transfer done = p.wait();
+  Check(done.status, upload ? "upload_pending" : "download_pending");
+  pinned = std::move(done.buffer);
+  t = std::move(done.tensor);
+}
+
+Samples PooledSamples(const std::vector<std::vector<Samples>>& per_target, int which, size_t i) {
+  Samples pooled;
+  for (size_t t = 0; t < per_target.size(); ++t) {
+    if (which == kAllTargets || which == static_cast<int>(t)) pooled.Append(per_target[t][i]);
+  }
+  return pooled;
+}
+
 }  // namespace ferry::bench

@@ -36,16 +36,23 @@ bool AllDigits(const std::string& s) {
   return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
+// The client options that say how to reach the daemon securely: the TLS files and the
+// bearer token of the command line; the rest libferry's defaults.
+ClientOptions SecureClientOptions(const Options& options) {
+  ClientOptions o;
+  o.tls_ca_cert = options.tls_ca;
+  o.tls_client_cert = options.tls_cert;
+  o.tls_client_key = options.tls_key;
+  o.bearer_token = options.token;
+  return o;
+}
+
 // One connection to a daemon's Admin service; every call has the options' deadline. The
 // channel (TLS, bearer token) is libferry's (client/src/admin_client.h).
 class AdminConnection {
  public:
   explicit AdminConnection(const Options& options) {
-    ClientOptions o;
-    o.tls_ca_cert = options.tls_ca;
-    o.tls_client_cert = options.tls_cert;
-    o.tls_client_key = options.tls_key;
-    o.bearer_token = options.token;
+    ClientOptions o = SecureClientOptions(options);
     auto client = internal::AdminClient::Create(FerryTarget(options.target), o, options.timeout);
     if (client.ok()) {
       client_ = std::move(*client);
@@ -169,6 +176,84 @@ struct CanaryResult {
   double total_ms = 0;
 };
 
+// The canary's f32 patterns x and y, multiples of 1/4 well inside f32's exact range, and
+// the z = 2x + 0.5y every backend computes from them exactly.
+struct CanaryPatterns {
+  std::vector<float> x, y, expect;
+};
+CanaryPatterns MakeCanaryPatterns(uint64_t n) {
+  CanaryPatterns p{std::vector<float>(n), std::vector<float>(n), std::vector<float>(n)};
+  for (uint64_t i = 0; i < n; ++i) {
+    p.x[i] = static_cast<float>(i % 1021) * 0.25f - 127.5f;
+    p.y[i] = static_cast<float>(i % 509) * 0.5f - 64.0f;
+    p.expect[i] = 2.0f * p.x[i] + 0.5f * p.y[i];
+  }
+  return p;
+}
+
+// Upload the patterns into tx and ty, compute tz = 2x + 0.5y (scale then axpy), download it
+// into *z and synchronize, timing the upload and the rest into r. False, with r.detail
+// saying which step failed, when one did.
+bool CanaryRoundTrip(Session& session, const CanaryPatterns& p, const Tensor& tx, const Tensor& ty,
+                     const Tensor& tz, std::vector<float>* z, CanaryResult& r) {
+  auto t = Clock::now();
+  if (Status s = session.upload(tx, p.x); !s.ok()) {
+    r.detail = "upload: " + s.ToString();
+    return false;
+  }
+  if (Status s = session.upload(ty, p.y); !s.ok()) {
+    r.detail = "upload: " + s.ToString();
+    return false;
+  }
+  r.upload_ms = MillisSince(t);
+  t = Clock::now();
+  session.scale(tx, 2.0, tz);
+  session.axpy(0.5, ty, tz);
+  auto downloaded = session.download<float>(tz);
+  r.compute_download_ms = MillisSince(t);
+  if (!downloaded.ok()) {
+    r.detail = "scale+axpy+download: " + downloaded.status().ToString();
+    return false;
+  }
+  if (Status s = session.synchronize(); !s.ok()) {
+    r.detail = "synchronize: " + s.ToString();
+    return false;
+  }
+  *z = std::move(*downloaded);
+  return true;
+}
+
+// The detail of a canary that got `z` back instead of `expect`: how many elements are wrong
+// (into r.mismatches) and the first of them; "" when every element matches.
+std::string CanaryMismatches(const std::vector<float>& z, const std::vector<float>& expect,
+                             CanaryResult& r) {
+  const uint64_t n = expect.size();
+  uint64_t first_bad = n;
+  for (uint64_t i = 0; i < n; ++i) {
+    if (z[i] != expect[i]) {
+      if (r.mismatches++ == 0) first_bad = i;
+    }
+  }
+  if (r.mismatches == 0) return "";
+  char buf[160];
+  std::snprintf(buf, sizeof(buf), "%llu of %llu elements wrong; first at %llu: got %g, want %g",
+                static_cast<unsigned long long>(r.mismatches), static_cast<unsigned long long>(n),
+                static_cast<unsigned long long>(first_bad), static_cast<double>(z[first_bad]),
+                static_cast<double>(expect[first_bad]));
+  return buf;
+}
+
+// The detail of a canary that passed: what moved, and how long each step took.
+std::string CanaryPassed(const CanaryResult& r) {
+  const uint64_t n = r.elements;
+  return std::to_string(n) + " f32 elements: uploaded " + HumanBytes(2 * n * sizeof(float)) +
+         ", ran scale+axpy, downloaded " + HumanBytes(n * sizeof(float)) +
+         ", every element matches; took " + HumanMillis(r.total_ms) + " (connect " +
+         HumanMillis(r.connect_ms) + ", open " + HumanMillis(r.open_ms) + ", upload " +
+         HumanMillis(r.upload_ms) + ", compute+download " + HumanMillis(r.compute_download_ms) +
+         ", close " + HumanMillis(r.close_ms) + ")";
+}
+
 // Upload two known f32 patterns, z = 2x + 0.5y on the device (scale then axpy), download z
 // and compare every element. The patterns are multiples of 1/4 well inside f32's exact
 // range, so the result is exact on every backend: any difference is corruption.
@@ -177,20 +262,11 @@ CanaryResult RunCanary(const Options& options) {
   const uint64_t n = options.canary_elements;
   r.elements = n;
   auto start = Clock::now();
-  std::vector<float> x(n), y(n), expect(n);
-  for (uint64_t i = 0; i < n; ++i) {
-    x[i] = static_cast<float>(i % 1021) * 0.25f - 127.5f;
-    y[i] = static_cast<float>(i % 509) * 0.5f - 64.0f;
-    expect[i] = 2.0f * x[i] + 0.5f * y[i];
-  }
+  const CanaryPatterns patterns = MakeCanaryPatterns(n);
   auto t = Clock::now();
-  ClientOptions client_options;
+  ClientOptions client_options = SecureClientOptions(options);
   client_options.client_name = "ferryctl-canary";
   client_options.connect_timeout = options.timeout;
-  client_options.tls_ca_cert = options.tls_ca;
-  client_options.tls_client_cert = options.tls_cert;
-  client_options.tls_client_key = options.tls_key;
-  client_options.bearer_token = options.token;
   auto client = Client::connect(FerryTarget(options.target), client_options);
   r.connect_ms = MillisSince(t);
   if (!client.ok()) {
@@ -210,46 +286,15 @@ CanaryResult RunCanary(const Options& options) {
   Tensor tx = session->create_tensor<float>(shape);
   Tensor ty = session->create_tensor<float>(shape);
   Tensor tz = session->create_tensor<float>(shape);
-  t = Clock::now();
-  if (Status s = session->upload(tx, x); !s.ok()) {
-    r.detail = "upload: " + s.ToString();
-    return r;
-  }
-  if (Status s = session->upload(ty, y); !s.ok()) {
-    r.detail = "upload: " + s.ToString();
-    return r;
-  }
-  r.upload_ms = MillisSince(t);
-  t = Clock::now();
-  session->scale(tx, 2.0, tz);
-  session->axpy(0.5, ty, tz);
-  auto z = session->download<float>(tz);
-  r.compute_download_ms = MillisSince(t);
-  if (!z.ok()) {
-    r.detail = "scale+axpy+download: " + z.status().ToString();
-    return r;
-  }
-  if (Status s = session->synchronize(); !s.ok()) {
-    r.detail = "synchronize: " + s.ToString();
-    return r;
-  }
-  uint64_t first_bad = n;
-  for (uint64_t i = 0; i < n; ++i) {
-    if ((*z)[i] != expect[i]) {
-      if (r.mismatches++ == 0) first_bad = i;
-    }
-  }
+  std::vector<float> z;
+  if (!CanaryRoundTrip(*session, patterns, tx, ty, tz, &z, r)) return r;
+  std::string mismatches = CanaryMismatches(z, patterns.expect, r);
   t = Clock::now();
   auto closed = session->close();
   r.close_ms = MillisSince(t);
   r.total_ms = MillisSince(start);
   if (r.mismatches > 0) {
-    char buf[160];
-    std::snprintf(buf, sizeof(buf), "%llu of %llu elements wrong; first at %llu: got %g, want %g",
-                  static_cast<unsigned long long>(r.mismatches), static_cast<unsigned long long>(n),
-                  static_cast<unsigned long long>(first_bad), static_cast<double>((*z)[first_bad]),
-                  static_cast<double>(expect[first_bad]));
-    r.detail = buf;
+    r.detail = mismatches;
     return r;
   }
   if (!closed.ok()) {
@@ -257,12 +302,7 @@ CanaryResult RunCanary(const Options& options) {
     return r;
   }
   r.ok = true;
-  r.detail = std::to_string(n) + " f32 elements: uploaded " + HumanBytes(2 * n * sizeof(float)) +
-             ", ran scale+axpy, downloaded " + HumanBytes(n * sizeof(float)) +
-             ", every element matches; took " + HumanMillis(r.total_ms) + " (connect " +
-             HumanMillis(r.connect_ms) + ", open " + HumanMillis(r.open_ms) + ", upload " +
-             HumanMillis(r.upload_ms) + ", compute+download " + HumanMillis(r.compute_download_ms) +
-             ", close " + HumanMillis(r.close_ms) + ")";
+  r.detail = CanaryPassed(r);
   return r;
 }
 
@@ -477,62 +517,47 @@ int FetchSessions(const Options& options, v1::ListSessionsReply* reply, std::ost
   return s.ok() ? kExitOk : ReportRpcFailure(options, s, err);
 }
 
-int RunSessions(const Options& options, std::ostream& out, std::ostream& err) {
-  AdminConnection admin(options);
-  v1::ListSessionsReply reply;
-  RpcStatus s = admin.ListSessions(&reply);
-  if (!s.ok()) return ReportRpcFailure(options, s, err);
-  if (options.by_uid) {
-    if (reply.usage().empty() && !options.json) {
-      out << "no uid holds anything on " << options.target << "\n";
-    } else {
-      PrintUsage(options, reply, out);
-    }
-    return kExitOk;
-  }
-  if (options.json) {
-    std::vector<std::string> items;
-    for (const v1::SessionInfo& i : reply.sessions()) {
-      const v1::SessionStats& st = i.stats();
-      std::string stats = JsonObject()
-                              .Add("submits", st.submits())
-                              .Add("failed_submits", st.failed_submits())
-                              .Add("ops", st.ops())
-                              .Add("kernel_launches", st.kernel_launches())
-                              .Add("bytes_uploaded", st.bytes_uploaded())
-                              .Add("bytes_downloaded", st.bytes_downloaded())
-                              .Add("tensors_created", st.tensors_created())
-                              .Add("peak_device_bytes", st.peak_device_bytes())
-                              .Add("device_busy_ns", st.device_busy_ns())
-                              .Add("graph_launches", st.graph_launches())
-                              .Add("kernel_batches", st.kernel_batches())
-                              .Add("h2d_bytes", st.h2d_bytes())
-                              .Add("h2d_ns", st.h2d_ns())
-                              .Add("d2h_bytes", st.d2h_bytes())
-                              .Add("d2h_ns", st.d2h_ns())
-                              .str();
-      JsonObject item;
-      item.Add("session_id", i.session_id())
-          .Add("client_name", i.client_name())
-          .Add("peer", i.peer());
-      // Known only for local (Unix-socket) clients; absent from the object otherwise.
-      if (i.has_uid()) item.Add("uid", i.uid());
-      if (i.has_pid()) item.Add("pid", i.pid());
-      item.Add("identity", i.identity());
-      items.push_back(item.Add("age_ms", i.age_ms())
-                          .Add("submits_in_flight", i.submits_in_flight())
-                          .Add("device_bytes", i.device_bytes())
-                          .Add("live_tensors", i.live_tensors())
-                          .AddRaw("stats", stats)
-                          .str());
-    }
-    out << JsonArray(items) << "\n";
-    return kExitOk;
-  }
-  if (reply.sessions().empty()) {
-    out << "no open sessions on " << options.target << "\n";
-    return kExitOk;
-  }
+namespace {
+
+// One session's cumulative counters, as a JSON object.
+std::string SessionStatsJson(const v1::SessionStats& st) {
+  return JsonObject()
+      .Add("submits", st.submits())
+      .Add("failed_submits", st.failed_submits())
+      .Add("ops", st.ops())
+      .Add("kernel_launches", st.kernel_launches())
+      .Add("bytes_uploaded", st.bytes_uploaded())
+      .Add("bytes_downloaded", st.bytes_downloaded())
+      .Add("tensors_created", st.tensors_created())
+      .Add("peak_device_bytes", st.peak_device_bytes())
+      .Add("device_busy_ns", st.device_busy_ns())
+      .Add("graph_launches", st.graph_launches())
+      .Add("kernel_batches", st.kernel_batches())
+      .Add("h2d_bytes", st.h2d_bytes())
+      .Add("h2d_ns", st.h2d_ns())
+      .Add("d2h_bytes", st.d2h_bytes())
+      .Add("d2h_ns", st.d2h_ns())
+      .str();
+}
+
+// One open session, as a JSON object; uid and pid are known only for local (Unix-socket)
+// clients, and absent from the object otherwise.
+std::string SessionJson(const v1::SessionInfo& i) {
+  JsonObject item;
+  item.Add("session_id", i.session_id()).Add("client_name", i.client_name()).Add("peer", i.peer());
+  if (i.has_uid()) item.Add("uid", i.uid());
+  if (i.has_pid()) item.Add("pid", i.pid());
+  item.Add("identity", i.identity());
+  return item.Add("age_ms", i.age_ms())
+      .Add("submits_in_flight", i.submits_in_flight())
+      .Add("device_bytes", i.device_bytes())
+      .Add("live_tensors", i.live_tensors())
+      .AddRaw("stats", SessionStatsJson(i.stats()))
+      .str();
+}
+
+// The open sessions as a table, one row each.
+std::string SessionsTable(const v1::ListSessionsReply& reply) {
   Table table;
   table.AddColumn("ID", true);
   table.AddColumn("CLIENT");
@@ -555,16 +580,45 @@ int RunSessions(const Options& options, std::ostream& out, std::ostream& err) {
                   HumanBytes(i.stats().bytes_uploaded()),
                   HumanBytes(i.stats().bytes_downloaded())});
   }
-  out << table.Render();
-  if (!reply.usage().empty()) {  // per identity, against its limits (used/limit)
-    out << "\n";
-    PrintUsage(options, reply, out);
-  }
-  return kExitOk;
+  return table.Render();
 }
 
-int RunHealth(const Options& options, std::ostream& out, std::ostream& err) {
-  (void)err;
+// The grpc.health.v1 check of a daemon that answered Status with r.
+Check GrpcHealthCheck(AdminConnection& admin, const v1::StatusReply& r) {
+  int serving = 0;
+  RpcStatus hs = admin.HealthCheck("", &serving);
+  if (hs.code == static_cast<int>(Code::kUnimplemented)) {
+    return {"grpc-health", Level::kOk, "grpc.health.v1 not offered by this ferryd"};
+  }
+  if (!hs.ok())
+    return {"grpc-health", Level::kCritical, "grpc.health.v1 Check failed: " + hs.message};
+  if (serving == 1) return {"grpc-health", Level::kOk, "SERVING"};
+  // Not serving while draining is expected (the draining check warns); otherwise the
+  // daemon refuses sessions for a reason of its own (device lost).
+  return {"grpc-health", r.draining() ? Level::kWarning : Level::kCritical,
+          serving == 2 ? "NOT_SERVING" : "status " + std::to_string(serving)};
+}
+
+// Whether the daemon accepts sessions (a warning while draining).
+Check DrainingCheck(const v1::StatusReply& r) {
+  return {"draining", r.draining() ? Level::kWarning : Level::kOk,
+          r.draining() ? "draining: new sessions are refused"
+                       : "accepting sessions (" + std::to_string(r.sessions_open()) + " open)"};
+}
+
+// Free device memory against --min-free (a warning under it, or when the total is unknown).
+Check MemoryHeadroomCheck(const Options& options, const v1::StatusReply& r) {
+  uint64_t total = r.device_total_bytes(), free = r.device_free_bytes();
+  bool low = total == 0 || static_cast<double>(free) < options.min_free_fraction * total;
+  return {"memory-headroom", low ? Level::kWarning : Level::kOk,
+          HumanBytes(free) + " of " + HumanBytes(total) + " free (" + Percent(free, total) +
+              (low ? ", under " : ", threshold ") +
+              Percent(static_cast<uint64_t>(options.min_free_fraction * 1000), 1000) + ")"};
+}
+
+// Every health check, in order: reachable, then (when it answered) grpc.health.v1,
+// draining, memory headroom and with --canary the canary (skipped while draining).
+std::vector<Check> HealthChecks(const Options& options, std::ostream& out) {
   std::vector<Check> checks;
   AdminConnection admin(options);
   v1::StatusReply r;
@@ -574,74 +628,90 @@ int RunHealth(const Options& options, std::ostream& out, std::ostream& err) {
   if (!s.ok()) {
     checks.push_back({"reachable", Level::kCritical,
                       "cannot reach ferryd at " + options.target + ": " + s.message});
-  } else {
-    checks.push_back({"reachable", Level::kOk,
-                      "ferryd " + r.version() + " answered in " + HumanMillis(rtt) + " (device " +
-                          std::to_string(r.device_ordinal()) + " " + r.device_name() + ", " +
-                          r.backend() + " backend)"});
-
-    int serving = 0;
-    RpcStatus hs = admin.HealthCheck("", &serving);
-    if (hs.code == static_cast<int>(Code::kUnimplemented)) {
-      checks.push_back({"grpc-health", Level::kOk, "grpc.health.v1 not offered by this ferryd"});
-    } else if (!hs.ok()) {
-      checks.push_back(
-          {"grpc-health", Level::kCritical, "grpc.health.v1 Check failed: " + hs.message});
-    } else if (serving == 1) {
-      checks.push_back({"grpc-health", Level::kOk, "SERVING"});
+    return checks;
+  }
+  checks.push_back({"reachable", Level::kOk,
+                    "ferryd " + r.version() + " answered in " + HumanMillis(rtt) + " (device " +
+                        std::to_string(r.device_ordinal()) + " " + r.device_name() + ", " +
+                        r.backend() + " backend)"});
+  checks.push_back(GrpcHealthCheck(admin, r));
+  checks.push_back(DrainingCheck(r));
+  checks.push_back(MemoryHeadroomCheck(options, r));
+  if (options.canary) {
+    if (r.draining()) {
+      checks.push_back({"canary", Level::kWarning, "skipped: the daemon is draining"});
     } else {
-      // Not serving while draining is expected (the draining check warns); otherwise the
-      // daemon refuses sessions for a reason of its own (device lost).
-      checks.push_back({"grpc-health", r.draining() ? Level::kWarning : Level::kCritical,
-                        serving == 2 ? "NOT_SERVING" : "status " + std::to_string(serving)});
-    }
-
-    checks.push_back({"draining", r.draining() ? Level::kWarning : Level::kOk,
-                      r.draining()
-                          ? "draining: new sessions are refused"
-                          : "accepting sessions (" + std::to_string(r.sessions_open()) + " open)"});
-
-    uint64_t total = r.device_total_bytes(), free = r.device_free_bytes();
-    bool low = total == 0 || static_cast<double>(free) < options.min_free_fraction * total;
-    checks.push_back({"memory-headroom", low ? Level::kWarning : Level::kOk,
-                      HumanBytes(free) + " of " + HumanBytes(total) + " free (" +
-                          Percent(free, total) + (low ? ", under " : ", threshold ") +
-                          Percent(static_cast<uint64_t>(options.min_free_fraction * 1000), 1000) +
-                          ")"});
-
-    if (options.canary) {
-      if (r.draining()) {
-        checks.push_back({"canary", Level::kWarning, "skipped: the daemon is draining"});
-      } else {
-        checks.push_back(CanaryCheck(options, out));
-      }
+      checks.push_back(CanaryCheck(options, out));
     }
   }
+  return checks;
+}
 
+// A level as --json spells it.
+const char* LevelJsonName(Level l) {
+  return l == Level::kOk ? "ok" : l == Level::kWarning ? "warning" : "critical";
+}
+
+// The health report as one JSON object: the overall status and every check.
+std::string HealthJson(const Options& options, const std::vector<Check>& checks, Level worst) {
+  std::vector<std::string> items;
+  for (const Check& c : checks) {
+    std::string obj = JsonObject()
+                          .Add("name", c.name)
+                          .Add("status", LevelJsonName(c.level))
+                          .Add("detail", c.detail)
+                          .str();
+    if (!c.extra_json.empty()) obj = obj.substr(0, obj.size() - 1) + c.extra_json + "}";
+    items.push_back(obj);
+  }
+  return JsonObject()
+      .Add("target", options.target)
+      .Add("status", LevelJsonName(worst))
+      .Add("exit_code", static_cast<int>(worst))
+      .AddRaw("checks", JsonArray(items))
+      .str();
+}
+
+}  // namespace
+
+int RunSessions(const Options& options, std::ostream& out, std::ostream& err) {
+  AdminConnection admin(options);
+  v1::ListSessionsReply reply;
+  RpcStatus s = admin.ListSessions(&reply);
+  if (!s.ok()) return ReportRpcFailure(options, s, err);
+  if (options.by_uid) {
+    if (reply.usage().empty() && !options.json) {
+      out << "no uid holds anything on " << options.target << "\n";
+    } else {
+      PrintUsage(options, reply, out);
+    }
+    return kExitOk;
+  }
+  if (options.json) {
+    std::vector<std::string> items;
+    for (const v1::SessionInfo& i : reply.sessions()) items.push_back(SessionJson(i));
+    out << JsonArray(items) << "\n";
+    return kExitOk;
+  }
+  if (reply.sessions().empty()) {
+    out << "no open sessions on " << options.target << "\n";
+    return kExitOk;
+  }
+  out << SessionsTable(reply);
+  if (!reply.usage().empty()) {  // per identity, against its limits (used/limit)
+    out << "\n";
+    PrintUsage(options, reply, out);
+  }
+  return kExitOk;
+}
+
+int RunHealth(const Options& options, std::ostream& out, std::ostream& err) {
+  (void)err;
+  const std::vector<Check> checks = HealthChecks(options, out);
   Level worst = Level::kOk;
   for (const Check& c : checks) worst = std::max(worst, c.level);
   if (options.json) {
-    std::vector<std::string> items;
-    for (const Check& c : checks) {
-      std::string obj = JsonObject()
-                            .Add("name", c.name)
-                            .Add("status", c.level == Level::kOk        ? "ok"
-                                           : c.level == Level::kWarning ? "warning"
-                                                                        : "critical")
-                            .Add("detail", c.detail)
-                            .str();
-      if (!c.extra_json.empty()) obj = obj.substr(0, obj.size() - 1) + c.extra_json + "}";
-      items.push_back(obj);
-    }
-    out << JsonObject()
-               .Add("target", options.target)
-               .Add("status", worst == Level::kOk        ? "ok"
-                              : worst == Level::kWarning ? "warning"
-                                                         : "critical")
-               .Add("exit_code", static_cast<int>(worst))
-               .AddRaw("checks", JsonArray(items))
-               .str()
-        << "\n";
+    out << HealthJson(options, checks, worst) << "\n";
   } else {
     Table table;
     table.AddColumn("STATUS");

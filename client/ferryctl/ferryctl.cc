@@ -8,6 +8,8 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <iterator>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -86,20 +88,99 @@ bool ParseSeconds(const std::string& text, std::chrono::milliseconds* out) {
   return true;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  using namespace ferry::ctl;
-  std::vector<std::string> args(argv + 1, argv + argc);
-  Options options;
+/// What the command line asks for.
+struct CommandLine {
+  ferry::ctl::Options options;
   std::string command;
   std::string token_file;         // --token-file PATH
   bool token_from_stdin = false;  // --token -
+};
+
+/// The options that take no value, and the Options field each sets.
+struct SwitchOption {
+  const char* name;
+  bool ferry::ctl::Options::*field;
+};
+constexpr SwitchOption kSwitches[] = {{"json", &ferry::ctl::Options::json},
+                                      {"canary", &ferry::ctl::Options::canary},
+                                      {"by-uid", &ferry::ctl::Options::by_uid},
+                                      {"wait", &ferry::ctl::Options::wait},
+                                      {"once", &ferry::ctl::Options::once}};
+
+/// The options that take a value (--name VALUE or --name=VALUE).
+const std::vector<std::string>& ValuedOptions() {
+  static const std::vector<std::string> kValued = {
+      "target",       "timeout", "canary-elements", "canary-timeout", "min-free",
+      "wait-timeout", "metrics", "tls-ca",          "tls-cert",       "tls-key",
+      "token-file",   "token",   "interval"};
+  return kValued;
+}
+
+/// Apply the numeric option `name` (a valued option other than the paths and the token):
+/// "" when applied, else the usage problem.
+std::string ApplyNumericOption(const std::string& name, const std::string& value,
+                               ferry::ctl::Options& options) {
+  if (name == "timeout") {
+    if (!ParseSeconds(value, &options.timeout)) return "--timeout: seconds, > 0";
+  } else if (name == "canary-timeout") {
+    if (!ParseSeconds(value, &options.canary_timeout)) return "--canary-timeout: seconds, > 0";
+  } else if (name == "interval") {
+    if (!ParseSeconds(value, &options.interval)) return "--interval: seconds, > 0";
+  } else if (name == "wait-timeout") {
+    if (!ParseSeconds(value, &options.wait_timeout)) return "--wait-timeout: seconds, > 0";
+  } else if (name == "canary-elements") {
+    uint64_t n = 0;
+    auto [p, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
+    if (ec != std::errc() || p != value.data() + value.size() || n == 0 || n > (1u << 26)) {
+      return "--canary-elements: 1..67108864";
+    }
+    options.canary_elements = n;
+  } else if (name == "min-free") {
+    double v = -1;
+    auto [p, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
+    if (ec != std::errc() || p != value.data() + value.size() || v < 0 || v > 100) {
+      return "--min-free: a percentage, 0..100";
+    }
+    options.min_free_fraction = v / 100.0;
+  }
+  return "";
+}
+
+/// Apply valued option `name` (one of ValuedOptions()): "" when applied, else the usage
+/// problem.
+std::string ApplyValuedOption(const std::string& name, const std::string& value, CommandLine& cl) {
+  ferry::ctl::Options& options = cl.options;
+  if (name == "target") {
+    if (value.empty()) return "--target: empty";
+    options.target = value;
+  } else if (name == "metrics") {
+    options.metrics_endpoint = value;
+  } else if (name == "tls-ca") {
+    options.tls_ca = value;
+  } else if (name == "tls-cert") {
+    options.tls_cert = value;
+  } else if (name == "tls-key") {
+    options.tls_key = value;
+  } else if (name == "token") {
+    if (value != "-") return TokenOnCommandLine(value);
+    cl.token_from_stdin = true;
+  } else if (name == "token-file") {
+    if (value.empty()) return "--token-file: empty";
+    cl.token_file = value;
+  } else {
+    return ApplyNumericOption(name, value, options);
+  }
+  return "";
+}
+
+/// Parse the arguments into cl, in order: the command and the options. Returns the exit
+/// code when ferryctl is done already (--help, --version, a usage error), else nullopt.
+std::optional<int> ParseArgs(const std::vector<std::string>& args, CommandLine& cl) {
   for (size_t i = 0; i < args.size(); ++i) {
     std::string a = args[i];
     if (a.rfind("--", 0) != 0) {
-      if (!command.empty()) return Usage("unexpected argument: " + a);
-      command = a;
+      if (!cl.command.empty()) return Usage("unexpected argument: " + a);
+      cl.command = a;
       continue;
     }
     std::string name = a.substr(2), value;
@@ -109,108 +190,59 @@ int main(int argc, char** argv) {
       name = name.substr(0, eq);
       has_value = true;
     }
-    auto switch_flag = [&](bool* out) {
-      if (has_value) return false;
-      *out = true;
-      return true;
-    };
     if (name == "help") {
       std::cout << kUsage;
-      return kExitOk;
+      return ferry::ctl::kExitOk;
     }
     if (name == "version") {
       std::cout << "ferryctl " << ferry::kVersion << " (" << ferry::kGitCommit << ")\n";
-      return kExitOk;
+      return ferry::ctl::kExitOk;
     }
-    if (name == "json") {
-      if (!switch_flag(&options.json)) return Usage("--json takes no value");
+    auto sw = std::find_if(std::begin(kSwitches), std::end(kSwitches),
+                           [&](const SwitchOption& s) { return name == s.name; });
+    if (sw != std::end(kSwitches)) {
+      if (has_value) return Usage("--" + name + " takes no value");
+      cl.options.*(sw->field) = true;
       continue;
     }
-    if (name == "canary") {
-      if (!switch_flag(&options.canary)) return Usage("--canary takes no value");
-      continue;
-    }
-    if (name == "by-uid") {
-      if (!switch_flag(&options.by_uid)) return Usage("--by-uid takes no value");
-      continue;
-    }
-    if (name == "wait") {
-      if (!switch_flag(&options.wait)) return Usage("--wait takes no value");
-      continue;
-    }
-    if (name == "once") {
-      if (!switch_flag(&options.once)) return Usage("--once takes no value");
-      continue;
-    }
-    static const std::vector<std::string> kValued = {
-        "target",       "timeout", "canary-elements", "canary-timeout", "min-free",
-        "wait-timeout", "metrics", "tls-ca",          "tls-cert",       "tls-key",
-        "token-file",   "token",   "interval"};
-    if (std::find(kValued.begin(), kValued.end(), name) == kValued.end()) {
+    const auto& valued = ValuedOptions();
+    if (std::find(valued.begin(), valued.end(), name) == valued.end()) {
       return Usage("unknown option --" + name);
     }
     if (!has_value) {
       if (i + 1 >= args.size()) return Usage("--" + name + " needs a value");
       value = args[++i];
     }
-    if (name == "target") {
-      if (value.empty()) return Usage("--target: empty");
-      options.target = value;
-    } else if (name == "metrics") {
-      options.metrics_endpoint = value;
-    } else if (name == "tls-ca") {
-      options.tls_ca = value;
-    } else if (name == "tls-cert") {
-      options.tls_cert = value;
-    } else if (name == "tls-key") {
-      options.tls_key = value;
-    } else if (name == "token") {
-      if (value != "-") return Usage(TokenOnCommandLine(value));
-      token_from_stdin = true;
-    } else if (name == "token-file") {
-      if (value.empty()) return Usage("--token-file: empty");
-      token_file = value;
-    } else if (name == "timeout") {
-      if (!ParseSeconds(value, &options.timeout)) return Usage("--timeout: seconds, > 0");
-    } else if (name == "canary-timeout") {
-      if (!ParseSeconds(value, &options.canary_timeout)) {
-        return Usage("--canary-timeout: seconds, > 0");
-      }
-    } else if (name == "interval") {
-      if (!ParseSeconds(value, &options.interval)) return Usage("--interval: seconds, > 0");
-    } else if (name == "wait-timeout") {
-      if (!ParseSeconds(value, &options.wait_timeout)) return Usage("--wait-timeout: seconds, > 0");
-    } else if (name == "canary-elements") {
-      uint64_t n = 0;
-      auto [p, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
-      if (ec != std::errc() || p != value.data() + value.size() || n == 0 || n > (1u << 26)) {
-        return Usage("--canary-elements: 1..67108864");
-      }
-      options.canary_elements = n;
-    } else if (name == "min-free") {
-      double v = -1;
-      auto [p, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
-      if (ec != std::errc() || p != value.data() + value.size() || v < 0 || v > 100) {
-        return Usage("--min-free: a percentage, 0..100");
-      }
-      options.min_free_fraction = v / 100.0;
+    if (std::string problem = ApplyValuedOption(name, value, cl); !problem.empty()) {
+      return Usage(problem);
     }
   }
-  if (command.empty()) return Usage("no command given");
-  if (token_from_stdin && !token_file.empty()) {
+  return std::nullopt;
+}
+
+/// Read the bearer token (--token - or --token-file) into cl.options.token. Returns the
+/// usage exit code when it cannot be read or is given both ways, else nullopt.
+std::optional<int> ReadTokenOption(CommandLine& cl) {
+  if (cl.token_from_stdin && !cl.token_file.empty()) {
     return Usage("give the token one way: --token-file PATH or --token -");
   }
   std::string problem;
-  if (token_from_stdin && !ReadToken(std::cin, &options.token, &problem)) {
+  if (cl.token_from_stdin && !ferry::ctl::ReadToken(std::cin, &cl.options.token, &problem)) {
     return Usage("--token -: stdin " + problem);
   }
-  if (!token_file.empty()) {
-    std::ifstream in(token_file, std::ios::binary);
-    if (!in) return Usage("--token-file " + token_file + ": " + std::strerror(errno));
-    if (!ReadToken(in, &options.token, &problem)) {
-      return Usage("--token-file " + token_file + ": " + problem);
+  if (!cl.token_file.empty()) {
+    std::ifstream in(cl.token_file, std::ios::binary);
+    if (!in) return Usage("--token-file " + cl.token_file + ": " + std::strerror(errno));
+    if (!ferry::ctl::ReadToken(in, &cl.options.token, &problem)) {
+      return Usage("--token-file " + cl.token_file + ": " + problem);
     }
   }
+  return std::nullopt;
+}
+
+/// Run `command` (its command-specific switches checked first); its exit code.
+int RunCommand(const std::string& command, const ferry::ctl::Options& options) {
+  using namespace ferry::ctl;
   if (options.canary && command != "health") return Usage("--canary belongs to health");
   if (options.wait && command != "drain") return Usage("--wait belongs to drain");
   if (options.once && command != "top") return Usage("--once belongs to top");
@@ -221,4 +253,15 @@ int main(int argc, char** argv) {
   if (command == "metrics") return RunMetrics(options, std::cout, std::cerr);
   if (command == "top") return RunTop(options, std::cout, std::cerr);
   return Usage("unknown command '" + command + "'");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  CommandLine cl;
+  if (std::optional<int> done = ParseArgs(args, cl)) return *done;
+  if (cl.command.empty()) return Usage("no command given");
+  if (std::optional<int> bad = ReadTokenOption(cl)) return *bad;
+  return RunCommand(cl.command, cl.options);
 }

@@ -935,6 +935,178 @@ const void* RowMajorBytes(const BufferExport& in, std::vector<char>& copy) {
   return copy.data();
 }
 
+/// The ModuleFormat `format` names (a ferry.ModuleFormat or its int, never a bool); raises
+/// InvalidArgument for anything else.
+ModuleFormat ParseModuleFormat(const py::object& format) {
+  int f = 0;
+  if (PyIndex_Check(format.ptr()) && !PyBool_Check(format.ptr())) f = format.cast<int>();
+  if (f < static_cast<int>(ModuleFormat::kPtx) || f > static_cast<int>(ModuleFormat::kCudaSource)) {
+    Fail(ErrorKind::kInvalidArgument, "module format " + py::repr(format).cast<std::string>() +
+                                          " is not a ferry.ModuleFormat (PTX, CUBIN, CUDA_SOURCE)");
+  }
+  return static_cast<ModuleFormat>(f);
+}
+
+/// The bytes of a module image: a str's UTF-8, or the bytes of anything with the buffer
+/// protocol; raises InvalidArgument for another type or an empty image.
+std::string ModuleImageBytes(const py::object& image) {
+  std::string bytes;
+  if (py::isinstance<py::str>(image)) {
+    bytes = image.cast<std::string>();  // UTF-8
+  } else if (PyObject_CheckBuffer(image.ptr())) {
+    BufferExport in(image, PyBUF_SIMPLE);  // C-contiguous bytes, or the exporter says
+    bytes.assign(static_cast<const char*>(in.data()), in.bytes());
+  } else {
+    Fail(ErrorKind::kInvalidArgument,
+         "a module image is str (PTX, CUDA C++) or bytes (CUBIN, fatbin, PTX), not " +
+             py::str(py::type::handle_of(image).attr("__name__")).cast<std::string>());
+  }
+  if (bytes.empty()) Fail(ErrorKind::kInvalidArgument, "an empty module image");
+  return bytes;
+}
+
+/// launch's shared_bytes: an int (not a bool) from 0 to 2^32 - 1; raises InvalidArgument
+/// otherwise.
+uint32_t ParseSharedBytes(const py::object& shared) {
+  if (PyBool_Check(shared.ptr()) || !PyIndex_Check(shared.ptr())) {
+    Fail(ErrorKind::kInvalidArgument, "shared_bytes must be an int");
+  }
+  const auto shared_ll = IntIn(shared, 0, UINT32_MAX);
+  if (!shared_ll) Fail(ErrorKind::kInvalidArgument, "shared_bytes must be 0 to 4294967295");
+  return static_cast<uint32_t>(*shared_ll);
+}
+
+/// launch's arguments as given, before any is checked against the session.
+struct ParsedKernelArgs {
+  std::vector<PyKernelArg> args;    // a bare Tensor already wrapped as KernelArg.tensor
+  std::vector<TensorBox*> tensors;  // tensors[i]: argument i's tensor, or null for a scalar
+};
+
+/// Parses launch's `args`: a sequence (not a str) of at most kMaxKernelArgs KernelArgs or
+/// Tensors; raises InvalidArgument otherwise, naming the first bad element.
+ParsedKernelArgs ParseKernelArgs(const py::object& args) {
+  if (py::isinstance<py::str>(args) || !py::isinstance<py::sequence>(args)) {
+    Fail(ErrorKind::kInvalidArgument, "args must be a sequence of KernelArg");
+  }
+  auto seq = py::reinterpret_borrow<py::sequence>(args);
+  if (seq.size() > kMaxKernelArgs) {
+    Fail(ErrorKind::kInvalidArgument, std::to_string(seq.size()) + " kernel arguments; at most " +
+                                          std::to_string(kMaxKernelArgs));
+  }
+  ParsedKernelArgs parsed;
+  parsed.tensors.assign(seq.size(), nullptr);
+  for (size_t i = 0; i < seq.size(); ++i) {
+    py::object a = seq[i];
+    if (py::isinstance<PyKernelArg>(a)) {
+      parsed.args.push_back(a.cast<PyKernelArg>());
+    } else if (py::isinstance<TensorBox>(a)) {
+      parsed.args.push_back(PyKernelArg{KernelArg::Kind::kTensor, 0, 0, 0, a});
+    } else {
+      Fail(ErrorKind::kInvalidArgument,
+           "kernel argument " + std::to_string(i) + " (" +
+               py::str(py::type::handle_of(a).attr("__name__")).cast<std::string>() +
+               ") is not a Tensor or a KernelArg: the kernel's parameter types decide "
+               "what a number is, so wrap it (KernelArg.i32(v), .f32(v), ...)");
+    }
+    if (parsed.args.back().kind == KernelArg::Kind::kTensor) {
+      parsed.tensors[i] = &parsed.args.back().tensor.cast<TensorBox&>();
+    }
+  }
+  return parsed;
+}
+
+/// The libferry arguments for a launch; fails when a tensor argument is not usable in `s`.
+/// Call with the session locked (inside Record), as UseLocked requires.
+Result<std::vector<KernelArg>> KernelArgsLocked(const PySession& s,
+                                                const ParsedKernelArgs& parsed) {
+  std::vector<KernelArg> out;
+  out.reserve(parsed.args.size());
+  for (size_t i = 0; i < parsed.args.size(); ++i) {
+    const PyKernelArg& a = parsed.args[i];
+    switch (a.kind) {
+      case KernelArg::Kind::kTensor: {
+        FERRY_ASSIGN_OR_RETURN(const Tensor* t, s.UseLocked(*parsed.tensors[i]));
+        out.push_back(KernelArg::tensor(*t));
+        break;
+      }
+      case KernelArg::Kind::kI32:
+        out.push_back(KernelArg::i32(static_cast<int32_t>(a.signed_value)));
+        break;
+      case KernelArg::Kind::kU32:
+        out.push_back(KernelArg::u32(static_cast<uint32_t>(a.unsigned_value)));
+        break;
+      case KernelArg::Kind::kI64:
+        out.push_back(KernelArg::i64(a.signed_value));
+        break;
+      case KernelArg::Kind::kU64:
+        out.push_back(KernelArg::u64(a.unsigned_value));
+        break;
+      case KernelArg::Kind::kF32:
+        out.push_back(KernelArg::f32(static_cast<float>(a.real_value)));
+        break;
+      case KernelArg::Kind::kF64:
+        out.push_back(KernelArg::f64(a.real_value));
+        break;
+    }
+  }
+  return out;
+}
+
+/// PinnedBuffer.numpy: a numpy array of `shape` elements of `dtype` over b's first bytes (all
+/// that fit, 1-D, when shape is None), no copy; the array keeps the buffer alive. Raises
+/// InvalidArgument for a dtype without a size or holding objects, OutOfRange when it does
+/// not fit.
+py::object NumpyOverBuffer(std::shared_ptr<BufferBox> b, const py::object& dtype,
+                           const py::object& shape) {
+  py::object dt = NumpyDTypeOf(dtype);
+  const auto itemsize = dt.attr("itemsize").cast<int64_t>();
+  if (itemsize <= 0 || dt.attr("hasobject").cast<bool>()) {
+    Fail(ErrorKind::kInvalidArgument,
+         "a buffer cannot be viewed as " + py::str(dt).cast<std::string>());
+  }
+  const uint64_t size = b->size;
+  std::vector<int64_t> dims;
+  uint64_t count = 0;
+  if (shape.is_none()) {
+    count = size / itemsize;
+    dims = {static_cast<int64_t>(count)};
+  } else {
+    dims = ParseShape(shape);
+    auto n = Shape(dims).ElementCount();
+    if (!n.ok()) Raise(n.status());
+    count = *n;
+  }
+  uint64_t need = 0;
+  if (!CheckedMul(count, itemsize, &need) || need > size) {
+    Fail(ErrorKind::kOutOfRange, "a view of " + std::to_string(count) + " x " +
+                                     std::to_string(itemsize) + " bytes does not fit a buffer of " +
+                                     std::to_string(size) + " bytes");
+  }
+  py::object view = py::cast(MakeView(std::move(b)));
+  py::object flat =
+      Numpy().attr("frombuffer")(view, py::arg("dtype") = dt, py::arg("count") = count);
+  return flat.attr("reshape")(py::tuple(py::cast(dims)));
+}
+
+/// PinnedBuffer.__dlpack__: a "dltensor" capsule exporting all of b as 1-D uint8, no copy.
+/// Raises ValueError for a stream (host memory has none) or copy=True.
+py::object DlpackOverBuffer(std::shared_ptr<BufferBox> b, const py::object& stream,
+                            const py::object& copy) {
+  if (!stream.is_none()) {
+    throw py::value_error("ferry buffers are host memory: stream must be None");
+  }
+  if (!copy.is_none() && copy.cast<bool>()) {
+    throw py::value_error("a ferry buffer is exported without a copy (copy=True)");
+  }
+  auto* e = new DlpackExport(MakeView(std::move(b)));
+  PyObject* cap = PyCapsule_New(&e->managed, "dltensor", DlpackCapsuleDestructor);
+  if (!cap) {
+    delete e;
+    throw py::error_already_set();
+  }
+  return py::reinterpret_steal<py::object>(cap);
+}
+
 using BinaryOp = void (Session::*)(const Tensor&, const Tensor&, const Tensor&);
 
 void BindBinary(py::class_<PySession>& cls, const char* name, BinaryOp op, const char* doc) {
@@ -952,14 +1124,26 @@ void BindBinary(py::class_<PySession>& cls, const char* name, BinaryOp op, const
       py::arg("a"), py::arg("b"), py::arg("out"), doc);
 }
 
-}  // namespace
-}  // namespace ferry::python
+/// Binds a session method recording `op` on two tensors, named `in_name` and `out_name`.
+using UnaryOp = void (Session::*)(const Tensor&, const Tensor&);
+void BindUnary(py::class_<PySession>& cls, const char* name, UnaryOp op, const char* in_name,
+               const char* out_name, const char* doc) {
+  cls.def(
+      name,
+      [op](PySession& s, TensorBox& in, TensorBox& out) {
+        s.Record([&](Session& ss) -> Status {
+          FERRY_ASSIGN_OR_RETURN(const Tensor* a, s.UseLocked(in));
+          FERRY_ASSIGN_OR_RETURN(const Tensor* o, s.UseLocked(out));
+          (ss.*op)(*a, *o);
+          return Status::Ok();
+        });
+      },
+      py::arg(in_name), py::arg(out_name), doc);
+}
 
-PYBIND11_MODULE(_ferry, m) {
-  using namespace ferry;          // NOLINT: the module's body names libferry's types
-  using namespace ferry::python;  // NOLINT
-  m.doc() = "libferry for Python; import the package `ferry`, not this module.";
-
+/// The module-level tables the Python package builds its enums and SessionStats from, and the
+/// hooks its tests use.
+void BindModuleTables(py::module_& m) {
   m.def("_error_kind_names", [] {
     std::vector<std::pair<int, std::string>> out;
     for (int k = 0; k <= static_cast<int>(kLastErrorKind); ++k) {
@@ -996,8 +1180,10 @@ PYBIND11_MODULE(_ferry, m) {
         Raise(Status(static_cast<ErrorKind>(kind), message, op_index));
       },
       "Raise a ferry::Status of `kind` the way every failing call does (tests of the mapping).");
+}
 
-  // --- Tensor ---
+/// ferry.Tensor: a handle to a tensor in the daemon's device memory.
+void BindTensor(py::module_& m) {
   py::class_<TensorBox>(m, "Tensor",
                         "A tensor in the daemon's device memory (Session.tensor). Dropping it "
                         "records its release into the session's next submit.")
@@ -1023,8 +1209,10 @@ PYBIND11_MODULE(_ferry, m) {
         return "<ferry.Tensor " + std::to_string(t.handle) + " " + std::string(DTypeName(t.dtype)) +
                " " + t.shape.ToString() + where[static_cast<int>(t.where.load())] + ">";
       });
+}
 
-  // --- Module, Graph, KernelArg ---
+/// ferry.Module and ferry.Graph: handles to loaded device code and to a prepared graph.
+void BindModuleAndGraph(py::module_& m) {
   py::class_<ModuleBox>(m, "Module",
                         "Device code loaded in the daemon (Session.load_module; CUDA backend "
                         "only). Dropping it records its unload into the next submit; graphs "
@@ -1044,7 +1232,10 @@ PYBIND11_MODULE(_ferry, m) {
           "The handle that names the graph in the session.")
       .def("__repr__",
            [](const GraphBox& b) { return "<ferry.Graph " + std::to_string(b.handle) + ">"; });
+}
 
+/// ferry.KernelArg: one typed argument of Session.launch.
+void BindKernelArg(py::module_& m) {
   py::class_<PyKernelArg>(
       m, "KernelArg",
       "One argument of Session.launch: a tensor (its device address) or a typed scalar. Make "
@@ -1099,8 +1290,10 @@ PYBIND11_MODULE(_ferry, m) {
         return "KernelArg." + std::string(KernelArgKindName(a.kind)) + "(" +
                py::repr(KernelArgValue(a)).cast<std::string>() + ")";
       });
+}
 
-  // --- PinnedBuffer and views ---
+/// ferry.PinnedBuffer and the _BufferView its no-copy exports hold.
+void BindPinnedBuffer(py::module_& m) {
   py::class_<BufferView>(m, "_BufferView", py::buffer_protocol()).def_buffer([](BufferView& v) {
     return py::buffer_info(v.data, 1, py::format_descriptor<uint8_t>::format(), 1,
                            {static_cast<py::ssize_t>(v.box->size)}, {1}, false);
@@ -1135,60 +1328,15 @@ PYBIND11_MODULE(_ferry, m) {
             return py::memoryview(py::cast(MakeView(std::move(b))));
           },
           "A writable memoryview of all the bytes (a view: it keeps the buffer alive).")
-      .def(
-          "numpy",
-          [](std::shared_ptr<BufferBox> b, const py::object& dtype, const py::object& shape) {
-            py::object dt = NumpyDTypeOf(dtype);
-            const auto itemsize = dt.attr("itemsize").cast<int64_t>();
-            if (itemsize <= 0 || dt.attr("hasobject").cast<bool>()) {
-              Fail(ErrorKind::kInvalidArgument,
-                   "a buffer cannot be viewed as " + py::str(dt).cast<std::string>());
-            }
-            const uint64_t size = b->size;
-            std::vector<int64_t> dims;
-            uint64_t count = 0;
-            if (shape.is_none()) {
-              count = size / itemsize;
-              dims = {static_cast<int64_t>(count)};
-            } else {
-              dims = ParseShape(shape);
-              auto n = Shape(dims).ElementCount();
-              if (!n.ok()) Raise(n.status());
-              count = *n;
-            }
-            uint64_t need = 0;
-            if (!CheckedMul(count, itemsize, &need) || need > size) {
-              Fail(ErrorKind::kOutOfRange,
-                   "a view of " + std::to_string(count) + " x " + std::to_string(itemsize) +
-                       " bytes does not fit a buffer of " + std::to_string(size) + " bytes");
-            }
-            py::object view = py::cast(MakeView(std::move(b)));
-            py::object flat =
-                Numpy().attr("frombuffer")(view, py::arg("dtype") = dt, py::arg("count") = count);
-            return flat.attr("reshape")(py::tuple(py::cast(dims)));
-          },
-          py::arg("dtype") = "uint8", py::arg("shape") = py::none(),
-          "A numpy array over the buffer's memory (no copy): `shape` elements of `dtype` from "
-          "its first byte (default: as many as fit, 1-D), C-contiguous. Writable; keeps the "
-          "buffer alive.")
+      .def("numpy", &NumpyOverBuffer, py::arg("dtype") = "uint8", py::arg("shape") = py::none(),
+           "A numpy array over the buffer's memory (no copy): `shape` elements of `dtype` from "
+           "its first byte (default: as many as fit, 1-D), C-contiguous. Writable; keeps the "
+           "buffer alive.")
       .def(
           "__dlpack__",
           [](std::shared_ptr<BufferBox> b, const py::object& stream, const py::object&,
-             const py::object&, const py::object& copy) {
-            if (!stream.is_none()) {
-              throw py::value_error("ferry buffers are host memory: stream must be None");
-            }
-            if (!copy.is_none() && copy.cast<bool>()) {
-              throw py::value_error("a ferry buffer is exported without a copy (copy=True)");
-            }
-            auto* e = new DlpackExport(MakeView(std::move(b)));
-            PyObject* cap = PyCapsule_New(&e->managed, "dltensor", DlpackCapsuleDestructor);
-            if (!cap) {
-              delete e;
-              throw py::error_already_set();
-            }
-            return py::reinterpret_steal<py::object>(cap);
-          },
+             const py::object&,
+             const py::object& copy) { return DlpackOverBuffer(std::move(b), stream, copy); },
           py::arg("stream") = py::none(), py::arg("max_version") = py::none(),
           py::arg("dl_device") = py::none(), py::arg("copy") = py::none(),
           "Export the whole buffer as a 1-D uint8 DLPack tensor (no copy).")
@@ -1201,8 +1349,10 @@ PYBIND11_MODULE(_ferry, m) {
                (b.shared ? ", shared" : "") +
                (b.where.load() == Where::kHere ? "" : ", lent or detached") + ">";
       });
+}
 
-  // --- Pending ---
+/// ferry.Pending: a transfer in flight.
+void BindPending(py::module_& m) {
   py::class_<PendingBox>(m, "Pending",
                          "A transfer in flight. Dropping it without wait() detaches it: the "
                          "library keeps the tensor and the buffer until the copy is done, then "
@@ -1219,17 +1369,12 @@ PYBIND11_MODULE(_ferry, m) {
       .def_property_readonly(
           "buffer", [](const PendingBox& p) { return p.buffer; },
           "The PinnedBuffer lent to the transfer (usable again after wait()).");
+}
 
-  // --- Session ---
-  py::class_<PySession> session(
-      m, "Session",
-      "A session with a ferry daemon: one stream, one device stream. Ops are recorded and "
-      "sent at submit(); synchronize() waits and raises the first failure. A context manager: "
-      "leaving the block closes it (the counters land in .stats). Threads may share a "
-      "session: each call waits for the others' with the GIL released.");
-  session
-      .def_property_readonly(
-          "id", [](const PySession& s) { return s.id; }, "The id the daemon gave the session.")
+/// Session's read-only properties.
+void BindSessionProperties(py::class_<PySession>& cls) {
+  cls.def_property_readonly(
+         "id", [](const PySession& s) { return s.id; }, "The id the daemon gave the session.")
       .def_property_readonly(
           "backend", [](const PySession& s) { return s.backend; },
           "The backend serving the session: 'host' or 'cuda'.")
@@ -1271,25 +1416,29 @@ PYBIND11_MODULE(_ferry, m) {
                 /*require_open=*/false));
             return n;
           },
-          "How many ops are recorded and not yet submitted.")
-      .def(
-          "tensor",
-          [](PySession& s, const py::object& shape, const py::object& dtype) {
-            DType d = ParseDType(dtype);
-            Shape sh(ParseShape(shape));
-            auto n = sh.ElementCount();
-            if (!n.ok()) Raise(n.status());
-            Tensor t;
-            s.Record([&](Session& ss) {
-              t = ss.create_tensor(d, sh);
-              return Status::Ok();
-            });
-            return std::make_unique<TensorBox>(s.core, std::move(t));
-          },
-          py::arg("shape"), py::arg("dtype") = "float32",
-          "Record the creation of a tensor (contents undefined until written). `shape`: an int "
-          "or a sequence of ints; `dtype`: float32, float64, int32 or uint8 (numpy's names, "
-          "types or dtypes).")
+          "How many ops are recorded and not yet submitted.");
+}
+
+/// Session methods that record a tensor's creation, release and byte writes.
+void BindSessionTensors(py::class_<PySession>& cls) {
+  cls.def(
+         "tensor",
+         [](PySession& s, const py::object& shape, const py::object& dtype) {
+           DType d = ParseDType(dtype);
+           Shape sh(ParseShape(shape));
+           auto n = sh.ElementCount();
+           if (!n.ok()) Raise(n.status());
+           Tensor t;
+           s.Record([&](Session& ss) {
+             t = ss.create_tensor(d, sh);
+             return Status::Ok();
+           });
+           return std::make_unique<TensorBox>(s.core, std::move(t));
+         },
+         py::arg("shape"), py::arg("dtype") = "float32",
+         "Record the creation of a tensor (contents undefined until written). `shape`: an int "
+         "or a sequence of ints; `dtype`: float32, float64, int32 or uint8 (numpy's names, "
+         "types or dtypes).")
       .def(
           "free",
           [](PySession& s, TensorBox& t) {
@@ -1301,143 +1450,109 @@ PYBIND11_MODULE(_ferry, m) {
               return Status::Ok();
             });
           },
-          py::arg("tensor"), "Record the release of a tensor.")
-      .def(
-          "fill",
-          [](PySession& s, TensorBox& t, double value) {
-            s.Record([&](Session& ss) -> Status {
-              FERRY_ASSIGN_OR_RETURN(const Tensor* tt, s.UseLocked(t));
-              ss.fill(*tt, value);
-              return Status::Ok();
-            });
-          },
-          py::arg("tensor"), py::arg("value"), "Record tensor[:] = value.")
-      .def(
-          "copy",
-          [](PySession& s, TensorBox& src, TensorBox& dst) {
-            s.Record([&](Session& ss) -> Status {
-              FERRY_ASSIGN_OR_RETURN(const Tensor* a, s.UseLocked(src));
-              FERRY_ASSIGN_OR_RETURN(const Tensor* b, s.UseLocked(dst));
-              ss.copy(*a, *b);
-              return Status::Ok();
-            });
-          },
-          py::arg("src"), py::arg("dst"), "Record dst = src (same dtype and element count).")
-      .def(
-          "scale",
-          [](PySession& s, TensorBox& x, double alpha, TensorBox& out) {
-            s.Record([&](Session& ss) -> Status {
-              FERRY_ASSIGN_OR_RETURN(const Tensor* a, s.UseLocked(x));
-              FERRY_ASSIGN_OR_RETURN(const Tensor* o, s.UseLocked(out));
-              ss.scale(*a, alpha, *o);
-              return Status::Ok();
-            });
-          },
-          py::arg("x"), py::arg("alpha"), py::arg("out"), "Record out = alpha * x.")
-      .def(
-          "relu",
-          [](PySession& s, TensorBox& x, TensorBox& out) {
-            s.Record([&](Session& ss) -> Status {
-              FERRY_ASSIGN_OR_RETURN(const Tensor* a, s.UseLocked(x));
-              FERRY_ASSIGN_OR_RETURN(const Tensor* o, s.UseLocked(out));
-              ss.relu(*a, *o);
-              return Status::Ok();
-            });
-          },
-          py::arg("x"), py::arg("out"), "Record out = max(x, 0), elementwise (out may be x).")
-      .def(
-          "axpy",
-          [](PySession& s, double alpha, TensorBox& x, TensorBox& y) {
-            s.Record([&](Session& ss) -> Status {
-              FERRY_ASSIGN_OR_RETURN(const Tensor* a, s.UseLocked(x));
-              FERRY_ASSIGN_OR_RETURN(const Tensor* b, s.UseLocked(y));
-              ss.axpy(alpha, *a, *b);
-              return Status::Ok();
-            });
-          },
-          py::arg("alpha"), py::arg("x"), py::arg("y"), "Record y += alpha * x.")
-      .def(
-          "sum",
-          [](PySession& s, TensorBox& in, TensorBox& out) {
-            s.Record([&](Session& ss) -> Status {
-              FERRY_ASSIGN_OR_RETURN(const Tensor* a, s.UseLocked(in));
-              FERRY_ASSIGN_OR_RETURN(const Tensor* o, s.UseLocked(out));
-              ss.sum(*a, *o);
-              return Status::Ok();
-            });
-          },
-          py::arg("input"), py::arg("out"), "Record out (one element) = sum of input.")
-      .def(
-          "gemm",
-          [](PySession& s, TensorBox& a, TensorBox& b, TensorBox& c, bool trans_a, bool trans_b,
-             double alpha, double beta) {
-            GemmOptions o;
-            o.trans_a = trans_a;
-            o.trans_b = trans_b;
-            o.alpha = alpha;
-            o.beta = beta;
-            s.Record([&](Session& ss) -> Status {
-              FERRY_ASSIGN_OR_RETURN(const Tensor* ta, s.UseLocked(a));
-              FERRY_ASSIGN_OR_RETURN(const Tensor* tb, s.UseLocked(b));
-              FERRY_ASSIGN_OR_RETURN(const Tensor* tc, s.UseLocked(c));
-              ss.gemm(*ta, *tb, *tc, o);
-              return Status::Ok();
-            });
-          },
-          py::arg("a"), py::arg("b"), py::arg("c"), py::arg("trans_a") = false,
-          py::arg("trans_b") = false, py::arg("alpha") = 1.0, py::arg("beta") = 0.0,
-          "Record c = alpha * op(a) @ op(b) + beta * c (rank-2, row-major).")
-      .def(
-          "write_bytes",
-          [](PySession& s, TensorBox& t, uint64_t offset, const py::object& data) {
-            auto in = ExportForReading(data);
-            std::vector<char> copy;
-            Check(s.core->Run([&](Session& ss) -> Status {
-              FERRY_ASSIGN_OR_RETURN(const Tensor* tt, s.UseLocked(t));
-              ss.write_bytes(*tt, offset, RowMajorBytes(*in, copy), in->bytes());
-              return Status::Ok();
-            }));
-          },
-          py::arg("tensor"), py::arg("offset"), py::arg("data"),
-          "Record a write of `data`'s bytes (any buffer; a non-contiguous one in row-major "
-          "order) at byte `offset` of the tensor; the bytes are copied now. The daemon refuses "
-          "a range outside the tensor (OUT_OF_RANGE at synchronize()).")
-      .def(
-          "load_module",
-          [](PySession& s, const py::object& format, const py::object& image) {
-            int f = 0;
-            if (PyIndex_Check(format.ptr()) && !PyBool_Check(format.ptr())) f = format.cast<int>();
-            if (f < static_cast<int>(ModuleFormat::kPtx) ||
-                f > static_cast<int>(ModuleFormat::kCudaSource)) {
-              Fail(ErrorKind::kInvalidArgument,
-                   "module format " + py::repr(format).cast<std::string>() +
-                       " is not a ferry.ModuleFormat (PTX, CUBIN, CUDA_SOURCE)");
-            }
-            std::string bytes;
-            if (py::isinstance<py::str>(image)) {
-              bytes = image.cast<std::string>();  // UTF-8
-            } else if (PyObject_CheckBuffer(image.ptr())) {
-              BufferExport in(image, PyBUF_SIMPLE);  // C-contiguous bytes, or the exporter says
-              bytes.assign(static_cast<const char*>(in.data()), in.bytes());
-            } else {
-              Fail(ErrorKind::kInvalidArgument,
-                   "a module image is str (PTX, CUDA C++) or bytes (CUBIN, fatbin, PTX), not " +
-                       py::str(py::type::handle_of(image).attr("__name__")).cast<std::string>());
-            }
-            if (bytes.empty()) Fail(ErrorKind::kInvalidArgument, "an empty module image");
-            Module mod;
-            s.Record([&](Session& ss) {
-              mod = ss.load_module(static_cast<ModuleFormat>(f), bytes);
-              return Status::Ok();
-            });
-            return std::make_unique<ModuleBox>(s.core, std::move(mod));
-          },
-          py::arg("format"), py::arg("image"),
-          "Record the loading of device code: `format` a ferry.ModuleFormat, `image` the PTX or "
-          "CUDA C++ text (str) or a CUBIN/fatbin (bytes). Raw kernels need the CUDA backend "
-          "(ferry.Unsupported at synchronize() on the host backend) and a daemon that allows "
-          "them for this user (ferry.PermissionDenied otherwise); a compile error refuses the "
-          "submit with ferry.CompileError and the compiler's log.")
+          py::arg("tensor"), "Record the release of a tensor.");
+  cls.def(
+      "write_bytes",
+      [](PySession& s, TensorBox& t, uint64_t offset, const py::object& data) {
+        auto in = ExportForReading(data);
+        std::vector<char> copy;
+        Check(s.core->Run([&](Session& ss) -> Status {
+          FERRY_ASSIGN_OR_RETURN(const Tensor* tt, s.UseLocked(t));
+          ss.write_bytes(*tt, offset, RowMajorBytes(*in, copy), in->bytes());
+          return Status::Ok();
+        }));
+      },
+      py::arg("tensor"), py::arg("offset"), py::arg("data"),
+      "Record a write of `data`'s bytes (any buffer; a non-contiguous one in row-major "
+      "order) at byte `offset` of the tensor; the bytes are copied now. The daemon refuses "
+      "a range outside the tensor (OUT_OF_RANGE at synchronize()).");
+}
+
+/// Session methods that record arithmetic on tensors.
+void BindSessionArithmetic(py::class_<PySession>& cls) {
+  cls.def(
+      "fill",
+      [](PySession& s, TensorBox& t, double value) {
+        s.Record([&](Session& ss) -> Status {
+          FERRY_ASSIGN_OR_RETURN(const Tensor* tt, s.UseLocked(t));
+          ss.fill(*tt, value);
+          return Status::Ok();
+        });
+      },
+      py::arg("tensor"), py::arg("value"), "Record tensor[:] = value.");
+  BindUnary(cls, "copy", &Session::copy, "src", "dst",
+            "Record dst = src (same dtype and element count).");
+  cls.def(
+      "scale",
+      [](PySession& s, TensorBox& x, double alpha, TensorBox& out) {
+        s.Record([&](Session& ss) -> Status {
+          FERRY_ASSIGN_OR_RETURN(const Tensor* a, s.UseLocked(x));
+          FERRY_ASSIGN_OR_RETURN(const Tensor* o, s.UseLocked(out));
+          ss.scale(*a, alpha, *o);
+          return Status::Ok();
+        });
+      },
+      py::arg("x"), py::arg("alpha"), py::arg("out"), "Record out = alpha * x.");
+  BindUnary(cls, "relu", &Session::relu, "x", "out",
+            "Record out = max(x, 0), elementwise (out may be x).");
+  cls.def(
+      "axpy",
+      [](PySession& s, double alpha, TensorBox& x, TensorBox& y) {
+        s.Record([&](Session& ss) -> Status {
+          FERRY_ASSIGN_OR_RETURN(const Tensor* a, s.UseLocked(x));
+          FERRY_ASSIGN_OR_RETURN(const Tensor* b, s.UseLocked(y));
+          ss.axpy(alpha, *a, *b);
+          return Status::Ok();
+        });
+      },
+      py::arg("alpha"), py::arg("x"), py::arg("y"), "Record y += alpha * x.");
+  BindUnary(cls, "sum", &Session::sum, "input", "out", "Record out (one element) = sum of input.");
+  cls.def(
+      "gemm",
+      [](PySession& s, TensorBox& a, TensorBox& b, TensorBox& c, bool trans_a, bool trans_b,
+         double alpha, double beta) {
+        GemmOptions o;
+        o.trans_a = trans_a;
+        o.trans_b = trans_b;
+        o.alpha = alpha;
+        o.beta = beta;
+        s.Record([&](Session& ss) -> Status {
+          FERRY_ASSIGN_OR_RETURN(const Tensor* ta, s.UseLocked(a));
+          FERRY_ASSIGN_OR_RETURN(const Tensor* tb, s.UseLocked(b));
+          FERRY_ASSIGN_OR_RETURN(const Tensor* tc, s.UseLocked(c));
+          ss.gemm(*ta, *tb, *tc, o);
+          return Status::Ok();
+        });
+      },
+      py::arg("a"), py::arg("b"), py::arg("c"), py::arg("trans_a") = false,
+      py::arg("trans_b") = false, py::arg("alpha") = 1.0, py::arg("beta") = 0.0,
+      "Record c = alpha * op(a) @ op(b) + beta * c (rank-2, row-major).");
+  BindBinary(cls, "add", &Session::add, "Record out = a + b (elementwise).");
+  BindBinary(cls, "sub", &Session::sub, "Record out = a - b (elementwise).");
+  BindBinary(cls, "mul", &Session::mul, "Record out = a * b (elementwise).");
+  BindBinary(cls, "div", &Session::div, "Record out = a / b (elementwise).");
+}
+
+/// Session methods that record the loading of device code and launches of its kernels.
+void BindSessionKernels(py::class_<PySession>& cls) {
+  cls.def(
+         "load_module",
+         [](PySession& s, const py::object& format, const py::object& image) {
+           const ModuleFormat f = ParseModuleFormat(format);
+           const std::string bytes = ModuleImageBytes(image);
+           Module mod;
+           s.Record([&](Session& ss) {
+             mod = ss.load_module(f, bytes);
+             return Status::Ok();
+           });
+           return std::make_unique<ModuleBox>(s.core, std::move(mod));
+         },
+         py::arg("format"), py::arg("image"),
+         "Record the loading of device code: `format` a ferry.ModuleFormat, `image` the PTX or "
+         "CUDA C++ text (str) or a CUBIN/fatbin (bytes). Raw kernels need the CUDA backend "
+         "(ferry.Unsupported at synchronize() on the host backend) and a daemon that allows "
+         "them for this user (ferry.PermissionDenied otherwise); a compile error refuses the "
+         "submit with ferry.CompileError and the compiler's log.")
       .def(
           "launch",
           [](PySession& s, ModuleBox& module, const std::string& function, const py::object& grid,
@@ -1447,73 +1562,11 @@ PYBIND11_MODULE(_ferry, m) {
                    "a kernel name is 1 to " + std::to_string(kMaxFunctionName) + " bytes long");
             }
             const Dim3 g = ParseDim3(grid, "grid"), b = ParseDim3(block, "block");
-            if (PyBool_Check(shared.ptr()) || !PyIndex_Check(shared.ptr())) {
-              Fail(ErrorKind::kInvalidArgument, "shared_bytes must be an int");
-            }
-            const auto shared_ll = IntIn(shared, 0, UINT32_MAX);
-            if (!shared_ll)
-              Fail(ErrorKind::kInvalidArgument, "shared_bytes must be 0 to 4294967295");
-            const auto shared_bytes = static_cast<uint32_t>(*shared_ll);
-            if (py::isinstance<py::str>(args) || !py::isinstance<py::sequence>(args)) {
-              Fail(ErrorKind::kInvalidArgument, "args must be a sequence of KernelArg");
-            }
-            auto seq = py::reinterpret_borrow<py::sequence>(args);
-            if (seq.size() > kMaxKernelArgs) {
-              Fail(ErrorKind::kInvalidArgument, std::to_string(seq.size()) +
-                                                    " kernel arguments; at most " +
-                                                    std::to_string(kMaxKernelArgs));
-            }
-            std::vector<PyKernelArg> parsed;
-            std::vector<TensorBox*> tensors(seq.size(), nullptr);
-            for (size_t i = 0; i < seq.size(); ++i) {
-              py::object a = seq[i];
-              if (py::isinstance<PyKernelArg>(a)) {
-                parsed.push_back(a.cast<PyKernelArg>());
-              } else if (py::isinstance<TensorBox>(a)) {
-                parsed.push_back(PyKernelArg{KernelArg::Kind::kTensor, 0, 0, 0, a});
-              } else {
-                Fail(ErrorKind::kInvalidArgument,
-                     "kernel argument " + std::to_string(i) + " (" +
-                         py::str(py::type::handle_of(a).attr("__name__")).cast<std::string>() +
-                         ") is not a Tensor or a KernelArg: the kernel's parameter types decide "
-                         "what a number is, so wrap it (KernelArg.i32(v), .f32(v), ...)");
-              }
-              if (parsed.back().kind == KernelArg::Kind::kTensor) {
-                tensors[i] = &parsed.back().tensor.cast<TensorBox&>();
-              }
-            }
+            const uint32_t shared_bytes = ParseSharedBytes(shared);
+            const ParsedKernelArgs parsed = ParseKernelArgs(args);
             s.Record([&](Session& ss) -> Status {
               FERRY_RETURN_IF_ERROR(s.CheckMine(module));
-              std::vector<KernelArg> out;
-              out.reserve(parsed.size());
-              for (size_t i = 0; i < parsed.size(); ++i) {
-                const PyKernelArg& a = parsed[i];
-                switch (a.kind) {
-                  case KernelArg::Kind::kTensor: {
-                    FERRY_ASSIGN_OR_RETURN(const Tensor* t, s.UseLocked(*tensors[i]));
-                    out.push_back(KernelArg::tensor(*t));
-                    break;
-                  }
-                  case KernelArg::Kind::kI32:
-                    out.push_back(KernelArg::i32(static_cast<int32_t>(a.signed_value)));
-                    break;
-                  case KernelArg::Kind::kU32:
-                    out.push_back(KernelArg::u32(static_cast<uint32_t>(a.unsigned_value)));
-                    break;
-                  case KernelArg::Kind::kI64:
-                    out.push_back(KernelArg::i64(a.signed_value));
-                    break;
-                  case KernelArg::Kind::kU64:
-                    out.push_back(KernelArg::u64(a.unsigned_value));
-                    break;
-                  case KernelArg::Kind::kF32:
-                    out.push_back(KernelArg::f32(static_cast<float>(a.real_value)));
-                    break;
-                  case KernelArg::Kind::kF64:
-                    out.push_back(KernelArg::f64(a.real_value));
-                    break;
-                }
-              }
+              FERRY_ASSIGN_OR_RETURN(std::vector<KernelArg> out, KernelArgsLocked(s, parsed));
               ss.launch(module.module, function, g, b, out, shared_bytes);
               return Status::Ok();
             });
@@ -1524,19 +1577,23 @@ PYBIND11_MODULE(_ferry, m) {
           "`block` an int or 1 to 3 ints (each at least 1), `args` a sequence of KernelArg "
           "(a Tensor stands for KernelArg.tensor), at most 256. Bad arguments raise "
           "ferry.InvalidArgument before anything is recorded; the daemon checks the argument "
-          "count and sizes against the kernel (INVALID_ARGUMENT at synchronize()).")
-      .def(
-          "begin_graph",
-          [](PySession& s) {
-            Graph g;
-            s.Record([&](Session& ss) {
-              g = ss.begin_graph();
-              return Status::Ok();
-            });
-            return std::make_unique<GraphBox>(s.core, std::move(g));
-          },
-          "Start recording a graph: device work recorded until end_graph() goes into it "
-          "instead of running. Begin and end must be in the same submit.")
+          "count and sizes against the kernel (INVALID_ARGUMENT at synchronize()).");
+}
+
+/// Session methods that record graphs: their capture and their replay.
+void BindSessionGraphs(py::class_<PySession>& cls) {
+  cls.def(
+         "begin_graph",
+         [](PySession& s) {
+           Graph g;
+           s.Record([&](Session& ss) {
+             g = ss.begin_graph();
+             return Status::Ok();
+           });
+           return std::make_unique<GraphBox>(s.core, std::move(g));
+         },
+         "Start recording a graph: device work recorded until end_graph() goes into it "
+         "instead of running. Begin and end must be in the same submit.")
       .def(
           "end_graph",
           [](PySession& s) {
@@ -1555,11 +1612,15 @@ PYBIND11_MODULE(_ferry, m) {
               return Status::Ok();
             });
           },
-          py::arg("graph"), "Record one replay of `graph`.")
-      .def(
-          "submit",
-          [](PySession& s) { Check(s.core->Run([](Session& ss) { return ss.submit(); })); },
-          "Send what is recorded as one message; the outcome comes at synchronize().")
+          py::arg("graph"), "Record one replay of `graph`.");
+}
+
+/// Session methods that send, wait for and end the session's work, and its context manager.
+void BindSessionLifecycle(py::class_<PySession>& cls) {
+  cls.def(
+         "submit",
+         [](PySession& s) { Check(s.core->Run([](Session& ss) { return ss.submit(); })); },
+         "Send what is recorded as one message; the outcome comes at synchronize().")
       .def(
           "synchronize",
           [](PySession& s) { Check(s.core->Run([](Session& ss) { return ss.synchronize(); })); },
@@ -1577,21 +1638,25 @@ PYBIND11_MODULE(_ferry, m) {
             s.Close(/*quiet=*/!exc_type.is_none());
             return false;
           },
-          "Close the session (quietly when the block raised).")
-      .def(
-          "pinned_buffer",
-          [](PySession& s, uint64_t nbytes) {
-            std::optional<Result<PinnedBuffer>> r;
-            Check(s.core->Run([&](Session& ss) {
-              r.emplace(ss.pinned_buffer(nbytes));
-              return Status::Ok();
-            }));
-            if (!r->ok()) Raise(r->status());
-            return std::make_shared<BufferBox>(s.core, std::move(**r));
-          },
-          py::arg("nbytes"),
-          "Allocate a buffer from the session's shared-memory slabs (QUOTA_EXCEEDED above one "
-          "slab's size or when the daemon's pinned budget is spent).")
+          "Close the session (quietly when the block raised).");
+}
+
+/// Session methods that allocate pinned buffers and start transfers through them.
+void BindSessionPendingTransfers(py::class_<PySession>& cls) {
+  cls.def(
+         "pinned_buffer",
+         [](PySession& s, uint64_t nbytes) {
+           std::optional<Result<PinnedBuffer>> r;
+           Check(s.core->Run([&](Session& ss) {
+             r.emplace(ss.pinned_buffer(nbytes));
+             return Status::Ok();
+           }));
+           if (!r->ok()) Raise(r->status());
+           return std::make_shared<BufferBox>(s.core, std::move(**r));
+         },
+         py::arg("nbytes"),
+         "Allocate a buffer from the session's shared-memory slabs (QUOTA_EXCEEDED above one "
+         "slab's size or when the daemon's pinned budget is spent).")
       .def(
           "upload_pending",
           [](PySession& s, py::object buffer, py::object tensor) {
@@ -1623,23 +1688,27 @@ PYBIND11_MODULE(_ferry, m) {
           },
           py::arg("tensor"), py::arg("buffer"),
           "Copy the whole tensor into the start of `buffer`. Both are lent to the returned "
-          "Pending until wait().")
-      .def(
-          "upload",
-          [](PySession& s, TensorBox& t, const py::object& data) {
-            auto in = ExportForReading(data);
-            Check(CheckFits(t, *in, "an array"));
-            std::vector<char> copy;
-            Check(s.core->Run([&](Session& ss) -> Status {
-              FERRY_ASSIGN_OR_RETURN(const Tensor* tt, s.UseLocked(t));
-              return ss.upload_bytes(*tt, RowMajorBytes(*in, copy), in->bytes());
-            }));
-          },
-          py::arg("tensor"), py::arg("data"),
-          "Write `data` into the whole tensor and wait. `data`: any object with the buffer "
-          "protocol (a numpy array, memoryview, bytes, array.array; else numpy.asarray(data)) "
-          "of the tensor's dtype, native byte order, and its element count; a non-contiguous "
-          "one (any strides, negative too) is copied in row-major order first.")
+          "Pending until wait().");
+}
+
+/// Session methods that copy host arrays in and out of tensors and wait for the copy.
+void BindSessionBlockingTransfers(py::class_<PySession>& cls) {
+  cls.def(
+         "upload",
+         [](PySession& s, TensorBox& t, const py::object& data) {
+           auto in = ExportForReading(data);
+           Check(CheckFits(t, *in, "an array"));
+           std::vector<char> copy;
+           Check(s.core->Run([&](Session& ss) -> Status {
+             FERRY_ASSIGN_OR_RETURN(const Tensor* tt, s.UseLocked(t));
+             return ss.upload_bytes(*tt, RowMajorBytes(*in, copy), in->bytes());
+           }));
+         },
+         py::arg("tensor"), py::arg("data"),
+         "Write `data` into the whole tensor and wait. `data`: any object with the buffer "
+         "protocol (a numpy array, memoryview, bytes, array.array; else numpy.asarray(data)) "
+         "of the tensor's dtype, native byte order, and its element count; a non-contiguous "
+         "one (any strides, negative too) is copied in row-major order first.")
       .def(
           "download",
           [](PySession& s, TensorBox& t) {
@@ -1671,12 +1740,28 @@ PYBIND11_MODULE(_ferry, m) {
           "Read the whole tensor into `out`: any writable C-contiguous buffer (a numpy array, "
           "say) of the tensor's dtype and element count; anything else is refused, never "
           "copied.");
-  BindBinary(session, "add", &Session::add, "Record out = a + b (elementwise).");
-  BindBinary(session, "sub", &Session::sub, "Record out = a - b (elementwise).");
-  BindBinary(session, "mul", &Session::mul, "Record out = a * b (elementwise).");
-  BindBinary(session, "div", &Session::div, "Record out = a / b (elementwise).");
+}
 
-  // --- Client ---
+/// ferry.Session and all its methods.
+void BindSession(py::module_& m) {
+  py::class_<PySession> session(
+      m, "Session",
+      "A session with a ferry daemon: one stream, one device stream. Ops are recorded and "
+      "sent at submit(); synchronize() waits and raises the first failure. A context manager: "
+      "leaving the block closes it (the counters land in .stats). Threads may share a "
+      "session: each call waits for the others' with the GIL released.");
+  BindSessionProperties(session);
+  BindSessionTensors(session);
+  BindSessionArithmetic(session);
+  BindSessionKernels(session);
+  BindSessionGraphs(session);
+  BindSessionLifecycle(session);
+  BindSessionPendingTransfers(session);
+  BindSessionBlockingTransfers(session);
+}
+
+/// ferry.Client: a connection to a daemon, which opens sessions.
+void BindClient(py::module_& m) {
   py::class_<Client>(m, "Client", "A connection to one ferry daemon; thread-safe.")
       .def_static(
           "connect",
@@ -1729,4 +1814,21 @@ PYBIND11_MODULE(_ferry, m) {
           [](py::object self, py::kwargs kwargs) { return self.attr("open_session")(**kwargs); },
           "Open a session for a `with` block: it is closed when the block ends (its counters "
           "in .stats); takes open_session's options.");
+}
+
+}  // namespace
+}  // namespace ferry::python
+
+PYBIND11_MODULE(_ferry, m) {
+  using namespace ferry;          // NOLINT: the module's body names libferry's types
+  using namespace ferry::python;  // NOLINT
+  m.doc() = "libferry for Python; import the package `ferry`, not this module.";
+  BindModuleTables(m);
+  BindTensor(m);
+  BindModuleAndGraph(m);
+  BindKernelArg(m);
+  BindPinnedBuffer(m);
+  BindPending(m);
+  BindSession(m);
+  BindClient(m);
 }

@@ -92,8 +92,7 @@ void SessionState::Wait(Done done, uint64_t board_last) {
   cv_.Wait(&mu_, done);
 }
 
-Status SessionState::Open(std::shared_ptr<ClientState> client, const SessionOptions& options) {
-  client_ = std::move(client);
+void SessionState::AttachStream() {
   // On the stream the last closed session left open, if there is one: no new stream to make
   // (docs/protocol.md, "Kept streams").
   call_ = client_->TakeKeptCall();
@@ -106,17 +105,9 @@ Status SessionState::Open(std::shared_ptr<ClientState> client, const SessionOpti
     call_->stream = client_->stub->Session(&call_->context);
   }
   stream_ = call_->stream.get();
-  v1::ClientMessage m;
-  auto* open = m.mutable_open();
-  open->set_protocol_version(v1::PROTOCOL_VERSION_CURRENT);
-  open->set_client_name(client_->options.client_name);
-  open->set_device_bytes_quota(options.device_bytes_quota);
-  open->set_max_in_flight_submits(options.max_in_flight_submits);
-  open->set_coalesced_completions(true);   // reader.cc reads first_submit_id
-  open->set_successes_on_board(true);      // CompletedLocked reads the board
-  open->set_board_sleeps_announced(true);  // Wait announces its sleeps in the ring
-  if (!stream_->Write(m)) return StreamFailure("sending Open");
-  // Started now, it is ready by the time Opened has come; it reads once Open succeeded.
+}
+
+void SessionState::StartReaderThread() {
   reader_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "ferry-reader");
     {
@@ -129,6 +120,9 @@ Status SessionState::Open(std::shared_ptr<ClientState> client, const SessionOpti
     }
     ReadLoop();
   });
+}
+
+Status SessionState::AwaitOpened() {
   v1::ServerMessage reply;
   do {
     if (!stream_->Read(&reply)) return StreamFailure("waiting for Opened");
@@ -144,30 +138,49 @@ Status SessionState::Open(std::shared_ptr<ClientState> client, const SessionOpti
     return Status(ErrorKind::kProtocolViolation, "the daemon did not answer Open with Opened");
   }
   opened_ = reply.opened();
-  if (local()) {
-    // The slab socket is connected at the first slab's acquire, or now for the channels.
-    slab_socket_ = std::make_unique<SlabSocket>(opened_.slab_socket(), opened_.slab_token());
-    if (opened_.channels_kept() && call_->board && call_->ring) {
-      board_ = std::move(call_->board);
-      ring_ = std::move(call_->ring);
-    } else {
-      SlabSocket::SessionChannels channels =
-          slab_socket_->MapSessionChannels(opened_.completion_board(), opened_.submit_ring());
-      board_ = std::move(channels.board);
-      ring_ = std::move(channels.ring);
-    }
+  return Status::Ok();
+}
+
+void SessionState::TakeLocalResources() {
+  // The slab socket is connected at the first slab's acquire, or now for the channels.
+  slab_socket_ = std::make_unique<SlabSocket>(opened_.slab_socket(), opened_.slab_token());
+  if (opened_.channels_kept() && call_->board && call_->ring) {
+    board_ = std::move(call_->board);
+    ring_ = std::move(call_->ring);
+  } else {
+    SlabSocket::SessionChannels channels =
+        slab_socket_->MapSessionChannels(opened_.completion_board(), opened_.submit_ring());
+    board_ = std::move(channels.board);
+    ring_ = std::move(channels.ring);
   }
-  if (local()) {
-    // The last session's slabs the daemon kept for this one: mapped already, no acquire.
-    for (uint64_t id : opened_.kept_slabs()) {
-      for (auto& slab : call_->slabs) {
-        if (slab && slab->id == id) {
-          arena_->Add(std::move(slab));
-          break;
-        }
+  // The last session's slabs the daemon kept for this one: mapped already, no acquire.
+  for (uint64_t id : opened_.kept_slabs()) {
+    for (auto& slab : call_->slabs) {
+      if (slab && slab->id == id) {
+        arena_->Add(std::move(slab));
+        break;
       }
     }
   }
+}
+
+Status SessionState::Open(std::shared_ptr<ClientState> client, const SessionOptions& options) {
+  client_ = std::move(client);
+  AttachStream();
+  v1::ClientMessage m;
+  auto* open = m.mutable_open();
+  open->set_protocol_version(v1::PROTOCOL_VERSION_CURRENT);
+  open->set_client_name(client_->options.client_name);
+  open->set_device_bytes_quota(options.device_bytes_quota);
+  open->set_max_in_flight_submits(options.max_in_flight_submits);
+  open->set_coalesced_completions(true);   // reader.cc reads first_submit_id
+  open->set_successes_on_board(true);      // CompletedLocked reads the board
+  open->set_board_sleeps_announced(true);  // Wait announces its sleeps in the ring
+  if (!stream_->Write(m)) return StreamFailure("sending Open");
+  // Started now, it is ready by the time Opened has come; it reads once Open succeeded.
+  StartReaderThread();
+  FERRY_RETURN_IF_ERROR(AwaitOpened());
+  if (local()) TakeLocalResources();
   call_->board.reset();  // a kept stream's channels this session did not take over
   call_->ring.reset();
   call_->slabs.clear();  // likewise its slabs

@@ -194,6 +194,18 @@ class SessionState {
   // Let the reader thread, started while Open waits for Opened, read (`read`) or end.
   void StartReader(bool read);
 
+  // Open's steps, in order. Take the stream the last closed session left open, or make a
+  // new one (call_, stream_, on_kept_stream_).
+  void AttachStream();
+  // Start the reader thread; it waits for StartReader before it reads.
+  void StartReaderThread();
+  // Read the daemon's answer to Open (noting a draining announcement before it) into
+  // opened_; on a refusal or a wrong answer, shut down and return the error.
+  Status AwaitOpened();
+  // For a local session: the slab socket, the completion board and submit ring (the kept
+  // stream's, or mapped now), and the kept slabs the daemon handed on to this session.
+  void TakeLocalResources();
+
   std::shared_ptr<ClientState> client_;
   std::unique_ptr<SessionCall> call_;  // the session's stream
   Stream* stream_ = nullptr;           // call_->stream

@@ -160,6 +160,40 @@ uint64_t RecordUploadWindow(Session& session, const Tensor& t, const char* data,
   return off;
 }
 
+// Send a pending transfer of `bytes` as tracked submits, one per part: `record_part(off,
+// &downloads)` records the ops of the part from byte `off` (and where its downloaded bytes
+// go) and returns where the next part starts. Stops at the first submit that fails; when
+// part of the transfer was sent already, that error is not the transfer's refusal: the
+// outcome of what was sent decides.
+template <typename RecordPart>
+void SendPendingParts(internal::SessionState& state, internal::PendingState& p, uint64_t bytes,
+                      RecordPart record_part) {
+  uint64_t off = 0;
+  do {
+    std::vector<std::pair<uint32_t, std::pair<void*, uint64_t>>> downloads;
+    off = record_part(off, &downloads);
+    auto id = state.Submit(std::move(downloads), true);
+    if (!id.ok()) {
+      p.refused = id.status();
+      break;
+    }
+    if (!p.first_id) p.first_id = *id;
+    p.last_id = *id;
+  } while (off < bytes);
+  if (!p.refused.ok() && p.first_id) p.refused = Status::Ok();
+}
+
+// Wait for every submit from `first` to `last` (none when first is 0); the first failure
+// among them, or OK.
+Status WaitSubmits(internal::SessionState& state, uint64_t first, uint64_t last) {
+  Status result;
+  for (uint64_t id = first; id && id <= last; ++id) {
+    Status s = state.WaitSubmit(id);
+    if (result.ok() && !s.ok()) result = s;
+  }
+  return result;
+}
+
 }  // namespace
 
 PendingUpload Session::upload_pending(PinnedBuffer&& buffer, Tensor&& tensor) {
@@ -173,27 +207,15 @@ PendingUpload Session::upload_pending(PinnedBuffer&& buffer, Tensor&& tensor) {
   const uint64_t bytes = p->tensor.byte_size();
   const uint64_t h = p->tensor.handle();
   const char* data = static_cast<const char*>(p->buffer.data());
-  uint64_t off = 0;
-  do {
+  SendPendingParts(*state_, *p, bytes, [&](uint64_t off, auto*) -> uint64_t {
     if (p->buffer.is_shared()) {
       SetSlabRange(state_->Record()->mutable_upload_from_slab(), h, 0, p->buffer.block_->slab->id,
                    p->buffer.block_->slab_offset, bytes);
-      off = bytes;
-    } else {  // inline, 1 MiB per op, a few MiB per submit
-      off = RecordUploadWindow(*this, p->tensor, data, off, bytes);
+      return bytes;
     }
-    auto id = state_->Submit({}, true);
-    if (!id.ok()) {
-      p->refused = id.status();
-      break;
-    }
-    if (!p->first_id) p->first_id = *id;
-    p->last_id = *id;
-  } while (off < bytes);
-  if (!p->refused.ok() && p->first_id) {
-    // Part of it was sent: the outcome of what was sent decides; report the send error.
-    p->refused = Status::Ok();
-  }
+    // Inline, 1 MiB per op, a few MiB per submit.
+    return RecordUploadWindow(*this, p->tensor, data, off, bytes);
+  });
   return PendingUpload(std::move(p));
 }
 
@@ -208,31 +230,21 @@ PendingDownload Session::download_pending(Tensor&& tensor, PinnedBuffer&& buffer
   const uint64_t bytes = p->tensor.byte_size();
   const uint64_t h = p->tensor.handle();
   char* out = static_cast<char*>(p->buffer.data());
-  uint64_t off = 0;
-  do {
-    std::vector<std::pair<uint32_t, std::pair<void*, uint64_t>>> targets;
+  SendPendingParts(*state_, *p, bytes, [&](uint64_t off, auto* targets) -> uint64_t {
     if (p->buffer.is_shared()) {
       SetSlabRange(state_->Record()->mutable_download_to_slab(), h, 0, p->buffer.block_->slab->id,
                    p->buffer.block_->slab_offset, bytes);
-      off = bytes;
-    } else {  // the bytes come inline, written by the reader straight into the buffer
-      uint64_t n = std::min(internal::kDownloadSubmitBytes, bytes - off);
-      auto* d = state_->Record()->mutable_download();
-      d->set_tensor(h);
-      d->set_offset(off);
-      d->set_length(n);
-      targets.push_back({0u, {out + off, n}});
-      off += n;
+      return bytes;
     }
-    auto id = state_->Submit(std::move(targets), true);
-    if (!id.ok()) {
-      p->refused = id.status();
-      break;
-    }
-    if (!p->first_id) p->first_id = *id;
-    p->last_id = *id;
-  } while (off < bytes);
-  if (!p->refused.ok() && p->first_id) p->refused = Status::Ok();
+    // The bytes come inline, written by the reader straight into the buffer.
+    uint64_t n = std::min(internal::kDownloadSubmitBytes, bytes - off);
+    auto* d = state_->Record()->mutable_download();
+    d->set_tensor(h);
+    d->set_offset(off);
+    d->set_length(n);
+    targets->push_back({0u, {out + off, n}});
+    return off + n;
+  });
   return PendingDownload(std::move(p));
 }
 
@@ -288,12 +300,7 @@ Status Session::upload_bytes(const Tensor& t, const void* data, uint64_t bytes) 
     FERRY_ASSIGN_OR_RETURN(last, state_->Submit());
     if (!first) first = last;
   } while (off < bytes);
-  Status result;
-  for (uint64_t id = first; id && id <= last; ++id) {
-    Status s = state_->WaitSubmit(id);
-    if (result.ok() && !s.ok()) result = s;
-  }
-  return result;
+  return WaitSubmits(*state_, first, last);
 }
 
 Status Session::download_bytes(const Tensor& t, void* out, uint64_t bytes) {
@@ -350,12 +357,7 @@ Status Session::download_bytes(const Tensor& t, void* out, uint64_t bytes) {
     if (!first) first = last;
     off += n;
   } while (off < bytes);
-  Status result;
-  for (uint64_t id = first; id && id <= last; ++id) {
-    Status s = state_->WaitSubmit(id);
-    if (result.ok() && !s.ok()) result = s;
-  }
-  return result;
+  return WaitSubmits(*state_, first, last);
 }
 
 }  // namespace ferry
