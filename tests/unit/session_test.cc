@@ -247,6 +247,9 @@ class SessionTest : public ::testing::Test {
     for (const auto& bytes : registered_) {
       EXPECT_TRUE(host()->UnregisterHostMemory(const_cast<char*>(bytes->data())).ok());
     }
+    // A rebuild the test started (a fault, then its last stream released) calls MakeDevice,
+    // a virtual of this fixture, on the supervisor's thread: it ends before the fixture goes.
+    supervisor_->JoinRebuild();
   }
 
   /// `bytes`, registered with the device as the daemon's staging and slabs are: a copy from
