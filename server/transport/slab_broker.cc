@@ -387,10 +387,9 @@ SlabBroker::ConnectionMap::iterator SlabBroker::CloseConnection(ConnectionMap& c
   return next;
 }
 
-std::chrono::steady_clock::time_point SlabBroker::SweepConnections(ConnectionMap& conns,
-                                                                   PendingCount& pending,
-                                                                   bool* bound_any) {
-  const auto now = std::chrono::steady_clock::now();
+std::chrono::steady_clock::time_point SlabBroker::SweepConnections(
+    ConnectionMap& conns, PendingCount& pending, std::chrono::steady_clock::time_point now,
+    bool* bound_any) {
   auto wake_at = std::chrono::steady_clock::time_point::max();
   *bound_any = false;
   for (auto it = conns.begin(); it != conns.end();) {
@@ -463,9 +462,9 @@ void SlabBroker::Run() {
   while (!stop_) {
     // Close connections past their hello deadline, and find the next deadline; close bound
     // connections whose session has ended (looked at again within kSessionEndCheck).
-    bool bound_any = false;
-    Clock::time_point wake_at = SweepConnections(conns, pending, &bound_any);
     const Clock::time_point now = Clock::now();
+    bool bound_any = false;
+    Clock::time_point wake_at = SweepConnections(conns, pending, now, &bound_any);
     const bool accepting = now >= accept_paused_until;
     if (!accepting) wake_at = std::min(wake_at, accept_paused_until);
     if (bound_any || !unread_.empty()) wake_at = std::min(wake_at, now + kSessionEndCheck);

@@ -195,10 +195,12 @@ class SlabBroker {
   // Close (or keep until read: CloseOrKeepUnread) connection `it`; the next one.
   ConnectionMap::iterator CloseConnection(ConnectionMap& conns, PendingCount& pending,
                                           ConnectionMap::iterator it);
-  // Close connections past their hello deadline, and bound ones whose session ended; the
-  // earliest hello deadline left (max: none). `bound_any`: a bound connection is left.
+  // Close connections past their hello deadline at `now`, and bound ones whose session
+  // ended; the earliest hello deadline left (max: none). `bound_any`: a bound connection is left.
   std::chrono::steady_clock::time_point SweepConnections(ConnectionMap& conns,
-                                                         PendingCount& pending, bool* bound_any);
+                                                         PendingCount& pending,
+                                                         std::chrono::steady_clock::time_point now,
+                                                         bool* bound_any);
   // After poll: the wake pipe drained, answered acquires' connections processed again,
   // kept connections whose peer read everything closed, readable connections served.
   // fds: [wake pipe, listener, connections..., from `unread_at` unread_'s].
